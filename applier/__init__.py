@@ -1,0 +1,1 @@
+"""Run-time phase: ``apply_plan`` on every rank. Light: no tracing, no networkx, no planner."""

@@ -1,0 +1,1 @@
+"""Cost model: device profiles, FLOPs, memory and communication estimates."""

@@ -1,0 +1,1 @@
+"""The pattern library: small graphs of Paddle ops that the matcher looks for."""

@@ -1,0 +1,49 @@
+"""The autodist plan format (schema v1): msgspec Structs, strict I/O, JSON Schema.
+
+Imports nothing but msgspec, so both the planner and the light run-time applier use it.
+
+Example::
+
+    >>> from autodist.schemas import load_plan, save_plan, PlanError
+    >>> try:
+    ...     load_plan(b'{"format": "autodist.plan", "version": 99}')
+    ... except PlanError as err:
+    ...     print(err.problems[0][:40])
+    $.version: this plan is format version 9
+"""
+
+from .checks import check_plan, shard_dim
+from .errors import PlanError
+from .fingerprint import dtype_name, parameter_fingerprint, parameter_table
+from .io import dump_plan, load_plan, plan_json_schema, save_plan
+from .plan import (
+    FORMAT,
+    VERSION,
+    Alternatives,
+    Block,
+    Candidate,
+    Cluster,
+    CommEstimate,
+    DataPlan,
+    DeviceProfile,
+    Estimate,
+    Hook,
+    ImplicitComm,
+    InputSpec,
+    MemoryEstimate,
+    Mesh,
+    ModelInfo,
+    ParamPlan,
+    Plan,
+    Provenance,
+    Rejected,
+    Strategy,
+)
+
+__all__ = [
+    "FORMAT", "VERSION", "Alternatives", "Block", "Candidate", "Cluster", "CommEstimate", "DataPlan",
+    "DeviceProfile", "Estimate", "Hook", "ImplicitComm", "InputSpec", "MemoryEstimate", "Mesh",
+    "ModelInfo", "ParamPlan", "Plan", "PlanError", "Provenance", "Rejected", "Strategy",
+    "check_plan", "dtype_name", "dump_plan", "load_plan", "parameter_fingerprint", "parameter_table",
+    "plan_json_schema", "save_plan", "shard_dim",
+]

@@ -1,0 +1,110 @@
+"""Rules that tie several fields of a plan together, which the types alone cannot express.
+
+Each rule returns readable problems (``"$.path: what is wrong"``); :func:`check_plan`
+collects all of them so one error lists everything at once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .plan import Plan
+
+MESH_DIM_ORDER = ("pp", "dp", "mp")
+_SHARD = re.compile(r"^S\((\d)\)$")
+
+
+def shard_dim(placement: str) -> int | None:
+    """The tensor dim a placement splits, or None: ``shard_dim("S(1)") == 1``."""
+    match = _SHARD.match(placement)
+    return int(match.group(1)) if match else None
+
+
+def check_mesh(plan: Plan) -> list[str]:
+    mesh, strategy, cluster = plan.mesh, plan.strategy, plan.cluster
+    problems = []
+    if len(mesh.dim_names) != len(mesh.shape):
+        problems.append(f"$.mesh: {len(mesh.dim_names)} dim names for {len(mesh.shape)} dims")
+    if not mesh.dim_names:
+        problems.append("$.mesh.dim_names: a mesh needs at least one dim")
+    order = [d for d in MESH_DIM_ORDER if d in mesh.dim_names]
+    if list(mesh.dim_names) != order:
+        problems.append(f"$.mesh.dim_names: {mesh.dim_names} must be unique and ordered pp, dp, mp")
+    size = math.prod(mesh.shape)
+    if size != len(mesh.process_ids):
+        shape = " x ".join(map(str, mesh.shape))
+        problems.append(f"$.mesh.shape: {shape} = {size} ranks but {len(mesh.process_ids)} process ids")
+    if sorted(mesh.process_ids) != list(range(len(mesh.process_ids))):
+        problems.append("$.mesh.process_ids: must be 0 .. N-1, each once")
+    world = cluster.nodes * cluster.devices_per_node
+    if size != world:
+        problems.append(
+            f"$.mesh: {size} ranks but the cluster has {cluster.nodes} x {cluster.devices_per_node} = {world} devices"
+        )
+    sizes = dict(zip(mesh.dim_names, mesh.shape))
+    for dim in MESH_DIM_ORDER:
+        degree = getattr(strategy, dim)
+        if sizes.get(dim, 1) != degree:
+            problems.append(f"$.strategy.{dim}: {degree} but the mesh's {dim} dim has size {sizes.get(dim, 1)}")
+    if strategy.pp == 1 and strategy.schedule != "none":
+        problems.append(f"$.strategy.schedule: {strategy.schedule!r} needs pp > 1")
+    if strategy.pp > 1 and strategy.schedule == "none":
+        problems.append("$.strategy.schedule: pp > 1 needs a schedule (sequential, 1F1B or VPP)")
+    return problems
+
+
+def check_params(plan: Plan) -> list[str]:
+    mesh_dims = plan.mesh.dim_names
+    sizes = dict(zip(mesh_dims, plan.mesh.shape))
+    problems = []
+    for fqn in sorted(plan.params):
+        param = plan.params[fqn]
+        where = f'$.params["{fqn}"]'
+        if param.stage >= plan.strategy.pp:
+            problems.append(f"{where}.stage: {param.stage} but pp is {plan.strategy.pp}")
+        if len(param.placements) != len(mesh_dims):
+            problems.append(
+                f"{where}.placements: {len(param.placements)} placements for a mesh of {len(mesh_dims)} dims {mesh_dims}"
+            )
+            continue
+        for i, (dim, placement) in enumerate(zip(mesh_dims, param.placements)):
+            if placement == "P":
+                problems.append(f"{where}.placements[{i}]: a parameter cannot be partial")
+            split = shard_dim(placement)
+            if split is None:
+                continue
+            if dim == "pp":
+                problems.append(f"{where}.placements[{i}]: parameters are not split over pp (use stage)")
+            elif split >= len(param.shape):
+                problems.append(f"{where}.placements[{i}]: {placement} but the parameter has {len(param.shape)} dims")
+            elif param.shape[split] % sizes[dim]:
+                problems.append(
+                    f"{where}.placements[{i}]: {placement} splits size {param.shape[split]} over {dim}={sizes[dim]} unevenly"
+                )
+    return problems
+
+
+def check_stages_and_hooks(plan: Plan) -> list[str]:
+    pp, ndims = plan.strategy.pp, len(plan.mesh.dim_names)
+    problems = []
+    for i, block in enumerate(plan.blocks):
+        if block.stage >= pp:
+            problems.append(f"$.blocks[{i}].stage: {block.stage} but pp is {pp}")
+    for i, hook in enumerate(plan.hooks):
+        if hook.action == "stage_handoff" and hook.to_stage >= pp:
+            problems.append(f"$.hooks[{i}].to_stage: {hook.to_stage} but pp is {pp}")
+        if hook.action == "reshard" and len(hook.placements) != ndims:
+            problems.append(f"$.hooks[{i}].placements: {len(hook.placements)} placements for a mesh of {ndims} dims")
+    for name in ("input_stage", "label_stage"):
+        if getattr(plan.data, name) >= pp:
+            problems.append(f"$.data.{name}: {getattr(plan.data, name)} but pp is {pp}")
+    for dim in plan.data.shard_dims:
+        if dim not in plan.mesh.dim_names:
+            problems.append(f"$.data.shard_dims: {dim!r} is not a mesh dim {plan.mesh.dim_names}")
+    return problems
+
+
+def check_plan(plan: Plan) -> list[str]:
+    """Every cross-field problem of ``plan``; empty when it is consistent."""
+    return check_mesh(plan) + check_params(plan) + check_stages_and_hooks(plan)

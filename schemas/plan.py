@@ -1,0 +1,257 @@
+"""The plan format, schema v1: the types *are* the schema.
+
+A plan is plain data. Every Struct here forbids unknown fields, so a typo in a hand-edited
+plan is an error rather than a silently ignored key; constraints that a single field can
+express (a placement string, a positive degree) live in the type annotations, and
+``msgspec`` enforces them on decode. The few rules that tie several fields together are in
+:mod:`autodist.schemas.checks`.
+
+Example::
+
+    >>> from autodist.schemas import Plan, load_plan
+    >>> plan = load_plan("plans/llama_docstring/plan_4dev.json")   # doctest: +SKIP
+    >>> plan.strategy.mp, plan.params["llama.layers.0.self_attn.q_proj.weight"].placements
+    (2, ['R', 'S(1)'])
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+FORMAT = "autodist.plan"
+VERSION = 1
+
+# -- small annotated types -------------------------------------------------------------------
+
+#: A placement on one mesh dim: ``"R"`` replicate, ``"P"`` partial (pending sum), ``"S(k)"``
+#: shard tensor dim ``k``. Short strings keep plans readable and diffs small.
+Placement = Annotated[str, msgspec.Meta(pattern=r"^(R|P|S\([0-9]\))$")]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+Fqn = Annotated[str, msgspec.Meta(min_length=1)]
+Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+MeshDim = Literal["pp", "dp", "mp"]
+DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"]
+
+#: Where a parameter's placements came from. The names follow Paddle's intermediate API
+#: (``paddle.distributed.ColWiseParallel`` ...), plus the two kinds that have no style there.
+ParallelStyle = Literal[
+    "Replicate",  # untouched by tensor parallelism (norms, unmatched layers, dp-only plans)
+    "ColWiseParallel",  # output features split over mp
+    "RowWiseParallel",  # input features split over mp; output partial, summed by Paddle
+    "VocabParallelEmbedding",  # embedding table split over the vocabulary
+    "ColWiseParallelHead",  # LM head split over the vocabulary (its output stays sharded)
+]
+
+
+class Base(msgspec.Struct, forbid_unknown_fields=True):
+    """Common base: unknown fields are rejected."""
+
+
+# -- model -------------------------------------------------------------------------------------
+
+
+class InputSpec(Base):
+    """One model input as the planner traced it; ``-1`` marks a dynamic dim."""
+
+    name: str
+    dtype: DType
+    shape: list[int]
+
+
+class ModelInfo(Base):
+    """What the plan was made for; the applier refuses a model whose fingerprint differs."""
+
+    class_name: str
+    num_parameters: NonNegativeInt
+    #: sha256 over sorted (parameter FQN, shape, dtype): the applier recomputes it cheaply.
+    param_fingerprint: Sha256
+    #: sha256 over the traced graph's structure (op names and edges): `check` re-traces for it.
+    graph_fingerprint: Sha256
+    #: FQN of the sub-layer that was traced ("" for the whole model); see the planner docs.
+    traced_layer: str = ""
+    input_specs: list[InputSpec] = []
+
+
+# -- cluster and mesh ----------------------------------------------------------------------------
+
+
+class DeviceProfile(Base):
+    """One device kind's published figures; bandwidths are per direction, bytes/s."""
+
+    name: str
+    memory_bytes: PositiveInt
+    peak_flops: dict[Literal["bf16", "fp16", "fp32"], NonNegativeFloat]
+    intra_node_bandwidth: NonNegativeFloat
+    inter_node_bandwidth: NonNegativeFloat
+    intra_node_latency_s: NonNegativeFloat
+    inter_node_latency_s: NonNegativeFloat
+
+
+class Cluster(Base):
+    nodes: PositiveInt
+    devices_per_node: PositiveInt
+    device: DeviceProfile
+
+
+class Mesh(Base):
+    """The process mesh: ``process_ids`` in row-major order over ``shape``.
+
+    The outermost dim is ``pp``, the innermost ``mp`` (kept inside a node). Dims of size one
+    are left out, except that a mesh always has at least one dim.
+    """
+
+    dim_names: list[MeshDim]
+    shape: list[PositiveInt]
+    process_ids: list[NonNegativeInt]
+
+
+class Strategy(Base):
+    dp: PositiveInt = 1
+    mp: PositiveInt = 1
+    pp: PositiveInt = 1
+    sequence_parallel: bool = False
+    #: ZeRO stage over the dp group: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters.
+    sharding_stage: Literal[0, 1, 2, 3] = 0
+    micro_batches: PositiveInt = 1
+    #: How pipeline stages run: ``none`` without pp; ``sequential`` stage hand-off hooks in an
+    #: ordinary training loop; ``1F1B`` / ``VPP`` Paddle's pipelining schedules.
+    schedule: Literal["none", "sequential", "1F1B", "VPP"] = "none"
+
+
+# -- what to do with the model ---------------------------------------------------------------------
+
+
+class ParamPlan(Base):
+    """How one parameter is laid out: its stage and one placement per mesh dim."""
+
+    shape: list[NonNegativeInt]
+    dtype: DType
+    placements: list[Placement]
+    stage: NonNegativeInt = 0
+    style: ParallelStyle = "Replicate"
+    #: Other FQNs that name the same Parameter object (tied weights): sharded once, kept one.
+    tied_to: list[str] = []
+
+
+class Hook(Base):
+    """A forward hook on a layer.
+
+    ``reshard``: reshard the layer's input (``pre``) or output (``post``) to ``placements`` on
+    its stage's mesh. ``stage_handoff``: move the output onto stage ``to_stage``'s mesh.
+    ``sequence_parallel_begin`` / ``sequence_parallel_end``: transpose [b, s, h] <-> [s, b, h] and
+    split / gather the sequence over mp, as Paddle's SequenceParallelBegin/End do.
+    """
+
+    layer: Fqn
+    when: Literal["pre", "post"]
+    action: Literal["reshard", "stage_handoff", "sequence_parallel_begin", "sequence_parallel_end"]
+    placements: list[Placement] = []
+    to_stage: NonNegativeInt = 0
+    reason: str = ""
+
+
+class DataPlan(Base):
+    """How the dataloader is split: over ``shard_dims`` of the first (inputs) and last (labels)
+    stage meshes."""
+
+    shard_dims: list[MeshDim] = []
+    input_stage: NonNegativeInt = 0
+    label_stage: NonNegativeInt = 0
+
+
+class ImplicitComm(Base):
+    """A collective Paddle inserts on its own because of the chosen placements."""
+
+    layer: str
+    op: str
+    collective: Literal["all_gather", "all_reduce", "reduce_scatter", "all_to_all"]
+    bytes_per_step: NonNegativeInt
+    reason: str
+
+
+class Block(Base):
+    """A repeated block found by the matcher, and the stage it runs on."""
+
+    layer: Fqn
+    kind: str
+    stage: NonNegativeInt = 0
+
+
+# -- estimates and alternatives ----------------------------------------------------------------------
+
+
+class MemoryEstimate(Base):
+    """Bytes per rank by kind (the most loaded rank)."""
+
+    params: NonNegativeInt = 0
+    grads: NonNegativeInt = 0
+    optimizer: NonNegativeInt = 0
+    activations: NonNegativeInt = 0
+    total: NonNegativeInt = 0
+
+
+class CommEstimate(Base):
+    """Bytes sent per rank per training step, by what causes them."""
+
+    mp: NonNegativeInt = 0
+    dp: NonNegativeInt = 0
+    pp: NonNegativeInt = 0
+    implicit: NonNegativeInt = 0
+
+
+class Estimate(Base):
+    step_time_s: NonNegativeFloat = 0.0
+    tokens_per_s: NonNegativeFloat = 0.0
+    mfu: NonNegativeFloat = 0.0
+    memory: MemoryEstimate = msgspec.field(default_factory=MemoryEstimate)
+    comm_bytes: CommEstimate = msgspec.field(default_factory=CommEstimate)
+
+
+class Candidate(Base):
+    strategy: Strategy
+    estimate: Estimate
+
+
+class Rejected(Base):
+    strategy: Strategy
+    reason: str
+
+
+class Alternatives(Base):
+    accepted: list[Candidate] = []
+    rejected: list[Rejected] = []
+
+
+class Provenance(Base):
+    autodist_version: str
+    paddle_version: str
+    #: The planner's arguments as given, so a plan can be re-made from itself.
+    arguments: dict[str, str] = {}
+
+
+# -- the plan ---------------------------------------------------------------------------------------
+
+
+class Plan(Base, kw_only=True):
+    """A complete, self-describing parallelisation plan for one model on one cluster."""
+
+    format: Literal["autodist.plan"] = FORMAT
+    version: int = VERSION
+    model: ModelInfo
+    cluster: Cluster
+    mesh: Mesh
+    strategy: Strategy
+    params: dict[Fqn, ParamPlan]
+    provenance: Provenance
+    blocks: list[Block] = []
+    hooks: list[Hook] = []
+    data: DataPlan = msgspec.field(default_factory=DataPlan)
+    implicit_comm: list[ImplicitComm] = []
+    estimate: Estimate = msgspec.field(default_factory=Estimate)
+    alternatives: Alternatives = msgspec.field(default_factory=Alternatives)
+    #: Human-readable remarks: unmatched layers, padding, anything a reviewer should know.
+    notes: list[str] = []
