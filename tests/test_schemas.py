@@ -1,0 +1,224 @@
+"""The plan format: strict decode, exact error paths, canonical encode, atomic save."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from autodist.schemas import VERSION, Plan, PlanError, dump_plan, load_plan, parameter_fingerprint, save_plan
+
+EXAMPLE = Path(__file__).parent / "data" / "example_plan.json"
+
+
+@pytest.fixture
+def doc() -> dict:
+    """The hand-written example plan as plain JSON data, ready to be broken."""
+    return json.loads(EXAMPLE.read_text())
+
+
+def load_doc(doc: dict) -> Plan:
+    return load_plan(json.dumps(doc).encode())
+
+
+def problems_of(doc: dict) -> list[str]:
+    with pytest.raises(PlanError) as info:
+        load_doc(doc)
+    return info.value.problems
+
+
+# -- round trip and determinism ---------------------------------------------------------------------
+
+
+def test_example_plan_loads_with_its_values():
+    plan = load_plan(EXAMPLE)
+    assert plan.mesh.shape == [2, 2]
+    assert plan.params["layers.0.mlp.fc_in.weight"].placements == ["R", "S(1)"]
+    assert plan.params["layers.0.mlp.fc_out.weight"].style == "RowWiseParallel"
+    assert plan.hooks[0].when == "post"
+
+
+def test_dump_is_canonical_and_round_trips():
+    plan = load_plan(EXAMPLE)
+    data = dump_plan(plan)
+    assert dump_plan(load_plan(data)) == data
+    assert data.endswith(b"}\n")
+    # Two-space indent and sorted keys at every level.
+    assert data.startswith(b'{\n  "alternatives"')
+    parsed = json.loads(data)
+    assert list(parsed) == sorted(parsed)
+    assert list(parsed["params"]) == sorted(parsed["params"])
+
+
+def test_dump_does_not_depend_on_construction_order(doc):
+    reordered = dict(reversed(list(doc.items())))
+    reordered["params"] = dict(reversed(list(doc["params"].items())))
+    assert dump_plan(load_doc(reordered)) == dump_plan(load_doc(doc))
+
+
+def test_floats_are_stable_through_round_trips(doc):
+    doc["estimate"]["step_time_s"] = 0.1 + 0.2  # 0.30000000000000004: shortest repr must survive
+    data = dump_plan(load_doc(doc))
+    assert b"0.30000000000000004" in data
+    assert dump_plan(load_plan(data)) == data
+
+
+# -- strict decode with exact paths ------------------------------------------------------------------------
+
+
+def test_unknown_field_is_named_with_its_path(doc):
+    doc["params"]["layers.0.norm.weight"]["placement"] = ["R", "R"]
+    (problem,) = problems_of(doc)
+    assert problem.startswith('$.params["layers.0.norm.weight"]')
+    assert "unknown field `placement`" in problem
+
+
+def test_bad_placement_names_the_parameter_and_index(doc):
+    doc["params"]["layers.0.mlp.fc_in.weight"]["placements"][1] = "S(x)"
+    (problem,) = problems_of(doc)
+    assert problem.startswith('$.params["layers.0.mlp.fc_in.weight"].placements[1]:')
+
+
+def test_wrong_type_is_named(doc):
+    doc["strategy"]["mp"] = "two"
+    (problem,) = problems_of(doc)
+    assert problem.startswith("$.strategy.mp:") and "Expected `int`" in problem
+
+
+def test_missing_field_is_named(doc):
+    del doc["mesh"]["process_ids"]
+    (problem,) = problems_of(doc)
+    assert problem.startswith("$.mesh:") and "process_ids" in problem
+
+
+def test_newer_version_asks_to_upgrade(doc):
+    doc["version"] = VERSION + 1
+    doc["a_field_from_the_future"] = True  # a newer plan may carry fields we do not know
+    (problem,) = problems_of(doc)
+    assert f"format version {VERSION + 1}" in problem and "upgrade autodist" in problem
+
+
+def test_not_a_plan_and_not_json_are_refused():
+    with pytest.raises(PlanError, match="not an autodist plan"):
+        load_plan(b'{"format": "something.else"}')
+    with pytest.raises(PlanError, match="not valid JSON"):
+        load_plan(b'{"format": "autodist.plan", ')
+    with pytest.raises(PlanError, match="cannot read the plan file"):
+        load_plan("/nonexistent/plan.json")
+
+
+# -- cross-field checks -------------------------------------------------------------------------------------
+
+
+def test_mesh_size_must_match_process_ids_and_cluster(doc):
+    doc["mesh"]["process_ids"] = [0, 1, 2]
+    problems = problems_of(doc)
+    assert any(p.startswith("$.mesh.shape: 2 x 2 = 4 ranks but 3 process ids") for p in problems)
+
+
+def test_placements_must_cover_every_mesh_dim(doc):
+    doc["params"]["layers.0.norm.weight"]["placements"] = ["R"]
+    (problem,) = problems_of(doc)
+    assert problem == '$.params["layers.0.norm.weight"].placements: 1 placements for a mesh of 2 dims [\'dp\', \'mp\']'
+
+
+def test_stage_must_be_below_pp(doc):
+    doc["params"]["layers.0.norm.weight"]["stage"] = 1
+    (problem,) = problems_of(doc)
+    assert problem == '$.params["layers.0.norm.weight"].stage: 1 but pp is 1'
+
+
+def test_strategy_must_agree_with_the_mesh(doc):
+    doc["strategy"]["mp"] = 4
+    problems = problems_of(doc)
+    assert "$.strategy.mp: 4 but the mesh's mp dim has size 2" in problems
+
+
+def test_shard_must_divide_and_fit_the_parameter(doc):
+    doc["params"]["layers.0.norm.weight"]["placements"] = ["R", "S(1)"]
+    doc["params"]["layers.0.mlp.fc_in.weight"]["shape"] = [16, 63]
+    problems = problems_of(doc)
+    assert '$.params["layers.0.norm.weight"].placements[1]: S(1) but the parameter has 1 dims' in problems
+    assert any(p.startswith('$.params["layers.0.mlp.fc_in.weight"].placements[1]: S(1) splits size 63') for p in problems)
+
+
+def test_all_problems_are_reported_at_once(doc):
+    doc["params"]["layers.0.norm.weight"]["stage"] = 3
+    doc["hooks"][0]["placements"] = ["R"]
+    doc["data"]["shard_dims"] = ["pp"]
+    err_problems = problems_of(doc)
+    assert len(err_problems) == 3
+    with pytest.raises(PlanError, match="3 problems"):
+        load_doc(doc)
+
+
+# -- saving --------------------------------------------------------------------------------------------------
+
+
+def test_save_plan_writes_canonical_bytes_and_leaves_no_temp_file(tmp_path):
+    plan = load_plan(EXAMPLE)
+    target = tmp_path / "plan.json"
+    save_plan(plan, target)
+    assert target.read_bytes() == dump_plan(plan)
+    assert os.listdir(tmp_path) == ["plan.json"]
+
+
+def test_interrupted_save_keeps_the_old_plan(tmp_path, monkeypatch):
+    plan = load_plan(EXAMPLE)
+    target = tmp_path / "plan.json"
+    target.write_bytes(b"old contents\n")
+
+    def fail_fsync(fd):
+        raise KeyboardInterrupt  # the user pressed Ctrl-C half-way through the write
+
+    monkeypatch.setattr(os, "fsync", fail_fsync)
+    with pytest.raises(KeyboardInterrupt):
+        save_plan(plan, target)
+    assert target.read_bytes() == b"old contents\n"
+    assert os.listdir(tmp_path) == ["plan.json"]
+
+
+# -- fingerprint ----------------------------------------------------------------------------------------------
+
+
+def test_parameter_fingerprint_sees_renames_and_resizes_but_not_order():
+    table = {"a.weight": ([4, 8], "float32"), "b.bias": ([8], "float32")}
+    base = parameter_fingerprint(table)
+    assert parameter_fingerprint(dict(reversed(list(table.items())))) == base
+    assert parameter_fingerprint({"a.w": ([4, 8], "float32"), "b.bias": ([8], "float32")}) != base
+    assert parameter_fingerprint({"a.weight": ([4, 9], "float32"), "b.bias": ([8], "float32")}) != base
+    assert parameter_fingerprint({"a.weight": ([4, 8], "float16"), "b.bias": ([8], "float32")}) != base
+    assert parameter_fingerprint({"a.weight": ([4, 8], "float32")}) != base
+
+
+# -- lightness -------------------------------------------------------------------------------------------------
+
+
+def test_import_autodist_and_schemas_is_light():
+    code = (
+        "import sys, autodist, autodist.schemas\n"
+        "heavy = [m for m in ('paddle', 'networkx', 'click', 'numpy', 'autodist.planner', 'autodist.applier')"
+        " if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_plan_is_plain_data_not_code():
+    # msgspec never builds arbitrary objects: a pickle-ish payload is just a wrong type.
+    with pytest.raises(PlanError):
+        load_plan(b'{"format": "autodist.plan", "version": 1, "model": {"__reduce__": "os.system"}}')
+    assert msgspec.json.decode(dump_plan(load_plan(EXAMPLE)))["format"] == "autodist.plan"
+
+
+def test_example_document_is_not_mutated_by_loading(doc):
+    before = copy.deepcopy(doc)
+    load_doc(doc)
+    assert doc == before
