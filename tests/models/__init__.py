@@ -1,0 +1,8 @@
+"""Small models shared by the tests: a GPT-2-style model, tiny PaddleFormers models, a CNN,
+and single-MLP models for the negative pattern tests. Every builder takes keyword overrides so a
+test can grow depth or width without a new model file.
+
+Tests import them as ``from models import gpt``: ``tests/`` has no ``__init__.py``, so pytest
+puts ``tests/`` itself on ``sys.path``. As planner targets they load by path
+(``autodist-plan tests/models/gpt.py``, ``tests/models/paddleformers_models.py:build_llama``).
+"""
