@@ -1,0 +1,125 @@
+"""The plan-review subcommands of ``autodist-plan``: show, diff, check, export, render.
+
+They are plain click commands collected in :data:`REVIEW_COMMANDS`; the ``autodist-plan`` group
+registers them with ``for c in REVIEW_COMMANDS: cli.add_command(c)``. Every command prints a
+problem as one ``error: ...`` line on stderr and exits 2.
+
+Example::
+
+    autodist-plan show plans/llama_docstring/plan_4dev.json
+    autodist-plan diff old.json new.json || echo "the plan changed"
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from autodist.schemas import PlanError, load_plan
+
+from .diff import diff_plans
+from .show import TOP_ALTERNATIVES, show_data, show_text
+
+#: Exit status of every command for bad input (a missing file, an invalid plan, ...).
+EXIT_ERROR = 2
+
+
+class ReviewError(Exception):
+    """A user-facing problem of a review command: printed as one line, exit status 2."""
+
+
+def one_line_errors(command: Callable) -> Callable:
+    """Turn the problems a user can cause into one ``error:`` line and exit status 2."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except PlanError as err:
+            problems = "; ".join(err.problems)
+            fail(f"{err.source}: invalid plan: {problems}")
+        except (ReviewError, OSError) as err:
+            fail(str(err))
+        except Exception as err:  # noqa: BLE001 - the planner's own user-facing errors
+            if type(err).__name__ == "PlannerError":
+                fail(str(err))
+            raise
+
+    return wrapper
+
+
+def fail(message: str) -> None:
+    """Print ``error: message`` on one line and exit 2."""
+    click.echo(f"error: {' '.join(message.split())}", err=True)
+    sys.exit(EXIT_ERROR)
+
+
+def write_output(text: str | bytes, output: str | None) -> None:
+    """Write to ``output`` atomically (temp file, then rename) or to stdout when it is None."""
+    if output is None:
+        click.echo(text if isinstance(text, str) else text.decode(), nl=False)
+        return
+    path = Path(output)
+    data = text.encode() if isinstance(text, str) else text
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise ReviewError(f"cannot write {output}: {err.strerror or err}") from None
+
+
+_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
+
+@click.command(context_settings=_SETTINGS)
+@click.argument("plan", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON for machines.")
+@click.option("--top", default=TOP_ALTERNATIVES, show_default=True, help="How many alternatives to list.")
+@one_line_errors
+def show(plan: str, as_json: bool, top: int) -> None:
+    """Summarise PLAN: model, cluster, the mesh as a grid of ranks, strategy, stages,
+    placements collapsed into patterns, estimates and the best alternatives.
+
+    \b
+    Example:
+      autodist-plan show plans/llama_docstring/plan_4dev.json
+      autodist-plan show plan.json --json | jq .strategy
+    """
+    loaded = load_plan(plan)
+    if as_json:
+        click.echo(json.dumps(show_data(loaded, top), indent=2, sort_keys=True))
+    else:
+        click.echo(show_text(loaded, top), nl=False)
+
+
+@click.command(context_settings=_SETTINGS)
+@click.argument("old", type=click.Path(dir_okay=False))
+@click.argument("new", type=click.Path(dir_okay=False))
+@one_line_errors
+def diff(old: str, new: str) -> None:
+    """Say in words what changed from plan OLD to plan NEW.
+
+    Exit status like diff: 0 when the plans are the same, 1 when they differ, 2 on error.
+
+    \b
+    Example:
+      autodist-plan diff plan.json new_plan.json
+      git show HEAD:plan.json > /tmp/old.json && autodist-plan diff /tmp/old.json plan.json
+    """
+    lines = diff_plans(load_plan(old), load_plan(new))
+    if not lines:
+        click.echo("the plans are the same")
+        return
+    click.echo("\n".join(lines))
+    sys.exit(1)
+
+
+#: The commands the ``autodist-plan`` group registers.
+REVIEW_COMMANDS: list[click.Command] = [show, diff]

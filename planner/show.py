@@ -1,0 +1,352 @@
+"""A plan as a reviewer reads it: mesh grid, stages, placements collapsed into patterns, estimates.
+
+A plan for a 32-layer model has hundreds of parameters, but only a handful of distinct layouts:
+``llama.layers.*.self_attn.q_proj.weight  R S(1)`` stands for all 32 layers at once. The
+collapsing lives here because ``diff`` and ``export`` use it too.
+
+Example::
+
+    >>> from autodist.schemas import load_plan
+    >>> print(show_text(load_plan("plan.json")))        # doctest: +SKIP
+    >>> collapse({"l.0.w": "a", "l.1.w": "a", "l.2.w": "b"})
+    [Collapsed(pattern='l.{0-1}.w', value='a', members=('l.0.w', 'l.1.w')), Collapsed(pattern='l.2.w', value='b', members=('l.2.w',))]
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Hashable, Iterable, Mapping
+
+import msgspec
+
+from autodist.schemas import Plan, Strategy
+
+#: How many accepted alternatives ``show`` lists by default.
+TOP_ALTERNATIVES = 5
+
+# -- collapsing FQNs into patterns -------------------------------------------------------------------
+
+
+def natural_key(fqn: str) -> tuple:
+    """Sort key that orders ``layers.2`` before ``layers.10``."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in fqn.split("."))
+
+
+def wildcard(fqn: str) -> str:
+    """``llama.layers.3.mlp.up_proj.weight`` -> ``llama.layers.*.mlp.up_proj.weight``."""
+    return ".".join("*" if part.isdigit() else part for part in fqn.split("."))
+
+
+@dataclass(frozen=True)
+class Collapsed:
+    """One row of a collapsed listing: every FQN in ``members`` has ``value``.
+
+    ``pattern`` uses ``*`` for a numeric path segment that takes every index the model has, and
+    ``{0-3,8}`` for a subset of them; it names exactly ``members``, never more.
+    """
+
+    pattern: str
+    value: Any
+    members: tuple[str, ...]
+
+
+def collapse(
+    values: Mapping[str, Hashable], explicit: bool = False, universe: Iterable[str] = ()
+) -> list[Collapsed]:
+    """Group FQNs that differ only in layer indices and share a value, in natural order.
+
+    Exact by construction: a pattern is only used when the FQNs it names are precisely the
+    group; otherwise the FQNs are listed one by one. ``*`` means every index among the FQNs of
+    ``values`` and ``universe`` (pass all of a plan's FQNs when ``values`` is a subset, so that
+    ``*`` never claims more than it should). ``explicit`` writes index ranges
+    (``layers.{0-15}``) even where ``*`` would do, for listings such as stage contents.
+    """
+    everyone: dict[str, list[str]] = defaultdict(list)
+    for fqn in sorted(set(values) | set(universe), key=natural_key):
+        everyone[wildcard(fqn)].append(fqn)
+    rows = []
+    for pattern, members in everyone.items():
+        groups: dict[Hashable, list[str]] = {}
+        for fqn in members:
+            if fqn in values:
+                groups.setdefault(values[fqn], []).append(fqn)
+        for value, group in groups.items():
+            rows.extend(Collapsed(p, value, tuple(m)) for p, m in _index_patterns(group, members, explicit))
+    return sorted(rows, key=lambda row: natural_key(row.members[0]))
+
+
+def index_ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``."""
+    spans: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _index_patterns(group: list[str], members: list[str], explicit: bool) -> list[tuple[str, list[str]]]:
+    """Name ``group`` (a subset of ``members``, all of one wildcard pattern) with index sets,
+    or FQN by FQN when no single pattern names exactly the group."""
+    if len(group) == 1:
+        return [(group[0], group)]
+    split = [fqn.split(".") for fqn in group]
+    positions = [i for i, part in enumerate(split[0]) if part.isdigit()]
+    chosen = {i: {int(parts[i]) for parts in split} for i in positions}
+    every = {i: {int(m.split(".")[i]) for m in members} for i in positions}
+    named = [m for m in members if all(int(m.split(".")[i]) in chosen[i] for i in positions)]
+    if named != group:
+        return [(fqn, [fqn]) for fqn in group]
+    parts = list(split[0])
+    for i in positions:
+        if len(chosen[i]) == 1:
+            parts[i] = str(next(iter(chosen[i])))
+        elif chosen[i] == every[i] and not explicit:
+            parts[i] = "*"
+        else:
+            parts[i] = "{" + index_ranges(sorted(chosen[i])) + "}"
+    return [(".".join(parts), group)]
+
+
+# -- small formatters shared by show and diff ---------------------------------------------------------
+
+
+def human_bytes(n: float) -> str:
+    """``human_bytes(3 * 2**30) == "3.0 GiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_seconds(s: float) -> str:
+    """``human_seconds(0.0131) == "13.1 ms"``."""
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def human_count(n: float) -> str:
+    """``human_count(312672) == "312.7k"``."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+def strategy_text(strategy: Strategy) -> str:
+    """``dp2 · mp2 · pp1, sequence parallel off, ZeRO stage 0, 1 micro-batch``."""
+    parts = [f"dp{strategy.dp} · mp{strategy.mp} · pp{strategy.pp}"]
+    parts.append(f"sequence parallel {'on' if strategy.sequence_parallel else 'off'}")
+    parts.append(f"ZeRO stage {strategy.sharding_stage}")
+    parts.append(f"{strategy.micro_batches} micro-batch{'es' if strategy.micro_batches != 1 else ''}")
+    if strategy.schedule != "none":
+        parts.append(f"schedule {strategy.schedule}")
+    return ", ".join(parts)
+
+
+def mesh_text(plan: Plan) -> str:
+    """``dp × mp = 2 × 2``."""
+    return f"{' × '.join(plan.mesh.dim_names)} = {' × '.join(map(str, plan.mesh.shape))}"
+
+
+def placement_rows(plan: Plan) -> list[Collapsed]:
+    """The plan's parameters collapsed by (placements, style); ``value`` is that pair."""
+    return collapse({fqn: (tuple(p.placements), p.style) for fqn, p in plan.params.items()})
+
+
+# -- the summary ---------------------------------------------------------------------------------------
+
+
+def mesh_grid(plan: Plan) -> list[list[list[int]]]:
+    """Rank ids as nested lists: one 2-D grid per index of the leading dims beyond two.
+
+    A 1-D mesh is one row, a 2-D mesh one grid, a 3-D ``pp × dp × mp`` mesh one grid per stage.
+    """
+    shape, ids = list(plan.mesh.shape), list(plan.mesh.process_ids)
+    rows, cols = (shape[-2] if len(shape) >= 2 else 1), shape[-1]
+    per_grid = rows * cols
+    return [
+        [ids[g + r * cols : g + (r + 1) * cols] for r in range(rows)] for g in range(0, len(ids), per_grid)
+    ]
+
+
+def mesh_lines(plan: Plan) -> list[str]:
+    """The mesh drawn as a grid of rank ids labelled with dim names."""
+    names, grids = plan.mesh.dim_names, mesh_grid(plan)
+    width = max(len(str(i)) for i in plan.mesh.process_ids)
+    col_name = names[-1]
+    row_name = names[-2] if len(names) >= 2 else None
+    cell = max(width, len(f"{col_name}={plan.mesh.shape[-1] - 1}"))
+    label = max((len(f"{row_name}={len(grids[0]) - 1}") if row_name else 0), 1)
+    lines = []
+    for g, grid in enumerate(grids):
+        if len(grids) > 1:
+            lines.append(f"{names[0]}={g}")
+        header = " " * label + "".join(f"  {f'{col_name}={c}':>{cell}}" for c in range(len(grid[0])))
+        lines.append(header)
+        for r, row in enumerate(grid):
+            head = f"{row_name}={r}" if row_name else ""
+            lines.append(f"{head:<{label}}" + "".join(f"  {i:>{cell}}" for i in row))
+    return lines
+
+
+def stage_summary(plan: Plan) -> list[dict[str, Any]]:
+    """Per pipeline stage: its blocks (collapsed into ranges) and its parameter count."""
+    stages = []
+    for stage in range(plan.strategy.pp):
+        blocks = [b.layer for b in plan.blocks if b.stage == stage]
+        kinds = sorted({b.kind for b in plan.blocks if b.stage == stage})
+        block_ranges = [row.pattern for row in collapse({layer: 0 for layer in blocks}, explicit=True)]
+        params = [fqn for fqn, p in plan.params.items() if p.stage == stage]
+        numel = sum(_numel(plan.params[fqn].shape) for fqn in params)
+        stages.append(
+            {"stage": stage, "blocks": block_ranges, "num_blocks": len(blocks), "block_kinds": kinds,
+             "num_params": len(params), "num_elements": numel}
+        )
+    return stages
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def show_data(plan: Plan, top: int = TOP_ALTERNATIVES) -> dict[str, Any]:
+    """The summary as plain data (what ``show --json`` prints)."""
+    to = msgspec.to_builtins
+    return {
+        "model": to(plan.model),
+        "cluster": to(plan.cluster),
+        "mesh": {"dim_names": list(plan.mesh.dim_names), "shape": list(plan.mesh.shape), "grid": mesh_grid(plan)},
+        "strategy": to(plan.strategy),
+        "stages": stage_summary(plan),
+        "placements": [
+            {"pattern": row.pattern, "placements": list(row.value[0]), "style": row.value[1], "count": len(row.members)}
+            for row in placement_rows(plan)
+        ],
+        "hooks": [
+            {"pattern": row.pattern, "when": row.value[0], "action": row.value[1], "placements": list(row.value[2]),
+             "to_stage": row.value[3], "count": len(row.members)}
+            for row in hook_rows(plan)
+        ],
+        "data": to(plan.data),
+        "implicit_comm": to(plan.implicit_comm),
+        "estimate": to(plan.estimate),
+        "alternatives": {
+            "accepted": to(plan.alternatives.accepted[:top]),
+            "num_accepted": len(plan.alternatives.accepted),
+            "num_rejected": len(plan.alternatives.rejected),
+            "rejected_reasons": rejected_reasons(plan),
+        },
+        "notes": list(plan.notes),
+    }
+
+
+def hook_rows(plan: Plan) -> list[Collapsed]:
+    """Hooks collapsed by what they do; ``value`` is ``(when, action, placements, to_stage)``.
+
+    Collapsed per kind of hook, because one layer may carry a pre and a post hook."""
+    rows: list[Collapsed] = []
+    for kind in sorted({(h.when, h.action) for h in plan.hooks}):
+        sites = {h.layer: (h.when, h.action, tuple(h.placements), h.to_stage)
+                 for h in plan.hooks if (h.when, h.action) == kind}
+        rows += collapse(sites)
+    return sorted(rows, key=lambda row: natural_key(row.members[0]))
+
+
+def rejected_reasons(plan: Plan) -> dict[str, int]:
+    """How many rejected candidates share each reason, with numbers blurred (``mp=4`` -> ``mp=N``),
+    most common first, so twenty near-identical reasons read as one."""
+    counts: dict[str, int] = {}
+    for rejected in plan.alternatives.rejected:
+        reason = re.sub(r"\d+(\.\d+)?", "N", rejected.reason)
+        counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
+    """The summary as text for a terminal or a pull-request comment."""
+    m, c, est = plan.model, plan.cluster, plan.estimate
+    world = c.nodes * c.devices_per_node
+    out = [
+        f"model     {m.class_name}  ({human_count(m.num_parameters)} parameters, {len(plan.params)} tensors)",
+        f"          traced layer {m.traced_layer or '(whole model)'}; inputs "
+        + ", ".join(f"{s.name} {s.dtype} {'x'.join(map(str, s.shape))}" for s in m.input_specs),
+        f"          param fingerprint {m.param_fingerprint[:12]}…  graph fingerprint {m.graph_fingerprint[:12]}…",
+        f"cluster   {c.nodes} node{'s' if c.nodes > 1 else ''} × {c.devices_per_node} {c.device.name} "
+        f"= {world} devices, {human_bytes(c.device.memory_bytes)} each",
+        f"strategy  {strategy_text(plan.strategy)}",
+        f"mesh      {mesh_text(plan)}",
+    ]
+    out += ["          " + line for line in mesh_lines(plan)]
+    out.append("")
+    out.append("stages")
+    for stage in stage_summary(plan):
+        blocks = ", ".join(stage["blocks"]) or "no blocks"
+        kinds = f" ({', '.join(stage['block_kinds'])})" if stage["block_kinds"] else ""
+        out.append(
+            f"  {stage['stage']}  {blocks}{kinds}; {stage['num_params']} tensors, "
+            f"{human_count(stage['num_elements'])} elements"
+        )
+    out.append("")
+    out.append(f"placements  ({' '.join(plan.mesh.dim_names)})")
+    rows = placement_rows(plan)
+    width = max((len(r.pattern) for r in rows), default=0)
+    pwidth = max((len(" ".join(r.value[0])) for r in rows), default=0)
+    for row in rows:
+        count = f"  ×{len(row.members)}" if len(row.members) > 1 else ""
+        out.append(f"  {row.pattern:<{width}}  {' '.join(row.value[0]):<{pwidth}}  {row.value[1]}{count}")
+    if plan.hooks:
+        out.append("")
+        out.append("hooks")
+        for row in hook_rows(plan):
+            when, action, placements, to_stage = row.value
+            target = f" -> {' '.join(placements)}" if placements else ""
+            target += f" -> stage {to_stage}" if action == "stage_handoff" else ""
+            count = f"  ×{len(row.members)}" if len(row.members) > 1 else ""
+            out.append(f"  {row.pattern}  {when} {action}{target}{count}")
+    out.append("")
+    out.append(f"data      split over {', '.join(plan.data.shard_dims) or 'nothing (every rank reads the whole batch)'}")
+    out.append("")
+    out.append(
+        f"estimate  {human_seconds(est.step_time_s)} per step, {human_count(est.tokens_per_s)} tokens/s, "
+        f"MFU {est.mfu:.0%}"
+    )
+    mem = est.memory
+    out.append(
+        f"  memory per rank  {human_bytes(mem.total)} of {human_bytes(c.device.memory_bytes)}: params "
+        f"{human_bytes(mem.params)}, grads {human_bytes(mem.grads)}, optimizer {human_bytes(mem.optimizer)}, "
+        f"activations {human_bytes(mem.activations)}"
+    )
+    comm = est.comm_bytes
+    out.append(
+        f"  comm per step    mp {human_bytes(comm.mp)}, dp {human_bytes(comm.dp)}, pp {human_bytes(comm.pp)}, "
+        f"implicit {human_bytes(comm.implicit)}"
+    )
+    for ic in plan.implicit_comm:
+        out.append(f"  implicit {ic.collective} at {ic.layer} ({ic.op}): {human_bytes(ic.bytes_per_step)} — {ic.reason}")
+    alt = plan.alternatives
+    if alt.accepted or alt.rejected:
+        out.append("")
+        out.append(f"alternatives  {len(alt.accepted)} accepted, {len(alt.rejected)} rejected")
+        for cand in alt.accepted[:top]:
+            out.append(
+                f"  {human_seconds(cand.estimate.step_time_s):>9}  {human_bytes(cand.estimate.memory.total):>10}  "
+                f"{strategy_text(cand.strategy)}"
+            )
+        for reason, count in list(rejected_reasons(plan).items())[:top]:
+            out.append(f"  rejected ×{count}: {reason}")
+    if plan.notes:
+        out.append("")
+        out.append("notes")
+        out += [f"  - {note}" for note in plan.notes]
+    return "\n".join(out) + "\n"
