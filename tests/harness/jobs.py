@@ -1,0 +1,68 @@
+"""What a job asks each rank to do, and what each rank writes back: plain JSON both ways.
+
+Example::
+
+    >>> run = TrainRun(name="mp2_sgd", workload="paddleformers_llama", plan="/tmp/mp2.json")
+    >>> TrainRun(**json.loads(json.dumps(asdict(run)))) == run
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+#: How a run distributes the model before training.
+METHODS = ("single", "autodist", "to_distributed")
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """One training configuration: every rank builds, distributes, trains and reports it."""
+
+    name: str
+    workload: str
+    optimizer: str = "sgd"
+    method: str = "autodist"
+    plan: str | None = None  # path of the plan file (method "autodist")
+    steps: int = 3
+    seed: int = 2024
+
+
+@dataclass(frozen=True)
+class BadPlanCase:
+    """A plan every rank must refuse with a PlanError whose message contains ``expect``."""
+
+    name: str
+    workload: str
+    plan: str
+    expect: str
+
+
+@dataclass
+class Job:
+    out_dir: str
+    train: list[TrainRun] = field(default_factory=list)
+    bad_plans: list[BadPlanCase] = field(default_factory=list)
+    #: Bad-plan cases are caught and recorded; with this set, the first one is left to
+    #: propagate, so the rank exits non-zero as a user's job would.
+    let_plan_error_escape: bool = False
+
+    def save(self, path: Path) -> Path:
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Job:
+        raw = json.loads(Path(path).read_text())
+        return cls(
+            out_dir=raw["out_dir"],
+            train=[TrainRun(**r) for r in raw["train"]],
+            bad_plans=[BadPlanCase(**c) for c in raw["bad_plans"]],
+            let_plan_error_escape=raw["let_plan_error_escape"],
+        )
+
+
+def output_path(out_dir: str | Path, run_name: str, rank: int) -> Path:
+    return Path(out_dir) / f"{run_name}.rank{rank}.json"

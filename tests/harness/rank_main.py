@@ -1,0 +1,125 @@
+"""The program every rank runs: ``python -m harness.rank_main job.json``.
+
+For each :class:`~harness.jobs.TrainRun`: build the model from its seed, distribute it (nothing
+for ``single``, ``autodist.apply_plan`` or ``paddle.distributed.to_distributed``), train, and
+write ``<run>.rank<R>.json`` with the losses, every parameter's full value gathered to a
+replicated numpy array, and how each parameter was laid out on this rank (so a test can check
+the plan was really applied, not just that training still works).
+
+For each :class:`~harness.jobs.BadPlanCase`: call ``apply_plan`` and record the ``PlanError``
+(message, seconds taken, whether model and optimizer were left untouched) in
+``bad_plans.rank<R>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import paddle
+import paddle.distributed as dist
+
+from harness.jobs import BadPlanCase, Job, TrainRun, output_path
+from harness.workloads import BATCH, SEQ, WORKLOADS, make_loader, make_optimizer, to_numpy, train
+
+
+def rank_and_world() -> tuple[int, int]:
+    return int(os.environ.get("PADDLE_TRAINER_ID", 0)), int(os.environ.get("PADDLE_TRAINERS_NUM", 1))
+
+
+def distribute(run: TrainRun, model, optimizer, loader, world: int):
+    """Apply the run's method; returns (model, optimizer, loader, seconds the method took)."""
+    start = time.perf_counter()
+    if run.method == "autodist":
+        from autodist import apply_plan
+
+        model, optimizer, loader = apply_plan(model, optimizer, loader, run.plan)
+    elif run.method == "to_distributed":
+        from paddle.distributed.auto_parallel.high_level_api import ToDistributedConfig
+
+        config = ToDistributedConfig()
+        config.input_spec = [paddle.static.InputSpec([BATCH, SEQ], "int64", "input_ids")]
+        model, optimizer, loader = dist.to_distributed(model, optimizer, loader, device_num=world, node_num=1, config=config)
+    elif run.method != "single":
+        raise ValueError(f"unknown method {run.method!r}")
+    return model, optimizer, loader, time.perf_counter() - start
+
+
+def layout(param) -> dict:
+    """How a parameter sits on this rank: placements and the local shard's shape."""
+    if not param.is_dist():
+        return {"placements": None, "local_shape": list(param.shape)}
+    return {
+        "placements": [str(p) for p in param.placements],
+        "local_shape": list(param._local_value().shape),
+        "mesh": param.process_mesh.process_ids,
+    }
+
+
+def run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
+    workload = WORKLOADS[run.workload]
+    model = workload.build(run.seed)
+    optimizer, schedule = make_optimizer(run.optimizer, model.parameters())
+    loader = make_loader(workload, run.steps, run.seed)
+    model, optimizer, loader, apply_seconds = distribute(run, model, optimizer, loader, world)
+    losses = train(workload, model, optimizer, schedule, loader, run.steps)
+    result = {
+        "run": run.name,
+        "rank": rank,
+        "world": world,
+        "apply_seconds": apply_seconds,
+        "losses": losses,
+        "params": {fqn: to_numpy(p).tolist() for fqn, p in model.named_parameters()},
+        "layout": {fqn: layout(p) for fqn, p in model.named_parameters()},
+    }
+    output_path(out_dir, run.name, rank).write_text(json.dumps(result))
+
+
+def run_bad_plan(case: BadPlanCase, rank: int, let_escape: bool) -> dict:
+    from autodist import PlanError, apply_plan
+
+    workload = WORKLOADS[case.workload]
+    model = workload.build(seed=0)
+    optimizer, _ = make_optimizer("sgd", model.parameters())
+    loader = make_loader(workload, steps=1, seed=0)
+    before = _identity(model, optimizer)
+    start = time.perf_counter()
+    try:
+        apply_plan(model, optimizer, loader, case.plan)
+    except PlanError as exc:
+        if let_escape:
+            raise
+        return {
+            "error": "PlanError",
+            "message": str(exc),
+            "seconds": time.perf_counter() - start,
+            "untouched": _identity(model, optimizer) == before,
+        }
+    except Exception as exc:  # recorded, so the test names what was raised instead
+        return {"error": type(exc).__name__, "message": str(exc), "seconds": time.perf_counter() - start}
+    return {"error": None, "message": "apply_plan accepted the plan", "seconds": time.perf_counter() - start}
+
+
+def _identity(model, optimizer) -> list:
+    """What a refused plan must leave alone: the same parameter objects, still dense, still the
+    optimizer's."""
+    return [(fqn, id(p), p.is_dist()) for fqn, p in model.named_parameters()] + [
+        id(p) for p in optimizer._parameter_list
+    ]
+
+
+def main(job_path: str) -> None:
+    job = Job.load(job_path)
+    rank, world = rank_and_world()
+    for run in job.train:
+        run_training(run, rank, world, job.out_dir)
+    if job.bad_plans:
+        results = {case.name: run_bad_plan(case, rank, job.let_plan_error_escape) for case in job.bad_plans}
+        (Path(job.out_dir) / f"bad_plans.rank{rank}.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

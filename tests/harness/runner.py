@@ -1,0 +1,84 @@
+"""Run jobs from a test: write the job file, start the ranks, read back what each rank wrote.
+
+Example::
+
+    >>> outputs = train_distributed([TrainRun("mp2", "paddleformers_llama", plan=p)], 2, tmp)  # doctest: +SKIP
+    >>> reference = ReferenceRuns(tmp).get(TrainRun("mp2", ...))                               # doctest: +SKIP
+    >>> assert_same_training("mp2", reference, outputs["mp2"])                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from .jobs import BadPlanCase, Job, TrainRun, output_path
+from .launcher import JobResult, launch_nodes, launch_ranks
+
+RANK_PROGRAM = ["-m", "harness.rank_main"]
+
+
+def start_job(job: Job, nranks: int, workdir: Path, timeout_s: float = 180.0, nodes: int = 1) -> JobResult:
+    """Start ``job`` on ``nranks`` ranks (over ``nodes`` simulated machines when > 1)."""
+    Path(job.out_dir).mkdir(parents=True, exist_ok=True)
+    job_file = job.save(workdir / "job.json")
+    if nodes > 1:
+        return launch_nodes(nodes, nranks // nodes, [*RANK_PROGRAM, str(job_file)], workdir, timeout_s)
+    return launch_ranks(nranks, [*RANK_PROGRAM, str(job_file)], workdir, timeout_s)
+
+
+def read_outputs(out_dir: str | Path, name: str, nranks: int) -> list[dict]:
+    return [json.loads(output_path(out_dir, name, r).read_text()) for r in range(nranks)]
+
+
+def train_distributed(
+    runs: list[TrainRun], nranks: int, workdir: Path, timeout_s: float = 240.0, nodes: int = 1
+) -> dict[str, list[dict]]:
+    """Train every run in turn in one ``nranks``-rank job; ``{run name: [rank 0 output, ...]}``.
+    A failed or hung job raises AssertionError with the failed ranks' stderr."""
+    job = Job(out_dir=str(workdir / "out"), train=list(runs))
+    start_job(job, nranks, workdir, timeout_s, nodes).raise_for_failure()
+    return {run.name: read_outputs(job.out_dir, run.name, nranks) for run in runs}
+
+
+def check_bad_plans(
+    cases: list[BadPlanCase], nranks: int, workdir: Path, timeout_s: float = 120.0, let_escape: bool = False
+) -> tuple[JobResult, list[dict]]:
+    """Run the bad-plan cases on ``nranks`` ranks; (the job, each rank's ``{case: result}``)."""
+    job = Job(out_dir=str(workdir / "out"), bad_plans=list(cases), let_plan_error_escape=let_escape)
+    result = start_job(job, nranks, workdir, timeout_s)
+    files = [Path(job.out_dir) / f"bad_plans.rank{r}.json" for r in range(nranks)]
+    return result, [json.loads(f.read_text()) if f.exists() else {} for f in files]
+
+
+def reference_key(run: TrainRun) -> str:
+    """Runs that differ only in how they are distributed share one single-device reference."""
+    return f"{run.workload}-{run.optimizer}-{run.steps}steps-seed{run.seed}"
+
+
+class ReferenceRuns:
+    """Single-device results, computed once per configuration (one process for a whole batch).
+
+    Example::
+
+        >>> refs = ReferenceRuns(tmp_path)             # doctest: +SKIP
+        >>> refs.prepare(runs); refs.get(runs[0])["losses"]   # doctest: +SKIP
+    """
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.results: dict[str, dict] = {}
+
+    def prepare(self, runs: list[TrainRun]) -> None:
+        todo = {reference_key(r): r for r in runs if reference_key(r) not in self.results}
+        if not todo:
+            return
+        singles = [replace(r, name=key, method="single", plan=None) for key, r in todo.items()]
+        workdir = self.workdir / f"reference{len(self.results)}"
+        outputs = train_distributed(singles, 1, workdir)
+        self.results.update({key: out[0] for key, out in outputs.items()})
+
+    def get(self, run: TrainRun) -> dict:
+        self.prepare([run])
+        return self.results[reference_key(run)]

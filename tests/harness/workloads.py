@@ -1,0 +1,151 @@
+"""The training workloads the harness runs: a model, its data, its loss, an optimizer.
+
+One code path serves the single-device reference and every rank, so the only difference
+between them is what :mod:`harness.rank_main` does to the model before training.
+
+Everything is seeded: the model is built after ``paddle.seed(seed)``, so every rank and the
+reference start from the same full weights, and the data is a fixed ``numpy`` draw.
+
+Example::
+
+    >>> w = WORKLOADS["paddleformers_llama"]
+    >>> model = w.build(seed=2024)                        # doctest: +SKIP
+    >>> loader = make_loader(w, steps=3, seed=2024)        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import paddle
+
+from .launcher import REPO_ROOT
+
+#: Global batch (divisible by dp = 2) and sequence length: tiny, a 2-core machine runs 4 ranks.
+BATCH, SEQ = 4, 8
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model kind: how to build it and how to get a scalar loss from one batch."""
+
+    name: str
+    vocab_size: int
+    build_unseeded: Callable[[], paddle.nn.Layer]
+    loss: Callable[[paddle.nn.Layer, paddle.Tensor, paddle.Tensor], paddle.Tensor]
+
+    def build(self, seed: int) -> paddle.nn.Layer:
+        paddle.seed(seed)
+        return self.build_unseeded()
+
+
+def _load_file(relpath: str, name: str):
+    """Import a model file by path (``plans/`` is a folder of example files, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / relpath)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _build_docstring_llama() -> paddle.nn.Layer:
+    mod = _load_file("plans/llama_docstring/model.py", "llama_docstring_model")
+    return mod.build_model(mod.LlamaConfig(**DOCSTRING_LLAMA_CONFIG))
+
+
+def _build_paddleformers_llama() -> paddle.nn.Layer:
+    from models.paddleformers_models import build_llama
+
+    return build_llama()
+
+
+#: The docstring Llama of ``paddle.distributed.to_distributed`` at tiny sizes (2 layers).
+DOCSTRING_LLAMA_CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4, num_layers=2, seq_len=SEQ)
+
+WORKLOADS = {
+    w.name: w
+    for w in [
+        Workload(
+            name="docstring_llama",
+            vocab_size=DOCSTRING_LLAMA_CONFIG["vocab_size"],
+            build_unseeded=_build_docstring_llama,
+            # forward(input_ids, position_ids=None, attention_mask=None, labels=None) -> (loss, logits)
+            loss=lambda model, inputs, labels: model(inputs, labels=labels)[0],
+        ),
+        Workload(
+            name="paddleformers_llama",
+            vocab_size=64,
+            build_unseeded=_build_paddleformers_llama,
+            # LlamaForCausalLM returns (loss, logits, ...) when given labels.
+            loss=lambda model, inputs, labels: model(input_ids=inputs, labels=labels)[0],
+        ),
+    ]
+}
+
+
+class TokenDataset(paddle.io.Dataset):
+    """Fixed random token sequences; labels are the inputs shifted by one."""
+
+    def __init__(self, vocab_size: int, samples: int, seed: int):
+        tokens = np.random.RandomState(seed).randint(0, vocab_size, size=(samples, SEQ + 1)).astype("int64")
+        self.inputs, self.labels = tokens[:, :-1], tokens[:, 1:]
+
+    def __getitem__(self, idx):
+        return self.inputs[idx], self.labels[idx]
+
+    def __len__(self):
+        return len(self.inputs)
+
+
+def make_loader(workload: Workload, steps: int, seed: int) -> paddle.io.DataLoader:
+    """``steps`` global batches of ``BATCH`` sequences, in a fixed order (no shuffling)."""
+    dataset = TokenDataset(workload.vocab_size, steps * BATCH, seed)
+    sampler = paddle.io.BatchSampler(dataset, batch_size=BATCH, shuffle=False, drop_last=True)
+    return paddle.io.DataLoader(dataset, batch_sampler=sampler)
+
+
+def make_optimizer(kind: str, parameters) -> tuple[paddle.optimizer.Optimizer, paddle.optimizer.lr.LRScheduler | None]:
+    """SGD, or AdamW with weight decay, a learning-rate schedule and global-norm clipping, so
+    a rebuilt optimizer has to carry over every one of them to train identically. Returns the
+    optimizer and the schedule the training loop steps (the user's handle, as in real code)."""
+    if kind == "sgd":
+        return paddle.optimizer.SGD(learning_rate=0.1, parameters=parameters), None
+    if kind == "adamw":
+        schedule = paddle.optimizer.lr.StepDecay(learning_rate=1e-3, step_size=2, gamma=0.5)
+        optimizer = paddle.optimizer.AdamW(
+            learning_rate=schedule,
+            parameters=parameters,
+            weight_decay=0.01,
+            grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0),
+        )
+        return optimizer, schedule
+    raise ValueError(f"unknown optimizer {kind!r} (sgd or adamw)")
+
+
+def train(workload: Workload, model, optimizer, schedule, loader, steps: int) -> list[float]:
+    """Run ``steps`` training steps; return each step's loss as a float (replicated first when
+    it is a distributed tensor, so every rank reports the global loss)."""
+    losses = []
+    for step, (inputs, labels) in enumerate(loader):
+        if step == steps:
+            break
+        loss = workload.loss(model, inputs, labels)
+        losses.append(to_numpy(loss).item())
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        if schedule is not None:
+            schedule.step()
+    return losses
+
+
+def to_numpy(tensor: paddle.Tensor) -> np.ndarray:
+    """The full value of a (possibly distributed) tensor on this rank."""
+    if tensor.is_dist():
+        import paddle.distributed as dist
+
+        replicated = dist.reshard(tensor, tensor.process_mesh, [dist.Replicate()] * len(tensor.placements))
+        return replicated._local_value().numpy()
+    return tensor.numpy()
