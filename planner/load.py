@@ -1,0 +1,190 @@
+"""Load the user's model: import the target, run its factory under ``paddle.LazyGuard()``, and
+find its input specs.
+
+A target is ``path/model.py``, ``path/model.py:factory`` or ``package.module:factory``; the
+factory defaults to ``build_model`` and a module-level ``nn.Layer`` named ``model`` is accepted
+too. Input specs come from ``--input-spec name:dtype:BxS`` (wins), else the module's
+``input_spec()`` function or ``INPUT_SPEC`` list.
+
+Example::
+
+    >>> loaded = load_target("plans/llama_docstring/model.py")        # doctest: +SKIP
+    >>> type(loaded.model).__name__, loaded.input_specs[0].shape
+    ('Model', (4, 1024))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import paddle
+
+from .errors import PlannerError
+
+DEFAULT_FACTORY = "build_model"
+MODULE_LEVEL_MODEL = "model"
+INPUT_DTYPES = ("int64", "int32", "float32", "float16", "bfloat16", "float64", "bool")
+
+
+@dataclass
+class LoadedModel:
+    model: paddle.nn.Layer  # built under paddle.LazyGuard(): parameters hold no memory yet
+    input_specs: list[paddle.static.InputSpec]
+    source: str  # the TARGET string as the user gave it
+
+
+def load_target(target: str, input_specs: list[str] | None = None) -> LoadedModel:
+    """Import ``target``, build its model lazily and resolve its input specs.
+
+    ``input_specs`` are CLI strings (``"input_ids:int64:4x1024"``); when given they replace the
+    module's own. Every problem raises :class:`PlannerError` with one line naming it.
+    """
+    module_ref, factory_name = split_target(target)
+    with paddle.LazyGuard():
+        module = _import(module_ref, target)
+        model = _build(module, factory_name, target)
+    if input_specs:
+        specs = [parse_input_spec(text) for text in input_specs]
+    else:
+        specs = _module_input_specs(module, target)
+    return LoadedModel(model=model, input_specs=specs, source=target)
+
+
+def split_target(target: str) -> tuple[str, str | None]:
+    """``"dir/m.py:make"`` -> ``("dir/m.py", "make")``; no ``:factory`` gives ``None``.
+
+    >>> split_target("pkg.mod:build"), split_target("model.py")
+    (('pkg.mod', 'build'), ('model.py', None))
+    """
+    ref, sep, factory = target.rpartition(":")
+    if not sep or not factory.isidentifier():
+        return target, None
+    return ref, factory
+
+
+def parse_input_spec(text: str) -> paddle.static.InputSpec:
+    """``"input_ids:int64:4x1024"`` -> ``InputSpec([4, 1024], "int64", "input_ids")``; ``-1`` marks
+    a dynamic dim.
+
+    >>> parse_input_spec("input_ids:int64:4x16").shape
+    (4, 16)
+    """
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[0].isidentifier():
+        raise PlannerError(f"--input-spec {text!r}: expected name:dtype:BxS, e.g. input_ids:int64:4x1024")
+    name, dtype, dims = parts
+    if dtype not in INPUT_DTYPES:
+        raise PlannerError(f"--input-spec {text!r}: unknown dtype {dtype!r} (one of {', '.join(INPUT_DTYPES)})")
+    try:
+        shape = [int(d) for d in dims.lower().split("x")]
+    except ValueError:
+        shape = []
+    if not shape or any(d == 0 or d < -1 for d in shape):
+        raise PlannerError(f"--input-spec {text!r}: shape {dims!r} must be sizes joined by 'x', e.g. 4x1024 (-1 = dynamic)")
+    return paddle.static.InputSpec(shape, dtype, name)
+
+
+# -- internals ---------------------------------------------------------------------------------------
+
+
+def _import(module_ref: str, target: str) -> ModuleType:
+    if module_ref.endswith(".py"):
+        return _import_file(Path(module_ref), target)
+    try:
+        return importlib.import_module(module_ref)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_ref.startswith(exc.name):
+            raise PlannerError(f"{target}: no module named {module_ref!r} (and no file {module_ref}.py)") from None
+        raise _user_code_error(f"importing {module_ref}", exc) from None
+    except Exception as exc:  # the user's module ran and raised: show where
+        raise _user_code_error(f"importing {module_ref}", exc) from None
+
+
+def _import_file(path: Path, target: str) -> ModuleType:
+    if not path.is_file():
+        raise PlannerError(f"{target}: file {str(path)!r} not found")
+    path = path.resolve()
+    # A unique, stable module name: dataclasses and pickling look modules up in sys.modules.
+    name = f"_autodist_target_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    # The model file may import its neighbours, as `python model.py` would allow.
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise _user_code_error(f"importing {path.name}", exc) from None
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def _build(module: ModuleType, factory_name: str | None, target: str) -> paddle.nn.Layer:
+    name = factory_name or DEFAULT_FACTORY
+    factory = getattr(module, name, None)
+    if factory is None and factory_name is None:
+        model = getattr(module, MODULE_LEVEL_MODEL, None)
+        if isinstance(model, paddle.nn.Layer):
+            return model
+        raise PlannerError(
+            f"{target}: no factory {DEFAULT_FACTORY}() and no module-level nn.Layer named `{MODULE_LEVEL_MODEL}` "
+            f"(name another factory with {target}:FACTORY)"
+        )
+    if factory is None:
+        raise PlannerError(f"{target}: no factory named {name!r} in the module")
+    if not callable(factory):
+        raise PlannerError(f"{target}: {name!r} is a {type(factory).__name__}, not a function returning a model")
+    try:
+        model = factory()
+    except Exception as exc:
+        raise _user_code_error(f"{name}()", exc) from None
+    if not isinstance(model, paddle.nn.Layer):
+        raise PlannerError(f"{target}: {name}() returned a {type(model).__name__}, not a paddle.nn.Layer")
+    return model
+
+
+def _module_input_specs(module: ModuleType, target: str) -> list[paddle.static.InputSpec]:
+    if callable(getattr(module, "input_spec", None)):
+        try:
+            specs = module.input_spec()
+        except Exception as exc:
+            raise _user_code_error("input_spec()", exc) from None
+        where = "input_spec()"
+    elif hasattr(module, "INPUT_SPEC"):
+        specs, where = module.INPUT_SPEC, "INPUT_SPEC"
+    else:
+        raise PlannerError(
+            f"{target}: no input specs: define input_spec() or INPUT_SPEC in the module, "
+            "or pass --input-spec name:dtype:BxS"
+        )
+    if isinstance(specs, paddle.static.InputSpec):
+        specs = [specs]
+    if not isinstance(specs, (list, tuple)) or not specs or not all(
+        isinstance(s, paddle.static.InputSpec) for s in specs
+    ):
+        raise PlannerError(f"{target}: {where} must give a non-empty list of paddle.static.InputSpec, got {specs!r}")
+    return list(specs)
+
+
+def _user_code_error(what: str, exc: BaseException) -> PlannerError:
+    """A one-line error naming the exception and where in the user's code it came from, with
+    the last frames of the traceback as detail."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    # The user's own frames: not the planner's, not an installed library's (paddle's internals).
+    planner_dir = str(Path(__file__).parent)
+    user_frames = [
+        f for f in frames if not f.filename.startswith(planner_dir) and "site-packages" not in f.filename
+    ] or frames
+    where = f" (at {Path(user_frames[-1].filename).name}:{user_frames[-1].lineno} in {user_frames[-1].name})" if user_frames else ""
+    message = f"{what} raised {type(exc).__name__}: {exc}".splitlines()[0] + where
+    detail = "".join(traceback.format_list(user_frames[-3:])).rstrip()
+    return PlannerError(message, detail=detail)

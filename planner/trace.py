@@ -1,0 +1,177 @@
+"""Trace a model to a PIR program and tell, for every op, which sub-layer ran it.
+
+``paddle.jit.to_static(layer.forward, input_spec=..., full_graph=True)`` builds the program;
+forward pre/post hooks on every sub-layer note the op count when the layer starts and ends,
+so each op is attributed to the innermost layer whose range holds it (an op's ``struct_name``
+attribute is the fallback). ``rollback()`` and hook removal leave the model as it was.
+
+Some real models do not trace whole (PaddleFormers ``LlamaForCausalLM``: ``RecursionError``
+inside dy2static). Then the largest direct child that traces is traced instead (``llama`` /
+``model``), FQNs stay relative to the user's model, and the other parameter-holding children
+(``lm_head``) are listed in ``untraced_layers`` for the analysis to place.
+
+Example::
+
+    >>> traced = trace_model(model, [paddle.static.InputSpec([4, 16], "int64", "input_ids")])  # doctest: +SKIP
+    >>> traced.op_layers[traced.ops.index(some_matmul)]
+    'layers.0.self_attn.q_proj'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import paddle
+
+from .errors import PlannerError
+
+
+@dataclass
+class TracedProgram:
+    program: "paddle.pir.Program"
+    ops: list  # the global block's ops, in program order
+    op_layers: list[str]  # per op: FQN (relative to the user's model) of the innermost layer that ran it
+    traced_layer: str  # FQN of the traced sub-layer, "" for the whole model
+    param_fqns: dict[str, str]  # Parameter.name ("linear_0.w_0") -> FQN in the user's model
+    untraced_layers: list[str] = field(default_factory=list)  # top-level children outside the traced one
+
+
+def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
+    """Trace ``model`` (or, failing that, its largest traceable child) with ``input_specs``.
+
+    Raises :class:`PlannerError` when neither the model nor any child traces.
+    """
+    param_fqns = {p.name: fqn for fqn, p in model.named_parameters()}
+    try:
+        return _trace_layer(model, "", input_specs, param_fqns, untraced=[])
+    except Exception as whole_error:  # noqa: BLE001 -- any dy2static failure: try a child instead
+        failure = f"{type(whole_error).__name__}: {str(whole_error).splitlines()[0] if str(whole_error) else ''}"
+    for name, child in _children_by_size(model):
+        others = [n for n, c in model.named_children() if n != name and _num_params(c) > 0]
+        try:
+            return _trace_layer(child, name, input_specs, param_fqns, untraced=others)
+        except Exception:  # noqa: BLE001 -- this child does not trace either; try the next one
+            continue
+    raise PlannerError(
+        f"{type(model).__name__}.forward does not trace with paddle.jit.to_static(full_graph=True) "
+        f"({failure}), and none of its sub-layers does either"
+    )
+
+
+# -- internals ---------------------------------------------------------------------------------------
+
+
+def _num_params(layer: paddle.nn.Layer) -> int:
+    return sum(math.prod(p.shape) for p in layer.parameters())
+
+
+def _children_by_size(model: paddle.nn.Layer) -> list[tuple[str, paddle.nn.Layer]]:
+    """Direct children with their own forward (a LayerList has none), largest first."""
+    children = [
+        (name, child)
+        for name, child in model.named_children()
+        if type(child).forward is not paddle.nn.Layer.forward and _num_params(child) > 0
+    ]
+    return sorted(children, key=lambda item: -_num_params(item[1]))
+
+
+class _OpRangeRecorder:
+    """Forward hooks that record, per layer call, the ops it added to the program being built."""
+
+    def __init__(self, root: paddle.nn.Layer, prefix: str):
+        self.calls: list[tuple[str, list]] = []  # (layer FQN, its ops), in post-hook order
+        self._starts: list[int] = []
+        self._handles = []
+        for name, layer in root.named_sublayers(prefix=prefix):
+            self._handles.append(layer.register_forward_pre_hook(self._pre))
+            self._handles.append(layer.register_forward_post_hook(self._make_post(name)))
+
+    @staticmethod
+    def _block_ops() -> list:
+        from paddle.base import default_main_program  # PIR switches it at import: look up late
+
+        return default_main_program().global_block().ops
+
+    def _pre(self, layer, inputs):
+        self._starts.append(len(self._block_ops()))
+
+    def _make_post(self, fqn: str):
+        def post(layer, inputs, outputs):
+            start = self._starts.pop()
+            # Op objects, not indices: they survive whatever dy2static does to the list later.
+            self.calls.append((fqn, self._block_ops()[start:]))
+
+        return post
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str]) -> TracedProgram:
+    recorder = _OpRangeRecorder(layer, prefix)
+    static_fn = paddle.jit.to_static(layer.forward, input_spec=input_specs, full_graph=True)
+    try:
+        program = static_fn.concrete_program.main_program
+    finally:
+        static_fn.rollback()
+        recorder.remove()
+    ops = list(program.global_block().ops)
+    op_layers = _attribute_ops(ops, recorder.calls, param_fqns, prefix)
+    return TracedProgram(
+        program=program,
+        ops=ops,
+        op_layers=op_layers,
+        traced_layer=prefix,
+        param_fqns=param_fqns,
+        untraced_layers=untraced,
+    )
+
+
+def _attribute_ops(ops: list, calls: list[tuple[str, list]], param_fqns: dict[str, str], prefix: str) -> list[str]:
+    index = {op: i for i, op in enumerate(ops)}
+    layer_of: dict[int, str] = {}
+    # Inner layers' post hooks run before their parents', so the first claim is the innermost.
+    for fqn, call_ops in calls:
+        for op in call_ops:
+            i = index.get(op)
+            if i is not None:
+                layer_of.setdefault(i, fqn)
+    # Fallback: an op outside every hooked range but carrying a struct_name some attributed op
+    # also carries belongs to that op's layer.
+    layer_by_struct = {}
+    for i, fqn in layer_of.items():
+        layer_by_struct.setdefault(_struct_name(ops[i]), fqn)
+    layer_by_struct.pop(None, None)
+    op_layers = []
+    for i, op in enumerate(ops):
+        fqn = layer_of.get(i)
+        if fqn is None and op.name() == "builtin.parameter":
+            fqn = _parameter_layer(op, param_fqns)
+        if fqn is None:
+            fqn = layer_by_struct.get(_struct_name(op), prefix)
+        op_layers.append(fqn)
+    _place_buffers_with_their_consumer(ops, op_layers, index, param_fqns)
+    return op_layers
+
+
+def _struct_name(op) -> str | None:
+    return op.attrs().get("struct_name")
+
+
+def _parameter_layer(op, param_fqns: dict[str, str]) -> str | None:
+    """dy2static hoists parameter ops to the program's start: the owner comes from the FQN."""
+    fqn = param_fqns.get(op.attrs().get("parameter_name"))
+    return fqn.rpartition(".")[0] if fqn is not None else None
+
+
+def _place_buffers_with_their_consumer(ops, op_layers, index, param_fqns) -> None:
+    """Plain tensor attributes (RoPE caches, ``eager_tmp_N``) also become hoisted parameter ops;
+    they belong to the layer of the first op that reads them."""
+    for i, op in enumerate(ops):
+        if op.name() != "builtin.parameter" or op.attrs().get("parameter_name") in param_fqns:
+            continue
+        consumers = sorted(index[user] for user in op.result(0).all_used_ops() if user in index)
+        if consumers:
+            op_layers[i] = op_layers[consumers[0]]
