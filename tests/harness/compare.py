@@ -61,3 +61,23 @@ def max_loss_drift(reference: dict, rank_output: dict) -> float:
     """Largest relative loss difference over the steps (for the drift record)."""
     ref, got = np.array(reference["losses"]), np.array(rank_output["losses"])
     return float(np.max(np.abs(got - ref) / np.abs(ref)))
+
+
+def layout_differences(plan, rank_output: dict) -> list[str]:
+    """Where a rank's parameters are not laid out as ``plan`` says: each must be a distributed
+    tensor whose local shard has the planned shape (full shape divided by the mesh dims that
+    shard it). Guards against a run that matches only because nothing was distributed."""
+    sizes = dict(zip(plan.mesh.dim_names, plan.mesh.shape))
+    rank, problems = rank_output["rank"], []
+    for fqn, planned in sorted(plan.params.items()):
+        got = rank_output["layout"].get(fqn)
+        if got is None or got["placements"] is None:
+            problems.append(f"rank {rank}: {fqn} is not a distributed tensor")
+            continue
+        expected = list(planned.shape)
+        for dim, placement in zip(plan.mesh.dim_names, planned.placements):
+            if placement.startswith("S("):
+                expected[int(placement[2])] //= sizes[dim]
+        if got["local_shape"] != expected:
+            problems.append(f"rank {rank}: {fqn} local shard {got['local_shape']}, plan says {expected} ({planned.placements})")
+    return problems

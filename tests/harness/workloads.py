@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -44,15 +45,17 @@ class Workload:
 
 def _load_file(relpath: str, name: str):
     """Import a model file by path (``plans/`` is a folder of example files, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / relpath)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / relpath)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while it executes
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def _build_docstring_llama() -> paddle.nn.Layer:
     mod = _load_file("plans/llama_docstring/model.py", "llama_docstring_model")
-    return mod.build_model(mod.LlamaConfig(**DOCSTRING_LLAMA_CONFIG))
+    return mod.build_model(**DOCSTRING_LLAMA_CONFIG)
 
 
 def _build_paddleformers_llama() -> paddle.nn.Layer:
@@ -62,7 +65,7 @@ def _build_paddleformers_llama() -> paddle.nn.Layer:
 
 
 #: The docstring Llama of ``paddle.distributed.to_distributed`` at tiny sizes (2 layers).
-DOCSTRING_LLAMA_CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4, num_layers=2, seq_len=SEQ)
+DOCSTRING_LLAMA_CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4, num_layers=2, seq_length=SEQ)
 
 WORKLOADS = {
     w.name: w
