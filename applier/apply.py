@@ -1,0 +1,97 @@
+"""``apply_plan``: validate, shard, hook, rebuild the optimizer, split the loader.
+
+The user's training loop, for each schedule of the plan (the README copies this):
+
+``none`` (no pipeline) and ``sequential`` (stages run one after another through stage
+hand-off hooks) — an ordinary loop; inputs and labels arrive as DistTensors::
+
+    import paddle.distributed as dist
+    from autodist import apply_plan
+
+    dist.init_parallel_env()            # under python -m paddle.distributed.launch
+    model = build_model()               # or under paddle.LazyGuard(): each rank allocates its shard only
+    opt = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())
+    model, opt, loader = apply_plan(model, opt, loader, "plan.json")
+    for input_ids, labels in loader:
+        loss = loss_fn(model(input_ids), labels)
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+
+``1F1B`` / ``VPP`` (Paddle's pipelining schedules, a ``paddle.nn.Sequential`` model) — the
+returned model is this rank's stage, and one call runs a whole step of micro-batches::
+
+    model, opt, loader = apply_plan(model, opt, loader, "plan.json", loss_fn=loss_fn)
+    for input_ids, labels in loader:
+        losses = model.step(input_ids, target=labels)  # per-micro-batch losses on the last stage
+        opt.step()
+        opt.clear_grad()
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import paddle
+import paddle.distributed as dist
+
+from autodist.schemas import Plan, PlanError, load_plan
+
+from .data import shard_loader
+from .hooks import ReshardFn, register_hooks
+from .mesh import mesh_ids
+from .optimizer import rebuild_optimizer, shard_optimizer
+from .pipeline import build_pipeline, uses_schedule
+from .shard import shard_parameters
+from .validate import plan_problems
+
+
+def apply_plan(
+    model: paddle.nn.Layer,
+    optimizer: paddle.optimizer.Optimizer | None,
+    dataloader: paddle.io.DataLoader | None,
+    plan: str | os.PathLike | bytes | Plan,
+    *,
+    loss_fn: Callable | None = None,
+    reshard_fn: ReshardFn | None = None,
+) -> tuple[paddle.nn.Layer, Any, Any]:
+    """Make ``model`` (and its optimizer and loader) distributed as ``plan`` says, on this rank.
+
+    Call it on every rank with the same arguments. ``plan`` is a path, JSON bytes or a
+    :class:`~autodist.schemas.Plan`; ``optimizer`` and ``dataloader`` may be None.
+    ``loss_fn(output, labels)`` is needed by the ``1F1B``/``VPP`` schedules only.
+    ``reshard_fn(tensor, mesh, placements)`` replaces ``dist.reshard`` in the plan's hooks
+    (for test harnesses; see hooks.py).
+
+    Everything is checked first, without communicating: on any problem one
+    :class:`~autodist.schemas.PlanError` lists them all and nothing has been changed.
+
+    Returns ``(model, optimizer, dataloader)``: the same model object with distributed
+    parameters (for a schedule, a :class:`~autodist.applier.pipeline.PipelineModel` of this
+    rank's stage), a rebuilt optimizer holding exactly the new parameters (wrapped by
+    ``dist.shard_optimizer``), and a ``dist.ShardDataloader``.
+
+    Example::
+
+        >>> model, opt, loader = apply_plan(model, opt, loader, "plan.json")   # doctest: +SKIP
+    """
+    source = str(plan) if isinstance(plan, (str, os.PathLike)) else "plan"
+    plan = load_plan(plan)
+    problems = plan_problems(model, optimizer, dataloader, plan, world_size=dist.get_world_size(), loss_fn=loss_fn)
+    if problems:
+        raise PlanError(problems, source=source)
+
+    replaced = shard_parameters(model, plan)
+    register_hooks(model, plan, reshard_fn)
+    if uses_schedule(plan):
+        model = build_pipeline(model, plan, loss_fn, dist.ProcessMesh(mesh_ids(plan).tolist(), plan.mesh.dim_names))
+    if optimizer is not None:
+        # Only parameters the returned model holds: a pipeline stage drops the other stages'.
+        mine = {id(p) for p in model.parameters()}
+        new_param = {id(old): new for old, new in replaced if id(new) in mine}
+        optimizer = shard_optimizer(rebuild_optimizer(optimizer, new_param), plan)
+    if dataloader is not None:
+        dataloader = shard_loader(dataloader, plan)
+    return model, optimizer, dataloader
+

@@ -1,0 +1,167 @@
+"""The plan's forward hooks: reshards, sequence-parallel transposes, pipeline stage hand-offs.
+
+Each hook acts on its layer's inputs (``pre``) or outputs (``post``):
+
+- ``reshard``: the first tensor (the activation; masks and caches pass through) is resharded
+  to the hook's placements on the layer's stage mesh;
+- ``sequence_parallel_begin``: the first tensor goes from ``[b, s, h]`` to ``[s, b, h]`` and is
+  split over ``mp`` along the sequence, as Paddle's ``SequenceParallelBegin`` does;
+- ``sequence_parallel_end``: the reverse, gathering the sequence (``SequenceParallelEnd``);
+- ``stage_handoff``: every tensor moves, placements kept, onto stage ``to_stage``'s mesh.
+
+All reshards go through one function, ``reshard_fn`` (``dist.reshard`` by default), so a test
+harness may substitute another. On Paddle 3.3.1's CPU wheel some transitions have no kernel
+(Partial->Shard needs reduce_scatter, Shard(i)->Shard(j) needs all_to_all) and a reshard
+between two meshes (the stage hand-off) segfaults; see PADDLE_NOTES.md. The library does not
+hide that: a CPU harness passes its own clearly labelled ``reshard_fn``, hand-offs need a GPU.
+
+Example::
+
+    >>> handles = register_hooks(model, plan)              # doctest: +SKIP
+    >>> for h in handles: h.remove()                        # undo
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import paddle
+import paddle.distributed as dist
+
+from autodist.schemas import Hook, Plan
+
+from .mesh import stage_mesh, stage_placements
+from .pipeline import SCHEDULES
+
+#: ``reshard_fn(tensor, mesh, placements) -> tensor``, the signature of ``dist.reshard``.
+ReshardFn = Callable[[paddle.Tensor, dist.ProcessMesh, list], paddle.Tensor]
+
+
+def register_hooks(model: paddle.nn.Layer, plan: Plan, reshard_fn: ReshardFn | None = None) -> list[Any]:
+    """Register every hook of ``plan`` on its layer; returns the handles (``.remove()`` undoes)."""
+    reshard_fn = reshard_fn or dist.reshard
+    layers = dict(model.named_sublayers())
+    handles = []
+    for hook in plan.hooks:
+        if hook.action == "stage_handoff" and plan.strategy.schedule in SCHEDULES:
+            continue  # the schedule sends activations between stages itself
+        transform = _transform(hook, plan, reshard_fn)
+        layer = layers[hook.layer]
+        if hook.when == "pre":
+            handles.append(layer.register_forward_pre_hook(_pre_hook(transform, hook), with_kwargs=True))
+        else:
+            handles.append(layer.register_forward_post_hook(_post_hook(transform, hook)))
+    return handles
+
+
+def layer_stage(plan: Plan, layer: str) -> int:
+    """The pipeline stage a layer runs on: that of its parameters, else of the block that
+    contains it, else 0."""
+    prefix = layer + "."
+    stages = [p.stage for fqn, p in plan.params.items() if fqn.startswith(prefix)]
+    if stages:
+        return min(stages)
+    blocks = [b for b in plan.blocks if layer == b.layer or layer.startswith(b.layer + ".")]
+    return blocks[0].stage if blocks else 0
+
+
+# -- the transforms: Tensor -> Tensor ------------------------------------------------------------------
+
+
+def _transform(hook: Hook, plan: Plan, reshard_fn: ReshardFn) -> Callable[[paddle.Tensor], paddle.Tensor]:
+    mesh = stage_mesh(plan, layer_stage(plan, hook.layer))
+    if hook.action == "reshard":
+        placements = stage_placements(plan, hook.placements)
+        return lambda x: reshard_fn(_as_dist(x, mesh), mesh, placements)
+    if hook.action == "stage_handoff":
+        target = stage_mesh(plan, hook.to_stage)
+        return lambda x: _hand_off(_as_dist(x, mesh), target, reshard_fn)
+    mp = mesh.dim_names.index("mp")
+    if hook.action == "sequence_parallel_begin":
+        return lambda x: _split_sequence(_as_dist(x, mesh), mesh, mp, reshard_fn)
+    return lambda x: _gather_sequence(_as_dist(x, mesh), mesh, mp, reshard_fn)
+
+
+def _hand_off(x, target: dist.ProcessMesh, reshard_fn: ReshardFn):
+    """Move ``x`` onto the next stage's mesh; stage meshes have the same dims, so the
+    placements carry over unchanged."""
+    return reshard_fn(x, target, list(x.placements))
+
+
+def _split_sequence(x, mesh, mp: int, reshard_fn: ReshardFn):
+    """[b, s, h] -> [s, b, h], sequence split over mp (Paddle's SequenceParallelBegin)."""
+    x = paddle.transpose(x, perm=[1, 0, 2])
+    placements = list(x.placements)
+    placements[mp] = dist.Shard(0)
+    return reshard_fn(x, mesh, placements)
+
+
+def _gather_sequence(x, mesh, mp: int, reshard_fn: ReshardFn):
+    """[s/mp, b, h] -> [b, s, h], sequence gathered (Paddle's SequenceParallelEnd)."""
+    placements = list(x.placements)
+    placements[mp] = dist.Replicate()
+    return paddle.transpose(reshard_fn(x, mesh, placements), perm=[1, 0, 2])
+
+
+def _as_dist(x: paddle.Tensor, mesh: dist.ProcessMesh) -> paddle.Tensor:
+    """A dense tensor (a loader batch the user did not shard) becomes replicated on ``mesh``."""
+    return x if x.is_dist() else dist.shard_tensor(x, mesh, _replicated(mesh))
+
+
+def _replicated(mesh: dist.ProcessMesh) -> list:
+    return [dist.Replicate() for _ in mesh.dim_names]
+
+
+# -- applying a transform to a layer's inputs or outputs -----------------------------------------------
+
+
+def _pre_hook(transform, hook: Hook):
+    def pre(layer, args, kwargs):
+        if hook.action == "stage_handoff":
+            return _map_tensors(args, transform), _map_tensors(kwargs, transform)
+        if _first_tensor_index(args) is not None:
+            return _map_first(args, transform), kwargs
+        return args, _map_first(kwargs, transform)
+
+    return pre
+
+
+def _post_hook(transform, hook: Hook):
+    def post(layer, args, output):
+        if hook.action == "stage_handoff":
+            return _map_tensors(output, transform)
+        return _map_first(output, transform)
+
+    return post
+
+
+def _map_tensors(value: Any, fn: Callable) -> Any:
+    """Apply ``fn`` to every Tensor in a (nested) tuple / list / dict; leave the rest."""
+    if isinstance(value, paddle.Tensor):
+        return fn(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
+def _map_first(value: Any, fn: Callable) -> Any:
+    """Apply ``fn`` to the first top-level Tensor of ``value`` (a Tensor, tuple, list or dict)."""
+    if isinstance(value, paddle.Tensor):
+        return fn(value)
+    if isinstance(value, dict):
+        key = next((k for k, v in value.items() if isinstance(v, paddle.Tensor)), None)
+        return value if key is None else {**value, key: fn(value[key])}
+    index = _first_tensor_index(value)
+    if index is None:
+        return value
+    items = list(value)
+    items[index] = fn(items[index])
+    return type(value)(items)
+
+
+def _first_tensor_index(value: Any) -> int | None:
+    if isinstance(value, (tuple, list)):
+        return next((i for i, v in enumerate(value) if isinstance(v, paddle.Tensor)), None)
+    return None

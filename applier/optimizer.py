@@ -1,0 +1,153 @@
+"""Rebuild the user's optimizer over the sharded parameters, then shard its states.
+
+``paddle.distributed.to_distributed`` shards the model but leaves the optimizer holding the
+old dense parameters: the sharded weights then silently never train. Here the optimizer is
+rebuilt — same class, same hyper-parameters, the same learning-rate scheduler and grad-clip
+*objects*, the same parameter groups — over exactly the new parameters, so that bug cannot
+happen, and then wrapped by ``dist.shard_optimizer`` with the plan's ZeRO stage.
+
+Example::
+
+    >>> opt = paddle.optimizer.AdamW(1e-3, parameters=model.parameters(), weight_decay=0.1)
+    >>> new = rebuild_optimizer(opt, {id(old): new for ...})   # doctest: +SKIP
+    >>> new._learning_rate is opt._learning_rate, new._weight_decay
+    (True, 0.1)
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import paddle
+import paddle.distributed as dist
+
+from autodist.schemas import Plan
+
+from .mesh import stage_mesh
+
+#: Optimizer classes ``dist.shard_optimizer`` accepts (Paddle 3.3.1, api.py _ShardOptimizer).
+SHARDABLE = (paddle.optimizer.AdamW, paddle.optimizer.SGD)
+_SHARDING_STAGES = {1: dist.ShardingStage1, 2: dist.ShardingStage2, 3: dist.ShardingStage3}
+#: Constructor arguments that are not hyper-parameters.
+_NOT_HYPER = {"self", "parameters", "args", "kwargs"}
+#: The suffix ``dist.shard_tensor`` appends to a parameter's name (base/framework.py).
+_DIST_SUFFIX = ".dist"
+
+
+def optimizer_problems(model: paddle.nn.Layer, optimizer: Any, plan: Plan) -> list[str]:
+    """Why ``optimizer`` cannot be rebuilt for ``plan`` (empty when it can)."""
+    if optimizer is None:
+        return []
+    if not isinstance(optimizer, paddle.optimizer.Optimizer):
+        return [f"optimizer: a paddle.optimizer.Optimizer is needed, got {type(optimizer).__name__}"]
+    problems = []
+    held = {id(p): p for p in optimizer_parameters(optimizer)}
+    named = dict(model.named_parameters())
+    model_ids = {id(p) for p in named.values()}
+    foreign = [p.name for i, p in held.items() if i not in model_ids]
+    if foreign:
+        problems.append(f"optimizer: holds {len(foreign)} parameters that are not the model's: {foreign[:8]}")
+    left_out = [fqn for fqn, p in named.items() if id(p) not in held and not p.stop_gradient]
+    if left_out:
+        problems.append(f"optimizer: does not hold the model's trainable parameters {left_out[:8]}")
+    if any(optimizer._accumulators.values()) or optimizer._master_weights:
+        problems.append(
+            "optimizer: it has already stepped (it holds moments); call apply_plan before the first "
+            "step and load optimizer state afterwards"
+        )
+    try:
+        rebuild_arguments(optimizer)
+    except ValueError as exc:
+        problems.append(f"optimizer: {exc}")
+    stage = plan.strategy.sharding_stage
+    if stage and not isinstance(optimizer, SHARDABLE):
+        problems.append(
+            f"$.strategy.sharding_stage: {stage} needs AdamW or SGD (Paddle's shard_optimizer "
+            f"supports only those), the optimizer is {type(optimizer).__name__}"
+        )
+    if stage and "dp" not in plan.mesh.dim_names:
+        problems.append(f"$.strategy.sharding_stage: {stage} shards over dp, but the mesh has no dp dim")
+    return problems
+
+
+def optimizer_parameters(optimizer: paddle.optimizer.Optimizer) -> list[paddle.Tensor]:
+    """The parameters an optimizer updates, flattened over parameter groups."""
+    params = optimizer._parameter_list or []
+    if params and isinstance(params[0], dict):
+        return [p for group in params for p in group["params"]]
+    return list(params)
+
+
+def rebuild_arguments(optimizer: paddle.optimizer.Optimizer) -> dict[str, Any]:
+    """The constructor keyword arguments that re-create ``optimizer``'s hyper-parameters,
+    read back from the attributes Paddle stores them in. Raises ValueError naming any argument
+    that cannot be recovered."""
+    kwargs, lost = {}, []
+    for name, arg in inspect.signature(type(optimizer).__init__).parameters.items():
+        if name in _NOT_HYPER or arg.kind in (arg.VAR_POSITIONAL, arg.VAR_KEYWORD):
+            continue
+        found, value = _stored_argument(optimizer, name)
+        if found:
+            kwargs[name] = value
+        else:
+            lost.append(name)
+    if lost:
+        raise ValueError(f"cannot rebuild {type(optimizer).__name__}: argument(s) {lost} are not recoverable")
+    return kwargs
+
+
+def rebuild_optimizer(optimizer: paddle.optimizer.Optimizer, new_param: dict[int, paddle.Tensor]) -> Any:
+    """A new optimizer of the same class and hyper-parameters over the new parameters;
+    ``new_param`` maps ``id(old parameter)`` to its replacement, and old parameters it does not
+    map (another pipeline stage's) are left out. Parameter groups keep their own settings."""
+
+    def replace(params):
+        return [new_param[id(p)] for p in params if id(p) in new_param]
+
+    old = optimizer._parameter_list or []
+    if old and isinstance(old[0], dict):
+        params = [{**group, "params": replace(group["params"])} for group in optimizer._param_groups]
+    else:
+        params = replace(old)
+    return type(optimizer)(parameters=params, **rebuild_arguments(optimizer))
+
+
+def shard_optimizer(optimizer: Any, plan: Plan) -> Any:
+    """``dist.shard_optimizer`` with the plan's sharding stage over ``dp``. Stage 0 wraps too
+    (it places the states like their parameters and handles global-norm clipping across
+    meshes) when Paddle supports the class; other classes train unwrapped at stage 0."""
+    stage = plan.strategy.sharding_stage
+    if stage == 0:
+        return dist.shard_optimizer(optimizer) if isinstance(optimizer, SHARDABLE) else optimizer
+    shard_fn = _SHARDING_STAGES[stage](sharding_mesh_dim="dp", mesh=stage_mesh(plan, 0))
+    return dist.shard_optimizer(optimizer, shard_fn)
+
+
+def _stored_argument(optimizer, name: str) -> tuple[bool, Any]:
+    if name == "weight_decay":
+        return True, _weight_decay(optimizer)
+    if name == "apply_decay_param_fun":
+        return True, _keep_names(getattr(optimizer, "_apply_decay_param_fun", None))
+    for attr in (f"_{name}", name):
+        if attr in optimizer.__dict__:
+            return True, optimizer.__dict__[attr]
+    return False, None
+
+
+def _weight_decay(optimizer) -> Any:
+    """AdamW keeps a coefficient; Momentum turns an L2Decay into its own fields; the others
+    keep the regularizer object."""
+    if "_weight_decay" in optimizer.__dict__:
+        return optimizer._weight_decay
+    if getattr(optimizer, "_regularization_method", "") == "l2_decay":
+        return paddle.regularizer.L2Decay(optimizer._regularization_coeff)
+    return optimizer.regularization
+
+
+def _keep_names(decide):
+    """AdamW asks ``apply_decay_param_fun(param.name)``; sharding renames ``w`` to ``w.dist``,
+    so the user's function would no longer recognise its names and silently stop decaying."""
+    if decide is None:
+        return None
+    return lambda name: decide(name.removesuffix(_DIST_SUFFIX))

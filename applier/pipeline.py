@@ -1,0 +1,149 @@
+"""Pipeline schedules: ``1F1B`` and ``VPP`` through Paddle's own
+``paddle.distributed.auto_parallel.pipelining``.
+
+The plan's ``sequential`` schedule needs nothing here: its stage hand-off hooks (hooks.py)
+move each block's output onto the next stage's mesh inside an ordinary training loop, and
+the stages run one after another.
+
+A real schedule runs micro-batches of different stages at the same time, so each rank must
+own a *module* for its stage that takes the previous stage's output. autodist does not trace
+at run time, so it cannot cut an arbitrary ``forward`` apart; a schedule therefore needs a
+model whose forward is its children run in order — a ``paddle.nn.Sequential`` (validation
+says so otherwise; use ``sequential`` for any other model). The plan's ``stage`` of each
+child's parameters decides the cut:
+
+- ``1F1B``: the children's stages read ``0..0, 1..1, ..., pp-1``: one chunk per rank;
+- ``VPP``: they cycle ``0, 1, ..., pp-1, 0, 1, ...`` ``v`` times: virtual stage ``c`` is the
+  ``c``-th run of equal stages, and rank-stage ``s`` owns the runs ``s, s+pp, s+2pp, ...``.
+
+``apply_plan`` then returns a :class:`PipelineModel`: it holds only this rank's chunks (so
+the rebuilt optimizer holds exactly this rank's parameters) and runs a whole training step::
+
+    model, opt, loader = apply_plan(model, opt, loader, "plan.json", loss_fn=loss_fn)
+    for inputs, labels in loader:
+        losses = model.step(inputs, target=labels)  # forward + backward of every micro-batch
+        opt.step()                                   # losses: one per micro-batch on the last stage,
+        opt.clear_grad()                             # [] on the other stages
+
+Paddle 3.3.1's CPU wheel cannot run these (its ``batch_isend_irecv`` under gloo times out,
+PADDLE_NOTES.md): this module is written against Paddle's sources and needs a GPU to run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import paddle
+import paddle.distributed as dist
+
+from autodist.schemas import Plan
+
+from .mesh import pp_group_ranks, stage_of_rank
+
+SCHEDULES = ("1F1B", "VPP")
+
+
+def uses_schedule(plan: Plan) -> bool:
+    """True when the plan runs its stages with a real pipelining schedule."""
+    return plan.strategy.schedule in SCHEDULES
+
+
+def pipeline_problems(model: paddle.nn.Layer, plan: Plan, loss_fn: Callable | None) -> list[str]:
+    """Why the plan's schedule cannot run on ``model`` (empty for non-schedule plans)."""
+    if not uses_schedule(plan):
+        return []
+    schedule = plan.strategy.schedule
+    if not isinstance(model, paddle.nn.Sequential):
+        return [
+            f"$.strategy.schedule: {schedule} needs a paddle.nn.Sequential model (children run in order), "
+            f"got {type(model).__name__}; use the 'sequential' schedule for other models"
+        ]
+    problems = [] if loss_fn is not None else [
+        f"$.strategy.schedule: {schedule} computes the loss inside the schedule: pass apply_plan(..., loss_fn=fn)"
+    ]
+    try:
+        runs = stage_runs(model, plan)
+    except ValueError as exc:
+        return problems + [f"$.strategy.schedule: {exc}"]
+    pp = plan.strategy.pp
+    stages = [stage for stage, _ in runs]
+    if schedule == "1F1B" and stages != list(range(pp)):
+        problems.append(f"$.strategy.schedule: 1F1B needs the children's stages in order 0..{pp - 1}, got runs {stages}")
+    if schedule == "VPP" and (len(stages) % pp or stages != [i % pp for i in range(len(stages))] or len(stages) == pp):
+        problems.append(
+            f"$.strategy.schedule: VPP needs the children's stages to cycle 0..{pp - 1} at least twice, got runs {stages}"
+        )
+    return problems
+
+
+def stage_runs(model: paddle.nn.Sequential, plan: Plan) -> list[tuple[int, list[paddle.nn.Layer]]]:
+    """The model's children grouped into runs of equal stage, in order: ``[(stage, [child, ...]), ...]``.
+    A child without parameters joins the run before it. Raises ValueError when one child's
+    parameters span several stages."""
+    runs: list[tuple[int, list[paddle.nn.Layer]]] = []
+    for name, child in model.named_children():
+        planned = (plan.params.get(f"{name}.{fqn}") for fqn, _ in child.named_parameters())
+        stages = {p.stage for p in planned if p is not None}  # unplanned names: validation reports them
+        if len(stages) > 1:
+            raise ValueError(f'child "{name}" has parameters on stages {sorted(stages)}: a child must sit on one stage')
+        stage = stages.pop() if stages else (runs[-1][0] if runs else 0)
+        if runs and runs[-1][0] == stage:
+            runs[-1][1].append(child)
+        else:
+            runs.append((stage, [child]))
+    return runs
+
+
+class PipelineModel(paddle.nn.Layer):
+    """This rank's pipeline chunks and the schedule that runs them.
+
+    ``parameters()`` are this rank's stage parameters only. ``step(*inputs, target=labels)``
+    runs forward and backward of all micro-batches and returns the per-micro-batch losses on
+    the last stage (an empty list elsewhere); follow it with ``optimizer.step()``. Calling the
+    model directly is not supported: a schedule has no single-rank forward.
+    """
+
+    def __init__(self, chunks: list[paddle.nn.Layer], schedule: Any):
+        super().__init__()
+        self.chunks = paddle.nn.LayerList(chunks)
+        self.schedule = schedule
+
+    def step(self, *inputs: Any, target: Any = None) -> list[paddle.Tensor]:
+        losses: list[paddle.Tensor] = []
+        self.schedule.step(*inputs, target=target, losses=losses)
+        return losses
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a pipelined model runs whole steps: call model.step(inputs, target=labels)")
+
+
+def build_pipeline(model: paddle.nn.Sequential, plan: Plan, loss_fn: Callable, full_mesh: dist.ProcessMesh) -> PipelineModel:
+    """Cut the (already sharded) model into this rank's chunks and wrap them in Paddle's
+    schedule. Every rank creates every pipeline group, in the same order (``new_group`` is
+    collective)."""
+    from paddle.distributed.auto_parallel.interface import set_mesh
+    from paddle.distributed.auto_parallel.pipelining.schedules import Schedule1F1B, ScheduleVPP
+    from paddle.distributed.auto_parallel.pipelining.stage import PipelineStage
+
+    # Paddle's stages find their meshes through the global mesh (pipelining/utils.py).
+    set_mesh(full_mesh)
+    rank = dist.get_rank()
+    group = None
+    for ranks in pp_group_ranks(plan):
+        created = dist.new_group(ranks)
+        if rank in ranks:
+            group = created
+    runs = stage_runs(model, plan)
+    mine = stage_of_rank(plan, rank)
+    chunks, stages = [], []
+    for index, (stage, children) in enumerate(runs):
+        if stage == mine:
+            chunk = paddle.nn.Sequential(*children)
+            chunks.append(chunk)
+            stages.append(PipelineStage(chunk, index, len(runs), group=group))
+    n = plan.strategy.micro_batches
+    if plan.strategy.schedule == "1F1B":
+        schedule = Schedule1F1B(stages[0], n_microbatches=n, loss_fn=loss_fn)
+    else:
+        schedule = ScheduleVPP(stages, n_microbatches=n, loss_fn=loss_fn)
+    return PipelineModel(chunks, schedule)

@@ -1,0 +1,101 @@
+"""Replace every planned parameter by a distributed one on its stage's mesh.
+
+A Parameter reachable under several names (tied weights: an LM head sharing the embedding
+table) is sharded once and the one new object is put back under every name, so the tie
+survives; sharding the copies separately would train two diverging tables (PADDLE_NOTES.md).
+
+Parameters of a model built under ``paddle.LazyGuard()`` have no storage yet: they are sharded
+first and initialised after, so each rank allocates only its own shard.
+
+Example::
+
+    >>> pairs = shard_parameters(model, plan)               # doctest: +SKIP
+    >>> model.lm_head.weight.placements
+    [Replicate(), Shard(dim=1)]
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from autodist.schemas import Plan, shard_dim
+
+from .mesh import stage_mesh, stage_placements
+
+
+class Slot(NamedTuple):
+    """One place a Parameter is held: ``layer._parameters[key]``, known to users as ``fqn``."""
+
+    fqn: str
+    layer: paddle.nn.Layer
+    key: str
+
+
+def parameter_owners(model: paddle.nn.Layer) -> dict[int, list[Slot]]:
+    """Every slot of every Parameter object, keyed by ``id(param)``; a tied Parameter has
+    several slots. Unlike ``named_parameters()`` this does not drop the duplicate names."""
+    owners: dict[int, list[Slot]] = {}
+    for prefix, layer in model.named_sublayers(include_self=True):
+        for key, param in layer._parameters.items():
+            if param is not None:
+                fqn = f"{prefix}.{key}" if prefix else key
+                owners.setdefault(id(param), []).append(Slot(fqn, layer, key))
+    return owners
+
+
+def shard_parameters(model: paddle.nn.Layer, plan: Plan) -> list[tuple[paddle.Tensor, paddle.Tensor]]:
+    """Shard each planned parameter (``dist.shard_tensor`` on its stage mesh, with its
+    placements), put it back in every slot that held the old one, and initialise lazily built
+    ones. Returns the ``(old, new)`` parameter pairs."""
+    slots_by_fqn = {slot.fqn: slots for slots in parameter_owners(model).values() for slot in slots}
+    replaced = []
+    for fqn in sorted(plan.params):
+        planned = plan.params[fqn]
+        slots = slots_by_fqn[fqn]
+        old = slots[0].layer._parameters[slots[0].key]
+        new = dist.shard_tensor(old, stage_mesh(plan, planned.stage), stage_placements(plan, planned.placements))
+        for slot in slots:
+            slot.layer._parameters[slot.key] = new
+        replaced.append((old, new))
+    for _, new in replaced:
+        if not new._is_initialized():
+            new.initialize()  # after sharding: allocates this rank's shard only
+    return replaced
+
+
+def planned_local_bytes(plan: Plan, rank: int) -> int:
+    """Bytes of parameters ``rank`` holds under ``plan``: for each parameter on the rank's
+    stage, its size divided by the degree of every mesh dim that shards it. What
+    ``local_parameter_bytes(model)`` must equal after :func:`shard_parameters`."""
+    ids = np.array(plan.mesh.process_ids).reshape(plan.mesh.shape)
+    coords = dict(zip(plan.mesh.dim_names, np.argwhere(ids == rank)[0]))
+    rank_stage = int(coords.get("pp", 0))
+    sizes = dict(zip(plan.mesh.dim_names, plan.mesh.shape))
+    total = 0
+    for param in plan.params.values():
+        if param.stage != rank_stage:
+            continue
+        elements = int(np.prod(param.shape, dtype=np.int64))
+        for dim, placement in zip(plan.mesh.dim_names, param.placements):
+            if shard_dim(placement) is not None:
+                elements //= sizes[dim]
+        total += elements * _ITEM_BYTES[param.dtype]
+    return total
+
+
+def local_parameter_bytes(model: paddle.nn.Layer) -> int:
+    """Bytes this rank really holds for the model's parameters (local shards only)."""
+    total = 0
+    for param in model.parameters():
+        local = param._local_value() if param.is_dist() else param
+        if local._is_initialized():
+            total += int(np.prod(local.shape, dtype=np.int64)) * local.element_size()
+    return total
+
+
+_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
+               "int8": 1, "uint8": 1, "bool": 1}

@@ -1,0 +1,164 @@
+"""Check a plan against the live model, optimizer and loader before anything is changed.
+
+Every check only reads: no tensor is touched and nothing is communicated, so a bad plan fails
+on every rank within moments instead of leaving some ranks blocked in a collective. All
+problems are collected and raised as one :class:`~autodist.schemas.PlanError`.
+
+Example::
+
+    >>> problems = plan_problems(model, optimizer, loader, plan, world_size=4)   # doctest: +SKIP
+    >>> problems
+    ['world size: the plan's mesh dp2 x mp2 needs 4 ranks but this job has 8 ...']
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import paddle
+
+from autodist.schemas import Plan, parameter_fingerprint, parameter_table
+
+from .optimizer import optimizer_problems
+from .pipeline import pipeline_problems
+from .shard import parameter_owners
+
+#: How many names a message lists before it says "and N more".
+_MAX_NAMES = 8
+
+
+def plan_problems(
+    model: paddle.nn.Layer,
+    optimizer: Any,
+    dataloader: Any,
+    plan: Plan,
+    *,
+    world_size: int,
+    loss_fn: Callable | None = None,
+) -> list[str]:
+    """Every reason ``plan`` cannot be applied to these objects on a job of ``world_size``
+    ranks; empty when it can."""
+    return (
+        world_problems(plan, world_size)
+        + parameter_problems(model, plan)
+        + hook_problems(model, plan)
+        + optimizer_problems(model, optimizer, plan)
+        + data_problems(plan, dataloader)
+        + pipeline_problems(model, plan, loss_fn)
+    )
+
+
+def world_problems(plan: Plan, world_size: int) -> list[str]:
+    size = len(plan.mesh.process_ids)
+    if size == world_size:
+        return []
+    mesh = " x ".join(f"{d}{n}" for d, n in zip(plan.mesh.dim_names, plan.mesh.shape))
+    return [
+        f"world size: the plan's mesh {mesh} needs {size} ranks but this job has {world_size} "
+        f"(PADDLE_TRAINERS_NUM); launch {size} ranks or re-plan for {world_size} devices"
+    ]
+
+
+def parameter_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
+    """The model's parameters against the plan's: names, shapes, dtypes, fingerprint, ties."""
+    actual = parameter_table(model.named_parameters())
+    planned = {fqn: (list(p.shape), p.dtype) for fqn, p in plan.params.items()}
+    problems = _table_differences(planned, actual)
+    fingerprint = parameter_fingerprint(actual)
+    if not problems and fingerprint != plan.model.param_fingerprint:
+        problems.append(
+            f"model: parameter fingerprint {fingerprint[:12]}... differs from the plan's "
+            f"{plan.model.param_fingerprint[:12]}... although every planned parameter matches: "
+            "the plan was edited by hand or made by another planner; re-plan this model"
+        )
+    if problems:
+        problems.insert(0, f"model: this is not the model the plan was made for ({plan.model.class_name}, "
+                           f"{len(planned)} parameters; this {type(model).__name__} has {len(actual)})")
+    already = [fqn for fqn, p in model.named_parameters() if p.is_dist()]
+    if already:
+        problems.append(f"model: already distributed parameters {_names(already)}: apply a plan to the plain model, once")
+    return problems + _tie_problems(model, plan)
+
+
+def _table_differences(planned: dict, actual: dict) -> list[str]:
+    missing = sorted(set(planned) - set(actual))
+    added = sorted(set(actual) - set(planned))
+    problems = []
+    renamed = _pair_renames(missing, added, planned, actual)
+    for old, new in renamed:
+        problems.append(f'$.params["{old}"]: not in the model; renamed to "{new}"? (same shape and dtype)')
+    paired_old = {o for o, _ in renamed}
+    paired_new = {n for _, n in renamed}
+    gone = [m for m in missing if m not in paired_old]
+    new = [a for a in added if a not in paired_new]
+    if gone:
+        problems.append(f"parameters removed (planned, not in the model): {_names(gone)}")
+    if new:
+        problems.append(f"parameters added (in the model, not planned): {_names(new)}")
+    for fqn in sorted(set(planned) & set(actual)):
+        (pshape, pdtype), (ashape, adtype) = planned[fqn], actual[fqn]
+        if pshape != ashape:
+            problems.append(f'$.params["{fqn}"].shape: planned {pshape} but the model has {ashape} (resized)')
+        if pdtype != adtype:
+            problems.append(f'$.params["{fqn}"].dtype: planned {pdtype} but the model has {adtype}')
+    return problems
+
+
+def _pair_renames(missing, added, planned, actual) -> list[tuple[str, str]]:
+    """Pair a vanished planned name with a new model name of the same shape and dtype when the
+    pairing is unambiguous (exactly one candidate each way)."""
+    pairs = []
+    for old in missing:
+        candidates = [new for new in added if actual[new] == planned[old]]
+        if len(candidates) == 1:
+            twins = [o for o in missing if planned[o] == actual[candidates[0]]]
+            if len(twins) == 1:
+                pairs.append((old, candidates[0]))
+    return pairs
+
+
+def _tie_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
+    """A plan that ties two names must meet a model where they are one Parameter object."""
+    aliases_of = {}
+    for slots in parameter_owners(model).values():
+        for slot in slots:
+            aliases_of[slot.fqn] = {s.fqn for s in slots}
+    problems = []
+    for fqn, param in sorted(plan.params.items()):
+        for alias in param.tied_to:
+            if alias not in aliases_of.get(fqn, ()):
+                problems.append(
+                    f'$.params["{fqn}"].tied_to: the plan ties it to "{alias}" but in the model they are '
+                    "not the same Parameter"
+                )
+    return problems
+
+
+def hook_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
+    layers = dict(model.named_sublayers())
+    problems = []
+    for i, hook in enumerate(plan.hooks):
+        if hook.layer not in layers:
+            problems.append(f'$.hooks[{i}].layer: no sub-layer "{hook.layer}" in the model ({hook.action} hook)')
+        if hook.action.startswith("sequence_parallel") and "mp" not in plan.mesh.dim_names:
+            problems.append(f"$.hooks[{i}]: {hook.action} needs an mp mesh dim, the mesh has {plan.mesh.dim_names}")
+    return problems
+
+
+def data_problems(plan: Plan, dataloader: Any) -> list[str]:
+    if dataloader is None:
+        return []
+    dims = plan.data.shard_dims
+    problems = []
+    if len(dims) > 1:
+        problems.append(f"$.data.shard_dims: {dims}: Paddle's shard_dataloader splits over one mesh dim only")
+    if "pp" in dims:
+        problems.append("$.data.shard_dims: the loader cannot be split over pp (stages share the batch)")
+    if not isinstance(dataloader, paddle.io.DataLoader):
+        problems.append(f"dataloader: a paddle.io.DataLoader is needed, got {type(dataloader).__name__}")
+    return problems
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(f'"{n}"' for n in names[:_MAX_NAMES])
+    return shown + (f" and {len(names) - _MAX_NAMES} more" if len(names) > _MAX_NAMES else "")
