@@ -1,0 +1,113 @@
+"""The cost description the search works on: per-block coefficients, independent of batch size.
+
+A :class:`ModelCost` is what the cost model needs to know about a model, distilled from the
+traced graph by :mod:`autodist.planner.cost.graph_cost` (or written by hand in tests). Every
+quantity is a coefficient per token (proportional to b*s) or per token times sequence length
+(proportional to b*s^2, the attention core), so one trace at any input shape prices every
+micro-batch size and sequence length.
+
+Activation memory follows Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models" (2022), section 4: a tensor saved for backward *inside* the tensor-parallel
+region (after a column-parallel linear, before the row-parallel one) is split over mp; one
+*outside* it (norm inputs, dropout masks, inputs of column-parallel linears) is whole on every
+mp rank unless sequence parallelism splits it along the sequence.
+
+Example::
+
+    >>> saved = Saved(floats=34.0, masks=0.0)
+    >>> saved.bytes(2)
+    68.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Saved:
+    """Elements saved for backward: floating point (training dtype) and one-byte masks."""
+
+    floats: float = 0.0
+    masks: float = 0.0
+
+    def bytes(self, float_bytes: int) -> float:
+        return self.floats * float_bytes + self.masks
+
+    def __add__(self, other: Saved) -> Saved:
+        return Saved(self.floats + other.floats, self.masks + other.masks)
+
+    def scaled(self, factor: float) -> Saved:
+        return Saved(self.floats * factor, self.masks * factor)
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """One repeated block (a transformer layer), per token of one micro-batch.
+
+    ``flops_*`` are forward FLOPs; ``allreduce_*`` are elements all-reduced over mp when the
+    block's linears are split (forward: row-parallel outputs; backward: the inputs of
+    column-parallel linears, once per distinct input).
+    """
+
+    layer: str
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    intermediate_size: int = 0
+    params_split: int = 0  # elements divided over mp (column/row-parallel weights and biases)
+    params_whole: int = 0  # elements every mp rank holds whole (norms, row-parallel biases)
+    flops_per_token: float = 0.0  # proportional to b*s (matmuls with a weight)
+    flops_per_token_seq: float = 0.0  # times b*s^2 (matmuls of two activations: attention)
+    saved_outside: Saved = field(default_factory=Saved)  # per token, outside the mp region
+    saved_inside: Saved = field(default_factory=Saved)  # per token, split over mp
+    saved_inside_seq: Saved = field(default_factory=Saved)  # per token*s: attention scores
+    allreduce_fwd_per_token: float = 0.0
+    allreduce_bwd_per_token: float = 0.0
+    output_per_token: float = 0.0  # elements handed to the next block (pipeline p2p)
+
+
+@dataclass(frozen=True)
+class EdgeCost:
+    """What sits before the first block (embedding) or after the last (final norm, LM head).
+
+    ``params_vocab`` and ``flops_vocab_per_token`` are split over mp only when the vocabulary
+    divides by mp (vocabulary-parallel embedding, column-parallel head); otherwise every mp rank
+    holds and computes them whole.
+    """
+
+    params_vocab: int = 0
+    params_whole: int = 0
+    flops_vocab_per_token: float = 0.0
+    flops_whole_per_token: float = 0.0
+    saved_whole: Saved = field(default_factory=Saved)  # per token, whole on every mp rank
+    saved_vocab: Saved = field(default_factory=Saved)  # per token, logits: split with the vocab
+    allreduce_fwd_per_token: float = 0.0  # with vocabulary parallelism only
+    allreduce_bwd_per_token: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """A model as the cost model sees it: blocks in forward order plus both edges."""
+
+    blocks: tuple[BlockCost, ...]
+    hidden_size: int
+    vocab_size: int | None = None
+    first: EdgeCost = field(default_factory=EdgeCost)
+    last: EdgeCost = field(default_factory=EdgeCost)
+    #: The input shape it was traced at; the search defaults the micro-batch size and sequence
+    #: length to these.
+    traced_batch: int = 1
+    traced_seq: int = 1
+    notes: tuple[str, ...] = ()
+
+    @property
+    def num_params(self) -> int:
+        edges = self.first.params_vocab + self.first.params_whole + self.last.params_vocab + self.last.params_whole
+        return edges + sum(b.params_split + b.params_whole for b in self.blocks)
+
+    def forward_flops(self, tokens: float, seq_len: int) -> float:
+        """Forward FLOPs of the whole model for ``tokens`` tokens of sequences of ``seq_len``."""
+        per_token = sum(b.flops_per_token + b.flops_per_token_seq * seq_len for b in self.blocks)
+        for edge in (self.first, self.last):
+            per_token += edge.flops_vocab_per_token + edge.flops_whole_per_token
+        return per_token * tokens

@@ -1,0 +1,221 @@
+"""Device profiles: named ones with published figures, or a ``cluster.toml`` the user writes.
+
+Every figure is per device (one GPU) and per direction. Memory is the datasheet's "GB" read as
+10^9 bytes, which is slightly less than the device really has (80 GB HBM reports 81 559 MiB):
+the planner should err towards "does not fit", never towards an out-of-memory crash.
+Peak FLOP/s are the dense (no 2:4 sparsity) tensor-core figures; fp32 is the plain (non-TF32)
+CUDA-core figure, because an fp32 run does not silently get TF32 in Paddle by default.
+Inter-node bandwidth is one InfiniBand NIC per GPU, as in the DGX systems the datasheets describe.
+Latencies are not on datasheets: they are the per-step costs NCCL shows in ``nccl-tests``
+(a few microseconds over NVLink, more over InfiniBand), used as the alpha of the alpha-beta model.
+
+Example::
+
+    >>> resolve_device("h100-sxm").peak_flops["bf16"]
+    989000000000000.0
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from autodist.planner.errors import PlannerError
+from autodist.schemas import DeviceProfile
+
+GB = 10**9
+TFLOPS = 1e12
+GB_PER_S = 1e9
+US = 1e-6
+
+#: Profile used when the planning machine has no GPU and no --device / --cluster is given.
+FALLBACK_DEVICE = "h100-sxm"
+
+PROFILES: dict[str, DeviceProfile] = {
+    # NVIDIA A100 Tensor Core GPU datasheet (nvidia.com, 2021): 312 TFLOPS bf16/fp16 dense,
+    # 19.5 TFLOPS fp32, 40 GB HBM2, NVLink 600 GB/s total (300 GB/s per direction).
+    # DGX A100 datasheet: 8x ConnectX-6 HDR 200 Gb/s InfiniBand, one per GPU (25 GB/s).
+    "a100-40g": DeviceProfile(
+        name="a100-40g",
+        memory_bytes=40 * GB,
+        peak_flops={"bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS, "fp32": 19.5 * TFLOPS},
+        intra_node_bandwidth=300 * GB_PER_S,
+        inter_node_bandwidth=25 * GB_PER_S,
+        intra_node_latency_s=3 * US,
+        inter_node_latency_s=6 * US,
+    ),
+    # Same datasheet, 80 GB HBM2e variant (SXM); compute and links as the 40 GB part.
+    "a100-80g": DeviceProfile(
+        name="a100-80g",
+        memory_bytes=80 * GB,
+        peak_flops={"bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS, "fp32": 19.5 * TFLOPS},
+        intra_node_bandwidth=300 * GB_PER_S,
+        inter_node_bandwidth=25 * GB_PER_S,
+        intra_node_latency_s=3 * US,
+        inter_node_latency_s=6 * US,
+    ),
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOPS bf16/fp16 dense (1979 sparse),
+    # 67 TFLOPS fp32, 80 GB HBM3, NVLink 4 900 GB/s total (450 GB/s per direction).
+    # DGX H100 datasheet: 8x ConnectX-7 NDR 400 Gb/s InfiniBand, one per GPU (50 GB/s).
+    "h100-sxm": DeviceProfile(
+        name="h100-sxm",
+        memory_bytes=80 * GB,
+        peak_flops={"bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS, "fp32": 67 * TFLOPS},
+        intra_node_bandwidth=450 * GB_PER_S,
+        inter_node_bandwidth=50 * GB_PER_S,
+        intra_node_latency_s=2 * US,
+        inter_node_latency_s=5 * US,
+    ),
+    # NVIDIA H200 Tensor Core GPU datasheet (SXM): same compute as H100 SXM (989 TFLOPS bf16
+    # dense, 67 fp32), 141 GB HBM3e, NVLink 900 GB/s total; DGX H200: 8x NDR 400 Gb/s.
+    "h200": DeviceProfile(
+        name="h200",
+        memory_bytes=141 * GB,
+        peak_flops={"bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS, "fp32": 67 * TFLOPS},
+        intra_node_bandwidth=450 * GB_PER_S,
+        inter_node_bandwidth=50 * GB_PER_S,
+        intra_node_latency_s=2 * US,
+        inter_node_latency_s=5 * US,
+    ),
+    # A small CPU "device" for tests and CPU (gloo) runs, not a datasheet: one process of a
+    # desktop-class CPU (~1 TFLOP/s fp32 with AVX-512 FMA on a handful of cores, no faster in
+    # bf16), 16 GB of host memory per rank, loopback/shared memory within a node and 10 GbE
+    # (1.25 GB/s) between nodes, with gloo's tens-of-microseconds latencies.
+    "cpu": DeviceProfile(
+        name="cpu",
+        memory_bytes=16 * GB,
+        peak_flops={"bf16": 1 * TFLOPS, "fp16": 1 * TFLOPS, "fp32": 1 * TFLOPS},
+        intra_node_bandwidth=10 * GB_PER_S,
+        inter_node_bandwidth=1.25 * GB_PER_S,
+        intra_node_latency_s=20 * US,
+        inter_node_latency_s=50 * US,
+    ),
+}
+
+#: Substrings of CUDA device names (``paddle.device.cuda.get_device_name()``) -> profile.
+#: Checked in order, so the more specific names come first.
+_CUDA_NAME_TO_PROFILE = (
+    ("H200", "h200"),
+    ("H100", "h100-sxm"),
+    ("A100-SXM4-80GB", "a100-80g"),
+    ("A100 80GB", "a100-80g"),
+    ("A100-PCIE-80GB", "a100-80g"),
+    ("A100", "a100-40g"),
+)
+
+#: cluster.toml keys under ``[device]``, their unit factor and what they mean.
+_CLUSTER_KEYS = {
+    "memory_gb": (GB, "device memory in GB (10^9 bytes)"),
+    "peak_tflops_bf16": (TFLOPS, "peak dense bf16 TFLOP/s"),
+    "peak_tflops_fp16": (TFLOPS, "peak dense fp16 TFLOP/s"),
+    "peak_tflops_fp32": (TFLOPS, "peak fp32 TFLOP/s"),
+    "intra_node_bandwidth_gb_s": (GB_PER_S, "per-device bandwidth inside a node, GB/s per direction"),
+    "inter_node_bandwidth_gb_s": (GB_PER_S, "per-device bandwidth between nodes, GB/s per direction"),
+    "intra_node_latency_us": (US, "latency of one transfer inside a node, microseconds"),
+    "inter_node_latency_us": (US, "latency of one transfer between nodes, microseconds"),
+}
+
+
+def resolve_device(name: str | None = None, cluster_file: str | None = None) -> DeviceProfile:
+    """The device profile to plan for: a cluster file, a named profile, or the local GPU.
+
+    Without either argument: the planning machine's GPU when Paddle sees one and it has a
+    profile, else ``h100-sxm``.
+
+    Example::
+
+        >>> resolve_device("a100-80g").memory_bytes
+        80000000000
+        >>> resolve_device("tpu")
+        Traceback (most recent call last):
+        ...
+        autodist.planner.errors.PlannerError: unknown device 'tpu'; known: a100-40g, a100-80g, cpu, h100-sxm, h200 (or give --cluster cluster.toml)
+    """
+    if name is not None and cluster_file is not None:
+        raise PlannerError("give either --device or --cluster, not both")
+    if cluster_file is not None:
+        return load_cluster_file(cluster_file)
+    if name is None:
+        name = local_gpu_profile_name() or FALLBACK_DEVICE
+    key = name.lower()
+    if key not in PROFILES:
+        known = ", ".join(sorted(PROFILES))
+        raise PlannerError(f"unknown device {name!r}; known: {known} (or give --cluster cluster.toml)")
+    return PROFILES[key]
+
+
+def local_gpu_profile_name() -> str | None:
+    """The profile name of this machine's first CUDA device, or None (no GPU, or an unknown one)."""
+    import paddle  # the planner imports paddle anyway; kept local so profiles load without it
+
+    if not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0:
+        return None
+    cuda_name = paddle.device.cuda.get_device_name(0)
+    for fragment, profile in _CUDA_NAME_TO_PROFILE:
+        if fragment in cuda_name:
+            return profile
+    return None
+
+
+def load_cluster_file(path: str) -> DeviceProfile:
+    """Read a device profile from a TOML file.
+
+    ``base = "h100-sxm"`` starts from a named profile and the other keys override it; without
+    a base every key is required. Example file::
+
+        [device]
+        name = "my-h100-cluster"
+        base = "h100-sxm"
+        inter_node_bandwidth_gb_s = 25   # only 200 Gb/s InfiniBand here
+        inter_node_latency_us = 8
+    """
+    source = Path(path)
+    try:
+        data = tomllib.loads(source.read_text())
+    except FileNotFoundError:
+        raise PlannerError(f"{path}: cluster file not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise PlannerError(f"{path}: not valid TOML: {err}") from None
+    device = data.get("device")
+    if not isinstance(device, dict):
+        raise PlannerError(f"{path}: needs a [device] table with: {', '.join(_CLUSTER_KEYS)}")
+    unknown = sorted(set(device) - set(_CLUSTER_KEYS) - {"name", "base"})
+    if unknown:
+        raise PlannerError(f"{path}: unknown key(s) in [device]: {', '.join(unknown)}; known: "
+                           f"name, base, {', '.join(_CLUSTER_KEYS)}")
+    values = _profile_values(resolve_device(device["base"])) if "base" in device else {}
+    for key, (unit, meaning) in _CLUSTER_KEYS.items():
+        if key not in device:
+            continue
+        raw = device[key]
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw <= 0:
+            raise PlannerError(f"{path}: [device].{key} must be a positive number ({meaning}), got {raw!r}")
+        values[key] = raw * unit
+    missing = [key for key in _CLUSTER_KEYS if key not in values]
+    if missing:
+        raise PlannerError(f"{path}: [device] is missing {', '.join(missing)} "
+                           "(or set base = \"<profile>\" to start from a named profile)")
+    return DeviceProfile(
+        name=str(device.get("name", source.stem)),
+        memory_bytes=int(values["memory_gb"]),
+        peak_flops={"bf16": float(values["peak_tflops_bf16"]), "fp16": float(values["peak_tflops_fp16"]),
+                    "fp32": float(values["peak_tflops_fp32"])},
+        intra_node_bandwidth=float(values["intra_node_bandwidth_gb_s"]),
+        inter_node_bandwidth=float(values["inter_node_bandwidth_gb_s"]),
+        intra_node_latency_s=float(values["intra_node_latency_us"]),
+        inter_node_latency_s=float(values["inter_node_latency_us"]),
+    )
+
+
+def _profile_values(profile: DeviceProfile) -> dict[str, float]:
+    """A profile in cluster-file keys (SI units), so a file can override some of them."""
+    return {
+        "memory_gb": profile.memory_bytes,
+        "peak_tflops_bf16": profile.peak_flops["bf16"],
+        "peak_tflops_fp16": profile.peak_flops["fp16"],
+        "peak_tflops_fp32": profile.peak_flops["fp32"],
+        "intra_node_bandwidth_gb_s": profile.intra_node_bandwidth,
+        "inter_node_bandwidth_gb_s": profile.inter_node_bandwidth,
+        "intra_node_latency_us": profile.intra_node_latency_s,
+        "inter_node_latency_us": profile.inter_node_latency_s,
+    }

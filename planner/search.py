@@ -1,0 +1,344 @@
+"""Strategy search: every dp x mp x pp mesh for the cluster, priced, the best one chosen.
+
+For each factorisation of the world size (mesh order ``pp, dp, mp``, mp innermost so it stays
+inside a node when it fits) the search tries sequence parallelism on/off, ZeRO stages 0-3 and
+the micro-batch counts that divide the per-rank batch, keeps what satisfies every constraint,
+and ranks by estimated step time, then less communication, then less memory, then the
+strategy itself (so the order is deterministic). Degrees the user fixed are not searched.
+
+Example::
+
+    >>> from autodist.planner.search import SearchRequest, search
+    >>> result = search(analysis, SearchRequest(devices_per_node=8))      # doctest: +SKIP
+    >>> result.best.strategy.dp, result.best.strategy.mp                   # doctest: +SKIP
+    (8, 1)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator
+
+from autodist.planner.cost.blocks import ModelCost
+from autodist.planner.cost.hardware import FALLBACK_DEVICE, PROFILES
+from autodist.planner.cost.memory import check_training_setup
+from autodist.planner.cost.step_time import (
+    MEMORY_USABLE,
+    RECOMPUTE_MODES,
+    Breakdown,
+    Setup,
+    StageTable,
+    estimate,
+)
+from autodist.planner.errors import PlannerError
+from autodist.schemas import Candidate, DeviceProfile, Rejected, Strategy
+
+if TYPE_CHECKING:
+    from autodist.planner.analysis import ModelAnalysis
+
+SCHEDULES = ("sequential", "1F1B", "VPP")
+#: How many runners-up a result keeps (the plan's ``alternatives.accepted``).
+MAX_ACCEPTED = 10
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """What the user asked for; ``None`` means "search it"."""
+
+    devices_per_node: int = 1
+    nodes: int = 1
+    device: DeviceProfile = PROFILES[FALLBACK_DEVICE]
+    dp: int | None = None
+    mp: int | None = None
+    pp: int | None = None
+    sequence_parallel: bool | None = None
+    sharding_stage: int | None = None
+    micro_batches: int | None = None
+    schedule: str | None = None  # "sequential" | "1F1B" | "VPP" | None = chosen
+    global_batch_size: int | None = None  # default: micro_batch_size (or traced batch) x world
+    micro_batch_size: int | None = None
+    seq_len: int | None = None  # default: the traced sequence length
+    dtype: str = "bf16"
+    optimizer: str = "adam"
+    recompute: str = "none"
+
+    @property
+    def world(self) -> int:
+        return self.devices_per_node * self.nodes
+
+
+@dataclass
+class SearchResult:
+    best: Candidate
+    accepted: list[Candidate]  # the next best, at most 10, best first
+    rejected: list[Rejected]  # one per mesh (dp, mp, pp) that has no feasible variant
+    #: The times behind ``best`` then ``accepted`` (same order), for explain_table.
+    breakdowns: list[Breakdown] = field(default_factory=list)
+    setup: Setup | None = None
+    #: Modelling remarks worth a line in the plan (padding, what was not priced, ...).
+    notes: list[str] = field(default_factory=list)
+    #: How many strategies were priced.
+    evaluated: int = 0
+
+
+@dataclass
+class _Scored:
+    key: tuple
+    candidate: Candidate
+    breakdown: Breakdown
+
+
+def search(analysis: ModelAnalysis | ModelCost, request: SearchRequest) -> SearchResult:
+    """Choose dp, mp, pp, sequence parallelism, ZeRO stage, micro-batches and schedule.
+
+    ``analysis`` is the planner's :class:`ModelAnalysis` (its graph is priced) or, for tests
+    and quick what-ifs, a :class:`ModelCost` written directly. Raises :class:`PlannerError`
+    when the request is inconsistent or no strategy fits, naming the memory it would need.
+
+    Example::
+
+        >>> result = search(analysis, SearchRequest(devices_per_node=8, nodes=2))  # doctest: +SKIP
+        >>> print(explain_table(result))                                          # doctest: +SKIP
+    """
+    cost, implicit = _cost_of(analysis)
+    setup = _setup(cost, request)
+    table = StageTable(cost)
+    scored: list[_Scored] = []
+    rejected: list[Rejected] = []
+    memory_misses: list[tuple[float, Strategy]] = []
+    evaluated = 0
+    for pp, dp, mp in _meshes(request):
+        reason = _mesh_problem(cost, setup, dp, mp, pp)
+        if reason:
+            rejected.append(Rejected(strategy=Strategy(dp=dp, mp=mp, pp=pp), reason=reason))
+            continue
+        mesh_best_miss: tuple[float, Strategy, str] | None = None
+        mesh_feasible = False
+        for strategy in _variants(setup, request, dp, mp, pp):
+            problem = _variant_problem(setup, request, strategy)
+            if problem:
+                mesh_best_miss = mesh_best_miss or (math.inf, strategy, problem)
+                continue
+            evaluated += 1
+            breakdown = estimate(table, strategy, setup, implicit(mp, strategy.sequence_parallel))
+            total = breakdown.estimate.memory.total
+            if total > setup.usable_memory:
+                memory_misses.append((total, strategy))
+                if mesh_best_miss is None or total < mesh_best_miss[0]:
+                    mesh_best_miss = (total, strategy, _memory_reason(total, setup, breakdown))
+                continue
+            mesh_feasible = True
+            scored.append(_Scored(_rank_key(strategy, breakdown), Candidate(strategy, breakdown.estimate), breakdown))
+        if not mesh_feasible and mesh_best_miss is not None:
+            rejected.append(Rejected(strategy=mesh_best_miss[1], reason=mesh_best_miss[2]))
+    if not scored:
+        raise _nothing_fits(setup, rejected, memory_misses)
+    scored.sort(key=lambda s: s.key)
+    top = scored[: MAX_ACCEPTED + 1]
+    return SearchResult(
+        best=top[0].candidate,
+        accepted=[s.candidate for s in top[1:]],
+        rejected=rejected,
+        breakdowns=[s.breakdown for s in top],
+        setup=setup,
+        notes=list(cost.notes) + _vocab_note(cost, top[0].candidate.strategy),
+        evaluated=evaluated,
+    )
+
+
+# -- the request ---------------------------------------------------------------------------------
+
+
+def _cost_of(analysis):
+    """The ModelCost to price, and a function (mp, sp) -> implicit comm bytes per token."""
+    if isinstance(analysis, ModelCost):
+        return analysis, lambda mp, sp: 0.0
+    from autodist.planner.cost.graph_cost import implicit_bytes_per_token, model_cost
+
+    cost = model_cost(analysis)
+    cache: dict[tuple[int, bool], float] = {}
+
+    def implicit(mp: int, sp: bool) -> float:
+        if mp == 1:
+            return 0.0
+        if (mp, sp) not in cache:
+            cache[(mp, sp)] = implicit_bytes_per_token(analysis, mp, sp)
+        return cache[(mp, sp)]
+
+    return cost, implicit
+
+
+def _setup(cost: ModelCost, request: SearchRequest) -> Setup:
+    """Check the request and fix what is the same for every candidate."""
+    if request.devices_per_node < 1 or request.nodes < 1:
+        raise PlannerError(f"--devices and --nodes must be at least 1, got {request.devices_per_node} and {request.nodes}")
+    try:
+        check_training_setup(request.dtype, request.optimizer)
+    except ValueError as err:
+        raise PlannerError(str(err)) from None
+    if request.recompute not in RECOMPUTE_MODES:
+        raise PlannerError(f"unknown recompute {request.recompute!r}; known: {', '.join(RECOMPUTE_MODES)}")
+    if request.schedule is not None and request.schedule not in SCHEDULES:
+        raise PlannerError(f"unknown schedule {request.schedule!r}; known: {', '.join(SCHEDULES)}")
+    if request.sharding_stage is not None and request.sharding_stage not in (0, 1, 2, 3):
+        raise PlannerError(f"--sharding-stage must be 0, 1, 2 or 3, got {request.sharding_stage}")
+    world = request.world
+    fixed = {name: getattr(request, name) for name in ("dp", "mp", "pp") if getattr(request, name) is not None}
+    for name, degree in fixed.items():
+        if degree < 1 or world % degree:
+            raise PlannerError(f"--{name} {degree} does not divide the {world} devices")
+    if len(fixed) == 3 and math.prod(fixed.values()) != world:
+        raise PlannerError(f"dp x mp x pp = {math.prod(fixed.values())} but there are {world} devices")
+    if math.prod(fixed.values()) > world or world % math.prod(fixed.values()):
+        raise PlannerError(f"the fixed degrees ({', '.join(f'{k}={v}' for k, v in fixed.items())}) "
+                           f"do not divide the {world} devices")
+    for name in ("micro_batches", "micro_batch_size", "global_batch_size", "seq_len"):
+        value = getattr(request, name)
+        if value is not None and value < 1:
+            raise PlannerError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    micro_batch = request.micro_batch_size or cost.traced_batch
+    global_batch = request.global_batch_size or micro_batch * (request.micro_batches or 1) * world
+    return Setup(device=request.device, devices_per_node=request.devices_per_node, nodes=request.nodes,
+                 seq_len=request.seq_len or cost.traced_seq, global_batch=global_batch,
+                 dtype=request.dtype, optimizer=request.optimizer, recompute=request.recompute)
+
+
+# -- enumeration -----------------------------------------------------------------------------------
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _meshes(request: SearchRequest) -> Iterator[tuple[int, int, int]]:
+    """(pp, dp, mp) with pp * dp * mp = world that agree with the fixed degrees, in order."""
+    world = request.world
+    for pp in _divisors(world):
+        for dp in _divisors(world // pp):
+            mp = world // pp // dp
+            if all(fixed is None or fixed == value
+                   for fixed, value in ((request.pp, pp), (request.dp, dp), (request.mp, mp))):
+                yield pp, dp, mp
+
+
+def _mesh_problem(cost: ModelCost, setup: Setup, dp: int, mp: int, pp: int) -> str:
+    """Why a mesh cannot work whatever its other settings, or ''."""
+    blocks = cost.blocks
+    if mp > 1 and not blocks:
+        return f"mp={mp}: no transformer block was matched, nothing to split over mp"
+    shapes: dict[tuple[int, int, int], str] = {}
+    for block in blocks:  # one check per distinct block shape, named by its first block
+        shapes.setdefault((block.num_heads, block.num_kv_heads, block.intermediate_size), block.layer)
+    for (heads, kv_heads, intermediate), layer in shapes.items():
+        for what, size in (("attention heads", heads), ("KV heads", kv_heads), ("intermediate size", intermediate)):
+            if mp > 1 and size and size % mp:
+                return f"mp={mp} does not divide the {size} {what} of {layer}"
+    if pp > 1 and pp > len(blocks):
+        return f"pp={pp} is more than the {len(blocks)} blocks to split into stages"
+    if setup.global_batch % dp:
+        return f"global batch {setup.global_batch} does not divide by dp={dp}"
+    return ""
+
+
+def _variants(setup: Setup, request: SearchRequest, dp: int, mp: int, pp: int) -> Iterator[Strategy]:
+    sps = [False, True] if mp > 1 else [False]
+    if request.sequence_parallel is not None:
+        sps = [request.sequence_parallel and mp > 1]
+    stages = [0, 1, 2, 3] if dp > 1 else [0]
+    if request.sharding_stage is not None:
+        stages = [request.sharding_stage if dp > 1 else 0]
+    per_rank = setup.global_batch // dp
+    if request.micro_batches is not None:
+        counts = [request.micro_batches]
+    elif request.micro_batch_size is not None:
+        counts = [max(1, per_rank // request.micro_batch_size)]
+    else:
+        counts = _divisors(per_rank)
+    schedule = "none" if pp == 1 else (request.schedule or "1F1B")
+    for sp in sps:
+        for stage in stages:
+            for m in counts:
+                yield Strategy(dp=dp, mp=mp, pp=pp, sequence_parallel=sp, sharding_stage=stage,
+                               micro_batches=m, schedule=schedule)
+
+
+def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy) -> str:
+    """Why one variant of a feasible mesh cannot work (before pricing it), or ''."""
+    per_rank = setup.global_batch // strategy.dp
+    if per_rank % strategy.micro_batches:
+        return (f"the {per_rank} samples per dp rank do not split into {strategy.micro_batches} micro-batches")
+    if request.micro_batch_size is not None and per_rank != strategy.micro_batches * request.micro_batch_size:
+        return (f"global batch {setup.global_batch} is not dp={strategy.dp} x micro-batch size "
+                f"{request.micro_batch_size} x micro-batches")
+    if strategy.schedule in ("1F1B", "VPP") and strategy.micro_batches < strategy.pp:
+        return (f"{strategy.micro_batches} micro-batches < pp={strategy.pp}: stages would idle "
+                f"({strategy.schedule} needs at least pp micro-batches)")
+    return ""
+
+
+def _rank_key(strategy: Strategy, breakdown: Breakdown) -> tuple:
+    """Step time (to 6 significant digits, so float noise does not decide), then fewer bytes
+    communicated, then less memory, then the strategy's own fields for a total order."""
+    est = breakdown.estimate
+    return (float(f"{est.step_time_s:.6g}"), breakdown.comm_bytes, est.memory.total,
+            strategy.pp, strategy.mp, strategy.dp, strategy.sharding_stage, strategy.sequence_parallel,
+            strategy.micro_batches)
+
+
+# -- messages --------------------------------------------------------------------------------------
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB"
+
+
+def _memory_reason(total: float, setup: Setup, breakdown: Breakdown) -> str:
+    mem = breakdown.estimate.memory
+    return (f"needs {_gb(total)} per device (params {_gb(mem.params)}, grads {_gb(mem.grads)}, "
+            f"optimizer {_gb(mem.optimizer)}, activations {_gb(mem.activations)}); "
+            f"{setup.device.name} allows {_gb(setup.usable_memory)}")
+
+
+def _nothing_fits(setup: Setup, rejected: list[Rejected], memory_misses: list[tuple[float, Strategy]]) -> PlannerError:
+    if memory_misses:
+        need, strategy = min(memory_misses, key=lambda miss: (miss[0], _strategy_order(miss[1])))
+        return PlannerError(
+            f"the model does not fit on {setup.world} x {setup.device.name}: the smallest strategy "
+            f"({describe(strategy)}) needs {_gb(need)} per device, which is more than the "
+            f"{_gb(setup.usable_memory)} usable of {_gb(setup.device.memory_bytes)}; it needs devices "
+            f"with at least {_gb(need / MEMORY_USABLE)} of memory, or more devices, recompute, or a "
+            f"smaller batch",
+            detail="\n".join(f"{describe(r.strategy)}: {r.reason}" for r in rejected))
+    reasons = "\n".join(f"{describe(r.strategy)}: {r.reason}" for r in rejected)
+    return PlannerError(f"no strategy satisfies the constraints on {setup.world} devices", detail=reasons)
+
+
+def _strategy_order(strategy: Strategy) -> tuple:
+    return (strategy.pp, strategy.mp, strategy.dp, strategy.sharding_stage, strategy.sequence_parallel,
+            strategy.micro_batches)
+
+
+def describe(strategy: Strategy) -> str:
+    """A strategy in one short line.
+
+    >>> describe(Strategy(dp=2, mp=4, pp=1, sequence_parallel=True, sharding_stage=1))
+    'dp2 mp4 pp1 sp zero1 m1'
+    """
+    parts = [f"dp{strategy.dp}", f"mp{strategy.mp}", f"pp{strategy.pp}"]
+    if strategy.sequence_parallel:
+        parts.append("sp")
+    if strategy.sharding_stage:
+        parts.append(f"zero{strategy.sharding_stage}")
+    parts.append(f"m{strategy.micro_batches}")
+    if strategy.pp > 1 and strategy.schedule != "none":
+        parts.append(strategy.schedule)
+    return " ".join(parts)
+
+
+def _vocab_note(cost: ModelCost, strategy: Strategy) -> list[str]:
+    if strategy.mp > 1 and cost.vocab_size and cost.vocab_size % strategy.mp:
+        return [f"vocabulary {cost.vocab_size} does not divide by mp={strategy.mp}: embedding and LM head "
+                "stay replicated over mp (priced so)"]
+    return []
