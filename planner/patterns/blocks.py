@@ -1,0 +1,85 @@
+"""Whole-block patterns: a pre-norm transformer block composed from one norm, one attention and
+one MLP variant (``x + attn(norm(x))``, then ``h + mlp(norm(h))``), and standalone patterns of a
+single part for tests and for layers outside blocks.
+
+Every combination of the variants in :mod:`.norm`, :mod:`.attention` and :mod:`.mlp` is a
+candidate; the matcher keeps only those whose op counts equal the block's before it runs any
+isomorphism search, so the size of the library costs almost nothing.
+
+Example::
+
+    >>> [p.kind for p in block_patterns() if p.description.startswith("rms_norm+attn(q|k|v,rope,mask)+mlp(swiglu_op)")][:1]
+    ['llama_decoder']
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from dataclasses import dataclass
+
+import networkx as nx
+
+from .attention import ATTENTIONS, Attention
+from .mlp import MLPS, Mlp
+from .norm import LAYER_NORM, NORMS
+from .parts import PARAM, PORT, Part, PatternBuilder, residual
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A pattern graph ready for the matcher. ``histogram`` counts its compute ops (everything but
+    ports and parameters), the cheap necessary condition checked before any search."""
+
+    kind: str
+    description: str
+    graph: nx.DiGraph
+
+    @functools.cached_property
+    def histogram(self) -> Counter:
+        return compute_histogram(self.graph)
+
+
+def compute_histogram(graph: nx.DiGraph) -> Counter:
+    """``Counter`` of op names over the compute nodes of a pattern or view graph."""
+    return Counter(d["op"] for _, d in graph.nodes(data=True) if d["op"] not in (PORT, PARAM, "input"))
+
+
+def block_kind(norm: Part, attention: Attention, mlp: Mlp) -> str:
+    """A family name for reports: what a reader would call a block with these parts."""
+    if norm is LAYER_NORM and mlp.kind == "gelu":
+        return "gpt_block"
+    if attention.fused_qkv and mlp.kind == "fused_swiglu":
+        return "phi3_decoder"
+    if not attention.fused_qkv and mlp.kind.startswith("swiglu"):
+        return "llama_decoder"
+    return "transformer_block"
+
+
+def pre_norm_block(norm: Part, attention: Attention, mlp: Mlp) -> Pattern:
+    b = PatternBuilder()
+    x = b.port("hidden")
+    h = b.add(residual(), "residual_attn", x=x, y=attention.build(b, "attn", b.add(norm, "norm_attn", x=x)))
+    b.add(residual(), "residual_mlp", x=h, y=mlp.build(b, "mlp", b.add(norm, "norm_mlp", x=h)))
+    description = f"{norm.name}+{attention.name}+{mlp.name}"
+    return Pattern(block_kind(norm, attention, mlp), description, b.graph)
+
+
+@functools.lru_cache(maxsize=1)
+def block_patterns() -> tuple[Pattern, ...]:
+    """All block candidates, built once per process."""
+    return tuple(pre_norm_block(n, a, m) for n in NORMS for a in ATTENTIONS for m in MLPS)
+
+
+def mlp_pattern(mlp: Mlp) -> Pattern:
+    """An MLP alone, e.g. to match a layer that is just an MLP."""
+    b = PatternBuilder()
+    mlp.build(b, "mlp", b.port("x"))
+    return Pattern("mlp", mlp.name, b.graph)
+
+
+def part_pattern(part: Part) -> Pattern:
+    """A single-input part alone (a norm layer, ...)."""
+    b = PatternBuilder()
+    b.add(part, part.name, **{name: b.port(name) for name in part.inputs})
+    return Pattern(part.name, part.name, b.graph)

@@ -1,0 +1,29 @@
+"""Normalisation parts: RMSNorm written out in elementwise ops, LayerNorm as Paddle's one op."""
+
+from __future__ import annotations
+
+from .parts import PARAM, Part
+
+_NORM_WEIGHT = {"op": PARAM, "norm": True}
+
+#: ``x * rsqrt(mean(x^2) + eps) * w`` (the ``+ eps`` is a constant add the view contracts).
+RMS_NORM = Part(
+    "rms_norm",
+    nodes={"pow": "pow", "mean": "mean", "rsqrt": "rsqrt", "normed": "multiply", "out": "multiply",
+           "weight": _NORM_WEIGHT},
+    edges=(("x", "pow"), ("pow", "mean"), ("mean", "rsqrt"), ("rsqrt", "normed"), ("x", "normed"),
+           ("normed", "out"), ("weight", "out")),
+    inputs=("x",),
+    output="out",
+)
+
+#: ``pd_op.layer_norm(x, weight, bias)``.
+LAYER_NORM = Part(
+    "layer_norm",
+    nodes={"out": "layer_norm", "weight": _NORM_WEIGHT, "bias": _NORM_WEIGHT},
+    edges=(("x", "out"), ("weight", "out"), ("bias", "out")),
+    inputs=("x",),
+    output="out",
+)
+
+NORMS = (RMS_NORM, LAYER_NORM)
