@@ -3,8 +3,8 @@ parameters within 1e-5 absolute, on every rank. Mismatches are listed, never sum
 
 Example::
 
-    >>> ref = {"losses": [4.0], "params": {"w": [1.0, 2.0]}}
-    >>> differences(ref, {"rank": 0, "losses": [4.0], "params": {"w": [1.0, 2.0]}})
+    >>> ref = {"losses": [4.0], "params": {"w": [1.0, 2.0]}, "unchanged_by_training": []}
+    >>> differences(ref, {"rank": 0, **ref})
     []
 """
 
@@ -30,6 +30,9 @@ def differences(reference: dict, rank_output: dict, loss_rtol: float = LOSS_RTOL
                 f"rank {rank}: step {step} loss {losses[step]:.8g} vs reference {ref_losses[step]:.8g} "
                 f"(relative difference {rel[step]:.2e} > {loss_rtol:.0e})"
             )
+    stale = sorted(set(rank_output["unchanged_by_training"]) - set(reference["unchanged_by_training"]))
+    if stale:
+        problems.append(f"rank {rank}: training never changed {stale} (the single-device run did: stale optimizer?)")
     missing = sorted(set(reference["params"]) - set(rank_output["params"]))
     extra = sorted(set(rank_output["params"]) - set(reference["params"]))
     if missing or extra:

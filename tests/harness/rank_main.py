@@ -3,8 +3,9 @@
 For each :class:`~harness.jobs.TrainRun`: build the model from its seed, distribute it (nothing
 for ``single``, ``autodist.apply_plan`` or ``paddle.distributed.to_distributed``), train, and
 write ``<run>.rank<R>.json`` with the losses, every parameter's full value gathered to a
-replicated numpy array, and how each parameter was laid out on this rank (so a test can check
-the plan was really applied, not just that training still works).
+replicated numpy array, the parameters training left unchanged, and how each parameter was laid
+out on this rank (so a test can check the plan was really applied, not just that training
+still works).
 
 For each :class:`~harness.jobs.BadPlanCase`: call ``apply_plan`` and record the ``PlanError``
 (message, seconds taken, whether model and optimizer were left untouched) in
@@ -19,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import paddle
 import paddle.distributed as dist
 
@@ -65,14 +67,18 @@ def run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
     optimizer, schedule = make_optimizer(run.optimizer, model.parameters())
     loader = make_loader(workload, run.steps, run.seed)
     model, optimizer, loader, apply_seconds = distribute(run, model, optimizer, loader, world)
+    before = {fqn: to_numpy(p) for fqn, p in model.named_parameters()}
     losses = train(workload, model, optimizer, schedule, loader, run.steps)
+    after = {fqn: to_numpy(p) for fqn, p in model.named_parameters()}
     result = {
         "run": run.name,
         "rank": rank,
         "world": world,
         "apply_seconds": apply_seconds,
         "losses": losses,
-        "params": {fqn: to_numpy(p).tolist() for fqn, p in model.named_parameters()},
+        "params": {fqn: value.tolist() for fqn, value in after.items()},
+        # Parameters training never changed: the stale-optimizer bug leaves sharded ones here.
+        "unchanged_by_training": sorted(fqn for fqn in after if np.array_equal(after[fqn], before[fqn])),
         "layout": {fqn: layout(p) for fqn, p in model.named_parameters()},
     }
     output_path(out_dir, run.name, rank).write_text(json.dumps(result))

@@ -1,0 +1,24 @@
+"""PaddleFormers ``LlamaForCausalLM`` (tiny, grouped-query attention: 4 heads, 2 KV heads,
+tied embedding / LM head) trained with a plan on several CPU ranks equals one device."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.cases import check_against_reference, train_configurations
+
+pytestmark = pytest.mark.multiprocess
+
+CONFIGS = [(1, 2, "sgd"), (2, 2, "adamw")]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, reference_runs):
+    results = train_configurations("paddleformers_llama", CONFIGS, tmp_path_factory.mktemp("pf_llama"))
+    reference_runs.prepare([t.run for t in results.values()])
+    return results
+
+
+@pytest.mark.parametrize("name", ["mp2_sgd", "dp2_mp2_adamw"])
+def test_paddleformers_llama_matches_single_device(trained, reference_runs, name):
+    check_against_reference(trained[name], reference_runs)
