@@ -1,0 +1,263 @@
+"""apply_plan's validation on a one-rank world: every bad input raises one PlanError that
+names the problem, and leaves the model, optimizer and loader exactly as they were."""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+import paddle
+import pytest
+from harness.plans import tensor_parallel_plan, write_plan
+from harness.workloads import WORKLOADS, make_loader
+from models.gpt import build_model as build_gpt
+
+from autodist.applier import apply_plan
+from autodist.schemas import Hook, ParamPlan, PlanError, Strategy, dump_plan
+
+
+@pytest.fixture
+def llama():
+    return WORKLOADS["docstring_llama"].build(seed=1)
+
+
+@pytest.fixture
+def setup(llama):
+    optimizer = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=llama.parameters())
+    loader = make_loader(WORKLOADS["docstring_llama"], steps=1, seed=0)
+    return llama, optimizer, loader
+
+
+def snapshot(model, optimizer, loader):
+    """Everything apply_plan could change: parameter objects and values, hooks, the
+    optimizer's parameter list, the loader object."""
+    return {
+        "params": [(fqn, id(p), p.is_dist(), p.numpy().copy()) for fqn, p in model.named_parameters()],
+        "hooks": [(fqn, len(layer._forward_pre_hooks), len(layer._forward_post_hooks)) for fqn, layer in model.named_sublayers()],
+        "optimizer": [id(p) for p in optimizer._parameter_list] if optimizer else None,
+        "loader": id(loader),
+    }
+
+
+def assert_unchanged(before, after):
+    assert [p[:3] for p in before["params"]] == [p[:3] for p in after["params"]]
+    for (fqn, *_, old), (_, *_, new) in zip(before["params"], after["params"]):
+        np.testing.assert_array_equal(old, new, err_msg=fqn)
+    assert before["hooks"] == after["hooks"]
+    assert before["optimizer"] == after["optimizer"]
+    assert before["loader"] == after["loader"]
+
+
+def rejected(model, optimizer, loader, plan, **kwargs) -> PlanError:
+    """Apply a bad plan; assert it fails with PlanError and changes nothing."""
+    before = snapshot(model, optimizer, loader)
+    with pytest.raises(PlanError) as info:
+        apply_plan(model, optimizer, loader, plan, **kwargs)
+    assert_unchanged(before, snapshot(model, optimizer, loader))
+    return info.value
+
+
+def test_plan_for_another_model_names_the_difference(setup):
+    model, optimizer, loader = setup
+    err = rejected(model, optimizer, loader, tensor_parallel_plan(build_gpt()))
+    assert "not the model the plan was made for (GPTModel" in str(err)
+    assert 'parameters removed (planned, not in the model): "blocks.0.attn.' in str(err)
+    assert 'parameters added (in the model, not planned): "embed_tokens.weight"' in str(err)
+
+
+def test_plan_for_eight_ranks_on_one(setup):
+    model, optimizer, loader = setup
+    err = rejected(model, optimizer, loader, tensor_parallel_plan(model, dp=8))
+    assert err.problems == [
+        "world size: the plan's mesh dp8 needs 8 ranks but this job has 1 (PADDLE_TRAINERS_NUM); "
+        "launch 8 ranks or re-plan for 1 devices"
+    ]
+
+
+def test_missing_parameter_is_named(setup):
+    model, optimizer, loader = setup
+    plan = tensor_parallel_plan(model)
+    plan.params["layers.9.mlp.up_proj.weight"] = ParamPlan(shape=[32, 64], dtype="float32", placements=["R"])
+    err = rejected(model, optimizer, loader, plan)
+    assert 'parameters removed (planned, not in the model): "layers.9.mlp.up_proj.weight"' in str(err)
+
+
+def test_unplanned_parameter_is_named(setup):
+    model, optimizer, loader = setup
+    plan = tensor_parallel_plan(model)
+    del plan.params["norm.weight"]
+    err = rejected(model, optimizer, loader, plan)
+    assert 'parameters added (in the model, not planned): "norm.weight"' in str(err)
+
+
+def test_renamed_parameter_is_paired(setup):
+    model, optimizer, loader = setup
+    plan = tensor_parallel_plan(model)
+    plan.params["final_norm.weight"] = plan.params.pop("norm.weight")
+    err = rejected(model, optimizer, loader, plan)
+    assert '$.params["final_norm.weight"]: not in the model; renamed to "norm.weight"?' in str(err)
+
+
+def test_wrong_shape_is_named(setup):
+    model, optimizer, loader = setup
+    plan = tensor_parallel_plan(model)
+    fqn = "layers.0.mlp.up_proj.weight"
+    plan.params[fqn] = msgspec.structs.replace(plan.params[fqn], shape=[32, 128])
+    err = rejected(model, optimizer, loader, plan)
+    assert f'$.params["{fqn}"].shape: planned [32, 128] but the model has [32, 64] (resized)' in err.problems
+
+
+def test_wrong_dtype_is_named(setup):
+    model, optimizer, loader = setup
+    plan = tensor_parallel_plan(model)
+    plan.params["norm.weight"] = msgspec.structs.replace(plan.params["norm.weight"], dtype="bfloat16")
+    err = rejected(model, optimizer, loader, plan)
+    assert '$.params["norm.weight"].dtype: planned bfloat16 but the model has float32' in err.problems
+
+
+def test_fingerprint_alone_differs(setup):
+    model, optimizer, loader = setup
+    plan = tensor_parallel_plan(model)
+    plan.model.param_fingerprint = "f" * 64
+    err = rejected(model, optimizer, loader, plan)
+    assert "parameter fingerprint" in str(err) and "re-plan this model" in str(err)
+
+
+def test_unknown_hook_layer(setup):
+    model, optimizer, loader = setup
+    plan = tensor_parallel_plan(model)
+    plan.hooks = [Hook(layer="layers.0.self_attn.qkv_proj", when="post", action="reshard", placements=["R"])]
+    err = rejected(model, optimizer, loader, plan)
+    assert err.problems == ['$.hooks[0].layer: no sub-layer "layers.0.self_attn.qkv_proj" in the model (reshard hook)']
+
+
+def test_corrupted_file(setup, tmp_path):
+    model, optimizer, loader = setup
+    path = tmp_path / "plan.json"
+    path.write_bytes(dump_plan(tensor_parallel_plan(model))[:-40])
+    err = rejected(model, optimizer, loader, str(path))
+    assert "not valid JSON" in str(err) and str(path) in str(err)
+
+
+def test_newer_version(setup, tmp_path):
+    model, optimizer, loader = setup
+    data = dump_plan(tensor_parallel_plan(model)).replace(b'"version": 1', b'"version": 2')
+    err = rejected(model, optimizer, loader, data)
+    assert "format version 2" in str(err) and "upgrade autodist" in str(err)
+
+
+def test_every_problem_is_listed_at_once(setup):
+    model, optimizer, loader = setup
+    plan = tensor_parallel_plan(model, dp=2)
+    del plan.params["norm.weight"]
+    plan.hooks = [Hook(layer="nowhere", when="pre", action="reshard", placements=["R"])]
+    err = rejected(model, optimizer, loader, plan)
+    text = str(err)
+    assert "world size" in text and '"norm.weight"' in text and '"nowhere"' in text
+
+
+def test_optimizer_with_foreign_parameters(setup):
+    model, _, loader = setup
+    stray = paddle.create_parameter([3], "float32")
+    optimizer = paddle.optimizer.SGD(parameters=[*model.parameters(), stray])
+    err = rejected(model, optimizer, loader, tensor_parallel_plan(model))
+    assert "optimizer: holds 1 parameters that are not the model's" in str(err)
+
+
+def test_optimizer_missing_trainable_parameters(setup):
+    model, _, loader = setup
+    optimizer = paddle.optimizer.SGD(parameters=list(model.parameters())[1:])
+    err = rejected(model, optimizer, loader, tensor_parallel_plan(model))
+    assert "does not hold the model's trainable parameters" in str(err)
+
+
+def test_frozen_parameters_may_stay_out_of_the_optimizer(setup):
+    model, _, _ = setup
+    model.embed_tokens.weight.stop_gradient = True
+    trainable = [p for p in model.parameters() if not p.stop_gradient]
+    _, optimizer, _ = apply_plan(model, paddle.optimizer.SGD(parameters=trainable), None, tensor_parallel_plan(model))
+    assert len(optimizer._inner_opt._parameter_list) == len(trainable)
+
+
+def test_optimizer_that_already_stepped(setup):
+    model, optimizer, loader = setup
+    loss = model(paddle.randint(0, 64, [2, 8]), labels=paddle.randint(0, 64, [2, 8]))[0]
+    loss.backward()
+    optimizer.step()
+    optimizer.clear_grad()
+    err = rejected(model, optimizer, loader, tensor_parallel_plan(model))
+    assert "already stepped" in str(err)
+
+
+def test_sharding_stage_needs_a_shardable_optimizer(setup):
+    model, _, loader = setup
+    optimizer = paddle.optimizer.Momentum(parameters=model.parameters())
+    plan = tensor_parallel_plan(model)
+    plan.strategy = msgspec.structs.replace(plan.strategy, sharding_stage=1)
+    err = rejected(model, optimizer, loader, plan)
+    assert "$.strategy.sharding_stage: 1 needs AdamW or SGD" in str(err)
+
+
+def test_tie_the_model_does_not_have(setup):
+    model, optimizer, loader = setup
+    plan = tensor_parallel_plan(model)
+    plan.params["weight"] = msgspec.structs.replace(plan.params["weight"], tied_to=["embed_tokens.weight"])
+    err = rejected(model, optimizer, loader, plan)
+    assert '$.params["weight"].tied_to: the plan ties it to "embed_tokens.weight"' in str(err)
+
+
+def test_already_distributed_model(setup):
+    model, optimizer, loader = setup
+    plan = tensor_parallel_plan(model)
+    model, optimizer, loader = apply_plan(model, optimizer, loader, plan)
+    fresh = paddle.optimizer.SGD(parameters=model.parameters())
+    err = rejected(model, fresh, None, plan)
+    assert "already distributed parameters" in str(err)
+
+
+def pipeline_plan(model, stages: dict[str, int], schedule: str):
+    """A pp-only plan: parameter ``fqn`` goes to ``stages[first FQN part]``."""
+    plan = tensor_parallel_plan(model)
+    pp = max(stages.values()) + 1
+    plan.mesh = msgspec.structs.replace(plan.mesh, dim_names=["pp"], shape=[pp], process_ids=list(range(pp)))
+    plan.cluster = msgspec.structs.replace(plan.cluster, devices_per_node=pp)
+    plan.strategy = Strategy(pp=pp, schedule=schedule, micro_batches=2)
+    plan.params = {fqn: msgspec.structs.replace(p, stage=stages[fqn.split(".")[0]]) for fqn, p in plan.params.items()}
+    return plan
+
+
+def test_schedule_needs_a_sequential_model(setup):
+    model, optimizer, loader = setup
+    top = {name: 0 for name, _ in model.named_children()} | {"norm": 1, "weight": 1}
+    err = rejected(model, optimizer, loader, pipeline_plan(model, top, "1F1B"), loss_fn=lambda out, y: out.mean())
+    assert "$.strategy.schedule: 1F1B needs a paddle.nn.Sequential model" in str(err)
+    assert "world size" in str(err)  # a pp2 plan on one rank: both problems at once
+
+
+def sequential():
+    return paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 2))
+
+
+def test_schedule_needs_a_loss_function():
+    model = sequential()
+    err = rejected(model, paddle.optimizer.SGD(parameters=model.parameters()), None,
+                   pipeline_plan(model, {"0": 0, "2": 1, "3": 1}, "1F1B"))
+    assert "1F1B computes the loss inside the schedule: pass apply_plan(..., loss_fn=fn)" in str(err)
+
+
+def test_1f1b_needs_stages_in_order():
+    model = sequential()
+    err = rejected(model, None, None, pipeline_plan(model, {"0": 1, "2": 0, "3": 1}, "1F1B"), loss_fn=paddle.mean)
+    assert "1F1B needs the children's stages in order 0..1, got runs [1, 0, 1]" in str(err)
+
+
+def test_vpp_needs_stages_that_cycle():
+    model = sequential()
+    err = rejected(model, None, None, pipeline_plan(model, {"0": 0, "2": 1, "3": 1}, "VPP"), loss_fn=paddle.mean)
+    assert "VPP needs the children's stages to cycle 0..1 at least twice, got runs [0, 1]" in str(err)
+
+
+def test_plan_file_is_named_in_the_error(setup, tmp_path):
+    model, optimizer, loader = setup
+    path = write_plan(tensor_parallel_plan(model, dp=4), tmp_path / "plan.json")
+    err = rejected(model, optimizer, loader, path)
+    assert str(err).startswith(f"{path}: invalid plan")
