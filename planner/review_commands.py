@@ -23,6 +23,7 @@ import click
 from autodist.schemas import PlanError, load_plan
 
 from .diff import diff_plans
+from .export import ExportError, export_parallelize
 from .show import TOP_ALTERNATIVES, show_data, show_text
 
 #: Exit status of every command for bad input (a missing file, an invalid plan, ...).
@@ -43,7 +44,7 @@ def one_line_errors(command: Callable) -> Callable:
         except PlanError as err:
             problems = "; ".join(err.problems)
             fail(f"{err.source}: invalid plan: {problems}")
-        except (ReviewError, OSError) as err:
+        except (ReviewError, ExportError, OSError) as err:
             fail(str(err))
         except Exception as err:  # noqa: BLE001 - the planner's own user-facing errors
             if type(err).__name__ == "PlannerError":
@@ -121,5 +122,29 @@ def diff(old: str, new: str) -> None:
     sys.exit(1)
 
 
+#: Export formats: name -> function(plan, plan path) -> file text.
+EXPORTERS = {"paddle-parallelize": export_parallelize}
+
+
+@click.command(context_settings=_SETTINGS)
+@click.argument("plan", type=click.Path(dir_okay=False))
+@click.option("--to", "target", type=click.Choice(sorted(EXPORTERS)), required=True, help="The format to write.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
+@one_line_errors
+def export(plan: str, target: str, output: str | None) -> None:
+    """Write PLAN in another tool's format: ``paddle-parallelize`` is a Python module with the
+    equivalent ``dist.parallelize`` config (MESH, CONFIG and a ``parallelize(model, optimizer)``
+    function), for adopting a plan in hand-written code.
+
+    \b
+    Example:
+      autodist-plan export plan.json --to paddle-parallelize -o parallel_config.py
+      # then, on every rank: from parallel_config import parallelize
+      #                      model, optimizer = parallelize(model, optimizer)
+    """
+    loaded = load_plan(plan)
+    write_output(EXPORTERS[target](loaded, Path(plan).name), output)
+
+
 #: The commands the ``autodist-plan`` group registers.
-REVIEW_COMMANDS: list[click.Command] = [show, diff]
+REVIEW_COMMANDS: list[click.Command] = [show, diff, export]

@@ -1,0 +1,269 @@
+"""`autodist-plan export --to paddle-parallelize`: the exported dist.parallelize config lays the
+parameters out exactly as the plan says (checked with real Paddle, in one process, and against
+``apply_plan`` on 4 ranks).
+
+This file is also the rank program of the multi-process test:
+``python tests/test_export.py PLAN CONFIG OUT_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+from click.testing import CliRunner
+
+from autodist.planner.export import ExportError, export_parallelize, paddle_key_matches
+from autodist.planner.review_commands import export
+from autodist.schemas import Block, Plan, load_plan, save_plan
+
+
+def placements_of(param) -> list[str] | None:
+    """A Paddle parameter's placements in plan notation; None for a dense tensor."""
+    if not param.is_dist():
+        return None
+    out = []
+    for p in param.placements:
+        if p.is_replicated():
+            out.append("R")
+        elif p.is_shard():
+            out.append(f"S({p.get_dim()})")
+        else:
+            out.append("P")
+    return out
+
+
+def expected_layout(plan: Plan, fqn: str) -> tuple[list[str], list[int]]:
+    """(placements without the pp dim, process ids of the stage's mesh) the plan asks for."""
+    param, names = plan.params[fqn], plan.mesh.dim_names
+    ids, shape = plan.mesh.process_ids, plan.mesh.shape
+    if "pp" in names:
+        per_stage = len(ids) // shape[0]
+        ids = ids[param.stage * per_stage : (param.stage + 1) * per_stage]
+    return [p for d, p in zip(names, param.placements) if d != "pp"], list(ids)
+
+
+def actual_layout(param, stage_width: int) -> tuple[list[str], list[int] | None]:
+    """(placements, process ids) of a parameter after distribution; a dense one counts as
+    replicated, since every rank holds all of it."""
+    placements = placements_of(param)
+    if placements is None:
+        return ["R"] * stage_width, None
+    return placements, list(param.process_mesh.process_ids)
+
+
+def parallelize_with(namespace: dict, model):
+    """Run the exported module's ``parallelize`` (``namespace``: the module's globals)."""
+    model, _ = namespace["parallelize"](model, None)
+    return model
+
+
+def run_source(source: str) -> dict:
+    namespace: dict = {}
+    exec(compile(source, "exported_config", "exec"), namespace)
+    return namespace
+
+
+def assert_exported_layout_matches(plan: Plan, model) -> None:
+    model = parallelize_with(run_source(export_parallelize(plan)), model)
+    width = len([d for d in plan.mesh.dim_names if d != "pp"])
+    problems = []
+    for fqn, param in model.named_parameters():
+        want_placements, want_ids = expected_layout(plan, fqn)
+        got_placements, got_ids = actual_layout(param, width)
+        if got_placements != want_placements or got_ids not in (None, want_ids):
+            problems.append(f"{fqn}: exported gives {got_placements} on {got_ids}, plan {want_placements} on {want_ids}")
+    assert not problems, "\n".join(problems)
+
+
+# -- what the exported module says -------------------------------------------------------------------
+
+
+def test_keys_collapse_over_32_layers():
+    from test_show import layered_plan
+
+    source = export_parallelize(layered_plan(layers=32, dp=2, mp=2))
+    assert source.count("dist.ColWiseParallel()") == 1 and source.count("dist.RowWiseParallel()") == 1
+    assert '"llama.layers.*.self_attn.q_proj": dist.ColWiseParallel(),' in source
+    assert '"dp_config": {"sharding_level": 0}' in source
+
+
+def test_a_subset_of_layers_gets_an_alternation_key():
+    from test_show import layered_plan
+
+    plan = layered_plan(layers=4, mp=2)
+    for i in (2, 3):
+        plan.params[f"llama.layers.{i}.self_attn.q_proj.weight"].placements = ["R"]
+    source = export_parallelize(plan)
+    assert '"llama.layers.(0|1).self_attn.q_proj": dist.ColWiseParallel(),' in source
+    key = "llama.layers.(0|1).self_attn.q_proj"
+    assert paddle_key_matches(key, "llama.layers.1.self_attn.q_proj", {"weight"})
+    assert not paddle_key_matches(key, "llama.layers.2.self_attn.q_proj", {"weight"})
+
+
+def test_paddle_key_matching_follows_paddle():
+    # a key naming a parameter applies to the layer that owns it
+    assert paddle_key_matches("lm_head.weight", "lm_head", {"weight"})
+    assert not paddle_key_matches("lm_head.weight", "lm_head", set())
+    # keys are full-length regular expressions
+    assert paddle_key_matches("llama.layers.*.mlp", "llama.layers.12.mlp", set())
+    assert not paddle_key_matches("llama.layers.*.mlp", "llama.layers.12.mlp.up_proj", set())
+
+
+def test_pipeline_split_points_and_no_dp_config_without_dp():
+    from test_show import layered_plan
+
+    source = export_parallelize(layered_plan(layers=4, mp=2, pp=2))
+    assert '"llama.layers.1": dist.SplitPoint.END,' in source
+    assert "dp_config" not in source
+    assert 'dim_names=["pp", "mp"]' in source
+
+
+def test_what_paddle_cannot_express_is_an_error():
+    from test_show import layered_plan
+
+    plan = layered_plan(layers=2, dp=2, mp=2)
+    plan.params["llama.layers.0.self_attn.q_proj.weight"].placements = ["S(0)", "R"]
+    with pytest.raises(ExportError, match=r"llama.layers.0.self_attn.q_proj.weight: S\(0\) on dp"):
+        export_parallelize(plan)
+
+
+def test_cli_writes_a_file_or_stdout(tmp_path):
+    from test_show import EXAMPLE
+
+    out = tmp_path / "config.py"
+    result = CliRunner().invoke(export, [str(EXAMPLE), "--to", "paddle-parallelize", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    compile(text, str(out), "exec")
+    assert '"layers.0.mlp.fc_in": dist.ColWiseParallel(),' in text
+    assert "PrepareLayerOutput(reshard_output([dist.Replicate(), dist.Replicate()]))" in text
+    result = CliRunner().invoke(export, [str(EXAMPLE), "--to", "paddle-parallelize"])
+    assert result.exit_code == 0 and result.output == text
+
+
+def test_cli_error_is_one_line_exit_2(tmp_path):
+    from test_show import layered_plan
+
+    plan = layered_plan(layers=2, dp=2, mp=2)
+    plan.params["llama.layers.0.self_attn.q_proj.weight"].placements = ["S(0)", "R"]
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    out = tmp_path / "config.py"
+    result = CliRunner().invoke(export, [str(path), "--to", "paddle-parallelize", "-o", str(out)])
+    assert result.exit_code == 2 and result.output.startswith("error: ")
+    assert len(result.output.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_help_has_an_example():
+    result = CliRunner().invoke(export, ["--help"])
+    assert result.exit_code == 0 and "autodist-plan export plan.json --to paddle-parallelize" in result.output
+
+
+# -- real Paddle, one process: the exported config gives the planned placements ---------------------
+
+
+@pytest.mark.parametrize("dp, mp", [(2, 2), (1, 2)])
+def test_exported_config_places_parameters_as_planned(dp, mp):
+    from harness.plans import tensor_parallel_plan
+    from harness.workloads import WORKLOADS
+
+    workload = WORKLOADS["docstring_llama"]
+    plan = tensor_parallel_plan(workload.build(0), dp=dp, mp=mp)
+    assert_exported_layout_matches(plan, workload.build(0))
+
+
+@pytest.mark.slow
+def test_exported_pipeline_config_puts_parameters_on_their_stage():
+    from harness.plans import tensor_parallel_plan
+    from harness.workloads import WORKLOADS
+
+    workload = WORKLOADS["paddleformers_llama"]
+    flat = tensor_parallel_plan(workload.build(0), dp=1, mp=2)
+    base = next(f for f in flat.params if ".layers." in f).split(".layers.")[0]  # "model" in paddleformers 1.2
+    layers = sorted({int(f.split(".")[2]) for f in flat.params if f.startswith(f"{base}.layers.")})
+    first_stage = {f"{base}.layers.{i}" for i in layers[: len(layers) // 2]}
+
+    def stage_of(fqn: str) -> int:
+        if fqn.startswith(f"{base}.embed_tokens"):
+            return 0
+        return 0 if any(fqn.startswith(prefix + ".") for prefix in first_stage) else 1
+
+    params = {
+        fqn: msgspec.structs.replace(p, placements=["R", *p.placements], stage=stage_of(fqn))
+        for fqn, p in flat.params.items()
+    }
+    plan = msgspec.structs.replace(
+        flat,
+        mesh=msgspec.structs.replace(flat.mesh, dim_names=["pp", "mp"], shape=[2, 2], process_ids=[0, 1, 2, 3]),
+        cluster=msgspec.structs.replace(flat.cluster, devices_per_node=4),
+        strategy=msgspec.structs.replace(flat.strategy, pp=2, schedule="sequential"),
+        params=params,
+        blocks=[Block(layer=f"{base}.layers.{i}", kind="llama_decoder", stage=stage_of(f"{base}.layers.{i}.x")) for i in layers],
+    )
+    load_plan(plan)  # consistent
+    assert_exported_layout_matches(plan, workload.build(0))
+
+
+# -- 4 ranks: the exported config and apply_plan agree ---------------------------------------------------
+
+
+@pytest.mark.multiprocess
+def test_exported_config_matches_apply_plan_on_4_ranks(tmp_path):
+    pytest.importorskip("autodist.applier.apply", reason="apply_plan is not committed yet")
+    from harness.launcher import launch_ranks
+    from harness.plans import tensor_parallel_plan, write_plan
+    from harness.workloads import WORKLOADS
+
+    plan = tensor_parallel_plan(WORKLOADS["docstring_llama"].build(0), dp=2, mp=2)
+    plan_path = write_plan(plan, tmp_path / "plan.json")
+    config = tmp_path / "parallel_config.py"
+    config.write_text(export_parallelize(plan))
+    out = tmp_path / "out"
+    out.mkdir()
+    job = launch_ranks(4, [__file__, plan_path, str(config), str(out)], tmp_path, timeout_s=240)
+    job.raise_for_failure()
+    for rank in range(4):
+        layouts = json.loads((out / f"rank{rank}.json").read_text())
+        assert layouts["apply_plan"].keys() == layouts["parallelize"].keys()
+        different = {
+            fqn: (layouts["apply_plan"][fqn], layouts["parallelize"][fqn])
+            for fqn in layouts["apply_plan"]
+            if layouts["apply_plan"][fqn] != layouts["parallelize"][fqn]
+        }
+        assert not different, f"rank {rank}: apply_plan vs exported config: {different}"
+
+
+def rank_main(plan_path: str, config_path: str, out_dir: str) -> None:
+    """On every rank: lay the same model out with apply_plan and with the exported config, and
+    write both layouts (placements, mesh, local shard shape) per parameter."""
+    from harness.workloads import WORKLOADS
+
+    from autodist import apply_plan
+
+    plan = load_plan(plan_path)
+    width = len([d for d in plan.mesh.dim_names if d != "pp"])
+    workload = WORKLOADS["docstring_llama"]
+
+    def layouts(model) -> dict:
+        return {
+            fqn: [*actual_layout(p, width), list(p._local_value().shape if p.is_dist() else p.shape)]
+            for fqn, p in model.named_parameters()
+        }
+
+    applied, _, _ = apply_plan(workload.build(0), None, None, plan)
+    exported = parallelize_with(runpy.run_path(config_path), workload.build(0))
+    rank = int(os.environ.get("PADDLE_TRAINER_ID", 0))
+    result = {"apply_plan": layouts(applied), "parallelize": layouts(exported)}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    rank_main(*sys.argv[1:4])
