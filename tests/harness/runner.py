@@ -16,7 +16,9 @@ from pathlib import Path
 from .jobs import BadPlanCase, Job, TrainRun, output_path
 from .launcher import JobResult, launch_nodes, launch_ranks
 
-RANK_PROGRAM = ["-m", "harness.rank_main"]
+RANK_MODULE = ["-m", "harness.rank_main"]
+#: paddle.distributed.launch takes a script path, not ``-m``.
+RANK_SCRIPT = [str(Path(__file__).with_name("rank_main.py"))]
 
 
 def start_job(job: Job, nranks: int, workdir: Path, timeout_s: float = 180.0, nodes: int = 1) -> JobResult:
@@ -24,8 +26,8 @@ def start_job(job: Job, nranks: int, workdir: Path, timeout_s: float = 180.0, no
     Path(job.out_dir).mkdir(parents=True, exist_ok=True)
     job_file = job.save(workdir / "job.json")
     if nodes > 1:
-        return launch_nodes(nodes, nranks // nodes, [*RANK_PROGRAM, str(job_file)], workdir, timeout_s)
-    return launch_ranks(nranks, [*RANK_PROGRAM, str(job_file)], workdir, timeout_s)
+        return launch_nodes(nodes, nranks // nodes, [*RANK_SCRIPT, str(job_file)], workdir, timeout_s)
+    return launch_ranks(nranks, [*RANK_MODULE, str(job_file)], workdir, timeout_s)
 
 
 def read_outputs(out_dir: str | Path, name: str, nranks: int) -> list[dict]:
