@@ -252,10 +252,14 @@ def rank_main(plan_path: str, config_path: str, out_dir: str) -> None:
     workload = WORKLOADS["docstring_llama"]
 
     def layouts(model) -> dict:
-        return {
-            fqn: [*actual_layout(p, width), list(p._local_value().shape if p.is_dist() else p.shape)]
-            for fqn, p in model.named_parameters()
-        }
+        out = {}
+        for fqn, p in model.named_parameters():
+            placements, ids = actual_layout(p, width)
+            # dist.parallelize leaves the model's own parameters dense: whole on every rank of
+            # the (one-stage) mesh, which is what replicated on that mesh means.
+            ids = ids if ids is not None else expected_layout(plan, fqn)[1]
+            out[fqn] = [placements, ids, list(p._local_value().shape if p.is_dist() else p.shape)]
+        return out
 
     applied, _, _ = apply_plan(workload.build(0), None, None, plan)
     exported = parallelize_with(runpy.run_path(config_path), workload.build(0))
