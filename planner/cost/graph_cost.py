@@ -1,0 +1,348 @@
+"""Derive a :class:`ModelCost` from the traced graph: FLOPs, saved activations, collectives.
+
+Nothing here knows an architecture. Per block (the node set the matcher assigned to it):
+
+- FLOPs: every ``pd_op.matmul`` costs 2 x (output elements) x (contracted dim). A matmul with a
+  weight scales with the tokens (b*s); one of two activations (attention scores, scores x V)
+  with b*s^2.
+- Saved activations: what each op's backward kernel reads (``matmul_grad(x, y)``,
+  ``softmax_grad(out)``, ``gelu_grad(x)``, ``dropout_grad(mask)``, ``layer_norm_grad(x, mean,
+  var)`` ... see ``_SAVED``), each tensor counted once however many ops read it, parameters
+  and constants excluded. Floating-point tensors are counted in elements (priced at the
+  training dtype), boolean/uint8 masks at one byte.
+- Tensor-parallel region: a value is *inside* when it descends from a column-parallel
+  linear and has not yet passed a row-parallel one; those are split over mp, the rest not
+  (Korthikanti et al.). Forward all-reduces: row-parallel outputs; backward all-reduces: the
+  distinct inputs of column-parallel linears.
+
+Dynamic dims (-1) are counted as 1, consistently with the traced token count, so coefficients
+come out per token either way.
+
+Example::
+
+    >>> cost = model_cost(analysis)                           # doctest: +SKIP
+    >>> cost.blocks[0].flops_per_token == 24 * h * h          # a GPT block, bias adds aside
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable
+
+import networkx as nx
+
+from .blocks import BlockCost, EdgeCost, ModelCost, Saved
+
+if TYPE_CHECKING:
+    from autodist.planner.analysis import ModelAnalysis
+
+Value = tuple[int, int]  # (producing node, result index)
+
+#: op -> (operand indices, result indices) its backward kernel keeps, whatever needs grad.
+_SAVED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "pd_op.softmax": ((), (0,)),
+    "pd_op.exp": ((), (0,)),
+    "pd_op.sigmoid": ((), (0,)),
+    "pd_op.tanh": ((), (0,)),
+    "pd_op.rsqrt": ((), (0,)),
+    "pd_op.sqrt": ((), (0,)),
+    "pd_op.relu": ((), (0,)),
+    "pd_op.dropout": ((), (1,)),  # the mask
+    "pd_op.gelu": ((0,), ()),
+    "pd_op.silu": ((0,), (0,)),
+    "pd_op.swiglu": ((0, 1), ()),
+    "pd_op.pow": ((0,), ()),
+    "pd_op.square": ((0,), ()),
+    "pd_op.log": ((0,), ()),
+    "pd_op.sin": ((0,), ()),
+    "pd_op.cos": ((0,), ()),
+    "pd_op.where": ((0,), ()),  # the condition; x and y only for their shapes
+    "pd_op.layer_norm": ((0,), (1, 2)),  # x, mean, variance
+    "pd_op.rms_norm": ((0,), ()),
+    "pd_op.flash_attn": ((0, 1, 2), (0, 1)),  # q, k, v, out, softmax_lse
+    "pd_op.cross_entropy_with_softmax": ((), (0,)),
+}
+#: Binary ops whose backward for one operand reads the other (z = x*y: dx = dz*y, dy = dz*x).
+_CROSS_SAVED = frozenset({"pd_op.matmul", "pd_op.multiply", "pd_op.divide"})
+#: Ops that only move or retype a tensor: a weight seen through them is still the weight.
+_VIEW_OPS = frozenset({"pd_op.transpose", "pd_op.reshape", "pd_op.cast", "pd_op.assign"})
+_MASK_DTYPES = frozenset({"bool", "uint8", "int8"})
+_FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Which parameters of a block are split over mp, and how."""
+
+    column: frozenset[str]  # weights of column-parallel linears
+    row: frozenset[str]  # weights of row-parallel linears
+    split: frozenset[str]  # every parameter divided over mp (those weights and column biases)
+
+
+class GraphFacts:
+    """Per-value facts over the whole graph, computed once: shapes, weights, grad-needs."""
+
+    def __init__(self, graph: nx.DiGraph):
+        self.graph = graph
+        self.order = list(nx.topological_sort(graph))
+        self.inputs: dict[int, dict[int, Value]] = {
+            n: {d["operand"]: (u, d["result"]) for u, _, d in graph.in_edges(n, data=True)} for n in graph
+        }
+        self.weight_of: dict[Value, str] = {}  # value -> parameter FQN it is a view of
+        self.needs_grad: set[Value] = set()
+        for n in self.order:
+            node = graph.nodes[n]
+            if node["op"] == "builtin.parameter":
+                if node["param"]:
+                    self.weight_of[(n, 0)] = node["param"]
+                    self.needs_grad.add((n, 0))
+                continue
+            sources = list(self.inputs[n].values())
+            if node["op"] in _VIEW_OPS and len(sources) == 1 and sources[0] in self.weight_of:
+                self.weight_of[(n, 0)] = self.weight_of[sources[0]]
+            if any(v in self.needs_grad for v in sources):
+                for r, dtype in enumerate(node["dtypes"]):
+                    if dtype in _FLOAT_DTYPES or dtype is None:  # None: a vector (unbind, combine)
+                        self.needs_grad.add((n, r))
+
+    def shape(self, value: Value) -> list[int] | None:
+        shapes = self.graph.nodes[value[0]]["shapes"]
+        return shapes[value[1]] if value[1] < len(shapes) else None
+
+    def numel(self, value: Value) -> int:
+        shape = self.shape(value)
+        return math.prod(d if d > 0 else 1 for d in shape) if shape is not None else 0
+
+    def dtype(self, value: Value) -> str | None:
+        dtypes = self.graph.nodes[value[0]]["dtypes"]
+        return dtypes[value[1]] if value[1] < len(dtypes) else None
+
+    def is_activation(self, value: Value) -> bool:
+        return value not in self.weight_of and self.graph.nodes[value[0]]["op"] != "builtin.parameter"
+
+    def saved_by(self, n: int) -> list[Value]:
+        """The activations node ``n``'s backward keeps (empty when nothing it reads needs grad)."""
+        op = self.graph.nodes[n]["op"]
+        inputs = self.inputs[n]
+        if not any(v in self.needs_grad for v in inputs.values()):
+            return []
+        saved: list[Value] = []
+        if op in _CROSS_SAVED:
+            for i, value in inputs.items():
+                others = [v for j, v in inputs.items() if j != i]
+                if any(v in self.needs_grad for v in others):
+                    saved.append(value)
+            if op == "pd_op.divide" and inputs.get(1) in self.needs_grad:
+                saved.append((n, 0))
+        elif op in _SAVED:
+            operands, results = _SAVED[op]
+            saved += [inputs[i] for i in operands if i in inputs]
+            saved += [(n, r) for r in results]
+        return [v for v in saved if self.is_activation(v) and self.numel(v) > 0]
+
+
+@dataclass
+class _Walk:
+    """What one pass over a set of nodes found, in traced units (not yet per token)."""
+
+    flops_weight: float = 0.0
+    flops_activation: float = 0.0
+    flops_by_weight: dict[str, float] = field(default_factory=dict)
+    saved: dict[Value, str] = field(default_factory=dict)  # -> "outside" | "inside" | "inside_seq"
+    allreduce_fwd: float = 0.0
+    allreduce_bwd: float = 0.0
+
+
+def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = None) -> _Walk:
+    """FLOPs, saved tensors and mp collectives of ``nodes`` (in topological order)."""
+    roles = roles or Roles(frozenset(), frozenset(), frozenset())
+    wanted = set(nodes)
+    graph = facts.graph
+    inside: set[Value] = set()  # in the tensor-parallel region
+    quadratic: set[Value] = set()  # attention-score shaped (b * s * s)
+    walk = _Walk()
+    column_inputs: set[Value] = set()
+    for n in facts.order:
+        if n not in wanted:
+            continue
+        node = graph.nodes[n]
+        op = node["op"]
+        inputs = facts.inputs[n]
+        acts = [v for v in inputs.values() if facts.is_activation(v)]
+        weights = [facts.weight_of[v] for v in inputs.values() if v in facts.weight_of]
+        if op == "pd_op.matmul":
+            x, y = inputs.get(0), inputs.get(1)
+            if x is None or y is None:
+                continue
+            k_dim = facts.shape(x)[-2 if node["attrs"].get("transpose_x") else -1]
+            flops = 2.0 * facts.numel((n, 0)) * max(k_dim, 1)
+            if weights:
+                walk.flops_weight += flops
+                walk.flops_by_weight[weights[0]] = walk.flops_by_weight.get(weights[0], 0.0) + flops
+                if weights[0] in roles.column:
+                    inside.add((n, 0))
+                    column_inputs.update(acts)
+                elif weights[0] in roles.row:
+                    walk.allreduce_fwd += facts.numel((n, 0))
+                elif any(v in inside for v in acts):
+                    inside.add((n, 0))
+            else:
+                walk.flops_activation += flops
+                if any(v in inside for v in acts):
+                    inside.add((n, 0))
+                if not any(v in quadratic for v in acts):
+                    quadratic.add((n, 0))
+        elif op == "pd_op.flash_attn" and 0 in inputs and 1 in inputs:
+            seq_k = facts.shape(inputs[1])[1]
+            walk.flops_activation += 4.0 * facts.numel(inputs[0]) * max(seq_k, 1)
+            if any(v in inside for v in acts):
+                inside.update((n, r) for r in range(len(node["shapes"])))
+        else:
+            for r in range(len(node["shapes"])):
+                if any(v in inside for v in acts):
+                    inside.add((n, r))
+                if any(v in quadratic and facts.numel(v) == facts.numel((n, r)) for v in acts):
+                    quadratic.add((n, r))
+        for value in facts.saved_by(n):
+            if value in quadratic:
+                walk.saved[value] = "inside_seq"
+            else:
+                walk.saved.setdefault(value, "inside" if value in inside else "outside")
+    walk.allreduce_bwd = float(sum(facts.numel(v) for v in column_inputs))
+    return walk
+
+
+def _saved(facts: GraphFacts, walk: _Walk, kind: str, per: float) -> Saved:
+    floats = masks = 0.0
+    for value, where in walk.saved.items():
+        if where != kind:
+            continue
+        dtype = facts.dtype(value)
+        if dtype in _FLOAT_DTYPES:
+            floats += facts.numel(value)
+        elif dtype in _MASK_DTYPES:
+            masks += facts.numel(value)
+    return Saved(floats / per, masks / per)
+
+
+def block_cost(facts: GraphFacts, nodes: Iterable[int], layer: str, roles: Roles,
+               params: dict[str, int], tokens: int, seq: int, **shape: int) -> BlockCost:
+    """One block's :class:`BlockCost`. ``params``: numel of the block's parameters by FQN;
+    ``tokens``/``seq``: the traced batch x sequence and sequence (dynamic dims as 1);
+    ``shape``: ``num_heads``, ``num_kv_heads``, ``intermediate_size`` for the constraints."""
+    nodes = set(nodes)
+    walk = walk_nodes(facts, nodes, roles)
+    outputs = [facts.numel((u, d["result"])) for u, v, d in facts.graph.edges(data=True) if u in nodes and v not in nodes]
+    return BlockCost(
+        layer=layer,
+        params_split=sum(n for fqn, n in params.items() if fqn in roles.split),
+        params_whole=sum(n for fqn, n in params.items() if fqn not in roles.split),
+        flops_per_token=walk.flops_weight / tokens,
+        flops_per_token_seq=walk.flops_activation / (tokens * seq),
+        saved_outside=_saved(facts, walk, "outside", tokens),
+        saved_inside=_saved(facts, walk, "inside", tokens),
+        saved_inside_seq=_saved(facts, walk, "inside_seq", tokens * seq),
+        allreduce_fwd_per_token=walk.allreduce_fwd / tokens,
+        allreduce_bwd_per_token=walk.allreduce_bwd / tokens,
+        output_per_token=max(outputs, default=0) / tokens,
+        **shape,
+    )
+
+
+def traced_tokens(analysis: ModelAnalysis) -> tuple[int, int]:
+    """(batch x seq, seq) of the traced input, dynamic dims counted as 1 like the graph's."""
+    shape = analysis.input_specs[0].shape if analysis.input_specs else [1, 1]
+    batch, seq = (max(d, 1) for d in (list(shape) + [1, 1])[:2])
+    return batch * seq, seq
+
+
+def model_cost(analysis: ModelAnalysis) -> ModelCost:
+    """The cost description of an analysed model (see the module docstring).
+
+    Example::
+
+        >>> cost = model_cost(analyze(traced, graph, model))   # doctest: +SKIP
+        >>> len(cost.blocks), cost.vocab_size
+        (32, 32000)
+    """
+    facts = GraphFacts(analysis.graph)
+    tokens, seq = traced_tokens(analysis)
+    numel = {fqn: math.prod(shape) for fqn, (shape, _dtype) in analysis.params.items()}
+    blocks, in_blocks, block_params = [], set(), set()
+    for info in analysis.blocks:
+        roles = _roles(info.linears)
+        mine = {fqn: n for fqn, n in numel.items() if fqn.startswith(info.layer + ".")}
+        block_params.update(mine)
+        in_blocks.update(info.nodes)
+        blocks.append(block_cost(facts, info.nodes, info.layer, roles, mine, tokens, seq,
+                                 num_heads=info.num_heads, num_kv_heads=info.num_kv_heads,
+                                 intermediate_size=info.intermediate_size))
+    first, last, notes = _edges(analysis, facts, numel, block_params, in_blocks, tokens)
+    batch = analysis.batch_size if analysis.batch_size > 0 else 1
+    return ModelCost(blocks=tuple(blocks), hidden_size=blocks[0].output_per_token if blocks else 0,
+                     vocab_size=analysis.vocab_size, first=first, last=last,
+                     traced_batch=batch, traced_seq=analysis.seq_len if analysis.seq_len > 0 else seq,
+                     notes=tuple(notes))
+
+
+def _roles(linears) -> Roles:
+    column = {u.weight for u in linears if u.role == "column"}
+    row = {u.weight for u in linears if u.role == "row"}
+    column_biases = {u.bias for u in linears if u.role == "column" and u.bias}
+    return Roles(frozenset(column), frozenset(row), frozenset(column | row | column_biases))
+
+
+def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set[str], in_blocks: set[int],
+           tokens: int) -> tuple[EdgeCost, EdgeCost, list[str]]:
+    """Embedding side and head side: graph nodes outside the blocks, split at the blocks'
+    position in program order, plus the LM head from its weight when it was not traced."""
+    notes = []
+    head = analysis.lm_head.weight if analysis.lm_head else None
+    vocab_params = {p for p in (analysis.embedding, head) if p}
+    last_params = set(analysis.final_norm) | ({head} if head else set())
+    boundary = min(in_blocks) if in_blocks else max(facts.graph.nodes, default=0) + 1
+    sides = {"first": [], "last": []}
+    for n in facts.graph.nodes:
+        if n not in in_blocks:
+            sides["first" if n < boundary else "last"].append(n)
+    walks = {side: walk_nodes(facts, nodes) for side, nodes in sides.items()}
+    edges = {}
+    for side, walk in walks.items():
+        on_side = {fqn for fqn in numel if fqn not in block_params and (fqn in last_params) == (side == "last")}
+        vocab_flops = sum(f for w, f in walk.flops_by_weight.items() if w in vocab_params)
+        saved = _saved(facts, walk, "outside", tokens) + _saved(facts, walk, "inside", tokens)
+        edges[side] = dict(
+            params_vocab=sum(numel[p] for p in on_side if p in vocab_params),
+            params_whole=sum(numel[p] for p in on_side if p not in vocab_params),
+            flops_vocab_per_token=vocab_flops / tokens,
+            flops_whole_per_token=(walk.flops_weight - vocab_flops) / tokens,
+            saved_whole=saved,
+        )
+    hidden = analysis.blocks[0].hidden_size if analysis.blocks else 0
+    if analysis.embedding:
+        edges["first"]["allreduce_fwd_per_token"] = hidden  # vocab-parallel embedding output
+    if head:
+        traced_head = head in walks["last"].flops_by_weight or head in walks["first"].flops_by_weight
+        if not traced_head:
+            # Outside the traced sub-layer (PaddleFormers traces only the decoder): price the
+            # head's matmul from its weight shape, and keep its input for backward.
+            edges["last"]["flops_vocab_per_token"] += 2.0 * numel[head]
+            edges["last"]["saved_whole"] = edges["last"]["saved_whole"] + Saved(floats=hidden)
+            notes.append(f"{analysis.lm_head.layer} was not traced; its cost comes from the weight shape")
+        vocab = analysis.vocab_size or 0
+        # Logits plus the loss's fp32 softmax: Korthikanti's 4sbv bytes at 2-byte elements.
+        edges["last"]["saved_vocab"] = Saved(floats=2.0 * vocab)
+        edges["last"]["allreduce_bwd_per_token"] = hidden  # column-parallel head input gradient
+    return EdgeCost(**edges["first"]), EdgeCost(**edges["last"]), notes
+
+
+def implicit_bytes_per_token(analysis: ModelAnalysis, mp: int, sequence_parallel: bool) -> float:
+    """Implicit communication (from the analysis) per traced token, 0 when it is unavailable."""
+    try:
+        from autodist.planner.analysis import implicit_comm
+    except ImportError:
+        return 0.0
+    tokens, _ = traced_tokens(analysis)
+    return sum(c.bytes_per_step for c in implicit_comm(analysis, mp, sequence_parallel)) / tokens
