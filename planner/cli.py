@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from autodist.schemas import plan_json_schema
+from autodist.schemas import dump_plan, plan_json_schema, save_plan
 
 from .errors import PlannerError
 
@@ -85,6 +85,88 @@ def cli() -> None:
       autodist-plan model.py --devices 4 -o plan.json
       autodist-plan schema
     """
+
+
+@cli.command()
+@click.argument("target")
+@input_spec_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Plan file to write (default: stdout).")
+@click.option("--devices", type=int, default=1, show_default=True, help="Devices per node.")
+@click.option("--nodes", type=int, default=1, show_default=True, help="Number of nodes.")
+@click.option("--dp", type=int, help="Data-parallel degree (searched when left out).")
+@click.option("--mp", type=int, help="Tensor (model) parallel degree (searched when left out).")
+@click.option("--pp", type=int, help="Pipeline-parallel degree (searched when left out).")
+@click.option("--sequence-parallel/--no-sequence-parallel", default=None, help="Force sequence parallelism on or off.")
+@click.option("--sharding-stage", type=click.IntRange(0, 3), help="ZeRO stage over the dp group (0-3).")
+@click.option("--micro-batches", type=int, help="Pipeline micro-batches per step.")
+@click.option("--schedule", type=click.Choice(["sequential", "1F1B", "VPP"]), help="Pipeline schedule.")
+@click.option("--device", "device_name", metavar="NAME", help="Device profile: a100-40g, a100-80g, h100-sxm, h200, cpu.")
+@click.option("--cluster", "cluster_file", type=click.Path(exists=True, dir_okay=False), help="cluster.toml with the device's figures.")
+@click.option("--global-batch-size", type=int, help="Samples per optimizer step over all ranks.")
+@click.option("--micro-batch-size", type=int, help="Samples per micro-batch per rank.")
+@click.option("--seq-len", type=int, help="Sequence length to price (default: the input spec's).")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
+@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True)
+@click.option("--explain", is_flag=True, help="Print the ranked strategies and why on stderr.")
+@click.option("-q", "--quiet", is_flag=True, help="No summary and no warnings on stderr.")
+@click.pass_context
+@reports_planner_errors
+def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: str | None, explain: bool,
+         quiet: bool, device_name: str | None, cluster_file: str | None, **options) -> None:
+    """Plan how TARGET (model.py, model.py:factory or pkg.module:factory) runs on the cluster.
+
+    \b
+    Example:
+      autodist-plan plans/llama_docstring/model.py --devices 4 -o plan.json
+      autodist-plan model.py --devices 8 --nodes 2 --mp 8 --device h100-sxm --explain -o plan.json
+    """
+    from .cost.hardware import resolve_device
+    from .emit import plan_target
+    from .search import SearchRequest
+
+    request = SearchRequest(
+        devices_per_node=options.pop("devices"),
+        nodes=options.pop("nodes"),
+        device=resolve_device(device_name, cluster_file),
+        **options,
+    )
+    made = plan_target(target, list(input_specs) or None, request, planner_arguments(ctx))
+    if output:
+        save_plan(made.plan, output)
+    else:
+        click.echo(dump_plan(made.plan).decode(), nl=False)
+    if explain:
+        from .explain import explain_table
+
+        click.echo(explain_table(made.result), err=True)
+    if not quiet:
+        for layer in made.analysis.unmatched:
+            click.echo(f"warning: layer {layer}: no pattern matched it; its parameters stay replicated", err=True)
+        click.echo(f"planned {describe_strategy(made.plan.strategy)} on {request.world} devices"
+                   + (f" -> {output}" if output else ""), err=True)
+
+
+def planner_arguments(ctx: click.Context) -> dict[str, str]:
+    """The options that shape a plan, as strings, for its provenance (not where it is written)."""
+    skipped = {"output", "quiet", "explain"}
+    return {
+        name: ",".join(value) if isinstance(value, tuple) else str(value)
+        for name, value in sorted(ctx.params.items())
+        if name not in skipped and value not in (None, ())
+    }
+
+
+def describe_strategy(strategy) -> str:
+    """``"pp2 x dp2 x mp2, sequence parallel, ZeRO-1, 4 micro-batches (1F1B)"``."""
+    parts = [" x ".join(f"{name}{getattr(strategy, name)}" for name in ("pp", "dp", "mp"))]
+    if strategy.sequence_parallel:
+        parts.append("sequence parallel")
+    if strategy.sharding_stage:
+        parts.append(f"ZeRO-{strategy.sharding_stage}")
+    if strategy.pp > 1:
+        parts.append(f"{strategy.micro_batches} micro-batches ({strategy.schedule})")
+    return ", ".join(parts)
 
 
 @cli.command()

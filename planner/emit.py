@@ -1,0 +1,341 @@
+"""Turn the model analysis and the chosen strategy into a :class:`autodist.schemas.Plan`.
+
+What goes where:
+
+- mesh ``pp, dp, mp`` (dims of size one left out, at least one dim); ``R`` on pp and dp;
+- on mp: column-parallel linears ``S(split_dim)`` (bias ``S(0)``), row-parallel ``S(split_dim)``
+  (bias ``R``), the embedding split over the vocabulary and the LM head column-parallel when
+  the vocabulary divides; everything else (norms, unmatched layers) replicated;
+- pipeline stages: blocks split as evenly as possible (earlier stages take the extra block),
+  what runs before the first block on stage 0, what runs after the last on the last stage, and a
+  ``stage_handoff`` post-hook on each stage's last block;
+- sequence parallelism: ``sequence_parallel_begin`` after the embedding, ``..._end`` / ``..._begin``
+  around every sub-layer that mixes positions (attention), ``reshard`` around position-wise ones
+  (MLP), ``sequence_parallel_end`` after the final norm — the hooks ``to_distributed`` installs;
+- the data plan, the analysis's reshard hooks and implicit communication, notes, provenance.
+
+Example::
+
+    >>> plan = build_plan(analysis, search(analysis, request), request, {"target": "model.py"})  # doctest: +SKIP
+    >>> plan.params["layers.0.self_attn.q_proj.weight"].placements
+    ['R', 'S(1)']
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import metadata
+
+import paddle
+
+from autodist.schemas import (
+    Alternatives,
+    Block,
+    Cluster,
+    DataPlan,
+    Hook,
+    InputSpec,
+    Mesh,
+    ModelInfo,
+    ParamPlan,
+    Plan,
+    Provenance,
+    Strategy,
+)
+
+from .analysis import LinearUse, ModelAnalysis, analyze, implicit_comm, reshard_hooks
+from .errors import PlannerError
+from .graph import build_graph
+from .load import load_target
+from .search import SearchRequest, SearchResult, search
+from .trace import trace_model
+
+MESH_DIM_ORDER = ("pp", "dp", "mp")
+#: Ops that mix information across sequence positions: a sub-layer holding one needs the whole
+#: sequence, so sequence parallelism gathers its input and re-splits its output.
+SEQUENCE_MIXING_OPS = frozenset(
+    {"pd_op.softmax", "pd_op.flash_attn", "pd_op.flash_attn_unpadded", "pd_op.memory_efficient_attention",
+     "pd_op.fused_dot_product_attention", "pd_op.variable_length_memory_efficient_attention"}
+)
+
+
+@dataclass
+class PlannedModel:
+    plan: Plan
+    analysis: ModelAnalysis
+    result: SearchResult
+
+
+def plan_target(
+    target: str, input_specs: list[str] | None, request: SearchRequest, arguments: dict[str, str]
+) -> PlannedModel:
+    """The whole offline phase: load -> trace -> graph -> analyze -> check degrees -> search -> plan.
+
+    >>> made = plan_target("plans/llama_docstring/model.py", None, SearchRequest(devices_per_node=4),
+    ...                    {"target": "plans/llama_docstring/model.py"})   # doctest: +SKIP
+    >>> made.plan.strategy.dp * made.plan.strategy.mp
+    4
+    """
+    loaded = load_target(target, input_specs)
+    traced = trace_model(loaded.model, loaded.input_specs)
+    analysis = analyze(traced, build_graph(traced), loaded.model)
+    check_fixed_degrees(analysis, request)
+    result = search(analysis, request)
+    return PlannedModel(plan=build_plan(analysis, result, request, arguments), analysis=analysis, result=result)
+
+
+def check_fixed_degrees(analysis: ModelAnalysis, request: SearchRequest) -> None:
+    """Reject degrees the user fixed that this model cannot take, with the reason in one line.
+
+    The search re-checks everything; this names the user's own option when it is the culprit.
+    """
+    if request.mp is not None and request.mp > 1:
+        if not analysis.blocks:
+            raise PlannerError(f"--mp {request.mp}: no transformer block was recognised, so there is nothing to split "
+                               "over mp (use --dp only)")
+        for block in analysis.blocks:
+            for what, size in (("attention heads", block.num_heads), ("KV heads", block.num_kv_heads),
+                               ("intermediate size", block.intermediate_size)):
+                if size % request.mp:
+                    raise PlannerError(f"--mp {request.mp} does not divide the {size} {what} of {block.layer}")
+    if request.pp is not None and request.pp > max(len(analysis.blocks), 1):
+        raise PlannerError(f"--pp {request.pp} is more than the {len(analysis.blocks)} blocks of the model "
+                           "(each stage needs at least one block)")
+
+
+def build_plan(
+    analysis: ModelAnalysis, result: SearchResult, request: SearchRequest, arguments: dict[str, str]
+) -> Plan:
+    """The complete plan for ``analysis`` run with ``result.best``'s strategy."""
+    strategy = result.best.strategy
+    mesh = build_mesh(strategy)
+    notes: list[str] = []
+    params = _param_plans(analysis, strategy, mesh.dim_names, notes)
+    stages = block_stages(len(analysis.blocks), strategy.pp)
+    hooks = _stage_handoffs(analysis, stages)
+    if strategy.mp > 1:
+        hooks += _sequence_parallel_hooks(analysis, strategy, mesh.dim_names, notes)
+        hooks += reshard_hooks(analysis, strategy.mp)
+    notes += [f"layer {layer}: no pattern matched it; its parameters stay replicated" for layer in analysis.unmatched]
+    notes += analysis.notes + list(getattr(result, "notes", []))
+    return Plan(
+        model=ModelInfo(
+            class_name=analysis.class_name,
+            num_parameters=sum(math.prod(shape) for shape, _ in analysis.params.values()),
+            param_fingerprint=analysis.param_fingerprint,
+            graph_fingerprint=analysis.graph_fingerprint,
+            traced_layer=analysis.traced_layer,
+            input_specs=[InputSpec(name=s.name, dtype=s.dtype, shape=list(s.shape)) for s in analysis.input_specs],
+        ),
+        cluster=Cluster(nodes=request.nodes, devices_per_node=request.devices_per_node, device=request.device),
+        mesh=mesh,
+        strategy=strategy,
+        params=params,
+        blocks=[Block(layer=b.layer, kind=b.kind, stage=stage) for b, stage in zip(analysis.blocks, stages)],
+        hooks=hooks,
+        data=DataPlan(
+            shard_dims=["dp"] if strategy.dp > 1 else [],
+            input_stage=0,
+            label_stage=strategy.pp - 1,
+        ),
+        implicit_comm=implicit_comm(analysis, strategy.mp, strategy.sequence_parallel) if strategy.mp > 1 else [],
+        estimate=result.best.estimate,
+        alternatives=Alternatives(accepted=list(result.accepted), rejected=list(result.rejected)),
+        notes=_unique(notes),
+        provenance=Provenance(
+            autodist_version=metadata.version("paddle-autodist"),
+            paddle_version=paddle.__version__,
+            arguments=dict(sorted(arguments.items())),
+        ),
+    )
+
+
+def build_mesh(strategy: Strategy) -> Mesh:
+    """Mesh dims ``pp, dp, mp`` with size > 1 (``["dp"]`` of ``[1]`` for one device).
+
+    >>> build_mesh(Strategy(dp=2, mp=2)).dim_names
+    ['dp', 'mp']
+    """
+    dims = [(name, getattr(strategy, name)) for name in MESH_DIM_ORDER if getattr(strategy, name) > 1] or [("dp", 1)]
+    world = math.prod(size for _, size in dims)
+    return Mesh(dim_names=[n for n, _ in dims], shape=[s for _, s in dims], process_ids=list(range(world)))
+
+
+def block_stages(num_blocks: int, pp: int) -> list[int]:
+    """Stage of each block: as even as possible, the first stages take one extra.
+
+    >>> block_stages(5, 2)
+    [0, 0, 0, 1, 1]
+    """
+    per_stage = [num_blocks // pp + (1 if s < num_blocks % pp else 0) for s in range(pp)]
+    return [stage for stage, count in enumerate(per_stage) for _ in range(count)]
+
+
+# -- parameters ----------------------------------------------------------------------------------------
+
+
+def _param_plans(analysis: ModelAnalysis, strategy: Strategy, dim_names: list[str], notes: list[str]) -> dict:
+    mp_placements = _mp_placements(analysis, strategy.mp, notes)
+    stage_of = _param_stages(analysis, strategy.pp)
+    plans = {}
+    for fqn in sorted(analysis.params):
+        shape, dtype = analysis.params[fqn]
+        mp_placement, style = mp_placements.get(fqn, ("R", "Replicate"))
+        plans[fqn] = ParamPlan(
+            shape=list(shape),
+            dtype=dtype,
+            placements=[mp_placement if dim == "mp" else "R" for dim in dim_names],
+            stage=stage_of[fqn],
+            style=style,
+            tied_to=sorted(analysis.tied.get(fqn, [])),
+        )
+    return plans
+
+
+def _mp_placements(analysis: ModelAnalysis, mp: int, notes: list[str]) -> dict[str, tuple[str, str]]:
+    """``{param FQN: (placement on mp, style)}`` for the tensor-parallel parameters."""
+    if mp == 1:
+        return {}
+    placements: dict[str, tuple[str, str]] = {}
+    for block in analysis.blocks:
+        for linear in block.linears:
+            placements.update(_linear_placements(linear, analysis.params, mp, notes))
+    vocab_divides = analysis.vocab_size is not None and analysis.vocab_size % mp == 0
+    if analysis.embedding is not None:
+        if vocab_divides:
+            placements[analysis.embedding] = ("S(0)", "VocabParallelEmbedding")
+        else:
+            notes.append(f"embedding {analysis.embedding}: vocabulary {analysis.vocab_size} does not divide by mp={mp}; replicated")
+    head = analysis.lm_head
+    if head is not None and head.role == "column" and head.weight not in placements:
+        if vocab_divides:
+            head_placements = _linear_placements(head, analysis.params, mp, notes)
+            placements.update({fqn: (p, "ColWiseParallelHead") for fqn, (p, _) in head_placements.items()})
+        else:
+            notes.append(f"LM head {head.weight}: vocabulary {analysis.vocab_size} does not divide by mp={mp}; replicated")
+    return placements
+
+
+def _linear_placements(linear: LinearUse, params: dict, mp: int, notes: list[str]) -> dict[str, tuple[str, str]]:
+    if linear.role == "replicate" or linear.split_dim is None:
+        return {}
+    shape = params[linear.weight][0]
+    if shape[linear.split_dim] % mp:
+        notes.append(f"{linear.weight}: dim {linear.split_dim} of size {shape[linear.split_dim]} does not divide by mp={mp}; replicated")
+        return {}
+    style = "ColWiseParallel" if linear.role == "column" else "RowWiseParallel"
+    placed = {linear.weight: (f"S({linear.split_dim})", style)}
+    if linear.bias is not None:
+        # A column split also splits the bias (one entry per output feature); a row-parallel
+        # output is a partial sum, to which the whole bias is added once.
+        placed[linear.bias] = ("S(0)" if linear.role == "column" else "R", style)
+    return placed
+
+
+def _param_stages(analysis: ModelAnalysis, pp: int) -> dict[str, int]:
+    """Stage per parameter: a block's on its block's stage; before the first block -> 0; after
+    the last block (final norm, head, untraced layers) -> the last stage."""
+    stages = {fqn: pp - 1 for fqn in analysis.params}
+    if pp == 1:
+        return {fqn: 0 for fqn in analysis.params}
+    block_prefixes = [(b.layer + ".", stage) for b, stage in zip(analysis.blocks, block_stages(len(analysis.blocks), pp))]
+    first_block_op = min((min(b.nodes) for b in analysis.blocks if b.nodes), default=None)
+    first_use = _first_use_of_params(analysis)
+    for fqn in analysis.params:
+        owner = next((stage for prefix, stage in block_prefixes if fqn.startswith(prefix)), None)
+        if owner is not None:
+            stages[fqn] = owner
+        elif fqn == analysis.embedding or (
+            first_block_op is not None and fqn in first_use and first_use[fqn] < first_block_op
+        ):
+            stages[fqn] = 0
+    return stages
+
+
+def _first_use_of_params(analysis: ModelAnalysis) -> dict[str, int]:
+    graph = analysis.graph
+    uses = {}
+    for node, data in graph.nodes(data=True):
+        if data["param"] is not None:
+            consumers = list(graph.successors(node))
+            if consumers:
+                uses[data["param"]] = min(consumers)
+    return uses
+
+
+# -- hooks ------------------------------------------------------------------------------------------------
+
+
+def _stage_handoffs(analysis: ModelAnalysis, stages: list[int]) -> list[Hook]:
+    return [
+        Hook(layer=block.layer, when="post", action="stage_handoff", to_stage=stage + 1,
+             reason=f"last block of stage {stage}: its output moves to stage {stage + 1}")
+        for i, (block, stage) in enumerate(zip(analysis.blocks, stages))
+        if i + 1 < len(stages) and stages[i + 1] != stage
+    ]
+
+
+def _sequence_parallel_hooks(analysis: ModelAnalysis, strategy: Strategy, dim_names: list[str], notes: list[str]) -> list[Hook]:
+    if not strategy.sequence_parallel:
+        return []
+    end_layer = _layer_of(analysis.final_norm[0]) if analysis.final_norm else (
+        _layer_of(analysis.lm_head.weight) if analysis.lm_head else None)
+    embedding_layer = _layer_of(analysis.embedding) if analysis.embedding else None
+    if not analysis.blocks or embedding_layer is None or end_layer is None:
+        notes.append("sequence parallel asked for, but the model has no embedding / blocks / final norm to "
+                     "anchor it: no sequence-parallel hooks")
+        return []
+    # Between the hooks activations are [s, b, h]: the batch (dim 1) over dp, the sequence over mp.
+    def placements(mp_placement: str) -> list[str]:
+        return [{"dp": "S(1)", "mp": mp_placement}.get(dim, "R") for dim in dim_names]
+
+    hooks = [Hook(layer=embedding_layer, when="post", action="sequence_parallel_begin",
+                  reason="activations leave the embedding split over the sequence")]
+    for block in analysis.blocks:
+        for layer in _tensor_parallel_sublayers(block):
+            if _mixes_positions(analysis, block, layer):
+                hooks += [
+                    Hook(layer=layer, when="pre", action="sequence_parallel_end",
+                         reason="attention needs the whole sequence in [b, s, h]"),
+                    Hook(layer=layer, when="post", action="sequence_parallel_begin",
+                         reason="back to the sequence split: the partial sum becomes a reduce-scatter"),
+                ]
+            else:
+                hooks += [
+                    Hook(layer=layer, when="pre", action="reshard", placements=placements("R"),
+                         reason="position-wise: gather the sequence for the column-parallel input"),
+                    Hook(layer=layer, when="post", action="reshard", placements=placements("S(0)"),
+                         reason="back to the sequence split: the partial sum becomes a reduce-scatter"),
+                ]
+    hooks.append(Hook(layer=end_layer, when="post", action="sequence_parallel_end",
+                      reason="the head and loss see whole sequences in [b, s, h]"))
+    return hooks
+
+
+def _tensor_parallel_sublayers(block) -> list[str]:
+    """The sub-layers of a block that own its split linears (``self_attn``, ``mlp``), in order."""
+    parents = []
+    for linear in block.linears:
+        parent = _layer_of(linear.layer)
+        if linear.role != "replicate" and parent not in parents:
+            parents.append(parent)
+    return parents
+
+
+def _mixes_positions(analysis: ModelAnalysis, block, layer: str) -> bool:
+    prefix = layer + "."
+    return any(
+        analysis.graph.nodes[n]["op"] in SEQUENCE_MIXING_OPS
+        and (analysis.graph.nodes[n]["layer"] == layer or analysis.graph.nodes[n]["layer"].startswith(prefix))
+        for n in block.nodes
+    )
+
+
+def _layer_of(fqn: str) -> str:
+    """``"layers.0.mlp.up_proj.weight"`` -> ``"layers.0.mlp.up_proj"``."""
+    return fqn.rpartition(".")[0]
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))

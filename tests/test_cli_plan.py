@@ -1,0 +1,116 @@
+"""The plan command: options, output, determinism, and one clear line + exit 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autodist.planner.cli import cli
+from autodist.schemas import load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCSTRING = str(ROOT / "plans" / "llama_docstring" / "model.py")
+TINY = dict(VOCAB_SIZE=64, HIDDEN_SIZE=32, INTERMEDIATE_SIZE=64, NUM_HEADS=4, NUM_LAYERS=2, SEQ_LENGTH=16)
+
+
+@pytest.fixture(autouse=True)
+def tiny_docstring(monkeypatch):
+    for field, value in TINY.items():
+        monkeypatch.setenv(f"LLAMA_DOCSTRING_{field}", str(value))
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_plan_is_the_default_command_and_writes_a_valid_plan(tmp_path):
+    out = tmp_path / "plan.json"
+    result = run(DOCSTRING, "--devices", 4, "--dp", 2, "--mp", 2, "--device", "a100-80g", "-o", out)
+    assert result.exit_code == 0, result.output
+    plan = load_plan(out)
+    assert (plan.strategy.dp, plan.strategy.mp, plan.strategy.pp) == (2, 2, 1)
+    assert plan.cluster.device.name == "a100-80g" and plan.cluster.devices_per_node == 4
+    assert plan.provenance.arguments["dp"] == "2" and plan.provenance.arguments["target"] == DOCSTRING
+    assert "output" not in plan.provenance.arguments
+    assert "planned pp1 x dp2 x mp2" in result.stderr and str(out) in result.stderr
+    assert plan.estimate.step_time_s > 0
+
+
+def test_planning_twice_gives_identical_bytes(tmp_path):
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    for out in (first, second):
+        assert run("plan", DOCSTRING, "--devices", 8, "--quiet", "-o", out).exit_code == 0
+    assert first.read_bytes() == second.read_bytes()
+
+
+def test_stdout_when_no_output_and_quiet_is_silent():
+    result = run(DOCSTRING, "--devices", 2, "--quiet")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["format"] == "autodist.plan"
+    assert result.stderr == ""
+
+
+def test_input_spec_option_replaces_the_files(tmp_path):
+    out = tmp_path / "plan.json"
+    assert run(DOCSTRING, "--input-spec", "input_ids:int64:2x8", "-q", "-o", out).exit_code == 0
+    assert load_plan(out).model.input_specs[0].shape == [2, 8]
+
+
+def test_explain_prints_the_ranking_on_stderr(tmp_path):
+    result = run(DOCSTRING, "--devices", 4, "--explain", "-o", tmp_path / "p.json")
+    assert result.exit_code == 0, result.output
+    assert "dp" in result.stderr and "mp" in result.stderr
+    assert len(result.stderr.splitlines()) > 3
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--devices", 4, "--dp", 3, "--mp", 2], "devices"),
+        (["--devices", 3, "--mp", 3], "--mp 3 does not divide the 4 attention heads of layers.0"),
+        (["--devices", 4, "--pp", 4], "--pp 4 is more than the 2 blocks"),
+        (["--input-spec", "input_ids:int64:4"], None),
+        (["--input-spec", "ids-int64"], "--input-spec 'ids-int64'"),
+    ],
+)
+def test_bad_degrees_and_specs_exit_2_without_a_file(tmp_path, args, message):
+    out = tmp_path / "plan.json"
+    result = run(DOCSTRING, *args, "-o", out)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("error: ")
+    if message:
+        assert message in lines[0]
+    assert not out.exists()
+
+
+def test_bad_target_exits_2(tmp_path):
+    result = run(tmp_path / "nope.py", "-o", tmp_path / "p.json")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and "not found" in result.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_failing_factory_shows_its_traceback_tail(tmp_path):
+    target = tmp_path / "boom.py"
+    target.write_text("def build_model():\n    raise ValueError('hidden size must be even')\n")
+    result = run(target, "-o", tmp_path / "p.json")
+    assert result.exit_code == 2
+    first, *rest = result.stderr.splitlines()
+    assert first.startswith("error: build_model() raised ValueError: hidden size must be even (at boom.py:2")
+    assert any("raise ValueError" in line for line in rest)
+
+
+def test_unmatched_layers_are_warned_about_and_noted(tmp_path):
+    out = tmp_path / "plan.json"
+    target = f"{ROOT / 'tests' / 'models' / 'paddleformers_models.py'}:build_cnn"
+    result = run(target, "--input-spec", "images:float32:8x3x8x8", "--devices", 2, "-o", out)
+    assert result.exit_code == 0, result.output
+    plan = load_plan(out)
+    assert plan.strategy.dp == 2
+    for layer in ("conv", "fc"):
+        assert f"warning: layer {layer}" in result.stderr
+        assert any(note.startswith(f"layer {layer}:") for note in plan.notes)

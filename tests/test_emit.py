@@ -1,0 +1,132 @@
+"""build_plan on real traced models: placements, stages, hooks, data plan, notes, CNN fallback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from autodist.planner.emit import block_stages, build_mesh, plan_target
+from autodist.planner.search import SearchRequest
+from autodist.schemas import Strategy, check_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCSTRING = str(ROOT / "plans" / "llama_docstring" / "model.py")
+MODELS = ROOT / "tests" / "models"
+TINY = dict(VOCAB_SIZE=64, HIDDEN_SIZE=32, INTERMEDIATE_SIZE=64, NUM_HEADS=4, NUM_LAYERS=2, SEQ_LENGTH=16)
+COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+ROW = ("self_attn.o_proj", "mlp.down_proj")
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    """The docstring model at test size; ``tiny(NUM_LAYERS=3)`` changes a size."""
+
+    def configure(**sizes):
+        for field, value in {**TINY, **sizes}.items():
+            monkeypatch.setenv(f"LLAMA_DOCSTRING_{field}", str(value))
+
+    configure()
+    return configure
+
+
+def plan_docstring(**degrees):
+    devices = degrees.pop("devices")
+    request = SearchRequest(devices_per_node=devices, **degrees)
+    return plan_target(DOCSTRING, None, request, {"target": "model.py"})
+
+
+def test_dp2_mp2_placements(tiny):
+    made = plan_docstring(devices=4, dp=2, mp=2, pp=1, sequence_parallel=False)
+    plan = made.plan
+    assert (plan.mesh.dim_names, plan.mesh.shape, plan.mesh.process_ids) == (["dp", "mp"], [2, 2], [0, 1, 2, 3])
+    assert check_plan(plan) == []
+    for i in range(2):
+        for name in COLUMN:
+            param = plan.params[f"layers.{i}.{name}.weight"]
+            assert (param.placements, param.style) == (["R", "S(1)"], "ColWiseParallel")
+        for name in ROW:
+            param = plan.params[f"layers.{i}.{name}.weight"]
+            assert (param.placements, param.style) == (["R", "S(0)"], "RowWiseParallel")
+        for norm in ("input_layernorm", "post_attn_layernorm"):
+            assert plan.params[f"layers.{i}.{norm}.weight"].placements == ["R", "R"]
+    # The embedding is split over the vocabulary, the [hidden, vocab] head over its columns.
+    assert (plan.params["embed_tokens.weight"].placements, plan.params["embed_tokens.weight"].style) == (
+        ["R", "S(0)"], "VocabParallelEmbedding")
+    assert (plan.params["weight"].placements, plan.params["weight"].style) == (["R", "S(1)"], "ColWiseParallelHead")
+    assert plan.params["norm.weight"].placements == ["R", "R"]
+    assert set(plan.params) == set(made.analysis.params)
+    assert plan.data.shard_dims == ["dp"] and (plan.data.input_stage, plan.data.label_stage) == (0, 0)
+    assert [b.layer for b in plan.blocks] == ["layers.0", "layers.1"]
+    assert not any(h.action == "stage_handoff" for h in plan.hooks)
+    assert plan.provenance.arguments == {"target": "model.py"}
+    assert plan.model.class_name == "Model" and plan.model.input_specs[0].shape == [4, 16]
+
+
+def test_pipeline_stages_and_handoffs(tiny):
+    tiny(NUM_LAYERS=3)
+    plan = plan_docstring(devices=2, dp=1, mp=1, pp=2).plan
+    assert plan.mesh.dim_names == ["pp"] and plan.strategy.schedule != "none"
+    assert [b.stage for b in plan.blocks] == [0, 0, 1]
+    assert plan.params["embed_tokens.weight"].stage == 0
+    assert plan.params["layers.1.mlp.up_proj.weight"].stage == 0
+    assert plan.params["layers.2.self_attn.q_proj.weight"].stage == 1
+    assert plan.params["norm.weight"].stage == 1 and plan.params["weight"].stage == 1
+    handoffs = [h for h in plan.hooks if h.action == "stage_handoff"]
+    assert [(h.layer, h.when, h.to_stage) for h in handoffs] == [("layers.1", "post", 1)]
+    assert (plan.data.input_stage, plan.data.label_stage) == (0, 1)
+    assert plan.data.shard_dims == []
+    assert all(p.placements == ["R"] for p in plan.params.values())
+
+
+def test_sequence_parallel_hooks_wrap_every_block(tiny):
+    plan = plan_docstring(devices=2, dp=1, mp=2, pp=1, sequence_parallel=True).plan
+    assert plan.strategy.sequence_parallel
+    sp = [(h.layer, h.when, h.action, h.placements) for h in plan.hooks if h.action != "reshard" or h.reason.startswith(("position", "back"))]
+    assert sp[0] == ("embed_tokens", "post", "sequence_parallel_begin", [])
+    assert sp[-1] == ("norm", "post", "sequence_parallel_end", [])
+    for i in range(2):
+        assert (f"layers.{i}.self_attn", "pre", "sequence_parallel_end", []) in sp
+        assert (f"layers.{i}.self_attn", "post", "sequence_parallel_begin", []) in sp
+        assert (f"layers.{i}.mlp", "pre", "reshard", ["R"]) in sp
+        assert (f"layers.{i}.mlp", "post", "reshard", ["S(0)"]) in sp
+    assert check_plan(plan) == []
+
+
+def test_vocabulary_that_does_not_divide_stays_replicated(tiny):
+    tiny(VOCAB_SIZE=66)
+    plan = plan_docstring(devices=2, dp=1, mp=2, pp=1).plan
+    assert plan.params["embed_tokens.weight"].placements == ["R"]
+    assert plan.params["weight"].placements == ["R"]
+    assert plan.params["layers.0.self_attn.q_proj.weight"].placements == ["S(1)"]
+    assert any("66" in note and "embed_tokens.weight" in note for note in plan.notes)
+
+
+def test_cnn_gets_a_data_parallel_plan():
+    made = plan_target(f"{MODELS / 'paddleformers_models.py'}:build_cnn", ["images:float32:8x3x8x8"],
+                       SearchRequest(devices_per_node=4), {"target": "cnn"})
+    plan = made.plan
+    assert (plan.strategy.dp, plan.strategy.mp, plan.strategy.pp) == (4, 1, 1)
+    assert plan.blocks == [] and plan.data.shard_dims == ["dp"]
+    assert all(p.placements == ["R"] and p.style == "Replicate" for p in plan.params.values())
+    assert check_plan(plan) == []
+
+
+def test_one_device_mesh_keeps_a_dp_dim():
+    mesh = build_mesh(Strategy())
+    assert (mesh.dim_names, mesh.shape, mesh.process_ids) == (["dp"], [1], [0])
+    mesh = build_mesh(Strategy(dp=2, mp=2, pp=2))
+    assert (mesh.dim_names, mesh.shape, mesh.process_ids) == (["pp", "dp", "mp"], [2, 2, 2], list(range(8)))
+
+
+@given(st.integers(1, 100), st.integers(1, 16))
+def test_block_stages_are_contiguous_and_even(blocks, pp):
+    if pp > blocks:
+        return
+    stages = block_stages(blocks, pp)
+    counts = [stages.count(s) for s in range(pp)]
+    assert len(stages) == blocks and stages == sorted(stages)
+    assert max(counts) - min(counts) <= 1 and min(counts) >= 1
+    assert counts == sorted(counts, reverse=True)  # earlier stages take the extra blocks
