@@ -22,7 +22,9 @@ import click
 
 from autodist.schemas import PlanError, load_plan
 
+from .check import check_plan_for_target
 from .diff import diff_plans
+from .errors import PlannerError
 from .export import ExportError, export_parallelize
 from .show import TOP_ALTERNATIVES, show_data, show_text
 
@@ -44,12 +46,8 @@ def one_line_errors(command: Callable) -> Callable:
         except PlanError as err:
             problems = "; ".join(err.problems)
             fail(f"{err.source}: invalid plan: {problems}")
-        except (ReviewError, ExportError, OSError) as err:
+        except (ReviewError, ExportError, PlannerError, OSError) as err:
             fail(str(err))
-        except Exception as err:  # noqa: BLE001 - the planner's own user-facing errors
-            if type(err).__name__ == "PlannerError":
-                fail(str(err))
-            raise
 
     return wrapper
 
@@ -122,6 +120,31 @@ def diff(old: str, new: str) -> None:
     sys.exit(1)
 
 
+@click.command(context_settings=_SETTINGS)
+@click.argument("plan", type=click.Path(dir_okay=False))
+@click.argument("target")
+@click.option("--no-trace", is_flag=True, help="Check parameters only (fast); skip re-tracing the forward.")
+@one_line_errors
+def check(plan: str, target: str, no_trace: bool) -> None:
+    """Check that PLAN is still valid for the model TARGET builds (model.py, model.py:factory or
+    pkg.module:factory): same parameters, shapes and dtypes, same traced structure.
+
+    Exit status: 0 valid, 1 stale (the reasons are printed), 2 error. Meant for CI and pre-commit.
+
+    \b
+    Example:
+      autodist-plan check plans/llama_docstring/plan_4dev.json plans/llama_docstring/model.py
+    """
+    loaded = load_plan(plan)
+    reasons = check_plan_for_target(loaded, target, trace=not no_trace)
+    if not reasons:
+        click.echo(f"{plan}: valid for {target}")
+        return
+    click.echo(f"{plan}: stale for {target}, re-plan it:")
+    click.echo("\n".join(f"  - {reason}" for reason in reasons))
+    sys.exit(1)
+
+
 #: Export formats: name -> function(plan, plan path) -> file text.
 EXPORTERS = {"paddle-parallelize": export_parallelize}
 
@@ -147,4 +170,4 @@ def export(plan: str, target: str, output: str | None) -> None:
 
 
 #: The commands the ``autodist-plan`` group registers.
-REVIEW_COMMANDS: list[click.Command] = [show, diff, export]
+REVIEW_COMMANDS: list[click.Command] = [show, diff, check, export]

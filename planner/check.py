@@ -1,0 +1,97 @@
+"""Is a checked-in plan still valid for the model as it is now? For CI and pre-commit hooks.
+
+Three checks, cheapest first: every planned parameter exists with the planned shape and dtype
+and no parameter is unplanned (the applier's own fingerprint); the parameter fingerprint; and,
+unless told not to trace, the structure of the traced forward (``graph_fingerprint``), which
+catches a changed forward even when no parameter changed. The model is traced with the plan's own
+input specs, so only a change of the model makes a plan stale.
+
+Example::
+
+    >>> from autodist.schemas import load_plan
+    >>> check_plan_for_target(load_plan("plan.json"), "model.py")     # doctest: +SKIP
+    []
+"""
+
+from __future__ import annotations
+
+from autodist.schemas import Plan, parameter_fingerprint, parameter_table
+
+from .show import collapse
+
+#: How many collapsed rows of one kind of parameter problem are listed before "... and N more".
+MAX_ROWS = 10
+
+
+def plan_input_specs(plan: Plan) -> list[str]:
+    """The plan's input specs as ``--input-spec`` strings: ``["input_ids:int64:4x16"]``."""
+    return [f"{s.name}:{s.dtype}:{'x'.join(map(str, s.shape))}" for s in plan.model.input_specs]
+
+
+def check_plan_for_target(plan: Plan, target: str, trace: bool = True) -> list[str]:
+    """The reasons ``plan`` is stale for the model ``target`` builds; empty when it is valid.
+
+    Raises the planner's ``PlannerError`` when the target cannot be loaded or traced.
+    """
+    from .load import load_target
+
+    loaded = load_target(target, plan_input_specs(plan) or None)
+    table = parameter_table(loaded.model.named_parameters())
+    reasons = parameter_reasons(plan, table)
+    if parameter_fingerprint(table) != plan.model.param_fingerprint and not reasons:
+        reasons.append("the parameter fingerprint differs from the plan's (the plan was edited or made by another version)")
+    if trace:
+        reasons += graph_reasons(plan, loaded)
+    return reasons
+
+
+def parameter_reasons(plan: Plan, table: dict[str, tuple[list[int], str]]) -> list[str]:
+    """Missing, new and resized parameters, collapsed into patterns."""
+    planned = {fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}
+    tied = {t for p in plan.params.values() for t in p.tied_to}
+    universe = set(planned) | set(table)
+    reasons = []
+    missing = {fqn: 0 for fqn in planned if fqn not in table}
+    new = {fqn: 0 for fqn in table if fqn not in planned and fqn not in tied}
+    changed = {
+        fqn: (_describe(planned[fqn]), _describe(table[fqn]))
+        for fqn in planned
+        if fqn in table and (list(planned[fqn][0]), planned[fqn][1]) != (list(table[fqn][0]), table[fqn][1])
+    }
+    reasons += _rows(f"{len(missing)} planned parameter(s) no longer in the model", missing, lambda v: "", universe)
+    reasons += _rows(f"{len(new)} parameter(s) of the model not in the plan", new, lambda v: "", universe)
+    reasons += _rows(f"{len(changed)} parameter(s) changed shape or dtype", changed,
+                     lambda v: f": plan {v[0]}, model {v[1]}", universe)
+    return reasons
+
+
+def graph_reasons(plan: Plan, loaded) -> list[str]:
+    """Trace the model as the planner does and compare the structure with the plan's."""
+    from .graph import build_graph, graph_fingerprint
+    from .trace import trace_model
+
+    traced = trace_model(loaded.model, loaded.input_specs)
+    reasons = []
+    if traced.traced_layer != plan.model.traced_layer:
+        reasons.append(
+            f"the planner now traces {traced.traced_layer or 'the whole model'!r}, the plan traced "
+            f"{plan.model.traced_layer or 'the whole model'!r}"
+        )
+    if graph_fingerprint(build_graph(traced)) != plan.model.graph_fingerprint:
+        reasons.append("the traced forward has a different structure (graph fingerprint differs): re-plan")
+    return reasons
+
+
+def _describe(entry: tuple[list[int], str]) -> str:
+    shape, dtype = entry
+    return f"{'x'.join(map(str, shape))} {dtype}"
+
+
+def _rows(title: str, values: dict, fmt, universe: set[str]) -> list[str]:
+    if not values:
+        return []
+    rows = collapse(values, universe=universe)
+    lines = [f"{title}: " + "; ".join(f"{row.pattern}{fmt(row.value)}" for row in rows[:MAX_ROWS])]
+    if len(rows) > MAX_ROWS:
+        lines[0] += f"; ... and {len(rows) - MAX_ROWS} more"
+    return lines

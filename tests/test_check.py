@@ -1,0 +1,153 @@
+"""`autodist-plan check`: a plan made for one version of a model file is valid for it and stale,
+with the reason named, once the model changes its parameters or its forward."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from click.testing import CliRunner
+
+from autodist.planner.graph import build_graph, graph_fingerprint
+from autodist.planner.load import load_target
+from autodist.planner.review_commands import check
+from autodist.planner.trace import trace_model
+from autodist.schemas import (
+    Cluster,
+    InputSpec,
+    Mesh,
+    ModelInfo,
+    ParamPlan,
+    Plan,
+    Provenance,
+    Strategy,
+    parameter_fingerprint,
+    parameter_table,
+    save_plan,
+)
+
+MODEL = '''
+import paddle
+from paddle import nn
+
+
+class Net(nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(32, 16)
+        self.layers = nn.LayerList([nn.Linear(16, 16) for _ in range({layers})])
+        self.head = nn.Linear(16, {out})
+
+    def forward(self, input_ids):
+        h = self.embed(input_ids)
+        for layer in self.layers:
+            h = paddle.nn.functional.{act}(layer(h))
+        return self.head(h)
+
+
+def build_model():
+    return Net()
+
+
+def input_spec():
+    return [paddle.static.InputSpec([2, 8], "int64", "input_ids")]
+'''
+
+
+def write_model(path, layers=2, out=32, act="relu"):
+    path.write_text(MODEL.format(layers=layers, out=out, act=act))
+    return str(path)
+
+
+def plan_for(target: str) -> Plan:
+    """A one-device plan carrying the fields `check` compares, computed the way the planner
+    computes them (its load, trace and graph stages)."""
+    from test_show import DEVICE
+
+    loaded = load_target(target)
+    table = parameter_table(loaded.model.named_parameters())
+    traced = trace_model(loaded.model, loaded.input_specs)
+    return Plan(
+        model=ModelInfo(
+            class_name="Net", num_parameters=0, param_fingerprint=parameter_fingerprint(table),
+            graph_fingerprint=graph_fingerprint(build_graph(traced)), traced_layer=traced.traced_layer,
+            input_specs=[InputSpec(name="input_ids", dtype="int64", shape=[2, 8])],
+        ),
+        cluster=Cluster(nodes=1, devices_per_node=1, device=DEVICE),
+        mesh=Mesh(dim_names=["dp"], shape=[1], process_ids=[0]),
+        strategy=Strategy(),
+        params={fqn: ParamPlan(shape=shape, dtype=dtype, placements=["R"]) for fqn, (shape, dtype) in table.items()},
+        provenance=Provenance(autodist_version="0.1.0", paddle_version="3.3.1"),
+    )
+
+
+@pytest.fixture
+def planned(tmp_path):
+    """(model file, plan file) for the first version of the model."""
+    target = write_model(tmp_path / "model.py")
+    plan_path = tmp_path / "plan.json"
+    save_plan(plan_for(target), plan_path)
+    return tmp_path / "model.py", str(plan_path)
+
+
+def run_check(plan_path, target, *extra):
+    return CliRunner().invoke(check, [plan_path, str(target), *extra])
+
+
+def test_valid_plan_exit_0(planned):
+    model, plan_path = planned
+    result = run_check(plan_path, model)
+    assert result.exit_code == 0, result.output
+    assert "valid" in result.output
+
+
+def test_resized_parameter_is_named(planned):
+    model, plan_path = planned
+    write_model(model, out=48)
+    result = run_check(plan_path, model, "--no-trace")
+    assert result.exit_code == 1
+    assert (
+        "2 parameter(s) changed shape or dtype: head.bias: plan 32 float32, model 48 float32; "
+        "head.weight: plan 16x32 float32, model 16x48 float32"
+    ) in result.output
+
+
+def test_added_layers_are_collapsed(planned):
+    model, plan_path = planned
+    write_model(model, layers=5)
+    result = run_check(plan_path, model)
+    assert result.exit_code == 1
+    assert "6 parameter(s) of the model not in the plan: layers.{2-4}.bias; layers.{2-4}.weight" in result.output
+    assert "graph fingerprint differs" in result.output
+
+
+def test_changed_forward_with_same_parameters(planned):
+    model, plan_path = planned
+    write_model(model, act="gelu")
+    assert run_check(plan_path, model, "--no-trace").exit_code == 0  # parameters alone cannot see it
+    result = run_check(plan_path, model)
+    assert result.exit_code == 1
+    assert "different structure" in result.output
+
+
+def test_edited_fingerprint_is_reported(planned, tmp_path):
+    model, plan_path = planned
+    from autodist.schemas import load_plan
+
+    plan = load_plan(plan_path)
+    edited = msgspec.structs.replace(plan, model=msgspec.structs.replace(plan.model, param_fingerprint="0" * 64))
+    save_plan(edited, plan_path)
+    result = run_check(plan_path, model, "--no-trace")
+    assert result.exit_code == 1 and "parameter fingerprint differs" in result.output
+
+
+def test_missing_target_is_one_line_exit_2(planned, tmp_path):
+    _, plan_path = planned
+    result = run_check(plan_path, tmp_path / "nope.py")
+    assert result.exit_code == 2
+    assert result.output.startswith("error: ") and "nope.py" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_help_has_an_example():
+    result = CliRunner().invoke(check, ["--help"])
+    assert result.exit_code == 0 and "autodist-plan check" in result.output
