@@ -87,6 +87,7 @@ class GraphFacts:
     def __init__(self, graph: nx.DiGraph):
         self.graph = graph
         self.order = list(nx.topological_sort(graph))
+        self.position = {n: i for i, n in enumerate(self.order)}
         self.inputs: dict[int, dict[int, Value]] = {
             n: {d["operand"]: (u, d["result"]) for u, _, d in graph.in_edges(n, data=True)} for n in graph
         }
@@ -164,9 +165,7 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
     quadratic: set[Value] = set()  # attention-score shaped (b * s * s)
     walk = _Walk()
     column_inputs: set[Value] = set()
-    for n in facts.order:
-        if n not in wanted:
-            continue
+    for n in sorted(wanted, key=facts.position.__getitem__):
         node = graph.nodes[n]
         op = node["op"]
         inputs = facts.inputs[n]
@@ -234,7 +233,7 @@ def block_cost(facts: GraphFacts, nodes: Iterable[int], layer: str, roles: Roles
     ``shape``: ``num_heads``, ``num_kv_heads``, ``intermediate_size`` for the constraints."""
     nodes = set(nodes)
     walk = walk_nodes(facts, nodes, roles)
-    outputs = [facts.numel((u, d["result"])) for u, v, d in facts.graph.edges(data=True) if u in nodes and v not in nodes]
+    outputs = [facts.numel((u, d["result"])) for u, v, d in facts.graph.out_edges(nodes, data=True) if v not in nodes]
     return BlockCost(
         layer=layer,
         params_split=sum(n for fqn, n in params.items() if fqn in roles.split),
