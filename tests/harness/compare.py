@@ -84,3 +84,11 @@ def layout_differences(plan, rank_output: dict) -> list[str]:
         if got["local_shape"] != expected:
             problems.append(f"rank {rank}: {fqn} local shard {got['local_shape']}, plan says {expected} ({planned.placements})")
     return problems
+
+
+def max_param_difference(reference: dict, rank_output: dict) -> float:
+    """Largest absolute difference over all parameters (for the drift record)."""
+    return max(
+        float(np.max(np.abs(np.asarray(rank_output["params"][fqn]) - np.asarray(value))))
+        for fqn, value in reference["params"].items()
+    )
