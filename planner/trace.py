@@ -55,7 +55,7 @@ def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
             continue
     raise PlannerError(
         f"{type(model).__name__}.forward does not trace with paddle.jit.to_static(full_graph=True) "
-        f"({failure}), and none of its sub-layers does either"
+        f"({failure}), and no sub-layer holding most of its parameters does either"
     )
 
 
@@ -67,11 +67,14 @@ def _num_params(layer: paddle.nn.Layer) -> int:
 
 
 def _children_by_size(model: paddle.nn.Layer) -> list[tuple[str, paddle.nn.Layer]]:
-    """Direct children with their own forward (a LayerList has none), largest first."""
+    """Direct children with their own forward (a LayerList has none) that hold at least half of
+    the model's parameters, largest first. A smaller child would not stand for the model: its
+    tracing would hide the real failure (often a wrong input spec) behind a plan of a fragment."""
+    total = _num_params(model)
     children = [
         (name, child)
         for name, child in model.named_children()
-        if type(child).forward is not paddle.nn.Layer.forward and _num_params(child) > 0
+        if type(child).forward is not paddle.nn.Layer.forward and _num_params(child) > 0 and 2 * _num_params(child) >= total
     ]
     return sorted(children, key=lambda item: -_num_params(item[1]))
 
