@@ -26,6 +26,7 @@ from .check import check_plan_for_target
 from .diff import diff_plans
 from .errors import PlannerError
 from .export import ExportError, export_parallelize
+from .render import render_svg
 from .show import TOP_ALTERNATIVES, show_data, show_text
 
 #: Exit status of every command for bad input (a missing file, an invalid plan, ...).
@@ -169,5 +170,21 @@ def export(plan: str, target: str, output: str | None) -> None:
     write_output(EXPORTERS[target](loaded, Path(plan).name), output)
 
 
+@click.command(context_settings=_SETTINGS)
+@click.argument("plan", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="SVG file to write (default: stdout).")
+@one_line_errors
+def render(plan: str, output: str | None) -> None:
+    """Draw PLAN as an SVG picture: the mesh, the pipeline stages with their blocks, and each
+    rank's estimated memory by kind against the device's memory.
+
+    \b
+    Example:
+      autodist-plan render plan.json -o plan.svg
+      rsvg-convert plan.svg -o plan.png      # or: convert plan.svg plan.png
+    """
+    write_output(render_svg(load_plan(plan)), output)
+
+
 #: The commands the ``autodist-plan`` group registers.
-REVIEW_COMMANDS: list[click.Command] = [show, diff, check, export]
+REVIEW_COMMANDS: list[click.Command] = [show, diff, check, export, render]
