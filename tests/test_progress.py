@@ -1,0 +1,39 @@
+"""Progress on stderr: shown on a terminal, silent in pipes and with --quiet."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from autodist.planner.progress import Progress
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_terminal_shows_steps_and_counts():
+    out = Terminal()
+    progress = Progress(stream=out)
+    with progress.step("tracing"):
+        pass
+    assert list(progress.count("matching", [1, 2, 3])) == [1, 2, 3]
+    text = out.getvalue()
+    assert "tracing ... done (" in text and "matching 1/3 ..." in text and "matching ... done (" in text
+
+
+def test_failure_is_reported_and_raised():
+    out = Terminal()
+    with pytest.raises(KeyError), Progress(stream=out).step("searching"):
+        raise KeyError("x")
+    assert out.getvalue().endswith("searching ... failed\n")
+
+
+@pytest.mark.parametrize("stream, quiet", [(io.StringIO(), False), (Terminal(), True)])
+def test_pipe_or_quiet_is_silent(stream, quiet):
+    progress = Progress(quiet=quiet, stream=stream)
+    with progress.step("tracing"):
+        list(progress.count("matching", range(5)))
+    assert stream.getvalue() == ""
