@@ -46,7 +46,7 @@ def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
     try:
         return _trace_layer(model, "", input_specs, param_fqns, untraced=[])
     except Exception as whole_error:  # noqa: BLE001 -- any dy2static failure: try a child instead
-        failure = f"{type(whole_error).__name__}: {str(whole_error).splitlines()[0] if str(whole_error) else ''}"
+        failure = whole_error
     for name, child in _children_by_size(model):
         others = [n for n, c in model.named_children() if n != name and _num_params(c) > 0]
         try:
@@ -55,11 +55,21 @@ def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
             continue
     raise PlannerError(
         f"{type(model).__name__}.forward does not trace with paddle.jit.to_static(full_graph=True) "
-        f"({failure}), and no sub-layer holding most of its parameters does either"
+        f"({_last_line(failure)}), and no sub-layer holding most of its parameters does either",
+        detail=str(failure).strip(),
     )
 
 
 # -- internals ---------------------------------------------------------------------------------------
+
+
+def _last_line(error: BaseException) -> str:
+    """dy2static puts the real error (``ValueError: not enough values to unpack``) last, after
+    the transformed code; plain exceptions get their type prefixed."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    return lines[-1] if ": " in lines[-1] and len(lines) > 1 else f"{type(error).__name__}: {lines[-1]}"
 
 
 def _num_params(layer: paddle.nn.Layer) -> int:
