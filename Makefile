@@ -15,3 +15,16 @@ $(VENV)/.installed: pyproject.toml
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Regenerate the checked-in example plans (docstring Llama, default sizes, pinned device profile).
+PLAN_DEVICES := 2 4 8
+.PHONY: plans bench
+plans: install
+	for n in $(PLAN_DEVICES); do \
+	  $(VENV)/bin/autodist-plan plans/llama_docstring/model.py --devices $$n --device h100-sxm --quiet \
+	    -o plans/llama_docstring/plan_$${n}dev.json || exit 1; \
+	done
+
+# Planning time and memory by depth (docs/benchmarks.md has the recorded table).
+bench: install
+	$(PY) bench/plan_time.py --markdown

@@ -123,6 +123,7 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
     """
     from .cost.hardware import resolve_device
     from .emit import plan_target
+    from .progress import Progress
     from .search import SearchRequest
 
     request = SearchRequest(
@@ -131,7 +132,7 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
         device=resolve_device(device_name, cluster_file),
         **options,
     )
-    made = plan_target(target, list(input_specs) or None, request, planner_arguments(ctx))
+    made = plan_target(target, list(input_specs) or None, request, planner_arguments(ctx), Progress(quiet=quiet))
     if output:
         save_plan(made.plan, output)
     else:

@@ -48,6 +48,7 @@ from .analysis import LinearUse, ModelAnalysis, analyze, implicit_comm, reshard_
 from .errors import PlannerError
 from .graph import build_graph
 from .load import load_target
+from .progress import Progress
 from .search import SearchRequest, SearchResult, search
 from .trace import trace_model
 
@@ -68,7 +69,11 @@ class PlannedModel:
 
 
 def plan_target(
-    target: str, input_specs: list[str] | None, request: SearchRequest, arguments: dict[str, str]
+    target: str,
+    input_specs: list[str] | None,
+    request: SearchRequest,
+    arguments: dict[str, str],
+    progress: Progress | None = None,
 ) -> PlannedModel:
     """The whole offline phase: load -> trace -> graph -> analyze -> check degrees -> search -> plan.
 
@@ -77,11 +82,16 @@ def plan_target(
     >>> made.plan.strategy.dp * made.plan.strategy.mp
     4
     """
-    loaded = load_target(target, input_specs)
-    traced = trace_model(loaded.model, loaded.input_specs)
-    analysis = analyze(traced, build_graph(traced), loaded.model)
+    progress = progress or Progress(quiet=True)
+    with progress.step(f"loading {target}"):
+        loaded = load_target(target, input_specs)
+    with progress.step(f"tracing {type(loaded.model).__name__}"):
+        traced = trace_model(loaded.model, loaded.input_specs)
+    with progress.step("matching blocks"):
+        analysis = analyze(traced, build_graph(traced), loaded.model)
     check_fixed_degrees(analysis, request)
-    result = search(analysis, request)
+    with progress.step(f"searching strategies for {request.world} devices"):
+        result = search(analysis, request)
     return PlannedModel(plan=build_plan(analysis, result, request, arguments), analysis=analysis, result=result)
 
 
