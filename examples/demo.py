@@ -1,0 +1,110 @@
+"""``make demo``: the whole product in one command, on any machine with the venv.
+
+1. plan the docstring Llama (a tiny config) for 4 devices: ``autodist-plan ... -o plan.json``;
+2. review the plan: ``autodist-plan show plan.json``;
+3. train 5 steps on 4 CPU ranks: ``python -m paddle.distributed.launch --nproc_per_node 4
+   examples/train.py --plan plan.json`` (``apply_plan`` on every rank);
+4. train the same 5 steps on one device and print both losses side by side.
+
+Exit status 0 when the losses agree (relative difference at most 1e-5), 1 when they do not, 2
+when a step fails (its log tail is printed). The files stay in the printed folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "plans/llama_docstring/model.py"
+TRAIN = str(REPO / "examples" / "train.py")
+#: The docstring Llama at toy sizes (read by its build_model() and input_spec()).
+TINY = {"NUM_LAYERS": 2, "HIDDEN_SIZE": 32, "INTERMEDIATE_SIZE": 64, "NUM_HEADS": 4, "VOCAB_SIZE": 64, "SEQ_LENGTH": 16}
+RANKS, STEPS, RTOL = 4, 5, 1e-5
+STEP_TIMEOUT_S = 300
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({f"LLAMA_DOCSTRING_{k}": str(v) for k, v in TINY.items()})
+    env.setdefault("OMP_NUM_THREADS", "1")  # 4 ranks on a 2-core machine
+    return env
+
+
+def run(title: str, command: list[str], workdir: Path, log_dir: Path | None = None) -> float:
+    """Run one step quietly (its output to a log file); on failure print the log tail and exit 2."""
+    shown = " ".join(a if " " not in a else repr(a) for a in command).replace(sys.executable, "python")
+    print(f"\n== {title}\n$ {shown}", flush=True)
+    log = workdir / f"{title.split()[0].lower()}.log"
+    start = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, cwd=REPO, env=environment(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # its own process group: a timeout kills every rank
+        try:
+            code = proc.wait(timeout=STEP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
+    if code != 0:
+        text = log.read_text(errors="replace")
+        workers = sorted(log_dir.glob("workerlog.*")) if log_dir else []
+        for worker in workers:
+            text += f"\n[{worker.name}]\n" + worker.read_text(errors="replace")
+        print(text[-3000:], file=sys.stderr)
+        status = "timed out" if code is None else f"exit code {code}"
+        print(f"demo: step '{title}' failed ({status}); logs in {workdir}", file=sys.stderr)
+        sys.exit(2)
+    return time.monotonic() - start
+
+
+def main() -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="autodist-demo-"))
+    plan, python = workdir / "plan.json", sys.executable
+    began = time.monotonic()
+    run("Plan the docstring Llama (tiny config) for 4 devices",
+        [python, "-m", "autodist.planner.cli", MODEL, "--devices", str(RANKS), "--mp", "2", "--device", "cpu",
+         "-o", str(plan)], workdir)
+
+    print(f"\n== Review\n$ autodist-plan show {plan}")
+    from autodist.planner.review_commands import show
+
+    show.main([str(plan)], prog_name="autodist-plan show", standalone_mode=False)
+
+    log_dir = workdir / "launch_logs"
+    run(f"Train {STEPS} steps on {RANKS} CPU ranks with apply_plan",
+        [python, "-m", "paddle.distributed.launch", "--nproc_per_node", str(RANKS), "--log_dir", str(log_dir),
+         TRAIN, "--model", MODEL, "--plan", str(plan), "--steps", str(STEPS),
+         "--losses-out", str(workdir / "distributed.json")], workdir, log_dir)
+    run(f"Train the same {STEPS} steps on one device",
+        [python, TRAIN, "--model", MODEL, "--steps", str(STEPS), "--losses-out", str(workdir / "single.json")],
+        workdir)
+
+    single = json.loads((workdir / "single.json").read_text())["losses"]
+    distributed = json.loads((workdir / "distributed.json").read_text())["losses"]
+    sys.exit(report(single, distributed, workdir, time.monotonic() - began))
+
+
+def report(single: list[float], distributed: list[float], workdir: Path, seconds: float) -> int:
+    """Print the losses side by side; 0 when they agree within RTOL, else 1."""
+    print(f"\n== Losses\n{'step':>4}  {'one device':>12}  {f'{RANKS} ranks':>12}  {'rel. diff':>9}")
+    worst = 0.0
+    for step, (a, b) in enumerate(zip(single, distributed), 1):
+        rel = abs(a - b) / max(abs(a), 1e-12)
+        worst = max(worst, rel)
+        print(f"{step:>4}  {a:>12.6f}  {b:>12.6f}  {rel:>9.1e}")
+    same = len(single) == len(distributed) == STEPS and worst <= RTOL
+    verdict = "the same" if same else "DIFFERENT"
+    print(f"\nlosses are {verdict} (largest relative difference {worst:.1e}, tolerance {RTOL:.0e}); "
+          f"{seconds:.0f} s in all; files in {workdir}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    main()

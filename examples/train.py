@@ -1,0 +1,134 @@
+"""Train any model file with an autodist plan: the script to copy for real jobs.
+
+On a GPU cluster (one launch per node)::
+
+    autodist-plan model.py --devices 8 --nodes 2 -o plan.json      # once, offline, on any machine
+    python -m paddle.distributed.launch --nnodes 2 --nproc_per_node 8 --master HOST:PORT \\
+        examples/train.py --model model.py --plan plan.json --steps 1000 --lazy
+
+On one device, without a plan (the reference the demo compares with)::
+
+    python examples/train.py --model model.py --steps 5
+
+The model file is what ``autodist-plan`` reads: a ``build_model()`` factory (or
+``model.py:factory``) and an ``input_spec()`` giving the global batch ``[batch, seq]``. The
+model's forward takes ``input_ids=`` and ``labels=`` and returns the loss (or a tuple whose first
+item is the loss), as PaddleFormers' ``...ForCausalLM`` classes and the docstring Llama do; adapt
+:func:`compute_loss` for anything else. Data here is random tokens from a fixed seed, so two runs
+see the same batches; replace :func:`make_loader` with your dataset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+
+def load_factory(target: str):
+    """``model.py``, ``model.py:factory`` or ``pkg.module:factory`` -> (module, factory)."""
+    ref, sep, name = target.rpartition(":")
+    if not sep or not name.isidentifier():
+        ref, name = target, "build_model"
+    if ref.endswith(".py"):
+        path = Path(ref).resolve()
+        spec = importlib.util.spec_from_file_location(f"_train_target_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+        sys.path.insert(0, str(path.parent))
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(ref)
+    return module, getattr(module, name)
+
+
+def vocab_size(model: paddle.nn.Layer) -> int:
+    """Rows of the first embedding table: the token ids the random data may use."""
+    for layer in model.sublayers(include_self=True):
+        if isinstance(layer, paddle.nn.Embedding):
+            return int(layer.weight.shape[0])
+    raise SystemExit("error: the model has no nn.Embedding, so this script cannot make token data for it")
+
+
+def make_loader(vocab: int, batch: int, seq: int, steps: int, seed: int) -> paddle.io.DataLoader:
+    """``steps`` batches of random token ids; labels are the inputs shifted by one."""
+    tokens = np.random.RandomState(seed).randint(0, vocab, size=(steps * batch, seq + 1)).astype("int64")
+    dataset = paddle.io.TensorDataset([paddle.to_tensor(tokens[:, :-1]), paddle.to_tensor(tokens[:, 1:])])
+    sampler = paddle.io.BatchSampler(dataset, batch_size=batch, shuffle=False, drop_last=True)
+    return paddle.io.DataLoader(dataset, batch_sampler=sampler)
+
+
+def compute_loss(model, input_ids, labels):
+    out = model(input_ids=input_ids, labels=labels)
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def full_value(tensor: paddle.Tensor) -> float:
+    """A scalar's value on this rank, gathered first when it is distributed."""
+    if tensor.is_dist():
+        tensor = dist.reshard(tensor, tensor.process_mesh, [dist.Replicate()] * len(tensor.placements))
+        tensor = tensor._local_value()
+    return float(tensor.numpy())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="model.py, model.py:factory or pkg.module:factory")
+    parser.add_argument("--plan", help="plan.json from autodist-plan (leave out to train on one device)")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=2024)
+    parser.add_argument("--lazy", action="store_true",
+                        help="build under paddle.LazyGuard(): each rank allocates only its shard (large models)")
+    parser.add_argument("--losses-out", help="write the losses as JSON here (rank 0)")
+    args = parser.parse_args(argv)
+
+    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+    if world > 1:
+        dist.init_parallel_env()
+
+    module, factory = load_factory(args.model)
+    paddle.seed(args.seed)  # every rank builds the same full weights
+    if args.lazy:
+        with paddle.LazyGuard():
+            model = factory()
+    else:
+        model = factory()
+    batch, seq = [int(d) for d in module.input_spec()[0].shape]
+    loader = make_loader(vocab_size(model), batch, seq, args.steps, args.seed)
+    optimizer = paddle.optimizer.AdamW(learning_rate=args.lr, parameters=model.parameters())
+
+    if args.plan:
+        from autodist import apply_plan
+
+        model, optimizer, loader = apply_plan(model, optimizer, loader, args.plan)
+    elif world > 1:
+        raise SystemExit("error: launched on several ranks without --plan")
+    elif args.lazy:
+        for param in model.parameters():
+            param.initialize()
+
+    losses = []
+    for step, (input_ids, labels) in enumerate(loader, 1):
+        loss = compute_loss(model, input_ids, labels)
+        losses.append(full_value(loss))
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        if rank == 0:
+            print(f"step {step}  loss {losses[-1]:.6f}", flush=True)
+    if rank == 0 and args.losses_out:
+        Path(args.losses_out).write_text(json.dumps({"world": world, "losses": losses}))
+
+
+if __name__ == "__main__":
+    main()
