@@ -47,7 +47,8 @@ class BlockCost:
 
     ``flops_*`` are forward FLOPs; ``allreduce_*`` are elements all-reduced over mp when the
     block's linears are split (forward: row-parallel outputs; backward: the inputs of
-    column-parallel linears, once per distinct input).
+    column-parallel linears, once per distinct input), in ``*_count`` collectives (at least one
+    when there are elements).
     """
 
     layer: str
@@ -63,6 +64,8 @@ class BlockCost:
     saved_inside_seq: Saved = field(default_factory=Saved)  # per token*s: attention scores
     allreduce_fwd_per_token: float = 0.0
     allreduce_bwd_per_token: float = 0.0
+    allreduce_fwd_count: int = 0  # how many collectives carry them (each pays the latency)
+    allreduce_bwd_count: int = 0
     output_per_token: float = 0.0  # elements handed to the next block (pipeline p2p)
 
 

@@ -36,16 +36,18 @@ class Link:
     latency_s: float
 
 
-def all_reduce_time(nbytes: float, p: int, link: Link) -> float:
+def all_reduce_time(nbytes: float, p: int, link: Link, count: int = 1) -> float:
+    """``count`` all-reduces of ``nbytes`` in total (each pays the latency, the bytes once)."""
     if p <= 1 or nbytes <= 0:
         return 0.0
-    return 2 * (p - 1) * link.latency_s + 2 * (p - 1) / p * nbytes / link.bandwidth
+    return 2 * (p - 1) * link.latency_s * max(count, 1) + 2 * (p - 1) / p * nbytes / link.bandwidth
 
 
-def all_gather_time(nbytes: float, p: int, link: Link) -> float:
+def all_gather_time(nbytes: float, p: int, link: Link, count: int = 1) -> float:
+    """``count`` all-gathers of ``nbytes`` (gathered size) in total."""
     if p <= 1 or nbytes <= 0:
         return 0.0
-    return (p - 1) * link.latency_s + (p - 1) / p * nbytes / link.bandwidth
+    return (p - 1) * link.latency_s * max(count, 1) + (p - 1) / p * nbytes / link.bandwidth
 
 
 #: Reduce-scatter moves the same data as all-gather, the other way round.

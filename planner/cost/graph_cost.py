@@ -154,6 +154,8 @@ class _Walk:
     saved: dict[Value, str] = field(default_factory=dict)  # -> "outside" | "inside" | "inside_seq"
     allreduce_fwd: float = 0.0
     allreduce_bwd: float = 0.0
+    allreduce_fwd_count: int = 0
+    allreduce_bwd_count: int = 0
 
 
 def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = None) -> _Walk:
@@ -185,6 +187,7 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
                     column_inputs.update(acts)
                 elif weights[0] in roles.row:
                     walk.allreduce_fwd += facts.numel((n, 0))
+                    walk.allreduce_fwd_count += 1
                 elif any(v in inside for v in acts):
                     inside.add((n, 0))
             else:
@@ -210,6 +213,7 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
             else:
                 walk.saved.setdefault(value, "inside" if value in inside else "outside")
     walk.allreduce_bwd = float(sum(facts.numel(v) for v in column_inputs))
+    walk.allreduce_bwd_count = len(column_inputs)
     return walk
 
 
@@ -245,6 +249,8 @@ def block_cost(facts: GraphFacts, nodes: Iterable[int], layer: str, roles: Roles
         saved_inside_seq=_saved(facts, walk, "inside_seq", tokens * seq),
         allreduce_fwd_per_token=walk.allreduce_fwd / tokens,
         allreduce_bwd_per_token=walk.allreduce_bwd / tokens,
+        allreduce_fwd_count=walk.allreduce_fwd_count,
+        allreduce_bwd_count=walk.allreduce_bwd_count,
         output_per_token=max(outputs, default=0) / tokens,
         **shape,
     )

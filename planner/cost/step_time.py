@@ -91,7 +91,7 @@ class StageTable:
     """Prefix sums over the blocks, so a stage's totals cost O(1) whatever its size."""
 
     _FIELDS = ("params_split", "params_whole", "flops_per_token", "flops_per_token_seq",
-               "allreduce_fwd_per_token", "allreduce_bwd_per_token")
+               "allreduce_fwd_per_token", "allreduce_bwd_per_token", "allreduce_fwd_count", "allreduce_bwd_count")
 
     def __init__(self, cost: ModelCost):
         self.cost = cost
@@ -168,15 +168,17 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit_bytes
             flops += table.total("flops_per_token_seq", start, stop) * seq / mp
         compute = flops * tokens / peak
         # -- tensor-parallel collectives
-        fwd_elems = table.total("allreduce_fwd_per_token", start, stop)
-        bwd_elems = table.total("allreduce_bwd_per_token", start, stop)
+        fwd = (table.total("allreduce_fwd_per_token", start, stop), table.total("allreduce_fwd_count", start, stop))
+        bwd = (table.total("allreduce_bwd_per_token", start, stop), table.total("allreduce_bwd_count", start, stop))
         if split_vocab:
-            fwd_elems += sum(e.allreduce_fwd_per_token for e in edges)
-            bwd_elems += sum(e.allreduce_bwd_per_token for e in edges)
-        collectives = [fwd_elems, bwd_elems] + ([fwd_elems] if setup.recompute == "full" else [])
-        mp_time = sum(all_reduce_time(n * tokens * width, mp, mp_link) for n in collectives)
+            fwd = (fwd[0] + sum(e.allreduce_fwd_per_token for e in edges), fwd[1] + sum(
+                1 for e in edges if e.allreduce_fwd_per_token))
+            bwd = (bwd[0] + sum(e.allreduce_bwd_per_token for e in edges), bwd[1] + sum(
+                1 for e in edges if e.allreduce_bwd_per_token))
+        collectives = [fwd, bwd] + ([fwd] if setup.recompute == "full" else [])
+        mp_time = sum(all_reduce_time(n * tokens * width, mp, mp_link, int(count)) for n, count in collectives)
         mp_time += all_gather_time(implicit_bytes_per_token * tokens, mp, mp_link)
-        mp_bytes = max(mp_bytes, sum(all_reduce_bytes(n * tokens * width, mp) for n in collectives)
+        mp_bytes = max(mp_bytes, sum(all_reduce_bytes(n * tokens * width, mp) for n, _ in collectives)
                        + all_gather_bytes(implicit_bytes_per_token * tokens, mp))
         # -- pipeline hand-off: activation forward, its gradient backward
         p2p = 0.0
@@ -220,7 +222,7 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit_bytes
         else:
             sync = all_gather_time(grad_bytes, dp, dp_link)  # reduce-scatter of the gradients
             gathers = 1 if strategy.sharding_stage < 3 else 2 * m
-            exposed_extra = gathers * all_gather_time(grad_bytes, dp, dp_link)
+            exposed_extra = all_gather_time(gathers * grad_bytes, dp, dp_link, gathers)
             sent = (1 + gathers) * all_gather_bytes(grad_bytes, dp)
         exposed = max(sync - stage_bwd[k], sync / (nblocks + 1)) if sync > 0 else 0.0
         dp_time = max(dp_time, exposed + exposed_extra)
