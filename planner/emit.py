@@ -127,6 +127,7 @@ def build_plan(
     if strategy.mp > 1:
         hooks += _sequence_parallel_hooks(analysis, strategy, mesh.dim_names, notes)
         hooks += reshard_hooks(analysis, strategy.mp)
+    notes += _tied_across_stages(analysis, strategy.pp)
     notes += [f"layer {layer}: no pattern matched it; its parameters stay replicated" for layer in analysis.unmatched]
     notes += analysis.notes + list(getattr(result, "notes", []))
     return Plan(
@@ -261,6 +262,17 @@ def _param_stages(analysis: ModelAnalysis, pp: int) -> dict[str, int]:
         ):
             stages[fqn] = 0
     return stages
+
+
+def _tied_across_stages(analysis: ModelAnalysis, pp: int) -> list[str]:
+    """A head that shares the embedding's weight runs on the last stage, the weight lives on the first."""
+    head, embedding = analysis.lm_head, analysis.embedding
+    if pp == 1 or head is None or embedding is None:
+        return []
+    if head.weight != embedding and head.weight not in analysis.tied.get(embedding, []):
+        return []
+    return [f"the LM head shares {embedding} (stage 0) but runs on stage {pp - 1}: the applier must keep one "
+            "parameter object and sum its gradients from both stages"]
 
 
 def _first_use_of_params(analysis: ModelAnalysis) -> dict[str, int]:

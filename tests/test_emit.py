@@ -130,3 +130,17 @@ def test_block_stages_are_contiguous_and_even(blocks, pp):
     assert len(stages) == blocks and stages == sorted(stages)
     assert max(counts) - min(counts) <= 1 and min(counts) >= 1
     assert counts == sorted(counts, reverse=True)  # earlier stages take the extra blocks
+
+
+@pytest.mark.slow
+def test_paddleformers_llama_from_its_causal_lm_class():
+    made = plan_target(f"{MODELS / 'paddleformers_models.py'}:build_llama", ["input_ids:int64:2x8"],
+                       SearchRequest(devices_per_node=4, dp=1, mp=2, pp=2), {"target": "llama"})
+    plan = made.plan
+    assert plan.model.traced_layer == "model" and plan.mesh.dim_names == ["pp", "mp"]
+    assert plan.params["model.layers.0.self_attn.k_proj.weight"].placements == ["R", "S(1)"]
+    assert plan.params["model.layers.1.mlp.down_proj.weight"].stage == 1
+    embedding = plan.params["model.embed_tokens.weight"]
+    assert (embedding.placements, embedding.stage, embedding.tied_to) == (["R", "S(0)"], 0, ["lm_head.weight"])
+    assert any("shares model.embed_tokens.weight" in note for note in plan.notes)
+    assert check_plan(plan) == []
