@@ -21,6 +21,7 @@ import click
 from autodist.schemas import dump_plan, plan_json_schema, save_plan
 
 from .errors import PlannerError
+from .review_commands import REVIEW_COMMANDS
 
 #: Exit status for a problem in what the user gave us (target, specs, degrees).
 USAGE_ERROR = 2
@@ -208,6 +209,11 @@ def graph(target: str, input_specs: tuple[str, ...], fmt: str, output: str | Non
         Path(output).write_text(text)
     else:
         click.echo(text, nl=False)
+
+
+# show / diff / check / export / render live in their own module (light imports: no paddle).
+for _review_command in REVIEW_COMMANDS:
+    cli.add_command(_review_command)
 
 
 def main() -> None:
