@@ -127,7 +127,7 @@ def _mesh(svg: _Svg, plan: Plan, y: float) -> float:
                     svg.text("rank-id", cx + (cell - 2) / 2, cy + cell / 2 + 3, str(rank), size=11, anchor="middle", fill="white")
     rows = len(grids[0])
     col_dim = names[-1]
-    row_dim = names[-2] if len(names) >= 2 and (len(names) == 2 or len(grids) > 1) else None
+    row_dim = names[-2] if len(names) >= 2 else None
     svg.text("dim-label", x0, y + 18 + rows * cell + 14, f"→ {col_dim} ({plan.mesh.shape[-1]})", size=11)
     if row_dim:
         svg.text("dim-label", MARGIN, y + 18 + rows * cell / 2, f"↓ {row_dim}", size=11)
