@@ -69,7 +69,7 @@ def main() -> None:
     plan, python = workdir / "plan.json", sys.executable
     began = time.monotonic()
     run("Plan the docstring Llama (tiny config) for 4 devices",
-        [python, "-m", "autodist.planner.cli", MODEL, "--devices", str(RANKS), "--mp", "2", "--device", "cpu",
+        [python, "-m", "autodist.planner.cli", MODEL, "--devices", str(RANKS), "--dp", "2", "--mp", "2", "--device", "cpu",
          "-o", str(plan)], workdir)
 
     print(f"\n== Review\n$ autodist-plan show {plan}")
