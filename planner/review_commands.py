@@ -156,9 +156,10 @@ EXPORTERS = {"paddle-parallelize": export_parallelize}
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
 @one_line_errors
 def export(plan: str, target: str, output: str | None) -> None:
-    """Write PLAN in another tool's format: ``paddle-parallelize`` is a Python module with the
-    equivalent ``dist.parallelize`` config (MESH, CONFIG and a ``parallelize(model, optimizer)``
-    function), for adopting a plan in hand-written code.
+    """Write PLAN in another tool's format, e.g. as a dist.parallelize config.
+
+    paddle-parallelize: a Python module with the equivalent dist.parallelize config (MESH, CONFIG
+    and a parallelize(model, optimizer) function), for adopting a plan in hand-written code.
 
     \b
     Example:
