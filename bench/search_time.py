@@ -1,0 +1,62 @@
+"""Time the strategy search (not a test: no asserts on time).
+
+Traces the docstring Llama under ``paddle.LazyGuard()`` at hidden 4096 and 32 / 80 layers,
+then times ``model_cost`` (graph -> cost description, once per model) and ``search`` for
+clusters of 8 to 1024 H100s, printing a Markdown table for docs/benchmarks.md.
+
+    .venv/bin/python bench/search_time.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import paddle
+
+from autodist.planner.analysis import analyze
+from autodist.planner.cost.graph_cost import model_cost
+from autodist.planner.graph import build_graph
+from autodist.planner.search import SearchRequest, describe, search
+from autodist.planner.trace import trace_model
+
+MODEL_FILE = Path(__file__).resolve().parents[1] / "plans" / "llama_docstring" / "model.py"
+CLUSTERS = [(8, 1), (8, 2), (8, 8), (8, 64), (8, 128)]  # (devices per node, nodes)
+REPEATS = 3
+
+
+def load_docstring_module():
+    spec = importlib.util.spec_from_file_location("llama_docstring_model", MODEL_FILE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    module = load_docstring_module()
+    print("| layers | devices | model_cost (s) | search (s, best of 3) | strategies priced | chosen |")
+    print("|---|---|---|---|---|---|")
+    for layers in (32, 80):
+        with paddle.LazyGuard():
+            model = module.build_model(num_layers=layers, hidden_size=4096)
+        program = trace_model(model, module.input_spec())
+        analysis = analyze(program, build_graph(program), model)
+        start = time.perf_counter()
+        model_cost(analysis)
+        cost_s = time.perf_counter() - start
+        for devices_per_node, nodes in CLUSTERS:
+            request = SearchRequest(devices_per_node=devices_per_node, nodes=nodes)
+            best = float("inf")
+            for _ in range(REPEATS):
+                start = time.perf_counter()
+                result = search(analysis, request)
+                best = min(best, time.perf_counter() - start)
+            print(f"| {layers} | {nodes} x {devices_per_node} | {cost_s:.3f} | {best:.3f} | "
+                  f"{result.evaluated} | {describe(result.best.strategy)} |")
+
+
+if __name__ == "__main__":
+    main()
