@@ -75,7 +75,7 @@ def _transform(hook: Hook, plan: Plan, reshard_fn: ReshardFn) -> Callable[[paddl
         return lambda x: reshard_fn(_as_dist(x, mesh), mesh, placements)
     if hook.action == "stage_handoff":
         target = stage_mesh(plan, hook.to_stage)
-        return lambda x: _hand_off(_as_dist(x, mesh), target, reshard_fn)
+        return lambda x: _hand_off(x, target, reshard_fn)
     mp = mesh.dim_names.index("mp")
     if hook.action == "sequence_parallel_begin":
         return lambda x: _split_sequence(_as_dist(x, mesh), mesh, mp, reshard_fn)
@@ -84,7 +84,12 @@ def _transform(hook: Hook, plan: Plan, reshard_fn: ReshardFn) -> Callable[[paddl
 
 def _hand_off(x, target: dist.ProcessMesh, reshard_fn: ReshardFn):
     """Move ``x`` onto the next stage's mesh; stage meshes have the same dims, so the
-    placements carry over unchanged."""
+    placements carry over unchanged. A dense tensor (made in the model's own forward, like a
+    mask) is whole on every rank: it is placed on the target directly, with no communication."""
+    if not x.is_dist():
+        return dist.shard_tensor(x, target, _replicated(target))
+    if x.process_mesh == target:
+        return x
     return reshard_fn(x, target, list(x.placements))
 
 

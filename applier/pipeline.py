@@ -103,14 +103,18 @@ class PipelineModel(paddle.nn.Layer):
     model directly is not supported: a schedule has no single-rank forward.
     """
 
-    def __init__(self, chunks: list[paddle.nn.Layer], schedule: Any):
+    def __init__(self, chunks: list[paddle.nn.Layer], schedule: Any, holds_first: bool, holds_last: bool):
         super().__init__()
         self.chunks = paddle.nn.LayerList(chunks)
         self.schedule = schedule
+        self.holds_first, self.holds_last = holds_first, holds_last
 
     def step(self, *inputs: Any, target: Any = None) -> list[paddle.Tensor]:
+        # Every rank may pass the whole batch; only the first stage consumes the inputs and
+        # only the last the target. The others must not even split them: a tensor on another
+        # stage's mesh cannot be split on this rank (segfault in GetDefaultPlace on CPU).
         losses: list[paddle.Tensor] = []
-        self.schedule.step(*inputs, target=target, losses=losses)
+        self.schedule.step(*(inputs if self.holds_first else ()), target=target if self.holds_last else None, losses=losses)
         return losses
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -141,9 +145,10 @@ def build_pipeline(model: paddle.nn.Sequential, plan: Plan, loss_fn: Callable, f
             chunk = paddle.nn.Sequential(*children)
             chunks.append(chunk)
             stages.append(PipelineStage(chunk, index, len(runs), group=group))
+    holds_first, holds_last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     n = plan.strategy.micro_batches
     if plan.strategy.schedule == "1F1B":
         schedule = Schedule1F1B(stages[0], n_microbatches=n, loss_fn=loss_fn)
     else:
         schedule = ScheduleVPP(stages, n_microbatches=n, loss_fn=loss_fn)
-    return PipelineModel(chunks, schedule)
+    return PipelineModel(chunks, schedule, holds_first, holds_last)

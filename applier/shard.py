@@ -52,7 +52,7 @@ def shard_parameters(model: paddle.nn.Layer, plan: Plan) -> list[tuple[paddle.Te
     placements), put it back in every slot that held the old one, and initialise lazily built
     ones. Returns the ``(old, new)`` parameter pairs."""
     slots_by_fqn = {slot.fqn: slots for slots in parameter_owners(model).values() for slot in slots}
-    replaced = []
+    replaced, lazy = [], []
     for fqn in sorted(plan.params):
         planned = plan.params[fqn]
         slots = slots_by_fqn[fqn]
@@ -61,9 +61,11 @@ def shard_parameters(model: paddle.nn.Layer, plan: Plan) -> list[tuple[paddle.Te
         for slot in slots:
             slot.layer._parameters[slot.key] = new
         replaced.append((old, new))
-    for _, new in replaced:
-        if not new._is_initialized():
-            new.initialize()  # after sharding: allocates this rank's shard only
+        if not old._is_initialized():  # built under LazyGuard
+            lazy.append(new)
+    for new in lazy:
+        # After sharding: allocates this rank's shard only (nothing off the param's mesh).
+        new.initialize()
     return replaced
 
 

@@ -230,16 +230,53 @@ def test_sequence_parallel_hooks_transpose_and_restore():
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
 
 
-def test_stage_handoff_targets_the_next_stage_mesh():
-    """Plumbing only: a real hand-off is a cross-mesh reshard, which segfaults on Paddle's CPU
-    wheel (PADDLE_NOTES.md), so the reshard_fn here records the target and keeps the value."""
-    model = build_tied()
+def pipeline_plan(model, stage_of):
+    """A pp2 plan (ranks 0 and 1) putting each parameter on ``stage_of(fqn)``."""
     plan = one_rank_plan(model)
     plan.mesh = msgspec.structs.replace(plan.mesh, dim_names=["pp"], shape=[2], process_ids=[0, 1])
     plan.strategy = Strategy(pp=2, schedule="sequential")
-    plan.params = {f: msgspec.structs.replace(p, stage=int(f.startswith("proj"))) for f, p in plan.params.items()}
+    plan.params = {f: msgspec.structs.replace(p, stage=stage_of(f)) for f, p in plan.params.items()}
+    return plan
+
+
+class HandOffReached(Exception):
+    """Raised by the recording reshard_fn to stop the forward at the hand-off."""
+
+
+def test_stage_handoff_targets_the_next_stage_mesh():
+    """Plumbing only: a real hand-off is a cross-mesh reshard, which segfaults on Paddle's CPU
+    wheel (PADDLE_NOTES.md), so the reshard_fn records its arguments and stops the forward."""
+    from autodist.applier.shard import shard_parameters
+
+    model = build_tied()
+    plan = pipeline_plan(model, lambda fqn: int(fqn.startswith("proj")))
     plan.hooks = [Hook(layer="norm", when="post", action="stage_handoff", to_stage=1)]
-    targets = []
-    register_hooks(model, plan, lambda x, mesh, placements: targets.append((mesh.process_ids, placements)) or x)
-    model(paddle.to_tensor([[1, 2]]))
-    assert targets == [([1], [dist.Replicate()])]
+    shard_parameters(model, plan)
+    calls = []
+
+    def record(x, mesh, placements):
+        calls.append((x.process_mesh.process_ids, mesh.process_ids, placements))
+        raise HandOffReached
+
+    register_hooks(model, plan, record)
+    with pytest.raises(HandOffReached):
+        model(paddle.to_tensor([[1, 2]]))
+    assert calls == [([0], [1], [dist.Replicate()])]
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_other_stages_parameters_hold_no_memory_here(lazy):
+    """Rank 0 of a pp2 plan: stage-1 parameters go onto mesh [1] and take no memory on this
+    rank, whether the model was built eagerly or under LazyGuard."""
+    from autodist.applier.shard import shard_parameters
+
+    if lazy:
+        with paddle.LazyGuard():
+            model = build_tied()
+    else:
+        model = build_tied()
+    plan = pipeline_plan(model, lambda fqn: int(fqn.startswith("proj")))
+    shard_parameters(model, plan)
+    assert model.proj.weight.process_mesh.process_ids == [1]
+    assert model.embed.weight.process_mesh.process_ids == [0]
+    assert local_parameter_bytes(model) == planned_local_bytes(plan, 0) == 4 * (16 * 8 + 8 + 8)
