@@ -142,7 +142,7 @@ def search(analysis: ModelAnalysis | ModelCost, request: SearchRequest) -> Searc
         rejected=rejected,
         breakdowns=[s.breakdown for s in top],
         setup=setup,
-        notes=list(cost.notes) + _vocab_note(cost, top[0].candidate.strategy),
+        notes=list(cost.notes) + _strategy_notes(cost, top[0].candidate.strategy),
         evaluated=evaluated,
     )
 
@@ -337,8 +337,11 @@ def describe(strategy: Strategy) -> str:
     return " ".join(parts)
 
 
-def _vocab_note(cost: ModelCost, strategy: Strategy) -> list[str]:
+def _strategy_notes(cost: ModelCost, strategy: Strategy) -> list[str]:
+    notes = []
     if strategy.mp > 1 and cost.vocab_size and cost.vocab_size % strategy.mp:
-        return [f"vocabulary {cost.vocab_size} does not divide by mp={strategy.mp}: embedding and LM head "
-                "stay replicated over mp (priced so)"]
-    return []
+        notes.append(f"vocabulary {cost.vocab_size} does not divide by mp={strategy.mp}: embedding and LM head "
+                     "stay replicated over mp (priced so)")
+    if strategy.schedule == "VPP":
+        notes.append("VPP is priced like 1F1B (its smaller bubble is not modelled)")
+    return notes

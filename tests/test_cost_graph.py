@@ -184,3 +184,42 @@ def test_untraced_lm_head_is_priced_from_its_weight_shape():
     assert cost.last.flops_vocab_per_token == 2 * hidden * vocab
     assert cost.last.params_vocab == hidden * vocab
     assert any("lm_head was not traced" in note for note in cost.notes)
+
+
+# -- recompute (Korthikanti sec. 4.3 and 5) ---------------------------------------------------------
+
+
+def test_selective_recompute_drops_exactly_the_attention_core(korthikanti_layer_cost):
+    setup = Setup(device=PROFILES["h100-sxm"], devices_per_node=2, nodes=1, seq_len=S, global_batch=B,
+                  recompute="selective")
+    got = estimate(StageTable(korthikanti_layer_cost), Strategy(mp=2, sequence_parallel=True), setup)
+    assert got.estimate.memory.activations == pytest.approx(sbh(S, B, H) * 34 / 2, rel=0.02)  # sbh * 34/t
+
+
+def test_full_recompute_of_a_traced_model_keeps_2sbh_per_layer():
+    model, program, graph = traced("gpt@4")
+    cost = model_cost(analyze(program, graph, model))
+    h, b, s = 32, 2, 8
+    plain = Setup(device=PROFILES["h100-sxm"], devices_per_node=1, nodes=1, seq_len=s, global_batch=b)
+    full = Setup(device=PROFILES["h100-sxm"], devices_per_node=1, nodes=1, seq_len=s, global_batch=b, recompute="full")
+    table = StageTable(cost)
+    saved_plain = estimate(table, Strategy(), plain).estimate.memory.activations
+    saved_full = estimate(table, Strategy(), full).estimate.memory.activations
+    one_layer = (saved_plain - (cost.first.saved_whole + cost.last.saved_whole).bytes(BYTES) * b * s
+                 - cost.last.saved_vocab.bytes(BYTES) * b * s) / 4
+    edges = saved_plain - 4 * one_layer
+    assert saved_full == pytest.approx(edges + 4 * 2 * sbh(s, b, h) + one_layer, rel=1e-6)
+
+
+def test_a_tied_head_is_held_by_the_first_and_the_last_stage():
+    model, program, graph = traced("llama")
+    analysis = analyze(program, graph, model)
+    cost = model_cost(analysis)
+    vocab_hidden = 64 * 32
+    assert cost.first.params_vocab == cost.last.params_vocab == cost.tied_vocab_params == vocab_hidden
+    assert cost.num_params == sum(math.prod(shape) for shape, _ in analysis.params.values())
+    setup = Setup(device=PROFILES["h100-sxm"], devices_per_node=2, nodes=1, seq_len=8, global_batch=4)
+    one_stage = estimate(StageTable(cost), Strategy(), setup).estimate.memory.params
+    assert one_stage == cost.num_params * BYTES  # counted once when one stage holds both uses
+    two = estimate(StageTable(cost), Strategy(pp=2, micro_batches=2, schedule="1F1B"), setup)
+    assert two.estimate.memory.params >= (vocab_hidden + cost.blocks[0].params_split) * BYTES

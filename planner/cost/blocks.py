@@ -101,12 +101,15 @@ class ModelCost:
     #: length to these.
     traced_batch: int = 1
     traced_seq: int = 1
+    #: Elements of a weight both edges use (an LM head tied to the embedding): in ``first`` and
+    #: ``last`` alike, because with pp > 1 the first and the last stage each hold it.
+    tied_vocab_params: int = 0
     notes: tuple[str, ...] = ()
 
     @property
     def num_params(self) -> int:
         edges = self.first.params_vocab + self.first.params_whole + self.last.params_vocab + self.last.params_whole
-        return edges + sum(b.params_split + b.params_whole for b in self.blocks)
+        return edges - self.tied_vocab_params + sum(b.params_split + b.params_whole for b in self.blocks)
 
     def forward_flops(self, tokens: float, seq_len: int) -> float:
         """Forward FLOPs of the whole model for ``tokens`` tokens of sequences of ``seq_len``."""

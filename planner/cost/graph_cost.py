@@ -284,10 +284,10 @@ def model_cost(analysis: ModelAnalysis) -> ModelCost:
         blocks.append(block_cost(facts, info.nodes, info.layer, roles, mine, tokens, seq,
                                  num_heads=info.num_heads, num_kv_heads=info.num_kv_heads,
                                  intermediate_size=info.intermediate_size))
-    first, last, notes = _edges(analysis, facts, numel, block_params, in_blocks, tokens)
+    first, last, tied, notes = _edges(analysis, facts, numel, block_params, in_blocks, tokens)
     batch = analysis.batch_size if analysis.batch_size > 0 else 1
-    return ModelCost(blocks=tuple(blocks), hidden_size=blocks[0].output_per_token if blocks else 0,
-                     vocab_size=analysis.vocab_size, first=first, last=last,
+    return ModelCost(blocks=tuple(blocks), hidden_size=int(blocks[0].output_per_token) if blocks else 0,
+                     vocab_size=analysis.vocab_size, first=first, last=last, tied_vocab_params=tied,
                      traced_batch=batch, traced_seq=analysis.seq_len if analysis.seq_len > 0 else seq,
                      notes=tuple(notes))
 
@@ -300,13 +300,14 @@ def _roles(linears) -> Roles:
 
 
 def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set[str], in_blocks: set[int],
-           tokens: int) -> tuple[EdgeCost, EdgeCost, list[str]]:
+           tokens: int) -> tuple[EdgeCost, EdgeCost, int, list[str]]:
     """Embedding side and head side: graph nodes outside the blocks, split at the blocks'
     position in program order, plus the LM head from its weight when it was not traced."""
     notes = []
     head = analysis.lm_head.weight if analysis.lm_head else None
     vocab_params = {p for p in (analysis.embedding, head) if p}
     last_params = set(analysis.final_norm) | ({head} if head else set())
+    tied = head if head and head == analysis.embedding else None
     boundary = min(in_blocks) if in_blocks else max(facts.graph.nodes, default=0) + 1
     sides = {"first": [], "last": []}
     for n in facts.graph.nodes:
@@ -316,6 +317,7 @@ def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set
     edges = {}
     for side, walk in walks.items():
         on_side = {fqn for fqn in numel if fqn not in block_params and (fqn in last_params) == (side == "last")}
+        on_side |= {tied} if tied else set()
         vocab_flops = sum(f for w, f in walk.flops_by_weight.items() if w in vocab_params)
         saved = _saved(facts, walk, "outside", tokens) + _saved(facts, walk, "inside", tokens)
         edges[side] = dict(
@@ -340,7 +342,7 @@ def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set
         # Logits plus the loss's fp32 softmax: Korthikanti's 4sbv bytes at 2-byte elements.
         edges["last"]["saved_vocab"] = Saved(floats=2.0 * vocab)
         edges["last"]["allreduce_bwd_per_token"] = hidden  # column-parallel head input gradient
-    return EdgeCost(**edges["first"]), EdgeCost(**edges["last"]), notes
+    return EdgeCost(**edges["first"]), EdgeCost(**edges["last"]), (numel[tied] if tied else 0), notes
 
 
 def implicit_bytes_per_token(analysis: ModelAnalysis, mp: int, sequence_parallel: bool) -> float:

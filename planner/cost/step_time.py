@@ -193,7 +193,8 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit_bytes
         pp_time_total = max(pp_time_total, p2p)
         # -- memory
         params = (table.total("params_split", start, stop) / mp + table.total("params_whole", start, stop)
-                  + sum(e.params_vocab / vocab_div + e.params_whole for e in edges))
+                  + sum(e.params_vocab / vocab_div + e.params_whole for e in edges)
+                  - (cost.tied_vocab_params / vocab_div if len(edges) == 2 else 0))  # one stage holds both
         states = model_state_bytes(params, dp, strategy.sharding_stage, setup.dtype, setup.optimizer)
         in_flight = min(pp - k, m) if strategy.schedule in ("1F1B", "VPP") else 1
         per_token = _stage_activation_bytes(table, start, stop, mp, act_div, seq, width, setup.recompute)
