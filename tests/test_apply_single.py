@@ -280,3 +280,40 @@ def test_other_stages_parameters_hold_no_memory_here(lazy):
     assert model.proj.weight.process_mesh.process_ids == [1]
     assert model.embed.weight.process_mesh.process_ids == [0]
     assert local_parameter_bytes(model) == planned_local_bytes(plan, 0) == 4 * (16 * 8 + 8 + 8)
+
+
+#: One rank of the LazyGuard job below: build lazily, apply a dp2 x mp2 plan, report bytes.
+LAZY_RANK = """
+import json, paddle, paddle.distributed as dist
+from harness.plans import tensor_parallel_plan
+from harness.workloads import WORKLOADS
+from autodist.applier import apply_plan
+from autodist.applier.shard import local_parameter_bytes, planned_local_bytes
+dist.init_parallel_env()
+paddle.seed(7)
+with paddle.LazyGuard():
+    model = WORKLOADS["docstring_llama"].build_unseeded()
+plan = tensor_parallel_plan(model, dp=2, mp=2)
+model, _, _ = apply_plan(model, None, None, plan)
+rank = dist.get_rank()
+print(json.dumps({"local": local_parameter_bytes(model), "planned": planned_local_bytes(plan, rank),
+                  "embed": model.embed_tokens.weight._local_value().numpy().tolist()}))
+"""
+
+
+@pytest.mark.multiprocess
+def test_lazy_model_on_four_ranks_allocates_only_its_shards(tmp_path):
+    """dp2 x mp2 under LazyGuard: each rank holds exactly the bytes the plan implies (less
+    than the whole model), and a replicated table is initialised identically everywhere."""
+    import json
+
+    from harness.launcher import launch_ranks
+
+    job = launch_ranks(4, ["-c", LAZY_RANK], workdir=tmp_path, timeout_s=120)
+    job.raise_for_failure()
+    reports = [json.loads(p.stdout.strip().splitlines()[-1]) for p in job.processes]
+    model = WORKLOADS["docstring_llama"].build(seed=7)
+    whole = sum(int(np.prod(p.shape)) * 4 for p in model.parameters())
+    for report in reports:
+        assert report["local"] == report["planned"] < whole
+    assert all(r["embed"] == reports[0]["embed"] for r in reports)
