@@ -1,0 +1,351 @@
+"""Check tensor-parallel placements against Paddle's own SPMD rules, op by op.
+
+Paddle's auto-parallel runs every op through its SPMD rule
+(``paddle.base.core.get_phi_spmd_rule(op).infer_forward``): given the inputs' placements, the
+rule says which placements the op needs, and Paddle reshards any input that differs. This
+module replays that on the traced graph of each block, with the weights placed as the analysis
+chose (column: output features split over mp, row: input features), and reports every reshard
+the plan did not ask for. It needs no process group: the rules run on a 1-D ``mp`` mesh.
+
+What counts as *asked for*: Partial -> Replicate after a row-parallel matmul (the row linear's
+all-reduce). What is *implicit*: a Shard -> Replicate (all-gather) or Shard -> Shard
+(all-to-all) forced by an op that cannot work on the split value, and a Partial reduced
+anywhere but after a matmul. The classic case is a column-split fused projection: each rank holds
+a slice of ``q|k|v`` (or ``gate|up``) that crosses the segment boundaries, so the reshape /
+slice / split that separates the segments needs the whole tensor back.
+
+Example::
+
+    >>> comms = implicit_comm(analysis, mp=2, sequence_parallel=False)    # doctest: +SKIP
+    >>> [(c.layer, c.op, c.collective) for c in comms][:1]                 # doctest: +SKIP
+    [('model.layers.0.self_attn', 'slice', 'all_gather')]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+import networkx as nx
+import paddle
+from paddle.base import core
+from paddle.distributed.auto_parallel.static.dist_attribute import DistTensorSpec, TensorDistAttr
+
+from autodist import schemas
+
+from .analysis import BlockInfo, ModelAnalysis
+from .match import constant_nodes, short_op
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A value's layout over the mp group: ``dims[i]`` is 0 when tensor dim ``i`` is split over
+    mp, -1 when whole; ``partial`` marks a pending sum, ``partial_source`` the node that made it."""
+
+    shape: tuple[int, ...]
+    dims: tuple[int, ...]
+    partial: bool = False
+    partial_source: int | None = None
+
+    @classmethod
+    def replicated(cls, shape: Sequence[int]) -> Dist:
+        return cls(tuple(shape), (-1,) * len(shape))
+
+    @property
+    def is_replicated(self) -> bool:
+        return not self.partial and all(d == -1 for d in self.dims)
+
+    def placement(self) -> str:
+        """The mp entry of a plan placement list: ``R``, ``P`` or ``S(k)``."""
+        if self.partial:
+            return "P"
+        return next((f"S({i})" for i, d in enumerate(self.dims) if d == 0), "R")
+
+
+@dataclass(frozen=True)
+class Reshard:
+    """Paddle would reshard operand ``operand`` of graph node ``node`` from ``before`` to ``after``."""
+
+    node: int
+    operand: int
+    before: Dist
+    after: Dist
+
+    @property
+    def collective(self) -> str | None:
+        """The collective this reshard costs; None for Replicate -> Shard (a local slice)."""
+        if self.before.partial:
+            return "all_reduce" if not self.after.partial and self.after.is_replicated else "reduce_scatter"
+        if self.before.is_replicated:
+            return None
+        return "all_gather" if self.after.is_replicated else "all_to_all"
+
+
+def weight_dists(block: BlockInfo, params: dict[str, tuple[list[int], str]]) -> dict[str, Dist]:
+    """Each block parameter's layout for its role (norms and row biases replicated)."""
+    dists = {}
+    for lin in block.linears:
+        shape = params[lin.weight][0]
+        dims = [-1] * len(shape)
+        if lin.split_dim is not None:
+            dims[lin.split_dim] = 0
+        dists[lin.weight] = Dist(tuple(shape), tuple(dims))
+        if lin.bias:
+            bias_shape = tuple(params[lin.bias][0])
+            dists[lin.bias] = Dist(bias_shape, (0,) if lin.role == "column" else (-1,))
+    return dists
+
+
+# -- replaying the rules -----------------------------------------------------------------------------
+
+
+def _spec(mesh, dist: Dist) -> DistTensorSpec:
+    attr = TensorDistAttr()
+    attr.process_mesh = mesh
+    attr.dims_mapping = list(dist.dims)
+    if dist.partial:
+        attr._set_partial_dims([0])
+    return DistTensorSpec(list(dist.shape), attr)
+
+
+def _from_attr(attr, shape: Sequence[int], source: int) -> Dist:
+    partial = bool(attr._partial_dims())
+    return Dist(tuple(shape), tuple(attr.dims_mapping), partial, source if partial else None)
+
+
+def _int(value) -> int:
+    return int(value[0] if isinstance(value, list) else value)
+
+
+#: op -> (rule name, extra arguments after the tensor specs, from the node's attrs/consts/shapes)
+_RULE_ARGS: dict[str, tuple[str, Callable[[dict], list]]] = {
+    "matmul": ("matmul", lambda d: [d["attrs"].get("transpose_x", False), d["attrs"].get("transpose_y", False)]),
+    "reshape": ("reshape", lambda d: [list(d["shapes"][0])]),
+    "transpose": ("transpose", lambda d: [list(d["attrs"]["perm"])]),
+    "unsqueeze": ("unsqueeze", lambda d: [[int(a) for a in d["consts"].get(1, [])]]),
+    "squeeze": ("squeeze", lambda d: [[int(a) for a in d["consts"].get(1, [])]]),
+    "slice": ("slice", lambda d: [list(d["attrs"]["axes"]), [int(v) for v in d["consts"][1]],
+                                   [int(v) for v in d["consts"][2]], list(d["attrs"].get("infer_flags", [])),
+                                   list(d["attrs"].get("decrease_axis", []))]),
+    "split_with_num": ("split_with_num", lambda d: [int(d["attrs"]["num"]), _int(d["consts"][1])]),
+    "split": ("split", lambda d: [[int(v) for v in d["consts"][1]], _int(d["consts"][2])]),
+    "unbind": ("unbind", lambda d: [int(d["attrs"]["axis"])]),
+    "softmax": ("softmax", lambda d: [int(d["attrs"]["axis"])]),
+    "layer_norm": ("layer_norm", lambda d: [float(d["attrs"]["epsilon"]), int(d["attrs"]["begin_norm_axis"])]),
+    "embedding": ("embedding", lambda d: [int(d["attrs"].get("padding_idx", -1)), bool(d["attrs"].get("sparse", False))]),
+    "gelu": ("gelu", lambda d: [bool(d["attrs"].get("approximate", False))]),
+    "pow": ("pow", lambda d: [float(d["attrs"].get("y", 2.0))]),
+    "concat": ("concat", lambda d: [_int(d["consts"][1])]),
+    "swiglu": ("swiglu", lambda d: []),
+    "gather_nd": ("gather_nd", lambda d: []),
+    "silu": ("silu", lambda d: []),
+    "rsqrt": ("rsqrt", lambda d: []),
+    "sin": ("sin", lambda d: []),
+    "cos": ("cos", lambda d: []),
+    "where": ("where", lambda d: []),
+    **{op: (op, lambda d: []) for op in ("add", "subtract", "multiply", "divide", "maximum", "minimum")},
+}
+#: Ops that keep their input's layout, partial sums included (linear in their input).
+_PASS_THROUGH = frozenset({"cast", "scale", "assign", "contiguous"})
+
+
+class _Replay:
+    """One block's forward, op by op, with each value's :class:`Dist`."""
+
+    def __init__(self, graph: nx.DiGraph, nodes: frozenset[int], weights: dict[str, Dist], mesh, constants,
+                 gathered_layers: frozenset[str] = frozenset()):
+        self.graph, self.nodes, self.weights, self.mesh, self.constants = graph, nodes, weights, mesh, constants
+        self.values: dict[tuple[int, int], Dist | list[Dist]] = {}
+        self.reshards: list[Reshard] = []
+        # a post-hook resharding a layer's output to Replicate acts after the layer's last op
+        self.gathered_outputs = {max(n for n in nodes if graph.nodes[n]["layer"] == layer)
+                                 for layer in gathered_layers if any(graph.nodes[n]["layer"] == layer for n in nodes)}
+
+    def run(self) -> list[Reshard]:
+        for node in sorted(self.nodes):
+            self._step(node)
+            if node in self.gathered_outputs:
+                self.values[node, 0] = Dist.replicated(self.values[node, 0].shape)
+        return self.reshards
+
+    def value(self, node: int, result: int) -> Dist | list[Dist]:
+        if (node, result) in self.values:
+            return self.values[node, result]
+        data = self.graph.nodes[node]
+        if data["param"] in self.weights:
+            return self.weights[data["param"]]
+        shape = (data["shapes"][result] if data["shapes"] else None) or []
+        return Dist.replicated(shape)  # a value from outside the block arrives whole
+
+    def operands(self, node: int) -> list[tuple[int, Dist | list[Dist]]]:
+        return sorted((self.graph.edges[p, node]["operand"], self.value(p, self.graph.edges[p, node]["result"]))
+                      for p in self.graph.predecessors(node))
+
+    def _step(self, node: int) -> None:
+        data = self.graph.nodes[node]
+        op, shapes = short_op(data["op"]), data["shapes"]
+        operands = self.operands(node)
+        if node in self.constants or not operands:
+            self._set(node, [Dist.replicated(s or []) for s in shapes])
+        elif data["op"] == "builtin.combine":
+            self.values[node, 0] = [v for _, v in operands]
+        elif data["op"] == "builtin.split":
+            self._set(node, list(operands[0][1]))
+        elif op in _PASS_THROUGH and len(operands) == 1:
+            self._set(node, [replace(operands[0][1], shape=tuple(shapes[0]))])
+        elif op == "mean" or op == "sum":
+            self._reduce(node, operands[0])
+        elif op == "expand":
+            self._expand(node, operands[0])
+        elif op in _RULE_ARGS:
+            self._rule(node, op, operands)
+        else:
+            self._unknown(node, operands)
+
+    def _set(self, node: int, dists: list[Dist]) -> None:
+        for i, dist in enumerate(dists):
+            self.values[node, i] = dist
+
+    def _need(self, node: int, operand: int, before: Dist, after: Dist) -> None:
+        if (before.dims, before.partial) != (after.dims, after.partial):
+            self.reshards.append(Reshard(node, operand, before, after))
+
+    def _rule(self, node: int, op: str, operands) -> None:
+        data = self.graph.nodes[node]
+        rule_name, extra = _RULE_ARGS[op]
+        tensors = [v for _, v in operands]
+        if op in ("add", "subtract", "multiply", "divide", "maximum", "minimum") and len(tensors) == 1:
+            # the other operand is a folded constant: elementwise with a scalar-like value
+            self._need(node, operands[0][0], tensors[0], replace(tensors[0], partial=False, partial_source=None))
+            self._set(node, [replace(tensors[0], shape=tuple(data["shapes"][0]), partial=False, partial_source=None)])
+            return
+        specs = [[_spec(self.mesh, t) for t in v] if isinstance(v, list) else _spec(self.mesh, v) for v in tensors]
+        inputs, outputs = core.get_phi_spmd_rule(rule_name).infer_forward(*specs, *extra(data))
+        for (operand, before), needed in zip(operands, inputs):
+            if isinstance(before, list):
+                for b, n in zip(before, needed):
+                    self._need(node, operand, b, _from_attr(n, b.shape, node))
+            else:
+                self._need(node, operand, before, _from_attr(needed, before.shape, node))
+        flat = [o for out in outputs for o in (out if isinstance(out, list) else [out])]
+        result_shapes = [s for s in data["shapes"] if s is not None] or [list(o.dims_mapping) for o in flat]
+        if data["shapes"] == [None]:  # a vector result (split/unbind): shapes come from builtin.split
+            self.values[node, 0] = [_from_attr(o, [0] * len(o.dims_mapping), node) for o in flat]
+        else:
+            self._set(node, [_from_attr(o, s, node) for o, s in zip(flat, result_shapes)])
+
+    def _reduce(self, node: int, operand) -> None:
+        """mean/sum over ``axis``: a split reduced axis leaves a partial sum."""
+        index, before = operand
+        data = self.graph.nodes[node]
+        rank = len(before.dims)
+        axes = {a % rank for a in (data["consts"].get(1) or range(rank))}
+        keep = data["attrs"].get("keepdim", False)
+        dims = [(-1 if i in axes else d) for i, d in enumerate(before.dims) if keep or i not in axes]
+        partial = before.partial or any(before.dims[a] == 0 for a in axes)
+        self._set(node, [Dist(tuple(data["shapes"][0]), tuple(dims), partial, node if partial else None)])
+
+    def _expand(self, node: int, operand) -> None:
+        """Broadcasting keeps split dims (aligned from the right); new dims are whole."""
+        _, before = operand
+        shape = tuple(self.graph.nodes[node]["shapes"][0])
+        offset = len(shape) - len(before.dims)
+        dims = tuple(-1 if i < offset else before.dims[i - offset] for i in range(len(shape)))
+        self._set(node, [replace(before, shape=shape, dims=dims)])
+
+    def _unknown(self, node: int, operands) -> None:
+        """No rule known here: assume the op needs whole inputs (an over-count, never a miss)."""
+        for operand, before in operands:
+            for b in before if isinstance(before, list) else [before]:
+                self._need(node, operand, b, Dist.replicated(b.shape))
+        self._set(node, [Dist.replicated(s or []) for s in self.graph.nodes[node]["shapes"]])
+
+
+def block_reshards(analysis: ModelAnalysis, block: BlockInfo, mp: int,
+                   gathered_layers: frozenset[str] = frozenset()) -> list[Reshard]:
+    """Every reshard Paddle's rules ask for in ``block`` with its weights placed by role, the
+    outputs of ``gathered_layers`` resharded to Replicate by post-hooks."""
+    mesh = paddle.distributed.ProcessMesh(list(range(mp)), dim_names=["mp"])
+    graph = analysis.graph
+    weights = weight_dists(block, analysis.params)
+    return _Replay(graph, block.nodes, weights, mesh, constant_nodes(graph), gathered_layers).run()
+
+
+def _is_planned(graph: nx.DiGraph, r: Reshard) -> bool:
+    """A row-parallel matmul's partial output being summed is the row linear's own all-reduce."""
+    source = r.before.partial_source
+    return r.before.partial and source is not None and short_op(graph.nodes[source]["op"]) == "matmul"
+
+
+def _comm_bytes(dist: Dist, mp: int, itemsize: int) -> int:
+    """Bytes one rank sends for a ring collective over a value of ``dist.shape``, forward plus
+    backward (an all-gather's gradient is a reduce-scatter of the same size, an all-reduce's is
+    an all-reduce or nothing; counted once each way)."""
+    numel = 1
+    for d in dist.shape:
+        numel *= max(d, 1)
+    per_pass = numel * itemsize * (mp - 1) // mp
+    return 2 * per_pass
+
+
+def implicit_comm(analysis: ModelAnalysis, mp: int, sequence_parallel: bool, dtype_bytes: int | None = None,
+                  hooks: Sequence[schemas.Hook] = ()) -> list[schemas.ImplicitComm]:
+    """Every place the blocks' placements make Paddle communicate on its own at tensor-parallel
+    degree ``mp``, with bytes per rank per training step for the traced input shape (scale by
+    tokens per micro-batch / traced tokens). ``dtype_bytes`` overrides the traced dtype's size
+    (e.g. 2 when training in bf16 a model traced in fp32). ``hooks``: the plan's reshard
+    post-hooks (:func:`reshard_hooks`); the gathers they ask for are planned, not implicit, and
+    the ops after them see whole tensors.
+
+    ``sequence_parallel`` adds collectives the plan asks for at the block boundaries (gather
+    before the column linears, reduce-scatter after the row linears); the interior between them,
+    which this checks, is the same, so the result does not depend on it.
+    """
+    del sequence_parallel  # see the docstring: same interior either way
+    if mp <= 1:
+        return []
+    graph = analysis.graph
+    gathered = frozenset(h.layer for h in hooks if h.action == "reshard" and h.when == "post")
+    found = []
+    for block in analysis.blocks:
+        for r in block_reshards(analysis, block, mp, gathered):
+            if r.collective is None or _is_planned(graph, r):
+                continue
+            node = graph.nodes[r.node]
+            op = short_op(node["op"])
+            producer = graph.nodes[next(p for p in graph.predecessors(r.node)
+                                        if graph.edges[p, r.node]["operand"] == r.operand)]
+            itemsize = dtype_bytes or _DTYPE_BYTES.get((producer["dtypes"] or [None])[0], 4)
+            found.append(schemas.ImplicitComm(
+                layer=node["layer"], op=op, collective=r.collective,
+                bytes_per_step=_comm_bytes(r.before, mp, itemsize),
+                reason=(f"{op} needs its operand {r.operand} (from {producer['layer']}, {list(r.before.shape)}) "
+                        f"{r.after.placement()} over mp, the placements make it {r.before.placement()}"),
+            ))
+    return found
+
+
+def reshard_hooks(analysis: ModelAnalysis, mp: int, mesh_dims: Sequence[str] = ("mp",)) -> list[schemas.Hook]:
+    """Post-hooks that reshard each column-split *fused* projection's output to Replicate over mp.
+
+    Why: with ``q|k|v`` or ``gate|up`` split by columns, the forward works (Paddle all-gathers
+    before the split, see :func:`implicit_comm`), but the backward of the matmul then fails
+    Paddle's SPMD verification (``matmul grad infer spmd ... verify error``, measured with Gemma3
+    and Phi3 on CPU, PADDLE_NOTES.md). Gathering the output explicitly right after the
+    projection trains to the same losses as one device, keeps the projection's weight and FLOPs
+    split, and replaces the several gathers the segment split would trigger with one.
+    ``mesh_dims`` are the plan's mesh dims (``pp``, ``dp``, ``mp``): the batch stays split on
+    ``dp``, everything else is whole.
+    """
+    if mp <= 1:
+        return []
+    fill = {"pp": "R", "dp": "S(0)", "mp": "R"}
+    placements = [fill[d] for d in mesh_dims]
+    return [
+        schemas.Hook(layer=lin.layer, when="post", action="reshard", placements=placements,
+                     reason=f"column-split fused {lin.name} ({lin.fused} segments): gather its output over mp "
+                            "so the segment split and the backward see whole tensors")
+        for block in analysis.blocks for lin in block.linears if lin.role == "column" and lin.fused > 1
+    ]
