@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cases import check_against_reference, train_configurations
+from harness.cases import Config, check_against_reference, train_configurations
 
 pytestmark = pytest.mark.multiprocess
 
-CONFIGS = [(1, 2, "sgd"), (2, 2, "adamw")]
+CONFIGS = [Config(mp=2), Config(dp=2, mp=2, optimizer="adamw")]
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +19,6 @@ def trained(tmp_path_factory, reference_runs):
     return results
 
 
-@pytest.mark.parametrize("name", ["mp2_sgd", "dp2_mp2_adamw"])
+@pytest.mark.parametrize("name", [c.name for c in CONFIGS])
 def test_paddleformers_llama_matches_single_device(trained, reference_runs, name):
     check_against_reference(trained[name], reference_runs)

@@ -1,13 +1,13 @@
 """Build, run and check a set of training configurations in as few launches as possible.
 
-A test module names its configurations as (dp, mp, optimizer); :func:`train_configurations`
-writes one plan per mesh, trains every configuration of the same world size in one job, and
-returns per configuration the plan and each rank's output, ready for the checks.
+A test module lists :class:`Config` s; :func:`train_configurations` writes one plan per
+distinct layout, trains every configuration of the same world size in one job, and returns per
+configuration the plan and each rank's output, ready for :func:`check_against_reference`.
 
 Example::
 
-    >>> results = train_configurations("paddleformers_llama", [(1, 2, "sgd")], tmp)   # doctest: +SKIP
-    >>> check_against_reference(results["mp2_sgd"], reference_runs)                    # doctest: +SKIP
+    >>> results = train_configurations("paddleformers_llama", [Config(mp=2)], tmp)   # doctest: +SKIP
+    >>> check_against_reference(results["mp2_sgd"], reference_runs)                   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -24,6 +24,42 @@ from .runner import ReferenceRuns, train_distributed
 from .workloads import WORKLOADS
 
 
+@dataclass(frozen=True)
+class Config:
+    """One way to distribute and train; ``reshard="via_replicate"`` asks for the TEST-ONLY CPU
+    stand-in of :mod:`harness.cpu_substitutes`."""
+
+    dp: int = 1
+    mp: int = 1
+    pp: int = 1
+    optimizer: str = "sgd"
+    sequence_parallel: bool = False
+    sharding_stage: int = 0
+    reshard: str = "paddle"
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp * self.mp
+
+    @property
+    def name(self) -> str:
+        parts = [f"{dim}{size}" for dim, size in (("pp", self.pp), ("dp", self.dp), ("mp", self.mp)) if size > 1]
+        parts += ["sp"] * self.sequence_parallel + [f"zero{self.sharding_stage}"] * bool(self.sharding_stage)
+        parts += [self.optimizer] + ["via_replicate"] * (self.reshard == "via_replicate")
+        return "_".join(parts)
+
+    def plan(self, model, nodes: int = 1) -> Plan:
+        return tensor_parallel_plan(
+            model,
+            dp=self.dp,
+            mp=self.mp,
+            pp=self.pp,
+            nodes=nodes,
+            sequence_parallel=self.sequence_parallel,
+            sharding_stage=self.sharding_stage,
+        )
+
+
 @dataclass
 class Trained:
     run: TrainRun
@@ -31,28 +67,19 @@ class Trained:
     outputs: list[dict]
 
 
-def config_name(dp: int, mp: int, optimizer: str) -> str:
-    mesh = "_".join(f"{name}{size}" for name, size in (("dp", dp), ("mp", mp)) if size > 1)
-    return f"{mesh}_{optimizer}"
-
-
 def train_configurations(
-    workload: str, configs: list[tuple[int, int, str]], workdir: Path, nodes: int = 1
+    workload: str, configs: list[Config], workdir: Path, nodes: int = 1, backend: str = "gloo"
 ) -> dict[str, Trained]:
-    """Train every (dp, mp, optimizer) configuration with a hand-written plan; one job per
-    world size."""
+    """Train every configuration with a hand-written plan; one job per world size."""
     model = WORKLOADS[workload].build(seed=0)  # only its parameter names and shapes are used
-    plans: dict[tuple[int, int], str] = {}
     runs_by_world: dict[int, list[TrainRun]] = {}
-    for dp, mp, optimizer in configs:
-        if (dp, mp) not in plans:
-            plan = tensor_parallel_plan(model, dp=dp, mp=mp, nodes=nodes)
-            plans[(dp, mp)] = write_plan(plan, workdir / f"plan_dp{dp}_mp{mp}.json")
-        run = TrainRun(config_name(dp, mp, optimizer), workload, optimizer=optimizer, plan=plans[(dp, mp)])
-        runs_by_world.setdefault(dp * mp, []).append(run)
+    for config in configs:
+        plan = write_plan(config.plan(model, nodes), workdir / f"plan_{config.name}.json")
+        run = TrainRun(config.name, workload, optimizer=config.optimizer, plan=plan, reshard=config.reshard)
+        runs_by_world.setdefault(config.world, []).append(run)
     trained = {}
     for world, runs in sorted(runs_by_world.items()):
-        outputs = train_distributed(runs, world, workdir / f"world{world}", nodes=nodes)
+        outputs = train_distributed(runs, world, workdir / f"world{world}", nodes=nodes, backend=backend)
         for run in runs:
             trained[run.name] = Trained(run, load_plan(run.plan), outputs[run.name])
     return trained
@@ -61,5 +88,5 @@ def train_configurations(
 def check_against_reference(trained: Trained, reference_runs: ReferenceRuns) -> None:
     """The plan was really applied on every rank, and training matched the single device."""
     problems = [line for out in trained.outputs for line in layout_differences(trained.plan, out)]
-    assert not problems, f"{trained.run.name}: parameters not laid out as planned:\n  " + "\n  ".join(problems)
+    assert not problems, f"{trained.run.name}: not laid out as planned:\n  " + "\n  ".join(problems)
     assert_same_training(trained.run.name, reference_runs.get(trained.run), trained.outputs)

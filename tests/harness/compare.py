@@ -67,10 +67,17 @@ def max_loss_drift(reference: dict, rank_output: dict) -> float:
 
 
 def layout_differences(plan, rank_output: dict) -> list[str]:
-    """Where a rank's parameters are not laid out as ``plan`` says: each must be a distributed
-    tensor whose local shard has the planned shape (full shape divided by the mesh dims that
-    shard it). Guards against a run that matches only because nothing was distributed."""
+    """Where a rank's parameters and optimizer states are not laid out as ``plan`` says.
+
+    Each parameter must be a distributed tensor whose local shard has the planned shape (full
+    shape divided by the mesh dims that shard it); ZeRO stage 3 may split it further over dp.
+    With a ZeRO stage, every AdamW moment (the bulk of optimizer memory; the scalar ``beta_pow``
+    accumulators cannot be split) must be split over dp. Guards against a run that
+    matches only because nothing was distributed.
+    """
     sizes = dict(zip(plan.mesh.dim_names, plan.mesh.shape))
+    dp_index = plan.mesh.dim_names.index("dp") if "dp" in sizes else None
+    stage = plan.strategy.sharding_stage
     rank, problems = rank_output["rank"], []
     for fqn, planned in sorted(plan.params.items()):
         got = rank_output["layout"].get(fqn)
@@ -81,9 +88,22 @@ def layout_differences(plan, rank_output: dict) -> list[str]:
         for dim, placement in zip(plan.mesh.dim_names, planned.placements):
             if placement.startswith("S("):
                 expected[int(placement[2])] //= sizes[dim]
+        zero3_dim = _shard_dim(got["placements"][dp_index]) if stage == 3 and dp_index is not None else None
+        if zero3_dim is not None and planned.placements[dp_index] == "R":
+            expected[zero3_dim] //= sizes["dp"]
         if got["local_shape"] != expected:
             problems.append(f"rank {rank}: {fqn} local shard {got['local_shape']}, plan says {expected} ({planned.placements})")
+    if stage:
+        moments = {n: s for n, s in rank_output["optimizer_states"].items() if n.startswith("moment")}
+        for name, state in sorted(moments.items()):
+            if state["placements"] is None or _shard_dim(state["placements"][dp_index]) is None:
+                problems.append(f"rank {rank}: ZeRO stage {stage} but optimizer state {name} is not split over dp: {state}")
     return problems
+
+
+def _shard_dim(placement: str) -> int | None:
+    """``"Shard(dim=1)"`` -> 1, anything else -> None (Paddle's placement repr)."""
+    return int(placement[len("Shard(dim=") : -1]) if placement.startswith("Shard(dim=") else None
 
 
 def max_param_difference(reference: dict, rank_output: dict) -> float:

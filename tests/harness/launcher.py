@@ -101,18 +101,21 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def rank_env(rank: int, endpoints: list[str], extra: dict[str, str] | None = None) -> dict[str, str]:
-    """What ``paddle.distributed.launch`` would set for ``rank`` of a gloo job on ``endpoints``."""
-    return base_env(
-        {
-            "PADDLE_TRAINER_ID": str(rank),
-            "PADDLE_TRAINERS_NUM": str(len(endpoints)),
-            "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
-            "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
-            "PADDLE_DISTRI_BACKEND": "gloo",
-            **(extra or {}),
-        }
-    )
+def rank_env(
+    rank: int, endpoints: list[str], extra: dict[str, str] | None = None, backend: str = "gloo"
+) -> dict[str, str]:
+    """What ``paddle.distributed.launch`` would set for ``rank`` of a job on ``endpoints``:
+    gloo on CPU; with ``backend="nccl"`` each rank also gets its own GPU (rank i -> GPU i)."""
+    env = {
+        "PADDLE_TRAINER_ID": str(rank),
+        "PADDLE_TRAINERS_NUM": str(len(endpoints)),
+        "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
+        "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
+        "PADDLE_DISTRI_BACKEND": backend,
+    }
+    if backend == "nccl":
+        env["FLAGS_selected_gpus"] = str(rank)
+    return base_env({**env, **(extra or {})})
 
 
 def launch_ranks(
@@ -121,6 +124,7 @@ def launch_ranks(
     workdir: Path,
     timeout_s: float = 180.0,
     extra_env: dict[str, str] | None = None,
+    backend: str = "gloo",
 ) -> JobResult:
     """Run ``python *args`` as ``nranks`` gloo ranks on loopback; wait for all of them.
 
@@ -131,7 +135,7 @@ def launch_ranks(
         envs = [base_env(extra_env)]
     else:
         endpoints = [f"127.0.0.1:{p}" for p in free_ports(nranks)]
-        envs = [rank_env(r, endpoints, extra_env) for r in range(nranks)]
+        envs = [rank_env(r, endpoints, extra_env, backend) for r in range(nranks)]
     commands = [[sys.executable, *args] for _ in range(nranks)]
     return _run_all([f"rank {r}" for r in range(nranks)], commands, envs, workdir, timeout_s)
 

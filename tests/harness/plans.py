@@ -4,7 +4,7 @@ planner output (:func:`write_plan` saves and re-loads them, so an invalid one fa
 
 Example::
 
-    >>> plan = tensor_parallel_plan(model, dp=2, mp=2, styles=LLAMA_STYLES)   # doctest: +SKIP
+    >>> plan = tensor_parallel_plan(model, dp=2, mp=2, styles=LLAMA_STYLES)      # doctest: +SKIP
     >>> plan.params["model.layers.0.self_attn.q_proj.weight"].placements      # doctest: +SKIP
     ['R', 'S(1)']
 """
@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from autodist.schemas import load_plan, save_plan
@@ -20,6 +21,7 @@ from autodist.schemas.plan import (
     Cluster,
     DataPlan,
     DeviceProfile,
+    Hook,
     Mesh,
     ModelInfo,
     ParamPlan,
@@ -40,6 +42,20 @@ LLAMA_STYLES = {
     "mlp.up_proj.weight": ("ColWiseParallel", "S(1)"),
     "mlp.down_proj.weight": ("RowWiseParallel", "S(0)"),
 }
+
+#: Where sequence parallelism splits and gathers the sequence, by a sub-layer's last name
+#: component, as Paddle's SequenceParallelBegin / SequenceParallelDisable / SequenceParallelEnd
+#: place them for Llama: the sequence is split over mp after the embedding; attention (which
+#: mixes positions) and the column/row-parallel MLP (whose input must be whole on mp) see it
+#: gathered; their partial outputs are summed and split again; it is gathered for the LM head.
+SEQUENCE_PARALLEL_SITES = [
+    ("embed_tokens", "post", "sequence_parallel_begin", "split the sequence over mp after the embedding"),
+    ("self_attn", "pre", "sequence_parallel_end", "attention needs the whole sequence"),
+    ("self_attn", "post", "sequence_parallel_begin", "sum the row-parallel output, split the sequence"),
+    ("mlp", "pre", "sequence_parallel_end", "the column-parallel input must be whole on mp"),
+    ("mlp", "post", "sequence_parallel_begin", "sum the row-parallel output, split the sequence"),
+    ("norm", "post", "sequence_parallel_end", "gather the sequence for the LM head"),
+]
 
 #: A CPU profile: the figures only feed estimates, which these tests do not look at.
 CPU_DEVICE = DeviceProfile(
@@ -67,16 +83,23 @@ def tensor_parallel_plan(
     mp: int = 1,
     styles: dict[str, tuple[str, str]] = LLAMA_STYLES,
     nodes: int = 1,
+    sequence_parallel: bool = False,
+    sharding_stage: int = 0,
+    pp: int = 1,
 ) -> Plan:
-    """A dp x mp plan for ``model`` on ``nodes`` machines with ``dp*mp/nodes`` devices each."""
-    dims = [(name, size) for name, size in (("dp", dp), ("mp", mp)) if size > 1] or [("dp", 1)]
-    world = dp * mp
+    """A pp x dp x mp plan for ``model`` on ``nodes`` machines with ``pp*dp*mp/nodes`` devices
+    each: tensor parallelism from ``styles``, optionally sequence parallelism (hooks at
+    :data:`SEQUENCE_PARALLEL_SITES`), a ZeRO ``sharding_stage`` over dp, and with ``pp > 1``
+    the ``sequential`` schedule over :func:`pipeline_stages`."""
+    dims = [(name, size) for name, size in (("pp", pp), ("dp", dp), ("mp", mp)) if size > 1] or [("dp", 1)]
+    world = pp * dp * mp
     table = parameter_table(model.named_parameters())
+    stage_of, handoffs = pipeline_stages(model, pp)
     params = {}
     for fqn, (shape, dtype) in table.items():
         style, on_mp = style_of(fqn, styles) if mp > 1 else ("Replicate", "R")
         placements = [on_mp if name == "mp" else "R" for name, _ in dims]
-        params[fqn] = ParamPlan(shape=shape, dtype=dtype, placements=placements, style=style)
+        params[fqn] = ParamPlan(shape=shape, dtype=dtype, placements=placements, style=style, stage=stage_of(fqn))
     return Plan(
         model=ModelInfo(
             class_name=type(model).__name__,
@@ -86,11 +109,53 @@ def tensor_parallel_plan(
         ),
         cluster=Cluster(nodes=nodes, devices_per_node=world // nodes, device=CPU_DEVICE),
         mesh=Mesh(dim_names=[n for n, _ in dims], shape=[s for _, s in dims], process_ids=list(range(world))),
-        strategy=Strategy(dp=dp, mp=mp),
+        strategy=Strategy(
+            dp=dp,
+            mp=mp,
+            pp=pp,
+            sequence_parallel=sequence_parallel,
+            sharding_stage=sharding_stage,
+            schedule="sequential" if pp > 1 else "none",
+        ),
         params=params,
-        data=DataPlan(shard_dims=["dp"] if dp > 1 else []),
+        hooks=(sequence_parallel_hooks(model) if sequence_parallel else []) + handoffs,
+        data=DataPlan(shard_dims=["dp"] if dp > 1 else [], input_stage=0, label_stage=pp - 1),
         provenance=Provenance(autodist_version="0.1.0", paddle_version="test", arguments={"written_by": "tests/harness/plans.py"}),
     )
+
+
+def pipeline_stages(model, pp: int):
+    """Split the decoder layers (``...layers.<i>``) into ``pp`` equal runs: parameters before
+    the first layer (embedding) go to stage 0, after the last (final norm, LM head) to the
+    last stage. Returns ``(stage_of(fqn), hand-off hooks)``; the hand-off is a pre-hook on each
+    stage's first layer, so every input it takes (activations, mask, positions) moves."""
+    layers = [name for name, _ in model.named_sublayers() if re.fullmatch(r"(.*\.)?layers\.\d+", name)]
+    per_stage = max(1, math.ceil(len(layers) / pp))
+
+    def stage_of(fqn: str) -> int:
+        if pp == 1:
+            return 0
+        match = re.search(r"(?:^|\.)layers\.(\d+)\.", fqn)
+        if match:
+            return min(int(match.group(1)) // per_stage, pp - 1)
+        return 0 if fqn.split(".")[-2:-1] == ["embed_tokens"] else pp - 1
+
+    handoffs = [
+        Hook(layer=layers[stage * per_stage], when="pre", action="stage_handoff", to_stage=stage, reason=f"stage {stage} starts here")
+        for stage in range(1, pp)
+        if stage * per_stage < len(layers)
+    ]
+    return stage_of, handoffs
+
+
+def sequence_parallel_hooks(model) -> list[Hook]:
+    """The plan's hooks for sequence parallelism, in model order."""
+    hooks = []
+    for name, _ in model.named_sublayers():
+        for site, when, action, reason in SEQUENCE_PARALLEL_SITES:
+            if name.rsplit(".", 1)[-1] == site:
+                hooks.append(Hook(layer=name, when=when, action=action, reason=reason))
+    return hooks
 
 
 def write_plan(plan: Plan, path: Path) -> str:

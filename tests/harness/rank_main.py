@@ -18,12 +18,14 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import paddle
 import paddle.distributed as dist
 
+from harness.cpu_substitutes import everywhere, reshard_via_replicate
 from harness.jobs import BadPlanCase, Job, TrainRun, output_path
 from harness.workloads import BATCH, SEQ, WORKLOADS, make_loader, make_optimizer, to_numpy, train
 
@@ -38,7 +40,8 @@ def distribute(run: TrainRun, model, optimizer, loader, world: int):
     if run.method == "autodist":
         from autodist import apply_plan
 
-        model, optimizer, loader = apply_plan(model, optimizer, loader, run.plan)
+        reshard_fn = reshard_via_replicate if run.reshard == "via_replicate" else None
+        model, optimizer, loader = apply_plan(model, optimizer, loader, run.plan, reshard_fn=reshard_fn)
     elif run.method == "to_distributed":
         from paddle.distributed.auto_parallel.high_level_api import ToDistributedConfig
 
@@ -61,7 +64,24 @@ def layout(param) -> dict:
     }
 
 
+def optimizer_state_layout(optimizer) -> dict:
+    """``{"<state>/<parameter name>": layout}`` of the optimizer's states after training (a ZeRO
+    stage must have split them over dp)."""
+    inner = getattr(optimizer, "_inner_opt", optimizer)  # dist.shard_optimizer's wrapper
+    return {
+        f"{kind}/{name}": layout(state)
+        for kind, states in inner._accumulators.items()
+        for name, state in states.items()
+    }
+
+
 def run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
+    # TEST-ONLY CPU stand-in for the reshards gloo lacks, for this run only (cpu_substitutes.py).
+    with everywhere() if run.reshard == "via_replicate" else nullcontext():
+        _run_training(run, rank, world, out_dir)
+
+
+def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
     workload = WORKLOADS[run.workload]
     model = workload.build(run.seed)
     optimizer, schedule = make_optimizer(run.optimizer, model.parameters())
@@ -80,6 +100,7 @@ def run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
         # Parameters training never changed: the stale-optimizer bug leaves sharded ones here.
         "unchanged_by_training": sorted(fqn for fqn in after if np.array_equal(after[fqn], before[fqn])),
         "layout": {fqn: layout(p) for fqn, p in model.named_parameters()},
+        "optimizer_states": optimizer_state_layout(optimizer),
     }
     output_path(out_dir, run.name, rank).write_text(json.dumps(result))
 

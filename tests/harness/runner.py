@@ -21,13 +21,15 @@ RANK_MODULE = ["-m", "harness.rank_main"]
 RANK_SCRIPT = [str(Path(__file__).with_name("rank_main.py"))]
 
 
-def start_job(job: Job, nranks: int, workdir: Path, timeout_s: float = 180.0, nodes: int = 1) -> JobResult:
+def start_job(
+    job: Job, nranks: int, workdir: Path, timeout_s: float = 180.0, nodes: int = 1, backend: str = "gloo"
+) -> JobResult:
     """Start ``job`` on ``nranks`` ranks (over ``nodes`` simulated machines when > 1)."""
     Path(job.out_dir).mkdir(parents=True, exist_ok=True)
     job_file = job.save(workdir / "job.json")
     if nodes > 1:
         return launch_nodes(nodes, nranks // nodes, [*RANK_SCRIPT, str(job_file)], workdir, timeout_s)
-    return launch_ranks(nranks, [*RANK_MODULE, str(job_file)], workdir, timeout_s)
+    return launch_ranks(nranks, [*RANK_MODULE, str(job_file)], workdir, timeout_s, backend=backend)
 
 
 def read_outputs(out_dir: str | Path, name: str, nranks: int) -> list[dict]:
@@ -35,12 +37,17 @@ def read_outputs(out_dir: str | Path, name: str, nranks: int) -> list[dict]:
 
 
 def train_distributed(
-    runs: list[TrainRun], nranks: int, workdir: Path, timeout_s: float = 240.0, nodes: int = 1
+    runs: list[TrainRun],
+    nranks: int,
+    workdir: Path,
+    timeout_s: float = 240.0,
+    nodes: int = 1,
+    backend: str = "gloo",
 ) -> dict[str, list[dict]]:
     """Train every run in turn in one ``nranks``-rank job; ``{run name: [rank 0 output, ...]}``.
     A failed or hung job raises AssertionError with the failed ranks' stderr."""
     job = Job(out_dir=str(workdir / "out"), train=list(runs))
-    start_job(job, nranks, workdir, timeout_s, nodes).raise_for_failure()
+    start_job(job, nranks, workdir, timeout_s, nodes, backend).raise_for_failure()
     return {run.name: read_outputs(job.out_dir, run.name, nranks) for run in runs}
 
 

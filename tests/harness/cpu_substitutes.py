@@ -1,0 +1,56 @@
+"""TEST-ONLY stand-ins for collectives Paddle 3.3.1's CPU wheel does not have.
+
+On CPU (gloo), ``dist.reshard`` from Partial to Shard needs ``reduce_scatter`` and from
+Shard(i) to Shard(j) needs ``all_to_all``; both kernels throw ``Unimplemented``
+(PADDLE_NOTES.md). :func:`reshard_via_replicate` takes a detour through Replicate instead:
+P -> R (all-reduce) -> S (local slice), S(i) -> R (all-gather) -> S(j). The values, and the
+gradients flowing back, are the same; only the communication differs (more bytes). That makes
+sequence parallelism and ZeRO stage 1 *numerically* testable on CPU, and says nothing about
+their communication cost, which needs a GPU run.
+
+It is used only by the test harness, and only for runs that ask for it
+(``TrainRun(reshard="via_replicate")``); autodist itself always calls ``dist.reshard``.
+
+Example::
+
+    >>> with everywhere() as reshard_fn:                                        # doctest: +SKIP
+    ...     apply_plan(model, opt, loader, plan, reshard_fn=reshard_fn)
+    ...     train(...)
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import paddle.distributed as dist
+import paddle.distributed.auto_parallel.api as auto_parallel_api
+
+_paddle_reshard = dist.reshard
+
+
+def _needs_detour(src, dst) -> bool:
+    if dst.is_shard() and src.is_partial():
+        return True
+    return dst.is_shard() and src.is_shard() and src.get_dim() != dst.get_dim()
+
+
+def reshard_via_replicate(tensor, mesh, placements):
+    """``dist.reshard(tensor, mesh, placements)`` with every P->S and S(i)->S(j) on a mesh
+    dim done as a detour through Replicate (TEST-ONLY, see the module docstring)."""
+    if tensor.is_dist() and tensor.process_mesh == mesh:
+        via = [dist.Replicate() if _needs_detour(s, d) else s for s, d in zip(tensor.placements, placements)]
+        if via != list(tensor.placements):
+            tensor = _paddle_reshard(tensor, mesh, via)
+    return _paddle_reshard(tensor, mesh, placements)
+
+
+@contextmanager
+def everywhere():
+    """While active, every Python-level ``dist.reshard`` call of this process takes the detour,
+    including the ones inside ``dist.shard_optimizer`` (ZeRO stages move gradients and states
+    with them). TEST-ONLY; the harness wraps one run (apply and train) in it."""
+    dist.reshard = auto_parallel_api.reshard = reshard_via_replicate
+    try:
+        yield reshard_via_replicate
+    finally:
+        dist.reshard = auto_parallel_api.reshard = _paddle_reshard
