@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Iterator
 
 from autodist.planner.cost.blocks import ModelCost
 from autodist.planner.cost.hardware import FALLBACK_DEVICE, PROFILES
-from autodist.planner.cost.memory import check_training_setup
+from autodist.planner.cost.memory import DTYPE_BYTES, check_training_setup
 from autodist.planner.cost.step_time import (
     MEMORY_USABLE,
     RECOMPUTE_MODES,
     Breakdown,
+    Implicit,
     Setup,
     StageTable,
     estimate,
@@ -104,6 +105,7 @@ def search(analysis: ModelAnalysis | ModelCost, request: SearchRequest) -> Searc
     cost, implicit = _cost_of(analysis)
     setup = _setup(cost, request)
     table = StageTable(cost)
+    width = DTYPE_BYTES[setup.dtype]
     scored: list[_Scored] = []
     rejected: list[Rejected] = []
     memory_misses: list[tuple[float, Strategy]] = []
@@ -121,7 +123,7 @@ def search(analysis: ModelAnalysis | ModelCost, request: SearchRequest) -> Searc
                 mesh_best_miss = mesh_best_miss or (math.inf, strategy, problem)
                 continue
             evaluated += 1
-            breakdown = estimate(table, strategy, setup, implicit(mp, strategy.sequence_parallel))
+            breakdown = estimate(table, strategy, setup, implicit(mp, strategy.sequence_parallel, width))
             total = breakdown.estimate.memory.total
             if total > setup.usable_memory:
                 memory_misses.append((total, strategy))
@@ -151,20 +153,20 @@ def search(analysis: ModelAnalysis | ModelCost, request: SearchRequest) -> Searc
 
 
 def _cost_of(analysis):
-    """The ModelCost to price, and a function (mp, sp) -> implicit comm bytes per token."""
+    """The ModelCost to price, and a function (mp, sp, dtype bytes) -> :class:`Implicit`."""
     if isinstance(analysis, ModelCost):
-        return analysis, lambda mp, sp: 0.0
-    from autodist.planner.cost.graph_cost import implicit_bytes_per_token, model_cost
+        return analysis, lambda mp, sp, width: None
+    from autodist.planner.cost.graph_cost import implicit_collectives, model_cost
 
     cost = model_cost(analysis)
-    cache: dict[tuple[int, bool], float] = {}
+    cache: dict[tuple[int, bool, int], Implicit] = {}
 
-    def implicit(mp: int, sp: bool) -> float:
+    def implicit(mp: int, sp: bool, width: int) -> Implicit | None:
         if mp == 1:
-            return 0.0
-        if (mp, sp) not in cache:
-            cache[(mp, sp)] = implicit_bytes_per_token(analysis, mp, sp)
-        return cache[(mp, sp)]
+            return None
+        if (mp, sp, width) not in cache:
+            cache[(mp, sp, width)] = implicit_collectives(analysis, mp, sp, width)
+        return cache[(mp, sp, width)]
 
     return cost, implicit
 

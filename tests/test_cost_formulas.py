@@ -123,3 +123,17 @@ def test_full_recompute_adds_one_forward():
     again = estimate(table, Strategy(), setup).estimate
     assert again.step_time_s == pytest.approx(plain.step_time_s * 4 / 3)
     assert again.mfu == pytest.approx(plain.mfu * 3 / 4)  # MFU counts model FLOPs, not recomputed ones
+
+
+def test_implicit_collectives_add_their_bytes_and_latency_to_mp_time():
+    from autodist.planner.cost.step_time import Implicit
+
+    model = ModelCost(blocks=(BlockCost(layer="b", flops_per_token=1e6),), hidden_size=1, traced_batch=1, traced_seq=128)
+    setup = Setup(device=H100, devices_per_node=4, nodes=1, seq_len=128, global_batch=2)
+    strategy = Strategy(mp=4, micro_batches=2)
+    plain = estimate(StageTable(model), strategy, setup)
+    extra = estimate(StageTable(model), strategy, setup, Implicit(sent_per_token=1000.0, count=3))
+    tokens = 128  # one sample of 128 tokens per micro-batch
+    per_micro_batch = 3 * 2 * 3 * H100.intra_node_latency_s + 1000.0 * tokens / H100.intra_node_bandwidth
+    assert extra.mp_comm_s - plain.mp_comm_s == pytest.approx(2 * per_micro_batch)
+    assert extra.estimate.comm_bytes.implicit == 2 * 1000 * tokens

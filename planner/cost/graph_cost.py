@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Iterable
 import networkx as nx
 
 from .blocks import BlockCost, EdgeCost, ModelCost, Saved
+from .step_time import Implicit
 
 if TYPE_CHECKING:
     from autodist.planner.analysis import ModelAnalysis
@@ -345,11 +346,13 @@ def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set
     return EdgeCost(**edges["first"]), EdgeCost(**edges["last"]), (numel[tied] if tied else 0), notes
 
 
-def implicit_bytes_per_token(analysis: ModelAnalysis, mp: int, sequence_parallel: bool) -> float:
-    """Implicit communication (from the analysis) per traced token, 0 when it is unavailable."""
+def implicit_collectives(analysis: ModelAnalysis, mp: int, sequence_parallel: bool, dtype_bytes: int) -> Implicit:
+    """The analysis's implicit communication (bytes one rank sends, forward and backward, for
+    the traced input) per traced token; none when the analysis cannot tell."""
     try:
         from autodist.planner.analysis import implicit_comm
     except ImportError:
-        return 0.0
+        return Implicit()
     tokens, _ = traced_tokens(analysis)
-    return sum(c.bytes_per_step for c in implicit_comm(analysis, mp, sequence_parallel)) / tokens
+    found = implicit_comm(analysis, mp, sequence_parallel, dtype_bytes=dtype_bytes)
+    return Implicit(sent_per_token=sum(c.bytes_per_step for c in found) / tokens, count=len(found))

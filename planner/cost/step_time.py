@@ -70,6 +70,15 @@ class Setup:
 
 
 @dataclass(frozen=True)
+class Implicit:
+    """Collectives Paddle inserts by itself: bytes one rank sends per token of a micro-batch
+    (forward and backward), in ``count`` collectives each way."""
+
+    sent_per_token: float = 0.0
+    count: int = 0
+
+
+@dataclass(frozen=True)
 class Breakdown:
     """An estimate plus the times behind it (seconds per step), for ranking and explaining."""
 
@@ -131,9 +140,9 @@ def vocab_split(cost: ModelCost, mp: int) -> bool:
     return mp > 1 and cost.vocab_size is not None and cost.vocab_size % mp == 0
 
 
-def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit_bytes_per_token: float = 0.0) -> Breakdown:
-    """Price one strategy. ``implicit_bytes_per_token``: extra mp all-gather traffic per token
-    that the placements make Paddle insert (from the analysis), per micro-batch forward.
+def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Implicit | None = None) -> Breakdown:
+    """Price one strategy. ``implicit``: the collectives Paddle inserts on its own for these
+    placements (from the analysis), per micro-batch.
 
     Example: see ``tests/test_cost_formulas.py`` and :func:`autodist.planner.search.search`.
     """
@@ -177,9 +186,10 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit_bytes
                 1 for e in edges if e.allreduce_bwd_per_token))
         collectives = [fwd, bwd] + ([fwd] if setup.recompute == "full" else [])
         mp_time = sum(all_reduce_time(n * tokens * width, mp, mp_link, int(count)) for n, count in collectives)
-        mp_time += all_gather_time(implicit_bytes_per_token * tokens, mp, mp_link)
-        mp_bytes = max(mp_bytes, sum(all_reduce_bytes(n * tokens * width, mp) for n, _ in collectives)
-                       + all_gather_bytes(implicit_bytes_per_token * tokens, mp))
+        implicit_sent = implicit.sent_per_token * tokens if implicit and mp > 1 else 0.0
+        if implicit_sent:
+            mp_time += implicit.count * 2 * (mp - 1) * mp_link.latency_s + implicit_sent / mp_link.bandwidth
+        mp_bytes = max(mp_bytes, sum(all_reduce_bytes(n * tokens * width, mp) for n, _ in collectives))
         # -- pipeline hand-off: activation forward, its gradient backward
         p2p = 0.0
         if pp > 1 and k < pp - 1 and stop > start:
@@ -243,7 +253,7 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit_bytes
             activations=round(acts), total=round(states.total + acts)),
         comm_bytes=CommEstimate(
             mp=round(m * mp_bytes), dp=round(dp_bytes), pp=round(m * pp_bytes),
-            implicit=round(m * all_gather_bytes(implicit_bytes_per_token * tokens, mp))),
+            implicit=round(m * implicit_sent)),
     )
     return Breakdown(est, compute_s=m * compute_total, mp_comm_s=m * mp_time_total, dp_comm_s=dp_time,
                      pp_comm_s=m * pp_time_total, bubble_s=bubble, peak_stage=peak_stage)
