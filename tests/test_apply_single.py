@@ -175,6 +175,31 @@ def test_momentum_keeps_l2_decay_and_is_not_wrapped():
     assert (opt._momentum, opt._use_nesterov, opt._regularization_method, opt._regularization_coeff) == (0.7, True, "l2_decay", 0.02)
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_sharding_stage_wraps_with_paddles_shard_fn(stage):
+    """On one rank the dp group has one member, so ZeRO changes nothing numerically: the
+    wrapped optimizer must train exactly like the plain one. (More ranks need reduce_scatter,
+    which Paddle's CPU wheel lacks: the multi-process harness covers that.)"""
+    ids = paddle.to_tensor(np.random.RandomState(0).randint(0, 16, [4, 6]))
+    labels = paddle.to_tensor(np.random.RandomState(1).randint(0, 16, [4, 6]))
+    losses = {}
+    for distributed in (False, True):
+        model = build_tied()
+        opt = paddle.optimizer.AdamW(0.05, parameters=model.parameters())
+        if distributed:
+            plan = one_rank_plan(model)
+            plan.strategy = msgspec.structs.replace(plan.strategy, sharding_stage=stage)
+            model, opt, _ = apply_plan(model, opt, None, plan)
+            assert type(opt._shard_fn) is getattr(dist, f"ShardingStage{stage}")
+        for _ in range(2):
+            loss = lm_loss(model(ids), labels)
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            losses.setdefault(distributed, []).append(float(loss))
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-6)
+
+
 # -- loader and hooks ----------------------------------------------------------------------------------------
 
 
