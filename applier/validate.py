@@ -7,8 +7,8 @@ problems are collected and raised as one :class:`~autodist.schemas.PlanError`.
 Example::
 
     >>> problems = plan_problems(model, optimizer, loader, plan, world_size=4)   # doctest: +SKIP
-    >>> problems
-    ['world size: the plan's mesh dp2 x mp2 needs 4 ranks but this job has 8 ...']
+    >>> problems[0]
+    "world size: the plan's mesh dp2 x mp2 needs 4 ranks but this job has 8 (PADDLE_TRAINERS_NUM); ..."
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def world_problems(plan: Plan, world_size: int) -> list[str]:
     mesh = " x ".join(f"{d}{n}" for d, n in zip(plan.mesh.dim_names, plan.mesh.shape))
     return [
         f"world size: the plan's mesh {mesh} needs {size} ranks but this job has {world_size} "
-        f"(PADDLE_TRAINERS_NUM); launch {size} ranks or re-plan for {world_size} devices"
+        f"(PADDLE_TRAINERS_NUM); launch {size} ranks or re-plan for {world_size} device(s)"
     ]
 
 

@@ -69,7 +69,7 @@ def test_plan_for_eight_ranks_on_one(setup):
     err = rejected(model, optimizer, loader, tensor_parallel_plan(model, dp=8))
     assert err.problems == [
         "world size: the plan's mesh dp8 needs 8 ranks but this job has 1 (PADDLE_TRAINERS_NUM); "
-        "launch 8 ranks or re-plan for 1 devices"
+        "launch 8 ranks or re-plan for 1 device(s)"
     ]
 
 
