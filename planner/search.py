@@ -115,25 +115,25 @@ def search(analysis: ModelAnalysis | ModelCost, request: SearchRequest) -> Searc
         if reason:
             rejected.append(Rejected(strategy=Strategy(dp=dp, mp=mp, pp=pp), reason=reason))
             continue
-        mesh_best_miss: tuple[float, Strategy, str] | None = None
-        mesh_feasible = False
+        # The variant that came closest stands for a mesh none of whose variants works.
+        closest: tuple[float, Strategy, str] | None = None
+        feasible_before = len(scored)
         for strategy in _variants(setup, request, dp, mp, pp):
             problem = _variant_problem(setup, request, strategy)
             if problem:
-                mesh_best_miss = mesh_best_miss or (math.inf, strategy, problem)
+                closest = closest or (math.inf, strategy, problem)
                 continue
             evaluated += 1
             breakdown = estimate(table, strategy, setup, implicit(mp, strategy.sequence_parallel, width))
             total = breakdown.estimate.memory.total
-            if total > setup.usable_memory:
-                memory_misses.append((total, strategy))
-                if mesh_best_miss is None or total < mesh_best_miss[0]:
-                    mesh_best_miss = (total, strategy, _memory_reason(total, setup, breakdown))
+            if total <= setup.usable_memory:
+                scored.append(_Scored(_rank_key(strategy, breakdown), Candidate(strategy, breakdown.estimate), breakdown))
                 continue
-            mesh_feasible = True
-            scored.append(_Scored(_rank_key(strategy, breakdown), Candidate(strategy, breakdown.estimate), breakdown))
-        if not mesh_feasible and mesh_best_miss is not None:
-            rejected.append(Rejected(strategy=mesh_best_miss[1], reason=mesh_best_miss[2]))
+            memory_misses.append((total, strategy))
+            if closest is None or total < closest[0]:
+                closest = (total, strategy, _memory_reason(total, setup, breakdown))
+        if len(scored) == feasible_before and closest is not None:
+            rejected.append(Rejected(strategy=closest[1], reason=closest[2]))
     if not scored:
         raise _nothing_fits(setup, rejected, memory_misses)
     scored.sort(key=lambda s: s.key)
