@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -60,7 +61,18 @@ def short_op(op: str) -> str:
 
 
 def constant_nodes(graph: nx.DiGraph) -> frozenset[int]:
-    """Nodes computed from folded constants alone (no data, no parameter upstream)."""
+    """Nodes computed from folded constants alone (no data, no parameter upstream); computed
+    once per graph."""
+    if graph not in _CONSTANTS:
+        _CONSTANTS[graph] = _find_constants(graph)
+    return _CONSTANTS[graph]
+
+
+_CONSTANTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_BY_LAYER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _find_constants(graph: nx.DiGraph) -> frozenset[int]:
     constants: set[int] = set()
     for node in nx.topological_sort(graph):
         op = short_op(graph.nodes[node]["op"])
@@ -74,11 +86,15 @@ def constant_nodes(graph: nx.DiGraph) -> frozenset[int]:
 def block_nodes(graph: nx.DiGraph, layer: str) -> frozenset[int]:
     """Graph nodes run by ``layer`` or one of its sub-layers (parameters excluded: they live at
     the program's top whoever uses them)."""
+    if graph not in _BY_LAYER:
+        by_layer: dict[str, list[int]] = {}
+        for n, d in graph.nodes(data=True):
+            if d["op"] != "builtin.parameter":
+                by_layer.setdefault(d["layer"], []).append(n)
+        _BY_LAYER[graph] = by_layer
     prefix = layer + "." if layer else ""
-    return frozenset(
-        n for n, d in graph.nodes(data=True)
-        if d["op"] != "builtin.parameter" and (d["layer"] == layer or d["layer"].startswith(prefix))
-    )
+    return frozenset(n for name, nodes in _BY_LAYER[graph].items()
+                     if name == layer or name.startswith(prefix) for n in nodes)
 
 
 def _is_transparent(graph: nx.DiGraph, node: int, constants: frozenset[int]) -> bool:

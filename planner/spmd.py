@@ -273,6 +273,34 @@ def block_reshards(analysis: ModelAnalysis, block: BlockInfo, mp: int,
     return _Replay(graph, block.nodes, weights, mesh, constant_nodes(graph), gathered_layers).run()
 
 
+def _signature(graph: nx.DiGraph, block: BlockInfo, gathered_layers: frozenset[str]) -> tuple:
+    """Equal for blocks whose replays are equal up to node ids (same ops, shapes, dataflow by
+    position, weight roles, hooked positions)."""
+    order = sorted(block.nodes)
+    position = {n: i for i, n in enumerate(order)}
+    return tuple(
+        (graph.nodes[n]["op"], str(graph.nodes[n]["shapes"]), graph.nodes[n]["layer"] in gathered_layers,
+         tuple(sorted((position.get(p, -1), graph.edges[p, n]["operand"]) for p in graph.predecessors(n))))
+        for n in order
+    ) + tuple((lin.name, lin.role, lin.split_dim) for lin in block.linears)
+
+
+def _all_block_reshards(analysis: ModelAnalysis, mp: int, gathered: frozenset[str]):
+    """``(block, reshards)`` for every block, replaying each distinct block structure once and
+    moving its result onto the blocks that share it by node position."""
+    replayed: dict[tuple, tuple[list[int], list[Reshard]]] = {}
+    for block in analysis.blocks:
+        order = sorted(block.nodes)
+        key = _signature(analysis.graph, block, gathered)
+        if key not in replayed:
+            replayed[key] = (order, block_reshards(analysis, block, mp, gathered))
+        first_order, reshards = replayed[key]
+        moved = dict(zip(first_order, order))
+        yield block, [replace(r, node=moved[r.node],
+                              before=replace(r.before, partial_source=moved.get(r.before.partial_source)))
+                      for r in reshards]
+
+
 def _is_planned(graph: nx.DiGraph, r: Reshard) -> bool:
     """A row-parallel matmul's partial output being summed is the row linear's own all-reduce."""
     source = r.before.partial_source
@@ -309,8 +337,8 @@ def implicit_comm(analysis: ModelAnalysis, mp: int, sequence_parallel: bool, dty
     graph = analysis.graph
     gathered = frozenset(h.layer for h in hooks if h.action == "reshard" and h.when == "post")
     found = []
-    for block in analysis.blocks:
-        for r in block_reshards(analysis, block, mp, gathered):
+    for _, reshards in _all_block_reshards(analysis, mp, gathered):
+        for r in reshards:
             if r.collective is None or _is_planned(graph, r):
                 continue
             node = graph.nodes[r.node]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
 
 import networkx as nx
 
@@ -28,16 +29,25 @@ from .parts import PARAM, PORT, Part, PatternBuilder, residual
 
 @dataclass(frozen=True)
 class Pattern:
-    """A pattern graph ready for the matcher. ``histogram`` counts its compute ops (everything but
-    ports and parameters), the cheap necessary condition checked before any search."""
+    """A pattern for the matcher: ``build`` adds its parts to a :class:`PatternBuilder`.
+    ``histogram`` counts its compute ops (everything but ports and parameters), the cheap
+    necessary condition checked before any search; ``graph`` is built only when needed."""
 
     kind: str
     description: str
-    graph: nx.DiGraph
+    build: Callable[[PatternBuilder], object]
 
     @functools.cached_property
     def histogram(self) -> Counter:
-        return compute_histogram(self.graph)
+        dry_run = PatternBuilder(graph=None)
+        self.build(dry_run)
+        return dry_run.histogram
+
+    @functools.cached_property
+    def graph(self) -> nx.DiGraph:
+        builder = PatternBuilder()
+        self.build(builder)
+        return builder.graph
 
 
 def compute_histogram(graph: nx.DiGraph) -> Counter:
@@ -57,29 +67,26 @@ def block_kind(norm: Part, attention: Attention, mlp: Mlp) -> str:
 
 
 def pre_norm_block(norm: Part, attention: Attention, mlp: Mlp) -> Pattern:
-    b = PatternBuilder()
-    x = b.port("hidden")
-    h = b.add(residual(), "residual_attn", x=x, y=attention.build(b, "attn", b.add(norm, "norm_attn", x=x)))
-    b.add(residual(), "residual_mlp", x=h, y=mlp.build(b, "mlp", b.add(norm, "norm_mlp", x=h)))
-    description = f"{norm.name}+{attention.name}+{mlp.name}"
-    return Pattern(block_kind(norm, attention, mlp), description, b.graph)
+    """``h = x + attn(norm(x))``, then ``h + mlp(norm(h))``."""
+    def build(b: PatternBuilder) -> None:
+        x = b.port("hidden")
+        h = b.add(residual(), "residual_attn", x=x, y=attention.build(b, "attn", b.add(norm, "norm_attn", x=x)))
+        b.add(residual(), "residual_mlp", x=h, y=mlp.build(b, "mlp", b.add(norm, "norm_mlp", x=h)))
+
+    return Pattern(block_kind(norm, attention, mlp), f"{norm.name}+{attention.name}+{mlp.name}", build)
 
 
 @functools.lru_cache(maxsize=1)
 def block_patterns() -> tuple[Pattern, ...]:
-    """All block candidates, built once per process."""
+    """All block candidates (graphs built lazily, the first time a histogram fits)."""
     return tuple(pre_norm_block(n, a, m) for n in NORMS for a in ATTENTIONS for m in MLPS)
 
 
 def mlp_pattern(mlp: Mlp) -> Pattern:
     """An MLP alone, e.g. to match a layer that is just an MLP."""
-    b = PatternBuilder()
-    mlp.build(b, "mlp", b.port("x"))
-    return Pattern("mlp", mlp.name, b.graph)
+    return Pattern("mlp", mlp.name, lambda b: mlp.build(b, "mlp", b.port("x")))
 
 
 def part_pattern(part: Part) -> Pattern:
-    """A single-input part alone (a norm layer, ...)."""
-    b = PatternBuilder()
-    b.add(part, part.name, **{name: b.port(name) for name in part.inputs})
-    return Pattern(part.name, part.name, b.graph)
+    """A single part alone (a norm layer, ...), its inputs as ports."""
+    return Pattern(part.name, part.name, lambda b: b.add(part, part.name, **{n: b.port(n) for n in part.inputs}))

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -47,13 +48,17 @@ class Part:
 
 @dataclass
 class PatternBuilder:
-    """Accumulates parts into one ``networkx.DiGraph``; node ids are ``"<prefix>.<local>"``."""
+    """Accumulates parts into one ``networkx.DiGraph``; node ids are ``"<prefix>.<local>"``.
+    ``histogram`` counts the compute ops added; with ``graph=None`` only that is kept, a cheap
+    dry run the matcher uses to rule patterns out before building them."""
 
-    graph: nx.DiGraph = field(default_factory=nx.DiGraph)
+    graph: nx.DiGraph | None = field(default_factory=nx.DiGraph)
+    histogram: Counter = field(default_factory=Counter)
 
     def port(self, name: str) -> str:
         """A value from outside the pattern (matches a block input or a non-trainable tensor)."""
-        self.graph.add_node(name, op=PORT)
+        if self.graph is not None:
+            self.graph.add_node(name, op=PORT)
         return name
 
     def add(self, part: Part, prefix: str, **bindings: str) -> str:
@@ -63,12 +68,15 @@ class PatternBuilder:
             raise ValueError(f"part {part.name!r} at {prefix!r}: unbound inputs {sorted(missing)}")
         for local, spec in part.nodes.items():
             attrs = {"op": spec} if isinstance(spec, str) else dict(spec)
-            self.graph.add_node(f"{prefix}.{local}", part=part.name, **attrs)
+            if attrs["op"] not in (PARAM, PORT):
+                self.histogram[attrs["op"]] += 1
+            if self.graph is not None:
+                self.graph.add_node(f"{prefix}.{local}", part=part.name, **attrs)
 
         def resolve(name: str) -> str:
             return bindings[name] if name in part.inputs else f"{prefix}.{name}"
 
-        for source, target, *operand in part.edges:
+        for source, target, *operand in part.edges if self.graph is not None else ():
             attrs = {"operand": operand[0]} if operand else {}
             self.graph.add_edge(resolve(source), resolve(target), **attrs)
         return resolve(part.output)
