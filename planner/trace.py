@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import paddle
@@ -126,7 +127,8 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
     recorder = _OpRangeRecorder(layer, prefix)
     static_fn = paddle.jit.to_static(layer.forward, input_spec=input_specs, full_graph=True)
     try:
-        program = static_fn.concrete_program.main_program
+        with _dy2static_caches():
+            program = static_fn.concrete_program.main_program
     finally:
         static_fn.rollback()
         recorder.remove()
@@ -140,6 +142,56 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
         param_fqns=param_fqns,
         untraced_layers=untraced,
     )
+
+
+@contextmanager
+def _dy2static_caches():
+    """Two caches dy2static lacks, installed only while we trace (restored on exit).
+
+    1. It caches converted functions in a WeakKeyDictionary keyed by the callable it gets; for a
+       method that is a fresh bound-method object, dead a moment later, so the forward of every
+       layer *instance* is converted again (source generation, a temp file, an import). The
+       converted function does not depend on the instance (it is a plain function bound to the
+       layer afterwards), so methods are keyed by their underlying function.
+    2. ``is_unsupported(func)`` rebuilds the list of every built-in module's functions on each
+       call (milliseconds, over a thousand calls for a deep model); its answer depends only on
+       the function (for a layer: its class), so it is remembered.
+
+    Together they cut the tracing time of a deep model by about half.
+    """
+    from paddle.jit.dy2static import convert_call_func
+    from paddle.jit.dy2static.program_translator import _FUNCTION_CACHE
+
+    convert, is_unsupported = _FUNCTION_CACHE.convert_with_cache, convert_call_func.is_unsupported
+    converted: dict = {}
+    supported: dict = {}
+
+    def convert_by_function(func):
+        function = getattr(func, "__func__", None)
+        if function is None:
+            return convert(func)
+        if function not in converted:
+            converted[function] = convert(func)
+        return converted[function]
+
+    def remembered_is_unsupported(func):
+        # A layer is judged by its class's forward, a method by its function.
+        key = type(func) if isinstance(func, paddle.nn.Layer) else (type(func), getattr(func, "__func__", func))
+        try:
+            hash(key)
+        except TypeError:
+            return is_unsupported(func)
+        if key not in supported:
+            supported[key] = is_unsupported(func)
+        return supported[key]
+
+    _FUNCTION_CACHE.convert_with_cache = convert_by_function
+    convert_call_func.is_unsupported = remembered_is_unsupported
+    try:
+        yield
+    finally:
+        del _FUNCTION_CACHE.convert_with_cache  # the instance attribute: the class's method shows again
+        convert_call_func.is_unsupported = is_unsupported
 
 
 def _attribute_ops(ops: list, calls: list[tuple[str, list]], param_fqns: dict[str, str], prefix: str) -> list[str]:
