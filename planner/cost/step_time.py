@@ -34,9 +34,18 @@ from itertools import accumulate
 
 from autodist.schemas import CommEstimate, DeviceProfile, Estimate, MemoryEstimate, Strategy
 
-from .blocks import BlockCost, ModelCost, Saved
-from .comm import all_gather_bytes, all_gather_time, all_reduce_bytes, all_reduce_time, group_link, p2p_time
-from .memory import DTYPE_BYTES, model_state_bytes
+from .blocks import BlockCost, EdgeCost, ModelCost, Saved
+from .comm import (
+    Link,
+    all_gather_bytes,
+    all_gather_time,
+    all_reduce_bytes,
+    all_reduce_time,
+    group_link,
+    p2p_time,
+    reduce_scatter_time,
+)
+from .memory import DTYPE_BYTES, StateBytes, model_state_bytes
 
 #: Fraction of peak FLOP/s that transformer training sustains on large matmuls: Megatron-LM
 #: reaches 41-52 % of peak end to end on A100 (Narayanan et al., SC 2021, table 1).
@@ -140,123 +149,181 @@ def vocab_split(cost: ModelCost, mp: int) -> bool:
     return mp > 1 and cost.vocab_size is not None and cost.vocab_size % mp == 0
 
 
+@dataclass(frozen=True)
+class _Context:
+    """What every stage of one strategy's estimate shares."""
+
+    table: StageTable
+    strategy: Strategy
+    setup: Setup
+    implicit: Implicit | None
+
+    @property
+    def cost(self) -> ModelCost:
+        return self.table.cost
+
+    @cached_property
+    def width(self) -> int:
+        return DTYPE_BYTES[self.setup.dtype]
+
+    @cached_property
+    def tokens(self) -> int:
+        """Tokens per micro-batch on one dp rank."""
+        return self.setup.global_batch // (self.strategy.dp * self.strategy.micro_batches) * self.setup.seq_len
+
+    @cached_property
+    def vocab_div(self) -> int:
+        return self.strategy.mp if vocab_split(self.cost, self.strategy.mp) else 1
+
+    @cached_property
+    def act_div(self) -> int:
+        """Sequence parallelism splits what lies outside the tensor-parallel region too."""
+        return self.strategy.mp if self.strategy.sequence_parallel and self.strategy.mp > 1 else 1
+
+    def link(self, size: int, stride: int) -> Link:
+        return group_link(size, stride, self.setup.devices_per_node, self.setup.device)
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """One pipeline stage's share of one micro-batch (times in seconds, sizes in bytes)."""
+
+    compute_s: float
+    mp_s: float
+    mp_bytes: float
+    implicit_bytes: float
+    p2p_s: float
+    p2p_bytes: float
+    states: StateBytes
+    activations: float
+    params: float  # elements per rank, before ZeRO
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.mp_s + self.p2p_s
+
+
 def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Implicit | None = None) -> Breakdown:
     """Price one strategy. ``implicit``: the collectives Paddle inserts on its own for these
-    placements (from the analysis), per micro-batch.
+    placements (from the analysis), per micro-batch, for the whole model.
 
     Example: see ``tests/test_cost_formulas.py`` and :func:`autodist.planner.search.search`.
     """
-    cost = table.cost
-    dp, mp, pp, m = strategy.dp, strategy.mp, strategy.pp, strategy.micro_batches
-    sp = strategy.sequence_parallel and mp > 1
-    width = DTYPE_BYTES[setup.dtype]
+    ctx = _Context(table, strategy, setup, implicit)
+    pp, m = strategy.pp, strategy.micro_batches
+    ranges = stage_ranges(len(table.cost.blocks), pp) if table.cost.blocks else [(0, 0)] * pp
+    stages = [_stage(ctx, k, start, stop) for k, (start, stop) in enumerate(ranges)]
+    pipeline_s, bubble_s = _pipeline_time(strategy, [s.time_s for s in stages])
+    dp = [_dp_sync(ctx, stage, stop - start) for stage, (start, stop) in zip(stages, ranges)]
+    dp_s = max(t for t, _ in dp)
+    step = pipeline_s + dp_s
+    peak_stage = max(range(pp), key=lambda k: stages[k].states.total + stages[k].activations)
+    peak = stages[peak_stage]
     seq = setup.seq_len
-    tokens = setup.global_batch // (dp * m) * seq  # tokens per micro-batch per dp rank
-    peak = setup.device.peak_flops[setup.dtype] * MATMUL_EFFICIENCY
-    split_vocab = vocab_split(cost, mp)
-    vocab_div = mp if split_vocab else 1
-    act_div = mp if sp else 1
-    dpn = setup.devices_per_node
-    mp_link = group_link(mp, 1, dpn, setup.device)
-    dp_link = group_link(dp, mp, dpn, setup.device)
-    pp_link = group_link(pp, mp * dp, dpn, setup.device)
-    ranges = stage_ranges(len(cost.blocks), pp) if cost.blocks else [(0, 0)] * pp
-
-    stage_times, stage_memory, stage_bwd = [], [], []
-    mp_bytes = pp_bytes = 0.0
-    compute_total = mp_time_total = pp_time_total = 0.0
-    for k, (start, stop) in enumerate(ranges):
-        edges = ([cost.first] if k == 0 else []) + ([cost.last] if k == pp - 1 else [])
-        # -- compute
-        fwd_blocks = (table.total("flops_per_token", start, stop) + table.total("flops_per_token_seq", start, stop) * seq) / mp
-        fwd_edges = sum(e.flops_vocab_per_token / vocab_div + e.flops_whole_per_token for e in edges)
-        flops = 3 * (fwd_blocks + fwd_edges)
-        if setup.recompute == "full":
-            flops += fwd_blocks
-        elif setup.recompute == "selective":
-            flops += table.total("flops_per_token_seq", start, stop) * seq / mp
-        compute = flops * tokens / peak
-        # -- tensor-parallel collectives
-        fwd = (table.total("allreduce_fwd_per_token", start, stop), table.total("allreduce_fwd_count", start, stop))
-        bwd = (table.total("allreduce_bwd_per_token", start, stop), table.total("allreduce_bwd_count", start, stop))
-        if split_vocab:
-            fwd = (fwd[0] + sum(e.allreduce_fwd_per_token for e in edges), fwd[1] + sum(
-                1 for e in edges if e.allreduce_fwd_per_token))
-            bwd = (bwd[0] + sum(e.allreduce_bwd_per_token for e in edges), bwd[1] + sum(
-                1 for e in edges if e.allreduce_bwd_per_token))
-        collectives = [fwd, bwd] + ([fwd] if setup.recompute == "full" else [])
-        mp_time = sum(all_reduce_time(n * tokens * width, mp, mp_link, int(count)) for n, count in collectives)
-        implicit_sent = implicit.sent_per_token * tokens if implicit and mp > 1 else 0.0
-        if implicit_sent:
-            mp_time += implicit.count * 2 * (mp - 1) * mp_link.latency_s + implicit_sent / mp_link.bandwidth
-        mp_bytes = max(mp_bytes, sum(all_reduce_bytes(n * tokens * width, mp) for n, _ in collectives))
-        # -- pipeline hand-off: activation forward, its gradient backward
-        p2p = 0.0
-        if pp > 1 and k < pp - 1 and stop > start:
-            handoff = cost.blocks[stop - 1].output_per_token * tokens * width / act_div
-            p2p = 2 * p2p_time(handoff, pp_link)
-            pp_bytes = max(pp_bytes, 2 * handoff)
-        stage_times.append(compute + mp_time + p2p)
-        stage_bwd.append(compute * 2 / 3)
-        compute_total = max(compute_total, compute)
-        mp_time_total = max(mp_time_total, mp_time)
-        pp_time_total = max(pp_time_total, p2p)
-        # -- memory
-        params = (table.total("params_split", start, stop) / mp + table.total("params_whole", start, stop)
-                  + sum(e.params_vocab / vocab_div + e.params_whole for e in edges)
-                  - (cost.tied_vocab_params / vocab_div if len(edges) == 2 else 0))  # one stage holds both
-        states = model_state_bytes(params, dp, strategy.sharding_stage, setup.dtype, setup.optimizer)
-        in_flight = min(pp - k, m) if strategy.schedule in ("1F1B", "VPP") else 1
-        per_token = _stage_activation_bytes(table, start, stop, mp, act_div, seq, width, setup.recompute)
-        per_token += sum(e.saved_whole.bytes(width) + e.saved_vocab.bytes(width) / vocab_div for e in edges)
-        acts = in_flight * tokens * per_token
-        if setup.recompute == "full" and table.largest_block is not None and stop > start:
-            acts += tokens * _block_activation_bytes(table.largest_block, mp, act_div, seq, width)
-        stage_memory.append((states, acts, params))
-
-    # -- schedule
-    if pp == 1:
-        pipeline = m * stage_times[0]
-    elif strategy.schedule == "sequential":
-        pipeline = m * sum(stage_times)
-    else:
-        pipeline = (m + pp - 1) * max(stage_times)
-    bubble = pipeline - m * max(stage_times) if pp > 1 else 0.0
-
-    # -- data parallel (per stage, in parallel across stages; the slowest counts)
-    dp_time, dp_bytes = 0.0, 0.0
-    for k, (states, _acts, params) in enumerate(stage_memory):
-        grad_bytes = params * width
-        nblocks = max(1, ranges[k][1] - ranges[k][0])
-        if strategy.sharding_stage == 0:
-            sync, exposed_extra, sent = all_reduce_time(grad_bytes, dp, dp_link), 0.0, all_reduce_bytes(grad_bytes, dp)
-        else:
-            sync = all_gather_time(grad_bytes, dp, dp_link)  # reduce-scatter of the gradients
-            gathers = 1 if strategy.sharding_stage < 3 else 2 * m
-            exposed_extra = all_gather_time(gathers * grad_bytes, dp, dp_link, gathers)
-            sent = (1 + gathers) * all_gather_bytes(grad_bytes, dp)
-        exposed = max(sync - stage_bwd[k], sync / (nblocks + 1)) if sync > 0 else 0.0
-        dp_time = max(dp_time, exposed + exposed_extra)
-        dp_bytes = max(dp_bytes, sent)
-
-    step = pipeline + dp_time
-    peak_stage = max(range(pp), key=lambda k: stage_memory[k][0].total + stage_memory[k][1])
-    states, acts, _ = stage_memory[peak_stage]
-    model_flops = 3 * cost.forward_flops(setup.global_batch * seq, seq)
-    tokens_per_step = setup.global_batch * seq
+    model_flops = 3 * table.cost.forward_flops(setup.global_batch * seq, seq)
     est = Estimate(
         step_time_s=step,
-        tokens_per_s=tokens_per_step / step if step > 0 else 0.0,
+        tokens_per_s=setup.global_batch * seq / step if step > 0 else 0.0,
         mfu=model_flops / (step * setup.world * setup.device.peak_flops[setup.dtype]) if step > 0 else 0.0,
         memory=MemoryEstimate(
-            params=round(states.params), grads=round(states.grads), optimizer=round(states.optimizer),
-            activations=round(acts), total=round(states.total + acts)),
+            params=round(peak.states.params), grads=round(peak.states.grads),
+            optimizer=round(peak.states.optimizer), activations=round(peak.activations),
+            total=round(peak.states.total + peak.activations)),
         comm_bytes=CommEstimate(
-            mp=round(m * mp_bytes), dp=round(dp_bytes), pp=round(m * pp_bytes),
-            implicit=round(m * implicit_sent)),
+            mp=round(m * max(s.mp_bytes for s in stages)), dp=round(max(b for _, b in dp)),
+            pp=round(m * max(s.p2p_bytes for s in stages)), implicit=round(m * max(s.implicit_bytes for s in stages))),
     )
-    return Breakdown(est, compute_s=m * compute_total, mp_comm_s=m * mp_time_total, dp_comm_s=dp_time,
-                     pp_comm_s=m * pp_time_total, bubble_s=bubble, peak_stage=peak_stage)
+    return Breakdown(est, compute_s=m * max(s.compute_s for s in stages), mp_comm_s=m * max(s.mp_s for s in stages),
+                     dp_comm_s=dp_s, pp_comm_s=m * max(s.p2p_s for s in stages), bubble_s=bubble_s,
+                     peak_stage=peak_stage)
+
+
+def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
+    """Compute, collectives and memory of stage ``k`` (blocks ``start:stop``) per micro-batch."""
+    table, strategy, setup = ctx.table, ctx.strategy, ctx.setup
+    mp, pp, seq, tokens, width = strategy.mp, strategy.pp, setup.seq_len, ctx.tokens, ctx.width
+    edges = ([ctx.cost.first] if k == 0 else []) + ([ctx.cost.last] if k == pp - 1 else [])
+
+    # Compute: forward x 3, plus what recompute does again.
+    attention = table.total("flops_per_token_seq", start, stop) * seq / mp
+    fwd_blocks = table.total("flops_per_token", start, stop) / mp + attention
+    flops = 3 * (fwd_blocks + sum(e.flops_vocab_per_token / ctx.vocab_div + e.flops_whole_per_token for e in edges))
+    flops += {"full": fwd_blocks, "selective": attention}.get(setup.recompute, 0.0)
+    compute_s = flops * tokens / (setup.device.peak_flops[setup.dtype] * MATMUL_EFFICIENCY)
+
+    # Tensor-parallel all-reduces (forward again under full recompute) and implicit collectives.
+    mp_link = ctx.link(mp, 1)
+    collectives = [_allreduces(ctx, "fwd", start, stop, edges), _allreduces(ctx, "bwd", start, stop, edges)]
+    if setup.recompute == "full":
+        collectives.append(collectives[0])
+    mp_s = sum(all_reduce_time(n * tokens * width, mp, mp_link, count) for n, count in collectives)
+    mp_bytes = sum(all_reduce_bytes(n * tokens * width, mp) for n, _ in collectives)
+    implicit_bytes = 0.0
+    if ctx.implicit and mp > 1 and ctx.cost.blocks:
+        share = (stop - start) / len(ctx.cost.blocks)  # the implicit collectives sit in the blocks
+        implicit_bytes = ctx.implicit.sent_per_token * tokens * share
+        mp_s += share * ctx.implicit.count * 2 * (mp - 1) * mp_link.latency_s + implicit_bytes / mp_link.bandwidth
+
+    # Pipeline hand-off to the next stage: the activation forward, its gradient backward.
+    p2p_s = p2p_bytes = 0.0
+    if k < pp - 1 and stop > start:
+        handoff = ctx.cost.blocks[stop - 1].output_per_token * tokens * width / ctx.act_div
+        p2p_s, p2p_bytes = 2 * p2p_time(handoff, ctx.link(pp, mp * strategy.dp)), 2 * handoff
+
+    # Memory: model states under ZeRO, activations of the micro-batches in flight.
+    params = (table.total("params_split", start, stop) / mp + table.total("params_whole", start, stop)
+              + sum(e.params_vocab / ctx.vocab_div + e.params_whole for e in edges)
+              - (ctx.cost.tied_vocab_params / ctx.vocab_div if len(edges) == 2 else 0))  # one stage holds both
+    states = model_state_bytes(params, strategy.dp, strategy.sharding_stage, setup.dtype, setup.optimizer)
+    in_flight = min(pp - k, strategy.micro_batches) if strategy.schedule in ("1F1B", "VPP") else 1
+    per_token = _stage_activation_bytes(table, start, stop, mp, ctx.act_div, seq, width, setup.recompute)
+    per_token += sum(e.saved_whole.bytes(width) + e.saved_vocab.bytes(width) / ctx.vocab_div for e in edges)
+    activations = in_flight * tokens * per_token
+    if setup.recompute == "full" and table.largest_block is not None and stop > start:
+        activations += tokens * _block_activation_bytes(table.largest_block, mp, ctx.act_div, seq, width)
+    return _Stage(compute_s, mp_s, mp_bytes, implicit_bytes, p2p_s, p2p_bytes, states, activations, params)
+
+
+def _allreduces(ctx: _Context, direction: str, start: int, stop: int, edges: list[EdgeCost]) -> tuple[float, int]:
+    """(elements per token, collectives) all-reduced over mp in one direction on a stage."""
+    elements = ctx.table.total(f"allreduce_{direction}_per_token", start, stop)
+    count = int(ctx.table.total(f"allreduce_{direction}_count", start, stop))
+    if ctx.vocab_div > 1:  # vocabulary-parallel embedding output / head input gradient
+        for edge in edges:
+            extra = getattr(edge, f"allreduce_{direction}_per_token")
+            elements, count = elements + extra, count + (1 if extra else 0)
+    return elements, count
+
+
+def _pipeline_time(strategy: Strategy, stage_times: list[float]) -> tuple[float, float]:
+    """(time of all micro-batches through the pipeline, of which bubble)."""
+    m, pp, slowest = strategy.micro_batches, strategy.pp, max(stage_times)
+    if pp == 1:
+        return m * slowest, 0.0
+    if strategy.schedule == "sequential":
+        total = m * sum(stage_times)
+    else:
+        total = (m + pp - 1) * slowest  # 1F1B: bubble (pp - 1) / m of the ideal
+    return total, total - m * slowest
+
+
+def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, float]:
+    """(exposed seconds, bytes sent) of one stage's data-parallel synchronisation per step."""
+    dp, zero = ctx.strategy.dp, ctx.strategy.sharding_stage
+    link = ctx.link(dp, ctx.strategy.mp)
+    grad_bytes = stage.params * ctx.width
+    if zero == 0:
+        sync, after, sent = all_reduce_time(grad_bytes, dp, link), 0.0, all_reduce_bytes(grad_bytes, dp)
+    else:
+        sync = reduce_scatter_time(grad_bytes, dp, link)
+        # Parameters gathered after the step (ZeRO 1/2), or in each forward and backward (ZeRO 3).
+        gathers = 1 if zero < 3 else 2 * ctx.strategy.micro_batches
+        after = all_gather_time(gathers * grad_bytes, dp, link, gathers)
+        sent = (1 + gathers) * all_gather_bytes(grad_bytes, dp)
+    backward_s = stage.compute_s * 2 / 3
+    # Bucketed: hidden behind the backward pass, except the last bucket (about one block's worth).
+    exposed = max(sync - backward_s, sync / (num_blocks + 1)) if sync > 0 else 0.0
+    return exposed + after, sent
 
 
 def _stage_activation_bytes(table: StageTable, start: int, stop: int, mp: int, act_div: int, seq: int,
