@@ -44,15 +44,18 @@ from autodist.schemas import (
     Strategy,
 )
 
-from .analysis import LinearUse, ModelAnalysis, analyze, implicit_comm, reshard_hooks
+from .analysis import LinearUse, ModelAnalysis, analyze
 from .errors import PlannerError
 from .graph import build_graph
 from .load import load_target
 from .progress import Progress
 from .search import SearchRequest, SearchResult, search
+from .spmd import implicit_comm, reshard_hooks
 from .trace import trace_model
 
 MESH_DIM_ORDER = ("pp", "dp", "mp")
+#: Bytes per element of the training dtype, for the communication the plan records.
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 #: Ops that mix information across sequence positions: a sub-layer holding one needs the whole
 #: sequence, so sequence parallelism gathers its input and re-splits its output.
 SEQUENCE_MIXING_OPS = frozenset(
@@ -124,9 +127,9 @@ def build_plan(
     params = _param_plans(analysis, strategy, mesh.dim_names, notes)
     stages = block_stages(len(analysis.blocks), strategy.pp)
     hooks = _stage_handoffs(analysis, stages)
+    fused_gathers = reshard_hooks(analysis, strategy.mp, mesh.dim_names)
     if strategy.mp > 1:
-        hooks += _sequence_parallel_hooks(analysis, strategy, mesh.dim_names, notes)
-        hooks += reshard_hooks(analysis, strategy.mp)
+        hooks += _sequence_parallel_hooks(analysis, strategy, mesh.dim_names, notes) + fused_gathers
     notes += _tied_across_stages(analysis, strategy.pp)
     notes += [f"layer {layer}: no pattern matched it; its parameters stay replicated" for layer in analysis.unmatched]
     notes += analysis.notes + list(getattr(result, "notes", []))
@@ -150,7 +153,8 @@ def build_plan(
             input_stage=0,
             label_stage=strategy.pp - 1,
         ),
-        implicit_comm=implicit_comm(analysis, strategy.mp, strategy.sequence_parallel) if strategy.mp > 1 else [],
+        implicit_comm=implicit_comm(analysis, strategy.mp, strategy.sequence_parallel,
+                                    dtype_bytes=DTYPE_BYTES[request.dtype], hooks=fused_gathers),
         estimate=result.best.estimate,
         alternatives=Alternatives(accepted=list(result.accepted), rejected=list(result.rejected)),
         notes=_unique(notes),
