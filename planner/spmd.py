@@ -192,7 +192,7 @@ class _Replay:
         elif data["op"] == "builtin.combine":
             self.values[node, 0] = [v for _, v in operands]
         elif data["op"] == "builtin.split":
-            self._set(node, list(operands[0][1]))
+            self._set(node, [replace(d, shape=tuple(s)) for d, s in zip(operands[0][1], shapes)])
         elif op in _PASS_THROUGH and len(operands) == 1:
             self._set(node, [replace(operands[0][1], shape=tuple(shapes[0]))])
         elif op == "mean" or op == "sum":
@@ -222,23 +222,27 @@ class _Replay:
             self._set(node, [replace(tensors[0], shape=tuple(data["shapes"][0]), partial=False, partial_source=None)])
             return
         specs = [[_spec(self.mesh, t) for t in v] if isinstance(v, list) else _spec(self.mesh, v) for v in tensors]
-        inputs, outputs = core.get_phi_spmd_rule(rule_name).infer_forward(*specs, *extra(data))
+        try:
+            inputs, outputs = core.get_phi_spmd_rule(rule_name).infer_forward(*specs, *extra(data))
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError):
+            # a rule refusing this op's arguments must not stop planning: assume the worst
+            self._unknown(node, operands)
+            return
         for (operand, before), needed in zip(operands, inputs):
             if isinstance(before, list):
                 for b, n in zip(before, needed):
                     self._need(node, operand, b, _from_attr(n, b.shape, node))
             else:
                 self._need(node, operand, before, _from_attr(needed, before.shape, node))
-        flat = [o for out in outputs for o in (out if isinstance(out, list) else [out])]
-        result_shapes = [s for s in data["shapes"] if s is not None] or [list(o.dims_mapping) for o in flat]
-        if data["shapes"] == [None]:  # a vector result (split/unbind): shapes come from builtin.split
-            self.values[node, 0] = [_from_attr(o, [0] * len(o.dims_mapping), node) for o in flat]
+        if data["shapes"] == [None]:  # a vector result (split, unbind): builtin.split sets the shapes
+            flat = [o for out in outputs for o in (out if isinstance(out, list) else [out])]
+            self.values[node, 0] = [_from_attr(o, (), node) for o in flat]
         else:
-            self._set(node, [_from_attr(o, s, node) for o, s in zip(flat, result_shapes)])
+            self._set(node, [_from_attr(o, s or (), node) for o, s in zip(outputs, data["shapes"])])
 
     def _reduce(self, node: int, operand) -> None:
         """mean/sum over ``axis``: a split reduced axis leaves a partial sum."""
-        index, before = operand
+        _, before = operand
         data = self.graph.nodes[node]
         rank = len(before.dims)
         axes = {a % rank for a in (data["consts"].get(1) or range(rank))}

@@ -142,3 +142,29 @@ def test_analysis_leaves_the_model_usable():
     before = model(ids).numpy()
     analyze(trace := trace_model(model, [paddle.static.InputSpec([2, 8], "int64", "input_ids")]), build_graph(trace), model)
     assert (model(ids).numpy() == before).all()
+
+
+class MlpStack(paddle.nn.Layer):
+    """Repeated blocks that are only MLPs: no block pattern covers them (no attention)."""
+
+    def __init__(self):
+        super().__init__()
+        from models.paddleformers_models import SwiGLUMLP
+
+        self.layers = paddle.nn.LayerList([SwiGLUMLP(), SwiGLUMLP()])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def test_blocks_no_pattern_covers_are_listed_not_fatal():
+    model = MlpStack()
+    program = trace_model(model, [paddle.static.InputSpec([2, 8, 32], "float32", "x")])
+    a = analyze(program, build_graph(program), model)
+    assert a.blocks == []
+    assert a.unmatched == [f"layers.{i}.{proj}" for i in range(2) for proj in ("down_proj", "gate_proj", "up_proj")]
+    assert [n for n in a.notes if "no block pattern" in n] == [
+        "layers.0: no block pattern covers all its ops; its parameters stay replicated",
+        "layers.1: no block pattern covers all its ops; its parameters stay replicated"]
