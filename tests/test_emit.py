@@ -144,3 +144,19 @@ def test_paddleformers_llama_from_its_causal_lm_class():
     assert (embedding.placements, embedding.stage, embedding.tied_to) == (["R", "S(0)"], 0, ["lm_head.weight"])
     assert any("shares model.embed_tokens.weight" in note for note in plan.notes)
     assert check_plan(plan) == []
+
+
+def test_fused_qkv_gets_a_gather_hook_with_one_placement_per_mesh_dim():
+    made = plan_target(str(MODELS / "gpt.py"), None, SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1,
+                                                                   sequence_parallel=False), {"target": "gpt"})
+    plan = made.plan
+    gathers = [h for h in plan.hooks if h.action == "reshard"]
+    assert {h.layer for h in gathers} == {f"blocks.{i}.attn.qkv_proj" for i in range(2)}
+    for hook in gathers:
+        assert hook.when == "post" and len(hook.placements) == len(plan.mesh.dim_names)
+    qkv = next(p for fqn, p in plan.params.items() if fqn.endswith("qkv_proj.weight"))
+    qkv_bias = next(p for fqn, p in plan.params.items() if fqn.endswith("qkv_proj.bias"))
+    assert (qkv.placements, qkv_bias.placements) == (["R", "S(1)"], ["R", "S(0)"])
+    row_bias = next(p for fqn, p in plan.params.items() if fqn.endswith("out_proj.bias"))
+    assert row_bias.placements == ["R", "R"]
+    assert check_plan(plan) == []
