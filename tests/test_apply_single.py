@@ -342,3 +342,23 @@ def test_lazy_model_on_four_ranks_allocates_only_its_shards(tmp_path):
     for report in reports:
         assert report["local"] == report["planned"] < whole
     assert all(r["embed"] == reports[0]["embed"] for r in reports)
+
+
+def test_pipeline_chunks_follow_the_children_stages():
+    """1F1B and VPP cut a Sequential where the children's planned stage changes; a child
+    without parameters (ReLU) stays with the run before it. Running a schedule needs P2P
+    that gloo cannot do (PADDLE_NOTES.md), so only the cut is checked here."""
+    from autodist.applier.pipeline import pipeline_problems, stage_runs
+
+    model = paddle.nn.Sequential(*[paddle.nn.Linear(4, 4) if i != 2 else paddle.nn.ReLU() for i in range(6)])
+    stages = {"0": 0, "1": 0, "3": 1, "4": 0, "5": 1}
+    plan = pipeline_plan(model, lambda fqn: stages[fqn.split(".")[0]])
+    runs = stage_runs(model, plan)
+    assert [(stage, [model._sub_layers[n] for n in names]) for stage, names in
+            [(0, "012"), (1, "3"), (0, "4"), (1, "5")]] == [(s, list(children)) for s, children in runs]
+    plan.strategy = msgspec.structs.replace(plan.strategy, schedule="VPP")
+    assert pipeline_problems(model, plan, loss_fn=paddle.mean) == []
+    plan.strategy = msgspec.structs.replace(plan.strategy, schedule="1F1B")
+    assert pipeline_problems(model, plan, loss_fn=paddle.mean) == [
+        "$.strategy.schedule: 1F1B needs the children's stages in order 0..1, got runs [0, 1, 0, 1]"
+    ]
