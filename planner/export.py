@@ -13,10 +13,13 @@ and ``parallelize(model, optimizer)``. How Paddle reads the config (paddle 3.3,
 - ``pp_config.split_spec`` maps the last layer of each stage but the last to
   ``SplitPoint.END``: every later sub-layer, in ``named_sublayers`` order, goes to the next stage.
 - ``dp_config.sharding_level`` is the ZeRO stage; Paddle requires a ``dp`` mesh dim for it.
-- Parameters of the model itself (not of a sub-layer) are left dense by ``dist.parallelize``,
-  which walks ``named_sublayers()`` only: fine when the plan replicates them on stage 0.
-- The plan's sequence-parallel hooks become ``SequenceParallelBegin/End/Enable/Disable``, its
-  reshard hooks ``PrepareLayerInput/Output`` with a small function written into the module.
+- ``dist.parallelize`` walks ``named_sublayers()``, which leaves out the model's own parameters
+  (the docstring Llama's LM head ``weight``): the module's ``parallelize`` shards those itself,
+  on their stage's mesh, before calling it.
+- The plan's sequence-parallel hooks become ``SequenceParallelBegin/End/Enable/Disable`` (a
+  hook with no Paddle plan of its own, such as gathering a layer's *output*, a
+  ``PrepareLayerInput/Output`` around Paddle's own ``c_split``/``c_concat``), its reshard hooks
+  ``PrepareLayerInput/Output`` with a small function written into the module.
 
 Anything the config cannot express exactly (a placement no style produces) is an error, never
 a silently different config.
@@ -39,11 +42,19 @@ from autodist.schemas import Plan, shard_dim
 from .show import collapse, natural_key
 
 #: Paddle's sequence-parallel plan for each set of hooks one layer carries.
-_SEQUENCE_PARALLEL_STYLES = {
+_SEQUENCE_PARALLEL_PAIRS = {
     frozenset({("post", "sequence_parallel_begin")}): "SequenceParallelBegin",
     frozenset({("pre", "sequence_parallel_end")}): "SequenceParallelEnd",
     frozenset({("pre", "sequence_parallel_begin"), ("post", "sequence_parallel_end")}): "SequenceParallelEnable",
     frozenset({("pre", "sequence_parallel_end"), ("post", "sequence_parallel_begin")}): "SequenceParallelDisable",
+}
+#: Each single sequence-parallel hook: a Paddle plan where one exists, else the module's own
+#: helper doing what Paddle's pair plans do on that side (``c_split`` / ``c_concat``).
+_SEQUENCE_PARALLEL_SINGLE = {
+    ("post", "sequence_parallel_begin"): "dist.SequenceParallelBegin()",
+    ("pre", "sequence_parallel_end"): "dist.SequenceParallelEnd()",
+    ("pre", "sequence_parallel_begin"): "dist.PrepareLayerInput(split_sequence_input)",
+    ("post", "sequence_parallel_end"): "dist.PrepareLayerOutput(gather_sequence_output)",
 }
 
 
@@ -66,13 +77,13 @@ def export_parallelize(plan: Plan, source: str = "plan.json") -> str:
     Raises :class:`ExportError` naming every parameter or hook it cannot express.
     """
     problems: list[str] = []
-    entries = _param_entries(plan, problems) + _hook_entries(plan, problems)
+    entries = _param_entries(plan, problems) + _hook_entries(plan)
     if plan.strategy.sharding_stage and "dp" not in plan.mesh.dim_names:
         problems.append(f"ZeRO stage {plan.strategy.sharding_stage} without a dp mesh dim")
     if problems:
         raise ExportError("; ".join(problems))
     mp_plan = _collapse_entries(entries, _known_layers(plan), _tensor_attrs(plan))
-    return _module_source(plan, source, mp_plan, _split_points(plan))
+    return _module_source(plan, source, mp_plan, _split_points(plan), _model_params(plan))
 
 
 # -- parameters -> ColWise / RowWise entries ----------------------------------------------------------
@@ -94,13 +105,10 @@ def _param_entries(plan: Plan, problems: list[str]) -> list[ConfigEntry]:
     names = plan.mesh.dim_names
     styles: dict[str, dict[str, str | None]] = defaultdict(dict)  # layer -> attr -> style
     for fqn, param in plan.params.items():
-        if "." not in fqn and (param.stage or any(p != "R" for p in param.placements)):
-            # dist.parallelize walks named_sublayers(), which leaves out the model itself.
-            problems.append(f"{fqn}: a parameter of the model itself, which dist.parallelize leaves dense")
         for dim, placement in zip(names, param.placements):
             if dim != "mp" and placement != "R":
                 problems.append(f"{fqn}: {placement} on {dim} (dist.parallelize shards parameters over mp only)")
-        if "mp" not in names:
+        if "mp" not in names or "." not in fqn:  # the model's own parameters: see _model_params
             continue
         placement = param.placements[names.index("mp")]
         try:
@@ -137,7 +145,7 @@ def _whole_layer_style(attrs: dict[str, str | None]) -> str | None:
 # -- hooks -> sequence parallel / prepare entries -----------------------------------------------------------
 
 
-def _hook_entries(plan: Plan, problems: list[str]) -> list[ConfigEntry]:
+def _hook_entries(plan: Plan) -> list[ConfigEntry]:
     sequence: dict[str, set[tuple[str, str]]] = defaultdict(set)
     entries = []
     for hook in plan.hooks:
@@ -149,11 +157,9 @@ def _hook_entries(plan: Plan, problems: list[str]) -> list[ConfigEntry]:
             entries.append(ConfigEntry(hook.layer, (f"dist.{prepare}({helper}({_placements_source(hook.placements)}))",)))
         # stage_handoff hooks are what pp_config's split points do.
     for layer, kinds in sequence.items():
-        style = _SEQUENCE_PARALLEL_STYLES.get(frozenset(kinds))
-        if style is None:
-            problems.append(f"{layer}: sequence-parallel hooks {sorted(kinds)} match no Paddle plan")
-        else:
-            entries.append(ConfigEntry(layer, (f"dist.{style}()",)))
+        pair = _SEQUENCE_PARALLEL_PAIRS.get(frozenset(kinds))
+        plans = (f"dist.{pair}()",) if pair else tuple(_SEQUENCE_PARALLEL_SINGLE[k] for k in sorted(kinds))
+        entries.append(ConfigEntry(layer, plans))
     return entries
 
 
@@ -225,6 +231,17 @@ def _expand(ranges: str) -> list[str]:
     return out
 
 
+def _model_params(plan: Plan) -> dict[str, tuple[int, str]]:
+    """The model's own parameters (no dot in the FQN): name -> (stage, placements source
+    without the pp dim)."""
+    names = plan.mesh.dim_names
+    return {
+        fqn: (p.stage, _placements_source([x for d, x in zip(names, p.placements) if d != "pp"]))
+        for fqn, p in sorted(plan.params.items())
+        if "." not in fqn
+    }
+
+
 # -- pipeline ---------------------------------------------------------------------------------------
 
 
@@ -253,6 +270,26 @@ def _nested(ids: list[int], shape: list[int]) -> list:
 
 
 _HELPERS = {
+    "split_sequence_input": '''
+
+def split_sequence_input(process_mesh):
+    """A PrepareLayerInput function: [b, s, h] -> [s/mp, b, h], as SequenceParallelEnable does."""
+
+    def hook(layer, args):
+        return c_split(args, process_mesh, True)
+
+    return hook
+''',
+    "gather_sequence_output": '''
+
+def gather_sequence_output(process_mesh):
+    """A PrepareLayerOutput function: [s/mp, b, h] -> [b, s, h], as SequenceParallelEnable does."""
+
+    def hook(layer, args, output):
+        return c_concat(output, process_mesh, True)
+
+    return hook
+''',
     "reshard_input": '''
 
 def reshard_input(placements):
@@ -282,7 +319,9 @@ def reshard_output(placements):
 }
 
 
-def _module_source(plan: Plan, source: str, mp_plan: dict[str, tuple[str, ...]], splits: list[str]) -> str:
+def _module_source(
+    plan: Plan, source: str, mp_plan: dict[str, tuple[str, ...]], splits: list[str], own: dict[str, tuple[int, str]]
+) -> str:
     s = plan.strategy
     lines = [
         f'"""dist.parallelize config equivalent to the autodist plan {source}.',
@@ -299,7 +338,10 @@ def _module_source(plan: Plan, source: str, mp_plan: dict[str, tuple[str, ...]],
         "import paddle.distributed as dist",
     ]
     used = " ".join(p for plans in mp_plan.values() for p in plans)
-    lines += [_HELPERS[name] for name in sorted(_HELPERS) if f"{name}(" in used]
+    helpers = [name for name in sorted(_HELPERS) if re.search(rf"\b{name}\b", used)]
+    if any(name.endswith("_sequence_input") or name.endswith("_sequence_output") for name in helpers):
+        lines.append("from paddle.distributed.auto_parallel.intermediate.tensor_parallel import c_concat, c_split")
+    lines += [_HELPERS[name].rstrip("\n") for name in helpers] + ([""] if helpers else [])
     lines += [
         "",
         f"MESH = dist.ProcessMesh({_nested(plan.mesh.process_ids, plan.mesh.shape)}, "
@@ -323,13 +365,28 @@ def _module_source(plan: Plan, source: str, mp_plan: dict[str, tuple[str, ...]],
         lines += [f'            "{layer}": dist.SplitPoint.END,' for layer in splits]
         lines.append("        },")
         lines.append("    },")
+    lines += ["}"]
+    if own:
+        stage_mesh = 'MESH.get_mesh_with_dim("pp", stage)' if "pp" in plan.mesh.dim_names else "MESH"
+        lines += [
+            "",
+            "#: The model's own parameters, which dist.parallelize does not visit (it walks named_sublayers()):",
+            "#: name -> (pipeline stage, placements).",
+            "MODEL_PARAMETERS = {",
+            *[f'    "{name}": ({stage}, {placements}),' for name, (stage, placements) in own.items()],
+            "}",
+        ]
     lines += [
-        "}",
         "",
         "",
         "def parallelize(model, optimizer=None):",
         '    """Set the mesh and parallelize ``model`` (and ``optimizer``) as the plan says."""',
         "    dist.auto_parallel.set_mesh(MESH)",
-        "    return dist.parallelize(model, optimizer, config=CONFIG)",
     ]
+    if own:
+        lines += [
+            "    for name, (stage, placements) in MODEL_PARAMETERS.items():",
+            f"        setattr(model, name, dist.shard_tensor(getattr(model, name), {stage_mesh}, placements))",
+        ]
+    lines += ["    return dist.parallelize(model, optimizer, config=CONFIG)"]
     return "\n".join(lines) + "\n"

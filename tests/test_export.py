@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from autodist.planner.export import ExportError, export_parallelize, paddle_key_matches
 from autodist.planner.review_commands import export
-from autodist.schemas import Block, Plan, load_plan, save_plan
+from autodist.schemas import Block, Hook, Plan, load_plan, save_plan
 
 
 def placements_of(param) -> list[str] | None:
@@ -48,13 +48,11 @@ def expected_layout(plan: Plan, fqn: str) -> tuple[list[str], list[int]]:
     return [p for d, p in zip(names, param.placements) if d != "pp"], list(ids)
 
 
-def actual_layout(param, stage_width: int) -> tuple[list[str], list[int] | None]:
-    """(placements, process ids) of a parameter after distribution; a dense one counts as
-    replicated, since every rank holds all of it."""
-    placements = placements_of(param)
-    if placements is None:
-        return ["R"] * stage_width, None
-    return placements, list(param.process_mesh.process_ids)
+def actual_layout(param) -> tuple[list[str] | None, list[int] | None]:
+    """(placements, process ids) of a parameter after distribution; (None, None) when dense."""
+    if not param.is_dist():
+        return None, None
+    return placements_of(param), list(param.process_mesh.process_ids)
 
 
 def parallelize_with(namespace: dict, model):
@@ -71,12 +69,11 @@ def run_source(source: str) -> dict:
 
 def assert_exported_layout_matches(plan: Plan, model) -> None:
     model = parallelize_with(run_source(export_parallelize(plan)), model)
-    width = len([d for d in plan.mesh.dim_names if d != "pp"])
     problems = []
     for fqn, param in model.named_parameters():
         want_placements, want_ids = expected_layout(plan, fqn)
-        got_placements, got_ids = actual_layout(param, width)
-        if got_placements != want_placements or got_ids not in (None, want_ids):
+        got_placements, got_ids = actual_layout(param)
+        if (got_placements, got_ids) != (want_placements, want_ids):
             problems.append(f"{fqn}: exported gives {got_placements} on {got_ids}, plan {want_placements} on {want_ids}")
     assert not problems, "\n".join(problems)
 
@@ -169,14 +166,34 @@ def test_help_has_an_example():
 # -- real Paddle, one process: the exported config gives the planned placements ---------------------
 
 
-@pytest.mark.parametrize("dp, mp", [(2, 2), (1, 2)])
-def test_exported_config_places_parameters_as_planned(dp, mp):
+@pytest.mark.parametrize("dp, mp, head", [(2, 2, "R"), (1, 2, "R"), (2, 2, "S(1)")])
+def test_exported_config_places_parameters_as_planned(dp, mp, head):
     from harness.plans import tensor_parallel_plan
     from harness.workloads import WORKLOADS
 
     workload = WORKLOADS["docstring_llama"]
     plan = tensor_parallel_plan(workload.build(0), dp=dp, mp=mp)
+    # the LM head `weight` belongs to the model itself, which dist.parallelize never visits
+    plan.params["weight"].placements = [*plan.params["weight"].placements[:-1], head]
     assert_exported_layout_matches(plan, workload.build(0))
+
+
+def test_sequence_parallel_hooks_become_paddle_plans():
+    from test_show import layered_plan
+
+    plan = layered_plan(layers=2, dp=2, mp=2)
+    sp = [("llama.embed_tokens", "post", "sequence_parallel_begin"), ("llama.norm", "post", "sequence_parallel_end")]
+    for i in range(2):
+        sp += [(f"llama.layers.{i}.self_attn", "pre", "sequence_parallel_end"),
+               (f"llama.layers.{i}.self_attn", "post", "sequence_parallel_begin")]
+    plan.hooks = [Hook(layer=layer, when=when, action=action) for layer, when, action in sp]
+    source = export_parallelize(plan)
+    assert '"llama.embed_tokens": dist.SequenceParallelBegin(),' in source
+    assert '"llama.layers.*.self_attn": dist.SequenceParallelDisable(),' in source
+    # gathering a layer's output has no Paddle plan of its own: Paddle's c_concat in a helper
+    assert '"llama.norm": dist.PrepareLayerOutput(gather_sequence_output),' in source
+    namespace = run_source(source)
+    assert callable(namespace["gather_sequence_output"](namespace["MESH"]))
 
 
 @pytest.mark.slow
@@ -222,6 +239,8 @@ def test_exported_config_matches_apply_plan_on_4_ranks(tmp_path):
     from harness.workloads import WORKLOADS
 
     plan = tensor_parallel_plan(WORKLOADS["docstring_llama"].build(0), dp=2, mp=2)
+    plan.params["weight"].placements = ["R", "S(1)"]  # the model's own LM head, split over the vocabulary
+    plan.params["weight"].style = "ColWiseParallelHead"
     plan_path = write_plan(plan, tmp_path / "plan.json")
     config = tmp_path / "parallel_config.py"
     config.write_text(export_parallelize(plan))
@@ -248,18 +267,13 @@ def rank_main(plan_path: str, config_path: str, out_dir: str) -> None:
     from autodist import apply_plan
 
     plan = load_plan(plan_path)
-    width = len([d for d in plan.mesh.dim_names if d != "pp"])
     workload = WORKLOADS["docstring_llama"]
 
     def layouts(model) -> dict:
-        out = {}
-        for fqn, p in model.named_parameters():
-            placements, ids = actual_layout(p, width)
-            # dist.parallelize leaves the model's own parameters dense: whole on every rank of
-            # the (one-stage) mesh, which is what replicated on that mesh means.
-            ids = ids if ids is not None else expected_layout(plan, fqn)[1]
-            out[fqn] = [placements, ids, list(p._local_value().shape if p.is_dist() else p.shape)]
-        return out
+        return {
+            fqn: [*actual_layout(p), list(p._local_value().shape if p.is_dist() else p.shape)]
+            for fqn, p in model.named_parameters()
+        }
 
     applied, _, _ = apply_plan(workload.build(0), None, None, plan)
     exported = parallelize_with(runpy.run_path(config_path), workload.build(0))
