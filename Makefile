@@ -36,6 +36,7 @@ plans: install
 # Planning time and memory by depth (docs/benchmarks.md has the recorded table).
 bench: install
 	$(PY) bench/plan_time.py --markdown
+	$(PY) bench/apply_time.py --markdown
 
 # The whole product on 4 CPU processes: plan the docstring Llama, apply it, compare losses with one device.
 .PHONY: demo

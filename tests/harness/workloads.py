@@ -43,7 +43,7 @@ class Workload:
         return self.build_unseeded()
 
 
-def _load_file(relpath: str, name: str):
+def load_model_file(relpath: str, name: str):
     """Import a model file by path (``plans/`` is a folder of example files, not a package)."""
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, REPO_ROOT / relpath)
@@ -54,7 +54,7 @@ def _load_file(relpath: str, name: str):
 
 
 def _build_docstring_llama() -> paddle.nn.Layer:
-    mod = _load_file("plans/llama_docstring/model.py", "llama_docstring_model")
+    mod = load_model_file("plans/llama_docstring/model.py", "llama_docstring_model")
     return mod.build_model(**DOCSTRING_LLAMA_CONFIG)
 
 
@@ -91,8 +91,8 @@ WORKLOADS = {
 class TokenDataset(paddle.io.Dataset):
     """Fixed random token sequences; labels are the inputs shifted by one."""
 
-    def __init__(self, vocab_size: int, samples: int, seed: int):
-        tokens = np.random.RandomState(seed).randint(0, vocab_size, size=(samples, SEQ + 1)).astype("int64")
+    def __init__(self, vocab_size: int, samples: int, seed: int, seq: int = SEQ):
+        tokens = np.random.RandomState(seed).randint(0, vocab_size, size=(samples, seq + 1)).astype("int64")
         self.inputs, self.labels = tokens[:, :-1], tokens[:, 1:]
 
     def __getitem__(self, idx):

@@ -1,0 +1,145 @@
+"""Per-rank time of ``apply_plan`` versus ``paddle.distributed.to_distributed``: same model,
+same mesh (dp2 x mp2 on 4 ranks, the mesh to_distributed picks for 4 devices), in one run.
+
+Each rank, after a barrier so neither pays for creating the communicator: builds the docstring
+Llama from a seed and times ``apply_plan`` (model, optimizer and loader, with a dp2 x mp2
+tensor-parallel plan) ``--repeats`` times, each on a fresh model; then times ``to_distributed``
+on a fresh model. Imports are done before timing for both. The ratio is per rank:
+best apply_plan time / to_distributed time (target <= 5 %).
+
+Run: ``make bench`` or ``.venv/bin/python bench/apply_time.py [--layers 4] [--hidden 256] [--markdown]``.
+The numbers go to docs/benchmarks.md by hand, with the machine they came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the multi-process harness (launcher, plans, data)
+
+RANKS = 4
+
+
+def worker(job_path: str) -> None:
+    """One rank: time both methods on fresh models, write ``rank<R>.json``."""
+    import paddle
+    import paddle.distributed as dist
+    from paddle.distributed.auto_parallel.high_level_api import ToDistributedConfig
+    from paddle.distributed.auto_parallel.static.tuner import to_distributed_api_patterns  # noqa: F401 (import before timing)
+
+    from autodist.applier.apply import apply_plan
+    from harness.workloads import BATCH, TokenDataset
+
+    job = json.loads(Path(job_path).read_text())
+    model_module = _load_model()
+    rank = int(os.environ["PADDLE_TRAINER_ID"])
+
+    def fresh():
+        paddle.seed(job["seed"])
+        model = model_module.build_model(**job["config"])
+        optimizer = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
+        dataset = TokenDataset(job["config"]["vocab_size"], 2 * BATCH, job["seed"], seq=job["config"]["seq_length"])
+        loader = paddle.io.DataLoader(dataset, batch_sampler=paddle.io.BatchSampler(dataset, batch_size=BATCH, drop_last=True))
+        return model, optimizer, loader
+
+    dist.init_parallel_env()
+    dist.barrier()  # the global communicator exists before anything is timed
+    apply_times = []
+    for _ in range(job["repeats"]):
+        model, optimizer, loader = fresh()
+        start = time.perf_counter()
+        apply_plan(model, optimizer, loader, job["plan"])
+        apply_times.append(time.perf_counter() - start)
+        dist.barrier()
+    model, optimizer, loader = fresh()
+    config = ToDistributedConfig()
+    config.input_spec = [paddle.static.InputSpec([BATCH, job["config"]["seq_length"]], "int64", "input_ids")]
+    start = time.perf_counter()
+    dist.to_distributed(model, optimizer, loader, device_num=RANKS, node_num=1, config=config)
+    to_distributed_time = time.perf_counter() - start
+    result = {"rank": rank, "apply_plan": apply_times, "to_distributed": to_distributed_time}
+    (Path(job["out_dir"]) / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _load_model():
+    from harness.workloads import load_model_file
+
+    return load_model_file("plans/llama_docstring/model.py", "llama_docstring_model")
+
+
+def run(args) -> list[dict]:
+    """Write the plan, start 4 ranks, return each rank's timings."""
+    from harness.launcher import launch_ranks
+    from harness.plans import tensor_parallel_plan, write_plan
+
+    config = dict(
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+        num_heads=args.heads, num_layers=args.layers, seq_length=args.seq,
+    )  # fmt: skip
+    workdir = Path(tempfile.mkdtemp(prefix="apply_time_"))
+    model = _load_model().build_model(**config)
+    plan = write_plan(tensor_parallel_plan(model, dp=2, mp=2), workdir / "plan.json")
+    job = {"config": config, "plan": plan, "repeats": args.repeats, "seed": 2024, "out_dir": str(workdir)}
+    (workdir / "job.json").write_text(json.dumps(job))
+    result = launch_ranks(RANKS, [__file__, "--worker", str(workdir / "job.json")], workdir, timeout_s=args.timeout)
+    result.raise_for_failure()
+    return [json.loads((workdir / f"rank{r}.json").read_text()) for r in range(RANKS)]
+
+
+def report(args, ranks: list[dict], markdown: bool) -> str:
+    import paddle
+
+    params = _parameter_count(args)
+    head = (
+        f"docstring Llama, {args.layers} layers, hidden {args.hidden}, intermediate {2 * args.hidden}, "
+        f"{args.heads} heads, vocabulary {args.vocab}, sequence {args.seq} ({params / 1e6:.1f} M parameters); "
+        f"dp2 x mp2 on {RANKS} CPU processes (gloo); apply_plan best of {args.repeats}; "
+        f"Paddle {paddle.__version__}, Python {platform.python_version()}, {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
+    )
+    rows = [
+        (r["rank"], min(r["apply_plan"]), r["to_distributed"], min(r["apply_plan"]) / r["to_distributed"])
+        for r in ranks
+    ]
+    if markdown:
+        lines = [head, "", "| rank | apply_plan (s) | to_distributed (s) | ratio |", "|---|---|---|---|"]
+        lines += [f"| {rank} | {ap:.4f} | {td:.3f} | {ratio:.1%} |" for rank, ap, td, ratio in rows]
+    else:
+        lines = [head] + [f"rank {rank}: apply_plan {ap:.4f} s, to_distributed {td:.3f} s, ratio {ratio:.1%}" for rank, ap, td, ratio in rows]
+    worst = max(ratio for *_, ratio in rows)
+    lines.append(f"\nworst rank: apply_plan takes {worst:.1%} of to_distributed's time (target <= 5 %)")
+    return "\n".join(lines)
+
+
+def _parameter_count(args) -> int:
+    h, i, v = args.hidden, 2 * args.hidden, args.vocab
+    return args.layers * (4 * h * h + 3 * h * i + 2 * h) + 2 * v * h + h
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=1000)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--markdown", action="store_true", help="print a table for docs/benchmarks.md")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker)
+        return
+    print(report(args, run(args), args.markdown))
+
+
+if __name__ == "__main__":
+    main()
