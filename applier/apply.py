@@ -5,10 +5,9 @@ The user's training loop, for each schedule of the plan (the README copies this)
 ``none`` (no pipeline) and ``sequential`` (stages run one after another through stage
 hand-off hooks) — an ordinary loop; inputs and labels arrive as DistTensors::
 
-    import paddle.distributed as dist
     from autodist import apply_plan
 
-    dist.init_parallel_env()            # under python -m paddle.distributed.launch
+    # every rank, e.g. under python -m paddle.distributed.launch --nproc_per_node 4 train.py
     model = build_model()               # or under paddle.LazyGuard(): each rank allocates its shard only
     opt = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())
     model, opt, loader = apply_plan(model, opt, loader, "plan.json")
@@ -17,6 +16,9 @@ hand-off hooks) — an ordinary loop; inputs and labels arrive as DistTensors::
         loss.backward()
         opt.step()
         opt.clear_grad()
+        scheduler.step()                # if any: the rebuilt optimizer shares your LR scheduler object
+
+Use the returned objects only: the old optimizer still points at the replaced parameters.
 
 ``1F1B`` / ``VPP`` (Paddle's pipelining schedules, a ``paddle.nn.Sequential`` model) — the
 returned model is this rank's stage, and one call runs a whole step of micro-batches::
