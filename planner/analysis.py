@@ -24,8 +24,8 @@ import paddle
 from autodist import schemas
 
 from .graph import graph_fingerprint
-from .match import BlockMatch, Matcher, block_nodes, compute_view, constant_nodes, short_op
-from .patterns import NORMS, PARAM, part_pattern
+from .match import BlockMatch, Match, Matcher, block_nodes, compute_view, constant_nodes, short_op
+from .patterns import PARAM, layer_patterns
 from .trace import TracedProgram
 
 Role = Literal["column", "row", "replicate"]
@@ -92,14 +92,13 @@ def analyze(traced: TracedProgram, graph: nx.DiGraph, model: paddle.nn.Layer, ma
     blocks = [_block_info(graph, m) for m in block_matches if m.match is not None]
     notes += [f"{m.layer}: no block pattern covers all its ops; its parameters stay replicated"
               for m in block_matches if m.match is None]
-    embedding, other_embeddings = _embeddings(graph)
+    in_blocks = frozenset().union(*(m.nodes for m in block_matches))
+    outer = _outer_layers(graph, in_blocks)
+    embedding, other_embeddings = _embeddings(graph, outer)
     vocab = params[embedding][0][0] if embedding else None
     notes += [f"{fqn}: embedding other than the token embedding, kept replicated" for fqn in other_embeddings]
-    in_blocks = frozenset().union(*(m.nodes for m in block_matches))
-    final_norm = _outer_norms(graph, params, in_blocks)
-    lm_head = _lm_head(graph, model, traced, vocab, in_blocks, params)
-    if lm_head is not None and lm_head.weight not in {fqn for fqn, _ in model.named_parameters()}:
-        lm_head = None
+    final_norm = [graph.nodes[g]["param"] for m in outer.values() for _, g in m.nodes_where(op=PARAM, norm=True)]
+    lm_head = _lm_head(graph, outer, vocab, in_blocks) or _untraced_lm_head(model, traced, vocab)
     covered = {p for b in blocks for lin in b.linears for p in (lin.weight, lin.bias) if p}
     covered |= {p for b in blocks for p in b.norms} | set(final_norm) | set(other_embeddings)
     covered |= {embedding} if embedding else set()
@@ -230,67 +229,70 @@ def _block_info(graph: nx.DiGraph, m: BlockMatch) -> BlockInfo:
 # -- layers outside blocks ---------------------------------------------------------------------------------
 
 
-def _param_operand(graph: nx.DiGraph, node: int, operand: int) -> int | None:
-    """The parameter node feeding ``node``'s ``operand`` directly or through layout ops."""
-    for pred in graph.predecessors(node):
-        if graph.edges[pred, node]["operand"] != operand:
-            continue
-        while short_op(graph.nodes[pred]["op"]) in ("transpose", "cast", "reshape") and graph.in_degree(pred) == 1:
-            pred = next(iter(graph.predecessors(pred)))
-        return pred if graph.nodes[pred]["op"] == "builtin.parameter" and graph.nodes[pred]["param"] else None
-    return None
+def _outer_layers(graph: nx.DiGraph, in_blocks: frozenset[int]) -> dict[str, Match]:
+    """Layers outside the blocks whose own ops are exactly one layer pattern (embedding, norm,
+    linear), by layer FQN in program order."""
+    matcher = Matcher(patterns=layer_patterns())
+    constants = constant_nodes(graph)
+    own: dict[str, set[int]] = {}
+    for node in sorted(set(graph) - in_blocks):
+        if graph.nodes[node]["op"] != "builtin.parameter":
+            own.setdefault(graph.nodes[node]["layer"], set()).add(node)
+    found = {}
+    for layer, nodes in own.items():
+        match = matcher.match_view(compute_view(graph, nodes, constants))
+        if match is not None:
+            found[layer] = match
+    return found
 
 
-def _embeddings(graph: nx.DiGraph) -> tuple[str | None, list[str]]:
-    """The token embedding (its ids come straight from a model input) and any other ones."""
+def _embeddings(graph: nx.DiGraph, outer: dict[str, Match]) -> tuple[str | None, list[str]]:
+    """The token embedding (the one looking up a model input) and any other ones."""
     token, others = None, []
-    for node in sorted(graph):
-        if short_op(graph.nodes[node]["op"]) != "embedding":
+    for match in outer.values():
+        if not match.pattern.kind.startswith("embedding"):
             continue
-        weight = _param_operand(graph, node, 1)
-        if weight is None:
-            continue
-        ids = [p for p in graph.predecessors(node) if graph.edges[p, node]["operand"] == 0]
-        fqn = graph.nodes[weight]["param"]
-        if token is None and ids and short_op(graph.nodes[ids[0]]["op"]) == "data":
+        fqn = graph.nodes[match.mapping[f"{match.pattern.kind}.weight"]]["param"]
+        ids = match.mapping.get("ids")
+        if token is None and ids is not None and short_op(graph.nodes[ids]["op"]) == "data":
             token = fqn
         else:
             others.append(fqn)
     return token, others
 
 
-def _outer_norms(graph: nx.DiGraph, params: dict, in_blocks: frozenset[int]) -> list[str]:
-    """Norm parameters of layers outside the blocks whose ops are exactly a norm pattern."""
-    layers = sorted({graph.nodes[n]["layer"] for n in graph if n not in in_blocks and graph.nodes[n]["layer"]})
-    matcher = Matcher(patterns=[part_pattern(norm) for norm in NORMS])
-    constants = constant_nodes(graph)
-    found = []
-    for layer in layers:
-        nodes = {n for n in block_nodes(graph, layer) if graph.nodes[n]["layer"] == layer} - in_blocks
-        if not nodes:
-            continue
-        match = matcher.match_view(compute_view(graph, nodes, constants))
-        if match is not None:
-            found += [graph.nodes[g]["param"] for _, g in match.nodes_where(op=PARAM, norm=True)]
-    return [fqn for fqn in found if fqn in params]
+def _head_use(graph: nx.DiGraph, match: Match) -> LinearUse:
+    weight, matmul = match.mapping["linear_proj.weight"], match.mapping["linear_proj.matmul"]
+    operand, transposed = weight_use(graph, weight, matmul)
+    fqn = graph.nodes[weight]["param"]
+    bias = match.mapping.get("linear_proj.bias")
+    return LinearUse(fqn.rpartition(".")[0], fqn, graph.nodes[bias]["param"] if bias is not None else None,
+                     "column", split_dim("column", operand, transposed), name="lm_head")
 
 
-def _lm_head(graph, model, traced, vocab, in_blocks, params) -> LinearUse | None:
-    """The linear producing vocabulary-sized logits: found in the graph when it was traced,
-    else placed from the untraced top-level layers' parameter shapes."""
+def _lm_head(graph: nx.DiGraph, outer: dict[str, Match], vocab: int | None, in_blocks) -> LinearUse | None:
+    """The traced projection producing vocabulary-sized logits: a linear layer of its own, or a
+    linear pattern found inside a layer that does more (a parameter used by the model's top)."""
     if vocab is None:
         return None
-    for node in sorted(graph, reverse=True):
-        if node in in_blocks or short_op(graph.nodes[node]["op"]) != "matmul":
-            continue
-        weight = _param_operand(graph, node, 1)
-        if weight is None or graph.nodes[node]["shapes"][0][-1] != vocab:
-            continue
-        operand, transposed = weight_use(graph, weight, node)
-        fqn = graph.nodes[weight]["param"]
-        bias = next((graph.nodes[b]["param"] for s in graph.successors(node) if short_op(graph.nodes[s]["op"]) == "add"
-                     for b in graph.predecessors(s) if graph.nodes[b]["op"] == "builtin.parameter"), None)
-        return LinearUse(fqn.rpartition(".")[0], fqn, bias, "column", split_dim("column", operand, transposed), name="lm_head")
+    heads = [m for m in outer.values() if m.pattern.kind.startswith("linear")]
+    if not heads:
+        matcher, constants = Matcher(), constant_nodes(graph)
+        layers = sorted({graph.nodes[n]["layer"] for n in set(graph) - in_blocks})
+        views = (compute_view(graph, {n for n in block_nodes(graph, layer) if graph.nodes[n]["layer"] == layer} - in_blocks,
+                              constants) for layer in layers)
+        heads = [m for view in views for pattern in layer_patterns() if pattern.kind.startswith("linear")
+                 for m in matcher.find(view, pattern)]
+    for match in heads:
+        if graph.nodes[match.mapping["linear_proj.matmul"]]["shapes"][0][-1] == vocab:
+            return _head_use(graph, match)
+    return None
+
+
+def _untraced_lm_head(model: paddle.nn.Layer, traced: TracedProgram, vocab: int | None) -> LinearUse | None:
+    """The LM head placed from the untraced top-level layers' parameter shapes."""
+    if vocab is None:
+        return None
     for layer_fqn in traced.untraced_layers:
         layer = model
         for part in layer_fqn.split("."):

@@ -226,6 +226,13 @@ class Matcher:
                 return Match(pattern, {p: v for v, p in mapping.items()})
         return None
 
+    def find(self, view: nx.DiGraph, pattern: Pattern) -> list[Match]:
+        """Every place ``pattern`` occurs in ``view``, *without* full coverage: for locating one
+        projection inside a layer that does more (a model's top level computing its logits)."""
+        self.calls += 1
+        matcher = DiGraphMatcher(view, pattern.graph, node_match=_node_match, edge_match=_edge_match)
+        return [Match(pattern, {p: v for v, p in m.items()}) for m in matcher.subgraph_monomorphisms_iter()]
+
     def match_blocks(self, graph: nx.DiGraph, layers: Sequence[str]) -> list[BlockMatch]:
         """Match every block layer; structurally equal blocks are matched once."""
         constants = constant_nodes(graph)

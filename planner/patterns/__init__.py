@@ -2,17 +2,20 @@
 
 ``parts`` holds the building blocks (:class:`Part`, :class:`PatternBuilder`, ``linear``),
 ``norm`` / ``attention`` / ``mlp`` the variants of each sub-layer, ``blocks`` their composition
-into whole transformer blocks. See docs/internals.md for how the matcher uses them.
+into whole transformer blocks, ``layers`` the single layers around the blocks (embedding, norm,
+linear). :mod:`autodist.planner.match` explains how they are matched.
 """
 
 from .attention import ATTENTIONS, Attention
 from .blocks import Pattern, block_patterns, compute_histogram, mlp_pattern, part_pattern
+from .layers import EMBEDDING, LINEAR, LINEAR_BIAS, layer_patterns
 from .mlp import FUSED_SWIGLU, GELU_MLP, MLPS, SWIGLU_OP, SWIGLU_SILU, Mlp
 from .norm import LAYER_NORM, NORMS, RMS_NORM
 from .parts import PARAM, PORT, Part, PatternBuilder, linear, residual
 
 __all__ = [
-    "ATTENTIONS", "Attention", "FUSED_SWIGLU", "GELU_MLP", "LAYER_NORM", "MLPS", "Mlp", "NORMS", "PARAM",
-    "PORT", "Part", "Pattern", "PatternBuilder", "RMS_NORM", "SWIGLU_OP", "SWIGLU_SILU", "block_patterns",
-    "compute_histogram", "linear", "mlp_pattern", "part_pattern", "residual",
+    "ATTENTIONS", "Attention", "EMBEDDING", "FUSED_SWIGLU", "GELU_MLP", "LAYER_NORM", "LINEAR", "LINEAR_BIAS",
+    "MLPS", "Mlp", "NORMS", "PARAM", "PORT", "Part", "Pattern", "PatternBuilder", "RMS_NORM", "SWIGLU_OP",
+    "SWIGLU_SILU", "block_patterns", "compute_histogram", "layer_patterns", "linear", "mlp_pattern",
+    "part_pattern", "residual",
 ]
