@@ -28,7 +28,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import accumulate
 
@@ -113,6 +113,8 @@ class StageTable:
 
     def __init__(self, cost: ModelCost):
         self.cost = cost
+        # Most models repeat one block: then a stage's costs depend only on how many it holds.
+        self._uniform = len({replace(b, layer="") for b in cost.blocks}) <= 1
         self._prefix = {name: [0.0, *accumulate(getattr(b, name) for b in cost.blocks)] for name in self._FIELDS}
         for name in ("saved_outside", "saved_inside", "saved_inside_seq"):
             for part in ("floats", "masks"):
@@ -122,6 +124,10 @@ class StageTable:
     def total(self, name: str, start: int, stop: int) -> float:
         prefix = self._prefix[name]
         return prefix[stop] - prefix[start]
+
+    def signature(self, start: int, stop: int) -> object:
+        """Equal for two block ranges that cost the same."""
+        return stop - start if self._uniform else (start, stop)
 
     def saved(self, name: str, start: int, stop: int) -> Saved:
         return Saved(self.total(f"{name}.floats", start, stop), self.total(f"{name}.masks", start, stop))
@@ -195,7 +201,8 @@ class _Stage:
     p2p_s: float
     p2p_bytes: float
     states: StateBytes
-    activations: float
+    activations_per_micro_batch: float
+    activations_working: float  # alive once, whatever is in flight (full recompute's rebuild)
     params: float  # elements per rank, before ZeRO
 
     @property
@@ -212,13 +219,23 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
     ctx = _Context(table, strategy, setup, implicit)
     pp, m = strategy.pp, strategy.micro_batches
     ranges = stage_ranges(len(table.cost.blocks), pp) if table.cost.blocks else [(0, 0)] * pp
-    stages = [_stage(ctx, k, start, stop) for k, (start, stop) in enumerate(ranges)]
+    priced: dict[tuple, tuple[_Stage, tuple[float, float]]] = {}  # stages that cost the same, once
+    stages, dp = [], []
+    for k, (start, stop) in enumerate(ranges):
+        key = (table.signature(start, stop), k == 0, k == pp - 1)
+        if key not in priced:
+            stage = _stage(ctx, k, start, stop)
+            priced[key] = (stage, _dp_sync(ctx, stage, stop - start))
+        stages.append(priced[key][0])
+        dp.append(priced[key][1])
     pipeline_s, bubble_s = _pipeline_time(strategy, [s.time_s for s in stages])
-    dp = [_dp_sync(ctx, stage, stop - start) for stage, (start, stop) in zip(stages, ranges)]
     dp_s = max(t for t, _ in dp)
     step = pipeline_s + dp_s
-    peak_stage = max(range(pp), key=lambda k: stages[k].states.total + stages[k].activations)
-    peak = stages[peak_stage]
+    # 1F1B: stage k holds the activations of min(pp - k, m) micro-batches; otherwise of one.
+    in_flight = [min(pp - k, m) if strategy.schedule in ("1F1B", "VPP") else 1 for k in range(pp)]
+    activations = [n * s.activations_per_micro_batch + s.activations_working for n, s in zip(in_flight, stages)]
+    peak_stage = max(range(pp), key=lambda k: stages[k].states.total + activations[k])
+    peak, peak_activations = stages[peak_stage], activations[peak_stage]
     seq = setup.seq_len
     model_flops = 3 * table.cost.forward_flops(setup.global_batch * seq, seq)
     est = Estimate(
@@ -227,8 +244,8 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
         mfu=model_flops / (step * setup.world * setup.device.peak_flops[setup.dtype]) if step > 0 else 0.0,
         memory=MemoryEstimate(
             params=round(peak.states.params), grads=round(peak.states.grads),
-            optimizer=round(peak.states.optimizer), activations=round(peak.activations),
-            total=round(peak.states.total + peak.activations)),
+            optimizer=round(peak.states.optimizer), activations=round(peak_activations),
+            total=round(peak.states.total + peak_activations)),
         comm_bytes=CommEstimate(
             mp=round(m * max(s.mp_bytes for s in stages)), dp=round(max(b for _, b in dp)),
             pp=round(m * max(s.p2p_bytes for s in stages)), implicit=round(m * max(s.implicit_bytes for s in stages))),
@@ -270,18 +287,18 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
         handoff = ctx.cost.blocks[stop - 1].output_per_token * tokens * width / ctx.act_div
         p2p_s, p2p_bytes = 2 * p2p_time(handoff, ctx.link(pp, mp * strategy.dp)), 2 * handoff
 
-    # Memory: model states under ZeRO, activations of the micro-batches in flight.
+    # Memory: model states under ZeRO, activations per micro-batch in flight.
     params = (table.total("params_split", start, stop) / mp + table.total("params_whole", start, stop)
               + sum(e.params_vocab / ctx.vocab_div + e.params_whole for e in edges)
               - (ctx.cost.tied_vocab_params / ctx.vocab_div if len(edges) == 2 else 0))  # one stage holds both
     states = model_state_bytes(params, strategy.dp, strategy.sharding_stage, setup.dtype, setup.optimizer)
-    in_flight = min(pp - k, strategy.micro_batches) if strategy.schedule in ("1F1B", "VPP") else 1
     per_token = _stage_activation_bytes(table, start, stop, mp, ctx.act_div, seq, width, setup.recompute)
     per_token += sum(e.saved_whole.bytes(width) + e.saved_vocab.bytes(width) / ctx.vocab_div for e in edges)
-    activations = in_flight * tokens * per_token
+    working = 0.0
     if setup.recompute == "full" and table.largest_block is not None and stop > start:
-        activations += tokens * _block_activation_bytes(table.largest_block, mp, ctx.act_div, seq, width)
-    return _Stage(compute_s, mp_s, mp_bytes, implicit_bytes, p2p_s, p2p_bytes, states, activations, params)
+        working = tokens * _block_activation_bytes(table.largest_block, mp, ctx.act_div, seq, width)
+    return _Stage(compute_s, mp_s, mp_bytes, implicit_bytes, p2p_s, p2p_bytes, states, tokens * per_token,
+                  working, params)
 
 
 def _allreduces(ctx: _Context, direction: str, start: int, stop: int, edges: list[EdgeCost]) -> tuple[float, int]:
