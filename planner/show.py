@@ -177,24 +177,47 @@ def mesh_grid(plan: Plan) -> list[list[list[int]]]:
     ]
 
 
+#: A 1-D mesh wider than this wraps; a grid taller than MAX_ROWS shows its first and last rows.
+MAX_COLUMNS = 16
+MAX_ROWS = 8
+
+
 def mesh_lines(plan: Plan) -> list[str]:
-    """The mesh drawn as a grid of rank ids labelled with dim names."""
+    """The mesh drawn as a grid of rank ids labelled with dim names (large meshes abridged)."""
     names, grids = plan.mesh.dim_names, mesh_grid(plan)
     width = max(len(str(i)) for i in plan.mesh.process_ids)
     col_name = names[-1]
+    if len(names) == 1 and len(grids[0][0]) > MAX_COLUMNS:  # a long 1-D mesh: wrapped rows
+        ids = grids[0][0]
+        chunks = [ids[i : i + MAX_COLUMNS] for i in range(0, len(ids), MAX_COLUMNS)]
+        heads = [f"{col_name}={i * MAX_COLUMNS}-{i * MAX_COLUMNS + len(c) - 1}" for i, c in enumerate(chunks)]
+        label = max(map(len, heads))
+        return [
+            f"{head:<{label}}" + ("  …" if chunk is None else "".join(f"  {r:>{width}}" for r in chunk))
+            for head, chunk in _abridged(list(zip(heads, chunks)))
+        ]
     row_name = names[-2] if len(names) >= 2 else None
     cell = max(width, len(f"{col_name}={plan.mesh.shape[-1] - 1}"))
     label = max((len(f"{row_name}={len(grids[0]) - 1}") if row_name else 0), 1)
     lines = []
-    for g, grid in enumerate(grids):
+    for g, grid in _abridged(list(enumerate(grids))):
+        if grid is None:
+            lines.append("…")
+            continue
         if len(grids) > 1:
             lines.append(f"{names[0]}={g}")
-        header = " " * label + "".join(f"  {f'{col_name}={c}':>{cell}}" for c in range(len(grid[0])))
-        lines.append(header)
-        for r, row in enumerate(grid):
-            head = f"{row_name}={r}" if row_name else ""
-            lines.append(f"{head:<{label}}" + "".join(f"  {i:>{cell}}" for i in row))
+        lines.append(" " * label + "".join(f"  {f'{col_name}={c}':>{cell}}" for c in range(len(grid[0]))))
+        for r, row in _abridged(list(enumerate(grid))):
+            head = f"{row_name}={r}" if row_name and row is not None else ""
+            lines.append(f"{head:<{label}}" + ("  …" if row is None else "".join(f"  {i:>{cell}}" for i in row)))
     return lines
+
+
+def _abridged(items: list[tuple]) -> list[tuple]:
+    """At most MAX_ROWS items: the first ones, a ``("…", None)`` marker, and the last one."""
+    if len(items) <= MAX_ROWS:
+        return items
+    return items[: MAX_ROWS - 2] + [("…", None)] + items[-1:]
 
 
 def stage_summary(plan: Plan) -> list[dict[str, Any]]:
@@ -300,6 +323,9 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
     out.append("")
     out.append(f"placements  ({' '.join(plan.mesh.dim_names)})")
     rows = placement_rows(plan)
+    if all(set(row.value[0]) == {"R"} for row in rows):  # data parallel only: nothing to list
+        rows = []
+        out.append(f"  all {len(plan.params)} parameters replicated (R on every mesh dim)")
     width = max((len(r.pattern) for r in rows), default=0)
     pwidth = max((len(" ".join(r.value[0])) for r in rows), default=0)
     for row in rows:

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from autodist.planner.review_commands import show
-from autodist.planner.show import collapse, index_ranges, mesh_grid, mesh_lines, show_data, show_text
+from autodist.planner.show import MAX_ROWS, collapse, index_ranges, mesh_grid, mesh_lines, show_data, show_text
 from autodist.schemas import (
     Block,
     Cluster,
@@ -96,6 +96,21 @@ def test_mesh_grid_is_row_major_per_stage():
     lines = mesh_lines(plan)
     assert lines[0] == "pp=0" and "mp=1" in lines[1] and lines[2].split() == ["dp=0", "0", "1"]
     assert lines[4] == "pp=1" and lines[-1].split() == ["dp=1", "6", "7"]
+
+
+def test_large_meshes_are_abridged():
+    wide = mesh_lines(layered_plan(layers=2, dp=40, mp=1))
+    assert [line.split()[0] for line in wide] == ["dp=0-15", "dp=16-31", "dp=32-39"]
+    assert wide[-1].split()[1:] == [str(i) for i in range(32, 40)]
+    tall = mesh_lines(layered_plan(layers=2, dp=16, mp=8))
+    assert len(tall) == 1 + MAX_ROWS and tall[-2].strip() == "…"
+    assert tall[-1].split() == ["dp=15", *[str(i) for i in range(120, 128)]]
+
+
+def test_data_parallel_plan_says_everything_is_replicated():
+    text = show_text(layered_plan(layers=4, dp=4, mp=1))
+    assert "all 13 parameters replicated (R on every mesh dim)" in text
+    assert "q_proj" not in text
 
 
 def test_show_text_collapses_32_layers_into_one_line_each():
