@@ -115,7 +115,8 @@ class PipelineModel(paddle.nn.Layer):
         # stage's mesh cannot be split on this rank (segfault in GetDefaultPlace on CPU).
         losses: list[paddle.Tensor] = []
         self.schedule.step(*(inputs if self.holds_first else ()), target=target if self.holds_last else None, losses=losses)
-        return losses
+        n = self.schedule._n_microbatches
+        return [loss.detach() * n for loss in losses]  # undo the 1/n of _mean_over_micro_batches
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a pipelined model runs whole steps: call model.step(inputs, target=labels)")
@@ -147,8 +148,16 @@ def build_pipeline(model: paddle.nn.Sequential, plan: Plan, loss_fn: Callable, f
             stages.append(PipelineStage(chunk, index, len(runs), group=group))
     holds_first, holds_last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     n = plan.strategy.micro_batches
+    scaled = _mean_over_micro_batches(loss_fn, n)
     if plan.strategy.schedule == "1F1B":
-        schedule = Schedule1F1B(stages[0], n_microbatches=n, loss_fn=loss_fn)
+        schedule = Schedule1F1B(stages[0], n_microbatches=n, loss_fn=scaled)
     else:
-        schedule = ScheduleVPP(stages, n_microbatches=n, loss_fn=loss_fn)
+        schedule = ScheduleVPP(stages, n_microbatches=n, loss_fn=scaled)
     return PipelineModel(chunks, schedule, holds_first, holds_last)
+
+
+def _mean_over_micro_batches(loss_fn: Callable, n: int) -> Callable:
+    """Paddle's schedules add up the micro-batches' gradients. A user's loss is a mean over
+    its batch, so each micro-batch's loss is divided by ``n``: the step then trains exactly
+    as the whole batch would on one device (equal-sized micro-batches)."""
+    return lambda output, target: loss_fn(output, target) / n
