@@ -4,8 +4,8 @@ A block (``model.layers.3``) is the set of graph nodes whose layer is that FQN o
 matcher does not compare that raw node set with patterns: it first builds the block's *compute
 view* (:func:`compute_view`):
 
-- constant subgraphs (ops fed by nothing but folded constants: ``arange``, ``tril``, ``empty``)
-  are dropped;
+- constant subgraphs (ops fed by nothing but folded constants: ``arange``, ``tril``, ``empty``,
+  or by a ``full_like`` that only takes its input's shape) are dropped;
 - *layout* ops (reshape, transpose, split, concat, cast, scale, gather, ...) and elementwise ops
   with a constant second operand (``x + eps``) are contracted: their consumers are wired straight
   to their producers. This is what lets one attention pattern serve MHA and GQA (head repetition
@@ -48,6 +48,9 @@ LAYOUT_OPS = frozenset({
 #: Elementwise ops that are layout-like when all operands but one are constants (``x + eps``).
 ELEMENTWISE_OPS = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum"})
 INPUT_OPS = frozenset({"data"})
+#: Ops whose result depends on their input's shape only, never its values: constants for a
+#: traced program with static shapes (``triu(full_like(scores))`` is a fixed causal mask).
+SHAPE_ONLY_OPS = frozenset({"full_like", "zeros_like", "ones_like", "empty_like", "shape", "shape64"})
 
 
 def short_op(op: str) -> str:
@@ -78,7 +81,7 @@ def _find_constants(graph: nx.DiGraph) -> frozenset[int]:
         op = short_op(graph.nodes[node]["op"])
         if op == PARAM or op in INPUT_OPS:
             continue
-        if all(p in constants for p in graph.predecessors(node)):
+        if op in SHAPE_ONLY_OPS or all(p in constants for p in graph.predecessors(node)):
             constants.add(node)
     return frozenset(constants)
 

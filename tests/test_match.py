@@ -8,7 +8,8 @@ from autodist.planner.match import Matcher, block_nodes, compute_view
 from autodist.planner.patterns import GELU_MLP, PARAM, SWIGLU_SILU, mlp_pattern
 from models.traced import traced
 
-BLOCK_LISTS = {"docstring": "layers", "llama": "model.layers", "phi3": "model.layers", "gpt": "blocks"}
+BLOCK_LISTS = {"docstring": "layers", "llama": "model.layers", "phi3": "model.layers", "gpt": "blocks",
+               "gpt_sdpa": "blocks"}
 
 
 def match(name: str, layers: int = 2, matcher: Matcher | None = None):
@@ -29,6 +30,8 @@ def weights(block_match, graph) -> dict[str, str]:
     ("llama", "llama_decoder", "rms_norm+attn(q|k|v,rope)+mlp(swiglu_silu)"),
     ("phi3", "phi3_decoder", "rms_norm+attn(qkv,rope)+mlp(fused_swiglu)"),
     ("gpt", "gpt_block", "layer_norm+attn(qkv,qkv_bias,o_bias)+mlp(gelu,bias)"),
+    # Paddle's SDPA traces to the same math on CPU; its causal mask is built from the scores' shape
+    ("gpt_sdpa", "gpt_block", "layer_norm+attn(qkv,qkv_bias,o_bias)+mlp(gelu,bias)"),
 ])
 def test_every_block_of_a_real_model_matches(name, kind, description):
     blocks, _ = match(name)

@@ -34,6 +34,8 @@ class GPTConfig:
     mlp_ratio: int = 4
     batch_size: int = 2
     seq_len: int = 8
+    #: attention through ``F.scaled_dot_product_attention`` instead of the explicit softmax
+    sdpa: bool = False
 
 
 class GPTAttention(nn.Layer):
@@ -41,6 +43,7 @@ class GPTAttention(nn.Layer):
         super().__init__()
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.hidden_size // cfg.num_heads
+        self.sdpa = cfg.sdpa
         self.qkv_proj = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
         self.out_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
@@ -48,6 +51,8 @@ class GPTAttention(nn.Layer):
         b, s, h = x.shape
         qkv = self.qkv_proj(x).reshape([b, s, 3, self.num_heads, self.head_dim])
         q, k, v = qkv.unbind(axis=2)
+        if self.sdpa:  # [b, s, heads, head_dim] in and out
+            return self.out_proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).reshape([b, s, h]))
         q, k, v = (t.transpose([0, 2, 1, 3]) for t in (q, k, v))
         scores = paddle.matmul(q, k, transpose_y=True) / math.sqrt(self.head_dim)
         # An additive causal mask: built from constants only, so it folds away in the graph.

@@ -1,7 +1,8 @@
 """The test models traced once per test session: ``traced("llama")`` -> ``(model, traced, graph)``.
 
 Names: ``docstring`` (to_distributed's docstring Llama, tiny), ``llama`` (PaddleFormers, GQA,
-tied head), ``llama_untied``, ``phi3``, ``gpt``, ``cnn``, ``swiglu_mlp``, ``gelu_mlp``; a suffix
+tied head), ``llama_untied``, ``phi3``, ``gpt``, ``gpt_sdpa`` (attention through
+``F.scaled_dot_product_attention``), ``cnn``, ``swiglu_mlp``, ``gelu_mlp``; a suffix
 ``@N`` sets the number of layers (``gpt@8``).
 """
 
@@ -44,6 +45,8 @@ def build(name: str, layers: int = 2):
         return pf.build_phi3(num_hidden_layers=layers), pf.input_spec()
     if name == "gpt":
         return gpt.build_model(num_layers=layers), gpt.input_spec()
+    if name == "gpt_sdpa":
+        return gpt.build_model(num_layers=layers, sdpa=True), gpt.input_spec()
     if name == "cnn":
         return pf.build_cnn(), pf.cnn_input_spec()
     if name == "swiglu_mlp":
