@@ -25,8 +25,14 @@ the rebuilt optimizer holds exactly this rank's parameters) and runs a whole tra
         opt.step()                                   # losses: one per micro-batch on the last stage,
         opt.clear_grad()                             # [] on the other stages
 
-Paddle 3.3.1's CPU wheel cannot run these (its ``batch_isend_irecv`` under gloo times out,
-PADDLE_NOTES.md): this module is written against Paddle's sources and needs a GPU to run.
+Paddle's schedules add the micro-batches' gradients; autodist divides each micro-batch loss
+by the micro-batch count for backward (and reports it undivided), so a step trains exactly
+like the whole batch with a mean loss on one device.
+
+On Paddle 3.3.1's CPU wheel ``batch_isend_irecv`` under gloo times out (PADDLE_NOTES.md), so
+the schedules cannot run there as they are. With a test-only stand-in that runs each P2P op
+as a blocking send/recv, 1F1B and VPP on 2 CPU ranks train equal to one device
+(tests/test_apply_single.py); with NCCL on GPUs no stand-in is needed (not run here).
 """
 
 from __future__ import annotations
@@ -130,6 +136,10 @@ def build_pipeline(model: paddle.nn.Sequential, plan: Plan, loss_fn: Callable, f
     from paddle.distributed.auto_parallel.pipelining.schedules import Schedule1F1B, ScheduleVPP
     from paddle.distributed.auto_parallel.pipelining.stage import PipelineStage
 
+    # Process groups need the collective environment, which plain auto-parallel code starts
+    # lazily; every rank gets here together, having passed the same validation.
+    if not dist.is_initialized():
+        dist.init_parallel_env()
     # Paddle's stages find their meshes through the global mesh (pipelining/utils.py).
     set_mesh(full_mesh)
     rank = dist.get_rank()

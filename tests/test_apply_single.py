@@ -362,3 +362,100 @@ def test_pipeline_chunks_follow_the_children_stages():
     assert pipeline_problems(model, plan, loss_fn=paddle.mean) == [
         "$.strategy.schedule: 1F1B needs the children's stages in order 0..1, got runs [0, 1, 0, 1]"
     ]
+
+
+#: One rank of the pipeline job below. TEST-ONLY stand-in, clearly not Paddle's: gloo times
+#: out on ``batch_isend_irecv`` (PADDLE_NOTES.md), so each P2P op of a batch runs as a
+#: blocking send/recv, the lower rank of a pair sending first. The schedule, stages and
+#: optimizer are Paddle's and autodist's own.
+PIPELINE_RANK = """
+import json, sys
+import numpy as np, paddle, paddle.distributed as dist
+from autodist.applier import apply_plan
+from autodist.schemas import load_plan
+
+def blocking_isend_irecv(ops):
+    me = dist.get_rank()
+    sends_first = lambda op: (op.op in (dist.isend, dist.send)) == (me < op.peer)
+    for op in sorted(ops, key=lambda op: not sends_first(op)):
+        if op.op in (dist.isend, dist.send):
+            dist.send(op.tensor, op.peer, op.group, sync_op=True)
+        else:
+            dist.recv(op.tensor, op.peer, op.group, sync_op=True)
+    class Done:
+        def wait(self):
+            return True
+    return [Done()]
+
+dist.batch_isend_irecv = blocking_isend_irecv
+paddle.seed(3)
+model = paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 8),
+                             paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 2))
+whole = model
+opt = paddle.optimizer.SGD(0.1, parameters=model.parameters())
+loss_fn = lambda out, y: ((out - y) ** 2).mean()
+model, opt, _ = apply_plan(model, opt, None, load_plan(sys.argv[1]), loss_fn=loss_fn)
+first, last = dist.ProcessMesh([0], dim_names=["pp"]), dist.ProcessMesh([1], dim_names=["pp"])
+x = dist.shard_tensor(paddle.to_tensor(np.random.RandomState(0).rand(4, 4).astype("float32")), first, [dist.Replicate()])
+y = dist.shard_tensor(paddle.to_tensor(np.random.RandomState(1).rand(4, 2).astype("float32")), last, [dist.Replicate()])
+losses = []
+for _ in range(2):
+    losses.append([float(l._local_value()) for l in model.step(x, target=y)])
+    opt.step()
+    opt.clear_grad()
+me = dist.get_rank()
+params = {n: p._local_value().numpy().tolist() for n, p in whole.named_parameters() if me in p.process_mesh.process_ids}
+print(json.dumps({"losses": losses, "params": params, "held": len(opt._inner_opt._parameter_list)}))
+"""
+
+
+def sequential_reference():
+    """One device, the whole batch of 4 with a mean loss, 2 SGD steps; per-micro-batch losses."""
+    paddle.seed(3)
+    model = paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 8),
+                                 paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 2))
+    opt = paddle.optimizer.SGD(0.1, parameters=model.parameters())
+    x = paddle.to_tensor(np.random.RandomState(0).rand(4, 4).astype("float32"))
+    y = paddle.to_tensor(np.random.RandomState(1).rand(4, 2).astype("float32"))
+    losses = []
+    for _ in range(2):
+        out = model(x)
+        halves = [((out[i:i + 2] - y[i:i + 2]) ** 2).mean() for i in (0, 2)]
+        losses.append([float(h) for h in halves])
+        ((out - y) ** 2).mean().backward()
+        opt.step()
+        opt.clear_grad()
+    return losses, {n: p.numpy() for n, p in model.named_parameters()}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("schedule, stages", [("1F1B", [0, 0, 1, 1]), ("VPP", [0, 1, 0, 1])])
+def test_pipeline_schedule_on_two_ranks_trains_like_one_device(tmp_path, schedule, stages):
+    """Paddle's 1F1B / VPP schedule built by apply_plan on 2 CPU ranks (P2P stand-in above):
+    the last stage's micro-batch losses and every rank's parameters equal one device's."""
+    import json
+
+    from harness.launcher import launch_ranks
+    from harness.plans import write_plan
+
+    paddle.seed(3)
+    model = paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 8),
+                                 paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 2))
+    by_child = dict(zip(["0", "2", "3", "4"], stages))
+    plan = pipeline_plan(model, lambda fqn: by_child[fqn.split(".")[0]])
+    plan.strategy = msgspec.structs.replace(plan.strategy, schedule=schedule, micro_batches=2)
+    plan.cluster = msgspec.structs.replace(plan.cluster, devices_per_node=2)
+    path = write_plan(plan, tmp_path / "plan.json")
+    job = launch_ranks(2, ["-c", PIPELINE_RANK, path], workdir=tmp_path, timeout_s=120)
+    job.raise_for_failure()
+    ranks = [json.loads(p.stdout.strip().splitlines()[-1]) for p in job.processes]
+    ref_losses, ref_params = sequential_reference()
+    assert ranks[0]["losses"] == [[], []]  # only the last stage computes the loss
+    np.testing.assert_allclose(ranks[1]["losses"], ref_losses, rtol=1e-5)
+    held = {}
+    for rank in ranks:
+        held.update(rank["params"])
+        assert rank["held"] == len(rank["params"])  # the optimizer holds this rank's stage only
+    assert held.keys() == ref_params.keys()
+    for name, value in held.items():
+        np.testing.assert_allclose(value, ref_params[name], atol=1e-6, err_msg=name)
