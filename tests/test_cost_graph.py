@@ -223,3 +223,14 @@ def test_a_tied_head_is_held_by_the_first_and_the_last_stage():
     assert one_stage == cost.num_params * BYTES  # counted once when one stage holds both uses
     two = estimate(StageTable(cost), Strategy(pp=2, micro_batches=2, schedule="1F1B"), setup)
     assert two.estimate.memory.params >= (vocab_hidden + cost.blocks[0].params_split) * BYTES
+
+
+def test_fused_projections_pay_for_the_gathers_paddle_inserts():
+    from autodist.planner.cost.graph_cost import implicit_collectives
+
+    model, program, graph = traced("phi3")
+    fused = implicit_collectives(analyze(program, graph, model), mp=2, sequence_parallel=False, dtype_bytes=2)
+    assert fused.count > 0 and fused.sent_per_token > 0
+    model, program, graph = traced("docstring")
+    unfused = implicit_collectives(analyze(program, graph, model), mp=2, sequence_parallel=False, dtype_bytes=2)
+    assert unfused.count == 0 and unfused.sent_per_token == 0

@@ -347,12 +347,10 @@ def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set
 
 
 def implicit_collectives(analysis: ModelAnalysis, mp: int, sequence_parallel: bool, dtype_bytes: int) -> Implicit:
-    """The analysis's implicit communication (bytes one rank sends, forward and backward, for
-    the traced input) per traced token; none when the analysis cannot tell."""
-    try:
-        from autodist.planner.analysis import implicit_comm
-    except ImportError:
-        return Implicit()
+    """The implicit communication Paddle's SPMD rules add (bytes one rank sends, forward and
+    backward, for the traced input; :func:`autodist.planner.spmd.implicit_comm`) per traced token."""
+    from autodist.planner.spmd import implicit_comm  # the SPMD-rule replay lives there
+
     tokens, _ = traced_tokens(analysis)
     found = implicit_comm(analysis, mp, sequence_parallel, dtype_bytes=dtype_bytes)
     return Implicit(sent_per_token=sum(c.bytes_per_step for c in found) / tokens, count=len(found))
