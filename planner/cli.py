@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -145,7 +147,7 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
     if not quiet:
         for layer in made.analysis.unmatched:
             click.echo(f"warning: layer {layer}: no pattern matched it; its parameters stay replicated", err=True)
-        click.echo(f"planned {describe_strategy(made.plan.strategy)} on {request.world} devices"
+        click.echo(f"plan for {request.world} devices: {describe_strategy(made.plan.strategy)}"
                    + (f" -> {output}" if output else ""), err=True)
 
 
@@ -218,7 +220,16 @@ for _review_command in REVIEW_COMMANDS:
 
 def main() -> None:
     """Entry point of the ``autodist-plan`` console script."""
+    _silence_library_noise()
     cli(prog_name="autodist-plan")
+
+
+def _silence_library_noise() -> None:
+    """Keep stderr for what the planner says: Paddle's import-time and C++ (glog) warnings and a
+    networkx version notice say nothing about the user's model. Set before Paddle is imported."""
+    os.environ.setdefault("GLOG_minloglevel", "2")
+    warnings.filterwarnings("ignore", message="No ccache found")
+    warnings.filterwarnings("ignore", message="The hashes produced for directed graphs changed")
 
 
 if __name__ == "__main__":

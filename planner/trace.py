@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -127,7 +128,10 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
     recorder = _OpRangeRecorder(layer, prefix)
     static_fn = paddle.jit.to_static(layer.forward, input_spec=input_specs, full_graph=True)
     try:
-        with _dy2static_caches():
+        with _dy2static_caches(), warnings.catch_warnings():
+            # dy2static warns about tensor methods it stubs out ("Tensor do not have 'place'
+            # interface for pir graph mode"): noise to someone planning a model.
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"paddle\.")
             program = static_fn.concrete_program.main_program
     finally:
         static_fn.rollback()
