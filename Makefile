@@ -24,14 +24,16 @@ plans: install
 	  $(VENV)/bin/autodist-plan plans/llama_docstring/model.py --devices $$n --device h100-sxm --quiet \
 	    -o plans/llama_docstring/plan_$${n}dev.json || exit 1; \
 	done
-	for shape in "4 1" "8 1" "8 2"; do set -- $$shape; \
-	  $(VENV)/bin/autodist-plan plans/gpt/model.py --devices $$1 --nodes $$2 --device h100-sxm --quiet \
-	    -o plans/gpt/plan_$${2}x$${1}dev.json || exit 1; \
-	done
-	for shape in "8 1" "8 2" "8 4"; do set -- $$shape; \
-	  $(VENV)/bin/autodist-plan plans/paddleformers_llama/model.py --devices $$1 --nodes $$2 --device h100-sxm --quiet \
-	    -o plans/paddleformers_llama/plan_$${2}x$${1}dev.json || exit 1; \
-	done
+	$(VENV)/bin/autodist-plan plans/gpt/model.py --devices 4 --device h100-sxm --quiet -o plans/gpt/plan_1x4dev.json
+	$(VENV)/bin/autodist-plan plans/gpt/model.py --devices 8 --device h100-sxm --quiet -o plans/gpt/plan_1x8dev.json
+	$(VENV)/bin/autodist-plan plans/gpt/model.py --devices 8 --nodes 2 --mp 4 --device h100-sxm --quiet \
+	  -o plans/gpt/plan_2x8dev_mp4.json
+	$(VENV)/bin/autodist-plan plans/paddleformers_llama/model.py --devices 8 --device h100-sxm --quiet \
+	  -o plans/paddleformers_llama/plan_1x8dev.json
+	$(VENV)/bin/autodist-plan plans/paddleformers_llama/model.py --devices 8 --nodes 2 --device a100-40g --quiet \
+	  -o plans/paddleformers_llama/plan_2x8dev_a100.json
+	$(VENV)/bin/autodist-plan plans/paddleformers_llama/model.py --devices 8 --nodes 4 --mp 8 --pp 2 --device h100-sxm \
+	  --quiet -o plans/paddleformers_llama/plan_4x8dev_mp8_pp2.json
 
 # Planning time and memory by depth (docs/benchmarks.md has the recorded table).
 bench: install

@@ -29,6 +29,9 @@ STAGE_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948"
 MEMORY_KINDS = [("params", "#4e79a7"), ("grads", "#f28e2b"), ("optimizer", "#59a14f"), ("activations", "#b07aa1")]
 BAR_HEIGHT = 16
 LABEL_WIDTH = 150
+#: Ranks per row of a drawn 1-D mesh, and the most height the mesh drawing takes.
+WRAP_1D = 32
+MESH_HEIGHT = 400
 
 
 def rank_param_elements(plan: Plan) -> list[int]:
@@ -110,9 +113,13 @@ def _mesh(svg: _Svg, plan: Plan, y: float) -> float:
     svg.text("heading", MARGIN, y, "mesh (rank ids)", size=14, font_weight="bold")
     y += 10
     names, grids = plan.mesh.dim_names, mesh_grid(plan)
-    cols = len(grids[0][0])
-    cell = max(14.0, min(44.0, (WIDTH - 2 * MARGIN - 60) / (cols * len(grids) + len(grids))))
-    show_ids = cell >= 22
+    if len(names) == 1 and len(grids[0][0]) > WRAP_1D:  # a long 1-D mesh wraps into rows
+        ids = grids[0][0]
+        grids = [[ids[i : i + WRAP_1D] for i in range(0, len(ids), WRAP_1D)]]
+    cols, rows = len(grids[0][0]), len(grids[0])
+    # Cells shrink to keep any mesh within the page's width and MESH_HEIGHT; ids only where they fit.
+    cell = max(3.0, min(44.0, (WIDTH - 2 * MARGIN - 60) / (cols * len(grids) + len(grids)), MESH_HEIGHT / rows))
+    show_ids, gap = cell >= 22, (2.0 if cell >= 10 else 0.5)
     x0 = MARGIN + 50
     for g, grid in enumerate(grids):
         gx = x0 + g * (cols + 1) * cell
@@ -122,10 +129,11 @@ def _mesh(svg: _Svg, plan: Plan, y: float) -> float:
         for r, row in enumerate(grid):
             for c, rank in enumerate(row):
                 cx, cy = gx + c * cell, y + 18 + r * cell
-                svg.rect("rank", cx, cy, cell - 2, cell - 2, color, title=f"rank {rank}", fill_opacity="0.85", data_rank=rank)
+                svg.rect("rank", cx, cy, cell - gap, cell - gap, color, title=f"rank {rank}", fill_opacity="0.85",
+                         data_rank=rank)
                 if show_ids:
-                    svg.text("rank-id", cx + (cell - 2) / 2, cy + cell / 2 + 3, str(rank), size=11, anchor="middle", fill="white")
-    rows = len(grids[0])
+                    svg.text("rank-id", cx + (cell - gap) / 2, cy + cell / 2 + 3, str(rank), size=11, anchor="middle",
+                             fill="white")
     col_dim = names[-1]
     row_dim = names[-2] if len(names) >= 2 else None
     svg.text("dim-label", x0, y + 18 + rows * cell + 14, f"→ {col_dim} ({plan.mesh.shape[-1]})", size=11)

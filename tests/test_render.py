@@ -38,6 +38,16 @@ def test_every_rank_and_stage_is_drawn():
     assert "llama.layers.{0-3}" in stages[0].text and "llama.layers.{4-7}" in stages[1].text
 
 
+@pytest.mark.parametrize("dp, mp", [(1024, 1), (128, 8)])
+def test_large_meshes_fit_the_page(dp, mp):
+    root = ET.fromstring(render_svg(layered_plan(layers=2, dp=dp, mp=mp)))
+    ranks = elements(root, "rank")
+    assert len(ranks) == dp * mp
+    right = max(float(r.get("x")) + float(r.get("width")) for r in ranks)
+    bottom = max(float(r.get("y")) + float(r.get("height")) for r in ranks)
+    assert right <= float(root.get("width")) and bottom <= float(root.get("height")) <= 1200
+
+
 def test_memory_bars_follow_the_parameter_share():
     plan = with_memory(layered_plan(layers=8, dp=2, mp=2, pp=2), params=400, grads=400, optimizer=800, activations=100)
     root = ET.fromstring(render_svg(plan))
