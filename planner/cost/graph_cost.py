@@ -4,7 +4,8 @@ Nothing here knows an architecture. Per block (the node set the matcher assigned
 
 - FLOPs: every ``pd_op.matmul`` costs 2 x (output elements) x (contracted dim). A matmul with a
   weight scales with the tokens (b*s); one of two activations (attention scores, scores x V)
-  with b*s^2.
+  with b*s^2. Convolutions and fused attention ops are counted too; elementwise ops are not
+  (they are memory-bound and small next to the matmuls).
 - Saved activations: what each op's backward kernel reads (``matmul_grad(x, y)``,
   ``softmax_grad(out)``, ``gelu_grad(x)``, ``dropout_grad(mask)``, ``layer_norm_grad(x, mean,
   var)`` ... see ``_SAVED``), each tensor counted once however many ops read it, parameters
@@ -61,6 +62,7 @@ _SAVED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "pd_op.cos": ((0,), ()),
     "pd_op.where": ((0,), ()),  # the condition; x and y only for their shapes
     "pd_op.layer_norm": ((0,), (1, 2)),  # x, mean, variance
+    "pd_op.conv2d": ((0,), ()),
     "pd_op.rms_norm": ((0,), ()),
     "pd_op.flash_attn": ((0, 1, 2), (0, 1)),  # q, k, v, out, softmax_lse
     "pd_op.cross_entropy_with_softmax": ((), (0,)),
@@ -197,6 +199,11 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
                     inside.add((n, 0))
                 if not any(v in quadratic for v in acts):
                     quadratic.add((n, 0))
+        elif op == "pd_op.conv2d" and weights:
+            # Each output element: one multiply-add per input channel (of its group) x kernel tap.
+            flops = 2.0 * facts.numel((n, 0)) * math.prod(facts.shape(inputs[1])[1:])
+            walk.flops_weight += flops
+            walk.flops_by_weight[weights[0]] = walk.flops_by_weight.get(weights[0], 0.0) + flops
         elif op == "pd_op.flash_attn" and 0 in inputs and 1 in inputs:
             seq_k = facts.shape(inputs[1])[1]
             walk.flops_activation += 4.0 * facts.numel(inputs[0]) * max(seq_k, 1)
