@@ -92,3 +92,20 @@ def test_missing_cluster_file_and_both_options_are_errors(tmp_path):
         resolve_device(cluster_file=str(tmp_path / "nope.toml"))
     with pytest.raises(PlannerError, match="either --device or --cluster"):
         resolve_device("h200", cluster_file=str(tmp_path / "nope.toml"))
+
+
+@pytest.mark.parametrize(
+    ("cuda_name", "profile"),
+    [
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80g"),
+        ("NVIDIA A100 80GB PCIe", "a100-80g"),
+        ("NVIDIA A100-SXM4-40GB", "a100-40g"),
+        ("Tesla V100-SXM2-32GB", None),
+    ],
+)
+def test_local_gpu_names_map_to_profiles(cuda_name, profile):
+    from autodist.planner.cost.hardware import profile_for_cuda_name
+
+    assert profile_for_cuda_name(cuda_name) == profile

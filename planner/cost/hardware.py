@@ -150,7 +150,15 @@ def local_gpu_profile_name() -> str | None:
 
     if not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0:
         return None
-    cuda_name = paddle.device.cuda.get_device_name(0)
+    return profile_for_cuda_name(paddle.device.cuda.get_device_name(0))
+
+
+def profile_for_cuda_name(cuda_name: str) -> str | None:
+    """The profile for a CUDA device name as the driver reports it, or None.
+
+    >>> profile_for_cuda_name("NVIDIA H100 80GB HBM3"), profile_for_cuda_name("Tesla V100-SXM2-16GB")
+    ('h100-sxm', None)
+    """
     for fragment, profile in _CUDA_NAME_TO_PROFILE:
         if fragment in cuda_name:
             return profile
