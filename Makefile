@@ -44,3 +44,8 @@ bench: install
 .PHONY: demo
 demo: install
 	$(PY) examples/demo.py
+
+# Strategy-search time for 8 to 1024 devices (the table in docs/benchmarks.md, "Strategy search").
+.PHONY: bench-search
+bench-search: install
+	$(PY) bench/search_time.py
