@@ -79,6 +79,10 @@ def pipeline_problems(model: paddle.nn.Layer, plan: Plan, loss_fn: Callable | No
         problems.append(
             f"$.strategy.schedule: VPP needs the children's stages to cycle 0..{pp - 1} at least twice, got runs {stages}"
         )
+    n, rounds = plan.strategy.micro_batches, max(1, plan.strategy.micro_batches // pp)
+    if schedule == "VPP" and n % rounds:
+        # ScheduleVPP's own rule (schedules.py), checked here so it fails before anything changes.
+        problems.append(f"$.strategy.micro_batches: VPP needs a multiple of {rounds} micro-batches (max(1, n // pp)), got {n}")
     return problems
 
 

@@ -261,3 +261,11 @@ def test_plan_file_is_named_in_the_error(setup, tmp_path):
     path = write_plan(tensor_parallel_plan(model, dp=4), tmp_path / "plan.json")
     err = rejected(model, optimizer, loader, path)
     assert str(err).startswith(f"{path}: invalid plan")
+
+
+def test_vpp_micro_batches_must_fill_whole_rounds():
+    model = sequential()
+    plan = pipeline_plan(model, {"0": 0, "2": 1, "3": 0}, "VPP")
+    plan.strategy = msgspec.structs.replace(plan.strategy, micro_batches=5)
+    err = rejected(model, None, None, plan, loss_fn=paddle.mean)
+    assert "$.strategy.micro_batches: VPP needs a multiple of 2 micro-batches (max(1, n // pp)), got 5" in str(err)
