@@ -17,18 +17,24 @@ from harness.cases import Config, check_against_reference, train_configurations
 
 WORKLOAD = "docstring_llama"
 
-#: Plain Paddle on CPU: dp2 and mp2 share one 2-rank job, dp2 x mp2 is one 4-rank job.
-PLAIN = [Config(dp=dp, mp=mp, optimizer=opt) for dp, mp in [(2, 1), (1, 2), (2, 2)] for opt in ("sgd", "adamw")]
+#: Plain Paddle on CPU: dp2 and mp2 share one 2-rank job, dp2 x mp2 is one 4-rank job. The
+#: planner's own dp2 x mp2 plan (vocabulary-parallel embedding and LM head) joins the latter.
+PLAIN = [Config(dp=dp, mp=mp, optimizer=opt) for dp, mp in [(2, 1), (1, 2), (2, 2)] for opt in ("sgd", "adamw")] + [
+    Config(dp=2, mp=2, optimizer="adamw", plan_source="planner"),
+]
 #: With the TEST-ONLY CPU stand-in for P->S reshards; they join the same two jobs.
 STAND_IN = [
     Config(mp=2, sequence_parallel=True, reshard="via_replicate"),
     Config(dp=2, mp=2, sequence_parallel=True, optimizer="adamw", reshard="via_replicate"),
     *[Config(dp=2, optimizer="adamw", sharding_stage=s, reshard="via_replicate") for s in (1, 2, 3)],
+    Config(dp=2, mp=2, sequence_parallel=True, sharding_stage=1, optimizer="adamw", reshard="via_replicate", plan_source="planner"),
 ]
-#: The same with Paddle's own collectives, and a two-stage pipeline: one GPU per rank.
+#: The same with Paddle's own collectives; sequence parallel with ZeRO 2 (a reduce_scatter in
+#: Paddle's C++ backward, out of the stand-in's reach); a two-stage pipeline. One GPU per rank.
 ON_GPU = [
     Config(mp=2, sequence_parallel=True),
     *[Config(dp=2, optimizer="adamw", sharding_stage=s) for s in (1, 2, 3)],
+    Config(dp=2, mp=2, sequence_parallel=True, sharding_stage=2, optimizer="adamw", plan_source="planner"),
     Config(pp=2),
     Config(pp=2, optimizer="adamw"),
 ]

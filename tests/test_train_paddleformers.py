@@ -9,7 +9,8 @@ from harness.cases import Config, check_against_reference, train_configurations
 
 pytestmark = pytest.mark.multiprocess
 
-CONFIGS = [Config(mp=2), Config(dp=2, mp=2, optimizer="adamw")]
+#: Hand-written plans, and the planner's dp2 x mp2 plan (vocabulary-parallel tied embedding).
+CONFIGS = [Config(mp=2), Config(dp=2, mp=2, optimizer="adamw"), Config(dp=2, mp=2, plan_source="planner")]
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ Example::
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +22,9 @@ from autodist.schemas import Plan, load_plan
 from .compare import assert_same_training, layout_differences
 from .jobs import TrainRun
 from .plans import tensor_parallel_plan, write_plan
+from .launcher import REPO_ROOT, base_env
 from .runner import ReferenceRuns, train_distributed
-from .workloads import WORKLOADS
+from .workloads import WORKLOADS, Workload
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,9 @@ class Config:
     sequence_parallel: bool = False
     sharding_stage: int = 0
     reshard: str = "paddle"
+    #: "hand": :func:`harness.plans.tensor_parallel_plan`; "planner": ``autodist-plan`` with
+    #: these degrees fixed (its placements and hooks are then the ones under test).
+    plan_source: str = "hand"
 
     @property
     def world(self) -> int:
@@ -43,12 +49,20 @@ class Config:
 
     @property
     def name(self) -> str:
-        parts = [f"{dim}{size}" for dim, size in (("pp", self.pp), ("dp", self.dp), ("mp", self.mp)) if size > 1]
+        parts = ["planner"] * (self.plan_source == "planner")
+        parts += [f"{dim}{size}" for dim, size in (("pp", self.pp), ("dp", self.dp), ("mp", self.mp)) if size > 1]
         parts += ["sp"] * self.sequence_parallel + [f"zero{self.sharding_stage}"] * bool(self.sharding_stage)
         parts += [self.optimizer] + ["via_replicate"] * (self.reshard == "via_replicate")
         return "_".join(parts)
 
-    def plan(self, model, nodes: int = 1) -> Plan:
+    def planner_arguments(self, nodes: int = 1) -> list[str]:
+        return [
+            f"--devices={self.world // nodes}", f"--nodes={nodes}", "--device=cpu",
+            f"--dp={self.dp}", f"--mp={self.mp}", f"--pp={self.pp}", f"--sharding-stage={self.sharding_stage}",
+            "--sequence-parallel" if self.sequence_parallel else "--no-sequence-parallel",
+        ]  # fmt: skip
+
+    def hand_written_plan(self, model, nodes: int = 1) -> Plan:
         return tensor_parallel_plan(
             model,
             dp=self.dp,
@@ -70,11 +84,20 @@ class Trained:
 def train_configurations(
     workload: str, configs: list[Config], workdir: Path, nodes: int = 1, backend: str = "gloo"
 ) -> dict[str, Trained]:
-    """Train every configuration with a hand-written plan; one job per world size."""
+    """Train every configuration with its plan (hand-written, or from ``autodist-plan``, all
+    planner runs at once); one job per world size."""
+    planned = {
+        c.name: start_planner(WORKLOADS[workload], c.planner_arguments(nodes), workdir / f"plan_{c.name}.json")
+        for c in configs
+        if c.plan_source == "planner"
+    }
     model = WORKLOADS[workload].build(seed=0)  # only its parameter names and shapes are used
     runs_by_world: dict[int, list[TrainRun]] = {}
     for config in configs:
-        plan = write_plan(config.plan(model, nodes), workdir / f"plan_{config.name}.json")
+        if config.plan_source == "planner":
+            plan = finish_planner(planned[config.name])
+        else:
+            plan = write_plan(config.hand_written_plan(model, nodes), workdir / f"plan_{config.name}.json")
         run = TrainRun(config.name, workload, optimizer=config.optimizer, plan=plan, reshard=config.reshard)
         runs_by_world.setdefault(config.world, []).append(run)
     trained = {}
@@ -83,6 +106,28 @@ def train_configurations(
         for run in runs:
             trained[run.name] = Trained(run, load_plan(run.plan), outputs[run.name])
     return trained
+
+
+def start_planner(workload: Workload, arguments: list[str], path: Path) -> tuple[subprocess.Popen, Path]:
+    """Start ``autodist-plan`` on the workload's model file (it runs beside the others)."""
+    command = [str(Path(sys.executable).with_name("autodist-plan")), "plan", workload.planner_target, *arguments, "-q", "-o", str(path)]
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, env=base_env(workload.planner_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    return process, path
+
+
+def finish_planner(started: tuple[subprocess.Popen, Path], timeout_s: float = 300.0) -> str:
+    """Wait for a planner run; its plan's path, or AssertionError with its stderr."""
+    process, path = started
+    try:
+        _, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, stderr = process.communicate()
+    assert process.returncode == 0, f"{' '.join(process.args)} failed (exit {process.returncode}):\n{stderr[-3000:]}"
+    load_plan(path)
+    return str(path)
 
 
 def check_against_reference(trained: Trained, reference_runs: ReferenceRuns) -> None:

@@ -37,6 +37,9 @@ class Workload:
     vocab_size: int
     build_unseeded: Callable[[], paddle.nn.Layer]
     loss: Callable[[paddle.nn.Layer, paddle.Tensor, paddle.Tensor], paddle.Tensor]
+    #: ``autodist-plan`` TARGET that builds the same model, and the environment it needs.
+    planner_target: str
+    planner_env: dict[str, str]
 
     def build(self, seed: int) -> paddle.nn.Layer:
         paddle.seed(seed)
@@ -76,6 +79,9 @@ WORKLOADS = {
             build_unseeded=_build_docstring_llama,
             # forward(input_ids, position_ids=None, attention_mask=None, labels=None) -> (loss, logits)
             loss=lambda model, inputs, labels: model(inputs, labels=labels)[0],
+            planner_target="plans/llama_docstring/model.py",
+            # The model file reads its sizes from LLAMA_DOCSTRING_<FIELD> (LlamaConfig.from_env).
+            planner_env={f"LLAMA_DOCSTRING_{k.upper()}": str(v) for k, v in DOCSTRING_LLAMA_CONFIG.items()},
         ),
         Workload(
             name="paddleformers_llama",
@@ -83,6 +89,8 @@ WORKLOADS = {
             build_unseeded=_build_paddleformers_llama,
             # LlamaForCausalLM returns (loss, logits, ...) when given labels.
             loss=lambda model, inputs, labels: model(input_ids=inputs, labels=labels)[0],
+            planner_target="tests/models/paddleformers_models.py:build_llama",
+            planner_env={},
         ),
     ]
 }
