@@ -100,13 +100,19 @@ def block_nodes(graph: nx.DiGraph, layer: str) -> frozenset[int]:
                      if name == layer or name.startswith(prefix) for n in nodes)
 
 
+def _is_buffer(graph: nx.DiGraph, node: int) -> bool:
+    data = graph.nodes[node]
+    return data["op"] == "builtin.parameter" and data["param"] is None
+
+
 def _is_transparent(graph: nx.DiGraph, node: int, constants: frozenset[int]) -> bool:
     data = graph.nodes[node]
     op = short_op(data["op"])
     if op in LAYOUT_OPS or data["op"] in LAYOUT_OPS:
         return True
     if op in ELEMENTWISE_OPS:
-        live = [p for p in graph.predecessors(node) if p not in constants]
+        # buffers (non-trainable tensors such as an embedding scale) count as constants here
+        live = [p for p in graph.predecessors(node) if p not in constants and not _is_buffer(graph, p)]
         has_constant = bool(data["consts"]) or len(live) < graph.in_degree(node)
         return len(live) == 1 and has_constant
     return False

@@ -9,7 +9,7 @@ from autodist.planner.patterns import GELU_MLP, PARAM, SWIGLU_SILU, mlp_pattern
 from models.traced import traced
 
 BLOCK_LISTS = {"docstring": "layers", "llama": "model.layers", "phi3": "model.layers", "gpt": "blocks",
-               "gpt_sdpa": "blocks"}
+               "gpt_sdpa": "blocks", "gemma3": "model.layers"}
 
 
 def match(name: str, layers: int = 2, matcher: Matcher | None = None):
@@ -32,6 +32,7 @@ def weights(block_match, graph) -> dict[str, str]:
     ("gpt", "gpt_block", "layer_norm+attn(qkv,qkv_bias,o_bias)+mlp(gelu,bias)"),
     # Paddle's SDPA traces to the same math on CPU; its causal mask is built from the scores' shape
     ("gpt_sdpa", "gpt_block", "layer_norm+attn(qkv,qkv_bias,o_bias)+mlp(gelu,bias)"),
+    ("gemma3", "gemma3_decoder", "rms_norm(sandwich)+attn(qkv,qk_norm,rope)+mlp(fused_geglu)"),
 ])
 def test_every_block_of_a_real_model_matches(name, kind, description):
     blocks, _ = match(name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .norm import RMS_NORM
 from .parts import Part, PatternBuilder, linear
 
 #: Rotary embedding in the ``rotate_half`` form: ``x * cos + rotate_half(x) * sin`` (the
@@ -51,19 +52,22 @@ SOFTMAX_CORE = Part(
 
 @dataclass(frozen=True)
 class Attention:
-    """One attention variant; :meth:`build` adds it to a pattern and returns its output."""
+    """One attention variant; :meth:`build` adds it to a pattern and returns its output.
+    ``qk_norm``: q and k go through an RMSNorm over ``head_dim`` before RoPE (Gemma3, Qwen3)."""
 
     fused_qkv: bool
     qkv_bias: bool
     o_bias: bool
     rope: bool
     mask: bool
+    qk_norm: bool = False
 
     @property
     def name(self) -> str:
         bits = ["qkv" if self.fused_qkv else "q|k|v"]
         bits += ["qkv_bias"] if self.qkv_bias else []
         bits += ["o_bias"] if self.o_bias else []
+        bits += ["qk_norm"] if self.qk_norm else []
         bits += ["rope"] if self.rope else []
         bits += ["mask"] if self.mask else []
         return "attn(" + ",".join(bits) + ")"
@@ -73,6 +77,9 @@ class Attention:
             q = k = v = b.add(linear("qkv", "column", self.qkv_bias, fused=3), f"{prefix}.qkv", x=x)
         else:
             q, k, v = (b.add(linear(n, "column", self.qkv_bias), f"{prefix}.{n}", x=x) for n in "qkv")
+        if self.qk_norm:
+            q = b.add(RMS_NORM, f"{prefix}.q_norm", x=q)
+            k = b.add(RMS_NORM, f"{prefix}.k_norm", x=k)
         if self.rope:
             cos, sin = b.port(f"{prefix}.cos"), b.port(f"{prefix}.sin")
             q = b.add(ROPE, f"{prefix}.rope_q", x=q, cos=cos, sin=sin)
@@ -85,10 +92,11 @@ class Attention:
 
 
 ATTENTIONS = tuple(
-    Attention(fused, qkv_bias, o_bias, rope, mask)
+    Attention(fused, qkv_bias, o_bias, rope, mask, qk_norm)
     for fused in (False, True)
     for qkv_bias in (False, True)
     for o_bias in (False, True)
     for rope in (False, True)
     for mask in (False, True)
+    for qk_norm in (False, True)
 )

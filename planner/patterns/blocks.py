@@ -55,8 +55,10 @@ def compute_histogram(graph: nx.DiGraph) -> Counter:
     return Counter(d["op"] for _, d in graph.nodes(data=True) if d["op"] not in (PORT, PARAM, "input"))
 
 
-def block_kind(norm: Part, attention: Attention, mlp: Mlp) -> str:
+def block_kind(norm: Part, attention: Attention, mlp: Mlp, sandwich: bool = False) -> str:
     """A family name for reports: what a reader would call a block with these parts."""
+    if sandwich and attention.qk_norm:
+        return "gemma3_decoder"
     if norm is LAYER_NORM and mlp.kind == "gelu":
         return "gpt_block"
     if attention.fused_qkv and mlp.kind == "fused_swiglu":
@@ -66,20 +68,27 @@ def block_kind(norm: Part, attention: Attention, mlp: Mlp) -> str:
     return "transformer_block"
 
 
-def pre_norm_block(norm: Part, attention: Attention, mlp: Mlp) -> Pattern:
-    """``h = x + attn(norm(x))``, then ``h + mlp(norm(h))``."""
+def pre_norm_block(norm: Part, attention: Attention, mlp: Mlp, sandwich: bool = False) -> Pattern:
+    """``h = x + attn(norm(x))``, then ``h + mlp(norm(h))``; ``sandwich`` adds a norm on each
+    sub-layer's output before its residual add (Gemma's post-attention / post-feedforward norms)."""
     def build(b: PatternBuilder) -> None:
         x = b.port("hidden")
-        h = b.add(residual(), "residual_attn", x=x, y=attention.build(b, "attn", b.add(norm, "norm_attn", x=x)))
-        b.add(residual(), "residual_mlp", x=h, y=mlp.build(b, "mlp", b.add(norm, "norm_mlp", x=h)))
+        attn = attention.build(b, "attn", b.add(norm, "norm_attn", x=x))
+        attn = b.add(norm, "norm_attn_out", x=attn) if sandwich else attn
+        h = b.add(residual(), "residual_attn", x=x, y=attn)
+        ffn = mlp.build(b, "mlp", b.add(norm, "norm_mlp", x=h))
+        ffn = b.add(norm, "norm_mlp_out", x=ffn) if sandwich else ffn
+        b.add(residual(), "residual_mlp", x=h, y=ffn)
 
-    return Pattern(block_kind(norm, attention, mlp), f"{norm.name}+{attention.name}+{mlp.name}", build)
+    description = f"{norm.name}{'(sandwich)' if sandwich else ''}+{attention.name}+{mlp.name}"
+    return Pattern(block_kind(norm, attention, mlp, sandwich), description, build)
 
 
 @functools.lru_cache(maxsize=1)
 def block_patterns() -> tuple[Pattern, ...]:
     """All block candidates (graphs built lazily, the first time a histogram fits)."""
-    return tuple(pre_norm_block(n, a, m) for n in NORMS for a in ATTENTIONS for m in MLPS)
+    return tuple(pre_norm_block(n, a, m, sandwich)
+                 for sandwich in (False, True) for n in NORMS for a in ATTENTIONS for m in MLPS)
 
 
 def mlp_pattern(mlp: Mlp) -> Pattern:

@@ -45,6 +45,15 @@ def build_phi3(**overrides):
     return Phi3ForCausalLM(Phi3Config(**{**_TINY, **overrides}))
 
 
+def build_gemma3(**overrides):
+    """PaddleFormers ``Gemma3ForCausalLM``: fused ``qkv_proj`` / ``up_gate_proj`` (GeGLU),
+    q/k RMSNorms, sandwich norms around attention and MLP, tied head."""
+    from paddleformers.transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = {**_TINY, "head_dim": 8, "sliding_window": 8, "query_pre_attn_scalar": 8, **overrides}
+    return Gemma3ForCausalLM(Gemma3TextConfig(**config))
+
+
 def input_spec(batch: int = BATCH, seq: int = SEQ) -> list[paddle.static.InputSpec]:
     return [paddle.static.InputSpec([batch, seq], "int64", "input_ids")]
 

@@ -1,7 +1,7 @@
 """The test models traced once per test session: ``traced("llama")`` -> ``(model, traced, graph)``.
 
 Names: ``docstring`` (to_distributed's docstring Llama, tiny), ``llama`` (PaddleFormers, GQA,
-tied head), ``llama_untied``, ``phi3``, ``gpt``, ``gpt_sdpa`` (attention through
+tied head), ``llama_untied``, ``phi3``, ``gemma3``, ``gpt``, ``gpt_sdpa`` (attention through
 ``F.scaled_dot_product_attention``), ``cnn``, ``swiglu_mlp``, ``gelu_mlp``; a suffix
 ``@N`` sets the number of layers (``gpt@8``).
 """
@@ -43,6 +43,8 @@ def build(name: str, layers: int = 2):
         return pf.build_llama(num_hidden_layers=layers, tie_word_embeddings=False), pf.input_spec()
     if name == "phi3":
         return pf.build_phi3(num_hidden_layers=layers), pf.input_spec()
+    if name == "gemma3":
+        return pf.build_gemma3(num_hidden_layers=layers), pf.input_spec()
     if name == "gpt":
         return gpt.build_model(num_layers=layers), gpt.input_spec()
     if name == "gpt_sdpa":
