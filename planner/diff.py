@@ -23,7 +23,7 @@ import msgspec
 
 from autodist.schemas import ParamPlan, Plan
 
-from .show import collapse, human_bytes, human_count, human_seconds
+from .show import collapse, human_bytes, human_count, human_seconds, natural_key
 
 Lines = list[str]
 
@@ -96,7 +96,12 @@ def _mesh(old: Plan, new: Plan) -> Lines:
 
 def _strategy(old: Plan, new: Plan) -> Lines:
     names = [f.name for f in msgspec.structs.fields(old.strategy)]
-    return _changes("strategy", old.strategy, new.strategy, names)
+    return _changes("strategy", old.strategy, new.strategy, names, _words)
+
+
+def _words(value: Any) -> str:
+    """A field's value as a reviewer reads it: booleans as on/off."""
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def placement_by_dim(plan: Plan, param: ParamPlan) -> str:
@@ -152,13 +157,16 @@ def _hooks(old: Plan, new: Plan) -> Lines:
         if not keys:
             continue
         lines.append(f"{len(keys)} hook{'s' if len(keys) != 1 else ''} {title}:")
-        # Collapsed per kind of hook, because one layer may carry several.
+        rows = []
+        # Collapsed per kind of hook, because one layer may carry several; listed in layer order.
         for kind in sorted({k[1:] for k in keys}):
             when, action, placements, to_stage = kind
             words = f"{when} {action}" + (f" -> {' '.join(placements)}" if placements else "")
             words += f" -> stage {to_stage}" if action == "stage_handoff" else ""
             sites = {k[0]: 0 for k in keys if k[1:] == kind}
-            lines += [f"  {row.pattern}  {words}" for row in collapse(sites, universe=layers)]
+            rows += [(natural_key(row.members[0]), when != "pre", f"  {row.pattern}  {words}")
+                     for row in collapse(sites, universe=layers)]
+        lines += [line for *_, line in sorted(rows)]
     return lines
 
 
