@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from autodist.planner.review_commands import show
+from autodist.planner.review_commands import REVIEW_COMMANDS, show
 from autodist.planner.show import MAX_ROWS, collapse, index_ranges, mesh_grid, mesh_lines, show_data, show_text
 from autodist.schemas import (
     Block,
@@ -178,3 +178,10 @@ def test_layered_plan_is_valid():
     # the factory the review tests build on must itself be a valid plan
     for kwargs in ({}, {"dp": 2, "mp": 2}, {"mp": 2, "pp": 2}, {"dp": 1, "mp": 1}):
         load_plan(msgspec.json.encode(layered_plan(**kwargs)))
+
+
+@pytest.mark.parametrize("command", REVIEW_COMMANDS, ids=lambda c: c.name)
+def test_every_review_command_has_help_with_an_example(command):
+    result = CliRunner().invoke(command, ["--help"])
+    assert result.exit_code == 0
+    assert "Example:" in result.output and f"autodist-plan {command.name}" in result.output
