@@ -5,8 +5,11 @@ AdamW (weight decay, a step learning-rate schedule, global-norm gradient clippin
 Sequence parallelism and ZeRO stages 1-3 need Partial->Shard reshards, which Paddle 3.3.1's
 CPU wheel cannot do (no reduce_scatter kernel). On CPU they run with the harness's TEST-ONLY
 stand-in (``reshard="via_replicate"``: P->R->S, same values, more traffic; see
-``harness/cpu_substitutes.py``); with plain ``dist.reshard``, and for pipeline stage hand-offs
-(a cross-mesh reshard segfaults on CPU), they are GPU tests.
+``harness/cpu_substitutes.py``); with plain ``dist.reshard`` they are GPU tests. So are
+pipeline stages: there is no faithful CPU stand-in, because on the CPU wheel any op a rank runs
+on tensors of a mesh it is not part of (each rank walks through the other stage's layers in
+dygraph) segfaults in ``phi::distributed::GetDefaultPlace`` (seen in ``matmul_ad_func``), before
+any hand-off is reached.
 """
 
 from __future__ import annotations
