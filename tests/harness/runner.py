@@ -83,7 +83,7 @@ class ReferenceRuns:
         todo = {reference_key(r): r for r in runs if reference_key(r) not in self.results}
         if not todo:
             return
-        singles = [replace(r, name=key, method="single", plan=None) for key, r in todo.items()]
+        singles = [replace(r, name=key, method="single", plan=None, reshard="paddle") for key, r in todo.items()]
         workdir = self.workdir / f"reference{len(self.results)}"
         outputs = train_distributed(singles, 1, workdir)
         self.results.update({key: out[0] for key, out in outputs.items()})
