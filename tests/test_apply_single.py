@@ -394,12 +394,14 @@ model = paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.ReLU(), paddle.nn
 whole = model
 opt = paddle.optimizer.SGD(0.1, parameters=model.parameters())
 loss_fn = lambda out, y: ((out - y) ** 2).mean()
-model, opt, _ = apply_plan(model, opt, None, load_plan(sys.argv[1]), loss_fn=loss_fn)
-first, last = dist.ProcessMesh([0], dim_names=["pp"]), dist.ProcessMesh([1], dim_names=["pp"])
-x = dist.shard_tensor(paddle.to_tensor(np.random.RandomState(0).rand(4, 4).astype("float32")), first, [dist.Replicate()])
-y = dist.shard_tensor(paddle.to_tensor(np.random.RandomState(1).rand(4, 2).astype("float32")), last, [dist.Replicate()])
+inputs = np.random.RandomState(0).rand(4, 4).astype("float32")
+labels = np.random.RandomState(1).rand(4, 2).astype("float32")
+dataset = paddle.io.TensorDataset([paddle.to_tensor(inputs), paddle.to_tensor(labels)])
+loader = paddle.io.DataLoader(dataset, batch_size=4, shuffle=False)
+model, opt, loader = apply_plan(model, opt, loader, load_plan(sys.argv[1]), loss_fn=loss_fn)
 losses = []
 for _ in range(2):
+    x, y = next(iter(loader))  # inputs on the first stage's mesh, labels on the last's
     losses.append([float(l._local_value()) for l in model.step(x, target=y)])
     opt.step()
     opt.clear_grad()
@@ -445,6 +447,7 @@ def test_pipeline_schedule_on_two_ranks_trains_like_one_device(tmp_path, schedul
     plan = pipeline_plan(model, lambda fqn: by_child[fqn.split(".")[0]])
     plan.strategy = msgspec.structs.replace(plan.strategy, schedule=schedule, micro_batches=2)
     plan.cluster = msgspec.structs.replace(plan.cluster, devices_per_node=2)
+    plan.data = msgspec.structs.replace(plan.data, input_stage=0, label_stage=1)
     path = write_plan(plan, tmp_path / "plan.json")
     job = launch_ranks(2, ["-c", PIPELINE_RANK, path], workdir=tmp_path, timeout_s=120)
     job.raise_for_failure()
