@@ -221,7 +221,9 @@ def _block_info(graph: nx.DiGraph, m: BlockMatch) -> BlockInfo:
         num_heads, num_kv_heads = out["q"] // head_dim, out["k"] // head_dim
     intermediate = out["gate_up"] // 2 if "gate_up" in out else out.get("up", out.get("fc_in", 0))
     hidden = graph.nodes[mapping["hidden"]]["shapes"][0][-1]
-    norms = [graph.nodes[g]["param"] for _, g in m.match.nodes_where(op=PARAM, norm=True)]
+    # in program order: by the first op using each norm weight
+    norm_weights = sorted((g for _, g in m.match.nodes_where(op=PARAM, norm=True)), key=lambda g: min(graph.successors(g)))
+    norms = [graph.nodes[g]["param"] for g in norm_weights]
     return BlockInfo(m.layer, m.match.pattern.kind, m.nodes, [use for use, _ in uses], norms, num_heads,
                      num_kv_heads, head_dim, hidden, intermediate, m.match.pattern.description)
 

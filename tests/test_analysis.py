@@ -75,9 +75,9 @@ def test_gemma3_qk_norms_sandwich_norms_and_scaled_embedding():
     block = a.blocks[0]
     assert roles(block) == {"qkv_proj": ("column", 1, 3), "o_proj": ("row", 0, 1),
                             "up_gate_proj": ("column", 1, 2), "down_proj": ("row", 0, 1)}
-    assert sorted(n.rpartition(".")[0].rpartition(".")[2] for n in block.norms) == [
-        "input_layernorm", "k_norm", "post_attention_layernorm", "post_feedforward_layernorm",
-        "pre_feedforward_layernorm", "q_norm"]
+    assert [n.rpartition(".")[0].rpartition(".")[2] for n in block.norms] == [
+        "input_layernorm", "q_norm", "k_norm", "post_attention_layernorm", "pre_feedforward_layernorm",
+        "post_feedforward_layernorm"]
     assert (block.num_heads, block.num_kv_heads, block.head_dim) == (4, 2, 8)
     # the embedding multiplies by a scale buffer; the head is the embedding's Parameter
     assert a.embedding == "model.embed_tokens.weight" and a.lm_head.weight == a.embedding
