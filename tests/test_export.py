@@ -78,6 +78,26 @@ def assert_exported_layout_matches(plan: Plan, model) -> None:
     assert not problems, "\n".join(problems)
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def planned_docstring(tmp_path_factory) -> Path:
+    """A dp2 x mp2 plan made by the real planner for the harness's tiny docstring Llama (no
+    sequence parallelism or ZeRO: Paddle's CPU collectives cannot run them)."""
+    from harness.workloads import DOCSTRING_LLAMA_CONFIG
+
+    from autodist.planner.cli import cli
+
+    path = tmp_path_factory.mktemp("planned") / "plan.json"
+    env = {f"LLAMA_DOCSTRING_{k.upper()}": str(v) for k, v in DOCSTRING_LLAMA_CONFIG.items()}
+    args = [str(REPO / "plans/llama_docstring/model.py"), "--devices", "4", "--dp", "2", "--mp", "2",
+            "--no-sequence-parallel", "--sharding-stage", "0", "--device", "cpu", "--quiet", "-o", str(path)]
+    result = CliRunner(env=env).invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    return path
+
+
 # -- what the exported module says -------------------------------------------------------------------
 
 
@@ -196,6 +216,20 @@ def test_sequence_parallel_hooks_become_paddle_plans():
     assert callable(namespace["gather_sequence_output"](namespace["MESH"]))
 
 
+def test_exported_config_of_a_planned_model_places_parameters_as_planned(planned_docstring):
+    from harness.workloads import WORKLOADS
+
+    plan = load_plan(planned_docstring)
+    assert plan.params["layers.0.self_attn.q_proj.weight"].placements == ["R", "S(1)"]  # a real tensor-parallel plan
+    assert_exported_layout_matches(plan, WORKLOADS["docstring_llama"].build(0))
+
+
+@pytest.mark.parametrize("checked_in", sorted(REPO.glob("plans/*/plan_*.json")), ids=lambda p: p.parent.name + "/" + p.name)
+def test_every_checked_in_plan_exports(checked_in):
+    source = export_parallelize(load_plan(checked_in), checked_in.name)
+    compile(source, checked_in.name, "exec")
+
+
 @pytest.mark.slow
 def test_exported_pipeline_config_puts_parameters_on_their_stage():
     from harness.plans import tensor_parallel_plan
@@ -232,16 +266,12 @@ def test_exported_pipeline_config_puts_parameters_on_their_stage():
 
 
 @pytest.mark.multiprocess
-def test_exported_config_matches_apply_plan_on_4_ranks(tmp_path):
-    pytest.importorskip("autodist.applier.apply", reason="apply_plan is not committed yet")
+def test_exported_config_matches_apply_plan_on_4_ranks(tmp_path, planned_docstring):
     from harness.launcher import launch_ranks
-    from harness.plans import tensor_parallel_plan, write_plan
-    from harness.workloads import WORKLOADS
 
-    plan = tensor_parallel_plan(WORKLOADS["docstring_llama"].build(0), dp=2, mp=2)
-    plan.params["weight"].placements = ["R", "S(1)"]  # the model's own LM head, split over the vocabulary
-    plan.params["weight"].style = "ColWiseParallelHead"
-    plan_path = write_plan(plan, tmp_path / "plan.json")
+    plan = load_plan(planned_docstring)
+    assert plan.params["weight"].placements == ["R", "S(1)"]  # the model's own LM head, split too
+    plan_path = str(planned_docstring)
     config = tmp_path / "parallel_config.py"
     config.write_text(export_parallelize(plan))
     out = tmp_path / "out"
