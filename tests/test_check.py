@@ -151,3 +151,12 @@ def test_missing_target_is_one_line_exit_2(planned, tmp_path):
 def test_help_has_an_example():
     result = CliRunner().invoke(check, ["--help"])
     assert result.exit_code == 0 and "autodist-plan check" in result.output
+
+
+def test_checked_in_plan_is_valid_for_its_model():
+    # the planner's recorded fingerprints are what `check` recomputes
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    result = run_check(str(repo / "plans/llama_docstring/plan_4dev.json"), repo / "plans/llama_docstring/model.py")
+    assert result.exit_code == 0, result.output
