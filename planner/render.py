@@ -76,13 +76,15 @@ class _Svg:
         attrs = " ".join(f'{k.replace("_", "-")}="{v}"' for k, v in extra.items())
         tip = f"<title>{escape(title)}</title>" if title else ""
         self.items.append(
-            f'<rect class="{cls}" x="{x:.1f}" y="{y:.1f}" width="{max(w, 0):.1f}" height="{h:.1f}" fill="{fill}" {attrs}>{tip}</rect>'
+            f'<rect class="{cls}" x="{x:.1f}" y="{y:.1f}" width="{max(w, 0):.1f}" height="{h:.1f}" '
+            f'fill="{fill}" {attrs}>{tip}</rect>'
         )
 
     def text(self, cls: str, x: float, y: float, content: str, size: int = 12, anchor: str = "start", **extra) -> None:
         attrs = " ".join(f'{k.replace("_", "-")}="{v}"' for k, v in extra.items())
         self.items.append(
-            f'<text class="{cls}" x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" {attrs}>{escape(content)}</text>'
+            f'<text class="{cls}" x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
+            f"{attrs}>{escape(content)}</text>"
         )
 
     def document(self, height: float) -> str:

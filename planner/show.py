@@ -8,8 +8,8 @@ Example::
 
     >>> from autodist.schemas import load_plan
     >>> print(show_text(load_plan("plan.json")))        # doctest: +SKIP
-    >>> collapse({"l.0.w": "a", "l.1.w": "a", "l.2.w": "b"})
-    [Collapsed(pattern='l.{0-1}.w', value='a', members=('l.0.w', 'l.1.w')), Collapsed(pattern='l.2.w', value='b', members=('l.2.w',))]
+    >>> [(row.pattern, row.value) for row in collapse({"l.0.w": "a", "l.1.w": "a", "l.2.w": "b"})]
+    [('l.{0-1}.w', 'a'), ('l.2.w', 'b')]
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def collapse(
     for fqn in sorted(set(values) | set(universe), key=natural_key):
         everyone[wildcard(fqn)].append(fqn)
     rows = []
-    for pattern, members in everyone.items():
+    for members in everyone.values():
         groups: dict[Hashable, list[str]] = {}
         for fqn in members:
             if fqn in values:

@@ -75,7 +75,8 @@ def test_checked_in_plan_is_fresh(checked_in, tmp_path, monkeypatch):
     if old != new:
         diff = list(difflib.unified_diff(old.splitlines(), new.splitlines(), str(checked_in.relative_to(REPO)),
                                          "re-made now", lineterm=""))
-        shown = "\n".join(diff[:MAX_DIFF_LINES]) + (f"\n... {len(diff) - MAX_DIFF_LINES} more lines" if len(diff) > MAX_DIFF_LINES else "")
+        more = len(diff) - MAX_DIFF_LINES
+        shown = "\n".join(diff[:MAX_DIFF_LINES]) + (f"\n... {more} more lines" if more > 0 else "")
         pytest.fail(f"{checked_in.relative_to(REPO)} is stale; run `make plans` and review the diff:\n{shown}")
 
 
