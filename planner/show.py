@@ -286,6 +286,20 @@ def hook_rows(plan: Plan) -> list[Collapsed]:
     return sorted(rows, key=lambda row: natural_key(row.members[0]))
 
 
+def implicit_rows(plan: Plan) -> list[tuple[Collapsed, int]]:
+    """Implicit collectives collapsed by (collective, op, reason), each with its total bytes."""
+    rows: list[tuple[Collapsed, int]] = []
+    for kind in sorted({(c.collective, c.op, c.reason) for c in plan.implicit_comm}):
+        sites: dict[str, tuple] = {}
+        bytes_at: dict[str, int] = defaultdict(int)
+        for c in plan.implicit_comm:
+            if (c.collective, c.op, c.reason) == kind:
+                sites[c.layer] = kind
+                bytes_at[c.layer] += c.bytes_per_step
+        rows += [(row, sum(bytes_at[m] for m in row.members)) for row in collapse(sites)]
+    return sorted(rows, key=lambda pair: natural_key(pair[0].members[0]))
+
+
 def rejected_reasons(plan: Plan) -> dict[str, int]:
     """How many rejected candidates share each reason, with numbers blurred (``mp=4`` -> ``mp=N``),
     most common first, so twenty near-identical reasons read as one."""
@@ -358,8 +372,10 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
         f"  comm per step    mp {human_bytes(comm.mp)}, dp {human_bytes(comm.dp)}, pp {human_bytes(comm.pp)}, "
         f"implicit {human_bytes(comm.implicit)}"
     )
-    for ic in plan.implicit_comm:
-        out.append(f"  implicit {ic.collective} at {ic.layer} ({ic.op}): {human_bytes(ic.bytes_per_step)} — {ic.reason}")
+    for row, total in implicit_rows(plan):
+        collective, op, reason = row.value
+        count = f" ×{len(row.members)}" if len(row.members) > 1 else ""
+        out.append(f"  implicit {collective} at {row.pattern}{count} ({op}): {human_bytes(total)} — {reason}")
     alt = plan.alternatives
     if alt.accepted or alt.rejected:
         out.append("")

@@ -18,6 +18,7 @@ from autodist.schemas import (
     DeviceProfile,
     Estimate,
     Hook,
+    ImplicitComm,
     Mesh,
     ModelInfo,
     ParamPlan,
@@ -119,6 +120,18 @@ def test_show_text_collapses_32_layers_into_one_line_each():
     assert len(q_lines) == 1
     assert q_lines[0].split()[:4] == ["llama.layers.*.self_attn.q_proj.weight", "R", "S(1)", "ColWiseParallel"]
     assert q_lines[0].split()[-1] == "×32"
+
+
+def test_implicit_communication_is_collapsed():
+    plan = layered_plan(layers=8, mp=2)
+    plan.implicit_comm = [
+        ImplicitComm(layer=f"llama.layers.{i}.self_attn", op="pd_op.reshape", collective="all_gather",
+                     bytes_per_step=100, reason="fused q|k|v split across segments")
+        for i in range(8)
+    ]
+    lines = [line for line in show_text(plan).splitlines() if "implicit all_gather" in line]
+    assert lines == ["  implicit all_gather at llama.layers.*.self_attn ×8 (pd_op.reshape): 800 B — "
+                     "fused q|k|v split across segments"]
 
 
 def test_show_names_the_blocks_of_each_stage():
