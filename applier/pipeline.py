@@ -32,7 +32,9 @@ like the whole batch with a mean loss on one device.
 On Paddle 3.3.1's CPU wheel ``batch_isend_irecv`` under gloo times out (PADDLE_NOTES.md), so
 the schedules cannot run there as they are. With a test-only stand-in that runs each P2P op
 as a blocking send/recv, 1F1B and VPP on 2 CPU ranks train equal to one device
-(tests/test_apply_single.py); with NCCL on GPUs no stand-in is needed (not run here).
+(tests/test_apply_single.py). A pipeline with dp or mp inside each stage also needs one
+process group per pipeline column (``dist.new_group``), and gloo sub-groups time out on this
+CPU setup, so that case is left to GPUs (NCCL), where no stand-in is needed — not run here.
 """
 
 from __future__ import annotations
