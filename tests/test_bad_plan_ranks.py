@@ -15,6 +15,7 @@ import pytest
 
 from autodist.schemas import Hook, dump_plan
 from harness.jobs import BadPlanCase
+from harness.launcher import launch_ranks
 from harness.plans import tensor_parallel_plan
 from harness.runner import check_bad_plans
 from harness.workloads import WORKLOADS
@@ -93,3 +94,19 @@ def test_an_uncaught_plan_error_fails_the_job_on_every_rank(tmp_path):
     for proc in job.processes:
         assert proc.returncode not in (0, None), f"{proc.name} did not fail on its own:\n{proc.describe()}"
         assert "PlanError" in proc.stderr and "world size" in proc.stderr, proc.describe()
+
+
+def test_the_harness_reports_a_rank_left_hanging(tmp_path):
+    """The guarantee the tests above rely on: when one rank fails and another blocks (as in a
+    collective its peer never joins), the job ends, the blocked rank is killed and reported as
+    hung, and the failed rank's stderr is in the report."""
+    rank_program = (
+        "import os, sys, time\n"
+        "if os.environ['PADDLE_TRAINER_ID'] == '0':\n"
+        "    sys.exit('rank 0: PlanError: simulated')\n"
+        "time.sleep(600)\n"
+    )
+    job = launch_ranks(2, ["-c", rank_program], tmp_path, timeout_s=60, failure_grace_s=1)
+    assert not job.ok and not job.timed_out
+    assert [p.returncode for p in job.processes] == [1, None]
+    assert "rank 0: PlanError: simulated" in job.report() and "killed (hung)" in job.report()

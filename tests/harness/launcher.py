@@ -125,6 +125,7 @@ def launch_ranks(
     timeout_s: float = 180.0,
     extra_env: dict[str, str] | None = None,
     backend: str = "gloo",
+    failure_grace_s: float = FAILURE_GRACE_S,
 ) -> JobResult:
     """Run ``python *args`` as ``nranks`` gloo ranks on loopback; wait for all of them.
 
@@ -137,7 +138,7 @@ def launch_ranks(
         endpoints = [f"127.0.0.1:{p}" for p in free_ports(nranks)]
         envs = [rank_env(r, endpoints, extra_env, backend) for r in range(nranks)]
     commands = [[sys.executable, *args] for _ in range(nranks)]
-    return _run_all([f"rank {r}" for r in range(nranks)], commands, envs, workdir, timeout_s)
+    return _run_all([f"rank {r}" for r in range(nranks)], commands, envs, workdir, timeout_s, failure_grace_s)
 
 
 def launch_nodes(
@@ -174,7 +175,7 @@ def launch_nodes(
     return job
 
 
-def _run_all(names, commands, envs, workdir: Path, timeout_s: float) -> JobResult:
+def _run_all(names, commands, envs, workdir: Path, timeout_s: float, failure_grace_s: float = FAILURE_GRACE_S) -> JobResult:
     workdir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     procs, files = [], []
@@ -188,7 +189,7 @@ def _run_all(names, commands, envs, workdir: Path, timeout_s: float) -> JobResul
             procs.append(
                 subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
             )
-        timed_out, killed = _wait(procs, start + timeout_s)
+        timed_out, killed = _wait(procs, start + timeout_s, failure_grace_s)
     finally:
         for p in procs:  # whatever happened above (even KeyboardInterrupt), nothing survives
             _kill_group(p)
@@ -207,7 +208,7 @@ def _run_all(names, commands, envs, workdir: Path, timeout_s: float) -> JobResul
     return JobResult(results, timed_out, seconds)
 
 
-def _wait(procs: list[subprocess.Popen], deadline: float) -> tuple[bool, set]:
+def _wait(procs: list[subprocess.Popen], deadline: float, failure_grace_s: float) -> tuple[bool, set]:
     """Poll until all exit, the deadline passes, or the grace after a first failure runs out.
     Returns (timed_out, the processes that had to be killed)."""
     failed_at = None
@@ -218,7 +219,7 @@ def _wait(procs: list[subprocess.Popen], deadline: float) -> tuple[bool, set]:
         now = time.monotonic()
         if failed_at is None and any(c not in (None, 0) for c in codes):
             failed_at = now
-        if now > deadline or (failed_at is not None and now > failed_at + FAILURE_GRACE_S):
+        if now > deadline or (failed_at is not None and now > failed_at + failure_grace_s):
             alive = {p for p, c in zip(procs, codes) if c is None}
             for p in alive:
                 _kill_group(p)
