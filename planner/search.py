@@ -159,14 +159,16 @@ def _cost_of(analysis):
     from autodist.planner.cost.graph_cost import implicit_collectives, model_cost
 
     cost = model_cost(analysis)
-    cache: dict[tuple[int, bool, int], Implicit] = {}
+    # Replaying Paddle's SPMD rules costs tens of ms per call: once per mp degree. Sequence
+    # parallelism does not change the result (the blocks' interior is the same, see spmd.py).
+    cache: dict[tuple[int, int], Implicit] = {}
 
     def implicit(mp: int, sp: bool, width: int) -> Implicit | None:
         if mp == 1:
             return None
-        if (mp, sp, width) not in cache:
-            cache[(mp, sp, width)] = implicit_collectives(analysis, mp, sp, width)
-        return cache[(mp, sp, width)]
+        if (mp, width) not in cache:
+            cache[(mp, width)] = implicit_collectives(analysis, mp, sp, width)
+        return cache[(mp, width)]
 
     return cost, implicit
 
