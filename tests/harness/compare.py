@@ -25,7 +25,7 @@ def differences(reference: dict, rank_output: dict, loss_rtol: float = LOSS_RTOL
         problems.append(f"rank {rank}: {len(losses)} losses, reference has {len(ref_losses)}")
     else:
         rel = np.abs(losses - ref_losses) / np.maximum(np.abs(ref_losses), 1e-30)
-        for step in np.flatnonzero(rel > loss_rtol):
+        for step in np.flatnonzero(~(rel <= loss_rtol)):  # a NaN loss counts as different
             problems.append(
                 f"rank {rank}: step {step} loss {losses[step]:.8g} vs reference {ref_losses[step]:.8g} "
                 f"(relative difference {rel[step]:.2e} > {loss_rtol:.0e})"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 #: How a run distributes the model before training.
 METHODS = ("single", "autodist", "to_distributed")
+RESHARDS = ("paddle", "via_replicate")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,13 @@ class TrainRun:
     #: "paddle": plain ``dist.reshard``. "via_replicate": the TEST-ONLY CPU stand-in of
     #: :mod:`harness.cpu_substitutes` for the P->S / S(i)->S(j) reshards gloo cannot do.
     reshard: str = "paddle"
+
+    def __post_init__(self):
+        # A typo in a test's configuration fails here, not later inside every rank.
+        if self.method not in METHODS or self.reshard not in RESHARDS:
+            raise ValueError(f"{self.name}: method must be one of {METHODS}, reshard one of {RESHARDS}")
+        if (self.method == "autodist") != (self.plan is not None):
+            raise ValueError(f"{self.name}: a plan is needed by method 'autodist' and only by it")
 
 
 @dataclass(frozen=True)
