@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from importlib import metadata
 
+import msgspec
 import paddle
 
 from autodist.schemas import (
@@ -129,10 +130,10 @@ def build_plan(
     hooks = _stage_handoffs(analysis, stages)
     fused_gathers = reshard_hooks(analysis, strategy.mp, mesh.dim_names)
     if strategy.mp > 1:
-        hooks += _sequence_parallel_hooks(analysis, strategy, mesh.dim_names, notes) + fused_gathers
+        hooks += _sequence_parallel_hooks(analysis, strategy, mesh.dim_names, fused_gathers, notes)
     notes += _tied_across_stages(analysis, strategy.pp)
     notes += [f"layer {layer}: no pattern matched it; its parameters stay replicated" for layer in analysis.unmatched]
-    notes += analysis.notes + list(getattr(result, "notes", []))
+    notes += analysis.notes + result.notes
     return Plan(
         model=ModelInfo(
             class_name=analysis.class_name,
@@ -302,22 +303,27 @@ def _stage_handoffs(analysis: ModelAnalysis, stages: list[int]) -> list[Hook]:
     ]
 
 
-def _sequence_parallel_hooks(analysis: ModelAnalysis, strategy: Strategy, dim_names: list[str], notes: list[str]) -> list[Hook]:
+def _sequence_parallel_hooks(
+    analysis: ModelAnalysis, strategy: Strategy, dim_names: list[str], fused_gathers: list[Hook], notes: list[str]
+) -> list[Hook]:
+    """The sequence-parallel hooks, plus ``fused_gathers`` (the analysis's reshard hooks) adjusted
+    to the [s, b, h] layout inside position-wise sub-layers."""
     if not strategy.sequence_parallel:
-        return []
+        return fused_gathers
     end_layer = _layer_of(analysis.final_norm[0]) if analysis.final_norm else (
         _layer_of(analysis.lm_head.weight) if analysis.lm_head else None)
     embedding_layer = _layer_of(analysis.embedding) if analysis.embedding else None
     if not analysis.blocks or embedding_layer is None or end_layer is None:
         notes.append("sequence parallel asked for, but the model has no embedding / blocks / final norm to "
                      "anchor it: no sequence-parallel hooks")
-        return []
+        return fused_gathers
     # Between the hooks activations are [s, b, h]: the batch (dim 1) over dp, the sequence over mp.
     def placements(mp_placement: str) -> list[str]:
         return [{"dp": "S(1)", "mp": mp_placement}.get(dim, "R") for dim in dim_names]
 
     hooks = [Hook(layer=embedding_layer, when="post", action="sequence_parallel_begin",
                   reason="activations leave the embedding split over the sequence")]
+    position_wise: list[str] = []
     for block in analysis.blocks:
         for layer in _tensor_parallel_sublayers(block):
             if _mixes_positions(analysis, block, layer):
@@ -328,6 +334,7 @@ def _sequence_parallel_hooks(analysis: ModelAnalysis, strategy: Strategy, dim_na
                          reason="back to the sequence split: the partial sum becomes a reduce-scatter"),
                 ]
             else:
+                position_wise.append(layer + ".")
                 hooks += [
                     Hook(layer=layer, when="pre", action="reshard", placements=placements("R"),
                          reason="position-wise: gather the sequence for the column-parallel input"),
@@ -336,7 +343,12 @@ def _sequence_parallel_hooks(analysis: ModelAnalysis, strategy: Strategy, dim_na
                 ]
     hooks.append(Hook(layer=end_layer, when="post", action="sequence_parallel_end",
                       reason="the head and loss see whole sequences in [b, s, h]"))
-    return hooks
+    # A fused gate|up gather inside the MLP sees [s, b, h]: its batch dim is 1, not 0.
+    inside = tuple(position_wise)
+    return hooks + [
+        msgspec.structs.replace(hook, placements=placements("R")) if hook.layer.startswith(inside) else hook
+        for hook in fused_gathers
+    ]
 
 
 def _tensor_parallel_sublayers(block) -> list[str]:
