@@ -66,8 +66,10 @@ def run(title: str, command: list[str], workdir: Path, log_dir: Path | None = No
     return time.monotonic() - start
 
 
-def main() -> None:
-    workdir = Path(tempfile.mkdtemp(prefix="autodist-demo-"))
+def main(argv: list[str]) -> None:
+    """``python examples/demo.py [WORKDIR]``: the files go to WORKDIR (default: a new temp folder)."""
+    workdir = Path(argv[0]) if argv else Path(tempfile.mkdtemp(prefix="autodist-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     plan, python = workdir / "plan.json", sys.executable
     began = time.monotonic()
     run("Plan the docstring Llama (tiny config) for 4 devices",
@@ -109,4 +111,4 @@ def report(single: list[float], distributed: list[float], workdir: Path, seconds
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

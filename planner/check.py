@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from autodist.schemas import Plan, parameter_fingerprint, parameter_table
 
+from .progress import Progress
 from .show import collapse
 
 #: How many collapsed rows of one kind of parameter problem are listed before "... and N more".
@@ -28,20 +29,23 @@ def plan_input_specs(plan: Plan) -> list[str]:
     return [f"{s.name}:{s.dtype}:{'x'.join(map(str, s.shape))}" for s in plan.model.input_specs]
 
 
-def check_plan_for_target(plan: Plan, target: str, trace: bool = True) -> list[str]:
+def check_plan_for_target(plan: Plan, target: str, trace: bool = True, progress: Progress | None = None) -> list[str]:
     """The reasons ``plan`` is stale for the model ``target`` builds; empty when it is valid.
 
     Raises the planner's ``PlannerError`` when the target cannot be loaded or traced.
     """
     from .load import load_target
 
-    loaded = load_target(target, plan_input_specs(plan) or None)
+    progress = progress or Progress(quiet=True)
+    with progress.step(f"loading {target}"):
+        loaded = load_target(target, plan_input_specs(plan) or None)
     table = parameter_table(loaded.model.named_parameters())
     reasons = parameter_reasons(plan, table)
     if parameter_fingerprint(table) != plan.model.param_fingerprint and not reasons:
         reasons.append("the parameter fingerprint differs from the plan's (the plan was edited or made by another version)")
     if trace:
-        reasons += graph_reasons(plan, loaded)
+        with progress.step("tracing the forward"):
+            reasons += graph_reasons(plan, loaded)
     return reasons
 
 

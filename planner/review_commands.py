@@ -26,6 +26,7 @@ from .check import check_plan_for_target
 from .diff import diff_plans
 from .errors import PlannerError
 from .export import ExportError, export_parallelize
+from .progress import Progress
 from .render import render_svg
 from .show import TOP_ALTERNATIVES, show_data, show_text
 
@@ -125,8 +126,9 @@ def diff(old: str, new: str) -> None:
 @click.argument("plan", type=click.Path(dir_okay=False))
 @click.argument("target")
 @click.option("--no-trace", is_flag=True, help="Check parameters only (fast); skip re-tracing the forward.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @one_line_errors
-def check(plan: str, target: str, no_trace: bool) -> None:
+def check(plan: str, target: str, no_trace: bool, quiet: bool) -> None:
     """Check that PLAN is still valid for the model TARGET builds (model.py, model.py:factory or
     pkg.module:factory): same parameters, shapes and dtypes, same traced structure.
 
@@ -137,7 +139,7 @@ def check(plan: str, target: str, no_trace: bool) -> None:
       autodist-plan check plans/llama_docstring/plan_4dev.json plans/llama_docstring/model.py
     """
     loaded = load_plan(plan)
-    reasons = check_plan_for_target(loaded, target, trace=not no_trace)
+    reasons = check_plan_for_target(loaded, target, trace=not no_trace, progress=Progress(quiet=quiet))
     if not reasons:
         click.echo(f"{plan}: valid for {target}")
         return

@@ -14,9 +14,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_demo_losses_match_one_device():
-    run = subprocess.run([sys.executable, str(REPO / "examples" / "demo.py")], cwd=REPO, capture_output=True,
-                         text=True, timeout=600)
+def test_demo_losses_match_one_device(tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / "examples" / "demo.py"), str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, f"demo failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     out = run.stdout
     # the review step printed the plan summary, with the mesh of 4 ranks
@@ -26,3 +26,4 @@ def test_demo_losses_match_one_device():
     for _, single, distributed, _ in rows:
         assert float(distributed) == pytest.approx(float(single), rel=1e-5)
     assert "losses are the same" in out
+    assert (tmp_path / "plan.json").exists() and (tmp_path / "distributed.json").exists()
