@@ -345,6 +345,9 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
     for row in rows:
         count = f"  ×{len(row.members)}" if len(row.members) > 1 else ""
         out.append(f"  {row.pattern:<{width}}  {' '.join(row.value[0]):<{pwidth}}  {row.value[1]}{count}")
+    for fqn, param in sorted(plan.params.items()):
+        if param.tied_to:
+            out.append(f"  tied: {fqn} is also {', '.join(param.tied_to)} (one parameter)")
     if plan.hooks:
         out.append("")
         out.append("hooks")

@@ -134,6 +134,12 @@ def test_implicit_communication_is_collapsed():
                      "fused q|k|v split across segments"]
 
 
+def test_tied_parameters_are_named():
+    plan = layered_plan(layers=2, mp=2)
+    plan.params["llama.embed_tokens.weight"].tied_to = ["lm_head.weight"]
+    assert "  tied: llama.embed_tokens.weight is also lm_head.weight (one parameter)" in show_text(plan)
+
+
 def test_show_names_the_blocks_of_each_stage():
     data = show_data(layered_plan(layers=6, mp=2, pp=2))
     assert [s["blocks"] for s in data["stages"]] == [["llama.layers.{0-2}"], ["llama.layers.{3-5}"]]
