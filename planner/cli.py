@@ -1,11 +1,15 @@
 """The ``autodist-plan`` command line.
 
-``autodist-plan TARGET -o plan.json`` plans a model (the default command); subcommands work
-with plans: ``schema`` prints the plan format's JSON Schema.
+``autodist-plan TARGET -o plan.json`` plans a model (the default command, ``plan``); ``graph``
+dumps the traced dataflow graph; ``schema`` prints the plan format's JSON Schema; the review
+commands (``show``, ``diff``, ``check``, ``export``, ``render``) come from
+:mod:`autodist.planner.review_commands`. A problem in what the user gave prints
+``error: <one line>`` and exits 2.
 
 Example::
 
     autodist-plan plans/llama_docstring/model.py --dp 2 --mp 2 -o plan.json
+    autodist-plan graph plans/llama_docstring/model.py --format dot -o llama.dot
     autodist-plan schema > plan.schema.json
 """
 
