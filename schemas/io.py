@@ -57,6 +57,11 @@ def save_plan(plan: Plan, path: str | os.PathLike) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
+        # mkstemp creates the file owner-only; a plan is meant to be shared, so give it the
+        # permissions an ordinary new file gets under the user's umask.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -169,6 +169,15 @@ def test_save_plan_writes_canonical_bytes_and_leaves_no_temp_file(tmp_path):
     assert os.listdir(tmp_path) == ["plan.json"]
 
 
+def test_saved_plan_gets_ordinary_file_permissions(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        save_plan(load_plan(EXAMPLE), tmp_path / "plan.json")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "plan.json").stat().st_mode & 0o777 == 0o644
+
+
 def test_interrupted_save_keeps_the_old_plan(tmp_path, monkeypatch):
     plan = load_plan(EXAMPLE)
     target = tmp_path / "plan.json"
