@@ -84,36 +84,47 @@ class Trained:
 def train_configurations(
     workload: str, configs: list[Config], workdir: Path, nodes: int = 1, backend: str = "gloo"
 ) -> dict[str, Trained]:
-    """Train every configuration with its plan (hand-written, or from ``autodist-plan``, all
-    planner runs at once); one job per world size."""
-    planned = {
+    """Train every configuration with its plan (hand-written, or from ``autodist-plan``); one
+    job per world size. Planner runs start first and go on while jobs that need no planner
+    plan train."""
+    planning = {
         c.name: start_planner(WORKLOADS[workload], c.planner_arguments(nodes), workdir / f"plan_{c.name}.json")
         for c in configs
         if c.plan_source == "planner"
     }
-    model = WORKLOADS[workload].build(seed=0)  # only its parameter names and shapes are used
-    runs_by_world: dict[int, list[TrainRun]] = {}
-    for config in configs:
-        if config.plan_source == "planner":
-            plan = finish_planner(planned[config.name])
-        else:
-            plan = write_plan(config.hand_written_plan(model, nodes), workdir / f"plan_{config.name}.json")
-        run = TrainRun(config.name, workload, optimizer=config.optimizer, plan=plan, reshard=config.reshard)
-        runs_by_world.setdefault(config.world, []).append(run)
-    trained = {}
-    for world, runs in sorted(runs_by_world.items()):
-        outputs = train_distributed(runs, world, workdir / f"world{world}", nodes=nodes, backend=backend)
-        for run in runs:
-            trained[run.name] = Trained(run, load_plan(run.plan), outputs[run.name])
-    return trained
+    try:
+        model = WORKLOADS[workload].build(seed=0)  # only its parameter names and shapes are used
+        by_world: dict[int, list[Config]] = {}
+        for config in configs:
+            by_world.setdefault(config.world, []).append(config)
+        trained = {}
+        for world, group in sorted(by_world.items(), key=lambda item: any(c.name in planning for c in item[1])):
+            runs = []
+            for config in group:
+                if config.name in planning:
+                    plan = finish_planner(planning[config.name])
+                else:
+                    plan = write_plan(config.hand_written_plan(model, nodes), workdir / f"plan_{config.name}.json")
+                runs.append(TrainRun(config.name, workload, optimizer=config.optimizer, plan=plan, reshard=config.reshard))
+            outputs = train_distributed(runs, world, workdir / f"world{world}", nodes=nodes, backend=backend)
+            for run in runs:
+                trained[run.name] = Trained(run, load_plan(run.plan), outputs[run.name])
+        return trained
+    finally:
+        for process, _ in planning.values():  # a failed job leaves no planner running
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
 
 def start_planner(workload: Workload, arguments: list[str], path: Path) -> tuple[subprocess.Popen, Path]:
-    """Start ``autodist-plan`` on the workload's model file (it runs beside the others)."""
+    """Start ``autodist-plan`` on the workload's model file (it runs beside the others); its
+    stderr goes to ``<plan>.stderr`` (a file: an unread pipe could stall it)."""
     command = [str(Path(sys.executable).with_name("autodist-plan")), "plan", workload.planner_target, *arguments, "-q", "-o", str(path)]
-    process = subprocess.Popen(
-        command, cwd=REPO_ROOT, env=base_env(workload.planner_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    with open(f"{path}.stderr", "wb") as stderr:
+        process = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=base_env(workload.planner_env), stdout=subprocess.DEVNULL, stderr=stderr
+        )
     return process, path
 
 
@@ -121,10 +132,11 @@ def finish_planner(started: tuple[subprocess.Popen, Path], timeout_s: float = 30
     """Wait for a planner run; its plan's path, or AssertionError with its stderr."""
     process, path = started
     try:
-        _, stderr = process.communicate(timeout=timeout_s)
+        process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         process.kill()
-        _, stderr = process.communicate()
+        process.wait()
+    stderr = Path(f"{path}.stderr").read_text(errors="replace")
     assert process.returncode == 0, f"{' '.join(process.args)} failed (exit {process.returncode}):\n{stderr[-3000:]}"
     load_plan(path)
     return str(path)
