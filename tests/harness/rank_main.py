@@ -139,6 +139,8 @@ def _identity(model, optimizer) -> list:
 def main(job_path: str) -> None:
     job = Job.load(job_path)
     rank, world = rank_and_world()
+    if "FLAGS_selected_gpus" in os.environ:  # an nccl job (launcher.rank_env): one GPU per rank
+        paddle.set_device(f"gpu:{os.environ['FLAGS_selected_gpus']}")
     for run in job.train:
         run_training(run, rank, world, job.out_dir)
     if job.bad_plans:
