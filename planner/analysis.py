@@ -104,8 +104,6 @@ def analyze(traced: TracedProgram, graph: nx.DiGraph, model: paddle.nn.Layer, ma
     covered |= {embedding} if embedding else set()
     covered |= {p for p in (lm_head.weight, lm_head.bias) if p} if lm_head else set()
     unmatched = sorted({fqn.rpartition(".")[0] for fqn in params if fqn not in covered})
-    if unmatched:
-        notes.append("no pattern covers these layers; their parameters stay replicated: " + ", ".join(unmatched))
     specs = _input_specs(graph)
     shape = specs[0].shape if specs else [1, 1]
     return ModelAnalysis(

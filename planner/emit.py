@@ -24,7 +24,7 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 
 import msgspec
@@ -46,6 +46,7 @@ from autodist.schemas import (
 )
 
 from .analysis import LinearUse, ModelAnalysis, analyze
+from .cost.memory import DTYPE_BYTES
 from .errors import PlannerError
 from .graph import build_graph
 from .load import load_target
@@ -55,8 +56,6 @@ from .spmd import implicit_comm, reshard_hooks
 from .trace import trace_model
 
 MESH_DIM_ORDER = ("pp", "dp", "mp")
-#: Bytes per element of the training dtype, for the communication the plan records.
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 #: Ops that mix information across sequence positions: a sub-layer holding one needs the whole
 #: sequence, so sequence parallelism gathers its input and re-splits its output.
 SEQUENCE_MIXING_OPS = frozenset(
@@ -94,6 +93,10 @@ def plan_target(
     with progress.step("matching blocks"):
         analysis = analyze(traced, build_graph(traced), loaded.model)
     check_fixed_degrees(analysis, request)
+    if request.schedule is None and not isinstance(loaded.model, paddle.nn.Sequential):
+        # Paddle's 1F1B / VPP schedules run a chain of stage modules, which apply_plan can cut only
+        # out of a paddle.nn.Sequential; any other model pipelines by stage hand-offs.
+        request = replace(request, schedule="sequential")
     with progress.step(f"searching strategies for {request.world} devices"):
         result = search(analysis, request)
     return PlannedModel(plan=build_plan(analysis, result, request, arguments), analysis=analysis, result=result)
@@ -132,6 +135,9 @@ def build_plan(
     if strategy.mp > 1:
         hooks += _sequence_parallel_hooks(analysis, strategy, mesh.dim_names, fused_gathers, notes)
     notes += _tied_across_stages(analysis, strategy.pp)
+    if strategy.micro_batches > 1 and strategy.schedule in ("none", "sequential"):
+        notes.append(f"micro_batches={strategy.micro_batches} without a pipeline schedule: split each rank's batch "
+                     "and accumulate gradients before opt.step() (apply_plan does not split batches)")
     notes += [f"layer {layer}: no pattern matched it; its parameters stay replicated" for layer in analysis.unmatched]
     notes += analysis.notes + result.notes
     return Plan(

@@ -286,7 +286,10 @@ def _rank_key(strategy: Strategy, breakdown: Breakdown) -> tuple:
     """Step time (to 6 significant digits, so float noise does not decide), then fewer bytes
     communicated, then less memory, then the strategy's own fields for a total order."""
     est = breakdown.estimate
-    return (float(f"{est.step_time_s:.6g}"), breakdown.comm_bytes, est.memory.total,
+    # Without a pipeline schedule, micro-batches are gradient-accumulation steps: the model prices
+    # them as free, but each one shrinks the matmuls, so take the fewest that fit in memory.
+    accumulation = strategy.micro_batches if strategy.schedule in ("none", "sequential") else 0
+    return (float(f"{est.step_time_s:.6g}"), breakdown.comm_bytes, accumulation, est.memory.total,
             strategy.pp, strategy.mp, strategy.dp, strategy.sharding_stage, strategy.sequence_parallel,
             strategy.micro_batches)
 
