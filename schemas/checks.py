@@ -78,7 +78,7 @@ def check_params(plan: Plan) -> list[str]:
                 problems.append(f"{where}.placements[{i}]: parameters are not split over pp (use stage)")
             elif split >= len(param.shape):
                 problems.append(f"{where}.placements[{i}]: {placement} but the parameter has {len(param.shape)} dims")
-            elif param.shape[split] % sizes[dim]:
+            elif dim in sizes and param.shape[split] % sizes[dim]:  # (a dim without a size is reported above)
                 problems.append(
                     f"{where}.placements[{i}]: {placement} splits size {param.shape[split]} over {dim}={sizes[dim]} unevenly"
                 )

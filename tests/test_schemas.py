@@ -122,6 +122,13 @@ def test_mesh_size_must_match_process_ids_and_cluster(doc):
     assert any(p.startswith("$.mesh.shape: 2 x 2 = 4 ranks but 3 process ids") for p in problems)
 
 
+def test_a_mesh_with_fewer_sizes_than_names_is_reported_not_crashed(doc):
+    # Found by the fuzz test: the parameter checks used to look up the missing dim's size.
+    del doc["mesh"]["shape"][0]
+    problems = problems_of(doc)
+    assert "$.mesh: 2 dim names for 1 dims" in problems
+
+
 def test_placements_must_cover_every_mesh_dim(doc):
     doc["params"]["layers.0.norm.weight"]["placements"] = ["R"]
     (problem,) = problems_of(doc)
