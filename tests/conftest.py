@@ -1,9 +1,24 @@
-"""Shared test set-up: the ``gpu`` marker's skip, and single-device reference runs shared by
-every multi-process test file of one session (each configuration is trained once)."""
+"""Shared test set-up: the ``gpu`` marker's skip, single-device reference runs shared by
+every multi-process test file of one session (each configuration is trained once), and a
+clean process environment for every test."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def restore_environment():
+    """Undo what a test leaves in ``os.environ``. Paddle itself writes process-wide switches
+    there (``dist.ShardingStage3`` sets ``skip_sharding3_output_reshard=1``), and the harness
+    hands ``os.environ`` to every rank it starts: a ZeRO-3 test run in-process once made later
+    dp x mp jobs fail in AdamW with "Tensor Axis is sharded by two different mesh dimensions"."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def pytest_collection_modifyitems(config, items):
