@@ -116,6 +116,11 @@ def check_fixed_degrees(analysis: ModelAnalysis, request: SearchRequest) -> None
                                ("intermediate size", block.intermediate_size)):
                 if size % request.mp:
                     raise PlannerError(f"--mp {request.mp} does not divide the {size} {what} of {block.layer}")
+    tied_head = analysis.lm_head is not None and analysis.lm_head.weight == analysis.embedding
+    if request.pp is not None and request.pp > 1 and tied_head:
+        raise PlannerError(f"--pp {request.pp}: the embedding and the LM head share one weight "
+                           f"({analysis.embedding}), which apply_plan cannot split across pipeline stages; "
+                           "untie them (e.g. tie_word_embeddings=False) or plan without pp")
     if request.pp is not None and request.pp > max(len(analysis.blocks), 1):
         raise PlannerError(f"--pp {request.pp} is more than the {len(analysis.blocks)} blocks of the model "
                            "(each stage needs at least one block)")

@@ -241,6 +241,9 @@ def _mesh_problem(cost: ModelCost, setup: Setup, dp: int, mp: int, pp: int) -> s
                 return f"mp={mp} does not divide the {size} {what} of {layer}"
     if pp > 1 and pp > len(blocks):
         return f"pp={pp} is more than the {len(blocks)} blocks to split into stages"
+    if pp > 1 and cost.tied_vocab_params:
+        return (f"pp={pp}: the embedding and the LM head share one weight, which would be needed on both the "
+                "first and the last stage; apply_plan cannot split a tied weight across stages")
     if setup.global_batch % dp:
         return f"global batch {setup.global_batch} does not divide by dp={dp}"
     return ""

@@ -234,3 +234,13 @@ def test_fused_projections_pay_for_the_gathers_paddle_inserts():
     model, program, graph = traced("docstring")
     unfused = implicit_collectives(analyze(program, graph, model), mp=2, sequence_parallel=False, dtype_bytes=2)
     assert unfused.count == 0 and unfused.sent_per_token == 0
+
+
+def test_the_search_rejects_pipeline_stages_for_a_tied_head_and_says_why():
+    from autodist.planner.search import SearchRequest, search
+
+    model, program, graph = traced("llama")
+    result = search(analyze(program, graph, model), SearchRequest(devices_per_node=4, device=PROFILES["h100-sxm"]))
+    assert result.best.strategy.pp == 1
+    two_stages = [r for r in result.rejected if r.strategy.pp == 2]  # (pp=4 fails first: 2 blocks)
+    assert two_stages and all("share one weight" in r.reason for r in two_stages)

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autodist.planner.emit import block_stages, build_mesh, plan_target
+from autodist.planner.errors import PlannerError
 from autodist.planner.search import SearchRequest
 from autodist.schemas import Strategy, check_plan
 
@@ -134,16 +135,29 @@ def test_block_stages_are_contiguous_and_even(blocks, pp):
 
 @pytest.mark.slow
 def test_paddleformers_llama_from_its_causal_lm_class():
-    made = plan_target(f"{MODELS / 'paddleformers_models.py'}:build_llama", ["input_ids:int64:2x8"],
+    made = plan_target(f"{MODELS / 'paddleformers_models.py'}:build_untied_llama", ["input_ids:int64:2x8"],
                        SearchRequest(devices_per_node=4, dp=1, mp=2, pp=2), {"target": "llama"})
     plan = made.plan
     assert plan.model.traced_layer == "model" and plan.mesh.dim_names == ["pp", "mp"]
     assert plan.params["model.layers.0.self_attn.k_proj.weight"].placements == ["R", "S(1)"]
     assert plan.params["model.layers.1.mlp.down_proj.weight"].stage == 1
-    embedding = plan.params["model.embed_tokens.weight"]
-    assert (embedding.placements, embedding.stage, embedding.tied_to) == (["R", "S(0)"], 0, ["lm_head.weight"])
-    assert any("shares model.embed_tokens.weight" in note for note in plan.notes)
+    assert plan.strategy.schedule == "sequential"  # not a paddle.nn.Sequential: stage hand-offs
+    embedding, head = plan.params["model.embed_tokens.weight"], plan.params["lm_head.weight"]
+    assert (embedding.placements, embedding.stage) == (["R", "S(0)"], 0)
+    assert head.stage == 1 and head.style == "ColWiseParallelHead"
     assert check_plan(plan) == []
+
+
+def test_tied_paddleformers_llama_keeps_one_weight_and_refuses_pipeline_stages():
+    target = f"{MODELS / 'paddleformers_models.py'}:build_llama"
+    plan = plan_target(target, ["input_ids:int64:2x8"], SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1),
+                       {"target": "llama"}).plan
+    embedding = plan.params["model.embed_tokens.weight"]
+    assert (embedding.placements, embedding.tied_to) == (["S(0)"], ["lm_head.weight"])
+    assert "lm_head.weight" not in plan.params  # one Parameter, planned once
+    with pytest.raises(PlannerError, match="--pp 2: the embedding and the LM head share one weight"):
+        plan_target(target, ["input_ids:int64:2x8"], SearchRequest(devices_per_node=4, dp=1, mp=2, pp=2),
+                    {"target": "llama"})
 
 
 def test_fused_qkv_gets_a_gather_hook_with_one_placement_per_mesh_dim():

@@ -24,6 +24,9 @@ CONFIG = dict(
     num_key_value_heads=8,
     max_position_embeddings=SEQ,
     fuse_rms_norm=False,
+    # Llama-2-style separate LM head: a tied embedding/head cannot be split across pipeline stages
+    # (the pp2 example plan needs that), see the planner's rejection reasons.
+    tie_word_embeddings=False,
 )
 
 

@@ -38,6 +38,11 @@ def build_llama(**overrides):
     return LlamaForCausalLM(LlamaConfig(**{**_TINY, **overrides}))
 
 
+def build_untied_llama():
+    """``build_llama`` with a separate LM head weight (Llama-2 style), which pipelines can split."""
+    return build_llama(tie_word_embeddings=False)
+
+
 def build_phi3(**overrides):
     """PaddleFormers ``Phi3ForCausalLM`` (GQA too): one fused ``qkv_proj``, one fused ``gate_up_proj``."""
     from paddleformers.transformers import Phi3Config, Phi3ForCausalLM
