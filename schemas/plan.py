@@ -200,6 +200,8 @@ class CommEstimate(Base):
     mp: NonNegativeInt = 0
     dp: NonNegativeInt = 0
     pp: NonNegativeInt = 0
+    #: Forced by the placements around fused projections: Paddle's own gathers (``implicit_comm``)
+    #: or the plan's reshard hooks that replace them (priced as Paddle's, an upper bound).
     implicit: NonNegativeInt = 0
 
 
