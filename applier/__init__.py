@@ -19,7 +19,7 @@ __all__ = ["apply_plan"]
 
 def __getattr__(name: str) -> Any:
     if name == "apply_plan":
-        from .apply import apply_plan
+        from autodist.applier.apply import apply_plan
 
         return apply_plan
     raise AttributeError(f"module 'autodist.applier' has no attribute {name!r}")

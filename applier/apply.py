@@ -40,13 +40,13 @@ import paddle.distributed as dist
 
 from autodist.schemas import Plan, PlanError, load_plan
 
-from .data import shard_loader
-from .hooks import ReshardFn, register_hooks
-from .mesh import mesh_ids
-from .optimizer import rebuild_optimizer, shard_optimizer
-from .pipeline import build_pipeline, uses_schedule
-from .shard import shard_parameters
-from .validate import plan_problems
+from autodist.applier.data import shard_loader
+from autodist.applier.hooks import ReshardFn, register_hooks
+from autodist.applier.mesh import mesh_ids
+from autodist.applier.optimizer import rebuild_optimizer, shard_optimizer
+from autodist.applier.pipeline import build_pipeline, uses_schedule
+from autodist.applier.shard import shard_parameters
+from autodist.applier.validate import plan_problems
 
 
 def apply_plan(

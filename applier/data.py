@@ -15,7 +15,7 @@ import paddle.distributed as dist
 
 from autodist.schemas import Plan
 
-from .mesh import stage_mesh
+from autodist.applier.mesh import stage_mesh
 
 
 def shard_loader(dataloader: paddle.io.DataLoader, plan: Plan) -> dist.ShardDataloader:

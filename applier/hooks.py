@@ -30,8 +30,8 @@ import paddle.distributed as dist
 
 from autodist.schemas import Hook, Plan
 
-from .mesh import stage_mesh, stage_placements
-from .pipeline import SCHEDULES
+from autodist.applier.mesh import stage_mesh, stage_placements
+from autodist.applier.pipeline import SCHEDULES
 
 #: ``reshard_fn(tensor, mesh, placements) -> tensor``, the signature of ``dist.reshard``.
 ReshardFn = Callable[[paddle.Tensor, dist.ProcessMesh, list], paddle.Tensor]

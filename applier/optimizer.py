@@ -24,7 +24,7 @@ import paddle.distributed as dist
 
 from autodist.schemas import Plan
 
-from .mesh import stage_mesh
+from autodist.applier.mesh import stage_mesh
 
 #: Optimizer classes ``dist.shard_optimizer`` accepts (Paddle 3.3.1, api.py _ShardOptimizer).
 SHARDABLE = (paddle.optimizer.AdamW, paddle.optimizer.SGD)

@@ -46,7 +46,7 @@ import paddle.distributed as dist
 
 from autodist.schemas import Plan
 
-from .mesh import pp_group_ranks, stage_of_rank
+from autodist.applier.mesh import pp_group_ranks, stage_of_rank
 
 SCHEDULES = ("1F1B", "VPP")
 

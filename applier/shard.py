@@ -24,7 +24,7 @@ import paddle.distributed as dist
 
 from autodist.schemas import Plan, shard_dim
 
-from .mesh import stage_mesh, stage_placements
+from autodist.applier.mesh import stage_mesh, stage_placements
 
 
 class Slot(NamedTuple):

@@ -19,9 +19,9 @@ import paddle
 
 from autodist.schemas import Plan, parameter_fingerprint, parameter_table
 
-from .optimizer import optimizer_problems
-from .pipeline import pipeline_problems
-from .shard import parameter_owners
+from autodist.applier.optimizer import optimizer_problems
+from autodist.applier.pipeline import pipeline_problems
+from autodist.applier.shard import parameter_owners
 
 #: How many names a message lists before it says "and N more".
 _MAX_NAMES = 8

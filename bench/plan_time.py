@@ -36,11 +36,11 @@ def peak_rss_mb() -> float:
 
 def plan_once(layers: int) -> dict:
     """One planning run, timed stage by stage (runs inside the child process)."""
-    from autodist.planner.analysis import analyze
+    from autodist.planner.recognise.analysis import analyze
     from autodist.planner.emit import build_plan
     from autodist.planner.graph import build_graph
     from autodist.planner.load import load_target
-    from autodist.planner.search import SearchRequest, search
+    from autodist.planner.cost.search import SearchRequest, search
     from autodist.planner.trace import trace_model
 
     times = {}

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import paddle
 
-from autodist.planner.analysis import analyze
+from autodist.planner.recognise.analysis import analyze
 from autodist.planner.cost.graph_cost import model_cost
 from autodist.planner.graph import build_graph
-from autodist.planner.search import SearchRequest, describe, search
+from autodist.planner.cost.search import SearchRequest, describe, search
 from autodist.planner.trace import trace_model
 
 MODEL_FILE = Path(__file__).resolve().parents[1] / "plans" / "llama_docstring" / "model.py"

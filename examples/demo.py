@@ -77,7 +77,7 @@ def main(argv: list[str]) -> None:
          "--no-sequence-parallel", "--sharding-stage", "0", "--device", "cpu", "-o", str(plan)], workdir)
 
     print(f"\n== Review\n$ autodist-plan show {plan}")
-    from autodist.planner.review_commands import show
+    from autodist.planner.cli.review import show
 
     show.main([str(plan)], prog_name="autodist-plan show", standalone_mode=False)
 

@@ -45,15 +45,15 @@ from autodist.schemas import (
     Strategy,
 )
 
-from .analysis import LinearUse, ModelAnalysis, analyze
-from .cost.memory import DTYPE_BYTES
-from .errors import PlannerError
-from .graph import build_graph
-from .load import load_target
-from .progress import Progress
-from .search import SearchRequest, SearchResult, search
-from .spmd import implicit_comm, reshard_hooks
-from .trace import trace_model
+from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis, analyze
+from autodist.planner.cost.memory import DTYPE_BYTES
+from autodist.planner.errors import PlannerError
+from autodist.planner.graph import build_graph
+from autodist.planner.load import load_target
+from autodist.planner.progress import Progress
+from autodist.planner.cost.search import SearchRequest, SearchResult, search
+from autodist.planner.recognise.spmd import implicit_comm, reshard_hooks
+from autodist.planner.trace import trace_model
 
 MESH_DIM_ORDER = ("pp", "dp", "mp")
 #: Ops that mix information across sequence positions: a sub-layer holding one needs the whole

@@ -23,7 +23,7 @@ import networkx as nx
 
 from autodist.schemas import dtype_name
 
-from .trace import TracedProgram
+from autodist.planner.trace import TracedProgram
 
 #: Ops whose only output is a value fixed at trace time.
 CONSTANT_OPS = frozenset({"pd_op.full", "pd_op.full_int_array", "pd_op.assign_value", "pd_op.assign_value_"})

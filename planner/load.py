@@ -26,7 +26,7 @@ from types import ModuleType
 
 import paddle
 
-from .errors import PlannerError
+from autodist.planner.errors import PlannerError
 
 DEFAULT_FACTORY = "build_model"
 MODULE_LEVEL_MODEL = "model"

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import paddle
 
-from .errors import PlannerError
+from autodist.planner.errors import PlannerError
 
 
 @dataclass

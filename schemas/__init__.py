@@ -12,11 +12,11 @@ Example::
     $.version: this plan is format version 9
 """
 
-from .checks import check_plan, shard_dim
-from .errors import PlanError
-from .fingerprint import dtype_name, parameter_fingerprint, parameter_table
-from .io import dump_plan, load_plan, plan_json_schema, save_plan
-from .plan import (
+from autodist.schemas.checks import check_plan, shard_dim
+from autodist.schemas.errors import PlanError
+from autodist.schemas.fingerprint import dtype_name, parameter_fingerprint, parameter_table
+from autodist.schemas.io import dump_plan, load_plan, plan_json_schema, save_plan
+from autodist.schemas.plan import (
     FORMAT,
     VERSION,
     Alternatives,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from .plan import Plan
+from autodist.schemas.plan import Plan
 
 MESH_DIM_ORDER = ("pp", "dp", "mp")
 _SHARD = re.compile(r"^S\((\d)\)$")

@@ -19,9 +19,9 @@ from typing import Any
 
 import msgspec
 
-from .checks import check_plan
-from .errors import PlanError
-from .plan import FORMAT, VERSION, Plan
+from autodist.schemas.checks import check_plan
+from autodist.schemas.errors import PlanError
+from autodist.schemas.plan import FORMAT, VERSION, Plan
 
 _ENCODER = msgspec.json.Encoder(order="sorted")
 _PATH_SEGMENT = re.compile(r"\.([A-Za-z_][A-Za-z_0-9]*)|\[(\d+)\]|\[\.\.\.\]")

@@ -8,7 +8,7 @@ import paddle
 import pytest
 
 from autodist import schemas
-from autodist.planner.analysis import analyze, split_dim, weight_use
+from autodist.planner.recognise.analysis import analyze, split_dim, weight_use
 from autodist.planner.graph import build_graph
 from autodist.planner.trace import trace_model
 from models.traced import build, traced

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from autodist.planner.graph import build_graph, graph_fingerprint
 from autodist.planner.load import load_target
-from autodist.planner.review_commands import check
+from autodist.planner.cli.review import check
 from autodist.planner.trace import trace_model
 from autodist.schemas import (
     Cluster,

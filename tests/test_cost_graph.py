@@ -19,7 +19,7 @@ import paddle.nn.functional as F
 import pytest
 from models.traced import traced
 
-from autodist.planner.analysis import analyze
+from autodist.planner.recognise.analysis import analyze
 from autodist.planner.cost.blocks import ModelCost
 from autodist.planner.cost.graph_cost import GraphFacts, Roles, block_cost, model_cost
 from autodist.planner.cost.hardware import PROFILES
@@ -237,7 +237,7 @@ def test_fused_projections_pay_for_the_gathers_paddle_inserts():
 
 
 def test_the_search_rejects_pipeline_stages_for_a_tied_head_and_says_why():
-    from autodist.planner.search import SearchRequest, search
+    from autodist.planner.cost.search import SearchRequest, search
 
     model, program, graph = traced("llama")
     result = search(analyze(program, graph, model), SearchRequest(devices_per_node=4, device=PROFILES["h100-sxm"]))

@@ -6,8 +6,8 @@ import msgspec
 from click.testing import CliRunner
 from test_show import EXAMPLE, layered_plan
 
-from autodist.planner.diff import diff_plans
-from autodist.planner.review_commands import diff
+from autodist.planner.review.diff import diff_plans
+from autodist.planner.cli.review import diff
 from autodist.schemas import Hook, dump_plan, load_plan, save_plan
 
 

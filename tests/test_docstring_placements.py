@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from autodist.planner.emit import plan_target
-from autodist.planner.search import SearchRequest
+from autodist.planner.cost.search import SearchRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCSTRING = ROOT / "plans" / "llama_docstring"

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from autodist.planner.emit import block_stages, build_mesh, plan_target
 from autodist.planner.errors import PlannerError
-from autodist.planner.search import SearchRequest
+from autodist.planner.cost.search import SearchRequest
 from autodist.schemas import Strategy, check_plan
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,8 +18,8 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from autodist.planner.export import ExportError, export_parallelize, paddle_key_matches
-from autodist.planner.review_commands import export
+from autodist.planner.review.export import ExportError, export_parallelize, paddle_key_matches
+from autodist.planner.cli.review import export
 from autodist.schemas import Block, Hook, Plan, load_plan, save_plan
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autodist.planner.match import Matcher, block_nodes, compute_view
-from autodist.planner.patterns import GELU_MLP, PARAM, SWIGLU_SILU, mlp_pattern
+from autodist.planner.recognise.match import Matcher, block_nodes, compute_view
+from autodist.planner.recognise.patterns import GELU_MLP, PARAM, SWIGLU_SILU, mlp_pattern
 from models.traced import traced
 
 BLOCK_LISTS = {"docstring": "layers", "llama": "model.layers", "phi3": "model.layers", "gpt": "blocks",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autodist.planner.patterns import (
+from autodist.planner.recognise.patterns import (
     FUSED_SWIGLU, GELU_MLP, PARAM, SWIGLU_OP, SWIGLU_SILU, PatternBuilder, block_patterns, linear, mlp_pattern,
 )
 

@@ -30,9 +30,9 @@ def command_line(arguments: dict[str, str]) -> list[str]:
     """Planner arguments as recorded in a plan -> the ``autodist-plan`` command line that makes it.
 
     The record holds the ``plan`` command's parameter names and values as strings (see
-    ``planner_arguments`` in cli.py); the command's own parameter list turns them back into options.
+    ``planner_arguments`` in cli/main.py); the command's own parameter list turns them back into options.
     """
-    from autodist.planner.cli import plan as plan_command
+    from autodist.planner.cli.main import plan as plan_command
 
     args: list[str] = []
     known = {param.name for param in plan_command.params}

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 from test_show import EXAMPLE, layered_plan
 
-from autodist.planner.render import rank_param_elements, render_svg
-from autodist.planner.review_commands import render
+from autodist.planner.review.render import rank_param_elements, render_svg
+from autodist.planner.cli.review import render
 from autodist.schemas import MemoryEstimate, load_plan, save_plan
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -17,14 +17,14 @@ import pytest
 from models import gpt
 from models.traced import docstring_module, traced
 
-from autodist.planner.analysis import analyze
+from autodist.planner.recognise.analysis import analyze
 from autodist.planner.cost.comm import group_within_node
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.step_time import MEMORY_USABLE, Setup, StageTable, estimate
 from autodist.planner.errors import PlannerError
-from autodist.planner.explain import explain_table
+from autodist.planner.cost.explain import explain_table
 from autodist.planner.graph import build_graph
-from autodist.planner.search import SearchRequest, describe, search
+from autodist.planner.cost.search import SearchRequest, describe, search
 from autodist.planner.trace import trace_model
 from autodist.schemas import Strategy
 

@@ -10,8 +10,9 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from autodist.planner.review_commands import REVIEW_COMMANDS, show
-from autodist.planner.show import MAX_ROWS, collapse, index_ranges, mesh_grid, mesh_lines, show_data, show_text
+from autodist.planner.cli.review import REVIEW_COMMANDS, show
+from autodist.planner.review.format import collapse, index_ranges, mesh_grid
+from autodist.planner.review.show import MAX_ROWS, mesh_lines, show_data, show_text
 from autodist.schemas import (
     Block,
     Cluster,

@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Iterable
 
 import networkx as nx
 
-from .blocks import BlockCost, EdgeCost, ModelCost, Saved
-from .step_time import Implicit
+from autodist.planner.cost.blocks import BlockCost, EdgeCost, ModelCost, Saved
+from autodist.planner.cost.step_time import Implicit
 
 if TYPE_CHECKING:
-    from autodist.planner.analysis import ModelAnalysis
+    from autodist.planner.recognise.analysis import ModelAnalysis
 
 Value = tuple[int, int]  # (producing node, result index)
 
@@ -355,8 +355,8 @@ def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set
 
 def implicit_collectives(analysis: ModelAnalysis, mp: int, sequence_parallel: bool, dtype_bytes: int) -> Implicit:
     """The implicit communication Paddle's SPMD rules add (bytes one rank sends, forward and
-    backward, for the traced input; :func:`autodist.planner.spmd.implicit_comm`) per traced token."""
-    from autodist.planner.spmd import implicit_comm  # the SPMD-rule replay lives there
+    backward, for the traced input; :func:`autodist.planner.recognise.spmd.implicit_comm`) per traced token."""
+    from autodist.planner.recognise.spmd import implicit_comm  # the SPMD-rule replay lives there
 
     tokens, _ = traced_tokens(analysis)
     found = implicit_comm(analysis, mp, sequence_parallel, dtype_bytes=dtype_bytes)

@@ -34,8 +34,8 @@ from itertools import accumulate
 
 from autodist.schemas import CommEstimate, DeviceProfile, Estimate, MemoryEstimate, Strategy
 
-from .blocks import BlockCost, EdgeCost, ModelCost, Saved
-from .comm import (
+from autodist.planner.cost.blocks import BlockCost, EdgeCost, ModelCost, Saved
+from autodist.planner.cost.comm import (
     Link,
     all_gather_bytes,
     all_gather_time,
@@ -45,7 +45,7 @@ from .comm import (
     p2p_time,
     reduce_scatter_time,
 )
-from .memory import DTYPE_BYTES, StateBytes, model_state_bytes
+from autodist.planner.cost.memory import DTYPE_BYTES, StateBytes, model_state_bytes
 
 #: Fraction of peak FLOP/s that transformer training sustains on large matmuls: Megatron-LM
 #: reaches 41-52 % of peak end to end on A100 (Narayanan et al., SC 2021, table 1).
@@ -214,7 +214,7 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
     """Price one strategy. ``implicit``: the collectives Paddle inserts on its own for these
     placements (from the analysis), per micro-batch, for the whole model.
 
-    Example: see ``tests/test_cost_formulas.py`` and :func:`autodist.planner.search.search`.
+    Example: see ``tests/test_cost_formulas.py`` and :func:`autodist.planner.cost.search.search`.
     """
     ctx = _Context(table, strategy, setup, implicit)
     pp, m = strategy.pp, strategy.micro_batches

@@ -21,10 +21,10 @@ from typing import Callable
 
 import networkx as nx
 
-from .attention import ATTENTIONS, Attention
-from .mlp import MLPS, Mlp
-from .norm import LAYER_NORM, NORMS
-from .parts import PARAM, PORT, Part, PatternBuilder, residual
+from autodist.planner.recognise.patterns.attention import ATTENTIONS, Attention
+from autodist.planner.recognise.patterns.mlp import MLPS, Mlp
+from autodist.planner.recognise.patterns.norm import LAYER_NORM, NORMS
+from autodist.planner.recognise.patterns.parts import PARAM, PORT, Part, PatternBuilder, residual
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ Example output (shortened)::
 
 from __future__ import annotations
 
-from autodist.planner.search import SearchResult, describe
+from autodist.planner.cost.search import SearchResult, describe
 from autodist.schemas import Candidate
 
 _HEADER = (f"{'#':>3}  {'strategy':<30} {'step(ms)':>10} {'tok/s':>12} {'MFU':>6}  "

@@ -8,7 +8,7 @@ strategy itself (so the order is deterministic). Degrees the user fixed are not 
 
 Example::
 
-    >>> from autodist.planner.search import SearchRequest, search
+    >>> from autodist.planner.cost.search import SearchRequest, search
     >>> result = search(analysis, SearchRequest(devices_per_node=8))      # doctest: +SKIP
     >>> result.best.strategy.dp, result.best.strategy.mp                   # doctest: +SKIP
     (8, 1)
@@ -36,7 +36,7 @@ from autodist.planner.errors import PlannerError
 from autodist.schemas import Candidate, DeviceProfile, Rejected, Strategy
 
 if TYPE_CHECKING:
-    from autodist.planner.analysis import ModelAnalysis
+    from autodist.planner.recognise.analysis import ModelAnalysis
 
 SCHEDULES = ("sequential", "1F1B", "VPP")
 #: How many runners-up a result keeps (the plan's ``alternatives.accepted``).

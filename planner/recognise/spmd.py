@@ -33,8 +33,8 @@ from paddle.distributed.auto_parallel.static.dist_attribute import DistTensorSpe
 
 from autodist import schemas
 
-from .analysis import BlockInfo, ModelAnalysis
-from .match import constant_nodes, short_op
+from autodist.planner.recognise.analysis import BlockInfo, ModelAnalysis
+from autodist.planner.recognise.match import constant_nodes, short_op
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .norm import RMS_NORM
-from .parts import Part, PatternBuilder, linear
+from autodist.planner.recognise.patterns.norm import RMS_NORM
+from autodist.planner.recognise.patterns.parts import Part, PatternBuilder, linear
 
 #: Rotary embedding in the ``rotate_half`` form: ``x * cos + rotate_half(x) * sin`` (the
 #: half-swap and negation are layout / constant ops and vanish from the view).

@@ -36,7 +36,7 @@ from typing import Iterable, Sequence
 import networkx as nx
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
-from .patterns import PARAM, PORT, Pattern, block_patterns, compute_histogram
+from autodist.planner.recognise.patterns import PARAM, PORT, Pattern, block_patterns, compute_histogram
 
 #: Ops that move, reshape, pick or re-type data without computing on it.
 LAYOUT_OPS = frozenset({

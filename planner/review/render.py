@@ -21,7 +21,7 @@ from xml.sax.saxutils import escape
 
 from autodist.schemas import Plan, shard_dim
 
-from .show import human_bytes, index_ranges, mesh_grid, mesh_text, stage_summary, strategy_text
+from autodist.planner.review.format import human_bytes, index_ranges, mesh_grid, mesh_text, stage_summary, strategy_text
 
 WIDTH = 900
 MARGIN = 20

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from autodist.schemas import Plan, parameter_fingerprint, parameter_table
 
-from .progress import Progress
-from .show import collapse
+from autodist.planner.progress import Progress
+from autodist.planner.review.format import collapse
 
 #: How many collapsed rows of one kind of parameter problem are listed before "... and N more".
 MAX_ROWS = 10
@@ -34,7 +34,7 @@ def check_plan_for_target(plan: Plan, target: str, trace: bool = True, progress:
 
     Raises the planner's ``PlannerError`` when the target cannot be loaded or traced.
     """
-    from .load import load_target
+    from autodist.planner.load import load_target
 
     progress = progress or Progress(quiet=True)
     with progress.step(f"loading {target}"):
@@ -71,8 +71,8 @@ def parameter_reasons(plan: Plan, table: dict[str, tuple[list[int], str]]) -> li
 
 def graph_reasons(plan: Plan, loaded) -> list[str]:
     """Trace the model as the planner does and compare the structure with the plan's."""
-    from .graph import build_graph, graph_fingerprint
-    from .trace import trace_model
+    from autodist.planner.graph import build_graph, graph_fingerprint
+    from autodist.planner.trace import trace_model
 
     traced = trace_model(loaded.model, loaded.input_specs)
     reasons = []

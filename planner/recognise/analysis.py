@@ -23,10 +23,10 @@ import paddle
 
 from autodist import schemas
 
-from .graph import graph_fingerprint
-from .match import BlockMatch, Match, Matcher, block_nodes, compute_view, constant_nodes, short_op
-from .patterns import PARAM, layer_patterns
-from .trace import TracedProgram
+from autodist.planner.graph import graph_fingerprint
+from autodist.planner.recognise.match import BlockMatch, Match, Matcher, block_nodes, compute_view, constant_nodes, short_op
+from autodist.planner.recognise.patterns import PARAM, layer_patterns
+from autodist.planner.trace import TracedProgram
 
 Role = Literal["column", "row", "replicate"]
 

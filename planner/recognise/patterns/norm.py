@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .parts import PARAM, Part
+from autodist.planner.recognise.patterns.parts import PARAM, Part
 
 _NORM_WEIGHT = {"op": PARAM, "norm": True}
 

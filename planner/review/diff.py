@@ -23,7 +23,7 @@ import msgspec
 
 from autodist.schemas import ParamPlan, Plan
 
-from .show import collapse, human_bytes, human_count, human_seconds, natural_key
+from autodist.planner.review.format import collapse, human_bytes, human_count, human_seconds, natural_key
 
 Lines = list[str]
 

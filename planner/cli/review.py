@@ -22,13 +22,13 @@ import click
 
 from autodist.schemas import PlanError, load_plan
 
-from .check import check_plan_for_target
-from .diff import diff_plans
-from .errors import PlannerError
-from .export import ExportError, export_parallelize
-from .progress import Progress
-from .render import render_svg
-from .show import TOP_ALTERNATIVES, show_data, show_text
+from autodist.planner.review.check import check_plan_for_target
+from autodist.planner.review.diff import diff_plans
+from autodist.planner.errors import PlannerError
+from autodist.planner.review.export import ExportError, export_parallelize
+from autodist.planner.progress import Progress
+from autodist.planner.review.render import render_svg
+from autodist.planner.review.show import TOP_ALTERNATIVES, show_data, show_text
 
 #: Exit status of every command for bad input (a missing file, an invalid plan, ...).
 EXIT_ERROR = 2

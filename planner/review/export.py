@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from autodist.schemas import Plan, shard_dim
 
-from .show import collapse, natural_key
+from autodist.planner.review.format import collapse, natural_key
 
 #: Paddle's sequence-parallel plan for each set of hooks one layer carries.
 _SEQUENCE_PARALLEL_PAIRS = {

@@ -3,7 +3,7 @@
 ``autodist-plan TARGET -o plan.json`` plans a model (the default command, ``plan``); ``graph``
 dumps the traced dataflow graph; ``schema`` prints the plan format's JSON Schema; the review
 commands (``show``, ``diff``, ``check``, ``export``, ``render``) come from
-:mod:`autodist.planner.review_commands`. A problem in what the user gave prints
+:mod:`autodist.planner.cli.review`. A problem in what the user gave prints
 ``error: <one line>`` and exits 2.
 
 Example::
@@ -26,8 +26,8 @@ import click
 
 from autodist.schemas import dump_plan, plan_json_schema, save_plan
 
-from .errors import PlannerError
-from .review_commands import REVIEW_COMMANDS
+from autodist.planner.errors import PlannerError
+from autodist.planner.cli.review import REVIEW_COMMANDS
 
 #: Exit status for a problem in what the user gave us (target, specs, degrees).
 USAGE_ERROR = 2
@@ -128,10 +128,10 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
       autodist-plan plans/llama_docstring/model.py --devices 4 -o plan.json
       autodist-plan model.py --devices 8 --nodes 2 --mp 8 --device h100-sxm --explain -o plan.json
     """
-    from .cost.hardware import resolve_device
-    from .emit import plan_target
-    from .progress import Progress
-    from .search import SearchRequest
+    from autodist.planner.cost.hardware import resolve_device
+    from autodist.planner.emit import plan_target
+    from autodist.planner.progress import Progress
+    from autodist.planner.cost.search import SearchRequest
 
     request = SearchRequest(
         devices_per_node=options.pop("devices"),
@@ -145,7 +145,7 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
     else:
         click.echo(dump_plan(made.plan).decode(), nl=False)
     if explain:
-        from .explain import explain_table
+        from autodist.planner.cost.explain import explain_table
 
         click.echo(explain_table(made.result), err=True)
     if not quiet:
@@ -201,9 +201,9 @@ def graph(target: str, input_specs: tuple[str, ...], fmt: str, output: str | Non
     Example:
       autodist-plan graph plans/llama_docstring/model.py --format dot -o llama.dot
     """
-    from .graph import build_graph, graph_to_dot, graph_to_json
-    from .load import load_target
-    from .trace import trace_model
+    from autodist.planner.graph import build_graph, graph_to_dot, graph_to_json
+    from autodist.planner.load import load_target
+    from autodist.planner.trace import trace_model
 
     loaded = load_target(target, list(input_specs) or None)
     dataflow = build_graph(trace_model(loaded.model, loaded.input_specs))
@@ -235,6 +235,3 @@ def _silence_library_noise() -> None:
     warnings.filterwarnings("ignore", message="No ccache found")
     warnings.filterwarnings("ignore", message="The hashes produced for directed graphs changed")
 
-
-if __name__ == "__main__":
-    sys.exit(main())

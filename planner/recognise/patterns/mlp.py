@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .parts import Part, PatternBuilder, linear
+from autodist.planner.recognise.patterns.parts import Part, PatternBuilder, linear
 
 _SWIGLU_OP = Part("swiglu_op", {"act": "swiglu"}, (("gate", "act", 0), ("up", "act", 1)), ("gate", "up"), "act")
 _GELU = Part("gelu", {"act": "gelu"}, (("x", "act"),), ("x",), "act")

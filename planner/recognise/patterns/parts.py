@@ -3,7 +3,7 @@ data, and a :class:`PatternBuilder` glues parts into one pattern graph by bindin
 input ports to nodes already built.
 
 Pattern graphs use the same vocabulary as the matcher's *compute view* of a block
-(:func:`autodist.planner.match.compute_view`): a node's ``op`` is a short Paddle op name
+(:func:`autodist.planner.recognise.match.compute_view`): a node's ``op`` is a short Paddle op name
 (``"matmul"``, ``"softmax"``), :data:`PARAM` for a trainable parameter, or :data:`PORT` for a
 value that comes from outside the pattern (a block input, a mask, a RoPE table). Layout ops
 (reshape, transpose, split, cast, scale, ...) never appear: the view contracts them.

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import functools
 
-from .blocks import Pattern, part_pattern
-from .norm import LAYER_NORM, RMS_NORM
-from .parts import PARAM, Part, linear
+from autodist.planner.recognise.patterns.blocks import Pattern, part_pattern
+from autodist.planner.recognise.patterns.norm import LAYER_NORM, RMS_NORM
+from autodist.planner.recognise.patterns.parts import PARAM, Part, linear
 
 #: ``embedding(ids, weight)``: a table lookup.
 EMBEDDING = Part(
