@@ -1,20 +1,22 @@
-"""Run-time phase: ``apply_plan`` on every rank. Light: no tracing, no networkx, no planner.
+"""Run-time phase: ``apply_plan`` on every rank, and checkpoints that survive re-planning.
+Light: no tracing, no networkx, no planner.
 
-``import autodist.applier`` loads nothing heavy; Paddle is imported when ``apply_plan`` is
-first looked up. (Paddle 3.3.1 itself imports ``click`` through ``httpx`` when click is
-installed, so only a Paddle-free import can promise not to load it.)
+``import autodist.applier`` loads nothing heavy; Paddle is imported when ``apply_plan`` or a
+checkpoint function is first looked up. (Paddle 3.3.1 itself imports ``click`` through
+``httpx`` when click is installed, so only a Paddle-free import can promise not to load it.)
 
 Example::
 
-    from autodist.applier import apply_plan
+    from autodist.applier import apply_plan, save_checkpoint
     model, optimizer, loader = apply_plan(model, optimizer, loader, "plan.json")
+    save_checkpoint(model, optimizer, "ckpt", step=100)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["apply_plan"]
+__all__ = ["apply_plan", "save_checkpoint", "load_checkpoint", "export_checkpoint"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +24,8 @@ def __getattr__(name: str) -> Any:
         from autodist.applier.apply import apply_plan
 
         return apply_plan
+    if name in ("save_checkpoint", "load_checkpoint", "export_checkpoint"):
+        from . import checkpoint
+
+        return getattr(checkpoint, name)
     raise AttributeError(f"module 'autodist.applier' has no attribute {name!r}")

@@ -33,6 +33,7 @@ returned model is this rank's stage, and one call runs a whole step of micro-bat
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, Callable
 
 import paddle
@@ -47,6 +48,9 @@ from autodist.applier.optimizer import rebuild_optimizer, shard_optimizer
 from autodist.applier.pipeline import build_pipeline, uses_schedule
 from autodist.applier.shard import shard_parameters
 from autodist.applier.validate import plan_problems
+
+#: The plan each model ``apply_plan`` returned was distributed by (``save_checkpoint`` records it).
+_APPLIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def apply_plan(
@@ -95,5 +99,11 @@ def apply_plan(
         optimizer = shard_optimizer(rebuild_optimizer(optimizer, new_param), plan)
     if dataloader is not None:
         dataloader = shard_loader(dataloader, plan)
+    _APPLIED[model] = plan
     return model, optimizer, dataloader
+
+
+def applied_plan(model: paddle.nn.Layer) -> Plan | None:
+    """The plan :func:`apply_plan` distributed ``model`` by, or None."""
+    return _APPLIED.get(model)
 

@@ -23,6 +23,7 @@ import paddle
 import paddle.distributed as dist
 
 from autodist.schemas import Plan, shard_dim
+from autodist.schemas.plan import DTYPE_BYTES
 
 from autodist.applier.mesh import stage_mesh, stage_placements
 
@@ -85,7 +86,7 @@ def planned_local_bytes(plan: Plan, rank: int) -> int:
         for dim, placement in zip(plan.mesh.dim_names, param.placements):
             if shard_dim(placement) is not None:
                 elements //= sizes[dim]
-        total += elements * _ITEM_BYTES[param.dtype]
+        total += elements * DTYPE_BYTES[param.dtype]
     return total
 
 
@@ -97,7 +98,3 @@ def local_parameter_bytes(model: paddle.nn.Layer) -> int:
         if local._is_initialized():
             total += int(np.prod(local.shape, dtype=np.int64)) * local.element_size()
     return total
-
-
-_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
-               "int8": 1, "uint8": 1, "bool": 1}

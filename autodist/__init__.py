@@ -1,12 +1,14 @@
 """autodist: plan a PaddlePaddle model's parallelism offline, apply the plan on every rank.
 
-``import autodist`` is cheap: ``apply_plan`` is loaded on first use, so the import pulls in
-neither Paddle nor the planner.
+``import autodist`` is cheap: ``apply_plan`` and the checkpoint functions are loaded on first
+use, so the import pulls in neither Paddle nor the planner.
 
 Example::
 
-    from autodist import apply_plan
+    from autodist import apply_plan, load_checkpoint, save_checkpoint
     model, optimizer, loader = apply_plan(model, optimizer, loader, "plan.json")
+    load_checkpoint(model, optimizer, "ckpt")            # saved under any plan, or on one device
+    save_checkpoint(model, optimizer, "ckpt", step=100)
 """
 
 from __future__ import annotations
@@ -14,14 +16,23 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["apply_plan", "load_plan", "PlanError", "__version__"]
+__all__ = [
+    "apply_plan", "save_checkpoint", "load_checkpoint", "export_checkpoint", "CheckpointError",
+    "load_plan", "PlanError", "__version__",
+]  # fmt: skip
+
+_APPLIER = ("apply_plan", "save_checkpoint", "load_checkpoint", "export_checkpoint")
 
 
 def __getattr__(name: str) -> Any:
-    if name == "apply_plan":
-        from autodist.applier import apply_plan
+    if name in _APPLIER:
+        import autodist.applier
 
-        return apply_plan
+        return getattr(autodist.applier, name)
+    if name == "CheckpointError":
+        from autodist.schemas.checkpoint import CheckpointError
+
+        return CheckpointError
     if name in ("load_plan", "PlanError"):
         import autodist.schemas
 

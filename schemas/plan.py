@@ -35,6 +35,9 @@ Fqn = Annotated[str, msgspec.Meta(min_length=1)]
 Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 MeshDim = Literal["pp", "dp", "mp"]
 DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"]
+#: Bytes per element of each dtype (one table for plan memory sums and checkpoint files).
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1,
+               "uint8": 1, "bool": 1}  # fmt: skip
 
 #: Where a parameter's placements came from. The names follow Paddle's intermediate API
 #: (``paddle.distributed.ColWiseParallel`` ...), plus the two kinds that have no style there.

@@ -1,0 +1,512 @@
+"""Checkpoints that survive re-planning: save under one plan, load under another.
+
+Every rank writes the pieces of parameters and optimizer states it holds into its own file,
+with where each piece sits in the full tensor (replicated copies once); loading assembles the
+piece each rank needs under *its* plan from those files with numpy. Keys are parameter FQNs,
+so the checkpoint does not depend on the plan: a dp2 checkpoint loads under mp2, a
+single-device one into a distributed run, a distributed one into one process, and
+:func:`export_checkpoint` writes one full ``paddle.save`` state dict. Paddle's own
+``dist.load_state_dict`` cannot do this on CPU: its resharding calls ``.cuda()``
+(docs/paddle-notes.md, "Checkpoints"). Loading needs no collective at all; the folder must be
+on a file system every rank sees.
+
+A save is atomic: shards go into a new ``data-<step>-<token>`` folder, every file is fsynced,
+and only then rank 0 replaces ``checkpoint.json`` (a temp file, fsync, rename), which is the
+commit. A run killed before that leaves the previous checkpoint as it was; the orphaned
+folder is removed by the next save. Ranks exchange their problems before writing and their
+results after, so a problem on one rank is raised on every rank, never left hanging.
+
+The user's loop (every rank; see README "Checkpoints")::
+
+    model, opt, loader = apply_plan(model, opt, loader, "plan.json")
+    start = load_checkpoint(model, opt, "ckpt").step if resuming else 0
+    for step, (x, y) in enumerate(loader, start=start):
+        ...
+        save_checkpoint(model, opt, "ckpt", step=step + 1)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from autodist.schemas import dump_plan, dtype_name, parameter_fingerprint, parameter_table
+from autodist.schemas.checkpoint import (
+    METADATA_FILE,
+    Checkpoint,
+    CheckpointError,
+    SavedModel,
+    SavedOptimizer,
+    SavedPlan,
+    SavedScheduler,
+    SavedTensor,
+    Shard,
+    encode_checkpoint,
+    read_checkpoint,
+    saved_tensors,
+)
+from autodist.schemas.plan import DTYPE_BYTES
+
+from .apply import applied_plan
+from .layout import assemble, distinct_shards, rank_coords, shard_box
+from .optimizer import optimizer_parameters
+
+#: The state kind of an optimizer's fp32 master copy of a low-precision parameter.
+MASTER_WEIGHT = "master_weight"
+_DATA_PREFIX = "data-"
+_TMP_SUFFIX = ".tmp"
+
+
+def save_checkpoint(
+    model: paddle.nn.Layer,
+    optimizer: Any,
+    path: str | os.PathLike,
+    *,
+    step: int,
+    scheduler: paddle.optimizer.lr.LRScheduler | None = None,
+) -> Checkpoint:
+    """Save ``model``'s parameters, ``optimizer``'s states (may be None) and the LR scheduler
+    (by default the optimizer's own) to the folder ``path``, on every rank. Returns the
+    metadata written. Raises :class:`CheckpointError` on every rank, with nothing committed,
+    when anything cannot be saved.
+
+    Example::
+
+        >>> save_checkpoint(model, opt, "ckpt", step=100)        # doctest: +SKIP
+    """
+    path = Path(path)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    scheduler = scheduler if scheduler is not None else _scheduler_of(optimizer)
+    problems, meta, mine = [], None, []
+    try:
+        _check_target_folder(path)
+        meta, mine = _describe(model, optimizer, scheduler, step, world, rank)
+    except CheckpointError as exc:
+        problems.append(exc.problem)
+    token = _agree(world, (problems, f"{step}-{secrets.token_hex(4)}"))
+    _raise_first([p for peer_problems, _ in token for p in peer_problems], path)
+    meta.data = _DATA_PREFIX + token[0][1]
+
+    status = None
+    try:
+        _write_pieces(path / meta.data, mine)
+    except OSError as exc:
+        status = f"rank {rank} could not write its shards: {exc.strerror or exc}"
+    statuses = _agree(world, status)
+    _raise_first([s for s in statuses if s], path)
+
+    status = None
+    if rank == 0:
+        try:
+            _commit(path, meta)
+        except (OSError, CheckpointError) as exc:
+            status = f"commit failed: {exc}"
+    statuses = _agree(world, status)
+    _raise_first([s for s in statuses if s], path)
+    return meta
+
+
+def load_checkpoint(
+    model: paddle.nn.Layer,
+    optimizer: Any,
+    path: str | os.PathLike,
+    *,
+    scheduler: paddle.optimizer.lr.LRScheduler | None = None,
+) -> Checkpoint:
+    """Load the checkpoint at ``path`` into ``model`` (and ``optimizer`` and the LR
+    scheduler, by default the optimizer's own), whatever plan it was saved under: each rank
+    reads the piece of every tensor its own layout needs. Call it after ``apply_plan``.
+    Returns the metadata (``.step``, ``.plan``). Everything is checked first: a checkpoint of
+    another model, optimizer or scheduler raises one-line :class:`CheckpointError` and
+    nothing is changed.
+
+    Example::
+
+        >>> model, opt, loader = apply_plan(model, opt, loader, "plan_b.json")   # doctest: +SKIP
+        >>> start = load_checkpoint(model, opt, "ckpt").step                     # doctest: +SKIP
+    """
+    path = Path(path)
+    meta = read_checkpoint(path)
+    scheduler = scheduler if scheduler is not None else _scheduler_of(optimizer)
+    problems = _model_problems(model, meta)
+    if optimizer is not None:
+        problems += _optimizer_problems(model, optimizer, meta)
+    problems += _scheduler_problems(scheduler, meta) + _file_problems(path, meta)
+    _raise_first(problems, path)
+    targets = {f"param/{fqn}": p for fqn, p in model.named_parameters()}
+    if optimizer is not None and meta.optimizer is not None:
+        targets.update(_prepared_states(model, optimizer, meta, path))
+    saved = saved_tensors(meta)
+    files = _MappedFiles(path / meta.data)
+    for name in sorted(targets):
+        _fill(targets[name], saved[name], files)
+    if scheduler is not None:
+        scheduler.set_state_dict(dict(meta.scheduler.state))
+    return meta
+
+
+def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> dict[str, Any]:
+    """Write the checkpoint's parameters as one full state dict with ``paddle.save`` (for
+    evaluation or inference on one device: ``model.set_state_dict(paddle.load(out))``).
+    Needs no distributed run. Returns the state dict.
+
+    Example::
+
+        >>> sd = export_checkpoint("ckpt", "model.pdparams")          # doctest: +SKIP
+    """
+    path = Path(path)
+    meta = read_checkpoint(path)
+    _raise_first(_file_problems(path, meta), path)
+    files = _MappedFiles(path / meta.data)
+    state = {}
+    for fqn, saved in sorted(meta.params.items()):
+        tensor = paddle.zeros(saved.shape, dtype=saved.dtype)
+        tensor.set_value(_read_box(saved, ([0] * len(saved.shape), list(saved.shape)), files))
+        state[fqn] = tensor
+    paddle.save(state, str(out))
+    return state
+
+
+# -- what is saved -----------------------------------------------------------------------------------
+
+
+def _describe(model, optimizer, scheduler, step: int, world: int, rank: int) -> tuple[Checkpoint, list]:
+    """The metadata of a save and this rank's pieces ``[(local tensor, Shard)]``. Every rank
+    computes the same metadata: where each piece goes follows from the tensors' layouts."""
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"step must be a non-negative int, got {step!r}")
+    table = parameter_table(model.named_parameters())
+    named = {f"param/{fqn}": p for fqn, p in model.named_parameters()}
+    states = _optimizer_states(model, optimizer) if optimizer is not None else {}
+    named.update({f"optimizer/{fqn}/{kind}": t for fqn, kinds in states.items() for kind, t in kinds.items()})
+    sizes: dict[str, int] = {}
+    saved, mine = {}, []
+    for name in sorted(named):
+        tensor = named[name]
+        shards = []
+        for writer, offset, shape in _pieces(tensor, name):
+            file = f"rank{writer}.bin"
+            shard = Shard(file=file, byte_offset=sizes.get(file, 0), offset=offset, shape=shape)
+            sizes[file] = shard.byte_offset + math.prod(shape) * DTYPE_BYTES[dtype_name(tensor.dtype)]
+            shards.append(shard)
+            if writer == rank:
+                local = tensor._local_value() if tensor.is_dist() else tensor
+                if [int(d) for d in local.shape] != shape:
+                    raise CheckpointError(
+                        f"{name}: rank {rank} holds a piece of shape {list(local.shape)} but Paddle's balanced "
+                        f"split gives {shape}: this layout is not supported"
+                    )
+                mine.append((local, shard))
+        saved[name] = SavedTensor(shape=[int(d) for d in tensor.shape], dtype=dtype_name(tensor.dtype), shards=shards)
+    plan = applied_plan(model)
+    meta = Checkpoint(
+        step=step,
+        world_size=world,
+        model=SavedModel(
+            class_name=type(model).__name__,
+            num_parameters=sum(math.prod(shape) for shape, _ in table.values()),
+            param_fingerprint=parameter_fingerprint(table),
+        ),
+        plan=None if plan is None else SavedPlan(
+            fingerprint=hashlib.sha256(dump_plan(plan)).hexdigest(), mesh=plan.mesh, strategy=plan.strategy
+        ),
+        params={name.removeprefix("param/"): t for name, t in saved.items() if name.startswith("param/")},
+        optimizer=None if optimizer is None else SavedOptimizer(
+            class_name=type(_inner(optimizer)).__name__,
+            states={fqn: {kind: saved[f"optimizer/{fqn}/{kind}"] for kind in kinds} for fqn, kinds in states.items()},
+        ),
+        scheduler=None if scheduler is None else SavedScheduler(
+            class_name=type(scheduler).__name__, state=_plain_state(scheduler)
+        ),
+        data=_DATA_PREFIX + "pending",
+        files=sizes,
+    )  # fmt: skip
+    return meta, mine
+
+
+def _pieces(tensor, name: str) -> list[tuple[int, list[int], list[int]]]:
+    """``(writer rank, offset, shape)`` of each distinct piece of ``tensor``."""
+    shape = [int(d) for d in tensor.shape]
+    if not tensor.is_dist():
+        return [(0, [0] * len(shape), shape)]  # one copy, rank 0 writes it
+    return distinct_shards(shape, _mesh_ids(tensor), _split_dims(tensor, name))
+
+
+def _split_dims(tensor, name: str) -> list[int | None]:
+    dims = []
+    for mesh_dim, placement in enumerate(tensor.placements):
+        if placement.is_partial():
+            raise CheckpointError(f"{name} is Partial (an unsummed value) on mesh dim {mesh_dim}: it cannot be saved")
+        dims.append(placement.get_dim() if placement.is_shard() else None)
+    return dims
+
+
+def _mesh_ids(tensor) -> np.ndarray:
+    mesh = tensor.process_mesh
+    return np.array(mesh.process_ids, dtype=np.int64).reshape(mesh.shape)
+
+
+def _inner(optimizer):
+    """The optimizer ``dist.shard_optimizer`` wraps (it holds the states), or the optimizer."""
+    return optimizer.__dict__.get("_inner_opt", optimizer)
+
+
+def _optimizer_states(model, optimizer) -> dict[str, dict[str, paddle.Tensor]]:
+    """``{parameter FQN: {state kind: tensor}}`` of the states the optimizer holds now.
+    Paddle keys them by the parameter's *name* (``linear_0.w_0.dist``), which depends on the
+    plan and on construction order; the FQN does not."""
+    inner = _inner(optimizer)
+    fqn_of = {p.name: fqn for fqn, p in model.named_parameters()}
+    states: dict[str, dict[str, paddle.Tensor]] = {}
+    for param_name, master in getattr(inner, "_master_weights", {}).items():
+        if param_name in fqn_of:
+            fqn_of[master.name] = fqn_of[param_name]  # a master weight's states are keyed by its name
+            states.setdefault(fqn_of[param_name], {})[MASTER_WEIGHT] = master
+    for kind, per_param in inner._accumulators.items():
+        for param_name, tensor in per_param.items():
+            if param_name not in fqn_of:
+                raise CheckpointError(f"the optimizer holds {kind} of {param_name!r}, which is no parameter of the model")
+            states.setdefault(fqn_of[param_name], {})[kind] = tensor
+    return states
+
+
+def _plain_state(scheduler) -> dict[str, Any]:
+    """The scheduler's ``state_dict()`` as JSON-able values (numpy scalars become Python ones)."""
+
+    def plain(value, key):
+        if isinstance(value, (list, tuple)):
+            return [plain(v, key) for v in value]
+        if hasattr(value, "item") and not isinstance(value, (bool, int, float, str)):
+            value = value.item()
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        raise CheckpointError(f"LR scheduler state {key!r} is a {type(value).__name__}, not a number or string")
+
+    return {str(k): plain(v, k) for k, v in scheduler.state_dict().items()}
+
+
+def _scheduler_of(optimizer):
+    if optimizer is None:
+        return None
+    lr = _inner(optimizer)._learning_rate
+    return lr if isinstance(lr, paddle.optimizer.lr.LRScheduler) else None
+
+
+# -- writing and committing ------------------------------------------------------------------------------
+
+
+def _check_target_folder(path: Path) -> None:
+    """Refuse to write into a file, or into a folder that holds something else than a checkpoint."""
+    if path.exists() and not path.is_dir():
+        raise CheckpointError("exists and is not a folder")
+    if path.is_dir() and not (path / METADATA_FILE).exists():
+        foreign = [p.name for p in path.iterdir() if not _is_ours(p.name)]
+        if foreign:
+            raise CheckpointError(f"exists and is not an autodist checkpoint (it holds {foreign[0]!r}); not writing into it")
+
+
+def _is_ours(name: str) -> bool:
+    return name.startswith(_DATA_PREFIX) or (name.startswith(f".{METADATA_FILE}.") and name.endswith(_TMP_SUFFIX))
+
+
+def _write_pieces(folder: Path, mine: list) -> None:
+    """Write this rank's pieces, one after another, into ``rank<R>.bin``; fsync it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not mine:
+        return
+    with open(folder / mine[0][1].file, "wb") as f:
+        for local, _ in mine:
+            f.write(np.ascontiguousarray(local.numpy()).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _commit(path: Path, meta: Checkpoint) -> None:
+    """Rank 0, after every rank wrote: check the files, replace ``checkpoint.json``
+    atomically, then remove the folders of earlier or abandoned saves."""
+    folder = path / meta.data
+    for file, size in sorted(meta.files.items()):
+        found = (folder / file).stat().st_size if (folder / file).exists() else None
+        if found != size:
+            raise CheckpointError(f"{meta.data}/{file} has {found} bytes, expected {size}: a rank's write was lost", path)
+    _fsync_dir(folder)
+    tmp = path / f".{METADATA_FILE}.{meta.data}{_TMP_SUFFIX}"
+    with open(tmp, "wb") as f:
+        f.write(encode_checkpoint(meta))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path / METADATA_FILE)
+    _fsync_dir(path)
+    for entry in path.iterdir():
+        if _is_ours(entry.name) and entry.name != meta.data:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _agree(world: int, mine: Any) -> list[Any]:
+    """Every rank's ``mine``, in rank order (one all-gather; just ``[mine]`` in one process)."""
+    if world == 1:
+        return [mine]
+    if not dist.is_initialized():  # dygraph auto-parallel makes no default group (docs/paddle-notes.md, Checkpoints)
+        dist.init_parallel_env()
+    gathered: list[Any] = []
+    dist.all_gather_object(gathered, mine)
+    return gathered
+
+
+def _raise_first(problems: list[str], path: Path) -> None:
+    """One line: the first three problems, and how many more there are."""
+    if problems:
+        more = [f"and {len(problems) - 3} more"] if len(problems) > 3 else []
+        raise CheckpointError("; ".join(problems[:3] + more), path)
+
+
+# -- checking before loading -----------------------------------------------------------------------------
+
+
+def _file_problems(path: Path, meta: Checkpoint) -> list[str]:
+    problems = []
+    for file, size in sorted(meta.files.items()):
+        target = path / meta.data / file
+        found = target.stat().st_size if target.is_file() else None
+        if found is None or found < size:
+            problems.append(f"{meta.data}/{file} is missing or shorter than {size} bytes (found {found})")
+    return problems
+
+
+def _model_problems(model, meta: Checkpoint) -> list[str]:
+    table = parameter_table(model.named_parameters())
+    if parameter_fingerprint(table) == meta.model.param_fingerprint:
+        return []
+    saved = {fqn: (t.shape, t.dtype) for fqn, t in meta.params.items()}
+    missing = sorted(set(table) - set(saved))
+    extra = sorted(set(saved) - set(table))
+    changed = sorted(f for f in set(saved) & set(table) if list(saved[f][0]) != table[f][0] or saved[f][1] != table[f][1])
+    details = [f"{len(names)} {what}, e.g. {names[0]!r}" for what, names in (
+        ("not in the checkpoint", missing), ("only in the checkpoint", extra), ("of another shape or dtype", changed)
+    ) if names]  # fmt: skip
+    return [
+        f"saved from a different model ({meta.model.class_name}, {len(saved)} parameters); this "
+        f"{type(model).__name__} has {len(table)}: " + "; ".join(details or ["the parameter fingerprint differs"])
+    ]
+
+
+def _optimizer_problems(model, optimizer, meta: Checkpoint) -> list[str]:
+    if meta.optimizer is None:
+        return ["holds no optimizer state (saved with optimizer=None); load with optimizer=None"]
+    inner = _inner(optimizer)
+    if type(inner).__name__ != meta.optimizer.class_name:
+        return [f"optimizer states of {meta.optimizer.class_name}, but the optimizer is {type(inner).__name__}"]
+    held = {id(p) for p in optimizer_parameters(inner)}
+    fqns = {fqn for fqn, p in model.named_parameters() if id(p) in held}
+    not_held = sorted(set(meta.optimizer.states) - fqns)
+    if not_held:
+        return [f"has optimizer states of {len(not_held)} parameters the optimizer does not update, e.g. {not_held[0]!r}"]
+    return []
+
+
+def _scheduler_problems(scheduler, meta: Checkpoint) -> list[str]:
+    saved = meta.scheduler
+    if (scheduler is None) != (saved is None):
+        return [f"the checkpoint has {'an LR scheduler ' + saved.class_name if saved else 'no LR scheduler'}, "
+                f"the optimizer has {'an LR scheduler ' + type(scheduler).__name__ if scheduler else 'none'}"]  # fmt: skip
+    if saved is not None and type(scheduler).__name__ != saved.class_name:
+        return [f"LR scheduler {saved.class_name} in the checkpoint, {type(scheduler).__name__} here"]
+    return []
+
+
+def _prepared_states(model, optimizer, meta: Checkpoint, path: Path) -> dict[str, paddle.Tensor]:
+    """Create (and, under ZeRO, shard) the optimizer's states for every parameter the
+    checkpoint has states for, so they can be filled; check they are the saved kinds, shapes
+    and dtypes. On a mismatch the optimizer's states are put back as they were."""
+    inner = _inner(optimizer)
+    before = ({k: dict(v) for k, v in inner._accumulators.items()}, set(inner._already_create_accumulator),
+              dict(getattr(inner, "_master_weights", {})))  # fmt: skip
+    params = dict(model.named_parameters())
+    block = paddle.static.default_main_program().global_block()
+    for fqn in sorted(meta.optimizer.states):
+        # Idempotent; on dist.shard_optimizer's wrapper it also shards them (docs/paddle-notes.md, Checkpoints).
+        optimizer._create_accumulators(block, [params[fqn]])
+    states = _optimizer_states(model, optimizer)
+    problems = []
+    for fqn, kinds in sorted(meta.optimizer.states.items()):
+        have = states.get(fqn, {})
+        if set(have) != set(kinds):
+            problems.append(f"{fqn}: optimizer states {sorted(kinds)} saved, the optimizer has {sorted(have)}")
+            continue
+        for kind, saved in kinds.items():
+            got = ([int(d) for d in have[kind].shape], dtype_name(have[kind].dtype))
+            if got != (saved.shape, saved.dtype):
+                problems.append(f"{fqn}: {kind} saved as {saved.shape} {saved.dtype}, here {got[0]} {got[1]}")
+    if problems:
+        inner._accumulators.clear()
+        inner._accumulators.update(before[0])
+        inner._already_create_accumulator = before[1]
+        if hasattr(inner, "_master_weights"):
+            inner._master_weights = before[2]
+        _raise_first(problems, path)
+    return {f"optimizer/{fqn}/{kind}": t for fqn, kinds in states.items() for kind, t in kinds.items()
+            if fqn in meta.optimizer.states}  # fmt: skip
+
+
+# -- reading --------------------------------------------------------------------------------------------
+
+
+class _MappedFiles:
+    """The checkpoint's shard files, memory-mapped once each: reading a piece touches only
+    its bytes."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.maps: dict[str, np.ndarray] = {}
+
+    def array(self, shard: Shard, dtype: str) -> np.ndarray:
+        if shard.file not in self.maps:
+            file = self.folder / shard.file
+            self.maps[shard.file] = np.memmap(file, dtype=np.uint8, mode="r") if file.stat().st_size else np.empty(0, np.uint8)
+        np_dtype = _numpy_dtype(dtype)
+        nbytes = math.prod(shard.shape) * np_dtype.itemsize
+        raw = self.maps[shard.file][shard.byte_offset : shard.byte_offset + nbytes]
+        return raw.view(np_dtype).reshape(shard.shape)
+
+
+def _numpy_dtype(dtype: str) -> np.dtype:
+    """numpy has no bfloat16: Paddle hands its bits over as uint16 and takes them back
+    (docs/paddle-notes.md, Checkpoints)."""
+    return np.dtype("uint16" if dtype == "bfloat16" else dtype)
+
+
+def _read_box(saved: SavedTensor, box, files: _MappedFiles) -> np.ndarray:
+    boxes = [(s.offset, s.shape) for s in saved.shards]
+    return assemble(box, boxes, lambda i: files.array(saved.shards[i], saved.dtype), _numpy_dtype(saved.dtype))
+
+
+def _fill(tensor, saved: SavedTensor, files: _MappedFiles) -> None:
+    """Set this rank's piece of ``tensor`` from the saved shards."""
+    shape = [int(d) for d in tensor.shape]
+    if tensor.is_dist():
+        ids = _mesh_ids(tensor)
+        coords = rank_coords(ids, dist.get_rank())
+        if coords is None:  # another pipeline stage's tensor: nothing held here
+            return
+        box = shard_box(shape, ids.shape, coords, _split_dims(tensor, "tensor"))
+        local = tensor._local_value()  # shares storage with the tensor (docs/paddle-notes.md)
+    else:
+        box, local = ([0] * len(shape), shape), tensor
+    local.set_value(_read_box(saved, box, files))

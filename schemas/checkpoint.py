@@ -1,0 +1,216 @@
+"""The checkpoint format (v1): what ``PATH/checkpoint.json`` says, read strictly.
+
+A checkpoint is a folder::
+
+    PATH/checkpoint.json        this metadata; replacing it is the commit of a save
+    PATH/data-<token>/rank<R>.bin   the shards rank R wrote, raw C-order bytes, one after another
+
+Tensors are keyed by parameter FQN (optimizer states by FQN and state kind), so a checkpoint
+does not depend on the plan it was saved under. Each tensor lists the shards that tile it:
+where each sits in the full tensor (``offset``, ``shape``) and where its bytes are (``file``,
+``byte_offset``). Replicated copies are written once. The metadata also records the step, the
+model's parameter fingerprint, the plan (fingerprint, mesh, strategy) and the LR scheduler.
+
+Like plans, checkpoint metadata is untrusted input: decoded by msgspec with unknown fields
+rejected, file names restricted to plain names (no path can leave the folder), and every
+tensor's shards checked to tile it exactly before any byte is read.
+
+Example::
+
+    >>> meta = read_checkpoint("ckpt")                        # doctest: +SKIP
+    >>> meta.step, meta.plan.strategy.mp, sorted(meta.params)[:1]   # doctest: +SKIP
+    (2, 2, ['embed_tokens.weight'])
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from .plan import DTYPE_BYTES, Base, DType, Fqn, Mesh, NonNegativeInt, PositiveInt, Sha256, Strategy
+
+CHECKPOINT_FORMAT = "autodist.checkpoint"
+CHECKPOINT_VERSION = 1
+#: The metadata file inside a checkpoint folder.
+METADATA_FILE = "checkpoint.json"
+
+#: A file or folder name inside the checkpoint: no separators, no "..", no hidden names.
+FileName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be saved or loaded; the message is one line naming the problem.
+
+    Example::
+
+        >>> print(CheckpointError("no checkpoint.json here", path="ckpt"))
+        ckpt: no checkpoint.json here
+    """
+
+    def __init__(self, problem: str, path: str | os.PathLike = "checkpoint"):
+        self.problem = problem
+        self.path = str(path)
+        super().__init__(f"{self.path}: {problem}")
+
+
+class Shard(Base):
+    """One piece of a tensor: its place in the full tensor and where its bytes are."""
+
+    file: FileName
+    byte_offset: NonNegativeInt
+    offset: list[NonNegativeInt]
+    shape: list[NonNegativeInt]
+
+
+class SavedTensor(Base):
+    """A full tensor's shape and dtype, and the shards that tile it."""
+
+    shape: list[NonNegativeInt]
+    dtype: DType
+    shards: list[Shard]
+
+
+class SavedModel(Base):
+    class_name: str
+    num_parameters: NonNegativeInt
+    #: :func:`autodist.schemas.parameter_fingerprint` of the model's parameter table.
+    param_fingerprint: Sha256
+
+
+class SavedPlan(Base):
+    """The plan the run was distributed by when it saved."""
+
+    #: sha256 of the plan's canonical bytes (:func:`autodist.schemas.dump_plan`).
+    fingerprint: Sha256
+    mesh: Mesh
+    strategy: Strategy
+
+
+class SavedOptimizer(Base):
+    class_name: str
+    #: ``{parameter FQN: {state kind: tensor}}``; kinds are Paddle's accumulator names
+    #: (``moment1``, ``beta1_pow_acc``, ...) and ``master_weight``. Parameters the optimizer has
+    #: no state for yet (never updated) are absent.
+    states: dict[Fqn, dict[str, SavedTensor]] = {}
+
+
+class SavedScheduler(Base):
+    class_name: str
+    #: ``LRScheduler.state_dict()``: plain numbers and strings.
+    state: dict[str, Any]
+
+
+class Checkpoint(Base, kw_only=True):
+    format: Literal["autodist.checkpoint"] = CHECKPOINT_FORMAT
+    version: int = CHECKPOINT_VERSION
+    step: NonNegativeInt
+    #: Ranks of the run that saved it.
+    world_size: PositiveInt
+    model: SavedModel
+    #: None when the model was not distributed by ``apply_plan`` (a single-device run).
+    plan: SavedPlan | None = None
+    params: dict[Fqn, SavedTensor]
+    optimizer: SavedOptimizer | None = None
+    scheduler: SavedScheduler | None = None
+    #: The folder holding the shard files, and each file's size in bytes.
+    data: FileName
+    files: dict[FileName, NonNegativeInt] = {}
+
+
+_ENCODER = msgspec.json.Encoder(order="sorted")
+
+
+def encode_checkpoint(meta: Checkpoint) -> bytes:
+    """The metadata's canonical JSON bytes (sorted keys, indented)."""
+    return msgspec.json.format(_ENCODER.encode(meta), indent=1) + b"\n"
+
+
+def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Decode and check ``path/checkpoint.json``; raise :class:`CheckpointError` (one line)
+    when it is missing, newer than this autodist, malformed, or names shards that do not tile
+    their tensors or do not fit in their files. Reads no shard data."""
+    path = Path(path)
+    try:
+        data = (path / METADATA_FILE).read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"not a checkpoint (no {METADATA_FILE} in it)", path) from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {METADATA_FILE}: {exc.strerror or exc}", path) from None
+    try:
+        raw = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise CheckpointError(f"{METADATA_FILE} is not valid JSON ({exc})", path) from None
+    if not isinstance(raw, dict) or raw.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f'{METADATA_FILE}: "format" is not "{CHECKPOINT_FORMAT}": not an autodist checkpoint', path)
+    version = raw.get("version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > CHECKPOINT_VERSION:
+        raise CheckpointError(
+            f"checkpoint format version {version}, this autodist reads up to {CHECKPOINT_VERSION}: upgrade autodist", path
+        )
+    try:
+        meta = msgspec.convert(raw, Checkpoint)
+    except msgspec.ValidationError as exc:
+        raise CheckpointError(f"{METADATA_FILE}: {exc}", path) from None
+    problems = layout_problems(meta)
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise CheckpointError(f"{METADATA_FILE}: {problems[0]}{more}", path)
+    return meta
+
+
+def saved_tensors(meta: Checkpoint) -> dict[str, SavedTensor]:
+    """Every tensor of the checkpoint by a flat name: ``param/<fqn>``, ``optimizer/<fqn>/<kind>``."""
+    named = {f"param/{fqn}": t for fqn, t in meta.params.items()}
+    if meta.optimizer is not None:
+        for fqn, kinds in meta.optimizer.states.items():
+            named.update({f"optimizer/{fqn}/{kind}": t for kind, t in kinds.items()})
+    return named
+
+
+def layout_problems(meta: Checkpoint) -> list[str]:
+    """Shards that do not tile their tensor, or whose bytes lie outside their file."""
+    problems = []
+    for name, tensor in sorted(saved_tensors(meta).items()):
+        tiling = tiling_problem(tensor.shape, [(s.offset, s.shape) for s in tensor.shards])
+        if tiling:
+            problems.append(f"{name}: {tiling}")
+        for shard in tensor.shards:
+            end = shard.byte_offset + math.prod(shard.shape) * DTYPE_BYTES[tensor.dtype]
+            if shard.file not in meta.files:
+                problems.append(f"{name}: shard file {shard.file!r} is not listed in files")
+            elif end > meta.files[shard.file]:
+                problems.append(f"{name}: a shard ends at byte {end} of {shard.file!r}, which has {meta.files[shard.file]}")
+    return problems
+
+
+def tiling_problem(shape: list[int], boxes: list[tuple[list[int], list[int]]]) -> str | None:
+    """Why the ``(offset, shape)`` boxes do not tile a tensor of ``shape`` exactly once, or
+    None. Shards of a placement form a grid: along each dim their intervals partition the dim,
+    and every cell of the grid is one box.
+
+    Example::
+
+        >>> tiling_problem([4, 6], [([0, 0], [2, 6]), ([2, 0], [2, 6])])
+        >>> tiling_problem([4, 6], [([0, 0], [2, 6])])
+        'the shards cover rows 0..2 of dim 0, not all 4'
+    """
+    if any(len(off) != len(shape) or len(size) != len(shape) for off, size in boxes):
+        return f"a shard's offset or shape does not have {len(shape)} dims"
+    for dim, n in enumerate(shape):
+        intervals = sorted({(off[dim], off[dim] + size[dim]) for off, size in boxes})
+        end = 0
+        for start, stop in intervals:
+            if start != end:
+                return f"the shards of dim {dim} overlap or leave a gap at {end}"
+            end = stop
+        if end != n:
+            return f"the shards cover rows 0..{end} of dim {dim}, not all {n}"
+    if len({tuple(off) for off, _ in boxes}) != len(boxes) or len(boxes) != math.prod(
+        len({(off[d], size[d]) for off, size in boxes}) for d in range(len(shape))
+    ):
+        return "the shards do not form one grid (a piece is missing or written twice)"
+    return None
