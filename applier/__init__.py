@@ -25,7 +25,7 @@ def __getattr__(name: str) -> Any:
 
         return apply_plan
     if name in ("save_checkpoint", "load_checkpoint", "export_checkpoint"):
-        from . import checkpoint
+        from autodist.applier import checkpoint
 
         return getattr(checkpoint, name)
     raise AttributeError(f"module 'autodist.applier' has no attribute {name!r}")

@@ -56,9 +56,9 @@ from autodist.schemas.checkpoint import (
 )
 from autodist.schemas.plan import DTYPE_BYTES
 
-from .apply import applied_plan
-from .layout import assemble, distinct_shards, rank_coords, shard_box
-from .optimizer import optimizer_parameters
+from autodist.applier.apply import applied_plan
+from autodist.applier.layout import assemble, distinct_shards, rank_coords, shard_box
+from autodist.applier.optimizer import optimizer_parameters
 
 #: The state kind of an optimizer's fp32 master copy of a low-precision parameter.
 MASTER_WEIGHT = "master_weight"

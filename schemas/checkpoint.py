@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from .plan import DTYPE_BYTES, Base, DType, Fqn, Mesh, NonNegativeInt, PositiveInt, Sha256, Strategy
+from autodist.schemas.plan import DTYPE_BYTES, Base, DType, Fqn, Mesh, NonNegativeInt, PositiveInt, Sha256, Strategy
 
 CHECKPOINT_FORMAT = "autodist.checkpoint"
 CHECKPOINT_VERSION = 1
