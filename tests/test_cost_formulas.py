@@ -137,3 +137,114 @@ def test_implicit_collectives_add_their_bytes_and_latency_to_mp_time():
     per_micro_batch = 3 * 2 * 3 * H100.intra_node_latency_s + 1000.0 * tokens / H100.intra_node_bandwidth
     assert extra.mp_comm_s - plain.mp_comm_s == pytest.approx(2 * per_micro_batch)
     assert extra.estimate.comm_bytes.implicit == 2 * 1000 * tokens
+
+
+# -- overlap -------------------------------------------------------------------------------------------
+
+
+def test_overlap_hides_all_but_one_piece_while_compute_is_longer():
+    from autodist.planner.cost.step_time import overlapped
+
+    assert overlapped(1.0, 10.0, 4) == pytest.approx(0.25)  # 1/4 exposed, the rest behind compute
+    # Communication-bound: 4 pieces of 2.5 s against 4 of 1 s run 4 x 2.5 + 1 = 11 s, 4 s of compute.
+    assert overlapped(10.0, 4.0, 4) == pytest.approx(7.0)
+    assert overlapped(3.0, 5.0, 1) == pytest.approx(3.0)  # one piece: nothing to overlap with
+    assert overlapped(0.0, 5.0, 4) == 0.0
+
+
+def _dp_model(layers: int, params_per_block: int, flops_per_token: float) -> ModelCost:
+    block = BlockCost(layer="b", params_whole=params_per_block, flops_per_token=flops_per_token)
+    return ModelCost(blocks=(block,) * layers, hidden_size=1, traced_batch=1, traced_seq=1024)
+
+
+def _dp_times(zero: int, flops_per_token: float, m: int = 1):
+    """(exposed dp seconds, forward s, backward s per micro-batch, one block's all-gather s) for
+    dp8 over 4 blocks of 1e8 bf16 parameters on one H100 node."""
+    model = _dp_model(4, 10**8, flops_per_token)
+    setup = Setup(device=H100, devices_per_node=8, nodes=1, seq_len=1024, global_batch=8 * m)
+    result = estimate(StageTable(model), Strategy(dp=8, sharding_stage=zero, micro_batches=m), setup)
+    rate = H100.peak_flops["bf16"] * MATMUL_EFFICIENCY
+    forward = 4 * flops_per_token * 1024 / rate
+    link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
+    block_gather = all_gather_time(2e8, 8, link)
+    return result.dp_comm_s, forward, 2 * forward, block_gather
+
+
+def test_dp_all_reduce_hides_behind_backward_but_the_last_bucket():
+    exposed, _, backward, _ = _dp_times(0, 1e9)
+    link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
+    total = all_reduce_time(8e8, 8, link)
+    assert total < backward / 4  # each bucket shorter than a block's backward
+    assert exposed == pytest.approx(total / 4)
+
+
+def test_zero3_gathers_hide_behind_the_previous_block_except_the_first():
+    # Compute-bound: per micro-batch, one block's gather exposed in forward and one in backward;
+    # the gradient reduce-scatter (as big as all four gathers) adds its last piece in backward.
+    exposed, forward, backward, gather = _dp_times(3, 1e9)
+    assert gather < forward / 4
+    link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
+    reduce = reduce_scatter_time(8e8, 8, link)
+    assert exposed == pytest.approx(gather + (4 * gather + reduce) / 4)
+    # Two micro-batches: the gathers happen in each one's forward and backward.
+    exposed2, *_ = _dp_times(3, 1e9, m=2)
+    assert exposed2 == pytest.approx(exposed + 2 * gather)
+
+
+def test_zero3_gathers_are_exposed_when_compute_is_short():
+    exposed, forward, backward, gather = _dp_times(3, 1e3)  # almost no compute
+    link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
+    reduce = reduce_scatter_time(8e8, 8, link)
+    fwd = (4 * gather + 3 * (4 * gather - forward)) / 4
+    bwd = (4 * gather + reduce + 3 * (4 * gather + reduce - backward)) / 4
+    assert exposed == pytest.approx(fwd + bwd)
+    assert exposed == pytest.approx(8 * gather + reduce - 3 / 4 * (forward + backward))
+
+
+def test_zero12_gather_updated_parameters_after_the_step():
+    exposed, _, _, _ = _dp_times(1, 1e9)
+    link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
+    reduce, gather = reduce_scatter_time(8e8, 8, link), all_gather_time(8e8, 8, link)
+    assert exposed == pytest.approx(reduce / 4 + gather)
+
+
+def test_tensor_parallel_all_reduces_are_exposed():
+    block = BlockCost(layer="b", flops_per_token=1e9, allreduce_fwd_per_token=1000, allreduce_fwd_count=2,
+                      allreduce_bwd_per_token=1000, allreduce_bwd_count=2)
+    model = ModelCost(blocks=(block,) * 2, hidden_size=1000, traced_batch=1, traced_seq=1024)
+    setup = Setup(device=H100, devices_per_node=4, nodes=1, seq_len=1024, global_batch=1)
+    result = estimate(StageTable(model), Strategy(mp=4), setup)
+    link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
+    one_way = all_reduce_time(2 * 1000 * 1024 * 2, 4, link, 4)
+    assert result.mp_comm_s == pytest.approx(2 * one_way)
+    assert result.estimate.step_time_s == pytest.approx(result.compute_s + result.mp_comm_s)
+
+
+# -- VPP -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("pp", "m"), [(2, 4), (4, 8), (4, 4)])
+def test_vpp_bubble_is_v_times_smaller(pp, m):
+    from autodist.planner.cost.step_time import VPP_CHUNKS
+
+    table = StageTable(_compute_only_model(8))
+    flat = estimate(table, Strategy(), _setup(1, m)).estimate.step_time_s
+    vpp = estimate(table, Strategy(pp=pp, micro_batches=m, schedule="VPP"), _setup(pp, m))
+    ideal = flat / pp
+    assert vpp.bubble_s == pytest.approx(ideal * (pp - 1) / (VPP_CHUNKS * m))
+    assert vpp.estimate.step_time_s == pytest.approx(ideal * (1 + (pp - 1) / (VPP_CHUNKS * m)))
+
+
+def test_vpp_hands_off_v_times_as_often():
+    from autodist.planner.cost.step_time import VPP_CHUNKS
+
+    block = BlockCost(layer="b", flops_per_token=1e9, output_per_token=4096)
+    model = ModelCost(blocks=(block,) * 8, hidden_size=4096, traced_batch=1, traced_seq=1024)
+    setup = _setup(2, 4)
+    one = estimate(StageTable(model), Strategy(pp=2, micro_batches=4, schedule="1F1B"), setup)
+    vpp = estimate(StageTable(model), Strategy(pp=2, micro_batches=4, schedule="VPP"), setup)
+    assert vpp.estimate.comm_bytes.pp == VPP_CHUNKS * one.estimate.comm_bytes.pp
+    handoff = 4096 * 1024 * 2
+    assert one.estimate.comm_bytes.pp == 4 * 2 * handoff
+    link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
+    assert vpp.pp_comm_s == pytest.approx(4 * 2 * VPP_CHUNKS * p2p_time(handoff, link))

@@ -352,6 +352,4 @@ def _strategy_notes(cost: ModelCost, strategy: Strategy) -> list[str]:
     if strategy.mp > 1 and cost.vocab_size and cost.vocab_size % strategy.mp:
         notes.append(f"vocabulary {cost.vocab_size} does not divide by mp={strategy.mp}: embedding and LM head "
                      "stay replicated over mp (priced so)")
-    if strategy.schedule == "VPP":
-        notes.append("VPP is priced like 1F1B (its smaller bubble is not modelled)")
     return notes

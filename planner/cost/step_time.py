@@ -7,23 +7,36 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   recompute, at ``MATMUL_EFFICIENCY`` of the device's peak;
 - tensor parallelism: each block's all-reduces (all-gather + reduce-scatter of the same size
   with sequence parallelism, which the ring model prices the same) on the mp group's link,
-  not overlapped with compute;
-- pipeline: a send of the block output forward and of its gradient backward per stage boundary;
-  1F1B (and VPP, priced the same) takes (m + pp - 1) slots of the slowest stage, which is the
-  bubble (pp - 1)/m; ``sequential`` runs stages one after another, no overlap at all;
-- data parallelism: the gradient all-reduce (ZeRO 1/2: reduce-scatter, then an all-gather of
-  the updated parameters; ZeRO 3: reduce-scatter, plus an all-gather of the parameters in
-  forward and backward of every micro-batch) overlaps with the backward pass except for the
-  last bucket, as DDP-style bucketing does (Li et al., "PyTorch Distributed", VLDB 2020);
-  parameter all-gathers are exposed.
+  exposed: Megatron-LM's and Paddle's tensor-parallel layers call the collective and wait for
+  it before the next matmul (Shoeybi et al. 2019, sec. 3; Paddle's ``mp_ops._mp_allreduce``);
+  Paddle has no compute/communication overlap for them that a plan could ask for;
+- pipeline: a send of the block output forward and of its gradient backward per stage boundary,
+  exposed. 1F1B takes (m + pp - 1) slots of the slowest stage, a bubble of (pp - 1)/m;
+  VPP (interleaved 1F1B, ``VPP_CHUNKS`` model chunks per rank) shrinks the bubble to
+  (pp - 1)/(v m) and makes v times as many hand-offs (Narayanan et al., "Efficient Large-Scale
+  Language Model Training on GPU Clusters Using Megatron-LM", SC 2021, sec. 2.2.2);
+  ``sequential`` runs stages one after another, no overlap at all;
+- data parallelism, overlapped as the frameworks do it, each piece of communication split in
+  one piece per block and run as a two-stage pipeline against that block's compute
+  (:func:`overlapped`: one piece is always exposed, the rest hide while compute is longer):
+  the gradient all-reduce (ZeRO 1/2: reduce-scatter) overlaps the last micro-batch's backward,
+  as DDP-style bucketing does (Li et al., "PyTorch Distributed", VLDB 2020, sec. 3.2.3); ZeRO 1/2
+  then all-gather the updated parameters after the optimizer step, exposed; ZeRO 3 all-gathers
+  each block's parameters in the forward and the backward of every micro-batch while the
+  previous block computes (prefetching, Zhao et al., "PyTorch FSDP", VLDB 2023, sec. 3.3.2;
+  Rajbhandari et al., ZeRO, SC 2020, sec. 7.2.2), so only the first block's gather is exposed
+  when the link keeps up; in the last backward the gathers and the gradient reduce-scatter
+  share the link.
 
 Memory is that of the most loaded stage: model states (ZeRO over dp) plus activations for the
-micro-batches in flight (1F1B: stage k holds min(pp - k, m); otherwise one).
+micro-batches in flight (1F1B and VPP: stage k holds min(pp - k, m); otherwise one).
 
 Example::
 
     >>> MATMUL_EFFICIENCY
     0.5
+    >>> overlapped(comm_s=1.0, compute_s=10.0, chunks=4)   # one piece of four exposed
+    0.25
 """
 
 from __future__ import annotations
@@ -50,6 +63,8 @@ from autodist.planner.cost.memory import DTYPE_BYTES, StateBytes, model_state_by
 #: Fraction of peak FLOP/s that transformer training sustains on large matmuls: Megatron-LM
 #: reaches 41-52 % of peak end to end on A100 (Narayanan et al., SC 2021, table 1).
 MATMUL_EFFICIENCY = 0.5
+#: Model chunks per rank under VPP: what the applier's interleaved schedule runs (issue #13).
+VPP_CHUNKS = 2
 #: Part of device memory a plan may use: the rest is CUDA context, allocator fragmentation and
 #: kernel workspaces.
 MEMORY_USABLE = 0.9
@@ -194,7 +209,8 @@ class _Context:
 class _Stage:
     """One pipeline stage's share of one micro-batch (times in seconds, sizes in bytes)."""
 
-    compute_s: float
+    compute_s: float  # forward, backward and recompute
+    backward_s: float  # of which the backward pass (with what full recompute redoes in it)
     mp_s: float
     mp_bytes: float
     implicit_bytes: float
@@ -261,12 +277,13 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     mp, pp, seq, tokens, width = strategy.mp, strategy.pp, setup.seq_len, ctx.tokens, ctx.width
     edges = ([ctx.cost.first] if k == 0 else []) + ([ctx.cost.last] if k == pp - 1 else [])
 
-    # Compute: forward x 3, plus what recompute does again.
+    # Compute: forward, backward twice the forward, plus what recompute does again in backward.
     attention = table.total("flops_per_token_seq", start, stop) * seq / mp
     fwd_blocks = table.total("flops_per_token", start, stop) / mp + attention
-    flops = 3 * (fwd_blocks + sum(e.flops_vocab_per_token / ctx.vocab_div + e.flops_whole_per_token for e in edges))
-    flops += {"full": fwd_blocks, "selective": attention}.get(setup.recompute, 0.0)
-    compute_s = flops * tokens / (setup.device.peak_flops[setup.dtype] * MATMUL_EFFICIENCY)
+    forward = fwd_blocks + sum(e.flops_vocab_per_token / ctx.vocab_div + e.flops_whole_per_token for e in edges)
+    recomputed = {"full": fwd_blocks, "selective": attention}.get(setup.recompute, 0.0)
+    rate = setup.device.peak_flops[setup.dtype] * MATMUL_EFFICIENCY
+    forward_s, backward_s = forward * tokens / rate, (2 * forward + recomputed) * tokens / rate
 
     # Tensor-parallel all-reduces (forward again under full recompute) and implicit collectives.
     mp_link = ctx.link(mp, 1)
@@ -286,6 +303,13 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     if k < pp - 1 and stop > start:
         handoff = ctx.cost.blocks[stop - 1].output_per_token * tokens * width / ctx.act_div
         p2p_s, p2p_bytes = 2 * p2p_time(handoff, ctx.link(pp, mp * strategy.dp)), 2 * handoff
+    if strategy.schedule == "VPP" and stop > start:
+        # Each rank hands each of its chunks on (the last rank wraps around to the first, except
+        # after the model's last chunk): v hand-offs each way, v - 1 on the last rank.
+        sends = VPP_CHUNKS if k < pp - 1 else VPP_CHUNKS - 1
+        handoff = ctx.cost.blocks[stop - 1].output_per_token * tokens * width / ctx.act_div
+        one = p2p_time(handoff, ctx.link(pp, mp * strategy.dp))
+        p2p_s, p2p_bytes = 2 * sends * one, 2 * sends * handoff
 
     # Memory: model states under ZeRO, activations per micro-batch in flight.
     params = (table.total("params_split", start, stop) / mp + table.total("params_whole", start, stop)
@@ -297,7 +321,7 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     working = 0.0
     if setup.recompute == "full" and table.largest_block is not None and stop > start:
         working = tokens * _block_activation_bytes(table.largest_block, mp, ctx.act_div, seq, width)
-    return _Stage(compute_s, mp_s, mp_bytes, implicit_bytes, p2p_s, p2p_bytes, states, tokens * per_token,
+    return _Stage(forward_s + backward_s, backward_s, mp_s, mp_bytes, implicit_bytes, p2p_s, p2p_bytes, states, tokens * per_token,
                   working, params)
 
 
@@ -320,27 +344,46 @@ def _pipeline_time(strategy: Strategy, stage_times: list[float]) -> tuple[float,
     if strategy.schedule == "sequential":
         total = m * sum(stage_times)
     else:
-        total = (m + pp - 1) * slowest  # 1F1B: bubble (pp - 1) / m of the ideal
+        chunks = VPP_CHUNKS if strategy.schedule == "VPP" else 1
+        total = (m + (pp - 1) / chunks) * slowest  # bubble (pp - 1) / (v m) of the ideal
     return total, total - m * slowest
+
+
+def overlapped(comm_s: float, compute_s: float, chunks: int) -> float:
+    """Exposed seconds of ``comm_s`` of communication run in ``chunks`` equal pieces against
+    ``compute_s`` of compute in as many pieces, each piece of communication overlapping one of
+    compute (a two-stage pipeline: a gather ahead of the block that needs it, a bucket's
+    reduction after the block that made it). One piece is always exposed; the others hide
+    while compute is the longer stage.
+
+    >>> overlapped(1.0, 10.0, 4), overlapped(10.0, 4.0, 4)   # 4 x 2.5 + 1 = 11 = 4 + 7
+    (0.25, 7.0)
+    """
+    if comm_s <= 0:
+        return 0.0
+    n = max(chunks, 1)
+    return (comm_s + (n - 1) * max(0.0, comm_s - compute_s)) / n
 
 
 def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, float]:
     """(exposed seconds, bytes sent) of one stage's data-parallel synchronisation per step."""
-    dp, zero = ctx.strategy.dp, ctx.strategy.sharding_stage
+    dp, zero, m = ctx.strategy.dp, ctx.strategy.sharding_stage, ctx.strategy.micro_batches
     link = ctx.link(dp, ctx.strategy.mp)
-    grad_bytes = stage.params * ctx.width
+    state_bytes = stage.params * ctx.width
+    chunks = max(num_blocks, 1)
     if zero == 0:
-        sync, after, sent = all_reduce_time(grad_bytes, dp, link), 0.0, all_reduce_bytes(grad_bytes, dp)
-    else:
-        sync = reduce_scatter_time(grad_bytes, dp, link)
-        # Parameters gathered after the step (ZeRO 1/2), or in each forward and backward (ZeRO 3).
-        gathers = 1 if zero < 3 else 2 * ctx.strategy.micro_batches
-        after = all_gather_time(gathers * grad_bytes, dp, link, gathers)
-        sent = (1 + gathers) * all_gather_bytes(grad_bytes, dp)
-    backward_s = stage.compute_s * 2 / 3
-    # Bucketed: hidden behind the backward pass, except the last bucket (about one block's worth).
-    exposed = max(sync - backward_s, sync / (num_blocks + 1)) if sync > 0 else 0.0
-    return exposed + after, sent
+        return overlapped(all_reduce_time(state_bytes, dp, link), stage.backward_s, chunks), \
+            all_reduce_bytes(state_bytes, dp)
+    reduce = reduce_scatter_time(state_bytes, dp, link)
+    if zero < 3:
+        # Updated parameters are gathered after the optimizer step: nothing left to hide behind.
+        after = all_gather_time(state_bytes, dp, link)
+        return overlapped(reduce, stage.backward_s, chunks) + after, 2 * all_gather_bytes(state_bytes, dp)
+    gather = all_gather_time(state_bytes, dp, link, chunks)  # one block at a time
+    forward_s = stage.compute_s - stage.backward_s
+    exposed = (m * overlapped(gather, forward_s, chunks) + (m - 1) * overlapped(gather, stage.backward_s, chunks)
+               + overlapped(gather + reduce, stage.backward_s, chunks))
+    return exposed, (1 + 2 * m) * all_gather_bytes(state_bytes, dp)
 
 
 def _stage_activation_bytes(table: StageTable, start: int, stop: int, mp: int, act_div: int, seq: int,
