@@ -140,7 +140,9 @@ def load_checkpoint(
     problems = _model_problems(model, meta)
     if optimizer is not None:
         problems += _optimizer_problems(model, optimizer, meta)
-    problems += _scheduler_problems(scheduler, meta) + _file_problems(path, meta)
+    if optimizer is not None or scheduler is not None:  # not when loading only the model (evaluation)
+        problems += _scheduler_problems(scheduler, meta)
+    problems += _file_problems(path, meta)
     _raise_first(problems, path)
     targets = {f"param/{fqn}": p for fqn, p in model.named_parameters()}
     if optimizer is not None and meta.optimizer is not None:
@@ -149,7 +151,7 @@ def load_checkpoint(
     files = _MappedFiles(path / meta.data)
     for name in sorted(targets):
         _fill(targets[name], saved[name], files)
-    if scheduler is not None:
+    if scheduler is not None and meta.scheduler is not None:
         scheduler.set_state_dict(dict(meta.scheduler.state))
     return meta
 

@@ -32,6 +32,14 @@ class TrainRun:
     #: "paddle": plain ``dist.reshard``. "via_replicate": the TEST-ONLY CPU stand-in of
     #: :mod:`harness.cpu_substitutes` for the P->S / S(i)->S(j) reshards gloo cannot do.
     reshard: str = "paddle"
+    #: Checkpoints: a resumed run loads ``load_checkpoint`` (saved at step ``first_step``) after
+    #: distributing, then trains batches ``first_step ..`` of the same data; ``save_checkpoint``
+    #: is written after training, at step ``first_step + steps``.
+    first_step: int = 0
+    load_checkpoint: str | None = None
+    save_checkpoint: str | None = None
+    #: TEST-ONLY: this rank kills itself half-way through writing its part of the save.
+    kill_rank_during_save: int | None = None
 
     def __post_init__(self):
         # A typo in a test's configuration fails here, not later inside every rank.
@@ -39,6 +47,10 @@ class TrainRun:
             raise ValueError(f"{self.name}: method must be one of {METHODS}, reshard one of {RESHARDS}")
         if (self.method == "autodist") != (self.plan is not None):
             raise ValueError(f"{self.name}: a plan is needed by method 'autodist' and only by it")
+        if (self.first_step > 0) != (self.load_checkpoint is not None):
+            raise ValueError(f"{self.name}: a run starts after step 0 when, and only when, it loads a checkpoint")
+        if self.kill_rank_during_save is not None and self.save_checkpoint is None:
+            raise ValueError(f"{self.name}: kill_rank_during_save needs a save_checkpoint")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ replicated numpy array, the parameters training left unchanged, and how each par
 out on this rank (so a test can check the plan was really applied, not just that training
 still works).
 
+A run may load a checkpoint before training and save one after (``autodist.load_checkpoint`` /
+``save_checkpoint``), to prove a run resumed under another plan trains on unchanged.
+
 For each :class:`~harness.jobs.BadPlanCase`: call ``apply_plan`` and record the ``PlanError``
 (message, seconds taken, whether model and optimizer were left untouched) in
 ``bad_plans.rank<R>.json``.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -81,13 +85,26 @@ def run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
 
 def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
     workload = WORKLOADS[run.workload]
-    model = workload.build(run.seed)
+    # A resumed run starts from other weights: only the checkpoint can make them right.
+    model = workload.build(run.seed + 1 if run.load_checkpoint else run.seed)
     optimizer, schedule = make_optimizer(run.optimizer, model.parameters())
-    loader = make_loader(workload, run.steps, run.seed)
+    loader = make_loader(workload, run.steps, run.seed, first_step=run.first_step)
     model, optimizer, loader, apply_seconds = distribute(run, model, optimizer, loader, world)
+    if run.load_checkpoint:
+        from autodist import load_checkpoint
+
+        step = load_checkpoint(model, optimizer, run.load_checkpoint).step
+        if step != run.first_step:
+            raise AssertionError(f"{run.name}: the checkpoint was saved at step {step}, the run starts at {run.first_step}")
     before = {fqn: to_numpy(p) for fqn, p in model.named_parameters()}
     losses = train(workload, model, optimizer, schedule, loader, run.steps)
     after = {fqn: to_numpy(p) for fqn, p in model.named_parameters()}
+    if run.save_checkpoint:
+        from autodist import save_checkpoint
+
+        if run.kill_rank_during_save == rank:
+            die_half_way_through_the_save()
+        save_checkpoint(model, optimizer, run.save_checkpoint, step=run.first_step + run.steps)
     result = {
         "run": run.name,
         "rank": rank,
@@ -101,6 +118,22 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
         "optimizer_states": optimizer_state_layout(optimizer),
     }
     output_path(out_dir, run.name, rank).write_text(json.dumps(result))
+
+
+def die_half_way_through_the_save() -> None:
+    """TEST-ONLY: make this rank write half of its first piece, then SIGKILL itself, as a rank
+    of a job killed during a save would."""
+    import autodist.applier.checkpoint as checkpoint
+
+    def half_then_die(folder, mine):
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / mine[0][1].file, "wb") as f:
+            data = mine[0][0].numpy().tobytes()
+            f.write(data[: len(data) // 2])
+            f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    checkpoint._write_pieces = half_then_die
 
 
 def run_bad_plan(case: BadPlanCase, rank: int, let_escape: bool) -> dict:

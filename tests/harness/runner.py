@@ -10,7 +10,6 @@ Example::
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from .jobs import BadPlanCase, Job, TrainRun, output_path
@@ -62,8 +61,9 @@ def check_bad_plans(
 
 
 def reference_key(run: TrainRun) -> str:
-    """Runs that differ only in how they are distributed share one single-device reference."""
-    return f"{run.workload}-{run.optimizer}-{run.steps}steps-seed{run.seed}"
+    """Runs that differ only in how they are distributed share one single-device reference;
+    a run resumed from a checkpoint is compared with the uninterrupted run up to its last step."""
+    return f"{run.workload}-{run.optimizer}-{run.first_step + run.steps}steps-seed{run.seed}"
 
 
 class ReferenceRuns:
@@ -83,7 +83,10 @@ class ReferenceRuns:
         todo = {reference_key(r): r for r in runs if reference_key(r) not in self.results}
         if not todo:
             return
-        singles = [replace(r, name=key, method="single", plan=None, reshard="paddle") for key, r in todo.items()]
+        singles = [
+            TrainRun(key, r.workload, optimizer=r.optimizer, method="single", steps=r.first_step + r.steps, seed=r.seed)
+            for key, r in todo.items()
+        ]
         workdir = self.workdir / f"reference{len(self.results)}"
         outputs = train_distributed(singles, 1, workdir)
         self.results.update({key: out[0] for key, out in outputs.items()})

@@ -110,9 +110,12 @@ class TokenDataset(paddle.io.Dataset):
         return len(self.inputs)
 
 
-def make_loader(workload: Workload, steps: int, seed: int) -> paddle.io.DataLoader:
-    """``steps`` global batches of ``BATCH`` sequences, in a fixed order (no shuffling)."""
-    dataset = TokenDataset(workload.vocab_size, steps * BATCH, seed)
+def make_loader(workload: Workload, steps: int, seed: int, first_step: int = 0) -> paddle.io.DataLoader:
+    """``steps`` global batches of ``BATCH`` sequences, in a fixed order (no shuffling),
+    starting at batch ``first_step`` of the seed's stream (where a resumed run goes on)."""
+    dataset = TokenDataset(workload.vocab_size, (first_step + steps) * BATCH, seed)
+    if first_step:
+        dataset = paddle.io.Subset(dataset, list(range(first_step * BATCH, len(dataset))))
     sampler = paddle.io.BatchSampler(dataset, batch_size=BATCH, shuffle=False, drop_last=True)
     return paddle.io.DataLoader(dataset, batch_sampler=sampler)
 
