@@ -2,7 +2,7 @@
 
 For the docstring Llama (``plans/llama_docstring/model.py``) at hidden 4096 and 4, 16, 32 and 80
 layers, each in a fresh process (so peak RSS is that run's own): load under ``LazyGuard``, trace,
-graph, match + analysis, search, emit; then, in another fresh process, the time
+graph, match + analysis, cost + search, emit (``planner/driver.py``, as the CLI runs them); then, in another fresh process, the time
 ``paddle.distributed.to_distributed`` takes to convert the same model as rank 0 of a 4-rank world
 (its own tracing + matching + sharding; lazily built first, eagerly where that fails and fits).
 
@@ -13,6 +13,7 @@ The numbers go to docs/benchmarks.md by hand, with the machine they came from.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -35,42 +36,35 @@ def peak_rss_mb() -> float:
 
 
 def plan_once(layers: int) -> dict:
-    """One planning run, timed stage by stage (runs inside the child process)."""
-    from autodist.planner.recognise.analysis import analyze
-    from autodist.planner.emit import build_plan
-    from autodist.planner.graph import build_graph
-    from autodist.planner.load import load_target
-    from autodist.planner.cost.search import SearchRequest, search
-    from autodist.planner.trace import trace_model
+    """One planning run, as the CLI runs it, timed stage by stage (runs inside the child process)."""
+    from autodist.planner import driver
+    from autodist.planner.cost.search import SearchRequest
 
-    times = {}
+    timer = StageTimer()
     cpu_start = time.process_time()
-    start = last = time.perf_counter()
+    start = time.perf_counter()
+    made = driver.plan_target(str(MODEL), None, SearchRequest(devices_per_node=8), {"target": str(MODEL)}, timer)
+    times = {"total": time.perf_counter() - start,
+             # CPU seconds of this process: less sensitive than wall time to other work on the machine.
+             "cpu": time.process_time() - cpu_start}
+    stage = dict(zip(driver.STAGES, timer.seconds))
+    times.update(load=stage["load"], trace=stage["trace"], graph=stage["graph"], match=stage["analyse"],
+                 search=stage["cost"] + stage["search"], emit=stage["emit"])
+    return {"layers": layers, "ops": len(made.traced.ops), "nodes": made.analysis.graph.number_of_nodes(),
+            "blocks": len(made.analysis.blocks), **times, "peak_rss_mb": peak_rss_mb()}
 
-    def lap(name):
-        nonlocal last
-        now = time.perf_counter()
-        times[name] = now - last
-        last = now
 
-    loaded = load_target(str(MODEL))
-    lap("load")
-    traced = trace_model(loaded.model, loaded.input_specs)
-    lap("trace")
-    graph = build_graph(traced)
-    lap("graph")
-    analysis = analyze(traced, graph, loaded.model)
-    lap("match")
-    request = SearchRequest(devices_per_node=8)
-    result = search(analysis, request)
-    lap("search")
-    build_plan(analysis, result, request, {"target": str(MODEL)})
-    lap("emit")
-    times["total"] = time.perf_counter() - start
-    # CPU seconds of this process: less sensitive than wall time to other work on the machine.
-    times["cpu"] = time.process_time() - cpu_start
-    return {"layers": layers, "ops": len(traced.ops), "nodes": graph.number_of_nodes(),
-            "blocks": len(analysis.blocks), **times, "peak_rss_mb": peak_rss_mb()}
+class StageTimer:
+    """A quiet :class:`autodist.planner.progress.Progress` that keeps each step's wall time, in order."""
+
+    def __init__(self):
+        self.seconds: list[float] = []
+
+    @contextlib.contextmanager
+    def step(self, what: str):
+        start = time.perf_counter()
+        yield
+        self.seconds.append(time.perf_counter() - start)
 
 
 def to_distributed_once(layers: int) -> dict:

@@ -18,11 +18,9 @@ from pathlib import Path
 
 import paddle
 
-from autodist.planner.recognise.analysis import analyze
+from autodist.planner import driver
 from autodist.planner.cost.graph_cost import model_cost
-from autodist.planner.graph import build_graph
 from autodist.planner.cost.search import SearchRequest, describe, search
-from autodist.planner.trace import trace_model
 
 MODEL_FILE = Path(__file__).resolve().parents[1] / "plans" / "llama_docstring" / "model.py"
 CLUSTERS = [(8, 1), (8, 2), (8, 8), (8, 64), (8, 128)]  # (devices per node, nodes)
@@ -44,8 +42,7 @@ def main() -> None:
     for layers in (32, 80):
         with paddle.LazyGuard():
             model = module.build_model(num_layers=layers, hidden_size=4096)
-        program = trace_model(model, module.input_spec())
-        analysis = analyze(program, build_graph(program), model)
+        analysis = driver.analyse(model, driver.trace(model, module.input_spec()))
         cost_s, cost = best_time(lambda: model_cost(analysis))
         for devices_per_node, nodes in CLUSTERS:
             request = SearchRequest(devices_per_node=devices_per_node, nodes=nodes)

@@ -24,7 +24,6 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 from importlib import metadata
 
 import msgspec
@@ -45,15 +44,10 @@ from autodist.schemas import (
     Strategy,
 )
 
-from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis, analyze
+from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis
 from autodist.planner.cost.memory import DTYPE_BYTES
-from autodist.planner.errors import PlannerError
-from autodist.planner.graph import build_graph
-from autodist.planner.load import load_target
-from autodist.planner.progress import Progress
-from autodist.planner.cost.search import SearchRequest, SearchResult, search
+from autodist.planner.cost.search import SearchRequest, SearchResult
 from autodist.planner.recognise.spmd import implicit_comm, reshard_hooks
-from autodist.planner.trace import trace_model
 
 MESH_DIM_ORDER = ("pp", "dp", "mp")
 #: Ops that mix information across sequence positions: a sub-layer holding one needs the whole
@@ -62,68 +56,6 @@ SEQUENCE_MIXING_OPS = frozenset(
     {"pd_op.softmax", "pd_op.flash_attn", "pd_op.flash_attn_unpadded", "pd_op.memory_efficient_attention",
      "pd_op.fused_dot_product_attention", "pd_op.variable_length_memory_efficient_attention"}
 )
-
-
-@dataclass
-class PlannedModel:
-    plan: Plan
-    analysis: ModelAnalysis
-    result: SearchResult
-
-
-def plan_target(
-    target: str,
-    input_specs: list[str] | None,
-    request: SearchRequest,
-    arguments: dict[str, str],
-    progress: Progress | None = None,
-) -> PlannedModel:
-    """The whole offline phase: load -> trace -> graph -> analyze -> check degrees -> search -> plan.
-
-    >>> made = plan_target("plans/llama_docstring/model.py", None, SearchRequest(devices_per_node=4),
-    ...                    {"target": "plans/llama_docstring/model.py"})   # doctest: +SKIP
-    >>> made.plan.strategy.dp * made.plan.strategy.mp
-    4
-    """
-    progress = progress or Progress(quiet=True)
-    with progress.step(f"loading {target}"):
-        loaded = load_target(target, input_specs)
-    with progress.step(f"tracing {type(loaded.model).__name__}"):
-        traced = trace_model(loaded.model, loaded.input_specs)
-    with progress.step("matching blocks"):
-        analysis = analyze(traced, build_graph(traced), loaded.model)
-    check_fixed_degrees(analysis, request)
-    if request.schedule is None and not isinstance(loaded.model, paddle.nn.Sequential):
-        # Paddle's 1F1B / VPP schedules run a chain of stage modules, which apply_plan can cut only
-        # out of a paddle.nn.Sequential; any other model pipelines by stage hand-offs.
-        request = replace(request, schedule="sequential")
-    with progress.step(f"searching strategies for {request.world} devices"):
-        result = search(analysis, request)
-    return PlannedModel(plan=build_plan(analysis, result, request, arguments), analysis=analysis, result=result)
-
-
-def check_fixed_degrees(analysis: ModelAnalysis, request: SearchRequest) -> None:
-    """Reject degrees the user fixed that this model cannot take, with the reason in one line.
-
-    The search re-checks everything; this names the user's own option when it is the culprit.
-    """
-    if request.mp is not None and request.mp > 1:
-        if not analysis.blocks:
-            raise PlannerError(f"--mp {request.mp}: no transformer block was recognised, so there is nothing to split "
-                               "over mp (use --dp only)")
-        for block in analysis.blocks:
-            for what, size in (("attention heads", block.num_heads), ("KV heads", block.num_kv_heads),
-                               ("intermediate size", block.intermediate_size)):
-                if size % request.mp:
-                    raise PlannerError(f"--mp {request.mp} does not divide the {size} {what} of {block.layer}")
-    tied_head = analysis.lm_head is not None and analysis.lm_head.weight == analysis.embedding
-    if request.pp is not None and request.pp > 1 and tied_head:
-        raise PlannerError(f"--pp {request.pp}: the embedding and the LM head share one weight "
-                           f"({analysis.embedding}), which apply_plan cannot split across pipeline stages; "
-                           "untie them (e.g. tie_word_embeddings=False) or plan without pp")
-    if request.pp is not None and request.pp > max(len(analysis.blocks), 1):
-        raise PlannerError(f"--pp {request.pp} is more than the {len(analysis.blocks)} blocks of the model "
-                           "(each stage needs at least one block)")
 
 
 def build_plan(
@@ -165,8 +97,7 @@ def build_plan(
             input_stage=0,
             label_stage=strategy.pp - 1,
         ),
-        implicit_comm=implicit_comm(analysis, strategy.mp, strategy.sequence_parallel,
-                                    dtype_bytes=DTYPE_BYTES[request.dtype], hooks=fused_gathers),
+        implicit_comm=implicit_comm(analysis, strategy.mp, dtype_bytes=DTYPE_BYTES[request.dtype], hooks=fused_gathers),
         estimate=result.best.estimate,
         alternatives=Alternatives(accepted=list(result.accepted), rejected=list(result.rejected)),
         notes=_unique(notes),

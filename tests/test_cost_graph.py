@@ -229,10 +229,10 @@ def test_fused_projections_pay_for_the_gathers_paddle_inserts():
     from autodist.planner.cost.graph_cost import implicit_collectives
 
     model, program, graph = traced("phi3")
-    fused = implicit_collectives(analyze(program, graph, model), mp=2, sequence_parallel=False, dtype_bytes=2)
+    fused = implicit_collectives(analyze(program, graph, model), mp=2, dtype_bytes=2)
     assert fused.count > 0 and fused.sent_per_token > 0
     model, program, graph = traced("docstring")
-    unfused = implicit_collectives(analyze(program, graph, model), mp=2, sequence_parallel=False, dtype_bytes=2)
+    unfused = implicit_collectives(analyze(program, graph, model), mp=2, dtype_bytes=2)
     assert unfused.count == 0 and unfused.sent_per_token == 0
 
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autodist.planner.emit import plan_target
+from autodist.planner.driver import plan_target
 from autodist.planner.cost.search import SearchRequest
 
 ROOT = Path(__file__).resolve().parents[1]

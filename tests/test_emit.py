@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autodist.planner.emit import block_stages, build_mesh, plan_target
+from autodist.planner.driver import plan_target
+from autodist.planner.emit import block_stages, build_mesh
 from autodist.planner.errors import PlannerError
 from autodist.planner.cost.search import SearchRequest
 from autodist.schemas import Strategy, check_plan

@@ -8,6 +8,7 @@ intermediate size 4096 and vocabulary 8000) and a GPT-2-small-sized model from
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -17,15 +18,15 @@ import pytest
 from models import gpt
 from models.traced import docstring_module, traced
 
+from autodist.planner import driver
 from autodist.planner.recognise.analysis import analyze
 from autodist.planner.cost.comm import group_within_node
+from autodist.planner.cost.graph_cost import model_cost
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.step_time import MEMORY_USABLE, Setup, StageTable, estimate
 from autodist.planner.errors import PlannerError
 from autodist.planner.cost.explain import explain_table
-from autodist.planner.graph import build_graph
 from autodist.planner.cost.search import SearchRequest, describe, search
-from autodist.planner.trace import trace_model
 from autodist.schemas import Strategy
 
 H100, A100_40 = PROFILES["h100-sxm"], PROFILES["a100-40g"]
@@ -34,8 +35,7 @@ H100, A100_40 = PROFILES["h100-sxm"], PROFILES["a100-40g"]
 def _analyse_lazily(build, specs):
     with paddle.LazyGuard():
         model = build()
-    program = trace_model(model, specs)
-    return analyze(program, build_graph(program), model)
+    return driver.analyse(model, driver.trace(model, specs))
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,19 @@ def test_fixed_degrees_constrain_the_search(llama_3b8):
         assert candidate.strategy.mp == 4 and candidate.strategy.sequence_parallel
     pinned = search(llama_3b8, SearchRequest(devices_per_node=8, dp=2, mp=2, pp=2, micro_batches=4, device=H100))
     best = pinned.best.strategy
-    assert (best.dp, best.mp, best.pp, best.micro_batches, best.schedule) == (2, 2, 2, 4, "1F1B")
+    # The docstring Llama is no paddle.nn.Sequential: the search's default is stage hand-offs.
+    assert (best.dp, best.mp, best.pp, best.micro_batches, best.schedule) == (2, 2, 2, 4, "sequential")
+
+
+def test_default_schedule_is_decided_by_the_search_alone(llama_3b8):
+    """1F1B for a chain of stage modules, stage hand-offs otherwise, a named schedule always wins."""
+    request = SearchRequest(devices_per_node=4, dp=1, mp=2, pp=2, micro_batches=4, device=H100)
+    cost = model_cost(llama_3b8)
+    assert cost.stage_chain is False
+    assert search(cost, request).best.strategy.schedule == "sequential"
+    assert search(dataclasses.replace(cost, stage_chain=True),
+                  request).best.strategy.schedule == "1F1B"
+    assert search(cost, dataclasses.replace(request, schedule="VPP")).best.strategy.schedule == "VPP"
 
 
 @pytest.mark.parametrize(
@@ -159,7 +171,7 @@ def test_micro_batches_below_pp_are_rejected_for_1f1b():
     model, program, graph = traced("gpt")
     analysis = analyze(program, graph, model)
     with pytest.raises(PlannerError) as err:
-        search(analysis, SearchRequest(devices_per_node=2, pp=2, micro_batches=1, device=H100))
+        search(analysis, SearchRequest(devices_per_node=2, pp=2, micro_batches=1, schedule="1F1B", device=H100))
     assert "1 micro-batches < pp=2" in err.value.detail
     # The sequential schedule does not pipeline micro-batches, so one is fine.
     sequential = search(analysis, SearchRequest(devices_per_node=2, pp=2, micro_batches=1, schedule="sequential"))

@@ -129,7 +129,7 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
       autodist-plan model.py --devices 8 --nodes 2 --mp 8 --device h100-sxm --explain -o plan.json
     """
     from autodist.planner.cost.hardware import resolve_device
-    from autodist.planner.emit import plan_target
+    from autodist.planner.driver import plan_target
     from autodist.planner.progress import Progress
     from autodist.planner.cost.search import SearchRequest
 
@@ -201,12 +201,11 @@ def graph(target: str, input_specs: tuple[str, ...], fmt: str, output: str | Non
     Example:
       autodist-plan graph plans/llama_docstring/model.py --format dot -o llama.dot
     """
-    from autodist.planner.graph import build_graph, graph_to_dot, graph_to_json
-    from autodist.planner.load import load_target
-    from autodist.planner.trace import trace_model
+    from autodist.planner import driver
+    from autodist.planner.graph import graph_to_dot, graph_to_json
 
-    loaded = load_target(target, list(input_specs) or None)
-    dataflow = build_graph(trace_model(loaded.model, loaded.input_specs))
+    loaded = driver.load(target, input_specs)
+    dataflow = driver.trace(loaded.model, loaded.input_specs).graph
     if fmt == "json":
         text = json.dumps(graph_to_json(dataflow), indent=1, sort_keys=True) + "\n"
     else:

@@ -7,7 +7,7 @@ Example output (shortened)::
       1  dp8 m1                       412.3   79,480  45.1%   31.2 = 1.9/1.9/11.2/16.2       0/3,400/0
     where the time of #1 goes: compute 380.1 ms, mp 0.0, dp 32.2, pp 0.0, bubble 0.0
     rejected:
-      dp1 mp1 pp8: pp=8 is more than the 4 blocks to split into stages
+      dp1 mp1 pp8: pp=8 is more than the 4 blocks of the model (each stage needs at least one block)
 """
 
 from __future__ import annotations

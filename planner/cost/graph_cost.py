@@ -297,7 +297,7 @@ def model_cost(analysis: ModelAnalysis) -> ModelCost:
     return ModelCost(blocks=tuple(blocks), hidden_size=int(blocks[0].output_per_token) if blocks else 0,
                      vocab_size=analysis.vocab_size, first=first, last=last, tied_vocab_params=tied,
                      traced_batch=batch, traced_seq=analysis.seq_len if analysis.seq_len > 0 else seq,
-                     notes=tuple(notes))
+                     stage_chain=analysis.sequential, notes=tuple(notes))
 
 
 def _roles(linears) -> Roles:
@@ -353,11 +353,11 @@ def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set
     return EdgeCost(**edges["first"]), EdgeCost(**edges["last"]), (numel[tied] if tied else 0), notes
 
 
-def implicit_collectives(analysis: ModelAnalysis, mp: int, sequence_parallel: bool, dtype_bytes: int) -> Implicit:
+def implicit_collectives(analysis: ModelAnalysis, mp: int, dtype_bytes: int) -> Implicit:
     """The implicit communication Paddle's SPMD rules add (bytes one rank sends, forward and
     backward, for the traced input; :func:`autodist.planner.recognise.spmd.implicit_comm`) per traced token."""
     from autodist.planner.recognise.spmd import implicit_comm  # the SPMD-rule replay lives there
 
     tokens, _ = traced_tokens(analysis)
-    found = implicit_comm(analysis, mp, sequence_parallel, dtype_bytes=dtype_bytes)
+    found = implicit_comm(analysis, mp, dtype_bytes=dtype_bytes)
     return Implicit(sent_per_token=sum(c.bytes_per_step for c in found) / tokens, count=len(found))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from autodist.planner.cost.blocks import ModelCost
 from autodist.planner.cost.hardware import FALLBACK_DEVICE, PROFILES
@@ -90,11 +90,11 @@ class _Scored:
     breakdown: Breakdown
 
 
-def search(analysis: ModelAnalysis | ModelCost, request: SearchRequest) -> SearchResult:
+def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchRequest) -> SearchResult:
     """Choose dp, mp, pp, sequence parallelism, ZeRO stage, micro-batches and schedule.
 
-    ``analysis`` is the planner's :class:`ModelAnalysis` (its graph is priced) or, for tests
-    and quick what-ifs, a :class:`ModelCost` written directly. Raises :class:`PlannerError`
+    ``model`` is what :func:`price` made of the planner's :class:`ModelAnalysis` (an analysis
+    is priced first) or, for tests and quick what-ifs, a :class:`ModelCost` written directly. Raises :class:`PlannerError`
     when the request is inconsistent or no strategy fits, naming the memory it would need.
 
     Example::
@@ -102,7 +102,8 @@ def search(analysis: ModelAnalysis | ModelCost, request: SearchRequest) -> Searc
         >>> result = search(analysis, SearchRequest(devices_per_node=8, nodes=2))  # doctest: +SKIP
         >>> print(explain_table(result))                                          # doctest: +SKIP
     """
-    cost, implicit = _cost_of(analysis)
+    priced = _priced(model)
+    cost = priced.cost
     setup = _setup(cost, request)
     table = StageTable(cost)
     width = DTYPE_BYTES[setup.dtype]
@@ -118,13 +119,13 @@ def search(analysis: ModelAnalysis | ModelCost, request: SearchRequest) -> Searc
         # The variant that came closest stands for a mesh none of whose variants works.
         closest: tuple[float, Strategy, str] | None = None
         feasible_before = len(scored)
-        for strategy in _variants(setup, request, dp, mp, pp):
+        for strategy in _variants(cost, setup, request, dp, mp, pp):
             problem = _variant_problem(setup, request, strategy)
             if problem:
                 closest = closest or (math.inf, strategy, problem)
                 continue
             evaluated += 1
-            breakdown = estimate(table, strategy, setup, implicit(mp, strategy.sequence_parallel, width))
+            breakdown = estimate(table, strategy, setup, priced.implicit(mp, width))
             total = breakdown.estimate.memory.total
             if total <= setup.usable_memory:
                 scored.append(_Scored(_rank_key(strategy, breakdown), Candidate(strategy, breakdown.estimate), breakdown))
@@ -152,25 +153,42 @@ def search(analysis: ModelAnalysis | ModelCost, request: SearchRequest) -> Searc
 # -- the request ---------------------------------------------------------------------------------
 
 
-def _cost_of(analysis):
-    """The ModelCost to price, and a function (mp, sp, dtype bytes) -> :class:`Implicit`."""
-    if isinstance(analysis, ModelCost):
-        return analysis, lambda mp, sp, width: None
+@dataclass
+class PricedModel:
+    """The cost stage's result: the model's cost description and its implicit communication."""
+
+    cost: ModelCost
+    #: ``(mp, dtype bytes) -> Implicit``: what Paddle's SPMD rules add at that mp degree (None at mp 1).
+    implicit: Callable[[int, int], Implicit | None]
+
+
+def price(analysis: ModelAnalysis) -> PricedModel:
+    """The cost stage: the analysed graph as a :class:`ModelCost`, and its implicit communication.
+
+    Replaying Paddle's SPMD rules costs tens of ms per call, so it runs once per mp degree and
+    dtype, lazily. Sequence parallelism does not change it (the blocks' interior is the same,
+    see spmd.py).
+    """
     from autodist.planner.cost.graph_cost import implicit_collectives, model_cost
 
-    cost = model_cost(analysis)
-    # Replaying Paddle's SPMD rules costs tens of ms per call: once per mp degree. Sequence
-    # parallelism does not change the result (the blocks' interior is the same, see spmd.py).
     cache: dict[tuple[int, int], Implicit] = {}
 
-    def implicit(mp: int, sp: bool, width: int) -> Implicit | None:
+    def implicit(mp: int, width: int) -> Implicit | None:
         if mp == 1:
             return None
         if (mp, width) not in cache:
-            cache[(mp, width)] = implicit_collectives(analysis, mp, sp, width)
+            cache[(mp, width)] = implicit_collectives(analysis, mp, width)
         return cache[(mp, width)]
 
-    return cost, implicit
+    return PricedModel(cost=model_cost(analysis), implicit=implicit)
+
+
+def _priced(model: ModelAnalysis | ModelCost | PricedModel) -> PricedModel:
+    if isinstance(model, PricedModel):
+        return model
+    if isinstance(model, ModelCost):
+        return PricedModel(cost=model, implicit=lambda mp, width: None)
+    return price(model)
 
 
 def _setup(cost: ModelCost, request: SearchRequest) -> Setup:
@@ -229,27 +247,66 @@ def _meshes(request: SearchRequest) -> Iterator[tuple[int, int, int]]:
 
 def _mesh_problem(cost: ModelCost, setup: Setup, dp: int, mp: int, pp: int) -> str:
     """Why a mesh cannot work whatever its other settings, or ''."""
-    blocks = cost.blocks
-    if mp > 1 and not blocks:
-        return f"mp={mp}: no transformer block was matched, nothing to split over mp"
-    shapes: dict[tuple[int, int, int], str] = {}
-    for block in blocks:  # one check per distinct block shape, named by its first block
-        shapes.setdefault((block.num_heads, block.num_kv_heads, block.intermediate_size), block.layer)
-    for (heads, kv_heads, intermediate), layer in shapes.items():
-        for what, size in (("attention heads", heads), ("KV heads", kv_heads), ("intermediate size", intermediate)):
-            if mp > 1 and size and size % mp:
-                return f"mp={mp} does not divide the {size} {what} of {layer}"
-    if pp > 1 and pp > len(blocks):
-        return f"pp={pp} is more than the {len(blocks)} blocks to split into stages"
-    if pp > 1 and cost.tied_vocab_params:
-        return (f"pp={pp}: the embedding and the LM head share one weight, which would be needed on both the "
-                "first and the last stage; apply_plan cannot split a tied weight across stages")
+    problem = degree_problem(cost, "mp", mp, f"mp={mp}") or degree_problem(cost, "pp", pp, f"pp={pp}")
+    if problem:
+        return problem
     if setup.global_batch % dp:
         return f"global batch {setup.global_batch} does not divide by dp={dp}"
     return ""
 
 
-def _variants(setup: Setup, request: SearchRequest, dp: int, mp: int, pp: int) -> Iterator[Strategy]:
+def degree_problem(cost: ModelCost, axis: str, degree: int, label: str) -> str:
+    """Why this model cannot take ``degree`` on mesh axis ``axis`` (mp or pp), named ``label``, or ''.
+
+    The one rule for both a degree the search tries (``label`` ``"mp=3"``) and one the user
+    fixed (``"--mp 3"``, see :func:`check_fixed_degrees`).
+
+    >>> degree_problem(ModelCost(blocks=(), hidden_size=8), "pp", 2, "--pp 2")
+    '--pp 2 is more than the 0 blocks of the model (each stage needs at least one block)'
+    """
+    blocks = cost.blocks
+    if degree == 1:
+        return ""
+    if axis == "mp":
+        if not blocks:
+            return f"{label}: no transformer block was recognised, so there is nothing to split over mp"
+        shapes: dict[tuple[int, int, int], str] = {}
+        for block in blocks:  # one check per distinct block shape, named by its first block
+            shapes.setdefault((block.num_heads, block.num_kv_heads, block.intermediate_size), block.layer)
+        for (heads, kv_heads, intermediate), layer in shapes.items():
+            for what, size in (("attention heads", heads), ("KV heads", kv_heads), ("intermediate size", intermediate)):
+                if size and size % degree:
+                    return f"{label} does not divide the {size} {what} of {layer}"
+    if axis == "pp":
+        if degree > len(blocks):
+            return f"{label} is more than the {len(blocks)} blocks of the model (each stage needs at least one block)"
+        if cost.tied_vocab_params:
+            return (f"{label}: the embedding and the LM head share one weight, which would be needed on both the "
+                    "first and the last stage; apply_plan cannot split a tied weight across pipeline stages; "
+                    "untie them (e.g. tie_word_embeddings=False) or plan without pp")
+    return ""
+
+
+def check_fixed_degrees(cost: ModelCost, request: SearchRequest) -> None:
+    """Reject an mp or pp the user fixed that this model cannot take, naming the option.
+
+    The search would reject every mesh with it too, but one line about ``--mp`` says more than
+    a table of rejected meshes.
+    """
+    for axis in ("mp", "pp"):
+        degree = getattr(request, axis)
+        problem = degree_problem(cost, axis, degree, f"--{axis} {degree}") if degree is not None else ""
+        if problem:
+            raise PlannerError(problem)
+
+
+def default_schedule(cost: ModelCost) -> str:
+    """The pipeline schedule when the user names none: 1F1B when the model is a chain of stage
+    modules Paddle's schedules can run (see :attr:`ModelCost.stage_chain`), else stage hand-offs."""
+    return "1F1B" if cost.stage_chain else "sequential"
+
+
+def _variants(cost: ModelCost, setup: Setup, request: SearchRequest, dp: int, mp: int, pp: int) -> Iterator[Strategy]:
     sps = [False, True] if mp > 1 else [False]
     if request.sequence_parallel is not None:
         sps = [request.sequence_parallel and mp > 1]
@@ -263,7 +320,7 @@ def _variants(setup: Setup, request: SearchRequest, dp: int, mp: int, pp: int) -
         counts = [max(1, per_rank // request.micro_batch_size)]
     else:
         counts = _divisors(per_rank)
-    schedule = "none" if pp == 1 else (request.schedule or "1F1B")
+    schedule = "none" if pp == 1 else (request.schedule or default_schedule(cost))
     for sp in sps:
         for stage in stages:
             for m in counts:

@@ -77,6 +77,8 @@ class ModelAnalysis:
     param_fingerprint: str
     graph_fingerprint: str
     block_matches: list[BlockMatch] = field(default_factory=list, repr=False)
+    #: The model is a ``paddle.nn.Sequential``: a chain of stage modules Paddle's 1F1B / VPP run.
+    sequential: bool = False
 
 
 def analyze(traced: TracedProgram, graph: nx.DiGraph, model: paddle.nn.Layer, matcher: Matcher | None = None) -> ModelAnalysis:
@@ -125,6 +127,7 @@ def analyze(traced: TracedProgram, graph: nx.DiGraph, model: paddle.nn.Layer, ma
         param_fingerprint=schemas.parameter_fingerprint(params),
         graph_fingerprint=graph_fingerprint(graph),
         block_matches=block_matches,
+        sequential=isinstance(model, paddle.nn.Sequential),
     )
 
 

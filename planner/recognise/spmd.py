@@ -16,7 +16,7 @@ slice / split that separates the segments needs the whole tensor back.
 
 Example::
 
-    >>> comms = implicit_comm(analysis, mp=2, sequence_parallel=False)    # doctest: +SKIP
+    >>> comms = implicit_comm(analysis, mp=2)    # doctest: +SKIP
     >>> [(c.layer, c.op, c.collective) for c in comms][:1]                 # doctest: +SKIP
     [('model.layers.0.self_attn', 'slice', 'all_gather')]
 """
@@ -322,7 +322,7 @@ def _comm_bytes(dist: Dist, mp: int, itemsize: int) -> int:
     return 2 * per_pass
 
 
-def implicit_comm(analysis: ModelAnalysis, mp: int, sequence_parallel: bool, dtype_bytes: int | None = None,
+def implicit_comm(analysis: ModelAnalysis, mp: int, dtype_bytes: int | None = None,
                   hooks: Sequence[schemas.Hook] = ()) -> list[schemas.ImplicitComm]:
     """Every place the blocks' placements make Paddle communicate on its own at tensor-parallel
     degree ``mp``, with bytes per rank per training step for the traced input shape (scale by
@@ -331,11 +331,10 @@ def implicit_comm(analysis: ModelAnalysis, mp: int, sequence_parallel: bool, dty
     post-hooks (:func:`reshard_hooks`); the gathers they ask for are planned, not implicit, and
     the ops after them see whole tensors.
 
-    ``sequence_parallel`` adds collectives the plan asks for at the block boundaries (gather
+    Sequence parallelism adds collectives the plan asks for at the block boundaries (gather
     before the column linears, reduce-scatter after the row linears); the interior between them,
     which this checks, is the same, so the result does not depend on it.
     """
-    del sequence_parallel  # see the docstring: same interior either way
     if mp <= 1:
         return []
     graph = analysis.graph

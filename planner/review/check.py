@@ -34,18 +34,16 @@ def check_plan_for_target(plan: Plan, target: str, trace: bool = True, progress:
 
     Raises the planner's ``PlannerError`` when the target cannot be loaded or traced.
     """
-    from autodist.planner.load import load_target
+    from autodist.planner import driver
 
     progress = progress or Progress(quiet=True)
-    with progress.step(f"loading {target}"):
-        loaded = load_target(target, plan_input_specs(plan) or None)
+    loaded = driver.load(target, plan_input_specs(plan), progress)
     table = parameter_table(loaded.model.named_parameters())
     reasons = parameter_reasons(plan, table)
     if parameter_fingerprint(table) != plan.model.param_fingerprint and not reasons:
         reasons.append("the parameter fingerprint differs from the plan's (the plan was edited or made by another version)")
     if trace:
-        with progress.step("tracing the forward"):
-            reasons += graph_reasons(plan, loaded)
+        reasons += graph_reasons(plan, loaded, progress)
     return reasons
 
 
@@ -69,19 +67,19 @@ def parameter_reasons(plan: Plan, table: dict[str, tuple[list[int], str]]) -> li
     return reasons
 
 
-def graph_reasons(plan: Plan, loaded) -> list[str]:
+def graph_reasons(plan: Plan, loaded, progress: Progress | None = None) -> list[str]:
     """Trace the model as the planner does and compare the structure with the plan's."""
-    from autodist.planner.graph import build_graph, graph_fingerprint
-    from autodist.planner.trace import trace_model
+    from autodist.planner import driver
+    from autodist.planner.graph import graph_fingerprint
 
-    traced = trace_model(loaded.model, loaded.input_specs)
+    traced = driver.trace(loaded.model, loaded.input_specs, progress)
     reasons = []
-    if traced.traced_layer != plan.model.traced_layer:
+    if traced.program.traced_layer != plan.model.traced_layer:
         reasons.append(
-            f"the planner now traces {traced.traced_layer or 'the whole model'!r}, the plan traced "
+            f"the planner now traces {traced.program.traced_layer or 'the whole model'!r}, the plan traced "
             f"{plan.model.traced_layer or 'the whole model'!r}"
         )
-    if graph_fingerprint(build_graph(traced)) != plan.model.graph_fingerprint:
+    if graph_fingerprint(traced.graph) != plan.model.graph_fingerprint:
         reasons.append("the traced forward has a different structure (graph fingerprint differs): re-plan")
     return reasons
 

@@ -61,10 +61,9 @@ def build(name: str, layers: int = 2):
 @functools.lru_cache(maxsize=None)
 def traced(key: str):
     """``(model, TracedProgram, graph)`` for ``"name"`` or ``"name@layers"``, built once."""
-    from autodist.planner.graph import build_graph
-    from autodist.planner.trace import trace_model
+    from autodist.planner import driver
 
     name, _, layers = key.partition("@")
     model, specs = build(name, int(layers or 2))
-    program = trace_model(model, specs)
-    return model, program, build_graph(program)
+    made = driver.trace(model, specs)
+    return model, made.program, made.graph

@@ -1,0 +1,199 @@
+"""The offline phase, driven from one place: load -> trace -> graph -> analyse -> cost -> search -> emit.
+
+Every caller plans through here: the ``autodist-plan`` command, ``check`` and ``graph``,
+:func:`autodist.plan` from Python, the benchmarks and the tests. Each stage is one function of
+its own module; this module only runs them in order, names each step for :class:`Progress`, and
+hands each stage's result to the next:
+
+============  ==========================================  =================================
+stage         call                                        hands on
+============  ==========================================  =================================
+load          :func:`load.load_target`                    ``LoadedModel`` (model, input specs)
+trace         :func:`trace.trace_model`                   ``TracedProgram`` (PIR ops, layer per op)
+graph         :func:`graph.build_graph`                   ``nx.DiGraph``
+analyse       :func:`recognise.analysis.analyze`          ``ModelAnalysis`` (blocks, roles)
+cost          :func:`cost.search.price`                   ``PricedModel`` (cost + implicit comm)
+search        :func:`cost.search.search`                  ``SearchResult`` (best, alternatives)
+emit          :func:`emit.build_plan`                     ``schemas.Plan``
+============  ==========================================  =================================
+
+Example::
+
+    >>> from autodist.planner.cost.search import SearchRequest
+    >>> made = plan_target("plans/llama_docstring/model.py", None, SearchRequest(devices_per_node=4),
+    ...                    {"target": "plans/llama_docstring/model.py"})   # doctest: +SKIP
+    >>> made.plan.strategy.dp * made.plan.strategy.mp                        # doctest: +SKIP
+    4
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    import networkx as nx
+    import paddle
+
+    from autodist.planner.cost.search import SearchRequest, SearchResult
+    from autodist.planner.load import LoadedModel
+    from autodist.planner.recognise.analysis import ModelAnalysis
+    from autodist.planner.trace import TracedProgram
+    from autodist.schemas import Plan
+
+from autodist.planner.progress import Progress
+
+#: The stages in the order :func:`plan_model` runs them (``bench/plan_time.py`` times each).
+STAGES = ("load", "trace", "graph", "analyse", "cost", "search", "emit")
+
+
+@dataclass
+class Traced:
+    """A model traced to its dataflow graph (what ``autodist-plan graph`` prints)."""
+
+    program: TracedProgram
+    graph: nx.DiGraph
+
+
+@dataclass
+class PlannedModel:
+    """A plan and what it was made from (the CLI prints warnings and ``--explain`` from them)."""
+
+    plan: Plan
+    analysis: ModelAnalysis
+    result: SearchResult
+    traced: TracedProgram
+
+
+def load(target: str, input_specs: Sequence[str] | None = None, progress: Progress | None = None) -> LoadedModel:
+    """Stage 1: import ``target`` and build its model lazily (see :mod:`autodist.planner.load`)."""
+    from autodist.planner.load import load_target
+
+    with (progress or _QUIET).step(f"loading {target}"):
+        return load_target(target, list(input_specs) if input_specs else None)
+
+
+def trace(model: paddle.nn.Layer, input_specs: list, progress: Progress | None = None) -> Traced:
+    """Stages 2 and 3: trace ``model`` to PIR and build its dataflow graph."""
+    from autodist.planner.graph import build_graph
+    from autodist.planner.trace import trace_model
+
+    progress = progress or _QUIET
+    with progress.step(f"tracing {type(model).__name__}"):
+        program = trace_model(model, input_specs)
+    with progress.step("building the graph"):
+        return Traced(program=program, graph=build_graph(program))
+
+
+def analyse(model: paddle.nn.Layer, traced: Traced, progress: Progress | None = None) -> ModelAnalysis:
+    """Stage 4: recognise the blocks and the role of every linear."""
+    from autodist.planner.recognise.analysis import analyze
+
+    with (progress or _QUIET).step("matching blocks"):
+        return analyze(traced.program, traced.graph, model)
+
+
+def plan_model(
+    model: paddle.nn.Layer,
+    input_specs: list,
+    request: SearchRequest,
+    arguments: dict[str, str],
+    progress: Progress | None = None,
+) -> PlannedModel:
+    """Stages 2-7 for a model object: trace, graph, analyse, cost, search, emit.
+
+    ``arguments`` go into the plan's provenance as given (the CLI passes its options).
+    Raises :class:`~autodist.planner.errors.PlannerError` for anything the user can fix.
+    """
+    from autodist.planner.cost.search import check_fixed_degrees, price, search
+    from autodist.planner.emit import build_plan
+
+    progress = progress or _QUIET
+    traced = trace(model, input_specs, progress)
+    analysis = analyse(model, traced, progress)
+    with progress.step("pricing the model"):
+        priced = price(analysis)
+    check_fixed_degrees(priced.cost, request)
+    with progress.step(f"searching strategies for {request.world} devices"):
+        result = search(priced, request)
+    with progress.step("writing the plan"):
+        plan = build_plan(analysis, result, request, arguments)
+    return PlannedModel(plan=plan, analysis=analysis, result=result, traced=traced.program)
+
+
+def plan_target(
+    target: str,
+    input_specs: Sequence[str] | None,
+    request: SearchRequest,
+    arguments: dict[str, str],
+    progress: Progress | None = None,
+) -> PlannedModel:
+    """The whole offline phase for a model file: load, then :func:`plan_model`."""
+    loaded = load(target, input_specs, progress)
+    return plan_model(loaded.model, loaded.input_specs, request, arguments, progress)
+
+
+def plan(
+    model: paddle.nn.Layer,
+    input_spec: Sequence[paddle.static.InputSpec | str],
+    *,
+    devices: int = 1,
+    nodes: int = 1,
+    device: str | None = None,
+    cluster: str | None = None,
+    dp: int | None = None,
+    mp: int | None = None,
+    pp: int | None = None,
+    sequence_parallel: bool | None = None,
+    sharding_stage: int | None = None,
+    micro_batches: int | None = None,
+    schedule: str | None = None,
+    global_batch_size: int | None = None,
+    micro_batch_size: int | None = None,
+    seq_len: int | None = None,
+    dtype: str = "bf16",
+    optimizer: str = "adam",
+    recompute: str = "none",
+) -> Plan:
+    """Plan ``model`` from Python, as ``autodist-plan`` plans a model file (``autodist.plan``).
+
+    ``input_spec``: ``paddle.static.InputSpec`` objects or ``"name:dtype:BxS"`` strings.
+    The keywords are the command's options (``devices`` is ``--devices``: devices per node;
+    ``device`` is ``--device``, a profile name; ``cluster`` is ``--cluster``, a TOML file).
+    The plan equals the command's for the same model, but for ``provenance.arguments.target``,
+    which names the model's class instead of a file. Raises ``PlannerError`` for anything the
+    caller can fix. Save the plan with :func:`autodist.save_plan`.
+
+    Example::
+
+        >>> import autodist                                                     # doctest: +SKIP
+        >>> plan = autodist.plan(model, ["input_ids:int64:4x1024"], devices=8, nodes=2,
+        ...                      device="h100-sxm")                             # doctest: +SKIP
+        >>> autodist.save_plan(plan, "plan.json")                               # doctest: +SKIP
+    """
+    from autodist.planner.cost.hardware import resolve_device
+    from autodist.planner.cost.search import SearchRequest
+    from autodist.planner.load import parse_input_spec
+
+    specs = [parse_input_spec(s) if isinstance(s, str) else s for s in input_spec]
+    options = dict(dp=dp, mp=mp, pp=pp, sequence_parallel=sequence_parallel, sharding_stage=sharding_stage,
+                   micro_batches=micro_batches, schedule=schedule, global_batch_size=global_batch_size,
+                   micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, optimizer=optimizer,
+                   recompute=recompute)
+    request = SearchRequest(devices_per_node=devices, nodes=nodes, device=resolve_device(device, cluster), **options)
+    # Provenance in the command's words (its option names, its value spelling).
+    given = {"target": f"<{type(model).__name__} object>", "devices": devices, "nodes": nodes,
+             "device_name": device, "cluster_file": cluster, **options}
+    if any(isinstance(s, str) for s in input_spec):
+        given["input_specs"] = ",".join(s if isinstance(s, str) else _spec_text(s) for s in input_spec)
+    arguments = {name: str(value) for name, value in sorted(given.items()) if value is not None}
+    return plan_model(model, specs, request, arguments).plan
+
+
+def _spec_text(spec: paddle.static.InputSpec) -> str:
+    """An InputSpec as the command's ``--input-spec`` spells it: ``input_ids:int64:4x16``."""
+    dtype = str(spec.dtype).replace("paddle.", "")
+    return f"{spec.name}:{dtype}:{'x'.join(str(d) for d in spec.shape)}"
+
+
+_QUIET = Progress(quiet=True)
