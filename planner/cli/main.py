@@ -2,7 +2,7 @@
 
 ``autodist-plan TARGET -o plan.json`` plans a model (the default command, ``plan``); ``graph``
 dumps the traced dataflow graph; ``schema`` prints the plan format's JSON Schema; the review
-commands (``show``, ``diff``, ``check``, ``export``, ``render``) come from
+commands (``show``, ``diff``, ``check``, ``export``, ``render``, ``ckpt info``) come from
 :mod:`autodist.planner.cli.review`. A problem in what the user gave prints
 ``error: <one line>`` and exits 2.
 
@@ -216,7 +216,7 @@ def graph(target: str, input_specs: tuple[str, ...], fmt: str, output: str | Non
         click.echo(text, nl=False)
 
 
-# show / diff / check / export / render live in their own module (light imports: no paddle).
+# show / diff / check / export / render / ckpt live in their own module (light imports: no paddle).
 for _review_command in REVIEW_COMMANDS:
     cli.add_command(_review_command)
 

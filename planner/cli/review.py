@@ -1,4 +1,5 @@
-"""The plan-review subcommands of ``autodist-plan``: show, diff, check, export, render.
+"""The review subcommands of ``autodist-plan``: show, diff, check, export, render for plans,
+``ckpt info`` for checkpoints.
 
 They are plain click commands collected in :data:`REVIEW_COMMANDS`; the ``autodist-plan`` group
 registers them with ``for c in REVIEW_COMMANDS: cli.add_command(c)``. Every command prints a
@@ -21,8 +22,10 @@ from typing import Callable
 import click
 
 from autodist.schemas import PlanError, load_plan
+from autodist.schemas.checkpoint import CheckpointError, read_checkpoint
 
 from autodist.planner.review.check import check_plan_for_target
+from autodist.planner.review.checkpoint_info import checkpoint_data, checkpoint_text, printable
 from autodist.planner.review.diff import diff_plans
 from autodist.planner.errors import PlannerError
 from autodist.planner.review.export import ExportError, export_parallelize
@@ -50,6 +53,8 @@ def one_line_errors(command: Callable) -> Callable:
             fail(f"{err.source}: invalid plan: {problems}")
         except (ReviewError, ExportError, PlannerError, OSError) as err:
             fail(str(err))
+        except CheckpointError as err:  # may quote the untrusted metadata
+            fail(printable(err))
 
     return wrapper
 
@@ -189,5 +194,36 @@ def render(plan: str, output: str | None) -> None:
     write_output(render_svg(load_plan(plan)), output)
 
 
+@click.group(context_settings=_SETTINGS)
+def ckpt() -> None:
+    """Inspect checkpoints written by autodist.save_checkpoint.
+
+    \b
+    Example:
+      autodist-plan ckpt info ckpt
+    """
+
+
+@ckpt.command(context_settings=_SETTINGS)
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON for machines.")
+@one_line_errors
+def info(path: str, as_json: bool) -> None:
+    """Show what the checkpoint folder PATH holds: step, model, the plan it was saved under
+    (fingerprint, mesh, strategy), optimizer states, LR scheduler, files, and every parameter's
+    shape, dtype and number of shards. Reads the metadata only.
+
+    \b
+    Example:
+      autodist-plan ckpt info checkpoints/step_1000
+      autodist-plan ckpt info ckpt --json | jq .plan.strategy
+    """
+    meta = read_checkpoint(path)
+    if as_json:
+        click.echo(json.dumps(checkpoint_data(meta), indent=2, sort_keys=True))
+    else:
+        click.echo(checkpoint_text(meta, path), nl=False)
+
+
 #: The commands the ``autodist-plan`` group registers.
-REVIEW_COMMANDS: list[click.Command] = [show, diff, check, export, render]
+REVIEW_COMMANDS: list[click.Command] = [show, diff, check, export, render, ckpt]
