@@ -13,7 +13,7 @@ Example::
 """
 
 from autodist.schemas.checks import check_plan, shard_dim
-from autodist.schemas.errors import PlanError
+from autodist.schemas.errors import PlanError, printable
 from autodist.schemas.fingerprint import dtype_name, parameter_fingerprint, parameter_table
 from autodist.schemas.io import dump_plan, load_plan, plan_json_schema, save_plan
 from autodist.schemas.plan import (
@@ -45,5 +45,5 @@ __all__ = [
     "DeviceProfile", "Estimate", "Hook", "ImplicitComm", "InputSpec", "MemoryEstimate", "Mesh",
     "ModelInfo", "ParamPlan", "Plan", "PlanError", "Provenance", "Rejected", "Strategy",
     "check_plan", "dtype_name", "dump_plan", "load_plan", "parameter_fingerprint", "parameter_table",
-    "plan_json_schema", "save_plan", "shard_dim",
+    "plan_json_schema", "printable", "save_plan", "shard_dim",
 ]

@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -21,9 +22,10 @@ import msgspec
 
 from autodist.schemas.checks import check_plan
 from autodist.schemas.errors import PlanError
-from autodist.schemas.plan import FORMAT, VERSION, Plan
+from autodist.schemas.plan import FORMAT, PATTERN_MEANINGS, VERSION, Plan
 
 _ENCODER = msgspec.json.Encoder(order="sorted")
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
 _PATH_SEGMENT = re.compile(r"\.([A-Za-z_][A-Za-z_0-9]*)|\[(\d+)\]|\[\.\.\.\]")
 
 
@@ -52,8 +54,13 @@ def dump_plan(plan: Plan) -> bytes:
 
 def save_plan(plan: Plan, path: str | os.PathLike) -> None:
     """Write ``plan`` to ``path`` atomically: a temp file in the same folder, then a rename, so
-    a reader never sees a half-written plan and an interrupted write leaves the old file."""
+    a reader never sees a half-written plan and an interrupted write leaves the old file.
+
+    What is written is checked first as :func:`load_plan` will read it: a plan that would be
+    refused (a NaN estimate, a name outside the grammar) raises :class:`PlanError` and writes
+    nothing."""
     data = dump_plan(plan)
+    load_plan(data)
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
@@ -97,10 +104,15 @@ def _decode(data: bytes, name: str) -> Plan:
         raw = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         raise PlanError(f"not valid JSON ({exc})", source=name) from None
+    except RecursionError:
+        raise PlanError("not a plan: JSON nested too deeply", source=name) from None
+    duplicate = _duplicate_key(data, raw)
+    if duplicate:
+        raise PlanError(duplicate, source=name)
     if not isinstance(raw, dict):
         raise PlanError(f"$: expected a JSON object, got {type(raw).__name__}", source=name)
     if raw.get("format") != FORMAT:
-        raise PlanError(f'$.format: expected "{FORMAT}", got {raw.get("format")!r}: not an autodist plan', source=name)
+        raise PlanError(f'$.format: expected "{FORMAT}", got {_short(raw.get("format"))}: not an autodist plan', source=name)
     version = raw.get("version")
     if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
         raise PlanError(
@@ -111,7 +123,62 @@ def _decode(data: bytes, name: str) -> Plan:
     try:
         return msgspec.convert(raw, Plan)
     except msgspec.ValidationError as exc:
-        raise PlanError(_name_the_path(str(exc), raw), source=name) from None
+        raise PlanError(_name_the_path(_meaning(str(exc)), raw), source=name) from None
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise _DuplicateKey(next(k for k in keys if keys.count(k) > 1), dict(pairs))
+    return dict(pairs)
+
+
+def _duplicate_key(data: bytes, raw: Any) -> str | None:
+    """A problem naming the first object key given twice, or None. JSON lets a reader keep the
+    last of two equal keys, so two plans that differ could read (and ``diff``) as the same one:
+    a plan must not hold any. (msgspec keeps the last silently; Python's json reports pairs.)"""
+    try:
+        json.loads(data, object_pairs_hook=_refuse_duplicates)
+    except _DuplicateKey as dup:
+        key, obj = dup.args
+        where = _path_of_object(raw, obj) or "$"
+        return f"{where}: the key {json.dumps(key)} appears more than once (JSON readers would keep only one)"
+    except (ValueError, RecursionError):  # msgspec read it; anything else here is not a duplicate
+        return None
+    return None
+
+
+def _path_of_object(node: Any, obj: dict, path: str = "$") -> str | None:
+    """The JSON path of the first object in ``node`` equal to ``obj`` (as read, last key wins)."""
+    if isinstance(node, dict):
+        if node == obj:
+            return path
+        children = ((f".{k}" if _PLAIN_KEY.match(k) else f"[{json.dumps(k)}]", v) for k, v in node.items())
+    elif isinstance(node, list):
+        children = ((f"[{i}]", v) for i, v in enumerate(node))
+    else:
+        return None
+    for step, child in children:
+        found = _path_of_object(child, obj, path + step)
+        if found:
+            return found
+    return None
+
+
+def _meaning(message: str) -> str:
+    """msgspec's ``Expected `str` matching regex '<regex>'`` in words."""
+    for pattern, meaning in PATTERN_MEANINGS.items():
+        message = message.replace(f"matching regex {pattern!r}", f"({meaning})")
+    return message
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _name_the_path(message: str, raw: Any) -> str:
@@ -121,6 +188,8 @@ def _name_the_path(message: str, raw: Any) -> str:
     if not sep:
         return message
     path = path.rstrip("`")
+    in_key = path.startswith("key` in `")  # a dict key is wrong, not a value
+    path = path.removeprefix("key` in `")
     resolved, node, tp = "$", raw, Plan
     for match in _PATH_SEGMENT.finditer(path[1:]):
         field, index = match.group(1), match.group(2)
@@ -135,8 +204,13 @@ def _name_the_path(message: str, raw: Any) -> str:
         else:  # "[...]": a dict key msgspec does not name
             tp = _item_type(tp)
             key = _failing_key(node, tp) if isinstance(node, dict) else None
-            resolved += "[...]" if key is None else f'["{key}"]'
+            resolved += "[...]" if key is None else f"[{json.dumps(key)}]"
             node = node.get(key) if key is not None else None
+    if in_key and isinstance(node, dict):
+        key_type = typing.get_args(_unwrap(tp))[0] if typing.get_args(_unwrap(tp)) else Any
+        bad = [k for k in sorted(node, key=str) if not _converts(k, key_type)]
+        if bad:
+            return f"{resolved}[{json.dumps(bad[0])}]: the key is not {text.removeprefix('Expected `str` (').removesuffix(')')}"
     return f"{resolved}: {text}"
 
 
@@ -161,9 +235,12 @@ def _item_type(tp: Any) -> Any:
 
 
 def _failing_key(node: dict, value_type: Any) -> str | None:
-    for key in sorted(node, key=str):
-        try:
-            msgspec.convert(node[key], value_type)
-        except msgspec.ValidationError:
-            return key
-    return None
+    return next((key for key in sorted(node, key=str) if not _converts(node[key], value_type)), None)
+
+
+def _converts(value: Any, tp: Any) -> bool:
+    try:
+        msgspec.convert(value, tp)
+    except msgspec.ValidationError:
+        return False
+    return True

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Literal
 
 import msgspec
@@ -25,14 +26,47 @@ VERSION = 1
 
 # -- small annotated types -------------------------------------------------------------------
 
+
+def _whole(pattern: str) -> msgspec.Meta:
+    """A string constraint matching all of the string. (In Python's ``re``, ``$`` also matches
+    before a trailing newline, so ``"R\\n"`` would pass ``^R$``; the lookahead refuses it. The
+    pattern reads the same in JSON Schema's regex dialect.)"""
+    return msgspec.Meta(pattern=rf"^(?:{pattern})$(?!\n)")
+
+
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_SEGMENT = rf"(?:{_IDENTIFIER}|[0-9]+)"
+
 #: A placement on one mesh dim: ``"R"`` replicate, ``"P"`` partial (pending sum), ``"S(k)"``
 #: shard tensor dim ``k``. Short strings keep plans readable and diffs small.
-Placement = Annotated[str, msgspec.Meta(pattern=r"^(R|P|S\([0-9]\))$")]
+Placement = Annotated[str, _whole(r"R|P|S\([0-9]\)")]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
-Fqn = Annotated[str, msgspec.Meta(min_length=1)]
-Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+#: A parameter or layer FQN: ASCII identifiers and indices joined by dots
+#: (``layers.0.mlp.up_proj.weight``). Plans are untrusted input: a name with quotes, spaces,
+#: control characters or regex syntax is refused, so names are safe to print and to write into
+#: generated code and markup (which still write them as escaped literals).
+Fqn = Annotated[str, _whole(rf"{_SEGMENT}(?:\.{_SEGMENT})*")]
+#: An FQN, or ``""`` for the model itself.
+LayerFqn = Annotated[str, _whole(rf"(?:{_SEGMENT}(?:\.{_SEGMENT})*)?")]
+#: A Python identifier in ASCII: class names, input names.
+Identifier = Annotated[str, _whole(_IDENTIFIER)]
+#: Free text (reasons, notes, versions): anything but control characters (C0, DEL, C1).
+Text = Annotated[str, _whole(r"[^\x00-\x1f\x7f-\x9f]*")]
+Sha256 = Annotated[str, _whole(r"[0-9a-f]{64}")]
+#: What each constrained string means, by its regex, for error messages (msgspec names the regex).
+PATTERN_MEANINGS = {
+    typing.get_args(tp)[1].pattern: meaning
+    for tp, meaning in [
+        (Placement, "a placement: R, P or S(<dim>)"),
+        (Fqn, "a name: ASCII identifiers and indices joined by dots, e.g. layers.0.mlp.weight"),
+        (LayerFqn, 'a layer name (ASCII identifiers and indices joined by dots) or "" for the model'),
+        (Identifier, "an ASCII identifier"),
+        (Text, "text without control characters"),
+        (Sha256, "64 lowercase hex digits"),
+    ]
+}
 MeshDim = Literal["pp", "dp", "mp"]
 DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"]
 #: Bytes per element of each dtype (one table for plan memory sums and checkpoint files).
@@ -60,7 +94,7 @@ class Base(msgspec.Struct, forbid_unknown_fields=True):
 class InputSpec(Base):
     """One model input as the planner traced it; ``-1`` marks a dynamic dim."""
 
-    name: str
+    name: Identifier
     dtype: DType
     shape: list[int]
 
@@ -68,14 +102,14 @@ class InputSpec(Base):
 class ModelInfo(Base):
     """What the plan was made for; the applier refuses a model whose fingerprint differs."""
 
-    class_name: str
+    class_name: Identifier
     num_parameters: NonNegativeInt
     #: sha256 over sorted (parameter FQN, shape, dtype): the applier recomputes it cheaply.
     param_fingerprint: Sha256
     #: sha256 over the traced graph's structure (op names and edges): `check` re-traces for it.
     graph_fingerprint: Sha256
     #: FQN of the sub-layer that was traced ("" for the whole model); see the planner docs.
-    traced_layer: str = ""
+    traced_layer: LayerFqn = ""
     input_specs: list[InputSpec] = []
 
 
@@ -85,7 +119,7 @@ class ModelInfo(Base):
 class DeviceProfile(Base):
     """One device kind's published figures; bandwidths are per direction, bytes/s."""
 
-    name: str
+    name: Text
     memory_bytes: PositiveInt
     peak_flops: dict[Literal["bf16", "fp16", "fp32"], NonNegativeFloat]
     intra_node_bandwidth: NonNegativeFloat
@@ -137,7 +171,7 @@ class ParamPlan(Base):
     stage: NonNegativeInt = 0
     style: ParallelStyle = "Replicate"
     #: Other FQNs that name the same Parameter object (tied weights): sharded once, kept one.
-    tied_to: list[str] = []
+    tied_to: list[Fqn] = []
 
 
 class Hook(Base):
@@ -154,7 +188,7 @@ class Hook(Base):
     action: Literal["reshard", "stage_handoff", "sequence_parallel_begin", "sequence_parallel_end"]
     placements: list[Placement] = []
     to_stage: NonNegativeInt = 0
-    reason: str = ""
+    reason: Text = ""
 
 
 class DataPlan(Base):
@@ -169,18 +203,18 @@ class DataPlan(Base):
 class ImplicitComm(Base):
     """A collective Paddle inserts on its own because of the chosen placements."""
 
-    layer: str
-    op: str
+    layer: LayerFqn
+    op: Text
     collective: Literal["all_gather", "all_reduce", "reduce_scatter", "all_to_all"]
     bytes_per_step: NonNegativeInt
-    reason: str
+    reason: Text
 
 
 class Block(Base):
     """A repeated block found by the matcher, and the stage it runs on."""
 
     layer: Fqn
-    kind: str
+    kind: Text
     stage: NonNegativeInt = 0
 
 
@@ -223,7 +257,7 @@ class Candidate(Base):
 
 class Rejected(Base):
     strategy: Strategy
-    reason: str
+    reason: Text
 
 
 class Alternatives(Base):
@@ -232,10 +266,10 @@ class Alternatives(Base):
 
 
 class Provenance(Base):
-    autodist_version: str
-    paddle_version: str
+    autodist_version: Text
+    paddle_version: Text
     #: The planner's arguments as given, so a plan can be re-made from itself.
-    arguments: dict[str, str] = {}
+    arguments: dict[Text, Text] = {}
 
 
 # -- the plan ---------------------------------------------------------------------------------------
@@ -259,4 +293,4 @@ class Plan(Base, kw_only=True):
     estimate: Estimate = msgspec.field(default_factory=Estimate)
     alternatives: Alternatives = msgspec.field(default_factory=Alternatives)
     #: Human-readable remarks: unmatched layers, padding, anything a reviewer should know.
-    notes: list[str] = []
+    notes: list[Text] = []

@@ -106,8 +106,8 @@ def test_keys_collapse_over_32_layers():
 
     source = export_parallelize(layered_plan(layers=32, dp=2, mp=2))
     assert source.count("dist.ColWiseParallel()") == 1 and source.count("dist.RowWiseParallel()") == 1
-    assert '"llama.layers.*.self_attn.q_proj": dist.ColWiseParallel(),' in source
-    assert '"dp_config": {"sharding_level": 0}' in source
+    assert "'llama[.]layers[.][0-9]+[.]self_attn[.]q_proj': dist.ColWiseParallel()," in source
+    assert "'dp_config': {'sharding_level': 0}" in source
 
 
 def test_a_subset_of_layers_gets_an_alternation_key():
@@ -117,8 +117,8 @@ def test_a_subset_of_layers_gets_an_alternation_key():
     for i in (2, 3):
         plan.params[f"llama.layers.{i}.self_attn.q_proj.weight"].placements = ["R"]
     source = export_parallelize(plan)
-    assert '"llama.layers.(0|1).self_attn.q_proj": dist.ColWiseParallel(),' in source
-    key = "llama.layers.(0|1).self_attn.q_proj"
+    key = "llama[.]layers[.](?:0|1)[.]self_attn[.]q_proj"
+    assert f"{key!r}: dist.ColWiseParallel()," in source
     assert paddle_key_matches(key, "llama.layers.1.self_attn.q_proj", {"weight"})
     assert not paddle_key_matches(key, "llama.layers.2.self_attn.q_proj", {"weight"})
 
@@ -130,15 +130,19 @@ def test_paddle_key_matching_follows_paddle():
     # keys are full-length regular expressions
     assert paddle_key_matches("llama.layers.*.mlp", "llama.layers.12.mlp", set())
     assert not paddle_key_matches("llama.layers.*.mlp", "llama.layers.12.mlp.up_proj", set())
+    # the exporter's escaped keys: [.] is a dot, never taken for a parameter name
+    assert paddle_key_matches("llama[.]layers[.][0-9]+[.]mlp", "llama.layers.12.mlp", {"mlp"})
+    assert not paddle_key_matches("llama[.]layers[.][0-9]+[.]mlp", "llama_layers.12.mlp", set())
+    assert paddle_key_matches("lm[.]head.weight", "lm.head", {"weight"})
 
 
 def test_pipeline_split_points_and_no_dp_config_without_dp():
     from test_show import layered_plan
 
     source = export_parallelize(layered_plan(layers=4, mp=2, pp=2))
-    assert '"llama.layers.1": dist.SplitPoint.END,' in source
+    assert "'llama.layers.1': dist.SplitPoint.END," in source
     assert "dp_config" not in source
-    assert 'dim_names=["pp", "mp"]' in source
+    assert "dim_names=['pp', 'mp']" in source
 
 
 def test_what_paddle_cannot_express_is_an_error():
@@ -158,7 +162,7 @@ def test_cli_writes_a_file_or_stdout(tmp_path):
     assert result.exit_code == 0, result.output
     text = out.read_text()
     compile(text, str(out), "exec")
-    assert '"layers.0.mlp.fc_in": dist.ColWiseParallel(),' in text
+    assert "'layers[.]0[.]mlp[.]fc_in': dist.ColWiseParallel()," in text
     assert "PrepareLayerOutput(reshard_output([dist.Replicate(), dist.Replicate()]))" in text
     result = CliRunner().invoke(export, [str(EXAMPLE), "--to", "paddle-parallelize"])
     assert result.exit_code == 0 and result.output == text
@@ -208,10 +212,10 @@ def test_sequence_parallel_hooks_become_paddle_plans():
                (f"llama.layers.{i}.self_attn", "post", "sequence_parallel_begin")]
     plan.hooks = [Hook(layer=layer, when=when, action=action) for layer, when, action in sp]
     source = export_parallelize(plan)
-    assert '"llama.embed_tokens": dist.SequenceParallelBegin(),' in source
-    assert '"llama.layers.*.self_attn": dist.SequenceParallelDisable(),' in source
+    assert "'llama[.]embed_tokens': dist.SequenceParallelBegin()," in source
+    assert "'llama[.]layers[.][0-9]+[.]self_attn': dist.SequenceParallelDisable()," in source
     # gathering a layer's output has no Paddle plan of its own: Paddle's c_concat in a helper
-    assert '"llama.norm": dist.PrepareLayerOutput(gather_sequence_output),' in source
+    assert "'llama[.]norm': dist.PrepareLayerOutput(gather_sequence_output)," in source
     namespace = run_source(source)
     assert callable(namespace["gather_sequence_output"](namespace["MESH"]))
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import click
 
-from autodist.schemas import dump_plan, plan_json_schema, save_plan
+from autodist.schemas import dump_plan, plan_json_schema, printable, save_plan
 
 from autodist.planner.errors import PlannerError
 from autodist.planner.cli.review import REVIEW_COMMANDS
@@ -43,9 +43,9 @@ class PlannerFailure(click.ClickException):
         self.detail = error.detail
 
     def show(self, file=None) -> None:
-        click.echo(f"error: {self.message}", err=True)
+        click.echo(printable(f"error: {self.message}"), err=True)
         if self.detail:
-            click.echo("\n".join("  " + line for line in self.detail.splitlines()), err=True)
+            click.echo("\n".join(printable("  " + line) for line in self.detail.splitlines()), err=True)
 
 
 def reports_planner_errors(command):

@@ -30,6 +30,7 @@ from autodist.planner.review.diff import diff_plans
 from autodist.planner.errors import PlannerError
 from autodist.planner.review.export import ExportError, export_parallelize
 from autodist.planner.progress import Progress
+from autodist.planner.review.format import printable
 from autodist.planner.review.render import render_svg
 from autodist.planner.review.show import TOP_ALTERNATIVES, show_data, show_text
 
@@ -60,8 +61,8 @@ def one_line_errors(command: Callable) -> Callable:
 
 
 def fail(message: str) -> None:
-    """Print ``error: message`` on one line and exit 2."""
-    click.echo(f"error: {' '.join(message.split())}", err=True)
+    """Print ``error: message`` on one line (plan text escaped) and exit 2."""
+    click.echo(f"error: {printable(' '.join(message.split()))}", err=True)
     sys.exit(EXIT_ERROR)
 
 
@@ -146,10 +147,10 @@ def check(plan: str, target: str, no_trace: bool, quiet: bool) -> None:
     loaded = load_plan(plan)
     reasons = check_plan_for_target(loaded, target, trace=not no_trace, progress=Progress(quiet=quiet))
     if not reasons:
-        click.echo(f"{plan}: valid for {target}")
+        click.echo(printable(f"{plan}: valid for {target}"))
         return
-    click.echo(f"{plan}: stale for {target}, re-plan it:")
-    click.echo("\n".join(f"  - {reason}" for reason in reasons))
+    click.echo(printable(f"{plan}: stale for {target}, re-plan it:"))
+    click.echo("\n".join(printable(f"  - {reason}") for reason in reasons))
     sys.exit(1)
 
 

@@ -23,13 +23,22 @@ import msgspec
 
 from autodist.schemas import ParamPlan, Plan
 
-from autodist.planner.review.format import collapse, human_bytes, human_count, human_seconds, natural_key
+from autodist.planner.review.format import (
+    clip,
+    collapse,
+    human_bytes,
+    human_count,
+    human_seconds,
+    natural_key,
+    printable,
+)
 
 Lines = list[str]
 
 
 def diff_plans(old: Plan, new: Plan) -> Lines:
-    """Readable lines describing every difference; empty when the plans are equal."""
+    """Readable lines describing every difference; empty when the plans are equal. Plan text
+    in them is escaped (:func:`printable`): each line is one line on a terminal."""
     lines: Lines = []
     for field, describe in _DESCRIBERS.items():
         before, after = getattr(old, field), getattr(new, field)
@@ -38,7 +47,7 @@ def diff_plans(old: Plan, new: Plan) -> Lines:
         described = describe(old, new)
         # A field that differs in a way no describer words still counts: never report "equal" wrongly.
         lines += described or [f"{field}: changed"]
-    return lines
+    return [printable(line) for line in lines]
 
 
 # -- one describer per top-level field ----------------------------------------------------------------
@@ -144,8 +153,8 @@ def _listing(title: str, values: dict[str, Any], fmt: Callable[[Any], str], univ
     if len(values) == 1:
         title = title.replace("parameters", "parameter", 1).replace("blocks", "block", 1)
     rows = collapse(values, universe=universe)
-    width = max(len(row.pattern) for row in rows)
-    return [title] + [f"  {row.pattern:<{width}}  {fmt(row.value)}".rstrip() for row in rows]
+    width = max(len(clip(row.pattern)) for row in rows)
+    return [title] + [f"  {clip(row.pattern):<{width}}  {fmt(row.value)}".rstrip() for row in rows]
 
 
 def _hooks(old: Plan, new: Plan) -> Lines:

@@ -21,8 +21,12 @@ and ``parallelize(model, optimizer)``. How Paddle reads the config (paddle 3.3,
   ``PrepareLayerInput/Output`` around Paddle's own ``c_split``/``c_concat``), its reshard hooks
   ``PrepareLayerInput/Output`` with a small function written into the module.
 
-Anything the config cannot express exactly (a placement no style produces) is an error, never
-a silently different config.
+Anything the config cannot express exactly (a placement no style produces, a key that would
+name other layers too) is an error, never a silently different config.
+
+Plans are untrusted input: the module holds the plan's names only as literals (``repr`` of a
+string; keys are regular expressions with every name part escaped), so importing it runs
+nothing a plan says, whatever its names, class name or file name.
 
 Example::
 
@@ -32,14 +36,13 @@ Example::
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 
 from autodist.schemas import Plan, shard_dim
 
-from autodist.planner.review.format import collapse, natural_key
+from autodist.planner.review.format import collapse
 
 #: Paddle's sequence-parallel plan for each set of hooks one layer carries.
 _SEQUENCE_PARALLEL_PAIRS = {
@@ -82,7 +85,9 @@ def export_parallelize(plan: Plan, source: str = "plan.json") -> str:
         problems.append(f"ZeRO stage {plan.strategy.sharding_stage} without a dp mesh dim")
     if problems:
         raise ExportError("; ".join(problems))
-    mp_plan = _collapse_entries(entries, _known_layers(plan), _tensor_attrs(plan))
+    mp_plan = _collapse_entries(entries, _known_layers(plan), _tensor_attrs(plan), problems)
+    if problems:
+        raise ExportError("; ".join(problems))
     return _module_source(plan, source, mp_plan, _split_points(plan), _model_params(plan))
 
 
@@ -191,35 +196,78 @@ def _tensor_attrs(plan: Plan) -> dict[str, set[str]]:
 
 def paddle_key_matches(key: str, layer: str, attrs: set[str]) -> bool:
     """Whether Paddle's ``TensorParallel.match_layer`` applies ``key`` to sub-layer ``layer``
-    (which has tensor attributes ``attrs``), following its code in paddle 3.3."""
+    (which has tensor attributes ``attrs``), following its code in paddle 3.3. A key that is not
+    a valid regular expression matches nothing (Paddle would raise)."""
     attr = key.split(".")[-1]
     if key.endswith(f".{attr}") and attr in attrs:
         key = key.replace(f".{attr}", "")
-    found = re.match(key, layer)
+    try:
+        found = re.match(key, layer)
+    except re.error:
+        return False
     return key == layer or (found is not None and found.end() - found.start() == len(layer))
 
 
+def paddle_key(pattern: str, attr: str | None = None) -> str:
+    """The regular expression ``dist.parallelize`` reads for a collapsed layer ``pattern``,
+    every name part escaped; ``attr`` names one parameter of the layer.
+
+    Dots between names are written ``[.]``, not ``\\.``: Paddle takes the text after a key's
+    last ``.`` as a parameter name and deletes ``.<name>`` from the key when the layer has such a
+    tensor, which must only ever happen to the ``attr`` written after the one plain dot.
+
+    >>> paddle_key("llama.layers.*.mlp.up_proj"), paddle_key("layers.{0-1,3}.fc", "weight")
+    ('llama[.]layers[.][0-9]+[.]mlp[.]up_proj', 'layers[.](?:0|1|3)[.]fc.weight')
+    """
+    parts = []
+    for part in pattern.split("."):
+        ranges = re.fullmatch(r"\{([0-9,\-]+)\}", part)
+        if part == "*":
+            parts.append("[0-9]+")
+        elif ranges:
+            parts.append("(?:" + "|".join(_expand(ranges.group(1))) + ")")
+        else:
+            parts.append(re.escape(part))
+    key = "[.]".join(parts)
+    return key if attr is None else f"{key}.{attr}"
+
+
 def _collapse_entries(
-    entries: list[ConfigEntry], layers: set[str], attrs_of: dict[str, set[str]]
+    entries: list[ConfigEntry], layers: set[str], attrs_of: dict[str, set[str]], problems: list[str]
 ) -> dict[str, tuple[str, ...]]:
-    """Entries with the same plans over numbered layers become one key (``layers.*.mlp.up_proj``,
-    or ``layers.(0|1).mlp.up_proj`` for a subset), kept only when the key, read as Paddle reads
-    it, names exactly the intended layers among those the plan knows; otherwise one key each."""
+    """Entries with the same plans over numbered layers become one key (``layers[.][0-9]+[.]mlp``,
+    or ``layers[.](?:0|1)[.]mlp`` for a subset), kept only when the key, read as Paddle reads it,
+    names exactly the intended layers among those the plan knows; otherwise one key each. A key
+    that cannot name its layer exactly is a problem, never a config that shards something else."""
     by_key: dict[str, tuple[str, ...]] = {}
     for entry in entries:  # a layer may get a style and a hook: both apply
         by_key[entry.key] = by_key.get(entry.key, ()) + entry.plans
     universe = set(by_key) | layers
     config: dict[str, tuple[str, ...]] = {}
     for row in collapse(by_key, universe=universe):
-        key = re.sub(r"\{([0-9,\-]+)\}", lambda m: "(" + "|".join(_expand(m.group(1))) + ")", row.pattern)
-        intended = {m.rpartition(".")[0] if m not in layers else m for m in row.members}
-        matched = {layer for layer in layers if paddle_key_matches(key, layer, attrs_of.get(layer, set()))}
-        if len(row.members) > 1 and matched != intended:
-            for member in row.members:
-                config[member] = row.value
-        else:
-            config[key] = row.value
-    return dict(sorted(config.items(), key=lambda kv: natural_key(kv[0])))
+        if len(row.members) > 1:
+            key = _key_for(row.pattern, row.members, layers, attrs_of)
+            if key is not None:
+                config[key] = row.value
+                continue
+        for member in row.members:
+            key = _key_for(member, (member,), layers, attrs_of)
+            if key is None:
+                problems.append(f"{member}: no dist.parallelize key names exactly this layer")
+            else:
+                config[key] = row.value
+    return config
+
+
+def _key_for(pattern: str, members: tuple[str, ...], layers: set[str], attrs_of: dict[str, set[str]]) -> str | None:
+    """Paddle's key for ``members`` (one collapsed ``pattern``), or None when, read as Paddle
+    reads it, it would not name exactly their layers among ``layers``."""
+    is_param = members[0] not in layers
+    attr = pattern.rpartition(".")[2] if is_param else None
+    key = paddle_key(pattern.rpartition(".")[0] if is_param else pattern, attr)
+    intended = {m.rpartition(".")[0] if m not in layers else m for m in members}
+    matched = {layer for layer in layers if paddle_key_matches(key, layer, attrs_of.get(layer, set()))}
+    return key if matched == intended else None
 
 
 def _expand(ranges: str) -> list[str]:
@@ -322,15 +370,18 @@ def reshard_output(placements):
 def _module_source(
     plan: Plan, source: str, mp_plan: dict[str, tuple[str, ...]], splits: list[str], own: dict[str, tuple[int, str]]
 ) -> str:
+    """The module text. Every value taken from the plan is written as a literal (``repr`` of a
+    string, escaped regular expressions as keys): plans are untrusted input, and no plan text
+    ever becomes code, not even inside the docstring."""
     s = plan.strategy
     lines = [
-        f'"""dist.parallelize config equivalent to the autodist plan {source}.',
+        '"""dist.parallelize config equivalent to an autodist plan (PLAN_FILE, for a MODEL_CLASS).',
         "",
-        f"Model {plan.model.class_name}, mesh {' x '.join(plan.mesh.dim_names)} = "
-        f"{' x '.join(map(str, plan.mesh.shape))}, dp{s.dp} mp{s.mp} pp{s.pp}, ZeRO stage {s.sharding_stage}.",
+        f"Mesh {' x '.join(plan.mesh.dim_names)} = {' x '.join(str(int(n)) for n in plan.mesh.shape)}, "
+        f"dp{int(s.dp)} mp{int(s.mp)} pp{int(s.pp)}, ZeRO stage {int(s.sharding_stage)}.",
         "Generated by `autodist-plan export --to paddle-parallelize`; regenerate it rather than edit it.",
         *(
-            [f"The plan runs {s.micro_batches} micro-batches per step; dist.parallelize leaves that to the training loop."]
+            [f"The plan runs {int(s.micro_batches)} micro-batches per step; dist.parallelize leaves that to the training loop."]
             if s.micro_batches > 1 and s.pp == 1
             else []
         ),
@@ -349,36 +400,40 @@ def _module_source(
     lines += [_HELPERS[name].rstrip("\n") for name in helpers] + ([""] if helpers else [])
     lines += [
         "",
-        f"MESH = dist.ProcessMesh({_nested(plan.mesh.process_ids, plan.mesh.shape)}, "
-        f"dim_names={json.dumps(list(plan.mesh.dim_names))})",
+        f"PLAN_FILE = {source!r}",
+        f"MODEL_CLASS = {plan.model.class_name!r}",
+        "",
+        f"MESH = dist.ProcessMesh({_nested([int(i) for i in plan.mesh.process_ids], plan.mesh.shape)!r}, "
+        f"dim_names={list(plan.mesh.dim_names)!r})",
         "",
         "CONFIG = {",
     ]
     if "dp" in plan.mesh.dim_names:
-        lines.append(f'    "dp_config": {{"sharding_level": {s.sharding_stage}}},')
+        lines.append(f"    'dp_config': {{'sharding_level': {int(s.sharding_stage)}}},")
     if mp_plan:
-        lines.append('    "mp_config": {')
-        lines.append('        "parallelize_plan": {')
+        lines.append("    'mp_config': {")
+        lines.append("        # keys are regular expressions over named_sublayers() names; [.] is a dot")
+        lines.append("        'parallelize_plan': {")
         for key, plans in mp_plan.items():
             value = plans[0] if len(plans) == 1 else "[" + ", ".join(plans) + "]"
-            lines.append(f'            "{key}": {value},')
+            lines.append(f"            {key!r}: {value},")
         lines.append("        },")
         lines.append("    },")
     if splits:
-        lines.append('    "pp_config": {')
-        lines.append('        "split_spec": {')
-        lines += [f'            "{layer}": dist.SplitPoint.END,' for layer in splits]
+        lines.append("    'pp_config': {")
+        lines.append("        'split_spec': {")
+        lines += [f"            {layer!r}: dist.SplitPoint.END," for layer in splits]
         lines.append("        },")
         lines.append("    },")
     lines += ["}"]
     if own:
-        stage_mesh = 'MESH.get_mesh_with_dim("pp", stage)' if "pp" in plan.mesh.dim_names else "MESH"
+        stage_mesh = "MESH.get_mesh_with_dim('pp', stage)" if "pp" in plan.mesh.dim_names else "MESH"
         lines += [
             "",
             "#: The model's own parameters, which dist.parallelize does not visit (it walks named_sublayers()):",
             "#: name -> (pipeline stage, placements).",
             "MODEL_PARAMETERS = {",
-            *[f'    "{name}": ({stage}, {placements}),' for name, (stage, placements) in own.items()],
+            *[f"    {name!r}: ({int(stage)}, {placements})," for name, (stage, placements) in own.items()],
             "}",
         ]
     lines += [

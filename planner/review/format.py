@@ -10,6 +10,9 @@ Example::
     [('l.{0-1}.w', 'a'), ('l.2.w', 'b')]
     >>> human_bytes(3 * 2**30), human_seconds(0.0131), human_count(312672)
     ('3.0 GiB', '13.1 ms', '312.7k')
+
+Plans are untrusted input: every line a review command prints or draws goes through
+:func:`printable` (control characters escaped) and names in columns through :func:`clip`.
 """
 
 from __future__ import annotations
@@ -19,18 +22,37 @@ from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Mapping
 
 from autodist.schemas import Plan, Strategy
+from autodist.schemas import printable as printable  # the one escaping function (PlanError uses it too)
+
+#: The widest a name column gets in text output; longer names end in an ellipsis (``--json``
+#: output keeps them whole).
+MAX_NAME_WIDTH = 80
+
+
+def clip(text: str, width: int = MAX_NAME_WIDTH) -> str:
+    """``text`` cut to ``width`` characters, the last one an ellipsis when cut.
+
+    >>> clip("llama.layers.0.mlp.up_proj.weight", 12)
+    'llama.layer…'
+    """
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 # -- collapsing FQNs into patterns -------------------------------------------------------------------
 
 
+def is_index(part: str) -> bool:
+    """An index segment of an FQN: ASCII digits only (``"²".isdigit()`` is true, ``int("²")`` fails)."""
+    return part.isascii() and part.isdigit()
+
+
 def natural_key(fqn: str) -> tuple:
     """Sort key that orders ``layers.2`` before ``layers.10``."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in fqn.split("."))
+    return tuple((0, int(part), "") if is_index(part) else (1, 0, part) for part in fqn.split("."))
 
 
 def wildcard(fqn: str) -> str:
     """``llama.layers.3.mlp.up_proj.weight`` -> ``llama.layers.*.mlp.up_proj.weight``."""
-    return ".".join("*" if part.isdigit() else part for part in fqn.split("."))
+    return ".".join("*" if is_index(part) else part for part in fqn.split("."))
 
 
 @dataclass(frozen=True)
@@ -88,7 +110,7 @@ def _index_patterns(group: list[str], members: list[str], explicit: bool) -> lis
     if len(group) == 1:
         return [(group[0], group)]
     split = [fqn.split(".") for fqn in group]
-    positions = [i for i, part in enumerate(split[0]) if part.isdigit()]
+    positions = [i for i, part in enumerate(split[0]) if is_index(part)]
     chosen = {i: {int(parts[i]) for parts in split} for i in positions}
     every = {i: {int(m.split(".")[i]) for m in members} for i in positions}
     named = [m for m in members if all(int(m.split(".")[i]) in chosen[i] for i in positions)]

@@ -21,7 +21,15 @@ from xml.sax.saxutils import escape
 
 from autodist.schemas import Plan, shard_dim
 
-from autodist.planner.review.format import human_bytes, index_ranges, mesh_grid, mesh_text, stage_summary, strategy_text
+from autodist.planner.review.format import (
+    human_bytes,
+    index_ranges,
+    mesh_grid,
+    mesh_text,
+    printable,
+    stage_summary,
+    strategy_text,
+)
 
 WIDTH = 900
 MARGIN = 20
@@ -66,6 +74,12 @@ def rank_memory(plan: Plan) -> list[dict[str, float]]:
     ]
 
 
+def _xml_text(text: str) -> str:
+    """Plan text as XML character data: control characters escaped as visible text first (XML
+    1.0 allows them in no form, not even as ``&#x1b;``), then ``& < >`` as entities."""
+    return escape(printable(text))
+
+
 class _Svg:
     """Collects SVG elements; every element gets a ``class`` naming what it shows."""
 
@@ -74,7 +88,7 @@ class _Svg:
 
     def rect(self, cls: str, x: float, y: float, w: float, h: float, fill: str, title: str = "", **extra) -> None:
         attrs = " ".join(f'{k.replace("_", "-")}="{v}"' for k, v in extra.items())
-        tip = f"<title>{escape(title)}</title>" if title else ""
+        tip = f"<title>{_xml_text(title)}</title>" if title else ""
         self.items.append(
             f'<rect class="{cls}" x="{x:.1f}" y="{y:.1f}" width="{max(w, 0):.1f}" height="{h:.1f}" '
             f'fill="{fill}" {attrs}>{tip}</rect>'
@@ -84,7 +98,7 @@ class _Svg:
         attrs = " ".join(f'{k.replace("_", "-")}="{v}"' for k, v in extra.items())
         self.items.append(
             f'<text class="{cls}" x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
-            f"{attrs}>{escape(content)}</text>"
+            f"{attrs}>{_xml_text(content)}</text>"
         )
 
     def document(self, height: float) -> str:

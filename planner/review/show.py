@@ -20,6 +20,7 @@ import msgspec
 
 from autodist.planner.review.format import (
     Collapsed,
+    clip,
     collapse,
     human_bytes,
     human_count,
@@ -27,6 +28,7 @@ from autodist.planner.review.format import (
     mesh_grid,
     mesh_text,
     natural_key,
+    printable,
     stage_summary,
     strategy_text,
 )
@@ -155,7 +157,9 @@ def rejected_reasons(plan: Plan) -> dict[str, int]:
 
 
 def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
-    """The summary as text for a terminal or a pull-request comment."""
+    """The summary as text for a terminal or a pull-request comment. Plan text is escaped
+    (:func:`printable`) and the name column is at most ``MAX_NAME_WIDTH`` wide (``show --json``
+    has the whole names)."""
     m, c, est = plan.model, plan.cluster, plan.estimate
     world = c.nodes * c.devices_per_node
     out = [
@@ -184,11 +188,11 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
     if all(set(row.value[0]) == {"R"} for row in rows):  # data parallel only: nothing to list
         rows = []
         out.append(f"  all {len(plan.params)} parameters replicated (R on every mesh dim)")
-    width = max((len(r.pattern) for r in rows), default=0)
+    width = max((len(clip(r.pattern)) for r in rows), default=0)
     pwidth = max((len(" ".join(r.value[0])) for r in rows), default=0)
     for row in rows:
         count = f"  ×{len(row.members)}" if len(row.members) > 1 else ""
-        out.append(f"  {row.pattern:<{width}}  {' '.join(row.value[0]):<{pwidth}}  {row.value[1]}{count}")
+        out.append(f"  {clip(row.pattern):<{width}}  {' '.join(row.value[0]):<{pwidth}}  {row.value[1]}{count}")
     for fqn, param in sorted(plan.params.items()):
         if param.tied_to:
             out.append(f"  tied: {fqn} is also {', '.join(param.tied_to)} (one parameter)")
@@ -238,4 +242,4 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
         out.append("")
         out.append("notes")
         out += [f"  - {note}" for note in plan.notes]
-    return "\n".join(out) + "\n"
+    return "\n".join(printable(line) for line in out) + "\n"
