@@ -109,3 +109,16 @@ def test_local_gpu_names_map_to_profiles(cuda_name, profile):
     from autodist.planner.cost.hardware import profile_for_cuda_name
 
     assert profile_for_cuda_name(cuda_name) == profile
+
+
+def test_named_profiles_are_cluster_files_a_user_can_copy(tmp_path):
+    """Each named profile is a file in the --cluster format: a copy of it plans like the name."""
+    from autodist.planner.cost.hardware import DEVICES_DIR
+
+    assert sorted(p.stem for p in DEVICES_DIR.glob("*.toml")) == sorted(PROFILES)
+    copy = tmp_path / "mine.toml"
+    copy.write_text((DEVICES_DIR / "h100-sxm.toml").read_text())
+    assert resolve_device(cluster_file=str(copy)) == PROFILES["h100-sxm"]
+    # The published figures, read back from the data file (H100 SXM5 datasheet).
+    h100 = PROFILES["h100-sxm"]
+    assert (h100.memory_bytes, h100.peak_flops["bf16"], h100.intra_node_bandwidth) == (80 * 10**9, 989e12, 450e9)

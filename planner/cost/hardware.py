@@ -1,5 +1,8 @@
 """Device profiles: named ones with published figures, or a ``cluster.toml`` the user writes.
 
+The named profiles are data: ``devices/<name>.toml``, in the same format as ``--cluster``
+(a ``[device]`` table, see :func:`load_cluster_file`), so adding a device is adding a file.
+
 Every figure is per device (one GPU) and per direction. Memory is the datasheet's "GB" read as
 10^9 bytes, which is slightly less than the device really has (80 GB HBM reports 81 559 MiB):
 the planner should err towards "does not fit", never towards an out-of-memory crash.
@@ -31,66 +34,14 @@ US = 1e-6
 #: Profile used when the planning machine has no GPU and no --device / --cluster is given.
 FALLBACK_DEVICE = "h100-sxm"
 
-PROFILES: dict[str, DeviceProfile] = {
-    # NVIDIA A100 Tensor Core GPU datasheet (nvidia.com, 2021): 312 TFLOPS bf16/fp16 dense,
-    # 19.5 TFLOPS fp32, 40 GB HBM2, NVLink 600 GB/s total (300 GB/s per direction).
-    # DGX A100 datasheet: 8x ConnectX-6 HDR 200 Gb/s InfiniBand, one per GPU (25 GB/s).
-    "a100-40g": DeviceProfile(
-        name="a100-40g",
-        memory_bytes=40 * GB,
-        peak_flops={"bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS, "fp32": 19.5 * TFLOPS},
-        intra_node_bandwidth=300 * GB_PER_S,
-        inter_node_bandwidth=25 * GB_PER_S,
-        intra_node_latency_s=3 * US,
-        inter_node_latency_s=6 * US,
-    ),
-    # Same datasheet, 80 GB HBM2e variant (SXM); compute and links as the 40 GB part.
-    "a100-80g": DeviceProfile(
-        name="a100-80g",
-        memory_bytes=80 * GB,
-        peak_flops={"bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS, "fp32": 19.5 * TFLOPS},
-        intra_node_bandwidth=300 * GB_PER_S,
-        inter_node_bandwidth=25 * GB_PER_S,
-        intra_node_latency_s=3 * US,
-        inter_node_latency_s=6 * US,
-    ),
-    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOPS bf16/fp16 dense (1979 sparse),
-    # 67 TFLOPS fp32, 80 GB HBM3, NVLink 4 900 GB/s total (450 GB/s per direction).
-    # DGX H100 datasheet: 8x ConnectX-7 NDR 400 Gb/s InfiniBand, one per GPU (50 GB/s).
-    "h100-sxm": DeviceProfile(
-        name="h100-sxm",
-        memory_bytes=80 * GB,
-        peak_flops={"bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS, "fp32": 67 * TFLOPS},
-        intra_node_bandwidth=450 * GB_PER_S,
-        inter_node_bandwidth=50 * GB_PER_S,
-        intra_node_latency_s=2 * US,
-        inter_node_latency_s=5 * US,
-    ),
-    # NVIDIA H200 Tensor Core GPU datasheet (SXM): same compute as H100 SXM (989 TFLOPS bf16
-    # dense, 67 fp32), 141 GB HBM3e, NVLink 900 GB/s total; DGX H200: 8x NDR 400 Gb/s.
-    "h200": DeviceProfile(
-        name="h200",
-        memory_bytes=141 * GB,
-        peak_flops={"bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS, "fp32": 67 * TFLOPS},
-        intra_node_bandwidth=450 * GB_PER_S,
-        inter_node_bandwidth=50 * GB_PER_S,
-        intra_node_latency_s=2 * US,
-        inter_node_latency_s=5 * US,
-    ),
-    # A small CPU "device" for tests and CPU (gloo) runs, not a datasheet: one process of a
-    # desktop-class CPU (~1 TFLOP/s fp32 with AVX-512 FMA on a handful of cores, no faster in
-    # bf16), 16 GB of host memory per rank, loopback/shared memory within a node and 10 GbE
-    # (1.25 GB/s) between nodes, with gloo's tens-of-microseconds latencies.
-    "cpu": DeviceProfile(
-        name="cpu",
-        memory_bytes=16 * GB,
-        peak_flops={"bf16": 1 * TFLOPS, "fp16": 1 * TFLOPS, "fp32": 1 * TFLOPS},
-        intra_node_bandwidth=10 * GB_PER_S,
-        inter_node_bandwidth=1.25 * GB_PER_S,
-        intra_node_latency_s=20 * US,
-        inter_node_latency_s=50 * US,
-    ),
-}
+#: The named profiles: one file each in ``devices/``, in the format ``--cluster`` reads (each
+#: file's comments cite its datasheet).
+DEVICES_DIR = Path(__file__).resolve().parent / "devices"
+
+
+def _named_profiles() -> dict[str, DeviceProfile]:
+    return {path.stem: load_cluster_file(str(path)) for path in sorted(DEVICES_DIR.glob("*.toml"))}
+
 
 #: Substrings of CUDA device names (``paddle.device.cuda.get_device_name()``) -> profile.
 #: Checked in order, so the more specific names come first.
@@ -213,6 +164,9 @@ def load_cluster_file(path: str) -> DeviceProfile:
         intra_node_latency_s=float(values["intra_node_latency_us"]),
         inter_node_latency_s=float(values["inter_node_latency_us"]),
     )
+
+
+PROFILES: dict[str, DeviceProfile] = _named_profiles()
 
 
 def _profile_values(profile: DeviceProfile) -> dict[str, float]:
