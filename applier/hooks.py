@@ -12,7 +12,7 @@ Each hook acts on its layer's inputs (``pre``) or outputs (``post``):
 All reshards go through one function, ``reshard_fn`` (``dist.reshard`` by default), so a test
 harness may substitute another. On Paddle 3.3.1's CPU wheel some transitions have no kernel
 (Partial->Shard needs reduce_scatter, Shard(i)->Shard(j) needs all_to_all) and a reshard
-between two meshes (the stage hand-off) segfaults; see PADDLE_NOTES.md. The library does not
+between two meshes (the stage hand-off) segfaults; see docs/paddle-notes.md, "Collectives on the CPU wheel". The library does not
 hide that: a CPU harness passes its own clearly labelled ``reshard_fn``, hand-offs need a GPU.
 
 Example::

@@ -29,7 +29,7 @@ Paddle's schedules add the micro-batches' gradients; autodist divides each micro
 by the micro-batch count for backward (and reports it undivided), so a step trains exactly
 like the whole batch with a mean loss on one device.
 
-On Paddle 3.3.1's CPU wheel ``batch_isend_irecv`` under gloo times out (PADDLE_NOTES.md), so
+On Paddle 3.3.1's CPU wheel ``batch_isend_irecv`` under gloo times out (docs/paddle-notes.md, "Collectives on the CPU wheel"), so
 the schedules cannot run there as they are. With a test-only stand-in that runs each P2P op
 as a blocking send/recv, 1F1B and VPP on 2 CPU ranks train equal to one device
 (tests/test_apply_single.py). A pipeline with dp or mp inside each stage also needs one

@@ -2,7 +2,7 @@
 
 A Parameter reachable under several names (tied weights: an LM head sharing the embedding
 table) is sharded once and the one new object is put back under every name, so the tie
-survives; sharding the copies separately would train two diverging tables (PADDLE_NOTES.md).
+survives; sharding the copies separately would train two diverging tables (docs/paddle-notes.md, "Parameters and optimizers").
 
 Parameters of a model built under ``paddle.LazyGuard()`` have no storage yet: they are sharded
 first and initialised after, so each rank allocates only its own shard.

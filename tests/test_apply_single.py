@@ -270,7 +270,7 @@ class HandOffReached(Exception):
 
 def test_stage_handoff_targets_the_next_stage_mesh():
     """Plumbing only: a real hand-off is a cross-mesh reshard, which segfaults on Paddle's CPU
-    wheel (PADDLE_NOTES.md), so the reshard_fn records its arguments and stops the forward."""
+    wheel (docs/paddle-notes.md, "Collectives on the CPU wheel"), so the reshard_fn records its arguments and stops the forward."""
     from autodist.applier.shard import shard_parameters
 
     model = build_tied()
@@ -347,7 +347,7 @@ def test_lazy_model_on_four_ranks_allocates_only_its_shards(tmp_path):
 def test_pipeline_chunks_follow_the_children_stages():
     """1F1B and VPP cut a Sequential where the children's planned stage changes; a child
     without parameters (ReLU) stays with the run before it. Running a schedule needs P2P
-    that gloo cannot do (PADDLE_NOTES.md), so only the cut is checked here."""
+    that gloo cannot do (docs/paddle-notes.md, "Collectives on the CPU wheel"), so only the cut is checked here."""
     from autodist.applier.pipeline import pipeline_problems, stage_runs
 
     model = paddle.nn.Sequential(*[paddle.nn.Linear(4, 4) if i != 2 else paddle.nn.ReLU() for i in range(6)])
@@ -365,7 +365,7 @@ def test_pipeline_chunks_follow_the_children_stages():
 
 
 #: One rank of the pipeline job below. TEST-ONLY stand-in, clearly not Paddle's: gloo times
-#: out on ``batch_isend_irecv`` (PADDLE_NOTES.md), so each P2P op of a batch runs as a
+#: out on ``batch_isend_irecv`` (docs/paddle-notes.md, "Collectives on the CPU wheel"), so each P2P op of a batch runs as a
 #: blocking send/recv, the lower rank of a pair sending first. The schedule, stages and
 #: optimizer are Paddle's and autodist's own.
 PIPELINE_RANK = """

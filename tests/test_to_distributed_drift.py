@@ -1,7 +1,7 @@
 """``paddle.distributed.to_distributed`` against ``apply_plan`` on the docstring Llama at
 dp2 x mp2 (4 ranks), same model, data and seed: its losses drift from the single-device run,
 ours match. The cause is visible in the harness's record: the weights to_distributed shards are
-never trained, because its optimizer still holds the dense originals (PADDLE_NOTES.md).
+never trained, because its optimizer still holds the dense originals (docs/paddle-notes.md, "Parameters and optimizers").
 The numbers are recorded in docs/to_distributed.md (run with ``-s`` to print them).
 
 This documents Paddle 3.3.1. If it starts failing because to_distributed no longer drifts,

@@ -364,7 +364,7 @@ def reshard_hooks(analysis: ModelAnalysis, mp: int, mesh_dims: Sequence[str] = (
     Why: with ``q|k|v`` or ``gate|up`` split by columns, the forward works (Paddle all-gathers
     before the split, see :func:`implicit_comm`), but the backward of the matmul then fails
     Paddle's SPMD verification (``matmul grad infer spmd ... verify error``, measured with Gemma3
-    and Phi3 on CPU, PADDLE_NOTES.md). Gathering the output explicitly right after the
+    and Phi3 on CPU, docs/paddle-notes.md, "SPMD rules"). Gathering the output explicitly right after the
     projection trains to the same losses as one device, keeps the projection's weight and FLOPs
     split, and replaces the several gathers the segment split would trigger with one.
     ``mesh_dims`` are the plan's mesh dims (``pp``, ``dp``, ``mp``): the batch stays split on

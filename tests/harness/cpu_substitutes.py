@@ -2,7 +2,7 @@
 
 On CPU (gloo), ``dist.reshard`` from Partial to Shard needs ``reduce_scatter`` and from
 Shard(i) to Shard(j) needs ``all_to_all``; both kernels throw ``Unimplemented``
-(PADDLE_NOTES.md). :func:`reshard_via_replicate` takes a detour through Replicate instead:
+(docs/paddle-notes.md, "Collectives on the CPU wheel"). :func:`reshard_via_replicate` takes a detour through Replicate instead:
 P -> R (all-reduce) -> S (local slice), S(i) -> R (all-gather) -> S(j). The values, and the
 gradients flowing back, are the same; only the communication differs (more bytes). That makes
 sequence parallelism and ZeRO stage 1 *numerically* testable on CPU, and says nothing about

@@ -31,7 +31,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TESTS_DIR = REPO_ROOT / "tests"
 
-#: Ranks > 0 that reach the TCP store before rank 0 listens back off ~3 s (PADDLE_NOTES.md).
+#: Ranks > 0 that reach the TCP store before rank 0 listens back off ~3 s (docs/paddle-notes.md, "Collectives on the CPU wheel").
 RANK_START_DELAY_S = 0.5
 #: After the first rank fails, how long the others get to fail on their own (a bad plan must
 #: fail on *every* rank) before they are killed as hung.
@@ -94,7 +94,7 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
-    # An empty CUDA_VISIBLE_DEVICES breaks Paddle's launcher on the CPU wheel (PADDLE_NOTES.md).
+    # An empty CUDA_VISIBLE_DEVICES breaks Paddle's launcher on the CPU wheel (docs/paddle-notes.md, "Collectives on the CPU wheel").
     if env.get("CUDA_VISIBLE_DEVICES") == "":
         del env["CUDA_VISIBLE_DEVICES"]
     env.update(extra or {})
@@ -150,7 +150,7 @@ def launch_nodes(
 ) -> JobResult:
     """Simulate ``nnodes`` machines: one ``paddle.distributed.launch`` per node, all on loopback,
     meeting at one master port. ``--devices`` and ``CUDA_VISIBLE_DEVICES`` stay unset: both
-    break the launcher on the CPU wheel (PADDLE_NOTES.md). Each launcher writes its ranks' logs
+    break the launcher on the CPU wheel (docs/paddle-notes.md, "Collectives on the CPU wheel"). Each launcher writes its ranks' logs
     under ``workdir/log_node<N>``; they are appended to the node's stderr here.
     """
     (master_port,) = free_ports(1)

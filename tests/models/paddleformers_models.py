@@ -1,7 +1,7 @@
 """Tiny PaddleFormers models (random weights, no download), a CNN and single-MLP models.
 
 The PaddleFormers configs pass ``fuse_rms_norm=False``: the fused RMSNorm kernel rejects
-float32 on CPU (PADDLE_NOTES.md). Their full ``ForCausalLM.forward`` does not trace on this
+float32 on CPU (docs/paddle-notes.md, "Tracing"). Their full ``ForCausalLM.forward`` does not trace on this
 Paddle; the inner ``model.model`` does.
 
 Example::
