@@ -19,6 +19,9 @@ hand-off hooks) — an ordinary loop; inputs and labels arrive as DistTensors::
         scheduler.step()                # if any: the rebuilt optimizer shares your LR scheduler object
 
 Use the returned objects only: the old optimizer still points at the replaced parameters.
+The loop stays the same when the plan accumulates gradients (``micro_batches > 1``, no
+pipeline): the loader then yields micro-batches and ``opt.step()`` updates once per batch
+(accumulate.py).
 
 ``1F1B`` / ``VPP`` (Paddle's pipelining schedules, a ``paddle.nn.Sequential`` model) — the
 returned model is this rank's stage, and one call runs a whole step of micro-batches::
@@ -41,10 +44,11 @@ import paddle.distributed as dist
 
 from autodist.schemas import Plan, PlanError, load_plan
 
+from autodist.applier.accumulate import AccumulatingOptimizer, MicroBatchLoader, accumulates
 from autodist.applier.data import shard_loader
 from autodist.applier.hooks import ReshardFn, register_hooks
 from autodist.applier.mesh import mesh_ids
-from autodist.applier.optimizer import rebuild_optimizer, shard_optimizer
+from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, shard_optimizer
 from autodist.applier.pipeline import build_pipeline, uses_schedule
 from autodist.applier.shard import shard_parameters
 from autodist.applier.validate import plan_problems
@@ -76,7 +80,9 @@ def apply_plan(
     Returns ``(model, optimizer, dataloader)``: the same model object with distributed
     parameters (for a schedule, a :class:`~autodist.applier.pipeline.PipelineModel` of this
     rank's stage), a rebuilt optimizer holding exactly the new parameters (wrapped by
-    ``dist.shard_optimizer``), and a ``dist.ShardDataloader``.
+    ``dist.shard_optimizer``), and a ``dist.ShardDataloader``. When the plan has
+    ``micro_batches > 1`` and no pipeline schedule, the loader yields micro-batches and the
+    optimizer accumulates their gradients, updating once per batch (accumulate.py).
 
     Example::
 
@@ -96,9 +102,14 @@ def apply_plan(
         # Only parameters the returned model holds: a pipeline stage drops the other stages'.
         mine = {id(p) for p in model.parameters()}
         new_param = {id(old): new for old, new in replaced if id(new) in mine}
-        optimizer = shard_optimizer(rebuild_optimizer(optimizer, new_param), plan)
+        rebuilt = rebuild_optimizer(optimizer, new_param)
+        optimizer = shard_optimizer(rebuilt, plan)
+        if accumulates(plan):
+            optimizer = AccumulatingOptimizer(optimizer, optimizer_parameters(rebuilt), plan.strategy.micro_batches)
     if dataloader is not None:
         dataloader = shard_loader(dataloader, plan)
+        if accumulates(plan):
+            dataloader = MicroBatchLoader(dataloader, plan.strategy.micro_batches)
     _APPLIED[model] = plan
     return model, optimizer, dataloader
 

@@ -19,6 +19,7 @@ import paddle
 
 from autodist.schemas import Plan, parameter_fingerprint, parameter_table
 
+from autodist.applier.accumulate import accumulation_problems
 from autodist.applier.optimizer import optimizer_problems
 from autodist.applier.pipeline import pipeline_problems
 from autodist.applier.shard import parameter_owners
@@ -45,6 +46,7 @@ def plan_problems(
         + optimizer_problems(model, optimizer, plan)
         + data_problems(plan, dataloader)
         + pipeline_problems(model, plan, loss_fn)
+        + accumulation_problems(plan)
     )
 
 

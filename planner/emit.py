@@ -72,9 +72,9 @@ def build_plan(
     if strategy.mp > 1:
         hooks += _sequence_parallel_hooks(analysis, strategy, mesh.dim_names, fused_gathers, notes)
     notes += _tied_across_stages(analysis, strategy.pp)
-    if strategy.micro_batches > 1 and strategy.schedule in ("none", "sequential"):
-        notes.append(f"micro_batches={strategy.micro_batches} without a pipeline schedule: split each rank's batch "
-                     "and accumulate gradients before opt.step() (apply_plan does not split batches)")
+    if strategy.micro_batches > 1 and strategy.schedule == "none":
+        notes.append(f"micro_batches={strategy.micro_batches}: apply_plan accumulates gradients (the loader yields "
+                     f"{strategy.micro_batches} micro-batches per batch, the optimizer updates once per batch)")
     notes += [f"layer {layer}: no pattern matched it; its parameters stay replicated" for layer in analysis.unmatched]
     notes += analysis.notes + result.notes
     return Plan(

@@ -178,6 +178,17 @@ def test_micro_batches_below_pp_are_rejected_for_1f1b():
     assert sequential.best.strategy.schedule == "sequential"
 
 
+def test_sequential_pipelines_take_one_micro_batch():
+    """apply_plan accumulates only without a pipeline, so a sequential plan never asks for more."""
+    model, program, graph = traced("gpt")
+    analysis = analyze(program, graph, model)
+    searched = search(analysis, SearchRequest(devices_per_node=2, pp=2, schedule="sequential", global_batch_size=8))
+    assert searched.best.strategy.micro_batches == 1
+    with pytest.raises(PlannerError) as err:
+        search(analysis, SearchRequest(devices_per_node=2, pp=2, micro_batches=2, schedule="sequential"))
+    assert "accumulates micro-batches only without a pipeline" in err.value.detail
+
+
 def test_a_model_without_blocks_gets_data_parallel_and_says_why_not_mp():
     model, program, graph = traced("cnn")
     result = search(analyze(program, graph, model), SearchRequest(devices_per_node=4, device=H100))

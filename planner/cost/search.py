@@ -336,6 +336,8 @@ def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy) -
     if request.micro_batch_size is not None and per_rank != strategy.micro_batches * request.micro_batch_size:
         return (f"global batch {setup.global_batch} is not dp={strategy.dp} x micro-batch size "
                 f"{request.micro_batch_size} x micro-batches")
+    if strategy.schedule == "sequential" and strategy.micro_batches > 1:
+        return "apply_plan accumulates micro-batches only without a pipeline; the sequential schedule takes 1"
     if strategy.schedule in ("1F1B", "VPP") and strategy.micro_batches < strategy.pp:
         return (f"{strategy.micro_batches} micro-batches < pp={strategy.pp}: stages would idle "
                 f"({strategy.schedule} needs at least pp micro-batches)")

@@ -23,6 +23,7 @@ from .compare import assert_same_training, layout_differences
 from .jobs import TrainRun
 from .plans import tensor_parallel_plan, write_plan
 from .launcher import REPO_ROOT, base_env
+from .workloads import BATCH
 from .runner import ReferenceRuns, train_distributed
 from .workloads import WORKLOADS, Workload
 
@@ -42,6 +43,10 @@ class Config:
     #: "hand": :func:`harness.plans.tensor_parallel_plan`; "planner": ``autodist-plan`` with
     #: these degrees fixed (its placements and hooks are then the ones under test).
     plan_source: str = "hand"
+    #: Gradient-accumulation steps per optimizer step (the plan's ``micro_batches``), and the
+    #: samples per optimizer step.
+    micro_batches: int = 1
+    batch: int = BATCH
 
     @property
     def world(self) -> int:
@@ -52,6 +57,7 @@ class Config:
         parts = ["planner"] * (self.plan_source == "planner")
         parts += [f"{dim}{size}" for dim, size in (("pp", self.pp), ("dp", self.dp), ("mp", self.mp)) if size > 1]
         parts += ["sp"] * self.sequence_parallel + [f"zero{self.sharding_stage}"] * bool(self.sharding_stage)
+        parts += [f"m{self.micro_batches}"] * (self.micro_batches > 1) + [f"batch{self.batch}"] * (self.batch != BATCH)
         parts += [self.optimizer] + ["via_replicate"] * (self.reshard == "via_replicate")
         return "_".join(parts)
 
@@ -60,6 +66,7 @@ class Config:
             f"--devices={self.world // nodes}", f"--nodes={nodes}", "--device=cpu",
             f"--dp={self.dp}", f"--mp={self.mp}", f"--pp={self.pp}", f"--sharding-stage={self.sharding_stage}",
             "--sequence-parallel" if self.sequence_parallel else "--no-sequence-parallel",
+            f"--micro-batches={self.micro_batches}", f"--global-batch-size={self.batch}",
         ]  # fmt: skip
 
     def hand_written_plan(self, model, nodes: int = 1) -> Plan:
@@ -71,6 +78,7 @@ class Config:
             nodes=nodes,
             sequence_parallel=self.sequence_parallel,
             sharding_stage=self.sharding_stage,
+            micro_batches=self.micro_batches,
         )
 
 
@@ -105,7 +113,8 @@ def train_configurations(
                     plan = finish_planner(planning[config.name])
                 else:
                     plan = write_plan(config.hand_written_plan(model, nodes), workdir / f"plan_{config.name}.json")
-                runs.append(TrainRun(config.name, workload, optimizer=config.optimizer, plan=plan, reshard=config.reshard))
+                runs.append(TrainRun(config.name, workload, optimizer=config.optimizer, plan=plan, reshard=config.reshard,
+                                     batch=config.batch))
             outputs = train_distributed(runs, world, workdir / f"world{world}", nodes=nodes, backend=backend)
             for run in runs:
                 trained[run.name] = Trained(run, load_plan(run.plan), outputs[run.name])

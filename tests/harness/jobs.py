@@ -29,6 +29,8 @@ class TrainRun:
     plan: str | None = None  # path of the plan file (method "autodist")
     steps: int = 3
     seed: int = 2024
+    #: Samples per optimizer step (the plan's global batch).
+    batch: int = 4
     #: "paddle": plain ``dist.reshard``. "via_replicate": the TEST-ONLY CPU stand-in of
     #: :mod:`harness.cpu_substitutes` for the P->S / S(i)->S(j) reshards gloo cannot do.
     reshard: str = "paddle"

@@ -86,6 +86,7 @@ def tensor_parallel_plan(
     sequence_parallel: bool = False,
     sharding_stage: int = 0,
     pp: int = 1,
+    micro_batches: int = 1,
 ) -> Plan:
     """A pp x dp x mp plan for ``model`` on ``nodes`` machines with ``pp*dp*mp/nodes`` devices
     each: tensor parallelism from ``styles``, optionally sequence parallelism (hooks at
@@ -116,6 +117,7 @@ def tensor_parallel_plan(
             sequence_parallel=sequence_parallel,
             sharding_stage=sharding_stage,
             schedule="sequential" if pp > 1 else "none",
+            micro_batches=micro_batches,
         ),
         params=params,
         hooks=(sequence_parallel_hooks(model) if sequence_parallel else []) + handoffs,

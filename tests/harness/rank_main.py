@@ -88,7 +88,7 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
     # A resumed run starts from other weights: only the checkpoint can make them right.
     model = workload.build(run.seed + 1 if run.load_checkpoint else run.seed)
     optimizer, schedule = make_optimizer(run.optimizer, model.parameters())
-    loader = make_loader(workload, run.steps, run.seed, first_step=run.first_step)
+    loader = make_loader(workload, run.steps, run.seed, first_step=run.first_step, batch=run.batch)
     model, optimizer, loader, apply_seconds = distribute(run, model, optimizer, loader, world)
     if run.load_checkpoint:
         from autodist import load_checkpoint
@@ -111,6 +111,8 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
         "world": world,
         "apply_seconds": apply_seconds,
         "losses": losses,
+        # Iterations per optimizer step: > 1 when the plan's accumulation was applied.
+        "micro_batches": getattr(loader, "micro_batches", 1),
         "params": {fqn: value.tolist() for fqn, value in after.items()},
         # Parameters training never changed: the stale-optimizer bug leaves sharded ones here.
         "unchanged_by_training": sorted(fqn for fqn in after if np.array_equal(after[fqn], before[fqn])),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .jobs import BadPlanCase, Job, TrainRun, output_path
 from .launcher import JobResult, launch_nodes, launch_ranks
+from .workloads import BATCH
 
 RANK_MODULE = ["-m", "harness.rank_main"]
 #: paddle.distributed.launch takes a script path, not ``-m``.
@@ -63,7 +64,8 @@ def check_bad_plans(
 def reference_key(run: TrainRun) -> str:
     """Runs that differ only in how they are distributed share one single-device reference;
     a run resumed from a checkpoint is compared with the uninterrupted run up to its last step."""
-    return f"{run.workload}-{run.optimizer}-{run.first_step + run.steps}steps-seed{run.seed}"
+    key = f"{run.workload}-{run.optimizer}-{run.first_step + run.steps}steps-seed{run.seed}"
+    return key + (f"-batch{run.batch}" if run.batch != BATCH else "")
 
 
 class ReferenceRuns:

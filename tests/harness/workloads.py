@@ -110,13 +110,13 @@ class TokenDataset(paddle.io.Dataset):
         return len(self.inputs)
 
 
-def make_loader(workload: Workload, steps: int, seed: int, first_step: int = 0) -> paddle.io.DataLoader:
-    """``steps`` global batches of ``BATCH`` sequences, in a fixed order (no shuffling),
+def make_loader(workload: Workload, steps: int, seed: int, first_step: int = 0, batch: int = BATCH) -> paddle.io.DataLoader:
+    """``steps`` global batches of ``batch`` sequences, in a fixed order (no shuffling),
     starting at batch ``first_step`` of the seed's stream (where a resumed run goes on)."""
-    dataset = TokenDataset(workload.vocab_size, (first_step + steps) * BATCH, seed)
+    dataset = TokenDataset(workload.vocab_size, (first_step + steps) * batch, seed)
     if first_step:
-        dataset = paddle.io.Subset(dataset, list(range(first_step * BATCH, len(dataset))))
-    sampler = paddle.io.BatchSampler(dataset, batch_size=BATCH, shuffle=False, drop_last=True)
+        dataset = paddle.io.Subset(dataset, list(range(first_step * batch, len(dataset))))
+    sampler = paddle.io.BatchSampler(dataset, batch_size=batch, shuffle=False, drop_last=True)
     return paddle.io.DataLoader(dataset, batch_sampler=sampler)
 
 
@@ -140,10 +140,13 @@ def make_optimizer(kind: str, parameters) -> tuple[paddle.optimizer.Optimizer, p
 
 def train(workload: Workload, model, optimizer, schedule, loader, steps: int) -> list[float]:
     """Run ``steps`` training steps; return each step's loss as a float (replicated first when
-    it is a distributed tensor, so every rank reports the global loss)."""
+    it is a distributed tensor, so every rank reports the global loss). A loader that yields
+    micro-batches (a plan that accumulates gradients) takes ``micro_batches`` iterations per
+    step, and the step's loss is their mean: the whole batch's mean loss."""
+    per_step = getattr(loader, "micro_batches", 1)
     losses = []
-    for step, (inputs, labels) in enumerate(loader):
-        if step == steps:
+    for iteration, (inputs, labels) in enumerate(loader):
+        if iteration == steps * per_step:
             break
         loss = workload.loss(model, inputs, labels)
         losses.append(to_numpy(loss).item())
@@ -152,7 +155,7 @@ def train(workload: Workload, model, optimizer, schedule, loader, steps: int) ->
         optimizer.clear_grad()
         if schedule is not None:
             schedule.step()
-    return losses
+    return [sum(losses[i : i + per_step]) / per_step for i in range(0, len(losses), per_step)]
 
 
 def to_numpy(tensor: paddle.Tensor) -> np.ndarray:

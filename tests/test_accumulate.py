@@ -1,0 +1,76 @@
+"""Gradient accumulation is applied, not only priced: a plan with ``micro_batches > 1`` and no
+pipeline trains, through the ordinary loop, exactly like one step on the whole batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+from harness.cases import Config, check_against_reference, train_configurations
+from harness.plans import tensor_parallel_plan
+from harness.workloads import WORKLOADS, make_loader, make_optimizer, train
+
+from autodist.applier import apply_plan
+from autodist.applier.accumulate import split_batch
+from autodist.applier.validate import plan_problems
+
+
+def test_split_batch_keeps_structure_and_order():
+    batch = {"ids": paddle.arange(8).reshape([4, 2]), "tag": "x", "pair": (paddle.arange(4), paddle.arange(4) * 10)}
+    pieces = split_batch(batch, 2)
+    assert [p["ids"].tolist() for p in pieces] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    assert [p["pair"][1].tolist() for p in pieces] == [[0, 10], [20, 30]]
+    assert [p["tag"] for p in pieces] == ["x", "x"]
+
+
+def _train_one_rank(micro_batches: int, steps: int = 3) -> tuple[list[float], dict]:
+    """The docstring Llama with AdamW (schedule, clipping): plain at full batch 8, or through a
+    one-rank plan that splits each batch of 8 into ``micro_batches``."""
+    workload = WORKLOADS["docstring_llama"]
+    model = workload.build(seed=7)
+    optimizer, schedule = make_optimizer("adamw", model.parameters())
+    loader = make_loader(workload, steps=steps, seed=7, batch=8)
+    if micro_batches:
+        plan = tensor_parallel_plan(model, micro_batches=micro_batches)
+        model, optimizer, loader = apply_plan(model, optimizer, loader, plan)
+        assert len(loader) == steps * micro_batches  # the loop really sees micro-batches
+    losses = train(workload, model, optimizer, schedule, loader, steps)
+    return losses, {k: v.numpy() for k, v in model.state_dict().items()}, schedule.last_epoch
+
+
+def test_one_rank_accumulation_equals_the_whole_batch():
+    """The loop sees 4 micro-batches per batch; without accumulation that is 4 updates per
+    batch, and without dividing the summed gradients by 4 a 4x larger update."""
+    dense_losses, dense_state, dense_epoch = _train_one_rank(0)
+    losses, state, epoch = _train_one_rank(4)
+    assert epoch == dense_epoch == 3  # the schedule advanced once per update, not per micro-batch
+    np.testing.assert_allclose(losses, dense_losses, rtol=1e-5)
+    for key in dense_state:
+        np.testing.assert_allclose(state[key], dense_state[key], atol=1e-5, err_msg=key)
+
+
+def test_accumulating_loader_yields_micro_batches():
+    workload = WORKLOADS["docstring_llama"]
+    model = workload.build(seed=0)
+    optimizer, _ = make_optimizer("sgd", model.parameters())
+    loader = make_loader(workload, steps=2, seed=0, batch=8)
+    _, _, loader = apply_plan(model, optimizer, loader, tensor_parallel_plan(model, micro_batches=4))
+    shapes = [list(inputs.shape) for inputs, _ in loader]
+    assert shapes == [[2, 8]] * 8
+
+
+def test_sequential_schedule_with_micro_batches_is_refused():
+    model = WORKLOADS["docstring_llama"].build(seed=0)
+    problems = plan_problems(model, None, None, tensor_parallel_plan(model, pp=2, micro_batches=2), world_size=2)
+    assert any("accumulates micro-batches only without a pipeline" in p for p in problems), problems
+
+
+@pytest.mark.multiprocess
+def test_dp2_with_4_micro_batches_trains_like_full_batch_steps(tmp_path, reference_runs):
+    """Two ranks, each splitting its 4 samples into 4 micro-batches of 1 and updating once
+    per 8-sample batch, give the single-device losses and parameters of 8-sample steps."""
+    config = Config(dp=2, micro_batches=4, batch=8, optimizer="adamw")
+    trained = train_configurations("docstring_llama", [config], tmp_path)[config.name]
+    assert trained.plan.strategy.micro_batches == 4
+    assert [out["micro_batches"] for out in trained.outputs] == [4, 4]
+    check_against_reference(trained, reference_runs)
