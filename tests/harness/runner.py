@@ -86,7 +86,8 @@ class ReferenceRuns:
         if not todo:
             return
         singles = [
-            TrainRun(key, r.workload, optimizer=r.optimizer, method="single", steps=r.first_step + r.steps, seed=r.seed)
+            TrainRun(key, r.workload, optimizer=r.optimizer, method="single", steps=r.first_step + r.steps, seed=r.seed,
+                     batch=r.batch)
             for key, r in todo.items()
         ]
         workdir = self.workdir / f"reference{len(self.results)}"
