@@ -67,13 +67,20 @@ def test_control_characters_from_the_metadata_are_escaped(saved, tmp_path):
     raw = json.loads((path / METADATA_FILE).read_text())
     (evil / raw["data"]).symlink_to(path / raw["data"])
     raw["model"]["class_name"] = "Model\x1b[2J\x07"
-    raw["params"]["layer\x1b]0;owned\x07.weight"] = raw["params"].pop("norm.weight")
     raw["scheduler"]["state"]["\x1b[31mred"] = "\r\x9b"
     (evil / METADATA_FILE).write_text(json.dumps(raw))
     result = info(evil)
     assert result.exit_code == 0, result.output
     assert not any(c in result.output for c in "\x1b\x07\r\x9b"), repr(result.output)
-    assert "Model\\x1b[2J\\x07" in result.output and "layer\\x1b]0;owned\\x07.weight" in result.output
+    assert "Model\\x1b[2J\\x07" in result.output
+
+    # Parameter names have the plan's FQN grammar: a name with control characters is refused,
+    # and the refusal is one escaped line.
+    raw["params"]["layer\x1b]0;owned\x07.weight"] = raw["params"].pop("norm.weight")
+    (evil / METADATA_FILE).write_text(json.dumps(raw))
+    refused = info(evil)
+    assert refused.exit_code == 2 and refused.output.count("\n") == 1, refused.output
+    assert not any(c in refused.output for c in "\x1b\x07"), repr(refused.output)
 
 
 def test_a_bad_checkpoint_is_one_escaped_error_line(saved, tmp_path):

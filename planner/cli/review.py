@@ -25,7 +25,7 @@ from autodist.schemas import PlanError, load_plan
 from autodist.schemas.checkpoint import CheckpointError, read_checkpoint
 
 from autodist.planner.review.check import check_plan_for_target
-from autodist.planner.review.checkpoint_info import checkpoint_data, checkpoint_text, printable
+from autodist.planner.review.checkpoint_info import checkpoint_data, checkpoint_text
 from autodist.planner.review.diff import diff_plans
 from autodist.planner.errors import PlannerError
 from autodist.planner.review.export import ExportError, export_parallelize
@@ -52,10 +52,8 @@ def one_line_errors(command: Callable) -> Callable:
         except PlanError as err:
             problems = "; ".join(err.problems)
             fail(f"{err.source}: invalid plan: {problems}")
-        except (ReviewError, ExportError, PlannerError, OSError) as err:
-            fail(str(err))
-        except CheckpointError as err:  # may quote the untrusted metadata
-            fail(printable(err))
+        except (ReviewError, ExportError, PlannerError, CheckpointError, OSError) as err:
+            fail(str(err))  # fail() escapes: a checkpoint's metadata is untrusted text too
 
     return wrapper
 

@@ -23,12 +23,8 @@ from typing import Any
 
 from autodist.planner.review.format import collapse, human_bytes, human_count, strategy_text
 from autodist.schemas.checkpoint import Checkpoint, SavedTensor
+from autodist.schemas.errors import printable
 from autodist.schemas.plan import DTYPE_BYTES
-
-
-def printable(text: Any) -> str:
-    """``text`` with every non-printable character written as its escape (``\\x1b``, ``\\n``)."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
 
 
 def checkpoint_data(meta: Checkpoint) -> dict[str, Any]:
@@ -82,10 +78,10 @@ def checkpoint_text(meta: Checkpoint, path: str) -> str:
             f"parameters: {kinds}"
         )
     if meta.scheduler is not None:
-        state = ", ".join(f"{printable(k)}={printable(v)}" for k, v in sorted(meta.scheduler.state.items()))
+        state = ", ".join(f"{printable(k)}={printable(str(v))}" for k, v in sorted(meta.scheduler.state.items()))
         lines.append(f"scheduler   {printable(meta.scheduler.class_name)} ({state})")
     files = len(meta.files)
-    lines.append(f"data        {meta.data}: {files} file{'s' if files != 1 else ''}, {human_bytes(sum(meta.files.values()))}")
+    lines.append(f"data        {printable(meta.data)}: {files} file{'s' if files != 1 else ''}, {human_bytes(sum(meta.files.values()))}")
     lines.append("parameters")
     rows = collapse({fqn: _tensor_text(t) for fqn, t in meta.params.items()})
     width = max((len(printable(r.pattern)) for r in rows), default=0)
