@@ -111,3 +111,20 @@ class GELUMLP(nn.Layer):
 
 def mlp_input_spec(hidden: int = 32) -> list[paddle.static.InputSpec]:
     return [paddle.static.InputSpec([BATCH, SEQ, hidden], "float32", "x")]
+
+
+def build_ernie45(**overrides):
+    """PaddleFormers ``Ernie4_5ForCausalLM`` (dense): GQA attention, SwiGLU MLP; traces in eval mode only."""
+    from paddleformers.transformers import Ernie4_5Config, Ernie4_5ForCausalLM
+
+    return Ernie4_5ForCausalLM(Ernie4_5Config(**{**_TINY, "head_dim": 8, **overrides}))
+
+
+def build_gpt_oss(**overrides):
+    """PaddleFormers ``GptOssForCausalLM``: attention with sinks and alternating sliding windows,
+    an MoE of 4 experts as batched 3-D weights (interleaved gate|up); traces in eval mode only."""
+    from paddleformers.transformers import GptOssConfig, GptOssForCausalLM
+
+    config = {**_TINY, "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
+              "rope_scaling": None, **overrides}
+    return GptOssForCausalLM(GptOssConfig(**config))
