@@ -40,10 +40,39 @@ class TracedProgram:
 
 
 def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
-    """Trace ``model`` (or, failing that, its largest traceable child) with ``input_specs``.
+    """Trace ``model`` (or, failing that, its largest traceable child) with ``input_specs``, in
+    eval mode: dropout and training-only branches (``if self.training``) are not what a
+    placement depends on, and some real models trace only that way (PaddleFormers Ernie 4.5,
+    GPT-OSS). Every sub-layer's ``training`` flag is restored afterwards.
 
     Raises :class:`PlannerError` when neither the model nor any child traces.
     """
+    with _eval_mode(model):
+        return _trace_model(model, input_specs)
+
+
+@contextmanager
+def _eval_mode(model: paddle.nn.Layer):
+    """``model.eval()`` for the ``with`` body; each layer's own ``training`` flag back on exit.
+
+    >>> net = paddle.nn.Sequential(paddle.nn.Dropout(0.5), paddle.nn.Linear(2, 2))
+    >>> _ = net[0].eval()
+    >>> with _eval_mode(net):
+    ...     net.training, net[1].training
+    (False, False)
+    >>> net.training, net[0].training, net[1].training
+    (True, False, True)
+    """
+    modes = [(layer, layer.training) for _, layer in model.named_sublayers(include_self=True)]
+    model.eval()
+    try:
+        yield
+    finally:
+        for layer, training in modes:
+            layer.training = training
+
+
+def _trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
     param_fqns = {p.name: fqn for fqn, p in model.named_parameters()}
     try:
         return _trace_layer(model, "", input_specs, param_fqns, untraced=[])

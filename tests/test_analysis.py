@@ -158,7 +158,7 @@ def test_analysis_leaves_the_model_usable():
 
 
 class MlpStack(paddle.nn.Layer):
-    """Repeated blocks that are only MLPs: no block pattern covers them (no attention)."""
+    """Repeated blocks that are only MLPs (no attention beside them)."""
 
     def __init__(self):
         super().__init__()
@@ -172,12 +172,41 @@ class MlpStack(paddle.nn.Layer):
         return x
 
 
-def test_blocks_no_pattern_covers_are_listed_not_fatal():
+def test_an_mlp_is_split_without_an_attention_beside_it():
     model = MlpStack()
     program = trace_model(model, [paddle.static.InputSpec([2, 8, 32], "float32", "x")])
     a = analyze(program, build_graph(program), model)
+    assert [b.description for b in a.blocks] == ["mlp(gate|up)"] * 2
+    assert {(lin.name, lin.role) for lin in a.blocks[1].linears} == {("gate", "column"), ("up", "column"), ("down", "row")}
+
+
+class NormedMlp(paddle.nn.Layer):
+    """A hidden LayerNorm over the intermediate features: a split there needs a gather."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.norm, self.fc2 = paddle.nn.Linear(32, 64), paddle.nn.LayerNorm(64), paddle.nn.Linear(64, 32)
+
+    def forward(self, x):
+        return x + self.fc2(self.norm(paddle.nn.functional.gelu(self.fc1(x))))
+
+
+class NormedStack(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.blocks = paddle.nn.LayerList([NormedMlp() for _ in range(3)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_what_stops_a_split_is_one_note_per_layer_kind():
+    model = NormedStack()
+    program = trace_model(model, [paddle.static.InputSpec([2, 8, 32], "float32", "x")])
+    a = analyze(program, build_graph(program), model)
     assert a.blocks == []
-    assert a.unmatched == [f"layers.{i}.{proj}" for i in range(2) for proj in ("down_proj", "gate_proj", "up_proj")]
-    assert [n for n in a.notes if "no block pattern" in n] == [
-        "layers.0: no block pattern covers all its ops; its parameters stay replicated",
-        "layers.1: no block pattern covers all its ops; its parameters stay replicated"]
+    assert [n for n in a.notes if "stops" in n] == [
+        "blocks.*.fc2: op layer_norm (first seen in blocks.0.norm) stops the tensor-parallel split before this "
+        "projection; it and the projections feeding it stay replicated"]

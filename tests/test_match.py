@@ -1,42 +1,40 @@
-"""Full-coverage matching on real traced models, and matching work independent of depth."""
+"""Blocks of real traced models split into sub-layers by dataflow, and recognition work
+independent of depth."""
 
 from __future__ import annotations
 
 import pytest
 
+from autodist import schemas
 from autodist.planner.recognise.match import Matcher, block_nodes, compute_view
-from autodist.planner.recognise.patterns import GELU_MLP, PARAM, SWIGLU_SILU, mlp_pattern
+from autodist.planner.recognise.patterns import LINEAR, part_pattern
+from autodist.planner.recognise.patterns.norm import RMS_NORM
+from autodist.planner.recognise.roles import BlockRecogniser
 from models.traced import traced
 
 BLOCK_LISTS = {"docstring": "layers", "llama": "model.layers", "phi3": "model.layers", "gpt": "blocks",
                "gpt_sdpa": "blocks", "gemma3": "model.layers"}
 
 
-def match(name: str, layers: int = 2, matcher: Matcher | None = None):
-    matcher = matcher or Matcher()
-    _, _, graph = traced(f"{name}@{layers}")
-    return matcher.match_blocks(graph, [f"{BLOCK_LISTS[name]}.{i}" for i in range(layers)]), graph
+def recognise(name: str, layers: int = 2, recogniser: BlockRecogniser | None = None):
+    recogniser = recogniser or BlockRecogniser()
+    model, _, graph = traced(f"{name}@{layers}")
+    params = schemas.parameter_table(model.named_parameters())
+    return recogniser.recognise(graph, [f"{BLOCK_LISTS[name]}.{i}" for i in range(layers)], params)
 
 
-def weights(block_match, graph) -> dict[str, str]:
-    """pattern linear name -> parameter FQN it matched."""
-    pattern = block_match.match.pattern.graph
-    return {pattern.nodes[p]["linear"]: graph.nodes[g]["param"]
-            for p, g in block_match.match.nodes_where(op=PARAM) if "linear" in pattern.nodes[p]}
-
-
-@pytest.mark.parametrize("name, kind, description", [
-    ("docstring", "llama_decoder", "rms_norm+attn(q|k|v,rope)+mlp(swiglu_op)"),
-    ("llama", "llama_decoder", "rms_norm+attn(q|k|v,rope)+mlp(swiglu_silu)"),
-    ("phi3", "phi3_decoder", "rms_norm+attn(qkv,rope)+mlp(fused_swiglu)"),
-    ("gpt", "gpt_block", "layer_norm+attn(qkv,qkv_bias,o_bias)+mlp(gelu,bias)"),
+@pytest.mark.parametrize("name, description", [
+    ("docstring", "attention(q|k|v)+mlp(gate|up)"),
+    ("llama", "attention(q|k|v)+mlp(gate|up)"),
+    ("phi3", "attention(qkv)+mlp(gate_up)"),
+    ("gpt", "attention(qkv)+mlp(fc_in)"),
     # Paddle's SDPA traces to the same math on CPU; its causal mask is built from the scores' shape
-    ("gpt_sdpa", "gpt_block", "layer_norm+attn(qkv,qkv_bias,o_bias)+mlp(gelu,bias)"),
-    ("gemma3", "gemma3_decoder", "rms_norm(sandwich)+attn(qkv,qk_norm,rope)+mlp(fused_geglu)"),
+    ("gpt_sdpa", "attention(qkv)+mlp(fc_in)"),
+    ("gemma3", "attention(qkv)+mlp(gate_up)"),
 ])
-def test_every_block_of_a_real_model_matches(name, kind, description):
-    blocks, _ = match(name)
-    assert [(b.match.pattern.kind, b.match.pattern.description) for b in blocks] == [(kind, description)] * 2
+def test_every_block_of_a_real_model_splits_into_its_sub_layers(name, description):
+    blocks = recognise(name)
+    assert ["+".join(s.description for s in b.roles.sublayers) for b in blocks] == [description] * 2
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -48,12 +46,30 @@ def test_every_block_of_a_real_model_matches(name, kind, description):
               "down": "mlp.down_proj"}),
     ("gpt", {"qkv": "attn.qkv_proj", "o": "attn.out_proj", "fc_in": "mlp.fc_in", "fc_out": "mlp.fc_out"}),
 ])
-def test_each_pattern_linear_lands_on_its_own_layers_projection(name, expected):
-    """q/k (same op, same producer) are told apart by operand slots; the second block's match is
-    moved over from the first and must name the second block's parameters."""
-    blocks, graph = match(name)
-    for block in blocks:
-        assert weights(block, graph) == {k: f"{block.layer}.{v}.weight" for k, v in expected.items()}
+def test_each_role_lands_on_its_own_layers_projection(name, expected):
+    """q and k (same op, same producer) are told apart by the operand of the scores they reach;
+    the second block's result is moved over from the first and must name its own parameters."""
+    for block in recognise(name):
+        names = {p.name: p.weight for s in block.roles.sublayers for p in s.projections}
+        assert names == {k: f"{block.layer}.{v}.weight" for k, v in expected.items()}
+
+
+def test_fused_projections_record_their_segments_and_heads():
+    block = recognise("phi3")[0]
+    attention, mlp = block.roles.sublayers
+    assert {p.name: p.fused for p in attention.projections} == {"qkv": 3, "o": 1}
+    assert {p.name: p.fused for p in mlp.projections} == {"gate_up": 2, "down": 1}
+    assert (attention.num_heads, attention.num_kv_heads, attention.head_dim) == (4, 2, 8)
+
+
+@pytest.mark.parametrize("name", ["gpt", "docstring"])
+def test_recognition_work_does_not_grow_with_depth(name):
+    shallow, deep = BlockRecogniser(), BlockRecogniser()
+    shallow_blocks = recognise(name, 2, shallow)
+    deep_blocks = recognise(name, 8, deep)
+    assert all(b.roles.sublayers for b in shallow_blocks + deep_blocks)
+    assert len(deep_blocks) == 8
+    assert deep.calls == shallow.calls >= 1
 
 
 def view_of_whole_model(name: str):
@@ -61,31 +77,14 @@ def view_of_whole_model(name: str):
     return compute_view(graph, block_nodes(graph, ""))
 
 
-def test_gelu_mlp_pattern_does_not_match_a_swiglu_mlp_and_vice_versa():
-    swiglu, gelu = view_of_whole_model("swiglu_mlp"), view_of_whole_model("gelu_mlp")
-    gelu_only, swiglu_only = Matcher([mlp_pattern(GELU_MLP)]), Matcher([mlp_pattern(SWIGLU_SILU)])
-    assert gelu_only.match_view(swiglu) is None
-    assert swiglu_only.match_view(gelu) is None
-    # ...while each matches its own kind, so the None above is the pattern's doing
-    assert gelu_only.match_view(gelu) is not None
-    assert swiglu_only.match_view(swiglu) is not None
+def test_a_pattern_covering_part_of_a_layer_is_no_full_match_but_is_found():
+    view = view_of_whole_model("swiglu_mlp")
+    linear = part_pattern(LINEAR)
+    assert Matcher([linear]).match_view(view) is None
+    assert Matcher().find(view, linear)  # a projection inside the larger layer
 
 
-def test_a_pattern_covering_part_of_a_block_is_no_match():
-    blocks, _ = match("llama")
-    view = blocks[0].view
-    mlp_only = mlp_pattern(SWIGLU_SILU)
-    # the MLP's ops are all inside the block: a partial-overlap matcher would accept it
-    assert all(view_count >= n for op, n in mlp_only.histogram.items()
-               for view_count in [sum(1 for _, d in view.nodes(data=True) if d["op"] == op)])
-    assert Matcher([mlp_only]).match_view(view) is None
-
-
-@pytest.mark.parametrize("name", ["gpt", "docstring"])
-def test_matching_work_does_not_grow_with_depth(name):
-    shallow, deep = Matcher(), Matcher()
-    shallow_blocks, _ = match(name, 2, shallow)
-    deep_blocks, _ = match(name, 8, deep)
-    assert all(b.match is not None for b in shallow_blocks + deep_blocks)
-    assert len(deep_blocks) == 8
-    assert deep.calls == shallow.calls >= 1
+def test_rms_norm_written_out_matches_its_pattern():
+    _, _, graph = traced("llama")
+    view = compute_view(graph, block_nodes(graph, "model.norm"))
+    assert Matcher([part_pattern(RMS_NORM)]).match_view(view).pattern.kind == "rms_norm"

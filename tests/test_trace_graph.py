@@ -196,3 +196,15 @@ def test_paddleformers_llama_traces_its_decoder_and_lists_the_head():
     traced = trace_model(model, paddleformers_models.input_spec())
     assert (traced.traced_layer, traced.untraced_layers) == ("model", ["lm_head"])
     assert "model.layers.1.self_attn.k_proj" in traced.op_layers
+
+
+def test_traced_in_eval_mode_and_each_layers_mode_restored():
+    """Dropout is traced as the identity it is in eval mode (and ``if self.training`` branches are
+    not taken); the model's own per-layer modes come back afterwards, including a sub-layer the
+    user had in eval."""
+    net = paddle.nn.Sequential(paddle.nn.Linear(4, 4), paddle.nn.Dropout(0.5), paddle.nn.Linear(4, 4))
+    net[2].eval()
+    traced = trace_model(net, [paddle.static.InputSpec([2, 4], "float32", "x")])
+    dropouts = [op.attrs() for op in traced.ops if op.name() == "pd_op.dropout"]
+    assert dropouts and all(a["is_test"] and a["mode"] == "upscale_in_train" for a in dropouts)
+    assert (net.training, net[0].training, net[1].training, net[2].training) == (True, True, True, False)

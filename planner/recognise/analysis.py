@@ -24,22 +24,16 @@ import paddle
 from autodist import schemas
 
 from autodist.planner.graph import graph_fingerprint
-from autodist.planner.recognise.match import BlockMatch, Match, Matcher, block_nodes, compute_view, constant_nodes, short_op
+from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes, short_op
 from autodist.planner.recognise.patterns import PARAM, layer_patterns
+from autodist.planner.recognise.roles import BlockRecogniser, Projection, RecognisedBlock, SubLayer, split_dim, weight_use
 from autodist.planner.trace import TracedProgram
 
 Role = Literal["column", "row", "replicate"]
 
 
-@dataclass
-class LinearUse:
-    layer: str  # FQN of the owning layer, e.g. "llama.layers.0.self_attn.q_proj"
-    weight: str  # parameter FQN
-    bias: str | None
-    role: Role
-    split_dim: int | None  # weight dim split over mp for this role; None for replicate
-    fused: int = 1  # fused segments: 3 for q|k|v, 2 for gate|up
-    name: str = ""  # the pattern's name for it: q, k, v, qkv, o, gate, up, gate_up, down, fc_in, fc_out, lm_head
+#: A projection and its tensor-parallel role (blocks' projections and the LM head alike).
+LinearUse = Projection
 
 
 @dataclass
@@ -54,7 +48,8 @@ class BlockInfo:
     head_dim: int
     hidden_size: int
     intermediate_size: int
-    description: str = ""  # the matched pattern's parts, e.g. "rms_norm+attn(q|k|v,rope)+mlp(swiglu_op)"
+    description: str = ""  # its sub-layers, e.g. "attention(q|k|v)+mlp(gate|up)"
+    sublayers: list[SubLayer] = field(default_factory=list)
 
 
 @dataclass
@@ -76,25 +71,25 @@ class ModelAnalysis:
     notes: list[str]
     param_fingerprint: str
     graph_fingerprint: str
-    block_matches: list[BlockMatch] = field(default_factory=list, repr=False)
+    recognised: list[RecognisedBlock] = field(default_factory=list, repr=False)
     #: The model is a ``paddle.nn.Sequential``: a chain of stage modules Paddle's 1F1B / VPP run.
     sequential: bool = False
 
 
-def analyze(traced: TracedProgram, graph: nx.DiGraph, model: paddle.nn.Layer, matcher: Matcher | None = None) -> ModelAnalysis:
+def analyze(traced: TracedProgram, graph: nx.DiGraph, model: paddle.nn.Layer,
+            recogniser: BlockRecogniser | None = None) -> ModelAnalysis:
     """Match ``model``'s blocks in ``graph`` and describe every parameter's role.
 
     Unmatched layers are listed (``unmatched`` and a note), never an error: a CNN gives zero
     blocks and a data-parallel-only plan.
     """
-    matcher = matcher or Matcher()
+    recogniser = recogniser or BlockRecogniser()
     params = schemas.parameter_table(model.named_parameters())
     notes: list[str] = []
-    block_matches = matcher.match_blocks(graph, [b for b in repeated_layers(model) if block_nodes(graph, b)])
-    blocks = [_block_info(graph, m) for m in block_matches if m.match is not None]
-    notes += [f"{m.layer}: no block pattern covers all its ops; its parameters stay replicated"
-              for m in block_matches if m.match is None]
-    in_blocks = frozenset().union(*(m.nodes for m in block_matches))
+    recognised = recogniser.recognise(graph, [b for b in repeated_layers(model) if block_nodes(graph, b)], params)
+    blocks = [_block_info(graph, r, params) for r in recognised if r.roles.sublayers]
+    notes += not_recognised(recognised)
+    in_blocks = frozenset().union(*(r.nodes for r in recognised))
     outer = _outer_layers(graph, in_blocks)
     embedding, other_embeddings = _embeddings(graph, outer)
     vocab = params[embedding][0][0] if embedding else None
@@ -126,19 +121,36 @@ def analyze(traced: TracedProgram, graph: nx.DiGraph, model: paddle.nn.Layer, ma
         notes=notes,
         param_fingerprint=schemas.parameter_fingerprint(params),
         graph_fingerprint=graph_fingerprint(graph),
-        block_matches=block_matches,
+        recognised=recognised,
         sequential=isinstance(model, paddle.nn.Sequential),
     )
 
 
 def repeated_layers(model: paddle.nn.Layer) -> list[str]:
-    """FQNs of the children of every ``LayerList`` (the candidates for repeated blocks).
+    """FQNs of the repeated layers, the candidates for blocks: the children of every
+    ``LayerList``, and the children of any other container that holds two or more structurally
+    identical layers (same class, same parameter shapes: a ``Sequential`` of blocks); only the
+    outermost, so an MoE's experts inside a block are not blocks of their own.
 
     >>> repeated_layers(paddle.nn.Sequential(paddle.nn.LayerList([paddle.nn.Linear(2, 2)])))
     ['0.0']
+    >>> repeated_layers(paddle.nn.Sequential(paddle.nn.Linear(2, 2), paddle.nn.ReLU(), paddle.nn.Linear(2, 2)))
+    ['0', '2']
     """
-    return [f"{fqn}.{name}" for fqn, layer in model.named_sublayers()
-            if isinstance(layer, paddle.nn.LayerList) for name, _ in layer.named_children()]
+    found = []
+    for fqn, layer in model.named_sublayers(include_self=True):
+        prefix = f"{fqn}." if fqn else ""
+        children = list(layer.named_children())
+        if isinstance(layer, paddle.nn.LayerList):
+            found += [f"{prefix}{name}" for name, _ in children]
+            continue
+        shapes: dict[tuple, list[str]] = {}
+        for name, child in children:
+            key = (type(child), tuple(tuple(p.shape) for p in child.parameters()))
+            shapes.setdefault(key, []).append(f"{prefix}{name}")
+        found += [name for (_, params), names in shapes.items() if len(names) > 1 and params for name in names]
+    outermost = [f for f in found if not any(f.startswith(other + ".") for other in found)]
+    return sorted(set(outermost), key=found.index)
 
 
 def tied_parameters(model: paddle.nn.Layer) -> dict[str, list[str]]:
@@ -158,75 +170,58 @@ def tied_parameters(model: paddle.nn.Layer) -> dict[str, list[str]]:
 # -- blocks ------------------------------------------------------------------------------------------
 
 
-def weight_use(graph: nx.DiGraph, weight: int, matmul: int) -> tuple[int, bool]:
-    """``(operand, transposed)``: which matmul operand the weight feeds and whether it arrives
-    transposed (``transpose_x/y`` and 2-D ``transpose`` ops on the way combined)."""
-    path = nx.shortest_path(graph, weight, matmul)
-    flips = sum(1 for n in path[1:-1] if short_op(graph.nodes[n]["op"]) == "transpose"
-                and graph.nodes[n]["attrs"].get("perm") == [1, 0])
-    operand = graph.edges[path[-2], matmul]["operand"]
-    attrs = graph.nodes[matmul]["attrs"]
-    flips += bool(attrs.get("transpose_y" if operand == 1 else "transpose_x"))
-    return operand, bool(flips % 2)
+def _block_info(graph: nx.DiGraph, found: RecognisedBlock, params) -> BlockInfo:
+    subs = found.roles.sublayers
+    attention = next((s for s in subs if s.kind == "attention"), None)
+    mlp = next((s for s in subs if s.kind == "mlp"), None)
+    linears = sorted((p for s in subs for p in s.projections), key=lambda p: _first_use(graph, p.weight))
+    biases = {p.bias for p in linears}
+    prefix = found.layer + "."
+    norms = sorted((fqn for fqn, (shape, _) in params.items() if fqn.startswith(prefix) and len(shape) == 1
+                    and fqn not in biases and _first_use(graph, fqn) is not None), key=lambda f: _first_use(graph, f))
+    outputs = [graph.nodes[u]["shapes"][d["result"]] for u, v, d in graph.out_edges(found.nodes, data=True)
+               if v not in found.nodes and graph.nodes[u]["shapes"][d["result"]]]
+    hidden = outputs[-1][-1] if outputs else 0
+    return BlockInfo(found.layer, block_kind(subs), found.nodes, linears, norms,
+                     attention.num_heads if attention else 0, attention.num_kv_heads if attention else 0,
+                     attention.head_dim if attention else 0, hidden, mlp.intermediate_size if mlp else 0,
+                     "+".join(s.description for s in subs), list(subs))
 
 
-def split_dim(role: Role, operand: int, transposed: bool) -> int | None:
-    """The weight dim to split for ``role``. A weight used as ``x @ W`` (operand 1) is
-    ``[in, out]``: column splits ``out`` (dim 1), row splits ``in`` (dim 0); used transposed the
-    dims swap; a weight on the left (operand 0) is ``[out, in]`` for the same product.
+def block_kind(subs: list[SubLayer]) -> str:
+    """A family name for reports, from what a reader would call a block with these sub-layers.
 
-    >>> split_dim("column", 1, False), split_dim("column", 1, True), split_dim("row", 1, False)
-    (1, 0, 0)
+    >>> block_kind([])
+    'transformer_block'
     """
-    if role == "replicate":
-        return None
-    out_dim = 1 if (operand == 1) != transposed else 0
-    return out_dim if role == "column" else 1 - out_dim
+    names = [{c.name for c in s.columns} for s in subs]
+    has = lambda kind, cols: any(s.kind == kind and n == cols for s, n in zip(subs, names))  # noqa: E731
+    if has("attention", {"qkv"}) and has("mlp", {"fc_in"}):
+        return "gpt_block"
+    if has("attention", {"q", "k", "v"}) and has("mlp", {"gate", "up"}):
+        return "llama_decoder"
+    if has("attention", {"qkv"}) and has("mlp", {"gate_up"}):
+        return "phi3_decoder"
+    return "transformer_block"
 
 
-def _linear_uses(graph: nx.DiGraph, m: BlockMatch) -> list[tuple[LinearUse, int]]:
-    """The block's linears in program order, each with its number of output features."""
-    pattern, mapping = m.match.pattern.graph, m.match.mapping
-    found = []
-    for pnode, gnode in m.match.nodes_where(op=PARAM):
-        spec = pattern.nodes[pnode]
-        if "linear" not in spec:
-            continue
-        prefix = pnode.rpartition(".")[0]
-        matmul = mapping[f"{prefix}.matmul"]
-        operand, transposed = weight_use(graph, gnode, matmul)
-        bias = mapping.get(f"{prefix}.bias")
-        weight = graph.nodes[gnode]["param"]
-        dim = split_dim(spec["role"], operand, transposed)
-        use = LinearUse(layer=weight.rpartition(".")[0], weight=weight,
-                        bias=graph.nodes[bias]["param"] if bias is not None else None, role=spec["role"],
-                        split_dim=dim, fused=spec["fused"], name=spec["linear"])
-        out_dim = dim if spec["role"] == "column" else 1 - dim
-        found.append((matmul, use, graph.nodes[gnode]["shapes"][0][out_dim]))
-    return [(use, out) for _, use, out in sorted(found, key=lambda item: item[0])]
+def _first_use(graph: nx.DiGraph, fqn: str) -> int | None:
+    nodes = [n for n, d in graph.nodes(data=True) if d["param"] == fqn]
+    uses = [s for n in nodes for s in graph.successors(n)]
+    return min(uses) if uses else None
 
 
-def _block_info(graph: nx.DiGraph, m: BlockMatch) -> BlockInfo:
-    mapping = m.match.mapping
-    uses = _linear_uses(graph, m)
-    out = {use.name: features for use, features in uses}
-    # Head sizes from the attention core's shapes: q reaches the scores matmul as
-    # [batch, heads, seq, head_dim] after its projection's reshape/transpose.
-    scores = mapping["attn.core.scores"]
-    q_in = next(p for p in graph.predecessors(scores) if graph.edges[p, scores]["operand"] == 0)
-    head_dim = graph.nodes[q_in]["shapes"][0][-1]
-    if "qkv" in out:
-        num_heads = graph.nodes[scores]["shapes"][0][-3]
-        num_kv_heads = (out["qkv"] - num_heads * head_dim) // (2 * head_dim)
-    else:
-        num_heads, num_kv_heads = out["q"] // head_dim, out["k"] // head_dim
-    intermediate = out["gate_up"] // 2 if "gate_up" in out else out.get("up", out.get("fc_in", 0))
-    hidden = graph.nodes[mapping["hidden"]]["shapes"][0][-1]
-    # in program order: by the first op using each norm weight
-    norm_weights = sorted((g for _, g in m.match.nodes_where(op=PARAM, norm=True)), key=lambda g: min(graph.successors(g)))
-    norms = [graph.nodes[g]["param"] for g in norm_weights]
-    return BlockInfo(m.layer, m.match.pattern.kind, m.nodes, [use for use, _ in uses], norms, num_heads,
-                     num_kv_heads, head_dim, hidden, intermediate, m.match.pattern.description)
+def not_recognised(recognised: list[RecognisedBlock]) -> list[str]:
+    """One note per distinct layer kind and op that stopped a split (the block index as ``*``),
+    naming the layer it was first seen in, e.g. ``layers.*.mlp.down_proj: op layer_norm (first
+    seen in layers.0.mlp.norm) stops the split before this projection; ...``."""
+    seen: dict[tuple[str, str], str] = {}
+    for found in recognised:
+        glob = found.layer.rpartition(".")[0] + ".*" if "." in found.layer else "*"
+        for refusal in found.roles.refusals:
+            seen.setdefault((glob + refusal.row[len(found.layer):], refusal.op), refusal.layer)
+    return [f"{kind}: op {op} (first seen in {first}) stops the tensor-parallel split before this projection; "
+            "it and the projections feeding it stay replicated" for (kind, op), first in seen.items()]
 
 
 # -- layers outside blocks ---------------------------------------------------------------------------------

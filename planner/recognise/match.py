@@ -1,30 +1,28 @@
-"""Find which pattern each repeated block of the traced graph is, with full coverage only.
+"""The compute view of a layer, and subgraph-isomorphism matching of small patterns in it.
 
-A block (``model.layers.3``) is the set of graph nodes whose layer is that FQN or inside it. The
-matcher does not compare that raw node set with patterns: it first builds the block's *compute
-view* (:func:`compute_view`):
+A layer's nodes (``model.layers.3`` and everything inside it) are not compared raw: the matcher
+and the dataflow roles (:mod:`.roles`) work on the *compute view* (:func:`compute_view`):
 
 - constant subgraphs (ops fed by nothing but folded constants: ``arange``, ``tril``, ``empty``,
   or by a ``full_like`` that only takes its input's shape) are dropped;
-- *layout* ops (reshape, transpose, split, concat, cast, scale, gather, ...) and elementwise ops
-  with a constant second operand (``x + eps``) are contracted: their consumers are wired straight
-  to their producers. This is what lets one attention pattern serve MHA and GQA (head repetition
-  is unsqueeze/expand/reshape), KV-cache concatenation, partial rotary and fused-qkv splits;
-- values from outside the block become ``input`` nodes, parameters ``param`` nodes.
+- *layout* ops (:data:`.ops.LAYOUT_OPS`: reshape, transpose, split, concat, cast, dropout,
+  gather, ...) and elementwise ops whose other operands are constants or buffers (``x + eps``,
+  ``where(causal_mask, scores, fill)``) are contracted: their consumers are wired straight to
+  their producers. This is what lets one view serve MHA and GQA (head repetition is layout),
+  KV-cache concatenation, partial rotary and fused-qkv splits;
+- values from outside the layer become ``input`` nodes, parameters ``param`` nodes.
 
-A pattern matches a block only if its compute ops are in one-to-one correspondence with *all*
-of the view's compute ops (same op histogram, then a ``DiGraphMatcher`` monomorphism); a pattern
-that covers part of a block is no match. Blocks whose views have the same Weisfeiler-Lehman
-hash reuse the first block's match through a canonical node order, so the number of
-isomorphism searches grows with the number of distinct block kinds, not with depth
-(:attr:`Matcher.calls` counts them).
+A :class:`Matcher` finds the layer patterns (:func:`.patterns.layer_patterns`: embedding, norm,
+linear) in views: :meth:`Matcher.match_view` only when a pattern's compute ops are in one-to-one
+correspondence with *all* of the view's (same op histogram, then a ``DiGraphMatcher``
+monomorphism), :meth:`Matcher.find` anywhere inside a larger view.
 
 Example::
 
     >>> matcher = Matcher()
-    >>> matches = matcher.match_blocks(graph, ["model.layers.0", "model.layers.1"])  # doctest: +SKIP
-    >>> matches[0].pattern.kind, matcher.calls                                       # doctest: +SKIP
-    ('llama_decoder', 1)
+    >>> match = matcher.match_view(compute_view(graph, block_nodes(graph, "model.norm")))  # doctest: +SKIP
+    >>> match.pattern.kind                                                                 # doctest: +SKIP
+    'rms_norm'
 """
 
 from __future__ import annotations
@@ -36,17 +34,9 @@ from typing import Iterable, Sequence
 import networkx as nx
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
-from autodist.planner.recognise.patterns import PARAM, PORT, Pattern, block_patterns, compute_histogram
+from autodist.planner.recognise.ops import ELEMENTWISE_OPS, LAYOUT_OPS
+from autodist.planner.recognise.patterns import PARAM, PORT, Pattern, compute_histogram, layer_patterns
 
-#: Ops that move, reshape, pick or re-type data without computing on it.
-LAYOUT_OPS = frozenset({
-    "reshape", "transpose", "unsqueeze", "squeeze", "expand", "expand_as", "broadcast_to", "tile",
-    "flatten", "cast", "scale", "assign", "contiguous", "full_like", "slice", "strided_slice", "concat",
-    "stack", "split", "split_with_num", "unbind", "gather", "gather_nd", "index_select", "combine",
-    "builtin.combine", "builtin.split", "builtin.slice",
-})
-#: Elementwise ops that are layout-like when all operands but one are constants (``x + eps``).
-ELEMENTWISE_OPS = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum"})
 INPUT_OPS = frozenset({"data"})
 #: Ops whose result depends on their input's shape only, never its values: constants for a
 #: traced program with static shapes (``triu(full_like(scores))`` is a fixed causal mask).
@@ -175,22 +165,6 @@ def _edge_match(view_attrs: dict, pattern_attrs: dict) -> bool:
     return "operand" not in pattern_attrs or pattern_attrs["operand"] in view_attrs["operands"]
 
 
-def _canonical_order(view: nx.DiGraph) -> list[int]:
-    """Nodes in an order two structurally equal blocks agree on: compute and parameter nodes by
-    program position, inputs by (first consumer, operand) since their producers lie elsewhere."""
-    def key(node: int) -> tuple:
-        if view.nodes[node]["op"] != "input":
-            return (0, node, 0)
-        consumer = min(view.successors(node))
-        return (1, consumer, min(view.edges[node, consumer]["operands"]))
-    return sorted(view, key=key)
-
-
-def _label(view: nx.DiGraph, node: int) -> str:
-    data = view.nodes[node]
-    return f"{data['op']}{data['shape']}"
-
-
 @dataclass(frozen=True)
 class Match:
     """A pattern and the injection of its nodes into a view (pattern node -> graph node id)."""
@@ -205,23 +179,12 @@ class Match:
                 if all(graph.nodes[p].get(k) == v for k, v in attrs.items())]
 
 
-@dataclass(frozen=True)
-class BlockMatch:
-    """One block: its FQN, its graph nodes, its compute view and the match (None if none)."""
-
-    layer: str
-    nodes: frozenset[int]
-    view: nx.DiGraph
-    match: Match | None
-
-
 @dataclass
 class Matcher:
     """Runs full-coverage matches; ``calls`` counts isomorphism searches actually started."""
 
-    patterns: Sequence[Pattern] = field(default_factory=block_patterns)
+    patterns: Sequence[Pattern] = field(default_factory=layer_patterns)
     calls: int = 0
-    _by_hash: dict[str, tuple[nx.DiGraph, Match | None]] = field(default_factory=dict)
 
     def match_view(self, view: nx.DiGraph, patterns: Sequence[Pattern] | None = None) -> Match | None:
         """The first pattern covering every compute node of ``view``, or None."""
@@ -241,42 +204,3 @@ class Matcher:
         self.calls += 1
         matcher = DiGraphMatcher(view, pattern.graph, node_match=_node_match, edge_match=_edge_match)
         return [Match(pattern, {p: v for v, p in m.items()}) for m in matcher.subgraph_monomorphisms_iter()]
-
-    def match_blocks(self, graph: nx.DiGraph, layers: Sequence[str]) -> list[BlockMatch]:
-        """Match every block layer; structurally equal blocks are matched once."""
-        constants = constant_nodes(graph)
-        results = []
-        for layer in layers:
-            nodes = block_nodes(graph, layer)
-            view = compute_view(graph, nodes, constants)
-            results.append(BlockMatch(layer, nodes, view, self._match_cached(view)))
-        return results
-
-    def _match_cached(self, view: nx.DiGraph) -> Match | None:
-        for node in view:
-            view.nodes[node]["label"] = _label(view, node)
-        key = nx.weisfeiler_lehman_graph_hash(view, node_attr="label", iterations=3)
-        if key in self._by_hash:
-            first_view, first = self._by_hash[key]
-            moved = _transfer(first_view, view, first)
-            if moved is not None or first is None:
-                return moved
-        found = self.match_view(view)
-        self._by_hash.setdefault(key, (view, found))
-        return found
-
-
-def _transfer(source: nx.DiGraph, target: nx.DiGraph, found: Match | None) -> Match | None:
-    """``found`` (a match in ``source``) moved onto the structurally equal ``target``; None if
-    the canonical orders disagree (then the caller matches afresh)."""
-    if found is None:
-        return None
-    order_s, order_t = _canonical_order(source), _canonical_order(target)
-    if len(order_s) != len(order_t):
-        return None
-    node_map = dict(zip(order_s, order_t))
-    if any(source.nodes[s]["label"] != target.nodes[t]["label"] for s, t in node_map.items()):
-        return None
-    if any(not target.has_edge(node_map[u], node_map[v]) for u, v in source.edges):
-        return None
-    return Match(found.pattern, {p: node_map[v] for p, v in found.mapping.items()})

@@ -24,7 +24,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import networkx as nx
 import paddle
@@ -33,8 +33,8 @@ from paddle.distributed.auto_parallel.static.dist_attribute import DistTensorSpe
 
 from autodist import schemas
 
-from autodist.planner.recognise.analysis import BlockInfo, ModelAnalysis
 from autodist.planner.recognise.match import constant_nodes, short_op
+from autodist.planner.recognise.ops import PASS_THROUGH_OPS, UNARY_OPS
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}
 
@@ -135,23 +135,22 @@ _RULE_ARGS: dict[str, tuple[str, Callable[[dict], list]]] = {
     "softmax": ("softmax", lambda d: [int(d["attrs"]["axis"])]),
     "layer_norm": ("layer_norm", lambda d: [float(d["attrs"]["epsilon"]), int(d["attrs"]["begin_norm_axis"])]),
     "embedding": ("embedding", lambda d: [int(d["attrs"].get("padding_idx", -1)), bool(d["attrs"].get("sparse", False))]),
-    "gelu": ("gelu", lambda d: [bool(d["attrs"].get("approximate", False))]),
     "pow": ("pow", lambda d: [float(d["attrs"].get("y", 2.0))]),
     "concat": ("concat", lambda d: [_int(d["consts"][1])]),
     "swiglu": ("swiglu", lambda d: []),
     "gather_nd": ("gather_nd", lambda d: []),
-    "silu": ("silu", lambda d: []),
-    "rsqrt": ("rsqrt", lambda d: []),
-    "sin": ("sin", lambda d: []),
-    "cos": ("cos", lambda d: []),
     "where": ("where", lambda d: []),
+    "strided_slice": ("strided_slice", lambda d: [list(d["attrs"]["axes"]), [int(v) for v in d["consts"][1]],
+                                                   [int(v) for v in d["consts"][2]], [int(v) for v in d["consts"][3]]]),
+    "stack": ("stack", lambda d: [int(d["attrs"]["axis"])]),
+    "flatten": ("flatten", lambda d: [int(d["attrs"]["start_axis"]), int(d["attrs"]["stop_axis"])]),
+    "tile": ("tile", lambda d: [[int(v) for v in d["consts"][1]]]),
+    **{op: ("elementwise_unary", lambda d: []) for op in UNARY_OPS},
     **{op: (op, lambda d: []) for op in ("add", "subtract", "multiply", "divide", "maximum", "minimum")},
 }
-#: Ops that keep their input's layout, partial sums included (linear in their input).
-_PASS_THROUGH = frozenset({"cast", "scale", "assign", "contiguous"})
 
 
-class _Replay:
+class Replay:
     """One block's forward, op by op, with each value's :class:`Dist`."""
 
     def __init__(self, graph: nx.DiGraph, nodes: frozenset[int], weights: dict[str, Dist], mesh, constants,
@@ -191,14 +190,18 @@ class _Replay:
             self._set(node, [Dist.replicated(s or []) for s in shapes])
         elif data["op"] == "builtin.combine":
             self.values[node, 0] = [v for _, v in operands]
-        elif data["op"] == "builtin.split":
+        elif data["op"] == "builtin.split" and isinstance(operands[0][1], list):
             self._set(node, [replace(d, shape=tuple(s)) for d, s in zip(operands[0][1], shapes)])
-        elif op in _PASS_THROUGH and len(operands) == 1:
+        elif op in PASS_THROUGH_OPS and len(operands) == 1:
             self._set(node, [replace(operands[0][1], shape=tuple(shapes[0]))])
         elif op == "mean" or op == "sum":
             self._reduce(node, operands[0])
-        elif op == "expand":
+        elif op in ("expand", "repeat_interleave"):
             self._expand(node, operands[0])
+        elif op == "addmm":
+            self._addmm(node, operands)
+        elif op == "where" and len(operands) < 3:
+            self._broadcast(node, operands)
         elif op in _RULE_ARGS:
             self._rule(node, op, operands)
         else:
@@ -221,6 +224,11 @@ class _Replay:
             self._need(node, operands[0][0], tensors[0], replace(tensors[0], partial=False, partial_source=None))
             self._set(node, [replace(tensors[0], shape=tuple(data["shapes"][0]), partial=False, partial_source=None)])
             return
+        if op == "layer_norm" and [o for o, _ in operands] != [0, 1, 2]:
+            # without its scale or bias the rule reads a missing operand (a segfault in Paddle
+            # 3.3): assume the worst instead
+            self._unknown(node, operands)
+            return
         specs = [[_spec(self.mesh, t) for t in v] if isinstance(v, list) else _spec(self.mesh, v) for v in tensors]
         try:
             inputs, outputs = core.get_phi_spmd_rule(rule_name).infer_forward(*specs, *extra(data))
@@ -234,11 +242,15 @@ class _Replay:
                     self._need(node, operand, b, _from_attr(n, b.shape, node))
             else:
                 self._need(node, operand, before, _from_attr(needed, before.shape, node))
+        # a partial sum passed on (a reshape of a row projection's output, its product with a
+        # routing weight) is still the row projection's: its origin is kept
+        inputs_flat = [t for v in tensors for t in (v if isinstance(v, list) else [v])]
+        origin = next((t.partial_source for t in inputs_flat if t.partial), node)
         if data["shapes"] == [None]:  # a vector result (split, unbind): builtin.split sets the shapes
             flat = [o for out in outputs for o in (out if isinstance(out, list) else [out])]
-            self.values[node, 0] = [_from_attr(o, (), node) for o in flat]
+            self.values[node, 0] = [_from_attr(o, (), origin) for o in flat]
         else:
-            self._set(node, [_from_attr(o, s or (), node) for o, s in zip(outputs, data["shapes"])])
+            self._set(node, [_from_attr(o, s or (), origin) for o, s in zip(outputs, data["shapes"])])
 
     def _reduce(self, node: int, operand) -> None:
         """mean/sum over ``axis``: a split reduced axis leaves a partial sum."""
@@ -259,6 +271,36 @@ class _Replay:
         dims = tuple(-1 if i < offset else before.dims[i - offset] for i in range(len(shape)))
         self._set(node, [replace(before, shape=shape, dims=dims)])
 
+    def _addmm(self, node: int, operands) -> None:
+        """``input + x @ y`` (a Conv1D): the matmul rule for ``x @ y``, then the bias add."""
+        tensors = dict(operands)
+        if 1 not in tensors or 2 not in tensors:
+            self._unknown(node, operands)
+            return
+        x, y = _spec(self.mesh, tensors[1]), _spec(self.mesh, tensors[2])
+        inputs, outputs = core.get_phi_spmd_rule("matmul").infer_forward(x, y, False, False)
+        for operand, needed in zip((1, 2), inputs):
+            self._need(node, operand, tensors[operand], _from_attr(needed, tensors[operand].shape, node))
+        product = _from_attr(outputs[0], self.graph.nodes[node]["shapes"][0], node)
+        if 0 in tensors:
+            bias = tensors[0]
+            wanted = Dist(bias.shape, product.dims[len(product.dims) - len(bias.dims):])
+            self._need(node, 0, bias, wanted if not product.partial else Dist.replicated(bias.shape))
+        self._set(node, [product])
+
+    def _broadcast(self, node: int, operands) -> None:
+        """An elementwise op whose other operands are folded constants: the highest-rank operand's
+        layout, aligned from the right; a partial sum is summed first."""
+        operand, before = max(operands, key=lambda item: len(item[1].dims))
+        shape = tuple(self.graph.nodes[node]["shapes"][0])
+        offset = len(shape) - len(before.dims)
+        dims = tuple(-1 if i < offset else before.dims[i - offset] for i in range(len(shape)))
+        self._need(node, operand, before, replace(before, partial=False, partial_source=None))
+        for other, dist in operands:
+            if other != operand and not dist.is_replicated:
+                self._need(node, other, dist, Dist.replicated(dist.shape))
+        self._set(node, [Dist(shape, dims)])
+
     def _unknown(self, node: int, operands) -> None:
         """No rule known here: assume the op needs whole inputs (an over-count, never a miss)."""
         for operand, before in operands:
@@ -274,7 +316,7 @@ def block_reshards(analysis: ModelAnalysis, block: BlockInfo, mp: int,
     mesh = paddle.distributed.ProcessMesh(list(range(mp)), dim_names=["mp"])
     graph = analysis.graph
     weights = weight_dists(block, analysis.params)
-    return _Replay(graph, block.nodes, weights, mesh, constant_nodes(graph), gathered_layers).run()
+    return Replay(graph, block.nodes, weights, mesh, constant_nodes(graph), gathered_layers).run()
 
 
 def _signature(graph: nx.DiGraph, block: BlockInfo, gathered_layers: frozenset[str]) -> tuple:
@@ -305,10 +347,10 @@ def _all_block_reshards(analysis: ModelAnalysis, mp: int, gathered: frozenset[st
                       for r in reshards]
 
 
-def _is_planned(graph: nx.DiGraph, r: Reshard) -> bool:
+def is_planned(graph: nx.DiGraph, r: Reshard) -> bool:
     """A row-parallel matmul's partial output being summed is the row linear's own all-reduce."""
     source = r.before.partial_source
-    return r.before.partial and source is not None and short_op(graph.nodes[source]["op"]) == "matmul"
+    return r.before.partial and source is not None and short_op(graph.nodes[source]["op"]) in ("matmul", "addmm")
 
 
 def _comm_bytes(dist: Dist, mp: int, itemsize: int) -> int:
@@ -342,7 +384,7 @@ def implicit_comm(analysis: ModelAnalysis, mp: int, dtype_bytes: int | None = No
     found = []
     for _, reshards in _all_block_reshards(analysis, mp, gathered):
         for r in reshards:
-            if r.collective is None or _is_planned(graph, r):
+            if r.collective is None or is_planned(graph, r):
                 continue
             node = graph.nodes[r.node]
             op = short_op(node["op"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from autodist.planner.recognise.patterns.blocks import Pattern, part_pattern
+from autodist.planner.recognise.patterns.pattern import Pattern, part_pattern
 from autodist.planner.recognise.patterns.norm import LAYER_NORM, RMS_NORM
 from autodist.planner.recognise.patterns.parts import PARAM, Part, linear
 

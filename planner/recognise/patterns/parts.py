@@ -94,8 +94,3 @@ def linear(name: str, role: str, bias: bool = False, fused: int = 1) -> Part:
         edges += [("matmul", "add"), ("bias", "add")]
         output = "add"
     return Part(f"linear_{name}", nodes, tuple(edges), ("x",), output)
-
-
-def residual() -> Part:
-    """``x + y``: the skip connection around a sub-layer."""
-    return Part("residual", {"add": "add"}, (("x", "add"), ("y", "add")), ("x", "y"), "add")

@@ -1,0 +1,43 @@
+"""Names of Paddle ops the recognition and the cost model treat alike, in one place.
+
+Short names (``pd_op.`` prefix and in-place ``_`` dropped, see :func:`.match.short_op`) unless
+the set says otherwise.
+
+    >>> "dropout" in PASS_THROUGH_OPS and "dropout" in LAYOUT_OPS
+    True
+"""
+
+from __future__ import annotations
+
+#: Ops that keep their input's layout, partial sums included: linear in their one input
+#: (dropout is the identity in the eval-mode trace the planner makes).
+PASS_THROUGH_OPS = frozenset({"cast", "scale", "assign", "contiguous", "dropout"})
+
+#: Ops that move, reshape, pick or re-type data without computing on it, plus the
+#: pass-through ops: the matcher's compute view contracts them.
+LAYOUT_OPS = PASS_THROUGH_OPS | frozenset({
+    "reshape", "transpose", "unsqueeze", "squeeze", "expand", "expand_as", "broadcast_to", "tile",
+    "flatten", "full_like", "slice", "strided_slice", "concat", "stack", "split", "split_with_num", "unbind",
+    "gather", "gather_nd", "index_select", "combine", "repeat_interleave",
+    "builtin.combine", "builtin.split", "builtin.slice",
+})
+
+#: Ops that cut a tensor into pieces (a fused q|k|v or gate|up into its projections).
+CUT_OPS = frozenset({"slice", "strided_slice", "split", "split_with_num", "unbind", "chunk"})
+#: Layout ops where a split that crosses a fused projection's segment boundaries shows.
+SEGMENT_OPS = CUT_OPS | {"reshape"}
+
+#: Elementwise ops of two or more operands; layout-like in the view when all operands but one
+#: are constants or buffers (``x + eps``, ``where(causal_mask, scores, fill)``).
+ELEMENTWISE_OPS = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum", "where"})
+
+#: Elementwise functions of one tensor: a split on any dim stays where it is.
+UNARY_OPS = frozenset({"tanh", "relu", "sigmoid", "exp", "abs", "log", "sqrt", "square", "erf", "relu6",
+                       "leaky_relu", "hardswish", "mish", "softplus", "clip", "neg", "sin", "cos", "rsqrt",
+                       "silu", "gelu"})
+
+#: Ops computing attention in one kernel (GPU traces of ``F.scaled_dot_product_attention``),
+#: inputs ``[batch, seq, heads, head_dim]``.
+FUSED_ATTENTION_OPS = frozenset({"flash_attn", "flash_attn_unpadded", "memory_efficient_attention",
+                                 "fused_dot_product_attention", "variable_length_memory_efficient_attention",
+                                 "flash_attn_qkvpacked", "flash_attn_varlen_qkvpacked"})

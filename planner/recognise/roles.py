@@ -1,0 +1,448 @@
+"""Tensor-parallel roles from dataflow, checked by Paddle's SPMD rules.
+
+A block (one repeated layer) is not matched against whole-block templates. Its sub-layers are
+found from the dataflow of its compute view (:func:`~.match.compute_view`):
+
+1. every projection (a ``matmul`` / ``addmm`` with a 2-D trainable weight) is a candidate
+   *row* projection; walking back from its input through anything but another projection
+   finds the projections that feed it, the candidate *columns*;
+2. the candidate is replayed through Paddle's SPMD rules (:mod:`.spmd`) with the columns split
+   on their output features and the row split on its input features. It is accepted only if
+   the split travels from the columns to the row without any communication Paddle would add
+   on its own (the row's all-reduce is the one asked for). A column whose output is cut into
+   segments (a fused ``q|k|v`` or ``gate|up``) is accepted with a post-hook gathering its
+   output, as the plan does for fused projections;
+3. an accepted group is an *attention* when a softmax (or a fused attention op) lies between
+   columns and row, else an *MLP*; heads, KV heads and head size come from the traced shapes.
+
+Whatever layout glues the sub-layers together (pre-norm, post-norm, parallel residual,
+sandwich norms, cross-attention, an MoE's experts) needs no pattern: each sub-layer is accepted
+on its own, so one that is not recognised never costs its neighbour its split.
+
+Example::
+
+    >>> found = recognise_block(graph, nodes, params)                      # doctest: +SKIP
+    >>> [(s.kind, [c.name for c in s.columns], s.row.name) for s in found.sublayers]   # doctest: +SKIP
+    [('attention', ['q', 'k', 'v'], 'o'), ('mlp', ['gate', 'up'], 'down')]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import networkx as nx
+import paddle
+
+from autodist.planner.recognise.match import PARAM, block_nodes, compute_view, constant_nodes, short_op
+from autodist.planner.recognise.ops import CUT_OPS, FUSED_ATTENTION_OPS, LAYOUT_OPS, SEGMENT_OPS
+from autodist.planner.recognise.spmd import Dist, Replay, is_planned
+
+PROJECTION_OPS = frozenset({"matmul", "addmm"})
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One projection of a sub-layer: its layer, weight and bias FQNs, ``role`` (``column`` /
+    ``row``), the weight dim split for it, how many projections are ``fused`` into it, and its
+    ``name`` in the sub-layer (q, k, v, qkv, o / gate, up, gate_up, fc_in, down, fc_out)."""
+
+    layer: str
+    weight: str
+    bias: str | None
+    role: Literal["column", "row"]
+    split_dim: int
+    fused: int = 1
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class SubLayer:
+    """A recognised attention or MLP: column projections, the row projection contracting them,
+    and the sizes the plan's constraints need (0 where not applicable)."""
+
+    kind: Literal["attention", "mlp"]
+    columns: tuple[Projection, ...]
+    row: Projection
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+
+    @property
+    def projections(self) -> tuple[Projection, ...]:
+        return (*self.columns, self.row)
+
+    @property
+    def description(self) -> str:
+        """``attention(q|k|v)``, ``mlp(gate_up)``, ..."""
+        return f"{self.kind}({'|'.join(c.name for c in self.columns)})"
+
+
+@dataclass
+class Refusal:
+    """A projection group that the SPMD replay refused: the op that would communicate."""
+
+    row: str  # the row candidate's layer
+    op: str
+    layer: str  # the layer of that op
+
+
+@dataclass
+class BlockRoles:
+    sublayers: list[SubLayer] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+    replays: int = 0
+
+
+@dataclass(frozen=True)
+class RecognisedBlock:
+    """One repeated layer: its FQN, graph nodes and what :func:`recognise_block` found."""
+
+    layer: str
+    nodes: frozenset[int]
+    roles: BlockRoles
+
+
+@dataclass
+class BlockRecogniser:
+    """Recognises blocks, once per distinct structure: blocks whose compute views have the same
+    Weisfeiler-Lehman hash and the same parameter names (relative to the block) reuse the first
+    one's result with the FQNs moved over, so the work grows with the number of block kinds,
+    not with depth. ``calls`` counts the blocks actually analysed."""
+
+    calls: int = 0
+    _by_key: dict[tuple, RecognisedBlock] = field(default_factory=dict)
+
+    def recognise(self, graph: nx.DiGraph, layers: list[str], params) -> list[RecognisedBlock]:
+        constants = constant_nodes(graph)
+        found = []
+        for layer in layers:
+            nodes = block_nodes(graph, layer)
+            view = compute_view(graph, nodes, constants)
+            key = _structure_key(view, layer)
+            first = self._by_key.get(key)
+            moved = _moved(first, layer, nodes, params) if first is not None else None
+            if moved is None:
+                self.calls += 1
+                moved = RecognisedBlock(layer, nodes, recognise_block(graph, nodes, params, constants, view))
+                self._by_key.setdefault(key, moved)
+            found.append(moved)
+        return found
+
+
+def _structure_key(view: nx.DiGraph, layer: str) -> tuple:
+    for node in view:
+        data = view.nodes[node]
+        data["label"] = f"{data['op']}{data['shape']}"
+    suffixes = tuple(sorted(str(d["param"])[len(layer):] for _, d in view.nodes(data=True) if d["param"]))
+    return nx.weisfeiler_lehman_graph_hash(view, node_attr="label", iterations=3), suffixes
+
+
+def _moved(first: RecognisedBlock, layer: str, nodes: frozenset[int], params) -> RecognisedBlock | None:
+    """``first``'s result for the structurally equal block ``layer`` (None if a name fails to move)."""
+    def move(fqn: str | None) -> str | None:
+        if fqn is None or not fqn.startswith(first.layer + "."):
+            return fqn
+        return layer + fqn[len(first.layer):]
+
+    def move_projection(p: Projection) -> Projection:
+        return replace(p, layer=move(p.layer), weight=move(p.weight), bias=move(p.bias))
+
+    subs = [replace(s, columns=tuple(move_projection(c) for c in s.columns), row=move_projection(s.row))
+            for s in first.roles.sublayers]
+    if any(p.weight not in params or (p.bias is not None and p.bias not in params) for s in subs for p in s.projections):
+        return None
+    refusals = [replace(r, row=move(r.row), layer=move(r.layer)) for r in first.roles.refusals]
+    return RecognisedBlock(layer, nodes, BlockRoles(subs, refusals))
+
+
+@dataclass(frozen=True)
+class _Linear:
+    node: int  # the matmul/addmm graph node
+    weight: int  # the weight's graph node
+    fqn: str
+    operand: int  # which operand the weight is
+    transposed: bool
+    bias: str | None
+
+
+def recognise_block(graph: nx.DiGraph, nodes: frozenset[int], params: dict[str, tuple[list[int], str]],
+                    constants: frozenset[int], view: nx.DiGraph | None = None) -> BlockRoles:
+    """The sub-layers of one block (module docstring)."""
+    view = compute_view(graph, nodes, constants) if view is None else view
+    linears = _linears(graph, view, params)
+    by_node = {lin.node: lin for lin in linears}
+    mesh = paddle.distributed.ProcessMesh([0, 1], dim_names=["mp"])
+    result = BlockRoles()
+    placed: dict[str, Dist] = {}
+    gathered: set[str] = set()
+    baseline = _implicit(graph, nodes, placed, mesh, constants, gathered)
+    result.replays += 1
+    assigned: set[int] = set()
+    for row in linears:
+        if row.node in assigned:
+            continue
+        feeding = _feeding_linears(view, row, by_node)
+        if not feeding or assigned & {c.node for c in feeding}:
+            continue
+        columns = sorted(feeding, key=lambda c: c.node)
+        sub = _sublayer(graph, view, nodes, columns, row, params)
+        fused = {c.layer for c in sub.columns if c.fused > 1}
+        unhookable = [c for c in columns if _owner(c.fqn) in fused and not _hookable(graph, c)]
+        if unhookable:
+            # a fused projection's output must be gathered by a post-hook on its own layer
+            result.refusals.append(Refusal(_owner(row.fqn), "fused projection inside a larger layer",
+                                           _owner(unhookable[0].fqn)))
+            continue
+        trial = {**placed, **_dists(params, columns, row)}
+        problems = _implicit(graph, nodes, trial, mesh, constants, gathered | fused)
+        result.replays += 1
+        if set(problems) - set(baseline):
+            extra, problems = _try_gathers(graph, nodes, trial, mesh, constants, gathered | fused, columns, baseline,
+                                           problems, result)
+            sub = _mark_fused(sub, extra)
+            fused |= extra
+        if set(problems) - set(baseline):
+            first = min(set(problems) - set(baseline))
+            result.refusals.append(Refusal(_owner(row.fqn), short_op(graph.nodes[first[0]]["op"]),
+                                           graph.nodes[first[0]]["layer"]))
+            continue
+        placed, baseline = trial, problems
+        gathered |= fused
+        assigned |= {row.node} | {c.node for c in columns}
+        result.sublayers.append(sub)
+    return result
+
+
+# -- finding projections and their groups ------------------------------------------------------------
+
+
+def _linears(graph: nx.DiGraph, view: nx.DiGraph, params) -> list[_Linear]:
+    """Projections in program order: a matmul/addmm one of whose operands is a 2-D parameter."""
+    found = []
+    for node in sorted(view):
+        if view.nodes[node]["op"] not in PROJECTION_OPS:
+            continue
+        weights = [p for p in view.predecessors(node) if view.nodes[p]["op"] == PARAM and view.nodes[p]["param"]
+                   and len(params[view.nodes[p]["param"]][0]) == 2]
+        if len(weights) != 1:
+            continue
+        weight = weights[0]
+        operand, transposed = weight_use(graph, weight, node)
+        if short_op(graph.nodes[node]["op"]) == "addmm":
+            operand = 1 if operand == 2 else 0
+        found.append(_Linear(node, weight, view.nodes[weight]["param"], operand, transposed,
+                             _bias(graph, view, node)))
+    return found
+
+
+def weight_use(graph: nx.DiGraph, weight: int, matmul: int) -> tuple[int, bool]:
+    """``(operand, transposed)``: which matmul operand the weight feeds and whether it arrives
+    transposed (``transpose_x/y`` and 2-D ``transpose`` ops on the way combined)."""
+    path = nx.shortest_path(graph, weight, matmul)
+    flips = sum(1 for n in path[1:-1] if short_op(graph.nodes[n]["op"]) == "transpose"
+                and graph.nodes[n]["attrs"].get("perm") == [1, 0])
+    operand = graph.edges[path[-2], matmul]["operand"]
+    attrs = graph.nodes[matmul]["attrs"]
+    if short_op(graph.nodes[matmul]["op"]) == "matmul":  # addmm has no transpose flags
+        flips += bool(attrs.get("transpose_y" if operand == 1 else "transpose_x"))
+    return operand, bool(flips % 2)
+
+
+def split_dim(role: str, operand: int, transposed: bool) -> int | None:
+    """The weight dim to split for ``role``. A weight used as ``x @ W`` (operand 1) is
+    ``[in, out]``: column splits ``out`` (dim 1), row splits ``in`` (dim 0); used transposed the
+    dims swap; a weight on the left (operand 0) is ``[out, in]`` for the same product.
+
+    >>> split_dim("column", 1, False), split_dim("column", 1, True), split_dim("row", 1, False)
+    (1, 0, 0)
+    """
+    if role == "replicate":
+        return None
+    out_dim = 1 if (operand == 1) != transposed else 0
+    return out_dim if role == "column" else 1 - out_dim
+
+
+def _bias(graph: nx.DiGraph, view: nx.DiGraph, node: int) -> str | None:
+    """The 1-D parameter added to the projection's output (``addmm``'s input, or an ``add``)."""
+    if view.nodes[node]["op"] == "addmm":
+        params = [p for p in view.predecessors(node) if view.nodes[p]["op"] == PARAM and 0 in view.edges[p, node]["operands"]]
+        return view.nodes[params[0]]["param"] if params else None
+    for succ in view.successors(node):
+        if view.nodes[succ]["op"] != "add":
+            continue
+        others = [p for p in view.predecessors(succ) if p != node]
+        if len(others) == 1 and view.nodes[others[0]]["op"] == PARAM and view.nodes[others[0]]["param"]:
+            shape = graph.nodes[others[0]]["shapes"][0]
+            if len(shape) == 1:
+                return view.nodes[others[0]]["param"]
+    return None
+
+
+def _feeding_linears(view: nx.DiGraph, row: _Linear, by_node: dict[int, _Linear]) -> list[_Linear]:
+    """Projections whose output reaches ``row``'s input without passing another projection."""
+    start = [p for p in view.predecessors(row.node) if p != row.weight and view.nodes[p]["op"] != PARAM]
+    seen, stack, found = set(start), list(start), []
+    while stack:
+        node = stack.pop()
+        if node in by_node:
+            found.append(by_node[node])
+            continue
+        for pred in view.predecessors(node):
+            if pred not in seen and view.nodes[pred]["op"] not in ("input", PARAM):
+                seen.add(pred)
+                stack.append(pred)
+    return found
+
+
+def _owner(fqn: str) -> str:
+    return fqn.rpartition(".")[0]
+
+
+def _dists(params, columns: list[_Linear], row: _Linear) -> dict[str, Dist]:
+    dists = {}
+    for lin, role in [(c, "column") for c in columns] + [(row, "row")]:
+        shape = tuple(params[lin.fqn][0])
+        dims = [-1, -1]
+        dims[split_dim(role, lin.operand, lin.transposed)] = 0
+        dists[lin.fqn] = Dist(shape, tuple(dims))
+        if lin.bias is not None:
+            dists[lin.bias] = Dist(tuple(params[lin.bias][0]), (0,) if role == "column" else (-1,))
+    return dists
+
+
+# -- the SPMD check ---------------------------------------------------------------------------------------
+
+
+def _implicit(graph, nodes, weights, mesh, constants, gathered) -> list[tuple[int, int]]:
+    """(node, operand) of every communication Paddle would add on its own."""
+    replay = Replay(graph, nodes, weights, mesh, constants, frozenset(gathered))
+    return sorted({(r.node, r.operand) for r in replay.run() if r.collective is not None and not is_planned(graph, r)})
+
+
+def _try_gathers(graph, nodes, weights, mesh, constants, gathered, columns, baseline, problems, result):
+    """A column whose output is cut into segments (fused ``q|k|v``, ``gate|up``) where the split
+    reaches the cut: gather its output with a post-hook, as the plan will, and replay.
+    ``(gathered layers, problems)``; nothing gathered when no problem is such a cut."""
+    new = {node for node, _ in set(problems) - set(baseline)}
+    fused = [c for c in columns if _hookable(graph, c) and _segment_cuts(graph, nodes, c.node) & new]
+    if not fused:
+        return set(), problems
+    chosen = {_owner(c.fqn) for c in fused}
+    result.replays += 1
+    return chosen, _implicit(graph, nodes, weights, mesh, constants, gathered | chosen)
+
+
+def _segment_cuts(graph: nx.DiGraph, nodes: frozenset[int], source: int, cut_ops=SEGMENT_OPS) -> set[int]:
+    """The ops (of ``cut_ops``) that cut ``source``'s output into pieces, reached through layout
+    ops and a bias add."""
+    seen, stack, cuts = {source}, [source], set()
+    while stack:
+        for succ in graph.successors(stack.pop()):
+            if succ in seen or succ not in nodes:
+                continue
+            seen.add(succ)
+            op = short_op(graph.nodes[succ]["op"])
+            if op in cut_ops:
+                cuts.add(succ)
+            if op in LAYOUT_OPS or op == "add" or graph.nodes[succ]["op"].startswith("builtin."):
+                stack.append(succ)
+    return cuts
+
+
+def _hookable(graph: nx.DiGraph, lin: _Linear) -> bool:
+    """A post-hook can gather the projection's output: its own layer (a Linear, a Conv1D) ends
+    with it, i.e. the layer's last op is the projection or follows from it alone."""
+    layer = _owner(lin.fqn)
+    own = [n for n in graph if graph.nodes[n]["layer"] == layer and graph.nodes[n]["op"] != "builtin.parameter"]
+    return bool(own) and (max(own) == lin.node or lin.node in nx.ancestors(graph, max(own)))
+
+
+# -- naming what was found ------------------------------------------------------------------------------
+
+
+def _sublayer(graph, view, nodes, columns: list[_Linear], row: _Linear, params) -> SubLayer:
+    """Name the group: an attention if a softmax (or a fused attention op) lies between columns
+    and row, an MLP otherwise; a column whose pieces take different roles (q, k and v; gate and
+    up) is a fused projection."""
+    region = set().union(*(nx.descendants(view, c.node) for c in columns)) & nx.ancestors(view, row.node)
+    scores = [n for n in sorted(region) if view.nodes[n]["op"] == "matmul" and not _has_param(view, n)]
+    fused_ops = [n for n in sorted(region) if view.nodes[n]["op"] in FUSED_ATTENTION_OPS]
+    softmax = any(view.nodes[n]["op"] == "softmax" for n in region)
+    out_features = {c.node: params[c.fqn][0][split_dim("column", c.operand, c.transposed)] for c in columns}
+    if (softmax and scores) or fused_ops:
+        return _attention(graph, view, columns, row, out_features, scores, fused_ops)
+    names = _mlp_names(graph, view, nodes, columns, region)
+    projections = tuple(_projection(c, "column", names[c.node], 2 if names[c.node] == "gate_up" else 1)
+                        for c in columns)
+    gated = set(names.values()) in ({"gate", "up"}, {"gate_up"})
+    first = out_features[columns[0].node]
+    return SubLayer("mlp", projections, _projection(row, "row", "down" if gated else "fc_out", 1),
+                    intermediate_size=first // 2 if names[columns[0].node] == "gate_up" else first)
+
+
+def _mark_fused(sub: SubLayer, layers: set[str]) -> SubLayer:
+    """Columns the replay showed are cut into segments (gathered) count as fused, two at least."""
+    return replace(sub, columns=tuple(replace(c, fused=max(c.fused, 2)) if c.layer in layers else c for c in sub.columns))
+
+
+def _has_param(view: nx.DiGraph, node: int) -> bool:
+    return any(view.nodes[p]["op"] == PARAM for p in view.predecessors(node))
+
+
+def _reaches(view: nx.DiGraph, source: int, target: int, operand: int) -> bool:
+    """``source``'s value reaches operand ``operand`` of ``target``."""
+    return any(operand in view.edges[p, target]["operands"] and (p == source or nx.has_path(view, source, p))
+               for p in view.predecessors(target))
+
+
+def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> SubLayer:
+    if fused_ops:
+        core = fused_ops[0]
+        q_shape = graph.nodes[_operand(graph, core, 0)]["shapes"][0]
+        num_heads, head_dim = q_shape[-2], q_shape[-1]
+        roles = {c.node: "".join(n for n, o in (("q", 0), ("k", 1), ("v", 2)) if _reaches(view, c.node, core, o))
+                 for c in columns}
+    else:
+        core = scores[0]
+        q_shape = graph.nodes[_operand(graph, core, 0)]["shapes"][0]
+        num_heads, head_dim = graph.nodes[core]["shapes"][0][-3], q_shape[-1]
+        context = next((n for n in scores[1:] if nx.has_path(view, core, n)), None)
+        roles = {c.node: "".join(n for n, target, o in (("q", core, 0), ("k", core, 1), ("v", context, 1))
+                                 if target is not None and _reaches(view, c.node, target, o))
+                 for c in columns}
+    kv_heads = num_heads
+    for c in columns:
+        name = roles[c.node]
+        if name in ("k", "v", "kv"):
+            kv_heads = out_features[c.node] // (head_dim * len(name))
+        elif name == "qkv":
+            kv_heads = (out_features[c.node] - num_heads * head_dim) // (2 * head_dim)
+    projections = tuple(_projection(c, "column", roles[c.node] or "q", max(len(roles[c.node]), 1)) for c in columns)
+    o = _projection(row, "row", "o", 1)
+    return SubLayer("attention", projections, o, num_heads=num_heads, num_kv_heads=kv_heads, head_dim=head_dim)
+
+
+def _operand(graph: nx.DiGraph, node: int, operand: int) -> int:
+    return next(p for p in graph.predecessors(node) if graph.edges[p, node]["operand"] == operand)
+
+
+def _mlp_names(graph, view, nodes, columns, region) -> dict[int, str]:
+    """``fc_in`` for one plain column; ``gate_up`` for one column cut in two whose pieces meet
+    at a product; ``gate`` (through the activation) and ``up`` (straight to the product)."""
+    products = [n for n in region if view.nodes[n]["op"] == "multiply"]
+    if len(columns) == 1:
+        column = columns[0]
+        cut = _segment_cuts(graph, nodes, column.node, CUT_OPS)
+        both = any(_reaches(view, column.node, m, 0) and _reaches(view, column.node, m, 1) for m in products)
+        return {column.node: "gate_up" if cut and both else "fc_in"}
+    if len(columns) == 2:
+        a, b = columns
+        a_direct = any(view.nodes[s]["op"] == "multiply" and nx.has_path(view, b.node, s) for s in view.successors(a.node))
+        return {a.node: "up", b.node: "gate"} if a_direct else {a.node: "gate", b.node: "up"}
+    return {c.node: f"in{i}" for i, c in enumerate(columns)}
+
+
+def _projection(lin: _Linear, role: str, name: str, fused: int) -> Projection:
+    return Projection(_owner(lin.fqn), lin.fqn, lin.bias, role, split_dim(role, lin.operand, lin.transposed), fused, name)
