@@ -34,7 +34,7 @@ from paddle.distributed.auto_parallel.static.dist_attribute import DistTensorSpe
 from autodist import schemas
 
 from autodist.planner.recognise.match import constant_nodes, short_op
-from autodist.planner.recognise.ops import PASS_THROUGH_OPS, UNARY_OPS
+from autodist.planner.recognise.ops import FUSED_ATTENTION_OPS, PASS_THROUGH_OPS, UNARY_OPS
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}
 
@@ -202,6 +202,8 @@ class Replay:
             self._addmm(node, operands)
         elif op == "where" and len(operands) < 3:
             self._broadcast(node, operands)
+        elif op in FUSED_ATTENTION_OPS:
+            self._fused_attention(node, operands)
         elif op in _RULE_ARGS:
             self._rule(node, op, operands)
         else:
@@ -300,6 +302,28 @@ class Replay:
             if other != operand and not dist.is_replicated:
                 self._need(node, other, dist, Dist.replicated(dist.shape))
         self._set(node, [Dist(shape, dims)])
+
+    def _fused_attention(self, node: int, operands) -> None:
+        """A one-kernel attention (flash attention; q, k, v as ``[batch, seq, heads, head_dim]``,
+        or ``[tokens, heads, head_dim]`` unpadded): each head is computed on its own, so q, k and
+        v split alike on the heads axis give an output split the same way; any other layout is
+        gathered first. Extra operands (masks, seeds) must be whole. Paddle 3.3 has no SPMD rule
+        for these ops, hence this one."""
+        tensors = dict(operands)
+        qkv = [tensors.get(i) for i in range(3)]
+        if any(t is None or isinstance(t, list) for t in qkv):
+            self._unknown(node, operands)
+            return
+        heads = len(qkv[0].dims) - 2
+        layout = tuple(-1 if i != heads else qkv[0].dims[heads] for i in range(len(qkv[0].dims)))
+        for operand, dist in operands:
+            if isinstance(dist, list):
+                self._unknown(node, operands)
+                return
+            wanted = Dist(dist.shape, layout) if operand < 3 and len(dist.dims) == len(layout) else Dist.replicated(dist.shape)
+            self._need(node, operand, dist, wanted)
+        shapes = self.graph.nodes[node]["shapes"]
+        self._set(node, [Dist(tuple(shapes[0]), layout)] + [Dist.replicated(s or []) for s in shapes[1:]])
 
     def _unknown(self, node: int, operands) -> None:
         """No rule known here: assume the op needs whole inputs (an over-count, never a miss)."""
