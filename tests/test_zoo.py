@@ -16,7 +16,7 @@ import fnmatch
 import pytest
 
 from autodist.planner.cost.search import SearchRequest
-from autodist.planner.emit import plan_target
+from autodist.planner.driver import plan_target
 
 COL, COL_B, ROW, REP = "S(1)", "S(0)", "S(0)", "R"
 
