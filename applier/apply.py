@@ -42,9 +42,10 @@ from typing import Any, Callable
 import paddle
 import paddle.distributed as dist
 
-from autodist.schemas import Plan, PlanError, load_plan
+from autodist.schemas import Plan, PlanError, dump_plan, load_plan, parameter_fingerprint, parameter_table
 
 from autodist.applier.accumulate import AccumulatingOptimizer, MicroBatchLoader, accumulates
+from autodist.applier.agree import Record, agree, digest, timeout_from
 from autodist.applier.data import shard_loader
 from autodist.applier.hooks import ReshardFn, register_hooks
 from autodist.applier.mesh import mesh_ids
@@ -65,6 +66,7 @@ def apply_plan(
     *,
     loss_fn: Callable | None = None,
     reshard_fn: ReshardFn | None = None,
+    agree_timeout_s: float | None = None,
 ) -> tuple[paddle.nn.Layer, Any, Any]:
     """Make ``model`` (and its optimizer and loader) distributed as ``plan`` says, on this rank.
 
@@ -74,8 +76,11 @@ def apply_plan(
     ``reshard_fn(tensor, mesh, placements)`` replaces ``dist.reshard`` in the plan's hooks
     (for test harnesses; see hooks.py).
 
-    Everything is checked first, without communicating: on any problem one
-    :class:`~autodist.schemas.PlanError` lists them all and nothing has been changed.
+    Everything is checked first, without communicating; then all ranks agree that they hold
+    the same plan and the same model and that none found a problem (see agree.py). On any
+    problem, on any rank, every rank raises one :class:`~autodist.schemas.PlanError` listing
+    them all, and nothing has been changed. A rank that does not arrive within
+    ``agree_timeout_s`` seconds (default ``AUTODIST_AGREE_TIMEOUT`` or 300) is named in it.
 
     Returns ``(model, optimizer, dataloader)``: the same model object with distributed
     parameters (for a schedule, a :class:`~autodist.applier.pipeline.PipelineModel` of this
@@ -89,10 +94,16 @@ def apply_plan(
         >>> model, opt, loader = apply_plan(model, opt, loader, "plan.json")   # doctest: +SKIP
     """
     source = str(plan) if isinstance(plan, (str, os.PathLike)) else "plan"
-    plan = load_plan(plan)
-    problems = plan_problems(model, optimizer, dataloader, plan, world_size=dist.get_world_size(), loss_fn=loss_fn)
-    if problems:
-        raise PlanError(problems, source=source)
+    world = dist.get_world_size()
+    try:
+        plan = load_plan(plan)
+        plan_digest = digest(dump_plan(plan))
+        problems = plan_problems(model, optimizer, dataloader, plan, world_size=world, loss_fn=loss_fn)
+    except PlanError as err:  # still meet the other ranks: they must stop too
+        plan_digest, problems = "", err.problems
+    model_digest = parameter_fingerprint(parameter_table(model.named_parameters()))
+    record = Record(dist.get_rank(), source, plan_digest, model_digest, problems)
+    agree(record, rank=dist.get_rank(), world=world, timeout_s=timeout_from(agree_timeout_s))
 
     replaced = shard_parameters(model, plan)
     register_hooks(model, plan, reshard_fn)

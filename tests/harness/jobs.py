@@ -57,12 +57,18 @@ class TrainRun:
 
 @dataclass(frozen=True)
 class BadPlanCase:
-    """A plan every rank must refuse with a PlanError whose message contains ``expect``."""
+    """A plan every rank must refuse with a PlanError whose message contains ``expect``.
+
+    Ranks can be made to disagree: rank ``r`` uses ``rank_plans[r]`` / ``rank_workloads[r]``
+    when given; rank ``die_on_rank`` SIGKILLs itself inside ``apply_plan`` (TEST-ONLY)."""
 
     name: str
     workload: str
     plan: str
     expect: str
+    rank_plans: list[str] = field(default_factory=list)
+    rank_workloads: list[str] = field(default_factory=list)
+    die_on_rank: int | None = None
 
 
 @dataclass

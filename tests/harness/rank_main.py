@@ -141,14 +141,17 @@ def die_half_way_through_the_save() -> None:
 def run_bad_plan(case: BadPlanCase, rank: int, let_escape: bool) -> dict:
     from autodist import PlanError, apply_plan
 
-    workload = WORKLOADS[case.workload]
+    workload = WORKLOADS[case.rank_workloads[rank] if case.rank_workloads else case.workload]
+    plan = case.rank_plans[rank] if case.rank_plans else case.plan
     model = workload.build(seed=0)
+    if case.die_on_rank == rank:
+        die_when_validated(model)
     optimizer, _ = make_optimizer("sgd", model.parameters())
     loader = make_loader(workload, steps=1, seed=0)
     before = _identity(model, optimizer)
     start = time.perf_counter()
     try:
-        apply_plan(model, optimizer, loader, case.plan)
+        apply_plan(model, optimizer, loader, plan)
     except PlanError as exc:
         if let_escape:
             raise
@@ -161,6 +164,16 @@ def run_bad_plan(case: BadPlanCase, rank: int, let_escape: bool) -> dict:
     except Exception as exc:  # recorded, so the test names what was raised instead
         return {"error": type(exc).__name__, "message": str(exc), "seconds": time.perf_counter() - start}
     return {"error": None, "message": "apply_plan accepted the plan", "seconds": time.perf_counter() - start}
+
+
+def die_when_validated(model) -> None:
+    """TEST-ONLY: SIGKILL this rank when apply_plan reads the model's parameters (its local
+    checks), as a rank killed during apply_plan would die."""
+
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    model.named_parameters = die
 
 
 def _identity(model, optimizer) -> list:

@@ -22,14 +22,15 @@ RANK_SCRIPT = [str(Path(__file__).with_name("rank_main.py"))]
 
 
 def start_job(
-    job: Job, nranks: int, workdir: Path, timeout_s: float = 180.0, nodes: int = 1, backend: str = "gloo"
+    job: Job, nranks: int, workdir: Path, timeout_s: float = 180.0, nodes: int = 1, backend: str = "gloo", **launch
 ) -> JobResult:
-    """Start ``job`` on ``nranks`` ranks (over ``nodes`` simulated machines when > 1)."""
+    """Start ``job`` on ``nranks`` ranks (over ``nodes`` simulated machines when > 1); ``launch``
+    goes to :func:`launch_ranks` (``extra_env``, ``failure_grace_s``)."""
     Path(job.out_dir).mkdir(parents=True, exist_ok=True)
     job_file = job.save(workdir / "job.json")
     if nodes > 1:
         return launch_nodes(nodes, nranks // nodes, [*RANK_SCRIPT, str(job_file)], workdir, timeout_s)
-    return launch_ranks(nranks, [*RANK_MODULE, str(job_file)], workdir, timeout_s, backend=backend)
+    return launch_ranks(nranks, [*RANK_MODULE, str(job_file)], workdir, timeout_s, backend=backend, **launch)
 
 
 def read_outputs(out_dir: str | Path, name: str, nranks: int) -> list[dict]:
@@ -52,11 +53,11 @@ def train_distributed(
 
 
 def check_bad_plans(
-    cases: list[BadPlanCase], nranks: int, workdir: Path, timeout_s: float = 120.0, let_escape: bool = False
+    cases: list[BadPlanCase], nranks: int, workdir: Path, timeout_s: float = 120.0, let_escape: bool = False, **launch
 ) -> tuple[JobResult, list[dict]]:
     """Run the bad-plan cases on ``nranks`` ranks; (the job, each rank's ``{case: result}``)."""
     job = Job(out_dir=str(workdir / "out"), bad_plans=list(cases), let_plan_error_escape=let_escape)
-    result = start_job(job, nranks, workdir, timeout_s)
+    result = start_job(job, nranks, workdir, timeout_s, **launch)
     files = [Path(job.out_dir) / f"bad_plans.rank{r}.json" for r in range(nranks)]
     return result, [json.loads(f.read_text()) if f.exists() else {} for f in files]
 

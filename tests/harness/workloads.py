@@ -83,6 +83,16 @@ WORKLOADS = {
             # The model file reads its sizes from LLAMA_DOCSTRING_<FIELD> (LlamaConfig.from_env).
             planner_env={f"LLAMA_DOCSTRING_{k.upper()}": str(v) for k, v in DOCSTRING_LLAMA_CONFIG.items()},
         ),
+        Workload(  # the same model one layer deeper: "a model of another size" on one rank
+            name="docstring_llama_3_layers",
+            vocab_size=DOCSTRING_LLAMA_CONFIG["vocab_size"],
+            build_unseeded=lambda: load_model_file("plans/llama_docstring/model.py", "llama_docstring_model").build_model(
+                **{**DOCSTRING_LLAMA_CONFIG, "num_layers": 3}
+            ),
+            loss=lambda model, inputs, labels: model(inputs, labels=labels)[0],
+            planner_target="plans/llama_docstring/model.py",
+            planner_env={f"LLAMA_DOCSTRING_{k.upper()}": str(v) for k, v in {**DOCSTRING_LLAMA_CONFIG, "num_layers": 3}.items()},
+        ),
         Workload(
             name="paddleformers_llama",
             vocab_size=64,

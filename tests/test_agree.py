@@ -1,0 +1,84 @@
+"""The agreement step in one process: what every rank is told, and that waiting has a deadline.
+
+The multi-process proofs (two ranks on other plans, another model, a killed rank) are in
+test_disagreeing_ranks.py; here one process plays one rank of two against a real Paddle
+TCPStore, or against nothing at all.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import autodist.applier.agree as agree_module
+from autodist.applier.agree import Record, agree, timeout_from, verdict_problems
+from autodist.schemas import PlanError
+from harness.launcher import free_ports
+
+PLAN_A, PLAN_B, MODEL_A, MODEL_B = "a" * 64, "b" * 64, "c" * 64, "d" * 64
+
+
+def test_agreeing_ranks_have_nothing_to_report():
+    records = [Record(r, "plan.json", PLAN_A, MODEL_A) for r in range(4)]
+    assert verdict_problems(records, [], 4, 60) == []
+
+
+def test_the_same_local_problems_everywhere_are_reported_as_they_are():
+    records = [Record(r, "plan.json", PLAN_A, MODEL_A, ["world size: ..."]) for r in range(2)]
+    assert verdict_problems(records, [], 2, 60) == ["world size: ..."]
+
+
+def test_each_kind_of_disagreement_is_named_with_its_ranks():
+    records = [
+        Record(0, "plan.json", PLAN_A, MODEL_A),
+        Record(1, "plan.json", PLAN_A, MODEL_A),
+        Record(2, "old.json", PLAN_B, MODEL_B, ["model: this is not the model the plan was made for"]),
+        Record(3, "gone.json", "", MODEL_A, ["cannot read the plan file: No such file or directory"]),
+    ]
+    problems = verdict_problems(records, [4], 5, 30)
+    text = "\n".join(problems)
+    assert problems[0].startswith("ranks 4 of 5 did not reach the agreement step within 30 s")
+    assert "different plan: ranks 0, 1 has plan.json" in text and "rank 2 has old.json" in text
+    assert "rank 3 could not read gone.json" in text
+    assert "different model: ranks 0, 1, 3 a model with parameter table sha256 cccccccccccc..." in text
+    assert "rank 2 failed validation: model: this is not the model" in text
+    assert "rank 3 failed validation: cannot read the plan file" in text
+
+
+def test_timeout_from_argument_environment_or_default(monkeypatch):
+    monkeypatch.delenv("AUTODIST_AGREE_TIMEOUT", raising=False)
+    assert timeout_from(None) == agree_module.DEFAULT_TIMEOUT_S
+    assert timeout_from(5) == 5.0
+    monkeypatch.setenv("AUTODIST_AGREE_TIMEOUT", "12.5")
+    assert timeout_from(None) == 12.5
+    for bad in ("soon", "0", "-3", "nan", "inf"):
+        monkeypatch.setenv("AUTODIST_AGREE_TIMEOUT", bad)
+        with pytest.raises(PlanError, match="AUTODIST_AGREE_TIMEOUT"):
+            timeout_from(None)
+
+
+@pytest.fixture
+def two_rank_env(monkeypatch):
+    """The environment of one rank of a hand-started 2-rank job, on free loopback ports."""
+    p0, p1, agree_port = free_ports(3)
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", f"127.0.0.1:{p0},127.0.0.1:{p1}")
+    monkeypatch.delenv("PADDLE_MASTER", raising=False)
+    monkeypatch.setenv("AUTODIST_AGREE_PORT", str(agree_port))
+    monkeypatch.setattr(agree_module, "_STORE", None)
+    return agree_port
+
+
+def test_a_rank_alone_with_rank_0_absent_stops_at_the_deadline(two_rank_env):
+    start = time.monotonic()
+    with pytest.raises(PlanError, match=r"rank 0 did not reach the agreement step within 1 s"):
+        agree(Record(1, "plan.json", PLAN_A, MODEL_A), rank=1, world=2, timeout_s=1)
+    assert time.monotonic() - start < 10
+
+
+def test_rank_0_alone_names_the_missing_rank_at_the_deadline(two_rank_env):
+    start = time.monotonic()
+    with pytest.raises(PlanError, match=r"ranks 1 of 2 did not reach the agreement step within 1 s"):
+        agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=1)
+    assert time.monotonic() - start < 10
+    agree_module._STORE = None  # the store this test hosted goes with it

@@ -1,0 +1,94 @@
+"""Ranks that disagree or die: every rank stops with the same PlanError, none hangs.
+
+Each rank's own checks pass in the disagreement cases below (each plan is valid for the model
+it meets), so only the agreement step in ``apply_plan`` (applier/agree.py) can catch them;
+without it the job hangs in a collective, dies after a backend timeout naming nothing, or trains
+something else on one rank. Ranks are started by hand (no supervising launcher), and a rank
+killed inside ``apply_plan`` must not leave the others waiting.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from autodist.schemas import dump_plan
+from harness.jobs import BadPlanCase
+from harness.plans import tensor_parallel_plan
+from harness.runner import check_bad_plans
+from harness.workloads import WORKLOADS
+
+pytestmark = pytest.mark.multiprocess
+
+NRANKS = 2
+WORKLOAD = "docstring_llama"
+#: The agreement timeout in these jobs; every rank must have stopped well within a minute.
+AGREE_TIMEOUT_S = 20
+STOP_WITHIN_S = 60
+
+
+def write(path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+def disagreements(workdir) -> list[BadPlanCase]:
+    model = WORKLOADS[WORKLOAD].build(seed=0)
+    mp2 = tensor_parallel_plan(model, mp=NRANKS)
+    dp2 = tensor_parallel_plan(model, dp=NRANKS)
+    other_sharding = msgspec.structs.replace(mp2, data=msgspec.structs.replace(mp2.data, shard_dims=["mp"]))
+    assert mp2.data.shard_dims != other_sharding.data.shard_dims
+    a = write(workdir / "mp2.json", dump_plan(mp2))
+    b = write(workdir / "dp2.json", dump_plan(dp2))
+    c = write(workdir / "mp2_data_over_mp.json", dump_plan(other_sharding))
+    return [
+        BadPlanCase("another_plan_file", WORKLOAD, a, "different plan: rank 0 has", rank_plans=[a, b]),
+        BadPlanCase("same_plan_other_data_sharding", WORKLOAD, a, "different plan", rank_plans=[a, c]),
+        BadPlanCase("model_of_another_size", WORKLOAD, a, "different model",
+                    rank_workloads=[WORKLOAD, "docstring_llama_3_layers"]),
+    ]
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("disagree")
+    cases = disagreements(workdir)
+    job, per_rank = check_bad_plans(cases, NRANKS, workdir, 180, extra_env={"AUTODIST_AGREE_TIMEOUT": str(AGREE_TIMEOUT_S)})
+    job.raise_for_failure()
+    return {case.name: (case, [results[case.name] for results in per_rank]) for case in cases}
+
+
+@pytest.mark.parametrize("name", ["another_plan_file", "same_plan_other_data_sharding", "model_of_another_size"])
+def test_every_rank_raises_the_same_plan_error_naming_the_ranks(refusals, name):
+    case, results = refusals[name]
+    for rank, result in enumerate(results):
+        assert result["error"] == "PlanError", f"rank {rank}: {result['error']}: {result['message']}"
+        assert case.expect in result["message"], f"rank {rank}:\n{result['message']}"
+        assert "rank 0" in result["message"] and "rank 1" in result["message"], result["message"]
+        assert result["untouched"], f"rank {rank}: the refused plan changed the model or optimizer"
+    # the same error everywhere, but for the file name each rank read
+    assert results[0]["message"].partition(":")[2] == results[1]["message"].partition(":")[2]
+
+
+def test_a_model_of_another_size_also_names_the_failed_validation(refusals):
+    _, results = refusals["model_of_another_size"]
+    assert "rank 1 failed validation: model: this is not the model the plan was made for" in results[0]["message"]
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_rank_killed_during_apply_plan_stops_the_others(tmp_path, victim):
+    """Hand-started ranks, no launcher: the survivor raises a PlanError naming the dead rank
+    within a minute (today it waits for ever)."""
+    plan = write(tmp_path / "mp2.json", dump_plan(tensor_parallel_plan(WORKLOADS[WORKLOAD].build(seed=0), mp=NRANKS)))
+    case = BadPlanCase("killed", WORKLOAD, plan, "", die_on_rank=victim)
+    job, per_rank = check_bad_plans([case], NRANKS, tmp_path, 150, failure_grace_s=120,
+                                    extra_env={"AUTODIST_AGREE_TIMEOUT": str(AGREE_TIMEOUT_S)})
+    assert not job.timed_out, job.report()
+    survivor = 1 - victim
+    assert job.processes[victim].returncode == -9, job.report()
+    assert job.processes[survivor].returncode == 0, job.report()
+    result = per_rank[survivor]["killed"]
+    assert result["error"] == "PlanError", result
+    assert f"rank{'s' if victim else ''} {victim}" in result["message"] and "did not reach the agreement step" in result["message"], result
+    assert result["seconds"] < STOP_WITHIN_S, result
+    assert result["untouched"]
