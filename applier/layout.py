@@ -2,8 +2,9 @@
 
 A tensor on a mesh is described here by the mesh's process ids laid out in its shape and, per
 mesh dim, the tensor dim that mesh dim splits (``None``: replicated along it). A split is
-Paddle's balanced one: chunks of ``ceil(n / k)`` rows, the last one shorter. Several mesh dims
-splitting one tensor dim split it one after another, outer mesh dim first. The checkpoint code
+Paddle's balanced one: chunks of ``ceil(n / k)`` rows, the last one shorter. (Several mesh dims
+splitting one tensor dim would split it one after another, outer mesh dim first; the checkpoint
+code refuses such tensors, as that order is not verified against Paddle.) The checkpoint code
 checks every rank's real local shape against these boxes before it writes, so a layout Paddle
 computes differently is refused, never saved wrong.
 

@@ -312,3 +312,14 @@ def test_reading_the_metadata_needs_no_paddle():
         assert "paddle" not in sys.modules and "numpy" not in sys.modules, sorted(sys.modules)
     """)
     subprocess.run([sys.executable, "-c", code], check=True, env=base_env())
+
+
+def test_a_tensor_dim_split_by_two_mesh_dims_is_refused_not_saved_misplaced(tmp_path):
+    import paddle.distributed as dist
+
+    layer = paddle.nn.Linear(4, 4)
+    mesh = dist.ProcessMesh([[0]], dim_names=["dp", "mp"])
+    layer.weight = dist.shard_tensor(layer.weight, mesh, [dist.Shard(0), dist.Shard(0)])
+    with pytest.raises(CheckpointError, match="weight is split along one tensor dim by several mesh dims"):
+        save_checkpoint(layer, None, tmp_path / "ckpt", step=0)
+    assert not (tmp_path / "ckpt").exists()
