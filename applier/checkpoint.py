@@ -50,6 +50,7 @@ from autodist.schemas.checkpoint import (
     SavedScheduler,
     SavedTensor,
     Shard,
+    decode_checkpoint,
     encode_checkpoint,
     read_checkpoint,
     saved_tensors,
@@ -90,6 +91,7 @@ def save_checkpoint(
     try:
         _check_target_folder(path)
         meta, mine = _describe(model, optimizer, scheduler, step, world, rank)
+        decode_checkpoint(encode_checkpoint(meta), path)  # never commit what could not be read back
     except CheckpointError as exc:
         problems.append(exc.problem)
     token = _agree(world, (problems, f"{step}-{secrets.token_hex(4)}"))

@@ -31,7 +31,10 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from autodist.schemas.plan import DTYPE_BYTES, Base, DType, Fqn, Mesh, NonNegativeInt, PositiveInt, Sha256, Strategy
+from autodist.schemas.io import _meaning as constraint_in_words
+from autodist.schemas.plan import (
+    DTYPE_BYTES, Base, DType, Fqn, Identifier, Mesh, NonNegativeInt, PositiveInt, Sha256, Strategy,
+)  # fmt: skip
 
 CHECKPOINT_FORMAT = "autodist.checkpoint"
 CHECKPOINT_VERSION = 1
@@ -75,7 +78,7 @@ class SavedTensor(Base):
 
 
 class SavedModel(Base):
-    class_name: str
+    class_name: Identifier
     num_parameters: NonNegativeInt
     #: :func:`autodist.schemas.parameter_fingerprint` of the model's parameter table.
     param_fingerprint: Sha256
@@ -91,17 +94,17 @@ class SavedPlan(Base):
 
 
 class SavedOptimizer(Base):
-    class_name: str
+    class_name: Identifier
     #: ``{parameter FQN: {state kind: tensor}}``; kinds are Paddle's accumulator names
     #: (``moment1``, ``beta1_pow_acc``, ...) and ``master_weight``. Parameters the optimizer has
     #: no state for yet (never updated) are absent.
-    states: dict[Fqn, dict[str, SavedTensor]] = {}
+    states: dict[Fqn, dict[Identifier, SavedTensor]] = {}
 
 
 class SavedScheduler(Base):
-    class_name: str
+    class_name: Identifier
     #: ``LRScheduler.state_dict()``: plain numbers and strings.
-    state: dict[str, Any]
+    state: dict[Identifier, Any]
 
 
 class Checkpoint(Base, kw_only=True):
@@ -140,6 +143,12 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"not a checkpoint (no {METADATA_FILE} in it)", path) from None
     except OSError as exc:
         raise CheckpointError(f"cannot read {METADATA_FILE}: {exc.strerror or exc}", path) from None
+    return decode_checkpoint(data, path)
+
+
+def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Checkpoint:
+    """The checks of :func:`read_checkpoint` on metadata bytes (``save_checkpoint`` runs them
+    on what it is about to write, so it never commits metadata it could not read back)."""
     try:
         raw = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
@@ -154,7 +163,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     try:
         meta = msgspec.convert(raw, Checkpoint)
     except msgspec.ValidationError as exc:
-        raise CheckpointError(f"{METADATA_FILE}: {exc}", path) from None
+        raise CheckpointError(f"{METADATA_FILE}: {constraint_in_words(str(exc))}", path) from None
     problems = layout_problems(meta)
     if problems:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""

@@ -66,21 +66,24 @@ def test_control_characters_from_the_metadata_are_escaped(saved, tmp_path):
     evil.mkdir()
     raw = json.loads((path / METADATA_FILE).read_text())
     (evil / raw["data"]).symlink_to(path / raw["data"])
-    raw["model"]["class_name"] = "Model\x1b[2J\x07"
-    raw["scheduler"]["state"]["\x1b[31mred"] = "\r\x9b"
+    raw["scheduler"]["state"]["last_lr"] = "\x1b[2J\r\x9bowned"  # values are free; names have a grammar
     (evil / METADATA_FILE).write_text(json.dumps(raw))
     result = info(evil)
     assert result.exit_code == 0, result.output
-    assert not any(c in result.output for c in "\x1b\x07\r\x9b"), repr(result.output)
-    assert "Model\\x1b[2J\\x07" in result.output
+    assert not any(c in result.output for c in "\x1b\r\x9b"), repr(result.output)
+    assert "last_lr=\\x1b[2J\\r\\x9bowned" in result.output
 
-    # Parameter names have the plan's FQN grammar: a name with control characters is refused,
-    # and the refusal is one escaped line.
-    raw["params"]["layer\x1b]0;owned\x07.weight"] = raw["params"].pop("norm.weight")
-    (evil / METADATA_FILE).write_text(json.dumps(raw))
-    refused = info(evil)
-    assert refused.exit_code == 2 and refused.output.count("\n") == 1, refused.output
-    assert not any(c in refused.output for c in "\x1b\x07"), repr(refused.output)
+    for where, edit in [
+        ("$.model.class_name", lambda raw: raw["model"].update(class_name="Model\x1b[2J")),
+        ("$.params", lambda raw: raw["params"].update({"layer\x1b]0;owned\x07.weight": raw["params"]["norm.weight"]})),
+    ]:
+        bad = json.loads((path / METADATA_FILE).read_text())
+        edit(bad)
+        (evil / METADATA_FILE).write_text(json.dumps(bad))
+        refused = info(evil)
+        assert refused.exit_code == 2 and refused.output.count("\n") == 1, refused.output
+        assert "\x1b" not in refused.output and "\x07" not in refused.output, refused.output
+        assert where in refused.output, refused.output
 
 
 def test_a_bad_checkpoint_is_one_escaped_error_line(saved, tmp_path):

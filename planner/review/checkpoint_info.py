@@ -2,13 +2,11 @@
 saved under, from its metadata alone (no Paddle, no shard data read).
 
 Checkpoint metadata is untrusted input: every string taken from it (class names, FQNs, state
-kinds, scheduler fields) goes through :func:`printable`, so no control character reaches the
-terminal.
+kinds, scheduler fields) goes through :func:`~autodist.schemas.errors.printable`, so no control
+character reaches the terminal.
 
 Example::
 
-    >>> printable("Model\\x1b[2J")
-    'Model\\\\x1b[2J'
     >>> meta = read_checkpoint("ckpt")                  # doctest: +SKIP
     >>> print(checkpoint_text(meta, "ckpt"))            # doctest: +SKIP
     checkpoint  ckpt (format 1)
@@ -21,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from autodist.planner.review.format import collapse, human_bytes, human_count, strategy_text
+from autodist.planner.review.format import collapse, human_bytes, human_count, printable, strategy_text
 from autodist.schemas.checkpoint import Checkpoint, SavedTensor
 from autodist.schemas.errors import printable
 from autodist.schemas.plan import DTYPE_BYTES
