@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from autodist.planner.review.format import collapse, human_bytes, human_count, printable, strategy_text
+from autodist.planner.review.format import collapse, human_bytes, human_count, strategy_text
 from autodist.schemas.checkpoint import Checkpoint, SavedTensor
 from autodist.schemas.errors import printable
 from autodist.schemas.plan import DTYPE_BYTES
