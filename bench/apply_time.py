@@ -13,17 +13,14 @@ The numbers go to docs/benchmarks.md by hand, with the machine they came from.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the multi-process harness (launcher, plans, data)
+from llama_bench import bench_main, load_model, model_config, parameter_count  # also puts tests/ on sys.path
 
 RANKS = 4
 
@@ -39,7 +36,7 @@ def worker(job_path: str) -> None:
     from harness.workloads import BATCH, TokenDataset
 
     job = json.loads(Path(job_path).read_text())
-    model_module = _load_model()
+    model_module = load_model()
     rank = int(os.environ["PADDLE_TRAINER_ID"])
 
     def fresh():
@@ -69,23 +66,15 @@ def worker(job_path: str) -> None:
     (Path(job["out_dir"]) / f"rank{rank}.json").write_text(json.dumps(result))
 
 
-def _load_model():
-    from harness.workloads import load_model_file
-
-    return load_model_file("plans/llama_docstring/model.py", "llama_docstring_model")
-
 
 def run(args) -> list[dict]:
     """Write the plan, start 4 ranks, return each rank's timings."""
     from harness.launcher import launch_ranks
     from harness.plans import tensor_parallel_plan, write_plan
 
-    config = dict(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-        num_heads=args.heads, num_layers=args.layers, seq_length=args.seq,
-    )  # fmt: skip
+    config = model_config(args)
     workdir = Path(tempfile.mkdtemp(prefix="apply_time_"))
-    model = _load_model().build_model(**config)
+    model = load_model().build_model(**config)
     plan = write_plan(tensor_parallel_plan(model, dp=2, mp=2), workdir / "plan.json")
     job = {"config": config, "plan": plan, "repeats": args.repeats, "seed": 2024, "out_dir": str(workdir)}
     (workdir / "job.json").write_text(json.dumps(job))
@@ -97,7 +86,7 @@ def run(args) -> list[dict]:
 def report(args, ranks: list[dict], markdown: bool) -> str:
     import paddle
 
-    params = _parameter_count(args)
+    params = parameter_count(args)
     head = (
         f"docstring Llama, {args.layers} layers, hidden {args.hidden}, intermediate {2 * args.hidden}, "
         f"{args.heads} heads, vocabulary {args.vocab}, sequence {args.seq} ({params / 1e6:.1f} M parameters); "
@@ -118,28 +107,6 @@ def report(args, ranks: list[dict], markdown: bool) -> str:
     return "\n".join(lines)
 
 
-def _parameter_count(args) -> int:
-    h, i, v = args.hidden, 2 * args.hidden, args.vocab
-    return args.layers * (4 * h * h + 3 * h * i + 2 * h) + 2 * v * h + h
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=1000)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--markdown", action="store_true", help="print a table for docs/benchmarks.md")
-    args = parser.parse_args()
-    if args.worker:
-        worker(args.worker)
-        return
-    print(report(args, run(args), args.markdown))
-
 
 if __name__ == "__main__":
-    main()
+    bench_main(__doc__, worker, run, report, layers=4, hidden=256, vocab=1000, timeout=600)

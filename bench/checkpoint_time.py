@@ -20,18 +20,15 @@ by hand, with the machine they came from.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the multi-process harness (launcher, plans, data)
+from llama_bench import bench_main, load_model, model_config, parameter_count  # also puts tests/ on sys.path
 
 RANKS = 2
 
@@ -58,7 +55,7 @@ def worker(job_path: str) -> None:
         from harness.workloads import BATCH, TokenDataset
 
         paddle.seed(job["seed"])
-        model = _load_model().build_model(**job["config"])
+        model = load_model().build_model(**job["config"])
         optimizer = paddle.optimizer.AdamW(1e-3, parameters=model.parameters(), weight_decay=0.01)
         dataset = TokenDataset(job["config"]["vocab_size"], BATCH, job["seed"], seq=job["config"]["seq_length"])
         loader = paddle.io.DataLoader(dataset, batch_sampler=paddle.io.BatchSampler(dataset, batch_size=BATCH))
@@ -145,24 +142,16 @@ def _folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def _load_model():
-    from harness.workloads import load_model_file
-
-    return load_model_file("plans/llama_docstring/model.py", "llama_docstring_model")
-
 
 def run(args) -> dict[int, list[dict]]:
     """Write the plans, run the one-process job and the 2-rank job; each rank's timings."""
     from harness.launcher import launch_ranks
     from harness.plans import tensor_parallel_plan, write_plan
 
-    config = dict(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-        num_heads=args.heads, num_layers=args.layers, seq_length=args.seq,
-    )  # fmt: skip
+    config = model_config(args)
     workdir = Path(tempfile.mkdtemp(prefix="checkpoint_time_"))
     try:
-        model = _load_model().build_model(**config)
+        model = load_model().build_model(**config)
         job = {
             "config": config, "repeats": args.repeats, "seed": 2024, "out_dir": str(workdir),
             "plan_mp2": write_plan(tensor_parallel_plan(model, mp=RANKS), workdir / "plan_mp2.json"),
@@ -181,8 +170,7 @@ def run(args) -> dict[int, list[dict]]:
 def report(args, results: dict[int, list[dict]], markdown: bool) -> str:
     import paddle
 
-    params = args.layers * (4 * args.hidden**2 + 3 * args.hidden * 2 * args.hidden + 2 * args.hidden)
-    params += 2 * args.vocab * args.hidden + args.hidden
+    params = parameter_count(args)
     head = (
         f"docstring Llama, {args.layers} layers, hidden {args.hidden}, vocabulary {args.vocab} "
         f"({params / 1e6:.1f} M parameters) + AdamW moments; best of {args.repeats}; "
@@ -210,23 +198,5 @@ def report(args, results: dict[int, list[dict]], markdown: bool) -> str:
     return "\n".join(lines + ["", size])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=4000)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--markdown", action="store_true", help="print a table for docs/benchmarks.md")
-    args = parser.parse_args()
-    if args.worker:
-        worker(args.worker)
-        return
-    print(report(args, run(args), args.markdown))
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(__doc__, worker, run, report, layers=8, hidden=512, vocab=4000, timeout=900)
