@@ -87,6 +87,8 @@ def save_checkpoint(
     path = Path(path)
     rank, world = dist.get_rank(), dist.get_world_size()
     scheduler = scheduler if scheduler is not None else _scheduler_of(optimizer)
+    # 1. Every rank describes the save (the same metadata everywhere) and its own pieces; the
+    #    ranks exchange their problems and rank 0's name for the new data folder.
     problems, meta, mine = [], None, []
     try:
         _check_target_folder(path)
@@ -94,26 +96,26 @@ def save_checkpoint(
         decode_checkpoint(encode_checkpoint(meta), path)  # never commit what could not be read back
     except CheckpointError as exc:
         problems.append(exc.problem)
-    token = _agree(world, (problems, f"{step}-{secrets.token_hex(4)}"))
-    _raise_first([p for peer_problems, _ in token for p in peer_problems], path)
-    meta.data = _DATA_PREFIX + token[0][1]
+    proposals = _agree(world, (problems, f"{step}-{secrets.token_hex(4)}"))
+    _raise_first([p for peer_problems, _ in proposals for p in peer_problems], path)
+    meta.data = _DATA_PREFIX + proposals[0][1]
 
-    status = None
+    # 2. Every rank writes and fsyncs its own file; a failure anywhere is raised everywhere.
     try:
         _write_pieces(path / meta.data, mine)
-    except OSError as exc:
-        status = f"rank {rank} could not write its shards: {exc.strerror or exc}"
-    statuses = _agree(world, status)
-    _raise_first([s for s in statuses if s], path)
+        status = None
+    except Exception as exc:  # any failure must reach the other ranks, not leave them waiting
+        status = f"rank {rank} could not write its shards: {getattr(exc, 'strerror', None) or exc}"
+    _raise_first([s for s in _agree(world, status) if s], path)
 
+    # 3. Rank 0 commits (replaces checkpoint.json); every rank returns once it has.
     status = None
     if rank == 0:
         try:
             _commit(path, meta)
-        except (OSError, CheckpointError) as exc:
+        except Exception as exc:
             status = f"commit failed: {exc}"
-    statuses = _agree(world, status)
-    _raise_first([s for s in statuses if s], path)
+    _raise_first([s for s in _agree(world, status) if s], path)
     return meta
 
 
