@@ -258,7 +258,7 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_loadable(tmp_path
     common = dict(workload="docstring_llama", optimizer="adamw", method="single", steps=1, save_checkpoint=str(path))
     runs = [
         TrainRun("first", **common),
-        TrainRun("killed", **common, first_step=1, load_checkpoint=str(path), kill_rank_during_save=0),
+        TrainRun("killed", **common, first_step=1, load_checkpoint=str(path), save_fault="kill"),
     ]
     job = start_job(Job(out_dir=str(tmp_path / "out"), train=runs), 1, tmp_path, timeout_s=120)
     assert job.processes[0].returncode == -9, job.report()

@@ -148,7 +148,7 @@ def test_a_save_interrupted_by_killing_a_rank_leaves_the_previous_checkpoint_loa
     shutil.copytree(checkpoints["mp2_adamw"], path)
     run = TrainRun(
         "killed_save", WORKLOAD, optimizer="adamw", plan=plans["mp2_adamw"], steps=1, first_step=SAVED_AT,
-        load_checkpoint=str(path), save_checkpoint=str(path), kill_rank_during_save=1,
+        load_checkpoint=str(path), save_checkpoint=str(path), save_fault="kill", save_fault_rank=1,
     )  # fmt: skip
     job = start_job(Job(out_dir=str(tmp_path / "out"), train=[run]), 2, tmp_path, timeout_s=120)
     assert not job.ok and job.processes[1].returncode == -9, job.report()
@@ -160,3 +160,23 @@ def test_a_save_interrupted_by_killing_a_rank_leaves_the_previous_checkpoint_loa
     load_checkpoint(model, None, path)
     for fqn, value in outputs["save_mp2_adamw"][0]["params"].items():
         assert np.array_equal(dict(model.named_parameters())[fqn].numpy(), np.asarray(value, dtype=np.float32)), fqn
+
+
+@pytest.mark.multiprocess
+def test_a_write_failing_on_one_rank_fails_the_save_on_every_rank_without_a_hang(resumed, tmp_path):
+    """Rank 1's write fails half-way (a full disk, TEST-ONLY hook): both ranks raise the same
+    one-line CheckpointError and exit on their own (none is killed as hung), and the folder's
+    step-2 checkpoint is still the one committed."""
+    plans, checkpoints, _, _ = resumed
+    path = tmp_path / "ckpt"
+    shutil.copytree(checkpoints["mp2_adamw"], path)
+    run = TrainRun(
+        "full_disk", WORKLOAD, optimizer="adamw", plan=plans["mp2_adamw"], steps=1, first_step=SAVED_AT,
+        load_checkpoint=str(path), save_checkpoint=str(path), save_fault="no_space", save_fault_rank=1,
+    )  # fmt: skip
+    job = start_job(Job(out_dir=str(tmp_path / "out"), train=[run]), 2, tmp_path, timeout_s=120)
+    assert [p.returncode for p in job.processes] == [1, 1], job.report()  # None would mean killed as hung
+    for process in job.processes:
+        last = process.stderr.strip().splitlines()[-1]
+        assert last.startswith("autodist.schemas.checkpoint.CheckpointError: ") and "rank 1 could not write its shards: No space left on device" in last, last
+    assert read_checkpoint(path).step == SAVED_AT

@@ -16,6 +16,7 @@ from pathlib import Path
 #: How a run distributes the model before training.
 METHODS = ("single", "autodist", "to_distributed")
 RESHARDS = ("paddle", "via_replicate")
+SAVE_FAULTS = ("kill", "no_space")
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,10 @@ class TrainRun:
     first_step: int = 0
     load_checkpoint: str | None = None
     save_checkpoint: str | None = None
-    #: TEST-ONLY: this rank kills itself half-way through writing its part of the save.
-    kill_rank_during_save: int | None = None
+    #: TEST-ONLY: rank ``save_fault_rank`` breaks half-way through writing its part of the
+    #: save: "kill" (SIGKILL itself, as a killed job) or "no_space" (the write fails, ENOSPC).
+    save_fault: str | None = None
+    save_fault_rank: int = 0
 
     def __post_init__(self):
         # A typo in a test's configuration fails here, not later inside every rank.
@@ -51,8 +54,8 @@ class TrainRun:
             raise ValueError(f"{self.name}: a plan is needed by method 'autodist' and only by it")
         if (self.first_step > 0) != (self.load_checkpoint is not None):
             raise ValueError(f"{self.name}: a run starts after step 0 when, and only when, it loads a checkpoint")
-        if self.kill_rank_during_save is not None and self.save_checkpoint is None:
-            raise ValueError(f"{self.name}: kill_rank_during_save needs a save_checkpoint")
+        if self.save_fault not in (None, *SAVE_FAULTS) or (self.save_fault and not self.save_checkpoint):
+            raise ValueError(f"{self.name}: save_fault is one of {SAVE_FAULTS} and needs a save_checkpoint")
 
 
 @dataclass(frozen=True)

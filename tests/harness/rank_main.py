@@ -102,8 +102,8 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
     if run.save_checkpoint:
         from autodist import save_checkpoint
 
-        if run.kill_rank_during_save == rank:
-            die_half_way_through_the_save()
+        if run.save_fault and run.save_fault_rank == rank:
+            break_the_save_half_way(run.save_fault)
         save_checkpoint(model, optimizer, run.save_checkpoint, step=run.first_step + run.steps)
     result = {
         "run": run.name,
@@ -122,20 +122,24 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
     output_path(out_dir, run.name, rank).write_text(json.dumps(result))
 
 
-def die_half_way_through_the_save() -> None:
-    """TEST-ONLY: make this rank write half of its first piece, then SIGKILL itself, as a rank
-    of a job killed during a save would."""
+def break_the_save_half_way(fault: str) -> None:
+    """TEST-ONLY: make this rank write half of its first piece, then SIGKILL itself (``"kill"``,
+    as a rank of a killed job) or fail the write (``"no_space"``, as a full disk)."""
+    import errno
+
     import autodist.applier.checkpoint as checkpoint
 
-    def half_then_die(folder, mine):
+    def half_then_break(folder, mine):
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / mine[0][1].file, "wb") as f:
             data = mine[0][0].numpy().tobytes()
             f.write(data[: len(data) // 2])
             f.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        if fault == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    checkpoint._write_pieces = half_then_die
+    checkpoint._write_pieces = half_then_break
 
 
 def run_bad_plan(case: BadPlanCase, rank: int, let_escape: bool) -> dict:
