@@ -51,6 +51,7 @@ from autodist.applier.hooks import ReshardFn, register_hooks
 from autodist.applier.mesh import mesh_ids
 from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, shard_optimizer
 from autodist.applier.pipeline import build_pipeline, uses_schedule
+from autodist.applier.recompute import wrap_recompute
 from autodist.applier.shard import shard_parameters
 from autodist.applier.validate import plan_problems
 
@@ -107,6 +108,7 @@ def apply_plan(
 
     replaced = shard_parameters(model, plan)
     register_hooks(model, plan, reshard_fn)
+    wrap_recompute(model, plan)
     if uses_schedule(plan):
         model = build_pipeline(model, plan, loss_fn, dist.ProcessMesh(mesh_ids(plan).tolist(), plan.mesh.dim_names))
     if optimizer is not None:

@@ -22,6 +22,7 @@ from autodist.schemas import Plan, parameter_fingerprint, parameter_table
 from autodist.applier.accumulate import accumulation_problems
 from autodist.applier.optimizer import optimizer_problems
 from autodist.applier.pipeline import pipeline_problems
+from autodist.applier.recompute import recompute_problems
 from autodist.applier.shard import parameter_owners
 
 #: How many names a message lists before it says "and N more".
@@ -47,6 +48,7 @@ def plan_problems(
         + data_problems(plan, dataloader)
         + pipeline_problems(model, plan, loss_fn)
         + accumulation_problems(plan)
+        + recompute_problems(model, plan)
     )
 
 

@@ -12,6 +12,7 @@ What goes where:
 - sequence parallelism: ``sequence_parallel_begin`` after the embedding, ``..._end`` / ``..._begin``
   around every sub-layer that mixes positions (attention), ``reshard`` around position-wise ones
   (MLP), ``sequence_parallel_end`` after the final norm — the hooks ``to_distributed`` installs;
+- recompute: every block (``full``) or each block's attention sub-layer (``selective``);
 - the data plan, the analysis's reshard hooks and implicit communication, notes, provenance.
 
 Example::
@@ -24,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import math
+import os
 from importlib import metadata
 
 import msgspec
@@ -76,6 +78,7 @@ def build_plan(
         notes.append(f"micro_batches={strategy.micro_batches}: apply_plan accumulates gradients (the loader yields "
                      f"{strategy.micro_batches} micro-batches per batch, the optimizer updates once per batch)")
     notes += [f"layer {layer}: no pattern matched it; its parameters stay replicated" for layer in analysis.unmatched]
+    recompute = recompute_layers(analysis, strategy.recompute, notes)
     notes += analysis.notes + result.notes
     return Plan(
         model=ModelInfo(
@@ -92,6 +95,7 @@ def build_plan(
         params=params,
         blocks=[Block(layer=b.layer, kind=b.kind, stage=stage) for b, stage in zip(analysis.blocks, stages)],
         hooks=hooks,
+        recompute=recompute,
         data=DataPlan(
             shard_dims=["dp"] if strategy.dp > 1 else [],
             input_stage=0,
@@ -107,6 +111,33 @@ def build_plan(
             arguments=dict(sorted(arguments.items())),
         ),
     )
+
+
+#: The pattern names of attention projections (analysis.LinearUse.name).
+ATTENTION_PROJECTIONS = frozenset({"q", "k", "v", "qkv", "o"})
+
+
+def recompute_layers(analysis: ModelAnalysis, mode: str, notes: list[str]) -> list[str]:
+    """The layers apply_plan recomputes: every block (``full``), or the sub-layer holding each
+    block's attention projections (``selective``; a block that computes attention inline has
+    none, and a note says so)."""
+    if mode == "full":
+        return [block.layer for block in analysis.blocks]
+    if mode != "selective":
+        return []
+    layers = []
+    for block in analysis.blocks:
+        owners = [use.layer.split(".") for use in block.linears if use.name in ATTENTION_PROJECTIONS]
+        common = os.path.commonprefix(owners) if owners else []  # element-wise on lists of names
+        attention = ".".join(common[:-1] if common in owners else common)  # one projection: its parent
+        if attention.startswith(block.layer + "."):
+            layers.append(attention)
+        else:
+            notes.append(f"recompute selective: {block.layer} has no attention sub-layer to recompute; it is not recomputed")
+    if layers:
+        notes.append("recompute selective: apply_plan recomputes each block's attention sub-layer, projections "
+                     "included; the estimate prices only the attention core again (an underestimate of compute)")
+    return layers
 
 
 def build_mesh(strategy: Strategy) -> Mesh:

@@ -107,4 +107,14 @@ def check_stages_and_hooks(plan: Plan) -> list[str]:
 
 def check_plan(plan: Plan) -> list[str]:
     """Every cross-field problem of ``plan``; empty when it is consistent."""
-    return check_mesh(plan) + check_params(plan) + check_stages_and_hooks(plan)
+    return check_mesh(plan) + check_params(plan) + check_stages_and_hooks(plan) + check_recompute(plan)
+
+
+def check_recompute(plan: Plan) -> list[str]:
+    """Layers to recompute only when the strategy recomputes, each listed once."""
+    problems = []
+    if plan.strategy.recompute == "none" and plan.recompute:
+        problems.append(f"$.recompute: {len(plan.recompute)} layers listed but $.strategy.recompute is 'none'")
+    if len(set(plan.recompute)) != len(plan.recompute):
+        problems.append("$.recompute: a layer is listed twice")
+    return problems

@@ -157,6 +157,9 @@ class Strategy(Base):
     #: How pipeline stages run: ``none`` without pp; ``sequential`` stage hand-off hooks in an
     #: ordinary training loop; ``1F1B`` / ``VPP`` Paddle's pipelining schedules.
     schedule: Literal["none", "sequential", "1F1B", "VPP"] = "none"
+    #: Activation recompute: ``full`` recomputes every block in backward, ``selective`` each
+    #: block's attention sub-layer; the plan's ``recompute`` lists the layers.
+    recompute: Literal["none", "selective", "full"] = "none"
 
 
 # -- what to do with the model ---------------------------------------------------------------------
@@ -288,6 +291,8 @@ class Plan(Base, kw_only=True):
     provenance: Provenance
     blocks: list[Block] = []
     hooks: list[Hook] = []
+    #: Layers whose forward is recomputed in backward (``strategy.recompute``), in model order.
+    recompute: list[Fqn] = []
     data: DataPlan = msgspec.field(default_factory=DataPlan)
     implicit_comm: list[ImplicitComm] = []
     estimate: Estimate = msgspec.field(default_factory=Estimate)

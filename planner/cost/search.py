@@ -325,7 +325,7 @@ def _variants(cost: ModelCost, setup: Setup, request: SearchRequest, dp: int, mp
         for stage in stages:
             for m in counts:
                 yield Strategy(dp=dp, mp=mp, pp=pp, sequence_parallel=sp, sharding_stage=stage,
-                               micro_batches=m, schedule=schedule)
+                               micro_batches=m, schedule=schedule, recompute=setup.recompute)
 
 
 def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy) -> str:

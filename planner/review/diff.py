@@ -179,6 +179,16 @@ def _hooks(old: Plan, new: Plan) -> Lines:
     return lines
 
 
+def _recompute(old: Plan, new: Plan) -> Lines:
+    lines: Lines = []
+    for title, layers in (("now recomputed", set(new.recompute) - set(old.recompute)),
+                          ("no longer recomputed", set(old.recompute) - set(new.recompute))):
+        if layers:
+            lines.append(f"{len(layers)} layer{'s' if len(layers) != 1 else ''} {title}:")
+            lines += [f"  {row.pattern}" for row in collapse(dict.fromkeys(sorted(layers, key=natural_key), 0))]
+    return lines
+
+
 def _data(old: Plan, new: Plan) -> Lines:
     dims = lambda d: ", ".join(d.shard_dims) or "nothing"  # noqa: E731
     lines = [f"data: split over {dims(old.data)} → {dims(new.data)}"] if old.data.shard_dims != new.data.shard_dims else []
@@ -267,6 +277,7 @@ _DESCRIBERS: dict[str, Callable[[Plan, Plan], Lines]] = {
     "params": _params,
     "blocks": _blocks,
     "hooks": _hooks,
+    "recompute": _recompute,
     "data": _data,
     "implicit_comm": _implicit_comm,
     "estimate": _estimate,

@@ -164,6 +164,8 @@ def strategy_text(strategy: Strategy) -> str:
     parts.append(f"{strategy.micro_batches} micro-batch{'es' if strategy.micro_batches != 1 else ''}")
     if strategy.schedule != "none":
         parts.append(f"schedule {strategy.schedule}")
+    if strategy.recompute != "none":
+        parts.append(f"recompute {strategy.recompute}")
     return ", ".join(parts)
 
 

@@ -107,6 +107,7 @@ def show_data(plan: Plan, top: int = TOP_ALTERNATIVES) -> dict[str, Any]:
              "to_stage": row.value[3], "count": len(row.members)}
             for row in hook_rows(plan)
         ],
+        "recompute": [row.pattern for row in collapse(dict.fromkeys(plan.recompute, 0))],
         "data": to(plan.data),
         "implicit_comm": to(plan.implicit_comm),
         "estimate": to(plan.estimate),
@@ -205,6 +206,10 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
             target += f" -> stage {to_stage}" if action == "stage_handoff" else ""
             count = f"  ×{len(row.members)}" if len(row.members) > 1 else ""
             out.append(f"  {row.pattern}  {when} {action}{target}{count}")
+    if plan.recompute:
+        out.append("")
+        out.append(f"recompute ({plan.strategy.recompute}): forward run again in backward")
+        out += [f"  {clip(row.pattern)}" for row in collapse(dict.fromkeys(plan.recompute, 0))]
     out.append("")
     out.append(f"data      split over {', '.join(plan.data.shard_dims) or 'nothing (every rank reads the whole batch)'}")
     out.append("")

@@ -47,6 +47,8 @@ class Config:
     #: samples per optimizer step.
     micro_batches: int = 1
     batch: int = BATCH
+    #: Activation recompute (planner plans only): "none", "selective" or "full".
+    recompute: str = "none"
 
     @property
     def world(self) -> int:
@@ -58,6 +60,7 @@ class Config:
         parts += [f"{dim}{size}" for dim, size in (("pp", self.pp), ("dp", self.dp), ("mp", self.mp)) if size > 1]
         parts += ["sp"] * self.sequence_parallel + [f"zero{self.sharding_stage}"] * bool(self.sharding_stage)
         parts += [f"m{self.micro_batches}"] * (self.micro_batches > 1) + [f"batch{self.batch}"] * (self.batch != BATCH)
+        parts += [f"recompute_{self.recompute}"] * (self.recompute != "none")
         parts += [self.optimizer] + ["via_replicate"] * (self.reshard == "via_replicate")
         return "_".join(parts)
 
@@ -67,6 +70,7 @@ class Config:
             f"--dp={self.dp}", f"--mp={self.mp}", f"--pp={self.pp}", f"--sharding-stage={self.sharding_stage}",
             "--sequence-parallel" if self.sequence_parallel else "--no-sequence-parallel",
             f"--micro-batches={self.micro_batches}", f"--global-batch-size={self.batch}",
+            f"--recompute={self.recompute}",
         ]  # fmt: skip
 
     def hand_written_plan(self, model, nodes: int = 1) -> Plan:
