@@ -43,6 +43,11 @@ SCENARIOS = {
         Config(mp=2, optimizer="adamw"),
     ),
     "single_to_mp2": (None, Config(mp=2, optimizer="adamw")),
+    # Into ZeRO-1: the loaded moments must land in states split over dp (checked by the layout).
+    "mp2_to_zero1": (
+        Config(mp=2, optimizer="adamw"),
+        Config(dp=2, optimizer="adamw", sharding_stage=1, reshard="via_replicate"),
+    ),
     "mp2_to_single": (Config(mp=2, optimizer="adamw"), None),
 }
 
