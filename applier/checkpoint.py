@@ -57,6 +57,7 @@ from autodist.schemas.checkpoint import (
 )
 from autodist.schemas.plan import DTYPE_BYTES
 
+from autodist.applier.accumulate import AccumulatingOptimizer
 from autodist.applier.apply import applied_plan
 from autodist.applier.layout import assemble, distinct_shards, rank_coords, shard_box
 from autodist.applier.optimizer import optimizer_parameters
@@ -272,7 +273,10 @@ def _mesh_ids(tensor) -> np.ndarray:
 
 
 def _inner(optimizer):
-    """The optimizer ``dist.shard_optimizer`` wraps (it holds the states), or the optimizer."""
+    """The user's optimizer class under apply_plan's wrappers (it holds the states): through
+    :class:`AccumulatingOptimizer` (micro-batches) and ``dist.shard_optimizer``'s wrapper."""
+    if isinstance(optimizer, AccumulatingOptimizer):
+        optimizer = optimizer._inner
     return optimizer.__dict__.get("_inner_opt", optimizer)
 
 

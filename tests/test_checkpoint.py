@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 
+import msgspec
 import numpy as np
 import paddle
 import pytest
@@ -122,6 +123,27 @@ def test_a_save_under_a_plan_records_its_fingerprint_mesh_and_strategy(tmp_path)
     assert meta.plan.fingerprint == hashlib.sha256(dump_plan(plan)).hexdigest()
     assert (meta.plan.mesh, meta.plan.strategy) == (plan.mesh, plan.strategy)
     assert meta.optimizer.states == {}  # not stepped yet: no states, and loading creates none
+
+
+def test_a_run_accumulating_micro_batches_resumes_under_a_plan_without(tmp_path):
+    """apply_plan wraps the optimizer for micro-batches; the checkpoint records the user's
+    optimizer class and its states, so it loads where the plan does not accumulate."""
+    model = WORKLOAD.build(SEED)
+    optimizer, schedule = make_optimizer("adamw", model.parameters())
+    plan = tensor_parallel_plan(model)
+    accumulating = msgspec.structs.replace(plan, strategy=msgspec.structs.replace(plan.strategy, micro_batches=2))
+    model, optimizer, loader = apply_plan(model, optimizer, make_loader(WORKLOAD, 1, SEED), accumulating)
+    train(WORKLOAD, model, optimizer, schedule, loader, 2)  # two micro-batches: one update
+    meta = save_checkpoint(model, optimizer, tmp_path / "ckpt", step=1)
+    assert meta.optimizer.class_name == "AdamW" and len(meta.optimizer.states) == len(meta.params)
+
+    fresh = WORKLOAD.build(seed=7)
+    fresh_optimizer, fresh_schedule = make_optimizer("adamw", fresh.parameters())
+    fresh, fresh_optimizer, _ = apply_plan(fresh, fresh_optimizer, None, plan)
+    load_checkpoint(fresh, fresh_optimizer, tmp_path / "ckpt")
+    assert (fresh_schedule.last_epoch, schedule.last_epoch) == (1, 1)
+    for fqn, value in values(model).items():
+        assert np.array_equal(values(fresh)[fqn], value), fqn
 
 
 def test_export_writes_one_full_state_dict_that_paddle_loads(after_two_steps, tmp_path):
