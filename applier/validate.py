@@ -43,12 +43,10 @@ def plan_problems(
     return (
         world_problems(plan, world_size)
         + parameter_problems(model, plan)
-        + hook_problems(model, plan)
+        + structure_problems(model, plan)
         + optimizer_problems(model, optimizer, plan)
         + data_problems(plan, dataloader)
         + pipeline_problems(model, plan, loss_fn)
-        + accumulation_problems(plan)
-        + recompute_problems(model, plan)
     )
 
 
@@ -81,7 +79,7 @@ def parameter_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     already = [fqn for fqn, p in model.named_parameters() if p.is_dist()]
     if already:
         problems.append(f"model: already distributed parameters {_names(already)}: apply a plan to the plain model, once")
-    return problems + _tie_problems(model, plan)
+    return problems
 
 
 def _table_differences(planned: dict, actual: dict) -> list[str]:
@@ -121,7 +119,17 @@ def _pair_renames(missing, added, planned, actual) -> list[tuple[str, str]]:
     return pairs
 
 
-def _tie_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
+def structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
+    """What the model must have for ``plan`` whatever the job (no world, optimizer or loader):
+    the planned ties, hook sites, accumulation and recompute. ``autodist-plan check`` runs exactly these too, so a
+    plan it calls valid is not refused here for its model."""
+    return (
+        tie_problems(model, plan) + hook_problems(model, plan) + accumulation_problems(plan)
+        + recompute_problems(model, plan)
+    )
+
+
+def tie_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     """A plan that ties two names must meet a model where they are one Parameter object."""
     aliases_of = {}
     for slots in parameter_owners(model).values():

@@ -13,6 +13,7 @@ from autodist.planner.cli.review import check
 from autodist.planner.trace import trace_model
 from autodist.schemas import (
     Cluster,
+    Hook,
     InputSpec,
     Mesh,
     ModelInfo,
@@ -160,3 +161,31 @@ def test_checked_in_plan_is_valid_for_its_model():
     repo = Path(__file__).resolve().parents[1]
     result = run_check(str(repo / "plans/llama_docstring/plan_4dev.json"), repo / "plans/llama_docstring/model.py")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (lambda plan: msgspec.structs.replace(plan, hooks=[Hook(layer="layers.7", when="post", action="reshard", placements=["R"])]),
+         'no sub-layer "layers.7"'),
+        (lambda plan: msgspec.structs.replace(plan, params={
+            **plan.params, "head.weight": msgspec.structs.replace(plan.params["head.weight"], tied_to=["embed.weight"])}),
+         'ties it to "embed.weight"'),
+        (lambda plan: msgspec.structs.replace(plan, hooks=[Hook(layer="layers.0", when="pre", action="sequence_parallel_begin")]),
+         "sequence_parallel_begin needs an mp mesh dim"),
+    ],
+    ids=["hook_on_missing_layer", "wrong_tied_to", "sequence_parallel_without_mp"],
+)
+def test_check_refuses_what_apply_plan_refuses(planned, change, reason):
+    """`check` said "valid" for plans apply_plan then refused: both run the same checks."""
+    from autodist.applier.validate import plan_problems
+    from autodist.schemas import load_plan
+
+    model, plan_path = planned
+    plan = change(load_plan(plan_path))
+    save_plan(plan, plan_path)
+    result = run_check(plan_path, model, "--no-trace")
+    assert result.exit_code == 1, result.output
+    assert reason in result.output
+    refused = plan_problems(load_target(str(model)).model, None, None, plan, world_size=1)
+    assert any(reason in problem for problem in refused), refused

@@ -1,7 +1,8 @@
 """Is a checked-in plan still valid for the model as it is now? For CI and pre-commit hooks.
 
-Three checks, cheapest first: every planned parameter exists with the planned shape and dtype
-and no parameter is unplanned (the applier's own fingerprint); the parameter fingerprint; and,
+Four checks, cheapest first: every planned parameter exists with the planned shape and dtype
+and no parameter is unplanned (the applier's own fingerprint); the parameter fingerprint; the model-side checks
+``apply_plan`` runs itself (tied parameters, hook sites: ``structure_problems``); and,
 unless told not to trace, the structure of the traced forward (``graph_fingerprint``), which
 catches a changed forward even when no parameter changed. The model is traced with the plan's own
 input specs, so only a change of the model makes a plan stale.
@@ -34,6 +35,7 @@ def check_plan_for_target(plan: Plan, target: str, trace: bool = True, progress:
 
     Raises the planner's ``PlannerError`` when the target cannot be loaded or traced.
     """
+    from autodist.applier.validate import structure_problems
     from autodist.planner import driver
 
     progress = progress or Progress(quiet=True)
@@ -42,6 +44,7 @@ def check_plan_for_target(plan: Plan, target: str, trace: bool = True, progress:
     reasons = parameter_reasons(plan, table)
     if parameter_fingerprint(table) != plan.model.param_fingerprint and not reasons:
         reasons.append("the parameter fingerprint differs from the plan's (the plan was edited or made by another version)")
+    reasons += structure_problems(loaded.model, plan)  # what apply_plan refuses for this model, the same way
     if trace:
         reasons += graph_reasons(plan, loaded, progress)
     return reasons
