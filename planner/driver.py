@@ -78,8 +78,10 @@ def trace(model: paddle.nn.Layer, input_specs: list, progress: Progress | None =
     from autodist.planner.graph import build_graph
     from autodist.planner.trace import trace_model
 
+    from autodist.planner.load import user_code
+
     progress = progress or _QUIET
-    with progress.step(f"tracing {type(model).__name__}"):
+    with progress.step(f"tracing {type(model).__name__}"), user_code(type(model).__name__):
         program = trace_model(model, input_specs)
     with progress.step("building the graph"):
         return Traced(program=program, graph=build_graph(program))

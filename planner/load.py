@@ -15,11 +15,14 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
+import math
 import sys
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +34,10 @@ from autodist.planner.errors import PlannerError
 DEFAULT_FACTORY = "build_model"
 MODULE_LEVEL_MODEL = "model"
 INPUT_DTYPES = ("int64", "int32", "float32", "float16", "bfloat16", "float64", "bool")
+#: The largest input dim and element count traced: beyond them Paddle's shape arithmetic
+#: overflows (``--input-spec 99999999999999999999x8`` ended in a segfault).
+MAX_DIM = 2**31 - 1
+MAX_ELEMENTS = 2**53
 
 
 @dataclass
@@ -47,14 +54,53 @@ def load_target(target: str, input_specs: list[str] | None = None) -> LoadedMode
     module's own. Every problem raises :class:`PlannerError` with one line naming it.
     """
     module_ref, factory_name = split_target(target)
-    with paddle.LazyGuard():
+    with user_code(target), paddle.LazyGuard():
         module = _import(module_ref, target)
         model = _build(module, factory_name, target)
     if input_specs:
         specs = [parse_input_spec(text) for text in input_specs]
     else:
-        specs = _module_input_specs(module, target)
+        with user_code(target):
+            specs = _module_input_specs(module, target)
+    for spec in specs:
+        check_shape(spec, target)
     return LoadedModel(model=model, input_specs=specs, source=target)
+
+
+@contextlib.contextmanager
+def user_code(target: str) -> Iterator[None]:
+    """Run the user's code (import, factory, ``input_spec()``, the traced forward) so that what it
+    prints goes to stderr -- a plan written to stdout (``-q > plan.json``) stays a plan -- and a
+    ``sys.exit()`` in it is an error, not a silent exit with nothing written.
+
+    >>> with user_code("model.py"):
+    ...     print("hello")                # goes to stderr
+    >>> with user_code("model.py"):       # doctest: +ELLIPSIS
+    ...     sys.exit(0)
+    Traceback (most recent call last):
+    autodist.planner.errors.PlannerError: model.py: the model's code called sys.exit(0) ...
+    """
+    sys.stdout.flush()
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            yield
+        except SystemExit as exc:
+            raise PlannerError(
+                f"{target}: the model's code called sys.exit({exc.code!r}) while autodist ran it; a model "
+                "file must not exit (put script code under `if __name__ == \"__main__\":`)"
+            ) from None
+
+
+def check_shape(spec: paddle.static.InputSpec, target: str) -> None:
+    """Refuse an input shape Paddle cannot trace: a dim above :data:`MAX_DIM` or more than
+    :data:`MAX_ELEMENTS` elements (``-1``, a dynamic dim, counts as 1)."""
+    shape = [int(d) for d in spec.shape]
+    known = [d for d in shape if d != -1]
+    if any(d > MAX_DIM for d in known) or math.prod(known) > MAX_ELEMENTS:
+        raise PlannerError(
+            f"{target}: input {spec.name!r} has shape {'x'.join(map(str, shape))}: too large to trace "
+            f"(at most {MAX_DIM} per dim and {MAX_ELEMENTS:.0e} elements)"
+        )
 
 
 def split_target(target: str) -> tuple[str, str | None]:
@@ -120,8 +166,10 @@ def _import_file(path: Path, target: str) -> ModuleType:
     sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except BaseException as exc:
         del sys.modules[name]
+        if not isinstance(exc, Exception):  # sys.exit, Ctrl-C: user_code() and the CLI decide
+            raise
         raise _user_code_error(f"importing {path.name}", exc) from None
     finally:
         sys.path.remove(str(path.parent))

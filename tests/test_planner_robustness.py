@@ -1,0 +1,88 @@
+"""The planner meets hostile or careless model files and options: one line, exit 2, no file,
+and a plan on stdout is only ever the plan."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from autodist.planner.cli import cli
+from autodist.schemas import load_plan
+
+TINY = """
+    import paddle
+    from paddle import nn
+
+    class Net(nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(16, 32)
+            self.fc2 = nn.Linear(32, 16)
+
+        def forward(self, x):
+            {forward_extra}
+            return self.fc2(paddle.nn.functional.relu(self.fc1(x)))
+
+    {module_extra}
+
+    def build_model():
+        {factory_extra}
+        return Net()
+
+    def input_spec():
+        return [paddle.static.InputSpec([4, 16], "float32", "x")]
+"""
+
+
+def model_file(tmp_path, forward_extra="pass", module_extra="", factory_extra="pass"):
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent(TINY).format(forward_extra=forward_extra, module_extra=module_extra,
+                                                 factory_extra=factory_extra))
+    return str(path)
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def assert_one_line_exit_2(result, *fragments):
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("where", ["module_extra", "factory_extra"])
+@pytest.mark.parametrize("command", ["plan", "check"])
+def test_a_model_that_exits_is_an_error(tmp_path, where, command):
+    target = model_file(tmp_path, **{where: "import sys; sys.exit(0)"})
+    out = tmp_path / "plan.json"
+    if command == "plan":
+        result = run(target, "-q", "-o", out)
+    else:
+        from test_show import layered_plan
+        from autodist.schemas import save_plan
+
+        save_plan(layered_plan(), tmp_path / "some_plan.json")
+        result = run("check", tmp_path / "some_plan.json", target, "--no-trace", "-q")
+    assert_one_line_exit_2(result, "sys.exit(0)")
+    assert not out.exists()
+
+
+def test_what_the_model_prints_does_not_reach_a_plan_on_stdout(tmp_path):
+    target = model_file(tmp_path, module_extra='print("hello from import")',
+                        factory_extra='print("hello from the factory")', forward_extra='print("hello from forward")')
+    result = run(target, "-q")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["format"] == "autodist.plan"  # stdout is the plan, only
+    load_plan(result.stdout.encode())
+    assert "hello from import" in result.stderr and "hello from the factory" in result.stderr
+
+
+@pytest.mark.parametrize("spec", ["x:float32:99999999999999999999x16", "x:float32:4x3000000000", "x:float32:100000000x100000000x1000"])
+def test_a_huge_input_spec_is_refused_before_tracing(tmp_path, spec):
+    result = run(model_file(tmp_path), "--input-spec", spec, "-q", "-o", tmp_path / "plan.json")
+    assert_one_line_exit_2(result, "too large to trace")
