@@ -13,8 +13,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[cpu,test]'
 	touch $@
 
+# Lint (ruff), types (mypy), the test suite, then the docstring examples of the three packages.
 test: install
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -q --doctest-modules planner applier schemas autodist
 
 # Regenerate the checked-in example plans (docstring Llama, default sizes, pinned device profile).
 PLAN_DEVICES := 2 4 8

@@ -4,7 +4,7 @@ mesh (inputs) and the last stage's (labels).
 Example::
 
     >>> loader = shard_loader(paddle.io.DataLoader(dataset, batch_size=8), plan)   # doctest: +SKIP
-    >>> for input_ids, labels in loader:   # DistTensors, each dp rank holding its part of the batch
+    >>> for input_ids, labels in loader:   # DistTensors, each dp rank holds its part  # doctest: +SKIP
     ...     ...
 """
 

@@ -18,7 +18,7 @@ hide that: a CPU harness passes its own clearly labelled ``reshard_fn``, hand-of
 Example::
 
     >>> handles = register_hooks(model, plan)              # doctest: +SKIP
-    >>> for h in handles: h.remove()                        # undo
+    >>> for h in handles: h.remove()                        # undo  # doctest: +SKIP
 """
 
 from __future__ import annotations

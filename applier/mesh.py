@@ -6,9 +6,10 @@ for the whole mesh drop their ``pp`` entry the same way (see :func:`stage_placem
 
 Example::
 
-    >>> plan = load_plan("plan.json")                      # doctest: +SKIP
-    >>> stage_mesh(plan, 1)                                # pp2 x mp2 -> stage 1 is [2, 3]
-    {shape: [2], process_ids: [2, 3], dim_names: [mp]}
+    >>> from autodist.schemas import load_plan
+    >>> plan = load_plan("plans/paddleformers_llama/plan_4x8dev_mp8_pp2.json")   # pp2 x dp2 x mp8
+    >>> stage_mesh(plan, 1).process_ids == list(range(16, 32))
+    True
 """
 
 from __future__ import annotations

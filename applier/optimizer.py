@@ -8,9 +8,9 @@ happen, and then wrapped by ``dist.shard_optimizer`` with the plan's ZeRO stage.
 
 Example::
 
-    >>> opt = paddle.optimizer.AdamW(1e-3, parameters=model.parameters(), weight_decay=0.1)
+    >>> opt = paddle.optimizer.AdamW(1e-3, parameters=model.parameters(), weight_decay=0.1)  # doctest: +SKIP
     >>> new = rebuild_optimizer(opt, {id(old): new for ...})   # doctest: +SKIP
-    >>> new._learning_rate is opt._learning_rate, new._weight_decay
+    >>> new._learning_rate is opt._learning_rate, new._weight_decay  # doctest: +SKIP
     (True, 0.1)
 """
 

@@ -10,7 +10,7 @@ first and initialised after, so each rank allocates only its own shard.
 Example::
 
     >>> pairs = shard_parameters(model, plan)               # doctest: +SKIP
-    >>> model.lm_head.weight.placements
+    >>> model.lm_head.weight.placements  # doctest: +SKIP
     [Replicate(), Shard(dim=1)]
 """
 

@@ -7,7 +7,7 @@ problems are collected and raised as one :class:`~autodist.schemas.PlanError`.
 Example::
 
     >>> problems = plan_problems(model, optimizer, loader, plan, world_size=4)   # doctest: +SKIP
-    >>> problems[0]
+    >>> problems[0]  # doctest: +SKIP
     "world size: the plan's mesh dp2 x mp2 needs 4 ranks but this job has 8 (PADDLE_TRAINERS_NUM); ..."
 """
 

@@ -18,7 +18,7 @@ What goes where:
 Example::
 
     >>> plan = build_plan(analysis, search(analysis, request), request, {"target": "model.py"})  # doctest: +SKIP
-    >>> plan.params["layers.0.self_attn.q_proj.weight"].placements
+    >>> plan.params["layers.0.self_attn.q_proj.weight"].placements  # doctest: +SKIP
     ['R', 'S(1)']
 """
 

@@ -9,7 +9,7 @@ into the consumer's ``consts`` so the matcher sees only real dataflow.
 Example::
 
     >>> graph = build_graph(trace_model(model, specs))           # doctest: +SKIP
-    >>> [graph.nodes[n]["op"] for n in graph.successors(q_weight_node)]
+    >>> [graph.nodes[n]["op"] for n in graph.successors(q_weight_node)]  # doctest: +SKIP
     ['pd_op.matmul']
 """
 

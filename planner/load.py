@@ -9,7 +9,7 @@ too. Input specs come from ``--input-spec name:dtype:BxS`` (wins), else the modu
 Example::
 
     >>> loaded = load_target("plans/llama_docstring/model.py")        # doctest: +SKIP
-    >>> type(loaded.model).__name__, loaded.input_specs[0].shape
+    >>> type(loaded.model).__name__, loaded.input_specs[0].shape  # doctest: +SKIP
     ('Model', (4, 1024))
 """
 

@@ -13,7 +13,7 @@ inside dy2static). Then the largest direct child that traces is traced instead (
 Example::
 
     >>> traced = trace_model(model, [paddle.static.InputSpec([4, 16], "int64", "input_ids")])  # doctest: +SKIP
-    >>> traced.op_layers[traced.ops.index(some_matmul)]
+    >>> traced.op_layers[traced.ops.index(some_matmul)]  # doctest: +SKIP
     'layers.0.self_attn.q_proj'
 """
 

@@ -9,9 +9,9 @@ express (a placement string, a positive degree) live in the type annotations, an
 Example::
 
     >>> from autodist.schemas import Plan, load_plan
-    >>> plan = load_plan("plans/llama_docstring/plan_4dev.json")   # doctest: +SKIP
-    >>> plan.strategy.mp, plan.params["llama.layers.0.self_attn.q_proj.weight"].placements
-    (2, ['R', 'S(1)'])
+    >>> plan = load_plan("plans/gpt/plan_2x8dev_mp4.json")
+    >>> plan.mesh.dim_names, plan.params["blocks.0.attn.qkv_proj.weight"].placements
+    (['dp', 'mp'], ['R', 'S(1)'])
 """
 
 from __future__ import annotations

@@ -37,7 +37,9 @@ def bad_plans(workdir) -> list[BadPlanCase]:
     model = WORKLOADS[WORKLOAD].build(seed=0)
     good = tensor_parallel_plan(model, mp=NRANKS)
     q = "layers.0.self_attn.q_proj.weight"
-    with_params = lambda **changes: msgspec.structs.replace(good, params={**good.params, **changes})
+    def with_params(**changes):
+        return msgspec.structs.replace(good, params={**good.params, **changes})
+
     raw = json.loads(dump_plan(good))
     cases = {
         "another_model": (

@@ -24,7 +24,7 @@ from harness.cases import Config
 from harness.compare import differences, layout_differences
 from harness.jobs import Job, TrainRun
 from harness.plans import write_plan
-from harness.runner import read_outputs, start_job, train_distributed
+from harness.runner import start_job, train_distributed
 from harness.workloads import WORKLOADS
 
 from autodist import export_checkpoint, load_checkpoint

@@ -16,7 +16,6 @@ from click.testing import CliRunner
 
 from autodist.planner.cli import cli
 from autodist.planner.graph import CONSTANT_OPS, build_graph, graph_fingerprint
-from autodist.planner.load import load_target
 from autodist.planner.trace import trace_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,13 +1,22 @@
 """``autodist-plan --explain``: the search's choice, its runners-up and the rejected, as text.
 
-Example output (shortened)::
+Example, on a cost description written by hand (four blocks of a Llama-7B-sized layer; the
+numbers are left out here, they move with the cost model)::
 
-    device h100-sxm x 8 (1 node x 8), global batch 32 x seq 1024, bf16, adam, recompute none
-      #  strategy                  step(ms)   tok/s     MFU   mem(GB) params/grads/opt/act   comm(MB) mp/dp/pp
-      1  dp8 m1                       412.3   79,480  45.1%   31.2 = 1.9/1.9/11.2/16.2       0/3,400/0
-    where the time of #1 goes: compute 380.1 ms, mp 0.0, dp 32.2, pp 0.0, bubble 0.0
+    >>> from autodist.planner.cost.blocks import BlockCost, ModelCost
+    >>> from autodist.planner.cost.search import SearchRequest, search
+    >>> block = BlockCost(layer="layers.0", num_heads=32, num_kv_heads=32, intermediate_size=11008,
+    ...                   params_split=200_000_000, flops_per_token=4e8, allreduce_fwd_per_token=8192,
+    ...                   allreduce_bwd_per_token=8192, allreduce_fwd_count=2, allreduce_bwd_count=2,
+    ...                   output_per_token=4096)
+    >>> cost = ModelCost(blocks=(block,) * 4, hidden_size=4096, traced_batch=4, traced_seq=1024)
+    >>> print(explain_table(search(cost, SearchRequest(devices_per_node=8))))  # doctest: +ELLIPSIS
+    device h100-sxm x 8 (1 node(s) x 8), global batch 32 x seq 1024, bf16, adam, recompute none; ... priced
+      #  strategy ... step(ms) ... tok/s ... MFU  mem(GB) = params/grads/opt/act ... comm(MB) mp/dp/pp/implicit
+      1  dp...
+    where the time of #1 goes (ms per step): compute ...
     rejected:
-      dp1 mp1 pp8: pp=8 is more than the 4 blocks of the model (each stage needs at least one block)
+      dp1 mp1 pp8 m1: pp=8 is more than the 4 blocks of the model (each stage needs at least one block)
 """
 
 from __future__ import annotations
