@@ -36,6 +36,9 @@ from autodist import schemas
 from autodist.planner.recognise.match import constant_nodes, short_op
 from autodist.planner.recognise.ops import FUSED_ATTENTION_OPS, PASS_THROUGH_OPS, UNARY_OPS
 
+if TYPE_CHECKING:
+    from autodist.planner.recognise.analysis import BlockInfo, ModelAnalysis
+
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}
 
 
