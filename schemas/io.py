@@ -61,11 +61,19 @@ def save_plan(plan: Plan, path: str | os.PathLike) -> None:
     nothing."""
     data = dump_plan(plan)
     load_plan(data)
+    write_atomically(path, data)
+
+
+def write_atomically(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file of a unique name in the same folder and a
+    rename: a reader never sees half a file, two writers never share a temp file, and a failed or
+    interrupted write leaves the old file and removes its temp file. The one file writer of
+    autodist (plans, exported configs, SVGs, graphs)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
-        # mkstemp creates the file owner-only; a plan is meant to be shared, so give it the
-        # permissions an ordinary new file gets under the user's umask.
+        # mkstemp creates the file owner-only; what autodist writes is meant to be shared, so
+        # give it the permissions an ordinary new file gets under the user's umask.
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)

@@ -86,3 +86,57 @@ def test_what_the_model_prints_does_not_reach_a_plan_on_stdout(tmp_path):
 def test_a_huge_input_spec_is_refused_before_tracing(tmp_path, spec):
     result = run(model_file(tmp_path), "--input-spec", spec, "-q", "-o", tmp_path / "plan.json")
     assert_one_line_exit_2(result, "too large to trace")
+
+
+# -- writers: output checked first, unique temp files, nothing left behind -------------------------
+
+
+def test_graph_refuses_a_missing_output_folder_before_loading_the_model(tmp_path):
+    marker = tmp_path / "imported"
+    target = model_file(tmp_path, module_extra=f"open({str(marker)!r}, 'w').close()")
+    result = run("graph", target, "-o", tmp_path / "missing" / "g.dot")
+    assert_one_line_exit_2(result, "no folder")
+    assert not marker.exists(), "the model was loaded (and traced) before the output path was checked"
+
+
+@pytest.mark.parametrize("command", [["render"], ["export", "--to", "paddle-parallelize"]])
+def test_review_writers_refuse_a_missing_output_folder(tmp_path, command):
+    from test_show import EXAMPLE
+
+    result = run(command[0], EXAMPLE, *command[1:], "-o", tmp_path / "missing" / "out")
+    assert_one_line_exit_2(result, "no folder")
+
+
+def test_a_failed_write_leaves_neither_temp_file_nor_output(tmp_path, monkeypatch):
+    import os
+
+    from test_show import EXAMPLE
+
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    result = run("render", EXAMPLE, "-o", tmp_path / "plan.svg")
+    assert_one_line_exit_2(result, "No space left on device")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_concurrent_writers_use_their_own_temp_files(tmp_path, monkeypatch):
+    """Two renders to one file: each writes its own temp file (a shared ``.plan.svg.tmp`` let one
+    writer rename the other's half-written output)."""
+    import os
+
+    from test_show import EXAMPLE
+
+    temps = []
+    real_replace = os.replace
+
+    def record(src, dst):
+        temps.append(src)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", record)
+    for _ in range(2):
+        assert run("render", EXAMPLE, "-o", tmp_path / "plan.svg").exit_code == 0
+    assert len(set(temps)) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.svg"]

@@ -19,14 +19,13 @@ import functools
 import json
 import os
 import warnings
-from pathlib import Path
 
 import click
 
 from autodist.schemas import dump_plan, plan_json_schema, printable, save_plan
 
 from autodist.planner.errors import PlannerError
-from autodist.planner.cli.review import REVIEW_COMMANDS
+from autodist.planner.cli.review import REVIEW_COMMANDS, check_output, write_output
 
 #: Exit status for a problem in what the user gave us (target, specs, degrees).
 USAGE_ERROR = 2
@@ -203,6 +202,7 @@ def graph(target: str, input_specs: tuple[str, ...], fmt: str, output: str | Non
     from autodist.planner import driver
     from autodist.planner.graph import graph_to_dot, graph_to_json
 
+    check_output(output)
     loaded = driver.load(target, input_specs)
     dataflow = driver.trace(loaded.model, loaded.input_specs).graph
     if fmt == "json":
@@ -210,7 +210,7 @@ def graph(target: str, input_specs: tuple[str, ...], fmt: str, output: str | Non
     else:
         text = graph_to_dot(dataflow)
     if output:
-        Path(output).write_text(text)
+        write_output(text, output)
     else:
         click.echo(text, nl=False)
 

@@ -22,6 +22,7 @@ from typing import Callable
 import click
 
 from autodist.schemas import PlanError, load_plan
+from autodist.schemas.io import write_atomically
 from autodist.schemas.checkpoint import CheckpointError, read_checkpoint
 
 from autodist.planner.review.check import check_plan_for_target
@@ -38,10 +39,6 @@ from autodist.planner.review.show import TOP_ALTERNATIVES, show_data, show_text
 EXIT_ERROR = 2
 
 
-class ReviewError(Exception):
-    """A user-facing problem of a review command: printed as one line, exit status 2."""
-
-
 def one_line_errors(command: Callable) -> Callable:
     """Turn the problems a user can cause into one ``error:`` line and exit status 2."""
 
@@ -52,7 +49,7 @@ def one_line_errors(command: Callable) -> Callable:
         except PlanError as err:
             problems = "; ".join(err.problems)
             fail(f"{err.source}: invalid plan: {problems}")
-        except (ReviewError, ExportError, PlannerError, CheckpointError, OSError) as err:
+        except (ExportError, PlannerError, CheckpointError, OSError) as err:
             fail(str(err))  # fail() escapes: a checkpoint's metadata is untrusted text too
 
     return wrapper
@@ -64,20 +61,26 @@ def fail(message: str) -> None:
     sys.exit(EXIT_ERROR)
 
 
+def check_output(output: str | None) -> None:
+    """Refuse an output path whose folder does not exist, before any work (click's
+    ``dir_okay=False`` already refuses a folder). Raises :class:`PlannerError` (one line, exit 2)."""
+    if output is None:
+        return
+    path = Path(output)
+    if not (path.parent if str(path.parent) else Path(".")).is_dir():
+        raise PlannerError(f"cannot write {output}: no folder {str(path.parent)!r}")
+
+
 def write_output(text: str | bytes, output: str | None) -> None:
-    """Write to ``output`` atomically (temp file, then rename) or to stdout when it is None."""
+    """Write to ``output`` atomically (:func:`~autodist.schemas.io.write_atomically`) or to
+    stdout when it is None."""
     if output is None:
         click.echo(text if isinstance(text, str) else text.decode(), nl=False)
         return
-    path = Path(output)
-    data = text.encode() if isinstance(text, str) else text
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        write_atomically(output, text.encode() if isinstance(text, str) else text)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise ReviewError(f"cannot write {output}: {err.strerror or err}") from None
+        raise PlannerError(f"cannot write {output}: {err.strerror or err}") from None
 
 
 _SETTINGS = {"help_option_names": ["-h", "--help"]}
@@ -173,6 +176,7 @@ def export(plan: str, target: str, output: str | None) -> None:
       # then, on every rank: from parallel_config import parallelize
       #                      model, optimizer = parallelize(model, optimizer)
     """
+    check_output(output)
     loaded = load_plan(plan)
     write_output(EXPORTERS[target](loaded, Path(plan).name), output)
 
@@ -190,6 +194,7 @@ def render(plan: str, output: str | None) -> None:
       autodist-plan render plan.json -o plan.svg
       rsvg-convert plan.svg -o plan.png      # or: convert plan.svg plan.png
     """
+    check_output(output)
     write_output(render_svg(load_plan(plan)), output)
 
 
