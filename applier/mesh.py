@@ -49,11 +49,6 @@ def stage_mesh(plan: Plan, stage: int) -> dist.ProcessMesh:
     return dist.ProcessMesh(ids.tolist(), dim_names=names)
 
 
-def stage_meshes(plan: Plan) -> list[dist.ProcessMesh]:
-    """One mesh per pipeline stage, in stage order."""
-    return [stage_mesh(plan, s) for s in range(plan.strategy.pp)]
-
-
 def stage_placements(plan: Plan, placements: list[str]) -> list[dist.Placement]:
     """Paddle placements for a stage mesh from a plan placement list (one entry per plan
     mesh dim): the ``pp`` entry is dropped, ``"R"``/``"P"``/``"S(k)"`` become

@@ -10,8 +10,6 @@ Example::
     >>> progress = Progress(quiet=False)
     >>> with progress.step("tracing the model"):
     ...     pass
-    >>> for i in progress.count("matching blocks", range(3)):
-    ...     pass
 """
 
 from __future__ import annotations
@@ -19,12 +17,7 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import contextmanager
-from typing import IO, Iterable, Iterator, TypeVar
-
-T = TypeVar("T")
-
-#: Redraw a counter at most this often, so a fast loop is not slowed by the terminal.
-REDRAW_S = 0.1
+from typing import IO, Iterator
 
 
 class Progress:
@@ -45,20 +38,6 @@ class Progress:
             self._write(f"\r{what} ... failed\n")
             raise
         self._write(f"\r{what} ... done ({time.perf_counter() - start:.1f} s)\n")
-
-    def count(self, what: str, items: Iterable[T], total: int | None = None) -> Iterator[T]:
-        """Yield ``items`` while showing ``what 12/40``; ``total`` defaults to ``len(items)``."""
-        if total is None and hasattr(items, "__len__"):
-            total = len(items)  # type: ignore[arg-type]
-        of = f"/{total}" if total is not None else ""
-        last = 0.0
-        with self.step(what):
-            for done, item in enumerate(items, 1):
-                now = time.perf_counter()
-                if now - last >= REDRAW_S:
-                    self._write(f"\r{what} {done}{of} ...")
-                    last = now
-                yield item
 
     def _write(self, text: str) -> None:
         if self.enabled:

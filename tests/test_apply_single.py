@@ -13,7 +13,7 @@ from harness.workloads import WORKLOADS, make_loader
 
 from autodist.applier import apply_plan
 from autodist.applier.hooks import register_hooks
-from autodist.applier.shard import local_parameter_bytes, planned_local_bytes
+from harness.memory import local_parameter_bytes, planned_local_bytes
 from autodist.schemas import Hook, Strategy
 
 
@@ -313,7 +313,7 @@ import json, paddle, paddle.distributed as dist
 from harness.plans import tensor_parallel_plan
 from harness.workloads import WORKLOADS
 from autodist.applier import apply_plan
-from autodist.applier.shard import local_parameter_bytes, planned_local_bytes
+from harness.memory import local_parameter_bytes, planned_local_bytes
 dist.init_parallel_env()
 paddle.seed(7)
 with paddle.LazyGuard():

@@ -14,14 +14,13 @@ class Terminal(io.StringIO):
         return True
 
 
-def test_terminal_shows_steps_and_counts():
+def test_terminal_shows_steps():
     out = Terminal()
     progress = Progress(stream=out)
     with progress.step("tracing"):
         pass
-    assert list(progress.count("matching", [1, 2, 3])) == [1, 2, 3]
     text = out.getvalue()
-    assert "tracing ... done (" in text and "matching 1/3 ..." in text and "matching ... done (" in text
+    assert "tracing ... done (" in text
 
 
 def test_failure_is_reported_and_raised():
@@ -35,5 +34,5 @@ def test_failure_is_reported_and_raised():
 def test_pipe_or_quiet_is_silent(stream, quiet):
     progress = Progress(quiet=quiet, stream=stream)
     with progress.step("tracing"):
-        list(progress.count("matching", range(5)))
+        pass
     assert stream.getvalue() == ""

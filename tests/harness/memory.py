@@ -1,0 +1,43 @@
+"""Parameter bytes, planned and real: what a rank should hold under a plan and what it holds.
+
+Test-only: the applier never needs them; the tests use them to prove that sharding (and lazy
+initialisation) leaves each rank exactly its planned shards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+
+from autodist.schemas import Plan, shard_dim
+from autodist.schemas.plan import DTYPE_BYTES
+
+
+def planned_local_bytes(plan: Plan, rank: int) -> int:
+    """Bytes of parameters ``rank`` holds under ``plan``: for each parameter on the rank's
+    stage, its size divided by the degree of every mesh dim that shards it. What
+    ``local_parameter_bytes(model)`` must equal after ``shard_parameters``."""
+    ids = np.array(plan.mesh.process_ids).reshape(plan.mesh.shape)
+    coords = dict(zip(plan.mesh.dim_names, np.argwhere(ids == rank)[0]))
+    rank_stage = int(coords.get("pp", 0))
+    sizes = dict(zip(plan.mesh.dim_names, plan.mesh.shape))
+    total = 0
+    for param in plan.params.values():
+        if param.stage != rank_stage:
+            continue
+        elements = int(np.prod(param.shape, dtype=np.int64))
+        for dim, placement in zip(plan.mesh.dim_names, param.placements):
+            if shard_dim(placement) is not None:
+                elements //= sizes[dim]
+        total += elements * DTYPE_BYTES[param.dtype]
+    return total
+
+
+def local_parameter_bytes(model: paddle.nn.Layer) -> int:
+    """Bytes this rank really holds for the model's parameters (local shards only)."""
+    total = 0
+    for param in model.parameters():
+        local = param._local_value() if param.is_dist() else param
+        if local._is_initialized():
+            total += int(np.prod(local.shape, dtype=np.int64)) * local.element_size()
+    return total
