@@ -14,14 +14,12 @@ Example::
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import paddle.distributed as dist
 
-from autodist.schemas import Plan, shard_dim
-
-_PLACEMENT = re.compile(r"^(R|P|S\((\d)\))$")
+from autodist.schemas import Plan
+from autodist.schemas.vocabulary import is_placement, shard_dim
 
 
 def mesh_ids(plan: Plan) -> np.ndarray:
@@ -59,7 +57,7 @@ def stage_placements(plan: Plan, placements: list[str]) -> list[dist.Placement]:
 
 def to_paddle_placement(placement: str) -> dist.Placement:
     """``"S(1)"`` -> ``dist.Shard(1)``, ``"R"`` -> ``dist.Replicate()``, ``"P"`` -> ``dist.Partial()``."""
-    if not _PLACEMENT.match(placement):
+    if not is_placement(placement):
         raise ValueError(f"not a placement: {placement!r} (expected R, P or S(k))")
     split = shard_dim(placement)
     if split is not None:

@@ -31,6 +31,7 @@ from importlib import metadata
 import msgspec
 import paddle
 
+from autodist.schemas.vocabulary import MESH_AXES
 from autodist.schemas import (
     Alternatives,
     Block,
@@ -51,7 +52,6 @@ from autodist.planner.cost.memory import DTYPE_BYTES
 from autodist.planner.cost.search import SearchRequest, SearchResult
 from autodist.planner.recognise.spmd import implicit_comm, reshard_hooks
 
-MESH_DIM_ORDER = ("pp", "dp", "mp")
 #: Ops that mix information across sequence positions: a sub-layer holding one needs the whole
 #: sequence, so sequence parallelism gathers its input and re-splits its output.
 SEQUENCE_MIXING_OPS = frozenset(
@@ -146,7 +146,7 @@ def build_mesh(strategy: Strategy) -> Mesh:
     >>> build_mesh(Strategy(dp=2, mp=2)).dim_names
     ['dp', 'mp']
     """
-    dims = [(name, getattr(strategy, name)) for name in MESH_DIM_ORDER if getattr(strategy, name) > 1] or [("dp", 1)]
+    dims = [(name, getattr(strategy, name)) for name in MESH_AXES if getattr(strategy, name) > 1] or [("dp", 1)]
     world = math.prod(size for _, size in dims)
     return Mesh(dim_names=[n for n, _ in dims], shape=[s for _, s in dims], process_ids=list(range(world)))
 

@@ -7,18 +7,9 @@ collects all of them so one error lists everything at once.
 from __future__ import annotations
 
 import math
-import re
 
 from autodist.schemas.plan import Plan
-
-MESH_DIM_ORDER = ("pp", "dp", "mp")
-_SHARD = re.compile(r"^S\((\d)\)$")
-
-
-def shard_dim(placement: str) -> int | None:
-    """The tensor dim a placement splits, or None: ``shard_dim("S(1)") == 1``."""
-    match = _SHARD.match(placement)
-    return int(match.group(1)) if match else None
+from autodist.schemas.vocabulary import MESH_AXES, shard_dim  # noqa: F401 (shard_dim re-exported)
 
 
 def check_mesh(plan: Plan) -> list[str]:
@@ -28,7 +19,7 @@ def check_mesh(plan: Plan) -> list[str]:
         problems.append(f"$.mesh: {len(mesh.dim_names)} dim names for {len(mesh.shape)} dims")
     if not mesh.dim_names:
         problems.append("$.mesh.dim_names: a mesh needs at least one dim")
-    order = [d for d in MESH_DIM_ORDER if d in mesh.dim_names]
+    order = [d for d in MESH_AXES if d in mesh.dim_names]
     if list(mesh.dim_names) != order:
         problems.append(f"$.mesh.dim_names: {mesh.dim_names} must be unique and ordered pp, dp, mp")
     size = math.prod(mesh.shape)
@@ -43,7 +34,7 @@ def check_mesh(plan: Plan) -> list[str]:
             f"$.mesh: {size} ranks but the cluster has {cluster.nodes} x {cluster.devices_per_node} = {world} devices"
         )
     sizes = dict(zip(mesh.dim_names, mesh.shape))
-    for dim in MESH_DIM_ORDER:
+    for dim in MESH_AXES:
         degree = getattr(strategy, dim)
         if sizes.get(dim, 1) != degree:
             problems.append(f"$.strategy.{dim}: {degree} but the mesh's {dim} dim has size {sizes.get(dim, 1)}")

@@ -21,6 +21,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from autodist.schemas.vocabulary import DTYPE_BYTES, PLACEMENT_PATTERN, DType, MeshAxis  # noqa: F401 (re-exported)
+
 FORMAT = "autodist.plan"
 VERSION = 1
 
@@ -39,7 +41,7 @@ _SEGMENT = rf"(?:{_IDENTIFIER}|[0-9]+)"
 
 #: A placement on one mesh dim: ``"R"`` replicate, ``"P"`` partial (pending sum), ``"S(k)"``
 #: shard tensor dim ``k``. Short strings keep plans readable and diffs small.
-Placement = Annotated[str, _whole(r"R|P|S\([0-9]\)")]
+Placement = Annotated[str, _whole(PLACEMENT_PATTERN)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
@@ -67,11 +69,7 @@ PATTERN_MEANINGS = {
         (Sha256, "64 lowercase hex digits"),
     ]
 }
-MeshDim = Literal["pp", "dp", "mp"]
-DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"]
-#: Bytes per element of each dtype (one table for plan memory sums and checkpoint files).
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1,
-               "uint8": 1, "bool": 1}  # fmt: skip
+MeshDim = MeshAxis  # the plan's JSON calls mesh axes "dim_names"
 
 #: Where a parameter's placements came from. The names follow Paddle's intermediate API
 #: (``paddle.distributed.ColWiseParallel`` ...), plus the two kinds that have no style there.

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autodist.schemas.vocabulary import DTYPE_BYTES as TENSOR_DTYPE_BYTES
+from autodist.schemas.vocabulary import TRAINING_DTYPES
+
 #: Bytes per element of the training dtype (parameters, gradients, activations).
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES = {name: TENSOR_DTYPE_BYTES[dtype] for name, dtype in TRAINING_DTYPES.items()}
 
 #: Optimizer-state bytes per parameter (the paper's K). Mixed precision (bf16/fp16) keeps an
 #: fp32 master copy (4) on top of the optimizer's own fp32 states; fp32 training needs no copy.

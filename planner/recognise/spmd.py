@@ -39,7 +39,7 @@ from autodist.planner.recognise.ops import FUSED_ATTENTION_OPS, PASS_THROUGH_OPS
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import BlockInfo, ModelAnalysis
 
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}
+from autodist.schemas.vocabulary import DTYPE_BYTES as _DTYPE_BYTES
 
 
 @dataclass(frozen=True)

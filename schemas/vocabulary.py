@@ -1,0 +1,50 @@
+"""The words plans are written in, in one place: mesh axes, placements and dtypes.
+
+Used by the plan types (:mod:`autodist.schemas.plan`), the planner and the applier alike.
+A *mesh axis* is one of ``pp``, ``dp``, ``mp`` (a plan's ``mesh.dim_names`` lists the axes it
+has, in this order); a *dim* is always a tensor dimension (``S(1)`` splits tensor dim 1).
+
+Example::
+
+    >>> MESH_AXES
+    ('pp', 'dp', 'mp')
+    >>> shard_dim("S(1)"), shard_dim("R"), is_placement("S(1)\\n")
+    (1, None, False)
+    >>> DTYPE_BYTES[TRAINING_DTYPES["bf16"]]
+    2
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+#: The mesh axes, outermost first: pipeline stages, data parallel, tensor (model) parallel.
+#: mp is innermost so its ranks are neighbours (inside one node when it fits).
+MESH_AXES = ("pp", "dp", "mp")
+MeshAxis = Literal["pp", "dp", "mp"]
+
+#: A placement on one mesh axis: ``"R"`` replicate, ``"P"`` partial (pending sum), ``"S(k)"``
+#: shard tensor dim ``k``.
+PLACEMENT_PATTERN = r"R|P|S\([0-9]\)"
+_PLACEMENT = re.compile(rf"(?:{PLACEMENT_PATTERN})")
+_SHARD = re.compile(r"S\(([0-9])\)")
+
+
+def is_placement(text: str) -> bool:
+    """``True`` for ``R``, ``P`` and ``S(k)`` exactly (no surrounding text, no newline)."""
+    return _PLACEMENT.fullmatch(text) is not None
+
+
+def shard_dim(placement: str) -> int | None:
+    """The tensor dim a placement splits, or None: ``shard_dim("S(1)") == 1``."""
+    match = _SHARD.fullmatch(placement)
+    return int(match.group(1)) if match else None
+
+
+DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"]
+#: Bytes per element of each tensor dtype (plan memory sums, checkpoint files, traced values).
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1,
+               "uint8": 1, "bool": 1}  # fmt: skip
+#: The training dtypes the planner prices (``--dtype``), as tensor dtypes.
+TRAINING_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
