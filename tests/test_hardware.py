@@ -72,8 +72,8 @@ def test_cluster_file_can_start_from_a_named_profile(tmp_path):
     ("text", "message"),
     [
         ("[device]\nmemory_gb = 80\n", "is missing peak_tflops_bf16"),
-        ("[device]\nbase = 'h100-sxm'\nmemory_gb = -1\n", r"\[device\].memory_gb must be a positive number"),
-        ("[device]\nbase = 'h100-sxm'\nmemory_gb = '80'\n", "must be a positive number"),
+        ("[device]\nbase = 'h100-sxm'\nmemory_gb = -1\n", r"\[device\].memory_gb must be a positive, finite number"),
+        ("[device]\nbase = 'h100-sxm'\nmemory_gb = '80'\n", "must be a positive, finite number"),
         ("[device]\nbase = 'h100-sxm'\nmemroy_gb = 80\n", "unknown key.*memroy_gb"),
         ("[device]\nbase = 'tpu'\n", "unknown device 'tpu'"),
         ("memory_gb = 80\n", r"needs a \[device\] table"),

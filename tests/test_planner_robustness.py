@@ -140,3 +140,43 @@ def test_concurrent_writers_use_their_own_temp_files(tmp_path, monkeypatch):
         assert run("render", EXAMPLE, "-o", tmp_path / "plan.svg").exit_code == 0
     assert len(set(temps)) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["plan.svg"]
+
+
+# -- cluster files: every bad one is one line --------------------------------------------------------
+
+FULL_DEVICE = """
+[device]
+name = "box"
+memory_gb = 80
+peak_tflops_bf16 = 989
+peak_tflops_fp16 = 989
+peak_tflops_fp32 = 67
+intra_node_bandwidth_gb_s = 450
+inter_node_bandwidth_gb_s = 50
+intra_node_latency_us = 5
+inter_node_latency_us = 10
+"""
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (FULL_DEVICE.replace("memory_gb = 80", "memory_gb = nan"), "[device].memory_gb must be a positive, finite number"),
+        (FULL_DEVICE.replace("memory_gb = 80", "memory_gb = inf"), "[device].memory_gb must be a positive, finite number"),
+        (FULL_DEVICE.replace("peak_tflops_fp32 = 67", "peak_tflops_fp32 = nan"), "peak_tflops_fp32"),
+        (FULL_DEVICE.replace("memory_gb = 80", "memory_gb = 1e300"), "[device].memory_gb must be a positive, finite number"),
+        (FULL_DEVICE.replace("memory_gb = 80", "memory_gb = 1" + "0" * 400), "[device].memory_gb must be a positive, finite number"),
+        ('[device]\nbase = 5\nmemory_gb = 40\n', "[device].base must be a string"),
+        ('[device]\nname = "a\\u001b[2Jb"\nbase = "h100-sxm"\n', "[device].name must be a string of printable characters"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "not a text file"),
+    ],
+    ids=["nan", "inf", "nan_flops", "huge_float", "huge_int", "base_5", "control_chars_in_name", "binary"],
+)
+def test_a_bad_cluster_file_is_one_line(tmp_path, content, fragment):
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_bytes(content if isinstance(content, bytes) else content.encode())
+    out = tmp_path / "plan.json"
+    result = run(model_file(tmp_path), "--cluster", cluster, "-q", "-o", out)
+    assert_one_line_exit_2(result, fragment)
+    assert "\x1b" not in result.stderr
+    assert not out.exists()

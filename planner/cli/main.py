@@ -22,7 +22,7 @@ import warnings
 
 import click
 
-from autodist.schemas import dump_plan, plan_json_schema, printable, save_plan
+from autodist.schemas import PlanError, dump_plan, load_plan, plan_json_schema, printable, save_plan
 
 from autodist.planner.errors import PlannerError
 from autodist.planner.cli.review import REVIEW_COMMANDS, check_output, write_output
@@ -55,6 +55,8 @@ def reports_planner_errors(command):
             return command(*args, **kwargs)
         except PlannerError as error:
             raise PlannerFailure(error) from None
+        except PlanError as error:  # a plan that load_plan would refuse is never written
+            raise PlannerFailure(PlannerError(f"the plan made is not valid: {'; '.join(error.problems)}")) from None
 
     return wrapper
 
@@ -141,7 +143,9 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
     if output:
         save_plan(made.plan, output)
     else:
-        click.echo(dump_plan(made.plan).decode(), nl=False)
+        data = dump_plan(made.plan)
+        load_plan(data)  # checked as save_plan checks a file
+        click.echo(data.decode(), nl=False)
     if explain:
         from autodist.planner.cost.explain import explain_table
 

@@ -24,7 +24,7 @@ import tomllib
 from pathlib import Path
 
 from autodist.planner.errors import PlannerError
-from autodist.schemas import DeviceProfile
+from autodist.schemas import DeviceProfile, printable
 
 GB = 10**9
 TFLOPS = 1e12
@@ -53,6 +53,10 @@ _CUDA_NAME_TO_PROFILE = (
     ("A100-PCIE-80GB", "a100-80g"),
     ("A100", "a100-40g"),
 )
+
+#: The largest figure a cluster file may give, in SI units (bytes, FLOP/s, bytes/s, seconds):
+#: far above any device, and small enough that every estimate stays a finite number.
+MAX_FIGURE = 1e18
 
 #: cluster.toml keys under ``[device]``, their unit factor and what they mean.
 _CLUSTER_KEYS = {
@@ -130,9 +134,13 @@ def load_cluster_file(path: str) -> DeviceProfile:
     """
     source = Path(path)
     try:
-        data = tomllib.loads(source.read_text())
+        data = tomllib.loads(source.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PlannerError(f"{path}: cluster file not found") from None
+    except OSError as err:
+        raise PlannerError(f"{path}: cannot read the cluster file: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise PlannerError(f"{path}: not a text file (a cluster file is TOML in UTF-8)") from None
     except tomllib.TOMLDecodeError as err:
         raise PlannerError(f"{path}: not valid TOML: {err}") from None
     device = data.get("device")
@@ -142,13 +150,17 @@ def load_cluster_file(path: str) -> DeviceProfile:
     if unknown:
         raise PlannerError(f"{path}: unknown key(s) in [device]: {', '.join(unknown)}; known: "
                            f"name, base, {', '.join(_CLUSTER_KEYS)}")
+    for key in ("name", "base"):
+        if key in device and not (isinstance(device[key], str) and device[key].isprintable()):
+            raise PlannerError(f"{path}: [device].{key} must be a string of printable characters, got {printable(repr(device[key]))}")
     values = _profile_values(resolve_device(device["base"])) if "base" in device else {}
     for key, (unit, meaning) in _CLUSTER_KEYS.items():
         if key not in device:
             continue
         raw = device[key]
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw <= 0:
-            raise PlannerError(f"{path}: [device].{key} must be a positive number ({meaning}), got {raw!r}")
+        if not 0 < _si_value(raw, unit) <= MAX_FIGURE:
+            raise PlannerError(f"{path}: [device].{key} must be a positive, finite number ({meaning}, at most "
+                               f"{MAX_FIGURE / unit:g}), got {printable(repr(raw))}")
         values[key] = raw * unit
     missing = [key for key in _CLUSTER_KEYS if key not in values]
     if missing:
@@ -164,6 +176,16 @@ def load_cluster_file(path: str) -> DeviceProfile:
         intra_node_latency_s=float(values["intra_node_latency_us"]),
         inter_node_latency_s=float(values["inter_node_latency_us"]),
     )
+
+
+def _si_value(raw: object, unit: float) -> float:
+    """``raw * unit`` as a float; NaN for what is not a number (so every bound refuses it)."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        return float("nan")
+    try:
+        return float(raw) * unit
+    except OverflowError:  # an integer beyond any float
+        return float("inf")
 
 
 PROFILES: dict[str, DeviceProfile] = _named_profiles()
