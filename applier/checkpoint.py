@@ -55,7 +55,7 @@ from autodist.schemas.checkpoint import (
     read_checkpoint,
     saved_tensors,
 )
-from autodist.schemas.plan import DTYPE_BYTES
+from autodist.schemas.vocabulary import DTYPE_BYTES
 
 from autodist.applier.accumulate import AccumulatingOptimizer
 from autodist.applier.apply import applied_plan

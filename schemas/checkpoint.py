@@ -32,9 +32,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from autodist.schemas.io import _meaning as constraint_in_words
-from autodist.schemas.plan import (
-    DTYPE_BYTES, Base, DType, Fqn, Identifier, Mesh, NonNegativeInt, PositiveInt, Sha256, Strategy,
-)  # fmt: skip
+from autodist.schemas.plan import Base, Fqn, Identifier, Mesh, NonNegativeInt, PositiveInt, Sha256, Strategy
+from autodist.schemas.vocabulary import DTYPE_BYTES, DType
 
 CHECKPOINT_FORMAT = "autodist.checkpoint"
 CHECKPOINT_VERSION = 1

@@ -22,7 +22,7 @@ from typing import Any
 from autodist.planner.review.format import collapse, human_bytes, human_count, strategy_text
 from autodist.schemas.checkpoint import Checkpoint, SavedTensor
 from autodist.schemas.errors import printable
-from autodist.schemas.plan import DTYPE_BYTES
+from autodist.schemas.vocabulary import DTYPE_BYTES
 
 
 def checkpoint_data(meta: Checkpoint) -> dict[str, Any]:
