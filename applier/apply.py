@@ -23,8 +23,9 @@ The loop stays the same when the plan accumulates gradients (``micro_batches > 1
 pipeline): the loader then yields micro-batches and ``opt.step()`` updates once per batch
 (accumulate.py).
 
-``1F1B`` / ``VPP`` (Paddle's pipelining schedules, a ``paddle.nn.Sequential`` model) — the
-returned model is this rank's stage, and one call runs a whole step of micro-batches::
+``1F1B`` / ``VPP`` (Paddle's pipelining schedules, for any model the plan cut at its blocks;
+pipeline.py says how) — the returned model is this rank's stages, one call runs a whole step of
+micro-batches, and ``loss_fn(logits, labels)`` gets the first tensor the model returns::
 
     model, opt, loader = apply_plan(model, opt, loader, "plan.json", loss_fn=loss_fn)
     for input_ids, labels in loader:

@@ -29,9 +29,9 @@ import paddle
 import paddle.distributed as dist
 
 from autodist.schemas import Hook, Plan
+from autodist.schemas.schedules import PIPELINING_SCHEDULES
 
 from autodist.applier.mesh import stage_mesh, stage_placements
-from autodist.applier.pipeline import SCHEDULES
 
 #: ``reshard_fn(tensor, mesh, placements) -> tensor``, the signature of ``dist.reshard``.
 ReshardFn = Callable[[paddle.Tensor, dist.ProcessMesh, list], paddle.Tensor]
@@ -43,7 +43,7 @@ def register_hooks(model: paddle.nn.Layer, plan: Plan, reshard_fn: ReshardFn | N
     layers = dict(model.named_sublayers())
     handles = []
     for hook in plan.hooks:
-        if hook.action == "stage_handoff" and plan.strategy.schedule in SCHEDULES:
+        if hook.action == "stage_handoff" and plan.strategy.schedule in PIPELINING_SCHEDULES:
             continue  # the schedule sends activations between stages itself
         transform = _transform(hook, plan, reshard_fn)
         layer = layers[hook.layer]
@@ -124,9 +124,7 @@ def _pre_hook(transform, hook: Hook):
     def pre(layer, args, kwargs):
         if hook.action == "stage_handoff":
             return _map_tensors(args, transform), _map_tensors(kwargs, transform)
-        if _first_tensor_index(args) is not None:
-            return _map_first(args, transform), kwargs
-        return args, _map_first(kwargs, transform)
+        return map_first_input(args, kwargs, transform)
 
     return pre
 
@@ -135,7 +133,7 @@ def _post_hook(transform, hook: Hook):
     def post(layer, args, output):
         if hook.action == "stage_handoff":
             return _map_tensors(output, transform)
-        return _map_first(output, transform)
+        return map_first(output, transform)
 
     return post
 
@@ -151,7 +149,7 @@ def _map_tensors(value: Any, fn: Callable) -> Any:
     return value
 
 
-def _map_first(value: Any, fn: Callable) -> Any:
+def map_first(value: Any, fn: Callable) -> Any:
     """Apply ``fn`` to the first top-level Tensor of ``value`` (a Tensor, tuple, list or dict)."""
     if isinstance(value, paddle.Tensor):
         return fn(value)
@@ -164,6 +162,21 @@ def _map_first(value: Any, fn: Callable) -> Any:
     items = list(value)
     items[index] = fn(items[index])
     return type(value)(items)
+
+
+def map_first_input(args: tuple, kwargs: dict, fn: Callable) -> tuple[tuple, dict]:
+    """Apply ``fn`` to a layer's first Tensor input: the first positional one, else the first
+    keyword one. Returns ``(args, kwargs)``."""
+    if _first_tensor_index(args) is not None:
+        return map_first(args, fn), kwargs
+    return args, map_first(kwargs, fn)
+
+
+def first_tensor(value: Any) -> paddle.Tensor | None:
+    """The first top-level Tensor of a layer's output (a Tensor, tuple, list or dict), or None."""
+    found: list[paddle.Tensor] = []
+    map_first(value, lambda t: found.append(t) or t)
+    return found[0] if found else None
 
 
 def _first_tensor_index(value: Any) -> int | None:

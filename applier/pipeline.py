@@ -1,20 +1,40 @@
-"""Pipeline schedules: ``1F1B`` and ``VPP`` through Paddle's own
-``paddle.distributed.auto_parallel.pipelining``.
+"""Pipeline schedules ``1F1B`` and ``VPP`` for the user's own model, through Paddle's
+``paddle.distributed.auto_parallel.pipelining`` (``PipelineStage``, ``Schedule1F1B``,
+``ScheduleVPP``).
 
 The plan's ``sequential`` schedule needs nothing here: its stage hand-off hooks (hooks.py)
 move each block's output onto the next stage's mesh inside an ordinary training loop, and
 the stages run one after another.
 
-A real schedule runs micro-batches of different stages at the same time, so each rank must
-own a *module* for its stage that takes the previous stage's output. autodist does not trace
-at run time, so it cannot cut an arbitrary ``forward`` apart; a schedule therefore needs a
-model whose forward is its children run in order — a ``paddle.nn.Sequential`` (validation
-says so otherwise; use ``sequential`` for any other model). The plan's ``stage`` of each
-child's parameters decides the cut:
+A real schedule runs micro-batches of different stages at the same time, so each rank needs
+a *stage module* for each of its chunks, taking the previous chunk's output. autodist builds
+them from the user's model without rewriting it or tracing it again. A pipeline cuts the
+model between *units* (the plan's blocks; for a ``paddle.nn.Sequential`` without blocks, its
+children), and a *chunk* is a run of consecutive units on one stage (schemas/schedules.py).
+A chunk's :class:`StageChunk` runs **the model's own forward** with three changes, active only
+while that chunk runs:
 
-- ``1F1B``: the children's stages read ``0..0, 1..1, ..., pp-1``: one chunk per rank;
-- ``VPP``: they cycle ``0, 1, ..., pp-1, 0, 1, ...`` ``v`` times: virtual stage ``c`` is the
-  ``c``-th run of equal stages, and rank-stage ``s`` owns the runs ``s, s+pp, s+2pp, ...``.
+- units of other chunks are *stubbed*: their forward returns its first input unchanged, and
+  layers holding parameters used before the first unit (the embeddings) return the received
+  activation, so no op ever touches another stage's parameters (on the CPU wheel an op on a
+  mesh the rank is not part of segfaults, docs/paddle-notes.md, "Collectives on the CPU wheel");
+- a forward pre-hook on the chunk's first unit replaces that unit's first input with the
+  activation received from the previous chunk;
+- a forward post-hook on the chunk's last unit stops the forward (an exception the chunk
+  catches) and hands that unit's first output tensor on — except on the last chunk, whose
+  forward runs to the end and returns the first tensor of the model's output (the logits).
+
+Everything between the units — position ids, rotary tables, causal masks — is the model's own
+code and is recomputed on each stage from the model's inputs, which travel along with the
+activation (they take no gradient). So the user's model file stays unchanged, and the only
+thing a stage sends is what the model itself passes from block to block. (The alternative,
+torchtitan's per-stage copies with the other layers deleted, needs a forward written to skip
+missing layers; splitting the traced program would trace again at run time.)
+
+Tied weights across stages (an LM head on the last stage sharing the embedding's table on the
+first, ``ParamPlan.tied_stages``): the last stage holds its own copy, and Paddle's
+``PipelineStage(shared_parameters=...)`` broadcasts it from the first stage when the stage is
+built and sums the two gradients after each step, as Megatron-LM does.
 
 ``apply_plan`` then returns a :class:`PipelineModel`: it holds only this rank's chunks (so
 the rebuilt optimizer holds exactly this rank's parameters) and runs a whole training step::
@@ -25,85 +45,254 @@ the rebuilt optimizer holds exactly this rank's parameters) and runs a whole tra
         opt.step()                                   # losses: one per micro-batch on the last stage,
         opt.clear_grad()                             # [] on the other stages
 
-Paddle's schedules add the micro-batches' gradients; autodist divides each micro-batch loss
-by the micro-batch count for backward (and reports it undivided), so a step trains exactly
-like the whole batch with a mean loss on one device.
+``loss_fn(logits, labels)`` receives the first tensor the model returns. Paddle's schedules
+add the micro-batches' gradients; autodist divides each micro-batch loss by the micro-batch
+count for backward (and reports it undivided), so a step trains exactly like the whole batch
+with a mean loss on one device.
 
-On Paddle 3.3.1's CPU wheel ``batch_isend_irecv`` under gloo times out (docs/paddle-notes.md, "Collectives on the CPU wheel"), so
-the schedules cannot run there as they are. With a test-only stand-in that runs each P2P op
-as a blocking send/recv, 1F1B and VPP on 2 CPU ranks train equal to one device
-(tests/test_apply_single.py). A pipeline with dp or mp inside each stage also needs one
-process group per pipeline column (``dist.new_group``), and gloo sub-groups time out on this
-CPU setup, so that case is left to GPUs (NCCL), where no stand-in is needed — not run here.
+On Paddle 3.3.1's CPU wheel ``batch_isend_irecv`` under gloo times out (docs/paddle-notes.md,
+"Collectives on the CPU wheel"), so the schedules cannot run there as they are; with a test-only
+stand-in that runs each P2P op as a blocking send/recv (tests/harness/cpu_substitutes.py) they
+train on 2 CPU ranks equal to one device. A pipeline with dp or mp inside each stage also needs
+one process group per pipeline column, and gloo sub-groups time out on this CPU setup, so that
+case is left to GPUs.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import paddle
 import paddle.distributed as dist
 
 from autodist.schemas import Plan
+from autodist.schemas.schedules import PIPELINING_SCHEDULES, chunk_stages, schedule_problems
 
+from autodist.applier.hooks import first_tensor, map_first_input
 from autodist.applier.mesh import pp_group_ranks, stage_of_rank
-
-SCHEDULES = ("1F1B", "VPP")
+from autodist.applier.shard import parameter_owners
 
 
 def uses_schedule(plan: Plan) -> bool:
     """True when the plan runs its stages with a real pipelining schedule."""
-    return plan.strategy.schedule in SCHEDULES
+    return plan.strategy.schedule in PIPELINING_SCHEDULES
+
+
+# -- the cut: units, chunks, and who owns which parameter -----------------------------------------------
+
+
+def stage_units(model: paddle.nn.Layer, plan: Plan) -> list[tuple[str, int]]:
+    """``[(layer FQN, stage), ...]`` of the units a pipeline cuts between, in forward order:
+    the plan's blocks, else the children of a ``paddle.nn.Sequential`` (a child without
+    parameters on the stage of the child before it), else none."""
+    if plan.blocks:
+        return [(block.layer, block.stage) for block in plan.blocks]
+    if not isinstance(model, paddle.nn.Sequential):
+        return []
+    units: list[tuple[str, int]] = []
+    for name, child in model.named_children():
+        planned = (plan.params.get(f"{name}.{fqn}") for fqn, _ in child.named_parameters())
+        stages = sorted({p.stage for p in planned if p is not None})  # unplanned: validation reports them
+        units.append((name, stages[0] if stages else (units[-1][1] if units else 0)))
+    return units
+
+
+def chunk_units(units: list[tuple[str, int]]) -> list[list[str]]:
+    """The units of each chunk (runs of consecutive units on one stage), in order."""
+    chunks: list[list[str]] = []
+    for i, (layer, stage) in enumerate(units):
+        if i == 0 or units[i - 1][1] != stage:
+            chunks.append([])
+        chunks[-1].append(layer)
+    return chunks
+
+
+def _unit_of(fqn: str, units: list[tuple[str, int]]) -> str | None:
+    return next((layer for layer, _ in units if fqn.startswith(layer + ".")), None)
+
+
+def _contains_a_unit(layer: str, units: list[tuple[str, int]]) -> bool:
+    return any(layer == "" or unit.startswith(layer + ".") for unit, _ in units)
+
+
+def name_stages(plan: Plan) -> dict[str, int]:
+    """The stage of every parameter name, tied names included: a tied name runs on its
+    ``tied_stages`` entry if it has one, else on its parameter's stage."""
+    stages = {}
+    for fqn, planned in plan.params.items():
+        stages[fqn] = planned.stage
+        for alias in planned.tied_to:
+            stages[alias] = planned.tied_stages.get(alias, planned.stage)
+    return stages
 
 
 def pipeline_problems(model: paddle.nn.Layer, plan: Plan, loss_fn: Callable | None) -> list[str]:
-    """Why the plan's schedule cannot run on ``model`` (empty for non-schedule plans)."""
+    """Why the plan's schedule cannot run on ``model`` (empty when it can, and for plans
+    without a pipelining schedule unless they tie weights across stages)."""
+    tied = sorted(fqn for fqn, p in plan.params.items() if p.tied_stages)
     if not uses_schedule(plan):
-        return []
-    schedule = plan.strategy.schedule
-    if not isinstance(model, paddle.nn.Sequential):
-        return [
-            f"$.strategy.schedule: {schedule} needs a paddle.nn.Sequential model (children run in order), "
-            f"got {type(model).__name__}; use the 'sequential' schedule for other models"
-        ]
+        return [f'$.params["{fqn}"].tied_stages: a weight tied across stages needs the 1F1B or VPP schedule, '
+                f"which sums its copies' gradients (the plan's is {plan.strategy.schedule})" for fqn in tied]
+    schedule, pp = plan.strategy.schedule, plan.strategy.pp
     problems = [] if loss_fn is not None else [
         f"$.strategy.schedule: {schedule} computes the loss inside the schedule: pass apply_plan(..., loss_fn=fn)"
     ]
-    try:
-        runs = stage_runs(model, plan)
-    except ValueError as exc:
-        return problems + [f"$.strategy.schedule: {exc}"]
-    pp = plan.strategy.pp
-    stages = [stage for stage, _ in runs]
-    if schedule == "1F1B" and stages != list(range(pp)):
-        problems.append(f"$.strategy.schedule: 1F1B needs the children's stages in order 0..{pp - 1}, got runs {stages}")
-    if schedule == "VPP" and (len(stages) % pp or stages != [i % pp for i in range(len(stages))] or len(stages) == pp):
-        problems.append(
-            f"$.strategy.schedule: VPP needs the children's stages to cycle 0..{pp - 1} at least twice, got runs {stages}"
-        )
-    n, rounds = plan.strategy.micro_batches, max(1, plan.strategy.micro_batches // pp)
-    if schedule == "VPP" and n % rounds:
-        # ScheduleVPP's own rule (schedules.py), checked here so it fails before anything changes.
-        problems.append(f"$.strategy.micro_batches: VPP needs a multiple of {rounds} micro-batches (max(1, n // pp)), got {n}")
+    units = stage_units(model, plan)
+    layers = dict(model.named_sublayers())
+    problems += [f'$.blocks: no sub-layer "{layer}" in the model' for layer, _ in units if layer not in layers]
+    stages = [stage for _, stage in units]
+    problems += [f"$.strategy.schedule: {p}" for p in schedule_problems(schedule, pp, plan.strategy.micro_batches, stages)]
+    chunks = len(chunk_stages(stages))
+    if stages and chunks != pp * plan.strategy.virtual_stages:
+        problems.append(f"$.strategy.virtual_stages: {plan.strategy.virtual_stages} chunks per rank, but the units' "
+                        f"stages form {chunks} chunks over pp={pp}")
+    stage_of = name_stages(plan)
+    for slots in parameter_owners(model).values():
+        for slot in slots:
+            stage = stage_of.get(slot.fqn)
+            if stage is None or _unit_of(slot.fqn, units) is not None:
+                continue
+            if stage not in (0, pp - 1):
+                problems.append(f'$.params["{slot.fqn}"].stage: {stage}, but a parameter outside the blocks '
+                                f"runs before them (stage 0) or after them (stage {pp - 1})")
+            elif stage == 0 and _contains_a_unit(slot.fqn.rpartition(".")[0], units):
+                problems.append(f'$.params["{slot.fqn}"]: runs before the first block but is held by a layer that '
+                                "also holds blocks, so later stages cannot skip it; a pipeline schedule needs it in "
+                                "a layer of its own (e.g. an nn.Embedding)")
     return problems
 
 
-def stage_runs(model: paddle.nn.Sequential, plan: Plan) -> list[tuple[int, list[paddle.nn.Layer]]]:
-    """The model's children grouped into runs of equal stage, in order: ``[(stage, [child, ...]), ...]``.
-    A child without parameters joins the run before it. Raises ValueError when one child's
-    parameters span several stages."""
-    runs: list[tuple[int, list[paddle.nn.Layer]]] = []
-    for name, child in model.named_children():
-        planned = (plan.params.get(f"{name}.{fqn}") for fqn, _ in child.named_parameters())
-        stages = {p.stage for p in planned if p is not None}  # unplanned names: validation reports them
-        if len(stages) > 1:
-            raise ValueError(f'child "{name}" has parameters on stages {sorted(stages)}: a child must sit on one stage')
-        stage = stages.pop() if stages else (runs[-1][0] if runs else 0)
-        if runs and runs[-1][0] == stage:
-            runs[-1][1].append(child)
-        else:
-            runs.append((stage, [child]))
-    return runs
+# -- one chunk: the model's own forward, started and stopped at the chunk's units -----------------------------
+
+
+class _HandOff(BaseException):
+    """Raised by the post-hook on a chunk's last unit to leave the model's forward with the
+    activation. A BaseException, so that a model's own ``except Exception`` cannot swallow it."""
+
+    def __init__(self, activation: paddle.Tensor):
+        super().__init__()
+        self.activation = activation
+
+
+class _Running:
+    """Which chunk of this rank is inside the model's forward right now (the hooks ask)."""
+
+    chunk: StageChunk | None = None
+
+
+class StageChunk(paddle.nn.Layer):
+    """One chunk of the user's model as a stage module for ``PipelineStage``.
+
+    ``forward(*inputs)`` on the first chunk, ``forward(activation, *inputs)`` on the others;
+    returns ``(activation, *inputs)``, or on the last chunk the first tensor of the model's
+    output. ``parameters()`` are the chunk's own; the model is held, not registered.
+    """
+
+    def __init__(self, model: paddle.nn.Layer, running: _Running, units: list[str], stubs: dict[str, str],
+                 params: list[paddle.Tensor], is_first: bool, is_last: bool):
+        super().__init__()
+        self._whole = [model]  # a list, so that Layer does not register the whole model
+        self._running, self.units, self.is_first, self.is_last = running, units, is_first, is_last
+        self._stubs = stubs  # layer FQN -> "identity" | "activation"
+        self._received: paddle.Tensor | None = None
+        self.owned = paddle.nn.ParameterList(params)
+
+    def forward(self, *args: paddle.Tensor) -> Any:
+        received, inputs = (None, args) if self.is_first else (args[0], args[1:])
+        for x in inputs:
+            x.stop_gradient = True  # the model's inputs travel with the activation, without gradient
+        self._received = received
+        try:
+            with self._stubbed():
+                output = self._whole[0](*inputs)
+        except _HandOff as handoff:
+            return (handoff.activation, *(x.detach() for x in inputs))
+        finally:
+            self._running.chunk, self._received = None, None
+        if not self.is_last:
+            raise RuntimeError(f"the model's forward returned without running block {self.units[-1]}; "
+                               "a pipeline stage must end at its last block")
+        return first_tensor(output)
+
+    @contextmanager
+    def _stubbed(self) -> Iterator[None]:
+        layers = dict(self._whole[0].named_sublayers())
+        saved = {name: layers[name].__dict__.get("forward") for name in self._stubs}
+        for name, kind in self._stubs.items():
+            layers[name].forward = self._identity if kind == "identity" else self._activation
+        self._running.chunk = self
+        try:
+            yield
+        finally:
+            for name, forward in saved.items():
+                if forward is None:
+                    del layers[name].forward
+                else:
+                    layers[name].forward = forward
+
+    @staticmethod
+    def _identity(*args: Any, **kwargs: Any) -> paddle.Tensor | None:
+        return first_tensor(args) if first_tensor(args) is not None else first_tensor(kwargs)
+
+    def _activation(self, *args: Any, **kwargs: Any) -> paddle.Tensor:
+        return self._received
+
+    def enter_hook(self, layer: paddle.nn.Layer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """Pre-hook on the chunk's first unit: its first input becomes the received activation."""
+        if self._running.chunk is not self or self.is_first:
+            return None
+        return map_first_input(args, kwargs, lambda _: self._received)
+
+    def exit_hook(self, layer: paddle.nn.Layer, args: tuple, output: Any) -> None:
+        """Post-hook on the chunk's last unit: stop the forward and hand the activation on."""
+        if self._running.chunk is self and not self.is_last:
+            raise _HandOff(first_tensor(output))
+
+
+def _build_chunks(model: paddle.nn.Layer, plan: Plan, rank_stage: int) -> list[tuple[int, StageChunk]]:
+    """``[(chunk index, StageChunk), ...]`` for the chunks of stage ``rank_stage``."""
+    units = stage_units(model, plan)
+    chunks = chunk_units(units)
+    stage_of_unit = dict(units)
+    pp, last = plan.strategy.pp, len(chunks) - 1
+    stage_of = name_stages(plan)
+    before_first = sorted({slot.fqn.rpartition(".")[0] for slots in parameter_owners(model).values() for slot in slots
+                           if stage_of.get(slot.fqn) == 0 and _unit_of(slot.fqn, units) is None})
+    layers = dict(model.named_sublayers())
+    running = _Running()
+    built = []
+    for index, names in enumerate(chunks):
+        if stage_of_unit[names[0]] != rank_stage:
+            continue
+        stubs = {layer: "identity" for layer, _ in units if layer not in names}
+        if index > 0:
+            stubs.update({layer: "activation" for layer in before_first})
+        params = _chunk_parameters(model, stage_of, units, names, first=index == 0, last=index == last, pp=pp)
+        chunk = StageChunk(model, running, names, stubs, params, is_first=index == 0, is_last=index == last)
+        layers[names[0]].register_forward_pre_hook(chunk.enter_hook, with_kwargs=True)
+        layers[names[-1]].register_forward_post_hook(chunk.exit_hook)
+        built.append((index, chunk))
+    return built
+
+
+def _chunk_parameters(model, stage_of: dict[str, int], units, names: list[str], first: bool, last: bool,
+                      pp: int) -> list:
+    """The parameter objects a chunk owns: those of its units, and outside the units the
+    stage-0 ones (first chunk) and the last stage's ones (last chunk) — tied copies included."""
+    owned, seen = [], set()
+    for slots in parameter_owners(model).values():
+        for slot in slots:
+            param = slot.layer._parameters[slot.key]
+            unit, stage = _unit_of(slot.fqn, units), stage_of.get(slot.fqn)
+            mine = unit in names if unit is not None else (first and stage == 0) or (last and stage == pp - 1)
+            if mine and id(param) not in seen:
+                seen.add(id(param))
+                owned.append(param)
+    return owned
+
+
+# -- the schedule ------------------------------------------------------------------------------------------------
 
 
 class PipelineModel(paddle.nn.Layer):
@@ -134,9 +323,9 @@ class PipelineModel(paddle.nn.Layer):
         raise RuntimeError("a pipelined model runs whole steps: call model.step(inputs, target=labels)")
 
 
-def build_pipeline(model: paddle.nn.Sequential, plan: Plan, loss_fn: Callable, full_mesh: dist.ProcessMesh) -> PipelineModel:
-    """Cut the (already sharded) model into this rank's chunks and wrap them in Paddle's
-    schedule. Every rank creates every pipeline group, in the same order (``new_group`` is
+def build_pipeline(model: paddle.nn.Layer, plan: Plan, loss_fn: Callable, full_mesh: dist.ProcessMesh) -> PipelineModel:
+    """Build this rank's chunks of the (already sharded) model and wrap them in Paddle's
+    schedule. Every rank creates every process group, in the same order (``new_group`` is
     collective)."""
     from paddle.distributed.auto_parallel.interface import set_mesh
     from paddle.distributed.auto_parallel.pipelining.schedules import Schedule1F1B, ScheduleVPP
@@ -149,27 +338,45 @@ def build_pipeline(model: paddle.nn.Sequential, plan: Plan, loss_fn: Callable, f
     # Paddle's stages find their meshes through the global mesh (pipelining/utils.py).
     set_mesh(full_mesh)
     rank = dist.get_rank()
-    group = None
-    for ranks in pp_group_ranks(plan):
-        created = dist.new_group(ranks)
-        if rank in ranks:
-            group = created
-    runs = stage_runs(model, plan)
-    mine = stage_of_rank(plan, rank)
-    chunks, stages = [], []
-    for index, (stage, children) in enumerate(runs):
-        if stage == mine:
-            chunk = paddle.nn.Sequential(*children)
-            chunks.append(chunk)
-            stages.append(PipelineStage(chunk, index, len(runs), group=group))
-    holds_first, holds_last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    group = _my_group(pp_group_ranks(plan), rank)
+    tied_group = _my_group([[column[0], column[-1]] for column in pp_group_ranks(plan)], rank)
+    built = _build_chunks(model, plan, stage_of_rank(plan, rank))
+    total = len(chunk_units(stage_units(model, plan)))
+    shared = _shared_parameters(model, plan, tied_group)
+    stages = []
+    for index, chunk in built:
+        holds_tied = (chunk.is_first or chunk.is_last) and shared
+        stages.append(PipelineStage(chunk, index, total, group=group, shared_parameters=shared if holds_tied else None))
+    chunks = [chunk for _, chunk in built]
     n = plan.strategy.micro_batches
     scaled = _mean_over_micro_batches(loss_fn, n)
     if plan.strategy.schedule == "1F1B":
         schedule = Schedule1F1B(stages[0], n_microbatches=n, loss_fn=scaled)
     else:
         schedule = ScheduleVPP(stages, n_microbatches=n, loss_fn=scaled)
-    return PipelineModel(chunks, schedule, holds_first, holds_last)
+    return PipelineModel(chunks, schedule, any(s.is_first for s in stages), any(s.is_last for s in stages))
+
+
+def _my_group(columns: list[list[int]], rank: int):
+    """Create one process group per column (every rank, same order); return this rank's."""
+    mine = None
+    for ranks in columns:
+        created = dist.new_group(ranks)
+        if rank in ranks:
+            mine = created
+    return mine
+
+
+def _shared_parameters(model: paddle.nn.Layer, plan: Plan, group) -> list[dict]:
+    """Paddle's ``shared_parameters`` for the weights tied across stages: the first stage's
+    object and the copy the other stage holds, with this rank's group of the two stages."""
+    slots_by_fqn = {slot.fqn: slot for slots in parameter_owners(model).values() for slot in slots}
+    shared = []
+    for fqn in sorted(plan.params):
+        for alias in sorted(plan.params[fqn].tied_stages):
+            pair = [slots_by_fqn[name].layer._parameters[slots_by_fqn[name].key] for name in (fqn, alias)]
+            shared.append({"params": pair, "group": group})
+    return shared
 
 
 def _mean_over_micro_batches(loss_fn: Callable, n: int) -> Callable:
@@ -177,3 +384,4 @@ def _mean_over_micro_batches(loss_fn: Callable, n: int) -> Callable:
     its batch, so each micro-batch's loss is divided by ``n``: the step then trains exactly
     as the whole batch would on one device (equal-sized micro-batches)."""
     return lambda output, target: loss_fn(output, target) / n
+

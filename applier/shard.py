@@ -2,7 +2,10 @@
 
 A Parameter reachable under several names (tied weights: an LM head sharing the embedding
 table) is sharded once and the one new object is put back under every name, so the tie
-survives; sharding the copies separately would train two diverging tables (docs/paddle-notes.md, "Parameters and optimizers").
+survives; sharding the copies separately would train two diverging tables
+(docs/paddle-notes.md, "Parameters and optimizers"). The exception is a name the plan puts on
+another pipeline stage (``tied_stages``): it gets its own copy on that stage's mesh, which the
+pipeline schedule keeps equal to the original by summing their gradients.
 
 Parameters of a model built under ``paddle.LazyGuard()`` have no storage yet: they are sharded
 first and initialised after, so each rank allocates only its own shard.
@@ -56,12 +59,17 @@ def shard_parameters(model: paddle.nn.Layer, plan: Plan) -> list[tuple[paddle.Te
         planned = plan.params[fqn]
         slots = slots_by_fqn[fqn]
         old = slots[0].layer._parameters[slots[0].key]
-        new = dist.shard_tensor(old, stage_mesh(plan, planned.stage), stage_placements(plan, planned.placements))
+        placements = stage_placements(plan, planned.placements)
+        new = dist.shard_tensor(old, stage_mesh(plan, planned.stage), placements)
+        # A name tied across stages (an LM head sharing the embedding) holds its own copy on its
+        # stage; the pipeline keeps the copies equal (pipeline.py).
+        copies = {alias: dist.shard_tensor(old, stage_mesh(plan, stage), placements)
+                  for alias, stage in sorted(planned.tied_stages.items())}
         for slot in slots:
-            slot.layer._parameters[slot.key] = new
-        replaced.append((old, new))
+            slot.layer._parameters[slot.key] = copies.get(slot.fqn, new)
+        replaced += [(old, new)] + [(old, copy) for copy in copies.values()]
         if not old._is_initialized():  # built under LazyGuard
-            lazy.append(new)
+            lazy += [new, *copies.values()]
     for new in lazy:
         # After sharding: allocates this rank's shard only (nothing off the param's mesh).
         new.initialize()

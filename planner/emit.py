@@ -47,6 +47,8 @@ from autodist.schemas import (
     Strategy,
 )
 
+from autodist.schemas.schedules import block_stages
+
 from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis
 from autodist.planner.cost.memory import DTYPE_BYTES
 from autodist.planner.cost.search import SearchRequest, SearchResult
@@ -68,7 +70,7 @@ def build_plan(
     mesh = build_mesh(strategy)
     notes: list[str] = []
     params = _param_plans(analysis, strategy, mesh.dim_names, notes)
-    stages = block_stages(len(analysis.blocks), strategy.pp)
+    stages = block_stages(len(analysis.blocks), strategy.pp, strategy.virtual_stages)
     hooks = _stage_handoffs(analysis, stages)
     fused_gathers = reshard_hooks(analysis, strategy.mp, mesh.dim_names)
     if strategy.mp > 1:
@@ -151,22 +153,12 @@ def build_mesh(strategy: Strategy) -> Mesh:
     return Mesh(dim_names=[n for n, _ in dims], shape=[s for _, s in dims], process_ids=list(range(world)))
 
 
-def block_stages(num_blocks: int, pp: int) -> list[int]:
-    """Stage of each block: as even as possible, the first stages take one extra.
-
-    >>> block_stages(5, 2)
-    [0, 0, 0, 1, 1]
-    """
-    per_stage = [num_blocks // pp + (1 if s < num_blocks % pp else 0) for s in range(pp)]
-    return [stage for stage, count in enumerate(per_stage) for _ in range(count)]
-
-
 # -- parameters ----------------------------------------------------------------------------------------
 
 
 def _param_plans(analysis: ModelAnalysis, strategy: Strategy, dim_names: list[str], notes: list[str]) -> dict:
     mp_placements = _mp_placements(analysis, strategy.mp, notes)
-    stage_of = _param_stages(analysis, strategy.pp)
+    stage_of = _param_stages(analysis, strategy.pp, strategy.virtual_stages)
     plans = {}
     for fqn in sorted(analysis.params):
         shape, dtype = analysis.params[fqn]
@@ -178,6 +170,7 @@ def _param_plans(analysis: ModelAnalysis, strategy: Strategy, dim_names: list[st
             stage=stage_of[fqn],
             style=style,
             tied_to=sorted(analysis.tied.get(fqn, [])),
+            tied_stages=_tied_stages(analysis, fqn, strategy.pp),
         )
     return plans
 
@@ -222,13 +215,13 @@ def _linear_placements(linear: LinearUse, params: dict, mp: int, notes: list[str
     return placed
 
 
-def _param_stages(analysis: ModelAnalysis, pp: int) -> dict[str, int]:
+def _param_stages(analysis: ModelAnalysis, pp: int, virtual_stages: int) -> dict[str, int]:
     """Stage per parameter: a block's on its block's stage; before the first block -> 0; after
     the last block (final norm, head, untraced layers) -> the last stage."""
     stages = {fqn: pp - 1 for fqn in analysis.params}
     if pp == 1:
         return {fqn: 0 for fqn in analysis.params}
-    block_prefixes = [(b.layer + ".", stage) for b, stage in zip(analysis.blocks, block_stages(len(analysis.blocks), pp))]
+    block_prefixes = [(b.layer + ".", stage) for b, stage in zip(analysis.blocks, block_stages(len(analysis.blocks), pp, virtual_stages))]
     first_block_op = min((min(b.nodes) for b in analysis.blocks if b.nodes), default=None)
     first_use = _first_use_of_params(analysis)
     for fqn in analysis.params:
@@ -242,15 +235,23 @@ def _param_stages(analysis: ModelAnalysis, pp: int) -> dict[str, int]:
     return stages
 
 
+def _tied_stages(analysis: ModelAnalysis, fqn: str, pp: int) -> dict[str, int]:
+    """An embedding table that other names share (an LM head's tied weight): with pp > 1 the
+    embedding runs on stage 0 and the head after the last block, so each head name gets its
+    own copy on the last stage (the applier sums the copies' gradients, Megatron-LM style)."""
+    if pp == 1 or fqn != analysis.embedding:
+        return {}
+    return {alias: pp - 1 for alias in sorted(analysis.tied.get(fqn, []))}
+
+
 def _tied_across_stages(analysis: ModelAnalysis, pp: int) -> list[str]:
-    """A head that shares the embedding's weight runs on the last stage, the weight lives on the first."""
-    head, embedding = analysis.lm_head, analysis.embedding
-    if pp == 1 or head is None or embedding is None:
+    """Say so in the notes when the embedding's table is tied across stages."""
+    embedding = analysis.embedding
+    aliases = _tied_stages(analysis, embedding, pp) if embedding else {}
+    if not aliases:
         return []
-    if head.weight != embedding and head.weight not in analysis.tied.get(embedding, []):
-        return []
-    return [f"the LM head shares {embedding} (stage 0) but runs on stage {pp - 1}: the applier must keep one "
-            "parameter object and sum its gradients from both stages"]
+    return [f"{embedding} (stage 0) is tied to {', '.join(aliases)} on stage {pp - 1}: that stage holds a copy, and "
+            "the schedule sums the two gradients before each optimizer step"]
 
 
 def _first_use_of_params(analysis: ModelAnalysis) -> dict[str, int]:
@@ -269,8 +270,8 @@ def _first_use_of_params(analysis: ModelAnalysis) -> dict[str, int]:
 
 def _stage_handoffs(analysis: ModelAnalysis, stages: list[int]) -> list[Hook]:
     return [
-        Hook(layer=block.layer, when="post", action="stage_handoff", to_stage=stage + 1,
-             reason=f"last block of stage {stage}: its output moves to stage {stage + 1}")
+        Hook(layer=block.layer, when="post", action="stage_handoff", to_stage=stages[i + 1],
+             reason=f"last block of a chunk on stage {stage}: its output moves to stage {stages[i + 1]}")
         for i, (block, stage) in enumerate(zip(analysis.blocks, stages))
         if i + 1 < len(stages) and stages[i + 1] != stage
     ]

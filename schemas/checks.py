@@ -54,6 +54,11 @@ def check_params(plan: Plan) -> list[str]:
         where = f'$.params["{fqn}"]'
         if param.stage >= plan.strategy.pp:
             problems.append(f"{where}.stage: {param.stage} but pp is {plan.strategy.pp}")
+        for alias, stage in sorted(param.tied_stages.items()):
+            if alias not in param.tied_to:
+                problems.append(f'{where}.tied_stages: "{alias}" is not one of its tied_to names')
+            if stage >= plan.strategy.pp or stage == param.stage:
+                problems.append(f'{where}.tied_stages["{alias}"]: {stage} must be another stage below pp={plan.strategy.pp}')
         if len(param.placements) != len(mesh_dims):
             problems.append(
                 f"{where}.placements: {len(param.placements)} placements for a mesh of {len(mesh_dims)} dims {mesh_dims}"

@@ -159,6 +159,10 @@ class Strategy(Base):
     #: block's attention sub-layer; the plan's ``recompute`` lists the layers.
     recompute: Literal["none", "selective", "full"] = "none"
 
+    #: Model chunks each pipeline rank runs: 1, or more for ``VPP`` (the blocks' stages then
+    #: cycle ``0, 1, ..., pp-1`` that many times).
+    virtual_stages: PositiveInt = 1
+
 
 # -- what to do with the model ---------------------------------------------------------------------
 
@@ -173,6 +177,10 @@ class ParamPlan(Base):
     style: ParallelStyle = "Replicate"
     #: Other FQNs that name the same Parameter object (tied weights): sharded once, kept one.
     tied_to: list[Fqn] = []
+    #: Names in ``tied_to`` used on another pipeline stage than ``stage`` (an LM head sharing
+    #: the embedding's table), with that stage: there they hold their own copy, and the
+    #: gradients of the copies are summed before the optimizer step (Megatron-LM's way).
+    tied_stages: dict[Fqn, NonNegativeInt] = {}
 
 
 class Hook(Base):

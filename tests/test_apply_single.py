@@ -345,49 +345,34 @@ def test_lazy_model_on_four_ranks_allocates_only_its_shards(tmp_path):
 
 
 def test_pipeline_chunks_follow_the_children_stages():
-    """1F1B and VPP cut a Sequential where the children's planned stage changes; a child
-    without parameters (ReLU) stays with the run before it. Running a schedule needs P2P
-    that gloo cannot do (docs/paddle-notes.md, "Collectives on the CPU wheel"), so only the cut is checked here."""
-    from autodist.applier.pipeline import pipeline_problems, stage_runs
+    """Without blocks in the plan, 1F1B and VPP cut a Sequential where the children's planned
+    stage changes; a child without parameters (ReLU) stays with the run before it."""
+    from autodist.applier.pipeline import chunk_units, pipeline_problems, stage_units
 
     model = paddle.nn.Sequential(*[paddle.nn.Linear(4, 4) if i != 2 else paddle.nn.ReLU() for i in range(6)])
     stages = {"0": 0, "1": 0, "3": 1, "4": 0, "5": 1}
     plan = pipeline_plan(model, lambda fqn: stages[fqn.split(".")[0]])
-    runs = stage_runs(model, plan)
-    assert [(stage, [model._sub_layers[n] for n in names]) for stage, names in
-            [(0, "012"), (1, "3"), (0, "4"), (1, "5")]] == [(s, list(children)) for s, children in runs]
-    plan.strategy = msgspec.structs.replace(plan.strategy, schedule="VPP")
+    assert chunk_units(stage_units(model, plan)) == [["0", "1", "2"], ["3"], ["4"], ["5"]]
+    plan.strategy = msgspec.structs.replace(plan.strategy, schedule="VPP", micro_batches=2, virtual_stages=2)
     assert pipeline_problems(model, plan, loss_fn=paddle.mean) == []
-    plan.strategy = msgspec.structs.replace(plan.strategy, schedule="1F1B")
+    plan.strategy = msgspec.structs.replace(plan.strategy, schedule="1F1B", virtual_stages=1)
     assert pipeline_problems(model, plan, loss_fn=paddle.mean) == [
-        "$.strategy.schedule: 1F1B needs the children's stages in order 0..1, got runs [0, 1, 0, 1]"
+        "$.strategy.schedule: 1F1B needs the units' stages in order 0..1, got chunks [0, 1, 0, 1]",
+        "$.strategy.virtual_stages: 1 chunks per rank, but the units' stages form 4 chunks over pp=2",
     ]
 
 
-#: One rank of the pipeline job below. TEST-ONLY stand-in, clearly not Paddle's: gloo times
-#: out on ``batch_isend_irecv`` (docs/paddle-notes.md, "Collectives on the CPU wheel"), so each P2P op of a batch runs as a
-#: blocking send/recv, the lower rank of a pair sending first. The schedule, stages and
+#: One rank of the pipeline job below, through the TEST-ONLY blocking send/recv stand-in
+#: (gloo times out on ``batch_isend_irecv``, docs/paddle-notes.md, "Collectives on the CPU
+#: wheel"). The schedule, stages and
 #: optimizer are Paddle's and autodist's own.
 PIPELINE_RANK = """
 import json, sys
 import numpy as np, paddle, paddle.distributed as dist
 from autodist.applier import apply_plan
 from autodist.schemas import load_plan
+from harness.cpu_substitutes import blocking_p2p
 
-def blocking_isend_irecv(ops):
-    me = dist.get_rank()
-    sends_first = lambda op: (op.op in (dist.isend, dist.send)) == (me < op.peer)
-    for op in sorted(ops, key=lambda op: not sends_first(op)):
-        if op.op in (dist.isend, dist.send):
-            dist.send(op.tensor, op.peer, op.group, sync_op=True)
-        else:
-            dist.recv(op.tensor, op.peer, op.group, sync_op=True)
-    class Done:
-        def wait(self):
-            return True
-    return [Done()]
-
-dist.batch_isend_irecv = blocking_isend_irecv
 paddle.seed(3)
 model = paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 8),
                              paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 2))
@@ -400,11 +385,12 @@ dataset = paddle.io.TensorDataset([paddle.to_tensor(inputs), paddle.to_tensor(la
 loader = paddle.io.DataLoader(dataset, batch_size=4, shuffle=False)
 model, opt, loader = apply_plan(model, opt, loader, load_plan(sys.argv[1]), loss_fn=loss_fn)
 losses = []
-for _ in range(2):
-    x, y = next(iter(loader))  # inputs on the first stage's mesh, labels on the last's
-    losses.append([float(l._local_value()) for l in model.step(x, target=y)])
-    opt.step()
-    opt.clear_grad()
+with blocking_p2p():
+    for _ in range(2):
+        x, y = next(iter(loader))  # inputs on the first stage's mesh, labels on the last's
+        losses.append([float(l._local_value()) for l in model.step(x, target=y)])
+        opt.step()
+        opt.clear_grad()
 me = dist.get_rank()
 params = {n: p._local_value().numpy().tolist() for n, p in whole.named_parameters() if me in p.process_mesh.process_ids}
 print(json.dumps({"losses": losses, "params": params, "held": len(opt._inner_opt._parameter_list)}))
@@ -445,7 +431,8 @@ def test_pipeline_schedule_on_two_ranks_trains_like_one_device(tmp_path, schedul
                                  paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 2))
     by_child = dict(zip(["0", "2", "3", "4"], stages))
     plan = pipeline_plan(model, lambda fqn: by_child[fqn.split(".")[0]])
-    plan.strategy = msgspec.structs.replace(plan.strategy, schedule=schedule, micro_batches=2)
+    plan.strategy = msgspec.structs.replace(plan.strategy, schedule=schedule, micro_batches=2,
+                                            virtual_stages=2 if schedule == "VPP" else 1)
     plan.cluster = msgspec.structs.replace(plan.cluster, devices_per_node=2)
     plan.data = msgspec.structs.replace(plan.data, input_stage=0, label_stage=1)
     path = write_plan(plan, tmp_path / "plan.json")

@@ -225,12 +225,24 @@ def pipeline_plan(model, stages: dict[str, int], schedule: str):
     return plan
 
 
-def test_schedule_needs_a_sequential_model(setup):
+def test_schedule_needs_blocks_or_a_sequential_model(setup):
+    """A plan without blocks gives a schedule nothing to cut an ordinary model at."""
     model, optimizer, loader = setup
     top = {name: 0 for name, _ in model.named_children()} | {"norm": 1, "weight": 1}
     err = rejected(model, optimizer, loader, pipeline_plan(model, top, "1F1B"), loss_fn=lambda out, y: out.mean())
-    assert "$.strategy.schedule: 1F1B needs a paddle.nn.Sequential model" in str(err)
+    assert "$.strategy.schedule: 1F1B cuts the model between its blocks, and none was recognised" in str(err)
     assert "world size" in str(err)  # a pp2 plan on one rank: both problems at once
+
+
+def test_weight_tied_across_stages_needs_a_pipelining_schedule():
+    """The sequential schedule would train the two copies of a tied table apart."""
+    model = sequential()
+    plan = pipeline_plan(model, {"0": 0, "2": 1, "3": 1}, "sequential")
+    weight = plan.params["0.weight"]
+    plan.params["0.weight"] = msgspec.structs.replace(weight, tied_to=["3.weight"], tied_stages={"3.weight": 1})
+    err = rejected(model, None, None, plan)
+    assert ('$.params["0.weight"].tied_stages: a weight tied across stages needs the 1F1B or VPP schedule'
+            in str(err))
 
 
 def sequential():
@@ -247,13 +259,13 @@ def test_schedule_needs_a_loss_function():
 def test_1f1b_needs_stages_in_order():
     model = sequential()
     err = rejected(model, None, None, pipeline_plan(model, {"0": 1, "2": 0, "3": 1}, "1F1B"), loss_fn=paddle.mean)
-    assert "1F1B needs the children's stages in order 0..1, got runs [1, 0, 1]" in str(err)
+    assert "1F1B needs the units' stages in order 0..1, got chunks [1, 0, 1]" in str(err)
 
 
 def test_vpp_needs_stages_that_cycle():
     model = sequential()
     err = rejected(model, None, None, pipeline_plan(model, {"0": 0, "2": 1, "3": 1}, "VPP"), loss_fn=paddle.mean)
-    assert "VPP needs the children's stages to cycle 0..1 at least twice, got runs [0, 1]" in str(err)
+    assert "VPP needs the units' stages to cycle 0..1 at least twice, got chunks [0, 1]" in str(err)
 
 
 def test_plan_file_is_named_in_the_error(setup, tmp_path):
@@ -268,4 +280,4 @@ def test_vpp_micro_batches_must_fill_whole_rounds():
     plan = pipeline_plan(model, {"0": 0, "2": 1, "3": 0}, "VPP")
     plan.strategy = msgspec.structs.replace(plan.strategy, micro_batches=5)
     err = rejected(model, None, None, plan, loss_fn=paddle.mean)
-    assert "$.strategy.micro_batches: VPP needs a multiple of 2 micro-batches (max(1, n // pp)), got 5" in str(err)
+    assert "VPP needs a multiple of 2 micro-batches (max(1, n // pp)), got 5" in str(err)

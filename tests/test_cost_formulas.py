@@ -229,7 +229,7 @@ def test_vpp_bubble_is_v_times_smaller(pp, m):
 
     table = StageTable(_compute_only_model(8))
     flat = estimate(table, Strategy(), _setup(1, m)).estimate.step_time_s
-    vpp = estimate(table, Strategy(pp=pp, micro_batches=m, schedule="VPP"), _setup(pp, m))
+    vpp = estimate(table, Strategy(pp=pp, micro_batches=m, schedule="VPP", virtual_stages=VPP_CHUNKS), _setup(pp, m))
     ideal = flat / pp
     assert vpp.bubble_s == pytest.approx(ideal * (pp - 1) / (VPP_CHUNKS * m))
     assert vpp.estimate.step_time_s == pytest.approx(ideal * (1 + (pp - 1) / (VPP_CHUNKS * m)))
@@ -242,7 +242,7 @@ def test_vpp_hands_off_v_times_as_often():
     model = ModelCost(blocks=(block,) * 8, hidden_size=4096, traced_batch=1, traced_seq=1024)
     setup = _setup(2, 4)
     one = estimate(StageTable(model), Strategy(pp=2, micro_batches=4, schedule="1F1B"), setup)
-    vpp = estimate(StageTable(model), Strategy(pp=2, micro_batches=4, schedule="VPP"), setup)
+    vpp = estimate(StageTable(model), Strategy(pp=2, micro_batches=4, schedule="VPP", virtual_stages=VPP_CHUNKS), setup)
     assert vpp.estimate.comm_bytes.pp == VPP_CHUNKS * one.estimate.comm_bytes.pp
     handoff = 4096 * 1024 * 2
     assert one.estimate.comm_bytes.pp == 4 * 2 * handoff

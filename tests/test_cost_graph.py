@@ -24,6 +24,7 @@ from autodist.planner.cost.blocks import ModelCost
 from autodist.planner.cost.graph_cost import GraphFacts, Roles, block_cost, model_cost
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.step_time import Setup, StageTable, estimate
+from autodist.planner.errors import PlannerError
 from autodist.planner.graph import build_graph
 from autodist.planner.trace import trace_model
 from autodist.schemas import Strategy
@@ -236,11 +237,16 @@ def test_fused_projections_pay_for_the_gathers_paddle_inserts():
     assert unfused.count == 0 and unfused.sent_per_token == 0
 
 
-def test_the_search_rejects_pipeline_stages_for_a_tied_head_and_says_why():
+def test_a_tied_head_pipelines_with_1f1b_but_not_sequentially():
+    """A table shared by the embedding (stage 0) and the LM head (last stage) runs as two copies
+    kept equal by the 1F1B schedule; the sequential schedule would let them drift, so it is
+    refused with the reason."""
     from autodist.planner.cost.search import SearchRequest, search
 
     model, program, graph = traced("llama")
-    result = search(analyze(program, graph, model), SearchRequest(devices_per_node=4, device=PROFILES["h100-sxm"]))
-    assert result.best.strategy.pp == 1
-    two_stages = [r for r in result.rejected if r.strategy.pp == 2]  # (pp=4 fails first: 2 blocks)
-    assert two_stages and all("share one weight" in r.reason for r in two_stages)
+    analysis = analyze(program, graph, model)
+    piped = search(analysis, SearchRequest(devices_per_node=2, pp=2, device=PROFILES["h100-sxm"]))
+    assert (piped.best.strategy.pp, piped.best.strategy.schedule) == (2, "1F1B")
+    with pytest.raises(PlannerError) as err:
+        search(analysis, SearchRequest(devices_per_node=2, pp=2, schedule="sequential", device=PROFILES["h100-sxm"]))
+    assert "share one weight" in err.value.detail

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autodist.planner.driver import plan_target
-from autodist.planner.emit import block_stages, build_mesh
+from autodist.planner.emit import build_mesh
+from autodist.schemas.schedules import block_stages
 from autodist.planner.errors import PlannerError
 from autodist.planner.cost.search import SearchRequest
 from autodist.schemas import Strategy, check_plan
@@ -142,23 +143,26 @@ def test_paddleformers_llama_from_its_causal_lm_class():
     assert plan.model.traced_layer == "model" and plan.mesh.dim_names == ["pp", "mp"]
     assert plan.params["model.layers.0.self_attn.k_proj.weight"].placements == ["R", "S(1)"]
     assert plan.params["model.layers.1.mlp.down_proj.weight"].stage == 1
-    assert plan.strategy.schedule == "sequential"  # not a paddle.nn.Sequential: stage hand-offs
+    assert plan.strategy.schedule == "1F1B"  # cut at its blocks, though not a paddle.nn.Sequential
     embedding, head = plan.params["model.embed_tokens.weight"], plan.params["lm_head.weight"]
     assert (embedding.placements, embedding.stage) == (["R", "S(0)"], 0)
     assert head.stage == 1 and head.style == "ColWiseParallelHead"
     assert check_plan(plan) == []
 
 
-def test_tied_paddleformers_llama_keeps_one_weight_and_refuses_pipeline_stages():
+def test_tied_paddleformers_llama_keeps_one_weight_and_copies_it_to_the_last_stage():
     target = f"{MODELS / 'paddleformers_models.py'}:build_llama"
     plan = plan_target(target, ["input_ids:int64:2x8"], SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1),
                        {"target": "llama"}).plan
     embedding = plan.params["model.embed_tokens.weight"]
-    assert (embedding.placements, embedding.tied_to) == (["S(0)"], ["lm_head.weight"])
+    assert (embedding.placements, embedding.tied_to, embedding.tied_stages) == (["S(0)"], ["lm_head.weight"], {})
     assert "lm_head.weight" not in plan.params  # one Parameter, planned once
-    with pytest.raises(PlannerError, match="--pp 2: the embedding and the LM head share one weight"):
-        plan_target(target, ["input_ids:int64:2x8"], SearchRequest(devices_per_node=4, dp=1, mp=2, pp=2),
-                    {"target": "llama"})
+    piped = plan_target(target, ["input_ids:int64:2x8"], SearchRequest(devices_per_node=2, dp=1, mp=1, pp=2),
+                        {"target": "llama"}).plan
+    embedding = piped.params["model.embed_tokens.weight"]
+    assert (embedding.stage, embedding.tied_stages) == (0, {"lm_head.weight": 1})
+    assert piped.strategy.schedule == "1F1B" and check_plan(piped) == []
+    assert any("holds a copy" in note for note in piped.notes)
 
 
 def test_fused_qkv_gets_a_gather_hook_with_one_placement_per_mesh_dim():

@@ -58,7 +58,7 @@ def assert_valid(result, request: SearchRequest, heads: int, blocks: int):
     assert s.dp * s.mp * s.pp == request.world
     assert heads % s.mp == 0 and s.pp <= blocks
     assert setup.global_batch % (s.dp * s.micro_batches) == 0
-    assert s.pp == 1 or (s.micro_batches >= s.pp and s.schedule == "1F1B")
+    assert s.pp == 1 or (s.micro_batches >= s.pp and s.schedule in ("1F1B", "VPP"))
     assert result.best.estimate.memory.total <= request.device.memory_bytes * MEMORY_USABLE
     assert s.sequence_parallel is False or s.mp > 1
     assert s.sharding_stage == 0 or s.dp > 1
@@ -132,21 +132,32 @@ def test_fixed_degrees_constrain_the_search(llama_3b8):
     result = search(llama_3b8, SearchRequest(devices_per_node=8, mp=4, sequence_parallel=True, device=H100))
     for candidate in [result.best, *result.accepted]:
         assert candidate.strategy.mp == 4 and candidate.strategy.sequence_parallel
-    pinned = search(llama_3b8, SearchRequest(devices_per_node=8, dp=2, mp=2, pp=2, micro_batches=1, device=H100))
+    pinned = search(llama_3b8, SearchRequest(devices_per_node=8, dp=2, mp=2, pp=2, micro_batches=4, device=H100))
     best = pinned.best.strategy
-    # The docstring Llama is no paddle.nn.Sequential: the search's default is stage hand-offs.
-    assert (best.dp, best.mp, best.pp, best.micro_batches, best.schedule) == (2, 2, 2, 1, "sequential")
+    # The docstring Llama is cut at its blocks: a pipelining schedule, VPP's smaller bubble winning.
+    assert (best.dp, best.mp, best.pp, best.micro_batches, best.schedule, best.virtual_stages) == (2, 2, 2, 4, "VPP", 2)
 
 
-def test_default_schedule_is_decided_by_the_search_alone(llama_3b8):
-    """1F1B for a chain of stage modules, stage hand-offs otherwise, a named schedule always wins."""
-    request = SearchRequest(devices_per_node=4, dp=1, mp=2, pp=2, device=H100)  # micro-batches searched: sequential takes 1
+def test_default_schedule_is_a_pipelining_one_for_a_model_with_blocks(llama_3b8):
+    """1F1B for any model the applier can cut at its blocks (not only a paddle.nn.Sequential), a
+    named schedule always wins, and sequential only where no pipelining schedule can run."""
+    request = SearchRequest(devices_per_node=4, dp=1, mp=2, pp=2, micro_batches=4, device=H100)
     cost = model_cost(llama_3b8)
-    assert cost.stage_chain is False
-    assert search(cost, request).best.strategy.schedule == "sequential"
-    assert search(dataclasses.replace(cost, stage_chain=True),
-                  request).best.strategy.schedule == "1F1B"
-    assert search(cost, dataclasses.replace(request, schedule="VPP")).best.strategy.schedule == "VPP"
+    assert search(cost, request).best.strategy.schedule in ("1F1B", "VPP")
+    assert search(cost, dataclasses.replace(request, schedule="1F1B")).best.strategy.schedule == "1F1B"
+    assert search(cost, dataclasses.replace(request, micro_batches=1, schedule="sequential")
+                  ).best.strategy.schedule == "sequential"
+
+
+def test_vpp_is_a_candidate_when_the_blocks_fill_two_chunks_per_stage(llama_3b8):
+    """VPP (2 chunks per rank) is priced beside 1F1B; with one block per chunk it is not."""
+    request = SearchRequest(devices_per_node=4, mp=2, pp=2, micro_batches=4, device=H100)
+    result = search(model_cost(llama_3b8), request)
+    priced = {(c.strategy.schedule, c.strategy.virtual_stages) for c in [result.best, *result.accepted]}
+    assert ("1F1B", 1) in priced and ("VPP", 2) in priced
+    three_blocks = dataclasses.replace(model_cost(llama_3b8), blocks=model_cost(llama_3b8).blocks[:3])
+    result = search(three_blocks, request)
+    assert {c.strategy.schedule for c in [result.best, *result.accepted]} == {"1F1B"}
 
 
 @pytest.mark.parametrize(
@@ -171,8 +182,8 @@ def test_micro_batches_below_pp_are_rejected_for_1f1b():
     model, program, graph = traced("gpt")
     analysis = analyze(program, graph, model)
     with pytest.raises(PlannerError) as err:
-        search(analysis, SearchRequest(devices_per_node=2, pp=2, micro_batches=1, schedule="1F1B", device=H100))
-    assert "1 micro-batches < pp=2" in err.value.detail
+        search(analysis, SearchRequest(devices_per_node=2, pp=2, micro_batches=1, device=H100))
+    assert "1F1B needs at least pp=2 micro-batches, got 1" in err.value.detail
     # The sequential schedule does not pipeline micro-batches, so one is fine.
     sequential = search(analysis, SearchRequest(devices_per_node=2, pp=2, micro_batches=1, schedule="sequential"))
     assert sequential.best.strategy.schedule == "sequential"

@@ -104,9 +104,6 @@ class ModelCost:
     #: Elements of a weight both edges use (an LM head tied to the embedding): in ``first`` and
     #: ``last`` alike, because with pp > 1 the first and the last stage each hold it.
     tied_vocab_params: int = 0
-    #: Paddle's 1F1B / VPP schedules run a chain of stage modules, which apply_plan can cut only
-    #: out of a ``paddle.nn.Sequential``; any other model pipelines by stage hand-offs.
-    stage_chain: bool = True
     notes: tuple[str, ...] = ()
 
     @property

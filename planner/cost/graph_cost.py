@@ -297,7 +297,7 @@ def model_cost(analysis: ModelAnalysis) -> ModelCost:
     return ModelCost(blocks=tuple(blocks), hidden_size=int(blocks[0].output_per_token) if blocks else 0,
                      vocab_size=analysis.vocab_size, first=first, last=last, tied_vocab_params=tied,
                      traced_batch=batch, traced_seq=analysis.seq_len if analysis.seq_len > 0 else seq,
-                     stage_chain=analysis.sequential, notes=tuple(notes))
+                     notes=tuple(notes))
 
 
 def _roles(linears) -> Roles:

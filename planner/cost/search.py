@@ -29,11 +29,13 @@ from autodist.planner.cost.step_time import (
     Breakdown,
     Implicit,
     Setup,
+    VPP_CHUNKS,
     StageTable,
     estimate,
 )
 from autodist.planner.errors import PlannerError
 from autodist.schemas import Candidate, DeviceProfile, Rejected, Strategy
+from autodist.schemas.schedules import PIPELINING_SCHEDULES, block_stages, schedule_problems
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
@@ -120,7 +122,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         closest: tuple[float, Strategy, str] | None = None
         feasible_before = len(scored)
         for strategy in _variants(cost, setup, request, dp, mp, pp):
-            problem = _variant_problem(setup, request, strategy)
+            problem = _variant_problem(setup, request, strategy, len(cost.blocks), bool(cost.tied_vocab_params))
             if problem:
                 closest = closest or (math.inf, strategy, problem)
                 continue
@@ -277,13 +279,8 @@ def degree_problem(cost: ModelCost, axis: str, degree: int, label: str) -> str:
             for what, size in (("attention heads", heads), ("KV heads", kv_heads), ("intermediate size", intermediate)):
                 if size and size % degree:
                     return f"{label} does not divide the {size} {what} of {layer}"
-    if axis == "pp":
-        if degree > len(blocks):
-            return f"{label} is more than the {len(blocks)} blocks of the model (each stage needs at least one block)"
-        if cost.tied_vocab_params:
-            return (f"{label}: the embedding and the LM head share one weight, which would be needed on both the "
-                    "first and the last stage; apply_plan cannot split a tied weight across pipeline stages; "
-                    "untie them (e.g. tie_word_embeddings=False) or plan without pp")
+    if axis == "pp" and degree > len(blocks):
+        return f"{label} is more than the {len(blocks)} blocks of the model (each stage needs at least one block)"
     return ""
 
 
@@ -300,12 +297,6 @@ def check_fixed_degrees(cost: ModelCost, request: SearchRequest) -> None:
             raise PlannerError(problem)
 
 
-def default_schedule(cost: ModelCost) -> str:
-    """The pipeline schedule when the user names none: 1F1B when the model is a chain of stage
-    modules Paddle's schedules can run (see :attr:`ModelCost.stage_chain`), else stage hand-offs."""
-    return "1F1B" if cost.stage_chain else "sequential"
-
-
 def _variants(cost: ModelCost, setup: Setup, request: SearchRequest, dp: int, mp: int, pp: int) -> Iterator[Strategy]:
     sps = [False, True] if mp > 1 else [False]
     if request.sequence_parallel is not None:
@@ -320,15 +311,34 @@ def _variants(cost: ModelCost, setup: Setup, request: SearchRequest, dp: int, mp
         counts = [max(1, per_rank // request.micro_batch_size)]
     else:
         counts = _divisors(per_rank)
-    schedule = "none" if pp == 1 else (request.schedule or default_schedule(cost))
     for sp in sps:
         for stage in stages:
             for m in counts:
-                yield Strategy(dp=dp, mp=mp, pp=pp, sequence_parallel=sp, sharding_stage=stage,
-                               micro_batches=m, schedule=schedule, recompute=setup.recompute)
+                for schedule, virtual in _schedules(request, len(cost.blocks), pp, m):
+                    yield Strategy(dp=dp, mp=mp, pp=pp, sequence_parallel=sp, sharding_stage=stage,
+                                   micro_batches=m, schedule=schedule, virtual_stages=virtual,
+                                   recompute=setup.recompute)
 
 
-def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy) -> str:
+def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list[tuple[str, int]]:
+    """``(schedule, virtual stages)`` to price: the one asked for; else every pipelining schedule
+    the applier can run for ``num_blocks`` blocks and ``m`` micro-batches (schemas/schedules.py),
+    and ``sequential`` only for a model the pipelining schedules cannot cut at all."""
+    if pp == 1:
+        return [("none", 1)]
+    chunks = {"1F1B": 1, "VPP": VPP_CHUNKS, "sequential": 1}
+    if request.schedule is not None:
+        return [(request.schedule, chunks[request.schedule])]
+    runnable = [(name, chunks[name]) for name in PIPELINING_SCHEDULES
+                if not schedule_problems(name, pp, m, block_stages(num_blocks, pp, chunks[name]))]
+    if runnable:
+        return runnable
+    # 1F1B at enough micro-batches runs any model with pp blocks; price it, to say why not.
+    splittable = not schedule_problems("1F1B", pp, pp, block_stages(num_blocks, pp))
+    return [("1F1B", 1)] if splittable else [("sequential", 1)]
+
+
+def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, num_blocks: int, tied: bool) -> str:
     """Why one variant of a feasible mesh cannot work (before pricing it), or ''."""
     per_rank = setup.global_batch // strategy.dp
     if per_rank % strategy.micro_batches:
@@ -336,11 +346,16 @@ def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy) -
     if request.micro_batch_size is not None and per_rank != strategy.micro_batches * request.micro_batch_size:
         return (f"global batch {setup.global_batch} is not dp={strategy.dp} x micro-batch size "
                 f"{request.micro_batch_size} x micro-batches")
+ 
     if strategy.schedule == "sequential" and strategy.micro_batches > 1:
         return "apply_plan accumulates micro-batches only without a pipeline; the sequential schedule takes 1"
-    if strategy.schedule in ("1F1B", "VPP") and strategy.micro_batches < strategy.pp:
-        return (f"{strategy.micro_batches} micro-batches < pp={strategy.pp}: stages would idle "
-                f"({strategy.schedule} needs at least pp micro-batches)")
+    stages = block_stages(num_blocks, strategy.pp, strategy.virtual_stages)
+    problems = schedule_problems(strategy.schedule, strategy.pp, strategy.micro_batches, stages)
+    if problems:
+        return "; ".join(problems)
+    if strategy.schedule == "sequential" and tied:
+        return ("the embedding and the LM head share one weight: across stages only 1F1B or VPP keep its "
+                "two copies equal (sequential does not)")
     return ""
 
 
@@ -353,7 +368,7 @@ def _rank_key(strategy: Strategy, breakdown: Breakdown) -> tuple:
     accumulation = strategy.micro_batches if strategy.schedule in ("none", "sequential") else 0
     return (float(f"{est.step_time_s:.6g}"), breakdown.comm_bytes, accumulation, est.memory.total,
             strategy.pp, strategy.mp, strategy.dp, strategy.sharding_stage, strategy.sequence_parallel,
-            strategy.micro_batches)
+            strategy.micro_batches, strategy.virtual_stages, strategy.schedule)
 
 
 # -- messages --------------------------------------------------------------------------------------
@@ -386,7 +401,7 @@ def _nothing_fits(setup: Setup, rejected: list[Rejected], memory_misses: list[tu
 
 def _strategy_order(strategy: Strategy) -> tuple:
     return (strategy.pp, strategy.mp, strategy.dp, strategy.sharding_stage, strategy.sequence_parallel,
-            strategy.micro_batches)
+            strategy.micro_batches, strategy.virtual_stages, strategy.schedule)
 
 
 def describe(strategy: Strategy) -> str:
@@ -402,7 +417,7 @@ def describe(strategy: Strategy) -> str:
         parts.append(f"zero{strategy.sharding_stage}")
     parts.append(f"m{strategy.micro_batches}")
     if strategy.pp > 1 and strategy.schedule != "none":
-        parts.append(strategy.schedule)
+        parts.append(strategy.schedule + (f" v{strategy.virtual_stages}" if strategy.virtual_stages > 1 else ""))
     return " ".join(parts)
 
 

@@ -12,7 +12,7 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   Paddle has no compute/communication overlap for them that a plan could ask for;
 - pipeline: a send of the block output forward and of its gradient backward per stage boundary,
   exposed. 1F1B takes (m + pp - 1) slots of the slowest stage, a bubble of (pp - 1)/m;
-  VPP (interleaved 1F1B, ``VPP_CHUNKS`` model chunks per rank) shrinks the bubble to
+  VPP (interleaved 1F1B, ``strategy.virtual_stages`` = v model chunks per rank) shrinks the bubble to
   (pp - 1)/(v m) and makes v times as many hand-offs (Narayanan et al., "Efficient Large-Scale
   Language Model Training on GPU Clusters Using Megatron-LM", SC 2021, sec. 2.2.2);
   ``sequential`` runs stages one after another, no overlap at all;
@@ -63,7 +63,7 @@ from autodist.planner.cost.memory import DTYPE_BYTES, StateBytes, model_state_by
 #: Fraction of peak FLOP/s that transformer training sustains on large matmuls: Megatron-LM
 #: reaches 41-52 % of peak end to end on A100 (Narayanan et al., SC 2021, table 1).
 MATMUL_EFFICIENCY = 0.5
-#: Model chunks per rank under VPP: what the applier's interleaved schedule runs (issue #13).
+#: Model chunks per rank the search tries for VPP (the plan's ``virtual_stages``; issue #13).
 VPP_CHUNKS = 2
 #: Part of device memory a plan may use: the rest is CUDA context, allocator fragmentation and
 #: kernel workspaces.
@@ -306,7 +306,8 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     if strategy.schedule == "VPP" and stop > start:
         # Each rank hands each of its chunks on (the last rank wraps around to the first, except
         # after the model's last chunk): v hand-offs each way, v - 1 on the last rank.
-        sends = VPP_CHUNKS if k < pp - 1 else VPP_CHUNKS - 1
+        v = strategy.virtual_stages
+        sends = v if k < pp - 1 else v - 1
         handoff = ctx.cost.blocks[stop - 1].output_per_token * tokens * width / ctx.act_div
         one = p2p_time(handoff, ctx.link(pp, mp * strategy.dp))
         p2p_s, p2p_bytes = 2 * sends * one, 2 * sends * handoff
@@ -344,7 +345,7 @@ def _pipeline_time(strategy: Strategy, stage_times: list[float]) -> tuple[float,
     if strategy.schedule == "sequential":
         total = m * sum(stage_times)
     else:
-        chunks = VPP_CHUNKS if strategy.schedule == "VPP" else 1
+        chunks = strategy.virtual_stages if strategy.schedule == "VPP" else 1
         total = (m + (pp - 1) / chunks) * slowest  # bubble (pp - 1) / (v m) of the ideal
     return total, total - m * slowest
 

@@ -72,8 +72,6 @@ class ModelAnalysis:
     param_fingerprint: str
     graph_fingerprint: str
     recognised: list[RecognisedBlock] = field(default_factory=list, repr=False)
-    #: The model is a ``paddle.nn.Sequential``: a chain of stage modules Paddle's 1F1B / VPP run.
-    sequential: bool = False
 
 
 def analyze(traced: TracedProgram, graph: nx.DiGraph, model: paddle.nn.Layer,
@@ -122,7 +120,6 @@ def analyze(traced: TracedProgram, graph: nx.DiGraph, model: paddle.nn.Layer,
         param_fingerprint=schemas.parameter_fingerprint(params),
         graph_fingerprint=graph_fingerprint(graph),
         recognised=recognised,
-        sequential=isinstance(model, paddle.nn.Sequential),
     )
 
 

@@ -40,11 +40,15 @@ class Config:
     sequence_parallel: bool = False
     sharding_stage: int = 0
     reshard: str = "paddle"
+    #: For pp > 1 (planner plans): the schedule, and the P2P of the run ("blocking": the
+    #: TEST-ONLY CPU stand-in, see harness.cpu_substitutes).
+    schedule: str | None = None
+    p2p: str = "paddle"
     #: "hand": :func:`harness.plans.tensor_parallel_plan`; "planner": ``autodist-plan`` with
     #: these degrees fixed (its placements and hooks are then the ones under test).
     plan_source: str = "hand"
-    #: Gradient-accumulation steps per optimizer step (the plan's ``micro_batches``), and the
-    #: samples per optimizer step.
+    #: Micro-batches per optimizer step (the plan's ``micro_batches``: gradient-accumulation
+    #: steps, or with pp the pipeline's micro-batches), and the samples per optimizer step.
     micro_batches: int = 1
     batch: int = BATCH
     #: Activation recompute (planner plans only): "none", "selective" or "full".
@@ -61,6 +65,7 @@ class Config:
         parts += ["sp"] * self.sequence_parallel + [f"zero{self.sharding_stage}"] * bool(self.sharding_stage)
         parts += [f"m{self.micro_batches}"] * (self.micro_batches > 1) + [f"batch{self.batch}"] * (self.batch != BATCH)
         parts += [f"recompute_{self.recompute}"] * (self.recompute != "none")
+        parts += [self.schedule] if self.schedule else []
         parts += [self.optimizer] + ["via_replicate"] * (self.reshard == "via_replicate")
         return "_".join(parts)
 
@@ -71,7 +76,7 @@ class Config:
             "--sequence-parallel" if self.sequence_parallel else "--no-sequence-parallel",
             f"--micro-batches={self.micro_batches}", f"--global-batch-size={self.batch}",
             f"--recompute={self.recompute}",
-        ]  # fmt: skip
+        ] + [f"--schedule={self.schedule}"] * bool(self.schedule)  # fmt: skip
 
     def hand_written_plan(self, model, nodes: int = 1) -> Plan:
         return tensor_parallel_plan(
@@ -118,7 +123,7 @@ def train_configurations(
                 else:
                     plan = write_plan(config.hand_written_plan(model, nodes), workdir / f"plan_{config.name}.json")
                 runs.append(TrainRun(config.name, workload, optimizer=config.optimizer, plan=plan, reshard=config.reshard,
-                                     batch=config.batch))
+                                     batch=config.batch, p2p=config.p2p))
             outputs = train_distributed(runs, world, workdir / f"world{world}", nodes=nodes, backend=backend)
             for run in runs:
                 trained[run.name] = Trained(run, load_plan(run.plan), outputs[run.name])
@@ -128,6 +133,24 @@ def train_configurations(
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def train_planned(cases: list[tuple[str, Config]], workdir: Path, backend: str = "gloo") -> dict[str, Trained]:
+    """Plan every ``(workload, config)`` with ``autodist-plan`` (all planners at once), then
+    train them all in one job of their common world size; keyed by workload."""
+    worlds = {config.world for _, config in cases}
+    assert len(worlds) == 1, f"one job needs one world size, got {sorted(worlds)}"
+    planning = {w: start_planner(WORKLOADS[w], c.planner_arguments(), workdir / f"plan_{w}.json") for w, c in cases}
+    try:
+        runs = {w: TrainRun(f"{w}_{c.name}", w, optimizer=c.optimizer, plan=finish_planner(planning[w]),
+                            reshard=c.reshard, batch=c.batch, p2p=c.p2p) for w, c in cases}
+    finally:
+        for process, _ in planning.values():  # a failed planner leaves no other running
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    outputs = train_distributed(list(runs.values()), worlds.pop(), workdir / "job", backend=backend)
+    return {w: Trained(run, load_plan(run.plan), outputs[run.name]) for w, run in runs.items()}
 
 
 def start_planner(workload: Workload, arguments: list[str], path: Path) -> tuple[subprocess.Popen, Path]:

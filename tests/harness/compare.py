@@ -33,7 +33,8 @@ def differences(reference: dict, rank_output: dict, loss_rtol: float = LOSS_RTOL
     stale = sorted(set(rank_output["unchanged_by_training"]) - set(reference["unchanged_by_training"]))
     if stale:
         problems.append(f"rank {rank}: training never changed {stale} (the single-device run did: stale optimizer?)")
-    missing = sorted(set(reference["params"]) - set(rank_output["params"]))
+    # A pipeline rank reports its own stage's parameters; assert_same_training checks the union.
+    missing = [] if rank_output.get("stage_params_only") else sorted(set(reference["params"]) - set(rank_output["params"]))
     extra = sorted(set(rank_output["params"]) - set(reference["params"]))
     if missing or extra:
         problems.append(f"rank {rank}: parameter names differ: missing {missing}, unexpected {extra}")
@@ -51,6 +52,9 @@ def differences(reference: dict, rank_output: dict, loss_rtol: float = LOSS_RTOL
 def assert_same_training(name: str, reference: dict, rank_outputs: list[dict]) -> None:
     """AssertionError listing every difference of every rank from the reference run."""
     problems = [line for output in rank_outputs for line in differences(reference, output)]
+    unheld = sorted(set(reference["params"]).difference(*(output["params"] for output in rank_outputs)))
+    if unheld:
+        problems.append(f"no rank reported {unheld}")
     if problems:
         shown = "\n  ".join(problems[:40])
         more = f"\n  ... and {len(problems) - 40} more" if len(problems) > 40 else ""
@@ -81,6 +85,8 @@ def layout_differences(plan, rank_output: dict) -> list[str]:
     rank, problems = rank_output["rank"], []
     for fqn, planned in sorted(plan.params.items()):
         got = rank_output["layout"].get(fqn)
+        if got is None and rank_output.get("stage_params_only"):
+            continue  # another stage's parameter
         if got is None or got["placements"] is None:
             problems.append(f"rank {rank}: {fqn} is not a distributed tensor")
             continue

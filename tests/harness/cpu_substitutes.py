@@ -1,5 +1,8 @@
 """TEST-ONLY stand-ins for collectives Paddle 3.3.1's CPU wheel does not have.
 
+Two of them: :func:`everywhere` (reshards through Replicate) and :func:`blocking_p2p` (the
+pipeline schedules' batched P2P as blocking send/recv).
+
 On CPU (gloo), ``dist.reshard`` from Partial to Shard needs ``reduce_scatter`` and from
 Shard(i) to Shard(j) needs ``all_to_all``; both kernels throw ``Unimplemented``
 (docs/paddle-notes.md, "Collectives on the CPU wheel"). :func:`reshard_via_replicate` takes a detour through Replicate instead:
@@ -54,3 +57,41 @@ def everywhere():
         yield reshard_via_replicate
     finally:
         dist.reshard = auto_parallel_api.reshard = _paddle_reshard
+
+
+def blocking_isend_irecv(ops):
+    """``dist.batch_isend_irecv(ops)`` as blocking ``send``/``recv`` calls (TEST-ONLY).
+
+    gloo times out on Paddle's batched P2P when both directions are in flight
+    (docs/paddle-notes.md, "Collectives on the CPU wheel"). Here each op of the batch runs to
+    completion in turn, the lower rank of a pair sending first, so two ranks never wait on
+    each other's receive. The values are the same; only the overlap of sends and receives is
+    lost."""
+    me = dist.get_rank()
+
+    def sends_first(op):
+        return (op.op in (dist.isend, dist.send)) == (me < op.peer)
+
+    for op in sorted(ops, key=lambda op: not sends_first(op)):
+        if op.op in (dist.isend, dist.send):
+            dist.send(op.tensor, op.peer, op.group, sync_op=True)
+        else:
+            dist.recv(op.tensor, op.peer, op.group, sync_op=True)
+    return [_Done()]
+
+
+class _Done:
+    def wait(self):
+        return True
+
+
+@contextmanager
+def blocking_p2p():
+    """While active, Paddle's pipelining schedules exchange activations and gradients through
+    :func:`blocking_isend_irecv` (TEST-ONLY; the harness wraps one pipeline run in it)."""
+    saved = dist.batch_isend_irecv
+    dist.batch_isend_irecv = blocking_isend_irecv
+    try:
+        yield
+    finally:
+        dist.batch_isend_irecv = saved

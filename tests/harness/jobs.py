@@ -17,6 +17,7 @@ from pathlib import Path
 METHODS = ("single", "autodist", "to_distributed")
 RESHARDS = ("paddle", "via_replicate")
 SAVE_FAULTS = ("kill", "no_space")
+P2PS = ("paddle", "blocking")
 
 
 @dataclass(frozen=True)
@@ -45,11 +46,15 @@ class TrainRun:
     #: save: "kill" (SIGKILL itself, as a killed job) or "no_space" (the write fails, ENOSPC).
     save_fault: str | None = None
     save_fault_rank: int = 0
+    #: "paddle": the pipeline schedules' own ``batch_isend_irecv``. "blocking": the TEST-ONLY
+    #: CPU stand-in :func:`harness.cpu_substitutes.blocking_p2p` (gloo times out on Paddle's).
+    p2p: str = "paddle"
 
     def __post_init__(self):
         # A typo in a test's configuration fails here, not later inside every rank.
-        if self.method not in METHODS or self.reshard not in RESHARDS:
-            raise ValueError(f"{self.name}: method must be one of {METHODS}, reshard one of {RESHARDS}")
+        if self.method not in METHODS or self.reshard not in RESHARDS or self.p2p not in P2PS:
+            raise ValueError(f"{self.name}: method must be one of {METHODS}, reshard one of {RESHARDS}, "
+                             f"p2p one of {P2PS}")
         if (self.method == "autodist") != (self.plan is not None):
             raise ValueError(f"{self.name}: a plan is needed by method 'autodist' and only by it")
         if (self.first_step > 0) != (self.load_checkpoint is not None):

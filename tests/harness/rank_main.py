@@ -29,7 +29,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from harness.cpu_substitutes import everywhere, reshard_via_replicate
+from harness.cpu_substitutes import blocking_p2p, everywhere, reshard_via_replicate
 from harness.jobs import BadPlanCase, Job, TrainRun, output_path
 from harness.workloads import BATCH, SEQ, WORKLOADS, make_loader, make_optimizer, to_numpy, train
 
@@ -45,7 +45,8 @@ def distribute(run: TrainRun, model, optimizer, loader, world: int):
         from autodist import apply_plan
 
         reshard_fn = reshard_via_replicate if run.reshard == "via_replicate" else None
-        model, optimizer, loader = apply_plan(model, optimizer, loader, run.plan, reshard_fn=reshard_fn)
+        loss_fn = WORKLOADS[run.workload].pipeline_loss(model)  # used by 1F1B / VPP plans only
+        model, optimizer, loader = apply_plan(model, optimizer, loader, run.plan, reshard_fn=reshard_fn, loss_fn=loss_fn)
     elif run.method == "to_distributed":
         from paddle.distributed.auto_parallel.high_level_api import ToDistributedConfig
 
@@ -78,15 +79,19 @@ def optimizer_state_layout(optimizer) -> dict:
 
 
 def run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
-    # TEST-ONLY CPU stand-in for the reshards gloo lacks, for this run only (cpu_substitutes.py).
+    # TEST-ONLY CPU stand-ins for the reshards and P2P gloo lacks, for this run only (cpu_substitutes.py).
     with everywhere() if run.reshard == "via_replicate" else nullcontext():
-        _run_training(run, rank, world, out_dir)
+        with blocking_p2p() if run.p2p == "blocking" else nullcontext():
+            _run_training(run, rank, world, out_dir)
 
 
 def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
+    from autodist.applier.pipeline import PipelineModel
+
     workload = WORKLOADS[run.workload]
     # A resumed run starts from other weights: only the checkpoint can make them right.
     model = workload.build(run.seed + 1 if run.load_checkpoint else run.seed)
+    whole = model
     optimizer, schedule = make_optimizer(run.optimizer, model.parameters())
     loader = make_loader(workload, run.steps, run.seed, first_step=run.first_step, batch=run.batch)
     model, optimizer, loader, apply_seconds = distribute(run, model, optimizer, loader, world)
@@ -96,9 +101,14 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
         step = load_checkpoint(model, optimizer, run.load_checkpoint).step
         if step != run.first_step:
             raise AssertionError(f"{run.name}: the checkpoint was saved at step {step}, the run starts at {run.first_step}")
-    before = {fqn: to_numpy(p) for fqn, p in model.named_parameters()}
-    losses = train(workload, model, optimizer, schedule, loader, run.steps)
-    after = {fqn: to_numpy(p) for fqn, p in model.named_parameters()}
+    pipelined = isinstance(model, PipelineModel)
+    held = stage_parameters(whole, run.plan) if pipelined else dict(model.named_parameters())
+    before = {fqn: to_numpy(p) for fqn, p in held.items()}
+    if pipelined:
+        losses = train_pipeline(model, optimizer, schedule, loader, run.steps)
+    else:
+        losses = train(workload, model, optimizer, schedule, loader, run.steps)
+    after = {fqn: to_numpy(p) for fqn, p in held.items()}
     if run.save_checkpoint:
         from autodist import save_checkpoint
 
@@ -106,6 +116,7 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
             break_the_save_half_way(run.save_fault)
         save_checkpoint(model, optimizer, run.save_checkpoint, step=run.first_step + run.steps)
     result = {
+        "stage_params_only": pipelined,
         "run": run.name,
         "rank": rank,
         "world": world,
@@ -116,7 +127,7 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
         "params": {fqn: value.tolist() for fqn, value in after.items()},
         # Parameters training never changed: the stale-optimizer bug leaves sharded ones here.
         "unchanged_by_training": sorted(fqn for fqn in after if np.array_equal(after[fqn], before[fqn])),
-        "layout": {fqn: layout(p) for fqn, p in model.named_parameters()},
+        "layout": {fqn: layout(p) for fqn, p in held.items()},
         "optimizer_states": optimizer_state_layout(optimizer),
     }
     output_path(out_dir, run.name, rank).write_text(json.dumps(result))
@@ -141,6 +152,42 @@ def break_the_save_half_way(fault: str) -> None:
 
     checkpoint._write_pieces = half_then_break
 
+
+def stage_parameters(model, plan_path: str) -> dict:
+    """The parameters this rank holds in a pipelined model, under their planned names (a tied
+    name's own copy on this stage reported under the name the plan keys it by)."""
+    from autodist.schemas import load_plan
+
+    plan = load_plan(plan_path)
+    planned_name = {alias: fqn for fqn, p in plan.params.items() for alias in p.tied_to}
+    me = dist.get_rank()
+    held = {}
+    for prefix, layer in model.named_sublayers(include_self=True):
+        for key, param in layer._parameters.items():
+            fqn = f"{prefix}.{key}" if prefix else key
+            if param is not None and me in param.process_mesh.process_ids:
+                held[planned_name.get(fqn, fqn)] = param
+    return held
+
+
+def train_pipeline(model, optimizer, schedule, loader, steps: int) -> list[float]:
+    """``model.step`` per batch; each step's loss is the mean of the last stage's micro-batch
+    losses, shared with every rank (summed over the world, the other stages adding 0, and
+    divided by the number of last-stage ranks, which hold equal parts of the batch)."""
+    losses = []
+    for step, (inputs, labels) in enumerate(loader):
+        if step == steps:
+            break
+        micro = model.step(inputs, target=labels)
+        optimizer.step()
+        optimizer.clear_grad()
+        if schedule is not None:
+            schedule.step()
+        mine = float(np.mean([m._local_value().numpy() for m in micro])) if micro else 0.0
+        total = paddle.to_tensor([mine, float(bool(micro))], dtype="float64")
+        dist.all_reduce(total)
+        losses.append(float(total[0] / total[1]))
+    return losses
 
 def run_bad_plan(case: BadPlanCase, rank: int, let_escape: bool) -> dict:
     from autodist import PlanError, apply_plan

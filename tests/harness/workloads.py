@@ -40,6 +40,10 @@ class Workload:
     #: ``autodist-plan`` TARGET that builds the same model, and the environment it needs.
     planner_target: str
     planner_env: dict[str, str]
+    #: ``pipeline_loss(model)`` is the ``loss_fn(logits, labels)`` a user passes to apply_plan
+    #: for a pipeline schedule (which computes the loss from the first tensor the model
+    #: returns): the same formula as the model's own loss.
+    pipeline_loss: Callable[[paddle.nn.Layer], Callable[[paddle.Tensor, paddle.Tensor], paddle.Tensor]]
 
     def build(self, seed: int) -> paddle.nn.Layer:
         paddle.seed(seed)
@@ -56,9 +60,25 @@ def load_model_file(relpath: str, name: str):
     return sys.modules[name]
 
 
-def _build_docstring_llama() -> paddle.nn.Layer:
-    mod = load_model_file("plans/llama_docstring/model.py", "llama_docstring_model")
-    return mod.build_model(**DOCSTRING_LLAMA_CONFIG)
+def _docstring_llama(num_layers: int) -> Workload:
+    """The docstring Llama with ``num_layers`` decoder layers."""
+    config = {**DOCSTRING_LLAMA_CONFIG, "num_layers": num_layers}
+
+    def build() -> paddle.nn.Layer:
+        mod = load_model_file("plans/llama_docstring/model.py", "llama_docstring_model")
+        return mod.build_model(**config)
+
+    return Workload(
+        name="docstring_llama" if num_layers == 2 else f"docstring_llama_{num_layers}_layers",
+        vocab_size=config["vocab_size"],
+        build_unseeded=build,
+        # forward(input_ids, position_ids=None, attention_mask=None, labels=None) -> (loss, logits)
+        loss=lambda model, inputs, labels: model(inputs, labels=labels)[0],
+        planner_target="plans/llama_docstring/model.py",
+        # The model file reads its sizes from LLAMA_DOCSTRING_<FIELD> (LlamaConfig.from_env).
+        planner_env={f"LLAMA_DOCSTRING_{k.upper()}": str(v) for k, v in config.items()},
+        pipeline_loss=lambda model: _docstring_llama_loss,
+    )
 
 
 def _build_paddleformers_llama() -> paddle.nn.Layer:
@@ -67,32 +87,32 @@ def _build_paddleformers_llama() -> paddle.nn.Layer:
     return build_llama()
 
 
+def _build_untied_paddleformers_llama() -> paddle.nn.Layer:
+    from models.paddleformers_models import build_untied_llama
+
+    return build_untied_llama()
+
+
+def _build_gpt() -> paddle.nn.Layer:
+    from models.gpt import build_model
+
+    return build_model()
+
+
+def _gpt_loss(logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
+    """Mean token cross-entropy, as nanoGPT computes it."""
+    return paddle.nn.functional.cross_entropy(logits, labels.unsqueeze(-1))
+
+
 #: The docstring Llama of ``paddle.distributed.to_distributed`` at tiny sizes (2 layers).
 DOCSTRING_LLAMA_CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4, num_layers=2, seq_length=SEQ)
 
 WORKLOADS = {
     w.name: w
     for w in [
-        Workload(
-            name="docstring_llama",
-            vocab_size=DOCSTRING_LLAMA_CONFIG["vocab_size"],
-            build_unseeded=_build_docstring_llama,
-            # forward(input_ids, position_ids=None, attention_mask=None, labels=None) -> (loss, logits)
-            loss=lambda model, inputs, labels: model(inputs, labels=labels)[0],
-            planner_target="plans/llama_docstring/model.py",
-            # The model file reads its sizes from LLAMA_DOCSTRING_<FIELD> (LlamaConfig.from_env).
-            planner_env={f"LLAMA_DOCSTRING_{k.upper()}": str(v) for k, v in DOCSTRING_LLAMA_CONFIG.items()},
-        ),
-        Workload(  # the same model one layer deeper: "a model of another size" on one rank
-            name="docstring_llama_3_layers",
-            vocab_size=DOCSTRING_LLAMA_CONFIG["vocab_size"],
-            build_unseeded=lambda: load_model_file("plans/llama_docstring/model.py", "llama_docstring_model").build_model(
-                **{**DOCSTRING_LLAMA_CONFIG, "num_layers": 3}
-            ),
-            loss=lambda model, inputs, labels: model(inputs, labels=labels)[0],
-            planner_target="plans/llama_docstring/model.py",
-            planner_env={f"LLAMA_DOCSTRING_{k.upper()}": str(v) for k, v in {**DOCSTRING_LLAMA_CONFIG, "num_layers": 3}.items()},
-        ),
+        _docstring_llama(num_layers=2),
+        _docstring_llama(num_layers=3),  # "a model of another size" on one rank
+        _docstring_llama(num_layers=4),  # VPP: two chunks on each of two stages
         Workload(
             name="paddleformers_llama",
             vocab_size=64,
@@ -101,9 +121,37 @@ WORKLOADS = {
             loss=lambda model, inputs, labels: model(input_ids=inputs, labels=labels)[0],
             planner_target="tests/models/paddleformers_models.py:build_llama",
             planner_env={},
+            pipeline_loss=lambda model: lambda logits, labels: model.criterion(logits, labels)[0],
+        ),
+        Workload(
+            name="paddleformers_llama_untied",
+            vocab_size=64,
+            build_unseeded=_build_untied_paddleformers_llama,
+            loss=lambda model, inputs, labels: model(input_ids=inputs, labels=labels)[0],
+            planner_target="tests/models/paddleformers_models.py:build_untied_llama",
+            planner_env={},
+            pipeline_loss=lambda model: lambda logits, labels: model.criterion(logits, labels)[0],
+        ),
+        Workload(
+            name="gpt",
+            vocab_size=64,
+            build_unseeded=_build_gpt,
+            # forward(input_ids) -> logits
+            loss=lambda model, inputs, labels: _gpt_loss(model(inputs), labels),
+            planner_target="tests/models/gpt.py",
+            planner_env={},
+            pipeline_loss=lambda model: _gpt_loss,
         ),
     ]
 }
+
+
+def _docstring_llama_loss(logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
+    """The docstring Llama's own loss (plans/llama_docstring/model.py): token cross-entropy
+    averaged over the tokens whose loss is positive."""
+    per_token = paddle.nn.functional.cross_entropy(logits.astype("float32"), labels.unsqueeze(2), reduction="none")
+    counted = paddle.where(per_token > 0, paddle.ones_like(per_token), paddle.zeros_like(per_token))
+    return paddle.sum(per_token * counted) / paddle.sum(counted)
 
 
 class TokenDataset(paddle.io.Dataset):
