@@ -268,6 +268,36 @@ def test_vpp_needs_stages_that_cycle():
     assert "VPP needs the units' stages to cycle 0..1 at least twice, got chunks [0, 1]" in str(err)
 
 
+class PositionsOnTheRoot(paddle.nn.Layer):
+    """ViT-style: a learned position table held by the model itself, used before the blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = self.create_parameter([4, 8])
+        self.blocks = paddle.nn.LayerList([paddle.nn.Linear(8, 8) for _ in range(2)])
+
+    def forward(self, x):
+        x = x + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_parameter_the_later_stages_cannot_skip_is_named():
+    """Later stages skip what runs before the first block by stubbing the layer holding it; a
+    parameter on the model itself (the layer that runs the blocks) cannot be skipped."""
+    from autodist.schemas import Block
+
+    model = PositionsOnTheRoot()
+    plan = pipeline_plan(model, {"pos": 0, "blocks": 1}, "1F1B")
+    plan.params = {fqn: msgspec.structs.replace(p, stage=1 if fqn.startswith("blocks.1.") else 0)
+                   for fqn, p in plan.params.items()}
+    plan.blocks = [Block(layer=f"blocks.{i}", kind="linear", stage=i) for i in range(2)]
+    err = rejected(model, None, None, plan, loss_fn=paddle.mean)
+    assert '$.params["pos"]: runs before the first block but is held by a layer that also holds blocks' in str(err)
+    assert "$.strategy.schedule" not in str(err)  # the blocks themselves can be cut
+
+
 def test_plan_file_is_named_in_the_error(setup, tmp_path):
     model, optimizer, loader = setup
     path = write_plan(tensor_parallel_plan(model, dp=4), tmp_path / "plan.json")
