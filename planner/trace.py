@@ -20,9 +20,11 @@ Example::
 from __future__ import annotations
 
 import math
+import traceback
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import paddle
 
@@ -37,6 +39,8 @@ class TracedProgram:
     traced_layer: str  # FQN of the traced sub-layer, "" for the whole model
     param_fqns: dict[str, str]  # Parameter.name ("linear_0.w_0") -> FQN in the user's model
     untraced_layers: list[str] = field(default_factory=list)  # top-level children outside the traced one
+    #: Why the whole model was not traced (a known tracing limit), "" when it was.
+    fallback_reason: str = ""
 
 
 def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
@@ -76,14 +80,22 @@ def _trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
     param_fqns = {p.name: fqn for fqn, p in model.named_parameters()}
     try:
         return _trace_layer(model, "", input_specs, param_fqns, untraced=[])
-    except Exception as whole_error:  # noqa: BLE001 -- any dy2static failure: try a child instead
+    except Exception as whole_error:  # noqa: BLE001 -- sorted out just below
         failure = whole_error
+    if not is_tracing_limit(failure):  # the forward itself raised: that is the user's to fix
+        raise PlannerError(
+            f"{type(model).__name__}.forward raised {_last_line(failure)} while being traced with the input "
+            "specs given; fix the forward or the input specs (--input-spec)",
+            detail=str(failure).strip(),
+        )
     for name, child in _children_by_size(model):
         others = [n for n, c in model.named_children() if n != name and _num_params(c) > 0]
         try:
-            return _trace_layer(child, name, input_specs, param_fqns, untraced=others)
+            traced = _trace_layer(child, name, input_specs, param_fqns, untraced=others)
         except Exception:  # noqa: BLE001 -- this child does not trace either; try the next one
             continue
+        traced.fallback_reason = _last_line(failure)
+        return traced
     raise PlannerError(
         f"{type(model).__name__}.forward does not trace with paddle.jit.to_static(full_graph=True) "
         f"({_last_line(failure)}), and no sub-layer holding most of its parameters does either",
@@ -92,6 +104,25 @@ def _trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
 
 
 # -- internals ---------------------------------------------------------------------------------------
+
+
+def is_tracing_limit(error: BaseException) -> bool:
+    """Whether ``error`` is a limit of Paddle's tracer rather than the forward raising: a
+    ``RecursionError`` (dy2static's AST transformer on a deep model, e.g. PaddleFormers
+    ``LlamaForCausalLM``; docs/paddle-notes.md, "Tracing") or an error whose innermost frame is
+    inside Paddle. dy2static keeps the original traceback on the error (``ERROR_DATA``); a
+    ``raise`` in the user's forward ends in the user's (transformed) code, and only then is
+    falling back to a sub-layer wrong: it would plan a fragment and hide the error."""
+    if isinstance(error, RecursionError):
+        return True
+    from paddle.jit.dy2static.error import ERROR_DATA
+
+    origin = getattr(getattr(error, ERROR_DATA, None), "origin_traceback", None)
+    frames = origin if isinstance(origin, list) else traceback.extract_tb(origin or error.__traceback__)
+    return bool(frames) and frames[-1].filename.startswith(_PADDLE_DIR)
+
+
+_PADDLE_DIR = str(Path(paddle.__file__).parent)
 
 
 def _last_line(error: BaseException) -> str:

@@ -180,3 +180,96 @@ def test_a_bad_cluster_file_is_one_line(tmp_path, content, fragment):
     assert_one_line_exit_2(result, fragment)
     assert "\x1b" not in result.stderr
     assert not out.exists()
+
+
+# -- tracing: a forward that raises is an error, not a plan for a child ------------------------------
+
+
+def test_a_forward_that_raises_is_an_error_not_a_plan_of_a_child(tmp_path):
+    """Net holds most of its parameters in one child: falling back to tracing that child turned a
+    bug in Net.forward into a plan for a fragment."""
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent("""
+        import paddle
+        from paddle import nn
+
+        class Body(nn.Layer):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(16, 64)
+            def forward(self, x):
+                return self.fc(x)
+
+        class Net(nn.Layer):
+            def __init__(self):
+                super().__init__()
+                self.body = Body()
+                self.head = nn.Linear(64, 2)
+            def forward(self, x):
+                y = self.body(x)
+                if y.shape[0] != 3:
+                    raise ValueError("expected a batch of 3")
+                return self.head(y)
+
+        def build_model():
+            return Net()
+
+        def input_spec():
+            return [paddle.static.InputSpec([4, 16], "float32", "x")]
+    """))
+    out = tmp_path / "plan.json"
+    result = run(path, "-q", "-o", out)
+    assert result.exit_code == 2, result.output
+    first = result.stderr.splitlines()[0]  # then the traced code, indented, as for a failing factory
+    assert first.startswith("error: Net.forward raised ValueError: expected a batch of 3"), result.stderr
+    assert not out.exists()
+
+
+def test_a_tracing_limit_falls_back_to_a_child_and_says_so(tmp_path):
+    """A RecursionError inside the tracer (PaddleFormers LlamaForCausalLM's) is a known limit:
+    the largest child is traced, and the summary line says so."""
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent("""
+        import paddle
+        from paddle import nn
+
+        class Body(nn.Layer):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(16, 64)
+            def forward(self, x):
+                return self.fc(x)
+
+        def deep(n):
+            return deep(n + 1)
+
+        class Net(nn.Layer):
+            def __init__(self):
+                super().__init__()
+                self.body = Body()
+                self.head = nn.Linear(64, 2)
+            def forward(self, x):
+                return self.head(self.body(x))
+
+        def build_model():
+            net = Net()
+            real = paddle.jit.to_static
+            def to_static(function, *args, **kwargs):   # the whole model's forward hits the limit
+                if getattr(function, "__self__", None) is net:
+                    deep(0)
+                return real(function, *args, **kwargs)
+            paddle.jit.to_static = to_static
+            return net
+
+        def input_spec():
+            return [paddle.static.InputSpec([4, 16], "float32", "x")]
+    """))
+    result = run(path, "-o", tmp_path / "plan.json")
+    try:
+        assert result.exit_code == 0, result.output
+        assert "traced body only, the whole model does not trace (RecursionError" in result.stderr, result.stderr
+        assert load_plan(tmp_path / "plan.json").model.traced_layer == "body"
+    finally:
+        import paddle
+
+        paddle.jit.to_static = paddle.jit.api.to_static

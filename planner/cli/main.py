@@ -153,8 +153,11 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
     if not quiet:
         for layer in made.analysis.unmatched:
             click.echo(f"warning: layer {layer}: no pattern matched it; its parameters stay replicated", err=True)
-        click.echo(f"plan for {request.world} devices: {describe_strategy(made.plan.strategy)}"
-                   + (f" -> {output}" if output else ""), err=True)
+        traced = made.traced
+        fallback = (f"; traced {traced.traced_layer} only, the whole model does not trace ({traced.fallback_reason})"
+                    if traced.fallback_reason else "")
+        click.echo(printable(f"plan for {request.world} devices: {describe_strategy(made.plan.strategy)}"
+                             + (f" -> {output}" if output else "") + fallback), err=True)
 
 
 def planner_arguments(ctx: click.Context) -> dict[str, str]:
