@@ -205,3 +205,9 @@ def test_every_review_command_has_help_with_an_example(command):
     result = CliRunner().invoke(command, ["--help"])
     assert result.exit_code == 0
     assert "Example:" in result.output and f"autodist-plan {command.name}" in result.output
+
+
+def test_vpp_says_how_many_chunks_each_stage_runs():
+    plan = layered_plan(layers=4, pp=2)
+    plan.strategy = msgspec.structs.replace(plan.strategy, schedule="VPP", micro_batches=2, virtual_stages=2)
+    assert "schedule VPP (2 chunks per stage)" in show_text(plan)

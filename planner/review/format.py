@@ -163,7 +163,8 @@ def strategy_text(strategy: Strategy) -> str:
     parts.append(f"ZeRO stage {strategy.sharding_stage}")
     parts.append(f"{strategy.micro_batches} micro-batch{'es' if strategy.micro_batches != 1 else ''}")
     if strategy.schedule != "none":
-        parts.append(f"schedule {strategy.schedule}")
+        chunks = f" ({strategy.virtual_stages} chunks per stage)" if strategy.virtual_stages > 1 else ""
+        parts.append(f"schedule {strategy.schedule}{chunks}")
     if strategy.recompute != "none":
         parts.append(f"recompute {strategy.recompute}")
     return ", ".join(parts)
