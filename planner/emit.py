@@ -50,6 +50,7 @@ from autodist.schemas import (
 from autodist.schemas.schedules import block_stages
 
 from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis
+from autodist.planner.cost.graph_cost import params_before_blocks
 from autodist.planner.cost.memory import DTYPE_BYTES
 from autodist.planner.cost.search import SearchRequest, SearchResult
 from autodist.planner.recognise.spmd import implicit_comm, reshard_hooks
@@ -216,22 +217,16 @@ def _linear_placements(linear: LinearUse, params: dict, mp: int, notes: list[str
 
 
 def _param_stages(analysis: ModelAnalysis, pp: int, virtual_stages: int) -> dict[str, int]:
-    """Stage per parameter: a block's on its block's stage; before the first block -> 0; after
-    the last block (final norm, head, untraced layers) -> the last stage."""
-    stages = {fqn: pp - 1 for fqn in analysis.params}
+    """Stage per parameter: a block's on its block's stage; outside the blocks, stage 0 before
+    them and the last stage after them (:func:`params_before_blocks`, the cost model's rule too)."""
     if pp == 1:
         return {fqn: 0 for fqn in analysis.params}
     block_prefixes = [(b.layer + ".", stage) for b, stage in zip(analysis.blocks, block_stages(len(analysis.blocks), pp, virtual_stages))]
-    first_block_op = min((min(b.nodes) for b in analysis.blocks if b.nodes), default=None)
-    first_use = _first_use_of_params(analysis)
+    before = params_before_blocks(analysis)
+    stages = {}
     for fqn in analysis.params:
         owner = next((stage for prefix, stage in block_prefixes if fqn.startswith(prefix)), None)
-        if owner is not None:
-            stages[fqn] = owner
-        elif fqn == analysis.embedding or (
-            first_block_op is not None and fqn in first_use and first_use[fqn] < first_block_op
-        ):
-            stages[fqn] = 0
+        stages[fqn] = owner if owner is not None else 0 if fqn in before else pp - 1
     return stages
 
 
@@ -252,17 +247,6 @@ def _tied_across_stages(analysis: ModelAnalysis, pp: int) -> list[str]:
         return []
     return [f"{embedding} (stage 0) is tied to {', '.join(aliases)} on stage {pp - 1}: that stage holds a copy, and "
             "the schedule sums the two gradients before each optimizer step"]
-
-
-def _first_use_of_params(analysis: ModelAnalysis) -> dict[str, int]:
-    graph = analysis.graph
-    uses = {}
-    for node, data in graph.nodes(data=True):
-        if data["param"] is not None:
-            consumers = list(graph.successors(node))
-            if consumers:
-                uses[data["param"]] = min(consumers)
-    return uses
 
 
 # -- hooks ------------------------------------------------------------------------------------------------

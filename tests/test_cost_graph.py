@@ -12,6 +12,7 @@ Their layer has three dropouts, so :class:`KorthikantiGPTLayer` below is the GPT
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import paddle
 import paddle.nn as nn
@@ -23,12 +24,14 @@ from autodist.planner.recognise.analysis import analyze
 from autodist.planner.cost.blocks import ModelCost
 from autodist.planner.cost.graph_cost import GraphFacts, Roles, block_cost, model_cost
 from autodist.planner.cost.hardware import PROFILES
+from autodist.planner.cost.search import SearchRequest
 from autodist.planner.cost.step_time import Setup, StageTable, estimate
 from autodist.planner.errors import PlannerError
 from autodist.planner.graph import build_graph
 from autodist.planner.trace import trace_model
 from autodist.schemas import Strategy
 
+ROOT = Path(__file__).resolve().parents[1]
 B, S, H, A = 2, 16, 64, 4  # traced batch, sequence, hidden, heads
 BYTES = 2  # bf16: the paper's 16-bit activations
 
@@ -250,3 +253,19 @@ def test_a_tied_head_pipelines_with_1f1b_but_not_sequentially():
     with pytest.raises(PlannerError) as err:
         search(analysis, SearchRequest(devices_per_node=2, pp=2, schedule="sequential", device=PROFILES["h100-sxm"]))
     assert "share one weight" in err.value.detail
+
+
+def test_a_head_after_the_blocks_is_priced_on_the_stage_it_is_planned_on():
+    """timm's ViT: a classification head on the class token after the final norm (neither a
+    norm nor an LM head). With pp=2 the plan puts it on the last stage; the cost model must price
+    its parameters there too, not on the first stage with the patch embedding."""
+    from autodist.planner import driver
+
+    made = driver.plan_target(str(ROOT / "tests" / "models" / "zoo" / "vit.py"), None,
+                              SearchRequest(devices_per_node=2, dp=1, mp=1, pp=2), {"target": "vit"})
+    plan, cost = made.plan, model_cost(made.analysis)
+    outside = {fqn: p for fqn, p in plan.params.items() if not fqn.startswith("blocks.")}
+    assert outside["head.weight"].stage == 1 and outside["patch_embed.proj.weight"].stage == 0
+    planned = {stage: sum(math.prod(p.shape) for p in outside.values() if p.stage == stage) for stage in (0, 1)}
+    assert planned[0] == cost.first.params_whole + cost.first.params_vocab
+    assert planned[1] == cost.last.params_whole + cost.last.params_vocab

@@ -307,6 +307,26 @@ def _roles(linears) -> Roles:
     return Roles(frozenset(column), frozenset(row), frozenset(column | row | column_biases))
 
 
+def params_before_blocks(analysis: ModelAnalysis) -> frozenset[str]:
+    """The parameters outside the blocks that run before them: the token embedding and every
+    parameter first used before the first block's first op. All other parameters outside the
+    blocks (final norm, head, a pooler, untraced layers) run after them.
+
+    The one rule for both the plan (``emit``: stage 0 or the last stage) and the cost model
+    (the ``first`` or ``last`` edge), so what is priced on a stage is what is placed there.
+    """
+    first_block_op = min((min(b.nodes) for b in analysis.blocks if b.nodes), default=None)
+    before = {analysis.embedding} if analysis.embedding else set()
+    if first_block_op is None:
+        return frozenset(before)
+    graph = analysis.graph
+    for node, data in graph.nodes(data=True):
+        consumers = list(graph.successors(node)) if data["param"] is not None else []
+        if consumers and min(consumers) < first_block_op:
+            before.add(data["param"])
+    return frozenset(before)
+
+
 def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set[str], in_blocks: set[int],
            tokens: int) -> tuple[EdgeCost, EdgeCost, int, list[str]]:
     """Embedding side and head side: graph nodes outside the blocks, split at the blocks'
@@ -314,7 +334,7 @@ def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set
     notes = []
     head = analysis.lm_head.weight if analysis.lm_head else None
     vocab_params = {p for p in (analysis.embedding, head) if p}
-    last_params = set(analysis.final_norm) | ({head} if head else set())
+    before = params_before_blocks(analysis)
     tied = head if head and head == analysis.embedding else None
     boundary = min(in_blocks) if in_blocks else max(facts.graph.nodes, default=0) + 1
     sides = {"first": [], "last": []}
@@ -324,7 +344,7 @@ def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set
     walks = {side: walk_nodes(facts, nodes) for side, nodes in sides.items()}
     edges = {}
     for side, walk in walks.items():
-        on_side = {fqn for fqn in numel if fqn not in block_params and (fqn in last_params) == (side == "last")}
+        on_side = {fqn for fqn in numel if fqn not in block_params and (fqn in before) == (side == "first")}
         on_side |= {tied} if tied else set()
         vocab_flops = sum(f for w, f in walk.flops_by_weight.items() if w in vocab_params)
         saved = _saved(facts, walk, "outside", tokens) + _saved(facts, walk, "inside", tokens)

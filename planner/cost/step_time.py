@@ -47,6 +47,8 @@ from itertools import accumulate
 
 from autodist.schemas import CommEstimate, DeviceProfile, Estimate, MemoryEstimate, Strategy
 
+from autodist.schemas.schedules import block_stages
+
 from autodist.planner.cost.blocks import BlockCost, EdgeCost, ModelCost, Saved
 from autodist.planner.cost.comm import (
     Link,
@@ -153,16 +155,15 @@ class StageTable:
 
 
 def stage_ranges(num_blocks: int, pp: int) -> list[tuple[int, int]]:
-    """Blocks per stage, as even as possible, the first stages taking one more.
+    """Blocks ``[start, stop)`` of each stage, from the plan's own split
+    (:func:`autodist.schemas.schedules.block_stages`, one chunk per stage; every stage has a
+    block). VPP's chunks are priced as this contiguous split: same block count per stage.
 
     >>> stage_ranges(10, 4)
     [(0, 3), (3, 6), (6, 8), (8, 10)]
     """
-    base, extra = divmod(num_blocks, pp)
-    bounds = [0]
-    for k in range(pp):
-        bounds.append(bounds[-1] + base + (1 if k < extra else 0))
-    return list(zip(bounds, bounds[1:]))
+    stages = block_stages(num_blocks, pp)
+    return [(stages.index(s), len(stages) - stages[::-1].index(s)) for s in range(pp)]
 
 
 def vocab_split(cost: ModelCost, mp: int) -> bool:
