@@ -175,7 +175,12 @@ def map_first_input(args: tuple, kwargs: dict, fn: Callable) -> tuple[tuple, dic
 def first_tensor(value: Any) -> paddle.Tensor | None:
     """The first top-level Tensor of a layer's output (a Tensor, tuple, list or dict), or None."""
     found: list[paddle.Tensor] = []
-    map_first(value, lambda t: found.append(t) or t)
+
+    def keep(tensor: paddle.Tensor) -> paddle.Tensor:
+        found.append(tensor)
+        return tensor
+
+    map_first(value, keep)
     return found[0] if found else None
 
 

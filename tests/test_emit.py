@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from autodist.planner.driver import plan_target
 from autodist.planner.emit import build_mesh
 from autodist.schemas.schedules import block_stages
-from autodist.planner.errors import PlannerError
 from autodist.planner.cost.search import SearchRequest
 from autodist.schemas import Strategy, check_plan
 

@@ -346,7 +346,7 @@ def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, n
     if request.micro_batch_size is not None and per_rank != strategy.micro_batches * request.micro_batch_size:
         return (f"global batch {setup.global_batch} is not dp={strategy.dp} x micro-batch size "
                 f"{request.micro_batch_size} x micro-batches")
- 
+
     if strategy.schedule == "sequential" and strategy.micro_batches > 1:
         return "apply_plan accumulates micro-batches only without a pipeline; the sequential schedule takes 1"
     stages = block_stages(num_blocks, strategy.pp, strategy.virtual_stages)
