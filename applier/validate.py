@@ -168,7 +168,30 @@ def data_problems(plan: Plan, dataloader: Any) -> list[str]:
         problems.append("$.data.shard_dims: the loader cannot be split over pp (stages share the batch)")
     if not isinstance(dataloader, paddle.io.DataLoader):
         problems.append(f"dataloader: a paddle.io.DataLoader is needed, got {type(dataloader).__name__}")
-    return problems
+        return problems
+    return problems + batch_problems(plan, dataloader)
+
+
+def batch_problems(plan: Plan, dataloader: paddle.io.DataLoader) -> list[str]:
+    """The loader's batch against the plan's: what it yields per optimizer step, over all ranks,
+    must be the plan's global batch (when the plan records one) and divide over dp x
+    micro-batches. A ``DistributedBatchSampler`` is already split: its batch is per dp rank."""
+    sampler = dataloader.batch_sampler
+    size = getattr(sampler, "batch_size", None)
+    if not size:
+        return []  # an iterable dataset or a custom sampler: nothing to check before it runs
+    dp, m = plan.strategy.dp, plan.strategy.micro_batches
+    split = isinstance(sampler, paddle.io.DistributedBatchSampler)
+    total = size * dp if split else size
+    described = f"{size} per dp rank x dp={dp} = {total}" if split else f"{total}"
+    planned = plan.data.global_batch_size
+    if planned and total != planned:
+        return [f"dataloader: yields batches of {described} samples per step but the plan was made for a global "
+                f"batch of {planned} ($.data.global_batch_size); give the loader batch_size={planned} or re-plan "
+                f"with --global-batch-size {total}"]
+    if total % (dp * m):
+        return [f"dataloader: a batch of {described} samples does not divide over dp={dp} x {m} micro-batches"]
+    return []
 
 
 def _names(names: list[str]) -> str:

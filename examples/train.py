@@ -104,6 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
         model = factory()
     batch, seq = [int(d) for d in module.input_spec()[0].shape]
+    if args.plan:  # the global batch the plan was made for (the spec's, or --global-batch-size)
+        from autodist.schemas import load_plan
+
+        batch = load_plan(args.plan).data.global_batch_size or batch
     loader = make_loader(vocab_size(model), batch, seq, args.steps, args.seed)
     optimizer = paddle.optimizer.AdamW(learning_rate=args.lr, parameters=model.parameters())
 

@@ -103,6 +103,7 @@ def build_plan(
             shard_dims=["dp"] if strategy.dp > 1 else [],
             input_stage=0,
             label_stage=strategy.pp - 1,
+            global_batch_size=result.setup.global_batch if result.setup else 0,
         ),
         implicit_comm=implicit_comm(analysis, strategy.mp, dtype_bytes=DTYPE_BYTES[request.dtype], hooks=fused_gathers),
         estimate=result.best.estimate,

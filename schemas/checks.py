@@ -98,6 +98,10 @@ def check_stages_and_hooks(plan: Plan) -> list[str]:
     for dim in plan.data.shard_dims:
         if dim not in plan.mesh.dim_names:
             problems.append(f"$.data.shard_dims: {dim!r} is not a mesh dim {plan.mesh.dim_names}")
+    batch, divisor = plan.data.global_batch_size, plan.strategy.dp * plan.strategy.micro_batches
+    if batch and batch % divisor:
+        problems.append(f"$.data.global_batch_size: {batch} does not divide over dp={plan.strategy.dp} x "
+                        f"{plan.strategy.micro_batches} micro-batches")
     return problems
 
 

@@ -207,6 +207,9 @@ class DataPlan(Base):
     shard_dims: list[MeshDim] = []
     input_stage: NonNegativeInt = 0
     label_stage: NonNegativeInt = 0
+    #: Samples the loader yields per optimizer step, over all ranks (the input spec's batch or
+    #: ``--global-batch-size``); ``apply_plan`` checks the loader against it. 0: not recorded.
+    global_batch_size: NonNegativeInt = 0
 
 
 class ImplicitComm(Base):

@@ -69,7 +69,8 @@ def test_plan_for_eight_ranks_on_one(setup):
     err = rejected(model, optimizer, loader, tensor_parallel_plan(model, dp=8))
     assert err.problems == [
         "world size: the plan's mesh dp8 needs 8 ranks but this job has 1 (PADDLE_TRAINERS_NUM); "
-        "launch 8 ranks or re-plan for 1 device(s)"
+        "launch 8 ranks or re-plan for 1 device(s)",
+        "dataloader: a batch of 4 samples does not divide over dp=8 x 1 micro-batches",
     ]
 
 
@@ -311,3 +312,39 @@ def test_vpp_micro_batches_must_fill_whole_rounds():
     plan.strategy = msgspec.structs.replace(plan.strategy, micro_batches=5)
     err = rejected(model, None, None, plan, loss_fn=paddle.mean)
     assert "VPP needs a multiple of 2 micro-batches (max(1, n // pp)), got 5" in str(err)
+
+
+# -- the batch --------------------------------------------------------------------------------------
+
+
+def test_a_loader_batch_other_than_the_planned_global_batch_is_refused(setup):
+    """The plan's batch is what the loader yields per step over all ranks; a loader of 4 under a
+    plan made for 8 would train another batch than the one priced."""
+    model, optimizer, loader = setup
+    plan = tensor_parallel_plan(model)
+    plan.data.global_batch_size = 8
+    err = rejected(model, optimizer, loader, plan)
+    assert err.problems == [
+        "dataloader: yields batches of 4 samples per step but the plan was made for a global batch of 8 "
+        "($.data.global_batch_size); give the loader batch_size=8 or re-plan with --global-batch-size 4"
+    ]
+
+
+def test_an_already_split_loader_counts_its_batch_per_dp_rank(setup):
+    model, optimizer, _ = setup
+    dataset = make_loader(WORKLOADS["docstring_llama"], steps=2, seed=0).dataset
+    sampler = paddle.io.DistributedBatchSampler(dataset, batch_size=2, num_replicas=1, rank=0)
+    plan = tensor_parallel_plan(model, dp=2)
+    plan.data.global_batch_size = 2
+    problems = rejected(model, optimizer, paddle.io.DataLoader(dataset, batch_sampler=sampler), plan).problems
+    assert "dataloader: yields batches of 2 per dp rank x dp=2 = 4 samples per step but the plan was made for a " \
+           "global batch of 2" in problems[-1]
+
+
+def test_a_batch_that_does_not_split_over_dp_and_micro_batches_is_refused_in_the_plan():
+    from autodist.schemas import check_plan
+
+    model = WORKLOADS["docstring_llama"].build(seed=0)
+    plan = tensor_parallel_plan(model, dp=2, micro_batches=2)
+    plan.data.global_batch_size = 6
+    assert check_plan(plan) == ["$.data.global_batch_size: 6 does not divide over dp=2 x 2 micro-batches"]

@@ -112,6 +112,7 @@ def test_cnn_gets_a_data_parallel_plan():
     plan = made.plan
     assert (plan.strategy.dp, plan.strategy.mp, plan.strategy.pp) == (4, 1, 1)
     assert plan.blocks == [] and plan.data.shard_dims == ["dp"]
+    assert plan.data.global_batch_size == 8  # the input spec's batch, what the loader yields per step
     assert all(p.placements == ["R"] and p.style == "Replicate" for p in plan.params.values())
     assert check_plan(plan) == []
 

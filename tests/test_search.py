@@ -58,7 +58,11 @@ def assert_valid(result, request: SearchRequest, heads: int, blocks: int):
     assert s.dp * s.mp * s.pp == request.world
     assert heads % s.mp == 0 and s.pp <= blocks
     assert setup.global_batch % (s.dp * s.micro_batches) == 0
+<<<<<<< HEAD
     assert s.pp == 1 or (s.micro_batches >= s.pp and s.schedule in ("1F1B", "VPP"))
+=======
+    assert s.pp == 1 or (s.micro_batches == 1 and s.schedule == "sequential") or s.micro_batches >= s.pp
+>>>>>>> 6b10a48 (one meaning of the batch: the input spec's batch is the global batch per optimizer step)
     assert result.best.estimate.memory.total <= request.device.memory_bytes * MEMORY_USABLE
     assert s.sequence_parallel is False or s.mp > 1
     assert s.sharding_stage == 0 or s.dp > 1
@@ -202,7 +206,8 @@ def test_sequential_pipelines_take_one_micro_batch():
 
 def test_a_model_without_blocks_gets_data_parallel_and_says_why_not_mp():
     model, program, graph = traced("cnn")
-    result = search(analyze(program, graph, model), SearchRequest(devices_per_node=4, device=H100))
+    request = SearchRequest(devices_per_node=4, device=H100, global_batch_size=8)  # the spec's batch is 2
+    result = search(analyze(program, graph, model), request)
     assert (result.best.strategy.dp, result.best.strategy.mp, result.best.strategy.pp) == (4, 1, 1)
     assert any("no transformer block" in r.reason for r in result.rejected if r.strategy.mp > 1)
 
@@ -217,3 +222,22 @@ def test_search_is_deterministic_and_explained():
     table = explain_table(first)
     assert describe(first.best.strategy) in table.splitlines()[2]
     assert "where the time of #1 goes" in table
+
+
+def test_the_input_specs_batch_is_the_global_batch():
+    """One meaning of the batch: the spec's batch is what the loader yields per optimizer step
+    over all ranks, however many devices; --global-batch-size overrides it."""
+    model, program, graph = traced("gpt")  # input spec batch 2
+    analysis = analyze(program, graph, model)
+    assert search(analysis, SearchRequest(devices_per_node=2, device=H100)).setup.global_batch == 2
+    assert search(analysis, SearchRequest(devices_per_node=2, device=H100, global_batch_size=16)).setup.global_batch == 16
+
+
+def test_a_batch_that_does_not_divide_over_the_fixed_dp_is_refused_at_plan_time():
+    model, program, graph = traced("gpt")
+    with pytest.raises(PlannerError, match=re.escape(
+            "global batch 2 (the input spec's batch) does not divide over dp=4 x 1 micro-batches")):
+        search(analyze(program, graph, model), SearchRequest(devices_per_node=4, dp=4, device=H100))
+    with pytest.raises(PlannerError, match=re.escape("global batch 8 (--global-batch-size) does not divide over dp=2 x 8")):
+        search(analyze(program, graph, model), SearchRequest(devices_per_node=2, dp=2, micro_batches=8,
+                                                             global_batch_size=8, device=H100))

@@ -59,7 +59,7 @@ class SearchRequest:
     sharding_stage: int | None = None
     micro_batches: int | None = None
     schedule: str | None = None  # "sequential" | "1F1B" | "VPP" | None = chosen
-    global_batch_size: int | None = None  # default: micro_batch_size (or traced batch) x world
+    global_batch_size: int | None = None  # samples per optimizer step over all ranks; default: the traced batch
     micro_batch_size: int | None = None
     seq_len: int | None = None  # default: the traced sequence length
     dtype: str = "bf16"
@@ -221,8 +221,15 @@ def _setup(cost: ModelCost, request: SearchRequest) -> Setup:
         value = getattr(request, name)
         if value is not None and value < 1:
             raise PlannerError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    micro_batch = request.micro_batch_size or cost.traced_batch
-    global_batch = request.global_batch_size or micro_batch * (request.micro_batches or 1) * world
+    # One meaning of the batch: the input spec's batch is what the loader yields per optimizer
+    # step over all ranks (the global batch); --global-batch-size overrides it.
+    global_batch = request.global_batch_size or cost.traced_batch
+    divisor = (request.dp or 1) * (request.micro_batches or 1)
+    if global_batch % divisor:
+        given = "--global-batch-size" if request.global_batch_size else "the input spec's batch"
+        raise PlannerError(f"global batch {global_batch} ({given}) does not divide over "
+                           f"dp={request.dp or 1} x {request.micro_batches or 1} micro-batches; "
+                           f"give a batch that is a multiple of {divisor} (--global-batch-size)")
     return Setup(device=request.device, devices_per_node=request.devices_per_node, nodes=request.nodes,
                  seq_len=request.seq_len or cost.traced_seq, global_batch=global_batch,
                  dtype=request.dtype, optimizer=request.optimizer, recompute=request.recompute)
@@ -253,7 +260,7 @@ def _mesh_problem(cost: ModelCost, setup: Setup, dp: int, mp: int, pp: int) -> s
     if problem:
         return problem
     if setup.global_batch % dp:
-        return f"global batch {setup.global_batch} does not divide by dp={dp}"
+        return f"global batch {setup.global_batch} does not divide over dp={dp}"
     return ""
 
 
