@@ -101,10 +101,13 @@ def plan_model(
     request: SearchRequest,
     arguments: dict[str, str],
     progress: Progress | None = None,
+    rules: dict[str, str] | None = None,
 ) -> PlannedModel:
     """Stages 2-7 for a model object: trace, graph, analyse, cost, search, emit.
 
     ``arguments`` go into the plan's provenance as given (the CLI passes its options).
+    ``rules``: ``{layer glob: "colwise" | "rowwise" | "replicate"}`` merged into the analysis
+    (:mod:`autodist.planner.recognise.rules`) and recorded in the provenance.
     Raises :class:`~autodist.planner.errors.PlannerError` for anything the user can fix.
     """
     from autodist.planner.cost.search import check_fixed_degrees, price, search
@@ -113,6 +116,12 @@ def plan_model(
     progress = progress or _QUIET
     traced = trace(model, input_specs, progress)
     analysis = analyse(model, traced, progress)
+    if rules:
+        from autodist.planner.recognise.rules import apply_rules, canonical_rules, parse_rules
+
+        rules = parse_rules(rules)
+        apply_rules(analysis, rules)
+        arguments = {**arguments, "rules": canonical_rules(rules)}
     with progress.step("pricing the model"):
         priced = price(analysis)
     check_fixed_degrees(priced.cost, request)
@@ -129,10 +138,11 @@ def plan_target(
     request: SearchRequest,
     arguments: dict[str, str],
     progress: Progress | None = None,
+    rules: dict[str, str] | None = None,
 ) -> PlannedModel:
     """The whole offline phase for a model file: load, then :func:`plan_model`."""
     loaded = load(target, input_specs, progress)
-    return plan_model(loaded.model, loaded.input_specs, request, arguments, progress)
+    return plan_model(loaded.model, loaded.input_specs, request, arguments, progress, rules)
 
 
 def plan(
@@ -156,6 +166,7 @@ def plan(
     dtype: str = "bf16",
     optimizer: str = "adam",
     recompute: str = "none",
+    rules: dict[str, str] | None = None,
 ) -> Plan:
     """Plan ``model`` from Python, as ``autodist-plan`` plans a model file (``autodist.plan``).
 
@@ -189,7 +200,7 @@ def plan(
     if any(isinstance(s, str) for s in input_spec):
         given["input_specs"] = ",".join(s if isinstance(s, str) else _spec_text(s) for s in input_spec)
     arguments = {name: str(value) for name, value in sorted(given.items()) if value is not None}
-    return plan_model(model, specs, request, arguments).plan
+    return plan_model(model, specs, request, arguments, rules=rules).plan
 
 
 def _spec_text(spec: paddle.static.InputSpec) -> str:

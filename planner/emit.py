@@ -49,18 +49,13 @@ from autodist.schemas import (
 
 from autodist.schemas.schedules import block_stages
 
+from autodist.planner.recognise.ops import SEQUENCE_MIXING_OPS
 from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis
 from autodist.planner.cost.graph_cost import params_before_blocks
 from autodist.planner.cost.memory import DTYPE_BYTES
 from autodist.planner.cost.search import SearchRequest, SearchResult
 from autodist.planner.recognise.spmd import implicit_comm, reshard_hooks
 
-#: Ops that mix information across sequence positions: a sub-layer holding one needs the whole
-#: sequence, so sequence parallelism gathers its input and re-splits its output.
-SEQUENCE_MIXING_OPS = frozenset(
-    {"pd_op.softmax", "pd_op.flash_attn", "pd_op.flash_attn_unpadded", "pd_op.memory_efficient_attention",
-     "pd_op.fused_dot_product_attention", "pd_op.variable_length_memory_efficient_attention"}
-)
 
 
 def build_plan(

@@ -23,10 +23,9 @@ import networkx as nx
 
 from autodist.schemas import dtype_name
 
+from autodist.planner.recognise.ops import CONSTANT_OPS
 from autodist.planner.trace import TracedProgram
 
-#: Ops whose only output is a value fixed at trace time.
-CONSTANT_OPS = frozenset({"pd_op.full", "pd_op.full_int_array", "pd_op.assign_value", "pd_op.assign_value_"})
 #: Attributes that identify *where* code was (call stacks, struct names with per-process
 #: instance counters, generated parameter names), not *what* it computes.
 UNSTABLE_ATTRS = frozenset({"op_callstack", "struct_name", "parameter_name", "stop_gradient", "place"})

@@ -17,6 +17,7 @@ import pytest
 
 from autodist.planner.cost.search import SearchRequest
 from autodist.planner.driver import plan_target
+from autodist.planner.errors import PlannerError
 
 COL, COL_B, ROW, REP = "S(1)", "S(0)", "S(0)", "R"
 
@@ -97,6 +98,11 @@ EXPECTED = {
         "lm_head.weight": COL, "lm_head.bias": COL_B,
     },
     f"{ZOO}/gemma_sandwich.py": {**attention("layers.*.self_attn"), **mlp("layers.*.mlp")},
+    # written last, in a style the zoo lacked (no attention; an MLP across the token axis)
+    f"{ZOO}/mlp_mixer.py": {
+        **mlp("blocks.*.mlp_tokens", ("fc1",), "fc2", bias=True), **mlp("blocks.*.mlp_channels", ("fc1",), "fc2", bias=True),
+        "head.weight": REP, "stem.weight": REP,
+    },
     f"{PF}:build_llama": {**attention("model.layers.*.self_attn"), **mlp("model.layers.*.mlp")},
     f"{PF}:build_phi3": {
         **fused("model.layers.*.self_attn", "qkv_proj"), "model.layers.*.self_attn.o_proj.weight": ROW,
@@ -147,3 +153,13 @@ def mismatches(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
 def test_zoo_model_gets_the_placements_a_reader_expects(target):
     problems = mismatches(EXPECTED[target], mp_placements(target))
     assert not problems, "\n".join(problems)
+
+
+def test_a_token_mixing_projection_rules_out_sequence_parallelism():
+    """The MLP-Mixer's token MLP contracts the token axis, which sequence parallelism would split
+    between blocks: the search leaves it out, and asking for it is an error naming the layer."""
+    target = f"{ZOO}/mlp_mixer.py"
+    searched = plan_target(target, None, SearchRequest(devices_per_node=2, mp=2), {"target": target}).plan
+    assert searched.strategy.mp == 2 and not searched.strategy.sequence_parallel
+    with pytest.raises(PlannerError, match="blocks.0.mlp_tokens.fc1 projects over the token axis"):
+        plan_target(target, None, SearchRequest(devices_per_node=2, mp=2, sequence_parallel=True), {"target": target})

@@ -116,12 +116,14 @@ def cli() -> None:
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
 @click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True)
+@click.option("--rules", "rules_file", type=click.Path(dir_okay=False),
+              help='rules.toml: placements by layer glob, e.g. "blocks.*.mlp.fc1" = "colwise" (docs/recognition.md).')
 @click.option("--explain", is_flag=True, help="Print the ranked strategies and why on stderr.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary and no warnings on stderr.")
 @click.pass_context
 @reports_planner_errors
 def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: str | None, explain: bool,
-         quiet: bool, device_name: str | None, cluster_file: str | None, **options) -> None:
+         quiet: bool, device_name: str | None, cluster_file: str | None, rules_file: str | None, **options) -> None:
     """Plan how TARGET (model.py, model.py:factory or pkg.module:factory) runs on the cluster.
 
     \b
@@ -140,7 +142,11 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
         device=resolve_device(device_name, cluster_file),
         **options,
     )
-    made = plan_target(target, list(input_specs) or None, request, planner_arguments(ctx), Progress(quiet=quiet))
+    from autodist.planner.recognise.rules import load_rules
+
+    rules = load_rules(rules_file) if rules_file else None
+    made = plan_target(target, list(input_specs) or None, request, planner_arguments(ctx), Progress(quiet=quiet),
+                       rules=rules)
     if output:
         save_plan(made.plan, output)
     else:
@@ -152,8 +158,15 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
 
         click.echo(explain_table(made.result), err=True)
     if not quiet:
-        for layer in made.analysis.unmatched:
-            click.echo(f"warning: layer {layer}: no pattern matched it; its parameters stay replicated", err=True)
+        from autodist.planner.recognise.analysis import not_recognised
+        from autodist.planner.review.format import collapse
+
+        # one line per kind of layer (indices collapsed), not one per layer
+        for note in not_recognised(made.analysis.recognised):
+            click.echo(printable(f"warning: {note}"), err=True)
+        for row in collapse(dict.fromkeys(made.analysis.unmatched, 0)):
+            click.echo(printable(f"warning: layer {row.pattern}: no pattern matched it; its parameters stay replicated"),
+                       err=True)
         traced = made.traced
         fallback = (f"; traced {traced.traced_layer} only, the whole model does not trace ({traced.fallback_reason})"
                     if traced.fallback_reason else "")
@@ -163,7 +176,7 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
 
 def planner_arguments(ctx: click.Context) -> dict[str, str]:
     """The options that shape a plan, as strings, for its provenance (not where it is written)."""
-    skipped = {"output", "quiet", "explain"}
+    skipped = {"output", "quiet", "explain", "rules_file"}  # the rules themselves are recorded instead
     return {
         name: ",".join(value) if isinstance(value, tuple) else str(value)
         for name, value in sorted(ctx.params.items())

@@ -104,6 +104,9 @@ class ModelCost:
     #: Elements of a weight both edges use (an LM head tied to the embedding): in ``first`` and
     #: ``last`` alike, because with pp > 1 the first and the last stage each hold it.
     tied_vocab_params: int = 0
+    #: A projection contracting over the token axis (an MLP-Mixer's token MLP), if any: the
+    #: sequence cannot be split between blocks (no sequence parallelism).
+    token_mixing: str | None = None
     notes: tuple[str, ...] = ()
 
     @property

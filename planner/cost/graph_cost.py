@@ -36,6 +36,7 @@ import networkx as nx
 
 from autodist.planner.cost.blocks import BlockCost, EdgeCost, ModelCost, Saved
 from autodist.planner.cost.step_time import Implicit
+from autodist.planner.recognise.ops import WEIGHT_VIEW_OPS
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
@@ -69,8 +70,6 @@ _SAVED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 }
 #: Binary ops whose backward for one operand reads the other (z = x*y: dx = dz*y, dy = dz*x).
 _CROSS_SAVED = frozenset({"pd_op.matmul", "pd_op.multiply", "pd_op.divide"})
-#: Ops that only move or retype a tensor: a weight seen through them is still the weight.
-_VIEW_OPS = frozenset({"pd_op.transpose", "pd_op.reshape", "pd_op.cast", "pd_op.assign"})
 _MASK_DTYPES = frozenset({"bool", "uint8", "int8"})
 _FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 
@@ -104,7 +103,7 @@ class GraphFacts:
                     self.needs_grad.add((n, 0))
                 continue
             sources = list(self.inputs[n].values())
-            if node["op"] in _VIEW_OPS and len(sources) == 1 and sources[0] in self.weight_of:
+            if node["op"] in WEIGHT_VIEW_OPS and len(sources) == 1 and sources[0] in self.weight_of:
                 self.weight_of[(n, 0)] = self.weight_of[sources[0]]
             if any(v in self.needs_grad for v in sources):
                 for r, dtype in enumerate(node["dtypes"]):
@@ -297,7 +296,8 @@ def model_cost(analysis: ModelAnalysis) -> ModelCost:
     return ModelCost(blocks=tuple(blocks), hidden_size=int(blocks[0].output_per_token) if blocks else 0,
                      vocab_size=analysis.vocab_size, first=first, last=last, tied_vocab_params=tied,
                      traced_batch=batch, traced_seq=analysis.seq_len if analysis.seq_len > 0 else seq,
-                     notes=tuple(notes))
+                     notes=tuple(notes),
+                     token_mixing=next((b.token_mixing for b in analysis.blocks if b.token_mixing), None))
 
 
 def _roles(linears) -> Roles:

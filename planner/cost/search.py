@@ -302,10 +302,13 @@ def check_fixed_degrees(cost: ModelCost, request: SearchRequest) -> None:
         problem = degree_problem(cost, axis, degree, f"--{axis} {degree}") if degree is not None else ""
         if problem:
             raise PlannerError(problem)
+    if request.sequence_parallel and cost.token_mixing:
+        raise PlannerError(f"--sequence-parallel: {cost.token_mixing} projects over the token axis (it mixes "
+                           "positions), so the sequence cannot be split between blocks")
 
 
 def _variants(cost: ModelCost, setup: Setup, request: SearchRequest, dp: int, mp: int, pp: int) -> Iterator[Strategy]:
-    sps = [False, True] if mp > 1 else [False]
+    sps = [False, True] if mp > 1 and not cost.token_mixing else [False]
     if request.sequence_parallel is not None:
         sps = [request.sequence_parallel and mp > 1]
     stages = [0, 1, 2, 3] if dp > 1 else [0]

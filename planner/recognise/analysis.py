@@ -26,7 +26,7 @@ from autodist import schemas
 from autodist.planner.graph import graph_fingerprint
 from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes, short_op
 from autodist.planner.recognise.patterns import PARAM, layer_patterns
-from autodist.planner.recognise.roles import BlockRecogniser, Projection, RecognisedBlock, SubLayer, split_dim, weight_use
+from autodist.planner.recognise.roles import BlockRecogniser, Projection, RecognisedBlock, SubLayer, split_dim, token_mixing_projection, weight_use
 from autodist.planner.trace import TracedProgram
 
 Role = Literal["column", "row", "replicate"]
@@ -50,6 +50,7 @@ class BlockInfo:
     intermediate_size: int
     description: str = ""  # its sub-layers, e.g. "attention(q|k|v)+mlp(gate|up)"
     sublayers: list[SubLayer] = field(default_factory=list)
+    token_mixing: str | None = None  # a projection over the token axis (MLP-Mixer): no sequence parallelism
 
 
 @dataclass
@@ -85,7 +86,8 @@ def analyze(traced: TracedProgram, graph: nx.DiGraph, model: paddle.nn.Layer,
     params = schemas.parameter_table(model.named_parameters())
     notes: list[str] = []
     recognised = recogniser.recognise(graph, [b for b in repeated_layers(model) if block_nodes(graph, b)], params)
-    blocks = [_block_info(graph, r, params) for r in recognised if r.roles.sublayers]
+    first_use = _first_uses(graph)
+    blocks = [_block_info(graph, r, params, first_use) for r in recognised if r.roles.sublayers]
     notes += not_recognised(recognised)
     in_blocks = frozenset().union(*(r.nodes for r in recognised))
     outer = _outer_layers(graph, in_blocks)
@@ -167,22 +169,23 @@ def tied_parameters(model: paddle.nn.Layer) -> dict[str, list[str]]:
 # -- blocks ------------------------------------------------------------------------------------------
 
 
-def _block_info(graph: nx.DiGraph, found: RecognisedBlock, params) -> BlockInfo:
+def _block_info(graph: nx.DiGraph, found: RecognisedBlock, params, first_use: dict[str, int]) -> BlockInfo:
     subs = found.roles.sublayers
     attention = next((s for s in subs if s.kind == "attention"), None)
     mlp = next((s for s in subs if s.kind == "mlp"), None)
-    linears = sorted((p for s in subs for p in s.projections), key=lambda p: _first_use(graph, p.weight))
+    linears = sorted((p for s in subs for p in s.projections), key=lambda p: first_use.get(p.weight, -1))
     biases = {p.bias for p in linears}
     prefix = found.layer + "."
     norms = sorted((fqn for fqn, (shape, _) in params.items() if fqn.startswith(prefix) and len(shape) == 1
-                    and fqn not in biases and _first_use(graph, fqn) is not None), key=lambda f: _first_use(graph, f))
+                    and fqn not in biases and fqn in first_use), key=lambda f: first_use[f])
     outputs = [graph.nodes[u]["shapes"][d["result"]] for u, v, d in graph.out_edges(found.nodes, data=True)
                if v not in found.nodes and graph.nodes[u]["shapes"][d["result"]]]
     hidden = outputs[-1][-1] if outputs else 0
     return BlockInfo(found.layer, block_kind(subs), found.nodes, linears, norms,
                      attention.num_heads if attention else 0, attention.num_kv_heads if attention else 0,
                      attention.head_dim if attention else 0, hidden, mlp.intermediate_size if mlp else 0,
-                     "+".join(s.description for s in subs), list(subs))
+                     "+".join(s.description for s in subs), list(subs),
+                     token_mixing_projection(graph, found.nodes, [p.weight for p in linears]))
 
 
 def block_kind(subs: list[SubLayer]) -> str:
@@ -202,10 +205,14 @@ def block_kind(subs: list[SubLayer]) -> str:
     return "transformer_block"
 
 
-def _first_use(graph: nx.DiGraph, fqn: str) -> int | None:
-    nodes = [n for n, d in graph.nodes(data=True) if d["param"] == fqn]
-    uses = [s for n in nodes for s in graph.successors(n)]
-    return min(uses) if uses else None
+def _first_uses(graph: nx.DiGraph) -> dict[str, int]:
+    """``{parameter FQN: the first op using it}``, for program order."""
+    uses: dict[str, int] = {}
+    for node, data in graph.nodes(data=True):
+        if data["param"] is not None and graph.out_degree(node):
+            first = min(graph.successors(node))
+            uses[data["param"]] = min(first, uses.get(data["param"], first))
+    return uses
 
 
 def not_recognised(recognised: list[RecognisedBlock]) -> list[str]:

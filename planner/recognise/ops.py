@@ -1,7 +1,7 @@
 """Names of Paddle ops the recognition and the cost model treat alike, in one place.
 
 Short names (``pd_op.`` prefix and in-place ``_`` dropped, see :func:`.match.short_op`) unless
-the set says otherwise.
+the set says it holds full names (``pd_op.softmax``), as the graph's nodes carry them.
 
     >>> "dropout" in PASS_THROUGH_OPS and "dropout" in LAYOUT_OPS
     True
@@ -41,3 +41,15 @@ UNARY_OPS = frozenset({"tanh", "relu", "sigmoid", "exp", "abs", "log", "sqrt", "
 FUSED_ATTENTION_OPS = frozenset({"flash_attn", "flash_attn_unpadded", "memory_efficient_attention",
                                  "fused_dot_product_attention", "variable_length_memory_efficient_attention",
                                  "flash_attn_qkvpacked", "flash_attn_varlen_qkvpacked"})
+
+#: Full names. Ops whose only output is a value fixed at trace time: the graph folds them into
+#: their consumers' ``consts``.
+CONSTANT_OPS = frozenset({"pd_op.full", "pd_op.full_int_array", "pd_op.assign_value", "pd_op.assign_value_"})
+
+#: Full names. Ops that only move or retype a tensor: a weight seen through them is still the
+#: weight (the cost model's view of which matmul a parameter feeds).
+WEIGHT_VIEW_OPS = frozenset({"pd_op.transpose", "pd_op.reshape", "pd_op.cast", "pd_op.assign"})
+
+#: Full names. Ops that mix information across sequence positions: a sub-layer holding one
+#: needs the whole sequence, so sequence parallelism gathers its input and re-splits its output.
+SEQUENCE_MIXING_OPS = frozenset({"pd_op.softmax"} | {f"pd_op.{op}" for op in FUSED_ATTENTION_OPS})

@@ -28,6 +28,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -212,6 +214,9 @@ def recognise_block(graph: nx.DiGraph, nodes: frozenset[int], params: dict[str, 
         gathered |= fused
         assigned |= {row.node} | {c.node for c in columns}
         result.sublayers.append(sub)
+    # a projection refused as a row but split in another group needs no note
+    split = {p.layer for s in result.sublayers for p in s.projections}
+    result.refusals = [r for r in result.refusals if r.row not in split]
     return result
 
 
@@ -262,6 +267,62 @@ def split_dim(role: str, operand: int, transposed: bool) -> int | None:
         return None
     out_dim = 1 if (operand == 1) != transposed else 0
     return out_dim if role == "column" else 1 - out_dim
+
+
+def projection_uses(graph: nx.DiGraph) -> dict[str, tuple[int, int]]:
+    """``{weight FQN: (parameter node, first matmul/addmm it reaches through transposes/casts)}``,
+    computed once per graph."""
+    if graph not in _USES:
+        _USES[graph] = _projection_uses(graph)
+    return _USES[graph]
+
+
+_USES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _projection_uses(graph: nx.DiGraph) -> dict[str, tuple[int, int]]:
+    uses = {}
+    for node, data in graph.nodes(data=True):
+        if data["param"] is None:
+            continue
+        frontier, seen = sorted(graph.successors(node)), set()
+        while frontier:
+            nxt = frontier.pop(0)
+            if nxt in seen:
+                continue
+            seen.add(nxt)
+            if short_op(graph.nodes[nxt]["op"]) in PROJECTION_OPS:
+                uses[data["param"]] = (node, nxt)
+                break
+            if short_op(graph.nodes[nxt]["op"]) in ("transpose", "cast"):
+                frontier = sorted(frontier + list(graph.successors(nxt)))
+    return uses
+
+
+def token_mixing_projection(graph: nx.DiGraph, nodes: frozenset[int], weights: list[str]) -> str | None:
+    """The first of ``weights`` whose projection runs over another axis than the block's tokens
+    (an MLP-Mixer's token-mixing MLP: its input rows are not the block input's rows), or None.
+    Sequence parallelism splits the tokens between blocks, which such a projection contracts."""
+    def rows(shape) -> int | None:
+        if not shape or any(d <= 0 for d in shape):
+            return None
+        return math.prod(shape) // shape[-1]
+
+    inputs = [graph.nodes[u]["shapes"][d["result"]] for u, v, d in graph.in_edges(nodes, data=True)
+              if u not in nodes and graph.nodes[u]["param"] is None and graph.nodes[u]["op"] != "builtin.parameter"]
+    block_rows = next((rows(s) for s in inputs if s and len(s) >= 2 and rows(s)), None)
+    uses = projection_uses(graph)
+    for weight in weights:
+        if weight not in uses:
+            continue
+        weight_node, matmul = uses[weight]
+        operand, transposed = weight_use(graph, weight_node, matmul)
+        x_operand = (1 - operand) if short_op(graph.nodes[matmul]["op"]) == "matmul" else 1
+        x = next((p for p in graph.predecessors(matmul) if graph.edges[p, matmul]["operand"] == x_operand), None)
+        shape = graph.nodes[x]["shapes"][graph.edges[x, matmul]["result"]] if x is not None else None
+        if block_rows is not None and rows(shape) is not None and rows(shape) != block_rows and operand == 1:
+            return weight.rpartition(".")[0]
+    return None
 
 
 def _bias(graph: nx.DiGraph, view: nx.DiGraph, node: int) -> str | None:
@@ -316,9 +377,22 @@ def _dists(params, columns: list[_Linear], row: _Linear) -> dict[str, Dist]:
 
 
 def _implicit(graph, nodes, weights, mesh, constants, gathered) -> list[tuple[int, int]]:
-    """(node, operand) of every communication Paddle would add on its own."""
+    """(node, operand) of every communication Paddle would add on its own; ``(node, -1)`` for
+    a value that leaves the block split (the next block and the layers after the blocks expect
+    whole values: a split has to end inside the block that starts it)."""
     replay = Replay(graph, nodes, weights, mesh, constants, frozenset(gathered))
-    return sorted({(r.node, r.operand) for r in replay.run() if r.collective is not None and not is_planned(graph, r)})
+    problems = {(r.node, r.operand) for r in replay.run() if r.collective is not None and not is_planned(graph, r)}
+    for (node, result), dist in replay.values.items():
+        if isinstance(dist, list) or not any(v not in nodes and graph.edges[node, v]["result"] == result
+                                             for v in graph.successors(node)):
+            continue
+        if any(d == 0 for d in dist.dims) or (dist.partial and not _from_projection(graph, dist)):
+            problems.add((node, -1))
+    return sorted(problems)
+
+
+def _from_projection(graph: nx.DiGraph, dist: Dist) -> bool:
+    return dist.partial_source is not None and short_op(graph.nodes[dist.partial_source]["op"]) in PROJECTION_OPS
 
 
 def _try_gathers(graph, nodes, weights, mesh, constants, gathered, columns, baseline, problems, result):

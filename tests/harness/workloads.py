@@ -154,6 +154,51 @@ def _docstring_llama_loss(logits: paddle.Tensor, labels: paddle.Tensor) -> paddl
     return paddle.sum(per_token * counted) / paddle.sum(counted)
 
 
+def without_dropout(model: paddle.nn.Layer) -> paddle.nn.Layer:
+    """Dropout probabilities set to 0 for training comparisons: a rank that holds part of a
+    batch or of a tensor draws a different random mask than one device does for the whole, so
+    losses compare only without dropout. The planner still sees the model as written."""
+    for layer in model.sublayers(include_self=True):
+        if isinstance(layer, paddle.nn.Dropout):
+            layer.p = 0.0
+        elif isinstance(layer, paddle.nn.MultiHeadAttention):
+            layer.dropout = 0.0
+    return model
+
+
+def _no_pipeline(model: paddle.nn.Layer):
+    raise ValueError("the zoo workloads train with tensor and data parallelism only (no pipeline loss)")
+
+
+def _zoo_workload(name: str) -> Workload:
+    """A model of tests/models/zoo/ with its own ``loss(model, tokens, labels)``."""
+    relpath = f"tests/models/zoo/{name}.py"
+    module = load_model_file(relpath, f"zoo_{name}")
+    return Workload(name=f"zoo_{name}", vocab_size=module.VOCAB,
+                    build_unseeded=lambda: without_dropout(module.build_model()),
+                    loss=module.loss, planner_target=relpath, planner_env={}, pipeline_loss=_no_pipeline)
+
+
+def _paddleformers_workload(factory: str) -> Workload:
+    """A PaddleFormers class of the zoo (tests/models/paddleformers_models.py), causal-LM loss."""
+    def build():
+        from models import paddleformers_models
+
+        return getattr(paddleformers_models, factory)()
+
+    return Workload(name=f"zoo_pf_{factory.removeprefix('build_')}", vocab_size=64, build_unseeded=build,
+                    loss=lambda model, inputs, labels: model(input_ids=inputs, labels=labels)[0],
+                    planner_target=f"tests/models/paddleformers_models.py:{factory}", planner_env={},
+                    pipeline_loss=_no_pipeline)
+
+
+#: The zoo (tests/test_zoo.py): every model of tests/models/zoo/ and the PaddleFormers classes.
+ZOO_FILES = ("bert_postnorm", "paddle_encoder", "vit", "gpt2_hf", "nanogpt", "llama_meta", "qwen2_sdpa",
+             "mixtral_moe", "t5", "gptj_parallel", "gemma_sandwich", "mlp_mixer")
+ZOO_PADDLEFORMERS = ("build_llama", "build_phi3", "build_gemma3", "build_ernie45", "build_gpt_oss")
+WORKLOADS.update({w.name: w for w in [*map(_zoo_workload, ZOO_FILES), *map(_paddleformers_workload, ZOO_PADDLEFORMERS)]})
+
+
 class TokenDataset(paddle.io.Dataset):
     """Fixed random token sequences; labels are the inputs shifted by one."""
 

@@ -1,0 +1,60 @@
+"""Every zoo model (tests/test_zoo.py) trained with the planner's 2-device tensor-parallel plan
+on 2 CPU ranks gives the single-device losses; four of them also at dp2 x mp2 on 4 ranks.
+
+All models of one world size train in one job (one launch), so the whole file costs two
+multi-process launches plus one single-device reference launch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autodist.planner.cost.search import SearchRequest
+from autodist.planner.driver import plan_target
+from autodist.schemas import save_plan
+from harness.cases import Trained, check_against_reference
+from harness.jobs import TrainRun
+from harness.runner import train_distributed
+from harness.workloads import WORKLOADS
+
+pytestmark = pytest.mark.multiprocess
+
+#: Zoo workloads that do not train under DistTensors on the CPU wheel, with the reason.
+SKIP = {
+    "zoo_pf_phi3": "Phi3 segfaults as soon as its forward sees DistTensor inputs, even on one rank (paddle-notes)",
+    # its training path (`if self.training`) indexes hidden states with a tensor of token ids:
+    "zoo_pf_gpt_oss": "ValueError: Tensor in indexing only support DenseTensor (a DistTensor indexed by a tensor)",
+}
+ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
+AT_FOUR = ["zoo_bert_postnorm", "zoo_gpt2_hf", "zoo_llama_meta", "zoo_t5"]
+CONFIGS = [(name, 1) for name in ZOO] + [(name, 2) for name in AT_FOUR]
+
+
+def run_name(workload: str, dp: int) -> str:
+    return f"{workload}_dp{dp}_mp2"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, reference_runs):
+    workdir = tmp_path_factory.mktemp("zoo")
+    by_world: dict[int, list[TrainRun]] = {}
+    plans = {}
+    for workload, dp in CONFIGS:
+        target = WORKLOADS[workload].planner_target
+        made = plan_target(target, None, SearchRequest(devices_per_node=2 * dp, dp=dp, mp=2, pp=1, sharding_stage=0,
+                                                       sequence_parallel=False), {"target": target})
+        path = workdir / f"{run_name(workload, dp)}.json"
+        save_plan(made.plan, path)
+        plans[run_name(workload, dp)] = made.plan
+        by_world.setdefault(2 * dp, []).append(TrainRun(run_name(workload, dp), workload, plan=str(path)))
+    results = {}
+    for world, runs in sorted(by_world.items()):
+        outputs = train_distributed(runs, world, workdir / f"world{world}", timeout_s=600.0)
+        results.update({run.name: Trained(run, plans[run.name], outputs[run.name]) for run in runs})
+    reference_runs.prepare([t.run for t in results.values()])
+    return results
+
+
+@pytest.mark.parametrize("name", [run_name(w, dp) for w, dp in CONFIGS])
+def test_zoo_model_trains_like_one_device(trained, reference_runs, name):
+    check_against_reference(trained[name], reference_runs)
