@@ -58,11 +58,8 @@ def assert_valid(result, request: SearchRequest, heads: int, blocks: int):
     assert s.dp * s.mp * s.pp == request.world
     assert heads % s.mp == 0 and s.pp <= blocks
     assert setup.global_batch % (s.dp * s.micro_batches) == 0
-<<<<<<< HEAD
-    assert s.pp == 1 or (s.micro_batches >= s.pp and s.schedule in ("1F1B", "VPP"))
-=======
-    assert s.pp == 1 or (s.micro_batches == 1 and s.schedule == "sequential") or s.micro_batches >= s.pp
->>>>>>> 6b10a48 (one meaning of the batch: the input spec's batch is the global batch per optimizer step)
+    assert s.pp == 1 or (s.micro_batches == 1 and s.schedule == "sequential") or (
+        s.micro_batches >= s.pp and s.schedule in ("1F1B", "VPP"))
     assert result.best.estimate.memory.total <= request.device.memory_bytes * MEMORY_USABLE
     assert s.sequence_parallel is False or s.mp > 1
     assert s.sharding_stage == 0 or s.dp > 1
