@@ -54,8 +54,8 @@ On Paddle 3.3.1's CPU wheel ``batch_isend_irecv`` under gloo times out (docs/pad
 "Collectives on the CPU wheel"), so the schedules cannot run there as they are; with a test-only
 stand-in that runs each P2P op as a blocking send/recv (tests/harness/cpu_substitutes.py) they
 train on 2 CPU ranks equal to one device. A pipeline with dp or mp inside each stage also needs
-one process group per pipeline column, and gloo sub-groups time out on this CPU setup, so that
-case is left to GPUs.
+one process group per pipeline column; gloo sub-groups connect only now and then on this CPU
+setup (docs/pipelines.md), so that case is tested on GPUs.
 """
 
 from __future__ import annotations
@@ -339,7 +339,10 @@ def build_pipeline(model: paddle.nn.Layer, plan: Plan, loss_fn: Callable, full_m
     set_mesh(full_mesh)
     rank = dist.get_rank()
     group = _my_group(pp_group_ranks(plan), rank)
-    tied_group = _my_group([[column[0], column[-1]] for column in pp_group_ranks(plan)], rank)
+    # The first and last stage of each pipeline column sum a tied weight's gradients; with two
+    # stages that pair is the pipeline group itself.
+    pairs = [[column[0], column[-1]] for column in pp_group_ranks(plan)]
+    tied_group = group if plan.strategy.pp == 2 else _my_group(pairs, rank)
     built = _build_chunks(model, plan, stage_of_rank(plan, rank))
     total = len(chunk_units(stage_units(model, plan)))
     shared = _shared_parameters(model, plan, tied_group)
