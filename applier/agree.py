@@ -239,15 +239,16 @@ def _store(rank: int, world: int, deadline: float, timeout_s: float, source: str
     # positive number of seconds.
     store_timeout = max(1, int(timeout_s + VERDICT_GRACE_S))
     if rank == 0:
-        try:
-            # No workers to wait for (0): the constructor returns at once (docs/paddle-notes.md).
-            _STORE = core.TCPStore(host, port, True, 0, store_timeout)
-        except Exception as exc:
+        # Paddle aborts the process when its server cannot bind (docs/paddle-notes.md): try first.
+        problem = _cannot_bind(port)
+        if problem:
             raise PlanError(
-                f"agreement: rank 0 cannot listen on port {port} ({str(exc).splitlines()[0]}); "
-                f"set {PORT_ENV} to a free port on every rank",
+                f"agreement: rank 0 cannot listen on port {port} ({problem}); set {PORT_ENV} to a free "
+                "port on every rank",
                 source=source,
-            ) from None
+            )
+        # No workers to wait for (0): the constructor returns at once (docs/paddle-notes.md).
+        _STORE = core.TCPStore(host, port, True, 0, store_timeout)
         return _STORE
     # Paddle's client retries a refused connection forever, holding the GIL: connect only once
     # the port answers, which this loop finds out with a deadline.
@@ -262,6 +263,18 @@ def _store(rank: int, world: int, deadline: float, timeout_s: float, source: str
         time.sleep(POLL_S)
     _STORE = core.TCPStore(host, port, False, 0, store_timeout)
     return _STORE
+
+
+def _cannot_bind(port: int) -> str:
+    """Why this process cannot listen on ``port`` (as Paddle's server would: all interfaces,
+    SO_REUSEADDR), or "" when it can."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as err:
+            return err.strerror or str(err)
+    return ""
 
 
 def _listening(host: str, port: int) -> bool:

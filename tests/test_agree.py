@@ -82,3 +82,14 @@ def test_rank_0_alone_names_the_missing_rank_at_the_deadline(two_rank_env):
         agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=1)
     assert time.monotonic() - start < 10
     agree_module._STORE = None  # the store this test hosted goes with it
+
+
+def test_a_taken_agreement_port_is_a_plan_error_not_an_abort(two_rank_env):
+    """Paddle's store server aborts the whole process (SIGABRT) when its port is taken."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", two_rank_env))
+        holder.listen()
+        with pytest.raises(PlanError, match=rf"rank 0 cannot listen on port {two_rank_env} .*AUTODIST_AGREE_PORT"):
+            agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=1)
