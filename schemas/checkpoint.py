@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from autodist.schemas.io import _meaning as constraint_in_words
+from autodist.schemas.io import constraint_in_words
 from autodist.schemas.plan import Base, Fqn, Identifier, Mesh, NonNegativeInt, PositiveInt, Sha256, Strategy
 from autodist.schemas.vocabulary import DTYPE_BYTES, DType
 

@@ -131,7 +131,7 @@ def _decode(data: bytes, name: str) -> Plan:
     try:
         return msgspec.convert(raw, Plan)
     except msgspec.ValidationError as exc:
-        raise PlanError(_name_the_path(_meaning(str(exc)), raw), source=name) from None
+        raise PlanError(_name_the_path(constraint_in_words(str(exc)), raw), source=name) from None
 
 
 class _DuplicateKey(Exception):
@@ -177,8 +177,14 @@ def _path_of_object(node: Any, obj: dict, path: str = "$") -> str | None:
     return None
 
 
-def _meaning(message: str) -> str:
-    """msgspec's ``Expected `str` matching regex '<regex>'`` in words."""
+def constraint_in_words(message: str) -> str:
+    """msgspec's ``Expected `str` matching regex '<regex>'`` in words (plans and checkpoints).
+
+    >>> from autodist.schemas.plan import Identifier
+    >>> import typing
+    >>> constraint_in_words(f"Expected `str` matching regex {typing.get_args(Identifier)[1].pattern!r}")
+    'Expected `str` (an ASCII identifier)'
+    """
     for pattern, meaning in PATTERN_MEANINGS.items():
         message = message.replace(f"matching regex {pattern!r}", f"({meaning})")
     return message
