@@ -93,3 +93,35 @@ def test_a_taken_agreement_port_is_a_plan_error_not_an_abort(two_rank_env):
         holder.listen()
         with pytest.raises(PlanError, match=rf"rank 0 cannot listen on port {two_rank_env} .*AUTODIST_AGREE_PORT"):
             agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=1)
+
+
+def test_losing_rank_0_mid_agreement_is_a_plan_error_at_once(two_rank_env, tmp_path):
+    """Rank 0 hosts the store, then dies before deciding: rank 1's next question fails at once
+    (Paddle's client: 'Broken pipe'), well before its deadline."""
+    import subprocess
+    import sys
+
+    from paddle.base import core  # noqa: F401 -- imported now, so rank 1 connects at once below
+
+    ready = tmp_path / "listening"
+    rank_0 = (
+        "import os, time, pathlib\n"
+        "from paddle.base import core\n"
+        f"store = core.TCPStore('127.0.0.1', {two_rank_env}, True, 0, 30)\n"
+        f"pathlib.Path({str(ready)!r}).touch()\n"
+        "time.sleep(8)\n"
+        "os._exit(0)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", rank_0])
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the stand-in rank 0 did not start"
+            time.sleep(0.1)
+        start = time.monotonic()
+        with pytest.raises(PlanError, match="lost the connection to rank 0"):
+            agree(Record(1, "plan.json", PLAN_A, MODEL_A), rank=1, world=2, timeout_s=60)
+        assert time.monotonic() - start < 30
+    finally:
+        proc.kill()
+        proc.wait()
