@@ -52,9 +52,8 @@ from autodist.schemas.schedules import block_stages
 from autodist.planner.recognise.ops import SEQUENCE_MIXING_OPS
 from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis
 from autodist.planner.cost.graph_cost import params_before_blocks
-from autodist.planner.cost.memory import DTYPE_BYTES
 from autodist.planner.cost.search import SearchRequest, SearchResult
-from autodist.planner.recognise.spmd import implicit_comm, reshard_hooks
+from autodist.planner.recognise.spmd import reshard_hooks
 
 
 
@@ -100,7 +99,7 @@ def build_plan(
             label_stage=strategy.pp - 1,
             global_batch_size=result.setup.global_batch if result.setup else 0,
         ),
-        implicit_comm=implicit_comm(analysis, strategy.mp, dtype_bytes=DTYPE_BYTES[request.dtype], hooks=fused_gathers),
+        implicit_comm=list(result.implicit_comm),
         estimate=result.best.estimate,
         alternatives=Alternatives(accepted=list(result.accepted), rejected=list(result.rejected)),
         notes=_unique(notes),

@@ -249,8 +249,8 @@ class CommEstimate(Base):
     mp: NonNegativeInt = 0
     dp: NonNegativeInt = 0
     pp: NonNegativeInt = 0
-    #: Forced by the placements around fused projections: Paddle's own gathers (``implicit_comm``)
-    #: or the plan's reshard hooks that replace them (priced as Paddle's, an upper bound).
+    #: What Paddle inserts on its own beyond the plan's hooks: the ``implicit_comm`` entries
+    #: together (the hooks' own gathers are in ``mp``).
     implicit: NonNegativeInt = 0
 
 

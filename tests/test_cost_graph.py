@@ -229,15 +229,18 @@ def test_a_tied_head_is_held_by_the_first_and_the_last_stage():
     assert two.estimate.memory.params >= (vocab_hidden + cost.blocks[0].params_split) * BYTES
 
 
-def test_fused_projections_pay_for_the_gathers_paddle_inserts():
+def test_fused_projections_pay_for_the_gathers_of_the_plans_hooks():
+    """Phi3's fused qkv_proj and gate_up_proj: one gather hook each per layer, priced; nothing
+    left for Paddle to insert. Separate q/k/v projections need neither."""
     from autodist.planner.cost.graph_cost import implicit_collectives
 
     model, program, graph = traced("phi3")
     fused = implicit_collectives(analyze(program, graph, model), mp=2, dtype_bytes=2)
-    assert fused.count > 0 and fused.sent_per_token > 0
+    assert fused.planned_count == 2 * 2 and fused.planned_per_token > 0
+    assert fused.count == 0 and fused.sent_per_token == 0
     model, program, graph = traced("docstring")
     unfused = implicit_collectives(analyze(program, graph, model), mp=2, dtype_bytes=2)
-    assert unfused.count == 0 and unfused.sent_per_token == 0
+    assert (unfused.count, unfused.sent_per_token, unfused.planned_count) == (0, 0, 0)
 
 
 def test_a_tied_head_pipelines_with_1f1b_but_not_sequentially():

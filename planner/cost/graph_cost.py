@@ -374,10 +374,27 @@ def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set
 
 
 def implicit_collectives(analysis: ModelAnalysis, mp: int, dtype_bytes: int) -> Implicit:
-    """The implicit communication Paddle's SPMD rules add (bytes one rank sends, forward and
-    backward, for the traced input; :func:`autodist.planner.recognise.spmd.implicit_comm`) per traced token."""
-    from autodist.planner.recognise.spmd import implicit_comm  # the SPMD-rule replay lives there
+    """The communication the placements force at tensor-parallel degree ``mp``, for the plan
+    as emitted: its ``reshard`` hooks gather each column-split fused projection's output once
+    (``planned_*``), and Paddle's SPMD rules add what is left (``implicit_comm`` replayed with those
+    hooks: the plan's ``implicit_comm`` entries). Bytes one rank sends, forward and backward, per
+    traced token. The one replay both the search's prices and the plan's list come from."""
+    from autodist.planner.recognise.spmd import implicit_comm, reshard_hooks  # the SPMD-rule replay
 
     tokens, _ = traced_tokens(analysis)
-    found = implicit_comm(analysis, mp, dtype_bytes=dtype_bytes)
-    return Implicit(sent_per_token=sum(c.bytes_per_step for c in found) / tokens, count=len(found))
+    hooks = reshard_hooks(analysis, mp)
+    found = implicit_comm(analysis, mp, dtype_bytes=dtype_bytes, hooks=hooks)
+    gathered = [_gather_bytes(analysis, hook.layer, mp, dtype_bytes) for hook in hooks]
+    return Implicit(sent_per_token=sum(c.bytes_per_step for c in found) / tokens, count=len(found),
+                    planned_per_token=sum(gathered) / tokens, planned_count=len(gathered), entries=tuple(found))
+
+
+def _gather_bytes(analysis: ModelAnalysis, layer: str, mp: int, dtype_bytes: int) -> int:
+    """Bytes one rank sends to all-gather ``layer``'s output over mp (forward), plus the
+    reduce-scatter of its gradient (backward): ring collectives, (mp - 1) / mp of the tensor each."""
+    graph = analysis.graph
+    output = max((n for n in graph.nodes if graph.nodes[n]["layer"] == layer), default=None)
+    if output is None or not graph.nodes[output]["shapes"] or graph.nodes[output]["shapes"][0] is None:
+        return 0
+    numel = math.prod(max(d, 1) for d in graph.nodes[output]["shapes"][0])
+    return 2 * (numel * dtype_bytes * (mp - 1) // mp)

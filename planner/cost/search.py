@@ -81,6 +81,8 @@ class SearchResult:
     setup: Setup | None = None
     #: Modelling remarks worth a line in the plan (padding, what was not priced, ...).
     notes: list[str] = field(default_factory=list)
+    #: What Paddle's SPMD rules add for ``best`` beyond the plan's hooks (the plan's ``implicit_comm``).
+    implicit_comm: list = field(default_factory=list)
     #: How many strategies were priced.
     evaluated: int = 0
 
@@ -149,6 +151,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         setup=setup,
         notes=list(cost.notes) + _strategy_notes(cost, top[0].candidate.strategy),
         evaluated=evaluated,
+        implicit_comm=list(getattr(priced.implicit(top[0].candidate.strategy.mp, width), "entries", ())),
     )
 
 

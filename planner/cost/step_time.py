@@ -98,10 +98,15 @@ class Setup:
 @dataclass(frozen=True)
 class Implicit:
     """Collectives Paddle inserts by itself: bytes one rank sends per token of a micro-batch
-    (forward and backward), in ``count`` collectives each way."""
+    (forward and backward), in ``count`` collectives each way; and the plan's own ``reshard``
+    hooks that gather fused projections instead (``planned_*``: priced as mp communication).
+    ``entries``: what Paddle inserts, as the plan's ``implicit_comm`` lists it."""
 
     sent_per_token: float = 0.0
     count: int = 0
+    planned_per_token: float = 0.0
+    planned_count: int = 0
+    entries: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -297,7 +302,10 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     if ctx.implicit and mp > 1 and ctx.cost.blocks:
         share = (stop - start) / len(ctx.cost.blocks)  # the implicit collectives sit in the blocks
         implicit_bytes = ctx.implicit.sent_per_token * tokens * share
-        mp_s += share * ctx.implicit.count * 2 * (mp - 1) * mp_link.latency_s + implicit_bytes / mp_link.bandwidth
+        hooked_bytes = ctx.implicit.planned_per_token * tokens * share  # the plan's own gathers
+        count = ctx.implicit.count + ctx.implicit.planned_count
+        mp_s += share * count * 2 * (mp - 1) * mp_link.latency_s + (implicit_bytes + hooked_bytes) / mp_link.bandwidth
+        mp_bytes += hooked_bytes
 
     # Pipeline hand-off to the next stage: the activation forward, its gradient backward.
     p2p_s = p2p_bytes = 0.0
