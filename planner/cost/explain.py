@@ -9,14 +9,14 @@ numbers are left out here, they move with the cost model)::
     ...                   params_split=200_000_000, flops_per_token=4e8, allreduce_fwd_per_token=8192,
     ...                   allreduce_bwd_per_token=8192, allreduce_fwd_count=2, allreduce_bwd_count=2,
     ...                   output_per_token=4096)
-    >>> cost = ModelCost(blocks=(block,) * 4, hidden_size=4096, traced_batch=4, traced_seq=1024)
+    >>> cost = ModelCost(blocks=(block,) * 4, hidden_size=4096, traced_batch=32, traced_seq=1024)
     >>> print(explain_table(search(cost, SearchRequest(devices_per_node=8))))  # doctest: +ELLIPSIS
     device h100-sxm x 8 (1 node(s) x 8), global batch 32 x seq 1024, bf16, adam, recompute none; ... priced
       #  strategy ... step(ms) ... tok/s ... MFU  mem(GB) = params/grads/opt/act ... comm(MB) mp/dp/pp/implicit
       1  dp...
     where the time of #1 goes (ms per step): compute ...
     rejected:
-      dp1 mp1 pp8 m1: pp=8 is more than the 4 blocks of the model (each stage needs at least one block)
+    ...dp1 mp1 pp8 m1: pp=8 is more than the 4 blocks of the model (each stage needs at least one block)
 """
 
 from __future__ import annotations
