@@ -308,9 +308,9 @@ def token_mixing_projection(graph: nx.DiGraph, nodes: frozenset[int], weights: l
             return None
         return math.prod(shape) // shape[-1]
 
-    inputs = [graph.nodes[u]["shapes"][d["result"]] for u, v, d in graph.in_edges(nodes, data=True)
-              if u not in nodes and graph.nodes[u]["param"] is None and graph.nodes[u]["op"] != "builtin.parameter"]
-    block_rows = next((rows(s) for s in inputs if s and len(s) >= 2 and rows(s)), None)
+    # the residual stream: the block's last value used outside it (masks and tables come in, too)
+    outputs = sorted((u, d["result"]) for u, v, d in graph.out_edges(nodes, data=True) if v not in nodes)
+    block_rows = rows(graph.nodes[outputs[-1][0]]["shapes"][outputs[-1][1]]) if outputs else None
     uses = projection_uses(graph)
     for weight in weights:
         if weight not in uses:
