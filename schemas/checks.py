@@ -105,9 +105,34 @@ def check_stages_and_hooks(plan: Plan) -> list[str]:
     return problems
 
 
+def check_stage_agreement(plan: Plan) -> list[str]:
+    """``blocks[].stage``, ``params[].stage`` and the ``stage_handoff`` hooks tell one story:
+    a block's parameters live on its stage, and a hand-off follows only a block whose next block
+    runs on another stage, to that stage (under the ``sequential`` schedule, which moves
+    activations by these hooks alone, every such block has one)."""
+    problems = []
+    for block in plan.blocks:
+        prefix = block.layer + "."
+        for fqn, param in plan.params.items():
+            if fqn.startswith(prefix) and param.stage != block.stage:
+                problems.append(f'$.params["{fqn}"].stage: {param.stage} but its block {block.layer} is on stage '
+                                f"{block.stage}")
+    expected = {(a.layer, b.stage) for a, b in zip(plan.blocks, plan.blocks[1:]) if a.stage != b.stage}
+    handoffs = [(i, (h.layer, h.to_stage)) for i, h in enumerate(plan.hooks) if h.action == "stage_handoff"]
+    for i, (layer, to_stage) in handoffs:
+        if (layer, to_stage) not in expected:
+            problems.append(f"$.hooks[{i}]: a stage_handoff after {layer} to stage {to_stage}, but the blocks do not "
+                            "change stage there")
+    missing = expected - {handoff for _, handoff in handoffs} if plan.strategy.schedule == "sequential" else set()
+    for layer, to_stage in sorted(missing):
+        problems.append(f"$.hooks: no stage_handoff after {layer}, whose next block runs on stage {to_stage}")
+    return problems
+
+
 def check_plan(plan: Plan) -> list[str]:
     """Every cross-field problem of ``plan``; empty when it is consistent."""
-    return check_mesh(plan) + check_params(plan) + check_stages_and_hooks(plan) + check_recompute(plan)
+    return (check_mesh(plan) + check_params(plan) + check_stages_and_hooks(plan) + check_stage_agreement(plan)
+            + check_recompute(plan))
 
 
 def check_recompute(plan: Plan) -> list[str]:

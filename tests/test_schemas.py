@@ -137,8 +137,33 @@ def test_placements_must_cover_every_mesh_dim(doc):
 
 def test_stage_must_be_below_pp(doc):
     doc["params"]["layers.0.norm.weight"]["stage"] = 1
-    (problem,) = problems_of(doc)
+    problem, disagreement = problems_of(doc)
     assert problem == '$.params["layers.0.norm.weight"].stage: 1 but pp is 1'
+    assert disagreement == '$.params["layers.0.norm.weight"].stage: 1 but its block layers.0 is on stage 0'
+
+
+def test_blocks_params_and_handoffs_agree_on_stages():
+    """A pp2 plan: moving a block's parameter, dropping a hand-off or sending it elsewhere are
+    each named (before, such a plan loaded and the applier put the parameter on the wrong mesh)."""
+    doc = json.loads((Path(__file__).parents[1] / "plans" / "paddleformers_llama" / "plan_4x8dev_mp8_pp2.json").read_text())
+    assert load_doc(doc)
+    block = doc["blocks"][0]
+    fqn = next(name for name in doc["params"] if name.startswith(block["layer"] + "."))
+    moved = copy.deepcopy(doc)
+    moved["params"][fqn]["stage"] = 1 - block["stage"]
+    assert problems_of(moved) == [f'$.params["{fqn}"].stage: {1 - block["stage"]} but its block {block["layer"]} '
+                                  f'is on stage {block["stage"]}']
+    (i, handoff), = [(i, h) for i, h in enumerate(doc["hooks"]) if h["action"] == "stage_handoff"][:1]
+    dropped = copy.deepcopy(doc)
+    del dropped["hooks"][i]
+    assert load_doc(dropped)  # VPP moves activations itself; the sequential schedule needs the hook
+    dropped["strategy"].update(schedule="sequential", virtual_stages=1, micro_batches=1)
+    assert problems_of(dropped) == [f"$.hooks: no stage_handoff after {handoff['layer']}, whose next block runs on "
+                                    f"stage {handoff['to_stage']}"]
+    elsewhere = copy.deepcopy(doc)
+    elsewhere["hooks"][i]["layer"] = doc["blocks"][-1]["layer"]
+    assert problems_of(elsewhere) == [f"$.hooks[{i}]: a stage_handoff after {doc['blocks'][-1]['layer']} to stage "
+                                      f"{handoff['to_stage']}, but the blocks do not change stage there"]
 
 
 def test_strategy_must_agree_with_the_mesh(doc):
@@ -160,8 +185,8 @@ def test_all_problems_are_reported_at_once(doc):
     doc["hooks"][0]["placements"] = ["R"]
     doc["data"]["shard_dims"] = ["pp"]
     err_problems = problems_of(doc)
-    assert len(err_problems) == 3
-    with pytest.raises(PlanError, match="3 problems"):
+    assert len(err_problems) == 4  # the stage is also not its block's
+    with pytest.raises(PlanError, match="4 problems"):
         load_doc(doc)
 
 
