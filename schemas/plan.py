@@ -124,6 +124,9 @@ class DeviceProfile(Base):
     inter_node_bandwidth: NonNegativeFloat
     intra_node_latency_s: NonNegativeFloat
     inter_node_latency_s: NonNegativeFloat
+    #: What this device's collective backend cannot do (gloo on Paddle 3.3.1's CPU wheel lacks
+    #: all three); the search rejects strategies that need them, with the reason.
+    unsupported: list[Literal["reduce_scatter", "all_to_all", "cross_mesh_reshard"]] = []
 
 
 class Cluster(Base):

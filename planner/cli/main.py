@@ -131,7 +131,7 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
       autodist-plan plans/llama_docstring/model.py --devices 4 -o plan.json
       autodist-plan model.py --devices 8 --nodes 2 --mp 8 --device h100-sxm --explain -o plan.json
     """
-    from autodist.planner.cost.hardware import resolve_device
+    from autodist.planner.cost.hardware import local_gpu_profile_name, resolve_device
     from autodist.planner.driver import plan_target
     from autodist.planner.progress import Progress
     from autodist.planner.cost.search import SearchRequest
@@ -170,8 +170,11 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
         traced = made.traced
         fallback = (f"; traced {traced.traced_layer} only, the whole model does not trace ({traced.fallback_reason})"
                     if traced.fallback_reason else "")
+        assumed = ""
+        if device_name is None and cluster_file is None and local_gpu_profile_name() is None:
+            assumed = f" (no --device and no known GPU here: assumed {request.device.name}; give --device or --cluster)"
         click.echo(printable(f"plan for {request.world} devices: {describe_strategy(made.plan.strategy)}"
-                             + (f" -> {output}" if output else "") + fallback), err=True)
+                             + (f" -> {output}" if output else "") + assumed + fallback), err=True)
 
 
 def planner_arguments(ctx: click.Context) -> dict[str, str]:

@@ -58,6 +58,13 @@ _CUDA_NAME_TO_PROFILE = (
 #: far above any device, and small enough that every estimate stays a finite number.
 MAX_FIGURE = 1e18
 
+#: What a backend may lack (``[device].unsupported``), and what needs it.
+BACKEND_OPERATIONS = {
+    "reduce_scatter": "sequence parallelism and ZeRO (sharding stages 1-3) need reduce-scatter",
+    "all_to_all": "sequence parallelism needs all-to-all",
+    "cross_mesh_reshard": "a pipeline (pp > 1) moves activations between two meshes",
+}
+
 #: cluster.toml keys under ``[device]``, their unit factor and what they mean.
 _CLUSTER_KEYS = {
     "memory_gb": (GB, "device memory in GB (10^9 bytes)"),
@@ -146,14 +153,18 @@ def load_cluster_file(path: str) -> DeviceProfile:
     device = data.get("device")
     if not isinstance(device, dict):
         raise PlannerError(f"{path}: needs a [device] table with: {', '.join(_CLUSTER_KEYS)}")
-    unknown = sorted(set(device) - set(_CLUSTER_KEYS) - {"name", "base"})
+    unknown = sorted(set(device) - set(_CLUSTER_KEYS) - {"name", "base", "unsupported"})
     if unknown:
         raise PlannerError(f"{path}: unknown key(s) in [device]: {', '.join(unknown)}; known: "
-                           f"name, base, {', '.join(_CLUSTER_KEYS)}")
+                           f"name, base, unsupported, {', '.join(_CLUSTER_KEYS)}")
     for key in ("name", "base"):
         if key in device and not (isinstance(device[key], str) and device[key].isprintable()):
             raise PlannerError(f"{path}: [device].{key} must be a string of printable characters, got {printable(repr(device[key]))}")
     values = _profile_values(resolve_device(device["base"])) if "base" in device else {}
+    unsupported = device.get("unsupported", resolve_device(device["base"]).unsupported if "base" in device else [])
+    if not (isinstance(unsupported, list) and set(unsupported) <= set(BACKEND_OPERATIONS)):
+        raise PlannerError(f"{path}: [device].unsupported must be a list of {', '.join(BACKEND_OPERATIONS)}, "
+                           f"got {printable(repr(unsupported))}")
     for key, (unit, meaning) in _CLUSTER_KEYS.items():
         if key not in device:
             continue
@@ -175,6 +186,7 @@ def load_cluster_file(path: str) -> DeviceProfile:
         inter_node_bandwidth=float(values["inter_node_bandwidth_gb_s"]),
         intra_node_latency_s=float(values["intra_node_latency_us"]),
         inter_node_latency_s=float(values["inter_node_latency_us"]),
+        unsupported=sorted(set(unsupported)),
     )
 
 
@@ -203,3 +215,22 @@ def _profile_values(profile: DeviceProfile) -> dict[str, float]:
         "intra_node_latency_us": profile.intra_node_latency_s,
         "inter_node_latency_us": profile.inter_node_latency_s,
     }
+
+
+def backend_problem(device: DeviceProfile, sequence_parallel: bool = False, sharding_stage: int = 0, pp: int = 1) -> str:
+    """Why ``device``'s collective backend cannot run a strategy with these settings, or ''.
+
+    >>> backend_problem(PROFILES["cpu"], sharding_stage=2)
+    'cpu cannot: sequence parallelism and ZeRO (sharding stages 1-3) need reduce-scatter'
+    >>> backend_problem(PROFILES["h100-sxm"], sequence_parallel=True, pp=2)
+    ''
+    """
+    needs = []
+    if sequence_parallel:
+        needs += ["reduce_scatter", "all_to_all"]
+    if sharding_stage:
+        needs.append("reduce_scatter")
+    if pp > 1:
+        needs.append("cross_mesh_reshard")
+    missing = [op for op in dict.fromkeys(needs) if op in device.unsupported]
+    return f"{device.name} cannot: " + "; ".join(BACKEND_OPERATIONS[op] for op in missing) if missing else ""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from autodist.planner.cost.blocks import ModelCost
-from autodist.planner.cost.hardware import FALLBACK_DEVICE, PROFILES
+from autodist.planner.cost.hardware import FALLBACK_DEVICE, PROFILES, backend_problem
 from autodist.planner.cost.memory import DTYPE_BYTES, check_training_setup
 from autodist.planner.cost.step_time import (
     MEMORY_USABLE,
@@ -149,7 +149,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         rejected=rejected,
         breakdowns=[s.breakdown for s in top],
         setup=setup,
-        notes=list(cost.notes) + _strategy_notes(cost, top[0].candidate.strategy),
+        notes=list(cost.notes) + _strategy_notes(cost, top[0].candidate.strategy) + _backend_notes(setup),
         evaluated=evaluated,
         implicit_comm=list(getattr(priced.implicit(top[0].candidate.strategy.mp, width), "entries", ())),
     )
@@ -259,7 +259,8 @@ def _meshes(request: SearchRequest) -> Iterator[tuple[int, int, int]]:
 
 def _mesh_problem(cost: ModelCost, setup: Setup, dp: int, mp: int, pp: int) -> str:
     """Why a mesh cannot work whatever its other settings, or ''."""
-    problem = degree_problem(cost, "mp", mp, f"mp={mp}") or degree_problem(cost, "pp", pp, f"pp={pp}")
+    problem = (degree_problem(cost, "mp", mp, f"mp={mp}") or degree_problem(cost, "pp", pp, f"pp={pp}")
+               or backend_problem(setup.device, pp=pp))
     if problem:
         return problem
     if setup.global_batch % dp:
@@ -353,6 +354,9 @@ def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list
 
 def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, num_blocks: int, tied: bool) -> str:
     """Why one variant of a feasible mesh cannot work (before pricing it), or ''."""
+    unsupported = backend_problem(setup.device, strategy.sequence_parallel, strategy.sharding_stage)
+    if unsupported:
+        return unsupported
     per_rank = setup.global_batch // strategy.dp
     if per_rank % strategy.micro_batches:
         return (f"the {per_rank} samples per dp rank do not split into {strategy.micro_batches} micro-batches")
@@ -432,6 +436,14 @@ def describe(strategy: Strategy) -> str:
     if strategy.pp > 1 and strategy.schedule != "none":
         parts.append(strategy.schedule + (f" v{strategy.virtual_stages}" if strategy.virtual_stages > 1 else ""))
     return " ".join(parts)
+
+
+def _backend_notes(setup: Setup) -> list[str]:
+    """What the device's backend ruled out, said once (the rejected strategies give details)."""
+    if not setup.device.unsupported:
+        return []
+    return [f"device {setup.device.name}: its backend lacks {', '.join(setup.device.unsupported)}; strategies that "
+            "need them (sequence parallelism, ZeRO, pipelines) were not considered"]
 
 
 def _strategy_notes(cost: ModelCost, strategy: Strategy) -> list[str]:

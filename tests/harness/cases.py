@@ -28,6 +28,11 @@ from .runner import ReferenceRuns, train_distributed
 from .workloads import WORKLOADS, Workload
 
 
+#: The cpu profile without its backend limits: planner-made test plans may ask for what gloo
+#: lacks, which the harness's TEST-ONLY stand-ins then supply.
+CPU_WITH_STAND_INS = Path(__file__).with_name("cpu_with_stand_ins.toml")
+
+
 @dataclass(frozen=True)
 class Config:
     """One way to distribute and train; ``reshard="via_replicate"`` asks for the TEST-ONLY CPU
@@ -71,7 +76,7 @@ class Config:
 
     def planner_arguments(self, nodes: int = 1) -> list[str]:
         return [
-            f"--devices={self.world // nodes}", f"--nodes={nodes}", "--device=cpu",
+            f"--devices={self.world // nodes}", f"--nodes={nodes}", f"--cluster={CPU_WITH_STAND_INS}",
             f"--dp={self.dp}", f"--mp={self.mp}", f"--pp={self.pp}", f"--sharding-stage={self.sharding_stage}",
             "--sequence-parallel" if self.sequence_parallel else "--no-sequence-parallel",
             f"--micro-batches={self.micro_batches}", f"--global-batch-size={self.batch}",

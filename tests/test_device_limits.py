@@ -1,0 +1,75 @@
+"""Device limits: a profile says what its collective backend cannot do, and the search never
+chooses a strategy that needs it (gloo on the CPU wheel: no reduce-scatter, no all-to-all, no
+reshard between two meshes — docs/paddle-notes.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autodist.planner.cli import cli
+from autodist.planner.cost.hardware import PROFILES, load_cluster_file
+from autodist.planner.errors import PlannerError
+from autodist.schemas import load_plan
+
+DOCSTRING = str(Path(__file__).resolve().parents[1] / "plans" / "llama_docstring" / "model.py")
+TINY = dict(VOCAB_SIZE=64, HIDDEN_SIZE=32, INTERMEDIATE_SIZE=64, NUM_HEADS=4, NUM_LAYERS=2, SEQ_LENGTH=16)
+
+
+@pytest.fixture(autouse=True)
+def tiny_docstring(monkeypatch):
+    for field, value in TINY.items():
+        monkeypatch.setenv(f"LLAMA_DOCSTRING_{field}", str(value))
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_the_cpu_profile_says_what_gloo_lacks():
+    assert PROFILES["cpu"].unsupported == ["all_to_all", "cross_mesh_reshard", "reduce_scatter"]
+    assert PROFILES["h100-sxm"].unsupported == []
+
+
+def test_a_cpu_plan_never_needs_what_gloo_lacks(tmp_path):
+    """Found by a user: a --device cpu plan chose ZeRO-2 and died at the first backward
+    (Unimplemented cpu kernel for CReduceScatterOp)."""
+    out = tmp_path / "plan.json"
+    result = run(DOCSTRING, "--devices", 4, "--device", "cpu", "--global-batch-size", 16, "-o", out)
+    assert result.exit_code == 0, result.output
+    plan = load_plan(out)
+    for strategy in [plan.strategy, *(c.strategy for c in plan.alternatives.accepted)]:
+        assert strategy.sharding_stage == 0 and not strategy.sequence_parallel and strategy.pp == 1, strategy
+    assert plan.cluster.device.unsupported == ["all_to_all", "cross_mesh_reshard", "reduce_scatter"]
+    assert any("its backend lacks" in note for note in plan.notes)
+    assert any(r.strategy.pp > 1 and "cpu cannot: a pipeline" in r.reason for r in plan.alternatives.rejected)
+
+
+def test_asking_for_what_the_backend_lacks_is_refused_with_the_reason(tmp_path):
+    result = run(DOCSTRING, "--devices", 2, "--device", "cpu", "--mp", 2, "--sequence-parallel", "-o", tmp_path / "p.json")
+    assert result.exit_code != 0
+    assert "cpu cannot: sequence parallelism and ZeRO (sharding stages 1-3) need reduce-scatter" in result.output
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_cluster_file_may_name_what_its_backend_lacks(tmp_path):
+    path = tmp_path / "cluster.toml"
+    path.write_text('[device]\nname = "lab"\nbase = "h100-sxm"\nunsupported = ["all_to_all"]\n')
+    assert load_cluster_file(str(path)).unsupported == ["all_to_all"]
+    path.write_text('[device]\nname = "lab"\nbase = "cpu"\n')
+    assert load_cluster_file(str(path)).unsupported == PROFILES["cpu"].unsupported  # inherited from the base
+    path.write_text('[device]\nbase = "cpu"\nunsupported = ["teleport"]\n')
+    with pytest.raises(PlannerError, match="unsupported must be a list of reduce_scatter, all_to_all, cross_mesh_reshard"):
+        load_cluster_file(str(path))
+
+
+@pytest.mark.skipif(__import__("autodist.planner.cost.hardware", fromlist=["x"]).local_gpu_profile_name() is not None,
+                    reason="this machine has a known GPU: its profile is used, nothing is assumed")
+def test_without_device_or_gpu_the_summary_says_which_profile_was_assumed(tmp_path):
+    result = run(DOCSTRING, "--devices", 2, "-o", tmp_path / "p.json")
+    assert result.exit_code == 0, result.output
+    assert "(no --device and no known GPU here: assumed h100-sxm; give --device or --cluster)" in result.stderr
+    named = run(DOCSTRING, "--devices", 2, "--device", "h100-sxm", "-o", tmp_path / "q.json")
+    assert "assumed" not in named.stderr
