@@ -12,8 +12,6 @@ strategy's pp, the best step time per schedule. Prints Markdown for docs/benchma
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import paddle
@@ -22,6 +20,7 @@ from autodist.planner.cost.search import SearchRequest, describe, search
 from autodist.planner.errors import PlannerError
 from autodist.planner.graph import build_graph
 from autodist.planner.recognise.analysis import analyze
+from autodist.planner.load import import_model_file
 from autodist.planner.trace import trace_model
 
 MODEL_FILE = Path(__file__).resolve().parents[1] / "plans" / "llama_docstring" / "model.py"
@@ -30,11 +29,7 @@ NODES, DEVICES_PER_NODE = 4, 8
 
 
 def load_docstring_module():
-    spec = importlib.util.spec_from_file_location("llama_docstring_model", MODEL_FILE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_model_file(MODEL_FILE)
 
 
 def row(label: str, result) -> str:

@@ -11,14 +11,13 @@ docs/benchmarks.md. Best of 3 each.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from pathlib import Path
 
 import paddle
 
 from autodist.planner import driver
+from autodist.planner.load import import_model_file
 from autodist.planner.cost.graph_cost import model_cost
 from autodist.planner.cost.search import SearchRequest, describe, search
 
@@ -28,11 +27,7 @@ REPEATS = 3
 
 
 def load_docstring_module():
-    spec = importlib.util.spec_from_file_location("llama_docstring_model", MODEL_FILE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_model_file(MODEL_FILE)
 
 
 def main() -> None:

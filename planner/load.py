@@ -142,7 +142,7 @@ def parse_input_spec(text: str) -> paddle.static.InputSpec:
 
 def _import(module_ref: str, target: str) -> ModuleType:
     if module_ref.endswith(".py"):
-        return _import_file(Path(module_ref), target)
+        return import_model_file(module_ref, target)
     try:
         return importlib.import_module(module_ref)
     except ModuleNotFoundError as exc:
@@ -153,7 +153,11 @@ def _import(module_ref: str, target: str) -> ModuleType:
         raise _user_code_error(f"importing {module_ref}", exc) from None
 
 
-def _import_file(path: Path, target: str) -> ModuleType:
+def import_model_file(path: str | Path, target: str | None = None) -> ModuleType:
+    """Import a model file by path, as ``autodist-plan path.py`` does: under a unique, stable
+    module name, with its folder on ``sys.path`` while it runs (the one model-file importer of
+    the planner, its benchmarks and tests). ``target`` names it in errors (default: ``path``)."""
+    path, target = Path(path), target or str(path)
     if not path.is_file():
         raise PlannerError(f"{target}: file {str(path)!r} not found")
     path = path.resolve()

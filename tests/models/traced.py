@@ -9,8 +9,6 @@ tied head), ``llama_untied``, ``phi3``, ``gemma3``, ``gpt``, ``gpt_sdpa`` (atten
 from __future__ import annotations
 
 import functools
-import importlib.util
-import sys
 from pathlib import Path
 
 import paddle
@@ -24,11 +22,9 @@ TINY_DOCSTRING = dict(hidden_size=32, intermediate_size=64, num_heads=4, vocab_s
 
 @functools.lru_cache(maxsize=1)
 def docstring_module():
-    spec = importlib.util.spec_from_file_location("llama_docstring_model", DOCSTRING_MODEL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    from autodist.planner.load import import_model_file
+
+    return import_model_file(DOCSTRING_MODEL)
 
 
 def build(name: str, layers: int = 2):
