@@ -35,7 +35,7 @@ def test_plan_is_the_default_command_and_writes_a_valid_plan(tmp_path):
     assert plan.cluster.device.name == "a100-80g" and plan.cluster.devices_per_node == 4
     assert plan.provenance.arguments["dp"] == "2" and plan.provenance.arguments["target"] == DOCSTRING
     assert "output" not in plan.provenance.arguments
-    assert "plan for 4 devices: pp1 x dp2 x mp2" in result.stderr and str(out) in result.stderr
+    assert "plan for 4 devices: dp2 · mp2 · pp1" in result.stderr and str(out) in result.stderr
     assert plan.estimate.step_time_s > 0
 
 

@@ -133,6 +133,7 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
     """
     from autodist.planner.cost.hardware import local_gpu_profile_name, resolve_device
     from autodist.planner.driver import plan_target
+    from autodist.planner.review.format import strategy_text
     from autodist.planner.progress import Progress
     from autodist.planner.cost.search import SearchRequest
 
@@ -173,7 +174,7 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
         assumed = ""
         if device_name is None and cluster_file is None and local_gpu_profile_name() is None:
             assumed = f" (no --device and no known GPU here: assumed {request.device.name}; give --device or --cluster)"
-        click.echo(printable(f"plan for {request.world} devices: {describe_strategy(made.plan.strategy)}"
+        click.echo(printable(f"plan for {request.world} devices: {strategy_text(made.plan.strategy)}"
                              + (f" -> {output}" if output else "") + assumed + fallback), err=True)
 
 
@@ -185,18 +186,6 @@ def planner_arguments(ctx: click.Context) -> dict[str, str]:
         for name, value in sorted(ctx.params.items())
         if name not in skipped and value not in (None, ())
     }
-
-
-def describe_strategy(strategy) -> str:
-    """``"pp2 x dp2 x mp2, sequence parallel, ZeRO-1, 4 micro-batches (1F1B)"``."""
-    parts = [" x ".join(f"{name}{getattr(strategy, name)}" for name in ("pp", "dp", "mp"))]
-    if strategy.sequence_parallel:
-        parts.append("sequence parallel")
-    if strategy.sharding_stage:
-        parts.append(f"ZeRO-{strategy.sharding_stage}")
-    if strategy.pp > 1:
-        parts.append(f"{strategy.micro_batches} micro-batches ({strategy.schedule})")
-    return ", ".join(parts)
 
 
 @cli.command()
