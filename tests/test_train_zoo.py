@@ -15,7 +15,7 @@ from autodist.schemas import save_plan
 from harness.cases import Trained, check_against_reference
 from harness.jobs import TrainRun
 from harness.runner import train_distributed
-from harness.workloads import WORKLOADS
+from harness.workloads import BATCH, WORKLOADS
 
 pytestmark = pytest.mark.multiprocess
 
@@ -41,8 +41,9 @@ def trained(tmp_path_factory, reference_runs):
     plans = {}
     for workload, dp in CONFIGS:
         target = WORKLOADS[workload].planner_target
-        made = plan_target(target, None, SearchRequest(devices_per_node=2 * dp, dp=dp, mp=2, pp=1, sharding_stage=0,
-                                                       sequence_parallel=False), {"target": target})
+        request = SearchRequest(devices_per_node=2 * dp, dp=dp, mp=2, pp=1, sharding_stage=0, sequence_parallel=False,
+                                global_batch_size=BATCH)  # the harness's loader batch
+        made = plan_target(target, None, request, {"target": target})
         path = workdir / f"{run_name(workload, dp)}.json"
         save_plan(made.plan, path)
         plans[run_name(workload, dp)] = made.plan
