@@ -116,3 +116,30 @@ def test_unmatched_layers_are_warned_about_and_noted(tmp_path):
     for layer in ("conv", "fc"):
         assert f"warning: layer {layer}" in result.stderr
         assert any(note.startswith(f"layer {layer}:") for note in plan.notes)
+
+
+# -- the first hour -----------------------------------------------------------------------------------
+
+
+def test_an_output_folder_that_does_not_exist_is_refused_before_planning(tmp_path, monkeypatch):
+    import autodist.planner.driver as driver
+
+    monkeypatch.setattr(driver, "plan_target", lambda *a, **k: pytest.fail("planned before checking the output path"))
+    result = run(DOCSTRING, "--devices", 2, "-o", tmp_path / "newdir" / "plan.json")
+    assert result.exit_code != 0
+    assert "newdir/plan.json: the folder" in result.output and "does not exist; create it first" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_tp_and_zero_are_aliases_users_know(tmp_path):
+    out = tmp_path / "plan.json"
+    result = run(DOCSTRING, "--devices", 4, "--tp", 2, "--zero", 1, "--device", "h100-sxm", "-o", out)
+    assert result.exit_code == 0, result.output
+    strategy = load_plan(out).strategy
+    assert (strategy.mp, strategy.sharding_stage) == (2, 1)
+
+
+def test_more_fixed_degrees_than_devices_says_how_many_are_needed():
+    result = run(DOCSTRING, "--dp", 4, "--mp", 2, "--devices", 4)
+    assert result.exit_code != 0
+    assert "dp=4 x mp=2 needs 8 devices, but there are 4" in result.output

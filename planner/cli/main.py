@@ -19,6 +19,7 @@ import functools
 import json
 import os
 import warnings
+from pathlib import Path
 
 import click
 
@@ -101,10 +102,10 @@ def cli() -> None:
 @click.option("--devices", type=int, default=1, show_default=True, help="Devices per node.")
 @click.option("--nodes", type=int, default=1, show_default=True, help="Number of nodes.")
 @click.option("--dp", type=int, help="Data-parallel degree (searched when left out).")
-@click.option("--mp", type=int, help="Tensor (model) parallel degree (searched when left out).")
+@click.option("--mp", "--tp", "mp", type=int, help="Tensor (model) parallel degree (searched when left out).")
 @click.option("--pp", type=int, help="Pipeline-parallel degree (searched when left out).")
 @click.option("--sequence-parallel/--no-sequence-parallel", default=None, help="Force sequence parallelism on or off.")
-@click.option("--sharding-stage", type=click.IntRange(0, 3), help="ZeRO stage over the dp group (0-3).")
+@click.option("--sharding-stage", "--zero", "sharding_stage", type=click.IntRange(0, 3), help="ZeRO stage over the dp group (0-3).")
 @click.option("--micro-batches", type=int, help="Micro-batches per optimizer step (pipeline micro-batches, or gradient accumulation without a pipeline).")
 @click.option("--schedule", type=click.Choice(["sequential", "1F1B", "VPP"]), help="Pipeline schedule.")
 @click.option("--device", "device_name", metavar="NAME", help="Device profile: a100-40g, a100-80g, h100-sxm, h200, cpu.")
@@ -133,6 +134,9 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
     """
     from autodist.planner.cost.hardware import local_gpu_profile_name, resolve_device
     from autodist.planner.driver import plan_target
+
+    if output and not Path(output).resolve().parent.is_dir():  # checked before the planning work, not after
+        raise PlannerError(f"{output}: the folder {Path(output).parent} does not exist; create it first")
     from autodist.planner.review.format import strategy_text
     from autodist.planner.progress import Progress
     from autodist.planner.cost.search import SearchRequest

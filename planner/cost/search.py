@@ -217,7 +217,10 @@ def _setup(cost: ModelCost, request: SearchRequest) -> Setup:
             raise PlannerError(f"--{name} {degree} does not divide the {world} devices")
     if len(fixed) == 3 and math.prod(fixed.values()) != world:
         raise PlannerError(f"dp x mp x pp = {math.prod(fixed.values())} but there are {world} devices")
-    if math.prod(fixed.values()) > world or world % math.prod(fixed.values()):
+    if math.prod(fixed.values()) > world:
+        raise PlannerError(f"{' x '.join(f'{k}={v}' for k, v in fixed.items())} needs {math.prod(fixed.values())} "
+                           f"devices, but there are {world} (--devices x --nodes)")
+    if world % math.prod(fixed.values()):
         raise PlannerError(f"the fixed degrees ({', '.join(f'{k}={v}' for k, v in fixed.items())}) "
                            f"do not divide the {world} devices")
     for name in ("micro_batches", "micro_batch_size", "global_batch_size", "seq_len"):
