@@ -138,7 +138,7 @@ def test_block_stages_are_contiguous_and_even(blocks, pp):
 @pytest.mark.slow
 def test_paddleformers_llama_from_its_causal_lm_class():
     made = plan_target(f"{MODELS / 'paddleformers_models.py'}:build_untied_llama", ["input_ids:int64:2x8"],
-                       SearchRequest(devices_per_node=4, dp=1, mp=2, pp=2), {"target": "llama"})
+                       SearchRequest(devices_per_node=4, dp=1, mp=2, pp=2, micro_batches=2), {"target": "llama"})
     plan = made.plan
     assert plan.model.traced_layer == "model" and plan.mesh.dim_names == ["pp", "mp"]
     assert plan.params["model.layers.0.self_attn.k_proj.weight"].placements == ["R", "S(1)"]

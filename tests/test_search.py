@@ -133,7 +133,8 @@ def test_fixed_degrees_constrain_the_search(llama_3b8):
     result = search(llama_3b8, SearchRequest(devices_per_node=8, mp=4, sequence_parallel=True, device=H100))
     for candidate in [result.best, *result.accepted]:
         assert candidate.strategy.mp == 4 and candidate.strategy.sequence_parallel
-    pinned = search(llama_3b8, SearchRequest(devices_per_node=8, dp=2, mp=2, pp=2, micro_batches=4, device=H100))
+    pinned = search(llama_3b8, SearchRequest(devices_per_node=8, dp=2, mp=2, pp=2, micro_batches=4,
+                                             global_batch_size=8, device=H100))
     best = pinned.best.strategy
     # The docstring Llama is cut at its blocks: a pipelining schedule, VPP's smaller bubble winning.
     assert (best.dp, best.mp, best.pp, best.micro_batches, best.schedule, best.virtual_stages) == (2, 2, 2, 4, "VPP", 2)
@@ -183,10 +184,11 @@ def test_micro_batches_below_pp_are_rejected_for_1f1b():
     model, program, graph = traced("gpt")
     analysis = analyze(program, graph, model)
     with pytest.raises(PlannerError) as err:
-        search(analysis, SearchRequest(devices_per_node=2, pp=2, micro_batches=1, device=H100))
+        search(analysis, SearchRequest(devices_per_node=2, pp=2, micro_batches=1, schedule="1F1B", device=H100))
     assert "1F1B needs at least pp=2 micro-batches, got 1" in err.value.detail
-    # The sequential schedule does not pipeline micro-batches, so one is fine.
-    sequential = search(analysis, SearchRequest(devices_per_node=2, pp=2, micro_batches=1, schedule="sequential"))
+    # The sequential schedule does not pipeline micro-batches, so one is fine; it is what the
+    # search falls back to when no pipelining schedule can run.
+    sequential = search(analysis, SearchRequest(devices_per_node=2, pp=2, micro_batches=1, device=H100))
     assert sequential.best.strategy.schedule == "sequential"
 
 

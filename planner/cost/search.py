@@ -340,7 +340,8 @@ def _variants(cost: ModelCost, setup: Setup, request: SearchRequest, dp: int, mp
 def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list[tuple[str, int]]:
     """``(schedule, virtual stages)`` to price: the one asked for; else every pipelining schedule
     the applier can run for ``num_blocks`` blocks and ``m`` micro-batches (schemas/schedules.py),
-    and ``sequential`` only for a model the pipelining schedules cannot cut at all."""
+    and ``sequential`` only where none can (a model they cannot cut, fewer micro-batches than
+    stages)."""
     if pp == 1:
         return [("none", 1)]
     chunks = {"1F1B": 1, "VPP": VPP_CHUNKS, "sequential": 1}
@@ -348,11 +349,7 @@ def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list
         return [(request.schedule, chunks[request.schedule])]
     runnable = [(name, chunks[name]) for name in PIPELINING_SCHEDULES
                 if not schedule_problems(name, pp, m, block_stages(num_blocks, pp, chunks[name]))]
-    if runnable:
-        return runnable
-    # 1F1B at enough micro-batches runs any model with pp blocks; price it, to say why not.
-    splittable = not schedule_problems("1F1B", pp, pp, block_stages(num_blocks, pp))
-    return [("1F1B", 1)] if splittable else [("sequential", 1)]
+    return runnable or [("sequential", 1)]
 
 
 def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, num_blocks: int, tied: bool) -> str:
