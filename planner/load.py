@@ -20,6 +20,7 @@ import hashlib
 import importlib
 import importlib.util
 import math
+import os
 import sys
 import traceback
 from collections.abc import Iterator
@@ -143,6 +144,9 @@ def parse_input_spec(text: str) -> paddle.static.InputSpec:
 def _import(module_ref: str, target: str) -> ModuleType:
     if module_ref.endswith(".py"):
         return import_model_file(module_ref, target)
+    # As `python -m` does: a package or module in the current directory is found.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         return importlib.import_module(module_ref)
     except ModuleNotFoundError as exc:
@@ -180,6 +184,14 @@ def import_model_file(path: str | Path, target: str | None = None) -> ModuleType
     return module
 
 
+def _callables_of(module: ModuleType) -> str:
+    """``"; it defines: build_small(), Model"``: the public functions and classes the module
+    itself defines (not what it imports), for an error about a factory name."""
+    names = sorted(name for name, value in vars(module).items()
+                   if callable(value) and not name.startswith("_") and getattr(value, "__module__", None) == module.__name__)
+    return f"; it defines: {', '.join(names)}" if names else "; it defines no functions or classes"
+
+
 def _build(module: ModuleType, factory_name: str | None, target: str) -> paddle.nn.Layer:
     name = factory_name or DEFAULT_FACTORY
     factory = getattr(module, name, None)
@@ -189,10 +201,10 @@ def _build(module: ModuleType, factory_name: str | None, target: str) -> paddle.
             return model
         raise PlannerError(
             f"{target}: no factory {DEFAULT_FACTORY}() and no module-level nn.Layer named `{MODULE_LEVEL_MODEL}` "
-            f"(name another factory with {target}:FACTORY)"
+            f"(name another factory with {target}:FACTORY){_callables_of(module)}"
         )
     if factory is None:
-        raise PlannerError(f"{target}: no factory named {name!r} in the module")
+        raise PlannerError(f"{target}: no factory named {name!r} in the module{_callables_of(module)}")
     if not callable(factory):
         raise PlannerError(f"{target}: {name!r} is a {type(factory).__name__}, not a function returning a model")
     try:

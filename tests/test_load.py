@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
 
 import paddle
@@ -172,3 +173,24 @@ def test_bad_input_spec_constant(tmp_path):
     path = write(tmp_path, "m.py", "def build_model():\n    return Net()\nINPUT_SPEC = [[2, 8]]\n")
     with pytest.raises(PlannerError, match="INPUT_SPEC must give a non-empty list of paddle.static.InputSpec"):
         load_target(path)
+
+
+def test_a_wrong_factory_name_lists_what_the_file_defines(tmp_path):
+    path = write(tmp_path, "m.py", "import paddle\nfrom math import sqrt\n\nclass Net(paddle.nn.Layer):\n    pass\n\n"
+                                   "def build_small():\n    return Net()\n\ndef _helper():\n    pass\n")
+    with pytest.raises(PlannerError) as err:
+        load_target(f"{path}:build_large")
+    assert str(err.value).endswith("no factory named 'build_large' in the module; it defines: Net, build_small")
+
+
+def test_a_package_module_in_the_current_directory_is_found(tmp_path, monkeypatch):
+    """As `python -m pkg.module` finds it; the console script's sys.path[0] is its bin folder."""
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "net.py").write_text(
+        "import paddle\n\nINPUT_SPEC = [paddle.static.InputSpec([4, 2], 'float32', 'x')]\n\n"
+        "def make():\n    return paddle.nn.Linear(2, 2)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    loaded = load_target("mypkg.net:make")
+    assert isinstance(loaded.model, paddle.nn.Linear)
