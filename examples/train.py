@@ -10,11 +10,18 @@ On one device, without a plan (the reference the demo compares with)::
 
     python examples/train.py --model model.py --steps 5
 
-The model file is what ``autodist-plan`` reads: a ``build_model()`` factory (or
-``model.py:factory``) and an ``input_spec()`` giving the global batch ``[batch, seq]``. The
-model's forward takes ``input_ids=`` and ``labels=`` and returns the loss (or a tuple whose first
-item is the loss), as PaddleFormers' ``...ForCausalLM`` classes and the docstring Llama do; adapt
-:func:`compute_loss` for anything else. Data here is random tokens from a fixed seed, so two runs
+The contract with the model file (what ``autodist-plan`` reads too):
+
+- a ``build_model()`` factory (or ``model.py:factory``);
+- ``input_spec()`` or ``INPUT_SPEC``: the token ids' ``[batch, seq]``, the batch being the global
+  batch per optimizer step (with ``--plan``, the plan's global batch is used);
+- either ``forward(input_ids=, labels=)`` returns the loss (or a tuple whose first item is the
+  loss), as PaddleFormers' ``...ForCausalLM`` classes and the docstring Llama do; or the module
+  defines ``loss_fn(output, labels)`` beside a ``forward(input_ids)`` that returns logits.
+
+Adapt :func:`compute_loss` for anything else. With ``--plan``, rank 0 ends with the measured step
+time and tokens/s next to the plan's estimate, so you see how close the cost model is on your
+machines. Data here is random tokens from a fixed seed, so two runs
 see the same batches; replace :func:`make_loader` with your dataset.
 """
 
@@ -26,6 +33,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +74,20 @@ def make_loader(vocab: int, batch: int, seq: int, steps: int, seed: int) -> padd
     return paddle.io.DataLoader(dataset, batch_sampler=sampler)
 
 
-def compute_loss(model, input_ids, labels):
+def input_spec_of(module):
+    """The module's ``input_spec()`` or ``INPUT_SPEC``."""
+    if callable(getattr(module, "input_spec", None)):
+        return module.input_spec()
+    if hasattr(module, "INPUT_SPEC"):
+        return module.INPUT_SPEC
+    raise SystemExit("error: the model file defines neither input_spec() nor INPUT_SPEC")
+
+
+def compute_loss(module, model, input_ids, labels):
+    """The module's ``loss_fn(model(input_ids), labels)`` when it has one, else the loss the
+    model computes from ``labels=``."""
+    if callable(getattr(module, "loss_fn", None)):
+        return module.loss_fn(model(input_ids), labels)
     out = model(input_ids=input_ids, labels=labels)
     return out[0] if isinstance(out, (tuple, list)) else out
 
@@ -103,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
             model = factory()
     else:
         model = factory()
-    batch, seq = [int(d) for d in module.input_spec()[0].shape]
+    batch, seq = [int(d) for d in input_spec_of(module)[0].shape]
     if args.plan:  # the global batch the plan was made for (the spec's, or --global-batch-size)
         from autodist.schemas import load_plan
 
@@ -121,17 +142,28 @@ def main(argv: list[str] | None = None) -> None:
         for param in model.parameters():
             param.initialize()
 
-    losses = []
-    for step, (input_ids, labels) in enumerate(loader, 1):
-        loss = compute_loss(model, input_ids, labels)
+    losses, started = [], []
+    per_step = getattr(loader, "micro_batches", 1)  # a plan that accumulates: micro-batches per step
+    for iteration, (input_ids, labels) in enumerate(loader, 1):
+        loss = compute_loss(module, model, input_ids, labels)
         losses.append(full_value(loss))
         loss.backward()
         optimizer.step()
         optimizer.clear_grad()
+        started.append(time.perf_counter())
         if rank == 0:
-            print(f"step {step}  loss {losses[-1]:.6f}", flush=True)
-    if rank == 0 and args.losses_out:
-        Path(args.losses_out).write_text(json.dumps({"world": world, "losses": losses}))
+            print(f"step {(iteration - 1) // per_step + 1}  loss {losses[-1]:.6f}", flush=True)
+    if rank == 0 and args.plan and len(started) > per_step:
+        from autodist.schemas import load_plan
+
+        estimate = load_plan(args.plan).estimate
+        step_s = (started[-1] - started[per_step - 1]) / ((len(started) - per_step) / per_step)  # first step excluded
+        print(f"measured {step_s * 1e3:.1f} ms/step, {batch * seq / step_s:,.0f} tokens/s; the plan estimated "
+              f"{estimate.step_time_s * 1e3:.1f} ms/step, {estimate.tokens_per_s:,.0f} tokens/s "
+              f"(for {load_plan(args.plan).cluster.device.name})", flush=True)
+    if rank == 0 and args.losses_out:  # one loss per optimizer step: the mean over its micro-batches
+        per_update = [sum(losses[i : i + per_step]) / per_step for i in range(0, len(losses), per_step)]
+        Path(args.losses_out).write_text(json.dumps({"world": world, "losses": per_update}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,49 @@
+"""examples/train.py meets the common model-file forms: INPUT_SPEC instead of input_spec(), and
+a model that returns logits with a loss function beside it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LOGITS_MODEL = """
+import paddle
+
+INPUT_SPEC = [paddle.static.InputSpec([4, 8], "int64", "input_ids")]
+
+
+class TinyLM(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.embed = paddle.nn.Embedding(32, 16)
+        self.head = paddle.nn.Linear(16, 32)
+
+    def forward(self, input_ids):
+        return self.head(self.embed(input_ids))
+
+
+def build_model():
+    return TinyLM()
+
+
+def loss_fn(logits, labels):
+    return paddle.nn.functional.cross_entropy(logits, labels.unsqueeze(-1)).mean()
+"""
+
+
+def test_input_spec_constant_and_a_loss_function_beside_the_model(tmp_path):
+    (tmp_path / "lm.py").write_text(LOGITS_MODEL)
+    out = tmp_path / "losses.json"
+    result = subprocess.run(
+        [sys.executable, "examples/train.py", "--model", str(tmp_path / "lm.py"), "--steps", "3", "--losses-out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    losses = json.loads(out.read_text())["losses"]
+    assert len(losses) == 3 and all(3.0 < loss < 4.0 for loss in losses)  # about ln(32) = 3.47 at the start
+    assert [line.split()[:2] for line in result.stdout.splitlines() if line.startswith("step")] == [
+        ["step", "1"], ["step", "2"], ["step", "3"]]
