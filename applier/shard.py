@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import paddle
@@ -49,6 +50,14 @@ def parameter_owners(model: paddle.nn.Layer) -> dict[int, list[Slot]]:
     return owners
 
 
+#: Said once per apply_plan of a lazily built model (docs/paddle-notes.md, "Parameters and optimizers").
+LAZY_START = (
+    "apply_plan: the model was built under paddle.LazyGuard(), so each rank initialises its shards from its "
+    "own random stream, in parameter-name order: training starts from other weights than an eager build with "
+    "the same seed would (not a wrong training, another start); load a checkpoint for an exact start"
+)
+
+
 def shard_parameters(model: paddle.nn.Layer, plan: Plan) -> list[tuple[paddle.Tensor, paddle.Tensor]]:
     """Shard each planned parameter (``dist.shard_tensor`` on its stage mesh, with its
     placements), put it back in every slot that held the old one, and initialise lazily built
@@ -70,6 +79,8 @@ def shard_parameters(model: paddle.nn.Layer, plan: Plan) -> list[tuple[paddle.Te
         replaced += [(old, new)] + [(old, copy) for copy in copies.values()]
         if not old._is_initialized():  # built under LazyGuard
             lazy += [new, *copies.values()]
+    if lazy:
+        warnings.warn(LAZY_START, stacklevel=3)
     for new in lazy:
         # After sharding: allocates this rank's shard only (nothing off the param's mesh).
         new.initialize()

@@ -104,7 +104,9 @@ def test_lazy_model_is_sharded_then_initialised():
         model = build_tied()
     assert not any(p._is_initialized() for p in model.parameters())
     plan = one_rank_plan(model, proj__weight="S(1)")
-    model, _, _ = apply_plan(model, None, None, plan)
+    with pytest.warns(UserWarning, match="starts from other weights than an eager build") as said:
+        model, _, _ = apply_plan(model, None, None, plan)
+    assert len([w for w in said if "LazyGuard" in str(w.message)]) == 1  # once, not per parameter
     assert all(p._is_initialized() for p in model.parameters())
     assert local_parameter_bytes(model) == planned_local_bytes(plan, 0) == 4 * (16 * 8 + 8 + 8 + 8 * 8 + 8)
 
