@@ -3,10 +3,13 @@
 1. plan the docstring Llama (a tiny config) for 4 devices: ``autodist-plan ... -o plan.json``, with
    dp2 x mp2 and no sequence parallelism or ZeRO fixed, because Paddle's CPU collectives lack the
    reduce-scatter those need (on GPUs, leave the choice to the planner);
-2. review the plan: ``autodist-plan show plan.json``;
-3. train 5 steps on 4 CPU ranks: ``python -m paddle.distributed.launch --nproc_per_node 4
-   examples/train.py --plan plan.json`` (``apply_plan`` on every rank);
-4. train the same 5 steps on one device and print both losses side by side.
+2. calibrate this machine on 4 ranks at the plan's matmul shapes (``autodist-plan calibrate``,
+   launched like training) and plan again with the measured ``cluster.toml``;
+3. review the plan: ``autodist-plan show plan.json``;
+4. train 5 steps on 4 CPU ranks: ``python -m paddle.distributed.launch --nproc_per_node 4
+   examples/train.py --plan plan.json`` (``apply_plan`` on every rank), which prints the
+   measured step time next to the plan's estimate;
+5. train the same 5 steps on one device and print both losses side by side.
 
 Exit status 0 when the losses agree (relative difference at most 1e-5), 1 when they do not, 2
 when a step fails (its log tail is printed). The files stay in the printed folder.
@@ -71,10 +74,16 @@ def main(argv: list[str]) -> None:
     workdir = Path(argv[0]) if argv else Path(tempfile.mkdtemp(prefix="autodist-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     plan, python = workdir / "plan.json", sys.executable
+    cluster = workdir / "cluster.toml"
     began = time.monotonic()
-    run("Plan the docstring Llama (tiny config) for 4 devices",
-        [python, "-m", "autodist.planner.cli", MODEL, "--devices", str(RANKS), "--dp", "2", "--mp", "2",
-         "--no-sequence-parallel", "--sharding-stage", "0", "--device", "cpu", "-o", str(plan)], workdir)
+    planner = [python, "-m", "autodist.planner.cli", MODEL, "--devices", str(RANKS), "--dp", "2", "--mp", "2",
+               "--no-sequence-parallel", "--sharding-stage", "0", "--dtype", "fp32", "-o", str(plan)]
+    run("Plan the docstring Llama (tiny config) for 4 devices", [*planner, "--device", "cpu"], workdir)
+    run(f"Calibrate this machine on {RANKS} ranks at the plan's matmul shapes",
+        [python, "-m", "paddle.distributed.launch", "--nproc_per_node", str(RANKS), "--log_dir",
+         str(workdir / "calibrate_logs"), str(Path(python).parent / "autodist-plan"), "calibrate", "--plan", str(plan),
+         "-o", str(cluster)], workdir, workdir / "calibrate_logs")
+    run("Plan again with the measured cluster.toml", [*planner, "--cluster", str(cluster)], workdir)
 
     print(f"\n== Review\n$ autodist-plan show {plan}")
     from autodist.planner.cli.review import show
@@ -91,8 +100,12 @@ def main(argv: list[str]) -> None:
         workdir)
 
     single = json.loads((workdir / "single.json").read_text())["losses"]
-    distributed = json.loads((workdir / "distributed.json").read_text())["losses"]
-    sys.exit(report(single, distributed, workdir, time.monotonic() - began))
+    run_record = json.loads((workdir / "distributed.json").read_text())
+    measured, estimated = run_record.get("step_time_s"), run_record.get("estimate_step_time_s")
+    if measured and estimated:
+        print(f"\n== Step time on {RANKS} ranks\nmeasured {measured * 1e3:.1f} ms, plan estimate {estimated * 1e3:.1f} ms "
+              f"with the calibrated profile (measured / estimate {measured / estimated:.2f})")
+    sys.exit(report(single, run_record["losses"], workdir, time.monotonic() - began))
 
 
 def report(single: list[float], distributed: list[float], workdir: Path, seconds: float) -> int:

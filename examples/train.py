@@ -153,17 +153,25 @@ def main(argv: list[str] | None = None) -> None:
         started.append(time.perf_counter())
         if rank == 0:
             print(f"step {(iteration - 1) // per_step + 1}  loss {losses[-1]:.6f}", flush=True)
-    if rank == 0 and args.plan and len(started) > per_step:
+    step_s = None  # seconds per optimizer step, the first excluded
+    if len(started) > per_step:
+        step_s = (started[-1] - started[per_step - 1]) / ((len(started) - per_step) / per_step)
+    if rank == 0 and args.plan and step_s:
         from autodist.schemas import load_plan
 
         estimate = load_plan(args.plan).estimate
-        step_s = (started[-1] - started[per_step - 1]) / ((len(started) - per_step) / per_step)  # first step excluded
         print(f"measured {step_s * 1e3:.1f} ms/step, {batch * seq / step_s:,.0f} tokens/s; the plan estimated "
               f"{estimate.step_time_s * 1e3:.1f} ms/step, {estimate.tokens_per_s:,.0f} tokens/s "
               f"(for {load_plan(args.plan).cluster.device.name})", flush=True)
     if rank == 0 and args.losses_out:  # one loss per optimizer step: the mean over its micro-batches
         per_update = [sum(losses[i : i + per_step]) / per_step for i in range(0, len(losses), per_step)]
-        Path(args.losses_out).write_text(json.dumps({"world": world, "losses": per_update}))
+        estimated = None
+        if args.plan:
+            from autodist.schemas import load_plan
+
+            estimated = load_plan(args.plan).estimate.step_time_s
+        Path(args.losses_out).write_text(json.dumps({"world": world, "losses": per_update, "step_time_s": step_s,
+                                                     "estimate_step_time_s": estimated}))
 
 
 if __name__ == "__main__":

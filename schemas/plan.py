@@ -127,6 +127,15 @@ class DeviceProfile(Base):
     #: What this device's collective backend cannot do (gloo on Paddle 3.3.1's CPU wheel lacks
     #: all three); the search rejects strategies that need them, with the reason.
     unsupported: list[Literal["reduce_scatter", "all_to_all", "cross_mesh_reshard"]] = []
+    #: Device memory bandwidth, bytes/s (0: unknown; memory-bound ops are then not priced).
+    memory_bandwidth: NonNegativeFloat = 0.0
+    #: Fraction of peak FLOP/s large matmuls sustain, and a fixed cost of every op in seconds
+    #: (kernel launch, framework dispatch; the planner's roofline, ``autodist.planner.cost.compute``).
+    matmul_efficiency: NonNegativeFloat = 0.5
+    op_overhead_s: NonNegativeFloat = 0.0
+    #: Whether collectives run beside compute (NCCL on its own stream); gloo on CPU blocks the
+    #: thread that computes, so nothing overlaps.
+    comm_overlap: bool = True
 
 
 class Cluster(Base):

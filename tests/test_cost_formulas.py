@@ -21,7 +21,7 @@ from autodist.planner.cost.comm import (
 )
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.memory import model_state_bytes, optimizer_bytes_per_param
-from autodist.planner.cost.step_time import MATMUL_EFFICIENCY, Setup, StageTable, estimate, stage_ranges
+from autodist.planner.cost.step_time import Setup, StageTable, estimate, stage_ranges
 from autodist.schemas import Strategy
 
 H100 = PROFILES["h100-sxm"]
@@ -70,6 +70,14 @@ def test_groups_use_nvlink_only_when_they_stay_inside_a_node():
     assert inside.bandwidth == H100.intra_node_bandwidth and across.bandwidth == H100.inter_node_bandwidth
 
 
+def test_a_group_spanning_nodes_uses_one_nic_per_member_in_a_node():
+    # dp16 over two nodes, stride 1: 8 members per node, 8 NICs (capped by NVLink).
+    assert group_link(16, 1, 8, H100).bandwidth == min(8 * H100.inter_node_bandwidth, H100.intra_node_bandwidth)
+    assert group_link(16, 2, 8, H100).bandwidth == 4 * H100.inter_node_bandwidth  # dp over mp2: 4 per node
+    assert group_link(4, 8, 8, H100).bandwidth == H100.inter_node_bandwidth  # dp over mp8: one per node
+    assert group_link(16, 1, 8, H100).latency_s == H100.inter_node_latency_s
+
+
 # -- step time -----------------------------------------------------------------------------------------
 
 
@@ -86,8 +94,8 @@ def test_one_device_without_communication_runs_at_the_stated_efficiency():
     table = StageTable(_compute_only_model(4))
     result = estimate(table, Strategy(), _setup(1, 8))
     tokens = 8 * 1024
-    assert result.estimate.step_time_s == pytest.approx(3 * 4 * 1e9 * tokens / (H100.peak_flops["bf16"] * MATMUL_EFFICIENCY))
-    assert result.estimate.mfu == pytest.approx(MATMUL_EFFICIENCY)
+    assert result.estimate.step_time_s == pytest.approx(3 * 4 * 1e9 * tokens / (H100.peak_flops["bf16"] * H100.matmul_efficiency))
+    assert result.estimate.mfu == pytest.approx(H100.matmul_efficiency)
     assert result.estimate.tokens_per_s == pytest.approx(tokens / result.estimate.step_time_s)
 
 
@@ -153,7 +161,7 @@ def test_overlap_hides_all_but_one_piece_while_compute_is_longer():
 
 
 def _dp_model(layers: int, params_per_block: int, flops_per_token: float) -> ModelCost:
-    block = BlockCost(layer="b", params_whole=params_per_block, flops_per_token=flops_per_token)
+    block = BlockCost(layer="b", params_whole=params_per_block, param_tensors=1, flops_per_token=flops_per_token)
     return ModelCost(blocks=(block,) * layers, hidden_size=1, traced_batch=1, traced_seq=1024)
 
 
@@ -163,7 +171,7 @@ def _dp_times(zero: int, flops_per_token: float, m: int = 1):
     model = _dp_model(4, 10**8, flops_per_token)
     setup = Setup(device=H100, devices_per_node=8, nodes=1, seq_len=1024, global_batch=8 * m)
     result = estimate(StageTable(model), Strategy(dp=8, sharding_stage=zero, micro_batches=m), setup)
-    rate = H100.peak_flops["bf16"] * MATMUL_EFFICIENCY
+    rate = H100.peak_flops["bf16"] * H100.matmul_efficiency
     forward = 4 * flops_per_token * 1024 / rate
     link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
     block_gather = all_gather_time(2e8, 8, link)
@@ -171,9 +179,9 @@ def _dp_times(zero: int, flops_per_token: float, m: int = 1):
 
 
 def test_dp_all_reduce_hides_behind_backward_but_the_last_bucket():
-    exposed, _, backward, _ = _dp_times(0, 1e9)
+    exposed, _, backward, _ = _dp_times(0, 3e9)
     link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
-    total = all_reduce_time(8e8, 8, link)
+    total = all_reduce_time(8e8, 8, link, 4)  # one all-reduce per parameter
     assert total < backward / 4  # each bucket shorter than a block's backward
     assert exposed == pytest.approx(total / 4)
 
@@ -184,7 +192,7 @@ def test_zero3_gathers_hide_behind_the_previous_block_except_the_first():
     exposed, forward, backward, gather = _dp_times(3, 1e9)
     assert gather < forward / 4
     link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
-    reduce = reduce_scatter_time(8e8, 8, link)
+    reduce = reduce_scatter_time(8e8, 8, link, 4)
     assert exposed == pytest.approx(gather + (4 * gather + reduce) / 4)
     # Two micro-batches: the gathers happen in each one's forward and backward.
     exposed2, *_ = _dp_times(3, 1e9, m=2)
@@ -194,7 +202,7 @@ def test_zero3_gathers_hide_behind_the_previous_block_except_the_first():
 def test_zero3_gathers_are_exposed_when_compute_is_short():
     exposed, forward, backward, gather = _dp_times(3, 1e3)  # almost no compute
     link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
-    reduce = reduce_scatter_time(8e8, 8, link)
+    reduce = reduce_scatter_time(8e8, 8, link, 4)
     fwd = (4 * gather + 3 * (4 * gather - forward)) / 4
     bwd = (4 * gather + reduce + 3 * (4 * gather + reduce - backward)) / 4
     assert exposed == pytest.approx(fwd + bwd)
@@ -204,7 +212,7 @@ def test_zero3_gathers_are_exposed_when_compute_is_short():
 def test_zero12_gather_updated_parameters_after_the_step():
     exposed, _, _, _ = _dp_times(1, 1e9)
     link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
-    reduce, gather = reduce_scatter_time(8e8, 8, link), all_gather_time(8e8, 8, link)
+    reduce, gather = reduce_scatter_time(8e8, 8, link, 4), all_gather_time(8e8, 8, link, 4)
     assert exposed == pytest.approx(reduce / 4 + gather)
 
 
@@ -248,3 +256,91 @@ def test_vpp_hands_off_v_times_as_often():
     assert one.estimate.comm_bytes.pp == 4 * 2 * handoff
     link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
     assert vpp.pp_comm_s == pytest.approx(4 * 2 * VPP_CHUNKS * p2p_time(handoff, link))
+
+
+# -- roofline ------------------------------------------------------------------------------------------
+
+
+def _device(**figures) -> "DeviceProfile":
+    from autodist.schemas import DeviceProfile
+
+    base = dict(name="t", memory_bytes=1, peak_flops={"bf16": 100e12, "fp16": 100e12, "fp32": 25e12},
+                intra_node_bandwidth=1, inter_node_bandwidth=1, intra_node_latency_s=0, inter_node_latency_s=0,
+                memory_bandwidth=1e12, matmul_efficiency=0.5, op_overhead_s=0.0)
+    return DeviceProfile(**{**base, **figures})
+
+
+def test_large_square_matmul_hits_the_compute_roof():
+    from autodist.planner.cost.compute import matmul_time
+
+    # 2 * 4096^3 = 1.374e11 FLOPs at 50 TFLOP/s; bytes 3 * 4096^2 * 2 = 0.1 GB at 1 TB/s = 0.1 ms.
+    assert matmul_time(4096, 4096, 4096, _device(), "bf16") == pytest.approx(2 * 4096**3 / 50e12)
+
+
+def test_thin_matmul_hits_the_memory_roof():
+    from autodist.planner.cost.compute import matmul_time
+
+    # A matrix-vector product: 2 * 4096^2 FLOPs = 0.67 us of compute, but the 4096^2 weight
+    # (plus two vectors) in bf16 is 33.6 MB at 1 TB/s = 33.6 us.
+    assert matmul_time(1, 4096, 4096, _device(), "bf16") == pytest.approx(2 * (4096 * 4096 + 2 * 4096) / 1e12)
+    # fp32 elements move twice the bytes.
+    assert matmul_time(1, 4096, 4096, _device(), "fp32") == pytest.approx(4 * (4096 * 4096 + 2 * 4096) / 1e12)
+
+
+def test_overhead_is_the_saturation_curve_half_rate_at_e_p_t0():
+    from autodist.planner.cost.compute import matmul_time
+
+    device = _device(op_overhead_s=10e-6, memory_bandwidth=0.0)  # no memory roof
+    work = 0.5 * 100e12 * 10e-6  # e P t0 = 5e8 FLOPs: half the roof
+    m = n = k = round((work / 2) ** (1 / 3))
+    rate = 2 * m * n * k / matmul_time(m, n, k, device, "bf16")
+    assert rate == pytest.approx(0.5 * 0.5 * 100e12, rel=1e-2)
+    big = 8192
+    assert 2 * big**3 / matmul_time(big, big, big, device, "bf16") > 0.99 * 0.5 * 100e12  # saturated
+
+
+def test_unknown_memory_bandwidth_prices_memory_bound_ops_at_nothing():
+    from autodist.planner.cost.compute import matmul_time, memory_time
+
+    device = _device(memory_bandwidth=0.0)
+    assert memory_time(1e9, device) == 0.0
+    assert matmul_time(1, 4096, 4096, device, "bf16") == pytest.approx(2 * 4096 * 4096 / 50e12)
+    assert memory_time(1e9, _device()) == pytest.approx(1e-3)
+
+
+def test_step_time_prices_per_rank_gemm_shapes_and_memory_bound_bytes():
+    from autodist.planner.cost.blocks import Gemm, Moved
+
+    device = _device(op_overhead_s=5e-6)
+    # One block: a column-parallel (n=4096, k=1024) and a row-parallel (n=1024, k=4096) linear,
+    # plus 10 elements per token moved outside the mp region and 20 inside.
+    block = BlockCost(layer="b", flops_per_token=2 * 2 * 4096 * 1024, params_split=2 * 4096 * 1024,
+                      gemms=(Gemm(4096, 1024, "column"), Gemm(1024, 4096, "row")), moved=Moved(outside=10, inside=20))
+    model = ModelCost(blocks=(block,), hidden_size=1024, traced_batch=1, traced_seq=512)
+    setup = Setup(device=device, devices_per_node=2, nodes=1, seq_len=512, global_batch=2)
+    result = estimate(StageTable(model), Strategy(mp=2), setup)
+    tokens = 2 * 512
+    gemm = 2 * tokens * 2048 * 1024 / 50e12 + 5e-6  # both are (1024 tokens) x 1024 x 2048 per rank
+    moved = (10 + 20 / 2) * tokens * 2 / 1e12
+    assert result.compute_s == pytest.approx(3 * (2 * gemm + moved))
+
+
+def test_optimizer_step_reads_and_writes_every_state_once_plus_one_op_per_parameter():
+    device = _device(op_overhead_s=5e-6)
+    block = BlockCost(layer="b", params_whole=10**6, param_tensors=3)
+    model = ModelCost(blocks=(block,) * 2, hidden_size=1, traced_batch=1, traced_seq=8)
+    setup = Setup(device=device, devices_per_node=1, nodes=1, seq_len=8, global_batch=1)
+    result = estimate(StageTable(model), Strategy(), setup)
+    states = 2e6 * (2 + 2 + 12)  # bf16 params and grads, Adam's 12 bytes (master copy, two moments)
+    assert result.optimizer_s == pytest.approx(2 * states / 1e12 + 6 * 5e-6)
+    assert result.estimate.step_time_s == pytest.approx(result.optimizer_s)  # nothing else to do
+
+
+def test_without_comm_overlap_the_gradient_sync_is_all_exposed():
+    device = _device(comm_overlap=False, intra_node_bandwidth=100e9, intra_node_latency_s=5e-6)
+    block = BlockCost(layer="b", params_whole=10**8, param_tensors=1, flops_per_token=3e9)
+    model = ModelCost(blocks=(block,) * 4, hidden_size=1, traced_batch=1, traced_seq=1024)
+    setup = Setup(device=device, devices_per_node=8, nodes=1, seq_len=1024, global_batch=8)
+    result = estimate(StageTable(model), Strategy(dp=8), setup)
+    assert result.compute_s > 10 * result.dp_comm_s > 0  # plenty of backward to hide behind, yet:
+    assert result.dp_comm_s == pytest.approx(all_reduce_time(8e8, 8, Link(100e9, 5e-6), 4))

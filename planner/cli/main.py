@@ -3,7 +3,8 @@
 ``autodist-plan TARGET -o plan.json`` plans a model (the default command, ``plan``); ``graph``
 dumps the traced dataflow graph; ``schema`` prints the plan format's JSON Schema; the review
 commands (``show``, ``diff``, ``check``, ``export``, ``render``, ``ckpt info``) come from
-:mod:`autodist.planner.cli.review`. A problem in what the user gave prints
+:mod:`autodist.planner.cli.review`; ``calibrate`` (measure this cluster, write a cluster.toml)
+from :mod:`autodist.planner.cli.calibrate`. A problem in what the user gave prints
 ``error: <one line>`` and exits 2.
 
 Example::
@@ -26,6 +27,7 @@ import click
 from autodist.schemas import PlanError, dump_plan, load_plan, plan_json_schema, printable, save_plan
 
 from autodist.planner.errors import PlannerError
+from autodist.planner.cli.calibrate import calibrate
 from autodist.planner.cli.review import REVIEW_COMMANDS, check_output, write_output
 
 #: Exit status for a problem in what the user gave us (target, specs, degrees).
@@ -235,6 +237,8 @@ def graph(target: str, input_specs: tuple[str, ...], fmt: str, output: str | Non
 # show / diff / check / export / render / ckpt live in their own module (light imports: no paddle).
 for _review_command in REVIEW_COMMANDS:
     cli.add_command(_review_command)
+calibrate.callback = reports_planner_errors(calibrate.callback)
+cli.add_command(calibrate)
 
 
 def main() -> None:

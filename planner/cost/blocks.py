@@ -42,6 +42,32 @@ class Saved:
 
 
 @dataclass(frozen=True)
+class Gemm:
+    """One matmul with a weight, per token: (tokens x k) @ (k x n) on one device.
+
+    ``split`` says how mp divides it: ``column`` (n / mp), ``row`` (k / mp), ``vocab`` (n / mp when
+    the vocabulary divides by mp) or ``none``.
+    """
+
+    n: int
+    k: int
+    split: str = "none"
+
+
+@dataclass(frozen=True)
+class Moved:
+    """Elements per token that memory-bound ops (everything but matmuls) read and write in the
+    forward pass, by where they sit: whole on every mp rank, split over mp, or per token x
+    sequence (attention scores, split over mp)."""
+
+    outside: float = 0.0
+    inside: float = 0.0
+    inside_seq: float = 0.0
+    vocab: float = 0.0  # logits-shaped (the last dim is the vocabulary): split with the vocabulary
+    ops: int = 0  # how many ops (each pays the device's fixed cost per op)
+
+
+@dataclass(frozen=True)
 class BlockCost:
     """One repeated block (a transformer layer), per token of one micro-batch.
 
@@ -67,6 +93,10 @@ class BlockCost:
     allreduce_fwd_count: int = 0  # how many collectives carry them (each pays the latency)
     allreduce_bwd_count: int = 0
     output_per_token: float = 0.0  # elements handed to the next block (pipeline p2p)
+    param_tensors: int = 0  # parameters (each is a gradient all-reduce and an optimizer update)
+    gemms: tuple[Gemm, ...] = ()  # the matmuls behind flops_per_token, when known (from a trace)
+    attention_matmuls: int = 0  # matmuls of two activations behind flops_per_token_seq
+    moved: Moved = field(default_factory=Moved)
 
 
 @dataclass(frozen=True)
@@ -86,6 +116,9 @@ class EdgeCost:
     saved_vocab: Saved = field(default_factory=Saved)  # per token, logits: split with the vocab
     allreduce_fwd_per_token: float = 0.0  # with vocabulary parallelism only
     allreduce_bwd_per_token: float = 0.0
+    param_tensors: int = 0
+    gemms: tuple[Gemm, ...] = ()
+    moved: Moved = field(default_factory=Moved)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,11 @@ MPICH", 2005; the ring forms NCCL uses):
 Ranks are numbered with mp innermost, then dp, then pp (the plan's mesh order ``pp, dp, mp``),
 so a group is ``size`` ranks ``stride`` apart; it stays inside a node exactly when its span
 ``size * stride`` fits in (and divides) a node. A group that spans nodes is limited by the
-inter-node link.
+inter-node links, and it has one of them per member in a node: NCCL runs one ring channel per
+NIC, so a collective over g ranks of every node moves its cross-node traffic over g NICs at
+once (the NCCL documentation on multi-rail / ``NCCL_MIN_NCHANNELS``; nccl-tests' "bus
+bandwidth" across DGX nodes is about the sum of the node's NICs). Its bandwidth is then
+min(intra-node, g x inter-node) per rank.
 
 Example::
 
@@ -81,7 +85,16 @@ def group_within_node(size: int, stride: int, devices_per_node: int) -> bool:
 
 
 def group_link(size: int, stride: int, devices_per_node: int, device: DeviceProfile) -> Link:
-    """The link a group's collectives run at: NVLink-class inside a node, else the network."""
+    """The link a group's collectives run at: NVLink-class inside a node, else the network,
+    over as many NICs as the group has members in one node.
+
+    >>> from autodist.planner.cost.hardware import PROFILES
+    >>> h100 = PROFILES["h100-sxm"]
+    >>> [group_link(16, s, 8, h100).bandwidth / 1e9 for s in (1, 2, 8)]   # 8, 4 and 1 NICs of 50 GB/s
+    [400.0, 200.0, 50.0]
+    """
     if group_within_node(size, stride, devices_per_node):
         return Link(device.intra_node_bandwidth, device.intra_node_latency_s)
-    return Link(device.inter_node_bandwidth, device.inter_node_latency_s)
+    per_node = min(size, max(1, devices_per_node // stride)) if stride < devices_per_node else 1
+    bandwidth = min(device.intra_node_bandwidth, per_node * device.inter_node_bandwidth)
+    return Link(bandwidth, device.inter_node_latency_s)

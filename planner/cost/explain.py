@@ -48,7 +48,8 @@ def explain_table(result: SearchResult) -> str:
         b = result.breakdowns[0]
         lines.append(f"where the time of #1 goes (ms per step): compute {b.compute_s * 1e3:.1f}, "
                      f"mp comm {b.mp_comm_s * 1e3:.1f}, dp comm {b.dp_comm_s * 1e3:.1f} (exposed), "
-                     f"pp p2p {b.pp_comm_s * 1e3:.1f}, pipeline bubble {b.bubble_s * 1e3:.1f}; "
+                     f"pp p2p {b.pp_comm_s * 1e3:.1f}, pipeline bubble {b.bubble_s * 1e3:.1f}, "
+                     f"optimizer {b.optimizer_s * 1e3:.1f}; "
                      f"memory peaks on stage {b.peak_stage}")
     for note in result.notes:
         lines.append(f"note: {note}")

@@ -11,6 +11,12 @@ Nothing here knows an architecture. Per block (the node set the matcher assigned
   var)`` ... see ``_SAVED``), each tensor counted once however many ops read it, parameters
   and constants excluded. Floating-point tensors are counted in elements (priced at the
   training dtype), boolean/uint8 masks at one byte.
+- Per-rank matmul shapes: each matmul with a weight as a :class:`Gemm` (n, k and how mp splits
+  it), so :mod:`autodist.planner.cost.compute` can price it by shape.
+- Memory-bound ops: every op that is not a matmul, a view or a constant moves the elements it
+  reads and writes (as traced, unfused) through device memory; counted per token by where the
+  result sits (outside or inside the tensor-parallel region, attention-score shaped, or
+  logits-shaped on the edges).
 - Tensor-parallel region: a value is *inside* when it descends from a column-parallel
   linear and has not yet passed a row-parallel one; those are split over mp, the rest not
   (Korthikanti et al.). Forward all-reduces: row-parallel outputs; backward all-reduces: the
@@ -34,7 +40,7 @@ from typing import TYPE_CHECKING, Iterable
 
 import networkx as nx
 
-from autodist.planner.cost.blocks import BlockCost, EdgeCost, ModelCost, Saved
+from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, Moved, Saved
 from autodist.planner.cost.step_time import Implicit
 from autodist.planner.recognise.ops import WEIGHT_VIEW_OPS
 
@@ -70,6 +76,14 @@ _SAVED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 }
 #: Binary ops whose backward for one operand reads the other (z = x*y: dx = dz*y, dy = dz*x).
 _CROSS_SAVED = frozenset({"pd_op.matmul", "pd_op.multiply", "pd_op.divide"})
+#: Ops that move no data of their own: views, constants, graph plumbing (and the matmul-like ops
+#: priced by FLOPs).
+_NOT_MEMORY_BOUND = frozenset({
+    "pd_op.reshape", "pd_op.squeeze", "pd_op.unsqueeze", "pd_op.flatten", "pd_op.full", "pd_op.full_like",
+    "pd_op.full_int_array", "pd_op.arange", "pd_op.data", "pd_op.shape", "pd_op.shape64", "pd_op.assign",
+    "pd_op.matmul", "pd_op.conv2d", "pd_op.flash_attn"})
+#: Constants: computed once, not per step.
+_CONSTANT_OPS = frozenset({"pd_op.full", "pd_op.full_like", "pd_op.full_int_array", "pd_op.arange", "pd_op.data"})
 _MASK_DTYPES = frozenset({"bool", "uint8", "int8"})
 _FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 
@@ -158,10 +172,14 @@ class _Walk:
     allreduce_bwd: float = 0.0
     allreduce_fwd_count: int = 0
     allreduce_bwd_count: int = 0
+    gemms: list[tuple[str, int, int]] = field(default_factory=list)  # (weight, n, k)
+    attention_matmuls: int = 0
+    moved: dict[str, float] = field(default_factory=dict)  # where -> elements (traced units)
 
 
-def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = None) -> _Walk:
-    """FLOPs, saved tensors and mp collectives of ``nodes`` (in topological order)."""
+def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = None, vocab: int | None = None) -> _Walk:
+    """FLOPs, saved tensors, matmul shapes, memory traffic and mp collectives of ``nodes`` (in
+    topological order). ``vocab``: values whose last dim is this count as logits-shaped."""
     roles = roles or Roles(frozenset(), frozenset(), frozenset())
     wanted = set(nodes)
     graph = facts.graph
@@ -182,6 +200,7 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
             k_dim = facts.shape(x)[-2 if node["attrs"].get("transpose_x") else -1]
             flops = 2.0 * facts.numel((n, 0)) * max(k_dim, 1)
             if weights:
+                walk.gemms.append((weights[0], max(facts.shape((n, 0))[-1], 1), max(k_dim, 1)))
                 walk.flops_weight += flops
                 walk.flops_by_weight[weights[0]] = walk.flops_by_weight.get(weights[0], 0.0) + flops
                 if weights[0] in roles.column:
@@ -194,6 +213,7 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
                     inside.add((n, 0))
             else:
                 walk.flops_activation += flops
+                walk.attention_matmuls += 1
                 if any(v in inside for v in acts):
                     inside.add((n, 0))
                 if not any(v in quadratic for v in acts):
@@ -214,6 +234,14 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
                     inside.add((n, r))
                 if any(v in quadratic and facts.numel(v) == facts.numel((n, r)) for v in acts):
                     quadratic.add((n, r))
+            if not op.startswith("builtin.") and op not in _CONSTANT_OPS:
+                walk.moved["ops"] = walk.moved.get("ops", 0) + 1  # every op pays the fixed cost
+            if op not in _NOT_MEMORY_BOUND and not op.startswith("builtin.") and node["shapes"]:
+                where = _moved_where(facts, (n, 0), inside, quadratic, vocab)
+                elements = sum(facts.numel(v) for v in inputs.values() if facts.dtype(v) in _FLOAT_DTYPES)
+                elements += sum(facts.numel((n, r)) for r in range(len(node["shapes"]))
+                                if facts.dtype((n, r)) in _FLOAT_DTYPES)
+                walk.moved[where] = walk.moved.get(where, 0.0) + elements
         for value in facts.saved_by(n):
             if value in quadratic:
                 walk.saved[value] = "inside_seq"
@@ -222,6 +250,20 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
     walk.allreduce_bwd = float(sum(facts.numel(v) for v in column_inputs))
     walk.allreduce_bwd_count = len(column_inputs)
     return walk
+
+
+def _moved_where(facts: GraphFacts, value: Value, inside: set[Value], quadratic: set[Value],
+                 vocab: int | None) -> str:
+    shape = facts.shape(value) or []
+    if vocab and shape and shape[-1] == vocab:
+        return "vocab"
+    return "inside_seq" if value in quadratic else "inside" if value in inside else "outside"
+
+
+def _moved(walk: _Walk, tokens: float, seq: float) -> Moved:
+    return Moved(outside=walk.moved.get("outside", 0.0) / tokens, inside=walk.moved.get("inside", 0.0) / tokens,
+                 inside_seq=walk.moved.get("inside_seq", 0.0) / (tokens * seq),
+                 vocab=walk.moved.get("vocab", 0.0) / tokens, ops=int(walk.moved.get("ops", 0)))
 
 
 def _saved(facts: GraphFacts, walk: _Walk, kind: str, per: float) -> Saved:
@@ -249,6 +291,7 @@ def block_cost(facts: GraphFacts, nodes: Iterable[int], layer: str, roles: Roles
         layer=layer,
         params_split=sum(n for fqn, n in params.items() if fqn in roles.split),
         params_whole=sum(n for fqn, n in params.items() if fqn not in roles.split),
+        param_tensors=len(params),
         flops_per_token=walk.flops_weight / tokens,
         flops_per_token_seq=walk.flops_activation / (tokens * seq),
         saved_outside=_saved(facts, walk, "outside", tokens),
@@ -259,6 +302,10 @@ def block_cost(facts: GraphFacts, nodes: Iterable[int], layer: str, roles: Roles
         allreduce_fwd_count=walk.allreduce_fwd_count,
         allreduce_bwd_count=walk.allreduce_bwd_count,
         output_per_token=max(outputs, default=0) / tokens,
+        gemms=tuple(Gemm(n, k, "column" if w in roles.column else "row" if w in roles.row else "none")
+                    for w, n, k in walk.gemms),
+        attention_matmuls=walk.attention_matmuls,
+        moved=_moved(walk, tokens, seq),
         **shape,
     )
 
@@ -341,7 +388,7 @@ def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set
     for n in facts.graph.nodes:
         if n not in in_blocks:
             sides["first" if n < boundary else "last"].append(n)
-    walks = {side: walk_nodes(facts, nodes) for side, nodes in sides.items()}
+    walks = {side: walk_nodes(facts, nodes, vocab=analysis.vocab_size) for side, nodes in sides.items()}
     edges = {}
     for side, walk in walks.items():
         on_side = {fqn for fqn in numel if fqn not in block_params and (fqn in before) == (side == "first")}
@@ -351,9 +398,12 @@ def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set
         edges[side] = dict(
             params_vocab=sum(numel[p] for p in on_side if p in vocab_params),
             params_whole=sum(numel[p] for p in on_side if p not in vocab_params),
+            param_tensors=len(on_side),
             flops_vocab_per_token=vocab_flops / tokens,
             flops_whole_per_token=(walk.flops_weight - vocab_flops) / tokens,
             saved_whole=saved,
+            gemms=tuple(Gemm(n, k, "vocab" if w in vocab_params else "none") for w, n, k in walk.gemms),
+            moved=_moved(walk, tokens, 1),
         )
     hidden = analysis.blocks[0].hidden_size if analysis.blocks else 0
     if analysis.embedding:

@@ -11,6 +11,13 @@ CUDA-core figure, because an fp32 run does not silently get TF32 in Paddle by de
 Inter-node bandwidth is one InfiniBand NIC per GPU, as in the DGX systems the datasheets describe.
 Latencies are not on datasheets: they are the per-step costs NCCL shows in ``nccl-tests``
 (a few microseconds over NVLink, more over InfiniBand), used as the alpha of the alpha-beta model.
+Memory bandwidth is the datasheet's. How the GPUs' matmuls run (``matmul_efficiency``, the
+fraction of peak large matmuls sustain, and ``op_overhead_us``, the fixed cost of every op;
+:mod:`autodist.planner.cost.compute`) is not on datasheets: the efficiency, 0.76 in every GPU
+file, is fitted on Megatron-LM's published A100 runs (Narayanan et al., SC 2021, table 1;
+``bench/published.py --fit``, rows in docs/benchmarks.md, "Cost model against published runs");
+the fixed cost, 5 us, is a kernel launch's few microseconds, which those runs (all large
+matmuls) cannot pin down. ``autodist-plan calibrate`` measures both on the user's own devices.
 
 Example::
 
@@ -75,7 +82,13 @@ _CLUSTER_KEYS = {
     "inter_node_bandwidth_gb_s": (GB_PER_S, "per-device bandwidth between nodes, GB/s per direction"),
     "intra_node_latency_us": (US, "latency of one transfer inside a node, microseconds"),
     "inter_node_latency_us": (US, "latency of one transfer between nodes, microseconds"),
+    "memory_bandwidth_gb_s": (GB_PER_S, "device memory bandwidth, GB/s"),
+    "matmul_efficiency": (1.0, "fraction of peak FLOP/s large matmuls sustain"),
+    "op_overhead_us": (US, "fixed cost of every op (launch, dispatch), microseconds"),
 }
+#: Keys a file without ``base`` may leave out (the plan format has defaults), and their fields.
+_OPTIONAL_FIELDS = {"memory_bandwidth_gb_s": "memory_bandwidth", "matmul_efficiency": "matmul_efficiency",
+                    "op_overhead_us": "op_overhead_s"}
 
 
 def resolve_device(name: str | None = None, cluster_file: str | None = None) -> DeviceProfile:
@@ -153,10 +166,10 @@ def load_cluster_file(path: str) -> DeviceProfile:
     device = data.get("device")
     if not isinstance(device, dict):
         raise PlannerError(f"{path}: needs a [device] table with: {', '.join(_CLUSTER_KEYS)}")
-    unknown = sorted(set(device) - set(_CLUSTER_KEYS) - {"name", "base", "unsupported"})
+    unknown = sorted(set(device) - set(_CLUSTER_KEYS) - {"name", "base", "unsupported", "comm_overlap"})
     if unknown:
         raise PlannerError(f"{path}: unknown key(s) in [device]: {', '.join(unknown)}; known: "
-                           f"name, base, unsupported, {', '.join(_CLUSTER_KEYS)}")
+                           f"name, base, unsupported, comm_overlap, {', '.join(_CLUSTER_KEYS)}")
     for key in ("name", "base"):
         if key in device and not (isinstance(device[key], str) and device[key].isprintable()):
             raise PlannerError(f"{path}: [device].{key} must be a string of printable characters, got {printable(repr(device[key]))}")
@@ -165,15 +178,22 @@ def load_cluster_file(path: str) -> DeviceProfile:
     if not (isinstance(unsupported, list) and set(unsupported) <= set(BACKEND_OPERATIONS)):
         raise PlannerError(f"{path}: [device].unsupported must be a list of {', '.join(BACKEND_OPERATIONS)}, "
                            f"got {printable(repr(unsupported))}")
+    overlap = device.get("comm_overlap", values.pop("comm_overlap", True))
+    if not isinstance(overlap, bool):
+        raise PlannerError(f"{path}: [device].comm_overlap must be true or false "
+                           f"(whether collectives run beside compute), got {overlap!r}")
     for key, (unit, meaning) in _CLUSTER_KEYS.items():
         if key not in device:
             continue
         raw = device[key]
-        if not 0 < _si_value(raw, unit) <= MAX_FIGURE:
+        value = _si_value(raw, unit)
+        lowest_ok = value >= 0 if key == "op_overhead_us" else value > 0  # no fixed cost is a fixed cost
+        if not (lowest_ok and value <= (1.0 if key == "matmul_efficiency" else MAX_FIGURE)):
             raise PlannerError(f"{path}: [device].{key} must be a positive, finite number ({meaning}, at most "
-                               f"{MAX_FIGURE / unit:g}), got {printable(repr(raw))}")
+                               f"{(1.0 if key == 'matmul_efficiency' else MAX_FIGURE / unit):g}), "
+                               f"got {printable(repr(raw))}")
         values[key] = raw * unit
-    missing = [key for key in _CLUSTER_KEYS if key not in values]
+    missing = [key for key in _CLUSTER_KEYS if key not in values and key not in _OPTIONAL_FIELDS]
     if missing:
         raise PlannerError(f"{path}: [device] is missing {', '.join(missing)} "
                            "(or set base = \"<profile>\" to start from a named profile)")
@@ -187,6 +207,8 @@ def load_cluster_file(path: str) -> DeviceProfile:
         intra_node_latency_s=float(values["intra_node_latency_us"]),
         inter_node_latency_s=float(values["inter_node_latency_us"]),
         unsupported=sorted(set(unsupported)),
+        **{field: float(values[key]) for key, field in _OPTIONAL_FIELDS.items() if key in values},
+        comm_overlap=overlap,
     )
 
 
@@ -214,6 +236,8 @@ def _profile_values(profile: DeviceProfile) -> dict[str, float]:
         "inter_node_bandwidth_gb_s": profile.inter_node_bandwidth,
         "intra_node_latency_us": profile.intra_node_latency_s,
         "inter_node_latency_us": profile.inter_node_latency_s,
+        **{key: getattr(profile, field) for key, field in _OPTIONAL_FIELDS.items()},
+        "comm_overlap": profile.comm_overlap,
     }
 
 

@@ -2,9 +2,14 @@
 
 The model, per pipeline stage and micro-batch (all of it stated so a reviewer can argue with it):
 
-- compute: forward matmul FLOPs x 3 for training (backward is twice the forward), plus one
-  more forward of the blocks with full recompute, or of the attention core with selective
-  recompute, at ``MATMUL_EFFICIENCY`` of the device's peak;
+- compute: each traced matmul at its per-rank shape (column-parallel: n / mp, row-parallel:
+  k / mp; attention: a batched matmul per head group) priced by the device's roofline
+  (:mod:`autodist.planner.cost.compute`); every other op by the bytes it moves. The backward
+  pass costs twice the forward (two matmuls of the same shape per matmul, Narayanan et al.
+  2021 sec. 5.1; memory-bound ops read the saved input and the output gradient and write the
+  input gradient). Full recompute adds one more forward of the blocks, selective recompute
+  one of the attention core (Korthikanti et al. 2022). FLOPs the trace gives no shape for
+  (convolutions, hand-written costs) run at the compute roof;
 - tensor parallelism: each block's all-reduces (all-gather + reduce-scatter of the same size
   with sequence parallelism, which the ring model prices the same) on the mp group's link,
   exposed: Megatron-LM's and Paddle's tensor-parallel layers call the collective and wait for
@@ -26,15 +31,18 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   previous block computes (prefetching, Zhao et al., "PyTorch FSDP", VLDB 2023, sec. 3.3.2;
   Rajbhandari et al., ZeRO, SC 2020, sec. 7.2.2), so only the first block's gather is exposed
   when the link keeps up; in the last backward the gathers and the gradient reduce-scatter
-  share the link.
+  share the link. A device whose collectives block its compute (``comm_overlap`` false: gloo
+  on CPU) overlaps nothing. Each parameter is its own collective (Paddle reshards every gradient on its
+  own; ``count`` latencies), the bytes are those of all of them;
+- optimizer step, after the pipeline and the exposed data-parallel time: every model state read
+  and written once by memory bandwidth, plus one update op (the device's fixed cost per op) per
+  parameter.
 
 Memory is that of the most loaded stage: model states (ZeRO over dp) plus activations for the
 micro-batches in flight (1F1B and VPP: stage k holds min(pp - k, m); otherwise one).
 
 Example::
 
-    >>> MATMUL_EFFICIENCY
-    0.5
     >>> overlapped(comm_s=1.0, compute_s=10.0, chunks=4)   # one piece of four exposed
     0.25
 """
@@ -49,7 +57,7 @@ from autodist.schemas import CommEstimate, DeviceProfile, Estimate, MemoryEstima
 
 from autodist.schemas.schedules import block_stages
 
-from autodist.planner.cost.blocks import BlockCost, EdgeCost, ModelCost, Saved
+from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, Moved, Saved
 from autodist.planner.cost.comm import (
     Link,
     all_gather_bytes,
@@ -60,11 +68,9 @@ from autodist.planner.cost.comm import (
     p2p_time,
     reduce_scatter_time,
 )
+from autodist.planner.cost.compute import matmul_time, memory_time
 from autodist.planner.cost.memory import DTYPE_BYTES, StateBytes, model_state_bytes
 
-#: Fraction of peak FLOP/s that transformer training sustains on large matmuls: Megatron-LM
-#: reaches 41-52 % of peak end to end on A100 (Narayanan et al., SC 2021, table 1).
-MATMUL_EFFICIENCY = 0.5
 #: Model chunks per rank the search tries for VPP (the plan's ``virtual_stages``; issue #13).
 VPP_CHUNKS = 2
 #: Part of device memory a plan may use: the rest is CUDA context, allocator fragmentation and
@@ -119,6 +125,7 @@ class Breakdown:
     dp_comm_s: float
     pp_comm_s: float
     bubble_s: float
+    optimizer_s: float
     peak_stage: int
 
     @property
@@ -130,13 +137,13 @@ class Breakdown:
 class StageTable:
     """Prefix sums over the blocks, so a stage's totals cost O(1) whatever its size."""
 
-    _FIELDS = ("params_split", "params_whole", "flops_per_token", "flops_per_token_seq",
+    _FIELDS = ("params_split", "params_whole", "param_tensors", "flops_per_token", "flops_per_token_seq",
                "allreduce_fwd_per_token", "allreduce_bwd_per_token", "allreduce_fwd_count", "allreduce_bwd_count")
 
     def __init__(self, cost: ModelCost):
         self.cost = cost
         # Most models repeat one block: then a stage's costs depend only on how many it holds.
-        self._uniform = len({replace(b, layer="") for b in cost.blocks}) <= 1
+        self.uniform = len({replace(b, layer="") for b in cost.blocks}) <= 1
         self._prefix = {name: [0.0, *accumulate(getattr(b, name) for b in cost.blocks)] for name in self._FIELDS}
         for name in ("saved_outside", "saved_inside", "saved_inside_seq"):
             for part in ("floats", "masks"):
@@ -149,7 +156,7 @@ class StageTable:
 
     def signature(self, start: int, stop: int) -> object:
         """Equal for two block ranges that cost the same."""
-        return stop - start if self._uniform else (start, stop)
+        return stop - start if self.uniform else (start, stop)
 
     def saved(self, name: str, start: int, stop: int) -> Saved:
         return Saved(self.total(f"{name}.floats", start, stop), self.total(f"{name}.masks", start, stop))
@@ -210,6 +217,35 @@ class _Context:
     def link(self, size: int, stride: int) -> Link:
         return group_link(size, stride, self.setup.devices_per_node, self.setup.device)
 
+    @cached_property
+    def _block_times(self) -> dict[BlockCost, tuple[float, float]]:
+        return {}
+
+    def block_forward(self, block: BlockCost) -> tuple[float, float]:
+        """(forward seconds of one block per micro-batch, of which the attention core)."""
+        key = replace(block, layer="")
+        if key not in self._block_times:
+            self._block_times[key] = _block_forward(self, block)
+        return self._block_times[key]
+
+    def gemm_time(self, gemm: Gemm) -> float:
+        mp, vocab = self.strategy.mp, self.vocab_div
+        n = gemm.n / (mp if gemm.split == "column" else vocab if gemm.split == "vocab" else 1)
+        k = gemm.k / (mp if gemm.split == "row" else 1)
+        return matmul_time(self.tokens, n, k, self.setup.device, self.setup.dtype)
+
+    def roof_time(self, flops: float) -> float:
+        """Seconds for FLOPs the trace gave no shape for: at the compute roof."""
+        device = self.setup.device
+        return flops / (device.peak_flops[self.setup.dtype] * device.matmul_efficiency) if flops > 0 else 0.0
+
+    def moved_time(self, moved: Moved) -> float:
+        """Seconds the memory-bound ops of one micro-batch take in the forward pass."""
+        per_token = (moved.outside / self.act_div + moved.inside / self.strategy.mp
+                     + moved.inside_seq * self.setup.seq_len / self.strategy.mp + moved.vocab / self.vocab_div)
+        device = self.setup.device
+        return memory_time(per_token * self.tokens * self.width, device) + moved.ops * device.op_overhead_s
+
 
 @dataclass(frozen=True)
 class _Stage:
@@ -226,6 +262,12 @@ class _Stage:
     activations_per_micro_batch: float
     activations_working: float  # alive once, whatever is in flight (full recompute's rebuild)
     params: float  # elements per rank, before ZeRO
+    param_tensors: int  # each is a gradient collective and an optimizer update
+
+    def optimizer_s(self, device: DeviceProfile) -> float:
+        """The optimizer step: every state read and written once (memory-bound), one update
+        op per parameter."""
+        return memory_time(2 * self.states.total, device) + self.param_tensors * device.op_overhead_s
 
     @property
     def time_s(self) -> float:
@@ -252,7 +294,8 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
         dp.append(priced[key][1])
     pipeline_s, bubble_s = _pipeline_time(strategy, [s.time_s for s in stages])
     dp_s = max(t for t, _ in dp)
-    step = pipeline_s + dp_s
+    optimizer_s = max(s.optimizer_s(setup.device) for s in stages)
+    step = pipeline_s + dp_s + optimizer_s
     # 1F1B: stage k holds the activations of min(pp - k, m) micro-batches; otherwise of one.
     in_flight = [min(pp - k, m) if strategy.schedule in ("1F1B", "VPP") else 1 for k in range(pp)]
     activations = [n * s.activations_per_micro_batch + s.activations_working for n, s in zip(in_flight, stages)]
@@ -274,7 +317,7 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
     )
     return Breakdown(est, compute_s=m * max(s.compute_s for s in stages), mp_comm_s=m * max(s.mp_s for s in stages),
                      dp_comm_s=dp_s, pp_comm_s=m * max(s.p2p_s for s in stages), bubble_s=bubble_s,
-                     peak_stage=peak_stage)
+                     optimizer_s=optimizer_s, peak_stage=peak_stage)
 
 
 def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
@@ -284,12 +327,19 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     edges = ([ctx.cost.first] if k == 0 else []) + ([ctx.cost.last] if k == pp - 1 else [])
 
     # Compute: forward, backward twice the forward, plus what recompute does again in backward.
-    attention = table.total("flops_per_token_seq", start, stop) * seq / mp
-    fwd_blocks = table.total("flops_per_token", start, stop) / mp + attention
-    forward = fwd_blocks + sum(e.flops_vocab_per_token / ctx.vocab_div + e.flops_whole_per_token for e in edges)
-    recomputed = {"full": fwd_blocks, "selective": attention}.get(setup.recompute, 0.0)
-    rate = setup.device.peak_flops[setup.dtype] * MATMUL_EFFICIENCY
-    forward_s, backward_s = forward * tokens / rate, (2 * forward + recomputed) * tokens / rate
+    forward_s = attention_s = 0.0
+    for block in table.cost.blocks[start:stop] if not table.uniform else table.cost.blocks[start:start + 1]:
+        block_s, block_attention_s = ctx.block_forward(block)
+        times = 1 if not table.uniform else stop - start
+        forward_s, attention_s = forward_s + times * block_s, attention_s + times * block_attention_s
+    blocks_s = forward_s
+    for edge in edges:
+        shaped = sum(2.0 * g.n * g.k / (ctx.vocab_div if g.split == "vocab" else 1) for g in edge.gemms)
+        flops = edge.flops_vocab_per_token / ctx.vocab_div + edge.flops_whole_per_token
+        forward_s += (sum(ctx.gemm_time(g) for g in edge.gemms) + ctx.roof_time((flops - shaped) * tokens)
+                      + ctx.moved_time(edge.moved))
+    recomputed_s = {"full": blocks_s, "selective": attention_s}.get(setup.recompute, 0.0)
+    backward_s = 2 * forward_s + recomputed_s
 
     # Tensor-parallel all-reduces (forward again under full recompute) and implicit collectives.
     mp_link = ctx.link(mp, 1)
@@ -331,8 +381,28 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     working = 0.0
     if setup.recompute == "full" and table.largest_block is not None and stop > start:
         working = tokens * _block_activation_bytes(table.largest_block, mp, ctx.act_div, seq, width)
+    tensors = round(table.total("param_tensors", start, stop) + sum(e.param_tensors for e in edges))
     return _Stage(forward_s + backward_s, backward_s, mp_s, mp_bytes, implicit_bytes, p2p_s, p2p_bytes, states, tokens * per_token,
-                  working, params)
+                  working, params, tensors)
+
+
+def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float]:
+    """(forward seconds of ``block`` for one micro-batch on one rank, of which attention core)."""
+    mp, seq = ctx.strategy.mp, ctx.setup.seq_len
+    shaped = sum(2.0 * g.n * g.k for g in block.gemms)
+    linear_s = sum(ctx.gemm_time(g) for g in block.gemms) + ctx.roof_time((block.flops_per_token - shaped) / mp * ctx.tokens)
+    core_flops = block.flops_per_token_seq * seq * ctx.tokens / mp
+    if block.attention_matmuls and core_flops > 0:
+        # One batched matmul per traced attention matmul, (seq x seq) by the head dim, over the
+        # micro-batch's sequences x this rank's heads.
+        batch = max(ctx.tokens / seq, 1) * max(block.num_heads // mp, 1)
+        per_matmul = core_flops / block.attention_matmuls
+        head_dim = per_matmul / (2.0 * seq * seq * batch)
+        core_s = block.attention_matmuls * matmul_time(seq, seq, head_dim, ctx.setup.device, ctx.setup.dtype, batch)
+    else:
+        core_s = ctx.roof_time(core_flops)
+    core_s += ctx.moved_time(Moved(inside_seq=block.moved.inside_seq))
+    return linear_s + core_s + ctx.moved_time(replace(block.moved, inside_seq=0.0)), core_s
 
 
 def _allreduces(ctx: _Context, direction: str, start: int, stop: int, edges: list[EdgeCost]) -> tuple[float, int]:
@@ -380,19 +450,21 @@ def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, floa
     dp, zero, m = ctx.strategy.dp, ctx.strategy.sharding_stage, ctx.strategy.micro_batches
     link = ctx.link(dp, ctx.strategy.mp)
     state_bytes = stage.params * ctx.width
-    chunks = max(num_blocks, 1)
+    # Without overlap (gloo on CPU) every collective waits for the compute and the other way round.
+    backward_s = stage.backward_s if ctx.setup.device.comm_overlap else 0.0
+    forward_s = stage.compute_s - stage.backward_s if ctx.setup.device.comm_overlap else 0.0
+    chunks, count = max(num_blocks, 1), max(stage.param_tensors, 1)  # one collective per parameter
     if zero == 0:
-        return overlapped(all_reduce_time(state_bytes, dp, link), stage.backward_s, chunks), \
+        return overlapped(all_reduce_time(state_bytes, dp, link, count), backward_s, chunks), \
             all_reduce_bytes(state_bytes, dp)
-    reduce = reduce_scatter_time(state_bytes, dp, link)
+    reduce = reduce_scatter_time(state_bytes, dp, link, count)
     if zero < 3:
         # Updated parameters are gathered after the optimizer step: nothing left to hide behind.
-        after = all_gather_time(state_bytes, dp, link)
-        return overlapped(reduce, stage.backward_s, chunks) + after, 2 * all_gather_bytes(state_bytes, dp)
-    gather = all_gather_time(state_bytes, dp, link, chunks)  # one block at a time
-    forward_s = stage.compute_s - stage.backward_s
-    exposed = (m * overlapped(gather, forward_s, chunks) + (m - 1) * overlapped(gather, stage.backward_s, chunks)
-               + overlapped(gather + reduce, stage.backward_s, chunks))
+        after = all_gather_time(state_bytes, dp, link, count)
+        return overlapped(reduce, backward_s, chunks) + after, 2 * all_gather_bytes(state_bytes, dp)
+    gather = all_gather_time(state_bytes, dp, link, count)  # block by block
+    exposed = (m * overlapped(gather, forward_s, chunks) + (m - 1) * overlapped(gather, backward_s, chunks)
+               + overlapped(gather + reduce, backward_s, chunks))
     return exposed, (1 + 2 * m) * all_gather_bytes(state_bytes, dp)
 
 

@@ -1,0 +1,281 @@
+"""Measure the user's own devices and links, and fit the figures the cost model uses.
+
+``autodist-plan calibrate`` runs this on every rank of a job launched like training
+(``python -m paddle.distributed.launch --nproc_per_node N -m autodist.planner.cli calibrate ...``):
+
+- matmuls at the per-rank shapes a plan will run (each 2-D parameter as a (k, n) weight,
+  divided as its placements divide it, times the plan's tokens per micro-batch), plus a few
+  square ones; the fit of :mod:`autodist.planner.cost.compute`'s ``time = FLOPs / R + t0``
+  by least squares gives the sustained rate R (``matmul_efficiency`` = R / peak) and ``t0``;
+- memory bandwidth: an elementwise add of two large tensors (three passes over its size);
+- collectives at a few sizes, inside a node (the ranks of one node) and across nodes (one
+  rank per node): all-reduce, all-gather, reduce-scatter, send/recv; the alpha-beta ring
+  formulas of :mod:`autodist.planner.cost.comm` fitted by least squares give each link's
+  latency and bandwidth. What the backend lacks (gloo has no reduce-scatter on CPU) is
+  reported as missing, never replaced by something else.
+
+Rank 0 writes ``cluster.toml``: the ``[device]`` table ``--cluster`` reads (fitted figures; the
+ones not measurable here, such as memory size or, on one node, the inter-node link, come from
+``base``), and a ``[measured]`` table with every raw timing, so the fit can be checked.
+
+Example::
+
+    >>> [round(v, 9) for v in fit_line([(1.0, 3.0), (2.0, 5.0), (3.0, 7.0)])]   # y = 1 + 2 x
+    [1.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from autodist.planner.cost.memory import DTYPE_BYTES
+
+#: Message sizes for the collectives (bytes): latency-bound to bandwidth-bound.
+COLLECTIVE_BYTES = (4 * 1024, 256 * 1024, 4 * 1024 * 1024, 16 * 1024 * 1024)
+#: Square matmuls measured without a plan; with one, only the two smallest, which pin the
+#: fixed cost per op while the plan's own shapes pin the rate.
+SQUARE_SIZES = (64, 256, 512, 1024)
+#: Largest matmul step measured (FLOPs, forward and backward): keeps a calibration on a slow
+#: device to seconds; a larger plan shape is measured with fewer tokens (rows).
+MAX_MATMUL_FLOPS = 4e10
+PADDLE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass
+class Measurements:
+    """Raw timings (seconds, medians over repeats) and what could not be measured."""
+
+    matmuls: list[tuple[int, int, int, float]] = field(default_factory=list)  # (m, n, k, s)
+    memory: list[tuple[int, float]] = field(default_factory=list)  # (bytes moved, s)
+    #: (scope, collective, ranks) -> [(bytes, s)]; scope "intra" or "inter"
+    collectives: dict[tuple[str, str, int], list[tuple[int, float]]] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+
+def fit_line(points: list[tuple[float, float]], relative: bool = False) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of y = a + b x, the intercept clamped at 0. ``relative``
+    weighs each point by 1 / y^2 (relative errors), so small timings count as much as large ones.
+
+    >>> [round(v, 9) for v in fit_line([(1.0, 3.0), (2.0, 5.0), (3.0, 7.0)], relative=True)]
+    [1.0, 2.0]
+    """
+    w = [1.0 / (y * y) if relative and y > 0 else 1.0 for _, y in points]
+    sw = sum(w)
+    mx = sum(wi * x for wi, (x, _) in zip(w, points)) / sw
+    my = sum(wi * y for wi, (_, y) in zip(w, points)) / sw
+    sxx = sum(wi * (x - mx) ** 2 for wi, (x, _) in zip(w, points))
+    slope = sum(wi * (x - mx) * (y - my) for wi, (x, y) in zip(w, points)) / sxx if sxx > 0 else my / mx
+    intercept = my - slope * mx
+    if intercept < 0:  # a negative fixed cost is noise: refit through the origin
+        intercept = 0.0
+        slope = sum(wi * x * y for wi, (x, y) in zip(w, points)) / sum(wi * x * x for wi, (x, _) in zip(w, points))
+    return intercept, slope
+
+
+def timed(run: Callable[[], object], sync: Callable[[], object], repeats: int = 5) -> float:
+    """Median seconds of ``run`` after one warm-up, ``sync`` closing each timing."""
+    run()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def plan_gemm_shapes(plan) -> list[tuple[int, int, int]]:
+    """Per-rank (m, n, k) of the matmuls a plan runs: every 2-D parameter as a (k, n) weight,
+    divided over the mesh dims its placements shard, m = tokens per micro-batch per rank."""
+    strategy, mesh = plan.strategy, plan.mesh
+    spec = plan.model.input_specs[0].shape if plan.model.input_specs else [1, 1]
+    batch, seq = (max(d, 1) for d in (list(spec) + [1, 1])[:2])
+    tokens = max(1, batch * seq // (strategy.dp * strategy.micro_batches))
+    shapes = set()
+    for param in plan.params.values():
+        if len(param.shape) != 2:
+            continue
+        local = list(param.shape)
+        for size, placement in zip(mesh.shape, param.placements):
+            if placement.startswith("S("):
+                local[int(placement[2:-1])] //= size
+        k, n = local
+        shapes.add((tokens, n, k))
+    return sorted(shapes)
+
+
+def measure_matmuls(shapes: list[tuple[int, int, int]], dtype: str, mesh=None) -> list[tuple[int, int, int, float]]:
+    """Seconds per matmul as training runs them: forward and backward (three matmuls of the
+    shape, with autograd), divided by three; with ``mesh``, on replicated distributed tensors as
+    ``apply_plan``'s model runs them (so the auto-parallel dispatch each op pays is in the fixed cost)."""
+    out = []
+    for m, n, k in shapes:
+        m = max(1, min(m, int(MAX_MATMUL_FLOPS / 3 / (2.0 * n * k))))  # fewer tokens when too long
+        x, w = _tensor([m, k], dtype, mesh), _tensor([k, n], dtype, mesh)
+        x.stop_gradient = w.stop_gradient = False
+
+        def step():
+            y = x.matmul(w)
+            y.backward(y)  # any output gradient: dX = dY W^T, dW = X^T dY
+            x.clear_gradient()
+            w.clear_gradient()
+
+        out.append((m, n, k, timed(step, _sync) / 3))
+    return out
+
+
+def measure_memory(dtype: str, mesh=None, elements: int = 1 << 24) -> list[tuple[int, float]]:
+    out = []
+    for n in (elements // 4, elements):
+        a, b = _tensor([n], dtype, mesh), _tensor([n], dtype, mesh)
+        out.append((3 * n * DTYPE_BYTES[dtype], timed(lambda: a + b, _sync)))
+    return out
+
+
+def _tensor(shape: list[int], dtype: str, mesh):
+    import paddle
+    import paddle.distributed as dist
+
+    tensor = paddle.rand(shape).astype(PADDLE_DTYPES[dtype])
+    return dist.shard_tensor(tensor, mesh, [dist.Replicate()]) if mesh is not None else tensor
+
+
+def measure_collectives(group, ranks: list[int], scope: str, rank: int, result: Measurements) -> None:
+    """Time each collective on ``group`` at :data:`COLLECTIVE_BYTES` (every member calls this)."""
+    import paddle
+    import paddle.distributed as dist
+
+    p = len(ranks)
+
+    def barrier():
+        dist.barrier(group=group)
+
+    for nbytes in COLLECTIVE_BYTES:
+        n = nbytes // 4
+        x = paddle.rand([n], dtype="float32")
+        trials = {
+            "all_reduce": lambda: dist.all_reduce(x, group=group),
+            "all_gather": lambda: dist.all_gather([], x[: n // p], group=group),
+            "reduce_scatter": lambda: dist.reduce_scatter(paddle.empty([n // p], "float32"),
+                                                          list(paddle.split(x, p)), group=group),
+        }
+        if p == 2:
+            peer = ranks[1] if rank == ranks[0] else ranks[0]
+            trials["send_recv"] = (lambda: (dist.send(x, dst=peer, group=group), dist.recv(x, src=peer, group=group))
+                                   if rank == ranks[0] else
+                                   (dist.recv(x, src=peer, group=group), dist.send(x, dst=peer, group=group)))
+        for name, run in trials.items():
+            key = (scope, name, p)
+            if any(name in m and scope in m for m in result.missing):
+                continue
+            try:
+                seconds = timed(run, barrier, repeats=3)
+            except Exception as err:  # the backend lacks it: say so, measure the rest
+                result.missing.append(f"{name} ({scope}-node): {type(err).__name__}: {str(err).splitlines()[0][:160]}")
+                barrier()
+                continue
+            if name == "send_recv":
+                seconds /= 2  # a round trip: two transfers
+            result.collectives.setdefault(key, []).append((nbytes, seconds))
+
+
+def _sync() -> None:
+    import paddle
+
+    if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+        paddle.device.synchronize()
+
+
+def fit_link(points: dict[tuple[str, str, int], list[tuple[int, float]]], scope: str) -> tuple[float, float] | None:
+    """(latency s, bandwidth bytes/s) of one link from its collectives, each timing turned
+    into (latency steps, bytes per rank) by the ring formulas, fitted as t = alpha steps + bytes / B
+    by least squares on relative errors (so the small, latency-bound messages count too).
+
+    >>> alpha, bandwidth = fit_link({("intra", "all_reduce", 2): [(1000, 2e-6 + 1e-6), (10**6, 2e-6 + 1e-3)]}, "intra")
+    >>> round(alpha * 1e6, 6), round(bandwidth / 1e9, 6)      # 2(p-1) = 2 steps of 1 us; (p-1)/p x 2 x n at 1 GB/s
+    (1.0, 1.0)
+    """
+    rows = []
+    for (where, name, p), timings in points.items():
+        if where != scope:
+            continue
+        steps, share = {"all_reduce": (2 * (p - 1), 2 * (p - 1) / p), "all_gather": (p - 1, (p - 1) / p),
+                        "reduce_scatter": (p - 1, (p - 1) / p), "send_recv": (1, 1.0)}[name]
+        rows += [(steps, share * nbytes, seconds) for nbytes, seconds in timings]
+    if len(rows) < 2:
+        return None
+    # Two unknowns, t = alpha * steps + bytes / B: least squares by the normal equations.
+    rows = [(s / t, b / t, 1.0) for s, b, t in rows if t > 0]  # each row divided by its time
+    saa = sum(s * s for s, _, _ in rows)
+    sab = sum(s * b for s, b, _ in rows)
+    sbb = sum(b * b for _, b, _ in rows)
+    sat = sum(s * t for s, _, t in rows)
+    sbt = sum(b * t for _, b, t in rows)
+    det = saa * sbb - sab * sab
+    alpha = (sat * sbb - sbt * sab) / det if det else 0.0
+    beta = (saa * sbt - sab * sat) / det if det else sbt / sbb
+    if alpha <= 0:  # latency lost in noise: fit bandwidth alone, keep a token latency
+        alpha, beta = 1e-6, sbt / sbb
+    return alpha, 1.0 / beta if beta > 0 else math.inf
+
+
+def fitted_device(measured: Measurements, base, dtype: str, name: str, comm_overlap: bool) -> dict:
+    """The ``[device]`` table for cluster.toml: ``base``'s figures, overridden by the fits;
+    ``comm_overlap``: whether the backend runs collectives beside compute (NCCL yes, gloo no)."""
+    from autodist.planner.cost.hardware import _profile_values  # cluster-file keys of a profile
+
+    values: dict = {"name": name, "base": base.name, "comm_overlap": comm_overlap}
+    if measured.matmuls:
+        overhead, per_flop = fit_line([(2.0 * m * n * k, s) for m, n, k, s in measured.matmuls], relative=True)
+        rate = 1.0 / per_flop
+        peak = max(base.peak_flops[dtype], rate)
+        if peak > base.peak_flops[dtype]:
+            for other in ("bf16", "fp16", "fp32"):  # measured faster than the base's peak: raise it
+                values[f"peak_tflops_{other}"] = max(base.peak_flops[other], rate) / 1e12
+        values["matmul_efficiency"] = rate / peak
+        values["op_overhead_us"] = overhead * 1e6
+    if measured.memory:
+        values["memory_bandwidth_gb_s"] = max(b / s for b, s in measured.memory) / 1e9
+    for scope in ("intra", "inter"):
+        link = fit_link(measured.collectives, scope)
+        if link:
+            values[f"{scope}_node_latency_us"] = link[0] * 1e6
+            values[f"{scope}_node_bandwidth_gb_s"] = link[1] / 1e9
+    base_values = _profile_values(base)
+    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in values.items()
+            if k in ("name", "base", "comm_overlap") or base_values.get(k) is not None}
+
+
+def cluster_toml(device: dict, measured: Measurements, notes: list[str]) -> str:
+    """The file text: ``[device]`` then ``[measured]`` (raw timings) and what is missing."""
+    lines = ["# Written by `autodist-plan calibrate`: fitted from the timings under [measured].",
+             *(f"# {note}" for note in notes), "", "[device]"]
+    lines += [f"{k} = {_toml(v)}" for k, v in device.items()]
+    lines += ["", "[measured]", "# matmuls: [m, n, k, seconds]",
+              f"matmuls = [{', '.join(f'[{m}, {n}, {k}, {s:.6g}]' for m, n, k, s in measured.matmuls)}]",
+              "# memory: [bytes moved, seconds]",
+              f"memory = [{', '.join(f'[{b}, {s:.6g}]' for b, s in measured.memory)}]",
+              "# collectives: [bytes, seconds] per scope, collective and ranks"]
+    for (scope, name, p), timings in sorted(measured.collectives.items()):
+        lines.append(f"{scope}_{name}_{p}ranks = [{', '.join(f'[{b}, {s:.6g}]' for b, s in timings)}]")
+    lines.append(f"missing = [{', '.join(_toml(m) for m in measured.missing)}]")
+    return "\n".join(lines) + "\n"
+
+
+def _toml(value) -> str:
+    """A TOML literal; strings (error messages) escaped, control characters included.
+
+    >>> print(_toml('say "hi"\\n'), _toml(0.5))
+    "say \\"hi\\"\\u000a" 0.5
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        body = value.replace("\\", "\\\\").replace('"', '\\"')
+        return '"' + "".join(c if c >= " " and c != "\x7f" else f"\\u{ord(c):04x}" for c in body) + '"'
+    return repr(value)

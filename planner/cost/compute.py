@@ -1,0 +1,58 @@
+"""How long one op takes on one device: matmuls by a roofline with a fixed cost, the rest by bytes.
+
+A matmul of per-rank shape (m x k) @ (k x n), ``batch`` times over, with ``w``-byte elements:
+
+    time = max(2 m n k batch / (e P),  w batch (m k + k n + m n) / B) + t0
+
+- ``P`` is the device's peak FLOP/s for the dtype and ``e`` the fraction of it that large
+  matmuls sustain (``DeviceProfile.matmul_efficiency``): the compute roof;
+- ``B`` is its memory bandwidth (``DeviceProfile.memory_bandwidth``) and the bytes are the two
+  operands read and the result written once: the memory roof, which thin matmuls hit
+  (Williams, Waterman and Patterson, "Roofline", CACM 2009);
+- ``t0`` (``DeviceProfile.op_overhead_s``) is a fixed cost of every op: kernel launch (and for
+  a matmul the last, partly filled wave of thread blocks), and on a CPU the framework's
+  dispatch. It is the saturation curve: the sustained rate 2mnk batch / time rises towards the
+  roof as the work grows, and is half of it at a work of e P t0 FLOPs.
+
+An op that is not a matmul (norms, elementwise, softmax, rotary, cross-entropy) is memory-bound:
+its time is the bytes it reads and writes over ``B``, plus ``t0``. A device without a memory bandwidth
+(``B`` = 0, a profile from before it was known) prices only the compute roof and these ops
+at nothing.
+
+Example (an H100-like device: 989 TFLOP/s, 60 % sustained, 3.35 TB/s, 5 us per matmul)::
+
+    >>> from autodist.schemas import DeviceProfile
+    >>> d = DeviceProfile(name="x", memory_bytes=1, peak_flops={"bf16": 989e12, "fp16": 989e12,
+    ...                   "fp32": 67e12}, intra_node_bandwidth=1, inter_node_bandwidth=1,
+    ...                   intra_node_latency_s=0, inter_node_latency_s=0, memory_bandwidth=3.35e12,
+    ...                   matmul_efficiency=0.6, op_overhead_s=5e-6)
+    >>> round(matmul_time(8192, 8192, 8192, d, "bf16") * 1e3, 3)    # compute-bound: 1.85 ms + 5 us
+    1.858
+    >>> round(matmul_time(8192, 8192, 1, d, "bf16") * 1e6, 1)       # a vector: bytes-bound
+    45.1
+"""
+
+from __future__ import annotations
+
+from autodist.schemas import DeviceProfile
+
+from autodist.planner.cost.memory import DTYPE_BYTES
+
+
+def matmul_time(m: float, n: float, k: float, device: DeviceProfile, dtype: str, batch: float = 1) -> float:
+    """Seconds for ``batch`` matmuls of (m x k) @ (k x n), as one kernel (see the module docstring)."""
+    if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
+        return 0.0
+    compute = 2.0 * m * n * k * batch / (device.peak_flops[dtype] * device.matmul_efficiency)
+    memory = memory_time(DTYPE_BYTES[dtype] * batch * (m * k + k * n + m * n), device)
+    return max(compute, memory) + device.op_overhead_s
+
+
+def memory_time(nbytes: float, device: DeviceProfile) -> float:
+    """Seconds to move ``nbytes`` through device memory (0 when the bandwidth is unknown).
+
+    >>> from autodist.planner.cost.hardware import PROFILES
+    >>> round(memory_time(3.35e9, PROFILES["h100-sxm"]) * 1e3, 3)   # 3.35 GB at 3.35 TB/s
+    1.0
+    """
+    return nbytes / device.memory_bandwidth if device.memory_bandwidth > 0 else 0.0
