@@ -261,7 +261,7 @@ def test_vpp_hands_off_v_times_as_often():
 # -- roofline ------------------------------------------------------------------------------------------
 
 
-def _device(**figures) -> "DeviceProfile":
+def _device(**figures):
     from autodist.schemas import DeviceProfile
 
     base = dict(name="t", memory_bytes=1, peak_flops={"bf16": 100e12, "fp16": 100e12, "fp32": 25e12},

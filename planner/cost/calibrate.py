@@ -200,7 +200,7 @@ def fit_link(points: dict[tuple[str, str, int], list[tuple[int, float]]], scope:
     >>> round(alpha * 1e6, 6), round(bandwidth / 1e9, 6)      # 2(p-1) = 2 steps of 1 us; (p-1)/p x 2 x n at 1 GB/s
     (1.0, 1.0)
     """
-    rows = []
+    rows: list[tuple[float, float, float]] = []
     for (where, name, p), timings in points.items():
         if where != scope:
             continue
