@@ -85,10 +85,12 @@ def test_a_model_that_does_not_fit_gets_mp_or_pp(llama_3b8):
 def test_mp_stays_inside_a_node(llama_3b8, devices_per_node, nodes):
     # Without ZeRO (which would let plain dp fit: FSDP-style zero3 is what the search picks then),
     # 16 bytes of states per parameter x 6.7 B do not fit in 40 GB: the model must be split.
+    # A global batch of 8 samples a node, so data parallelism is not capped by the batch.
     result = search(llama_3b8, SearchRequest(devices_per_node=devices_per_node, nodes=nodes, device=A100_40,
-                                             sharding_stage=0))
-    assert result.best.strategy.mp > 1  # the model needs splitting here
-    assert group_within_node(result.best.strategy.mp, 1, devices_per_node)
+                                             sharding_stage=0, global_batch_size=8 * nodes * devices_per_node))
+    best = result.best.strategy
+    assert best.mp * best.pp > 1  # the model needs splitting here (by mp, or by real pipelines now)
+    assert best.mp == 1 or group_within_node(best.mp, 1, devices_per_node)
 
 
 @pytest.mark.slow
