@@ -11,7 +11,7 @@ Example::
     >>> from autodist.schemas import Plan, load_plan
     >>> plan = load_plan("plans/gpt/plan_2x8dev_mp4.json")
     >>> plan.mesh.dim_names, plan.params["blocks.0.attn.qkv_proj.weight"].placements
-    (['pp', 'dp', 'mp'], ['R', 'R', 'S(1)'])
+    (['dp', 'mp'], ['R', 'S(1)'])
 """
 
 from __future__ import annotations
