@@ -133,7 +133,7 @@ def test_an_output_folder_that_does_not_exist_is_refused_before_planning(tmp_pat
 
 def test_tp_and_zero_are_aliases_users_know(tmp_path):
     out = tmp_path / "plan.json"
-    result = run(DOCSTRING, "--devices", 4, "--tp", 2, "--zero", 1, "--device", "h100-sxm", "-o", out)
+    result = run(DOCSTRING, "--devices", 4, "--dp", 2, "--tp", 2, "--zero", 1, "--device", "h100-sxm", "-o", out)
     assert result.exit_code == 0, result.output
     strategy = load_plan(out).strategy
     assert (strategy.mp, strategy.sharding_stage) == (2, 1)
