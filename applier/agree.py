@@ -110,11 +110,17 @@ def agree(record: Record, rank: int, world: int, timeout_s: float) -> None:
         store.set(f"{session}/record/{rank}", json.dumps(asdict(record)))
         store.add(f"{session}/arrived/{rank}", 1)
         if rank == 0:
-            verdict = _decide(store, session, world, deadline, timeout_s)
+            verdict, arrived = _decide(store, session, world, deadline, timeout_s)
             store.set(f"{session}/verdict", json.dumps(verdict))
             store.add(f"{session}/verdict_ready", 1)
+            # Rank 0 hosts the store: were it to raise and exit at once, a rank still polling
+            # would lose the connection instead of reading the verdict (and Paddle's server can
+            # abort tearing down live connections). So it waits, briefly, until each rank that
+            # arrived has read the verdict.
+            _await_reads(store, session, arrived - 1, time.monotonic() + VERDICT_GRACE_S)
         else:
             verdict = _await_verdict(store, session, deadline + VERDICT_GRACE_S, timeout_s)
+            store.add(f"{session}/verdict_read", 1)
     except PlanError:
         raise
     except Exception as exc:  # the store's connection broke: rank 0, which hosts it, is gone
@@ -130,9 +136,9 @@ def agree(record: Record, rank: int, world: int, timeout_s: float) -> None:
 # -- rank 0 decides -------------------------------------------------------------------------------
 
 
-def _decide(store: Any, session: str, world: int, deadline: float, timeout_s: float) -> list[str]:
-    """Wait for every rank's record (until ``deadline``) and return the problems all ranks raise:
-    empty when they agree and none found a problem."""
+def _decide(store: Any, session: str, world: int, deadline: float, timeout_s: float) -> tuple[list[str], int]:
+    """Wait for every rank's record (until ``deadline``) and return the problems all ranks raise
+    (empty when they agree and none found a problem) and how many ranks arrived."""
     waiting = set(range(world))
     while True:
         waiting = {r for r in waiting if store.add(f"{session}/arrived/{r}", 0) == 0}
@@ -142,7 +148,7 @@ def _decide(store: Any, session: str, world: int, deadline: float, timeout_s: fl
     records = [
         Record(**json.loads(store.get(f"{session}/record/{r}"))) for r in range(world) if r not in waiting
     ]
-    return verdict_problems(records, sorted(waiting), world, timeout_s)
+    return verdict_problems(records, sorted(waiting), world, timeout_s), len(records)
 
 
 def verdict_problems(records: list[Record], missing: list[int], world: int, timeout_s: float) -> list[str]:
@@ -206,6 +212,13 @@ def _await_verdict(store: Any, session: str, deadline: float, timeout_s: float) 
             return [f"agreement: rank 0 gave no verdict within {timeout_s:g} s (stuck?)"]
         time.sleep(POLL_S)
     return json.loads(store.get(f"{session}/verdict"))
+
+
+def _await_reads(store: Any, session: str, readers: int, deadline: float) -> None:
+    """Rank 0: wait until ``readers`` ranks have read the verdict, or ``deadline`` passes (a rank
+    that reads later still gets a one-line PlanError: the lost connection)."""
+    while store.add(f"{session}/verdict_read", 0) < readers and time.monotonic() < deadline:
+        time.sleep(POLL_S)
 
 
 # -- the store --------------------------------------------------------------------------------------
