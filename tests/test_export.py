@@ -278,6 +278,9 @@ def test_exported_pipeline_config_puts_parameters_on_their_stage():
         strategy=msgspec.structs.replace(flat.strategy, pp=2, schedule="sequential"),
         params=params,
         blocks=[Block(layer=f"{base}.layers.{i}", kind="llama_decoder", stage=stage_of(f"{base}.layers.{i}.x")) for i in layers],
+        # The sequential schedule moves the activation to stage 1 after stage 0's last block.
+        hooks=[*flat.hooks, Hook(layer=f"{base}.layers.{layers[len(layers) // 2 - 1]}", when="post",
+                                 action="stage_handoff", to_stage=1)],
     )
     load_plan(plan)  # consistent
     assert_exported_layout_matches(plan, workload.build(0))
