@@ -21,6 +21,21 @@ def restore_environment():
     os.environ.update(saved)
 
 
+@pytest.fixture(autouse=True)
+def restore_global_mesh():
+    """Undo a global mesh a test leaves behind. ``dist.parallelize`` with a pipeline config sets
+    Paddle's process-wide mesh (``auto_parallel.interface._g_mesh``); later in-process tests then
+    see a ``pp`` mesh and Paddle's recompute asks for a process group that was never created."""
+    import sys
+
+    interface = sys.modules.get("paddle.distributed.auto_parallel.interface")
+    saved = getattr(interface, "_g_mesh", None)
+    yield
+    interface = sys.modules.get("paddle.distributed.auto_parallel.interface")
+    if interface is not None:
+        interface._g_mesh = saved
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip ``@pytest.mark.gpu`` tests on machines without a CUDA device, saying why. Paddle is
     imported only when such a test was collected, so the rest of the suite does not pay for it."""
