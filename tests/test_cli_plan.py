@@ -143,3 +143,83 @@ def test_more_fixed_degrees_than_devices_says_how_many_are_needed():
     result = run(DOCSTRING, "--dp", 4, "--mp", 2, "--devices", 4)
     assert result.exit_code != 0
     assert "dp=4 x mp=2 needs 8 devices, but there are 4" in result.output
+
+
+def _plan_in_a_process(*args):
+    """``autodist-plan`` as a user runs it: a fresh process, so Paddle and PaddleFormers print
+    on import to the real descriptor 2 as they do in a terminal."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "autodist.planner.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+PF_LLAMA = f"{ROOT / 'tests' / 'models' / 'paddleformers_models.py'}:build_llama"
+
+
+def test_quiet_holds_back_what_paddle_and_paddleformers_print(tmp_path):
+    # without --quiet the same run prints PaddleFormers' log lines (checked, so this test can fail)
+    loud = _plan_in_a_process(PF_LLAMA, "--devices", 2, "--device", "h100-sxm", "-o", tmp_path / "loud.json")
+    assert loud.returncode == 0, loud.stderr
+    assert any(not line.startswith(("plan for", "warning:")) for line in loud.stderr.splitlines()), loud.stderr
+
+    quiet = _plan_in_a_process(PF_LLAMA, "--devices", 2, "--device", "h100-sxm", "--quiet", "-o",
+                               tmp_path / "plan.json")
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == "" and quiet.stdout == ""
+    assert load_plan(tmp_path / "plan.json").strategy.dp * load_plan(tmp_path / "plan.json").strategy.mp == 2
+
+
+def test_quiet_still_prints_our_error_and_nothing_else(tmp_path):
+    result = _plan_in_a_process(PF_LLAMA, "--devices", 2, "--dp", 3, "--device", "h100-sxm", "--quiet", "-o",
+                                tmp_path / "plan.json")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: --dp 3 does not divide the 2 devices"]
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_held_stderr_drops_library_lines_but_replays_them_when_something_crashes(capfd):
+    import os
+
+    from autodist.planner.cli.quiet import held_stderr
+    from autodist.planner.errors import PlannerError
+
+    with pytest.raises(PlannerError):
+        with held_stderr(expected=(PlannerError,)):
+            os.write(2, b"W1201 glog line\n")
+            raise PlannerError("the user's mistake")
+    assert capfd.readouterr().err == ""
+    with pytest.raises(RuntimeError):
+        with held_stderr(expected=(PlannerError,)):
+            os.write(2, b"context of a crash\n")
+            raise RuntimeError("a bug")
+    assert capfd.readouterr().err == "context of a crash\n"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([DOCSTRING, "--bogus"], "error: no such option '--bogus' (see autodist-plan plan --help)"),
+        ([DOCSTRING, "--devices", "x"],
+         "error: invalid value for '--devices': 'x' is not a valid integer (see autodist-plan plan --help)"),
+        ([DOCSTRING, "--schedule", "zigzag"], "error: invalid value for '--schedule': 'zigzag' is not one of"),
+        ([DOCSTRING, "--cluster", "/no/such/cluster.toml"],
+         "error: invalid value for '--cluster': File '/no/such/cluster.toml' does not exist"),
+        (["diff", "only-one.json"], "error: missing argument 'NEW' (see autodist-plan diff --help)"),
+        (["ckpt", "info"], "error: missing argument 'PATH' (see autodist-plan ckpt info --help)"),
+        (["ckpt", "bogus"], "error: no such command 'bogus'"),
+        (["show", "/no/such/plan.json"], "error: /no/such/plan.json: invalid plan: cannot read the plan file"),
+        ([DOCSTRING, "--dp", 3, "--devices", 2], "error: --dp 3 does not divide the 2 devices"),
+    ],
+)
+def test_every_error_has_one_style(args, message):
+    result = CliRunner().invoke(cli, [str(a) for a in args], prog_name="autodist-plan")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines()[0].startswith(message), result.stderr
+    assert "Error:" not in result.stderr and "Usage:" not in result.stderr
+
+
+def test_no_arguments_still_shows_the_help():
+    result = CliRunner().invoke(cli, [], prog_name="autodist-plan")
+    assert "Usage: autodist-plan" in result.output and "error:" not in result.output

@@ -4,8 +4,8 @@
 dumps the traced dataflow graph; ``schema`` prints the plan format's JSON Schema; the review
 commands (``show``, ``diff``, ``check``, ``export``, ``render``, ``ckpt info``) come from
 :mod:`autodist.planner.cli.review`; ``calibrate`` (measure this cluster, write a cluster.toml)
-from :mod:`autodist.planner.cli.calibrate`. A problem in what the user gave prints
-``error: <one line>`` and exits 2.
+from :mod:`autodist.planner.cli.calibrate`. A problem in what the user gave (click's own usage
+errors included) prints ``error: <one line>`` and exits 2.
 
 Example::
 
@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -28,20 +29,23 @@ from autodist.schemas import PlanError, dump_plan, load_plan, plan_json_schema, 
 
 from autodist.planner.errors import PlannerError
 from autodist.planner.cli.calibrate import calibrate
+from autodist.planner.cli.quiet import held_stderr
 from autodist.planner.cli.review import REVIEW_COMMANDS, check_output, write_output
 
 #: Exit status for a problem in what the user gave us (target, specs, degrees).
 USAGE_ERROR = 2
 
 
-class PlannerFailure(click.ClickException):
-    """A :class:`PlannerError` on its way out of the CLI: ``error: <message>``, exit status 2."""
+class OneLineError(click.ClickException):
+    """A problem in what the user gave, on its way out of the CLI: ``error: <message>`` (then any
+    detail lines, indented), exit status 2. Every command's errors, click's own included, leave
+    this way."""
 
     exit_code = USAGE_ERROR
 
-    def __init__(self, error: PlannerError):
-        super().__init__(error.message)
-        self.detail = error.detail
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
 
     def show(self, file=None) -> None:
         click.echo(printable(f"error: {self.message}"), err=True)
@@ -57,11 +61,30 @@ def reports_planner_errors(command):
         try:
             return command(*args, **kwargs)
         except PlannerError as error:
-            raise PlannerFailure(error) from None
+            raise OneLineError(error.message, error.detail) from None
         except PlanError as error:  # a plan that load_plan would refuse is never written
-            raise PlannerFailure(PlannerError(f"the plan made is not valid: {'; '.join(error.problems)}")) from None
+            raise OneLineError(f"the plan made is not valid: {'; '.join(error.problems)}") from None
 
     return wrapper
+
+
+@contextlib.contextmanager
+def click_errors_in_our_style():
+    """Re-raise click's own errors (unknown option, bad value, missing argument or file) as
+    :class:`OneLineError`: ``error: no such option '--bogus' (see autodist-plan plan --help)``
+    rather than click's usage block ending in ``Error: ...``. Bare ``autodist-plan`` still shows
+    the help."""
+    try:
+        yield
+    except (OneLineError, click.exceptions.NoArgsIsHelpError):
+        raise
+    except click.ClickException as error:
+        message = error.format_message().rstrip(".")
+        message = message[:1].lower() + message[1:]
+        context = getattr(error, "ctx", None)
+        if context is not None:
+            message += f" (see {context.command_path} --help)"
+        raise OneLineError(message) from None
 
 
 input_spec_option = click.option(
@@ -82,7 +105,12 @@ class DefaultCommandGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = [self.default_command, *args]
-        return super().parse_args(ctx, args)
+        with click_errors_in_our_style():
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context):
+        with click_errors_in_our_style():  # the subcommand's own arguments are parsed in here
+            return super().invoke(ctx)
 
 
 @click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -122,7 +150,8 @@ def cli() -> None:
 @click.option("--rules", "rules_file", type=click.Path(dir_okay=False),
               help='rules.toml: placements by layer glob, e.g. "blocks.*.mlp.fc1" = "colwise" (docs/recognition.md).')
 @click.option("--explain", is_flag=True, help="Print the ranked strategies and why on stderr.")
-@click.option("-q", "--quiet", is_flag=True, help="No summary and no warnings on stderr.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Nothing on stderr but errors (and --explain): no summary, no warnings, no library log lines.")
 @click.pass_context
 @reports_planner_errors
 def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: str | None, explain: bool,
@@ -134,26 +163,27 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
       autodist-plan plans/llama_docstring/model.py --devices 4 -o plan.json
       autodist-plan model.py --devices 8 --nodes 2 --mp 8 --device h100-sxm --explain -o plan.json
     """
-    from autodist.planner.cost.hardware import local_gpu_profile_name, resolve_device
-    from autodist.planner.driver import plan_target
+    from autodist.planner.review.format import strategy_text
 
     if output and not Path(output).resolve().parent.is_dir():  # checked before the planning work, not after
         raise PlannerError(f"{output}: the folder {Path(output).parent} does not exist; create it first")
-    from autodist.planner.review.format import strategy_text
-    from autodist.planner.progress import Progress
-    from autodist.planner.cost.search import SearchRequest
+    # --quiet: what Paddle, PaddleFormers and the model print on import and trace is held back
+    with held_stderr(expected=(PlannerError, PlanError)) if quiet else contextlib.nullcontext():
+        from autodist.planner.cost.hardware import local_gpu_profile_name, resolve_device
+        from autodist.planner.cost.search import SearchRequest
+        from autodist.planner.driver import plan_target
+        from autodist.planner.progress import Progress
+        from autodist.planner.recognise.rules import load_rules
 
-    request = SearchRequest(
-        devices_per_node=options.pop("devices"),
-        nodes=options.pop("nodes"),
-        device=resolve_device(device_name, cluster_file),
-        **options,
-    )
-    from autodist.planner.recognise.rules import load_rules
-
-    rules = load_rules(rules_file) if rules_file else None
-    made = plan_target(target, list(input_specs) or None, request, planner_arguments(ctx), Progress(quiet=quiet),
-                       rules=rules)
+        request = SearchRequest(
+            devices_per_node=options.pop("devices"),
+            nodes=options.pop("nodes"),
+            device=resolve_device(device_name, cluster_file),
+            **options,
+        )
+        rules = load_rules(rules_file) if rules_file else None
+        made = plan_target(target, list(input_specs) or None, request, planner_arguments(ctx),
+                           Progress(quiet=quiet), rules=rules)
     if output:
         save_plan(made.plan, output)
     else:
