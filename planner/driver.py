@@ -149,8 +149,8 @@ def plan(
     model: paddle.nn.Layer,
     input_spec: Sequence[paddle.static.InputSpec | str],
     *,
-    devices: int = 1,
-    nodes: int = 1,
+    devices: int | None = None,
+    nodes: int | None = None,
     device: str | None = None,
     cluster: str | None = None,
     dp: int | None = None,
@@ -172,7 +172,8 @@ def plan(
 
     ``input_spec``: ``paddle.static.InputSpec`` objects or ``"name:dtype:BxS"`` strings.
     The keywords are the command's options (``devices`` is ``--devices``: devices per node;
-    ``device`` is ``--device``, a profile name; ``cluster`` is ``--cluster``, a TOML file).
+    ``device`` is ``--device``, a profile name; ``cluster`` is ``--cluster``, a TOML file; ``devices``
+    and ``nodes`` left out are the cluster file's, else 1).
     The plan equals the command's for the same model, but for ``provenance.arguments.target``,
     which names the model's class instead of a file. Raises ``PlannerError`` for anything the
     caller can fix. Save the plan with :func:`autodist.save_plan`.
@@ -184,7 +185,7 @@ def plan(
         ...                      device="h100-sxm")                             # doctest: +SKIP
         >>> autodist.save_plan(plan, "plan.json")                               # doctest: +SKIP
     """
-    from autodist.planner.cost.hardware import resolve_device
+    from autodist.planner.cost.hardware import cluster_shape, resolve_device
     from autodist.planner.cost.search import SearchRequest
     from autodist.planner.load import parse_input_spec
 
@@ -193,6 +194,7 @@ def plan(
                    micro_batches=micro_batches, schedule=schedule, global_batch_size=global_batch_size,
                    micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, optimizer=optimizer,
                    recompute=recompute)
+    devices, nodes = cluster_shape(cluster, devices, nodes)
     request = SearchRequest(devices_per_node=devices, nodes=nodes, device=resolve_device(device, cluster), **options)
     # Provenance in the command's words (its option names, its value spelling).
     given = {"target": f"<{type(model).__name__} object>", "devices": devices, "nodes": nodes,

@@ -223,3 +223,63 @@ def test_every_error_has_one_style(args, message):
 def test_no_arguments_still_shows_the_help():
     result = CliRunner().invoke(cli, [], prog_name="autodist-plan")
     assert "Usage: autodist-plan" in result.output and "error:" not in result.output
+
+
+def _cluster_file(tmp_path, cluster_table: str) -> Path:
+    path = tmp_path / "cluster.toml"
+    path.write_text(cluster_table + '\n[device]\nbase = "h100-sxm"\ninter_node_bandwidth_gb_s = 25\n')
+    return path
+
+
+def test_the_cluster_files_shape_is_used_when_the_flags_leave_it_out(tmp_path):
+    cluster = _cluster_file(tmp_path, "[cluster]\nnodes = 2\ndevices_per_node = 2\n")
+    result = run(DOCSTRING, "--cluster", cluster, "-q", "-o", tmp_path / "plan.json")
+    assert result.exit_code == 0, result.output
+    plan = load_plan(tmp_path / "plan.json")
+    assert (plan.cluster.nodes, plan.cluster.devices_per_node) == (2, 2)
+    assert plan.cluster.device.inter_node_bandwidth == 25e9
+    assert (plan.provenance.arguments["nodes"], plan.provenance.arguments["devices"]) == ("2", "2")
+
+
+def test_flags_win_over_the_cluster_files_shape(tmp_path):
+    cluster = _cluster_file(tmp_path, "[cluster]\nnodes = 2\ndevices_per_node = 2\n")
+    result = run(DOCSTRING, "--cluster", cluster, "--nodes", 1, "--devices", 4, "-q", "-o", tmp_path / "plan.json")
+    assert result.exit_code == 0, result.output
+    plan = load_plan(tmp_path / "plan.json")
+    assert (plan.cluster.nodes, plan.cluster.devices_per_node) == (1, 4)
+    # one flag given: it wins, the other comes from the file
+    result = run(DOCSTRING, "--cluster", cluster, "--devices", 1, "-q", "-o", tmp_path / "plan.json")
+    assert result.exit_code == 0, result.output
+    plan = load_plan(tmp_path / "plan.json")
+    assert (plan.cluster.nodes, plan.cluster.devices_per_node) == (2, 1)
+
+
+@pytest.mark.parametrize("table, message", [
+    ("[cluster]\nnodes = 0\n", "[cluster].nodes must be a whole number from 1"),
+    ("[cluster]\ndevices_per_node = 2.5\n", "[cluster].devices_per_node must be a whole number from 1"),
+    ("[cluster]\ngpus = 8\n", "unknown key(s) in [cluster]: gpus"),
+    ("cluster = 8\n", "cluster must be a table"),
+])
+def test_a_bad_cluster_table_is_one_error_line(tmp_path, table, message):
+    cluster = _cluster_file(tmp_path, table)
+    result = run(DOCSTRING, "--cluster", cluster, "-o", tmp_path / "plan.json")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_the_documented_cluster_file_example_reads_as_documented(tmp_path):
+    import re
+
+    from autodist.planner.cost.hardware import _CLUSTER_KEYS, cluster_shape, load_cluster_file
+
+    doc = (ROOT / "docs" / "cluster.md").read_text()
+    (example,) = re.findall(r"```toml\n(.*?)```", doc, flags=re.S)
+    path = tmp_path / "cluster.toml"
+    path.write_text(example)
+    device = load_cluster_file(str(path))
+    assert device.name == "lab-h100" and device.inter_node_bandwidth == 25e9 and device.inter_node_latency_s == 8e-6
+    assert cluster_shape(str(path)) == (8, 2)
+    assert cluster_shape(str(path), nodes=4) == (8, 4)
+    for key in [*_CLUSTER_KEYS, "name", "base", "unsupported", "comm_overlap", "nodes", "devices_per_node"]:
+        assert f"| `{key}` |" in doc, f"docs/cluster.md does not describe {key}"

@@ -129,8 +129,8 @@ def cli() -> None:
 @click.argument("target")
 @input_spec_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Plan file to write (default: stdout).")
-@click.option("--devices", type=int, default=1, show_default=True, help="Devices per node.")
-@click.option("--nodes", type=int, default=1, show_default=True, help="Number of nodes.")
+@click.option("--devices", type=int, help="Devices per node (default: the --cluster file's, else 1).")
+@click.option("--nodes", type=int, help="Number of nodes (default: the --cluster file's, else 1).")
 @click.option("--dp", type=int, help="Data-parallel degree (searched when left out).")
 @click.option("--mp", "--tp", "mp", type=int, help="Tensor (model) parallel degree (searched when left out).")
 @click.option("--pp", type=int, help="Pipeline-parallel degree (searched when left out).")
@@ -169,18 +169,16 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
         raise PlannerError(f"{output}: the folder {Path(output).parent} does not exist; create it first")
     # --quiet: what Paddle, PaddleFormers and the model print on import and trace is held back
     with held_stderr(expected=(PlannerError, PlanError)) if quiet else contextlib.nullcontext():
-        from autodist.planner.cost.hardware import local_gpu_profile_name, resolve_device
+        from autodist.planner.cost.hardware import cluster_shape, local_gpu_profile_name, resolve_device
         from autodist.planner.cost.search import SearchRequest
         from autodist.planner.driver import plan_target
         from autodist.planner.progress import Progress
         from autodist.planner.recognise.rules import load_rules
 
-        request = SearchRequest(
-            devices_per_node=options.pop("devices"),
-            nodes=options.pop("nodes"),
-            device=resolve_device(device_name, cluster_file),
-            **options,
-        )
+        devices, nodes = cluster_shape(cluster_file, options.pop("devices"), options.pop("nodes"))
+        ctx.params.update(devices=devices, nodes=nodes)  # the provenance records what was planned for
+        request = SearchRequest(devices_per_node=devices, nodes=nodes,
+                                device=resolve_device(device_name, cluster_file), **options)
         rules = load_rules(rules_file) if rules_file else None
         made = plan_target(target, list(input_specs) or None, request, planner_arguments(ctx),
                            Progress(quiet=quiet), rules=rules)

@@ -153,17 +153,7 @@ def load_cluster_file(path: str) -> DeviceProfile:
         inter_node_latency_us = 8
     """
     source = Path(path)
-    try:
-        data = tomllib.loads(source.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PlannerError(f"{path}: cluster file not found") from None
-    except OSError as err:
-        raise PlannerError(f"{path}: cannot read the cluster file: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise PlannerError(f"{path}: not a text file (a cluster file is TOML in UTF-8)") from None
-    except tomllib.TOMLDecodeError as err:
-        raise PlannerError(f"{path}: not valid TOML: {err}") from None
-    device = data.get("device")
+    device = _read_cluster_file(path).get("device")
     if not isinstance(device, dict):
         raise PlannerError(f"{path}: needs a [device] table with: {', '.join(_CLUSTER_KEYS)}")
     unknown = sorted(set(device) - set(_CLUSTER_KEYS) - {"name", "base", "unsupported", "comm_overlap"})
@@ -210,6 +200,56 @@ def load_cluster_file(path: str) -> DeviceProfile:
         **{field: float(values[key]) for key, field in _OPTIONAL_FIELDS.items() if key in values},
         comm_overlap=overlap,
     )
+
+
+def _read_cluster_file(path: str) -> dict:
+    """The TOML tables of a cluster file; a file that cannot be read is one PlannerError."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlannerError(f"{path}: cluster file not found") from None
+    except OSError as err:
+        raise PlannerError(f"{path}: cannot read the cluster file: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise PlannerError(f"{path}: not a text file (a cluster file is TOML in UTF-8)") from None
+    except tomllib.TOMLDecodeError as err:
+        raise PlannerError(f"{path}: not valid TOML: {err}") from None
+
+
+#: cluster.toml keys under ``[cluster]``: the cluster's shape, and the flag that wins over each.
+_SHAPE_KEYS = {"devices_per_node": "--devices", "nodes": "--nodes"}
+#: More devices or nodes than this in a cluster file is a typo, not a cluster.
+MAX_SHAPE = 1 << 20
+
+
+def cluster_shape(cluster_file: str | None, devices: int | None = None, nodes: int | None = None) -> tuple[int, int]:
+    """Devices per node and nodes to plan for: each flag when given, else the cluster file's
+    ``[cluster]`` table, else 1. ``[cluster]`` is optional, and so is each of its keys::
+
+        [cluster]
+        nodes = 2
+        devices_per_node = 8
+
+    Example::
+
+        >>> cluster_shape(None, devices=4)
+        (4, 1)
+    """
+    table = _read_cluster_file(cluster_file).get("cluster", {}) if cluster_file else {}
+    if not isinstance(table, dict):
+        raise PlannerError(f"{cluster_file}: cluster must be a table ([cluster] with nodes, devices_per_node)")
+    unknown = sorted(set(table) - set(_SHAPE_KEYS))
+    if unknown:
+        raise PlannerError(f"{cluster_file}: unknown key(s) in [cluster]: {printable(', '.join(unknown))}; "
+                           f"known: {', '.join(_SHAPE_KEYS)}")
+    shape = []
+    for (key, flag), given in zip(_SHAPE_KEYS.items(), (devices, nodes)):
+        value = table.get(key, 1)
+        if not (type(value) is int and 1 <= value <= MAX_SHAPE):
+            raise PlannerError(f"{cluster_file}: [cluster].{key} must be a whole number from 1 to {MAX_SHAPE} "
+                               f"(what {flag} gives), got {printable(repr(value))}")
+        shape.append(value if given is None else given)
+    return shape[0], shape[1]
 
 
 def _si_value(raw: object, unit: float) -> float:
