@@ -283,3 +283,35 @@ def test_the_documented_cluster_file_example_reads_as_documented(tmp_path):
     assert cluster_shape(str(path), nodes=4) == (8, 4)
     for key in [*_CLUSTER_KEYS, "name", "base", "unsupported", "comm_overlap", "nodes", "devices_per_node"]:
         assert f"| `{key}` |" in doc, f"docs/cluster.md does not describe {key}"
+
+
+def test_explain_speaks_shows_units_in_aligned_columns(tmp_path):
+    import re
+
+    out = tmp_path / "plan.json"
+    explained = run(DOCSTRING, "--devices", 4, "--device", "h100-sxm", "--explain", "-q", "-o", out)
+    assert explained.exit_code == 0, explained.output
+    lines = explained.stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["#", "strategy"])
+    end = next(i for i, line in enumerate(lines) if line.startswith("where the time of #1 goes"))
+    table = lines[start:end]
+    assert len(table) > 3
+
+    def cells(line):  # a cell is words joined by single spaces; columns are two or more apart
+        return list(re.finditer(r"\S+(?: \S+)*", line))
+
+    header = cells(table[0])
+    assert [c.group() for c in header][:5] == ["#", "strategy", "step", "tokens/s", "MFU"]
+    for row in table[1:]:
+        row_cells = cells(row)
+        assert len(row_cells) == len(header), row
+        # numbers end where their heading ends; the strategy starts where its heading starts
+        assert [c.end() for c in row_cells[2:]] == [c.end() for c in header[2:]], (table[0], row)
+        assert row_cells[1].start() == header[1].start()
+
+    shown = run("show", out).stdout
+    step, tokens, mfu = re.search(r"estimate  (.+) per step, (\S+) tokens/s, MFU (\S+)", shown).groups()
+    memory = re.search(r"memory per rank  (.+?) of ", shown).group(1)
+    first = [c.group() for c in cells(table[1])]
+    assert first[2:6] == [step, tokens, mfu, memory], (first, shown)
+    assert all(cell.endswith(("B", "KiB", "MiB", "GiB", "TiB")) for cell in first[5:]), first

@@ -12,9 +12,9 @@ numbers are left out here, they move with the cost model)::
     >>> cost = ModelCost(blocks=(block,) * 4, hidden_size=4096, traced_batch=32, traced_seq=1024)
     >>> print(explain_table(search(cost, SearchRequest(devices_per_node=8))))  # doctest: +ELLIPSIS
     device h100-sxm x 8 (1 node(s) x 8), global batch 32 x seq 1024, bf16, adam, recompute none; ... priced
-      #  strategy ... step(ms) ... tok/s ... MFU  mem(GB) = params/grads/opt/act ... comm(MB) mp/dp/pp/implicit
-      1  dp...
-    where the time of #1 goes (ms per step): compute ...
+     #  strategy ... step  tokens/s  MFU ... activations  mp comm ... implicit comm
+     1  dp...
+    where the time of #1 goes (per step): compute ...
     rejected:
     ...dp1 mp1 pp8 m1: pp=8 is more than the 4 blocks of the model (each stage needs at least one block)
 """
@@ -22,10 +22,14 @@ numbers are left out here, they move with the cost model)::
 from __future__ import annotations
 
 from autodist.planner.cost.search import SearchResult, describe
+from autodist.planner.review.format import human_bytes, human_count, human_seconds
 from autodist.schemas import Candidate
 
-_HEADER = (f"{'#':>3}  {'strategy':<30} {'step(ms)':>10} {'tok/s':>12} {'MFU':>6}  "
-           f"{'mem(GB) = params/grads/opt/act':<34} {'comm(MB) mp/dp/pp/implicit'}")
+#: The table's columns: heading, and whether its cells are numbers (right-aligned). Sizes, times
+#: and counts are written as ``autodist-plan show`` writes them (binary units: MiB, GiB).
+_COLUMNS = (("#", True), ("strategy", False), ("step", True), ("tokens/s", True), ("MFU", True),
+            ("memory", True), ("params", True), ("grads", True), ("optimizer", True), ("activations", True),
+            ("mp comm", True), ("dp comm", True), ("pp comm", True), ("implicit comm", True))
 
 
 def explain_table(result: SearchResult) -> str:
@@ -41,15 +45,15 @@ def explain_table(result: SearchResult) -> str:
         lines.append(f"device {s.device.name} x {s.world} ({s.nodes} node(s) x {s.devices_per_node}), "
                      f"global batch {s.global_batch} x seq {s.seq_len}, {s.dtype}, {s.optimizer}, "
                      f"recompute {s.recompute}; {result.evaluated} strategies priced")
-    lines.append(_HEADER)
-    for rank, candidate in enumerate([result.best, *result.accepted], start=1):
-        lines.append(_row(rank, candidate))
+    rows = [[heading for heading, _ in _COLUMNS]]
+    rows += [_row(rank, candidate) for rank, candidate in enumerate([result.best, *result.accepted], start=1)]
+    lines += aligned(rows, right=[number for _, number in _COLUMNS])
     if result.breakdowns:
         b = result.breakdowns[0]
-        lines.append(f"where the time of #1 goes (ms per step): compute {b.compute_s * 1e3:.1f}, "
-                     f"mp comm {b.mp_comm_s * 1e3:.1f}, dp comm {b.dp_comm_s * 1e3:.1f} (exposed), "
-                     f"pp p2p {b.pp_comm_s * 1e3:.1f}, pipeline bubble {b.bubble_s * 1e3:.1f}, "
-                     f"optimizer {b.optimizer_s * 1e3:.1f}; "
+        lines.append(f"where the time of #1 goes (per step): compute {human_seconds(b.compute_s)}, "
+                     f"mp comm {human_seconds(b.mp_comm_s)}, dp comm {human_seconds(b.dp_comm_s)} (exposed), "
+                     f"pp p2p {human_seconds(b.pp_comm_s)}, pipeline bubble {human_seconds(b.bubble_s)}, "
+                     f"optimizer {human_seconds(b.optimizer_s)}; "
                      f"memory peaks on stage {b.peak_stage}")
     for note in result.notes:
         lines.append(f"note: {note}")
@@ -59,11 +63,21 @@ def explain_table(result: SearchResult) -> str:
     return "\n".join(lines)
 
 
-def _row(rank: int, candidate: Candidate) -> str:
+def aligned(rows: list[list[str]], right: list[bool]) -> list[str]:
+    """Rows of cells as lines whose columns line up: each column as wide as its widest cell,
+    numbers (``right``) right-aligned, two spaces between columns.
+
+    >>> aligned([["#", "step"], ["1", "7.3 ms"], ["10", "12.0 ms"]], right=[True, True])
+    [' #     step', ' 1   7.3 ms', '10  12.0 ms']
+    """
+    widths = [max(len(row[i]) for row in rows) for i in range(len(right))]
+    return ["  ".join(cell.rjust(w) if r else cell.ljust(w) for cell, w, r in zip(row, widths, right)).rstrip()
+            for row in rows]
+
+
+def _row(rank: int, candidate: Candidate) -> list[str]:
     est = candidate.estimate
     mem, comm = est.memory, est.comm_bytes
-    memory = (f"{mem.total / 1e9:.1f} = {mem.params / 1e9:.1f}/{mem.grads / 1e9:.1f}/"
-              f"{mem.optimizer / 1e9:.1f}/{mem.activations / 1e9:.1f}")
-    traffic = "/".join(f"{n / 1e6:,.0f}" for n in (comm.mp, comm.dp, comm.pp, comm.implicit))
-    return (f"{rank:>3}  {describe(candidate.strategy):<30} {est.step_time_s * 1e3:>10.1f} "
-            f"{est.tokens_per_s:>12,.0f} {est.mfu:>6.1%}  {memory:<34} {traffic}")
+    return [str(rank), describe(candidate.strategy), human_seconds(est.step_time_s), human_count(est.tokens_per_s),
+            f"{est.mfu:.0%}", *map(human_bytes, (mem.total, mem.params, mem.grads, mem.optimizer, mem.activations)),
+            *map(human_bytes, (comm.mp, comm.dp, comm.pp, comm.implicit))]
