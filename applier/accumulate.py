@@ -11,7 +11,16 @@ training loop accumulate, so that loop does not change:
   step on the whole batch would; ``optimizer.clear_grad()`` clears only after that update;
 - the optimizer's learning-rate scheduler advances only when the optimizer has updated since
   its last advance, so ``scheduler.step()`` once per loop iteration keeps the schedule of
-  the whole-batch run.
+  the whole-batch run (its ``last_epoch`` counts updates, as on one device, so a checkpoint
+  resumes the same schedule under any plan).
+
+The scheduler is the user's object, shared by the rebuilt optimizer (``_learning_rate``), and
+the loop steps it, so the only way to keep the loop unchanged is for its ``step`` to skip the
+calls between updates: :func:`step_scheduler_per_update` sets ``scheduler.step`` to a
+:class:`StepOncePerUpdate` (the instance attribute shadows the class's method; ``__wrapped__``
+is the original). Hugging Face Accelerate's ``AcceleratedScheduler`` skips the same way under
+gradient accumulation. Applying another plan gives the scheduler back its own ``step`` (or
+re-binds it), so wrappers never stack and an old wrapper never freezes the schedule.
 
 Example::
 
@@ -97,9 +106,6 @@ class AccumulatingOptimizer:
         self._inner, self._parameters, self.micro_batches = optimizer, parameters, micro_batches
         self._calls = 0
         self.updates = 0
-        scheduler = getattr(optimizer, "_learning_rate", None)
-        if isinstance(scheduler, paddle.optimizer.lr.LRScheduler):
-            _advance_once_per_update(scheduler, self)
 
     def step(self) -> None:
         self._calls += 1
@@ -120,15 +126,37 @@ class AccumulatingOptimizer:
         return getattr(self._inner, name)
 
 
-def _advance_once_per_update(scheduler: paddle.optimizer.lr.LRScheduler, optimizer: AccumulatingOptimizer) -> None:
-    """Make ``scheduler.step()`` a no-op unless ``optimizer`` updated since its last advance
-    (an explicit ``epoch`` always goes through)."""
-    original, seen = scheduler.step, [0]
+class StepOncePerUpdate:
+    """``scheduler.step`` while a plan accumulates: calls the scheduler's own ``step`` only if
+    ``optimizer`` updated since the last call that went through (an explicit ``epoch`` always
+    goes through)."""
 
-    def step(epoch: Any = None) -> None:
-        if epoch is None and optimizer.updates == seen[0]:
+    def __init__(self, step: Any, optimizer: AccumulatingOptimizer):
+        self.__wrapped__, self.optimizer, self.seen = step, optimizer, optimizer.updates
+
+    def __call__(self, epoch: Any = None) -> None:
+        if epoch is None and self.optimizer.updates == self.seen:
             return
-        seen[0] = optimizer.updates
-        original(epoch)
+        self.seen = self.optimizer.updates
+        self.__wrapped__(epoch)
 
-    scheduler.step = step
+
+def step_scheduler_per_update(optimizer: Any, accumulating: AccumulatingOptimizer | None) -> None:
+    """Bind the LR scheduler of ``optimizer`` (if it has one) to ``accumulating``'s updates;
+    with None, give the scheduler back its own ``step``.
+
+    >>> schedule = paddle.optimizer.lr.StepDecay(1.0, step_size=1)
+    >>> layer = paddle.nn.Linear(2, 2)
+    >>> sgd = paddle.optimizer.SGD(learning_rate=schedule, parameters=layer.parameters())
+    >>> step_scheduler_per_update(sgd, AccumulatingOptimizer(sgd, layer.parameters(), 2))
+    >>> schedule.step(); schedule.last_epoch          # no update yet: skipped
+    0
+    >>> step_scheduler_per_update(sgd, None); schedule.step(); schedule.last_epoch
+    1
+    """
+    scheduler = getattr(optimizer, "_learning_rate", None)
+    if not isinstance(scheduler, paddle.optimizer.lr.LRScheduler):
+        return
+    vars(scheduler).pop("step", None)  # an earlier plan's wrapper: the class's own step again
+    if accumulating is not None:
+        scheduler.step = StepOncePerUpdate(scheduler.step, accumulating)

@@ -45,7 +45,7 @@ import paddle.distributed as dist
 
 from autodist.schemas import Plan, PlanError, dump_plan, load_plan, parameter_fingerprint, parameter_table
 
-from autodist.applier.accumulate import AccumulatingOptimizer, MicroBatchLoader, accumulates
+from autodist.applier.accumulate import AccumulatingOptimizer, MicroBatchLoader, accumulates, step_scheduler_per_update
 from autodist.applier.agree import Record, agree, digest, timeout_from
 from autodist.applier.data import shard_loader
 from autodist.applier.hooks import ReshardFn, register_hooks
@@ -118,8 +118,11 @@ def apply_plan(
         new_param = {id(old): new for old, new in replaced if id(new) in mine}
         rebuilt = rebuild_optimizer(optimizer, new_param)
         optimizer = shard_optimizer(rebuilt, plan)
+        accumulating = None
         if accumulates(plan):
-            optimizer = AccumulatingOptimizer(optimizer, optimizer_parameters(rebuilt), plan.strategy.micro_batches)
+            optimizer = accumulating = AccumulatingOptimizer(optimizer, optimizer_parameters(rebuilt),
+                                                             plan.strategy.micro_batches)
+        step_scheduler_per_update(rebuilt, accumulating)  # the user's LR scheduler: once per update
     if dataloader is not None:
         dataloader = shard_loader(dataloader, plan)
         if accumulates(plan):

@@ -74,3 +74,55 @@ def test_dp2_with_4_micro_batches_trains_like_full_batch_steps(tmp_path, referen
     assert trained.plan.strategy.micro_batches == 4
     assert [out["micro_batches"] for out in trained.outputs] == [4, 4]
     check_against_reference(trained, reference_runs)
+
+
+def _learning_rates_per_update(micro_batches: int, steps: int = 4) -> tuple[list[float], int]:
+    """The optimizer's learning rate at each call of ``step()`` that changed the parameters,
+    through the README loop (``scheduler.step()`` every iteration)."""
+    workload = WORKLOADS["docstring_llama"]
+    model = workload.build(seed=3)
+    schedule = paddle.optimizer.lr.ExponentialDecay(learning_rate=1e-3, gamma=0.5)  # a new rate every step
+    optimizer = paddle.optimizer.AdamW(learning_rate=schedule, parameters=model.parameters())
+    loader = make_loader(workload, steps=steps, seed=3, batch=8)
+    if micro_batches:
+        model, optimizer, loader = apply_plan(model, optimizer, loader,
+                                              tensor_parallel_plan(model, micro_batches=micro_batches))
+    watched = model.parameters()[0]
+    used = []
+    for inputs, labels in loader:
+        workload.loss(model, inputs, labels).backward()
+        rate, before = optimizer.get_lr(), watched.numpy().copy()
+        optimizer.step()
+        optimizer.clear_grad()
+        schedule.step()
+        if not np.array_equal(before, watched.numpy()):
+            used.append(rate)
+    return used, schedule.last_epoch
+
+
+def test_the_learning_rate_of_each_update_is_the_full_batch_runs():
+    """The loop steps the scheduler once per micro-batch; each update still uses the rate the
+    single-device, whole-batch run uses at that update, and the schedule counts updates."""
+    dense, dense_epoch = _learning_rates_per_update(0)
+    accumulated, epoch = _learning_rates_per_update(4)
+    assert dense == [1e-3, 5e-4, 2.5e-4, 1.25e-4]
+    assert accumulated == dense and epoch == dense_epoch == 4
+
+
+def test_another_plan_gives_the_scheduler_its_own_step_back():
+    """Re-applying (a notebook, a re-plan) never stacks wrappers, and a plan without
+    accumulation leaves a scheduler that steps on every call, not one frozen by an old wrapper."""
+    workload = WORKLOADS["docstring_llama"]
+    schedule = paddle.optimizer.lr.StepDecay(learning_rate=1.0, step_size=1)
+    own_step = type(schedule).step
+    for micro_batches in (4, 2, 1):
+        model = workload.build(seed=0)
+        optimizer = paddle.optimizer.SGD(learning_rate=schedule, parameters=model.parameters())
+        apply_plan(model, optimizer, None, tensor_parallel_plan(model, micro_batches=micro_batches))
+        if micro_batches > 1:
+            assert schedule.step.__wrapped__.__func__ is own_step  # one wrapper over the scheduler's own step
+    assert "step" not in vars(schedule)
+    before = schedule.last_epoch
+    schedule.step()
+    schedule.step()
+    assert schedule.last_epoch == before + 2
