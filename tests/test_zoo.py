@@ -103,6 +103,13 @@ EXPECTED = {
         **mlp("blocks.*.mlp_tokens", ("fc1",), "fc2", bias=True), **mlp("blocks.*.mlp_channels", ("fc1",), "fc2", bias=True),
         "head.weight": REP, "stem.weight": REP,
     },
+    # written after the round's zoo: the padding mask reaches `where` through `expand_as(scores)`
+    f"{ZOO}/distilbert_hf.py": {
+        **attention("transformer.layer.*.attention", "q_lin", "k_lin", "v_lin", "out_lin", bias=True, o_bias=True),
+        **mlp("transformer.layer.*.ffn", ("lin1",), "lin2", bias=True),
+        "vocab_transform.weight": REP, "vocab_transform.bias": REP,
+        "vocab_projector.weight": COL, "vocab_projector.bias": COL_B,
+    },
     f"{PF}:build_llama": {**attention("model.layers.*.self_attn"), **mlp("model.layers.*.mlp")},
     f"{PF}:build_phi3": {
         **fused("model.layers.*.self_attn", "qkv_proj"), "model.layers.*.self_attn.o_proj.weight": ROW,

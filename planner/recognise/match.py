@@ -34,13 +34,13 @@ from typing import Iterable, Sequence
 import networkx as nx
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
-from autodist.planner.recognise.ops import ELEMENTWISE_OPS, LAYOUT_OPS
+from autodist.planner.recognise.ops import ELEMENTWISE_OPS, LAYOUT_OPS, LIKE_OPS
 from autodist.planner.recognise.patterns import PARAM, PORT, Pattern, compute_histogram, layer_patterns
 
 INPUT_OPS = frozenset({"data"})
 #: Ops whose result depends on their input's shape only, never its values: constants for a
 #: traced program with static shapes (``triu(full_like(scores))`` is a fixed causal mask).
-SHAPE_ONLY_OPS = frozenset({"full_like", "zeros_like", "ones_like", "empty_like", "shape", "shape64"})
+SHAPE_ONLY_OPS = LIKE_OPS | {"shape", "shape64"}
 
 
 def short_op(op: str) -> str:

@@ -22,6 +22,11 @@ LAYOUT_OPS = PASS_THROUGH_OPS | frozenset({
     "builtin.combine", "builtin.split", "builtin.slice",
 })
 
+#: Ops making a new tensor of their operand's shape (``full_like(scores, -inf)``): their values are
+#: constants, but on a distributed operand Paddle gives the result the operand's placements
+#: (measured, docs/paddle-notes.md, "Masks"), so a fill beside head-split scores is split too.
+LIKE_OPS = frozenset({"full_like", "zeros_like", "ones_like", "empty_like"})
+
 #: Ops that cut a tensor into pieces (a fused q|k|v or gate|up into its projections).
 CUT_OPS = frozenset({"slice", "strided_slice", "split", "split_with_num", "unbind", "chunk"})
 #: Layout ops where a split that crosses a fused projection's segment boundaries shows.

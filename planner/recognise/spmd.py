@@ -34,7 +34,7 @@ from paddle.distributed.auto_parallel.static.dist_attribute import DistTensorSpe
 from autodist import schemas
 
 from autodist.planner.recognise.match import constant_nodes, short_op
-from autodist.planner.recognise.ops import FUSED_ATTENTION_OPS, PASS_THROUGH_OPS, UNARY_OPS
+from autodist.planner.recognise.ops import FUSED_ATTENTION_OPS, LIKE_OPS, PASS_THROUGH_OPS, UNARY_OPS
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import BlockInfo, ModelAnalysis
@@ -118,12 +118,17 @@ def _from_attr(attr, shape: Sequence[int], source: int) -> Dist:
     return Dist(tuple(shape), tuple(attr.dims_mapping), partial, source if partial else None)
 
 
+def _whole(value: Dist | list[Dist]) -> bool:
+    return all(d.is_replicated for d in (value if isinstance(value, list) else [value]))
+
+
 def _int(value) -> int:
     return int(value[0] if isinstance(value, list) else value)
 
 
 #: op -> (rule name, extra arguments after the tensor specs, from the node's attrs/consts/shapes)
 _RULE_ARGS: dict[str, tuple[str, Callable[[dict], list]]] = {
+    "expand_as": ("expand_as", lambda d: [list(d["shapes"][0])]),
     "matmul": ("matmul", lambda d: [d["attrs"].get("transpose_x", False), d["attrs"].get("transpose_y", False)]),
     "reshape": ("reshape", lambda d: [list(d["shapes"][0])]),
     "transpose": ("transpose", lambda d: [list(d["attrs"]["perm"])]),
@@ -147,6 +152,7 @@ _RULE_ARGS: dict[str, tuple[str, Callable[[dict], list]]] = {
                                                    [int(v) for v in d["consts"][2]], [int(v) for v in d["consts"][3]]]),
     "stack": ("stack", lambda d: [int(d["attrs"]["axis"])]),
     "flatten": ("flatten", lambda d: [int(d["attrs"]["start_axis"]), int(d["attrs"]["stop_axis"])]),
+    "triu": ("triu", lambda d: [int(d["attrs"].get("diagonal", 0))]),
     "tile": ("tile", lambda d: [[int(v) for v in d["consts"][1]]]),
     **{op: ("elementwise_unary", lambda d: []) for op in UNARY_OPS},
     **{op: (op, lambda d: []) for op in ("add", "subtract", "multiply", "divide", "maximum", "minimum")},
@@ -189,7 +195,9 @@ class Replay:
         data = self.graph.nodes[node]
         op, shapes = short_op(data["op"]), data["shapes"]
         operands = self.operands(node)
-        if node in self.constants or not operands:
+        if op in LIKE_OPS and operands and not isinstance(operands[0][1], list):
+            self._like(node, operands[0][1])
+        elif not operands or (node in self.constants and all(_whole(v) for _, v in operands)):
             self._set(node, [Dist.replicated(s or []) for s in shapes])
         elif data["op"] == "builtin.combine":
             self.values[node, 0] = [v for _, v in operands]
@@ -267,6 +275,11 @@ class Replay:
         dims = [(-1 if i in axes else d) for i, d in enumerate(before.dims) if keep or i not in axes]
         partial = before.partial or any(before.dims[a] == 0 for a in axes)
         self._set(node, [Dist(tuple(data["shapes"][0]), tuple(dims), partial, node if partial else None)])
+
+    def _like(self, node: int, shaped: Dist) -> None:
+        """``full_like(x, v)`` and co.: constant values laid out like ``x`` (a partial sum's
+        shape is whole), so no operand is resharded."""
+        self._set(node, [Dist(tuple(self.graph.nodes[node]["shapes"][0]), shaped.dims)])
 
     def _expand(self, node: int, operand) -> None:
         """Broadcasting keeps split dims (aligned from the right); new dims are whole."""

@@ -198,7 +198,7 @@ def _paddleformers_workload(factory: str) -> Workload:
 
 #: The zoo (tests/test_zoo.py): every model of tests/models/zoo/ and the PaddleFormers classes.
 ZOO_FILES = ("bert_postnorm", "paddle_encoder", "vit", "gpt2_hf", "nanogpt", "llama_meta", "qwen2_sdpa",
-             "mixtral_moe", "t5", "gptj_parallel", "gemma_sandwich", "mlp_mixer")
+             "mixtral_moe", "t5", "gptj_parallel", "gemma_sandwich", "mlp_mixer", "distilbert_hf")
 ZOO_PADDLEFORMERS = ("build_llama", "build_phi3", "build_gemma3", "build_ernie45", "build_gpt_oss")
 WORKLOADS.update({w.name: w for w in [*map(_zoo_workload, ZOO_FILES), *map(_paddleformers_workload, ZOO_PADDLEFORMERS)]})
 

@@ -117,8 +117,3 @@ def input_spec():
 
 def loss(model, tokens, labels):
     return F.cross_entropy(model(tokens).reshape([-1, VOCAB]), labels.reshape([-1]))
-
-# Planned with --mp 2 on 2026-12-01 (final main of round 2): the FFN (lin1 S(1), lin2 S(0)) and the
-# vocab projector are split, but the attention stays replicated ("q_lin ... no pattern matched
-# it"). Suspected cause, not yet confirmed: the mask reaches `where` through `expand_as(scores)`, so
-# the condition is computed from the head-split scores. Not yet in tests/test_zoo.py's table.
