@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["apply_plan", "save_checkpoint", "load_checkpoint", "export_checkpoint"]
+__all__ = ["apply_plan", "LazyGuard", "save_checkpoint", "load_checkpoint", "export_checkpoint"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,6 +24,10 @@ def __getattr__(name: str) -> Any:
         from autodist.applier.apply import apply_plan
 
         return apply_plan
+    if name == "LazyGuard":
+        from autodist.applier.lazy import LazyGuard
+
+        return LazyGuard
     if name in ("save_checkpoint", "load_checkpoint", "export_checkpoint"):
         from autodist.applier import checkpoint
 

@@ -7,8 +7,9 @@ survives; sharding the copies separately would train two diverging tables
 another pipeline stage (``tied_stages``): it gets its own copy on that stage's mesh, which the
 pipeline schedule keeps equal to the original by summing their gradients.
 
-Parameters of a model built under ``paddle.LazyGuard()`` have no storage yet: they are sharded
-first and initialised after, so each rank allocates only its own shard.
+Parameters of a model built under a LazyGuard have no storage yet: each is initialised whole,
+in the order they were created, sharded, and the whole tensor freed, so a lazily built model
+starts from the eager build's values (lazy.py).
 
 Example::
 
@@ -19,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import warnings
 from typing import NamedTuple
 
 import paddle
@@ -27,6 +27,7 @@ import paddle.distributed as dist
 
 from autodist.schemas import Plan
 
+from autodist.applier import lazy
 from autodist.applier.mesh import stage_mesh, stage_placements
 
 
@@ -50,24 +51,22 @@ def parameter_owners(model: paddle.nn.Layer) -> dict[int, list[Slot]]:
     return owners
 
 
-#: Said once per apply_plan of a lazily built model (docs/paddle-notes.md, "Parameters and optimizers").
-LAZY_START = (
-    "apply_plan: the model was built under paddle.LazyGuard(), so each rank initialises its shards from its "
-    "own random stream, in parameter-name order: training starts from other weights than an eager build with "
-    "the same seed would (not a wrong training, another start); load a checkpoint for an exact start"
-)
-
-
 def shard_parameters(model: paddle.nn.Layer, plan: Plan) -> list[tuple[paddle.Tensor, paddle.Tensor]]:
     """Shard each planned parameter (``dist.shard_tensor`` on its stage mesh, with its
-    placements), put it back in every slot that held the old one, and initialise lazily built
-    ones. Returns the ``(old, new)`` parameter pairs."""
+    placements) and put it back in every slot that held the old one. A lazily built parameter
+    is first initialised whole, in creation order (lazy.py), and freed once sharded. Returns
+    the ``(old, new)`` parameter pairs."""
     slots_by_fqn = {slot.fqn: slots for slots in parameter_owners(model).values() for slot in slots}
-    replaced, lazy = [], []
-    for fqn in sorted(plan.params):
+    held = {fqn: slots[0].layer._parameters[slots[0].key] for fqn, slots in slots_by_fqn.items()}
+    turn = lazy.creation_turns(model, [held[fqn] for fqn in plan.params])
+    replaced = []
+    for fqn in sorted(plan.params, key=lambda f: (turn[id(held[f])], f)):
         planned = plan.params[fqn]
         slots = slots_by_fqn[fqn]
-        old = slots[0].layer._parameters[slots[0].key]
+        old = held[fqn]
+        built_lazily = lazy.is_lazy(old)
+        if built_lazily:  # whole, on every rank, from the global generator: the eager build's draw
+            lazy.materialise(old, [slot.layer for slot in slots])
         placements = stage_placements(plan, planned.placements)
         new = dist.shard_tensor(old, stage_mesh(plan, planned.stage), placements)
         # A name tied across stages (an LM head sharing the embedding) holds its own copy on its
@@ -77,11 +76,6 @@ def shard_parameters(model: paddle.nn.Layer, plan: Plan) -> list[tuple[paddle.Te
         for slot in slots:
             slot.layer._parameters[slot.key] = copies.get(slot.fqn, new)
         replaced += [(old, new)] + [(old, copy) for copy in copies.values()]
-        if not old._is_initialized():  # built under LazyGuard
-            lazy += [new, *copies.values()]
-    if lazy:
-        warnings.warn(LAZY_START, stacklevel=3)
-    for new in lazy:
-        # After sharding: allocates this rank's shard only (nothing off the param's mesh).
-        new.initialize()
+        if built_lazily:
+            old._set_impl(paddle.Tensor())  # drop the whole tensor (not _clear_data: new may share it)
     return replaced

@@ -5,7 +5,10 @@ on first use, so the import pulls in neither Paddle nor the planner.
 
 Example::
 
+    import autodist
     from autodist import apply_plan, load_checkpoint, save_checkpoint
+    with autodist.LazyGuard():                           # optional: no parameter memory yet
+        model = build_model()
     model, optimizer, loader = apply_plan(model, optimizer, loader, "plan.json")
     load_checkpoint(model, optimizer, "ckpt")            # saved under any plan, or on one device
     save_checkpoint(model, optimizer, "ckpt", step=100)
@@ -20,11 +23,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 __all__ = [
-    "apply_plan", "save_checkpoint", "load_checkpoint", "export_checkpoint", "CheckpointError",
+    "apply_plan", "LazyGuard", "save_checkpoint", "load_checkpoint", "export_checkpoint", "CheckpointError",
     "plan", "load_plan", "save_plan", "PlanError", "__version__",
 ]  # fmt: skip
 
-_APPLIER = ("apply_plan", "save_checkpoint", "load_checkpoint", "export_checkpoint")
+_APPLIER = ("apply_plan", "LazyGuard", "save_checkpoint", "load_checkpoint", "export_checkpoint")
 
 
 def __getattr__(name: str) -> Any:

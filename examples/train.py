@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=2024)
     parser.add_argument("--lazy", action="store_true",
-                        help="build under paddle.LazyGuard(): each rank allocates only its shard (large models)")
+                        help="with --plan, build under autodist.LazyGuard(): each rank allocates only its shard "
+                             "(large models) and starts from the weights of an eager build")
     parser.add_argument("--losses-out", help="write the losses as JSON here (rank 0)")
     args = parser.parse_args(argv)
 
@@ -119,10 +120,12 @@ def main(argv: list[str] | None = None) -> None:
 
     module, factory = load_factory(args.model)
     paddle.seed(args.seed)  # every rank builds the same full weights
-    if args.lazy:
-        with paddle.LazyGuard():
+    if args.lazy and args.plan:  # apply_plan initialises it, as an eager build would have
+        import autodist
+
+        with autodist.LazyGuard():
             model = factory()
-    else:
+    else:  # on one device a lazy build would save nothing
         model = factory()
     batch, seq = [int(d) for d in input_spec_of(module)[0].shape]
     if args.plan:  # the global batch the plan was made for (the spec's, or --global-batch-size)
@@ -138,9 +141,6 @@ def main(argv: list[str] | None = None) -> None:
         model, optimizer, loader = apply_plan(model, optimizer, loader, args.plan)
     elif world > 1:
         raise SystemExit("error: launched on several ranks without --plan")
-    elif args.lazy:
-        for param in model.parameters():
-            param.initialize()
 
     losses, started = [], []
     per_step = getattr(loader, "micro_batches", 1)  # a plan that accumulates: micro-batches per step

@@ -47,3 +47,27 @@ def test_input_spec_constant_and_a_loss_function_beside_the_model(tmp_path):
     assert len(losses) == 3 and all(3.0 < loss < 4.0 for loss in losses)  # about ln(32) = 3.47 at the start
     assert [line.split()[:2] for line in result.stdout.splitlines() if line.startswith("step")] == [
         ["step", "1"], ["step", "2"], ["step", "3"]]
+
+
+def test_lazy_flag_starts_from_the_eager_weights(tmp_path):
+    """``--lazy`` builds under autodist.LazyGuard and apply_plan initialises the model as an
+    eager build would: the docstring Llama (which creates its LM head after its decoder) trains
+    to the same losses either way."""
+    from harness.launcher import base_env
+    from harness.plans import tensor_parallel_plan, write_plan
+    from harness.workloads import WORKLOADS
+
+    workload = WORKLOADS["docstring_llama"]
+    plan = write_plan(tensor_parallel_plan(workload.build(seed=0)), tmp_path / "plan.json")
+    losses = []
+    for flags in ([], ["--lazy"]):
+        out = tmp_path / f"losses{len(flags)}.json"
+        result = subprocess.run(
+            [sys.executable, "examples/train.py", "--model", workload.planner_target, "--plan", plan, "--steps", "2",
+             "--losses-out", str(out), *flags],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, env=base_env(workload.planner_env),
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        losses.append(json.loads(out.read_text())["losses"])
+    eager, lazy = losses
+    assert len(eager) == 2 and lazy == eager

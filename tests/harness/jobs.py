@@ -18,6 +18,8 @@ METHODS = ("single", "autodist", "to_distributed")
 RESHARDS = ("paddle", "via_replicate")
 SAVE_FAULTS = ("kill", "no_space")
 P2PS = ("paddle", "blocking")
+#: How a run builds its model: eagerly, under ``paddle.LazyGuard()`` or ``autodist.LazyGuard()``.
+BUILDS = ("eager", "paddle_lazy", "autodist_lazy")
 
 
 @dataclass(frozen=True)
@@ -49,12 +51,16 @@ class TrainRun:
     #: "paddle": the pipeline schedules' own ``batch_isend_irecv``. "blocking": the TEST-ONLY
     #: CPU stand-in :func:`harness.cpu_substitutes.blocking_p2p` (gloo times out on Paddle's).
     p2p: str = "paddle"
+    #: One of BUILDS: a lazily built model is initialised by apply_plan (applier/lazy.py).
+    build: str = "eager"
 
     def __post_init__(self):
         # A typo in a test's configuration fails here, not later inside every rank.
         if self.method not in METHODS or self.reshard not in RESHARDS or self.p2p not in P2PS:
             raise ValueError(f"{self.name}: method must be one of {METHODS}, reshard one of {RESHARDS}, "
                              f"p2p one of {P2PS}")
+        if self.build not in BUILDS or (self.build != "eager" and self.method != "autodist"):
+            raise ValueError(f"{self.name}: build must be one of {BUILDS}, lazy ones with method 'autodist'")
         if (self.method == "autodist") != (self.plan is not None):
             raise ValueError(f"{self.name}: a plan is needed by method 'autodist' and only by it")
         if (self.first_step > 0) != (self.load_checkpoint is not None):

@@ -1,9 +1,10 @@
 """The program every rank runs: ``python -m harness.rank_main job.json``.
 
-For each :class:`~harness.jobs.TrainRun`: build the model from its seed, distribute it (nothing
-for ``single``, ``autodist.apply_plan`` or ``paddle.distributed.to_distributed``), train, and
-write ``<run>.rank<R>.json`` with the losses, every parameter's full value gathered to a
-replicated numpy array, the parameters training left unchanged, and how each parameter was laid
+For each :class:`~harness.jobs.TrainRun`: build the model from its seed (eagerly, or under a
+LazyGuard), distribute it (nothing for ``single``, ``autodist.apply_plan`` or
+``paddle.distributed.to_distributed``), train, and write ``<run>.rank<R>.json`` with the losses,
+every parameter's full value gathered to a replicated numpy array (before and after training),
+the parameters training left unchanged, and how each parameter was laid
 out on this rank (so a test can check the plan was really applied, not just that training
 still works).
 
@@ -78,6 +79,17 @@ def optimizer_state_layout(optimizer) -> dict:
     }
 
 
+def build_guard(build: str):
+    """The context the run's model is built in (``TrainRun.build``)."""
+    if build == "paddle_lazy":
+        return paddle.LazyGuard()
+    if build == "autodist_lazy":
+        import autodist
+
+        return autodist.LazyGuard()
+    return nullcontext()
+
+
 def run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
     # TEST-ONLY CPU stand-ins for the reshards and P2P gloo lacks, for this run only (cpu_substitutes.py).
     with everywhere() if run.reshard == "via_replicate" else nullcontext():
@@ -90,7 +102,8 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
 
     workload = WORKLOADS[run.workload]
     # A resumed run starts from other weights: only the checkpoint can make them right.
-    model = workload.build(run.seed + 1 if run.load_checkpoint else run.seed)
+    with build_guard(run.build):
+        model = workload.build(run.seed + 1 if run.load_checkpoint else run.seed)
     whole = model
     optimizer, schedule = make_optimizer(run.optimizer, model.parameters())
     loader = make_loader(workload, run.steps, run.seed, first_step=run.first_step, batch=run.batch)
@@ -125,6 +138,8 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
         # Iterations per optimizer step: > 1 when the plan's accumulation was applied.
         "micro_batches": getattr(loader, "micro_batches", 1),
         "params": {fqn: value.tolist() for fqn, value in after.items()},
+        # Before training: what apply_plan (or the build, for "single") started from.
+        "start_params": {fqn: value.tolist() for fqn, value in before.items()},
         # Parameters training never changed: the stale-optimizer bug leaves sharded ones here.
         "unchanged_by_training": sorted(fqn for fqn in after if np.array_equal(after[fqn], before[fqn])),
         "layout": {fqn: layout(p) for fqn, p in held.items()},

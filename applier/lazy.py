@@ -1,0 +1,170 @@
+"""Initialise a lazily built model's parameters to the values an eager build would have given.
+
+Under ``paddle.LazyGuard()`` a parameter only records its initialiser; an eager build runs the
+initialisers as the parameters are created, each drawing from the global random generator.
+apply_plan re-creates that draw: for each lazy parameter, in the order they were created, it
+materialises the *whole* tensor on every rank from the global generator (the same call the eager
+build made, so the same values), then shards it and frees the whole tensor. Every rank draws
+every parameter, also those it will not hold, so the generator stays where eager left it; the
+cost is one parameter's full size of temporary memory at a time (docs/paddle-notes.md,
+"Parameters and optimizers").
+
+The creation order is known exactly when the model was built under :class:`LazyGuard` (this
+module's, which records it). Under plain ``paddle.LazyGuard()`` it is taken to be the order
+``named_parameters()`` lists them, which differs where a layer created its own parameters after
+building sublayers (a timm ViT's ``cls_token``, an LM head created last): those are named in
+one warning.
+
+Example::
+
+    >>> import paddle, autodist
+    >>> from autodist.applier.lazy import created_in_order, materialise
+    >>> _ = paddle.seed(1)
+    >>> eager = paddle.nn.Linear(2, 2).weight.numpy()
+    >>> _ = paddle.seed(1)
+    >>> with autodist.LazyGuard():
+    ...     layer = paddle.nn.Linear(2, 2)
+    >>> created_in_order(layer.parameters()), layer.weight._is_initialized()
+    (True, False)
+    >>> materialise(layer.weight, [layer])
+    >>> bool((layer.weight.numpy() == eager).all())
+    True
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Iterable
+
+import paddle
+from paddle.base.unique_name import UniqueNameGenerator
+from paddle.utils import unique_name
+
+#: Parameter (and other) names generated under :class:`LazyGuard`, with their sequence number.
+_CREATED: dict[str, int] = {}
+_SEQUENCE = itertools.count()
+
+#: Paddle initialisers that draw nothing from the random generator (their order never matters).
+_DETERMINISTIC = (
+    paddle.nn.initializer.constant.ConstantInitializer,
+    paddle.nn.initializer.assign.NumpyArrayInitializer,
+    paddle.nn.initializer.Dirac,
+    paddle.nn.initializer.Bilinear,
+)
+
+
+class _RecordingNames(UniqueNameGenerator):
+    """Paddle's name generator, unchanged (same counters, same names), noting each name's turn."""
+
+    def __init__(self, inner: UniqueNameGenerator):
+        super().__init__(inner.prefix)
+        self.ids = inner.ids  # shared: names go on where they were, and go on after exit
+
+    def generate(self, key: str) -> str:
+        name = super().generate(key)
+        _CREATED[name] = next(_SEQUENCE)
+        return name
+
+
+class LazyGuard:
+    """``paddle.LazyGuard()`` that also records the order in which parameters are created, so
+    that :func:`~autodist.apply_plan` initialises them to exactly the eager build's values.
+
+    Parameter names are Paddle's own (they are generated as usual, and recorded on the way).
+
+    Example::
+
+        >>> import paddle, autodist
+        >>> with autodist.LazyGuard():
+        ...     model = paddle.nn.Linear(4, 4)
+        >>> model.weight._is_initialized()
+        False
+    """
+
+    def __enter__(self) -> None:
+        self._lazy = paddle.LazyGuard()
+        self._lazy.__enter__()
+        generator, checker = unique_name.switch()
+        unique_name.switch(_RecordingNames(generator), checker)
+        self._restore = generator, checker
+
+    def __exit__(self, *exc) -> None:
+        unique_name.switch(*self._restore)
+        self._lazy.__exit__(*exc)
+
+
+def is_lazy(param: paddle.Tensor) -> bool:
+    """Built under a LazyGuard and not initialised yet."""
+    return not param._is_initialized() and getattr(param, "_init_func", None) is not None
+
+
+def created_in_order(params: Iterable[paddle.Tensor]) -> bool:
+    """Whether every one of ``params`` was created under :class:`LazyGuard`, so its creation
+    turn is known."""
+    return all(p.name in _CREATED for p in params)
+
+
+def creation_turn(param: paddle.Tensor) -> int:
+    """The parameter's turn among the names generated under :class:`LazyGuard`."""
+    return _CREATED[param.name]
+
+
+def draws_randomly(param: paddle.Tensor) -> bool:
+    """Whether the parameter's recorded initialiser draws from the random generator (an
+    initialiser autodist does not know is taken to draw)."""
+    initializer = getattr(getattr(param._init_func, "func", None), "__self__", None)
+    return not isinstance(initializer, _DETERMINISTIC)
+
+
+def unordered_parameters(model: paddle.nn.Layer) -> list[str]:
+    """Parameters whose creation turn ``named_parameters()`` order may get wrong: a layer's own
+    randomly drawn lazy parameters when a sublayer also holds some (which came first is not
+    recorded by ``paddle.LazyGuard``)."""
+    unsure = []
+    for prefix, layer in model.named_sublayers(include_self=True):
+        own = [(key, p) for key, p in layer._parameters.items() if p is not None and is_lazy(p) and draws_randomly(p)]
+        below = any(is_lazy(p) and draws_randomly(p) for sub in layer.sublayers() for p in sub._parameters.values()
+                    if p is not None)
+        if own and below:
+            unsure += [f"{prefix}.{key}" if prefix else key for key, _ in own]
+    return unsure
+
+
+#: Said once per apply_plan of a lazily built model whose creation order is unsure.
+UNORDERED = (
+    "apply_plan: the model was built under paddle.LazyGuard(), which does not record the order parameters "
+    "were created in; autodist initialises them in named_parameters() order, which may not be the eager "
+    "build's for {names}: if not, training starts from other weights than an eager build with the same seed "
+    "(not a wrong training, another start). Build under autodist.LazyGuard() for the eager build's values"
+)
+
+
+def creation_turns(model: paddle.nn.Layer, params: list[paddle.Tensor]) -> dict[int, int]:
+    """``{id(param): its turn}``: the order lazily built parameters are initialised in, the
+    order they were created in (recorded by autodist.LazyGuard, else taken to be the model's
+    parameter order, with one warning naming those it may get wrong). Initialised parameters
+    come first, in any order: they draw nothing."""
+    built = [p for p in params if not is_lazy(p)]
+    unbuilt = [p for p in params if is_lazy(p)]
+    if not created_in_order(unbuilt):
+        order = {id(p): i for i, p in enumerate(model.parameters())}
+        unbuilt.sort(key=lambda p: order[id(p)])
+        unsure = unordered_parameters(model)
+        if unsure:
+            warnings.warn(UNORDERED.format(names=", ".join(unsure)), stacklevel=4)
+    else:
+        unbuilt.sort(key=creation_turn)
+    return {id(p): turn for turn, p in enumerate(built + unbuilt)}
+
+
+def materialise(param: paddle.Tensor, owners: Iterable[paddle.nn.Layer]) -> None:
+    """Run the parameter's initialiser on its whole (dense) tensor, from the global generator,
+    then what the eager constructor of its owning layer would have done to it next and skipped
+    under LazyGuard: ``nn.Embedding`` zeroes its ``padding_idx`` row."""
+    param.initialize()
+    for layer in owners:
+        if isinstance(layer, paddle.nn.Embedding) and layer.weight is param and layer._padding_idx is not None:
+            row = layer._padding_idx % layer._num_embeddings  # a negative index counts from the end
+            with paddle.no_grad():
+                param[row] = 0.0
