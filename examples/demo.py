@@ -3,8 +3,9 @@
 1. plan the docstring Llama (a tiny config) for 4 devices: ``autodist-plan ... -o plan.json``, with
    dp2 x mp2 and no sequence parallelism or ZeRO fixed, because Paddle's CPU collectives lack the
    reduce-scatter those need (on GPUs, leave the choice to the planner);
-2. calibrate this machine on 4 ranks at the plan's matmul shapes (``autodist-plan calibrate``,
-   launched like training) and plan again with the measured ``cluster.toml``;
+2. calibrate this machine on 4 ranks at the plan's matmul shapes, with a few real training
+   steps of the model under the plan (``autodist-plan calibrate --model``, launched like
+   training), and plan again with the measured ``cluster.toml``;
 3. review the plan: ``autodist-plan show plan.json``;
 4. train 5 steps on 4 CPU ranks: ``python -m paddle.distributed.launch --nproc_per_node 4
    examples/train.py --plan plan.json`` (``apply_plan`` on every rank), which prints the
@@ -79,10 +80,10 @@ def main(argv: list[str]) -> None:
     planner = [python, "-m", "autodist.planner.cli", MODEL, "--devices", str(RANKS), "--dp", "2", "--mp", "2",
                "--no-sequence-parallel", "--sharding-stage", "0", "--dtype", "fp32", "-o", str(plan)]
     run("Plan the docstring Llama (tiny config) for 4 devices", [*planner, "--device", "cpu"], workdir)
-    run(f"Calibrate this machine on {RANKS} ranks at the plan's matmul shapes",
+    run(f"Calibrate this machine on {RANKS} ranks: the plan's matmul shapes, collectives, a few training steps",
         [python, "-m", "paddle.distributed.launch", "--nproc_per_node", str(RANKS), "--log_dir",
          str(workdir / "calibrate_logs"), str(Path(python).parent / "autodist-plan"), "calibrate", "--plan", str(plan),
-         "-o", str(cluster)], workdir, workdir / "calibrate_logs")
+         "--model", MODEL, "-o", str(cluster)], workdir, workdir / "calibrate_logs")
     run("Plan again with the measured cluster.toml", [*planner, "--cluster", str(cluster)], workdir)
 
     print(f"\n== Review\n$ autodist-plan show {plan}")

@@ -133,6 +133,10 @@ class DeviceProfile(Base):
     #: (kernel launch, framework dispatch; the planner's roofline, ``autodist.planner.cost.compute``).
     matmul_efficiency: NonNegativeFloat = 0.5
     op_overhead_s: NonNegativeFloat = 0.0
+    #: Framework time per op, in seconds, that a real training step shows beyond what the op-level
+    #: timings price (eager / auto-parallel dispatch, and waiting for a core when ranks share
+    #: them); fitted by ``autodist-plan calibrate --model``; 0 for the named GPU profiles.
+    dispatch_overhead_s: NonNegativeFloat = 0.0
     #: Whether collectives run beside compute (NCCL on its own stream); gloo on CPU blocks the
     #: thread that computes, so nothing overlaps.
     comm_overlap: bool = True

@@ -106,3 +106,68 @@ def test_calibrate_on_two_gloo_ranks_reports_what_gloo_lacks(tmp_path):
     text = out.read_text()
     assert "intra_all_reduce_2ranks" in text and "intra_send_recv_2ranks" in text
     assert "reduce_scatter (intra-node)" in text  # gloo has none: reported, not replaced
+
+
+def test_dispatch_fit_solves_priced_equals_measured():
+    from autodist.planner.cost.calibrate import fit_dispatch
+
+    # 250 ops priced per step on top of 40 ms: a 90 ms step leaves 50 ms, 200 us per op.
+    assert fit_dispatch(0.090, lambda td: 0.040 + 250 * td) == pytest.approx(200e-6, rel=1e-9)
+    # Where overlap hides communication the price grows more slowly: 4 ms of comm is exposed
+    # until 100 ops x td cover it. At td = 0: 10 + 4 = 14 ms; at td = 100 us: 10 + 10 + 0 = 20 ms.
+    def overlapped(td):
+        compute = 0.010 + 100 * td
+        return compute + max(0.0, 0.004 - 100 * td)
+
+    assert fit_dispatch(0.020, overlapped) == pytest.approx(100e-6, rel=1e-9)
+    assert fit_dispatch(0.012, overlapped) == pytest.approx(0.0, abs=1e-12)  # 14 ms at td = 0 already
+
+
+def test_dispatch_overhead_round_trips_and_named_profiles_have_none(tmp_path):
+    measured = Measurements(matmuls=[(64, 64, 64, 2e-5), (512, 512, 512, 1e-2)], training_step=0.1, priced_step=0.04)
+    device = fitted_device(measured, PROFILES["cpu"], "fp32", "lab", comm_overlap=False, dispatch_s=150e-6)
+    path = tmp_path / "cluster.toml"
+    path.write_text(cluster_toml(device, measured, []))
+    assert load_cluster_file(str(path)).dispatch_overhead_s == pytest.approx(150e-6)
+    assert "training_step_s = 0.1" in path.read_text() and "priced_step_s = 0.04" in path.read_text()
+    # Not measured: not written, so the base's (0) holds and the profile prices as before.
+    device = fitted_device(measured, PROFILES["cpu"], "fp32", "lab", comm_overlap=False)
+    path.write_text(cluster_toml(device, measured, []))
+    assert "dispatch_overhead_us" not in device and load_cluster_file(str(path)).dispatch_overhead_s == 0.0
+    assert all(profile.dispatch_overhead_s == 0.0 for profile in PROFILES.values())
+
+
+TINY_LLAMA = {"LLAMA_DOCSTRING_NUM_LAYERS": "2", "LLAMA_DOCSTRING_HIDDEN_SIZE": "32",
+              "LLAMA_DOCSTRING_INTERMEDIATE_SIZE": "64", "LLAMA_DOCSTRING_NUM_HEADS": "4",
+              "LLAMA_DOCSTRING_VOCAB_SIZE": "64", "LLAMA_DOCSTRING_SEQ_LENGTH": "16"}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_calibrate_with_the_model_fits_dispatch_to_a_real_training_step(tmp_path):
+    import tomllib
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **TINY_LLAMA}
+    cli = str(Path(sys.executable).parent / "autodist-plan")
+    model = str(REPO / "plans" / "llama_docstring" / "model.py")
+    plan_args = [cli, model, "--devices", "2", "--dp", "2", "--dtype", "fp32", "--sharding-stage", "0",
+                 "--no-sequence-parallel"]
+    subprocess.run([*plan_args, "--device", "cpu", "-o", str(tmp_path / "plan.json")], env=env, check=True,
+                   capture_output=True, timeout=300)
+    out = tmp_path / "cluster.toml"
+    run = subprocess.run(
+        [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(tmp_path / "logs"),
+         cli, "calibrate", "--plan", str(tmp_path / "plan.json"), "--model", model, "-o", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("workerlog.*")))
+    assert run.returncode == 0, logs[-3000:]
+    measured = tomllib.loads(out.read_text())["measured"]
+    assert measured["training_step_s"] > 0 and measured["priced_step_s"] > 0
+    profile = load_cluster_file(str(out))
+    # Time per op that the op-level timings do not explain, or none when they price the step longer.
+    assert (profile.dispatch_overhead_s > 0) == (measured["training_step_s"] > measured["priced_step_s"])
+    # The same plan priced with the file: its estimate is the measured step (the fit's definition).
+    subprocess.run([*plan_args, "--cluster", str(out), "-o", str(tmp_path / "again.json")], env=env, check=True,
+                   capture_output=True, timeout=300)
+    estimate = load_plan(tmp_path / "again.json").estimate.step_time_s
+    assert estimate == pytest.approx(max(measured["training_step_s"], measured["priced_step_s"]), rel=1e-3)

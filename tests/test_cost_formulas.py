@@ -344,3 +344,30 @@ def test_without_comm_overlap_the_gradient_sync_is_all_exposed():
     result = estimate(StageTable(model), Strategy(dp=8), setup)
     assert result.compute_s > 10 * result.dp_comm_s > 0  # plenty of backward to hide behind, yet:
     assert result.dp_comm_s == pytest.approx(all_reduce_time(8e8, 8, Link(100e9, 5e-6), 4))
+
+
+def test_dispatch_overhead_is_paid_once_per_priced_op_forward_backward_and_optimizer():
+    from autodist.planner.cost.blocks import Gemm, Moved
+
+    # One block: 2 matmuls and 3 other ops, 2 parameters; dp = mp = 1, so no collectives.
+    block = BlockCost(layer="b", flops_per_token=2 * 2 * 64 * 64, params_whole=2 * 64 * 64, param_tensors=2,
+                      gemms=(Gemm(64, 64), Gemm(64, 64)), moved=Moved(outside=10, ops=3))
+    model = ModelCost(blocks=(block,), hidden_size=64, traced_batch=1, traced_seq=16)
+
+    def step(**figures):
+        setup = Setup(device=_device(comm_overlap=False, **figures), devices_per_node=1, nodes=1, seq_len=16,
+                      global_batch=1, dtype="fp32")
+        return estimate(StageTable(model), Strategy(), setup).estimate.step_time_s
+
+    # 5 ops in the forward, twice that in the backward, 2 updates: 3 x 5 + 2 = 17 ops a step.
+    assert step(dispatch_overhead_s=100e-6) - step() == pytest.approx(17 * 100e-6)
+    # It adds to the kernel-level fixed cost: the same as op_overhead_s of that size.
+    assert step(op_overhead_s=40e-6, dispatch_overhead_s=60e-6) == pytest.approx(step(op_overhead_s=100e-6))
+
+
+def test_matmul_pays_launch_and_dispatch_on_top_of_its_roofline():
+    from autodist.planner.cost.compute import matmul_time
+
+    device = _device(op_overhead_s=10e-6, dispatch_overhead_s=30e-6)
+    # 2 x 128^3 FLOPs at 50 TFLOP/s = 84 ns; bytes 3 x 128^2 x 2 at 1 TB/s = 98 ns (memory-bound).
+    assert matmul_time(128, 128, 128, device, "bf16") == pytest.approx(3 * 128 * 128 * 2 / 1e12 + 40e-6)

@@ -6,12 +6,15 @@ Launched like training, one process per device::
         --plan plan.json -o cluster.toml
     autodist-plan plan model.py --devices 2 --cluster cluster.toml -o plan.json
 
-Run in one process it measures the device only (no collectives). The measuring and fitting
-live in :mod:`autodist.planner.cost.calibrate`.
+Run in one process it measures the device only (no collectives). With ``--model model.py``
+(and ``--plan``) it also trains the model a few steps under the plan and fits the framework's
+time per op a real step shows (``dispatch_overhead_us``), so the plan's estimate matches what
+training measures here. The measuring and fitting live in :mod:`autodist.planner.cost.calibrate`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -30,7 +33,11 @@ from autodist.planner.errors import PlannerError
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]),
               help="Matmul dtype (default: bf16 on a GPU, fp32 on CPU).")
 @click.option("--name", help="Name of the measured profile (default: <base>-measured).")
-def calibrate(plan_file: str | None, output: str, base: str | None, dtype: str | None, name: str | None) -> None:
+@click.option("--model", "model_target", metavar="TARGET",
+              help="The plan's model (model.py, model.py:factory): train it a few steps under --plan and "
+                   "fit dispatch_overhead_us to the measured step.")
+def calibrate(plan_file: str | None, output: str, base: str | None, dtype: str | None, name: str | None,
+              model_target: str | None) -> None:
     """Measure matmuls, memory and collectives here and write a fitted cluster.toml."""
     import paddle
     import paddle.distributed as dist
@@ -43,11 +50,18 @@ def calibrate(plan_file: str | None, output: str, base: str | None, dtype: str |
     profile = resolve_device(base or local_gpu_profile_name() or "cpu")
     dtype = dtype or ("bf16" if on_gpu else "fp32")
     shapes = [(s, s, s) for s in cal.SQUARE_SIZES]
+    plan = None
     if plan_file:
         try:
-            shapes = sorted({*shapes[:2], *cal.plan_gemm_shapes(load_plan(plan_file))})
+            plan = load_plan(plan_file)
+            shapes = sorted({*shapes[:2], *cal.plan_gemm_shapes(plan)})
         except Exception as err:  # PlanError and friends: one readable line
             raise PlannerError(f"{plan_file}: {err}") from None
+    if model_target and plan is None:
+        raise PlannerError("--model needs --plan: the training steps run that plan")
+    if model_target and plan.strategy.schedule in ("1F1B", "VPP"):
+        raise PlannerError(f"--model: training steps under a {plan.strategy.schedule} schedule are not timed yet; "
+                           "calibrate without --model")
 
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     local = int(os.environ.get("PADDLE_LOCAL_SIZE", str(world)))
@@ -78,17 +92,75 @@ def calibrate(plan_file: str | None, output: str, base: str | None, dtype: str |
             dist.barrier()
     if len(nodes) < 2:
         notes.append("one node: the inter-node link is not measured (the base profile's figures are kept)")
+    if model_target:
+        from autodist.planner.driver import load
+
+        loaded = load(model_target, _plan_input_specs(plan))
+        if world > 1:
+            dist.barrier()
+        measured.training_step = cal.measure_training_step(loaded.model, plan, loaded.input_specs)
     if rank != 0:
         return
-    device = cal.fitted_device(measured, profile, dtype, name or f"{profile.name}-measured", comm_overlap=on_gpu)
-    text = cal.cluster_toml(device, measured, notes + [f"not measured: {m}" for m in measured.missing])
+    name = name or f"{profile.name}-measured"
+    device = cal.fitted_device(measured, profile, dtype, name, comm_overlap=on_gpu)
     target = Path(output)
     fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)
+    os.close(fd)
+    try:
+        _write(tmp, cal.cluster_toml(device, measured, notes + [f"not measured: {m}" for m in measured.missing]))
+        if model_target:
+            from autodist.planner.cost.hardware import load_cluster_file
+
+            priced = _plan_pricer(model_target, plan, load_cluster_file(tmp))
+            measured.priced_step = priced(0.0)
+            dispatch = cal.fit_dispatch(measured.training_step, priced)
+            device = cal.fitted_device(measured, profile, dtype, name, comm_overlap=on_gpu, dispatch_s=dispatch)
+            notes.append(f"a training step of {model_target} under the plan took {measured.training_step * 1e3:.1f} ms, "
+                         f"priced {measured.priced_step * 1e3:.1f} ms without dispatch_overhead_us")
+            _write(tmp, cal.cluster_toml(device, measured, notes + [f"not measured: {m}" for m in measured.missing]))
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     click.echo(f"wrote {output}: {', '.join(f'{k}={v}' for k, v in device.items() if k not in ('name', 'base'))}",
                err=True)
     for missing in measured.missing:
         click.echo(f"not measured: {missing}", err=True)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+    os.chmod(path, 0o644)
+
+
+def _plan_input_specs(plan) -> list[str] | None:
+    """The ``--input-spec`` strings the plan was made with, if any (else the model file's own)."""
+    given = plan.provenance.arguments.get("input_specs")
+    return given.split(",") if given else None
+
+
+def _plan_pricer(model_target: str, plan, device):
+    """``td -> seconds``: the plan's own strategy priced on ``device`` with ``td`` seconds of
+    dispatch per op, from a fresh trace of the model (traced and priced once)."""
+    from msgspec.structs import replace
+
+    from autodist.planner import driver
+    from autodist.planner.cost.search import SearchRequest, price, search
+
+    loaded = driver.load(model_target, _plan_input_specs(plan))
+    traced = driver.trace(loaded.model, loaded.input_specs)
+    priced = price(driver.analyse(loaded.model, traced))
+    arguments, s = plan.provenance.arguments, plan.strategy
+    request = SearchRequest(
+        devices_per_node=plan.cluster.devices_per_node, nodes=plan.cluster.nodes, device=device, dp=s.dp, mp=s.mp,
+        pp=s.pp, sequence_parallel=s.sequence_parallel, sharding_stage=s.sharding_stage, micro_batches=s.micro_batches,
+        schedule=None if s.schedule == "none" else s.schedule, global_batch_size=plan.data.global_batch_size or None,
+        seq_len=int(arguments["seq_len"]) if "seq_len" in arguments else None,
+        dtype=arguments.get("dtype", "bf16"), optimizer=arguments.get("optimizer", "adam"), recompute=s.recompute)
+
+    def priced_step(dispatch_s: float) -> float:
+        device_td = replace(device, dispatch_overhead_s=dispatch_s)
+        return search(priced, dataclasses.replace(request, device=device_td)).best.estimate.step_time_s
+
+    return priced_step

@@ -14,6 +14,13 @@
   latency and bandwidth. What the backend lacks (gloo has no reduce-scatter on CPU) is
   reported as missing, never replaced by something else.
 
+- with ``--model``, real training steps of the user's model under the plan (``apply_plan``, the
+  traced inputs at random, forward, the mean of the first output as the loss, backward, AdamW),
+  timed on every rank at once as training runs them; the framework's time per op that the
+  pieces above do not explain is fitted as ``dispatch_overhead_us`` (:func:`fit_dispatch`; its
+  meaning in :mod:`autodist.planner.cost.compute`), so that the plan's priced step equals the
+  measured one, and every other strategy is priced with the same time per op.
+
 Rank 0 writes ``cluster.toml``: the ``[device]`` table ``--cluster`` reads (fitted figures; the
 ones not measurable here, such as memory size or, on one node, the inter-node link, come from
 ``base``), and a ``[measured]`` table with every raw timing, so the fit can be checked.
@@ -29,6 +36,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -39,6 +47,8 @@ COLLECTIVE_BYTES = (4 * 1024, 256 * 1024, 4 * 1024 * 1024, 16 * 1024 * 1024)
 #: Square matmuls measured without a plan; with one, only the two smallest, which pin the
 #: fixed cost per op while the plan's own shapes pin the rate.
 SQUARE_SIZES = (64, 256, 512, 1024)
+#: Training steps timed by ``--model`` after one warm-up step (which builds Paddle's caches).
+TRAINING_STEPS = 4
 #: Largest matmul step measured (FLOPs, forward and backward): keeps a calibration on a slow
 #: device to seconds; a larger plan shape is measured with fewer tokens (rows).
 MAX_MATMUL_FLOPS = 4e10
@@ -54,6 +64,8 @@ class Measurements:
     #: (scope, collective, ranks) -> [(bytes, s)]; scope "intra" or "inter"
     collectives: dict[tuple[str, str, int], list[tuple[int, float]]] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    training_step: float | None = None  # seconds, the median real step with --model
+    priced_step: float | None = None  # seconds, the plan priced with the fitted figures, td = 0
 
 
 def fit_line(points: list[tuple[float, float]], relative: bool = False) -> tuple[float, float]:
@@ -145,6 +157,62 @@ def _tensor(shape: list[int], dtype: str, mesh):
     return dist.shard_tensor(tensor, mesh, [dist.Replicate()]) if mesh is not None else tensor
 
 
+def measure_training_step(model, plan, input_specs: list, steps: int = TRAINING_STEPS) -> float:
+    """Median seconds of one optimizer step of ``model`` trained under ``plan`` by ``apply_plan``,
+    on this rank (every rank calls it): inputs of the traced shapes at the plan's global batch
+    (random floats, zeros for ids), forward, the mean of the first output that is not None as
+    the loss (what the planner traced and priced, plus a mean), backward and an AdamW step. A plan that accumulates
+    runs its micro-batches per step, as training does."""
+    import paddle
+
+    from autodist import apply_plan
+
+    batch = plan.data.global_batch_size or max(input_specs[0].shape[0], 1)
+    columns = []
+    for spec in input_specs:
+        shape = [(steps + 1) * batch, *(max(d, 1) for d in spec.shape[1:])]
+        dtype = str(spec.dtype).replace("paddle.", "")
+        columns.append(paddle.zeros(shape, dtype) if "int" in dtype else paddle.rand(shape).astype(dtype))
+    loader = paddle.io.DataLoader(paddle.io.TensorDataset(columns), batch_size=batch, shuffle=False, drop_last=True)
+    optimizer = paddle.optimizer.AdamW(learning_rate=1e-6, parameters=model.parameters())
+    with warnings.catch_warnings():  # a lazily built model starts from other weights: no matter for timing
+        warnings.filterwarnings("ignore", message="apply_plan: the model was built under paddle.LazyGuard")
+        model, optimizer, loader = apply_plan(model, optimizer, loader, plan)
+    per_step = getattr(loader, "micro_batches", 1)  # a plan that accumulates: micro-batches per step
+    ends = []
+    for inputs in loader:
+        out = model(*inputs)
+        out = next(o for o in out if o is not None) if isinstance(out, (tuple, list)) else out  # (None, logits)
+        out.mean().backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        _sync()
+        ends.append(time.perf_counter())
+    ends = ends[per_step - 1 :: per_step]  # the end of each optimizer step; the first is warm-up
+    return statistics.median(b - a for a, b in zip(ends, ends[1:]))
+
+
+def fit_dispatch(measured_s: float, priced: Callable[[float], float], most_s: float = 1.0) -> float:
+    """The framework's time per op, ``td`` seconds, at which the priced step equals the measured
+    one. ``priced(td)``: the plan's step priced with that time per op, which grows with it (every
+    op pays it). 0 when even ``td = 0`` prices the step at least as long as it ran; at most ``most_s``.
+
+    >>> round(fit_dispatch(0.5, lambda td: 0.1 + 400 * td) * 1e6, 6)   # 400 ops: (0.5 - 0.1) / 400 s
+    1000.0
+    >>> fit_dispatch(0.05, lambda td: 0.1 + 400 * td)                 # priced above measured: nothing to add
+    0.0
+    """
+    if priced(0.0) >= measured_s:
+        return 0.0
+    low, high = 0.0, 1e-6
+    while priced(high) < measured_s and high < most_s:
+        low, high = high, min(2 * high, most_s)
+    for _ in range(60):  # bisection: priced is monotone, and piecewise linear where overlap hides comm
+        middle = (low + high) / 2
+        low, high = (middle, high) if priced(middle) < measured_s else (low, middle)
+    return (low + high) / 2
+
+
 def measure_collectives(group, ranks: list[int], scope: str, rank: int, result: Measurements) -> None:
     """Time each collective on ``group`` at :data:`COLLECTIVE_BYTES` (every member calls this)."""
     import paddle
@@ -224,9 +292,11 @@ def fit_link(points: dict[tuple[str, str, int], list[tuple[int, float]]], scope:
     return alpha, 1.0 / beta if beta > 0 else math.inf
 
 
-def fitted_device(measured: Measurements, base, dtype: str, name: str, comm_overlap: bool) -> dict:
+def fitted_device(measured: Measurements, base, dtype: str, name: str, comm_overlap: bool,
+                  dispatch_s: float | None = None) -> dict:
     """The ``[device]`` table for cluster.toml: ``base``'s figures, overridden by the fits;
-    ``comm_overlap``: whether the backend runs collectives beside compute (NCCL yes, gloo no)."""
+    ``comm_overlap``: whether the backend runs collectives beside compute (NCCL yes, gloo no);
+    ``dispatch_s``: the time per op :func:`fit_dispatch` found (None: not measured, base's kept)."""
     from autodist.planner.cost.hardware import _profile_values  # cluster-file keys of a profile
 
     values: dict = {"name": name, "base": base.name, "comm_overlap": comm_overlap}
@@ -239,6 +309,8 @@ def fitted_device(measured: Measurements, base, dtype: str, name: str, comm_over
                 values[f"peak_tflops_{other}"] = max(base.peak_flops[other], rate) / 1e12
         values["matmul_efficiency"] = rate / peak
         values["op_overhead_us"] = overhead * 1e6
+    if dispatch_s is not None:
+        values["dispatch_overhead_us"] = dispatch_s * 1e6
     if measured.memory:
         values["memory_bandwidth_gb_s"] = max(b / s for b, s in measured.memory) / 1e9
     for scope in ("intra", "inter"):
@@ -263,6 +335,11 @@ def cluster_toml(device: dict, measured: Measurements, notes: list[str]) -> str:
               "# collectives: [bytes, seconds] per scope, collective and ranks"]
     for (scope, name, p), timings in sorted(measured.collectives.items()):
         lines.append(f"{scope}_{name}_{p}ranks = [{', '.join(f'[{b}, {s:.6g}]' for b, s in timings)}]")
+    if measured.training_step is not None:
+        lines += ["# a real training step under the plan (--model), and the plan priced without dispatch_overhead_us",
+                  f"training_step_s = {measured.training_step:.6g}"]
+        if measured.priced_step is not None:
+            lines.append(f"priced_step_s = {measured.priced_step:.6g}")
     lines.append(f"missing = [{', '.join(_toml(m) for m in measured.missing)}]")
     return "\n".join(lines) + "\n"
 

@@ -14,8 +14,19 @@ A matmul of per-rank shape (m x k) @ (k x n), ``batch`` times over, with ``w``-b
   dispatch. It is the saturation curve: the sustained rate 2mnk batch / time rises towards the
   roof as the work grows, and is half of it at a work of e P t0 FLOPs.
 
-An op that is not a matmul (norms, elementwise, softmax, rotary, cross-entropy) is memory-bound:
-its time is the bytes it reads and writes over ``B``, plus ``t0``. A device without a memory bandwidth
+- ``td`` (``DeviceProfile.dispatch_overhead_s``) is the framework's time per op that a real
+  training step shows on top of ``t0``: with eager auto-parallel on a CPU, every op runs SPMD
+  rules and reshard checks on distributed tensors and its autograd bookkeeping, synchronously on
+  the thread that computes, and when ranks outnumber cores each also waits for one. Op-level
+  timings (``t0``) cannot see all of it, so ``autodist-plan calibrate --model`` times real
+  training steps of the plan and fits ``td`` to what is left:
+  ``td = (measured step - priced step at td = 0) / (ops priced per step)``
+  (:func:`autodist.planner.cost.calibrate.fit_dispatch`). The named GPU profiles have 0: there
+  the host dispatches ahead of the kernels, asynchronously, so it hides behind them.
+
+Every op pays ``t0 + td`` once (:func:`fixed_op_time`): matmuls on top of their roofline, and
+an op that is not a matmul (norms, elementwise, softmax, rotary, cross-entropy), which is
+memory-bound: its time is the bytes it reads and writes over ``B``, plus that fixed cost. A device without a memory bandwidth
 (``B`` = 0, a profile from before it was known) prices only the compute roof and these ops
 at nothing.
 
@@ -45,7 +56,18 @@ def matmul_time(m: float, n: float, k: float, device: DeviceProfile, dtype: str,
         return 0.0
     compute = 2.0 * m * n * k * batch / (device.peak_flops[dtype] * device.matmul_efficiency)
     memory = memory_time(DTYPE_BYTES[dtype] * batch * (m * k + k * n + m * n), device)
-    return max(compute, memory) + device.op_overhead_s
+    return max(compute, memory) + fixed_op_time(device)
+
+
+def fixed_op_time(device: DeviceProfile) -> float:
+    """Seconds every op pays whatever its size: ``t0 + td`` (see the module docstring).
+
+    >>> from autodist.planner.cost.hardware import PROFILES
+    >>> from msgspec.structs import replace
+    >>> round(fixed_op_time(replace(PROFILES["cpu"], op_overhead_s=20e-6, dispatch_overhead_s=30e-6)) * 1e6, 6)
+    50.0
+    """
+    return device.op_overhead_s + device.dispatch_overhead_s
 
 
 def memory_time(nbytes: float, device: DeviceProfile) -> float:

@@ -17,7 +17,9 @@ fraction of peak large matmuls sustain, and ``op_overhead_us``, the fixed cost o
 file, is fitted on Megatron-LM's published A100 runs (Narayanan et al., SC 2021, table 1;
 ``bench/published.py --fit``, rows in docs/benchmarks.md, "Cost model against published runs");
 the fixed cost, 5 us, is a kernel launch's few microseconds, which those runs (all large
-matmuls) cannot pin down. ``autodist-plan calibrate`` measures both on the user's own devices.
+matmuls) cannot pin down. ``autodist-plan calibrate`` measures both on the user's own devices,
+and with ``--model`` the ``dispatch_overhead_us`` a real training step shows (0 in the named
+profiles: on a GPU the host dispatches ahead of the kernels, so it hides behind them).
 
 Example::
 
@@ -85,10 +87,13 @@ _CLUSTER_KEYS = {
     "memory_bandwidth_gb_s": (GB_PER_S, "device memory bandwidth, GB/s"),
     "matmul_efficiency": (1.0, "fraction of peak FLOP/s large matmuls sustain"),
     "op_overhead_us": (US, "fixed cost of every op (launch, dispatch), microseconds"),
+    "dispatch_overhead_us": (US, "framework time per op a real training step adds (calibrate --model), microseconds"),
 }
 #: Keys a file without ``base`` may leave out (the plan format has defaults), and their fields.
 _OPTIONAL_FIELDS = {"memory_bandwidth_gb_s": "memory_bandwidth", "matmul_efficiency": "matmul_efficiency",
-                    "op_overhead_us": "op_overhead_s"}
+                    "op_overhead_us": "op_overhead_s", "dispatch_overhead_us": "dispatch_overhead_s"}
+#: Keys that may be 0 (no fixed cost is a fixed cost); every other figure must be positive.
+_ZERO_OK = frozenset({"op_overhead_us", "dispatch_overhead_us"})
 
 
 def resolve_device(name: str | None = None, cluster_file: str | None = None) -> DeviceProfile:
@@ -177,7 +182,7 @@ def load_cluster_file(path: str) -> DeviceProfile:
             continue
         raw = device[key]
         value = _si_value(raw, unit)
-        lowest_ok = value >= 0 if key == "op_overhead_us" else value > 0  # no fixed cost is a fixed cost
+        lowest_ok = value >= 0 if key in _ZERO_OK else value > 0
         if not (lowest_ok and value <= (1.0 if key == "matmul_efficiency" else MAX_FIGURE)):
             raise PlannerError(f"{path}: [device].{key} must be a positive, finite number ({meaning}, at most "
                                f"{(1.0 if key == 'matmul_efficiency' else MAX_FIGURE / unit):g}), "

@@ -9,7 +9,10 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   2021 sec. 5.1; memory-bound ops read the saved input and the output gradient and write the
   input gradient). Full recompute adds one more forward of the blocks, selective recompute
   one of the attention core (Korthikanti et al. 2022). FLOPs the trace gives no shape for
-  (convolutions, hand-written costs) run at the compute roof;
+  (convolutions, hand-written costs) run at the compute roof. Every op also pays the device's
+  fixed cost per op, kernel launch (``op_overhead_s``) plus the framework's dispatch that a
+  real training step shows (``dispatch_overhead_s``, measured by ``autodist-plan calibrate
+  --model``, 0 on the named GPU profiles), in the forward and, twice, in the backward;
 - tensor parallelism: each block's all-reduces (all-gather + reduce-scatter of the same size
   with sequence parallelism, which the ring model prices the same) on the mp group's link,
   exposed: Megatron-LM's and Paddle's tensor-parallel layers call the collective and wait for
@@ -35,8 +38,8 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   on CPU) overlaps nothing. Each parameter is its own collective (Paddle reshards every gradient on its
   own; ``count`` latencies), the bytes are those of all of them;
 - optimizer step, after the pipeline and the exposed data-parallel time: every model state read
-  and written once by memory bandwidth, plus one update op (the device's fixed cost per op) per
-  parameter.
+  and written once by memory bandwidth, plus one update op (the device's fixed cost per op,
+  launch and dispatch) per parameter.
 
 Memory is that of the most loaded stage: model states (ZeRO over dp) plus activations for the
 micro-batches in flight (1F1B and VPP: stage k holds min(pp - k, m); otherwise one).
@@ -68,7 +71,7 @@ from autodist.planner.cost.comm import (
     p2p_time,
     reduce_scatter_time,
 )
-from autodist.planner.cost.compute import matmul_time, memory_time
+from autodist.planner.cost.compute import fixed_op_time, matmul_time, memory_time
 from autodist.planner.cost.memory import DTYPE_BYTES, StateBytes, model_state_bytes
 
 #: Model chunks per rank the search tries for VPP (the plan's ``virtual_stages``; issue #13).
@@ -244,7 +247,7 @@ class _Context:
         per_token = (moved.outside / self.act_div + moved.inside / self.strategy.mp
                      + moved.inside_seq * self.setup.seq_len / self.strategy.mp + moved.vocab / self.vocab_div)
         device = self.setup.device
-        return memory_time(per_token * self.tokens * self.width, device) + moved.ops * device.op_overhead_s
+        return memory_time(per_token * self.tokens * self.width, device) + moved.ops * fixed_op_time(device)
 
 
 @dataclass(frozen=True)
@@ -267,7 +270,7 @@ class _Stage:
     def optimizer_s(self, device: DeviceProfile) -> float:
         """The optimizer step: every state read and written once (memory-bound), one update
         op per parameter."""
-        return memory_time(2 * self.states.total, device) + self.param_tensors * device.op_overhead_s
+        return memory_time(2 * self.states.total, device) + self.param_tensors * fixed_op_time(device)
 
     @property
     def time_s(self) -> float:
