@@ -13,7 +13,7 @@ The creation order is known exactly when the model was built under :class:`LazyG
 module's, which records it). Under plain ``paddle.LazyGuard()`` it is taken to be the order
 ``named_parameters()`` lists them, which differs where a layer created its own parameters after
 building sublayers (a timm ViT's ``cls_token``, an LM head created last): those are named in
-one warning.
+one warning. So is a generator that moved between a :class:`LazyGuard` build and apply_plan.
 
 Example::
 
@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import itertools
+import pickle
 import warnings
 from collections.abc import Iterable
 
@@ -41,9 +42,11 @@ import paddle
 from paddle.base.unique_name import UniqueNameGenerator
 from paddle.utils import unique_name
 
-#: Parameter (and other) names generated under :class:`LazyGuard`, with their sequence number.
-_CREATED: dict[str, int] = {}
+#: Names generated under :class:`LazyGuard`: ``{name: (sequence number, index in _BUILD_ENDS)}``.
+_CREATED: dict[str, tuple[int, int]] = {}
 _SEQUENCE = itertools.count()
+#: The random generator's state at the end of each ``with LazyGuard():`` block.
+_BUILD_ENDS: list[bytes] = []
 
 #: Paddle initialisers that draw nothing from the random generator (their order never matters).
 _DETERMINISTIC = (
@@ -57,13 +60,14 @@ _DETERMINISTIC = (
 class _RecordingNames(UniqueNameGenerator):
     """Paddle's name generator, unchanged (same counters, same names), noting each name's turn."""
 
-    def __init__(self, inner: UniqueNameGenerator):
+    def __init__(self, inner: UniqueNameGenerator, build: int):
         super().__init__(inner.prefix)
         self.ids = inner.ids  # shared: names go on where they were, and go on after exit
+        self.build = build
 
     def generate(self, key: str) -> str:
         name = super().generate(key)
-        _CREATED[name] = next(_SEQUENCE)
+        _CREATED[name] = (next(_SEQUENCE), self.build)
         return name
 
 
@@ -86,12 +90,19 @@ class LazyGuard:
         self._lazy = paddle.LazyGuard()
         self._lazy.__enter__()
         generator, checker = unique_name.switch()
-        unique_name.switch(_RecordingNames(generator), checker)
+        unique_name.switch(_RecordingNames(generator, build=len(_BUILD_ENDS)), checker)
+        _BUILD_ENDS.append(b"")  # until the block ends
         self._restore = generator, checker
 
     def __exit__(self, *exc) -> None:
         unique_name.switch(*self._restore)
         self._lazy.__exit__(*exc)
+        _BUILD_ENDS[-1] = generator_state()
+
+
+def generator_state() -> bytes:
+    """The global random generator's state (of the current device), comparable with ``==``."""
+    return pickle.dumps(paddle.get_rng_state())
 
 
 def is_lazy(param: paddle.Tensor) -> bool:
@@ -107,7 +118,7 @@ def created_in_order(params: Iterable[paddle.Tensor]) -> bool:
 
 def creation_turn(param: paddle.Tensor) -> int:
     """The parameter's turn among the names generated under :class:`LazyGuard`."""
-    return _CREATED[param.name]
+    return _CREATED[param.name][0]
 
 
 def draws_randomly(param: paddle.Tensor) -> bool:
@@ -140,6 +151,14 @@ UNORDERED = (
 )
 
 
+#: Said when something drew from the generator between the build and apply_plan.
+GENERATOR_MOVED = (
+    "apply_plan: the random generator moved between the model's build and apply_plan (something drew from it); "
+    "the parameters are drawn from where it is now, so training starts from other weights than an eager build "
+    "with the same seed (not a wrong training, another start)"
+)
+
+
 def creation_turns(model: paddle.nn.Layer, params: list[paddle.Tensor]) -> dict[int, int]:
     """``{id(param): its turn}``: the order lazily built parameters are initialised in, the
     order they were created in (recorded by autodist.LazyGuard, else taken to be the model's
@@ -155,6 +174,9 @@ def creation_turns(model: paddle.nn.Layer, params: list[paddle.Tensor]) -> dict[
             warnings.warn(UNORDERED.format(names=", ".join(unsure)), stacklevel=4)
     else:
         unbuilt.sort(key=creation_turn)
+        builds = {_CREATED[p.name][1] for p in unbuilt}
+        if len(builds) == 1 and generator_state() != _BUILD_ENDS[builds.pop()]:
+            warnings.warn(GENERATOR_MOVED, stacklevel=4)
     return {id(p): turn for turn, p in enumerate(built + unbuilt)}
 
 

@@ -74,6 +74,21 @@ def test_plain_lazy_guard_names_once_what_it_cannot_order(workload, unsure):
     assert unsure.split(", ")[0] in differ  # the warning was due: this start is not the eager one
 
 
+def test_a_draw_between_build_and_apply_plan_is_said():
+    """Something random between the build and apply_plan moves the generator the parameters are
+    drawn from: said once, and indeed the start is not the eager one."""
+    eager = eager_parameters("docstring_llama")
+    paddle.seed(SEED)
+    with autodist.LazyGuard():
+        model = WORKLOADS["docstring_llama"].build_unseeded()
+    paddle.rand([3])
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model, _, _ = apply_plan(model, None, None, tensor_parallel_plan(model))
+    assert ["random generator moved" in str(w.message) for w in said if "apply_plan" in str(w.message)] == [True]
+    assert not np.array_equal(model.embed_tokens.weight.numpy(), eager["embed_tokens.weight"])
+
+
 def test_the_whole_tensors_are_freed_once_sharded():
     """The original (lazy) parameters, still held by an optimizer built before apply_plan, keep
     no storage: a rank's peak is one whole parameter beyond its shards."""
