@@ -39,11 +39,13 @@ plans: install
 	$(VENV)/bin/autodist-plan plans/paddleformers_llama/model.py --devices 8 --nodes 4 --mp 8 --pp 2 --device h100-sxm \
 	  --quiet -o plans/paddleformers_llama/plan_4x8dev_mp8_pp2.json
 
-# Planning time and memory by depth, apply_plan, checkpoints, recompute's activation memory,
-# pipeline schedules priced (docs/benchmarks.md has the recorded tables).
+# Planning time and memory by depth, apply_plan (and its cost on a lazily built model),
+# checkpoints, recompute's activation memory, pipeline schedules priced (docs/benchmarks.md has
+# the recorded tables).
 bench: install
 	$(PY) bench/plan_time.py --markdown
 	$(PY) bench/apply_time.py --markdown
+	$(PY) bench/lazy_init.py --markdown
 	$(PY) bench/checkpoint_time.py --markdown
 	$(PY) bench/recompute_memory.py --markdown
 	$(PY) bench/pipeline_schedule.py
