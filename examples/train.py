@@ -20,9 +20,11 @@ The contract with the model file (what ``autodist-plan`` reads too):
   defines ``loss_fn(output, labels)`` beside a ``forward(input_ids)`` that returns logits.
 
 Adapt :func:`compute_loss` for anything else. With ``--plan``, rank 0 ends with the measured step
-time and tokens/s next to the plan's estimate, so you see how close the cost model is on your
-machines. Data here is random tokens from a fixed seed, so two runs
-see the same batches; replace :func:`make_loader` with your dataset.
+time (the median, the first step left out) and tokens/s next to the plan's estimate, so you see
+how close the cost model is on your machines (calibrate them first: ``autodist-plan calibrate
+--plan plan.json --model model.py``, launched like this script, then plan with ``--cluster``).
+Data here is random tokens from a fixed seed, so two runs see the same batches; replace
+:func:`make_loader` with your dataset.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import importlib
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     elif world > 1:
         raise SystemExit("error: launched on several ranks without --plan")
 
-    losses, started = [], []
+    losses, ended = [], []
     per_step = getattr(loader, "micro_batches", 1)  # a plan that accumulates: micro-batches per step
     for iteration, (input_ids, labels) in enumerate(loader, 1):
         loss = compute_loss(module, model, input_ids, labels)
@@ -150,12 +153,12 @@ def main(argv: list[str] | None = None) -> None:
         loss.backward()
         optimizer.step()
         optimizer.clear_grad()
-        started.append(time.perf_counter())
+        ended.append(time.perf_counter())
         if rank == 0:
             print(f"step {(iteration - 1) // per_step + 1}  loss {losses[-1]:.6f}", flush=True)
-    step_s = None  # seconds per optimizer step, the first excluded
-    if len(started) > per_step:
-        step_s = (started[-1] - started[per_step - 1]) / ((len(started) - per_step) / per_step)
+    ends = ended[per_step - 1 :: per_step]  # the end of each optimizer step
+    # Seconds per optimizer step: the median, the first step (warm-up) left out, as calibrate times it.
+    step_s = statistics.median(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else None
     if rank == 0 and args.plan and step_s:
         from autodist.schemas import load_plan
 

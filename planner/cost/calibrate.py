@@ -48,7 +48,7 @@ COLLECTIVE_BYTES = (4 * 1024, 256 * 1024, 4 * 1024 * 1024, 16 * 1024 * 1024)
 #: fixed cost per op while the plan's own shapes pin the rate.
 SQUARE_SIZES = (64, 256, 512, 1024)
 #: Training steps timed by ``--model`` after one warm-up step (which builds Paddle's caches).
-TRAINING_STEPS = 4
+TRAINING_STEPS = 5
 #: Largest matmul step measured (FLOPs, forward and backward): keeps a calibration on a slow
 #: device to seconds; a larger plan shape is measured with fewer tokens (rows).
 MAX_MATMUL_FLOPS = 4e10
