@@ -13,7 +13,8 @@ The creation order is known exactly when the model was built under :class:`LazyG
 module's, which records it). Under plain ``paddle.LazyGuard()`` it is taken to be the order
 ``named_parameters()`` lists them, which differs where a layer created its own parameters after
 building sublayers (a timm ViT's ``cls_token``, an LM head created last): those are named in
-one warning. So is a generator that moved between a :class:`LazyGuard` build and apply_plan.
+one warning. So are random numbers a :class:`LazyGuard` build drew itself (a random buffer),
+and a generator that moved between the build and apply_plan.
 
 Example::
 
@@ -37,16 +38,23 @@ import itertools
 import pickle
 import warnings
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import paddle
 from paddle.base.unique_name import UniqueNameGenerator
 from paddle.utils import unique_name
 
-#: Names generated under :class:`LazyGuard`: ``{name: (sequence number, index in _BUILD_ENDS)}``.
+class Build(NamedTuple):
+    """One ``with LazyGuard():`` block, as it ended."""
+
+    end: bytes  # the random generator's state
+    drew: bool  # the block drew random numbers itself (not through a lazy initialiser)
+
+
+#: Names generated under :class:`LazyGuard`: ``{name: (sequence number, index in _BUILDS)}``.
 _CREATED: dict[str, tuple[int, int]] = {}
 _SEQUENCE = itertools.count()
-#: The random generator's state at the end of each ``with LazyGuard():`` block.
-_BUILD_ENDS: list[bytes] = []
+_BUILDS: list[Build] = []
 
 #: Paddle initialisers that draw nothing from the random generator (their order never matters).
 _DETERMINISTIC = (
@@ -90,19 +98,32 @@ class LazyGuard:
         self._lazy = paddle.LazyGuard()
         self._lazy.__enter__()
         generator, checker = unique_name.switch()
-        unique_name.switch(_RecordingNames(generator, build=len(_BUILD_ENDS)), checker)
-        _BUILD_ENDS.append(b"")  # until the block ends
+        self._build, self._start = len(_BUILDS), generator_state()
+        unique_name.switch(_RecordingNames(generator, build=self._build), checker)
+        _BUILDS.append(Build(end=self._start, drew=False))  # until the block ends
         self._restore = generator, checker
 
     def __exit__(self, *exc) -> None:
         unique_name.switch(*self._restore)
         self._lazy.__exit__(*exc)
-        _BUILD_ENDS[-1] = generator_state()
+        _BUILDS[self._build] = Build(end=generator_state(), drew=drew_since(self._start))
 
 
 def generator_state() -> bytes:
     """The global random generator's state (of the current device), comparable with ``==``."""
     return pickle.dumps(paddle.get_rng_state())
+
+
+def drew_since(start: bytes) -> bool:
+    """Whether the global generator drew numbers since it was in state ``start``; a
+    ``paddle.seed`` in between is not a draw (the state is then that of a fresh generator with
+    its seed). Only known on CPU: elsewhere False."""
+    now = generator_state()
+    if now == start or paddle.get_device() != "cpu":
+        return False
+    fresh = paddle.base.core.Generator()
+    fresh.manual_seed(paddle.get_rng_state()[0].current_seed())
+    return now != pickle.dumps([fresh.get_state()])
 
 
 def is_lazy(param: paddle.Tensor) -> bool:
@@ -151,6 +172,13 @@ UNORDERED = (
 )
 
 
+#: Said when a build under LazyGuard drew random numbers itself.
+BUILD_DREW = (
+    "apply_plan: the model's build drew random numbers itself, besides its parameters' initialisers (a buffer "
+    "from paddle.randn, say, or weights set from paddle.normal); an eager build draws them among the "
+    "parameters, a lazy one before all of them, so training starts from other weights than an eager build with "
+    "the same seed (not a wrong training, another start)"
+)
 #: Said when something drew from the generator between the build and apply_plan.
 GENERATOR_MOVED = (
     "apply_plan: the random generator moved between the model's build and apply_plan (something drew from it); "
@@ -175,7 +203,9 @@ def creation_turns(model: paddle.nn.Layer, params: list[paddle.Tensor]) -> dict[
     else:
         unbuilt.sort(key=creation_turn)
         builds = {_CREATED[p.name][1] for p in unbuilt}
-        if len(builds) == 1 and generator_state() != _BUILD_ENDS[builds.pop()]:
+        if any(_BUILDS[b].drew for b in builds):
+            warnings.warn(BUILD_DREW, stacklevel=4)
+        elif len(builds) == 1 and generator_state() != _BUILDS[builds.pop()].end:
             warnings.warn(GENERATOR_MOVED, stacklevel=4)
     return {id(p): turn for turn, p in enumerate(built + unbuilt)}
 

@@ -89,6 +89,31 @@ def test_a_draw_between_build_and_apply_plan_is_said():
     assert not np.array_equal(model.embed_tokens.weight.numpy(), eager["embed_tokens.weight"])
 
 
+class NoisyBuffer(paddle.nn.Layer):
+    """A layer that draws a random buffer when built, between two parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = paddle.nn.Linear(4, 4)
+        self.register_buffer("noise", paddle.randn([4]))
+        self.second = paddle.nn.Linear(4, 4)
+
+
+def test_a_build_that_draws_random_numbers_itself_is_said():
+    """Eagerly the buffer's draw falls between the two weights', lazily before both: said once
+    (and indeed the weights differ); a paddle.seed inside the block is no draw."""
+    paddle.seed(SEED)
+    eager = NoisyBuffer()
+    with autodist.LazyGuard():
+        paddle.seed(SEED)
+        model = NoisyBuffer()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model, _, _ = apply_plan(model, None, None, tensor_parallel_plan(model))
+    assert ["drew random numbers itself" in str(w.message) for w in said if "apply_plan" in str(w.message)] == [True]
+    assert not np.array_equal(model.first.weight.numpy(), eager.first.weight.numpy())
+
+
 def test_the_whole_tensors_are_freed_once_sharded():
     """The original (lazy) parameters, still held by an optimizer built before apply_plan, keep
     no storage: a rank's peak is one whole parameter beyond its shards."""
