@@ -170,8 +170,6 @@ UNORDERED = (
     "build's for {names}: if not, training starts from other weights than an eager build with the same seed "
     "(not a wrong training, another start). Build under autodist.LazyGuard() for the eager build's values"
 )
-
-
 #: Said when a build under LazyGuard drew random numbers itself.
 BUILD_DREW = (
     "apply_plan: the model's build drew random numbers itself, besides its parameters' initialisers (a buffer "
