@@ -59,7 +59,7 @@ def calibrate(plan_file: str | None, output: str, base: str | None, dtype: str |
             raise PlannerError(f"{plan_file}: {err}") from None
     if model_target and plan is None:
         raise PlannerError("--model needs --plan: the training steps run that plan")
-    if model_target and plan.strategy.schedule in ("1F1B", "VPP"):
+    if model_target and plan is not None and plan.strategy.schedule in ("1F1B", "VPP"):
         raise PlannerError(f"--model: training steps under a {plan.strategy.schedule} schedule are not timed yet; "
                            "calibrate without --model")
 
