@@ -171,3 +171,17 @@ def test_calibrate_with_the_model_fits_dispatch_to_a_real_training_step(tmp_path
                    capture_output=True, timeout=300)
     estimate = load_plan(tmp_path / "again.json").estimate.step_time_s
     assert estimate == pytest.approx(max(measured["training_step_s"], measured["priced_step_s"]), rel=1e-3)
+
+
+@pytest.mark.parametrize("plan, message", [
+    (None, "--model needs --plan: the training steps run that plan"),
+    ("paddleformers_llama/plan_4x8dev_mp8_pp2.json", "--model: training steps under a VPP schedule are not timed yet"),
+])
+def test_calibrate_model_without_a_plan_it_can_train_is_one_error(tmp_path, plan, message):
+    args = ["calibrate", "--model", str(REPO / "plans" / "llama_docstring" / "model.py"), "-o", str(tmp_path / "c.toml")]
+    if plan:
+        args += ["--plan", str(REPO / "plans" / plan)]
+    run = subprocess.run([str(Path(sys.executable).parent / "autodist-plan"), *args], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode != 0 and message in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "c.toml").exists()
