@@ -160,17 +160,20 @@ def _tensor(shape: list[int], dtype: str, mesh):
 def measure_training_step(model, plan, input_specs: list, steps: int = TRAINING_STEPS) -> float:
     """Median seconds of one optimizer step of ``model`` trained under ``plan`` by ``apply_plan``,
     on this rank (every rank calls it): inputs of the traced shapes at the plan's global batch
-    (random floats, zeros for ids), forward, the mean of the first output that is not None as
-    the loss (what the planner traced and priced, plus a mean), backward and an AdamW step. A plan that accumulates
-    runs its micro-batches per step, as training does."""
+    and sequence length (random floats, zeros for ids), forward, the mean of the first output
+    that is not None as the loss (what the planner traced and priced, plus a mean), backward and
+    an AdamW step. A plan that accumulates runs its micro-batches per step, as training does."""
     import paddle
 
     from autodist import apply_plan
 
     batch = plan.data.global_batch_size or max(input_specs[0].shape[0], 1)
+    seq_len = plan.provenance.arguments.get("seq_len")  # priced at another length than traced
     columns = []
     for spec in input_specs:
         shape = [(steps + 1) * batch, *(max(d, 1) for d in spec.shape[1:])]
+        if seq_len and len(shape) > 1:
+            shape[1] = int(seq_len)
         dtype = str(spec.dtype).replace("paddle.", "")
         columns.append(paddle.zeros(shape, dtype) if "int" in dtype else paddle.rand(shape).astype(dtype))
     loader = paddle.io.DataLoader(paddle.io.TensorDataset(columns), batch_size=batch, shuffle=False, drop_last=True)
