@@ -24,7 +24,9 @@ from autodist.schemas.checks import check_plan
 from autodist.schemas.errors import PlanError
 from autodist.schemas.plan import FORMAT, PATTERN_MEANINGS, VERSION, Plan
 
-_ENCODER = msgspec.json.Encoder(order="sorted")
+#: Struct fields in their declared order (a plan opens with ``format``, ``version``, ``model``,
+#: ..., and ends with ``alternatives``), maps such as ``params`` sorted by key: canonical either way.
+_ENCODER = msgspec.json.Encoder(order="deterministic")
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
 _PATH_SEGMENT = re.compile(r"\.([A-Za-z_][A-Za-z_0-9]*)|\[(\d+)\]|\[\.\.\.\]")
 
@@ -47,8 +49,10 @@ def load_plan(source: str | os.PathLike | bytes | Plan) -> Plan:
 
 
 def dump_plan(plan: Plan) -> bytes:
-    """The canonical bytes of a plan: sorted keys, two-space indent, shortest round-trip floats,
-    newline at the end. The same plan always gives the same bytes."""
+    """The canonical bytes of a plan: every object's fields in the order :class:`Plan` and its
+    parts declare them, map keys (parameter names, arguments) sorted, two-space indent, shortest
+    round-trip floats, newline at the end. The same plan always gives the same bytes, whatever
+    order the file it was read from had."""
     return msgspec.json.format(_ENCODER.encode(plan), indent=2) + b"\n"
 
 

@@ -304,7 +304,11 @@ class Provenance(Base):
 
 
 class Plan(Base, kw_only=True):
-    """A complete, self-describing parallelisation plan for one model on one cluster."""
+    """A complete, self-describing parallelisation plan for one model on one cluster.
+
+    The fields are in the order a reader wants them, and a plan file keeps that order
+    (:func:`~autodist.schemas.dump_plan`): what it is, for which model and cluster, the mesh and
+    strategy and what they cost, then the details, and the alternatives last."""
 
     format: Literal["autodist.plan"] = FORMAT
     version: int = VERSION
@@ -312,15 +316,15 @@ class Plan(Base, kw_only=True):
     cluster: Cluster
     mesh: Mesh
     strategy: Strategy
-    params: dict[Fqn, ParamPlan]
-    provenance: Provenance
+    estimate: Estimate = msgspec.field(default_factory=Estimate)
+    #: Human-readable remarks: unmatched layers, padding, anything a reviewer should know.
+    notes: list[Text] = []
+    data: DataPlan = msgspec.field(default_factory=DataPlan)
     blocks: list[Block] = []
+    params: dict[Fqn, ParamPlan]
     hooks: list[Hook] = []
     #: Layers whose forward is recomputed in backward (``strategy.recompute``), in model order.
     recompute: list[Fqn] = []
-    data: DataPlan = msgspec.field(default_factory=DataPlan)
     implicit_comm: list[ImplicitComm] = []
-    estimate: Estimate = msgspec.field(default_factory=Estimate)
+    provenance: Provenance
     alternatives: Alternatives = msgspec.field(default_factory=Alternatives)
-    #: Human-readable remarks: unmatched layers, padding, anything a reviewer should know.
-    notes: list[Text] = []

@@ -105,10 +105,13 @@ def test_doc_describes_every_field_of_every_struct():
         if name not in sections:
             missing.append(f"no section for {name}")
             continue
-        rows = set(re.findall(r"^\| `(\w+)` \|", sections[name], flags=re.M))
-        fields = {f.encode_name for f in msgspec.structs.fields(struct)}
+        listed = re.findall(r"^\| `(\w+)` \|", sections[name], flags=re.M)
+        declared = [f.encode_name for f in msgspec.structs.fields(struct)]
+        rows, fields = set(listed), set(declared)
         missing += [f"{name}.{field}" for field in sorted(fields - rows)]
         missing += [f"{name}.{row} is described but is no field" for row in sorted(rows - fields)]
+        if rows == fields and listed != declared:  # a plan file writes the fields in declared order
+            missing.append(f"{name}: fields described in the order {listed}, written in the order {declared}")
     assert not missing, "docs/plan-format.md is out of step with schemas/plan.py: " + ", ".join(missing)
 
 
