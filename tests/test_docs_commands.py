@@ -191,3 +191,12 @@ def test_the_documented_diff_output_is_what_diff_prints(workspace):
     for line in shown.group(3).splitlines():
         if line.strip() != "..." and not line.startswith("estimate:"):
             assert line in printed, f"docs/workflow.md shows {line!r}; diff prints:\n{result.output}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_code_fence_is_closed(page):
+    """A fence left open (plans/llama_docstring/README.md had one) turns the rest of the page
+    into code, and hides its commands from the tests above."""
+    fences = [line for line in page.read_text().splitlines() if line.lstrip().startswith("```")]
+    assert len(fences) % 2 == 0, f"{page.name}: {len(fences)} fence lines, one is not closed"
+    assert all(fence.strip() == "```" for fence in fences[1::2]), f"{page.name}: a closing fence has a language"
