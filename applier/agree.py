@@ -13,29 +13,50 @@ parameter table, its own problems -- and rank 0 compares them:
   (``timeout_s``, default :data:`DEFAULT_TIMEOUT_S`, or ``AUTODIST_AGREE_TIMEOUT`` seconds);
   a rank that loses rank 0 mid-way says so at once.
 
-The exchange runs through a small TCP store of Paddle's own (``core.TCPStore``) hosted by rank
-0 on its own port, not through a collective and not through Paddle's global store, whose
-creation blocks (holding the GIL) until every rank connects -- the very hang this step exists to
-prevent (docs/paddle-notes.md, "The agreement step"). Every wait here is a Python loop with a
-deadline over calls that return at once.
+The exchange is a plain TCP conversation, one JSON line each way (docs/paddle-notes.md, "The
+agreement step"). Rank 0 listens on the job's master port + 1 (or ``AUTODIST_AGREE_PORT``);
+every other rank connects, sends its record and waits for the verdict::
+
+    rank r > 0                           rank 0
+    connect (retry while refused) ---->  accept, until all world - 1 records or the deadline
+    {"call": n, "record": {...}}  ---->  decide
+                                  <----  {"verdict": [problems]}      (to every rank that came)
+    "ack" (it holds the verdict)  ---->  wait for every ack (or that rank's socket closing)
+    raise or return                      raise or return
+
+The last step is what makes the verdict reach every rank. Rank 0 raising is the job failing:
+``paddle.distributed.launch`` stops all other ranks within about a second of the first one
+exiting non-zero (docs/paddle-notes.md), and a rank killed before it read the verdict never
+reports it, while one that outlives rank 0 unread would report a lost connection instead. So
+rank 0 leaves only once each rank that arrived holds the verdict: not after a fixed grace, but
+when its acknowledgement arrives, or its connection closes (it died), or -- for a rank alive but
+frozen -- after ``timeout_s`` more. A rank > 0 acknowledges only after it has the whole verdict,
+and nothing it receives later can replace it.
+
+Every wait is a ``select``/socket timeout on a deadline: nothing polls, except a rank that
+arrives before rank 0 listens, which retries the refused connection after 2 ms, doubling up to
+50 ms. Paddle's own stores are not used: its global store blocks, holding the GIL, until every
+rank connects -- the hang this step exists to prevent -- and its ``core.TCPStore`` has waits
+without deadlines and aborts the process in some failures (docs/paddle-notes.md).
 
 Example::
 
     >>> record = local_record(plan_bytes, model, problems=[])        # doctest: +SKIP
-    >>> agree(record, rank=1, world=2)                                # doctest: +SKIP
+    >>> agree(record, rank=1, world=2, timeout_s=300)                 # doctest: +SKIP
     PlanError: plan: invalid plan: ranks disagree: different plan: rank 0 ... ; rank 1 ...
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import json
 import os
+import selectors
 import socket
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
 
 from autodist.schemas import PlanError
 
@@ -43,17 +64,20 @@ from autodist.schemas import PlanError
 #: times (model building, data loading). ``AUTODIST_AGREE_TIMEOUT`` overrides it.
 DEFAULT_TIMEOUT_S = 300.0
 TIMEOUT_ENV = "AUTODIST_AGREE_TIMEOUT"
-#: The agreement store's port; default: the job's master port + 1.
+#: The agreement port; default: the job's master port + 1.
 PORT_ENV = "AUTODIST_AGREE_PORT"
-#: How often a waiting rank asks the store again.
-POLL_S = 0.1
-#: How long a rank waits for rank 0's verdict beyond rank 0's own deadline.
+#: A rank that finds nothing listening yet tries again after this long, doubling up to the max.
+RETRY_MIN_S = 0.002
+RETRY_MAX_S = 0.05
+#: How long a rank waits for rank 0's verdict beyond rank 0's own deadline. A live rank 0
+#: answers well within it; it bounds only the wait on a rank 0 that is alive but frozen.
 VERDICT_GRACE_S = 10.0
+#: The longest message accepted (a record is two digests, a path and the problem lines).
+MAX_MESSAGE_BYTES = 1 << 20
+ACK = b"ack\n"
 _MAX_RANKS_NAMED = 8
 
-#: One store per process, reused by every apply_plan call (the n-th call of each rank meets the
-#: n-th call of the others).
-_STORE: Any = None
+#: The n-th apply_plan call of each rank meets the n-th call of the others.
 _CALLS = itertools.count()
 
 
@@ -100,55 +124,154 @@ def agree(record: Record, rank: int, world: int, timeout_s: float) -> None:
     """Meet the other ranks; return when all of them bring the same plan and model and found no
     problem, else raise the same :class:`PlanError` on every rank."""
     if world <= 1:
-        if record.problems:
-            raise PlanError(record.problems, source=record.plan_source)
-        return
-    session = f"autodist/agree/{next(_CALLS)}"
-    deadline = time.monotonic() + timeout_s
-    store = _store(rank, world, deadline, timeout_s, record.plan_source)
-    try:
-        store.set(f"{session}/record/{rank}", json.dumps(asdict(record)))
-        store.add(f"{session}/arrived/{rank}", 1)
-        if rank == 0:
-            verdict, arrived = _decide(store, session, world, deadline, timeout_s)
-            store.set(f"{session}/verdict", json.dumps(verdict))
-            store.add(f"{session}/verdict_ready", 1)
-            # Rank 0 hosts the store: were it to raise and exit at once, a rank still polling
-            # would lose the connection instead of reading the verdict (and Paddle's server can
-            # abort tearing down live connections). So it waits, briefly, until each rank that
-            # arrived has read the verdict.
-            _await_reads(store, session, arrived - 1, time.monotonic() + VERDICT_GRACE_S)
-        else:
-            verdict = _await_verdict(store, session, deadline + VERDICT_GRACE_S, timeout_s)
-            store.add(f"{session}/verdict_read", 1)
-    except PlanError:
-        raise
-    except Exception as exc:  # the store's connection broke: rank 0, which hosts it, is gone
-        raise PlanError(
-            f"agreement: lost the connection to rank 0 while ranks were agreeing on the plan "
-            f"(rank 0 died or was stopped?): {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-            source=record.plan_source,
-        ) from None
+        verdict = record.problems
+    elif rank == 0:
+        verdict = _host(record, world, next(_CALLS), timeout_s)
+    else:
+        verdict = _join(record, next(_CALLS), timeout_s)
     if verdict:
         raise PlanError(verdict, source=record.plan_source)
 
 
-# -- rank 0 decides -------------------------------------------------------------------------------
+# -- rank 0 gathers the records, decides, and waits until every rank holds the verdict ----------
 
 
-def _decide(store: Any, session: str, world: int, deadline: float, timeout_s: float) -> tuple[list[str], int]:
-    """Wait for every rank's record (until ``deadline``) and return the problems all ranks raise
-    (empty when they agree and none found a problem) and how many ranks arrived."""
-    waiting = set(range(world))
-    while True:
-        waiting = {r for r in waiting if store.add(f"{session}/arrived/{r}", 0) == 0}
-        if not waiting or time.monotonic() > deadline:
-            break
-        time.sleep(POLL_S)
-    records = [
-        Record(**json.loads(store.get(f"{session}/record/{r}"))) for r in range(world) if r not in waiting
-    ]
-    return verdict_problems(records, sorted(waiting), world, timeout_s), len(records)
+def _host(record: Record, world: int, call: int, timeout_s: float) -> list[str]:
+    host, port = master_endpoint()
+    try:
+        listener = _listen(host, port, backlog=world)
+    except OSError as err:
+        raise PlanError(
+            f"agreement: rank 0 cannot listen on port {port} ({err.strerror or err}); set {PORT_ENV} "
+            "to a free port on every rank",
+            source=record.plan_source,
+        ) from None
+    with listener, selectors.DefaultSelector() as selector:
+        peers = _gather(listener, selector, record, world, call, time.monotonic() + timeout_s)
+        listener.close()  # a later call's ranks must not reach this one
+        records = sorted([record, *peers.values()], key=lambda r: r.rank)
+        verdict = verdict_problems(records, _missing(peers, world), world, timeout_s)
+        _deliver(selector, peers, verdict, time.monotonic() + timeout_s)
+    return verdict
+
+
+def _listen(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening socket on rank 0's own address (loopback when the job is on loopback)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind((host, port))
+        except OSError as err:  # the master's address is not one of this host's (NAT): all of them
+            if err.errno != errno.EADDRNOTAVAIL:
+                raise
+            listener.bind(("", port))
+        listener.listen(backlog)
+        listener.setblocking(False)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def _gather(listener, selector, mine: Record, world: int, call: int, deadline: float) -> dict:
+    """Accept ranks and read their records until all ``world - 1`` came or ``deadline`` passed.
+    Returns ``{connection: record}`` for the ranks that came."""
+    selector.register(listener, selectors.EVENT_READ)
+    buffers: dict[socket.socket, bytearray] = {}
+    peers: dict[socket.socket, Record] = {}
+    while len(peers) < world - 1 and time.monotonic() < deadline:
+        for key, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            if key.fileobj is listener:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    continue
+                conn.setblocking(False)
+                selector.register(conn, selectors.EVENT_READ)
+                buffers[conn] = bytearray()
+                continue
+            conn = key.fileobj
+            line = _read_line(conn, buffers[conn])
+            if line is None:
+                continue
+            selector.unregister(conn)
+            del buffers[conn]
+            peer = _parse_hello(line, world, call, mine, peers.values())
+            if peer is None:  # closed before a whole record, or not one of ours
+                conn.close()
+            else:
+                peers[conn] = peer
+    selector.unregister(listener)
+    for conn in buffers:  # came, but sent no whole record in time: counted as missing
+        selector.unregister(conn)
+        conn.close()
+    return peers
+
+
+def _read_line(conn: socket.socket, buffer: bytearray) -> bytes | None:
+    """Read what ``conn`` has; the whole line once it has one, ``b""`` when it closed (or broke,
+    or sent too much) first, else None (more to come)."""
+    try:
+        chunk = conn.recv(65536)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+    if not chunk or len(buffer) + len(chunk) > MAX_MESSAGE_BYTES:
+        return b""
+    buffer += chunk
+    end = buffer.find(b"\n")
+    return bytes(buffer[: end + 1]) if end >= 0 else None
+
+
+def _parse_hello(line: bytes, world: int, call: int, mine: Record, others) -> Record | None:
+    """The record in one rank's first line, or None when it is not a valid one."""
+    try:
+        hello = json.loads(line)
+        record = Record(**hello["record"])
+        their_call = int(hello["call"])
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not (isinstance(record.rank, int) and 0 < record.rank < world):
+        return None
+    if record.rank in {mine.rank, *(r.rank for r in others)}:
+        return None
+    if their_call != call:  # a rank that called apply_plan another number of times than rank 0
+        problem = f"agreement: this is its apply_plan call {their_call + 1}, rank 0's call {call + 1}"
+        return replace(record, problems=[*record.problems, problem])
+    return record
+
+
+def _missing(peers: dict, world: int) -> list[int]:
+    came = {r.rank for r in peers.values()}
+    return [r for r in range(1, world) if r not in came]
+
+
+def _deliver(selector, peers: dict, verdict: list[str], deadline: float) -> None:
+    """Send every rank that came the verdict, then wait until each acknowledged it, its
+    connection closed (it died: nothing more to wait for), or ``deadline`` passed (frozen)."""
+    message = json.dumps({"verdict": verdict}).encode() + b"\n"
+    for conn in peers:
+        try:
+            conn.setblocking(True)
+            conn.settimeout(max(0.001, deadline - time.monotonic()))
+            conn.sendall(message)
+            conn.setblocking(False)
+            selector.register(conn, selectors.EVENT_READ)
+        except OSError:
+            conn.close()
+    buffers = {key.fileobj: bytearray() for key in selector.get_map().values()}
+    while buffers and time.monotonic() < deadline:
+        for key, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            conn = key.fileobj
+            if _read_line(conn, buffers[conn]) is not None:
+                selector.unregister(conn)
+                del buffers[conn]
+                conn.close()
+    for conn in buffers:
+        selector.unregister(conn)
+        conn.close()
 
 
 def verdict_problems(records: list[Record], missing: list[int], world: int, timeout_s: float) -> list[str]:
@@ -203,25 +326,86 @@ def _ranks(ranks: list[int]) -> str:
     return shown + (f" and {len(ranks) - _MAX_RANKS_NAMED} more" if len(ranks) > _MAX_RANKS_NAMED else "")
 
 
-# -- the other ranks wait for it ------------------------------------------------------------------
 
 
-def _await_verdict(store: Any, session: str, deadline: float, timeout_s: float) -> list[str]:
-    while store.add(f"{session}/verdict_ready", 0) == 0:
-        if time.monotonic() > deadline:
+# -- every other rank sends its record and waits for the verdict ----------------------------------
+
+
+def _join(record: Record, call: int, timeout_s: float) -> list[str]:
+    host, port = master_endpoint()
+    deadline = time.monotonic() + timeout_s
+    conn = _connect(host, port, deadline)
+    if conn is None:
+        raise PlanError(
+            f"agreement: rank 0 did not reach the agreement step within {timeout_s:g} s "
+            f"(nothing listens on {host}:{port}; dead, stuck, or another plan?); "
+            f"set {TIMEOUT_ENV} to wait longer",
+            source=record.plan_source,
+        )
+    with conn:
+        try:
+            conn.settimeout(timeout_s)
+            conn.sendall(json.dumps({"call": call, "record": asdict(record)}).encode() + b"\n")
+            # Rank 0 decides by its own deadline, which is at most timeout_s after it listened.
+            verdict = _await_verdict(conn, time.monotonic() + timeout_s + VERDICT_GRACE_S, timeout_s)
+        except OSError as exc:  # reset or broken: rank 0 is gone
+            verdict = [_lost(exc)]
+        try:
+            conn.sendall(ACK)  # this rank holds the verdict: rank 0 may leave
+        except OSError:
+            pass
+    return verdict
+
+
+def _connect(host: str, port: int, deadline: float) -> socket.socket | None:
+    """A connection to rank 0, retried while refused (rank 0 not listening yet) until
+    ``deadline``; None when it never answered."""
+    wait = RETRY_MIN_S
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic())))
+        except OSError:
+            if time.monotonic() + wait > deadline:
+                return None
+            time.sleep(wait)
+            wait = min(2 * wait, RETRY_MAX_S)
+
+
+def _await_verdict(conn: socket.socket, deadline: float, timeout_s: float) -> list[str]:
+    """Rank 0's verdict on ``conn``: the problems every rank raises (empty: all agree)."""
+    buffer = bytearray()
+    while not buffer.endswith(b"\n"):
+        conn.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            chunk = conn.recv(65536)
+        except TimeoutError:
             return [f"agreement: rank 0 gave no verdict within {timeout_s:g} s (stuck?)"]
-        time.sleep(POLL_S)
-    return json.loads(store.get(f"{session}/verdict"))
+        if not chunk:
+            return [_lost(ConnectionError("connection closed"))]
+        if len(buffer) + len(chunk) > MAX_MESSAGE_BYTES:
+            break
+        buffer += chunk
+    try:
+        verdict = json.loads(buffer)["verdict"]
+        if isinstance(verdict, list) and all(isinstance(p, str) for p in verdict):
+            return verdict
+    except (ValueError, TypeError, KeyError):
+        pass
+    return [
+        f"agreement: the agreement port answered with something other than rank 0's verdict "
+        f"(another program on it?); set {PORT_ENV} to a free port on every rank"
+    ]
 
 
-def _await_reads(store: Any, session: str, readers: int, deadline: float) -> None:
-    """Rank 0: wait until ``readers`` ranks have read the verdict, or ``deadline`` passes (a rank
-    that reads later still gets a one-line PlanError: the lost connection)."""
-    while store.add(f"{session}/verdict_read", 0) < readers and time.monotonic() < deadline:
-        time.sleep(POLL_S)
+def _lost(exc: Exception) -> str:
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return (
+        "agreement: lost the connection to rank 0 while ranks were agreeing on the plan "
+        f"(rank 0 died or was stopped?): {detail}"
+    )
 
 
-# -- the store --------------------------------------------------------------------------------------
+# -- where rank 0 listens ---------------------------------------------------------------------------
 
 
 def master_endpoint() -> tuple[str, int]:
@@ -238,61 +422,3 @@ def master_endpoint() -> tuple[str, int]:
         )
     agree_port = os.environ.get(PORT_ENV)
     return host, int(agree_port) if agree_port and agree_port.isdigit() else int(port) + 1
-
-
-def _store(rank: int, world: int, deadline: float, timeout_s: float, source: str) -> Any:
-    """This process's agreement store: rank 0 hosts it, the others connect once it listens."""
-    global _STORE
-    if _STORE is not None:
-        return _STORE
-    from paddle.base import core
-
-    host, port = master_endpoint()
-    # The store's own timeout bounds nothing here (every wait is ours); it must be a whole,
-    # positive number of seconds.
-    store_timeout = max(1, int(timeout_s + VERDICT_GRACE_S))
-    if rank == 0:
-        # Paddle aborts the process when its server cannot bind (docs/paddle-notes.md): try first.
-        problem = _cannot_bind(port)
-        if problem:
-            raise PlanError(
-                f"agreement: rank 0 cannot listen on port {port} ({problem}); set {PORT_ENV} to a free "
-                "port on every rank",
-                source=source,
-            )
-        # No workers to wait for (0): the constructor returns at once (docs/paddle-notes.md).
-        _STORE = core.TCPStore(host, port, True, 0, store_timeout)
-        return _STORE
-    # Paddle's client retries a refused connection forever, holding the GIL: connect only once
-    # the port answers, which this loop finds out with a deadline.
-    while not _listening(host, port):
-        if time.monotonic() > deadline:
-            raise PlanError(
-                f"agreement: rank 0 did not reach the agreement step within {timeout_s:g} s "
-                f"(nothing listens on {host}:{port}; dead, stuck, or another plan?); "
-                f"set {TIMEOUT_ENV} to wait longer",
-                source=source,
-            )
-        time.sleep(POLL_S)
-    _STORE = core.TCPStore(host, port, False, 0, store_timeout)
-    return _STORE
-
-
-def _cannot_bind(port: int) -> str:
-    """Why this process cannot listen on ``port`` (as Paddle's server would: all interfaces,
-    SO_REUSEADDR), or "" when it can."""
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("", port))
-        except OSError as err:
-            return err.strerror or str(err)
-    return ""
-
-
-def _listening(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False

@@ -1,13 +1,18 @@
 """The agreement step in one process: what every rank is told, and that waiting has a deadline.
 
 The multi-process proofs (two ranks on other plans, another model, a killed rank) are in
-test_disagreeing_ranks.py; here one process plays one rank of two against a real Paddle
-TCPStore, or against nothing at all.
+test_disagreeing_ranks.py and test_bad_plan_ranks.py; here one process plays one rank of two
+against a stand-in peer (a plain socket, as the protocol is), or against nothing at all.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import socket
+import threading
 import time
+from dataclasses import asdict
 
 import pytest
 
@@ -65,7 +70,6 @@ def two_rank_env(monkeypatch):
     monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", f"127.0.0.1:{p0},127.0.0.1:{p1}")
     monkeypatch.delenv("PADDLE_MASTER", raising=False)
     monkeypatch.setenv("AUTODIST_AGREE_PORT", str(agree_port))
-    monkeypatch.setattr(agree_module, "_STORE", None)
     return agree_port
 
 
@@ -81,13 +85,9 @@ def test_rank_0_alone_names_the_missing_rank_at_the_deadline(two_rank_env):
     with pytest.raises(PlanError, match=r"ranks 1 of 2 did not reach the agreement step within 1 s"):
         agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=1)
     assert time.monotonic() - start < 10
-    agree_module._STORE = None  # the store this test hosted goes with it
 
 
-def test_a_taken_agreement_port_is_a_plan_error_not_an_abort(two_rank_env):
-    """Paddle's store server aborts the whole process (SIGABRT) when its port is taken."""
-    import socket
-
+def test_a_taken_agreement_port_is_a_plan_error_naming_it(two_rank_env):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", two_rank_env))
         holder.listen()
@@ -95,33 +95,53 @@ def test_a_taken_agreement_port_is_a_plan_error_not_an_abort(two_rank_env):
             agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=1)
 
 
-def test_losing_rank_0_mid_agreement_is_a_plan_error_at_once(two_rank_env, tmp_path):
-    """Rank 0 hosts the store, then dies before deciding: rank 1's next question fails at once
-    (Paddle's client: 'Broken pipe'), well before its deadline."""
-    import subprocess
-    import sys
-
-    from paddle.base import core  # noqa: F401 -- imported now, so rank 1 connects at once below
-
-    ready = tmp_path / "listening"
-    rank_0 = (
-        "import os, time, pathlib\n"
-        "from paddle.base import core\n"
-        f"store = core.TCPStore('127.0.0.1', {two_rank_env}, True, 0, 30)\n"
-        f"pathlib.Path({str(ready)!r}).touch()\n"
-        "time.sleep(8)\n"
-        "os._exit(0)\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", rank_0])
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the stand-in rank 0 did not start"
-            time.sleep(0.1)
+def test_losing_rank_0_mid_agreement_is_a_plan_error_at_once(two_rank_env):
+    """Rank 0 takes rank 1's record, then dies before deciding (its socket closes): rank 1
+    says so at once, well before its deadline."""
+    with socket.create_server(("127.0.0.1", two_rank_env)) as stand_in_rank_0:
+        dies = threading.Thread(target=lambda: _read_first_line_and_close(stand_in_rank_0))
+        dies.start()
         start = time.monotonic()
         with pytest.raises(PlanError, match="lost the connection to rank 0"):
             agree(Record(1, "plan.json", PLAN_A, MODEL_A), rank=1, world=2, timeout_s=60)
         assert time.monotonic() - start < 30
-    finally:
-        proc.kill()
-        proc.wait()
+        dies.join()
+
+
+def _read_first_line_and_close(listener: socket.socket) -> None:
+    conn, _ = listener.accept()
+    with conn, conn.makefile("rb") as stream:
+        assert b'"record"' in stream.readline()
+
+
+def test_rank_0_waits_for_each_rank_to_hold_the_verdict(two_rank_env, monkeypatch):
+    """Rank 0 returns only once rank 1 acknowledged the verdict, however long rank 1 takes to
+    read it (here: longer than any fixed grace would be; the bound is the agreement timeout)."""
+    verdict_read = threading.Event()
+
+    def slow_rank_1():
+        with _connect_when_listening(two_rank_env) as conn:
+            record = Record(1, "plan.json", PLAN_A, MODEL_A, ["world size: 2 planned, 1 launched"])
+            conn.sendall(json.dumps({"call": 0, "record": asdict(record)}).encode() + b"\n")
+            time.sleep(1.5)  # slow to read: rank 0 must still be there
+            assert b"world size" in conn.makefile("rb").readline()
+            verdict_read.set()
+            conn.sendall(b"ack\n")
+
+    monkeypatch.setattr(agree_module, "_CALLS", itertools.count())  # a first call, as the stand-in's
+    rank_1 = threading.Thread(target=slow_rank_1)
+    rank_1.start()
+    with pytest.raises(PlanError, match="rank 1 failed validation: world size"):
+        agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=60)
+    assert verdict_read.is_set(), "rank 0 left before rank 1 held the verdict"
+    rank_1.join()
+
+
+def _connect_when_listening(port: int) -> socket.socket:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=30)
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "rank 0 never listened"
+            time.sleep(0.01)

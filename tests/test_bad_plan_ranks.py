@@ -8,6 +8,7 @@ error escape, as a user's script would.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import msgspec
@@ -89,13 +90,19 @@ def test_every_rank_refuses_the_plan_naming_the_problem(refusals, name):
         assert result["untouched"], f"rank {rank}: the refused plan changed the model or optimizer"
 
 
-def test_an_uncaught_plan_error_fails_the_job_on_every_rank(tmp_path):
+@pytest.mark.parametrize("late_reader_rank", [None, 1], ids=["all_prompt", "rank_1_reads_the_verdict_late"])
+def test_an_uncaught_plan_error_fails_the_job_on_every_rank(tmp_path, late_reader_rank):
+    """Rank 0 (which decides) raising ends the job: it must not leave before every rank holds
+    the verdict, or a slow rank reports a lost connection instead (TEST-ONLY late reader:
+    harness/rank_main.py, read_the_verdict_late)."""
     (case,) = [c for c in bad_plans(tmp_path) if c.name == "more_ranks_than_launched"]
+    case = dataclasses.replace(case, late_reader_rank=late_reader_rank)
     job, _ = check_bad_plans([case], NRANKS, tmp_path, TIMEOUT_S, let_escape=True)
     assert not job.timed_out, job.report()
     for proc in job.processes:
         assert proc.returncode not in (0, None), f"{proc.name} did not fail on its own:\n{proc.describe()}"
         assert "PlanError" in proc.stderr and "world size" in proc.stderr, proc.describe()
+        assert "lost the connection" not in proc.stderr, proc.describe()
 
 
 def test_the_harness_reports_a_rank_left_hanging(tmp_path):

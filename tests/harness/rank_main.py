@@ -212,6 +212,8 @@ def run_bad_plan(case: BadPlanCase, rank: int, let_escape: bool) -> dict:
     model = workload.build(seed=0)
     if case.die_on_rank == rank:
         die_when_validated(model)
+    if case.late_reader_rank == rank:
+        read_the_verdict_late()
     optimizer, _ = make_optimizer("sgd", model.parameters())
     loader = make_loader(workload, steps=1, seed=0)
     before = _identity(model, optimizer)
@@ -240,6 +242,25 @@ def die_when_validated(model) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     model.named_parameters = die
+
+
+#: How long a late reader sleeps before it reads the agreement's verdict: longer than the fixed
+#: 10 s rank 0 once waited for it (e18c214), which lost such a rank the verdict.
+LATE_READ_S = 12.0
+
+
+def read_the_verdict_late() -> None:
+    """TEST-ONLY: this rank, having sent its record, sleeps ``LATE_READ_S`` before it reads the
+    verdict, as a rank descheduled on a loaded machine would."""
+    import autodist.applier.agree as agree_module
+
+    await_verdict = agree_module._await_verdict
+
+    def late(*args, **kwargs):
+        time.sleep(LATE_READ_S)
+        return await_verdict(*args, **kwargs)
+
+    agree_module._await_verdict = late
 
 
 def _identity(model, optimizer) -> list:
