@@ -233,9 +233,10 @@ def _parse_hello(line: bytes, world: int, call: int, mine: Record, others) -> Re
         their_call = int(hello["call"])
     except (ValueError, TypeError, KeyError):
         return None
-    if not (isinstance(record.rank, int) and 0 < record.rank < world):
+    if not (isinstance(record.rank, int) and 0 < record.rank < world and isinstance(record.problems, list)):
         return None
-    if record.rank in {mine.rank, *(r.rank for r in others)}:
+    texts = [record.plan_source, record.plan_digest, record.model_digest, *record.problems]
+    if not all(isinstance(text, str) for text in texts) or record.rank in {mine.rank, *(r.rank for r in others)}:
         return None
     if their_call != call:  # a rank that called apply_plan another number of times than rank 0
         problem = f"agreement: this is its apply_plan call {their_call + 1}, rank 0's call {call + 1}"

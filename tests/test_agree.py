@@ -145,3 +145,20 @@ def _connect_when_listening(port: int) -> socket.socket:
         except ConnectionRefusedError:
             assert time.monotonic() < deadline, "rank 0 never listened"
             time.sleep(0.01)
+
+
+def test_rank_0_ignores_a_stranger_on_its_port(two_rank_env, monkeypatch):
+    """Anything that connects and sends something other than a rank's record (here: a record
+    whose problems are not text) is hung up on, not trusted: rank 0 still names rank 1 missing."""
+    def stranger():
+        with _connect_when_listening(two_rank_env) as conn:
+            bogus = {"rank": 1, "plan_source": "x", "plan_digest": "", "model_digest": "", "problems": [1]}
+            conn.sendall(json.dumps({"call": 0, "record": bogus}).encode() + b"\n")
+            assert conn.recv(100) == b""  # hung up on
+
+    monkeypatch.setattr(agree_module, "_CALLS", itertools.count())
+    thread = threading.Thread(target=stranger)
+    thread.start()
+    with pytest.raises(PlanError, match=r"ranks 1 of 2 did not reach the agreement step within 2 s"):
+        agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=2)
+    thread.join()
