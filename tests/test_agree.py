@@ -116,7 +116,8 @@ def _read_first_line_and_close(listener: socket.socket) -> None:
 
 def test_rank_0_waits_for_each_rank_to_hold_the_verdict(two_rank_env, monkeypatch):
     """Rank 0 returns only once rank 1 acknowledged the verdict, however long rank 1 takes to
-    read it (here: longer than any fixed grace would be; the bound is the agreement timeout)."""
+    read it (the only bound is the agreement timeout): were rank 0 to leave first, the job would
+    end before rank 1 could report the problem (docs/paddle-notes.md, "The agreement step")."""
     verdict_read = threading.Event()
 
     def slow_rank_1():
