@@ -19,6 +19,7 @@ every other rank connects, sends its record and waits for the verdict::
 
     rank r > 0                           rank 0
     connect (retry while refused) ---->  accept, until all world - 1 records or the deadline
+                                  <----  "autodist agreement"        (else: not rank 0, retry)
     {"call": n, "record": {...}}  ---->  decide
                                   <----  {"verdict": [problems]}      (to every rank that came)
     "ack" (it holds the verdict)  ---->  wait for every ack (or that rank's socket closing)
@@ -74,6 +75,12 @@ RETRY_MAX_S = 0.05
 VERDICT_GRACE_S = 10.0
 #: The longest message accepted (a record is two digests, a path and the problem lines).
 MAX_MESSAGE_BYTES = 1 << 20
+#: Rank 0 greets each connection with this line, so a rank that reached another program on
+#: the port (which may never answer) notices, hangs up, and tries again, sending it nothing.
+GREETING = b"autodist agreement\n"
+#: How long a rank waits for the greeting before it hangs up and tries again (harmless if rank
+#: 0 was merely slow: it drops the closed connection and accepts the next one).
+GREETING_WAIT_S = 2.0
 ACK = b"ack\n"
 _MAX_RANKS_NAMED = 8
 
@@ -186,6 +193,11 @@ def _gather(listener, selector, mine: Record, world: int, call: int, deadline: f
                 try:
                     conn, _ = listener.accept()
                 except OSError:
+                    continue
+                try:
+                    conn.sendall(GREETING)  # a few bytes into an empty socket buffer
+                except OSError:
+                    conn.close()
                     continue
                 conn.setblocking(False)
                 selector.register(conn, selectors.EVENT_READ)
@@ -335,11 +347,14 @@ def _ranks(ranks: list[int]) -> str:
 def _join(record: Record, call: int, timeout_s: float) -> list[str]:
     host, port = master_endpoint()
     deadline = time.monotonic() + timeout_s
-    conn = _connect(host, port, deadline)
+    conn, stranger = _connect(host, port, deadline)
     if conn is None:
+        why = (
+            f"something other than autodist listens on {host}:{port}; set {PORT_ENV} to a free port on every rank"
+            if stranger else f"nothing listens on {host}:{port}; dead, stuck, or another plan?"
+        )
         raise PlanError(
-            f"agreement: rank 0 did not reach the agreement step within {timeout_s:g} s "
-            f"(nothing listens on {host}:{port}; dead, stuck, or another plan?); "
+            f"agreement: rank 0 did not reach the agreement step within {timeout_s:g} s ({why}); "
             f"set {TIMEOUT_ENV} to wait longer",
             source=record.plan_source,
         )
@@ -358,18 +373,41 @@ def _join(record: Record, call: int, timeout_s: float) -> list[str]:
     return verdict
 
 
-def _connect(host: str, port: int, deadline: float) -> socket.socket | None:
-    """A connection to rank 0, retried while refused (rank 0 not listening yet) until
-    ``deadline``; None when it never answered."""
-    wait = RETRY_MIN_S
+def _connect(host: str, port: int, deadline: float) -> tuple[socket.socket | None, bool]:
+    """A connection to rank 0 that greeted us, retried while refused (rank 0 not listening
+    yet) or not greeted, until ``deadline``. Returns (None, whether a stranger answered) when
+    none came."""
+    wait, stranger = RETRY_MIN_S, False
     while True:
+        conn = None
         try:
-            return socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic())))
-        except OSError:
-            if time.monotonic() + wait > deadline:
-                return None
-            time.sleep(wait)
-            wait = min(2 * wait, RETRY_MAX_S)
+            conn = socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic())))
+            if _greeted(conn, min(GREETING_WAIT_S, deadline - time.monotonic())):
+                return conn, False
+            stranger = True
+        except OSError:  # refused: not listening (yet)
+            stranger = False
+        if conn is not None:
+            conn.close()
+        if time.monotonic() + wait > deadline:
+            return None, stranger
+        time.sleep(wait)
+        wait = min(2 * wait, RETRY_MAX_S)
+
+
+def _greeted(conn: socket.socket, wait_s: float) -> bool:
+    """Whether ``conn`` starts with rank 0's greeting within ``wait_s``."""
+    received = b""
+    conn.settimeout(max(0.001, wait_s))
+    try:
+        while len(received) < len(GREETING):
+            chunk = conn.recv(len(GREETING) - len(received))
+            if not chunk:
+                return False
+            received += chunk
+    except TimeoutError:
+        return False
+    return received == GREETING
 
 
 def _await_verdict(conn: socket.socket, deadline: float, timeout_s: float) -> list[str]:

@@ -110,6 +110,7 @@ def test_losing_rank_0_mid_agreement_is_a_plan_error_at_once(two_rank_env):
 
 def _read_first_line_and_close(listener: socket.socket) -> None:
     conn, _ = listener.accept()
+    conn.sendall(agree_module.GREETING)
     with conn, conn.makefile("rb") as stream:
         assert b'"record"' in stream.readline()
 
@@ -139,13 +140,17 @@ def test_rank_0_waits_for_each_rank_to_hold_the_verdict(two_rank_env, monkeypatc
 
 
 def _connect_when_listening(port: int) -> socket.socket:
+    """A connection to rank 0 on ``port`` once it listens, past its greeting."""
     deadline = time.monotonic() + 30
     while True:
         try:
-            return socket.create_connection(("127.0.0.1", port), timeout=30)
+            conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+            break
         except ConnectionRefusedError:
             assert time.monotonic() < deadline, "rank 0 never listened"
             time.sleep(0.01)
+    assert conn.recv(len(agree_module.GREETING), socket.MSG_WAITALL) == agree_module.GREETING
+    return conn
 
 
 def test_rank_0_ignores_a_stranger_on_its_port(two_rank_env, monkeypatch):
@@ -163,3 +168,34 @@ def test_rank_0_ignores_a_stranger_on_its_port(two_rank_env, monkeypatch):
     with pytest.raises(PlanError, match=r"ranks 1 of 2 did not reach the agreement step within 2 s"):
         agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=2)
     thread.join()
+
+
+def test_a_rank_that_reaches_another_program_sends_it_nothing_and_says_so(two_rank_env):
+    """Another program holds the agreement port and never answers (as a foreign server may):
+    rank 1 waits for rank 0's greeting, sends the stranger nothing, and names the port."""
+    received, done = [], threading.Event()
+
+    def silent_stranger(listener):
+        listener.settimeout(0.1)
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    received.append(conn.recv(100))
+                except OSError:
+                    received.append(b"")
+
+    with socket.create_server(("127.0.0.1", two_rank_env)) as listener:
+        thread = threading.Thread(target=silent_stranger, args=(listener,))
+        thread.start()
+        start = time.monotonic()
+        with pytest.raises(PlanError, match=rf"something other than autodist listens on 127.0.0.1:{two_rank_env}"):
+            agree(Record(1, "plan.json", PLAN_A, MODEL_A), rank=1, world=2, timeout_s=3)
+        assert time.monotonic() - start < 10
+        done.set()
+        thread.join()
+    assert received and not any(received), "rank 1 sent the stranger something"
