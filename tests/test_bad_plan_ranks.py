@@ -105,6 +105,17 @@ def test_an_uncaught_plan_error_fails_the_job_on_every_rank(tmp_path, late_reade
         assert "lost the connection" not in proc.stderr, proc.describe()
 
 
+def test_under_paddles_launcher_the_job_fails_with_the_verdict(tmp_path):
+    """paddle.distributed.launch stops every rank about a second after the first one exits
+    non-zero (docs/paddle-notes.md, "The agreement step"): whichever rank fails first must fail
+    with the verdict, never with a lost connection, and the job must end on its own."""
+    (case,) = [c for c in bad_plans(tmp_path) if c.name == "more_ranks_than_launched"]
+    job, _ = check_bad_plans([case], NRANKS, tmp_path, TIMEOUT_S, let_escape=True, paddle_launch=True)
+    (node,) = job.processes
+    assert not job.timed_out and node.returncode not in (0, None), job.report()
+    assert "world size" in node.stderr and "lost the connection" not in node.stderr, node.describe()
+
+
 def test_the_harness_reports_a_rank_left_hanging(tmp_path):
     """The guarantee the tests above rely on: when one rank fails and another blocks (as in a
     collective its peer never joins), the job ends, the blocked rank is killed and reported as

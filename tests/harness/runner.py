@@ -22,13 +22,15 @@ RANK_SCRIPT = [str(Path(__file__).with_name("rank_main.py"))]
 
 
 def start_job(
-    job: Job, nranks: int, workdir: Path, timeout_s: float = 180.0, nodes: int = 1, backend: str = "gloo", **launch
+    job: Job, nranks: int, workdir: Path, timeout_s: float = 180.0, nodes: int = 1, backend: str = "gloo",
+    paddle_launch: bool = False, **launch
 ) -> JobResult:
-    """Start ``job`` on ``nranks`` ranks (over ``nodes`` simulated machines when > 1); ``launch``
-    goes to :func:`launch_ranks` (``extra_env``, ``failure_grace_s``)."""
+    """Start ``job`` on ``nranks`` ranks (over ``nodes`` simulated machines when > 1, each with
+    its own ``paddle.distributed.launch``; with ``paddle_launch`` under it even on one node);
+    ``launch`` goes to :func:`launch_ranks` (``extra_env``, ``failure_grace_s``)."""
     Path(job.out_dir).mkdir(parents=True, exist_ok=True)
     job_file = job.save(workdir / "job.json")
-    if nodes > 1:
+    if nodes > 1 or paddle_launch:
         return launch_nodes(nodes, nranks // nodes, [*RANK_SCRIPT, str(job_file)], workdir, timeout_s)
     return launch_ranks(nranks, [*RANK_MODULE, str(job_file)], workdir, timeout_s, backend=backend, **launch)
 
