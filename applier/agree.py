@@ -36,14 +36,16 @@ and nothing it receives later can replace it.
 
 Every wait is a ``select``/socket timeout on a deadline: nothing polls, except a rank that
 arrives before rank 0 listens, which retries the refused connection after 2 ms, doubling up to
-50 ms. Paddle's own stores are not used: its global store blocks, holding the GIL, until every
+50 ms. Rank 0 speaks first because nothing reserves its port: a rank that reached another
+program there sends it nothing, hangs up on it after 2 s of silence and tries again (naming the
+port at the deadline). Paddle's own stores are not used: its global store blocks, holding the GIL, until every
 rank connects -- the hang this step exists to prevent -- and its ``core.TCPStore`` has waits
 without deadlines and aborts the process in some failures (docs/paddle-notes.md).
 
 Example::
 
-    >>> record = local_record(plan_bytes, model, problems=[])        # doctest: +SKIP
-    >>> agree(record, rank=1, world=2, timeout_s=300)                 # doctest: +SKIP
+    >>> record = Record(1, "plan.json", digest(plan_bytes), model_digest)   # doctest: +SKIP
+    >>> agree(record, rank=1, world=2, timeout_s=300)                       # doctest: +SKIP
     PlanError: plan: invalid plan: ranks disagree: different plan: rank 0 ... ; rank 1 ...
 """
 
