@@ -163,6 +163,7 @@ def test_quiet_holds_back_what_paddle_and_paddleformers_print(tmp_path):
     loud = _plan_in_a_process(PF_LLAMA, "--devices", 2, "--device", "h100-sxm", "-o", tmp_path / "loud.json")
     assert loud.returncode == 0, loud.stderr
     assert any(not line.startswith(("plan for", "warning:")) for line in loud.stderr.splitlines()), loud.stderr
+    assert "Setuptools is replacing distutils" not in loud.stderr  # says nothing about the model, even without -q
 
     quiet = _plan_in_a_process(PF_LLAMA, "--devices", 2, "--device", "h100-sxm", "--quiet", "-o",
                                tmp_path / "plan.json")

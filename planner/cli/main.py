@@ -281,4 +281,5 @@ def _silence_library_noise() -> None:
     os.environ.setdefault("GLOG_minloglevel", "2")
     warnings.filterwarnings("ignore", message="No ccache found")
     warnings.filterwarnings("ignore", message="The hashes produced for directed graphs changed")
+    warnings.filterwarnings("ignore", message="Setuptools is replacing distutils")  # an import of Paddle's
 
