@@ -42,6 +42,7 @@ def plan_problems(
     ranks; empty when it can."""
     return (
         world_problems(plan, world_size)
+        + expert_problems(plan)
         + parameter_problems(model, plan)
         + structure_problems(model, plan)
         + optimizer_problems(model, optimizer, plan)
@@ -59,6 +60,18 @@ def world_problems(plan: Plan, world_size: int) -> list[str]:
         f"world size: the plan's mesh {mesh} needs {size} ranks but this job has {world_size} "
         f"(PADDLE_TRAINERS_NUM); launch {size} ranks or re-plan for {world_size} device(s)"
     ]
+
+
+def expert_problems(plan: Plan) -> list[str]:
+    """Expert parallelism is planned and priced, not applied yet: moving each token to the rank
+    holding its expert needs the MoE layer's forward rewritten around an all-to-all, which
+    placements alone do not do (docs/recognition.md, "Experts")."""
+    if plan.strategy.ep == 1:
+        return []
+    layers = sorted({b.experts for b in plan.blocks if b.experts})
+    return [f"strategy: ep={plan.strategy.ep} spreads the experts of {layers[0] if layers else 'no layer'}"
+            f"{f' (and {len(layers) - 1} more)' if len(layers) > 1 else ''} over dp ranks, which apply_plan "
+            "cannot apply yet (it plans and prices expert parallelism only); re-plan with --ep 1"]
 
 
 def parameter_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:

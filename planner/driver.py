@@ -167,13 +167,14 @@ def plan(
     optimizer: str = "adam",
     recompute: str = "none",
     rules: dict[str, str] | None = None,
+    ep: int | None = 1,
 ) -> Plan:
     """Plan ``model`` from Python, as ``autodist-plan`` plans a model file (``autodist.plan``).
 
     ``input_spec``: ``paddle.static.InputSpec`` objects or ``"name:dtype:BxS"`` strings.
     The keywords are the command's options (``devices`` is ``--devices``: devices per node;
     ``device`` is ``--device``, a profile name; ``cluster`` is ``--cluster``, a TOML file; ``devices``
-    and ``nodes`` left out are the cluster file's, else 1).
+    and ``nodes`` left out are the cluster file's, else 1; ``ep`` is ``--ep``, None for ``auto``).
     The plan equals the command's for the same model, but for ``provenance.arguments.target``,
     which names the model's class instead of a file. Raises ``PlannerError`` for anything the
     caller can fix. Save the plan with :func:`autodist.save_plan`.
@@ -195,10 +196,11 @@ def plan(
                    micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, optimizer=optimizer,
                    recompute=recompute)
     devices, nodes = cluster_shape(cluster, devices, nodes)
-    request = SearchRequest(devices_per_node=devices, nodes=nodes, device=resolve_device(device, cluster), **options)
+    request = SearchRequest(devices_per_node=devices, nodes=nodes, device=resolve_device(device, cluster), ep=ep, **options)
     # Provenance in the command's words (its option names, its value spelling).
     given = {"target": f"<{type(model).__name__} object>", "devices": devices, "nodes": nodes,
-             "device_name": device, "cluster_file": cluster, **options}
+             "device_name": device, "cluster_file": cluster, **options,
+             "ep": None if ep == 1 else "auto" if ep is None else ep}
     if any(isinstance(s, str) for s in input_spec):
         given["input_specs"] = ",".join(s if isinstance(s, str) else _spec_text(s) for s in input_spec)
     arguments = {name: str(value) for name, value in sorted(given.items()) if value is not None}

@@ -90,7 +90,7 @@ def build_plan(
         mesh=mesh,
         strategy=strategy,
         params=params,
-        blocks=[Block(layer=b.layer, kind=b.kind, stage=stage) for b, stage in zip(analysis.blocks, stages)],
+        blocks=[Block(layer=b.layer, kind=b.kind, stage=stage, **_experts(b)) for b, stage in zip(analysis.blocks, stages)],
         hooks=hooks,
         recompute=recompute,
         data=DataPlan(
@@ -330,3 +330,9 @@ def _layer_of(fqn: str) -> str:
 
 def _unique(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
+
+
+def _experts(block) -> dict:
+    """A plan block's ``experts``, ``num_experts`` and ``top_k`` (none without experts)."""
+    experts = block.experts
+    return dict(experts=experts.layer, num_experts=experts.count, top_k=experts.top_k) if experts else {}

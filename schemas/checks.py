@@ -38,6 +38,14 @@ def check_mesh(plan: Plan) -> list[str]:
         degree = getattr(strategy, dim)
         if sizes.get(dim, 1) != degree:
             problems.append(f"$.strategy.{dim}: {degree} but the mesh's {dim} dim has size {sizes.get(dim, 1)}")
+    if strategy.dp % strategy.ep:
+        problems.append(f"$.strategy.ep: {strategy.ep} does not divide dp={strategy.dp} (experts spread over dp ranks)")
+    if strategy.ep > 1:
+        counts = {b.num_experts for b in plan.blocks if b.experts}
+        if not counts:
+            problems.append(f"$.strategy.ep: {strategy.ep} but no block has experts")
+        problems += [f"$.strategy.ep: {strategy.ep} does not divide the {n} experts of a block" for n in sorted(counts)
+                     if n % strategy.ep]
     if strategy.pp == 1 and strategy.schedule != "none":
         problems.append(f"$.strategy.schedule: {strategy.schedule!r} needs pp > 1")
     if strategy.pp > 1 and strategy.schedule == "none":

@@ -178,6 +178,10 @@ class Strategy(Base):
     #: Model chunks each pipeline rank runs: 1, or more for ``VPP`` (the blocks' stages then
     #: cycle ``0, 1, ..., pp-1`` that many times).
     virtual_stages: PositiveInt = 1
+    #: Expert parallelism: each MoE layer's experts (the blocks' ``experts``) spread over groups
+    #: of ``ep`` data-parallel ranks, each rank holding ``1/ep`` of them; tokens reach their
+    #: experts and come back by all-to-all. 1: every rank holds every expert. Divides ``dp``.
+    ep: PositiveInt = 1
 
 
 # -- what to do with the model ---------------------------------------------------------------------
@@ -244,6 +248,11 @@ class Block(Base):
     layer: Fqn
     kind: Text
     stage: NonNegativeInt = 0
+    #: The layer holding the block's experts (an MoE's ``LayerList``), "" without experts; how
+    #: many there are, and to how many each token is routed.
+    experts: LayerFqn = ""
+    num_experts: NonNegativeInt = 0
+    top_k: NonNegativeInt = 0
 
 
 # -- estimates and alternatives ----------------------------------------------------------------------
@@ -265,6 +274,8 @@ class CommEstimate(Base):
     mp: NonNegativeInt = 0
     dp: NonNegativeInt = 0
     pp: NonNegativeInt = 0
+    #: Expert parallelism's all-to-all (dispatch and combine, forward and backward).
+    ep: NonNegativeInt = 0
     #: What Paddle inserts on its own beyond the plan's hooks: the ``implicit_comm`` entries
     #: together (the hooks' own gathers are in ``mp``).
     implicit: NonNegativeInt = 0

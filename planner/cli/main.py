@@ -136,6 +136,8 @@ def cli() -> None:
 @click.option("--pp", type=int, help="Pipeline-parallel degree (searched when left out).")
 @click.option("--sequence-parallel/--no-sequence-parallel", default=None, help="Force sequence parallelism on or off.")
 @click.option("--sharding-stage", "--zero", "sharding_stage", type=click.IntRange(0, 3), help="ZeRO stage over the dp group (0-3).")
+@click.option("--ep", metavar="N|auto",
+              help="Expert-parallel degree over dp for MoE blocks, or auto to search it (default 1: apply_plan cannot apply it yet).")
 @click.option("--micro-batches", type=int, help="Micro-batches per optimizer step (pipeline micro-batches, or gradient accumulation without a pipeline).")
 @click.option("--schedule", type=click.Choice(["sequential", "1F1B", "VPP"]), help="Pipeline schedule.")
 @click.option("--device", "device_name", metavar="NAME", help="Device profile: a100-40g, a100-80g, h100-sxm, h200, cpu.")
@@ -177,8 +179,9 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
 
         devices, nodes = cluster_shape(cluster_file, options.pop("devices"), options.pop("nodes"))
         ctx.params.update(devices=devices, nodes=nodes)  # the provenance records what was planned for
-        request = SearchRequest(devices_per_node=devices, nodes=nodes,
-                                device=resolve_device(device_name, cluster_file), **options)
+        ep = expert_degree(options.pop("ep"))
+        request = SearchRequest(devices_per_node=devices, nodes=nodes, device=resolve_device(device_name, cluster_file),
+                                ep=ep, **options)
         rules = load_rules(rules_file) if rules_file else None
         made = plan_target(target, list(input_specs) or None, request, planner_arguments(ctx),
                            Progress(quiet=quiet), rules=rules)
@@ -210,6 +213,21 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
             assumed = f" (no --device and no known GPU here: assumed {request.device.name}; give --device or --cluster)"
         click.echo(printable(f"plan for {request.world} devices: {strategy_text(made.plan.strategy)}"
                              + (f" -> {output}" if output else "") + assumed + fallback), err=True)
+
+
+def expert_degree(text: str | None) -> int | None:
+    """``--ep``: None when left out -> 1; ``auto`` -> None (searched); else a positive integer.
+
+    >>> expert_degree(None), expert_degree("auto"), expert_degree("2")
+    (1, None, 2)
+    """
+    if text is None:
+        return 1
+    if text == "auto":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise PlannerError(f"--ep must be a positive integer or auto, got {text!r}")
+    return int(text)
 
 
 def planner_arguments(ctx: click.Context) -> dict[str, str]:

@@ -97,6 +97,12 @@ class BlockCost:
     gemms: tuple[Gemm, ...] = ()  # the matmuls behind flops_per_token, when known (from a trace)
     attention_matmuls: int = 0  # matmuls of two activations behind flops_per_token_seq
     moved: Moved = field(default_factory=Moved)
+    #: An MoE's experts: how many, their elements (part of ``params_split``/``params_whole``,
+    #: divided over ep too), and the elements each token sends to its experts one way (top-k x
+    #: hidden: expert parallelism's dispatch, and again its combine).
+    experts: int = 0
+    expert_params: int = 0
+    dispatch_per_token: float = 0.0
 
 
 @dataclass(frozen=True)

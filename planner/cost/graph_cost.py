@@ -283,7 +283,8 @@ def block_cost(facts: GraphFacts, nodes: Iterable[int], layer: str, roles: Roles
                params: dict[str, int], tokens: int, seq: int, **shape: int) -> BlockCost:
     """One block's :class:`BlockCost`. ``params``: numel of the block's parameters by FQN;
     ``tokens``/``seq``: the traced batch x sequence and sequence (dynamic dims as 1);
-    ``shape``: ``num_heads``, ``num_kv_heads``, ``intermediate_size`` for the constraints."""
+    ``shape``: ``num_heads``, ``num_kv_heads``, ``intermediate_size`` for the constraints, and
+    ``experts``, ``expert_params``, ``dispatch_per_token`` for an MoE block."""
     nodes = set(nodes)
     walk = walk_nodes(facts, nodes, roles)
     outputs = [facts.numel((u, d["result"])) for u, v, d in facts.graph.out_edges(nodes, data=True) if v not in nodes]
@@ -335,9 +336,12 @@ def model_cost(analysis: ModelAnalysis) -> ModelCost:
         mine = {fqn: n for fqn, n in numel.items() if fqn.startswith(info.layer + ".")}
         block_params.update(mine)
         in_blocks.update(info.nodes)
+        experts = info.experts
+        moe = dict(experts=experts.count, dispatch_per_token=experts.top_k * info.hidden_size,
+                   expert_params=sum(n for fqn, n in mine.items() if fqn.startswith(experts.layer + "."))) if experts else {}
         blocks.append(block_cost(facts, info.nodes, info.layer, roles, mine, tokens, seq,
                                  num_heads=info.num_heads, num_kv_heads=info.num_kv_heads,
-                                 intermediate_size=info.intermediate_size))
+                                 intermediate_size=info.intermediate_size, **moe))
     first, last, tied, notes = _edges(analysis, facts, numel, block_params, in_blocks, tokens)
     batch = analysis.batch_size if analysis.batch_size > 0 else 1
     return ModelCost(blocks=tuple(blocks), hidden_size=int(blocks[0].output_per_token) if blocks else 0,

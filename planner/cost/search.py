@@ -65,6 +65,9 @@ class SearchRequest:
     dtype: str = "bf16"
     optimizer: str = "adam"
     recompute: str = "none"
+    #: Expert parallelism: 1 (the default) leaves every expert on every rank, N fixes the degree,
+    #: None searches it. Not searched by default: apply_plan cannot apply it yet (docs/recognition.md).
+    ep: int | None = 1
 
     @property
     def world(self) -> int:
@@ -149,7 +152,8 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         rejected=rejected,
         breakdowns=[s.breakdown for s in top],
         setup=setup,
-        notes=list(cost.notes) + _strategy_notes(cost, top[0].candidate.strategy) + _backend_notes(setup),
+        notes=list(cost.notes) + _strategy_notes(cost, top[0].candidate.strategy) + _backend_notes(setup)
+        + _expert_notes(cost, request),
         evaluated=evaluated,
         implicit_comm=list(getattr(priced.implicit(top[0].candidate.strategy.mp, width), "entries", ())),
     )
@@ -309,9 +313,33 @@ def check_fixed_degrees(cost: ModelCost, request: SearchRequest) -> None:
         problem = degree_problem(cost, axis, degree, f"--{axis} {degree}") if degree is not None else ""
         if problem:
             raise PlannerError(problem)
+    if request.ep is not None and request.ep > 1:
+        problem = expert_problem(cost, request.ep, f"--ep {request.ep}") or backend_problem(request.device, ep=request.ep)
+        if problem:
+            raise PlannerError(problem)
     if request.sequence_parallel and cost.token_mixing:
         raise PlannerError(f"--sequence-parallel: {cost.token_mixing} projects over the token axis (it mixes "
                            "positions), so the sequence cannot be split between blocks")
+
+
+def expert_problem(cost: ModelCost, ep: int, label: str) -> str:
+    """Why this model cannot spread its experts over ``ep`` ranks, named ``label``, or ''.
+
+    >>> expert_problem(ModelCost(blocks=(), hidden_size=8), 2, "--ep 2")
+    '--ep 2: no block has experts (an MoE layer), so there is nothing to spread over ranks'
+    """
+    counts = sorted({b.experts for b in cost.blocks if b.experts})
+    if ep > 1 and not counts:
+        return f"{label}: no block has experts (an MoE layer), so there is nothing to spread over ranks"
+    return next((f"{label} does not divide the {n} experts of a block" for n in counts if n % ep), "")
+
+
+def _expert_degrees(cost: ModelCost, request: SearchRequest, dp: int) -> list[int]:
+    """The ep degrees to price on a mesh with ``dp`` ranks: the one asked for, or when searched,
+    1 and every divisor of dp that divides the experts of every MoE block."""
+    if request.ep is not None:
+        return [request.ep]
+    return [ep for ep in _divisors(dp) if not expert_problem(cost, ep, "")]
 
 
 def _variants(cost: ModelCost, setup: Setup, request: SearchRequest, dp: int, mp: int, pp: int) -> Iterator[Strategy]:
@@ -332,9 +360,10 @@ def _variants(cost: ModelCost, setup: Setup, request: SearchRequest, dp: int, mp
         for stage in stages:
             for m in counts:
                 for schedule, virtual in _schedules(request, len(cost.blocks), pp, m):
-                    yield Strategy(dp=dp, mp=mp, pp=pp, sequence_parallel=sp, sharding_stage=stage,
-                                   micro_batches=m, schedule=schedule, virtual_stages=virtual,
-                                   recompute=setup.recompute)
+                    for ep in _expert_degrees(cost, request, dp):
+                        yield Strategy(dp=dp, mp=mp, pp=pp, sequence_parallel=sp, sharding_stage=stage,
+                                       micro_batches=m, schedule=schedule, virtual_stages=virtual,
+                                       recompute=setup.recompute, ep=ep)
 
 
 def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list[tuple[str, int]]:
@@ -354,9 +383,11 @@ def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list
 
 def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, num_blocks: int, tied: bool) -> str:
     """Why one variant of a feasible mesh cannot work (before pricing it), or ''."""
-    unsupported = backend_problem(setup.device, strategy.sequence_parallel, strategy.sharding_stage)
+    unsupported = backend_problem(setup.device, strategy.sequence_parallel, strategy.sharding_stage, ep=strategy.ep)
     if unsupported:
         return unsupported
+    if strategy.dp % strategy.ep:
+        return f"ep={strategy.ep} does not divide dp={strategy.dp} (experts spread over dp ranks)"
     per_rank = setup.global_batch // strategy.dp
     if per_rank % strategy.micro_batches:
         return (f"the {per_rank} samples per dp rank do not split into {strategy.micro_batches} micro-batches")
@@ -385,7 +416,7 @@ def _rank_key(strategy: Strategy, breakdown: Breakdown) -> tuple:
     accumulation = strategy.micro_batches if strategy.schedule in ("none", "sequential") else 0
     return (float(f"{est.step_time_s:.6g}"), breakdown.comm_bytes, accumulation, est.memory.total,
             strategy.pp, strategy.mp, strategy.dp, strategy.sharding_stage, strategy.sequence_parallel,
-            strategy.micro_batches, strategy.virtual_stages, strategy.schedule)
+            strategy.micro_batches, strategy.virtual_stages, strategy.schedule, strategy.ep)
 
 
 # -- messages --------------------------------------------------------------------------------------
@@ -418,7 +449,7 @@ def _nothing_fits(setup: Setup, rejected: list[Rejected], memory_misses: list[tu
 
 def _strategy_order(strategy: Strategy) -> tuple:
     return (strategy.pp, strategy.mp, strategy.dp, strategy.sharding_stage, strategy.sequence_parallel,
-            strategy.micro_batches, strategy.virtual_stages, strategy.schedule)
+            strategy.micro_batches, strategy.virtual_stages, strategy.schedule, strategy.ep)
 
 
 def describe(strategy: Strategy) -> str:
@@ -432,6 +463,8 @@ def describe(strategy: Strategy) -> str:
         parts.append("sp")
     if strategy.sharding_stage:
         parts.append(f"zero{strategy.sharding_stage}")
+    if strategy.ep > 1:
+        parts.append(f"ep{strategy.ep}")
     parts.append(f"m{strategy.micro_batches}")
     if strategy.pp > 1 and strategy.schedule != "none":
         parts.append(strategy.schedule + (f" v{strategy.virtual_stages}" if strategy.virtual_stages > 1 else ""))
@@ -443,7 +476,14 @@ def _backend_notes(setup: Setup) -> list[str]:
     if not setup.device.unsupported:
         return []
     return [f"device {setup.device.name}: its backend lacks {', '.join(setup.device.unsupported)}; strategies that "
-            "need them (sequence parallelism, ZeRO, pipelines) were not considered"]
+            "need them (sequence parallelism, ZeRO, pipelines, expert parallelism) were not considered"]
+
+
+def _expert_notes(cost: ModelCost, request: SearchRequest) -> list[str]:
+    if request.ep != 1 or not any(b.experts for b in cost.blocks):
+        return []
+    return ["the blocks hold experts: expert parallelism was not searched (apply_plan cannot apply it yet); "
+            "--ep N or --ep auto prices it"]
 
 
 def _strategy_notes(cost: ModelCost, strategy: Strategy) -> list[str]:

@@ -37,6 +37,12 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   share the link. A device whose collectives block its compute (``comm_overlap`` false: gloo
   on CPU) overlaps nothing. Each parameter is its own collective (Paddle reshards every gradient on its
   own; ``count`` latencies), the bytes are those of all of them;
+- expert parallelism (``strategy.ep``): four all-to-alls per MoE block and micro-batch (dispatch
+  and combine, forward and backward) of top-k x hidden elements per token, over ep ranks
+  neighbouring on the dp axis, exposed (the experts wait for their tokens, as in GShard, Lepikhin
+  et al. 2020, sec. 2.2); each rank holds 1/ep of the experts' parameters, and their gradients are
+  priced as all-reduced over dp with the rest (an over-count: they need only the dp/ep ranks
+  holding the same experts);
 - optimizer step, after the pipeline and the exposed data-parallel time: every model state read
   and written once by memory bandwidth, plus one update op (the device's fixed cost per op,
   launch and dispatch) per parameter.
@@ -130,11 +136,12 @@ class Breakdown:
     bubble_s: float
     optimizer_s: float
     peak_stage: int
+    ep_comm_s: float = 0.0
 
     @property
     def comm_bytes(self) -> int:
         c = self.estimate.comm_bytes
-        return c.mp + c.dp + c.pp + c.implicit
+        return c.mp + c.dp + c.pp + c.ep + c.implicit
 
 
 class StageTable:
@@ -266,6 +273,8 @@ class _Stage:
     activations_working: float  # alive once, whatever is in flight (full recompute's rebuild)
     params: float  # elements per rank, before ZeRO
     param_tensors: int  # each is a gradient collective and an optimizer update
+    ep_s: float = 0.0  # expert parallelism's all-to-alls
+    ep_bytes: float = 0.0
 
     def optimizer_s(self, device: DeviceProfile) -> float:
         """The optimizer step: every state read and written once (memory-bound), one update
@@ -274,7 +283,7 @@ class _Stage:
 
     @property
     def time_s(self) -> float:
-        return self.compute_s + self.mp_s + self.p2p_s
+        return self.compute_s + self.mp_s + self.p2p_s + self.ep_s
 
 
 def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Implicit | None = None) -> Breakdown:
@@ -316,11 +325,12 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
             total=round(peak.states.total + peak_activations)),
         comm_bytes=CommEstimate(
             mp=round(m * max(s.mp_bytes for s in stages)), dp=round(max(b for _, b in dp)),
-            pp=round(m * max(s.p2p_bytes for s in stages)), implicit=round(m * max(s.implicit_bytes for s in stages))),
+            pp=round(m * max(s.p2p_bytes for s in stages)), ep=round(m * max(s.ep_bytes for s in stages)),
+            implicit=round(m * max(s.implicit_bytes for s in stages))),
     )
     return Breakdown(est, compute_s=m * max(s.compute_s for s in stages), mp_comm_s=m * max(s.mp_s for s in stages),
                      dp_comm_s=dp_s, pp_comm_s=m * max(s.p2p_s for s in stages), bubble_s=bubble_s,
-                     optimizer_s=optimizer_s, peak_stage=peak_stage)
+                     optimizer_s=optimizer_s, peak_stage=peak_stage, ep_comm_s=m * max(s.ep_s for s in stages))
 
 
 def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
@@ -374,8 +384,20 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
         one = p2p_time(handoff, ctx.link(pp, mp * strategy.dp))
         p2p_s, p2p_bytes = 2 * sends * one, 2 * sends * handoff
 
+    # Expert parallelism: each MoE block sends its tokens to their experts' ranks and back
+    # (dispatch and combine), forward and backward: four all-to-alls over ep ranks, stride mp
+    # (neighbours on the dp axis); each rank sends (ep - 1) / ep of its buffer, as in a ring
+    # all-gather of the same size. Each rank then holds 1 / ep of the experts.
+    ep, moe = strategy.ep, [b for b in ctx.cost.blocks[start:stop] if b.experts]
+    ep_s = ep_bytes = expert_params = 0.0
+    if ep > 1 and moe:
+        dispatch = sum(b.dispatch_per_token for b in moe) * tokens * width
+        ep_s = 4 * all_gather_time(dispatch, ep, ctx.link(ep, mp), len(moe))
+        ep_bytes = 4 * all_gather_bytes(dispatch, ep)
+        expert_params = sum(b.expert_params for b in moe) / mp * (1 - 1 / ep)
+
     # Memory: model states under ZeRO, activations per micro-batch in flight.
-    params = (table.total("params_split", start, stop) / mp + table.total("params_whole", start, stop)
+    params = (table.total("params_split", start, stop) / mp + table.total("params_whole", start, stop) - expert_params
               + sum(e.params_vocab / ctx.vocab_div + e.params_whole for e in edges)
               - (ctx.cost.tied_vocab_params / ctx.vocab_div if len(edges) == 2 else 0))  # one stage holds both
     states = model_state_bytes(params, strategy.dp, strategy.sharding_stage, setup.dtype, setup.optimizer)
@@ -386,7 +408,7 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
         working = tokens * _block_activation_bytes(table.largest_block, mp, ctx.act_div, seq, width)
     tensors = round(table.total("param_tensors", start, stop) + sum(e.param_tensors for e in edges))
     return _Stage(forward_s + backward_s, backward_s, mp_s, mp_bytes, implicit_bytes, p2p_s, p2p_bytes, states, tokens * per_token,
-                  working, params, tensors)
+                  working, params, tensors, ep_s=ep_s, ep_bytes=ep_bytes)
 
 
 def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float]:

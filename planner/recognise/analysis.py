@@ -24,6 +24,7 @@ import paddle
 from autodist import schemas
 
 from autodist.planner.graph import graph_fingerprint
+from autodist.planner.recognise.experts import Experts, find_experts
 from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes, short_op
 from autodist.planner.recognise.patterns import PARAM, layer_patterns
 from autodist.planner.recognise.roles import BlockRecogniser, Projection, RecognisedBlock, SubLayer, split_dim, token_mixing_projection, weight_use
@@ -51,6 +52,7 @@ class BlockInfo:
     description: str = ""  # its sub-layers, e.g. "attention(q|k|v)+mlp(gate|up)"
     sublayers: list[SubLayer] = field(default_factory=list)
     token_mixing: str | None = None  # a projection over the token axis (MLP-Mixer): no sequence parallelism
+    experts: Experts | None = None  # an MoE's experts: what expert parallelism spreads over dp
 
 
 @dataclass
@@ -185,7 +187,8 @@ def _block_info(graph: nx.DiGraph, found: RecognisedBlock, params, first_use: di
                      attention.num_heads if attention else 0, attention.num_kv_heads if attention else 0,
                      attention.head_dim if attention else 0, hidden, mlp.intermediate_size if mlp else 0,
                      "+".join(s.description for s in subs), list(subs),
-                     token_mixing_projection(graph, found.nodes, [p.weight for p in linears]))
+                     token_mixing_projection(graph, found.nodes, [p.weight for p in linears]),
+                     find_experts(graph, found.nodes, found.layer, list(subs), params))
 
 
 def block_kind(subs: list[SubLayer]) -> str:

@@ -83,6 +83,8 @@ def export_parallelize(plan: Plan, source: str = "plan.json") -> str:
     entries = _param_entries(plan, problems) + _hook_entries(plan)
     if plan.strategy.sharding_stage and "dp" not in plan.mesh.dim_names:
         problems.append(f"ZeRO stage {plan.strategy.sharding_stage} without a dp mesh dim")
+    if plan.strategy.ep > 1:
+        problems.append(f"expert parallelism (ep={plan.strategy.ep}): dist.parallelize has no key for it")
     if plan.strategy.virtual_stages > 1:
         problems.append(f"VPP with {plan.strategy.virtual_stages} chunks per stage: pp_config takes one split point "
                         "per stage boundary (re-plan with --schedule 1F1B to export)")

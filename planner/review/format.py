@@ -167,6 +167,8 @@ def strategy_text(strategy: Strategy) -> str:
         parts.append(f"schedule {strategy.schedule}{chunks}")
     if strategy.recompute != "none":
         parts.append(f"recompute {strategy.recompute}")
+    if strategy.ep > 1:
+        parts.append(f"experts over {strategy.ep} dp ranks (ep{strategy.ep})")
     return ", ".join(parts)
 
 

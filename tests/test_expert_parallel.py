@@ -1,0 +1,104 @@
+"""Expert parallelism: recognised on the Mixtral-style zoo model, priced from first principles,
+chosen only on a backend with all-to-all, recorded in the plan, refused by apply_plan (which
+cannot apply it yet), and explained when asked for where it cannot run."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from autodist.applier.validate import expert_problems
+from autodist.planner.cost.blocks import BlockCost, ModelCost
+from autodist.planner.cost.hardware import PROFILES
+from autodist.planner.cost.search import SearchRequest, describe, expert_problem, search
+from autodist.planner.cost.step_time import Setup, StageTable, estimate
+from autodist.planner.driver import plan_target
+from autodist.planner.errors import PlannerError
+from autodist.schemas import Strategy, check_plan, dump_plan, load_plan
+
+H100 = PROFILES["h100-sxm"]
+MIXTRAL = "tests/models/zoo/mixtral_moe.py"
+
+
+def moe_model(experts: int = 8, expert_params: int = 4_000_000) -> ModelCost:
+    """Two MoE blocks of 1000 hidden, top-2 routing, written by hand."""
+    block = BlockCost(layer="b", params_split=expert_params + 1_000_000, params_whole=2000, flops_per_token=1e6,
+                      param_tensors=10, experts=experts, expert_params=expert_params, dispatch_per_token=2 * 1000)
+    return ModelCost(blocks=(block, block), hidden_size=1000, traced_batch=8, traced_seq=128)
+
+
+def setup(world: int = 8, batch: int = 8) -> Setup:
+    return Setup(device=H100, devices_per_node=world, nodes=1, seq_len=128, global_batch=batch)
+
+
+def test_four_all_to_alls_per_moe_block_of_top_k_hidden_elements_per_token():
+    plain = estimate(StageTable(moe_model()), Strategy(dp=8), setup())
+    spread = estimate(StageTable(moe_model()), Strategy(dp=8, ep=4), setup())
+    tokens, width = 1 * 128, 2  # one sample per dp rank, bf16
+    buffer = 2 * 1000 * tokens * width  # one block's dispatch, one way
+    assert spread.estimate.comm_bytes.ep == round(2 * 4 * buffer * 3 / 4)  # 2 blocks, 4 each, (ep-1)/ep sent
+    assert plain.estimate.comm_bytes.ep == 0
+    one = 3 * H100.intra_node_latency_s + 3 / 4 * buffer / H100.intra_node_bandwidth
+    assert spread.ep_comm_s == pytest.approx(2 * 4 * one)
+    # each rank holds a quarter of the experts: their states shrink by 3/4
+    saved = 2 * 4_000_000 * 3 / 4
+    assert plain.estimate.memory.params - spread.estimate.memory.params == round(saved * width)
+
+
+def test_the_search_takes_ep_only_where_the_backend_has_all_to_all():
+    model = moe_model(expert_params=400_000_000)  # experts dominate memory: spreading them pays
+    on_gpu = search(model, SearchRequest(devices_per_node=8, dp=8, mp=1, pp=1, ep=None, device=H100))
+    assert on_gpu.best.strategy.ep > 1
+    assert "ep" in describe(on_gpu.best.strategy)
+    cpu = PROFILES["cpu"]
+    on_cpu = search(model, SearchRequest(devices_per_node=8, dp=8, mp=1, pp=1, ep=None, device=cpu))
+    assert on_cpu.best.strategy.ep == 1
+    with pytest.raises(PlannerError, match="cpu cannot: sequence parallelism and expert parallelism need all-to-all"):
+        plan_target(MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, ep=2, device=cpu), {"target": MIXTRAL})
+
+
+def test_ep_is_not_searched_unless_asked_and_must_divide_the_experts():
+    model = moe_model(expert_params=400_000_000)
+    default = search(model, SearchRequest(devices_per_node=8, dp=8, mp=1, pp=1, device=H100))
+    assert default.best.strategy.ep == 1
+    assert any("expert parallelism was not searched" in n for n in default.notes)
+    assert expert_problem(moe_model(experts=6), 4, "--ep 4") == "--ep 4 does not divide the 6 experts of a block"
+    plain = ModelCost(blocks=(BlockCost(layer="b"),), hidden_size=8)
+    assert "no block has experts" in expert_problem(plain, 2, "--ep 2")
+
+
+def test_mixtral_experts_are_recognised_and_recorded_in_the_plan():
+    made = plan_target(MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=H100),
+                       {"target": MIXTRAL})
+    plan = made.plan
+    # written from the model: block_sparse_moe.experts is a LayerList of 4, paddle.topk(..., TOP_K=2)
+    assert [(b.experts, b.num_experts, b.top_k) for b in plan.blocks] == [
+        (f"layers.{i}.block_sparse_moe.experts", 4, 2) for i in range(2)]
+    assert plan.strategy.ep == 2 and plan.estimate.comm_bytes.ep > 0
+    assert check_plan(load_plan(dump_plan(plan))) == []
+    assert expert_problems(plan) == [
+        "strategy: ep=2 spreads the experts of layers.0.block_sparse_moe.experts (and 1 more) over dp ranks, which "
+        "apply_plan cannot apply yet (it plans and prices expert parallelism only); re-plan with --ep 1"]
+
+
+def test_a_plan_without_ep_reads_as_ep_1_and_a_bad_ep_is_named():
+    made = plan_target(MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, device=H100), {"target": MIXTRAL})
+    data = msgspec.json.decode(dump_plan(made.plan))
+    del data["strategy"]["ep"]
+    old = load_plan(msgspec.json.encode(data))
+    assert old.strategy.ep == 1 and expert_problems(old) == []
+    data["strategy"]["ep"] = 3
+    problems = check_plan(msgspec.convert(data, type(old)))
+    assert "$.strategy.ep: 3 does not divide dp=2 (experts spread over dp ranks)" in problems
+    assert "$.strategy.ep: 3 does not divide the 4 experts of a block" in problems
+
+
+def test_show_and_export_say_what_ep_does():
+    from autodist.planner.review.export import ExportError, export_parallelize
+    from autodist.planner.review.format import strategy_text
+
+    made = plan_target(MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=H100),
+                       {"target": MIXTRAL})
+    assert strategy_text(made.plan.strategy).endswith("experts over 2 dp ranks (ep2)")
+    with pytest.raises(ExportError, match=r"expert parallelism \(ep=2\): dist.parallelize has no key for it"):
+        export_parallelize(made.plan)
