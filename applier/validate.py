@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import paddle
 
-from autodist.schemas import Plan, parameter_fingerprint, parameter_table
+from autodist.schemas import Plan, parameter_diff, parameter_fingerprint, parameter_table
 
 from autodist.applier.accumulate import accumulation_problems
 from autodist.applier.optimizer import optimizer_problems
@@ -77,8 +77,7 @@ def expert_problems(plan: Plan) -> list[str]:
 def parameter_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     """The model's parameters against the plan's: names, shapes, dtypes, fingerprint, ties."""
     actual = parameter_table(model.named_parameters())
-    planned = {fqn: (list(p.shape), p.dtype) for fqn, p in plan.params.items()}
-    problems = _table_differences(planned, actual)
+    problems = _table_differences(plan, actual)
     fingerprint = parameter_fingerprint(actual)
     if not problems and fingerprint != plan.model.param_fingerprint:
         problems.append(
@@ -88,48 +87,27 @@ def parameter_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
         )
     if problems:
         problems.insert(0, f"model: this is not the model the plan was made for ({plan.model.class_name}, "
-                           f"{len(planned)} parameters; this {type(model).__name__} has {len(actual)})")
+                           f"{len(plan.params)} parameters; this {type(model).__name__} has {len(actual)})")
     already = [fqn for fqn, p in model.named_parameters() if p.is_dist()]
     if already:
         problems.append(f"model: already distributed parameters {_names(already)}: apply a plan to the plain model, once")
     return problems
 
 
-def _table_differences(planned: dict, actual: dict) -> list[str]:
-    missing = sorted(set(planned) - set(actual))
-    added = sorted(set(actual) - set(planned))
-    problems = []
-    renamed = _pair_renames(missing, added, planned, actual)
-    for old, new in renamed:
-        problems.append(f'$.params["{old}"]: not in the model; renamed to "{new}"? (same shape and dtype)')
-    paired_old = {o for o, _ in renamed}
-    paired_new = {n for _, n in renamed}
-    gone = [m for m in missing if m not in paired_old]
-    new = [a for a in added if a not in paired_new]
-    if gone:
-        problems.append(f"parameters removed (planned, not in the model): {_names(gone)}")
-    if new:
-        problems.append(f"parameters added (in the model, not planned): {_names(new)}")
-    for fqn in sorted(set(planned) & set(actual)):
-        (pshape, pdtype), (ashape, adtype) = planned[fqn], actual[fqn]
-        if pshape != ashape:
-            problems.append(f'$.params["{fqn}"].shape: planned {pshape} but the model has {ashape} (resized)')
-        if pdtype != adtype:
-            problems.append(f'$.params["{fqn}"].dtype: planned {pdtype} but the model has {adtype}')
-    return problems
-
-
-def _pair_renames(missing, added, planned, actual) -> list[tuple[str, str]]:
-    """Pair a vanished planned name with a new model name of the same shape and dtype when the
-    pairing is unambiguous (exactly one candidate each way)."""
-    pairs = []
-    for old in missing:
-        candidates = [new for new in added if actual[new] == planned[old]]
-        if len(candidates) == 1:
-            twins = [o for o in missing if planned[o] == actual[candidates[0]]]
-            if len(twins) == 1:
-                pairs.append((old, candidates[0]))
-    return pairs
+def _table_differences(plan: Plan, actual: dict) -> list[str]:
+    """The parameter diff (:func:`~autodist.schemas.parameter_diff`) name by name, as JSON paths."""
+    tied = {t for p in plan.params.values() for t in p.tied_to}
+    diff = parameter_diff({fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}, actual, tied)
+    problems = [
+        f'$.params["{old}"]: not in the model; renamed to "{new}"? (same shape and dtype)' for old, new in diff.renamed
+    ]
+    if diff.removed:
+        problems.append(f"parameters removed (planned, not in the model): {_names(diff.removed)}")
+    if diff.added:
+        problems.append(f"parameters added (in the model, not planned): {_names(diff.added)}")
+    changes = [(fqn, f'$.params["{fqn}"].shape: planned {p} but the model has {a} (resized)') for fqn, p, a in diff.resized]
+    changes += [(fqn, f'$.params["{fqn}"].dtype: planned {p} but the model has {a}') for fqn, p, a in diff.retyped]
+    return problems + [message for _, message in sorted(changes, key=lambda c: c[0])]
 
 
 def structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:

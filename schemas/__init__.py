@@ -14,7 +14,13 @@ Example::
 
 from autodist.schemas.checks import check_plan, shard_dim
 from autodist.schemas.errors import PlanError, printable
-from autodist.schemas.fingerprint import dtype_name, parameter_fingerprint, parameter_table
+from autodist.schemas.fingerprint import (
+    ParameterDiff,
+    dtype_name,
+    parameter_diff,
+    parameter_fingerprint,
+    parameter_table,
+)
 from autodist.schemas.io import dump_plan, load_plan, plan_json_schema, save_plan
 from autodist.schemas.plan import (
     FORMAT,
@@ -43,7 +49,7 @@ from autodist.schemas.plan import (
 __all__ = [
     "FORMAT", "VERSION", "Alternatives", "Block", "Candidate", "Cluster", "CommEstimate", "DataPlan",
     "DeviceProfile", "Estimate", "Hook", "ImplicitComm", "InputSpec", "MemoryEstimate", "Mesh",
-    "ModelInfo", "ParamPlan", "Plan", "PlanError", "Provenance", "Rejected", "Strategy",
-    "check_plan", "dtype_name", "dump_plan", "load_plan", "parameter_fingerprint", "parameter_table",
+    "ModelInfo", "ParameterDiff", "ParamPlan", "Plan", "PlanError", "Provenance", "Rejected", "Strategy",
+    "check_plan", "dtype_name", "dump_plan", "load_plan", "parameter_diff", "parameter_fingerprint", "parameter_table",
     "plan_json_schema", "printable", "save_plan", "shard_dim",
 ]

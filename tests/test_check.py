@@ -189,3 +189,16 @@ def test_check_refuses_what_apply_plan_refuses(planned, change, reason):
     assert reason in result.output
     refused = plan_problems(load_target(str(model)).model, None, None, plan, world_size=1)
     assert any(reason in problem for problem in refused), refused
+
+
+def test_renamed_parameter_is_paired(planned):
+    """`check` reports the same diff as apply_plan (schemas.parameter_diff): a vanished name with
+    exactly one new name of the same shape and dtype is a rename, not one removal and one addition."""
+    from autodist.planner.review.check import parameter_reasons
+    from autodist.schemas import load_plan
+
+    _, plan_path = planned
+    plan = load_plan(plan_path)
+    table = {("out.weight" if fqn == "head.weight" else fqn): entry for fqn, entry in
+             ((f, (p.shape, p.dtype)) for f, p in plan.params.items())}
+    assert parameter_reasons(plan, table) == ["1 planned parameter(s) renamed? (same shape and dtype): head.weight -> out.weight"]

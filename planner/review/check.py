@@ -16,7 +16,7 @@ Example::
 
 from __future__ import annotations
 
-from autodist.schemas import Plan, parameter_fingerprint, parameter_table
+from autodist.schemas import Plan, parameter_diff, parameter_fingerprint, parameter_table
 
 from autodist.planner.progress import Progress
 from autodist.planner.review.format import collapse
@@ -51,21 +51,20 @@ def check_plan_for_target(plan: Plan, target: str, trace: bool = True, progress:
 
 
 def parameter_reasons(plan: Plan, table: dict[str, tuple[list[int], str]]) -> list[str]:
-    """Missing, new and resized parameters, collapsed into patterns."""
+    """The parameter diff (:func:`~autodist.schemas.parameter_diff`, the one ``apply_plan``
+    reports too) collapsed into patterns."""
     planned = {fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}
-    tied = {t for p in plan.params.values() for t in p.tied_to}
+    diff = parameter_diff(planned, table, tied={t for p in plan.params.values() for t in p.tied_to})
     universe = set(planned) | set(table)
-    reasons = []
-    missing = {fqn: 0 for fqn in planned if fqn not in table}
-    new = {fqn: 0 for fqn in table if fqn not in planned and fqn not in tied}
-    changed = {
-        fqn: (_describe(planned[fqn]), _describe(table[fqn]))
-        for fqn in planned
-        if fqn in table and (list(planned[fqn][0]), planned[fqn][1]) != (list(table[fqn][0]), table[fqn][1])
-    }
-    reasons += _rows(f"{len(missing)} planned parameter(s) no longer in the model", missing, lambda v: "", universe)
-    reasons += _rows(f"{len(new)} parameter(s) of the model not in the plan", new, lambda v: "", universe)
-    reasons += _rows(f"{len(changed)} parameter(s) changed shape or dtype", changed,
+    changed = {fqn for fqn, _, _ in diff.resized} | {fqn for fqn, _, _ in diff.retyped}
+    reasons = _rows(f"{len(diff.removed)} planned parameter(s) no longer in the model",
+                    dict.fromkeys(diff.removed, 0), lambda v: "", universe)
+    reasons += _rows(f"{len(diff.added)} parameter(s) of the model not in the plan",
+                     dict.fromkeys(diff.added, 0), lambda v: "", universe)
+    reasons += _rows(f"{len(diff.renamed)} planned parameter(s) renamed? (same shape and dtype)",
+                     dict(diff.renamed), lambda v: f" -> {v}", universe)
+    reasons += _rows(f"{len(changed)} parameter(s) changed shape or dtype",
+                     {fqn: (_describe(planned[fqn]), _describe(table[fqn])) for fqn in changed},
                      lambda v: f": plan {v[0]}, model {v[1]}", universe)
     return reasons
 
