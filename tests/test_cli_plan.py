@@ -316,3 +316,16 @@ def test_explain_speaks_shows_units_in_aligned_columns(tmp_path):
     first = [c.group() for c in cells(table[1])]
     assert first[2:6] == [step, tokens, mfu, memory], (first, shown)
     assert all(cell.endswith(("B", "KiB", "MiB", "GiB", "TiB")) for cell in first[5:]), first
+
+
+def test_review_commands_report_errors_the_way_plan_does(tmp_path):
+    """One exit-2 path (planner/cli/errors.py): `check` on a model whose factory fails prints the
+    same error line and traceback tail as `plan`, not the message alone."""
+    target = tmp_path / "boom.py"
+    target.write_text("def build_model():\n    raise ValueError('hidden size must be even')\n")
+    plan = tmp_path / "plan.json"
+    assert run(DOCSTRING, "--devices", 2, "-o", plan).exit_code == 0
+    planned, checked = run(target, "-o", tmp_path / "p.json"), run("check", plan, target)
+    assert checked.exit_code == planned.exit_code == 2
+    assert checked.stderr.splitlines() == planned.stderr.splitlines()
+    assert any("raise ValueError" in line for line in checked.stderr.splitlines()[1:])

@@ -17,7 +17,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import warnings
@@ -28,44 +27,10 @@ import click
 from autodist.schemas import PlanError, dump_plan, load_plan, plan_json_schema, printable, save_plan
 
 from autodist.planner.errors import PlannerError
+from autodist.planner.cli.errors import OneLineError, one_line_errors
 from autodist.planner.cli.calibrate import calibrate
 from autodist.planner.cli.quiet import held_stderr
 from autodist.planner.cli.review import REVIEW_COMMANDS, check_output, write_output
-
-#: Exit status for a problem in what the user gave us (target, specs, degrees).
-USAGE_ERROR = 2
-
-
-class OneLineError(click.ClickException):
-    """A problem in what the user gave, on its way out of the CLI: ``error: <message>`` (then any
-    detail lines, indented), exit status 2. Every command's errors, click's own included, leave
-    this way."""
-
-    exit_code = USAGE_ERROR
-
-    def __init__(self, message: str, detail: str = ""):
-        super().__init__(message)
-        self.detail = detail
-
-    def show(self, file=None) -> None:
-        click.echo(printable(f"error: {self.message}"), err=True)
-        if self.detail:
-            click.echo("\n".join(printable("  " + line) for line in self.detail.splitlines()), err=True)
-
-
-def reports_planner_errors(command):
-    """Turn a command's PlannerError into one ``error:`` line and exit status 2."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except PlannerError as error:
-            raise OneLineError(error.message, error.detail) from None
-        except PlanError as error:  # a plan that load_plan would refuse is never written
-            raise OneLineError(f"the plan made is not valid: {'; '.join(error.problems)}") from None
-
-    return wrapper
 
 
 @contextlib.contextmanager
@@ -155,7 +120,7 @@ def cli() -> None:
 @click.option("-q", "--quiet", is_flag=True,
               help="Nothing on stderr but errors (and --explain): no summary, no warnings, no library log lines.")
 @click.pass_context
-@reports_planner_errors
+@one_line_errors
 def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: str | None, explain: bool,
          quiet: bool, device_name: str | None, cluster_file: str | None, rules_file: str | None, **options) -> None:
     """Plan how TARGET (model.py, model.py:factory or pkg.module:factory) runs on the cluster.
@@ -256,7 +221,7 @@ def schema() -> None:
 @input_spec_option
 @click.option("--format", "fmt", type=click.Choice(["dot", "json"]), default="dot", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
-@reports_planner_errors
+@one_line_errors
 def graph(target: str, input_specs: tuple[str, ...], fmt: str, output: str | None) -> None:
     """Dump the traced dataflow graph of TARGET (for debugging the matcher).
 
@@ -283,7 +248,7 @@ def graph(target: str, input_specs: tuple[str, ...], fmt: str, output: str | Non
 # show / diff / check / export / render / ckpt live in their own module (light imports: no paddle).
 for _review_command in REVIEW_COMMANDS:
     cli.add_command(_review_command)
-calibrate.callback = reports_planner_errors(calibrate.callback)
+calibrate.callback = one_line_errors(calibrate.callback)
 cli.add_command(calibrate)
 
 

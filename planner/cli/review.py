@@ -13,53 +13,25 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
-from typing import Callable
-
 import click
 
-from autodist.schemas import PlanError, load_plan
+from autodist.schemas import load_plan
 from autodist.schemas.io import write_atomically
-from autodist.schemas.checkpoint import CheckpointError, read_checkpoint
+from autodist.schemas.checkpoint import read_checkpoint
 
+from autodist.planner.cli.errors import one_line_errors
 from autodist.planner.review.check import check_plan_for_target
 from autodist.planner.review.checkpoint_info import checkpoint_data, checkpoint_text
 from autodist.planner.review.diff import diff_plans
 from autodist.planner.errors import PlannerError
-from autodist.planner.review.export import ExportError, export_parallelize
+from autodist.planner.review.export import export_parallelize
 from autodist.planner.progress import Progress
 from autodist.planner.review.format import printable
 from autodist.planner.review.render import render_svg
 from autodist.planner.review.show import TOP_ALTERNATIVES, show_data, show_text
-
-#: Exit status of every command for bad input (a missing file, an invalid plan, ...).
-EXIT_ERROR = 2
-
-
-def one_line_errors(command: Callable) -> Callable:
-    """Turn the problems a user can cause into one ``error:`` line and exit status 2."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except PlanError as err:
-            problems = "; ".join(err.problems)
-            fail(f"{err.source}: invalid plan: {problems}")
-        except (ExportError, PlannerError, CheckpointError, OSError) as err:
-            fail(str(err))  # fail() escapes: a checkpoint's metadata is untrusted text too
-
-    return wrapper
-
-
-def fail(message: str) -> None:
-    """Print ``error: message`` on one line (plan text escaped) and exit 2."""
-    click.echo(f"error: {printable(' '.join(message.split()))}", err=True)
-    sys.exit(EXIT_ERROR)
-
 
 def check_output(output: str | None) -> None:
     """Refuse an output path whose folder does not exist, before any work (click's
