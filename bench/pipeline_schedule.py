@@ -16,7 +16,8 @@ from pathlib import Path
 
 import paddle
 
-from autodist.planner.cost.search import SearchRequest, describe, search
+from autodist.planner.cost.search import SearchRequest, search
+from autodist.planner.review.format import strategy_text
 from autodist.planner.errors import PlannerError
 from autodist.planner.graph import build_graph
 from autodist.planner.recognise.analysis import analyze
@@ -35,7 +36,7 @@ def load_docstring_module():
 def row(label: str, result) -> str:
     best = result.best
     est = best.estimate
-    return (f"| {label} | {describe(best.strategy)} | {est.step_time_s:.3f} | {est.tokens_per_s:,.0f} | "
+    return (f"| {label} | {strategy_text(best.strategy, 'short')} | {est.step_time_s:.3f} | {est.tokens_per_s:,.0f} | "
             f"{est.mfu:.2f} | {est.comm_bytes.pp / 2**20:,.0f} | {est.memory.total / 2**30:.1f} |")
 
 

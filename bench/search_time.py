@@ -19,7 +19,8 @@ import paddle
 from autodist.planner import driver
 from autodist.planner.load import import_model_file
 from autodist.planner.cost.graph_cost import model_cost
-from autodist.planner.cost.search import SearchRequest, describe, search
+from autodist.planner.cost.search import SearchRequest, search
+from autodist.planner.review.format import strategy_text
 
 MODEL_FILE = Path(__file__).resolve().parents[1] / "plans" / "llama_docstring" / "model.py"
 CLUSTERS = [(8, 1), (8, 2), (8, 8), (8, 64), (8, 128)]  # (devices per node, nodes)
@@ -44,7 +45,7 @@ def main() -> None:
             search_s, result = best_time(lambda: search(analysis, request))
             enumerate_s, _ = best_time(lambda: search(cost, request))
             print(f"| {layers} | {nodes} x {devices_per_node} | {cost_s:.3f} | {search_s:.3f} | {enumerate_s:.3f} | "
-                  f"{result.evaluated} | {describe(result.best.strategy)} |")
+                  f"{result.evaluated} | {strategy_text(result.best.strategy, 'short')} |")
 
 
 def best_time(run):

@@ -10,7 +10,8 @@ import pytest
 from autodist.applier.validate import expert_problems
 from autodist.planner.cost.blocks import BlockCost, ModelCost
 from autodist.planner.cost.hardware import PROFILES
-from autodist.planner.cost.search import SearchRequest, describe, expert_problem, search
+from autodist.planner.cost.search import SearchRequest, expert_problem, search
+from autodist.planner.review.format import strategy_text
 from autodist.planner.cost.step_time import Setup, StageTable, estimate
 from autodist.planner.driver import plan_target
 from autodist.planner.errors import PlannerError
@@ -49,7 +50,7 @@ def test_the_search_takes_ep_only_where_the_backend_has_all_to_all():
     model = moe_model(expert_params=400_000_000)  # experts dominate memory: spreading them pays
     on_gpu = search(model, SearchRequest(devices_per_node=8, dp=8, mp=1, pp=1, ep=None, device=H100))
     assert on_gpu.best.strategy.ep > 1
-    assert "ep" in describe(on_gpu.best.strategy)
+    assert "ep" in strategy_text(on_gpu.best.strategy, "short")
     cpu = PROFILES["cpu"]
     on_cpu = search(model, SearchRequest(devices_per_node=8, dp=8, mp=1, pp=1, ep=None, device=cpu))
     assert on_cpu.best.strategy.ep == 1

@@ -26,7 +26,8 @@ from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.step_time import MEMORY_USABLE, Setup, StageTable, estimate
 from autodist.planner.errors import PlannerError
 from autodist.planner.cost.explain import explain_table
-from autodist.planner.cost.search import SearchRequest, describe, search
+from autodist.planner.cost.search import SearchRequest, search
+from autodist.planner.review.format import strategy_text
 from autodist.schemas import Strategy
 
 H100, A100_40 = PROFILES["h100-sxm"], PROFILES["a100-40g"]
@@ -225,7 +226,7 @@ def test_search_is_deterministic_and_explained():
     encode = msgspec.json.encode
     assert encode([first.best, *first.accepted, *first.rejected]) == encode([second.best, *second.accepted, *second.rejected])
     table = explain_table(first)
-    assert describe(first.best.strategy) in table.splitlines()[2]
+    assert strategy_text(first.best.strategy, 'short') in table.splitlines()[2]
     assert "where the time of #1 goes" in table
 
 

@@ -21,8 +21,8 @@ numbers are left out here, they move with the cost model)::
 
 from __future__ import annotations
 
-from autodist.planner.cost.search import SearchResult, describe
-from autodist.planner.review.format import human_bytes, human_count, human_seconds
+from autodist.planner.cost.search import SearchResult
+from autodist.planner.review.format import human_bytes, human_count, human_seconds, strategy_text
 from autodist.schemas import Candidate
 
 #: The table's columns: heading, and whether its cells are numbers (right-aligned). Sizes, times
@@ -59,7 +59,7 @@ def explain_table(result: SearchResult) -> str:
         lines.append(f"note: {note}")
     if result.rejected:
         lines.append("rejected:")
-        lines.extend(f"  {describe(r.strategy)}: {r.reason}" for r in result.rejected)
+        lines.extend(f"  {strategy_text(r.strategy, 'short')}: {r.reason}" for r in result.rejected)
     return "\n".join(lines)
 
 
@@ -78,6 +78,7 @@ def aligned(rows: list[list[str]], right: list[bool]) -> list[str]:
 def _row(rank: int, candidate: Candidate) -> list[str]:
     est = candidate.estimate
     mem, comm = est.memory, est.comm_bytes
-    return [str(rank), describe(candidate.strategy), human_seconds(est.step_time_s), human_count(est.tokens_per_s),
-            f"{est.mfu:.0%}", *map(human_bytes, (mem.total, mem.params, mem.grads, mem.optimizer, mem.activations)),
+    return [str(rank), strategy_text(candidate.strategy, "short"), human_seconds(est.step_time_s),
+            human_count(est.tokens_per_s), f"{est.mfu:.0%}",
+            *map(human_bytes, (mem.total, mem.params, mem.grads, mem.optimizer, mem.activations)),
             *map(human_bytes, (comm.mp, comm.dp, comm.pp, comm.implicit))]

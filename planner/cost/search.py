@@ -34,6 +34,7 @@ from autodist.planner.cost.step_time import (
     estimate,
 )
 from autodist.planner.errors import PlannerError
+from autodist.planner.review.format import strategy_text
 from autodist.schemas import Candidate, DeviceProfile, Rejected, Strategy
 from autodist.schemas.schedules import PIPELINING_SCHEDULES, block_stages, schedule_problems
 
@@ -438,37 +439,18 @@ def _nothing_fits(setup: Setup, rejected: list[Rejected], memory_misses: list[tu
         need, strategy = min(memory_misses, key=lambda miss: (miss[0], _strategy_order(miss[1])))
         return PlannerError(
             f"the model does not fit on {setup.world} x {setup.device.name}: the smallest strategy "
-            f"({describe(strategy)}) needs {_gb(need)} per device, which is more than the "
+            f"({strategy_text(strategy, 'short')}) needs {_gb(need)} per device, which is more than the "
             f"{_gb(setup.usable_memory)} usable of {_gb(setup.device.memory_bytes)}; it needs devices "
             f"with at least {_gb(need / MEMORY_USABLE)} of memory, or more devices, recompute, or a "
             f"smaller batch",
-            detail="\n".join(f"{describe(r.strategy)}: {r.reason}" for r in rejected))
-    reasons = "\n".join(f"{describe(r.strategy)}: {r.reason}" for r in rejected)
+            detail="\n".join(f"{strategy_text(r.strategy, 'short')}: {r.reason}" for r in rejected))
+    reasons = "\n".join(f"{strategy_text(r.strategy, 'short')}: {r.reason}" for r in rejected)
     return PlannerError(f"no strategy satisfies the constraints on {setup.world} devices", detail=reasons)
 
 
 def _strategy_order(strategy: Strategy) -> tuple:
     return (strategy.pp, strategy.mp, strategy.dp, strategy.sharding_stage, strategy.sequence_parallel,
             strategy.micro_batches, strategy.virtual_stages, strategy.schedule, strategy.ep)
-
-
-def describe(strategy: Strategy) -> str:
-    """A strategy in one short line.
-
-    >>> describe(Strategy(dp=2, mp=4, pp=1, sequence_parallel=True, sharding_stage=1))
-    'dp2 mp4 pp1 sp zero1 m1'
-    """
-    parts = [f"dp{strategy.dp}", f"mp{strategy.mp}", f"pp{strategy.pp}"]
-    if strategy.sequence_parallel:
-        parts.append("sp")
-    if strategy.sharding_stage:
-        parts.append(f"zero{strategy.sharding_stage}")
-    if strategy.ep > 1:
-        parts.append(f"ep{strategy.ep}")
-    parts.append(f"m{strategy.micro_batches}")
-    if strategy.pp > 1 and strategy.schedule != "none":
-        parts.append(strategy.schedule + (f" v{strategy.virtual_stages}" if strategy.virtual_stages > 1 else ""))
-    return " ".join(parts)
 
 
 def _backend_notes(setup: Setup) -> list[str]:
