@@ -28,7 +28,7 @@ from typing import Any, Callable
 import paddle
 import paddle.distributed as dist
 
-from autodist.schemas import Hook, Plan
+from autodist.schemas import Hook, Plan, Reshard, StageHandoff
 from autodist.schemas.schedules import PIPELINING_SCHEDULES
 
 from autodist.applier.mesh import stage_mesh, stage_placements
@@ -70,10 +70,10 @@ def layer_stage(plan: Plan, layer: str) -> int:
 
 def _transform(hook: Hook, plan: Plan, reshard_fn: ReshardFn) -> Callable[[paddle.Tensor], paddle.Tensor]:
     mesh = stage_mesh(plan, layer_stage(plan, hook.layer))
-    if hook.action == "reshard":
+    if isinstance(hook, Reshard):
         placements = stage_placements(plan, hook.placements)
         return lambda x: reshard_fn(_as_dist(x, mesh), mesh, placements)
-    if hook.action == "stage_handoff":
+    if isinstance(hook, StageHandoff):
         target = stage_mesh(plan, hook.to_stage)
         return lambda x: _hand_off(x, target, reshard_fn)
     mp = mesh.dim_names.index("mp")

@@ -38,6 +38,10 @@ from autodist.schemas import (
     Cluster,
     DataPlan,
     Hook,
+    Reshard,
+    SequenceParallelBegin,
+    SequenceParallelEnd,
+    StageHandoff,
     InputSpec,
     Mesh,
     ModelInfo,
@@ -249,7 +253,7 @@ def _tied_across_stages(analysis: ModelAnalysis, pp: int) -> list[str]:
 
 def _stage_handoffs(analysis: ModelAnalysis, stages: list[int]) -> list[Hook]:
     return [
-        Hook(layer=block.layer, when="post", action="stage_handoff", to_stage=stages[i + 1],
+        StageHandoff(layer=block.layer, when="post", to_stage=stages[i + 1],
              reason=f"last block of a chunk on stage {stage}: its output moves to stage {stages[i + 1]}")
         for i, (block, stage) in enumerate(zip(analysis.blocks, stages))
         if i + 1 < len(stages) and stages[i + 1] != stage
@@ -274,28 +278,24 @@ def _sequence_parallel_hooks(
     def placements(mp_placement: str) -> list[str]:
         return [{"dp": "S(1)", "mp": mp_placement}.get(dim, "R") for dim in dim_names]
 
-    hooks = [Hook(layer=embedding_layer, when="post", action="sequence_parallel_begin",
-                  reason="activations leave the embedding split over the sequence")]
+    hooks = [SequenceParallelBegin(layer=embedding_layer, when="post", reason="activations leave the embedding split over the sequence")]
     position_wise: list[str] = []
     for block in analysis.blocks:
         for layer in _tensor_parallel_sublayers(block):
             if _mixes_positions(analysis, block, layer):
                 hooks += [
-                    Hook(layer=layer, when="pre", action="sequence_parallel_end",
-                         reason="attention needs the whole sequence in [b, s, h]"),
-                    Hook(layer=layer, when="post", action="sequence_parallel_begin",
-                         reason="back to the sequence split: the partial sum becomes a reduce-scatter"),
+                    SequenceParallelEnd(layer=layer, when="pre", reason="attention needs the whole sequence in [b, s, h]"),
+                    SequenceParallelBegin(layer=layer, when="post", reason="back to the sequence split: the partial sum becomes a reduce-scatter"),
                 ]
             else:
                 position_wise.append(layer + ".")
                 hooks += [
-                    Hook(layer=layer, when="pre", action="reshard", placements=placements("R"),
+                    Reshard(layer=layer, when="pre", placements=placements("R"),
                          reason="position-wise: gather the sequence for the column-parallel input"),
-                    Hook(layer=layer, when="post", action="reshard", placements=placements("S(0)"),
+                    Reshard(layer=layer, when="post", placements=placements("S(0)"),
                          reason="back to the sequence split: the partial sum becomes a reduce-scatter"),
                 ]
-    hooks.append(Hook(layer=end_layer, when="post", action="sequence_parallel_end",
-                      reason="the head and loss see whole sequences in [b, s, h]"))
+    hooks.append(SequenceParallelEnd(layer=end_layer, when="post", reason="the head and loss see whole sequences in [b, s, h]"))
     # A fused gate|up gather inside the MLP sees [s, b, h]: its batch dim is 1, not 0.
     inside = tuple(position_wise)
     return hooks + [

@@ -1,4 +1,4 @@
-"""The autodist plan format (schema v1): msgspec Structs, strict I/O, JSON Schema.
+"""The autodist plan format (schema v2): msgspec Structs, strict I/O, JSON Schema.
 
 Imports nothing but msgspec, so both the planner and the light run-time applier use it.
 
@@ -33,7 +33,9 @@ from autodist.schemas.plan import (
     DataPlan,
     DeviceProfile,
     Estimate,
+    HOOK_TYPES,
     Hook,
+    HookBase,
     ImplicitComm,
     InputSpec,
     MemoryEstimate,
@@ -43,13 +45,18 @@ from autodist.schemas.plan import (
     Plan,
     Provenance,
     Rejected,
+    Reshard,
+    SequenceParallelBegin,
+    SequenceParallelEnd,
+    StageHandoff,
     Strategy,
 )
 
 __all__ = [
     "FORMAT", "VERSION", "Alternatives", "Block", "Candidate", "Cluster", "CommEstimate", "DataPlan",
-    "DeviceProfile", "Estimate", "Hook", "ImplicitComm", "InputSpec", "MemoryEstimate", "Mesh",
-    "ModelInfo", "ParameterDiff", "ParamPlan", "Plan", "PlanError", "Provenance", "Rejected", "Strategy",
+    "DeviceProfile", "Estimate", "HOOK_TYPES", "Hook", "HookBase", "ImplicitComm", "InputSpec", "MemoryEstimate", "Mesh",
+    "ModelInfo", "ParameterDiff", "ParamPlan", "Plan", "PlanError", "Provenance", "Rejected", "Reshard", "SequenceParallelBegin",
+    "SequenceParallelEnd", "StageHandoff", "Strategy",
     "check_plan", "dtype_name", "dump_plan", "load_plan", "parameter_diff", "parameter_fingerprint", "parameter_table",
     "plan_json_schema", "printable", "save_plan", "shard_dim",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from autodist.schemas.plan import Plan
+from autodist.schemas.plan import Plan, Reshard, StageHandoff
 from autodist.schemas.vocabulary import MESH_AXES, shard_dim  # noqa: F401 (shard_dim re-exported)
 
 
@@ -96,9 +96,9 @@ def check_stages_and_hooks(plan: Plan) -> list[str]:
         if block.stage >= pp:
             problems.append(f"$.blocks[{i}].stage: {block.stage} but pp is {pp}")
     for i, hook in enumerate(plan.hooks):
-        if hook.action == "stage_handoff" and hook.to_stage >= pp:
+        if isinstance(hook, StageHandoff) and hook.to_stage >= pp:
             problems.append(f"$.hooks[{i}].to_stage: {hook.to_stage} but pp is {pp}")
-        if hook.action == "reshard" and len(hook.placements) != ndims:
+        if isinstance(hook, Reshard) and len(hook.placements) != ndims:
             problems.append(f"$.hooks[{i}].placements: {len(hook.placements)} placements for a mesh of {ndims} dims")
     for name in ("input_stage", "label_stage"):
         if getattr(plan.data, name) >= pp:
@@ -126,7 +126,7 @@ def check_stage_agreement(plan: Plan) -> list[str]:
                 problems.append(f'$.params["{fqn}"].stage: {param.stage} but its block {block.layer} is on stage '
                                 f"{block.stage}")
     expected = {(a.layer, b.stage) for a, b in zip(plan.blocks, plan.blocks[1:]) if a.stage != b.stage}
-    handoffs = [(i, (h.layer, h.to_stage)) for i, h in enumerate(plan.hooks) if h.action == "stage_handoff"]
+    handoffs = [(i, (h.layer, h.to_stage)) for i, h in enumerate(plan.hooks) if isinstance(h, StageHandoff)]
     for i, (layer, to_stage) in handoffs:
         if (layer, to_stage) not in expected:
             problems.append(f"$.hooks[{i}]: a stage_handoff after {layer} to stage {to_stage}, but the blocks do not "

@@ -133,9 +133,34 @@ def _decode(data: bytes, name: str) -> Plan:
             source=name,
         )
     try:
-        return msgspec.convert(raw, Plan)
+        return msgspec.convert(upgrade(raw), Plan)
     except msgspec.ValidationError as exc:
         raise PlanError(_name_the_path(constraint_in_words(str(exc)), raw), source=name) from None
+
+
+def upgrade(raw: dict) -> dict:
+    """A decoded plan of an older format version as the current version writes it (the input is
+    not changed). Version 1 gave every hook both ``placements`` and ``to_stage``; version 2 keeps
+    each only on the hook kind that uses it.
+
+    >>> old = {"version": 1, "hooks": [{"action": "stage_handoff", "layer": "l.1", "when": "post",
+    ...                                 "placements": [], "to_stage": 1, "reason": ""}]}
+    >>> upgrade(old)["hooks"]
+    [{'action': 'stage_handoff', 'layer': 'l.1', 'when': 'post', 'to_stage': 1, 'reason': ''}]
+    """
+    if raw.get("version") != 1:
+        return raw
+    raw = dict(raw, version=VERSION)
+    if isinstance(raw.get("hooks"), list):
+        raw["hooks"] = [_upgrade_hook(hook) for hook in raw["hooks"]]
+    return raw
+
+
+def _upgrade_hook(hook: Any) -> Any:
+    if not isinstance(hook, dict):
+        return hook  # msgspec names the problem
+    unused = {"placements": "reshard", "to_stage": "stage_handoff"}
+    return {k: v for k, v in hook.items() if k not in unused or unused[k] == hook.get("action")}
 
 
 class _DuplicateKey(Exception):

@@ -1,4 +1,4 @@
-"""The plan format, schema v1: the types *are* the schema.
+"""The plan format, schema v2: the types *are* the schema.
 
 A plan is plain data. Every Struct here forbids unknown fields, so a typo in a hand-edited
 plan is an error rather than a silently ignored key; constraints that a single field can
@@ -24,7 +24,9 @@ import msgspec
 from autodist.schemas.vocabulary import DTYPE_BYTES, PLACEMENT_PATTERN, DType, MeshAxis  # noqa: F401 (re-exported)
 
 FORMAT = "autodist.plan"
-VERSION = 1
+#: Version 2: hooks are a tagged union (no ``placements`` on a stage hand-off, no ``to_stage`` on a
+#: reshard). ``load_plan`` still reads version 1 files (:func:`autodist.schemas.io.upgrade`).
+VERSION = 2
 
 # -- small annotated types -------------------------------------------------------------------
 
@@ -203,21 +205,66 @@ class ParamPlan(Base):
     tied_stages: dict[Fqn, NonNegativeInt] = {}
 
 
-class Hook(Base):
-    """A forward hook on a layer.
+class HookBase(Base, tag_field="action"):
+    """A forward hook on a layer: run ``pre`` (on its input) or ``post`` (on its output).
 
-    ``reshard``: reshard the layer's input (``pre``) or output (``post``) to ``placements`` on
-    its stage's mesh. ``stage_handoff``: move the output onto stage ``to_stage``'s mesh.
-    ``sequence_parallel_begin`` / ``sequence_parallel_end``: transpose [b, s, h] <-> [s, b, h] and
-    split / gather the sequence over mp, as Paddle's SequenceParallelBegin/End do.
+    A plan's hooks are a tagged union on ``action``: each kind has the fields it needs and no
+    others, so ``placements`` exists only on a reshard and ``to_stage`` only on a stage hand-off.
+
+    Example::
+
+        >>> import msgspec
+        >>> hook = msgspec.json.decode(b'{"action": "stage_handoff", "layer": "layers.1", "when": "post", '
+        ...                            b'"to_stage": 1}', type=Hook)
+        >>> type(hook).__name__, hook.action, hook.to_stage
+        ('StageHandoff', 'stage_handoff', 1)
     """
 
     layer: Fqn
     when: Literal["pre", "post"]
-    action: Literal["reshard", "stage_handoff", "sequence_parallel_begin", "sequence_parallel_end"]
-    placements: list[Placement] = []
-    to_stage: NonNegativeInt = 0
+
+    @property
+    def action(self) -> str:
+        """The hook's kind, as the plan's JSON writes it (its tag)."""
+        return str(self.__struct_config__.tag)
+
+
+class Reshard(HookBase, tag="reshard"):
+    """Reshard the layer's input (``pre``) or output (``post``) to ``placements`` (one per mesh
+    axis) on its stage's mesh."""
+
+    placements: list[Placement]
+    #: Why the planner put it there (every kind has one).
     reason: Text = ""
+
+
+class StageHandoff(HookBase, tag="stage_handoff"):
+    """Move the layer's output, placements kept, onto stage ``to_stage``'s mesh."""
+
+    to_stage: NonNegativeInt
+    reason: Text = ""
+
+
+class SequenceParallelBegin(HookBase, tag="sequence_parallel_begin"):
+    """Transpose [b, s, h] -> [s, b, h] and split the sequence over mp, as Paddle's
+    SequenceParallelBegin does."""
+
+    reason: Text = ""
+
+
+class SequenceParallelEnd(HookBase, tag="sequence_parallel_end"):
+    """Gather the sequence over mp and transpose [s, b, h] -> [b, s, h], as Paddle's
+    SequenceParallelEnd does."""
+
+    reason: Text = ""
+
+
+#: Any hook of a plan; ``action`` tells which.
+Hook = typing.Union[Reshard, StageHandoff, SequenceParallelBegin, SequenceParallelEnd]
+#: The hook type of each ``action``.
+HOOK_TYPES: dict[str, type[HookBase]] = {
+    str(cls.__struct_config__.tag): cls for cls in (Reshard, StageHandoff, SequenceParallelBegin, SequenceParallelEnd)
+}
 
 
 class DataPlan(Base):

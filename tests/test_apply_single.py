@@ -16,7 +16,7 @@ from harness.workloads import WORKLOADS, make_loader
 from autodist.applier import apply_plan
 from autodist.applier.hooks import register_hooks
 from harness.memory import local_parameter_bytes, planned_local_bytes
-from autodist.schemas import Hook, Strategy
+from autodist.schemas import Reshard, SequenceParallelBegin, SequenceParallelEnd, StageHandoff, Strategy
 
 
 class TiedLM(paddle.nn.Layer):
@@ -233,7 +233,7 @@ class Recorder:
 def test_reshard_hook_goes_through_the_injected_function():
     model = build_tied()
     plan = one_rank_plan(model, proj__weight="S(1)")
-    plan.hooks = [Hook(layer="proj", when="post", action="reshard", placements=["R"])]
+    plan.hooks = [Reshard(layer="proj", when="post", placements=["R"])]
     recorder = Recorder()
     model, _, _ = apply_plan(model, None, None, plan, reshard_fn=recorder)
     model(paddle.to_tensor([[1, 2, 3]]))
@@ -250,8 +250,8 @@ def test_sequence_parallel_hooks_transpose_and_restore():
     plan.mesh = msgspec.structs.replace(plan.mesh, dim_names=["mp"])
     plan.strategy = Strategy(sequence_parallel=True)
     plan.data = msgspec.structs.replace(plan.data, shard_dims=[])
-    plan.hooks = [Hook(layer="embed", when="post", action="sequence_parallel_begin"),
-                  Hook(layer="proj", when="post", action="sequence_parallel_end")]
+    plan.hooks = [SequenceParallelBegin(layer="embed", when="post"),
+                  SequenceParallelEnd(layer="proj", when="post")]
     recorder = Recorder()
     model, _, _ = apply_plan(model, None, None, plan, reshard_fn=recorder)
     seen = []
@@ -282,7 +282,7 @@ def test_stage_handoff_targets_the_next_stage_mesh():
 
     model = build_tied()
     plan = pipeline_plan(model, lambda fqn: int(fqn.startswith("proj")))
-    plan.hooks = [Hook(layer="norm", when="post", action="stage_handoff", to_stage=1)]
+    plan.hooks = [StageHandoff(layer="norm", when="post", to_stage=1)]
     shard_parameters(model, plan)
     calls = []
 

@@ -12,7 +12,7 @@ from harness.workloads import WORKLOADS, make_loader
 from models.gpt import build_model as build_gpt
 
 from autodist.applier import apply_plan
-from autodist.schemas import Hook, ParamPlan, PlanError, Strategy, dump_plan
+from autodist.schemas import Reshard, ParamPlan, PlanError, Strategy, dump_plan
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_fingerprint_alone_differs(setup):
 def test_unknown_hook_layer(setup):
     model, optimizer, loader = setup
     plan = tensor_parallel_plan(model)
-    plan.hooks = [Hook(layer="layers.0.self_attn.qkv_proj", when="post", action="reshard", placements=["R"])]
+    plan.hooks = [Reshard(layer="layers.0.self_attn.qkv_proj", when="post", placements=["R"])]
     err = rejected(model, optimizer, loader, plan)
     assert err.problems == ['$.hooks[0].layer: no sub-layer "layers.0.self_attn.qkv_proj" in the model (reshard hook)']
 
@@ -141,16 +141,16 @@ def test_corrupted_file(setup, tmp_path):
 
 def test_newer_version(setup, tmp_path):
     model, optimizer, loader = setup
-    data = dump_plan(tensor_parallel_plan(model)).replace(b'"version": 1', b'"version": 2')
+    data = dump_plan(tensor_parallel_plan(model)).replace(b'"version": 2', b'"version": 99')
     err = rejected(model, optimizer, loader, data)
-    assert "format version 2" in str(err) and "upgrade autodist" in str(err)
+    assert "format version 99" in str(err) and "upgrade autodist" in str(err)
 
 
 def test_every_problem_is_listed_at_once(setup):
     model, optimizer, loader = setup
     plan = tensor_parallel_plan(model, dp=2)
     del plan.params["norm.weight"]
-    plan.hooks = [Hook(layer="nowhere", when="pre", action="reshard", placements=["R"])]
+    plan.hooks = [Reshard(layer="nowhere", when="pre", placements=["R"])]
     err = rejected(model, optimizer, loader, plan)
     text = str(err)
     assert "world size" in text and '"norm.weight"' in text and '"nowhere"' in text

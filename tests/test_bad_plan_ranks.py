@@ -14,7 +14,7 @@ import json
 import msgspec
 import pytest
 
-from autodist.schemas import Hook, dump_plan
+from autodist.schemas import Reshard, dump_plan
 from harness.jobs import BadPlanCase
 from harness.launcher import launch_ranks
 from harness.plans import tensor_parallel_plan
@@ -57,11 +57,11 @@ def bad_plans(workdir) -> list[BadPlanCase]:
             f'$.params["{q}"].shape: planned [32, 64] but the model has [32, 32]',
         ),
         "unknown_hook_layer": (
-            dump_plan(msgspec.structs.replace(good, hooks=[Hook(layer="layers.0.no_such_layer", when="post", action="reshard", placements=["R"])])),
+            dump_plan(msgspec.structs.replace(good, hooks=[Reshard(layer="layers.0.no_such_layer", when="post", placements=["R"])])),
             'no sub-layer "layers.0.no_such_layer"',
         ),
         "corrupted_file": (dump_plan(good)[:200], "not valid JSON"),
-        "newer_version": (json.dumps({**raw, "version": 2}).encode(), "upgrade autodist"),
+        "newer_version": (json.dumps({**raw, "version": 99}).encode(), "upgrade autodist"),
     }
     return [
         BadPlanCase(name=name, workload=WORKLOAD, plan=write(workdir / f"{name}.json", data), expect=expect)

@@ -13,7 +13,8 @@ from autodist.planner.cli.review import check
 from autodist.planner.trace import trace_model
 from autodist.schemas import (
     Cluster,
-    Hook,
+    Reshard,
+    SequenceParallelBegin,
     InputSpec,
     Mesh,
     ModelInfo,
@@ -166,12 +167,12 @@ def test_checked_in_plan_is_valid_for_its_model():
 @pytest.mark.parametrize(
     "change, reason",
     [
-        (lambda plan: msgspec.structs.replace(plan, hooks=[Hook(layer="layers.7", when="post", action="reshard", placements=["R"])]),
+        (lambda plan: msgspec.structs.replace(plan, hooks=[Reshard(layer="layers.7", when="post", placements=["R"])]),
          'no sub-layer "layers.7"'),
         (lambda plan: msgspec.structs.replace(plan, params={
             **plan.params, "head.weight": msgspec.structs.replace(plan.params["head.weight"], tied_to=["embed.weight"])}),
          'ties it to "embed.weight"'),
-        (lambda plan: msgspec.structs.replace(plan, hooks=[Hook(layer="layers.0", when="pre", action="sequence_parallel_begin")]),
+        (lambda plan: msgspec.structs.replace(plan, hooks=[SequenceParallelBegin(layer="layers.0", when="pre")]),
          "sequence_parallel_begin needs an mp mesh dim"),
     ],
     ids=["hook_on_missing_layer", "wrong_tied_to", "sequence_parallel_without_mp"],

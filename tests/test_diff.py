@@ -8,7 +8,7 @@ from test_show import EXAMPLE, layered_plan
 
 from autodist.planner.review.diff import diff_plans
 from autodist.planner.cli.review import diff
-from autodist.schemas import Hook, dump_plan, load_plan, save_plan
+from autodist.schemas import Reshard, dump_plan, load_plan, save_plan
 
 
 def run_diff(tmp_path, old, new):
@@ -75,8 +75,7 @@ def test_added_removed_parameters_and_notes():
 def test_any_difference_is_reported():
     # a change no describer words specially (a hook's reason) still makes the plans differ
     old = layered_plan(layers=2)
-    new = msgspec.structs.replace(old, hooks=[Hook(layer="llama.layers.0", when="post", action="reshard",
-                                                   placements=["R"], reason="x")])
+    new = msgspec.structs.replace(old, hooks=[Reshard(layer="llama.layers.0", when="post", placements=["R"], reason="x")])
     newer = msgspec.structs.replace(new, hooks=[msgspec.structs.replace(new.hooks[0], reason="y")])
     assert dump_plan(new) != dump_plan(newer)
     assert diff_plans(new, newer) == ["hooks: changed"]

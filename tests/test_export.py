@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from autodist.planner.review.export import ExportError, export_parallelize, paddle_key_matches
 from autodist.planner.cli.review import export
-from autodist.schemas import Block, Hook, Plan, load_plan, save_plan
+from autodist.schemas import Block, HOOK_TYPES, StageHandoff, Plan, load_plan, save_plan
 
 
 def placements_of(param) -> list[str] | None:
@@ -221,7 +221,7 @@ def test_sequence_parallel_hooks_become_paddle_plans():
     for i in range(2):
         sp += [(f"llama.layers.{i}.self_attn", "pre", "sequence_parallel_end"),
                (f"llama.layers.{i}.self_attn", "post", "sequence_parallel_begin")]
-    plan.hooks = [Hook(layer=layer, when=when, action=action) for layer, when, action in sp]
+    plan.hooks = [HOOK_TYPES[action](layer=layer, when=when) for layer, when, action in sp]
     source = export_parallelize(plan)
     assert "'llama[.]embed_tokens': dist.SequenceParallelBegin()," in source
     assert "'llama[.]layers[.][0-9]+[.]self_attn': dist.SequenceParallelDisable()," in source
@@ -279,8 +279,8 @@ def test_exported_pipeline_config_puts_parameters_on_their_stage():
         params=params,
         blocks=[Block(layer=f"{base}.layers.{i}", kind="llama_decoder", stage=stage_of(f"{base}.layers.{i}.x")) for i in layers],
         # The sequential schedule moves the activation to stage 1 after stage 0's last block.
-        hooks=[*flat.hooks, Hook(layer=f"{base}.layers.{layers[len(layers) // 2 - 1]}", when="post",
-                                 action="stage_handoff", to_stage=1)],
+        hooks=[*flat.hooks, StageHandoff(layer=f"{base}.layers.{layers[len(layers) // 2 - 1]}", when="post",
+                                         to_stage=1)],
     )
     load_plan(plan)  # consistent
     assert_exported_layout_matches(plan, workload.build(0))

@@ -34,6 +34,8 @@ def test_schema_accepts_the_hand_written_example(validator):
         (("strategy", "dp"), 0),  # degrees are positive
         (("model", "param_fingerprint"), "not-a-sha"),
         (("hooks", 0, "when"), "during"),
+        (("hooks", 0, "to_stage"), 1),  # only a stage_handoff has a target stage (tagged union)
+        (("hooks", 0, "action"), "teleport"),
     ],
 )
 def test_schema_rejects_invalid_values(validator, path, value):

@@ -15,6 +15,8 @@ import pytest
 from autodist.schemas import VERSION, Plan, PlanError, dump_plan, load_plan, parameter_fingerprint, save_plan
 
 EXAMPLE = Path(__file__).parent / "data" / "example_plan.json"
+#: plans/paddleformers_llama/plan_4x8dev_mp8_pp2.json as the version 1 planner wrote it.
+V1_PLAN = Path(__file__).parent / "data" / "plan_v1_pp2_mp8.json"
 
 
 @pytest.fixture
@@ -113,6 +115,46 @@ def test_newer_version_asks_to_upgrade(doc):
     doc["a_field_from_the_future"] = True  # a newer plan may carry fields we do not know
     (problem,) = problems_of(doc)
     assert f"format version {VERSION + 1}" in problem and "upgrade autodist" in problem
+
+
+def test_a_version_1_plan_still_loads():
+    """A plan written by the version 1 planner (every hook carried both ``placements`` and
+    ``to_stage``) loads as version 2: each hook keeps only the field of its kind, all else is
+    unchanged."""
+    raw = json.loads(V1_PLAN.read_text())
+    assert raw["version"] == 1
+    plan = load_plan(V1_PLAN)
+    again = json.loads(dump_plan(plan))
+    assert again["version"] == VERSION == 2
+    assert {k: v for k, v in again.items() if k not in ("version", "hooks")} == {
+        k: v for k, v in raw.items() if k not in ("version", "hooks")}
+    kinds = {h["action"] for h in raw["hooks"]}
+    assert kinds == {"reshard", "stage_handoff", "sequence_parallel_begin", "sequence_parallel_end"}
+    for old, new in zip(raw["hooks"], again["hooks"], strict=True):
+        common = {"action", "layer", "when", "reason"}
+        assert {k: old[k] for k in common} == {k: new[k] for k in common}
+        assert ("placements" in new) == (old["action"] == "reshard")
+        assert ("to_stage" in new) == (old["action"] == "stage_handoff")
+        assert all(new[k] == old[k] for k in ("placements", "to_stage") if k in new)
+
+
+@pytest.mark.parametrize("action, field, value", [
+    ("stage_handoff", "placements", ["R", "R"]),
+    ("reshard", "to_stage", 1),
+    ("sequence_parallel_begin", "placements", []),
+])
+def test_a_hook_has_only_the_fields_of_its_kind(doc, action, field, value):
+    """Hooks are a tagged union: a field of another kind of hook is refused, by its JSON path."""
+    doc["hooks"][0]["action"] = action
+    doc["hooks"][0][field] = value
+    doc["hooks"][0].pop("placements", None) if field != "placements" and action != "reshard" else None
+    assert any(p.startswith("$.hooks[0]") and repr(field) in p or f"`{field}`" in p for p in problems_of(doc))
+
+
+def test_a_hook_of_unknown_kind_is_refused(doc):
+    doc["hooks"][0]["action"] = "teleport"
+    (problem,) = problems_of(doc)
+    assert problem.startswith("$.hooks[0].action") and "teleport" in problem
 
 
 def test_not_a_plan_and_not_json_are_refused():

@@ -18,7 +18,7 @@ from autodist.schemas import (
     Cluster,
     DeviceProfile,
     Estimate,
-    Hook,
+    StageHandoff,
     ImplicitComm,
     Mesh,
     ModelInfo,
@@ -65,7 +65,7 @@ def layered_plan(layers: int = 4, dp: int = 1, mp: int = 2, pp: int = 1, step_ti
         strategy=Strategy(dp=dp, mp=mp, pp=pp, schedule="sequential" if pp > 1 else "none"),
         params=params,
         blocks=blocks,
-        hooks=[Hook(layer=f"llama.layers.{i}", when="post", action="stage_handoff", to_stage=i // per_stage + 1)
+        hooks=[StageHandoff(layer=f"llama.layers.{i}", when="post", to_stage=i // per_stage + 1)
                for i in range(layers) if pp > 1 and (i + 1) % per_stage == 0 and i // per_stage + 1 < pp],
         estimate=Estimate(step_time_s=step_time),
         provenance=Provenance(autodist_version="0.1.0", paddle_version="3.3.1"),

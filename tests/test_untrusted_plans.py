@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from autodist.planner.review.export import ExportError, export_parallelize, paddle_key_matches
-from autodist.schemas import Hook, ParamPlan, PlanError, dump_plan, load_plan
+from autodist.schemas import Reshard, ParamPlan, PlanError, dump_plan, load_plan
 
 from test_show import layered_plan
 
@@ -53,7 +53,7 @@ def vectors(marker: Path) -> dict:
     evil_layer = f'llama.layers.0.q"+str({run})+"'
     evil_file = f'plan"""\n{run}\n""".json'
     own = ParamPlan(shape=[8, 32], dtype="float32", placements=["R", "S(1)"])
-    hook = Hook(layer=evil_layer, when="post", action="reshard", placements=["R", "R"])
+    hook = Reshard(layer=evil_layer, when="post", placements=["R", "R"])
     return {
         "class_name": (msgspec.structs.replace(base, model=msgspec.structs.replace(base.model, class_name=evil_class)),
                        "plan.json", evil_class, "$.model.class_name"),
@@ -151,7 +151,7 @@ def hostile_plan():
         plan,
         model=msgspec.structs.replace(plan.model, class_name=HOSTILE, traced_layer=HOSTILE),
         cluster=msgspec.structs.replace(plan.cluster, device=msgspec.structs.replace(plan.cluster.device, name=HOSTILE)),
-        hooks=[Hook(layer=HOSTILE, when="post", action="reshard", placements=["R"], reason=HOSTILE)],
+        hooks=[Reshard(layer=HOSTILE, when="post", placements=["R"], reason=HOSTILE)],
         notes=[HOSTILE],
     )
 

@@ -158,7 +158,7 @@ def _listing(title: str, values: dict[str, Any], fmt: Callable[[Any], str], univ
 
 
 def _hooks(old: Plan, new: Plan) -> Lines:
-    key = lambda h: (h.layer, h.when, h.action, tuple(h.placements), h.to_stage)  # noqa: E731
+    key = lambda h: (h.layer, h.when, h.action, tuple(getattr(h, "placements", ())), getattr(h, "to_stage", 0))  # noqa: E731
     before, after = {key(h) for h in old.hooks}, {key(h) for h in new.hooks}
     layers = {b.layer for b in old.blocks + new.blocks} | {h.layer for h in old.hooks + new.hooks}
     lines: Lines = []

@@ -127,7 +127,7 @@ def hook_rows(plan: Plan) -> list[Collapsed]:
     Collapsed per kind of hook, because one layer may carry a pre and a post hook."""
     rows: list[Collapsed] = []
     for kind in sorted({(h.when, h.action) for h in plan.hooks}):
-        sites = {h.layer: (h.when, h.action, tuple(h.placements), h.to_stage)
+        sites = {h.layer: (h.when, h.action, tuple(getattr(h, "placements", ())), getattr(h, "to_stage", 0))
                  for h in plan.hooks if (h.when, h.action) == kind}
         rows += collapse(sites)
     return sorted(rows, key=lambda row: natural_key(row.members[0]))

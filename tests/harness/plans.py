@@ -22,6 +22,8 @@ from autodist.schemas.plan import (
     DataPlan,
     DeviceProfile,
     Hook,
+    HOOK_TYPES,
+    StageHandoff,
     Mesh,
     ModelInfo,
     ParamPlan,
@@ -143,7 +145,7 @@ def pipeline_stages(model, pp: int):
         return 0 if fqn.split(".")[-2:-1] == ["embed_tokens"] else pp - 1
 
     handoffs = [
-        Hook(layer=layers[stage * per_stage], when="pre", action="stage_handoff", to_stage=stage, reason=f"stage {stage} starts here")
+        StageHandoff(layer=layers[stage * per_stage], when="pre", to_stage=stage, reason=f"stage {stage} starts here")
         for stage in range(1, pp)
         if stage * per_stage < len(layers)
     ]
@@ -156,7 +158,7 @@ def sequence_parallel_hooks(model) -> list[Hook]:
     for name, _ in model.named_sublayers():
         for site, when, action, reason in SEQUENCE_PARALLEL_SITES:
             if name.rsplit(".", 1)[-1] == site:
-                hooks.append(Hook(layer=name, when=when, action=action, reason=reason))
+                hooks.append(HOOK_TYPES[action](layer=name, when=when, reason=reason))
     return hooks
 
 
