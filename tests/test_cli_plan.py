@@ -10,20 +10,7 @@ from click.testing import CliRunner
 
 from autodist.planner.cli import cli
 from autodist.schemas import load_plan
-
-ROOT = Path(__file__).resolve().parents[1]
-DOCSTRING = str(ROOT / "plans" / "llama_docstring" / "model.py")
-TINY = dict(VOCAB_SIZE=64, HIDDEN_SIZE=32, INTERMEDIATE_SIZE=64, NUM_HEADS=4, NUM_LAYERS=2, SEQ_LENGTH=16)
-
-
-@pytest.fixture(autouse=True)
-def tiny_docstring(monkeypatch):
-    for field, value in TINY.items():
-        monkeypatch.setenv(f"LLAMA_DOCSTRING_{field}", str(value))
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
+from harness.cli import DOCSTRING, ROOT, run, tiny_docstring  # noqa: F401 (autouse fixture)
 
 
 def test_plan_is_the_default_command_and_writes_a_valid_plan(tmp_path):

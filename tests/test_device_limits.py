@@ -4,28 +4,13 @@ reshard between two meshes — docs/paddle-notes.md)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from autodist.planner.cli import cli
 from autodist.planner.cost.hardware import PROFILES, load_cluster_file
 from autodist.planner.errors import PlannerError
 from autodist.schemas import load_plan
-
-DOCSTRING = str(Path(__file__).resolve().parents[1] / "plans" / "llama_docstring" / "model.py")
-TINY = dict(VOCAB_SIZE=64, HIDDEN_SIZE=32, INTERMEDIATE_SIZE=64, NUM_HEADS=4, NUM_LAYERS=2, SEQ_LENGTH=16)
-
-
-@pytest.fixture(autouse=True)
-def tiny_docstring(monkeypatch):
-    for field, value in TINY.items():
-        monkeypatch.setenv(f"LLAMA_DOCSTRING_{field}", str(value))
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
+from harness.cli import DOCSTRING, run, tiny_docstring  # noqa: F401 (autouse fixture)
 
 
 def test_the_cpu_profile_says_what_gloo_lacks():

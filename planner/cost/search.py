@@ -28,6 +28,7 @@ from autodist.planner.cost.step_time import (
     RECOMPUTE_MODES,
     Breakdown,
     Implicit,
+    Job,
     Setup,
     VPP_CHUNKS,
     StageTable,
@@ -46,12 +47,10 @@ SCHEDULES = ("sequential", "1F1B", "VPP")
 MAX_ACCEPTED = 10
 
 
-@dataclass(frozen=True)
-class SearchRequest:
+@dataclass(frozen=True, kw_only=True)
+class SearchRequest(Job):
     """What the user asked for; ``None`` means "search it"."""
 
-    devices_per_node: int = 1
-    nodes: int = 1
     device: DeviceProfile = PROFILES[FALLBACK_DEVICE]
     dp: int | None = None
     mp: int | None = None
@@ -63,16 +62,9 @@ class SearchRequest:
     global_batch_size: int | None = None  # samples per optimizer step over all ranks; default: the traced batch
     micro_batch_size: int | None = None
     seq_len: int | None = None  # default: the traced sequence length
-    dtype: str = "bf16"
-    optimizer: str = "adam"
-    recompute: str = "none"
     #: Expert parallelism: 1 (the default) leaves every expert on every rank, N fixes the degree,
     #: None searches it. Not searched by default: apply_plan cannot apply it yet (docs/recognition.md).
     ep: int | None = 1
-
-    @property
-    def world(self) -> int:
-        return self.devices_per_node * self.nodes
 
 
 @dataclass

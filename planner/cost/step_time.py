@@ -88,15 +88,13 @@ MEMORY_USABLE = 0.9
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 
-@dataclass(frozen=True)
-class Setup:
-    """What is fixed across the candidates of one search."""
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """What both a search request and its setup say about the job: the cluster's shape and how it
+    trains (precision, optimizer, recompute), with the one set of defaults."""
 
-    device: DeviceProfile
-    devices_per_node: int
-    nodes: int
-    seq_len: int
-    global_batch: int
+    devices_per_node: int = 1
+    nodes: int = 1
     dtype: str = "bf16"
     optimizer: str = "adam"
     recompute: str = "none"
@@ -104,6 +102,15 @@ class Setup:
     @property
     def world(self) -> int:
         return self.devices_per_node * self.nodes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setup(Job):
+    """What is fixed across the candidates of one search."""
+
+    device: DeviceProfile
+    seq_len: int
+    global_batch: int
 
     @property
     def usable_memory(self) -> float:
