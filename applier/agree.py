@@ -296,8 +296,9 @@ def verdict_problems(records: list[Record], missing: list[int], world: int, time
 
         >>> a = Record(0, "plan.json", "aa" * 32, "cc" * 32)
         >>> b = Record(1, "other.json", "bb" * 32, "cc" * 32)
-        >>> verdict_problems([a, b], [], 2, 60)
-        ['ranks disagree: different plan: rank 0 has plan.json (sha256 aaaaaaaaaaaa...), rank 1 has other.json (sha256 bbbbbbbbbbbb...)']
+        >>> print(*verdict_problems([a, b], [], 2, 60))  # doctest: +NORMALIZE_WHITESPACE
+        ranks disagree: different plan: rank 0 has plan.json (sha256 aaaaaaaaaaaa...), rank 1 has other.json
+        (sha256 bbbbbbbbbbbb...)
     """
     problems = []
     if missing:

@@ -262,7 +262,9 @@ def _split_dims(tensor, name: str) -> list[int | None]:
             continue
         dim = placement.get_dim() if hasattr(placement, "get_dim") else None
         if dim is None or dim in dims:
-            raise CheckpointError(f"{name} is split along one tensor dim by several mesh dims ({tensor.placements}): not supported")
+            raise CheckpointError(
+                f"{name} is split along one tensor dim by several mesh dims ({tensor.placements}): not supported"
+            )
         dims.append(dim)
     return dims
 

@@ -91,7 +91,8 @@ def report(args, ranks: list[dict], markdown: bool) -> str:
         f"docstring Llama, {args.layers} layers, hidden {args.hidden}, intermediate {2 * args.hidden}, "
         f"{args.heads} heads, vocabulary {args.vocab}, sequence {args.seq} ({params / 1e6:.1f} M parameters); "
         f"dp2 x mp2 on {RANKS} CPU processes (gloo); apply_plan best of {args.repeats}; "
-        f"Paddle {paddle.__version__}, Python {platform.python_version()}, {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
+        f"Paddle {paddle.__version__}, Python {platform.python_version()}, {os.cpu_count()} cores "
+        f"({platform.processor() or platform.machine()})"
     )
     rows = [
         (r["rank"], min(r["apply_plan"]), r["to_distributed"], min(r["apply_plan"]) / r["to_distributed"])
@@ -101,7 +102,10 @@ def report(args, ranks: list[dict], markdown: bool) -> str:
         lines = [head, "", "| rank | apply_plan (s) | to_distributed (s) | ratio |", "|---|---|---|---|"]
         lines += [f"| {rank} | {ap:.4f} | {td:.3f} | {ratio:.1%} |" for rank, ap, td, ratio in rows]
     else:
-        lines = [head] + [f"rank {rank}: apply_plan {ap:.4f} s, to_distributed {td:.3f} s, ratio {ratio:.1%}" for rank, ap, td, ratio in rows]
+        lines = [head] + [
+            f"rank {rank}: apply_plan {ap:.4f} s, to_distributed {td:.3f} s, ratio {ratio:.1%}"
+            for rank, ap, td, ratio in rows
+        ]
     worst = max(ratio for *_, ratio in rows)
     lines.append(f"\nworst rank: apply_plan takes {worst:.1%} of to_distributed's time (target <= 5 %)")
     return "\n".join(lines)

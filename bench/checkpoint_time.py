@@ -160,7 +160,9 @@ def run(args) -> dict[int, list[dict]]:
         (workdir / "job.json").write_text(json.dumps(job))
         results = {}
         for world in (1, RANKS):
-            launch_ranks(world, [__file__, "--worker", str(workdir / "job.json")], workdir / f"job{world}", args.timeout).raise_for_failure()
+            launch_ranks(
+                world, [__file__, "--worker", str(workdir / "job.json")], workdir / f"job{world}", args.timeout
+            ).raise_for_failure()
             results[world] = [json.loads((workdir / f"world{world}.rank{r}.json").read_text()) for r in range(world)]
         return results
     finally:
@@ -185,11 +187,24 @@ def report(args, results: dict[int, list[dict]], markdown: bool) -> str:
     for r in results[RANKS]:
         rows += [
             (f"mp2, rank {r['rank']}", "save", r["dist.save_state_dict"], "dist.save_state_dict", r["save_checkpoint"]),
-            (f"mp2, rank {r['rank']}", "load (same plan)", r["dist.load_state_dict"], "dist.load_state_dict", r["load_checkpoint"]),
-            (f"mp2 -> dp2, rank {r['rank']}", "load (re-planned)", "needs a GPU", "dist.load_state_dict", r["load_checkpoint_replanned"]),
+            (
+                f"mp2, rank {r['rank']}",
+                "load (same plan)",
+                r["dist.load_state_dict"],
+                "dist.load_state_dict",
+                r["load_checkpoint"],
+            ),
+            (
+                f"mp2 -> dp2, rank {r['rank']}",
+                "load (re-planned)",
+                "needs a GPU",
+                "dist.load_state_dict",
+                r["load_checkpoint_replanned"],
+            ),
         ]
     fmt = lambda t: f"{t:.3f}" if isinstance(t, float) else t  # noqa: E731
-    size = f"checkpoint folder: {single['bytes'] / 2**20:.1f} MiB on one process, {results[RANKS][0]['bytes'] / 2**20:.1f} MiB from mp2"
+    size = (f"checkpoint folder: {single['bytes'] / 2**20:.1f} MiB on one process, "
+            f"{results[RANKS][0]['bytes'] / 2**20:.1f} MiB from mp2")
     if markdown:
         lines = [head, "", "| run | what | Paddle (s) | Paddle's way | autodist (s) |", "|---|---|---|---|---|"]
         lines += [f"| {run} | {what} | {fmt(p)} | {how} | {fmt(a)} |" for run, what, p, how, a in rows]

@@ -2,7 +2,8 @@
 
 For the docstring Llama (``plans/llama_docstring/model.py``) at hidden 4096 and 4, 16, 32 and 80
 layers, each in a fresh process (so peak RSS is that run's own): load under ``LazyGuard``, trace,
-graph, match + analysis, cost + search, emit (``planner/driver.py``, as the CLI runs them); then, in another fresh process, the time
+graph, match + analysis, cost + search, emit (``planner/driver.py``, as the CLI runs them); then, in
+another fresh process, the time
 ``paddle.distributed.to_distributed`` takes to convert the same model as rank 0 of a 4-rank world
 (its own tracing + matching + sharding; lazily built first, eagerly where that fails and fits).
 
@@ -121,7 +122,10 @@ def in_child(function: str, layers: int, timeout: int = 900) -> dict:
     except subprocess.TimeoutExpired:
         return {"layers": layers, "error": f"timed out after {timeout} s"}
     if done.returncode != 0:
-        return {"layers": layers, "error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
+        return {
+            "layers": layers,
+            "error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}",
+        }
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -188,7 +188,9 @@ def _mp_placements(analysis: ModelAnalysis, mp: int, notes: list[str]) -> dict[s
         if vocab_divides:
             placements[analysis.embedding] = ("S(0)", "VocabParallelEmbedding")
         else:
-            notes.append(f"embedding {analysis.embedding}: vocabulary {analysis.vocab_size} does not divide by mp={mp}; replicated")
+            notes.append(
+                f"embedding {analysis.embedding}: vocabulary {analysis.vocab_size} does not divide by mp={mp}; replicated"
+            )
     head = analysis.lm_head
     if head is not None and head.role == "column" and head.weight not in placements:
         if vocab_divides:
@@ -204,7 +206,9 @@ def _linear_placements(linear: LinearUse, params: dict, mp: int, notes: list[str
         return {}
     shape = params[linear.weight][0]
     if shape[linear.split_dim] % mp:
-        notes.append(f"{linear.weight}: dim {linear.split_dim} of size {shape[linear.split_dim]} does not divide by mp={mp}; replicated")
+        notes.append(
+            f"{linear.weight}: dim {linear.split_dim} of size {shape[linear.split_dim]} does not divide by mp={mp}; replicated"
+        )
         return {}
     style = "ColWiseParallel" if linear.role == "column" else "RowWiseParallel"
     placed = {linear.weight: (f"S({linear.split_dim})", style)}
@@ -220,7 +224,10 @@ def _param_stages(analysis: ModelAnalysis, pp: int, virtual_stages: int) -> dict
     them and the last stage after them (:func:`params_before_blocks`, the cost model's rule too)."""
     if pp == 1:
         return {fqn: 0 for fqn in analysis.params}
-    block_prefixes = [(b.layer + ".", stage) for b, stage in zip(analysis.blocks, block_stages(len(analysis.blocks), pp, virtual_stages))]
+    block_prefixes = [
+        (b.layer + ".", stage)
+        for b, stage in zip(analysis.blocks, block_stages(len(analysis.blocks), pp, virtual_stages))
+    ]
     before = params_before_blocks(analysis)
     stages = {}
     for fqn in analysis.params:
@@ -254,7 +261,7 @@ def _tied_across_stages(analysis: ModelAnalysis, pp: int) -> list[str]:
 def _stage_handoffs(analysis: ModelAnalysis, stages: list[int]) -> list[Hook]:
     return [
         StageHandoff(layer=block.layer, when="post", to_stage=stages[i + 1],
-             reason=f"last block of a chunk on stage {stage}: its output moves to stage {stages[i + 1]}")
+                     reason=f"last block of a chunk on stage {stage}: its output moves to stage {stages[i + 1]}")
         for i, (block, stage) in enumerate(zip(analysis.blocks, stages))
         if i + 1 < len(stages) and stages[i + 1] != stage
     ]
@@ -278,24 +285,28 @@ def _sequence_parallel_hooks(
     def placements(mp_placement: str) -> list[str]:
         return [{"dp": "S(1)", "mp": mp_placement}.get(dim, "R") for dim in dim_names]
 
-    hooks = [SequenceParallelBegin(layer=embedding_layer, when="post", reason="activations leave the embedding split over the sequence")]
+    hooks: list[Hook] = [SequenceParallelBegin(layer=embedding_layer, when="post",
+                                               reason="activations leave the embedding split over the sequence")]
     position_wise: list[str] = []
     for block in analysis.blocks:
         for layer in _tensor_parallel_sublayers(block):
             if _mixes_positions(analysis, block, layer):
                 hooks += [
-                    SequenceParallelEnd(layer=layer, when="pre", reason="attention needs the whole sequence in [b, s, h]"),
-                    SequenceParallelBegin(layer=layer, when="post", reason="back to the sequence split: the partial sum becomes a reduce-scatter"),
+                    SequenceParallelEnd(layer=layer, when="pre",
+                                        reason="attention needs the whole sequence in [b, s, h]"),
+                    SequenceParallelBegin(layer=layer, when="post",
+                                          reason="back to the sequence split: the partial sum becomes a reduce-scatter"),
                 ]
             else:
                 position_wise.append(layer + ".")
                 hooks += [
                     Reshard(layer=layer, when="pre", placements=placements("R"),
-                         reason="position-wise: gather the sequence for the column-parallel input"),
+                            reason="position-wise: gather the sequence for the column-parallel input"),
                     Reshard(layer=layer, when="post", placements=placements("S(0)"),
-                         reason="back to the sequence split: the partial sum becomes a reduce-scatter"),
+                            reason="back to the sequence split: the partial sum becomes a reduce-scatter"),
                 ]
-    hooks.append(SequenceParallelEnd(layer=end_layer, when="post", reason="the head and loss see whole sequences in [b, s, h]"))
+    hooks.append(SequenceParallelEnd(layer=end_layer, when="post",
+                                     reason="the head and loss see whole sequences in [b, s, h]"))
     # A fused gate|up gather inside the MLP sees [s, b, h]: its batch dim is 1, not 0.
     inside = tuple(position_wise)
     return hooks + [

@@ -248,7 +248,11 @@ def _user_code_error(what: str, exc: BaseException) -> PlannerError:
     user_frames = [
         f for f in frames if not f.filename.startswith(planner_dir) and "site-packages" not in f.filename
     ] or frames
-    where = f" (at {Path(user_frames[-1].filename).name}:{user_frames[-1].lineno} in {user_frames[-1].name})" if user_frames else ""
+    where = (
+        f" (at {Path(user_frames[-1].filename).name}:{user_frames[-1].lineno} in {user_frames[-1].name})"
+        if user_frames
+        else ""
+    )
     message = f"{what} raised {type(exc).__name__}: {exc}".splitlines()[0] + where
     detail = "".join(traceback.format_list(user_frames[-3:])).rstrip()
     return PlannerError(message, detail=detail)

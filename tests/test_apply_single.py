@@ -179,7 +179,12 @@ def test_momentum_keeps_l2_decay_and_is_not_wrapped():
                                     weight_decay=paddle.regularizer.L2Decay(0.02))
     model, opt, _ = apply_plan(model, old, None, one_rank_plan(model))
     assert type(opt) is paddle.optimizer.Momentum
-    assert (opt._momentum, opt._use_nesterov, opt._regularization_method, opt._regularization_coeff) == (0.7, True, "l2_decay", 0.02)
+    assert (opt._momentum, opt._use_nesterov, opt._regularization_method, opt._regularization_coeff) == (
+        0.7,
+        True,
+        "l2_decay",
+        0.02,
+    )
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -277,7 +282,8 @@ class HandOffReached(Exception):
 
 def test_stage_handoff_targets_the_next_stage_mesh():
     """Plumbing only: a real hand-off is a cross-mesh reshard, which segfaults on Paddle's CPU
-    wheel (docs/paddle-notes.md, "Collectives on the CPU wheel"), so the reshard_fn records its arguments and stops the forward."""
+    wheel (docs/paddle-notes.md, "Collectives on the CPU wheel"), so the reshard_fn records its arguments and
+    stops the forward."""
     from autodist.applier.shard import shard_parameters
 
     model = build_tied()

@@ -57,7 +57,11 @@ def bad_plans(workdir) -> list[BadPlanCase]:
             f'$.params["{q}"].shape: planned [32, 64] but the model has [32, 32]',
         ),
         "unknown_hook_layer": (
-            dump_plan(msgspec.structs.replace(good, hooks=[Reshard(layer="layers.0.no_such_layer", when="post", placements=["R"])])),
+            dump_plan(
+                msgspec.structs.replace(
+                    good, hooks=[Reshard(layer="layers.0.no_such_layer", when="post", placements=["R"])]
+                )
+            ),
             'no sub-layer "layers.0.no_such_layer"',
         ),
         "corrupted_file": (dump_plan(good)[:200], "not valid JSON"),
@@ -80,7 +84,15 @@ def refusals(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "name",
-    ["another_model", "more_ranks_than_launched", "missing_parameter", "wrong_shape", "unknown_hook_layer", "corrupted_file", "newer_version"],
+    [
+        "another_model",
+        "more_ranks_than_launched",
+        "missing_parameter",
+        "wrong_shape",
+        "unknown_hook_layer",
+        "corrupted_file",
+        "newer_version",
+    ],
 )
 def test_every_rank_refuses_the_plan_naming_the_problem(refusals, name):
     case, results = refusals[name]

@@ -46,7 +46,10 @@ def test_info_names_step_model_plan_optimizer_scheduler_and_parameters(saved):
     fingerprint = hashlib.sha256(dump_plan(plan)).hexdigest()[:12]
     assert lines[1] == "step        3"
     assert lines[2].startswith("model       Model, 21 parameters (24.7k values), fingerprint ")
-    assert lines[4] == f"plan        {fingerprint}: mesh dp = 1; dp1 · mp1 · pp1, sequence parallel off, ZeRO stage 0, 1 micro-batch"
+    assert (
+        lines[4]
+        == f"plan        {fingerprint}: mesh dp = 1; dp1 · mp1 · pp1, sequence parallel off, ZeRO stage 0, 1 micro-batch"
+    )
     assert lines[5] == "optimizer   AdamW, states of 21 parameters: beta1_pow_acc, beta2_pow_acc, moment1, moment2"
     assert lines[6] == "scheduler   StepDecay (last_epoch=3, last_lr=0.0005)"
     assert "layers.*.self_attn.q_proj.weight [32, 32] float32, 4.0 KiB, 1 shard" in [" ".join(line.split()) for line in lines]

@@ -183,5 +183,8 @@ def test_a_write_failing_on_one_rank_fails_the_save_on_every_rank_without_a_hang
     assert [p.returncode for p in job.processes] == [1, 1], job.report()  # None would mean killed as hung
     for process in job.processes:
         last = process.stderr.strip().splitlines()[-1]
-        assert last.startswith("autodist.schemas.checkpoint.CheckpointError: ") and "rank 1 could not write its shards: No space left on device" in last, last
+        assert (
+            last.startswith("autodist.schemas.checkpoint.CheckpointError: ")
+            and "rank 1 could not write its shards: No space left on device" in last
+        ), last
     assert read_checkpoint(path).step == SAVED_AT

@@ -89,6 +89,9 @@ def test_a_rank_killed_during_apply_plan_stops_the_others(tmp_path, victim):
     assert job.processes[survivor].returncode == 0, job.report()
     result = per_rank[survivor]["killed"]
     assert result["error"] == "PlanError", result
-    assert f"rank{'s' if victim else ''} {victim}" in result["message"] and "did not reach the agreement step" in result["message"], result
+    assert (
+        f"rank{'s' if victim else ''} {victim}" in result["message"]
+        and "did not reach the agreement step" in result["message"]
+    ), result
     assert result["seconds"] < STOP_WITHIN_S, result
     assert result["untouched"]

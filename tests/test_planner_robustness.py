@@ -82,7 +82,9 @@ def test_what_the_model_prints_does_not_reach_a_plan_on_stdout(tmp_path):
     assert "hello from import" in result.stderr and "hello from the factory" in result.stderr
 
 
-@pytest.mark.parametrize("spec", ["x:float32:99999999999999999999x16", "x:float32:4x3000000000", "x:float32:100000000x100000000x1000"])
+@pytest.mark.parametrize(
+    "spec", ["x:float32:99999999999999999999x16", "x:float32:4x3000000000", "x:float32:100000000x100000000x1000"]
+)
 def test_a_huge_input_spec_is_refused_before_tracing(tmp_path, spec):
     result = run(model_file(tmp_path), "--input-spec", spec, "-q", "-o", tmp_path / "plan.json")
     assert_one_line_exit_2(result, "too large to trace")
@@ -161,13 +163,28 @@ inter_node_latency_us = 10
 @pytest.mark.parametrize(
     "content, fragment",
     [
-        (FULL_DEVICE.replace("memory_gb = 80", "memory_gb = nan"), "[device].memory_gb must be a positive, finite number"),
-        (FULL_DEVICE.replace("memory_gb = 80", "memory_gb = inf"), "[device].memory_gb must be a positive, finite number"),
+        (
+            FULL_DEVICE.replace("memory_gb = 80", "memory_gb = nan"),
+            "[device].memory_gb must be a positive, finite number",
+        ),
+        (
+            FULL_DEVICE.replace("memory_gb = 80", "memory_gb = inf"),
+            "[device].memory_gb must be a positive, finite number",
+        ),
         (FULL_DEVICE.replace("peak_tflops_fp32 = 67", "peak_tflops_fp32 = nan"), "peak_tflops_fp32"),
-        (FULL_DEVICE.replace("memory_gb = 80", "memory_gb = 1e300"), "[device].memory_gb must be a positive, finite number"),
-        (FULL_DEVICE.replace("memory_gb = 80", "memory_gb = 1" + "0" * 400), "[device].memory_gb must be a positive, finite number"),
-        ('[device]\nbase = 5\nmemory_gb = 40\n', "[device].base must be a string"),
-        ('[device]\nname = "a\\u001b[2Jb"\nbase = "h100-sxm"\n', "[device].name must be a string of printable characters"),
+        (
+            FULL_DEVICE.replace("memory_gb = 80", "memory_gb = 1e300"),
+            "[device].memory_gb must be a positive, finite number",
+        ),
+        (
+            FULL_DEVICE.replace("memory_gb = 80", "memory_gb = 1" + "0" * 400),
+            "[device].memory_gb must be a positive, finite number",
+        ),
+        ("[device]\nbase = 5\nmemory_gb = 40\n", "[device].base must be a string"),
+        (
+            '[device]\nname = "a\\u001b[2Jb"\nbase = "h100-sxm"\n',
+            "[device].name must be a string of printable characters",
+        ),
         (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "not a text file"),
     ],
     ids=["nan", "inf", "nan_flops", "huge_float", "huge_int", "base_5", "control_chars_in_name", "binary"],

@@ -30,7 +30,15 @@ STAND_IN = [
     Config(mp=2, sequence_parallel=True, reshard="via_replicate"),
     Config(dp=2, mp=2, sequence_parallel=True, optimizer="adamw", reshard="via_replicate"),
     *[Config(dp=2, optimizer="adamw", sharding_stage=s, reshard="via_replicate") for s in (1, 2, 3)],
-    Config(dp=2, mp=2, sequence_parallel=True, sharding_stage=1, optimizer="adamw", reshard="via_replicate", plan_source="planner"),
+    Config(
+        dp=2,
+        mp=2,
+        sequence_parallel=True,
+        sharding_stage=1,
+        optimizer="adamw",
+        reshard="via_replicate",
+        plan_source="planner",
+    ),
 ]
 #: The same with Paddle's own collectives; sequence parallel with ZeRO 2 (a reduce_scatter in
 #: Paddle's C++ backward, out of the stand-in's reach); a two-stage pipeline. One GPU per rank.

@@ -250,7 +250,10 @@ def test_duplicate_keys_are_refused_with_their_path():
     text = dump_plan(layered_plan(layers=2, dp=1, mp=2)).decode()
     q = '"llama.layers.0.self_attn.q_proj.weight": {'
     twice = text.replace(q, q + '\n      "stage": 0,', 1)
-    with pytest.raises(PlanError, match=r'\$\.params\["llama\.layers\.0\.self_attn\.q_proj\.weight"\]: the key "stage" appears more than once'):
+    with pytest.raises(
+        PlanError,
+        match=r'\$\.params\["llama\.layers\.0\.self_attn\.q_proj\.weight"\]: the key "stage" appears more than once',
+    ):
         load_plan(twice.encode())
     top = text.rstrip().removesuffix("}") + ', "notes": ["a"]}'
     with pytest.raises(PlanError, match=r'^plan: invalid plan: \$: the key "notes" appears more than once'):

@@ -100,13 +100,18 @@ def cli() -> None:
 @click.option("--mp", "--tp", "mp", type=int, help="Tensor (model) parallel degree (searched when left out).")
 @click.option("--pp", type=int, help="Pipeline-parallel degree (searched when left out).")
 @click.option("--sequence-parallel/--no-sequence-parallel", default=None, help="Force sequence parallelism on or off.")
-@click.option("--sharding-stage", "--zero", "sharding_stage", type=click.IntRange(0, 3), help="ZeRO stage over the dp group (0-3).")
+@click.option("--sharding-stage", "--zero", "sharding_stage", type=click.IntRange(0, 3),
+              help="ZeRO stage over the dp group (0-3).")
 @click.option("--ep", metavar="N|auto",
-              help="Expert-parallel degree over dp for MoE blocks, or auto to search it (default 1: apply_plan cannot apply it yet).")
-@click.option("--micro-batches", type=int, help="Micro-batches per optimizer step (pipeline micro-batches, or gradient accumulation without a pipeline).")
+              help="Expert-parallel degree over dp for MoE blocks, or auto to search it "
+                   "(default 1: apply_plan cannot apply it yet).")
+@click.option("--micro-batches", type=int,
+              help="Micro-batches per optimizer step (pipeline micro-batches, or gradient accumulation without a "
+                   "pipeline).")
 @click.option("--schedule", type=click.Choice(["sequential", "1F1B", "VPP"]), help="Pipeline schedule.")
 @click.option("--device", "device_name", metavar="NAME", help="Device profile: a100-40g, a100-80g, h100-sxm, h200, cpu.")
-@click.option("--cluster", "cluster_file", type=click.Path(exists=True, dir_okay=False), help="cluster.toml with the device's figures.")
+@click.option("--cluster", "cluster_file", type=click.Path(exists=True, dir_okay=False),
+              help="cluster.toml with the device's figures.")
 @click.option("--global-batch-size", type=int,
               help="Samples per optimizer step over all ranks (what the loader yields); default: the input spec's batch.")
 @click.option("--micro-batch-size", type=int, help="Samples per micro-batch per rank.")

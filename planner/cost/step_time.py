@@ -414,8 +414,8 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     if setup.recompute == "full" and table.largest_block is not None and stop > start:
         working = tokens * _block_activation_bytes(table.largest_block, mp, ctx.act_div, seq, width)
     tensors = round(table.total("param_tensors", start, stop) + sum(e.param_tensors for e in edges))
-    return _Stage(forward_s + backward_s, backward_s, mp_s, mp_bytes, implicit_bytes, p2p_s, p2p_bytes, states, tokens * per_token,
-                  working, params, tensors, ep_s=ep_s, ep_bytes=ep_bytes)
+    return _Stage(forward_s + backward_s, backward_s, mp_s, mp_bytes, implicit_bytes, p2p_s, p2p_bytes, states,
+                  tokens * per_token, working, params, tensors, ep_s=ep_s, ep_bytes=ep_bytes)
 
 
 def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float]:

@@ -27,7 +27,15 @@ from autodist.planner.graph import graph_fingerprint
 from autodist.planner.recognise.experts import Experts, find_experts
 from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes, short_op
 from autodist.planner.recognise.patterns import PARAM, layer_patterns
-from autodist.planner.recognise.roles import BlockRecogniser, Projection, RecognisedBlock, SubLayer, split_dim, token_mixing_projection, weight_use
+from autodist.planner.recognise.roles import (
+    BlockRecogniser,
+    Projection,
+    RecognisedBlock,
+    SubLayer,
+    split_dim,
+    token_mixing_projection,
+    weight_use,
+)
 from autodist.planner.trace import TracedProgram
 
 Role = Literal["column", "row", "replicate"]

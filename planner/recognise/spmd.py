@@ -458,7 +458,7 @@ def reshard_hooks(analysis: ModelAnalysis, mp: int, mesh_dims: Sequence[str] = (
     placements = [fill[d] for d in mesh_dims]
     return [
         schemas.Reshard(layer=lin.layer, when="post", placements=placements,
-                     reason=f"column-split fused {lin.name} ({lin.fused} segments): gather its output over mp "
-                            "so the segment split and the backward see whole tensors")
+                        reason=f"column-split fused {lin.name} ({lin.fused} segments): gather its output over mp "
+                               "so the segment split and the backward see whole tensors")
         for block in analysis.blocks for lin in block.linears if lin.role == "column" and lin.fused > 1
     ]

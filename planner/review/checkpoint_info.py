@@ -79,7 +79,9 @@ def checkpoint_text(meta: Checkpoint, path: str) -> str:
         state = ", ".join(f"{printable(k)}={printable(str(v))}" for k, v in sorted(meta.scheduler.state.items()))
         lines.append(f"scheduler   {printable(meta.scheduler.class_name)} ({state})")
     files = len(meta.files)
-    lines.append(f"data        {printable(meta.data)}: {files} file{'s' if files != 1 else ''}, {human_bytes(sum(meta.files.values()))}")
+    lines.append(
+        f"data        {printable(meta.data)}: {files} file{'s' if files != 1 else ''}, {human_bytes(sum(meta.files.values()))}"
+    )
     lines.append("parameters")
     rows = collapse({fqn: _tensor_text(t) for fqn, t in meta.params.items()})
     width = max((len(printable(r.pattern)) for r in rows), default=0)

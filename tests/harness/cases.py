@@ -161,7 +161,15 @@ def train_planned(cases: list[tuple[str, Config]], workdir: Path, backend: str =
 def start_planner(workload: Workload, arguments: list[str], path: Path) -> tuple[subprocess.Popen, Path]:
     """Start ``autodist-plan`` on the workload's model file (it runs beside the others); its
     stderr goes to ``<plan>.stderr`` (a file: an unread pipe could stall it)."""
-    command = [str(Path(sys.executable).with_name("autodist-plan")), "plan", workload.planner_target, *arguments, "-q", "-o", str(path)]
+    command = [
+        str(Path(sys.executable).with_name("autodist-plan")),
+        "plan",
+        workload.planner_target,
+        *arguments,
+        "-q",
+        "-o",
+        str(path),
+    ]
     with open(f"{path}.stderr", "wb") as stderr:
         process = subprocess.Popen(
             command, cwd=REPO_ROOT, env=base_env(workload.planner_env), stdout=subprocess.DEVNULL, stderr=stderr

@@ -98,7 +98,8 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
-    # An empty CUDA_VISIBLE_DEVICES breaks Paddle's launcher on the CPU wheel (docs/paddle-notes.md, "Collectives on the CPU wheel").
+    # An empty CUDA_VISIBLE_DEVICES breaks Paddle's launcher on the CPU wheel (docs/paddle-notes.md,
+    # "Collectives on the CPU wheel").
     if env.get("CUDA_VISIBLE_DEVICES") == "":
         del env["CUDA_VISIBLE_DEVICES"]
     env.update(extra or {})
@@ -156,7 +157,8 @@ def launch_nodes(
 ) -> JobResult:
     """Simulate ``nnodes`` machines: one ``paddle.distributed.launch`` per node, all on loopback,
     meeting at one master port. ``--devices`` and ``CUDA_VISIBLE_DEVICES`` stay unset: both
-    break the launcher on the CPU wheel (docs/paddle-notes.md, "Collectives on the CPU wheel"). Each launcher writes its ranks' logs
+    break the launcher on the CPU wheel (docs/paddle-notes.md, "Collectives on the CPU wheel"). Each
+    launcher writes its ranks' logs
     under ``workdir/log_node<N>``; they are appended to the node's stderr here.
     """
     master_port, agree_port = free_ports(2)

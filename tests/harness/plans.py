@@ -124,7 +124,9 @@ def tensor_parallel_plan(
         params=params,
         hooks=(sequence_parallel_hooks(model) if sequence_parallel else []) + handoffs,
         data=DataPlan(shard_dims=["dp"] if dp > 1 else [], input_stage=0, label_stage=pp - 1),
-        provenance=Provenance(autodist_version="0.1.0", paddle_version="test", arguments={"written_by": "tests/harness/plans.py"}),
+        provenance=Provenance(
+            autodist_version="0.1.0", paddle_version="test", arguments={"written_by": "tests/harness/plans.py"}
+        ),
     )
 
 
