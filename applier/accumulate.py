@@ -73,11 +73,11 @@ def split_batch(batch: Any, count: int) -> list[Any]:
         local = paddle.split(batch._local_value(), count, axis=0)
         return [dtensor_from_local(piece, batch.process_mesh, batch.placements) for piece in local]
     if isinstance(batch, (list, tuple)):
-        columns = [split_batch(item, count) for item in batch]
-        return [type(batch)(column[k] for column in columns) for k in range(count)]
+        items = [split_batch(item, count) for item in batch]
+        return [type(batch)(column[k] for column in items) for k in range(count)]
     if isinstance(batch, dict):
-        columns = {key: split_batch(value, count) for key, value in batch.items()}
-        return [{key: column[k] for key, column in columns.items()} for k in range(count)]
+        fields = {key: split_batch(value, count) for key, value in batch.items()}
+        return [{key: column[k] for key, column in fields.items()} for k in range(count)]
     return [batch] * count  # not a tensor (a name, a flag): every micro-batch sees it
 
 

@@ -97,15 +97,18 @@ def apply_plan(
     """
     source = str(plan) if isinstance(plan, (str, os.PathLike)) else "plan"
     world = dist.get_world_size()
+    loaded: Plan | None = None
     try:
-        plan = load_plan(plan)
-        plan_digest = digest(dump_plan(plan))
-        problems = plan_problems(model, optimizer, dataloader, plan, world_size=world, loss_fn=loss_fn)
+        loaded = load_plan(plan)
+        plan_digest = digest(dump_plan(loaded))
+        problems = plan_problems(model, optimizer, dataloader, loaded, world_size=world, loss_fn=loss_fn)
     except PlanError as err:  # still meet the other ranks: they must stop too
         plan_digest, problems = "", err.problems
     model_digest = parameter_fingerprint(parameter_table(model.named_parameters()))
     record = Record(dist.get_rank(), source, plan_digest, model_digest, problems)
     agree(record, rank=dist.get_rank(), world=world, timeout_s=timeout_from(agree_timeout_s))
+    assert loaded is not None  # agree() raises on every rank when any rank has a problem
+    plan = loaded
 
     replaced = shard_parameters(model, plan)
     register_hooks(model, plan, reshard_fn)

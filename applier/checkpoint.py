@@ -90,7 +90,9 @@ def save_checkpoint(
     scheduler = scheduler if scheduler is not None else _scheduler_of(optimizer)
     # 1. Every rank describes the save (the same metadata everywhere) and its own pieces; the
     #    ranks exchange their problems and rank 0's name for the new data folder.
-    problems, meta, mine = [], None, []
+    problems: list[str] = []
+    meta: Checkpoint | None = None
+    mine: list = []
     try:
         _check_target_folder(path)
         meta, mine = _describe(model, optimizer, scheduler, step, world, rank)
@@ -99,6 +101,7 @@ def save_checkpoint(
         problems.append(exc.problem)
     proposals = _agree(world, (problems, f"{step}-{secrets.token_hex(4)}"))
     _raise_first([p for peer_problems, _ in proposals for p in peer_problems], path)
+    assert meta is not None  # _describe raised on this rank otherwise, and _raise_first everywhere
     meta.data = _DATA_PREFIX + proposals[0][1]
 
     # 2. Every rank writes and fsyncs its own file; a failure anywhere is raised everywhere.

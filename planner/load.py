@@ -168,6 +168,8 @@ def import_model_file(path: str | Path, target: str | None = None) -> ModuleType
     # A unique, stable module name: dataclasses and pickling look modules up in sys.modules.
     name = f"_autodist_target_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # a path ending in .py always has a loader
+        raise PlannerError(f"{target}: Python cannot load {str(path)!r} as a module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     # The model file may import its neighbours, as `python model.py` would allow.

@@ -262,16 +262,16 @@ def _attribute_ops(ops: list, calls: list[tuple[str, list]], param_fqns: dict[st
     index = {op: i for i, op in enumerate(ops)}
     layer_of: dict[int, str] = {}
     # Inner layers' post hooks run before their parents', so the first claim is the innermost.
-    for fqn, call_ops in calls:
+    for layer, call_ops in calls:
         for op in call_ops:
             i = index.get(op)
             if i is not None:
-                layer_of.setdefault(i, fqn)
+                layer_of.setdefault(i, layer)
     # Fallback: an op outside every hooked range but carrying a struct_name some attributed op
     # also carries belongs to that op's layer.
-    layer_by_struct = {}
-    for i, fqn in layer_of.items():
-        layer_by_struct.setdefault(_struct_name(ops[i]), fqn)
+    layer_by_struct: dict[str | None, str] = {}
+    for i, owner in layer_of.items():
+        layer_by_struct.setdefault(_struct_name(ops[i]), owner)
     layer_by_struct.pop(None, None)
     op_layers = []
     for i, op in enumerate(ops):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -35,7 +35,7 @@ from autodist.schemas.io import constraint_in_words
 from autodist.schemas.plan import Base, Fqn, Identifier, Mesh, NonNegativeInt, PositiveInt, Sha256, Strategy
 from autodist.schemas.vocabulary import DTYPE_BYTES, DType
 
-CHECKPOINT_FORMAT = "autodist.checkpoint"
+CHECKPOINT_FORMAT: Final = "autodist.checkpoint"
 CHECKPOINT_VERSION = 1
 #: The metadata file inside a checkpoint folder.
 METADATA_FILE = "checkpoint.json"
@@ -106,7 +106,8 @@ class SavedScheduler(Base):
     state: dict[Identifier, Any]
 
 
-class Checkpoint(Base, kw_only=True):
+# mypy cannot follow autodist.schemas.plan.Base (an Any to it), so it refuses kw_only here.
+class Checkpoint(Base, kw_only=True):  # type: ignore[call-arg]
     format: Literal["autodist.checkpoint"] = CHECKPOINT_FORMAT
     version: int = CHECKPOINT_VERSION
     step: NonNegativeInt

@@ -114,7 +114,7 @@ class _Svg:
 def render_svg(plan: Plan) -> str:
     """The picture of ``plan`` as an SVG document."""
     svg = _Svg()
-    y = MARGIN + 14
+    y: float = MARGIN + 14
     svg.text("title", MARGIN, y, f"{plan.model.class_name} on {len(plan.mesh.process_ids)} × {plan.cluster.device.name}",
              size=16, font_weight="bold")
     y += 20

@@ -241,8 +241,8 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
                 f"  {human_seconds(cand.estimate.step_time_s):>9}  {human_bytes(cand.estimate.memory.total):>10}  "
                 f"{strategy_text(cand.strategy)}"
             )
-        for reason, count in list(rejected_reasons(plan).items())[:top]:
-            out.append(f"  rejected ×{count}: {reason}")
+        for reason, times in list(rejected_reasons(plan).items())[:top]:
+            out.append(f"  rejected ×{times}: {reason}")
     if plan.notes:
         out.append("")
         out.append("notes")

@@ -76,9 +76,11 @@ class PatternBuilder:
         def resolve(name: str) -> str:
             return bindings[name] if name in part.inputs else f"{prefix}.{name}"
 
-        for source, target, *operand in part.edges if self.graph is not None else ():
-            attrs = {"operand": operand[0]} if operand else {}
-            self.graph.add_edge(resolve(source), resolve(target), **attrs)
+        graph = self.graph
+        if graph is not None:
+            for source, target, *operand in part.edges:
+                attrs = {"operand": operand[0]} if operand else {}
+                graph.add_edge(resolve(source), resolve(target), **attrs)
         return resolve(part.output)
 
 
@@ -86,8 +88,8 @@ def linear(name: str, role: str, bias: bool = False, fused: int = 1) -> Part:
     """``x @ W (+ b)``; the weight node carries the linear's ``name``, its tensor-parallel
     ``role`` (``column`` / ``row``) and how many projections are ``fused`` into it."""
     weight = {"op": PARAM, "linear": name, "role": role, "fused": fused}
-    nodes: dict[str, object] = {"matmul": {"op": "matmul", "linear": name}, "weight": weight}
-    edges = [("x", "matmul", 0), ("weight", "matmul", 1)]
+    nodes: dict[str, str | Mapping[str, object]] = {"matmul": {"op": "matmul", "linear": name}, "weight": weight}
+    edges: list[tuple] = [("x", "matmul", 0), ("weight", "matmul", 1)]
     output = "matmul"
     if bias:
         nodes.update(bias={"op": PARAM, "bias_of": name}, add="add")
