@@ -52,7 +52,7 @@ def test_dump_is_canonical_and_round_trips():
     assert dump_plan(load_plan(data)) == data
     assert data.endswith(b"}\n")
     # Two-space indent; the fields in the order a reader wants them, maps sorted by key.
-    assert data.startswith(b'{\n  "format": "autodist.plan",\n  "version": 1,\n  "model": {')
+    assert data.startswith(b'{\n  "format": "autodist.plan",\n  "version": 2,\n  "model": {')
     parsed = json.loads(data)
     assert list(parsed)[:7] == ["format", "version", "model", "cluster", "mesh", "strategy", "estimate"]
     assert list(parsed)[-1] == "alternatives"
