@@ -103,3 +103,23 @@ def test_show_and_export_say_what_ep_does():
     assert strategy_text(made.plan.strategy).endswith("experts over 2 dp ranks (ep2)")
     with pytest.raises(ExportError, match=r"expert parallelism \(ep=2\): dist.parallelize has no key for it"):
         export_parallelize(made.plan)
+
+
+def test_the_ep_option_of_the_command(tmp_path):
+    from click.testing import CliRunner
+
+    from autodist.planner.cli import cli
+
+    def run(*args):
+        return CliRunner().invoke(cli, ["plan", MIXTRAL, "--devices", "2", "--dp", "2", "--mp", "1", *args])
+
+    refused = run("--ep", "2", "--device", "cpu", "-o", str(tmp_path / "cpu.json"))
+    assert refused.exit_code == 2 and "cpu cannot: sequence parallelism and expert parallelism need all-to-all" in refused.output
+    assert not (tmp_path / "cpu.json").exists()
+    bad = run("--ep", "two", "--device", "h100-sxm")
+    assert bad.exit_code == 2 and "--ep must be a positive integer or auto, got 'two'" in bad.output
+    made = run("--ep", "auto", "--device", "h100-sxm", "-o", str(tmp_path / "auto.json"))
+    assert made.exit_code == 0, made.output
+    plan = load_plan((tmp_path / "auto.json").read_bytes())
+    assert plan.provenance.arguments["ep"] == "auto"
+    assert any(c.strategy.ep == 2 for c in [plan, *plan.alternatives.accepted] if hasattr(c, "strategy"))
