@@ -17,13 +17,13 @@ Example::
 from __future__ import annotations
 
 import typing
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal, TypeAlias
 
 import msgspec
 
 from autodist.schemas.vocabulary import DTYPE_BYTES, PLACEMENT_PATTERN, DType, MeshAxis  # noqa: F401 (re-exported)
 
-FORMAT = "autodist.plan"
+FORMAT: Final = "autodist.plan"
 #: Version 2: hooks are a tagged union (no ``placements`` on a stage hand-off, no ``to_stage`` on a
 #: reshard). ``load_plan`` still reads version 1 files (:func:`autodist.schemas.io.upgrade`).
 VERSION = 2
@@ -71,7 +71,7 @@ PATTERN_MEANINGS = {
         (Sha256, "64 lowercase hex digits"),
     ]
 }
-MeshDim = MeshAxis  # the plan's JSON calls mesh axes "dim_names"
+MeshDim: TypeAlias = MeshAxis  # the plan's JSON calls mesh axes "dim_names"
 
 #: Where a parameter's placements came from. The names follow Paddle's intermediate API
 #: (``paddle.distributed.ColWiseParallel`` ...), plus the two kinds that have no style there.

@@ -16,7 +16,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import networkx as nx
 import paddle
@@ -42,7 +42,7 @@ Role = Literal["column", "row", "replicate"]
 
 
 #: A projection and its tensor-parallel role (blocks' projections and the LM head alike).
-LinearUse = Projection
+LinearUse: TypeAlias = Projection
 
 
 @dataclass

@@ -82,7 +82,7 @@ def collapse(
     everyone: dict[str, list[str]] = defaultdict(list)
     for fqn in sorted(set(values) | set(universe), key=natural_key):
         everyone[wildcard(fqn)].append(fqn)
-    rows = []
+    rows: list[Collapsed] = []
     for members in everyone.values():
         groups: dict[Hashable, list[str]] = {}
         for fqn in members:
