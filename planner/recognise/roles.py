@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, overload
 
 import networkx as nx
 import paddle
@@ -143,13 +143,11 @@ def _structure_key(view: nx.DiGraph, layer: str) -> tuple:
 
 def _moved(first: RecognisedBlock, layer: str, nodes: frozenset[int], params) -> RecognisedBlock | None:
     """``first``'s result for the structurally equal block ``layer`` (None if a name fails to move)."""
-    def move(fqn: str | None) -> str | None:
-        if fqn is None or not fqn.startswith(first.layer + "."):
-            return fqn
-        return layer + fqn[len(first.layer):]
+    def move(fqn: str) -> str:
+        return layer + fqn[len(first.layer):] if fqn.startswith(first.layer + ".") else fqn
 
     def move_projection(p: Projection) -> Projection:
-        return replace(p, layer=move(p.layer), weight=move(p.weight), bias=move(p.bias))
+        return replace(p, layer=move(p.layer), weight=move(p.weight), bias=None if p.bias is None else move(p.bias))
 
     subs = [replace(s, columns=tuple(move_projection(c) for c in s.columns), row=move_projection(s.row))
             for s in first.roles.sublayers]
@@ -255,6 +253,10 @@ def weight_use(graph: nx.DiGraph, weight: int, matmul: int) -> tuple[int, bool]:
     return operand, bool(flips % 2)
 
 
+@overload
+def split_dim(role: Literal["column", "row"], operand: int, transposed: bool) -> int: ...
+@overload
+def split_dim(role: str, operand: int, transposed: bool) -> int | None: ...
 def split_dim(role: str, operand: int, transposed: bool) -> int | None:
     """The weight dim to split for ``role``. A weight used as ``x @ W`` (operand 1) is
     ``[in, out]``: column splits ``out`` (dim 1), row splits ``in`` (dim 0); used transposed the
@@ -363,7 +365,8 @@ def _owner(fqn: str) -> str:
 
 def _dists(params, columns: list[_Linear], row: _Linear) -> dict[str, Dist]:
     dists = {}
-    for lin, role in [(c, "column") for c in columns] + [(row, "row")]:
+    sides: list[tuple[_Linear, Literal["column", "row"]]] = [(c, "column") for c in columns] + [(row, "row")]
+    for lin, role in sides:
         shape = tuple(params[lin.fqn][0])
         dims = [-1, -1]
         dims[split_dim(role, lin.operand, lin.transposed)] = 0
@@ -518,5 +521,5 @@ def _mlp_names(graph, view, nodes, columns, region) -> dict[int, str]:
     return {c.node: f"in{i}" for i, c in enumerate(columns)}
 
 
-def _projection(lin: _Linear, role: str, name: str, fused: int) -> Projection:
+def _projection(lin: _Linear, role: Literal["column", "row"], name: str, fused: int) -> Projection:
     return Projection(_owner(lin.fqn), lin.fqn, lin.bias, role, split_dim(role, lin.operand, lin.transposed), fused, name)
