@@ -128,6 +128,13 @@ class GraphFacts:
         shapes = self.graph.nodes[value[0]]["shapes"]
         return shapes[value[1]] if value[1] < len(shapes) else None
 
+    def known_shape(self, value: Value) -> list[int]:
+        """The shape of an op's input or output that the walk prices (a traced op records one)."""
+        shape = self.shape(value)
+        if shape is None:
+            raise ValueError(f"op {value[0]} has no recorded shape for its result {value[1]}")
+        return shape
+
     def numel(self, value: Value) -> int:
         shape = self.shape(value)
         return math.prod(d if d > 0 else 1 for d in shape) if shape is not None else 0
@@ -197,10 +204,10 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
             x, y = inputs.get(0), inputs.get(1)
             if x is None or y is None:
                 continue
-            k_dim = facts.shape(x)[-2 if node["attrs"].get("transpose_x") else -1]
+            k_dim = facts.known_shape(x)[-2 if node["attrs"].get("transpose_x") else -1]
             flops = 2.0 * facts.numel((n, 0)) * max(k_dim, 1)
             if weights:
-                walk.gemms.append((weights[0], max(facts.shape((n, 0))[-1], 1), max(k_dim, 1)))
+                walk.gemms.append((weights[0], max(facts.known_shape((n, 0))[-1], 1), max(k_dim, 1)))
                 walk.flops_weight += flops
                 walk.flops_by_weight[weights[0]] = walk.flops_by_weight.get(weights[0], 0.0) + flops
                 if weights[0] in roles.column:
@@ -220,11 +227,11 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
                     quadratic.add((n, 0))
         elif op == "pd_op.conv2d" and weights:
             # Each output element: one multiply-add per input channel (of its group) x kernel tap.
-            flops = 2.0 * facts.numel((n, 0)) * math.prod(facts.shape(inputs[1])[1:])
+            flops = 2.0 * facts.numel((n, 0)) * math.prod(facts.known_shape(inputs[1])[1:])
             walk.flops_weight += flops
             walk.flops_by_weight[weights[0]] = walk.flops_by_weight.get(weights[0], 0.0) + flops
         elif op == "pd_op.flash_attn" and 0 in inputs and 1 in inputs:
-            seq_k = facts.shape(inputs[1])[1]
+            seq_k = facts.known_shape(inputs[1])[1]
             walk.flops_activation += 4.0 * facts.numel(inputs[0]) * max(seq_k, 1)
             if any(v in inside for v in acts):
                 inside.update((n, r) for r in range(len(node["shapes"])))
@@ -330,7 +337,9 @@ def model_cost(analysis: ModelAnalysis) -> ModelCost:
     facts = GraphFacts(analysis.graph)
     tokens, seq = traced_tokens(analysis)
     numel = {fqn: math.prod(shape) for fqn, (shape, _dtype) in analysis.params.items()}
-    blocks, in_blocks, block_params = [], set(), set()
+    blocks: list[BlockCost] = []
+    in_blocks: set[int] = set()
+    block_params: set[str] = set()
     for info in analysis.blocks:
         roles = _roles(info.linears)
         mine = {fqn: n for fqn, n in numel.items() if fqn.startswith(info.layer + ".")}
@@ -388,7 +397,7 @@ def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set
     before = params_before_blocks(analysis)
     tied = head if head and head == analysis.embedding else None
     boundary = min(in_blocks) if in_blocks else max(facts.graph.nodes, default=0) + 1
-    sides = {"first": [], "last": []}
+    sides: dict[str, list[int]] = {"first": [], "last": []}
     for n in facts.graph.nodes:
         if n not in in_blocks:
             sides["first" if n < boundary else "last"].append(n)

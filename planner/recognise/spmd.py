@@ -174,8 +174,9 @@ class Replay:
     def run(self) -> list[Reshard]:
         for node in sorted(self.nodes):
             self._step(node)
-            if node in self.gathered_outputs:
-                self.values[node, 0] = Dist.replicated(self.values[node, 0].shape)
+            output = self.values[node, 0]
+            if node in self.gathered_outputs and isinstance(output, Dist):
+                self.values[node, 0] = Dist.replicated(output.shape)
         return self.reshards
 
     def value(self, node: int, result: int) -> Dist | list[Dist]:
@@ -195,16 +196,17 @@ class Replay:
         data = self.graph.nodes[node]
         op, shapes = short_op(data["op"]), data["shapes"]
         operands = self.operands(node)
-        if op in LIKE_OPS and operands and not isinstance(operands[0][1], list):
-            self._like(node, operands[0][1])
+        first = operands[0][1] if operands else None
+        if op in LIKE_OPS and isinstance(first, Dist):
+            self._like(node, first)
         elif not operands or (node in self.constants and all(_whole(v) for _, v in operands)):
             self._set(node, [Dist.replicated(s or []) for s in shapes])
-        elif data["op"] == "builtin.combine":
-            self.values[node, 0] = [v for _, v in operands]
-        elif data["op"] == "builtin.split" and isinstance(operands[0][1], list):
-            self._set(node, [replace(d, shape=tuple(s)) for d, s in zip(operands[0][1], shapes)])
-        elif op in PASS_THROUGH_OPS and len(operands) == 1:
-            self._set(node, [replace(operands[0][1], shape=tuple(shapes[0]))])
+        elif data["op"] == "builtin.combine" and all(isinstance(v, Dist) for _, v in operands):
+            self.values[node, 0] = [v for _, v in operands if isinstance(v, Dist)]
+        elif data["op"] == "builtin.split" and isinstance(first, list):
+            self._set(node, [replace(d, shape=tuple(s)) for d, s in zip(first, shapes)])
+        elif op in PASS_THROUGH_OPS and len(operands) == 1 and isinstance(first, Dist):
+            self._set(node, [replace(first, shape=tuple(shapes[0]))])
         elif op == "mean" or op == "sum":
             self._reduce(node, operands[0])
         elif op in ("expand", "repeat_interleave"):
@@ -326,8 +328,8 @@ class Replay:
         gathered first. Extra operands (masks, seeds) must be whole. Paddle 3.3 has no SPMD rule
         for these ops, hence this one."""
         tensors = dict(operands)
-        qkv = [tensors.get(i) for i in range(3)]
-        if any(t is None or isinstance(t, list) for t in qkv):
+        qkv = [t for t in (tensors.get(i) for i in range(3)) if isinstance(t, Dist)]
+        if len(qkv) < 3:
             self._unknown(node, operands)
             return
         heads = len(qkv[0].dims) - 2
@@ -383,7 +385,8 @@ def _all_block_reshards(analysis: ModelAnalysis, mp: int, gathered: frozenset[st
         first_order, reshards = replayed[key]
         moved = dict(zip(first_order, order))
         yield block, [replace(r, node=moved[r.node],
-                              before=replace(r.before, partial_source=moved.get(r.before.partial_source)))
+                              before=replace(r.before, partial_source=None if r.before.partial_source is None
+                                             else moved.get(r.before.partial_source)))
                       for r in reshards]
 
 
