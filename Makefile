@@ -49,6 +49,7 @@ bench: install
 	$(PY) bench/checkpoint_time.py --markdown
 	$(PY) bench/recompute_memory.py --markdown
 	$(PY) bench/pipeline_schedule.py
+	$(PY) bench/closed_loop.py --runs 3
 
 # The whole product on 4 CPU processes: plan the docstring Llama, apply it, compare losses with one device.
 .PHONY: demo
