@@ -114,7 +114,7 @@ def apply_plan(
     register_hooks(model, plan, reshard_fn)
     wrap_recompute(model, plan)
     if uses_schedule(plan):
-        model = build_pipeline(model, plan, loss_fn, dist.ProcessMesh(mesh_ids(plan).tolist(), plan.mesh.dim_names))
+        model = build_pipeline(model, plan, loss_fn, dist.ProcessMesh(mesh_ids(plan).tolist(), plan.mesh.axes))
     if optimizer is not None:
         # Only parameters the returned model holds: a pipeline stage drops the other stages'.
         mine = {id(p) for p in model.parameters()}

@@ -252,21 +252,21 @@ def _pieces(tensor, name: str) -> list[tuple[int, list[int], list[int]]]:
 
 
 def _split_dims(tensor, name: str) -> list[int | None]:
-    """Per mesh dim, the tensor dim it splits (None: replicated). Refuses Partial values and a
-    tensor dim split by several mesh dims (Paddle writes those ``Shard(dim=0, shard_order=k)``,
+    """Per mesh axis, the tensor dim it splits (None: replicated). Refuses Partial values and a
+    tensor dim split by several mesh axes (Paddle writes those ``Shard(dim=0, shard_order=k)``,
     without ``get_dim``): no plan and no ZeRO stage makes one, and the order the pieces nest in
     is not verified here, so refusing is safer than misplacing them."""
     dims: list[int | None] = []
-    for mesh_dim, placement in enumerate(tensor.placements):
+    for mesh_axis, placement in enumerate(tensor.placements):
         if placement.is_partial():
-            raise CheckpointError(f"{name} is Partial (an unsummed value) on mesh dim {mesh_dim}: it cannot be saved")
+            raise CheckpointError(f"{name} is Partial (an unsummed value) on mesh axis {mesh_axis}: it cannot be saved")
         if not placement.is_shard():
             dims.append(None)
             continue
         dim = placement.get_dim() if hasattr(placement, "get_dim") else None
         if dim is None or dim in dims:
             raise CheckpointError(
-                f"{name} is split along one tensor dim by several mesh dims ({tensor.placements}): not supported"
+                f"{name} is split along one tensor dim by several mesh axes ({tensor.placements}): not supported"
             )
         dims.append(dim)
     return dims

@@ -19,9 +19,9 @@ from autodist.applier.mesh import stage_mesh
 
 
 def shard_loader(dataloader: paddle.io.DataLoader, plan: Plan) -> dist.ShardDataloader:
-    """Wrap ``dataloader`` so each batch is split over ``plan.data.shard_dims`` (at most one
-    dim, checked by validation) and placed on the input and label stages' meshes."""
+    """Wrap ``dataloader`` so each batch is split over ``plan.data.shard_axes`` (at most one
+    axis, checked by validation) and placed on the input and label stages' meshes."""
     inputs, labels = stage_mesh(plan, plan.data.input_stage), stage_mesh(plan, plan.data.label_stage)
     meshes = inputs if plan.data.input_stage == plan.data.label_stage else [inputs, labels]
-    shard_dims = plan.data.shard_dims[0] if plan.data.shard_dims else None
-    return dist.shard_dataloader(dataloader, meshes=meshes, shard_dims=shard_dims)
+    shard_axes = plan.data.shard_axes[0] if plan.data.shard_axes else None
+    return dist.shard_dataloader(dataloader, meshes=meshes, shard_dims=shard_axes)

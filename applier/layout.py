@@ -1,9 +1,9 @@
 """Where each rank's piece of a distributed tensor sits in the full tensor (numpy only).
 
 A tensor on a mesh is described here by the mesh's process ids laid out in its shape and, per
-mesh dim, the tensor dim that mesh dim splits (``None``: replicated along it). A split is
-Paddle's balanced one: chunks of ``ceil(n / k)`` rows, the last one shorter. (Several mesh dims
-splitting one tensor dim would split it one after another, outer mesh dim first; the checkpoint
+mesh axis, the tensor dim that mesh axis splits (``None``: replicated along it). A split is
+Paddle's balanced one: chunks of ``ceil(n / k)`` rows, the last one shorter. (Several mesh axes
+splitting one tensor dim would split it one after another, outer mesh axis first; the checkpoint
 code refuses such tensors, as that order is not verified against Paddle.) The checkpoint code
 checks every rank's real local shape against these boxes before it writes, so a layout Paddle
 computes differently is refused, never saved wrong.
@@ -29,12 +29,12 @@ Box = tuple[list[int], list[int]]  # (offset, shape) in the full tensor
 def shard_box(shape: Sequence[int], mesh_shape: Sequence[int], coords: Sequence[int], split: Sequence[int | None]) -> Box:
     """The ``(offset, shape)`` of the piece held at mesh coordinates ``coords``."""
     offset, size = [0] * len(shape), [int(n) for n in shape]
-    for mesh_dim, dim in enumerate(split):
+    for mesh_axis, dim in enumerate(split):
         if dim is None:
             continue
-        parts = mesh_shape[mesh_dim]
+        parts = mesh_shape[mesh_axis]
         chunk = -(-size[dim] // parts)  # ceil
-        start = min(coords[mesh_dim] * chunk, size[dim])
+        start = min(coords[mesh_axis] * chunk, size[dim])
         offset[dim] += start
         size[dim] = min(chunk, size[dim] - start)
     return offset, size
@@ -42,7 +42,7 @@ def shard_box(shape: Sequence[int], mesh_shape: Sequence[int], coords: Sequence[
 
 def distinct_shards(shape: Sequence[int], ids: np.ndarray, split: Sequence[int | None]) -> list[tuple[int, list[int], list[int]]]:
     """One ``(writer rank, offset, shape)`` per distinct piece, in rank order. Replicated copies
-    are written once, by the rank at coordinate 0 of every mesh dim that does not split."""
+    are written once, by the rank at coordinate 0 of every mesh axis that does not split."""
     shards = []
     for coords in np.ndindex(*ids.shape):
         if all(c == 0 for c, dim in zip(coords, split) if dim is None):

@@ -1,6 +1,6 @@
 """Process meshes from a plan: the whole mesh, and each pipeline stage's sub-mesh.
 
-A plan's mesh dims are ordered ``pp, dp, mp`` (size-one dims left out). A stage's mesh is the
+A plan's mesh axes are ordered ``pp, dp, mp`` (size-one axes left out). A stage's mesh is the
 slice of the whole mesh at that ``pp`` index, so it drops the ``pp`` dim; placements written
 for the whole mesh drop their ``pp`` entry the same way (see :func:`stage_placements`).
 
@@ -28,7 +28,7 @@ def mesh_ids(plan: Plan) -> np.ndarray:
 
 
 def has_pp_dim(plan: Plan) -> bool:
-    return "pp" in plan.mesh.dim_names
+    return "pp" in plan.mesh.axes
 
 
 def stage_mesh(plan: Plan, stage: int) -> dist.ProcessMesh:
@@ -39,7 +39,7 @@ def stage_mesh(plan: Plan, stage: int) -> dist.ProcessMesh:
     up that way): a one-dim ``pp`` mesh gives each stage a one-rank mesh named ``pp``.
     """
     ids = mesh_ids(plan)
-    names = list(plan.mesh.dim_names)
+    names = list(plan.mesh.axes)
     if has_pp_dim(plan):
         ids, names = ids[stage], names[1:]
         if not names:  # mesh was ["pp"] alone: each stage is one rank
@@ -49,9 +49,9 @@ def stage_mesh(plan: Plan, stage: int) -> dist.ProcessMesh:
 
 def stage_placements(plan: Plan, placements: list[str]) -> list[dist.Placement]:
     """Paddle placements for a stage mesh from a plan placement list (one entry per plan
-    mesh dim): the ``pp`` entry is dropped, ``"R"``/``"P"``/``"S(k)"`` become
+    mesh axis): the ``pp`` entry is dropped, ``"R"``/``"P"``/``"S(k)"`` become
     ``Replicate()``/``Partial()``/``Shard(k)``."""
-    kept = [p for d, p in zip(plan.mesh.dim_names, placements) if d != "pp"] or ["R"]
+    kept = [p for d, p in zip(plan.mesh.axes, placements) if d != "pp"] or ["R"]
     return [to_paddle_placement(p) for p in kept]
 
 

@@ -66,7 +66,7 @@ def optimizer_problems(model: paddle.nn.Layer, optimizer: Any, plan: Plan) -> li
             f"$.strategy.sharding_stage: {stage} needs AdamW or SGD (Paddle's shard_optimizer "
             f"supports only those), the optimizer is {type(optimizer).__name__}"
         )
-    if stage and "dp" not in plan.mesh.dim_names:
+    if stage and "dp" not in plan.mesh.axes:
         problems.append(f"$.strategy.sharding_stage: {stage} shards over dp, but the mesh has no dp dim")
     return problems
 

@@ -55,7 +55,7 @@ def world_problems(plan: Plan, world_size: int) -> list[str]:
     size = len(plan.mesh.process_ids)
     if size == world_size:
         return []
-    mesh = " x ".join(f"{d}{n}" for d, n in zip(plan.mesh.dim_names, plan.mesh.shape))
+    mesh = " x ".join(f"{d}{n}" for d, n in zip(plan.mesh.axes, plan.mesh.shape))
     return [
         f"world size: the plan's mesh {mesh} needs {size} ranks but this job has {world_size} "
         f"(PADDLE_TRAINERS_NUM); launch {size} ranks or re-plan for {world_size} device(s)"
@@ -143,20 +143,20 @@ def hook_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     for i, hook in enumerate(plan.hooks):
         if hook.layer not in layers:
             problems.append(f'$.hooks[{i}].layer: no sub-layer "{hook.layer}" in the model ({hook.action} hook)')
-        if hook.action.startswith("sequence_parallel") and "mp" not in plan.mesh.dim_names:
-            problems.append(f"$.hooks[{i}]: {hook.action} needs an mp mesh dim, the mesh has {plan.mesh.dim_names}")
+        if hook.action.startswith("sequence_parallel") and "mp" not in plan.mesh.axes:
+            problems.append(f"$.hooks[{i}]: {hook.action} needs an mp mesh axis, the mesh has {plan.mesh.axes}")
     return problems
 
 
 def data_problems(plan: Plan, dataloader: Any) -> list[str]:
     if dataloader is None:
         return []
-    dims = plan.data.shard_dims
+    axes = plan.data.shard_axes
     problems = []
-    if len(dims) > 1:
-        problems.append(f"$.data.shard_dims: {dims}: Paddle's shard_dataloader splits over one mesh dim only")
-    if "pp" in dims:
-        problems.append("$.data.shard_dims: the loader cannot be split over pp (stages share the batch)")
+    if len(axes) > 1:
+        problems.append(f"$.data.shard_axes: {axes}: Paddle's shard_dataloader splits over one mesh axis only")
+    if "pp" in axes:
+        problems.append("$.data.shard_axes: the loader cannot be split over pp (stages share the batch)")
     if not isinstance(dataloader, paddle.io.DataLoader):
         problems.append(f"dataloader: a paddle.io.DataLoader is needed, got {type(dataloader).__name__}")
         return problems

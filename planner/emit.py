@@ -68,12 +68,12 @@ def build_plan(
     strategy = result.best.strategy
     mesh = build_mesh(strategy)
     notes: list[str] = []
-    params = _param_plans(analysis, strategy, mesh.dim_names, notes)
+    params = _param_plans(analysis, strategy, mesh.axes, notes)
     stages = block_stages(len(analysis.blocks), strategy.pp, strategy.virtual_stages)
     hooks = _stage_handoffs(analysis, stages)
-    fused_gathers = reshard_hooks(analysis, strategy.mp, mesh.dim_names)
+    fused_gathers = reshard_hooks(analysis, strategy.mp, mesh.axes)
     if strategy.mp > 1:
-        hooks += _sequence_parallel_hooks(analysis, strategy, mesh.dim_names, fused_gathers, notes)
+        hooks += _sequence_parallel_hooks(analysis, strategy, mesh.axes, fused_gathers, notes)
     notes += _tied_across_stages(analysis, strategy.pp)
     if strategy.micro_batches > 1 and strategy.schedule == "none":
         notes.append(f"micro_batches={strategy.micro_batches}: apply_plan accumulates gradients (the loader yields "
@@ -98,7 +98,7 @@ def build_plan(
         hooks=hooks,
         recompute=recompute,
         data=DataPlan(
-            shard_dims=["dp"] if strategy.dp > 1 else [],
+            shard_axes=["dp"] if strategy.dp > 1 else [],
             input_stage=0,
             label_stage=strategy.pp - 1,
             global_batch_size=result.setup.global_batch if result.setup else 0,
@@ -143,20 +143,20 @@ def recompute_layers(analysis: ModelAnalysis, mode: str, notes: list[str]) -> li
 
 
 def build_mesh(strategy: Strategy) -> Mesh:
-    """Mesh dims ``pp, dp, mp`` with size > 1 (``["dp"]`` of ``[1]`` for one device).
+    """Mesh axes ``pp, dp, mp`` with size > 1 (``["dp"]`` of ``[1]`` for one device).
 
-    >>> build_mesh(Strategy(dp=2, mp=2)).dim_names
+    >>> build_mesh(Strategy(dp=2, mp=2)).axes
     ['dp', 'mp']
     """
     dims = [(name, getattr(strategy, name)) for name in MESH_AXES if getattr(strategy, name) > 1] or [("dp", 1)]
     world = math.prod(size for _, size in dims)
-    return Mesh(dim_names=[n for n, _ in dims], shape=[s for _, s in dims], process_ids=list(range(world)))
+    return Mesh(axes=[n for n, _ in dims], shape=[s for _, s in dims], process_ids=list(range(world)))
 
 
 # -- parameters ----------------------------------------------------------------------------------------
 
 
-def _param_plans(analysis: ModelAnalysis, strategy: Strategy, dim_names: list[str], notes: list[str]) -> dict:
+def _param_plans(analysis: ModelAnalysis, strategy: Strategy, axes: list[str], notes: list[str]) -> dict:
     mp_placements = _mp_placements(analysis, strategy.mp, notes)
     stage_of = _param_stages(analysis, strategy.pp, strategy.virtual_stages)
     plans = {}
@@ -166,7 +166,7 @@ def _param_plans(analysis: ModelAnalysis, strategy: Strategy, dim_names: list[st
         plans[fqn] = ParamPlan(
             shape=list(shape),
             dtype=dtype,
-            placements=[mp_placement if dim == "mp" else "R" for dim in dim_names],
+            placements=[mp_placement if axis == "mp" else "R" for axis in axes],
             stage=stage_of[fqn],
             style=style,
             tied_to=sorted(analysis.tied.get(fqn, [])),
@@ -268,7 +268,7 @@ def _stage_handoffs(analysis: ModelAnalysis, stages: list[int]) -> list[Hook]:
 
 
 def _sequence_parallel_hooks(
-    analysis: ModelAnalysis, strategy: Strategy, dim_names: list[str], fused_gathers: list[Hook], notes: list[str]
+    analysis: ModelAnalysis, strategy: Strategy, axes: list[str], fused_gathers: list[Hook], notes: list[str]
 ) -> list[Hook]:
     """The sequence-parallel hooks, plus ``fused_gathers`` (the analysis's reshard hooks) adjusted
     to the [s, b, h] layout inside position-wise sub-layers."""
@@ -283,7 +283,7 @@ def _sequence_parallel_hooks(
         return fused_gathers
     # Between the hooks activations are [s, b, h]: the batch (dim 1) over dp, the sequence over mp.
     def placements(mp_placement: str) -> list[str]:
-        return [{"dp": "S(1)", "mp": mp_placement}.get(dim, "R") for dim in dim_names]
+        return [{"dp": "S(1)", "mp": mp_placement}.get(axis, "R") for axis in axes]
 
     hooks: list[Hook] = [SequenceParallelBegin(layer=embedding_layer, when="post",
                                                reason="activations leave the embedding split over the sequence")]

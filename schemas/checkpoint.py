@@ -1,4 +1,4 @@
-"""The checkpoint format (v1): what ``PATH/checkpoint.json`` says, read strictly.
+"""The checkpoint format (v2): what ``PATH/checkpoint.json`` says, read strictly.
 
 A checkpoint is a folder::
 
@@ -31,12 +31,14 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
-from autodist.schemas.io import constraint_in_words
+from autodist.schemas.io import constraint_in_words, rename_mesh_axes
 from autodist.schemas.plan import Base, Fqn, Identifier, Mesh, NonNegativeInt, PositiveInt, Sha256, Strategy
 from autodist.schemas.vocabulary import DTYPE_BYTES, DType
 
 CHECKPOINT_FORMAT: Final = "autodist.checkpoint"
-CHECKPOINT_VERSION = 1
+#: Version 2: the saved plan's mesh names its axes ``axes`` (version 1: ``dim_names``); version 1
+#: metadata still reads (:func:`upgrade_checkpoint`).
+CHECKPOINT_VERSION = 2
 #: The metadata file inside a checkpoint folder.
 METADATA_FILE = "checkpoint.json"
 
@@ -161,7 +163,7 @@ def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Ch
             f"checkpoint format version {version}, this autodist reads up to {CHECKPOINT_VERSION}: upgrade autodist", path
         )
     try:
-        meta = msgspec.convert(raw, Checkpoint)
+        meta = msgspec.convert(upgrade_checkpoint(raw), Checkpoint)
     except msgspec.ValidationError as exc:
         raise CheckpointError(f"{METADATA_FILE}: {constraint_in_words(str(exc))}", path) from None
     problems = layout_problems(meta)
@@ -169,6 +171,23 @@ def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Ch
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         raise CheckpointError(f"{METADATA_FILE}: {problems[0]}{more}", path)
     return meta
+
+
+def upgrade_checkpoint(raw: dict) -> dict:
+    """Decoded metadata of version 1 as version 2 writes it (the input is not changed): the
+    saved plan's ``mesh.dim_names`` is called ``mesh.axes``.
+
+    >>> old = {"version": 1, "plan": {"mesh": {"dim_names": ["dp"], "shape": [2], "process_ids": [0, 1]}}}
+    >>> upgrade_checkpoint(old)["plan"]["mesh"]
+    {'axes': ['dp'], 'shape': [2], 'process_ids': [0, 1]}
+    """
+    if raw.get("version") != 1:
+        return raw
+    raw = dict(raw, version=CHECKPOINT_VERSION)
+    plan = raw.get("plan")
+    if isinstance(plan, dict) and isinstance(plan.get("mesh"), dict):
+        raw["plan"] = dict(plan, mesh=rename_mesh_axes(plan["mesh"]))
+    return raw
 
 
 def saved_tensors(meta: Checkpoint) -> dict[str, SavedTensor]:

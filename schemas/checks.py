@@ -15,13 +15,13 @@ from autodist.schemas.vocabulary import MESH_AXES, shard_dim  # noqa: F401 (shar
 def check_mesh(plan: Plan) -> list[str]:
     mesh, strategy, cluster = plan.mesh, plan.strategy, plan.cluster
     problems = []
-    if len(mesh.dim_names) != len(mesh.shape):
-        problems.append(f"$.mesh: {len(mesh.dim_names)} dim names for {len(mesh.shape)} dims")
-    if not mesh.dim_names:
-        problems.append("$.mesh.dim_names: a mesh needs at least one dim")
-    order = [d for d in MESH_AXES if d in mesh.dim_names]
-    if list(mesh.dim_names) != order:
-        problems.append(f"$.mesh.dim_names: {mesh.dim_names} must be unique and ordered pp, dp, mp")
+    if len(mesh.axes) != len(mesh.shape):
+        problems.append(f"$.mesh: {len(mesh.axes)} axes for {len(mesh.shape)} sizes in shape")
+    if not mesh.axes:
+        problems.append("$.mesh.axes: a mesh needs at least one axis")
+    order = [a for a in MESH_AXES if a in mesh.axes]
+    if list(mesh.axes) != order:
+        problems.append(f"$.mesh.axes: {mesh.axes} must be unique and ordered pp, dp, mp")
     size = math.prod(mesh.shape)
     if size != len(mesh.process_ids):
         shape = " x ".join(map(str, mesh.shape))
@@ -33,11 +33,11 @@ def check_mesh(plan: Plan) -> list[str]:
         problems.append(
             f"$.mesh: {size} ranks but the cluster has {cluster.nodes} x {cluster.devices_per_node} = {world} devices"
         )
-    sizes = dict(zip(mesh.dim_names, mesh.shape))
-    for dim in MESH_AXES:
-        degree = getattr(strategy, dim)
-        if sizes.get(dim, 1) != degree:
-            problems.append(f"$.strategy.{dim}: {degree} but the mesh's {dim} dim has size {sizes.get(dim, 1)}")
+    sizes = dict(zip(mesh.axes, mesh.shape))
+    for axis in MESH_AXES:
+        degree = getattr(strategy, axis)
+        if sizes.get(axis, 1) != degree:
+            problems.append(f"$.strategy.{axis}: {degree} but the mesh's {axis} axis has size {sizes.get(axis, 1)}")
     if strategy.dp % strategy.ep:
         problems.append(f"$.strategy.ep: {strategy.ep} does not divide dp={strategy.dp} (experts spread over dp ranks)")
     if strategy.ep > 1:
@@ -54,8 +54,8 @@ def check_mesh(plan: Plan) -> list[str]:
 
 
 def check_params(plan: Plan) -> list[str]:
-    mesh_dims = plan.mesh.dim_names
-    sizes = dict(zip(mesh_dims, plan.mesh.shape))
+    mesh_axes = plan.mesh.axes
+    sizes = dict(zip(mesh_axes, plan.mesh.shape))
     problems = []
     for fqn in sorted(plan.params):
         param = plan.params[fqn]
@@ -67,30 +67,30 @@ def check_params(plan: Plan) -> list[str]:
                 problems.append(f'{where}.tied_stages: "{alias}" is not one of its tied_to names')
             if stage >= plan.strategy.pp or stage == param.stage:
                 problems.append(f'{where}.tied_stages["{alias}"]: {stage} must be another stage below pp={plan.strategy.pp}')
-        if len(param.placements) != len(mesh_dims):
+        if len(param.placements) != len(mesh_axes):
             problems.append(
-                f"{where}.placements: {len(param.placements)} placements for a mesh of {len(mesh_dims)} dims {mesh_dims}"
+                f"{where}.placements: {len(param.placements)} placements for a mesh of {len(mesh_axes)} axes {mesh_axes}"
             )
             continue
-        for i, (dim, placement) in enumerate(zip(mesh_dims, param.placements)):
+        for i, (axis, placement) in enumerate(zip(mesh_axes, param.placements)):
             if placement == "P":
                 problems.append(f"{where}.placements[{i}]: a parameter cannot be partial")
             split = shard_dim(placement)
             if split is None:
                 continue
-            if dim == "pp":
+            if axis == "pp":
                 problems.append(f"{where}.placements[{i}]: parameters are not split over pp (use stage)")
             elif split >= len(param.shape):
                 problems.append(f"{where}.placements[{i}]: {placement} but the parameter has {len(param.shape)} dims")
-            elif dim in sizes and param.shape[split] % sizes[dim]:  # (a dim without a size is reported above)
+            elif axis in sizes and param.shape[split] % sizes[axis]:  # (an axis without a size is reported above)
                 problems.append(
-                    f"{where}.placements[{i}]: {placement} splits size {param.shape[split]} over {dim}={sizes[dim]} unevenly"
+                    f"{where}.placements[{i}]: {placement} splits size {param.shape[split]} over {axis}={sizes[axis]} unevenly"
                 )
     return problems
 
 
 def check_stages_and_hooks(plan: Plan) -> list[str]:
-    pp, ndims = plan.strategy.pp, len(plan.mesh.dim_names)
+    pp, naxes = plan.strategy.pp, len(plan.mesh.axes)
     problems = []
     for i, block in enumerate(plan.blocks):
         if block.stage >= pp:
@@ -98,14 +98,14 @@ def check_stages_and_hooks(plan: Plan) -> list[str]:
     for i, hook in enumerate(plan.hooks):
         if isinstance(hook, StageHandoff) and hook.to_stage >= pp:
             problems.append(f"$.hooks[{i}].to_stage: {hook.to_stage} but pp is {pp}")
-        if isinstance(hook, Reshard) and len(hook.placements) != ndims:
-            problems.append(f"$.hooks[{i}].placements: {len(hook.placements)} placements for a mesh of {ndims} dims")
+        if isinstance(hook, Reshard) and len(hook.placements) != naxes:
+            problems.append(f"$.hooks[{i}].placements: {len(hook.placements)} placements for a mesh of {naxes} axes")
     for name in ("input_stage", "label_stage"):
         if getattr(plan.data, name) >= pp:
             problems.append(f"$.data.{name}: {getattr(plan.data, name)} but pp is {pp}")
-    for dim in plan.data.shard_dims:
-        if dim not in plan.mesh.dim_names:
-            problems.append(f"$.data.shard_dims: {dim!r} is not a mesh dim {plan.mesh.dim_names}")
+    for axis in plan.data.shard_axes:
+        if axis not in plan.mesh.axes:
+            problems.append(f"$.data.shard_axes: {axis!r} is not a mesh axis {plan.mesh.axes}")
     batch, divisor = plan.data.global_batch_size, plan.strategy.dp * plan.strategy.micro_batches
     if batch and batch % divisor:
         problems.append(f"$.data.global_batch_size: {batch} does not divide over dp={plan.strategy.dp} x "

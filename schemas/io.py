@@ -141,19 +141,36 @@ def _decode(data: bytes, name: str) -> Plan:
 def upgrade(raw: dict) -> dict:
     """A decoded plan of an older format version as the current version writes it (the input is
     not changed). Version 1 gave every hook both ``placements`` and ``to_stage``; version 2 keeps
-    each only on the hook kind that uses it.
+    each only on the hook kind that uses it, and calls mesh axes axes: version 1's
+    ``mesh.dim_names`` and ``data.shard_dims`` are ``mesh.axes`` and ``data.shard_axes``.
 
     >>> old = {"version": 1, "hooks": [{"action": "stage_handoff", "layer": "l.1", "when": "post",
     ...                                 "placements": [], "to_stage": 1, "reason": ""}]}
     >>> upgrade(old)["hooks"]
     [{'action': 'stage_handoff', 'layer': 'l.1', 'when': 'post', 'to_stage': 1, 'reason': ''}]
+    >>> upgrade({"version": 1, "mesh": {"dim_names": ["dp"], "shape": [2]}, "data": {"shard_dims": ["dp"]}})
+    {'version': 2, 'mesh': {'axes': ['dp'], 'shape': [2]}, 'data': {'shard_axes': ['dp']}}
     """
     if raw.get("version") != 1:
         return raw
     raw = dict(raw, version=VERSION)
     if isinstance(raw.get("hooks"), list):
         raw["hooks"] = [_upgrade_hook(hook) for hook in raw["hooks"]]
+    if isinstance(raw.get("mesh"), dict):
+        raw["mesh"] = rename_mesh_axes(raw["mesh"])
+    if isinstance(raw.get("data"), dict):
+        raw["data"] = _rename_key(raw["data"], "shard_dims", "shard_axes")
     return raw
+
+
+def rename_mesh_axes(mesh: dict) -> dict:
+    """A mesh as format version 1 wrote it (``dim_names``) with its axes named as now (``axes``),
+    in the same key position; also used for the mesh a version 1 checkpoint records."""
+    return _rename_key(mesh, "dim_names", "axes")
+
+
+def _rename_key(obj: dict, old: str, new: str) -> dict:
+    return {new if key == old else key: value for key, value in obj.items()}
 
 
 def _upgrade_hook(hook: Any) -> Any:

@@ -10,14 +10,14 @@ Example::
 
     >>> from autodist.schemas import Plan, load_plan
     >>> plan = load_plan("plans/gpt/plan_2x8dev_mp4.json")
-    >>> plan.mesh.dim_names, plan.params["blocks.0.attn.qkv_proj.weight"].placements
+    >>> plan.mesh.axes, plan.params["blocks.0.attn.qkv_proj.weight"].placements
     (['dp', 'mp'], ['R', 'S(1)'])
 """
 
 from __future__ import annotations
 
 import typing
-from typing import Annotated, Final, Literal, TypeAlias
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -41,7 +41,7 @@ def _whole(pattern: str) -> msgspec.Meta:
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 _SEGMENT = rf"(?:{_IDENTIFIER}|[0-9]+)"
 
-#: A placement on one mesh dim: ``"R"`` replicate, ``"P"`` partial (pending sum), ``"S(k)"``
+#: A placement on one mesh axis: ``"R"`` replicate, ``"P"`` partial (pending sum), ``"S(k)"``
 #: shard tensor dim ``k``. Short strings keep plans readable and diffs small.
 Placement = Annotated[str, _whole(PLACEMENT_PATTERN)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -71,7 +71,6 @@ PATTERN_MEANINGS = {
         (Sha256, "64 lowercase hex digits"),
     ]
 }
-MeshDim: TypeAlias = MeshAxis  # the plan's JSON calls mesh axes "dim_names"
 
 #: Where a parameter's placements came from. The names follow Paddle's intermediate API
 #: (``paddle.distributed.ColWiseParallel`` ...), plus the two kinds that have no style there.
@@ -153,11 +152,11 @@ class Cluster(Base):
 class Mesh(Base):
     """The process mesh: ``process_ids`` in row-major order over ``shape``.
 
-    The outermost dim is ``pp``, the innermost ``mp`` (kept inside a node). Dims of size one
-    are left out, except that a mesh always has at least one dim.
+    The outermost axis is ``pp``, the innermost ``mp`` (kept inside a node). Axes of size one
+    are left out, except that a mesh always has at least one axis.
     """
 
-    dim_names: list[MeshDim]
+    axes: list[MeshAxis]
     shape: list[PositiveInt]
     process_ids: list[NonNegativeInt]
 
@@ -190,7 +189,7 @@ class Strategy(Base):
 
 
 class ParamPlan(Base):
-    """How one parameter is laid out: its stage and one placement per mesh dim."""
+    """How one parameter is laid out: its stage and one placement per mesh axis."""
 
     shape: list[NonNegativeInt]
     dtype: DType
@@ -268,10 +267,10 @@ HOOK_TYPES: dict[str, type[HookBase]] = {
 
 
 class DataPlan(Base):
-    """How the dataloader is split: over ``shard_dims`` of the first (inputs) and last (labels)
+    """How the dataloader is split: over ``shard_axes`` of the first (inputs) and last (labels)
     stage meshes."""
 
-    shard_dims: list[MeshDim] = []
+    shard_axes: list[MeshAxis] = []
     input_stage: NonNegativeInt = 0
     label_stage: NonNegativeInt = 0
     #: Samples the loader yields per optimizer step, over all ranks (the input spec's batch or

@@ -1,7 +1,7 @@
 """The words plans are written in, in one place: mesh axes, placements and dtypes.
 
 Used by the plan types (:mod:`autodist.schemas.plan`), the planner and the applier alike.
-A *mesh axis* is one of ``pp``, ``dp``, ``mp`` (a plan's ``mesh.dim_names`` lists the axes it
+A *mesh axis* is one of ``pp``, ``dp``, ``mp`` (a plan's ``mesh.axes`` lists the axes it
 has, in this order); a *dim* is always a tensor dimension (``S(1)`` splits tensor dim 1).
 
 Example::

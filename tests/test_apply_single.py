@@ -252,9 +252,9 @@ def test_sequence_parallel_hooks_transpose_and_restore():
     ids = paddle.to_tensor(np.random.RandomState(0).randint(0, 16, [2, 5]))
     expected = model(ids).numpy()
     plan = one_rank_plan(model)
-    plan.mesh = msgspec.structs.replace(plan.mesh, dim_names=["mp"])
+    plan.mesh = msgspec.structs.replace(plan.mesh, axes=["mp"])
     plan.strategy = Strategy(sequence_parallel=True)
-    plan.data = msgspec.structs.replace(plan.data, shard_dims=[])
+    plan.data = msgspec.structs.replace(plan.data, shard_axes=[])
     plan.hooks = [SequenceParallelBegin(layer="embed", when="post"),
                   SequenceParallelEnd(layer="proj", when="post")]
     recorder = Recorder()
@@ -270,7 +270,7 @@ def test_sequence_parallel_hooks_transpose_and_restore():
 def pipeline_plan(model, stage_of):
     """A pp2 plan (ranks 0 and 1) putting each parameter on ``stage_of(fqn)``."""
     plan = one_rank_plan(model)
-    plan.mesh = msgspec.structs.replace(plan.mesh, dim_names=["pp"], shape=[2], process_ids=[0, 1])
+    plan.mesh = msgspec.structs.replace(plan.mesh, axes=["pp"], shape=[2], process_ids=[0, 1])
     plan.strategy = Strategy(pp=2, schedule="sequential")
     plan.params = {f: msgspec.structs.replace(p, stage=stage_of(f)) for f, p in plan.params.items()}
     return plan

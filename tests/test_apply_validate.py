@@ -219,7 +219,7 @@ def pipeline_plan(model, stages: dict[str, int], schedule: str):
     """A pp-only plan: parameter ``fqn`` goes to ``stages[first FQN part]``."""
     plan = tensor_parallel_plan(model)
     pp = max(stages.values()) + 1
-    plan.mesh = msgspec.structs.replace(plan.mesh, dim_names=["pp"], shape=[pp], process_ids=list(range(pp)))
+    plan.mesh = msgspec.structs.replace(plan.mesh, axes=["pp"], shape=[pp], process_ids=list(range(pp)))
     plan.cluster = msgspec.structs.replace(plan.cluster, devices_per_node=pp)
     plan.strategy = Strategy(pp=pp, schedule=schedule, micro_batches=2)
     plan.params = {fqn: msgspec.structs.replace(p, stage=stages[fqn.split(".")[0]]) for fqn, p in plan.params.items()}

@@ -75,7 +75,7 @@ def plan_for(target: str) -> Plan:
             input_specs=[InputSpec(name="input_ids", dtype="int64", shape=[2, 8])],
         ),
         cluster=Cluster(nodes=1, devices_per_node=1, device=DEVICE),
-        mesh=Mesh(dim_names=["dp"], shape=[1], process_ids=[0]),
+        mesh=Mesh(axes=["dp"], shape=[1], process_ids=[0]),
         strategy=Strategy(),
         params={fqn: ParamPlan(shape=shape, dtype=dtype, placements=["R"]) for fqn, (shape, dtype) in table.items()},
         provenance=Provenance(autodist_version="0.1.0", paddle_version="3.3.1"),
@@ -173,7 +173,7 @@ def test_checked_in_plan_is_valid_for_its_model():
             **plan.params, "head.weight": msgspec.structs.replace(plan.params["head.weight"], tied_to=["embed.weight"])}),
          'ties it to "embed.weight"'),
         (lambda plan: msgspec.structs.replace(plan, hooks=[SequenceParallelBegin(layer="layers.0", when="pre")]),
-         "sequence_parallel_begin needs an mp mesh dim"),
+         "sequence_parallel_begin needs an mp mesh axis"),
     ],
     ids=["hook_on_missing_layer", "wrong_tied_to", "sequence_parallel_without_mp"],
 )

@@ -125,6 +125,21 @@ def test_a_save_under_a_plan_records_its_fingerprint_mesh_and_strategy(tmp_path)
     assert meta.optimizer.states == {}  # not stepped yet: no states, and loading creates none
 
 
+def test_version_1_metadata_naming_the_mesh_axes_dim_names_still_reads(tmp_path):
+    """Checkpoint format version 1 recorded the plan's mesh with ``dim_names``; version 2 calls
+    them ``axes``, and a version 1 checkpoint still reads, to the same metadata."""
+    model = WORKLOAD.build(SEED)
+    optimizer, _ = make_optimizer("adamw", model.parameters())
+    model, optimizer, _ = apply_plan(model, optimizer, None, tensor_parallel_plan(model))
+    meta = save_checkpoint(model, optimizer, tmp_path / "ckpt", step=0)
+    raw = json.loads((tmp_path / "ckpt" / METADATA_FILE).read_text())
+    assert raw["version"] == 2 and raw["plan"]["mesh"]["axes"] == meta.plan.mesh.axes
+    raw["version"] = 1
+    raw["plan"]["mesh"] = {"dim_names" if k == "axes" else k: v for k, v in raw["plan"]["mesh"].items()}
+    (tmp_path / "ckpt" / METADATA_FILE).write_text(json.dumps(raw))
+    assert read_checkpoint(tmp_path / "ckpt") == meta
+
+
 def test_a_run_accumulating_micro_batches_resumes_under_a_plan_without(tmp_path):
     """apply_plan wraps the optimizer for micro-batches; the checkpoint records the user's
     optimizer class and its states, so it loads where the plan does not accumulate."""
@@ -336,12 +351,12 @@ def test_reading_the_metadata_needs_no_paddle():
     subprocess.run([sys.executable, "-c", code], check=True, env=base_env())
 
 
-def test_a_tensor_dim_split_by_two_mesh_dims_is_refused_not_saved_misplaced(tmp_path):
+def test_a_tensor_dim_split_by_two_mesh_axes_is_refused_not_saved_misplaced(tmp_path):
     import paddle.distributed as dist
 
     layer = paddle.nn.Linear(4, 4)
     mesh = dist.ProcessMesh([[0]], dim_names=["dp", "mp"])
     layer.weight = dist.shard_tensor(layer.weight, mesh, [dist.Shard(0), dist.Shard(0)])
-    with pytest.raises(CheckpointError, match="weight is split along one tensor dim by several mesh dims"):
+    with pytest.raises(CheckpointError, match="weight is split along one tensor dim by several mesh axes"):
         save_checkpoint(layer, None, tmp_path / "ckpt", step=0)
     assert not (tmp_path / "ckpt").exists()

@@ -59,7 +59,7 @@ def test_info_json_is_plain_data(saved):
     path, plan = saved
     result = info(path, "--json")
     data = json.loads(result.output)
-    assert data["step"] == 3 and data["plan"]["strategy"]["mp"] == 1 and data["plan"]["mesh"]["dim_names"] == ["dp"]
+    assert data["step"] == 3 and data["plan"]["strategy"]["mp"] == 1 and data["plan"]["mesh"]["axes"] == ["dp"]
     assert data["params"]["embed_tokens.weight"] == {"shape": [64, 32], "dtype": "float32", "shards": 1}
 
 

@@ -36,8 +36,8 @@ def disagreements(workdir) -> list[BadPlanCase]:
     model = WORKLOADS[WORKLOAD].build(seed=0)
     mp2 = tensor_parallel_plan(model, mp=NRANKS)
     dp2 = tensor_parallel_plan(model, dp=NRANKS)
-    other_sharding = msgspec.structs.replace(mp2, data=msgspec.structs.replace(mp2.data, shard_dims=["mp"]))
-    assert mp2.data.shard_dims != other_sharding.data.shard_dims
+    other_sharding = msgspec.structs.replace(mp2, data=msgspec.structs.replace(mp2.data, shard_axes=["mp"]))
+    assert mp2.data.shard_axes != other_sharding.data.shard_axes
     a = write(workdir / "mp2.json", dump_plan(mp2))
     b = write(workdir / "dp2.json", dump_plan(dp2))
     c = write(workdir / "mp2_data_over_mp.json", dump_plan(other_sharding))

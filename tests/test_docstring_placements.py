@@ -73,7 +73,7 @@ def test_dp2_mp2_weights_match_to_distributed(monkeypatch):
     # to_distributed splits exactly the 7 projections of each block ...
     assert len(sharded) == 7 * SIZES["num_layers"]
     for fqn, ref in sharded.items():
-        assert ref["mesh"] == plan.mesh.dim_names == ["dp", "mp"]
+        assert ref["mesh"] == plan.mesh.axes == ["dp", "mp"]
         assert plan.params[fqn].placements == ref["placements"], fqn
     assert {tuple(ref["placements"]) for ref in sharded.values()} == {("R", "S(1)"), ("R", "S(0)")}
     # ... and leaves the rest dense (replicated). We agree on the norms; the embedding and the LM

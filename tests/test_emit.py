@@ -43,7 +43,7 @@ def plan_docstring(**degrees):
 def test_dp2_mp2_placements(tiny):
     made = plan_docstring(devices=4, dp=2, mp=2, pp=1, sequence_parallel=False)
     plan = made.plan
-    assert (plan.mesh.dim_names, plan.mesh.shape, plan.mesh.process_ids) == (["dp", "mp"], [2, 2], [0, 1, 2, 3])
+    assert (plan.mesh.axes, plan.mesh.shape, plan.mesh.process_ids) == (["dp", "mp"], [2, 2], [0, 1, 2, 3])
     assert check_plan(plan) == []
     for i in range(2):
         for name in COLUMN:
@@ -60,7 +60,7 @@ def test_dp2_mp2_placements(tiny):
     assert (plan.params["weight"].placements, plan.params["weight"].style) == (["R", "S(1)"], "ColWiseParallelHead")
     assert plan.params["norm.weight"].placements == ["R", "R"]
     assert set(plan.params) == set(made.analysis.params)
-    assert plan.data.shard_dims == ["dp"] and (plan.data.input_stage, plan.data.label_stage) == (0, 0)
+    assert plan.data.shard_axes == ["dp"] and (plan.data.input_stage, plan.data.label_stage) == (0, 0)
     assert [b.layer for b in plan.blocks] == ["layers.0", "layers.1"]
     assert not any(h.action == "stage_handoff" for h in plan.hooks)
     assert plan.provenance.arguments == {"target": "model.py"}
@@ -70,7 +70,7 @@ def test_dp2_mp2_placements(tiny):
 def test_pipeline_stages_and_handoffs(tiny):
     tiny(NUM_LAYERS=3)
     plan = plan_docstring(devices=2, dp=1, mp=1, pp=2).plan
-    assert plan.mesh.dim_names == ["pp"] and plan.strategy.schedule != "none"
+    assert plan.mesh.axes == ["pp"] and plan.strategy.schedule != "none"
     assert [b.stage for b in plan.blocks] == [0, 0, 1]
     assert plan.params["embed_tokens.weight"].stage == 0
     assert plan.params["layers.1.mlp.up_proj.weight"].stage == 0
@@ -79,7 +79,7 @@ def test_pipeline_stages_and_handoffs(tiny):
     handoffs = [h for h in plan.hooks if h.action == "stage_handoff"]
     assert [(h.layer, h.when, h.to_stage) for h in handoffs] == [("layers.1", "post", 1)]
     assert (plan.data.input_stage, plan.data.label_stage) == (0, 1)
-    assert plan.data.shard_dims == []
+    assert plan.data.shard_axes == []
     assert all(p.placements == ["R"] for p in plan.params.values())
 
 
@@ -112,17 +112,17 @@ def test_cnn_gets_a_data_parallel_plan():
                        SearchRequest(devices_per_node=4), {"target": "cnn"})
     plan = made.plan
     assert (plan.strategy.dp, plan.strategy.mp, plan.strategy.pp) == (4, 1, 1)
-    assert plan.blocks == [] and plan.data.shard_dims == ["dp"]
+    assert plan.blocks == [] and plan.data.shard_axes == ["dp"]
     assert plan.data.global_batch_size == 8  # the input spec's batch, what the loader yields per step
     assert all(p.placements == ["R"] and p.style == "Replicate" for p in plan.params.values())
     assert check_plan(plan) == []
 
 
-def test_one_device_mesh_keeps_a_dp_dim():
+def test_one_device_mesh_keeps_a_dp_axis():
     mesh = build_mesh(Strategy())
-    assert (mesh.dim_names, mesh.shape, mesh.process_ids) == (["dp"], [1], [0])
+    assert (mesh.axes, mesh.shape, mesh.process_ids) == (["dp"], [1], [0])
     mesh = build_mesh(Strategy(dp=2, mp=2, pp=2))
-    assert (mesh.dim_names, mesh.shape, mesh.process_ids) == (["pp", "dp", "mp"], [2, 2, 2], list(range(8)))
+    assert (mesh.axes, mesh.shape, mesh.process_ids) == (["pp", "dp", "mp"], [2, 2, 2], list(range(8)))
 
 
 @given(st.integers(1, 100), st.integers(1, 16))
@@ -141,7 +141,7 @@ def test_paddleformers_llama_from_its_causal_lm_class():
     made = plan_target(f"{MODELS / 'paddleformers_models.py'}:build_untied_llama", ["input_ids:int64:2x8"],
                        SearchRequest(devices_per_node=4, dp=1, mp=2, pp=2, micro_batches=2), {"target": "llama"})
     plan = made.plan
-    assert plan.model.traced_layer == "model" and plan.mesh.dim_names == ["pp", "mp"]
+    assert plan.model.traced_layer == "model" and plan.mesh.axes == ["pp", "mp"]
     assert plan.params["model.layers.0.self_attn.k_proj.weight"].placements == ["R", "S(1)"]
     assert plan.params["model.layers.1.mlp.down_proj.weight"].stage == 1
     assert plan.strategy.schedule == "1F1B"  # cut at its blocks, though not a paddle.nn.Sequential
@@ -166,14 +166,14 @@ def test_tied_paddleformers_llama_keeps_one_weight_and_copies_it_to_the_last_sta
     assert any("holds a copy" in note for note in piped.notes)
 
 
-def test_fused_qkv_gets_a_gather_hook_with_one_placement_per_mesh_dim():
+def test_fused_qkv_gets_a_gather_hook_with_one_placement_per_mesh_axis():
     made = plan_target(str(MODELS / "gpt.py"), None, SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1,
                                                                    sequence_parallel=False), {"target": "gpt"})
     plan = made.plan
     gathers = [h for h in plan.hooks if h.action == "reshard"]
     assert {h.layer for h in gathers} == {f"blocks.{i}.attn.qkv_proj" for i in range(2)}
     for hook in gathers:
-        assert hook.when == "post" and len(hook.placements) == len(plan.mesh.dim_names)
+        assert hook.when == "post" and len(hook.placements) == len(plan.mesh.axes)
     qkv = next(p for fqn, p in plan.params.items() if fqn.endswith("qkv_proj.weight"))
     qkv_bias = next(p for fqn, p in plan.params.items() if fqn.endswith("qkv_proj.bias"))
     assert (qkv.placements, qkv_bias.placements) == (["R", "S(1)"], ["R", "S(0)"])

@@ -40,7 +40,7 @@ def placements_of(param) -> list[str] | None:
 
 def expected_layout(plan: Plan, fqn: str) -> tuple[list[str], list[int]]:
     """(placements without the pp dim, process ids of the stage's mesh) the plan asks for."""
-    param, names = plan.params[fqn], plan.mesh.dim_names
+    param, names = plan.params[fqn], plan.mesh.axes
     ids, shape = plan.mesh.process_ids, plan.mesh.shape
     if "pp" in names:
         per_stage = len(ids) // shape[0]
@@ -273,7 +273,7 @@ def test_exported_pipeline_config_puts_parameters_on_their_stage():
     }
     plan = msgspec.structs.replace(
         flat,
-        mesh=msgspec.structs.replace(flat.mesh, dim_names=["pp", "mp"], shape=[2, 2], process_ids=[0, 1, 2, 3]),
+        mesh=msgspec.structs.replace(flat.mesh, axes=["pp", "mp"], shape=[2, 2], process_ids=[0, 1, 2, 3]),
         cluster=msgspec.structs.replace(flat.cluster, devices_per_node=4),
         strategy=msgspec.structs.replace(flat.strategy, pp=2, schedule="sequential"),
         params=params,

@@ -30,7 +30,7 @@ def test_schema_accepts_the_hand_written_example(validator):
     [
         (("params", "layers.0.norm.weight", "placements", 0), "Shard(0)"),  # not a short placement
         (("strategy", "sharding_stage"), 4),  # ZeRO has stages 0..3
-        (("mesh", "dim_names", 0), "tp"),  # dims are pp, dp, mp
+        (("mesh", "axes", 0), "tp"),  # axes are pp, dp, mp
         (("strategy", "dp"), 0),  # degrees are positive
         (("model", "param_fingerprint"), "not-a-sha"),
         (("hooks", 0, "when"), "during"),

@@ -128,4 +128,4 @@ def test_doc_example_is_a_valid_plan():
     text = PLAN_FORMAT_DOC.read_text()
     example = re.search(r"```json\n(.*?)```", text, flags=re.S).group(1)
     plan = load_plan(example.encode())
-    assert plan.mesh.dim_names == ["dp", "mp"]
+    assert plan.mesh.axes == ["dp", "mp"]

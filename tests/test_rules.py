@@ -62,7 +62,7 @@ def mp2(target, rules=None):
 
 
 def placement(plan, fqn):
-    return plan.params[fqn].placements[plan.mesh.dim_names.index("mp")]
+    return plan.params[fqn].placements[plan.mesh.axes.index("mp")]
 
 
 def test_a_rule_merges_with_inferred_placements_and_is_recorded(target):

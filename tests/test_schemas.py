@@ -134,13 +134,19 @@ def assert_contains(new, old, path):
 
 def test_a_version_1_plan_still_loads():
     """A plan written by the version 1 planner (every hook carried both ``placements`` and
-    ``to_stage``) loads as version 2: each hook keeps only the field of its kind, all else is
+    ``to_stage``; mesh axes were ``mesh.dim_names`` and ``data.shard_dims``) loads as version 2:
+    each hook keeps only the field of its kind, the two keys are renamed in place, all else is
     unchanged."""
     raw = json.loads(V1_PLAN.read_text())
     assert raw["version"] == 1
     plan = load_plan(V1_PLAN)
     again = json.loads(dump_plan(plan))
     assert again["version"] == VERSION == 2
+    assert "dim_names" not in again["mesh"] and "shard_dims" not in again["data"]
+    assert plan.mesh.axes == raw["mesh"]["dim_names"] == ["pp", "dp", "mp"]
+    assert plan.data.shard_axes == raw["data"]["shard_dims"] == ["dp"]
+    raw["mesh"]["axes"] = raw["mesh"].pop("dim_names")
+    raw["data"]["shard_axes"] = raw["data"].pop("shard_dims")
     # Every other value as written (fields added since with a default, e.g. the device profile's
     # dispatch_overhead_s, are read as their default).
     for key in raw.keys() - {"version", "hooks"}:
@@ -153,6 +159,16 @@ def test_a_version_1_plan_still_loads():
         assert ("placements" in new) == (old["action"] == "reshard")
         assert ("to_stage" in new) == (old["action"] == "stage_handoff")
         assert all(new[k] == old[k] for k in ("placements", "to_stage") if k in new)
+
+
+@pytest.mark.parametrize("where, old", [("mesh", "dim_names"), ("data", "shard_dims")])
+def test_a_version_2_plan_with_version_1_key_names_is_refused(doc, where, old):
+    """Only version 1 files are upgraded: version 2 spells mesh axes ``axes``, and the old name
+    is an unknown field, named by its JSON path."""
+    new = {"dim_names": "axes", "shard_dims": "shard_axes"}[old]
+    doc[where][old] = doc[where].pop(new)
+    with pytest.raises(PlanError, match=rf"\$\.{where}: Object contains unknown field `{old}`"):
+        load_plan(json.dumps(doc).encode())
 
 
 @pytest.mark.parametrize("action, field, value", [
@@ -196,13 +212,13 @@ def test_a_mesh_with_fewer_sizes_than_names_is_reported_not_crashed(doc):
     # Found by the fuzz test: the parameter checks used to look up the missing dim's size.
     del doc["mesh"]["shape"][0]
     problems = problems_of(doc)
-    assert "$.mesh: 2 dim names for 1 dims" in problems
+    assert "$.mesh: 2 axes for 1 sizes in shape" in problems
 
 
-def test_placements_must_cover_every_mesh_dim(doc):
+def test_placements_must_cover_every_mesh_axis(doc):
     doc["params"]["layers.0.norm.weight"]["placements"] = ["R"]
     (problem,) = problems_of(doc)
-    assert problem == '$.params["layers.0.norm.weight"].placements: 1 placements for a mesh of 2 dims [\'dp\', \'mp\']'
+    assert problem == '$.params["layers.0.norm.weight"].placements: 1 placements for a mesh of 2 axes [\'dp\', \'mp\']'
 
 
 def test_stage_must_be_below_pp(doc):
@@ -239,7 +255,7 @@ def test_blocks_params_and_handoffs_agree_on_stages():
 def test_strategy_must_agree_with_the_mesh(doc):
     doc["strategy"]["mp"] = 4
     problems = problems_of(doc)
-    assert "$.strategy.mp: 4 but the mesh's mp dim has size 2" in problems
+    assert "$.strategy.mp: 4 but the mesh's mp axis has size 2" in problems
 
 
 def test_shard_must_divide_and_fit_the_parameter(doc):
@@ -253,7 +269,7 @@ def test_shard_must_divide_and_fit_the_parameter(doc):
 def test_all_problems_are_reported_at_once(doc):
     doc["params"]["layers.0.norm.weight"]["stage"] = 3
     doc["hooks"][0]["placements"] = ["R"]
-    doc["data"]["shard_dims"] = ["pp"]
+    doc["data"]["shard_axes"] = ["pp"]
     err_problems = problems_of(doc)
     assert len(err_problems) == 4  # the stage is also not its block's
     with pytest.raises(PlanError, match="4 problems"):

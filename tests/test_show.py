@@ -61,7 +61,7 @@ def layered_plan(layers: int = 4, dp: int = 1, mp: int = 2, pp: int = 1, step_ti
         model=ModelInfo(class_name="LlamaForCausalLM", num_parameters=sum(math.prod(p.shape) for p in params.values()),
                         param_fingerprint="a" * 64, graph_fingerprint="b" * 64),
         cluster=Cluster(nodes=1, devices_per_node=world, device=DEVICE),
-        mesh=Mesh(dim_names=names, shape=shape, process_ids=list(range(world))),
+        mesh=Mesh(axes=names, shape=shape, process_ids=list(range(world))),
         strategy=Strategy(dp=dp, mp=mp, pp=pp, schedule="sequential" if pp > 1 else "none"),
         params=params,
         blocks=blocks,
@@ -111,7 +111,7 @@ def test_large_meshes_are_abridged():
 
 def test_data_parallel_plan_says_everything_is_replicated():
     text = show_text(layered_plan(layers=4, dp=4, mp=1))
-    assert "all 13 parameters replicated (R on every mesh dim)" in text
+    assert "all 13 parameters replicated (R on every mesh axis)" in text
     assert "q_proj" not in text
 
 

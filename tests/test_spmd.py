@@ -58,7 +58,7 @@ def test_the_rules_decide_where_the_gather_happens():
 
 def test_reshard_hooks_gather_fused_outputs_and_remove_implicit_comm():
     a = analysis_of("phi3")
-    hooks = reshard_hooks(a, 2, mesh_dims=("pp", "dp", "mp"))
+    hooks = reshard_hooks(a, 2, mesh_axes=("pp", "dp", "mp"))
     assert [(h.layer, h.when, h.action, h.placements) for h in hooks[:2]] == [
         ("model.layers.0.self_attn.qkv_proj", "post", "reshard", ["R", "S(0)", "R"]),
         ("model.layers.0.mlp.gate_up_proj", "post", "reshard", ["R", "S(0)", "R"])]

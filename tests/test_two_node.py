@@ -16,6 +16,6 @@ def test_two_nodes_dp2_mp2_match_single_device(tmp_path, reference_runs):
     config = Config(dp=2, mp=2, optimizer="adamw", plan_source="planner")
     trained = train_configurations("docstring_llama", [config], tmp_path, nodes=2)[config.name]
     assert (trained.plan.cluster.nodes, trained.plan.cluster.devices_per_node) == (2, 2)
-    assert trained.plan.mesh.process_ids == [0, 1, 2, 3] and trained.plan.mesh.dim_names == ["dp", "mp"]
+    assert trained.plan.mesh.process_ids == [0, 1, 2, 3] and trained.plan.mesh.axes == ["dp", "mp"]
     assert [out["world"] for out in trained.outputs] == [4, 4, 4, 4]
     check_against_reference(trained, reference_runs)

@@ -141,7 +141,7 @@ NOT_YET: dict[str, str] = {
 
 def mp_placements(target: str) -> dict[str, str]:
     made = plan_target(target, None, SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1), {"target": target})
-    axis = made.plan.mesh.dim_names.index("mp")
+    axis = made.plan.mesh.axes.index("mp")
     return {fqn: p.placements[axis] for fqn, p in made.plan.params.items()}
 
 

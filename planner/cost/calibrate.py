@@ -103,7 +103,7 @@ def timed(run: Callable[[], object], sync: Callable[[], object], repeats: int = 
 
 def plan_gemm_shapes(plan) -> list[tuple[int, int, int]]:
     """Per-rank (m, n, k) of the matmuls a plan runs: every 2-D parameter as a (k, n) weight,
-    divided over the mesh dims its placements shard, m = tokens per micro-batch per rank."""
+    divided over the mesh axes its placements shard, m = tokens per micro-batch per rank."""
     strategy, mesh = plan.strategy, plan.mesh
     spec = plan.model.input_specs[0].shape if plan.model.input_specs else [1, 1]
     batch, seq = (max(d, 1) for d in (list(spec) + [1, 1])[:2])

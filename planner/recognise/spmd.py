@@ -443,7 +443,7 @@ def implicit_comm(analysis: ModelAnalysis, mp: int, dtype_bytes: int | None = No
     return found
 
 
-def reshard_hooks(analysis: ModelAnalysis, mp: int, mesh_dims: Sequence[str] = ("mp",)) -> list[schemas.Hook]:
+def reshard_hooks(analysis: ModelAnalysis, mp: int, mesh_axes: Sequence[str] = ("mp",)) -> list[schemas.Hook]:
     """Post-hooks that reshard each column-split *fused* projection's output to Replicate over mp.
 
     Why: with ``q|k|v`` or ``gate|up`` split by columns, the forward works (Paddle all-gathers
@@ -452,13 +452,13 @@ def reshard_hooks(analysis: ModelAnalysis, mp: int, mesh_dims: Sequence[str] = (
     and Phi3 on CPU, docs/paddle-notes.md, "SPMD rules"). Gathering the output explicitly right after the
     projection trains to the same losses as one device, keeps the projection's weight and FLOPs
     split, and replaces the several gathers the segment split would trigger with one.
-    ``mesh_dims`` are the plan's mesh dims (``pp``, ``dp``, ``mp``): the batch stays split on
+    ``mesh_axes`` are the plan's mesh axes (``pp``, ``dp``, ``mp``): the batch stays split on
     ``dp``, everything else is whole.
     """
     if mp <= 1:
         return []
     fill = {"pp": "R", "dp": "S(0)", "mp": "R"}
-    placements = [fill[d] for d in mesh_dims]
+    placements = [fill[d] for d in mesh_axes]
     return [
         schemas.Reshard(layer=lin.layer, when="post", placements=placements,
                         reason=f"column-split fused {lin.name} ({lin.fused} segments): gather its output over mp "

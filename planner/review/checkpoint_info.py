@@ -38,7 +38,7 @@ def checkpoint_data(meta: Checkpoint) -> dict[str, Any]:
         },
         "plan": None if meta.plan is None else {
             "fingerprint": meta.plan.fingerprint,
-            "mesh": {"dim_names": meta.plan.mesh.dim_names, "shape": meta.plan.mesh.shape},
+            "mesh": {"axes": meta.plan.mesh.axes, "shape": meta.plan.mesh.shape},
             "strategy": {f: getattr(meta.plan.strategy, f) for f in meta.plan.strategy.__struct_fields__},
         },
         "optimizer": None if meta.optimizer is None else {
@@ -65,7 +65,7 @@ def checkpoint_text(meta: Checkpoint, path: str) -> str:
     if meta.plan is None:
         lines.append("plan        none (one device, or a model apply_plan did not distribute)")
     else:
-        mesh = f"{' × '.join(meta.plan.mesh.dim_names)} = {' × '.join(map(str, meta.plan.mesh.shape))}"
+        mesh = f"{' × '.join(meta.plan.mesh.axes)} = {' × '.join(map(str, meta.plan.mesh.shape))}"
         lines.append(f"plan        {meta.plan.fingerprint[:12]}: mesh {mesh}; {strategy_text(meta.plan.strategy)}")
     if meta.optimizer is None:
         lines.append("optimizer   none saved")

@@ -94,10 +94,10 @@ def _cluster(old: Plan, new: Plan) -> Lines:
 def _mesh(old: Plan, new: Plan) -> Lines:
     a, b = old.mesh, new.mesh
     shape = lambda m: " × ".join(map(str, m.shape))  # noqa: E731
-    if a.dim_names == b.dim_names:
-        lines = [f"mesh: {' × '.join(a.dim_names)} {shape(a)} → {shape(b)}"] if a.shape != b.shape else []
+    if a.axes == b.axes:
+        lines = [f"mesh: {' × '.join(a.axes)} {shape(a)} → {shape(b)}"] if a.shape != b.shape else []
     else:
-        lines = [f"mesh: {' × '.join(a.dim_names)} {shape(a)} → {' × '.join(b.dim_names)} {shape(b)}"]
+        lines = [f"mesh: {' × '.join(a.axes)} {shape(a)} → {' × '.join(b.axes)} {shape(b)}"]
     if a.process_ids != b.process_ids and len(a.process_ids) == len(b.process_ids):
         lines.append("mesh: ranks placed in a different order")
     return lines
@@ -114,9 +114,9 @@ def _words(value: Any) -> str:
 
 
 def placement_by_dim(plan: Plan, param: ParamPlan) -> str:
-    """A parameter's placements named by mesh dim, replicated dims left out (``mp:S(1)``), so
+    """A parameter's placements named by mesh axis, replicated axes left out (``mp:S(1)``), so
     plans over different meshes compare: adding a pp dim does not move a dp×mp parameter."""
-    parts = [f"{dim}:{p}" for dim, p in zip(plan.mesh.dim_names, param.placements) if p != "R"]
+    parts = [f"{dim}:{p}" for dim, p in zip(plan.mesh.axes, param.placements) if p != "R"]
     return " ".join(parts) or "replicated"
 
 
@@ -190,8 +190,8 @@ def _recompute(old: Plan, new: Plan) -> Lines:
 
 
 def _data(old: Plan, new: Plan) -> Lines:
-    dims = lambda d: ", ".join(d.shard_dims) or "nothing"  # noqa: E731
-    lines = [f"data: split over {dims(old.data)} → {dims(new.data)}"] if old.data.shard_dims != new.data.shard_dims else []
+    axes = lambda d: ", ".join(d.shard_axes) or "nothing"  # noqa: E731
+    lines = [f"data: split over {axes(old.data)} → {axes(new.data)}"] if old.data.shard_axes != new.data.shard_axes else []
     return lines + _changes("data", old.data, new.data, ["input_stage", "label_stage"])
 
 

@@ -196,7 +196,7 @@ def strategy_text(strategy: Strategy, form: Literal["long", "short"] = "long") -
 
 def mesh_text(plan: Plan) -> str:
     """``dp × mp = 2 × 2``."""
-    return f"{' × '.join(plan.mesh.dim_names)} = {' × '.join(map(str, plan.mesh.shape))}"
+    return f"{' × '.join(plan.mesh.axes)} = {' × '.join(map(str, plan.mesh.shape))}"
 
 
 def mesh_grid(plan: Plan) -> list[list[list[int]]]:

@@ -44,15 +44,15 @@ MESH_HEIGHT = 400
 
 def rank_param_elements(plan: Plan) -> list[int]:
     """Planned parameter elements held by each rank: its stage's parameters, divided by the mesh
-    dims each one is sharded over."""
-    names, shape, ids = plan.mesh.dim_names, plan.mesh.shape, plan.mesh.process_ids
+    axes each one is sharded over."""
+    names, shape, ids = plan.mesh.axes, plan.mesh.shape, plan.mesh.process_ids
     sizes = dict(zip(names, shape))
     per_stage = [0] * plan.strategy.pp
     for param in plan.params.values():
         numel = math.prod(param.shape)
-        for dim, placement in zip(names, param.placements):
+        for axis, placement in zip(names, param.placements):
             if shard_dim(placement) is not None:
-                numel //= sizes[dim]
+                numel //= sizes[axis]
         per_stage[param.stage] += numel
     stage_width = len(ids) // plan.strategy.pp
     return [per_stage[position // stage_width] for position in range(len(ids))]
@@ -128,7 +128,7 @@ def render_svg(plan: Plan) -> str:
 def _mesh(svg: _Svg, plan: Plan, y: float) -> float:
     svg.text("heading", MARGIN, y, "mesh (rank ids)", size=14, font_weight="bold")
     y += 10
-    names, grids = plan.mesh.dim_names, mesh_grid(plan)
+    names, grids = plan.mesh.axes, mesh_grid(plan)
     if len(names) == 1 and len(grids[0][0]) > WRAP_1D:  # a long 1-D mesh wraps into rows
         ids = grids[0][0]
         grids = [[ids[i : i + WRAP_1D] for i in range(0, len(ids), WRAP_1D)]]

@@ -52,8 +52,8 @@ MAX_ROWS = 8
 
 
 def mesh_lines(plan: Plan) -> list[str]:
-    """The mesh drawn as a grid of rank ids labelled with dim names (large meshes abridged)."""
-    names, grids = plan.mesh.dim_names, mesh_grid(plan)
+    """The mesh drawn as a grid of rank ids labelled with axis names (large meshes abridged)."""
+    names, grids = plan.mesh.axes, mesh_grid(plan)
     width = max(len(str(i)) for i in plan.mesh.process_ids)
     col_name = names[-1]
     if len(names) == 1 and len(grids[0][0]) > MAX_COLUMNS:  # a long 1-D mesh: wrapped rows
@@ -95,7 +95,7 @@ def show_data(plan: Plan, top: int = TOP_ALTERNATIVES) -> dict[str, Any]:
     return {
         "model": to(plan.model),
         "cluster": to(plan.cluster),
-        "mesh": {"dim_names": list(plan.mesh.dim_names), "shape": list(plan.mesh.shape), "grid": mesh_grid(plan)},
+        "mesh": {"axes": list(plan.mesh.axes), "shape": list(plan.mesh.shape), "grid": mesh_grid(plan)},
         "strategy": to(plan.strategy),
         "stages": stage_summary(plan),
         "placements": [
@@ -184,11 +184,11 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
             f"{human_count(stage['num_elements'])} elements"
         )
     out.append("")
-    out.append(f"placements  ({' '.join(plan.mesh.dim_names)})")
+    out.append(f"placements  ({' '.join(plan.mesh.axes)})")
     rows = placement_rows(plan)
     if all(set(row.value[0]) == {"R"} for row in rows):  # data parallel only: nothing to list
         rows = []
-        out.append(f"  all {len(plan.params)} parameters replicated (R on every mesh dim)")
+        out.append(f"  all {len(plan.params)} parameters replicated (R on every mesh axis)")
     width = max((len(clip(r.pattern)) for r in rows), default=0)
     pwidth = max((len(" ".join(r.value[0])) for r in rows), default=0)
     for row in rows:
@@ -211,7 +211,7 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
         out.append(f"recompute ({plan.strategy.recompute}): forward run again in backward")
         out += [f"  {clip(row.pattern)}" for row in collapse(dict.fromkeys(plan.recompute, 0))]
     out.append("")
-    out.append(f"data      split over {', '.join(plan.data.shard_dims) or 'nothing (every rank reads the whole batch)'}")
+    out.append(f"data      split over {', '.join(plan.data.shard_axes) or 'nothing (every rank reads the whole batch)'}")
     out.append("")
     out.append(
         f"estimate  {human_seconds(est.step_time_s)} per step, {human_count(est.tokens_per_s)} tokens/s, "

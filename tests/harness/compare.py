@@ -74,13 +74,13 @@ def layout_differences(plan, rank_output: dict) -> list[str]:
     """Where a rank's parameters and optimizer states are not laid out as ``plan`` says.
 
     Each parameter must be a distributed tensor whose local shard has the planned shape (full
-    shape divided by the mesh dims that shard it); ZeRO stage 3 may split it further over dp.
+    shape divided by the mesh axes that shard it); ZeRO stage 3 may split it further over dp.
     With a ZeRO stage, every AdamW moment (the bulk of optimizer memory; the scalar ``beta_pow``
     accumulators cannot be split) must be split over dp. Guards against a run that
     matches only because nothing was distributed.
     """
-    sizes = dict(zip(plan.mesh.dim_names, plan.mesh.shape))
-    dp_index = plan.mesh.dim_names.index("dp") if "dp" in sizes else None
+    sizes = dict(zip(plan.mesh.axes, plan.mesh.shape))
+    dp_index = plan.mesh.axes.index("dp") if "dp" in sizes else None
     stage = plan.strategy.sharding_stage
     rank, problems = rank_output["rank"], []
     for fqn, planned in sorted(plan.params.items()):
@@ -91,7 +91,7 @@ def layout_differences(plan, rank_output: dict) -> list[str]:
             problems.append(f"rank {rank}: {fqn} is not a distributed tensor")
             continue
         expected = list(planned.shape)
-        for dim, placement in zip(plan.mesh.dim_names, planned.placements):
+        for dim, placement in zip(plan.mesh.axes, planned.placements):
             if placement.startswith("S("):
                 expected[int(placement[2])] //= sizes[dim]
         zero3_dim = _shard_dim(got["placements"][dp_index]) if stage == 3 and dp_index is not None else None

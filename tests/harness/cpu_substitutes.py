@@ -39,7 +39,7 @@ def _needs_detour(src, dst) -> bool:
 
 def reshard_via_replicate(tensor, mesh, placements):
     """``dist.reshard(tensor, mesh, placements)`` with every P->S and S(i)->S(j) on a mesh
-    dim done as a detour through Replicate (TEST-ONLY, see the module docstring)."""
+    axis done as a detour through Replicate (TEST-ONLY, see the module docstring)."""
     if tensor.is_dist() and tensor.process_mesh == mesh:
         via = [dist.Replicate() if _needs_detour(s, d) else s for s, d in zip(tensor.placements, placements)]
         if via != list(tensor.placements):

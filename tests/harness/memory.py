@@ -15,18 +15,18 @@ from autodist.schemas.plan import DTYPE_BYTES
 
 def planned_local_bytes(plan: Plan, rank: int) -> int:
     """Bytes of parameters ``rank`` holds under ``plan``: for each parameter on the rank's
-    stage, its size divided by the degree of every mesh dim that shards it. What
+    stage, its size divided by the degree of every mesh axis that shards it. What
     ``local_parameter_bytes(model)`` must equal after ``shard_parameters``."""
     ids = np.array(plan.mesh.process_ids).reshape(plan.mesh.shape)
-    coords = dict(zip(plan.mesh.dim_names, np.argwhere(ids == rank)[0]))
+    coords = dict(zip(plan.mesh.axes, np.argwhere(ids == rank)[0]))
     rank_stage = int(coords.get("pp", 0))
-    sizes = dict(zip(plan.mesh.dim_names, plan.mesh.shape))
+    sizes = dict(zip(plan.mesh.axes, plan.mesh.shape))
     total = 0
     for param in plan.params.values():
         if param.stage != rank_stage:
             continue
         elements = int(np.prod(param.shape, dtype=np.int64))
-        for dim, placement in zip(plan.mesh.dim_names, param.placements):
+        for dim, placement in zip(plan.mesh.axes, param.placements):
             if shard_dim(placement) is not None:
                 elements //= sizes[dim]
         total += elements * DTYPE_BYTES[param.dtype]

@@ -111,7 +111,7 @@ def tensor_parallel_plan(
             graph_fingerprint=NO_GRAPH,
         ),
         cluster=Cluster(nodes=nodes, devices_per_node=world // nodes, device=CPU_DEVICE),
-        mesh=Mesh(dim_names=[n for n, _ in dims], shape=[s for _, s in dims], process_ids=list(range(world))),
+        mesh=Mesh(axes=[n for n, _ in dims], shape=[s for _, s in dims], process_ids=list(range(world))),
         strategy=Strategy(
             dp=dp,
             mp=mp,
@@ -123,7 +123,7 @@ def tensor_parallel_plan(
         ),
         params=params,
         hooks=(sequence_parallel_hooks(model) if sequence_parallel else []) + handoffs,
-        data=DataPlan(shard_dims=["dp"] if dp > 1 else [], input_stage=0, label_stage=pp - 1),
+        data=DataPlan(shard_axes=["dp"] if dp > 1 else [], input_stage=0, label_stage=pp - 1),
         provenance=Provenance(
             autodist_version="0.1.0", paddle_version="test", arguments={"written_by": "tests/harness/plans.py"}
         ),
