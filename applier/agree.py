@@ -308,16 +308,20 @@ def verdict_problems(records: list[Record], missing: list[int], world: int, time
         )
     plans = _groups(records, lambda r: r.plan_digest)
     if len(plans) > 1:
-        problems.append("ranks disagree: different plan: " + ", ".join(
-            f"{_who(group)} {'has ' + group[0].plan_source if key else 'could not read ' + group[0].plan_source}"
-            + (f" (sha256 {key[:12]}...)" if key else "")
-            for key, group in plans
-        ))
+        problems.append(
+            "ranks disagree: different plan: "
+            + ", ".join(
+                f"{_who(group)} {'has ' + group[0].plan_source if key else 'could not read ' + group[0].plan_source}"
+                + (f" (sha256 {key[:12]}...)" if key else "")
+                for key, group in plans
+            )
+        )
     models = _groups(records, lambda r: r.model_digest)
     if len(models) > 1:
-        problems.append("ranks disagree: different model: " + ", ".join(
-            f"{_who(group)} a model with parameter table sha256 {key[:12]}..." for key, group in models
-        ))
+        problems.append(
+            "ranks disagree: different model: "
+            + ", ".join(f"{_who(group)} a model with parameter table sha256 {key[:12]}..." for key, group in models)
+        )
     failed = _groups([r for r in records if r.problems], lambda r: json.dumps(r.problems))
     if len(failed) == 1 and len(failed[0][1]) == len(records) and not problems:
         return list(records[0].problems)  # every rank found the same problems: just those
@@ -342,8 +346,6 @@ def _ranks(ranks: list[int]) -> str:
     return shown + (f" and {len(ranks) - _MAX_RANKS_NAMED} more" if len(ranks) > _MAX_RANKS_NAMED else "")
 
 
-
-
 # -- every other rank sends its record and waits for the verdict ----------------------------------
 
 
@@ -354,7 +356,8 @@ def _join(record: Record, call: int, timeout_s: float) -> list[str]:
     if conn is None:
         why = (
             f"something other than autodist listens on {host}:{port}; set {PORT_ENV} to a free port on every rank"
-            if stranger else f"nothing listens on {host}:{port}; dead, stuck, or another plan?"
+            if stranger
+            else f"nothing listens on {host}:{port}; dead, stuck, or another plan?"
         )
         raise PlanError(
             f"agreement: rank 0 did not reach the agreement step within {timeout_s:g} s ({why}); "

@@ -123,8 +123,9 @@ def apply_plan(
         optimizer = shard_optimizer(rebuilt, plan)
         accumulating = None
         if accumulates(plan):
-            optimizer = accumulating = AccumulatingOptimizer(optimizer, optimizer_parameters(rebuilt),
-                                                             plan.strategy.micro_batches)
+            optimizer = accumulating = AccumulatingOptimizer(
+                optimizer, optimizer_parameters(rebuilt), plan.strategy.micro_batches
+            )
         step_scheduler_per_update(rebuilt, accumulating)  # the user's LR scheduler: once per update
     if dataloader is not None:
         dataloader = shard_loader(dataloader, plan)
@@ -137,4 +138,3 @@ def apply_plan(
 def applied_plan(model: paddle.nn.Layer) -> Plan | None:
     """The plan :func:`apply_plan` distributed ``model`` by, or None."""
     return _APPLIED.get(model)
-

@@ -299,7 +299,9 @@ def _optimizer_states(model, optimizer) -> dict[str, dict[str, paddle.Tensor]]:
     for kind, per_param in inner._accumulators.items():
         for param_name, tensor in per_param.items():
             if param_name not in fqn_of:
-                raise CheckpointError(f"the optimizer holds {kind} of {param_name!r}, which is no parameter of the model")
+                raise CheckpointError(
+                    f"the optimizer holds {kind} of {param_name!r}, which is no parameter of the model"
+                )
             states.setdefault(fqn_of[param_name], {})[kind] = tensor
     return states
 
@@ -336,7 +338,9 @@ def _check_target_folder(path: Path) -> None:
     if path.is_dir() and not (path / METADATA_FILE).exists():
         foreign = [p.name for p in path.iterdir() if not _is_ours(p.name)]
         if foreign:
-            raise CheckpointError(f"exists and is not an autodist checkpoint (it holds {foreign[0]!r}); not writing into it")
+            raise CheckpointError(
+                f"exists and is not an autodist checkpoint (it holds {foreign[0]!r}); not writing into it"
+            )
 
 
 def _is_ours(name: str) -> bool:
@@ -362,7 +366,9 @@ def _commit(path: Path, meta: Checkpoint) -> None:
     for file, size in sorted(meta.files.items()):
         found = (folder / file).stat().st_size if (folder / file).exists() else None
         if found != size:
-            raise CheckpointError(f"{meta.data}/{file} has {found} bytes, expected {size}: a rank's write was lost", path)
+            raise CheckpointError(
+                f"{meta.data}/{file} has {found} bytes, expected {size}: a rank's write was lost", path
+            )
     _fsync_dir(folder)
     tmp = path / f".{METADATA_FILE}.{meta.data}{_TMP_SUFFIX}"
     with open(tmp, "wb") as f:
@@ -422,7 +428,9 @@ def _model_problems(model, meta: Checkpoint) -> list[str]:
     saved = {fqn: (t.shape, t.dtype) for fqn, t in meta.params.items()}
     missing = sorted(set(table) - set(saved))
     extra = sorted(set(saved) - set(table))
-    changed = sorted(f for f in set(saved) & set(table) if list(saved[f][0]) != table[f][0] or saved[f][1] != table[f][1])
+    changed = sorted(
+        f for f in set(saved) & set(table) if list(saved[f][0]) != table[f][0] or saved[f][1] != table[f][1]
+    )
     details = [f"{len(names)} {what}, e.g. {names[0]!r}" for what, names in (
         ("not in the checkpoint", missing), ("only in the checkpoint", extra), ("of another shape or dtype", changed)
     ) if names]  # fmt: skip
@@ -442,7 +450,9 @@ def _optimizer_problems(model, optimizer, meta: Checkpoint) -> list[str]:
     fqns = {fqn for fqn, p in model.named_parameters() if id(p) in held}
     not_held = sorted(set(meta.optimizer.states) - fqns)
     if not_held:
-        return [f"has optimizer states of {len(not_held)} parameters the optimizer does not update, e.g. {not_held[0]!r}"]
+        return [
+            f"has optimizer states of {len(not_held)} parameters the optimizer does not update, e.g. {not_held[0]!r}"
+        ]
     return []
 
 
@@ -504,7 +514,9 @@ class _MappedFiles:
     def array(self, shard: Shard, dtype: str) -> np.ndarray:
         if shard.file not in self.maps:
             file = self.folder / shard.file
-            self.maps[shard.file] = np.memmap(file, dtype=np.uint8, mode="r") if file.stat().st_size else np.empty(0, np.uint8)
+            self.maps[shard.file] = (
+                np.memmap(file, dtype=np.uint8, mode="r") if file.stat().st_size else np.empty(0, np.uint8)
+            )
         np_dtype = _numpy_dtype(dtype)
         nbytes = math.prod(shard.shape) * np_dtype.itemsize
         raw = self.maps[shard.file][shard.byte_offset : shard.byte_offset + nbytes]

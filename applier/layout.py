@@ -26,7 +26,9 @@ import numpy as np
 Box = tuple[list[int], list[int]]  # (offset, shape) in the full tensor
 
 
-def shard_box(shape: Sequence[int], mesh_shape: Sequence[int], coords: Sequence[int], split: Sequence[int | None]) -> Box:
+def shard_box(
+    shape: Sequence[int], mesh_shape: Sequence[int], coords: Sequence[int], split: Sequence[int | None]
+) -> Box:
     """The ``(offset, shape)`` of the piece held at mesh coordinates ``coords``."""
     offset, size = [0] * len(shape), [int(n) for n in shape]
     for mesh_axis, dim in enumerate(split):
@@ -40,7 +42,9 @@ def shard_box(shape: Sequence[int], mesh_shape: Sequence[int], coords: Sequence[
     return offset, size
 
 
-def distinct_shards(shape: Sequence[int], ids: np.ndarray, split: Sequence[int | None]) -> list[tuple[int, list[int], list[int]]]:
+def distinct_shards(
+    shape: Sequence[int], ids: np.ndarray, split: Sequence[int | None]
+) -> list[tuple[int, list[int], list[int]]]:
     """One ``(writer rank, offset, shape)`` per distinct piece, in rank order. Replicated copies
     are written once, by the rank at coordinate 0 of every mesh axis that does not split."""
     shards = []

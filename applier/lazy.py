@@ -44,6 +44,7 @@ import paddle
 from paddle.base.unique_name import UniqueNameGenerator
 from paddle.utils import unique_name
 
+
 class Build(NamedTuple):
     """One ``with LazyGuard():`` block, as it ended."""
 
@@ -156,8 +157,12 @@ def unordered_parameters(model: paddle.nn.Layer) -> list[str]:
     unsure = []
     for prefix, layer in model.named_sublayers(include_self=True):
         own = [(key, p) for key, p in layer._parameters.items() if p is not None and is_lazy(p) and draws_randomly(p)]
-        below = any(is_lazy(p) and draws_randomly(p) for sub in layer.sublayers() for p in sub._parameters.values()
-                    if p is not None)
+        below = any(
+            is_lazy(p) and draws_randomly(p)
+            for sub in layer.sublayers()
+            for p in sub._parameters.values()
+            if p is not None
+        )
         if own and below:
             unsure += [f"{prefix}.{key}" if prefix else key for key, _ in own]
     return unsure

@@ -132,21 +132,32 @@ def pipeline_problems(model: paddle.nn.Layer, plan: Plan, loss_fn: Callable | No
     without a pipelining schedule unless they tie weights across stages)."""
     tied = sorted(fqn for fqn, p in plan.params.items() if p.tied_stages)
     if not uses_schedule(plan):
-        return [f'$.params["{fqn}"].tied_stages: a weight tied across stages needs the 1F1B or VPP schedule, '
-                f"which sums its copies' gradients (the plan's is {plan.strategy.schedule})" for fqn in tied]
+        return [
+            f'$.params["{fqn}"].tied_stages: a weight tied across stages needs the 1F1B or VPP schedule, '
+            f"which sums its copies' gradients (the plan's is {plan.strategy.schedule})"
+            for fqn in tied
+        ]
     schedule, pp = plan.strategy.schedule, plan.strategy.pp
-    problems = [] if loss_fn is not None else [
-        f"$.strategy.schedule: {schedule} computes the loss inside the schedule: pass apply_plan(..., loss_fn=fn)"
-    ]
+    problems = (
+        []
+        if loss_fn is not None
+        else [
+            f"$.strategy.schedule: {schedule} computes the loss inside the schedule: pass apply_plan(..., loss_fn=fn)"
+        ]
+    )
     units = stage_units(model, plan)
     layers = dict(model.named_sublayers())
     problems += [f'$.blocks: no sub-layer "{layer}" in the model' for layer, _ in units if layer not in layers]
     stages = [stage for _, stage in units]
-    problems += [f"$.strategy.schedule: {p}" for p in schedule_problems(schedule, pp, plan.strategy.micro_batches, stages)]
+    problems += [
+        f"$.strategy.schedule: {p}" for p in schedule_problems(schedule, pp, plan.strategy.micro_batches, stages)
+    ]
     chunks = len(chunk_stages(stages))
     if stages and chunks != pp * plan.strategy.virtual_stages:
-        problems.append(f"$.strategy.virtual_stages: {plan.strategy.virtual_stages} chunks per rank, but the units' "
-                        f"stages form {chunks} chunks over pp={pp}")
+        problems.append(
+            f"$.strategy.virtual_stages: {plan.strategy.virtual_stages} chunks per rank, but the units' "
+            f"stages form {chunks} chunks over pp={pp}"
+        )
     stage_of = name_stages(plan)
     for slots in parameter_owners(model).values():
         for slot in slots:
@@ -154,12 +165,16 @@ def pipeline_problems(model: paddle.nn.Layer, plan: Plan, loss_fn: Callable | No
             if stage is None or _unit_of(slot.fqn, units) is not None:
                 continue
             if stage not in (0, pp - 1):
-                problems.append(f'$.params["{slot.fqn}"].stage: {stage}, but a parameter outside the blocks '
-                                f"runs before them (stage 0) or after them (stage {pp - 1})")
+                problems.append(
+                    f'$.params["{slot.fqn}"].stage: {stage}, but a parameter outside the blocks '
+                    f"runs before them (stage 0) or after them (stage {pp - 1})"
+                )
             elif stage == 0 and _contains_a_unit(slot.fqn.rpartition(".")[0], units):
-                problems.append(f'$.params["{slot.fqn}"]: runs before the first block but is held by a layer that '
-                                "also holds blocks, so later stages cannot skip it; a pipeline schedule needs it in "
-                                "a layer of its own (e.g. an nn.Embedding)")
+                problems.append(
+                    f'$.params["{slot.fqn}"]: runs before the first block but is held by a layer that '
+                    "also holds blocks, so later stages cannot skip it; a pipeline schedule needs it in "
+                    "a layer of its own (e.g. an nn.Embedding)"
+                )
     return problems
 
 
@@ -189,8 +204,16 @@ class StageChunk(paddle.nn.Layer):
     output. ``parameters()`` are the chunk's own; the model is held, not registered.
     """
 
-    def __init__(self, model: paddle.nn.Layer, running: _Running, units: list[str], stubs: dict[str, str],
-                 params: list[paddle.Tensor], is_first: bool, is_last: bool):
+    def __init__(
+        self,
+        model: paddle.nn.Layer,
+        running: _Running,
+        units: list[str],
+        stubs: dict[str, str],
+        params: list[paddle.Tensor],
+        is_first: bool,
+        is_last: bool,
+    ):
         super().__init__()
         self._whole = [model]  # a list, so that Layer does not register the whole model
         self._running, self.units, self.is_first, self.is_last = running, units, is_first, is_last
@@ -211,8 +234,10 @@ class StageChunk(paddle.nn.Layer):
         finally:
             self._running.chunk, self._received = None, None
         if not self.is_last:
-            raise RuntimeError(f"the model's forward returned without running block {self.units[-1]}; "
-                               "a pipeline stage must end at its last block")
+            raise RuntimeError(
+                f"the model's forward returned without running block {self.units[-1]}; "
+                "a pipeline stage must end at its last block"
+            )
         return first_tensor(output)
 
     @contextmanager
@@ -257,8 +282,14 @@ def _build_chunks(model: paddle.nn.Layer, plan: Plan, rank_stage: int) -> list[t
     stage_of_unit = dict(units)
     pp, last = plan.strategy.pp, len(chunks) - 1
     stage_of = name_stages(plan)
-    before_first = sorted({slot.fqn.rpartition(".")[0] for slots in parameter_owners(model).values() for slot in slots
-                           if stage_of.get(slot.fqn) == 0 and _unit_of(slot.fqn, units) is None})
+    before_first = sorted(
+        {
+            slot.fqn.rpartition(".")[0]
+            for slots in parameter_owners(model).values()
+            for slot in slots
+            if stage_of.get(slot.fqn) == 0 and _unit_of(slot.fqn, units) is None
+        }
+    )
     layers = dict(model.named_sublayers())
     running = _Running()
     built = []
@@ -276,8 +307,9 @@ def _build_chunks(model: paddle.nn.Layer, plan: Plan, rank_stage: int) -> list[t
     return built
 
 
-def _chunk_parameters(model, stage_of: dict[str, int], units, names: list[str], first: bool, last: bool,
-                      pp: int) -> list:
+def _chunk_parameters(
+    model, stage_of: dict[str, int], units, names: list[str], first: bool, last: bool, pp: int
+) -> list:
     """The parameter objects a chunk owns: those of its units, and outside the units the
     stage-0 ones (first chunk) and the last stage's ones (last chunk) — tied copies included."""
     owned, seen = [], set()
@@ -315,7 +347,9 @@ class PipelineModel(paddle.nn.Layer):
         # only the last the target. The others must not even split them: a tensor on another
         # stage's mesh cannot be split on this rank (segfault in GetDefaultPlace on CPU).
         losses: list[paddle.Tensor] = []
-        self.schedule.step(*(inputs if self.holds_first else ()), target=target if self.holds_last else None, losses=losses)
+        self.schedule.step(
+            *(inputs if self.holds_first else ()), target=target if self.holds_last else None, losses=losses
+        )
         n = self.schedule._n_microbatches
         return [loss.detach() * n for loss in losses]  # undo the 1/n of _mean_over_micro_batches
 
@@ -387,4 +421,3 @@ def _mean_over_micro_batches(loss_fn: Callable, n: int) -> Callable:
     its batch, so each micro-batch's loss is divided by ``n``: the step then trains exactly
     as the whole batch would on one device (equal-sized micro-batches)."""
     return lambda output, target: loss_fn(output, target) / n
-

@@ -71,8 +71,10 @@ def shard_parameters(model: paddle.nn.Layer, plan: Plan) -> list[tuple[paddle.Te
         new = dist.shard_tensor(old, stage_mesh(plan, planned.stage), placements)
         # A name tied across stages (an LM head sharing the embedding) holds its own copy on its
         # stage; the pipeline keeps the copies equal (pipeline.py).
-        copies = {alias: dist.shard_tensor(old, stage_mesh(plan, stage), placements)
-                  for alias, stage in sorted(planned.tied_stages.items())}
+        copies = {
+            alias: dist.shard_tensor(old, stage_mesh(plan, stage), placements)
+            for alias, stage in sorted(planned.tied_stages.items())
+        }
         for slot in slots:
             slot.layer._parameters[slot.key] = copies.get(slot.fqn, new)
         replaced += [(old, new)] + [(old, copy) for copy in copies.values()]

@@ -69,9 +69,11 @@ def expert_problems(plan: Plan) -> list[str]:
     if plan.strategy.ep == 1:
         return []
     layers = sorted({b.experts for b in plan.blocks if b.experts})
-    return [f"strategy: ep={plan.strategy.ep} spreads the experts of {layers[0] if layers else 'no layer'}"
-            f"{f' (and {len(layers) - 1} more)' if len(layers) > 1 else ''} over dp ranks, which apply_plan "
-            "cannot apply yet (it plans and prices expert parallelism only); re-plan with --ep 1"]
+    return [
+        f"strategy: ep={plan.strategy.ep} spreads the experts of {layers[0] if layers else 'no layer'}"
+        f"{f' (and {len(layers) - 1} more)' if len(layers) > 1 else ''} over dp ranks, which apply_plan "
+        "cannot apply yet (it plans and prices expert parallelism only); re-plan with --ep 1"
+    ]
 
 
 def parameter_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
@@ -86,11 +88,16 @@ def parameter_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
             "the plan was edited by hand or made by another planner; re-plan this model"
         )
     if problems:
-        problems.insert(0, f"model: this is not the model the plan was made for ({plan.model.class_name}, "
-                           f"{len(plan.params)} parameters; this {type(model).__name__} has {len(actual)})")
+        problems.insert(
+            0,
+            f"model: this is not the model the plan was made for ({plan.model.class_name}, "
+            f"{len(plan.params)} parameters; this {type(model).__name__} has {len(actual)})",
+        )
     already = [fqn for fqn, p in model.named_parameters() if p.is_dist()]
     if already:
-        problems.append(f"model: already distributed parameters {_names(already)}: apply a plan to the plain model, once")
+        problems.append(
+            f"model: already distributed parameters {_names(already)}: apply a plan to the plain model, once"
+        )
     return problems
 
 
@@ -105,7 +112,9 @@ def _table_differences(plan: Plan, actual: dict) -> list[str]:
         problems.append(f"parameters removed (planned, not in the model): {_names(diff.removed)}")
     if diff.added:
         problems.append(f"parameters added (in the model, not planned): {_names(diff.added)}")
-    changes = [(fqn, f'$.params["{fqn}"].shape: planned {p} but the model has {a} (resized)') for fqn, p, a in diff.resized]
+    changes = [
+        (fqn, f'$.params["{fqn}"].shape: planned {p} but the model has {a} (resized)') for fqn, p, a in diff.resized
+    ]
     changes += [(fqn, f'$.params["{fqn}"].dtype: planned {p} but the model has {a}') for fqn, p, a in diff.retyped]
     return problems + [message for _, message in sorted(changes, key=lambda c: c[0])]
 
@@ -115,7 +124,9 @@ def structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     the planned ties, hook sites, accumulation and recompute. ``autodist-plan check`` runs exactly these too, so a
     plan it calls valid is not refused here for its model."""
     return (
-        tie_problems(model, plan) + hook_problems(model, plan) + accumulation_problems(plan)
+        tie_problems(model, plan)
+        + hook_problems(model, plan)
+        + accumulation_problems(plan)
         + recompute_problems(model, plan)
     )
 
@@ -177,9 +188,11 @@ def batch_problems(plan: Plan, dataloader: paddle.io.DataLoader) -> list[str]:
     described = f"{size} per dp rank x dp={dp} = {total}" if split else f"{total}"
     planned = plan.data.global_batch_size
     if planned and total != planned:
-        return [f"dataloader: yields batches of {described} samples per step but the plan was made for a global "
-                f"batch of {planned} ($.data.global_batch_size); give the loader batch_size={planned} or re-plan "
-                f"with --global-batch-size {total}"]
+        return [
+            f"dataloader: yields batches of {described} samples per step but the plan was made for a global "
+            f"batch of {planned} ($.data.global_batch_size); give the loader batch_size={planned} or re-plan "
+            f"with --global-batch-size {total}"
+        ]
     if total % (dp * m):
         return [f"dataloader: a batch of {described} samples does not divide over dp={dp} x {m} micro-batches"]
     return []

@@ -44,7 +44,9 @@ def worker(job_path: str) -> None:
         model = model_module.build_model(**job["config"])
         optimizer = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
         dataset = TokenDataset(job["config"]["vocab_size"], 2 * BATCH, job["seed"], seq=job["config"]["seq_length"])
-        loader = paddle.io.DataLoader(dataset, batch_sampler=paddle.io.BatchSampler(dataset, batch_size=BATCH, drop_last=True))
+        loader = paddle.io.DataLoader(
+            dataset, batch_sampler=paddle.io.BatchSampler(dataset, batch_size=BATCH, drop_last=True)
+        )
         return model, optimizer, loader
 
     dist.init_parallel_env()
@@ -64,7 +66,6 @@ def worker(job_path: str) -> None:
     to_distributed_time = time.perf_counter() - start
     result = {"rank": rank, "apply_plan": apply_times, "to_distributed": to_distributed_time}
     (Path(job["out_dir"]) / f"rank{rank}.json").write_text(json.dumps(result))
-
 
 
 def run(args) -> list[dict]:
@@ -109,7 +110,6 @@ def report(args, ranks: list[dict], markdown: bool) -> str:
     worst = max(ratio for *_, ratio in rows)
     lines.append(f"\nworst rank: apply_plan takes {worst:.1%} of to_distributed's time (target <= 5 %)")
     return "\n".join(lines)
-
 
 
 if __name__ == "__main__":

@@ -116,9 +116,13 @@ def worker(job_path: str) -> None:
             return paddle_state((model, optimizer))
 
         result["save_checkpoint"] = best(lambda i: None, lambda _: save_checkpoint(model, optimizer, ours, step=1))
-        result["dist.save_state_dict"] = _or_failure(lambda: best(paddle_save, lambda s: dist.save_state_dict(s, str(paddles))))
+        result["dist.save_state_dict"] = _or_failure(
+            lambda: best(paddle_save, lambda s: dist.save_state_dict(s, str(paddles)))
+        )
         result["load_checkpoint"] = best(lambda i: fresh(job["plan_mp2"]), lambda t: load_checkpoint(t[0], t[1], ours))
-        result["load_checkpoint_replanned"] = best(lambda i: fresh(job["plan_dp2"]), lambda t: load_checkpoint(t[0], t[1], ours))
+        result["load_checkpoint_replanned"] = best(
+            lambda i: fresh(job["plan_dp2"]), lambda t: load_checkpoint(t[0], t[1], ours)
+        )
 
         def paddle_target(i):
             with paddle.utils.unique_name.guard():
@@ -126,7 +130,9 @@ def worker(job_path: str) -> None:
                 target[1].state_dict()  # _ShardOptimizer creates its states here (a fake step)
             return paddle_state(target)
 
-        result["dist.load_state_dict"] = _or_failure(lambda: best(paddle_target, lambda s: dist.load_state_dict(s, str(paddles))))
+        result["dist.load_state_dict"] = _or_failure(
+            lambda: best(paddle_target, lambda s: dist.load_state_dict(s, str(paddles)))
+        )
         result["bytes"] = _folder_bytes(ours)
     (Path(job["out_dir"]) / f"world{world}.rank{rank}.json").write_text(json.dumps(result))
 
@@ -140,7 +146,6 @@ def _or_failure(measure):
 
 def _folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
 
 
 def run(args) -> dict[int, list[dict]]:
@@ -203,13 +208,17 @@ def report(args, results: dict[int, list[dict]], markdown: bool) -> str:
             ),
         ]
     fmt = lambda t: f"{t:.3f}" if isinstance(t, float) else t  # noqa: E731
-    size = (f"checkpoint folder: {single['bytes'] / 2**20:.1f} MiB on one process, "
-            f"{results[RANKS][0]['bytes'] / 2**20:.1f} MiB from mp2")
+    size = (
+        f"checkpoint folder: {single['bytes'] / 2**20:.1f} MiB on one process, "
+        f"{results[RANKS][0]['bytes'] / 2**20:.1f} MiB from mp2"
+    )
     if markdown:
         lines = [head, "", "| run | what | Paddle (s) | Paddle's way | autodist (s) |", "|---|---|---|---|---|"]
         lines += [f"| {run} | {what} | {fmt(p)} | {how} | {fmt(a)} |" for run, what, p, how, a in rows]
     else:
-        lines = [head] + [f"{run:18} {what:18} {how:32} {fmt(p):>12}   autodist {fmt(a)}" for run, what, p, how, a in rows]
+        lines = [head] + [
+            f"{run:18} {what:18} {how:32} {fmt(p):>12}   autodist {fmt(a)}" for run, what, p, how, a in rows
+        ]
     return "\n".join(lines + ["", size])
 
 

@@ -30,8 +30,15 @@ TIMEOUT_S = 600
 
 
 def _run(command: list[str]) -> None:
-    subprocess.run(command, cwd=REPO, env=environment(), check=True, timeout=TIMEOUT_S,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        command,
+        cwd=REPO,
+        env=environment(),
+        check=True,
+        timeout=TIMEOUT_S,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _ratio(record_file: Path) -> str:
@@ -47,12 +54,47 @@ def one_run(workdir: Path) -> list[str]:
     cells = [_ratio(workdir / "distributed.json")]
     for name, degrees in HELD_OUT.items():
         plan = workdir / f"plan_{name}.json"
-        _run([python, "-m", "autodist.planner.cli", MODEL, "--devices", str(RANKS), *degrees,
-              "--no-sequence-parallel", "--sharding-stage", "0", "--dtype", "fp32",
-              "--cluster", str(workdir / "cluster.toml"), "-o", str(plan), "--quiet"])
-        _run([python, "-m", "paddle.distributed.launch", "--nproc_per_node", str(RANKS),
-              "--log_dir", str(workdir / f"logs_{name}"), TRAIN, "--model", MODEL, "--plan", str(plan),
-              "--steps", "6", "--losses-out", str(workdir / f"{name}.json")])
+        _run(
+            [
+                python,
+                "-m",
+                "autodist.planner.cli",
+                MODEL,
+                "--devices",
+                str(RANKS),
+                *degrees,
+                "--no-sequence-parallel",
+                "--sharding-stage",
+                "0",
+                "--dtype",
+                "fp32",
+                "--cluster",
+                str(workdir / "cluster.toml"),
+                "-o",
+                str(plan),
+                "--quiet",
+            ]
+        )
+        _run(
+            [
+                python,
+                "-m",
+                "paddle.distributed.launch",
+                "--nproc_per_node",
+                str(RANKS),
+                "--log_dir",
+                str(workdir / f"logs_{name}"),
+                TRAIN,
+                "--model",
+                MODEL,
+                "--plan",
+                str(plan),
+                "--steps",
+                "6",
+                "--losses-out",
+                str(workdir / f"{name}.json"),
+            ]
+        )
         cells.append(_ratio(workdir / f"{name}.json"))
     return cells
 

@@ -64,8 +64,13 @@ def worker(job_path: str) -> None:
         model, optimizer, _ = apply_plan(model, optimizer, None, job["plan"])
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    result = {"rank": rank, "baseline_mb": baseline, "peak_mb": peak, "apply_s": seconds,
-              "local_mb": local_parameter_bytes(model) / 2**20}
+    result = {
+        "rank": rank,
+        "baseline_mb": baseline,
+        "peak_mb": peak,
+        "apply_s": seconds,
+        "local_mb": local_parameter_bytes(model) / 2**20,
+    }
     (Path(job["out_dir"]) / f"rank{rank}.json").write_text(json.dumps(result))
 
 
@@ -87,7 +92,9 @@ def run(args) -> dict[str, list[dict]]:
         out.mkdir()
         job = {"config": config, "plan": plan, "seed": 2024, "out_dir": str(out), "build": build}
         (out / "job.json").write_text(json.dumps(job))
-        launch_ranks(RANKS, [__file__, "--worker", str(out / "job.json")], out, timeout_s=args.timeout).raise_for_failure()
+        launch_ranks(
+            RANKS, [__file__, "--worker", str(out / "job.json")], out, timeout_s=args.timeout
+        ).raise_for_failure()
         results[build] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(RANKS)]
     return results
 
@@ -103,15 +110,24 @@ def report(args, results: dict[str, list[dict]], markdown: bool) -> str:
         f"{largest:.0f} MB); mp2 on {RANKS} CPU processes (gloo); Paddle {paddle.__version__}, Python "
         f"{platform.python_version()}, {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
     )
-    rows = [(build, r["rank"], r["local_mb"], r["peak_mb"] - r["baseline_mb"], r["apply_s"])
-            for build, ranks in results.items() for r in ranks]
+    rows = [
+        (build, r["rank"], r["local_mb"], r["peak_mb"] - r["baseline_mb"], r["apply_s"])
+        for build, ranks in results.items()
+        for r in ranks
+    ]
     if markdown:
-        lines = [head, "", "| build | rank | parameters held (MB) | peak RSS over baseline (MB) | apply_plan (s) |",
-                 "|---|---|---|---|---|"]
+        lines = [
+            head,
+            "",
+            "| build | rank | parameters held (MB) | peak RSS over baseline (MB) | apply_plan (s) |",
+            "|---|---|---|---|---|",
+        ]
         lines += [f"| {b} | {r} | {held:.0f} | {peak:.0f} | {s:.2f} |" for b, r, held, peak, s in rows]
     else:
-        lines = [head] + [f"{b} rank {r}: holds {held:.0f} MB, peak +{peak:.0f} MB, apply_plan {s:.2f} s"
-                          for b, r, held, peak, s in rows]
+        lines = [head] + [
+            f"{b} rank {r}: holds {held:.0f} MB, peak +{peak:.0f} MB, apply_plan {s:.2f} s"
+            for b, r, held, peak, s in rows
+        ]
     return "\n".join(lines)
 
 

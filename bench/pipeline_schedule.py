@@ -36,8 +36,10 @@ def load_docstring_module():
 def row(label: str, result) -> str:
     best = result.best
     est = best.estimate
-    return (f"| {label} | {strategy_text(best.strategy, 'short')} | {est.step_time_s:.3f} | {est.tokens_per_s:,.0f} | "
-            f"{est.mfu:.2f} | {est.comm_bytes.pp / 2**20:,.0f} | {est.memory.total / 2**30:.1f} |")
+    return (
+        f"| {label} | {strategy_text(best.strategy, 'short')} | {est.step_time_s:.3f} | {est.tokens_per_s:,.0f} | "
+        f"{est.mfu:.2f} | {est.comm_bytes.pp / 2**20:,.0f} | {est.memory.total / 2**30:.1f} |"
+    )
 
 
 def main() -> None:
@@ -48,8 +50,10 @@ def main() -> None:
     analysis = analyze(program, build_graph(program), model)
     base = dict(devices_per_node=DEVICES_PER_NODE, nodes=NODES)
     chosen = search(analysis, SearchRequest(**base))
-    print(f"Docstring Llama, {LAYERS} layers, hidden {HIDDEN}, on {NODES} x {DEVICES_PER_NODE} "
-          f"{SearchRequest(**base).device.name}\n")
+    print(
+        f"Docstring Llama, {LAYERS} layers, hidden {HIDDEN}, on {NODES} x {DEVICES_PER_NODE} "
+        f"{SearchRequest(**base).device.name}\n"
+    )
     print("| search | best strategy | step (s) | tokens/s | MFU | pp hand-off MiB/rank/step | memory GiB/rank |")
     print("|---|---|---|---|---|---|---|")
     for schedule in ("sequential", "1F1B"):

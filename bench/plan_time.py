@@ -45,14 +45,28 @@ def plan_once(layers: int) -> dict:
     cpu_start = time.process_time()
     start = time.perf_counter()
     made = driver.plan_target(str(MODEL), None, SearchRequest(devices_per_node=8), {"target": str(MODEL)}, timer)
-    times = {"total": time.perf_counter() - start,
-             # CPU seconds of this process: less sensitive than wall time to other work on the machine.
-             "cpu": time.process_time() - cpu_start}
+    times = {
+        "total": time.perf_counter() - start,
+        # CPU seconds of this process: less sensitive than wall time to other work on the machine.
+        "cpu": time.process_time() - cpu_start,
+    }
     stage = dict(zip(driver.STAGES, timer.seconds))
-    times.update(load=stage["load"], trace=stage["trace"], graph=stage["graph"], match=stage["analyse"],
-                 search=stage["cost"] + stage["search"], emit=stage["emit"])
-    return {"layers": layers, "ops": len(made.traced.ops), "nodes": made.analysis.graph.number_of_nodes(),
-            "blocks": len(made.analysis.blocks), **times, "peak_rss_mb": peak_rss_mb()}
+    times.update(
+        load=stage["load"],
+        trace=stage["trace"],
+        graph=stage["graph"],
+        match=stage["analyse"],
+        search=stage["cost"] + stage["search"],
+        emit=stage["emit"],
+    )
+    return {
+        "layers": layers,
+        "ops": len(made.traced.ops),
+        "nodes": made.analysis.graph.number_of_nodes(),
+        "blocks": len(made.analysis.blocks),
+        **times,
+        "peak_rss_mb": peak_rss_mb(),
+    }
 
 
 class StageTimer:
@@ -99,24 +113,43 @@ def to_distributed_once(layers: int) -> dict:
     except Exception as lazy_error:  # noqa: BLE001 -- retry eagerly, where memory allows
         fp32_bytes = 4 * sum(int(np.prod(p.shape)) for p in net.parameters())
         if fp32_bytes > EAGER_LIMIT_BYTES:
-            return {"layers": layers, "to_distributed_s": None,
-                    "to_distributed_note": f"lazy: {type(lazy_error).__name__}; eager needs {fp32_bytes / 1e9:.0f} GB"}
+            return {
+                "layers": layers,
+                "to_distributed_s": None,
+                "to_distributed_note": f"lazy: {type(lazy_error).__name__}; eager needs {fp32_bytes / 1e9:.0f} GB",
+            }
         outcome = "eager"
         net = docstring.build_model(config)
         start = time.perf_counter()
         to_distributed(net, None, loader, device_num=4, node_num=1, config=dist_config)
-    return {"layers": layers, "to_distributed_s": time.perf_counter() - start, "to_distributed_note": outcome,
-            "to_distributed_peak_rss_mb": peak_rss_mb()}
+    return {
+        "layers": layers,
+        "to_distributed_s": time.perf_counter() - start,
+        "to_distributed_note": outcome,
+        "to_distributed_peak_rss_mb": peak_rss_mb(),
+    }
 
 
 def in_child(function: str, layers: int, timeout: int = 900) -> dict:
-    env = {**os.environ, **{f"LLAMA_DOCSTRING_{k}": str(v) for k, v in SIZES.items()},
-           "LLAMA_DOCSTRING_NUM_LAYERS": str(layers)}
+    env = {
+        **os.environ,
+        **{f"LLAMA_DOCSTRING_{k}": str(v) for k, v in SIZES.items()},
+        "LLAMA_DOCSTRING_NUM_LAYERS": str(layers),
+    }
     if function == "to_distributed_once":
-        env.update(PADDLE_TRAINER_ID="0", PADDLE_TRAINERS_NUM="4", PADDLE_RANK_IN_NODE="0", PADDLE_LOCAL_SIZE="4",
-                   PADDLE_GLOBAL_SIZE="4", PADDLE_LOCAL_RANK="0", PADDLE_GLOBAL_RANK="0")
-    code = f"import sys, json; sys.path.insert(0, {str(ROOT / 'bench')!r}); import plan_time; " \
-           f"print(json.dumps(plan_time.{function}({layers})))"
+        env.update(
+            PADDLE_TRAINER_ID="0",
+            PADDLE_TRAINERS_NUM="4",
+            PADDLE_RANK_IN_NODE="0",
+            PADDLE_LOCAL_SIZE="4",
+            PADDLE_GLOBAL_SIZE="4",
+            PADDLE_LOCAL_RANK="0",
+            PADDLE_GLOBAL_RANK="0",
+        )
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(ROOT / 'bench')!r}); import plan_time; "
+        f"print(json.dumps(plan_time.{function}({layers})))"
+    )
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -130,29 +163,43 @@ def in_child(function: str, layers: int, timeout: int = 900) -> dict:
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     import paddle
 
-    return (f"{cpu}, {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
-            f"Python {platform.python_version()}, paddle {paddle.__version__}")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
+        f"Python {platform.python_version()}, paddle {paddle.__version__}"
+    )
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| layers | params | ops | graph nodes | load s | trace s | graph s | match s | search s | emit s "
-            "| **total s** | CPU s | peak RSS MB | to_distributed s |")
+    head = (
+        "| layers | params | ops | graph nodes | load s | trace s | graph s | match s | search s | emit s "
+        "| **total s** | CPU s | peak RSS MB | to_distributed s |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         if "error" in row:
             lines.append(f"| {row['layers']} | error: {row['error']} |")
             continue
         td = row.get("to_distributed_s")
-        td_text = f"{td:.1f} ({row['to_distributed_note']})" if td is not None else row.get(
-            "to_distributed_note", row.get("to_distributed_error", "n/a"))
+        td_text = (
+            f"{td:.1f} ({row['to_distributed_note']})"
+            if td is not None
+            else row.get("to_distributed_note", row.get("to_distributed_error", "n/a"))
+        )
         lines.append(
             f"| {row['layers']} | {row['params_b']:.1f} B | {row['ops']} | {row['nodes']} | {row['load']:.2f} | "
             f"{row['trace']:.2f} | {row['graph']:.2f} | {row['match']:.2f} | {row['search']:.2f} | {row['emit']:.2f} | "
-            f"**{row['total']:.2f}** | {row['cpu']:.2f} | {row['peak_rss_mb']:.0f} | {td_text} |")
+            f"**{row['total']:.2f}** | {row['cpu']:.2f} | {row['peak_rss_mb']:.0f} | {td_text} |"
+        )
     return "\n".join(lines)
 
 

@@ -58,39 +58,87 @@ def megatron_rows() -> list[Row]:
     use micro-batches of 1 to 8 sequences: priced here with 1 (the pipeline rows run 1F1B, the
     schedule the paper's weak-scaling runs used apart from the interleaved experiments of sec. 5.4).
     """
-    table = [("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137), ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
-             ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142), ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
-             ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138), ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140)]
+    table = [
+        ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
+        ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
+        ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142),
+        ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
+        ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
+        ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    ]
     rows = []
     for name, heads, h, layers, tp, pp, gpus, batch, tflops in table:
         s, v = 2048, 51200
         flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
-        rows.append(Row(name, h, heads, layers, v, s, gpus, batch, mp=tp, pp=pp,
-                        schedule="1F1B" if pp > 1 else "none",
-                        published_s=flops / (gpus * tflops * 1e12), published=f"{tflops} TFLOP/s"))
+        rows.append(
+            Row(
+                name,
+                h,
+                heads,
+                layers,
+                v,
+                s,
+                gpus,
+                batch,
+                mp=tp,
+                pp=pp,
+                schedule="1F1B" if pp > 1 else "none",
+                published_s=flops / (gpus * tflops * 1e12),
+                published=f"{tflops} TFLOP/s",
+            )
+        )
     return rows
 
 
 def mosaic_rows() -> list[Row]:
     """llm-foundry H100 BF16 rows at sequence 2048: (model, GPUs, micro-batch, accumulation,
     activation checkpointing, MFU %, parameters)."""
-    sizes = {"1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40),
-             "30b": (7168, 56, 48), "70b": (8192, 64, 80)}
-    table = [("70b", 64, 8, 4, True, 42.57, 64862437376), ("70b", 32, 2, 16, True, 36.15, 64862437376),
-             ("30b", 32, 14, 3, True, 43.92, 29975214080), ("30b", 16, 10, 3, True, 43.07, 29975214080),
-             ("30b", 8, 3, 21, True, 38.11, 29975214080), ("13b", 64, 2, 1, False, 39.86, 12853954560),
-             ("13b", 8, 2, 1, False, 39.79, 12853954560), ("7b", 8, 6, 1, False, 46.44, 6658859008),
-             ("3b", 64, 6, 3, False, 40.8, 2651837440), ("3b", 16, 10, 3, False, 43.73, 2651837440),
-             ("1b", 64, 20, 1, False, 40.85, 1315950592), ("1b", 8, 14, 1, False, 41.82, 1315950592)]
+    sizes = {
+        "1b": (2048, 16, 24),
+        "3b": (2560, 20, 32),
+        "7b": (4096, 32, 32),
+        "13b": (5120, 40, 40),
+        "30b": (7168, 56, 48),
+        "70b": (8192, 64, 80),
+    }
+    table = [
+        ("70b", 64, 8, 4, True, 42.57, 64862437376),
+        ("70b", 32, 2, 16, True, 36.15, 64862437376),
+        ("30b", 32, 14, 3, True, 43.92, 29975214080),
+        ("30b", 16, 10, 3, True, 43.07, 29975214080),
+        ("30b", 8, 3, 21, True, 38.11, 29975214080),
+        ("13b", 64, 2, 1, False, 39.86, 12853954560),
+        ("13b", 8, 2, 1, False, 39.79, 12853954560),
+        ("7b", 8, 6, 1, False, 46.44, 6658859008),
+        ("3b", 64, 6, 3, False, 40.8, 2651837440),
+        ("3b", 16, 10, 3, False, 43.73, 2651837440),
+        ("1b", 64, 20, 1, False, 40.85, 1315950592),
+        ("1b", 8, 14, 1, False, 41.82, 1315950592),
+    ]
     rows = []
     for name, gpus, mbs, accum, checkpointing, mfu, params in table:
         h, heads, layers = sizes[name]
         s, batch = 2048, gpus * mbs * accum
         # llm-foundry's MFU: (6 N + 12 l h s) FLOPs per token over 989 TFLOP/s per GPU.
         flops = batch * s * (6 * params + 3 * 4 * layers * h * s)
-        rows.append(Row(f"mpt-{name} x{gpus}", h, heads, layers, 50368, s, gpus, batch, micro_batch=mbs, zero=3,
-                        recompute="full" if checkpointing else "none", schedule="none",
-                        published_s=flops / (gpus * 989e12 * mfu / 100), published=f"MFU {mfu} %"))
+        rows.append(
+            Row(
+                f"mpt-{name} x{gpus}",
+                h,
+                heads,
+                layers,
+                50368,
+                s,
+                gpus,
+                batch,
+                micro_batch=mbs,
+                zero=3,
+                recompute="full" if checkpointing else "none",
+                schedule="none",
+                published_s=flops / (gpus * 989e12 * mfu / 100),
+                published=f"MFU {mfu} %",
+            )
+        )
     return rows
 
 
@@ -105,8 +153,16 @@ def gpt_cost(hidden: int, heads: int, vocab: int, seq: int, sdpa: bool):
     from autodist.planner.trace import trace_model
     from models import gpt
 
-    cfg = gpt.GPTConfig(vocab_size=vocab, hidden_size=hidden, num_heads=heads, num_layers=2, max_positions=seq,
-                        batch_size=1, seq_len=seq, sdpa=sdpa)
+    cfg = gpt.GPTConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_layers=2,
+        max_positions=seq,
+        batch_size=1,
+        seq_len=seq,
+        sdpa=sdpa,
+    )
     with paddle.LazyGuard():
         model = gpt.build_model(cfg)
     traced = trace_model(model, gpt.input_spec(cfg))
@@ -120,10 +176,22 @@ def price(row: Row, device, sdpa: bool) -> float:
     cost = gpt_cost(row.hidden, row.heads, row.vocab, row.seq, sdpa)
     cost = replace(cost, blocks=(cost.blocks[0],) * row.layers)
     dp = row.gpus // (row.mp * row.pp)
-    strategy = Strategy(dp=dp, mp=row.mp, pp=row.pp, sharding_stage=row.zero, schedule=row.schedule,
-                        micro_batches=row.global_batch // (dp * row.micro_batch))
-    setup = Setup(device=device, devices_per_node=8, nodes=row.gpus // 8, seq_len=row.seq,
-                  global_batch=row.global_batch, recompute=row.recompute)
+    strategy = Strategy(
+        dp=dp,
+        mp=row.mp,
+        pp=row.pp,
+        sharding_stage=row.zero,
+        schedule=row.schedule,
+        micro_batches=row.global_batch // (dp * row.micro_batch),
+    )
+    setup = Setup(
+        device=device,
+        devices_per_node=8,
+        nodes=row.gpus // 8,
+        seq_len=row.seq,
+        global_batch=row.global_batch,
+        recompute=row.recompute,
+    )
     return estimate(StageTable(cost), strategy, setup).estimate.step_time_s
 
 
@@ -135,8 +203,15 @@ def table(rows: list[Row], device, sdpa: bool, markdown: bool) -> list[float]:
     for row in rows:
         predicted = price(row, device, sdpa)
         ratios.append(predicted / row.published_s)
-        cells = [row.name, str(row.gpus), f"{row.mp} x {row.pp}", row.published, f"{row.published_s:.2f}",
-                 f"{predicted:.2f}", f"{ratios[-1]:.2f}"]
+        cells = [
+            row.name,
+            str(row.gpus),
+            f"{row.mp} x {row.pp}",
+            row.published,
+            f"{row.published_s:.2f}",
+            f"{predicted:.2f}",
+            f"{ratios[-1]:.2f}",
+        ]
         print(("| " + " | ".join(cells) + " |") if markdown else "  ".join(cells))
     spread = math.exp(math.sqrt(sum(math.log(r) ** 2 for r in ratios) / len(ratios)))
     print(f"\ngeometric RMS error: {spread:.2f}x over {len(rows)} rows; range {min(ratios):.2f}-{max(ratios):.2f}\n")
@@ -149,8 +224,9 @@ def fit(device) -> float:
     changes them and cannot be fitted from them."""
     best = None
     for efficiency in [x / 100 for x in range(50, 96, 1)]:
-        trial = device.__class__(**{**{f: getattr(device, f) for f in device.__struct_fields__},
-                                    "matmul_efficiency": efficiency})
+        trial = device.__class__(
+            **{**{f: getattr(device, f) for f in device.__struct_fields__}, "matmul_efficiency": efficiency}
+        )
         err = sum(math.log(price(r, trial, False) / r.published_s) ** 2 for r in megatron_rows())
         if best is None or err < best[0]:
             best = (err, efficiency)

@@ -28,8 +28,14 @@ MODES = ("none", "selective", "full")
 
 
 def config(args) -> dict[str, str]:
-    sizes = dict(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                 num_heads=args.heads, num_layers=args.layers, seq_length=args.seq)
+    sizes = dict(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_heads=args.heads,
+        num_layers=args.layers,
+        seq_length=args.seq,
+    )
     return {f"LLAMA_DOCSTRING_{k.upper()}": str(v) for k, v in sizes.items()}
 
 
@@ -62,11 +68,30 @@ def worker(plan_path: str, batch: int) -> None:
 
 def measure(mode: str, args, env: dict[str, str], workdir: Path) -> dict:
     plan = workdir / f"plan_{mode}.json"
-    planner = [str(Path(sys.executable).with_name("autodist-plan")), "plans/llama_docstring/model.py", "--devices", "1",
-               "--device", "cpu", "--recompute", mode, "--global-batch-size", str(args.batch), "-q", "-o", str(plan)]
+    planner = [
+        str(Path(sys.executable).with_name("autodist-plan")),
+        "plans/llama_docstring/model.py",
+        "--devices",
+        "1",
+        "--device",
+        "cpu",
+        "--recompute",
+        mode,
+        "--global-batch-size",
+        str(args.batch),
+        "-q",
+        "-o",
+        str(plan),
+    ]
     subprocess.run(planner, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
-    out = subprocess.run([sys.executable, __file__, "--worker", str(plan), "--batch", str(args.batch)], cwd=ROOT,
-                         env=env, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", str(plan), "--batch", str(args.batch)],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     result = json.loads(out.strip().splitlines()[-1])
     result["layers_recomputed"] = len(json.loads(plan.read_text())["recompute"])
     return result
@@ -90,16 +115,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = {mode: measure(mode, args, env, Path(tmp)) for mode in MODES}
     mib = lambda n: f"{n / 2**20:.1f}"  # noqa: E731
-    print(f"docstring Llama, {args.layers} layers, hidden {args.hidden}, seq {args.seq}, batch {args.batch}, fp32, "
-          f"1 CPU rank; {platform.processor() or platform.machine()}, Python {platform.python_version()}")
+    print(
+        f"docstring Llama, {args.layers} layers, hidden {args.hidden}, seq {args.seq}, batch {args.batch}, fp32, "
+        f"1 CPU rank; {platform.processor() or platform.machine()}, Python {platform.python_version()}"
+    )
     if args.markdown:
         print("\n| recompute | layers wrapped | held after forward MiB | peak MiB | loss |\n|---|---|---|---|---|")
     for mode, r in results.items():
         if args.markdown:
             print(f"| {mode} | {r['layers_recomputed']} | {mib(r['held'])} | {mib(r['peak'])} | {r['loss']:.6f} |")
         else:
-            print(f"{mode:>9}: {r['layers_recomputed']} layers wrapped, held after forward {mib(r['held'])} MiB, "
-                  f"peak {mib(r['peak'])} MiB, loss {r['loss']:.6f}")
+            print(
+                f"{mode:>9}: {r['layers_recomputed']} layers wrapped, held after forward {mib(r['held'])} MiB, "
+                f"peak {mib(r['peak'])} MiB, loss {r['loss']:.6f}"
+            )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,10 @@ def main() -> None:
             request = SearchRequest(devices_per_node=devices_per_node, nodes=nodes)
             search_s, result = best_time(lambda: search(analysis, request))
             enumerate_s, _ = best_time(lambda: search(cost, request))
-            print(f"| {layers} | {nodes} x {devices_per_node} | {cost_s:.3f} | {search_s:.3f} | {enumerate_s:.3f} | "
-                  f"{result.evaluated} | {strategy_text(result.best.strategy, 'short')} |")
+            print(
+                f"| {layers} | {nodes} x {devices_per_node} | {cost_s:.3f} | {search_s:.3f} | {enumerate_s:.3f} | "
+                f"{result.evaluated} | {strategy_text(result.best.strategy, 'short')} |"
+            )
 
 
 def best_time(run):

@@ -50,8 +50,9 @@ def run(title: str, command: list[str], workdir: Path, log_dir: Path | None = No
     log = workdir / f"{title.split()[0].lower()}.log"
     start = time.monotonic()
     with open(log, "w") as out:
-        proc = subprocess.Popen(command, cwd=REPO, env=environment(), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # its own process group: a timeout kills every rank
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=environment(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )  # its own process group: a timeout kills every rank
         try:
             code = proc.wait(timeout=STEP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -77,13 +78,48 @@ def main(argv: list[str]) -> None:
     plan, python = workdir / "plan.json", sys.executable
     cluster = workdir / "cluster.toml"
     began = time.monotonic()
-    planner = [python, "-m", "autodist.planner.cli", MODEL, "--devices", str(RANKS), "--dp", "2", "--mp", "2",
-               "--no-sequence-parallel", "--sharding-stage", "0", "--dtype", "fp32", "-o", str(plan)]
+    planner = [
+        python,
+        "-m",
+        "autodist.planner.cli",
+        MODEL,
+        "--devices",
+        str(RANKS),
+        "--dp",
+        "2",
+        "--mp",
+        "2",
+        "--no-sequence-parallel",
+        "--sharding-stage",
+        "0",
+        "--dtype",
+        "fp32",
+        "-o",
+        str(plan),
+    ]
     run("Plan the docstring Llama (tiny config) for 4 devices", [*planner, "--device", "cpu"], workdir)
-    run(f"Calibrate this machine on {RANKS} ranks: the plan's matmul shapes, collectives, a few training steps",
-        [python, "-m", "paddle.distributed.launch", "--nproc_per_node", str(RANKS), "--log_dir",
-         str(workdir / "calibrate_logs"), str(Path(python).parent / "autodist-plan"), "calibrate", "--plan", str(plan),
-         "--model", MODEL, "-o", str(cluster)], workdir, workdir / "calibrate_logs")
+    run(
+        f"Calibrate this machine on {RANKS} ranks: the plan's matmul shapes, collectives, a few training steps",
+        [
+            python,
+            "-m",
+            "paddle.distributed.launch",
+            "--nproc_per_node",
+            str(RANKS),
+            "--log_dir",
+            str(workdir / "calibrate_logs"),
+            str(Path(python).parent / "autodist-plan"),
+            "calibrate",
+            "--plan",
+            str(plan),
+            "--model",
+            MODEL,
+            "-o",
+            str(cluster),
+        ],
+        workdir,
+        workdir / "calibrate_logs",
+    )
     run("Plan again with the measured cluster.toml", [*planner, "--cluster", str(cluster)], workdir)
 
     print(f"\n== Review\n$ autodist-plan show {plan}")
@@ -92,20 +128,43 @@ def main(argv: list[str]) -> None:
     show.main([str(plan)], prog_name="autodist-plan show", standalone_mode=False)
 
     log_dir = workdir / "launch_logs"
-    run(f"Train {STEPS} steps on {RANKS} CPU ranks with apply_plan",
-        [python, "-m", "paddle.distributed.launch", "--nproc_per_node", str(RANKS), "--log_dir", str(log_dir),
-         TRAIN, "--model", MODEL, "--plan", str(plan), "--steps", str(STEPS),
-         "--losses-out", str(workdir / "distributed.json")], workdir, log_dir)
-    run(f"Train the same {STEPS} steps on one device",
+    run(
+        f"Train {STEPS} steps on {RANKS} CPU ranks with apply_plan",
+        [
+            python,
+            "-m",
+            "paddle.distributed.launch",
+            "--nproc_per_node",
+            str(RANKS),
+            "--log_dir",
+            str(log_dir),
+            TRAIN,
+            "--model",
+            MODEL,
+            "--plan",
+            str(plan),
+            "--steps",
+            str(STEPS),
+            "--losses-out",
+            str(workdir / "distributed.json"),
+        ],
+        workdir,
+        log_dir,
+    )
+    run(
+        f"Train the same {STEPS} steps on one device",
         [python, TRAIN, "--model", MODEL, "--steps", str(STEPS), "--losses-out", str(workdir / "single.json")],
-        workdir)
+        workdir,
+    )
 
     single = json.loads((workdir / "single.json").read_text())["losses"]
     run_record = json.loads((workdir / "distributed.json").read_text())
     measured, estimated = run_record.get("step_time_s"), run_record.get("estimate_step_time_s")
     if measured and estimated:
-        print(f"\n== Step time on {RANKS} ranks\nmeasured {measured * 1e3:.1f} ms, plan estimate {estimated * 1e3:.1f} ms "
-              f"with the calibrated profile (measured / estimate {measured / estimated:.2f})")
+        print(
+            f"\n== Step time on {RANKS} ranks\nmeasured {measured * 1e3:.1f} ms, plan estimate {estimated * 1e3:.1f} ms "
+            f"with the calibrated profile (measured / estimate {measured / estimated:.2f})"
+        )
     sys.exit(report(single, run_record["losses"], workdir, time.monotonic() - began))
 
 
@@ -119,8 +178,10 @@ def report(single: list[float], distributed: list[float], workdir: Path, seconds
         print(f"{step:>4}  {a:>12.6f}  {b:>12.6f}  {rel:>9.1e}")
     same = len(single) == len(distributed) == STEPS and worst <= RTOL
     verdict = "the same" if same else "DIFFERENT"
-    print(f"\nlosses are {verdict} (largest relative difference {worst:.1e}, tolerance {RTOL:.0e}); "
-          f"{seconds:.0f} s in all; files in {workdir}")
+    print(
+        f"\nlosses are {verdict} (largest relative difference {worst:.1e}, tolerance {RTOL:.0e}); "
+        f"{seconds:.0f} s in all; files in {workdir}"
+    )
     return 0 if same else 1
 
 

@@ -110,9 +110,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=2024)
-    parser.add_argument("--lazy", action="store_true",
-                        help="with --plan, build under autodist.LazyGuard(): each rank allocates only its shard "
-                             "(large models) and starts from the weights of an eager build")
+    parser.add_argument(
+        "--lazy",
+        action="store_true",
+        help="with --plan, build under autodist.LazyGuard(): each rank allocates only its shard "
+        "(large models) and starts from the weights of an eager build",
+    )
     parser.add_argument("--losses-out", help="write the losses as JSON here (rank 0)")
     args = parser.parse_args(argv)
 
@@ -163,9 +166,12 @@ def main(argv: list[str] | None = None) -> None:
         from autodist.schemas import load_plan
 
         estimate = load_plan(args.plan).estimate
-        print(f"measured {step_s * 1e3:.1f} ms/step, {batch * seq / step_s:,.0f} tokens/s; the plan estimated "
-              f"{estimate.step_time_s * 1e3:.1f} ms/step, {estimate.tokens_per_s:,.0f} tokens/s "
-              f"(for {load_plan(args.plan).cluster.device.name})", flush=True)
+        print(
+            f"measured {step_s * 1e3:.1f} ms/step, {batch * seq / step_s:,.0f} tokens/s; the plan estimated "
+            f"{estimate.step_time_s * 1e3:.1f} ms/step, {estimate.tokens_per_s:,.0f} tokens/s "
+            f"(for {load_plan(args.plan).cluster.device.name})",
+            flush=True,
+        )
     if rank == 0 and args.losses_out:  # one loss per optimizer step: the mean over its micro-batches
         per_update = [sum(losses[i : i + per_step]) / per_step for i in range(0, len(losses), per_step)]
         estimated = None
@@ -173,8 +179,9 @@ def main(argv: list[str] | None = None) -> None:
             from autodist.schemas import load_plan
 
             estimated = load_plan(args.plan).estimate.step_time_s
-        Path(args.losses_out).write_text(json.dumps({"world": world, "losses": per_update, "step_time_s": step_s,
-                                                     "estimate_step_time_s": estimated}))
+        Path(args.losses_out).write_text(
+            json.dumps({"world": world, "losses": per_update, "step_time_s": step_s, "estimate_step_time_s": estimated})
+        )
 
 
 if __name__ == "__main__":

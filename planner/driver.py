@@ -191,16 +191,35 @@ def plan(
     from autodist.planner.load import parse_input_spec
 
     specs = [parse_input_spec(s) if isinstance(s, str) else s for s in input_spec]
-    options = dict(dp=dp, mp=mp, pp=pp, sequence_parallel=sequence_parallel, sharding_stage=sharding_stage,
-                   micro_batches=micro_batches, schedule=schedule, global_batch_size=global_batch_size,
-                   micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, optimizer=optimizer,
-                   recompute=recompute)
+    options = dict(
+        dp=dp,
+        mp=mp,
+        pp=pp,
+        sequence_parallel=sequence_parallel,
+        sharding_stage=sharding_stage,
+        micro_batches=micro_batches,
+        schedule=schedule,
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        dtype=dtype,
+        optimizer=optimizer,
+        recompute=recompute,
+    )
     devices, nodes = cluster_shape(cluster, devices, nodes)
-    request = SearchRequest(devices_per_node=devices, nodes=nodes, device=resolve_device(device, cluster), ep=ep, **options)
+    request = SearchRequest(
+        devices_per_node=devices, nodes=nodes, device=resolve_device(device, cluster), ep=ep, **options
+    )
     # Provenance in the command's words (its option names, its value spelling).
-    given = {"target": f"<{type(model).__name__} object>", "devices": devices, "nodes": nodes,
-             "device_name": device, "cluster_file": cluster, **options,
-             "ep": None if ep == 1 else "auto" if ep is None else ep}
+    given = {
+        "target": f"<{type(model).__name__} object>",
+        "devices": devices,
+        "nodes": nodes,
+        "device_name": device,
+        "cluster_file": cluster,
+        **options,
+        "ep": None if ep == 1 else "auto" if ep is None else ep,
+    }
     if any(isinstance(s, str) for s in input_spec):
         given["input_specs"] = ",".join(s if isinstance(s, str) else _spec_text(s) for s in input_spec)
     arguments = {name: str(value) for name, value in sorted(given.items()) if value is not None}

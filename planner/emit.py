@@ -60,7 +60,6 @@ from autodist.planner.cost.search import SearchRequest, SearchResult
 from autodist.planner.recognise.spmd import reshard_hooks
 
 
-
 def build_plan(
     analysis: ModelAnalysis, result: SearchResult, request: SearchRequest, arguments: dict[str, str]
 ) -> Plan:
@@ -76,8 +75,10 @@ def build_plan(
         hooks += _sequence_parallel_hooks(analysis, strategy, mesh.axes, fused_gathers, notes)
     notes += _tied_across_stages(analysis, strategy.pp)
     if strategy.micro_batches > 1 and strategy.schedule == "none":
-        notes.append(f"micro_batches={strategy.micro_batches}: apply_plan accumulates gradients (the loader yields "
-                     f"{strategy.micro_batches} micro-batches per batch, the optimizer updates once per batch)")
+        notes.append(
+            f"micro_batches={strategy.micro_batches}: apply_plan accumulates gradients (the loader yields "
+            f"{strategy.micro_batches} micro-batches per batch, the optimizer updates once per batch)"
+        )
     notes += [f"layer {layer}: no pattern matched it; its parameters stay replicated" for layer in analysis.unmatched]
     recompute = recompute_layers(analysis, strategy.recompute, notes)
     notes += analysis.notes + result.notes
@@ -94,7 +95,9 @@ def build_plan(
         mesh=mesh,
         strategy=strategy,
         params=params,
-        blocks=[Block(layer=b.layer, kind=b.kind, stage=stage, **_experts(b)) for b, stage in zip(analysis.blocks, stages)],
+        blocks=[
+            Block(layer=b.layer, kind=b.kind, stage=stage, **_experts(b)) for b, stage in zip(analysis.blocks, stages)
+        ],
         hooks=hooks,
         recompute=recompute,
         data=DataPlan(
@@ -135,10 +138,14 @@ def recompute_layers(analysis: ModelAnalysis, mode: str, notes: list[str]) -> li
         if attention.startswith(block.layer + "."):
             layers.append(attention)
         else:
-            notes.append(f"recompute selective: {block.layer} has no attention sub-layer to recompute; it is not recomputed")
+            notes.append(
+                f"recompute selective: {block.layer} has no attention sub-layer to recompute; it is not recomputed"
+            )
     if layers:
-        notes.append("recompute selective: apply_plan recomputes each block's attention sub-layer, projections "
-                     "included; the estimate prices only the attention core again (an underestimate of compute)")
+        notes.append(
+            "recompute selective: apply_plan recomputes each block's attention sub-layer, projections "
+            "included; the estimate prices only the attention core again (an underestimate of compute)"
+        )
     return layers
 
 
@@ -197,7 +204,9 @@ def _mp_placements(analysis: ModelAnalysis, mp: int, notes: list[str]) -> dict[s
             head_placements = _linear_placements(head, analysis.params, mp, notes)
             placements.update({fqn: (p, "ColWiseParallelHead") for fqn, (p, _) in head_placements.items()})
         else:
-            notes.append(f"LM head {head.weight}: vocabulary {analysis.vocab_size} does not divide by mp={mp}; replicated")
+            notes.append(
+                f"LM head {head.weight}: vocabulary {analysis.vocab_size} does not divide by mp={mp}; replicated"
+            )
     return placements
 
 
@@ -251,8 +260,10 @@ def _tied_across_stages(analysis: ModelAnalysis, pp: int) -> list[str]:
     aliases = _tied_stages(analysis, embedding, pp) if embedding else {}
     if not aliases:
         return []
-    return [f"{embedding} (stage 0) is tied to {', '.join(aliases)} on stage {pp - 1}: that stage holds a copy, and "
-            "the schedule sums the two gradients before each optimizer step"]
+    return [
+        f"{embedding} (stage 0) is tied to {', '.join(aliases)} on stage {pp - 1}: that stage holds a copy, and "
+        "the schedule sums the two gradients before each optimizer step"
+    ]
 
 
 # -- hooks ------------------------------------------------------------------------------------------------
@@ -260,8 +271,12 @@ def _tied_across_stages(analysis: ModelAnalysis, pp: int) -> list[str]:
 
 def _stage_handoffs(analysis: ModelAnalysis, stages: list[int]) -> list[Hook]:
     return [
-        StageHandoff(layer=block.layer, when="post", to_stage=stages[i + 1],
-                     reason=f"last block of a chunk on stage {stage}: its output moves to stage {stages[i + 1]}")
+        StageHandoff(
+            layer=block.layer,
+            when="post",
+            to_stage=stages[i + 1],
+            reason=f"last block of a chunk on stage {stage}: its output moves to stage {stages[i + 1]}",
+        )
         for i, (block, stage) in enumerate(zip(analysis.blocks, stages))
         if i + 1 < len(stages) and stages[i + 1] != stage
     ]
@@ -274,39 +289,61 @@ def _sequence_parallel_hooks(
     to the [s, b, h] layout inside position-wise sub-layers."""
     if not strategy.sequence_parallel:
         return fused_gathers
-    end_layer = _layer_of(analysis.final_norm[0]) if analysis.final_norm else (
-        _layer_of(analysis.lm_head.weight) if analysis.lm_head else None)
+    end_layer = (
+        _layer_of(analysis.final_norm[0])
+        if analysis.final_norm
+        else (_layer_of(analysis.lm_head.weight) if analysis.lm_head else None)
+    )
     embedding_layer = _layer_of(analysis.embedding) if analysis.embedding else None
     if not analysis.blocks or embedding_layer is None or end_layer is None:
-        notes.append("sequence parallel asked for, but the model has no embedding / blocks / final norm to "
-                     "anchor it: no sequence-parallel hooks")
+        notes.append(
+            "sequence parallel asked for, but the model has no embedding / blocks / final norm to "
+            "anchor it: no sequence-parallel hooks"
+        )
         return fused_gathers
+
     # Between the hooks activations are [s, b, h]: the batch (dim 1) over dp, the sequence over mp.
     def placements(mp_placement: str) -> list[str]:
         return [{"dp": "S(1)", "mp": mp_placement}.get(axis, "R") for axis in axes]
 
-    hooks: list[Hook] = [SequenceParallelBegin(layer=embedding_layer, when="post",
-                                               reason="activations leave the embedding split over the sequence")]
+    hooks: list[Hook] = [
+        SequenceParallelBegin(
+            layer=embedding_layer, when="post", reason="activations leave the embedding split over the sequence"
+        )
+    ]
     position_wise: list[str] = []
     for block in analysis.blocks:
         for layer in _tensor_parallel_sublayers(block):
             if _mixes_positions(analysis, block, layer):
                 hooks += [
-                    SequenceParallelEnd(layer=layer, when="pre",
-                                        reason="attention needs the whole sequence in [b, s, h]"),
-                    SequenceParallelBegin(layer=layer, when="post",
-                                          reason="back to the sequence split: the partial sum becomes a reduce-scatter"),
+                    SequenceParallelEnd(
+                        layer=layer, when="pre", reason="attention needs the whole sequence in [b, s, h]"
+                    ),
+                    SequenceParallelBegin(
+                        layer=layer,
+                        when="post",
+                        reason="back to the sequence split: the partial sum becomes a reduce-scatter",
+                    ),
                 ]
             else:
                 position_wise.append(layer + ".")
                 hooks += [
-                    Reshard(layer=layer, when="pre", placements=placements("R"),
-                            reason="position-wise: gather the sequence for the column-parallel input"),
-                    Reshard(layer=layer, when="post", placements=placements("S(0)"),
-                            reason="back to the sequence split: the partial sum becomes a reduce-scatter"),
+                    Reshard(
+                        layer=layer,
+                        when="pre",
+                        placements=placements("R"),
+                        reason="position-wise: gather the sequence for the column-parallel input",
+                    ),
+                    Reshard(
+                        layer=layer,
+                        when="post",
+                        placements=placements("S(0)"),
+                        reason="back to the sequence split: the partial sum becomes a reduce-scatter",
+                    ),
                 ]
-    hooks.append(SequenceParallelEnd(layer=end_layer, when="post",
-                                     reason="the head and loss see whole sequences in [b, s, h]"))
+    hooks.append(
+        SequenceParallelEnd(layer=end_layer, when="post", reason="the head and loss see whole sequences in [b, s, h]")
+    )
     # A fused gate|up gather inside the MLP sees [s, b, h]: its batch dim is 1, not 0.
     inside = tuple(position_wise)
     return hooks + [

@@ -78,8 +78,16 @@ def graph_fingerprint(graph: nx.DiGraph) -> str:
     digest = hashlib.sha256()
     for node in sorted(graph.nodes):
         data = graph.nodes[node]
-        record = [node, data["op"], data["layer"], data["param"], data["shapes"], data["dtypes"], data["attrs"],
-                  sorted(data["consts"].items())]
+        record = [
+            node,
+            data["op"],
+            data["layer"],
+            data["param"],
+            data["shapes"],
+            data["dtypes"],
+            data["attrs"],
+            sorted(data["consts"].items()),
+        ]
         digest.update(_canonical(record))
     for u, v in sorted(graph.edges):
         digest.update(_canonical([u, v, graph.edges[u, v]["operand"], graph.edges[u, v]["result"]]))

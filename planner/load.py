@@ -88,7 +88,7 @@ def user_code(target: str) -> Iterator[None]:
         except SystemExit as exc:
             raise PlannerError(
                 f"{target}: the model's code called sys.exit({exc.code!r}) while autodist ran it; a model "
-                "file must not exit (put script code under `if __name__ == \"__main__\":`)"
+                'file must not exit (put script code under `if __name__ == "__main__":`)'
             ) from None
 
 
@@ -134,7 +134,9 @@ def parse_input_spec(text: str) -> paddle.static.InputSpec:
     except ValueError:
         shape = []
     if not shape or any(d == 0 or d < -1 for d in shape):
-        raise PlannerError(f"--input-spec {text!r}: shape {dims!r} must be sizes joined by 'x', e.g. 4x1024 (-1 = dynamic)")
+        raise PlannerError(
+            f"--input-spec {text!r}: shape {dims!r} must be sizes joined by 'x', e.g. 4x1024 (-1 = dynamic)"
+        )
     return paddle.static.InputSpec(shape, dtype, name)
 
 
@@ -189,8 +191,11 @@ def import_model_file(path: str | Path, target: str | None = None) -> ModuleType
 def _callables_of(module: ModuleType) -> str:
     """``"; it defines: build_small(), Model"``: the public functions and classes the module
     itself defines (not what it imports), for an error about a factory name."""
-    names = sorted(name for name, value in vars(module).items()
-                   if callable(value) and not name.startswith("_") and getattr(value, "__module__", None) == module.__name__)
+    names = sorted(
+        name
+        for name, value in vars(module).items()
+        if callable(value) and not name.startswith("_") and getattr(value, "__module__", None) == module.__name__
+    )
     return f"; it defines: {', '.join(names)}" if names else "; it defines no functions or classes"
 
 
@@ -234,8 +239,10 @@ def _module_input_specs(module: ModuleType, target: str) -> list[paddle.static.I
         )
     if isinstance(specs, paddle.static.InputSpec):
         specs = [specs]
-    if not isinstance(specs, (list, tuple)) or not specs or not all(
-        isinstance(s, paddle.static.InputSpec) for s in specs
+    if (
+        not isinstance(specs, (list, tuple))
+        or not specs
+        or not all(isinstance(s, paddle.static.InputSpec) for s in specs)
     ):
         raise PlannerError(f"{target}: {where} must give a non-empty list of paddle.static.InputSpec, got {specs!r}")
     return list(specs)

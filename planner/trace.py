@@ -146,7 +146,9 @@ def _children_by_size(model: paddle.nn.Layer) -> list[tuple[str, paddle.nn.Layer
     children = [
         (name, child)
         for name, child in model.named_children()
-        if type(child).forward is not paddle.nn.Layer.forward and _num_params(child) > 0 and 2 * _num_params(child) >= total
+        if type(child).forward is not paddle.nn.Layer.forward
+        and _num_params(child) > 0
+        and 2 * _num_params(child) >= total
     ]
     return sorted(children, key=lambda item: -_num_params(item[1]))
 

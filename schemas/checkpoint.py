@@ -156,11 +156,14 @@ def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Ch
     except msgspec.DecodeError as exc:
         raise CheckpointError(f"{METADATA_FILE} is not valid JSON ({exc})", path) from None
     if not isinstance(raw, dict) or raw.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f'{METADATA_FILE}: "format" is not "{CHECKPOINT_FORMAT}": not an autodist checkpoint', path)
+        raise CheckpointError(
+            f'{METADATA_FILE}: "format" is not "{CHECKPOINT_FORMAT}": not an autodist checkpoint', path
+        )
     version = raw.get("version")
     if isinstance(version, int) and not isinstance(version, bool) and version > CHECKPOINT_VERSION:
         raise CheckpointError(
-            f"checkpoint format version {version}, this autodist reads up to {CHECKPOINT_VERSION}: upgrade autodist", path
+            f"checkpoint format version {version}, this autodist reads up to {CHECKPOINT_VERSION}: upgrade autodist",
+            path,
         )
     try:
         meta = msgspec.convert(upgrade_checkpoint(raw), Checkpoint)
@@ -211,7 +214,9 @@ def layout_problems(meta: Checkpoint) -> list[str]:
             if shard.file not in meta.files:
                 problems.append(f"{name}: shard file {shard.file!r} is not listed in files")
             elif end > meta.files[shard.file]:
-                problems.append(f"{name}: a shard ends at byte {end} of {shard.file!r}, which has {meta.files[shard.file]}")
+                problems.append(
+                    f"{name}: a shard ends at byte {end} of {shard.file!r}, which has {meta.files[shard.file]}"
+                )
     return problems
 
 

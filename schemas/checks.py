@@ -44,8 +44,11 @@ def check_mesh(plan: Plan) -> list[str]:
         counts = {b.num_experts for b in plan.blocks if b.experts}
         if not counts:
             problems.append(f"$.strategy.ep: {strategy.ep} but no block has experts")
-        problems += [f"$.strategy.ep: {strategy.ep} does not divide the {n} experts of a block" for n in sorted(counts)
-                     if n % strategy.ep]
+        problems += [
+            f"$.strategy.ep: {strategy.ep} does not divide the {n} experts of a block"
+            for n in sorted(counts)
+            if n % strategy.ep
+        ]
     if strategy.pp == 1 and strategy.schedule != "none":
         problems.append(f"$.strategy.schedule: {strategy.schedule!r} needs pp > 1")
     if strategy.pp > 1 and strategy.schedule == "none":
@@ -66,7 +69,9 @@ def check_params(plan: Plan) -> list[str]:
             if alias not in param.tied_to:
                 problems.append(f'{where}.tied_stages: "{alias}" is not one of its tied_to names')
             if stage >= plan.strategy.pp or stage == param.stage:
-                problems.append(f'{where}.tied_stages["{alias}"]: {stage} must be another stage below pp={plan.strategy.pp}')
+                problems.append(
+                    f'{where}.tied_stages["{alias}"]: {stage} must be another stage below pp={plan.strategy.pp}'
+                )
         if len(param.placements) != len(mesh_axes):
             problems.append(
                 f"{where}.placements: {len(param.placements)} placements for a mesh of {len(mesh_axes)} axes {mesh_axes}"
@@ -108,8 +113,10 @@ def check_stages_and_hooks(plan: Plan) -> list[str]:
             problems.append(f"$.data.shard_axes: {axis!r} is not a mesh axis {plan.mesh.axes}")
     batch, divisor = plan.data.global_batch_size, plan.strategy.dp * plan.strategy.micro_batches
     if batch and batch % divisor:
-        problems.append(f"$.data.global_batch_size: {batch} does not divide over dp={plan.strategy.dp} x "
-                        f"{plan.strategy.micro_batches} micro-batches")
+        problems.append(
+            f"$.data.global_batch_size: {batch} does not divide over dp={plan.strategy.dp} x "
+            f"{plan.strategy.micro_batches} micro-batches"
+        )
     return problems
 
 
@@ -123,14 +130,17 @@ def check_stage_agreement(plan: Plan) -> list[str]:
         prefix = block.layer + "."
         for fqn, param in plan.params.items():
             if fqn.startswith(prefix) and param.stage != block.stage:
-                problems.append(f'$.params["{fqn}"].stage: {param.stage} but its block {block.layer} is on stage '
-                                f"{block.stage}")
+                problems.append(
+                    f'$.params["{fqn}"].stage: {param.stage} but its block {block.layer} is on stage {block.stage}'
+                )
     expected = {(a.layer, b.stage) for a, b in zip(plan.blocks, plan.blocks[1:]) if a.stage != b.stage}
     handoffs = [(i, (h.layer, h.to_stage)) for i, h in enumerate(plan.hooks) if isinstance(h, StageHandoff)]
     for i, (layer, to_stage) in handoffs:
         if (layer, to_stage) not in expected:
-            problems.append(f"$.hooks[{i}]: a stage_handoff after {layer} to stage {to_stage}, but the blocks do not "
-                            "change stage there")
+            problems.append(
+                f"$.hooks[{i}]: a stage_handoff after {layer} to stage {to_stage}, but the blocks do not "
+                "change stage there"
+            )
     missing = expected - {handoff for _, handoff in handoffs} if plan.strategy.schedule == "sequential" else set()
     for layer, to_stage in sorted(missing):
         problems.append(f"$.hooks: no stage_handoff after {layer}, whose next block runs on stage {to_stage}")
@@ -139,8 +149,13 @@ def check_stage_agreement(plan: Plan) -> list[str]:
 
 def check_plan(plan: Plan) -> list[str]:
     """Every cross-field problem of ``plan``; empty when it is consistent."""
-    return (check_mesh(plan) + check_params(plan) + check_stages_and_hooks(plan) + check_stage_agreement(plan)
-            + check_recompute(plan))
+    return (
+        check_mesh(plan)
+        + check_params(plan)
+        + check_stages_and_hooks(plan)
+        + check_stage_agreement(plan)
+        + check_recompute(plan)
+    )
 
 
 def check_recompute(plan: Plan) -> list[str]:

@@ -124,7 +124,9 @@ def _decode(data: bytes, name: str) -> Plan:
     if not isinstance(raw, dict):
         raise PlanError(f"$: expected a JSON object, got {type(raw).__name__}", source=name)
     if raw.get("format") != FORMAT:
-        raise PlanError(f'$.format: expected "{FORMAT}", got {_short(raw.get("format"))}: not an autodist plan', source=name)
+        raise PlanError(
+            f'$.format: expected "{FORMAT}", got {_short(raw.get("format"))}: not an autodist plan', source=name
+        )
     version = raw.get("version")
     if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
         raise PlanError(

@@ -85,8 +85,9 @@ def _learning_rates_per_update(micro_batches: int, steps: int = 4) -> tuple[list
     optimizer = paddle.optimizer.AdamW(learning_rate=schedule, parameters=model.parameters())
     loader = make_loader(workload, steps=steps, seed=3, batch=8)
     if micro_batches:
-        model, optimizer, loader = apply_plan(model, optimizer, loader,
-                                              tensor_parallel_plan(model, micro_batches=micro_batches))
+        model, optimizer, loader = apply_plan(
+            model, optimizer, loader, tensor_parallel_plan(model, micro_batches=micro_batches)
+        )
     watched = model.parameters()[0]
     used = []
     for inputs, labels in loader:

@@ -156,6 +156,7 @@ def _connect_when_listening(port: int) -> socket.socket:
 def test_rank_0_ignores_a_stranger_on_its_port(two_rank_env, monkeypatch):
     """Anything that connects and sends something other than a rank's record (here: a record
     whose problems are not text) is hung up on, not trusted: rank 0 still names rank 1 missing."""
+
     def stranger():
         with _connect_when_listening(two_rank_env) as conn:
             bogus = {"rank": 1, "plan_source": "x", "plan_digest": "", "model_digest": "", "problems": [1]}

@@ -27,10 +27,22 @@ def test_docstring_llama_roles_sizes_and_outer_layers():
     a = analysis_of("docstring")
     assert [b.layer for b in a.blocks] == ["layers.0", "layers.1"]
     block = a.blocks[0]
-    assert roles(block) == {"q_proj": ("column", 1, 1), "k_proj": ("column", 1, 1), "v_proj": ("column", 1, 1),
-                            "o_proj": ("row", 0, 1), "gate_proj": ("column", 1, 1), "up_proj": ("column", 1, 1),
-                            "down_proj": ("row", 0, 1)}
-    assert (block.num_heads, block.num_kv_heads, block.head_dim, block.hidden_size, block.intermediate_size) == (4, 4, 8, 32, 64)
+    assert roles(block) == {
+        "q_proj": ("column", 1, 1),
+        "k_proj": ("column", 1, 1),
+        "v_proj": ("column", 1, 1),
+        "o_proj": ("row", 0, 1),
+        "gate_proj": ("column", 1, 1),
+        "up_proj": ("column", 1, 1),
+        "down_proj": ("row", 0, 1),
+    }
+    assert (block.num_heads, block.num_kv_heads, block.head_dim, block.hidden_size, block.intermediate_size) == (
+        4,
+        4,
+        8,
+        32,
+        64,
+    )
     assert block.norms == ["layers.0.input_layernorm.weight", "layers.0.post_attn_layernorm.weight"]
     assert a.embedding == "embed_tokens.weight" and a.vocab_size == 64
     assert a.final_norm == ["norm.weight"]
@@ -64,8 +76,12 @@ def test_phi3_fused_projections():
     a = analysis_of("phi3")
     block = a.blocks[0]
     assert block.kind == "phi3_decoder"
-    assert roles(block) == {"qkv_proj": ("column", 1, 3), "o_proj": ("row", 0, 1),
-                            "gate_up_proj": ("column", 1, 2), "down_proj": ("row", 0, 1)}
+    assert roles(block) == {
+        "qkv_proj": ("column", 1, 3),
+        "o_proj": ("row", 0, 1),
+        "gate_up_proj": ("column", 1, 2),
+        "down_proj": ("row", 0, 1),
+    }
     # sizes from shapes: q|k|v = (4 + 2 * 2) * 8 features, gate|up = 2 * 64
     assert (block.num_heads, block.num_kv_heads, block.head_dim, block.intermediate_size) == (4, 2, 8, 64)
 
@@ -73,11 +89,20 @@ def test_phi3_fused_projections():
 def test_gemma3_qk_norms_sandwich_norms_and_scaled_embedding():
     a = analysis_of("gemma3")
     block = a.blocks[0]
-    assert roles(block) == {"qkv_proj": ("column", 1, 3), "o_proj": ("row", 0, 1),
-                            "up_gate_proj": ("column", 1, 2), "down_proj": ("row", 0, 1)}
+    assert roles(block) == {
+        "qkv_proj": ("column", 1, 3),
+        "o_proj": ("row", 0, 1),
+        "up_gate_proj": ("column", 1, 2),
+        "down_proj": ("row", 0, 1),
+    }
     assert [n.rpartition(".")[0].rpartition(".")[2] for n in block.norms] == [
-        "input_layernorm", "q_norm", "k_norm", "post_attention_layernorm", "pre_feedforward_layernorm",
-        "post_feedforward_layernorm"]
+        "input_layernorm",
+        "q_norm",
+        "k_norm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    ]
     assert (block.num_heads, block.num_kv_heads, block.head_dim) == (4, 2, 8)
     # the embedding multiplies by a scale buffer; the head is the embedding's Parameter
     assert a.embedding == "model.embed_tokens.weight" and a.lm_head.weight == a.embedding
@@ -88,8 +113,12 @@ def test_gpt_biases_layer_norms_and_position_embedding():
     a = analysis_of("gpt")
     block = a.blocks[0]
     biases = {lin.layer.rpartition(".")[2]: lin.bias for lin in block.linears}
-    assert biases == {"qkv_proj": "blocks.0.attn.qkv_proj.bias", "out_proj": "blocks.0.attn.out_proj.bias",
-                      "fc_in": "blocks.0.mlp.fc_in.bias", "fc_out": "blocks.0.mlp.fc_out.bias"}
+    assert biases == {
+        "qkv_proj": "blocks.0.attn.qkv_proj.bias",
+        "out_proj": "blocks.0.attn.out_proj.bias",
+        "fc_in": "blocks.0.mlp.fc_in.bias",
+        "fc_out": "blocks.0.mlp.fc_out.bias",
+    }
     assert (block.num_heads, block.num_kv_heads, block.intermediate_size) == (4, 4, 128)
     assert a.embedding == "wte.weight" and a.final_norm == ["ln_f.weight", "ln_f.bias"]
     assert (a.lm_head.weight, a.lm_head.split_dim) == ("lm_head.weight", 1)
@@ -141,10 +170,18 @@ def test_transposed_use_swaps_the_split_dim():
     assert split_dim("column", operand, transposed) == 0 and split_dim("row", operand, transposed) == 1
 
 
-@pytest.mark.parametrize("role, operand, transposed, expected", [
-    ("column", 1, False, 1), ("row", 1, False, 0), ("column", 1, True, 0), ("row", 1, True, 1),
-    ("column", 0, False, 0), ("column", 0, True, 1), ("replicate", 1, False, None),
-])
+@pytest.mark.parametrize(
+    "role, operand, transposed, expected",
+    [
+        ("column", 1, False, 1),
+        ("row", 1, False, 0),
+        ("column", 1, True, 0),
+        ("row", 1, True, 1),
+        ("column", 0, False, 0),
+        ("column", 0, True, 1),
+        ("replicate", 1, False, None),
+    ],
+)
 def test_split_dim_rule(role, operand, transposed, expected):
     assert split_dim(role, operand, transposed) == expected
 
@@ -153,7 +190,9 @@ def test_analysis_leaves_the_model_usable():
     model, _ = build("gpt")
     ids = paddle.randint(0, 64, [2, 8])
     before = model(ids).numpy()
-    analyze(trace := trace_model(model, [paddle.static.InputSpec([2, 8], "int64", "input_ids")]), build_graph(trace), model)
+    analyze(
+        trace := trace_model(model, [paddle.static.InputSpec([2, 8], "int64", "input_ids")]), build_graph(trace), model
+    )
     assert (model(ids).numpy() == before).all()
 
 
@@ -177,7 +216,11 @@ def test_an_mlp_is_split_without_an_attention_beside_it():
     program = trace_model(model, [paddle.static.InputSpec([2, 8, 32], "float32", "x")])
     a = analyze(program, build_graph(program), model)
     assert [b.description for b in a.blocks] == ["mlp(gate|up)"] * 2
-    assert {(lin.name, lin.role) for lin in a.blocks[1].linears} == {("gate", "column"), ("up", "column"), ("down", "row")}
+    assert {(lin.name, lin.role) for lin in a.blocks[1].linears} == {
+        ("gate", "column"),
+        ("up", "column"),
+        ("down", "row"),
+    }
 
 
 class NormedMlp(paddle.nn.Layer):
@@ -209,4 +252,5 @@ def test_what_stops_a_split_is_one_note_per_layer_kind():
     assert a.blocks == []
     assert [n for n in a.notes if "stops" in n] == [
         "blocks.*.fc2: op layer_norm (first seen in blocks.0.norm) stops the tensor-parallel split before this "
-        "projection; it and the projections feeding it stay replicated"]
+        "projection; it and the projections feeding it stay replicated"
+    ]

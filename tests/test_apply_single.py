@@ -82,8 +82,9 @@ def test_training_through_the_plan_equals_the_plain_model():
     for distributed in (False, True):
         model = build_tied()
         schedule = paddle.optimizer.lr.StepDecay(0.05, step_size=1, gamma=0.5)
-        opt = paddle.optimizer.AdamW(schedule, parameters=model.parameters(), weight_decay=0.1,
-                                     grad_clip=paddle.nn.ClipGradByGlobalNorm(0.5))
+        opt = paddle.optimizer.AdamW(
+            schedule, parameters=model.parameters(), weight_decay=0.1, grad_clip=paddle.nn.ClipGradByGlobalNorm(0.5)
+        )
         if distributed:
             model, opt, _ = apply_plan(model, opt, None, one_rank_plan(model, proj__weight="S(1)"))
         losses = []
@@ -134,15 +135,29 @@ def test_optimizer_rebuilt_with_the_same_hyper_parameters():
     schedule = paddle.optimizer.lr.CosineAnnealingDecay(0.01, T_max=10)
     clip = paddle.nn.ClipGradByGlobalNorm(2.0)
     no_decay = {model.norm.weight.name, model.norm.bias.name}
-    old = paddle.optimizer.AdamW(schedule, beta1=0.8, beta2=0.95, epsilon=1e-6, parameters=model.parameters(),
-                                 weight_decay=0.05, grad_clip=clip, apply_decay_param_fun=lambda n: n not in no_decay)
+    old = paddle.optimizer.AdamW(
+        schedule,
+        beta1=0.8,
+        beta2=0.95,
+        epsilon=1e-6,
+        parameters=model.parameters(),
+        weight_decay=0.05,
+        grad_clip=clip,
+        apply_decay_param_fun=lambda n: n not in no_decay,
+    )
     model, opt, _ = apply_plan(model, old, None, one_rank_plan(model))
     new = opt._inner_opt
     assert type(new) is paddle.optimizer.AdamW and new is not old
     assert new._learning_rate is schedule and new._grad_clip is clip
     assert (new._beta1, new._beta2, new._epsilon, new._weight_decay) == (0.8, 0.95, 1e-6, 0.05)
     decays = {fqn: new._apply_decay_param_fun(p.name) for fqn, p in model.named_parameters()}
-    assert decays == {"embed.weight": True, "norm.weight": False, "norm.bias": False, "proj.weight": True, "proj.bias": True}
+    assert decays == {
+        "embed.weight": True,
+        "norm.weight": False,
+        "norm.bias": False,
+        "proj.weight": True,
+        "proj.bias": True,
+    }
 
 
 def test_optimizer_holds_exactly_the_new_parameters():
@@ -150,8 +165,9 @@ def test_optimizer_holds_exactly_the_new_parameters():
     sharded ones. Here the list is the new objects, and one step moves every parameter."""
     model = build_tied()
     old_ids = {id(p) for p in model.parameters()}
-    model, opt, _ = apply_plan(model, paddle.optimizer.SGD(0.1, parameters=model.parameters()), None,
-                               one_rank_plan(model, proj__weight="S(1)"))
+    model, opt, _ = apply_plan(
+        model, paddle.optimizer.SGD(0.1, parameters=model.parameters()), None, one_rank_plan(model, proj__weight="S(1)")
+    )
     held = opt._inner_opt._parameter_list
     assert [id(p) for p in held] == [id(p) for p in model.parameters()]
     assert not old_ids & {id(p) for p in held}
@@ -164,8 +180,10 @@ def test_optimizer_holds_exactly_the_new_parameters():
 
 def test_parameter_groups_keep_their_settings():
     model = build_tied()
-    groups = [{"params": [model.embed.weight], "learning_rate": 0.5},
-              {"params": [p for n, p in model.named_parameters() if n != "embed.weight"]}]
+    groups = [
+        {"params": [model.embed.weight], "learning_rate": 0.5},
+        {"params": [p for n, p in model.named_parameters() if n != "embed.weight"]},
+    ]
     model, opt, _ = apply_plan(model, paddle.optimizer.SGD(0.1, parameters=groups), None, one_rank_plan(model))
     rebuilt = opt._inner_opt._param_groups
     assert rebuilt[0]["params"] == [model.embed.weight] and rebuilt[0]["learning_rate"] == 0.5
@@ -175,8 +193,13 @@ def test_parameter_groups_keep_their_settings():
 def test_momentum_keeps_l2_decay_and_is_not_wrapped():
     """shard_optimizer takes AdamW and SGD only; at sharding stage 0 others train unwrapped."""
     model = build_tied()
-    old = paddle.optimizer.Momentum(0.1, momentum=0.7, use_nesterov=True, parameters=model.parameters(),
-                                    weight_decay=paddle.regularizer.L2Decay(0.02))
+    old = paddle.optimizer.Momentum(
+        0.1,
+        momentum=0.7,
+        use_nesterov=True,
+        parameters=model.parameters(),
+        weight_decay=paddle.regularizer.L2Decay(0.02),
+    )
     model, opt, _ = apply_plan(model, old, None, one_rank_plan(model))
     assert type(opt) is paddle.optimizer.Momentum
     assert (opt._momentum, opt._use_nesterov, opt._regularization_method, opt._regularization_coeff) == (
@@ -255,8 +278,7 @@ def test_sequence_parallel_hooks_transpose_and_restore():
     plan.mesh = msgspec.structs.replace(plan.mesh, axes=["mp"])
     plan.strategy = Strategy(sequence_parallel=True)
     plan.data = msgspec.structs.replace(plan.data, shard_axes=[])
-    plan.hooks = [SequenceParallelBegin(layer="embed", when="post"),
-                  SequenceParallelEnd(layer="proj", when="post")]
+    plan.hooks = [SequenceParallelBegin(layer="embed", when="post"), SequenceParallelEnd(layer="proj", when="post")]
     recorder = Recorder()
     model, _, _ = apply_plan(model, None, None, plan, reshard_fn=recorder)
     seen = []
@@ -413,15 +435,16 @@ print(json.dumps({"losses": losses, "params": params, "held": len(opt._inner_opt
 def sequential_reference():
     """One device, the whole batch of 4 with a mean loss, 2 SGD steps; per-micro-batch losses."""
     paddle.seed(3)
-    model = paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 8),
-                                 paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 2))
+    model = paddle.nn.Sequential(
+        paddle.nn.Linear(4, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 2)
+    )
     opt = paddle.optimizer.SGD(0.1, parameters=model.parameters())
     x = paddle.to_tensor(np.random.RandomState(0).rand(4, 4).astype("float32"))
     y = paddle.to_tensor(np.random.RandomState(1).rand(4, 2).astype("float32"))
     losses = []
     for _ in range(2):
         out = model(x)
-        halves = [((out[i:i + 2] - y[i:i + 2]) ** 2).mean() for i in (0, 2)]
+        halves = [((out[i : i + 2] - y[i : i + 2]) ** 2).mean() for i in (0, 2)]
         losses.append([float(h) for h in halves])
         ((out - y) ** 2).mean().backward()
         opt.step()
@@ -440,12 +463,14 @@ def test_pipeline_schedule_on_two_ranks_trains_like_one_device(tmp_path, schedul
     from harness.plans import write_plan
 
     paddle.seed(3)
-    model = paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 8),
-                                 paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 2))
+    model = paddle.nn.Sequential(
+        paddle.nn.Linear(4, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 2)
+    )
     by_child = dict(zip(["0", "2", "3", "4"], stages))
     plan = pipeline_plan(model, lambda fqn: by_child[fqn.split(".")[0]])
-    plan.strategy = msgspec.structs.replace(plan.strategy, schedule=schedule, micro_batches=2,
-                                            virtual_stages=2 if schedule == "VPP" else 1)
+    plan.strategy = msgspec.structs.replace(
+        plan.strategy, schedule=schedule, micro_batches=2, virtual_stages=2 if schedule == "VPP" else 1
+    )
     plan.cluster = msgspec.structs.replace(plan.cluster, devices_per_node=2)
     plan.data = msgspec.structs.replace(plan.data, input_stage=0, label_stage=1)
     path = write_plan(plan, tmp_path / "plan.json")

@@ -32,7 +32,10 @@ def snapshot(model, optimizer, loader):
     optimizer's parameter list, the loader object."""
     return {
         "params": [(fqn, id(p), p.is_dist(), p.numpy().copy()) for fqn, p in model.named_parameters()],
-        "hooks": [(fqn, len(layer._forward_pre_hooks), len(layer._forward_post_hooks)) for fqn, layer in model.named_sublayers()],
+        "hooks": [
+            (fqn, len(layer._forward_pre_hooks), len(layer._forward_post_hooks))
+            for fqn, layer in model.named_sublayers()
+        ],
         "optimizer": [id(p) for p in optimizer._parameter_list] if optimizer else None,
         "loader": id(loader),
     }
@@ -242,18 +245,23 @@ def test_weight_tied_across_stages_needs_a_pipelining_schedule():
     weight = plan.params["0.weight"]
     plan.params["0.weight"] = msgspec.structs.replace(weight, tied_to=["3.weight"], tied_stages={"3.weight": 1})
     err = rejected(model, None, None, plan)
-    assert ('$.params["0.weight"].tied_stages: a weight tied across stages needs the 1F1B or VPP schedule'
-            in str(err))
+    assert '$.params["0.weight"].tied_stages: a weight tied across stages needs the 1F1B or VPP schedule' in str(err)
 
 
 def sequential():
-    return paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 2))
+    return paddle.nn.Sequential(
+        paddle.nn.Linear(4, 8), paddle.nn.ReLU(), paddle.nn.Linear(8, 8), paddle.nn.Linear(8, 2)
+    )
 
 
 def test_schedule_needs_a_loss_function():
     model = sequential()
-    err = rejected(model, paddle.optimizer.SGD(parameters=model.parameters()), None,
-                   pipeline_plan(model, {"0": 0, "2": 1, "3": 1}, "1F1B"))
+    err = rejected(
+        model,
+        paddle.optimizer.SGD(parameters=model.parameters()),
+        None,
+        pipeline_plan(model, {"0": 0, "2": 1, "3": 1}, "1F1B"),
+    )
     assert "1F1B computes the loss inside the schedule: pass apply_plan(..., loss_fn=fn)" in str(err)
 
 
@@ -291,8 +299,9 @@ def test_a_parameter_the_later_stages_cannot_skip_is_named():
 
     model = PositionsOnTheRoot()
     plan = pipeline_plan(model, {"pos": 0, "blocks": 1}, "1F1B")
-    plan.params = {fqn: msgspec.structs.replace(p, stage=1 if fqn.startswith("blocks.1.") else 0)
-                   for fqn, p in plan.params.items()}
+    plan.params = {
+        fqn: msgspec.structs.replace(p, stage=1 if fqn.startswith("blocks.1.") else 0) for fqn, p in plan.params.items()
+    }
     plan.blocks = [Block(layer=f"blocks.{i}", kind="linear", stage=i) for i in range(2)]
     err = rejected(model, None, None, plan, loss_fn=paddle.mean)
     assert '$.params["pos"]: runs before the first block but is held by a layer that also holds blocks' in str(err)
@@ -337,8 +346,10 @@ def test_an_already_split_loader_counts_its_batch_per_dp_rank(setup):
     plan = tensor_parallel_plan(model, dp=2)
     plan.data.global_batch_size = 2
     problems = rejected(model, optimizer, paddle.io.DataLoader(dataset, batch_sampler=sampler), plan).problems
-    assert "dataloader: yields batches of 2 per dp rank x dp=2 = 4 samples per step but the plan was made for a " \
-           "global batch of 2" in problems[-1]
+    assert (
+        "dataloader: yields batches of 2 per dp rank x dp=2 = 4 samples per step but the plan was made for a "
+        "global batch of 2" in problems[-1]
+    )
 
 
 def test_a_batch_that_does_not_split_over_dp_and_micro_batches_is_refused_in_the_plan():

@@ -38,6 +38,7 @@ def bad_plans(workdir) -> list[BadPlanCase]:
     model = WORKLOADS[WORKLOAD].build(seed=0)
     good = tensor_parallel_plan(model, mp=NRANKS)
     q = "layers.0.self_attn.q_proj.weight"
+
     def with_params(**changes):
         return msgspec.structs.replace(good, params={**good.params, **changes})
 
@@ -98,7 +99,9 @@ def test_every_rank_refuses_the_plan_naming_the_problem(refusals, name):
     case, results = refusals[name]
     for rank, result in enumerate(results):
         assert result["error"] == "PlanError", f"rank {rank}: {result['error']}: {result['message']}"
-        assert case.expect in result["message"], f"rank {rank}: the message does not name the problem:\n{result['message']}"
+        assert case.expect in result["message"], (
+            f"rank {rank}: the message does not name the problem:\n{result['message']}"
+        )
         assert result["untouched"], f"rank {rank}: the refused plan changed the model or optimizer"
 
 

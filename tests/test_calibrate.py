@@ -42,10 +42,12 @@ def test_fit_recovers_a_known_rate_and_fixed_cost():
 
 def test_link_fit_uses_the_ring_formulas_of_each_collective():
     alpha, bandwidth, p = 30e-6, 2e9, 4
-    timings = {("intra", "all_reduce", p): [(n, 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / bandwidth)
-                                            for n in (4096, 2**20, 2**24)],
-               ("intra", "all_gather", p): [(n, (p - 1) * alpha + (p - 1) / p * n / bandwidth)
-                                            for n in (4096, 2**22)]}
+    timings = {
+        ("intra", "all_reduce", p): [
+            (n, 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / bandwidth) for n in (4096, 2**20, 2**24)
+        ],
+        ("intra", "all_gather", p): [(n, (p - 1) * alpha + (p - 1) / p * n / bandwidth) for n in (4096, 2**22)],
+    }
     fitted = fit_link(timings, "intra")
     assert fitted[0] == pytest.approx(alpha) and fitted[1] == pytest.approx(bandwidth)
     assert fit_link(timings, "inter") is None  # one node: nothing measured across nodes
@@ -58,7 +60,8 @@ def test_cluster_toml_round_trips_through_the_cluster_file_reader(tmp_path):
         matmuls=[(m, n, k, fixed + 2 * m * n * k / rate) for m, n, k in shapes],
         memory=[(3 * 2**22, 3 * 2**22 / 8e9), (3 * 2**24, 3 * 2**24 / 10e9)],
         collectives={("intra", "all_reduce", 2): [(n, 2 * 50e-6 + n / 1e9) for n in (4096, 2**20, 2**24)]},
-        missing=['reduce_scatter (intra-node): NotImplementedError: "no"\nsecond line'])
+        missing=['reduce_scatter (intra-node): NotImplementedError: "no"\nsecond line'],
+    )
     device = fitted_device(measured, PROFILES["cpu"], "fp32", "lab", comm_overlap=False)
     path = tmp_path / "cluster.toml"
     path.write_text(cluster_toml(device, measured, ["2 rank(s)"]))
@@ -94,10 +97,27 @@ def test_calibrate_on_two_gloo_ranks_reports_what_gloo_lacks(tmp_path):
     out = tmp_path / "cluster.toml"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run(
-        [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(tmp_path / "logs"),
-         str(Path(sys.executable).parent / "autodist-plan"), "calibrate", "--plan",
-         str(REPO / "plans" / "llama_docstring" / "plan_2dev.json"), "-o", str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "paddle.distributed.launch",
+            "--nproc_per_node",
+            "2",
+            "--log_dir",
+            str(tmp_path / "logs"),
+            str(Path(sys.executable).parent / "autodist-plan"),
+            "calibrate",
+            "--plan",
+            str(REPO / "plans" / "llama_docstring" / "plan_2dev.json"),
+            "-o",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("workerlog.*")))
     assert run.returncode == 0, logs[-3000:]
     profile = load_cluster_file(str(out))
@@ -113,6 +133,7 @@ def test_dispatch_fit_solves_priced_equals_measured():
 
     # 250 ops priced per step on top of 40 ms: a 90 ms step leaves 50 ms, 200 us per op.
     assert fit_dispatch(0.090, lambda td: 0.040 + 250 * td) == pytest.approx(200e-6, rel=1e-9)
+
     # Where overlap hides communication the price grows more slowly: 4 ms of comm is exposed
     # until 100 ops x td cover it. At td = 0: 10 + 4 = 14 ms; at td = 100 us: 10 + 10 + 0 = 20 ms.
     def overlapped(td):
@@ -137,9 +158,14 @@ def test_dispatch_overhead_round_trips_and_named_profiles_have_none(tmp_path):
     assert all(profile.dispatch_overhead_s == 0.0 for profile in PROFILES.values())
 
 
-TINY_LLAMA = {"LLAMA_DOCSTRING_NUM_LAYERS": "2", "LLAMA_DOCSTRING_HIDDEN_SIZE": "32",
-              "LLAMA_DOCSTRING_INTERMEDIATE_SIZE": "64", "LLAMA_DOCSTRING_NUM_HEADS": "4",
-              "LLAMA_DOCSTRING_VOCAB_SIZE": "64", "LLAMA_DOCSTRING_SEQ_LENGTH": "16"}
+TINY_LLAMA = {
+    "LLAMA_DOCSTRING_NUM_LAYERS": "2",
+    "LLAMA_DOCSTRING_HIDDEN_SIZE": "32",
+    "LLAMA_DOCSTRING_INTERMEDIATE_SIZE": "64",
+    "LLAMA_DOCSTRING_NUM_HEADS": "4",
+    "LLAMA_DOCSTRING_VOCAB_SIZE": "64",
+    "LLAMA_DOCSTRING_SEQ_LENGTH": "16",
+}
 
 
 @pytest.mark.multiprocess
@@ -150,15 +176,51 @@ def test_calibrate_with_the_model_fits_dispatch_to_a_real_training_step(tmp_path
     env = {**os.environ, "OMP_NUM_THREADS": "1", **TINY_LLAMA}
     cli = str(Path(sys.executable).parent / "autodist-plan")
     model = str(REPO / "plans" / "llama_docstring" / "model.py")
-    plan_args = [cli, model, "--devices", "2", "--dp", "2", "--dtype", "fp32", "--sharding-stage", "0",
-                 "--no-sequence-parallel"]
-    subprocess.run([*plan_args, "--device", "cpu", "-o", str(tmp_path / "plan.json")], env=env, check=True,
-                   capture_output=True, timeout=300)
+    plan_args = [
+        cli,
+        model,
+        "--devices",
+        "2",
+        "--dp",
+        "2",
+        "--dtype",
+        "fp32",
+        "--sharding-stage",
+        "0",
+        "--no-sequence-parallel",
+    ]
+    subprocess.run(
+        [*plan_args, "--device", "cpu", "-o", str(tmp_path / "plan.json")],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     out = tmp_path / "cluster.toml"
     run = subprocess.run(
-        [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(tmp_path / "logs"),
-         cli, "calibrate", "--plan", str(tmp_path / "plan.json"), "--model", model, "-o", str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "paddle.distributed.launch",
+            "--nproc_per_node",
+            "2",
+            "--log_dir",
+            str(tmp_path / "logs"),
+            cli,
+            "calibrate",
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--model",
+            model,
+            "-o",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("workerlog.*")))
     assert run.returncode == 0, logs[-3000:]
     measured = tomllib.loads(out.read_text())["measured"]
@@ -167,21 +229,39 @@ def test_calibrate_with_the_model_fits_dispatch_to_a_real_training_step(tmp_path
     # Time per op that the op-level timings do not explain, or none when they price the step longer.
     assert (profile.dispatch_overhead_s > 0) == (measured["training_step_s"] > measured["priced_step_s"])
     # The same plan priced with the file: its estimate is the measured step (the fit's definition).
-    subprocess.run([*plan_args, "--cluster", str(out), "-o", str(tmp_path / "again.json")], env=env, check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [*plan_args, "--cluster", str(out), "-o", str(tmp_path / "again.json")],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     estimate = load_plan(tmp_path / "again.json").estimate.step_time_s
     assert estimate == pytest.approx(max(measured["training_step_s"], measured["priced_step_s"]), rel=1e-3)
 
 
-@pytest.mark.parametrize("plan, message", [
-    (None, "--model needs --plan: the training steps run that plan"),
-    ("paddleformers_llama/plan_4x8dev_mp8_pp2.json", "--model: training steps under a VPP schedule are not timed yet"),
-])
+@pytest.mark.parametrize(
+    "plan, message",
+    [
+        (None, "--model needs --plan: the training steps run that plan"),
+        (
+            "paddleformers_llama/plan_4x8dev_mp8_pp2.json",
+            "--model: training steps under a VPP schedule are not timed yet",
+        ),
+    ],
+)
 def test_calibrate_model_without_a_plan_it_can_train_is_one_error(tmp_path, plan, message):
-    args = ["calibrate", "--model", str(REPO / "plans" / "llama_docstring" / "model.py"), "-o", str(tmp_path / "c.toml")]
+    args = [
+        "calibrate",
+        "--model",
+        str(REPO / "plans" / "llama_docstring" / "model.py"),
+        "-o",
+        str(tmp_path / "c.toml"),
+    ]
     if plan:
         args += ["--plan", str(REPO / "plans" / plan)]
-    run = subprocess.run([str(Path(sys.executable).parent / "autodist-plan"), *args], capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "autodist-plan"), *args], capture_output=True, text=True, timeout=300
+    )
     assert run.returncode != 0 and message in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "c.toml").exists()

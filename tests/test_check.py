@@ -27,7 +27,7 @@ from autodist.schemas import (
     save_plan,
 )
 
-MODEL = '''
+MODEL = """
 import paddle
 from paddle import nn
 
@@ -52,7 +52,7 @@ def build_model():
 
 def input_spec():
     return [paddle.static.InputSpec([2, 8], "int64", "input_ids")]
-'''
+"""
 
 
 def write_model(path, layers=2, out=32, act="relu"):
@@ -70,8 +70,11 @@ def plan_for(target: str) -> Plan:
     traced = trace_model(loaded.model, loaded.input_specs)
     return Plan(
         model=ModelInfo(
-            class_name="Net", num_parameters=0, param_fingerprint=parameter_fingerprint(table),
-            graph_fingerprint=graph_fingerprint(build_graph(traced)), traced_layer=traced.traced_layer,
+            class_name="Net",
+            num_parameters=0,
+            param_fingerprint=parameter_fingerprint(table),
+            graph_fingerprint=graph_fingerprint(build_graph(traced)),
+            traced_layer=traced.traced_layer,
             input_specs=[InputSpec(name="input_ids", dtype="int64", shape=[2, 8])],
         ),
         cluster=Cluster(nodes=1, devices_per_node=1, device=DEVICE),
@@ -167,13 +170,26 @@ def test_checked_in_plan_is_valid_for_its_model():
 @pytest.mark.parametrize(
     "change, reason",
     [
-        (lambda plan: msgspec.structs.replace(plan, hooks=[Reshard(layer="layers.7", when="post", placements=["R"])]),
-         'no sub-layer "layers.7"'),
-        (lambda plan: msgspec.structs.replace(plan, params={
-            **plan.params, "head.weight": msgspec.structs.replace(plan.params["head.weight"], tied_to=["embed.weight"])}),
-         'ties it to "embed.weight"'),
-        (lambda plan: msgspec.structs.replace(plan, hooks=[SequenceParallelBegin(layer="layers.0", when="pre")]),
-         "sequence_parallel_begin needs an mp mesh axis"),
+        (
+            lambda plan: msgspec.structs.replace(
+                plan, hooks=[Reshard(layer="layers.7", when="post", placements=["R"])]
+            ),
+            'no sub-layer "layers.7"',
+        ),
+        (
+            lambda plan: msgspec.structs.replace(
+                plan,
+                params={
+                    **plan.params,
+                    "head.weight": msgspec.structs.replace(plan.params["head.weight"], tied_to=["embed.weight"]),
+                },
+            ),
+            'ties it to "embed.weight"',
+        ),
+        (
+            lambda plan: msgspec.structs.replace(plan, hooks=[SequenceParallelBegin(layer="layers.0", when="pre")]),
+            "sequence_parallel_begin needs an mp mesh axis",
+        ),
     ],
     ids=["hook_on_missing_layer", "wrong_tied_to", "sequence_parallel_without_mp"],
 )
@@ -200,6 +216,10 @@ def test_renamed_parameter_is_paired(planned):
 
     _, plan_path = planned
     plan = load_plan(plan_path)
-    table = {("out.weight" if fqn == "head.weight" else fqn): entry for fqn, entry in
-             ((f, (p.shape, p.dtype)) for f, p in plan.params.items())}
-    assert parameter_reasons(plan, table) == ["1 planned parameter(s) renamed? (same shape and dtype): head.weight -> out.weight"]
+    table = {
+        ("out.weight" if fqn == "head.weight" else fqn): entry
+        for fqn, entry in ((f, (p.shape, p.dtype)) for f, p in plan.params.items())
+    }
+    assert parameter_reasons(plan, table) == [
+        "1 planned parameter(s) renamed? (same shape and dtype): head.weight -> out.weight"
+    ]

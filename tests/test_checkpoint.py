@@ -53,7 +53,9 @@ def values(model) -> dict[str, np.ndarray]:
 
 
 def accumulators(optimizer) -> dict[str, np.ndarray]:
-    return {f"{kind}/{name}": t.numpy().copy() for kind, per in optimizer._accumulators.items() for name, t in per.items()}
+    return {
+        f"{kind}/{name}": t.numpy().copy() for kind, per in optimizer._accumulators.items() for name, t in per.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -287,6 +289,7 @@ def test_saving_into_a_folder_that_is_not_a_checkpoint_is_refused(tmp_path):
 
 # -- atomic saves -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_a_save_killed_half_way_leaves_the_previous_checkpoint_loadable(tmp_path):
     """One process saves at step 1, trains a step, and is killed half-way through saving step 2
@@ -326,7 +329,12 @@ def test_uneven_splits_tile_the_tensor():
 
     ids = np.arange(4).reshape(1, 4)
     shards = distinct_shards([10, 3], ids, [None, 0])
-    assert [(off, shape) for _, off, shape in shards] == [([0, 0], [3, 3]), ([3, 0], [3, 3]), ([6, 0], [3, 3]), ([9, 0], [1, 3])]
+    assert [(off, shape) for _, off, shape in shards] == [
+        ([0, 0], [3, 3]),
+        ([3, 0], [3, 3]),
+        ([6, 0], [3, 3]),
+        ([9, 0], [1, 3]),
+    ]
     assert tiling_problem([10, 3], [(off, shape) for _, off, shape in shards]) is None
 
 

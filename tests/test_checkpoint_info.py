@@ -52,7 +52,9 @@ def test_info_names_step_model_plan_optimizer_scheduler_and_parameters(saved):
     )
     assert lines[5] == "optimizer   AdamW, states of 21 parameters: beta1_pow_acc, beta2_pow_acc, moment1, moment2"
     assert lines[6] == "scheduler   StepDecay (last_epoch=3, last_lr=0.0005)"
-    assert "layers.*.self_attn.q_proj.weight [32, 32] float32, 4.0 KiB, 1 shard" in [" ".join(line.split()) for line in lines]
+    assert "layers.*.self_attn.q_proj.weight [32, 32] float32, 4.0 KiB, 1 shard" in [
+        " ".join(line.split()) for line in lines
+    ]
 
 
 def test_info_json_is_plain_data(saved):

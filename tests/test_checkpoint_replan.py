@@ -127,7 +127,11 @@ def test_a_checkpoint_records_the_plan_and_step_it_was_saved_under(resumed, save
         return
     plan = load_plan(plans[saver])
     assert meta.plan.fingerprint == hashlib.sha256(dump_plan(plan)).hexdigest()
-    assert (meta.plan.mesh, meta.plan.strategy, meta.world_size) == (plan.mesh, plan.strategy, len(plan.mesh.process_ids))
+    assert (meta.plan.mesh, meta.plan.strategy, meta.world_size) == (
+        plan.mesh,
+        plan.strategy,
+        len(plan.mesh.process_ids),
+    )
 
 
 @pytest.mark.multiprocess

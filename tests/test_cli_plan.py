@@ -59,9 +59,11 @@ def test_explain_prints_the_ranking_on_stderr(tmp_path):
         (["--devices", 4, "--dp", 3, "--mp", 2], "devices"),
         (["--devices", 3, "--mp", 3], "--mp 3 does not divide the 4 attention heads of layers.0"),
         (["--devices", 4, "--pp", 4], "--pp 4 is more than the 2 blocks"),
-        (["--input-spec", "input_ids:int64:64"],
-         # a 1-D input where the forward unpacks [batch, seq]: the forward raised, no fallback to a child
-         "Model.forward raised ValueError: not enough values to unpack"),
+        (
+            ["--input-spec", "input_ids:int64:64"],
+            # a 1-D input where the forward unpacks [batch, seq]: the forward raised, no fallback to a child
+            "Model.forward raised ValueError: not enough values to unpack",
+        ),
         (["--input-spec", "ids-int64"], "--input-spec 'ids-int64'"),
     ],
 )
@@ -138,8 +140,13 @@ def _plan_in_a_process(*args):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "autodist.planner.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "autodist.planner.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
 
 
 PF_LLAMA = f"{ROOT / 'tests' / 'models' / 'paddleformers_models.py'}:build_llama"
@@ -152,16 +159,18 @@ def test_quiet_holds_back_what_paddle_and_paddleformers_print(tmp_path):
     assert any(not line.startswith(("plan for", "warning:")) for line in loud.stderr.splitlines()), loud.stderr
     assert "Setuptools is replacing distutils" not in loud.stderr  # says nothing about the model, even without -q
 
-    quiet = _plan_in_a_process(PF_LLAMA, "--devices", 2, "--device", "h100-sxm", "--quiet", "-o",
-                               tmp_path / "plan.json")
+    quiet = _plan_in_a_process(
+        PF_LLAMA, "--devices", 2, "--device", "h100-sxm", "--quiet", "-o", tmp_path / "plan.json"
+    )
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stderr == "" and quiet.stdout == ""
     assert load_plan(tmp_path / "plan.json").strategy.dp * load_plan(tmp_path / "plan.json").strategy.mp == 2
 
 
 def test_quiet_still_prints_our_error_and_nothing_else(tmp_path):
-    result = _plan_in_a_process(PF_LLAMA, "--devices", 2, "--dp", 3, "--device", "h100-sxm", "--quiet", "-o",
-                                tmp_path / "plan.json")
+    result = _plan_in_a_process(
+        PF_LLAMA, "--devices", 2, "--dp", 3, "--device", "h100-sxm", "--quiet", "-o", tmp_path / "plan.json"
+    )
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["error: --dp 3 does not divide the 2 devices"]
     assert not (tmp_path / "plan.json").exists()
@@ -189,11 +198,15 @@ def test_held_stderr_drops_library_lines_but_replays_them_when_something_crashes
     "args, message",
     [
         ([DOCSTRING, "--bogus"], "error: no such option '--bogus' (see autodist-plan plan --help)"),
-        ([DOCSTRING, "--devices", "x"],
-         "error: invalid value for '--devices': 'x' is not a valid integer (see autodist-plan plan --help)"),
+        (
+            [DOCSTRING, "--devices", "x"],
+            "error: invalid value for '--devices': 'x' is not a valid integer (see autodist-plan plan --help)",
+        ),
         ([DOCSTRING, "--schedule", "zigzag"], "error: invalid value for '--schedule': 'zigzag' is not one of"),
-        ([DOCSTRING, "--cluster", "/no/such/cluster.toml"],
-         "error: invalid value for '--cluster': File '/no/such/cluster.toml' does not exist"),
+        (
+            [DOCSTRING, "--cluster", "/no/such/cluster.toml"],
+            "error: invalid value for '--cluster': File '/no/such/cluster.toml' does not exist",
+        ),
         (["diff", "only-one.json"], "error: missing argument 'NEW' (see autodist-plan diff --help)"),
         (["ckpt", "info"], "error: missing argument 'PATH' (see autodist-plan ckpt info --help)"),
         (["ckpt", "bogus"], "error: no such command 'bogus'"),
@@ -242,12 +255,15 @@ def test_flags_win_over_the_cluster_files_shape(tmp_path):
     assert (plan.cluster.nodes, plan.cluster.devices_per_node) == (2, 1)
 
 
-@pytest.mark.parametrize("table, message", [
-    ("[cluster]\nnodes = 0\n", "[cluster].nodes must be a whole number from 1"),
-    ("[cluster]\ndevices_per_node = 2.5\n", "[cluster].devices_per_node must be a whole number from 1"),
-    ("[cluster]\ngpus = 8\n", "unknown key(s) in [cluster]: gpus"),
-    ("cluster = 8\n", "cluster must be a table"),
-])
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ("[cluster]\nnodes = 0\n", "[cluster].nodes must be a whole number from 1"),
+        ("[cluster]\ndevices_per_node = 2.5\n", "[cluster].devices_per_node must be a whole number from 1"),
+        ("[cluster]\ngpus = 8\n", "unknown key(s) in [cluster]: gpus"),
+        ("cluster = 8\n", "cluster must be a table"),
+    ],
+)
 def test_a_bad_cluster_table_is_one_error_line(tmp_path, table, message):
     cluster = _cluster_file(tmp_path, table)
     result = run(DOCSTRING, "--cluster", cluster, "-o", tmp_path / "plan.json")

@@ -94,7 +94,9 @@ def test_one_device_without_communication_runs_at_the_stated_efficiency():
     table = StageTable(_compute_only_model(4))
     result = estimate(table, Strategy(), _setup(1, 8))
     tokens = 8 * 1024
-    assert result.estimate.step_time_s == pytest.approx(3 * 4 * 1e9 * tokens / (H100.peak_flops["bf16"] * H100.matmul_efficiency))
+    assert result.estimate.step_time_s == pytest.approx(
+        3 * 4 * 1e9 * tokens / (H100.peak_flops["bf16"] * H100.matmul_efficiency)
+    )
     assert result.estimate.mfu == pytest.approx(H100.matmul_efficiency)
     assert result.estimate.tokens_per_s == pytest.approx(tokens / result.estimate.step_time_s)
 
@@ -136,7 +138,9 @@ def test_full_recompute_adds_one_forward():
 def test_implicit_collectives_add_their_bytes_and_latency_to_mp_time():
     from autodist.planner.cost.step_time import Implicit
 
-    model = ModelCost(blocks=(BlockCost(layer="b", flops_per_token=1e6),), hidden_size=1, traced_batch=1, traced_seq=128)
+    model = ModelCost(
+        blocks=(BlockCost(layer="b", flops_per_token=1e6),), hidden_size=1, traced_batch=1, traced_seq=128
+    )
     setup = Setup(device=H100, devices_per_node=4, nodes=1, seq_len=128, global_batch=2)
     strategy = Strategy(mp=4, micro_batches=2)
     plain = estimate(StageTable(model), strategy, setup)
@@ -217,8 +221,14 @@ def test_zero12_gather_updated_parameters_after_the_step():
 
 
 def test_tensor_parallel_all_reduces_are_exposed():
-    block = BlockCost(layer="b", flops_per_token=1e9, allreduce_fwd_per_token=1000, allreduce_fwd_count=2,
-                      allreduce_bwd_per_token=1000, allreduce_bwd_count=2)
+    block = BlockCost(
+        layer="b",
+        flops_per_token=1e9,
+        allreduce_fwd_per_token=1000,
+        allreduce_fwd_count=2,
+        allreduce_bwd_per_token=1000,
+        allreduce_bwd_count=2,
+    )
     model = ModelCost(blocks=(block,) * 2, hidden_size=1000, traced_batch=1, traced_seq=1024)
     setup = Setup(device=H100, devices_per_node=4, nodes=1, seq_len=1024, global_batch=1)
     result = estimate(StageTable(model), Strategy(mp=4), setup)
@@ -264,9 +274,18 @@ def test_vpp_hands_off_v_times_as_often():
 def _device(**figures):
     from autodist.schemas import DeviceProfile
 
-    base = dict(name="t", memory_bytes=1, peak_flops={"bf16": 100e12, "fp16": 100e12, "fp32": 25e12},
-                intra_node_bandwidth=1, inter_node_bandwidth=1, intra_node_latency_s=0, inter_node_latency_s=0,
-                memory_bandwidth=1e12, matmul_efficiency=0.5, op_overhead_s=0.0)
+    base = dict(
+        name="t",
+        memory_bytes=1,
+        peak_flops={"bf16": 100e12, "fp16": 100e12, "fp32": 25e12},
+        intra_node_bandwidth=1,
+        inter_node_bandwidth=1,
+        intra_node_latency_s=0,
+        inter_node_latency_s=0,
+        memory_bandwidth=1e12,
+        matmul_efficiency=0.5,
+        op_overhead_s=0.0,
+    )
     return DeviceProfile(**{**base, **figures})
 
 
@@ -314,8 +333,13 @@ def test_step_time_prices_per_rank_gemm_shapes_and_memory_bound_bytes():
     device = _device(op_overhead_s=5e-6)
     # One block: a column-parallel (n=4096, k=1024) and a row-parallel (n=1024, k=4096) linear,
     # plus 10 elements per token moved outside the mp region and 20 inside.
-    block = BlockCost(layer="b", flops_per_token=2 * 2 * 4096 * 1024, params_split=2 * 4096 * 1024,
-                      gemms=(Gemm(4096, 1024, "column"), Gemm(1024, 4096, "row")), moved=Moved(outside=10, inside=20))
+    block = BlockCost(
+        layer="b",
+        flops_per_token=2 * 2 * 4096 * 1024,
+        params_split=2 * 4096 * 1024,
+        gemms=(Gemm(4096, 1024, "column"), Gemm(1024, 4096, "row")),
+        moved=Moved(outside=10, inside=20),
+    )
     model = ModelCost(blocks=(block,), hidden_size=1024, traced_batch=1, traced_seq=512)
     setup = Setup(device=device, devices_per_node=2, nodes=1, seq_len=512, global_batch=2)
     result = estimate(StageTable(model), Strategy(mp=2), setup)
@@ -350,13 +374,25 @@ def test_dispatch_overhead_is_paid_once_per_priced_op_forward_backward_and_optim
     from autodist.planner.cost.blocks import Gemm, Moved
 
     # One block: 2 matmuls and 3 other ops, 2 parameters; dp = mp = 1, so no collectives.
-    block = BlockCost(layer="b", flops_per_token=2 * 2 * 64 * 64, params_whole=2 * 64 * 64, param_tensors=2,
-                      gemms=(Gemm(64, 64), Gemm(64, 64)), moved=Moved(outside=10, ops=3))
+    block = BlockCost(
+        layer="b",
+        flops_per_token=2 * 2 * 64 * 64,
+        params_whole=2 * 64 * 64,
+        param_tensors=2,
+        gemms=(Gemm(64, 64), Gemm(64, 64)),
+        moved=Moved(outside=10, ops=3),
+    )
     model = ModelCost(blocks=(block,), hidden_size=64, traced_batch=1, traced_seq=16)
 
     def step(**figures):
-        setup = Setup(device=_device(comm_overlap=False, **figures), devices_per_node=1, nodes=1, seq_len=16,
-                      global_batch=1, dtype="fp32")
+        setup = Setup(
+            device=_device(comm_overlap=False, **figures),
+            devices_per_node=1,
+            nodes=1,
+            seq_len=16,
+            global_batch=1,
+            dtype="fp32",
+        )
         return estimate(StageTable(model), Strategy(), setup).estimate.step_time_s
 
     # 5 ops in the forward, twice that in the backward, 2 updates: 3 x 5 + 2 = 17 ops a step.

@@ -77,8 +77,11 @@ def korthikanti_layer_cost() -> ModelCost:
     """The traced layer as the cost model sees it, roles named as the matcher would give them."""
     layer = KorthikantiGPTLayer()
     graph = build_graph(trace_model(layer, [paddle.static.InputSpec([B, S, H], "float32", "x")]))
-    roles = Roles(column=frozenset({"attn.qkv_proj.weight", "fc_in.weight"}),
-                  row=frozenset({"attn.out_proj.weight", "fc_out.weight"}), split=frozenset())
+    roles = Roles(
+        column=frozenset({"attn.qkv_proj.weight", "fc_in.weight"}),
+        row=frozenset({"attn.out_proj.weight", "fc_out.weight"}),
+        split=frozenset(),
+    )
     block = block_cost(GraphFacts(graph), graph.nodes, "layer", roles, {}, tokens=B * S, seq=S)
     return ModelCost(blocks=(block,), hidden_size=H, traced_batch=B, traced_seq=S)
 
@@ -142,11 +145,21 @@ def test_traced_gpt_blocks_match_the_paper_without_dropout(gpt_cost):
     h, a, b, s = 32, 4, 2, 8  # tests/models/gpt.py defaults
     assert len(cost.blocks) == 2
     for block in cost.blocks:
-        assert block.flops_per_token * b * s + block.flops_per_token_seq * b * s * s == 24 * b * s * h * h + 4 * b * s * s * h
+        assert (
+            block.flops_per_token * b * s + block.flops_per_token_seq * b * s * s
+            == 24 * b * s * h * h + 4 * b * s * s * h
+        )
         # No dropout: the masks (2sbh), the probabilities' dropout mask and output (3as^2b) go.
         paper = sbh(s, b, h) * (34 - 2 + (5 - 3) * a * s / h)
-        graph_bytes = (block.saved_outside.bytes(BYTES) + block.saved_inside.bytes(BYTES)
-                       + block.saved_inside_seq.bytes(BYTES) * s) * b * s
+        graph_bytes = (
+            (
+                block.saved_outside.bytes(BYTES)
+                + block.saved_inside.bytes(BYTES)
+                + block.saved_inside_seq.bytes(BYTES) * s
+            )
+            * b
+            * s
+        )
         assert graph_bytes == pytest.approx(paper, rel=0.03)
         assert block.saved_outside.masks == block.saved_inside_seq.masks == 0
         assert (block.num_heads, block.num_kv_heads, block.intermediate_size) == (4, 4, 128)
@@ -158,8 +171,14 @@ def test_every_parameter_is_counted_once_and_split_where_the_roles_say(gpt_cost)
     numel = {fqn: math.prod(shape) for fqn, (shape, _) in analysis.params.items()}
     assert cost.num_params == sum(numel.values())
     block = cost.blocks[0]
-    split = ["attn.qkv_proj.weight", "attn.qkv_proj.bias", "attn.out_proj.weight", "mlp.fc_in.weight",
-             "mlp.fc_in.bias", "mlp.fc_out.weight"]
+    split = [
+        "attn.qkv_proj.weight",
+        "attn.qkv_proj.bias",
+        "attn.out_proj.weight",
+        "mlp.fc_in.weight",
+        "mlp.fc_in.bias",
+        "mlp.fc_out.weight",
+    ]
     assert block.params_split == sum(numel[f"blocks.0.{name}"] for name in split)
     assert cost.first.params_vocab == numel["wte.weight"]  # vocabulary-parallel embedding
     assert cost.last.params_vocab == numel["lm_head.weight"]
@@ -194,8 +213,9 @@ def test_untraced_lm_head_is_priced_from_its_weight_shape():
 
 
 def test_selective_recompute_drops_exactly_the_attention_core(korthikanti_layer_cost):
-    setup = Setup(device=PROFILES["h100-sxm"], devices_per_node=2, nodes=1, seq_len=S, global_batch=B,
-                  recompute="selective")
+    setup = Setup(
+        device=PROFILES["h100-sxm"], devices_per_node=2, nodes=1, seq_len=S, global_batch=B, recompute="selective"
+    )
     got = estimate(StageTable(korthikanti_layer_cost), Strategy(mp=2, sequence_parallel=True), setup)
     assert got.estimate.memory.activations == pytest.approx(sbh(S, B, H) * 34 / 2, rel=0.02)  # sbh * 34/t
 
@@ -209,8 +229,11 @@ def test_full_recompute_of_a_traced_model_keeps_2sbh_per_layer():
     table = StageTable(cost)
     saved_plain = estimate(table, Strategy(), plain).estimate.memory.activations
     saved_full = estimate(table, Strategy(), full).estimate.memory.activations
-    one_layer = (saved_plain - (cost.first.saved_whole + cost.last.saved_whole).bytes(BYTES) * b * s
-                 - cost.last.saved_vocab.bytes(BYTES) * b * s) / 4
+    one_layer = (
+        saved_plain
+        - (cost.first.saved_whole + cost.last.saved_whole).bytes(BYTES) * b * s
+        - cost.last.saved_vocab.bytes(BYTES) * b * s
+    ) / 4
     edges = saved_plain - 4 * one_layer
     assert saved_full == pytest.approx(edges + 4 * 2 * sbh(s, b, h) + one_layer, rel=1e-6)
 
@@ -264,8 +287,12 @@ def test_a_head_after_the_blocks_is_priced_on_the_stage_it_is_planned_on():
     its parameters there too, not on the first stage with the patch embedding."""
     from autodist.planner import driver
 
-    made = driver.plan_target(str(ROOT / "tests" / "models" / "zoo" / "vit.py"), None,
-                              SearchRequest(devices_per_node=2, dp=1, mp=1, pp=2), {"target": "vit"})
+    made = driver.plan_target(
+        str(ROOT / "tests" / "models" / "zoo" / "vit.py"),
+        None,
+        SearchRequest(devices_per_node=2, dp=1, mp=1, pp=2),
+        {"target": "vit"},
+    )
     plan, cost = made.plan, model_cost(made.analysis)
     outside = {fqn: p for fqn, p in plan.params.items() if not fqn.startswith("blocks.")}
     assert outside["head.weight"].stage == 1 and outside["patch_embed.proj.weight"].stage == 0

@@ -15,8 +15,13 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_demo_losses_match_one_device(tmp_path):
-    run = subprocess.run([sys.executable, str(REPO / "examples" / "demo.py"), str(tmp_path)], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "demo.py"), str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, f"demo failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     out = run.stdout
     # the review step printed the plan summary, with the mesh of 4 ranks

@@ -33,7 +33,9 @@ def test_a_cpu_plan_never_needs_what_gloo_lacks(tmp_path):
 
 
 def test_asking_for_what_the_backend_lacks_is_refused_with_the_reason(tmp_path):
-    result = run(DOCSTRING, "--devices", 2, "--device", "cpu", "--mp", 2, "--sequence-parallel", "-o", tmp_path / "p.json")
+    result = run(
+        DOCSTRING, "--devices", 2, "--device", "cpu", "--mp", 2, "--sequence-parallel", "-o", tmp_path / "p.json"
+    )
     assert result.exit_code != 0
     assert "cpu cannot: sequence parallelism and ZeRO (sharding stages 1-3) need reduce-scatter" in result.output
     assert not (tmp_path / "p.json").exists()
@@ -46,12 +48,16 @@ def test_a_cluster_file_may_name_what_its_backend_lacks(tmp_path):
     path.write_text('[device]\nname = "lab"\nbase = "cpu"\n')
     assert load_cluster_file(str(path)).unsupported == PROFILES["cpu"].unsupported  # inherited from the base
     path.write_text('[device]\nbase = "cpu"\nunsupported = ["teleport"]\n')
-    with pytest.raises(PlannerError, match="unsupported must be a list of reduce_scatter, all_to_all, cross_mesh_reshard"):
+    with pytest.raises(
+        PlannerError, match="unsupported must be a list of reduce_scatter, all_to_all, cross_mesh_reshard"
+    ):
         load_cluster_file(str(path))
 
 
-@pytest.mark.skipif(__import__("autodist.planner.cost.hardware", fromlist=["x"]).local_gpu_profile_name() is not None,
-                    reason="this machine has a known GPU: its profile is used, nothing is assumed")
+@pytest.mark.skipif(
+    __import__("autodist.planner.cost.hardware", fromlist=["x"]).local_gpu_profile_name() is not None,
+    reason="this machine has a known GPU: its profile is used, nothing is assumed",
+)
 def test_without_device_or_gpu_the_summary_says_which_profile_was_assumed(tmp_path):
     result = run(DOCSTRING, "--devices", 2, "-o", tmp_path / "p.json")
     assert result.exit_code == 0, result.output

@@ -75,7 +75,9 @@ def test_added_removed_parameters_and_notes():
 def test_any_difference_is_reported():
     # a change no describer words specially (a hook's reason) still makes the plans differ
     old = layered_plan(layers=2)
-    new = msgspec.structs.replace(old, hooks=[Reshard(layer="llama.layers.0", when="post", placements=["R"], reason="x")])
+    new = msgspec.structs.replace(
+        old, hooks=[Reshard(layer="llama.layers.0", when="post", placements=["R"], reason="x")]
+    )
     newer = msgspec.structs.replace(new, hooks=[msgspec.structs.replace(new.hooks[0], reason="y")])
     assert dump_plan(new) != dump_plan(newer)
     assert diff_plans(new, newer) == ["hooks: changed"]

@@ -44,8 +44,13 @@ def disagreements(workdir) -> list[BadPlanCase]:
     return [
         BadPlanCase("another_plan_file", WORKLOAD, a, "different plan: rank 0 has", rank_plans=[a, b]),
         BadPlanCase("same_plan_other_data_sharding", WORKLOAD, a, "different plan", rank_plans=[a, c]),
-        BadPlanCase("model_of_another_size", WORKLOAD, a, "different model",
-                    rank_workloads=[WORKLOAD, "docstring_llama_3_layers"]),
+        BadPlanCase(
+            "model_of_another_size",
+            WORKLOAD,
+            a,
+            "different model",
+            rank_workloads=[WORKLOAD, "docstring_llama_3_layers"],
+        ),
     ]
 
 
@@ -53,7 +58,9 @@ def disagreements(workdir) -> list[BadPlanCase]:
 def refusals(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("disagree")
     cases = disagreements(workdir)
-    job, per_rank = check_bad_plans(cases, NRANKS, workdir, 180, extra_env={"AUTODIST_AGREE_TIMEOUT": str(AGREE_TIMEOUT_S)})
+    job, per_rank = check_bad_plans(
+        cases, NRANKS, workdir, 180, extra_env={"AUTODIST_AGREE_TIMEOUT": str(AGREE_TIMEOUT_S)}
+    )
     job.raise_for_failure()
     return {case.name: (case, [results[case.name] for results in per_rank]) for case in cases}
 
@@ -81,8 +88,9 @@ def test_a_rank_killed_during_apply_plan_stops_the_others(tmp_path, victim):
     within a minute (today it waits for ever)."""
     plan = write(tmp_path / "mp2.json", dump_plan(tensor_parallel_plan(WORKLOADS[WORKLOAD].build(seed=0), mp=NRANKS)))
     case = BadPlanCase("killed", WORKLOAD, plan, "", die_on_rank=victim)
-    job, per_rank = check_bad_plans([case], NRANKS, tmp_path, 150, failure_grace_s=120,
-                                    extra_env={"AUTODIST_AGREE_TIMEOUT": str(AGREE_TIMEOUT_S)})
+    job, per_rank = check_bad_plans(
+        [case], NRANKS, tmp_path, 150, failure_grace_s=120, extra_env={"AUTODIST_AGREE_TIMEOUT": str(AGREE_TIMEOUT_S)}
+    )
     assert not job.timed_out, job.report()
     survivor = 1 - victim
     assert job.processes[victim].returncode == -9, job.report()

@@ -62,10 +62,13 @@ def documented_commands() -> list[Documented]:
                 if not tokens:
                     continue
                 launched = tokens[0].startswith("python")  # python -m paddle.distributed.launch ... PROGRAM
-                for program, marker in (("autodist-plan", "autodist-plan"), ("train.py", "examples/train.py"),
-                                        ("make", "make")):
+                for program, marker in (
+                    ("autodist-plan", "autodist-plan"),
+                    ("train.py", "examples/train.py"),
+                    ("make", "make"),
+                ):
                     if tokens[0] == marker or (launched and marker in tokens[1:] and program != "make"):
-                        args = tuple(tokens[tokens.index(marker) + 1:])
+                        args = tuple(tokens[tokens.index(marker) + 1 :])
                         found.append(Documented(name, line, program, args))
                         break
     return found
@@ -171,8 +174,9 @@ def test_the_documented_commands_run(page, workspace):
             # a page that reviews plan.json / old.json / new.json it did not make: make them
             for name in ("plan.json", "old.json", "new.json"):
                 devices = "2" if name == "old.json" else "4"
-                made = CliRunner().invoke(cli, ["model.py", "--devices", devices, "--device", "h100-sxm", "-q",
-                                                "-o", name])
+                made = CliRunner().invoke(
+                    cli, ["model.py", "--devices", devices, "--device", "h100-sxm", "-q", "-o", name]
+                )
                 assert made.exit_code == 0, made.output
             prepared = True
         result = CliRunner().invoke(cli, args, prog_name="autodist-plan")

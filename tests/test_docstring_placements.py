@@ -53,20 +53,31 @@ print(json.dumps({{
 
 
 def to_distributed_placements() -> dict:
-    rank0_of_4 = {"PADDLE_TRAINER_ID": "0", "PADDLE_TRAINERS_NUM": "4", "PADDLE_RANK_IN_NODE": "0",
-                  "PADDLE_LOCAL_SIZE": "4", "PADDLE_GLOBAL_SIZE": "4", "PADDLE_LOCAL_RANK": "0",
-                  "PADDLE_GLOBAL_RANK": "0"}
+    rank0_of_4 = {
+        "PADDLE_TRAINER_ID": "0",
+        "PADDLE_TRAINERS_NUM": "4",
+        "PADDLE_RANK_IN_NODE": "0",
+        "PADDLE_LOCAL_SIZE": "4",
+        "PADDLE_GLOBAL_SIZE": "4",
+        "PADDLE_LOCAL_RANK": "0",
+        "PADDLE_GLOBAL_RANK": "0",
+    }
     script = TO_DISTRIBUTED.format(folder=str(DOCSTRING), sizes=SIZES)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **rank0_of_4}, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **rank0_of_4},
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_dp2_mp2_weights_match_to_distributed(monkeypatch):
     for field, value in SIZES.items():
         monkeypatch.setenv(f"LLAMA_DOCSTRING_{field.upper()}", str(value))
-    plan = plan_target(str(DOCSTRING / "model.py"), None,
-                       SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1), {}).plan
+    plan = plan_target(str(DOCSTRING / "model.py"), None, SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1), {}).plan
     reference = to_distributed_placements()
     assert set(reference) == set(plan.params)
     sharded = {fqn: ref for fqn, ref in reference.items() if ref is not None}

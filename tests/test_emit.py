@@ -56,7 +56,9 @@ def test_dp2_mp2_placements(tiny):
             assert plan.params[f"layers.{i}.{norm}.weight"].placements == ["R", "R"]
     # The embedding is split over the vocabulary, the [hidden, vocab] head over its columns.
     assert (plan.params["embed_tokens.weight"].placements, plan.params["embed_tokens.weight"].style) == (
-        ["R", "S(0)"], "VocabParallelEmbedding")
+        ["R", "S(0)"],
+        "VocabParallelEmbedding",
+    )
     assert (plan.params["weight"].placements, plan.params["weight"].style) == (["R", "S(1)"], "ColWiseParallelHead")
     assert plan.params["norm.weight"].placements == ["R", "R"]
     assert set(plan.params) == set(made.analysis.params)
@@ -86,8 +88,11 @@ def test_pipeline_stages_and_handoffs(tiny):
 def test_sequence_parallel_hooks_wrap_every_block(tiny):
     plan = plan_docstring(devices=2, dp=1, mp=2, pp=1, sequence_parallel=True).plan
     assert plan.strategy.sequence_parallel
-    sp = [(h.layer, h.when, h.action, getattr(h, "placements", [])) for h in plan.hooks
-          if h.action != "reshard" or h.reason.startswith(("position", "back"))]
+    sp = [
+        (h.layer, h.when, h.action, getattr(h, "placements", []))
+        for h in plan.hooks
+        if h.action != "reshard" or h.reason.startswith(("position", "back"))
+    ]
     assert sp[0] == ("embed_tokens", "post", "sequence_parallel_begin", [])
     assert sp[-1] == ("norm", "post", "sequence_parallel_end", [])
     for i in range(2):
@@ -108,8 +113,12 @@ def test_vocabulary_that_does_not_divide_stays_replicated(tiny):
 
 
 def test_cnn_gets_a_data_parallel_plan():
-    made = plan_target(f"{MODELS / 'paddleformers_models.py'}:build_cnn", ["images:float32:8x3x8x8"],
-                       SearchRequest(devices_per_node=4), {"target": "cnn"})
+    made = plan_target(
+        f"{MODELS / 'paddleformers_models.py'}:build_cnn",
+        ["images:float32:8x3x8x8"],
+        SearchRequest(devices_per_node=4),
+        {"target": "cnn"},
+    )
     plan = made.plan
     assert (plan.strategy.dp, plan.strategy.mp, plan.strategy.pp) == (4, 1, 1)
     assert plan.blocks == [] and plan.data.shard_axes == ["dp"]
@@ -138,8 +147,12 @@ def test_block_stages_are_contiguous_and_even(blocks, pp):
 
 @pytest.mark.slow
 def test_paddleformers_llama_from_its_causal_lm_class():
-    made = plan_target(f"{MODELS / 'paddleformers_models.py'}:build_untied_llama", ["input_ids:int64:2x8"],
-                       SearchRequest(devices_per_node=4, dp=1, mp=2, pp=2, micro_batches=2), {"target": "llama"})
+    made = plan_target(
+        f"{MODELS / 'paddleformers_models.py'}:build_untied_llama",
+        ["input_ids:int64:2x8"],
+        SearchRequest(devices_per_node=4, dp=1, mp=2, pp=2, micro_batches=2),
+        {"target": "llama"},
+    )
     plan = made.plan
     assert plan.model.traced_layer == "model" and plan.mesh.axes == ["pp", "mp"]
     assert plan.params["model.layers.0.self_attn.k_proj.weight"].placements == ["R", "S(1)"]
@@ -153,13 +166,15 @@ def test_paddleformers_llama_from_its_causal_lm_class():
 
 def test_tied_paddleformers_llama_keeps_one_weight_and_copies_it_to_the_last_stage():
     target = f"{MODELS / 'paddleformers_models.py'}:build_llama"
-    plan = plan_target(target, ["input_ids:int64:2x8"], SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1),
-                       {"target": "llama"}).plan
+    plan = plan_target(
+        target, ["input_ids:int64:2x8"], SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1), {"target": "llama"}
+    ).plan
     embedding = plan.params["model.embed_tokens.weight"]
     assert (embedding.placements, embedding.tied_to, embedding.tied_stages) == (["S(0)"], ["lm_head.weight"], {})
     assert "lm_head.weight" not in plan.params  # one Parameter, planned once
-    piped = plan_target(target, ["input_ids:int64:2x8"], SearchRequest(devices_per_node=2, dp=1, mp=1, pp=2),
-                        {"target": "llama"}).plan
+    piped = plan_target(
+        target, ["input_ids:int64:2x8"], SearchRequest(devices_per_node=2, dp=1, mp=1, pp=2), {"target": "llama"}
+    ).plan
     embedding = piped.params["model.embed_tokens.weight"]
     assert (embedding.stage, embedding.tied_stages) == (0, {"lm_head.weight": 1})
     assert piped.strategy.schedule == "1F1B" and check_plan(piped) == []
@@ -167,8 +182,12 @@ def test_tied_paddleformers_llama_keeps_one_weight_and_copies_it_to_the_last_sta
 
 
 def test_fused_qkv_gets_a_gather_hook_with_one_placement_per_mesh_axis():
-    made = plan_target(str(MODELS / "gpt.py"), None, SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1,
-                                                                   sequence_parallel=False), {"target": "gpt"})
+    made = plan_target(
+        str(MODELS / "gpt.py"),
+        None,
+        SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1, sequence_parallel=False),
+        {"target": "gpt"},
+    )
     plan = made.plan
     gathers = [h for h in plan.hooks if h.action == "reshard"]
     assert {h.layer for h in gathers} == {f"blocks.{i}.attn.qkv_proj" for i in range(2)}
@@ -184,13 +203,19 @@ def test_fused_qkv_gets_a_gather_hook_with_one_placement_per_mesh_axis():
 
 @pytest.mark.slow
 def test_sequence_parallel_fused_gathers_follow_the_layout_they_see():
-    made = plan_target(f"{MODELS / 'paddleformers_models.py'}:build_phi3", ["input_ids:int64:2x8"],
-                       SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1, sequence_parallel=True), {"target": "phi3"})
+    made = plan_target(
+        f"{MODELS / 'paddleformers_models.py'}:build_phi3",
+        ["input_ids:int64:2x8"],
+        SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1, sequence_parallel=True),
+        {"target": "phi3"},
+    )
     gathers = {h.layer: h.placements for h in made.plan.hooks if h.action == "reshard" and h.layer.endswith("_proj")}
     # Attention runs on [b, s, h] (batch dim 0 over dp), the MLP on [s, b, h] (batch dim 1).
     assert gathers == {
-        "model.layers.0.self_attn.qkv_proj": ["S(0)", "R"], "model.layers.1.self_attn.qkv_proj": ["S(0)", "R"],
-        "model.layers.0.mlp.gate_up_proj": ["S(1)", "R"], "model.layers.1.mlp.gate_up_proj": ["S(1)", "R"],
+        "model.layers.0.self_attn.qkv_proj": ["S(0)", "R"],
+        "model.layers.1.self_attn.qkv_proj": ["S(0)", "R"],
+        "model.layers.0.mlp.gate_up_proj": ["S(1)", "R"],
+        "model.layers.1.mlp.gate_up_proj": ["S(1)", "R"],
     }
     assert check_plan(made.plan) == []
 
@@ -201,8 +226,12 @@ def test_implicit_communication_is_one_figure_the_plans_list_and_its_price_agree
     both from one SPMD replay with the plan's hooks (before: an empty list beside 2.7 GB)."""
     from autodist.planner.cost.graph_cost import implicit_collectives
 
-    made = plan_target(str(MODELS / "gpt.py"), None, SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1,
-                                                                   sequence_parallel=False), {"target": "gpt"})
+    made = plan_target(
+        str(MODELS / "gpt.py"),
+        None,
+        SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1, sequence_parallel=False),
+        {"target": "gpt"},
+    )
     plan = made.plan
     gathers = [h for h in plan.hooks if h.action == "reshard"]
     assert gathers and plan.implicit_comm == []

@@ -23,8 +23,16 @@ MIXTRAL = "tests/models/zoo/mixtral_moe.py"
 
 def moe_model(experts: int = 8, expert_params: int = 4_000_000) -> ModelCost:
     """Two MoE blocks of 1000 hidden, top-2 routing, written by hand."""
-    block = BlockCost(layer="b", params_split=expert_params + 1_000_000, params_whole=2000, flops_per_token=1e6,
-                      param_tensors=10, experts=experts, expert_params=expert_params, dispatch_per_token=2 * 1000)
+    block = BlockCost(
+        layer="b",
+        params_split=expert_params + 1_000_000,
+        params_whole=2000,
+        flops_per_token=1e6,
+        param_tensors=10,
+        experts=experts,
+        expert_params=expert_params,
+        dispatch_per_token=2 * 1000,
+    )
     return ModelCost(blocks=(block, block), hidden_size=1000, traced_batch=8, traced_seq=128)
 
 
@@ -69,21 +77,26 @@ def test_ep_is_not_searched_unless_asked_and_must_divide_the_experts():
 
 
 def test_mixtral_experts_are_recognised_and_recorded_in_the_plan():
-    made = plan_target(MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=H100),
-                       {"target": MIXTRAL})
+    made = plan_target(
+        MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=H100), {"target": MIXTRAL}
+    )
     plan = made.plan
     # written from the model: block_sparse_moe.experts is a LayerList of 4, paddle.topk(..., TOP_K=2)
     assert [(b.experts, b.num_experts, b.top_k) for b in plan.blocks] == [
-        (f"layers.{i}.block_sparse_moe.experts", 4, 2) for i in range(2)]
+        (f"layers.{i}.block_sparse_moe.experts", 4, 2) for i in range(2)
+    ]
     assert plan.strategy.ep == 2 and plan.estimate.comm_bytes.ep > 0
     assert check_plan(load_plan(dump_plan(plan))) == []
     assert expert_problems(plan) == [
         "strategy: ep=2 spreads the experts of layers.0.block_sparse_moe.experts (and 1 more) over dp ranks, which "
-        "apply_plan cannot apply yet (it plans and prices expert parallelism only); re-plan with --ep 1"]
+        "apply_plan cannot apply yet (it plans and prices expert parallelism only); re-plan with --ep 1"
+    ]
 
 
 def test_a_plan_without_ep_reads_as_ep_1_and_a_bad_ep_is_named():
-    made = plan_target(MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, device=H100), {"target": MIXTRAL})
+    made = plan_target(
+        MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, device=H100), {"target": MIXTRAL}
+    )
     data = msgspec.json.decode(dump_plan(made.plan))
     del data["strategy"]["ep"]
     old = load_plan(msgspec.json.encode(data))
@@ -98,8 +111,9 @@ def test_show_and_export_say_what_ep_does():
     from autodist.planner.review.export import ExportError, export_parallelize
     from autodist.planner.review.format import strategy_text
 
-    made = plan_target(MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=H100),
-                       {"target": MIXTRAL})
+    made = plan_target(
+        MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=H100), {"target": MIXTRAL}
+    )
     assert strategy_text(made.plan.strategy).endswith("experts over 2 dp ranks (ep2)")
     with pytest.raises(ExportError, match=r"expert parallelism \(ep=2\): dist.parallelize has no key for it"):
         export_parallelize(made.plan)
@@ -114,7 +128,10 @@ def test_the_ep_option_of_the_command(tmp_path):
         return CliRunner().invoke(cli, ["plan", MIXTRAL, "--devices", "2", "--dp", "2", "--mp", "1", *args])
 
     refused = run("--ep", "2", "--device", "cpu", "-o", str(tmp_path / "cpu.json"))
-    assert refused.exit_code == 2 and "cpu cannot: sequence parallelism and expert parallelism need all-to-all" in refused.output
+    assert (
+        refused.exit_code == 2
+        and "cpu cannot: sequence parallelism and expert parallelism need all-to-all" in refused.output
+    )
     assert not (tmp_path / "cpu.json").exists()
     bad = run("--ep", "two", "--device", "h100-sxm")
     assert bad.exit_code == 2 and "--ep must be a positive integer or auto, got 'two'" in bad.output

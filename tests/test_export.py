@@ -74,7 +74,9 @@ def assert_exported_layout_matches(plan: Plan, model) -> None:
         want_placements, want_ids = expected_layout(plan, fqn)
         got_placements, got_ids = actual_layout(param)
         if (got_placements, got_ids) != (want_placements, want_ids):
-            problems.append(f"{fqn}: exported gives {got_placements} on {got_ids}, plan {want_placements} on {want_ids}")
+            problems.append(
+                f"{fqn}: exported gives {got_placements} on {got_ids}, plan {want_placements} on {want_ids}"
+            )
     assert not problems, "\n".join(problems)
 
 
@@ -91,8 +93,23 @@ def planned_docstring(tmp_path_factory) -> Path:
 
     path = tmp_path_factory.mktemp("planned") / "plan.json"
     env = {f"LLAMA_DOCSTRING_{k.upper()}": str(v) for k, v in DOCSTRING_LLAMA_CONFIG.items()}
-    args = [str(REPO / "plans/llama_docstring/model.py"), "--devices", "4", "--dp", "2", "--mp", "2",
-            "--no-sequence-parallel", "--sharding-stage", "0", "--device", "cpu", "--quiet", "-o", str(path)]
+    args = [
+        str(REPO / "plans/llama_docstring/model.py"),
+        "--devices",
+        "4",
+        "--dp",
+        "2",
+        "--mp",
+        "2",
+        "--no-sequence-parallel",
+        "--sharding-stage",
+        "0",
+        "--device",
+        "cpu",
+        "--quiet",
+        "-o",
+        str(path),
+    ]
     result = CliRunner(env=env).invoke(cli, args)
     assert result.exit_code == 0, result.output
     return path
@@ -219,8 +236,10 @@ def test_sequence_parallel_hooks_become_paddle_plans():
     plan = layered_plan(layers=2, dp=2, mp=2)
     sp = [("llama.embed_tokens", "post", "sequence_parallel_begin"), ("llama.norm", "post", "sequence_parallel_end")]
     for i in range(2):
-        sp += [(f"llama.layers.{i}.self_attn", "pre", "sequence_parallel_end"),
-               (f"llama.layers.{i}.self_attn", "post", "sequence_parallel_begin")]
+        sp += [
+            (f"llama.layers.{i}.self_attn", "pre", "sequence_parallel_end"),
+            (f"llama.layers.{i}.self_attn", "post", "sequence_parallel_begin"),
+        ]
     plan.hooks = [HOOK_TYPES[action](layer=layer, when=when) for layer, when, action in sp]
     source = export_parallelize(plan)
     assert "'llama[.]embed_tokens': dist.SequenceParallelBegin()," in source
@@ -239,7 +258,9 @@ def test_exported_config_of_a_planned_model_places_parameters_as_planned(planned
     assert_exported_layout_matches(plan, WORKLOADS["docstring_llama"].build(0))
 
 
-@pytest.mark.parametrize("checked_in", sorted(REPO.glob("plans/*/plan_*.json")), ids=lambda p: p.parent.name + "/" + p.name)
+@pytest.mark.parametrize(
+    "checked_in", sorted(REPO.glob("plans/*/plan_*.json")), ids=lambda p: p.parent.name + "/" + p.name
+)
 def test_every_checked_in_plan_exports(checked_in):
     """Every checked-in plan exports, except a VPP plan, which says why it cannot."""
     plan = load_plan(checked_in)
@@ -277,10 +298,15 @@ def test_exported_pipeline_config_puts_parameters_on_their_stage():
         cluster=msgspec.structs.replace(flat.cluster, devices_per_node=4),
         strategy=msgspec.structs.replace(flat.strategy, pp=2, schedule="sequential"),
         params=params,
-        blocks=[Block(layer=f"{base}.layers.{i}", kind="llama_decoder", stage=stage_of(f"{base}.layers.{i}.x")) for i in layers],
+        blocks=[
+            Block(layer=f"{base}.layers.{i}", kind="llama_decoder", stage=stage_of(f"{base}.layers.{i}.x"))
+            for i in layers
+        ],
         # The sequential schedule moves the activation to stage 1 after stage 0's last block.
-        hooks=[*flat.hooks, StageHandoff(layer=f"{base}.layers.{layers[len(layers) // 2 - 1]}", when="post",
-                                         to_stage=1)],
+        hooks=[
+            *flat.hooks,
+            StageHandoff(layer=f"{base}.layers.{layers[len(layers) // 2 - 1]}", when="post", to_stage=1),
+        ],
     )
     load_plan(plan)  # consistent
     assert_exported_layout_matches(plan, workload.build(0))

@@ -33,8 +33,9 @@ def write(tmp_path, name, body):
 
 @pytest.fixture
 def tiny_docstring_env(monkeypatch):
-    for field, value in dict(VOCAB_SIZE=64, HIDDEN_SIZE=32, INTERMEDIATE_SIZE=64, NUM_HEADS=4,
-                             NUM_LAYERS=2, SEQ_LENGTH=16).items():
+    for field, value in dict(
+        VOCAB_SIZE=64, HIDDEN_SIZE=32, INTERMEDIATE_SIZE=64, NUM_HEADS=4, NUM_LAYERS=2, SEQ_LENGTH=16
+    ).items():
         monkeypatch.setenv(f"LLAMA_DOCSTRING_{field}", str(value))
 
 
@@ -49,11 +50,15 @@ def test_docstring_model_loads_lazily_with_its_input_spec(tiny_docstring_env):
 
 
 def test_explicit_factory_in_file_and_input_spec_constant(tmp_path):
-    path = write(tmp_path, "m.py", """
+    path = write(
+        tmp_path,
+        "m.py",
+        """
         def make():
             return Net()
         INPUT_SPEC = [paddle.static.InputSpec([2, 8], "float32", "x")]
-    """)
+    """,
+    )
     loaded = load_target(f"{path}:make")
     assert isinstance(loaded.model.fc, paddle.nn.Linear)
     assert tuple(loaded.input_specs[0].shape) == (2, 8)
@@ -63,22 +68,30 @@ def test_package_module_factory(tmp_path, monkeypatch):
     package = tmp_path / "tinypkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    write(package, "nets.py", """
+    write(
+        package,
+        "nets.py",
+        """
         def build():
             return Net()
         def input_spec():
             return [paddle.static.InputSpec([3, 8], "float32", "x")]
-    """)
+    """,
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     loaded = load_target("tinypkg.nets:build")
     assert tuple(loaded.input_specs[0].shape) == (3, 8)
 
 
 def test_module_level_model_is_accepted_and_cli_specs_win(tmp_path):
-    path = write(tmp_path, "m.py", """
+    path = write(
+        tmp_path,
+        "m.py",
+        """
         model = Net()
         INPUT_SPEC = [paddle.static.InputSpec([2, 8], "float32", "x")]
-    """)
+    """,
+    )
     loaded = load_target(path, input_specs=["x:float32:5x8"])
     assert isinstance(loaded.model, paddle.nn.Layer)
     assert tuple(loaded.input_specs[0].shape) == (5, 8)
@@ -134,12 +147,16 @@ def test_named_factory_missing(tmp_path):
 
 
 def test_factory_raising_shows_the_users_traceback_tail(tmp_path):
-    path = write(tmp_path, "broken.py", """
+    path = write(
+        tmp_path,
+        "broken.py",
+        """
         def helper():
             return 1 / 0
         def build_model():
             return helper()
-    """)
+    """,
+    )
     with pytest.raises(PlannerError) as info:
         load_target(path)
     err = info.value
@@ -176,8 +193,12 @@ def test_bad_input_spec_constant(tmp_path):
 
 
 def test_a_wrong_factory_name_lists_what_the_file_defines(tmp_path):
-    path = write(tmp_path, "m.py", "import paddle\nfrom math import sqrt\n\nclass Net(paddle.nn.Layer):\n    pass\n\n"
-                                   "def build_small():\n    return Net()\n\ndef _helper():\n    pass\n")
+    path = write(
+        tmp_path,
+        "m.py",
+        "import paddle\nfrom math import sqrt\n\nclass Net(paddle.nn.Layer):\n    pass\n\n"
+        "def build_small():\n    return Net()\n\ndef _helper():\n    pass\n",
+    )
     with pytest.raises(PlannerError) as err:
         load_target(f"{path}:build_large")
     assert str(err.value).endswith("no factory named 'build_large' in the module; it defines: Net, build_small")
@@ -189,7 +210,8 @@ def test_a_package_module_in_the_current_directory_is_found(tmp_path, monkeypatc
     (tmp_path / "mypkg" / "__init__.py").write_text("")
     (tmp_path / "mypkg" / "net.py").write_text(
         "import paddle\n\nINPUT_SPEC = [paddle.static.InputSpec([4, 2], 'float32', 'x')]\n\n"
-        "def make():\n    return paddle.nn.Linear(2, 2)\n")
+        "def make():\n    return paddle.nn.Linear(2, 2)\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     loaded = load_target("mypkg.net:make")

@@ -77,7 +77,11 @@ def test_a_broadcast_mask_keeps_the_attention_split(spelling, mask_from_batch):
     a = analysis_of(spelling, mask_from_batch)
     assert [b.description for b in a.blocks] == ["attention(q|k|v)"] * 2, a.notes
     assert {(lin.name, lin.role, lin.split_dim) for lin in a.blocks[1].linears} == {
-        ("q", "column", 1), ("k", "column", 1), ("v", "column", 1), ("o", "row", 0)}
+        ("q", "column", 1),
+        ("k", "column", 1),
+        ("v", "column", 1),
+        ("o", "row", 0),
+    }
 
 
 def test_masked_fill_gathers_in_paddle_and_its_attention_is_refused():
@@ -85,4 +89,5 @@ def test_masked_fill_gathers_in_paddle_and_its_attention_is_refused():
     assert a.blocks == []
     assert [n for n in a.notes if "stops" in n] == [
         "layers.*.o: op masked_fill (first seen in layers.0) stops the tensor-parallel split before this "
-        "projection; it and the projections feeding it stay replicated"]
+        "projection; it and the projections feeding it stay replicated"
+    ]

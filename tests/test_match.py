@@ -12,8 +12,14 @@ from autodist.planner.recognise.patterns.norm import RMS_NORM
 from autodist.planner.recognise.roles import BlockRecogniser
 from models.traced import traced
 
-BLOCK_LISTS = {"docstring": "layers", "llama": "model.layers", "phi3": "model.layers", "gpt": "blocks",
-               "gpt_sdpa": "blocks", "gemma3": "model.layers"}
+BLOCK_LISTS = {
+    "docstring": "layers",
+    "llama": "model.layers",
+    "phi3": "model.layers",
+    "gpt": "blocks",
+    "gpt_sdpa": "blocks",
+    "gemma3": "model.layers",
+}
 
 
 def recognise(name: str, layers: int = 2, recogniser: BlockRecogniser | None = None):
@@ -23,29 +29,62 @@ def recognise(name: str, layers: int = 2, recogniser: BlockRecogniser | None = N
     return recogniser.recognise(graph, [f"{BLOCK_LISTS[name]}.{i}" for i in range(layers)], params)
 
 
-@pytest.mark.parametrize("name, description", [
-    ("docstring", "attention(q|k|v)+mlp(gate|up)"),
-    ("llama", "attention(q|k|v)+mlp(gate|up)"),
-    ("phi3", "attention(qkv)+mlp(gate_up)"),
-    ("gpt", "attention(qkv)+mlp(fc_in)"),
-    # Paddle's SDPA traces to the same math on CPU; its causal mask is built from the scores' shape
-    ("gpt_sdpa", "attention(qkv)+mlp(fc_in)"),
-    ("gemma3", "attention(qkv)+mlp(gate_up)"),
-])
+@pytest.mark.parametrize(
+    "name, description",
+    [
+        ("docstring", "attention(q|k|v)+mlp(gate|up)"),
+        ("llama", "attention(q|k|v)+mlp(gate|up)"),
+        ("phi3", "attention(qkv)+mlp(gate_up)"),
+        ("gpt", "attention(qkv)+mlp(fc_in)"),
+        # Paddle's SDPA traces to the same math on CPU; its causal mask is built from the scores' shape
+        ("gpt_sdpa", "attention(qkv)+mlp(fc_in)"),
+        ("gemma3", "attention(qkv)+mlp(gate_up)"),
+    ],
+)
 def test_every_block_of_a_real_model_splits_into_its_sub_layers(name, description):
     blocks = recognise(name)
     assert ["+".join(s.description for s in b.roles.sublayers) for b in blocks] == [description] * 2
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("docstring", {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-                   "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}),
-    ("llama", {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-               "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}),
-    ("phi3", {"qkv": "self_attn.qkv_proj", "o": "self_attn.o_proj", "gate_up": "mlp.gate_up_proj",
-              "down": "mlp.down_proj"}),
-    ("gpt", {"qkv": "attn.qkv_proj", "o": "attn.out_proj", "fc_in": "mlp.fc_in", "fc_out": "mlp.fc_out"}),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        (
+            "docstring",
+            {
+                "q": "self_attn.q_proj",
+                "k": "self_attn.k_proj",
+                "v": "self_attn.v_proj",
+                "o": "self_attn.o_proj",
+                "gate": "mlp.gate_proj",
+                "up": "mlp.up_proj",
+                "down": "mlp.down_proj",
+            },
+        ),
+        (
+            "llama",
+            {
+                "q": "self_attn.q_proj",
+                "k": "self_attn.k_proj",
+                "v": "self_attn.v_proj",
+                "o": "self_attn.o_proj",
+                "gate": "mlp.gate_proj",
+                "up": "mlp.up_proj",
+                "down": "mlp.down_proj",
+            },
+        ),
+        (
+            "phi3",
+            {
+                "qkv": "self_attn.qkv_proj",
+                "o": "self_attn.o_proj",
+                "gate_up": "mlp.gate_up_proj",
+                "down": "mlp.down_proj",
+            },
+        ),
+        ("gpt", {"qkv": "attn.qkv_proj", "o": "attn.out_proj", "fc_in": "mlp.fc_in", "fc_out": "mlp.fc_out"}),
+    ],
+)
 def test_each_role_lands_on_its_own_layers_projection(name, expected):
     """q and k (same op, same producer) are told apart by the operand of the scores they reach;
     the second block's result is moved over from the first and must name its own parameters."""

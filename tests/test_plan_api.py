@@ -42,13 +42,33 @@ SCRIPT = textwrap.dedent("""
 def test_a_script_plans_its_model_and_gets_the_commands_plan(tmp_path, monkeypatch):
     script, from_python, from_cli = tmp_path / "train.py", tmp_path / "python.json", tmp_path / "cli.json"
     script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, str(script), str(DOCSTRING), str(from_python)], capture_output=True,
-                          text=True, env={**os.environ, **TINY_ENV}, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(script), str(DOCSTRING), str(from_python)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **TINY_ENV},
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     for name, value in TINY_ENV.items():
         monkeypatch.setenv(name, value)
-    result = CliRunner().invoke(cli, [str(DOCSTRING), "--devices", "4", "--nodes", "2", "--device", "a100-40g",
-                                      "--mp", "2", "-q", "-o", str(from_cli)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            str(DOCSTRING),
+            "--devices",
+            "4",
+            "--nodes",
+            "2",
+            "--device",
+            "a100-40g",
+            "--mp",
+            "2",
+            "-q",
+            "-o",
+            str(from_cli),
+        ],
+    )
     assert result.exit_code == 0, result.output
     python_plan, cli_plan = json.loads(from_python.read_text()), json.loads(from_cli.read_text())
     assert python_plan["provenance"]["arguments"].pop("target") == "<Model object>"

@@ -39,8 +39,11 @@ TINY = """
 
 def model_file(tmp_path, forward_extra="pass", module_extra="", factory_extra="pass"):
     path = tmp_path / "model.py"
-    path.write_text(textwrap.dedent(TINY).format(forward_extra=forward_extra, module_extra=module_extra,
-                                                 factory_extra=factory_extra))
+    path.write_text(
+        textwrap.dedent(TINY).format(
+            forward_extra=forward_extra, module_extra=module_extra, factory_extra=factory_extra
+        )
+    )
     return str(path)
 
 
@@ -73,8 +76,12 @@ def test_a_model_that_exits_is_an_error(tmp_path, where, command):
 
 
 def test_what_the_model_prints_does_not_reach_a_plan_on_stdout(tmp_path):
-    target = model_file(tmp_path, module_extra='print("hello from import")',
-                        factory_extra='print("hello from the factory")', forward_extra='print("hello from forward")')
+    target = model_file(
+        tmp_path,
+        module_extra='print("hello from import")',
+        factory_extra='print("hello from the factory")',
+        forward_extra='print("hello from forward")',
+    )
     result = run(target, "-q")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["format"] == "autodist.plan"  # stdout is the plan, only
@@ -206,7 +213,8 @@ def test_a_forward_that_raises_is_an_error_not_a_plan_of_a_child(tmp_path):
     """Net holds most of its parameters in one child: falling back to tracing that child turned a
     bug in Net.forward into a plan for a fragment."""
     path = tmp_path / "model.py"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         import paddle
         from paddle import nn
 
@@ -233,7 +241,8 @@ def test_a_forward_that_raises_is_an_error_not_a_plan_of_a_child(tmp_path):
 
         def input_spec():
             return [paddle.static.InputSpec([4, 16], "float32", "x")]
-    """))
+    """)
+    )
     out = tmp_path / "plan.json"
     result = run(path, "-q", "-o", out)
     assert result.exit_code == 2, result.output
@@ -246,7 +255,8 @@ def test_a_tracing_limit_falls_back_to_a_child_and_says_so(tmp_path):
     """A RecursionError inside the tracer (PaddleFormers LlamaForCausalLM's) is a known limit:
     the largest child is traced, and the summary line says so."""
     path = tmp_path / "model.py"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         import paddle
         from paddle import nn
 
@@ -280,7 +290,8 @@ def test_a_tracing_limit_falls_back_to_a_child_and_says_so(tmp_path):
 
         def input_spec():
             return [paddle.static.InputSpec([4, 16], "float32", "x")]
-    """))
+    """)
+    )
     result = run(path, "-o", tmp_path / "plan.json")
     try:
         assert result.exit_code == 0, result.output

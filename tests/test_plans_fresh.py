@@ -73,8 +73,11 @@ def test_checked_in_plan_is_fresh(checked_in, tmp_path, monkeypatch):
     assert result.exit_code == 0, f"autodist-plan {' '.join(args)} failed:\n{result.output}"
     old, new = checked_in.read_text(), fresh.read_text()
     if old != new:
-        diff = list(difflib.unified_diff(old.splitlines(), new.splitlines(), str(checked_in.relative_to(REPO)),
-                                         "re-made now", lineterm=""))
+        diff = list(
+            difflib.unified_diff(
+                old.splitlines(), new.splitlines(), str(checked_in.relative_to(REPO)), "re-made now", lineterm=""
+            )
+        )
         more = len(diff) - MAX_DIFF_LINES
         shown = "\n".join(diff[:MAX_DIFF_LINES]) + (f"\n... {more} more lines" if more > 0 else "")
         pytest.fail(f"{checked_in.relative_to(REPO)} is stale; run `make plans` and review the diff:\n{shown}")

@@ -39,7 +39,9 @@ def _train(recompute_layers: list[str] | None, steps: int = 2):
     optimizer, schedule = make_optimizer("adamw", model.parameters())
     loader = make_loader(workload, steps=steps, seed=5)
     if recompute_layers is not None:
-        model, optimizer, loader = apply_plan(model, optimizer, loader, _recomputing_plan(model, "full", recompute_layers))
+        model, optimizer, loader = apply_plan(
+            model, optimizer, loader, _recomputing_plan(model, "full", recompute_layers)
+        )
     losses = train(workload, model, optimizer, schedule, loader, steps)
     return losses, {k: v.numpy() for k, v in model.state_dict().items()}, counts
 

@@ -96,8 +96,9 @@ def _converter():
 
 def test_converts_to_png(tmp_path):
     svg = tmp_path / "plan.svg"
-    plan = with_memory(layered_plan(layers=8, dp=2, mp=2, pp=2), params=3 << 30, grads=3 << 30,
-                       optimizer=6 << 30, activations=2 << 30)
+    plan = with_memory(
+        layered_plan(layers=8, dp=2, mp=2, pp=2), params=3 << 30, grads=3 << 30, optimizer=6 << 30, activations=2 << 30
+    )
     save_plan(plan, tmp_path / "plan.json")
     svg.write_text(render_svg(plan))
     tried = []
@@ -108,4 +109,6 @@ def test_converts_to_png(tmp_path):
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
             return
         tried.append(f"{command[0]}: {(run.stderr or run.stdout).strip()[:120]}")
-    pytest.skip("no working SVG to PNG converter (rsvg-convert or ImageMagick convert)" + (f": {tried}" if tried else ""))
+    pytest.skip(
+        "no working SVG to PNG converter (rsvg-convert or ImageMagick convert)" + (f": {tried}" if tried else "")
+    )

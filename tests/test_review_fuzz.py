@@ -23,7 +23,9 @@ COMMANDS = {
     "export": lambda plan, original: [export, [plan, "--to", "paddle-parallelize"]],
     "render": lambda plan, original: [render, [plan]],
 }
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 
 
 def assert_clean_exit(result, what: str) -> None:
@@ -44,15 +46,21 @@ def write_mutant(tmp_path, path, action, value) -> tuple[str, str]:
 
 
 @FUZZ
-@given(path=st.sampled_from(ALL_PATHS), action=st.sampled_from(["delete", "replace", "add"]), value=json_values,
-       command=st.sampled_from(sorted(COMMANDS)))
+@given(
+    path=st.sampled_from(ALL_PATHS),
+    action=st.sampled_from(["delete", "replace", "add"]),
+    value=json_values,
+    command=st.sampled_from(sorted(COMMANDS)),
+)
 def test_review_commands_on_mutated_plans(tmp_path, path, action, value, command):
     plan, original = write_mutant(tmp_path, path, action, value)
     cmd, args = COMMANDS[command](plan, original)
     assert_clean_exit(CliRunner().invoke(cmd, args), f"{command} after {action} at {path}")
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(path=st.sampled_from(ALL_PATHS), action=st.sampled_from(["delete", "replace", "add"]), value=json_values)
 def test_check_on_mutated_plans(tmp_path, path, action, value):
     plan, _ = write_mutant(tmp_path, path, action, value)

@@ -19,8 +19,16 @@ class GraphBuilder:
 
     def op(self, op_name: str, layer: str, shapes, inputs=(), param=None, **attrs) -> int:
         node = len(self.graph)
-        self.graph.add_node(node, op=op_name, layer=layer, shapes=[list(s) if s else None for s in shapes],
-                            dtypes=["float32"] * len(shapes), attrs=attrs, param=param, consts={})
+        self.graph.add_node(
+            node,
+            op=op_name,
+            layer=layer,
+            shapes=[list(s) if s else None for s in shapes],
+            dtypes=["float32"] * len(shapes),
+            attrs=attrs,
+            param=param,
+            consts={},
+        )
         for operand, source in enumerate(inputs):
             if source is not None:
                 self.graph.add_edge(source, node, operand=operand, result=0)
@@ -35,8 +43,10 @@ def attention_block(kernel: str) -> tuple[nx.DiGraph, dict]:
     b = GraphBuilder()
     x = b.op("pd_op.data", "", [[BATCH, SEQ, HIDDEN]], name="x")
     heads = [BATCH, SEQ, HEADS, HEAD_DIM]
-    q, k, v = (b.op("pd_op.reshape", "layers.0.attn", [heads], [b.linear(f"layers.0.attn.{n}", x, [BATCH, SEQ, HIDDEN])])
-               for n in ("q", "k", "v"))
+    q, k, v = (
+        b.op("pd_op.reshape", "layers.0.attn", [heads], [b.linear(f"layers.0.attn.{n}", x, [BATCH, SEQ, HIDDEN])])
+        for n in ("q", "k", "v")
+    )
     out = b.op(f"pd_op.{kernel}", "layers.0.attn", [heads, [BATCH, HEADS, SEQ]], [q, k, v], causal=True)
     merged = b.op("pd_op.reshape", "layers.0.attn", [[BATCH, SEQ, HIDDEN]], [out])
     o = b.linear("layers.0.attn.o", merged, [BATCH, SEQ, HIDDEN])
@@ -52,7 +62,11 @@ def test_a_fused_attention_kernel_is_an_attention_split_by_heads(kernel):
     (attention,) = block.roles.sublayers
     assert attention.kind == "attention"
     assert [(p.name, p.role, p.split_dim) for p in attention.projections] == [
-        ("q", "column", 1), ("k", "column", 1), ("v", "column", 1), ("o", "row", 0)]
+        ("q", "column", 1),
+        ("k", "column", 1),
+        ("v", "column", 1),
+        ("o", "row", 0),
+    ]
     assert (attention.num_heads, attention.num_kv_heads, attention.head_dim) == (HEADS, HEADS, HEAD_DIM)
 
 

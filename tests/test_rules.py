@@ -14,7 +14,7 @@ from autodist.planner.recognise.rules import load_rules
 
 #: Blocks whose MLP normalises its hidden features: inference refuses to split it (a LayerNorm
 #: over a split axis needs a gather), so only rules can.
-MODEL = '''
+MODEL = """
 import paddle
 import paddle.nn as nn
 
@@ -47,7 +47,7 @@ def build_model():
 
 def input_spec():
     return [paddle.static.InputSpec([2, 4, 16], "float32", "x")]
-'''
+"""
 
 
 @pytest.fixture
@@ -58,7 +58,9 @@ def target(tmp_path):
 
 
 def mp2(target, rules=None):
-    return plan_target(target, None, SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1), {"target": target}, rules=rules)
+    return plan_target(
+        target, None, SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1), {"target": target}, rules=rules
+    )
 
 
 def placement(plan, fqn):
@@ -94,7 +96,9 @@ def test_cli_rules_file(target, tmp_path):
     rules = tmp_path / "rules.toml"
     rules.write_text('"blocks.*.up" = "replicate"\n"blocks.*.down" = "replicate"\n')
     out = tmp_path / "plan.json"
-    result = CliRunner().invoke(cli, [target, "--devices", "2", "--mp", "2", "--rules", str(rules), "-q", "-o", str(out)])
+    result = CliRunner().invoke(
+        cli, [target, "--devices", "2", "--mp", "2", "--rules", str(rules), "-q", "-o", str(out)]
+    )
     assert result.exit_code == 0, result.output
     assert '"rules": "blocks.*.down=replicate;blocks.*.up=replicate"' in out.read_text()
     broken = tmp_path / "broken.toml"
@@ -111,4 +115,5 @@ def test_cli_warns_once_per_layer_kind(target, tmp_path):
         "warning: blocks.*.fc2: op layer_norm (first seen in blocks.0.norm) stops the tensor-parallel split "
         "before this projection; it and the projections feeding it stay replicated",
         "warning: layer blocks.*.fc1: no pattern matched it; its parameters stay replicated",
-        "warning: layer blocks.*.fc2: no pattern matched it; its parameters stay replicated"]
+        "warning: layer blocks.*.fc2: no pattern matched it; its parameters stay replicated",
+    ]

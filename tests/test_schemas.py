@@ -171,11 +171,14 @@ def test_a_version_2_plan_with_version_1_key_names_is_refused(doc, where, old):
         load_plan(json.dumps(doc).encode())
 
 
-@pytest.mark.parametrize("action, field, value", [
-    ("stage_handoff", "placements", ["R", "R"]),
-    ("reshard", "to_stage", 1),
-    ("sequence_parallel_begin", "placements", []),
-])
+@pytest.mark.parametrize(
+    "action, field, value",
+    [
+        ("stage_handoff", "placements", ["R", "R"]),
+        ("reshard", "to_stage", 1),
+        ("sequence_parallel_begin", "placements", []),
+    ],
+)
 def test_a_hook_has_only_the_fields_of_its_kind(doc, action, field, value):
     """Hooks are a tagged union: a field of another kind of hook is refused, by its JSON path."""
     doc["hooks"][0]["action"] = action
@@ -218,7 +221,7 @@ def test_a_mesh_with_fewer_sizes_than_names_is_reported_not_crashed(doc):
 def test_placements_must_cover_every_mesh_axis(doc):
     doc["params"]["layers.0.norm.weight"]["placements"] = ["R"]
     (problem,) = problems_of(doc)
-    assert problem == '$.params["layers.0.norm.weight"].placements: 1 placements for a mesh of 2 axes [\'dp\', \'mp\']'
+    assert problem == "$.params[\"layers.0.norm.weight\"].placements: 1 placements for a mesh of 2 axes ['dp', 'mp']"
 
 
 def test_stage_must_be_below_pp(doc):
@@ -231,25 +234,31 @@ def test_stage_must_be_below_pp(doc):
 def test_blocks_params_and_handoffs_agree_on_stages():
     """A pp2 plan: moving a block's parameter, dropping a hand-off or sending it elsewhere are
     each named (before, such a plan loaded and the applier put the parameter on the wrong mesh)."""
-    doc = json.loads((Path(__file__).parents[1] / "plans" / "paddleformers_llama" / "plan_4x8dev_mp8_pp2.json").read_text())
+    doc = json.loads(
+        (Path(__file__).parents[1] / "plans" / "paddleformers_llama" / "plan_4x8dev_mp8_pp2.json").read_text()
+    )
     assert load_doc(doc)
     block = doc["blocks"][0]
     fqn = next(name for name in doc["params"] if name.startswith(block["layer"] + "."))
     moved = copy.deepcopy(doc)
     moved["params"][fqn]["stage"] = 1 - block["stage"]
-    assert problems_of(moved) == [f'$.params["{fqn}"].stage: {1 - block["stage"]} but its block {block["layer"]} '
-                                  f'is on stage {block["stage"]}']
-    (i, handoff), = [(i, h) for i, h in enumerate(doc["hooks"]) if h["action"] == "stage_handoff"][:1]
+    assert problems_of(moved) == [
+        f'$.params["{fqn}"].stage: {1 - block["stage"]} but its block {block["layer"]} is on stage {block["stage"]}'
+    ]
+    ((i, handoff),) = [(i, h) for i, h in enumerate(doc["hooks"]) if h["action"] == "stage_handoff"][:1]
     dropped = copy.deepcopy(doc)
     del dropped["hooks"][i]
     assert load_doc(dropped)  # VPP moves activations itself; the sequential schedule needs the hook
     dropped["strategy"].update(schedule="sequential", virtual_stages=1, micro_batches=1)
-    assert problems_of(dropped) == [f"$.hooks: no stage_handoff after {handoff['layer']}, whose next block runs on "
-                                    f"stage {handoff['to_stage']}"]
+    assert problems_of(dropped) == [
+        f"$.hooks: no stage_handoff after {handoff['layer']}, whose next block runs on stage {handoff['to_stage']}"
+    ]
     elsewhere = copy.deepcopy(doc)
     elsewhere["hooks"][i]["layer"] = doc["blocks"][-1]["layer"]
-    assert problems_of(elsewhere) == [f"$.hooks[{i}]: a stage_handoff after {doc['blocks'][-1]['layer']} to stage "
-                                      f"{handoff['to_stage']}, but the blocks do not change stage there"]
+    assert problems_of(elsewhere) == [
+        f"$.hooks[{i}]: a stage_handoff after {doc['blocks'][-1]['layer']} to stage "
+        f"{handoff['to_stage']}, but the blocks do not change stage there"
+    ]
 
 
 def test_strategy_must_agree_with_the_mesh(doc):
@@ -263,7 +272,9 @@ def test_shard_must_divide_and_fit_the_parameter(doc):
     doc["params"]["layers.0.mlp.fc_in.weight"]["shape"] = [16, 63]
     problems = problems_of(doc)
     assert '$.params["layers.0.norm.weight"].placements[1]: S(1) but the parameter has 1 dims' in problems
-    assert any(p.startswith('$.params["layers.0.mlp.fc_in.weight"].placements[1]: S(1) splits size 63') for p in problems)
+    assert any(
+        p.startswith('$.params["layers.0.mlp.fc_in.weight"].placements[1]: S(1) splits size 63') for p in problems
+    )
 
 
 def test_all_problems_are_reported_at_once(doc):

@@ -48,8 +48,9 @@ def llama_3b8():
 
 @pytest.fixture(scope="module")
 def gpt2_small():
-    cfg = gpt.GPTConfig(vocab_size=50304, hidden_size=768, num_heads=12, num_layers=12, max_positions=1024,
-                        batch_size=8, seq_len=1024)
+    cfg = gpt.GPTConfig(
+        vocab_size=50304, hidden_size=768, num_heads=12, num_layers=12, max_positions=1024, batch_size=8, seq_len=1024
+    )
     return _analyse_lazily(lambda: gpt.build_model(cfg), gpt.input_spec(cfg))
 
 
@@ -59,8 +60,11 @@ def assert_valid(result, request: SearchRequest, heads: int, blocks: int):
     assert s.dp * s.mp * s.pp == request.world
     assert heads % s.mp == 0 and s.pp <= blocks
     assert setup.global_batch % (s.dp * s.micro_batches) == 0
-    assert s.pp == 1 or (s.micro_batches == 1 and s.schedule == "sequential") or (
-        s.micro_batches >= s.pp and s.schedule in ("1F1B", "VPP"))
+    assert (
+        s.pp == 1
+        or (s.micro_batches == 1 and s.schedule == "sequential")
+        or (s.micro_batches >= s.pp and s.schedule in ("1F1B", "VPP"))
+    )
     assert result.best.estimate.memory.total <= request.device.memory_bytes * MEMORY_USABLE
     assert s.sequence_parallel is False or s.mp > 1
     assert s.sharding_stage == 0 or s.dp > 1
@@ -87,8 +91,16 @@ def test_mp_stays_inside_a_node(llama_3b8, devices_per_node, nodes):
     # Without ZeRO (which would let plain dp fit: FSDP-style zero3 is what the search picks then),
     # 16 bytes of states per parameter x 6.7 B do not fit in 40 GB: the model must be split.
     # A global batch of 8 samples a node, so data parallelism is not capped by the batch.
-    result = search(llama_3b8, SearchRequest(devices_per_node=devices_per_node, nodes=nodes, device=A100_40,
-                                             sharding_stage=0, global_batch_size=8 * nodes * devices_per_node))
+    result = search(
+        llama_3b8,
+        SearchRequest(
+            devices_per_node=devices_per_node,
+            nodes=nodes,
+            device=A100_40,
+            sharding_stage=0,
+            global_batch_size=8 * nodes * devices_per_node,
+        ),
+    )
     best = result.best.strategy
     assert best.mp * best.pp > 1  # the model needs splitting here (by mp, or by real pipelines now)
     assert best.mp == 1 or group_within_node(best.mp, 1, devices_per_node)
@@ -140,8 +152,10 @@ def test_fixed_degrees_constrain_the_search(llama_3b8):
     result = search(llama_3b8, SearchRequest(devices_per_node=8, mp=4, sequence_parallel=True, device=H100))
     for candidate in [result.best, *result.accepted]:
         assert candidate.strategy.mp == 4 and candidate.strategy.sequence_parallel
-    pinned = search(llama_3b8, SearchRequest(devices_per_node=8, dp=2, mp=2, pp=2, micro_batches=4,
-                                             global_batch_size=8, device=H100))
+    pinned = search(
+        llama_3b8,
+        SearchRequest(devices_per_node=8, dp=2, mp=2, pp=2, micro_batches=4, global_batch_size=8, device=H100),
+    )
     best = pinned.best.strategy
     # The docstring Llama is cut at its blocks: a pipelining schedule, VPP's smaller bubble winning.
     assert (best.dp, best.mp, best.pp, best.micro_batches, best.schedule, best.virtual_stages) == (2, 2, 2, 4, "VPP", 2)
@@ -154,8 +168,10 @@ def test_default_schedule_is_a_pipelining_one_for_a_model_with_blocks(llama_3b8)
     cost = model_cost(llama_3b8)
     assert search(cost, request).best.strategy.schedule in ("1F1B", "VPP")
     assert search(cost, dataclasses.replace(request, schedule="1F1B")).best.strategy.schedule == "1F1B"
-    assert search(cost, dataclasses.replace(request, micro_batches=1, schedule="sequential")
-                  ).best.strategy.schedule == "sequential"
+    assert (
+        search(cost, dataclasses.replace(request, micro_batches=1, schedule="sequential")).best.strategy.schedule
+        == "sequential"
+    )
 
 
 def test_vpp_is_a_candidate_when_the_blocks_fill_two_chunks_per_stage(llama_3b8):
@@ -224,9 +240,11 @@ def test_search_is_deterministic_and_explained():
     request = SearchRequest(devices_per_node=4, nodes=2, device=H100)
     first, second = search(analysis, request), search(analysis, request)
     encode = msgspec.json.encode
-    assert encode([first.best, *first.accepted, *first.rejected]) == encode([second.best, *second.accepted, *second.rejected])
+    assert encode([first.best, *first.accepted, *first.rejected]) == encode(
+        [second.best, *second.accepted, *second.rejected]
+    )
     table = explain_table(first)
-    assert strategy_text(first.best.strategy, 'short') in table.splitlines()[2]
+    assert strategy_text(first.best.strategy, "short") in table.splitlines()[2]
     assert "where the time of #1 goes" in table
 
 
@@ -236,14 +254,22 @@ def test_the_input_specs_batch_is_the_global_batch():
     model, program, graph = traced("gpt")  # input spec batch 2
     analysis = analyze(program, graph, model)
     assert search(analysis, SearchRequest(devices_per_node=2, device=H100)).setup.global_batch == 2
-    assert search(analysis, SearchRequest(devices_per_node=2, device=H100, global_batch_size=16)).setup.global_batch == 16
+    assert (
+        search(analysis, SearchRequest(devices_per_node=2, device=H100, global_batch_size=16)).setup.global_batch == 16
+    )
 
 
 def test_a_batch_that_does_not_divide_over_the_fixed_dp_is_refused_at_plan_time():
     model, program, graph = traced("gpt")
-    with pytest.raises(PlannerError, match=re.escape(
-            "global batch 2 (the input spec's batch) does not divide over dp=4 x 1 micro-batches")):
+    with pytest.raises(
+        PlannerError,
+        match=re.escape("global batch 2 (the input spec's batch) does not divide over dp=4 x 1 micro-batches"),
+    ):
         search(analyze(program, graph, model), SearchRequest(devices_per_node=4, dp=4, device=H100))
-    with pytest.raises(PlannerError, match=re.escape("global batch 8 (--global-batch-size) does not divide over dp=2 x 8")):
-        search(analyze(program, graph, model), SearchRequest(devices_per_node=2, dp=2, micro_batches=8,
-                                                             global_batch_size=8, device=H100))
+    with pytest.raises(
+        PlannerError, match=re.escape("global batch 8 (--global-batch-size) does not divide over dp=2 x 8")
+    ):
+        search(
+            analyze(program, graph, model),
+            SearchRequest(devices_per_node=2, dp=2, micro_batches=8, global_batch_size=8, device=H100),
+        )

@@ -32,8 +32,13 @@ from autodist.schemas import (
 
 EXAMPLE = Path(__file__).parent / "data" / "example_plan.json"
 DEVICE = DeviceProfile(
-    name="test-gpu", memory_bytes=16 * 2**30, peak_flops={"bf16": 1e14}, intra_node_bandwidth=1e11,
-    inter_node_bandwidth=1e10, intra_node_latency_s=1e-6, inter_node_latency_s=1e-5,
+    name="test-gpu",
+    memory_bytes=16 * 2**30,
+    peak_flops={"bf16": 1e14},
+    intra_node_bandwidth=1e11,
+    inter_node_bandwidth=1e10,
+    intra_node_latency_s=1e-6,
+    inter_node_latency_s=1e-5,
 )
 
 
@@ -49,7 +54,10 @@ def layered_plan(layers: int = 4, dp: int = 1, mp: int = 2, pp: int = 1, step_ti
         blocks.append(Block(layer=prefix, kind="llama_decoder", stage=stage))
         for proj, style, placement in (("q_proj", "ColWiseParallel", "S(1)"), ("o_proj", "RowWiseParallel", "S(0)")):
             params[f"{prefix}.self_attn.{proj}.weight"] = ParamPlan(
-                shape=[8, 8], dtype="float32", placements=on_mp(placement if mp > 1 else "R"), stage=stage,
+                shape=[8, 8],
+                dtype="float32",
+                placements=on_mp(placement if mp > 1 else "R"),
+                stage=stage,
                 style=style if mp > 1 else "Replicate",
             )
         params[f"{prefix}.input_layernorm.weight"] = ParamPlan(
@@ -58,15 +66,22 @@ def layered_plan(layers: int = 4, dp: int = 1, mp: int = 2, pp: int = 1, step_ti
     params["llama.embed_tokens.weight"] = ParamPlan(shape=[32, 8], dtype="float32", placements=on_mp("R"))
     world = dp * mp * pp
     return Plan(
-        model=ModelInfo(class_name="LlamaForCausalLM", num_parameters=sum(math.prod(p.shape) for p in params.values()),
-                        param_fingerprint="a" * 64, graph_fingerprint="b" * 64),
+        model=ModelInfo(
+            class_name="LlamaForCausalLM",
+            num_parameters=sum(math.prod(p.shape) for p in params.values()),
+            param_fingerprint="a" * 64,
+            graph_fingerprint="b" * 64,
+        ),
         cluster=Cluster(nodes=1, devices_per_node=world, device=DEVICE),
         mesh=Mesh(axes=names, shape=shape, process_ids=list(range(world))),
         strategy=Strategy(dp=dp, mp=mp, pp=pp, schedule="sequential" if pp > 1 else "none"),
         params=params,
         blocks=blocks,
-        hooks=[StageHandoff(layer=f"llama.layers.{i}", when="post", to_stage=i // per_stage + 1)
-               for i in range(layers) if pp > 1 and (i + 1) % per_stage == 0 and i // per_stage + 1 < pp],
+        hooks=[
+            StageHandoff(layer=f"llama.layers.{i}", when="post", to_stage=i // per_stage + 1)
+            for i in range(layers)
+            if pp > 1 and (i + 1) % per_stage == 0 and i // per_stage + 1 < pp
+        ],
         estimate=Estimate(step_time_s=step_time),
         provenance=Provenance(autodist_version="0.1.0", paddle_version="3.3.1"),
     )
@@ -126,13 +141,20 @@ def test_show_text_collapses_32_layers_into_one_line_each():
 def test_implicit_communication_is_collapsed():
     plan = layered_plan(layers=8, mp=2)
     plan.implicit_comm = [
-        ImplicitComm(layer=f"llama.layers.{i}.self_attn", op="pd_op.reshape", collective="all_gather",
-                     bytes_per_step=100, reason="fused q|k|v split across segments")
+        ImplicitComm(
+            layer=f"llama.layers.{i}.self_attn",
+            op="pd_op.reshape",
+            collective="all_gather",
+            bytes_per_step=100,
+            reason="fused q|k|v split across segments",
+        )
         for i in range(8)
     ]
     lines = [line for line in show_text(plan).splitlines() if "implicit all_gather" in line]
-    assert lines == ["  implicit all_gather at llama.layers.*.self_attn ×8 (pd_op.reshape): 800 B — "
-                     "fused q|k|v split across segments"]
+    assert lines == [
+        "  implicit all_gather at llama.layers.*.self_attn ×8 (pd_op.reshape): 800 B — "
+        "fused q|k|v split across segments"
+    ]
 
 
 def test_tied_parameters_are_named():

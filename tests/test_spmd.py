@@ -32,8 +32,8 @@ def test_column_split_fused_qkv_and_gate_up_force_gathers_in_phi3():
     first = [c for c in comms if c.layer.startswith("model.layers.0.")]
     # q, k and v are sliced out of the split q|k|v output; gate and up split out of gate|up
     assert [(c.layer, c.op, c.collective) for c in first] == [
-        ("model.layers.0.self_attn", "slice", "all_gather")] * 3 + [
-        ("model.layers.0.mlp", "split_with_num", "all_gather")]
+        ("model.layers.0.self_attn", "slice", "all_gather")
+    ] * 3 + [("model.layers.0.mlp", "split_with_num", "all_gather")]
     assert "qkv_proj" in first[0].reason and "gate_up_proj" in first[3].reason
     assert len(comms) == 2 * len(first)
 
@@ -42,7 +42,9 @@ def test_gpt_fused_qkv_gather_and_its_bytes():
     a = analysis_of("gpt")
     comms = implicit_comm(a, 2)
     assert [(c.layer, c.op, c.collective) for c in comms] == [
-        ("blocks.0.attn", "reshape", "all_gather"), ("blocks.1.attn", "reshape", "all_gather")]
+        ("blocks.0.attn", "reshape", "all_gather"),
+        ("blocks.1.attn", "reshape", "all_gather"),
+    ]
     # [2, 8, 96] float32 gathered over 2 ranks: half of it sent forward, the same back
     assert comms[0].bytes_per_step == 2 * (2 * 8 * 96 * 4) // 2
     assert implicit_comm(a, 2, dtype_bytes=2)[0].bytes_per_step == comms[0].bytes_per_step // 2
@@ -61,7 +63,8 @@ def test_reshard_hooks_gather_fused_outputs_and_remove_implicit_comm():
     hooks = reshard_hooks(a, 2, mesh_axes=("pp", "dp", "mp"))
     assert [(h.layer, h.when, h.action, h.placements) for h in hooks[:2]] == [
         ("model.layers.0.self_attn.qkv_proj", "post", "reshard", ["R", "S(0)", "R"]),
-        ("model.layers.0.mlp.gate_up_proj", "post", "reshard", ["R", "S(0)", "R"])]
+        ("model.layers.0.mlp.gate_up_proj", "post", "reshard", ["R", "S(0)", "R"]),
+    ]
     assert len(hooks) == 4
     assert implicit_comm(a, 2, hooks=hooks) == []
 

@@ -39,7 +39,11 @@ def runs(tmp_path_factory, reference_runs):
 
 
 def sharded_by(output: dict) -> set[str]:
-    return {fqn for fqn, lay in output["layout"].items() if lay["placements"] and any("Shard" in p for p in lay["placements"])}
+    return {
+        fqn
+        for fqn, lay in output["layout"].items()
+        if lay["placements"] and any("Shard" in p for p in lay["placements"])
+    }
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)

@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plans" / "llama_docstring"))
 import model as docstring  # noqa: E402
 
-TINY = docstring.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4, num_layers=2,
-                             seq_length=16)
+TINY = docstring.LlamaConfig(
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4, num_layers=2, seq_length=16
+)
 
 
 def lazy_tiny_model():
@@ -46,15 +47,26 @@ def test_ops_are_attributed_to_the_innermost_layer(traced):
     for op, layer in zip(traced.ops, traced.op_layers):
         layers_of.setdefault(op.name(), set()).add(layer)
     # Every projection's matmul is owned by the projection itself, not its attention/MLP parent.
-    projections = {f"layers.{i}.{p}" for i in range(2) for p in (
-        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    projections = {
+        f"layers.{i}.{p}"
+        for i in range(2)
+        for p in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    }
     assert projections <= layers_of["pd_op.matmul"]
     assert layers_of["pd_op.embedding"] == {"embed_tokens"}
     assert layers_of["pd_op.swiglu"] == {"layers.0.mlp", "layers.1.mlp"}
     assert layers_of["pd_op.softmax"] == {"layers.0.self_attn", "layers.1.self_attn"}
-    assert layers_of["pd_op.rsqrt"] == {f"layers.{i}.{n}" for i in range(2)
-                                        for n in ("input_layernorm", "post_attn_layernorm")} | {"norm"}
+    assert layers_of["pd_op.rsqrt"] == {
+        f"layers.{i}.{n}" for i in range(2) for n in ("input_layernorm", "post_attn_layernorm")
+    } | {"norm"}
     assert traced.traced_layer == "" and traced.untraced_layers == []
 
 
@@ -91,8 +103,9 @@ def test_model_is_usable_and_unchanged_after_tracing():
     forward = model.forward
     trace_model(model, docstring.input_spec(TINY))
     assert model.forward == forward
-    assert all(not layer._forward_pre_hooks and not layer._forward_post_hooks
-               for layer in model.sublayers(include_self=True))
+    assert all(
+        not layer._forward_pre_hooks and not layer._forward_post_hooks for layer in model.sublayers(include_self=True)
+    )
     after_loss, after_logits = model(ids, labels=ids)
     np.testing.assert_array_equal(after_logits.numpy(), before_logits.numpy())
     assert float(after_loss) == float(before_loss)
@@ -157,8 +170,9 @@ def test_fingerprint_is_the_same_in_other_processes(graph):
     script = FINGERPRINT_SCRIPT.format(path=str(ROOT / "plans" / "llama_docstring"), config=config)
     env = {**os.environ, "PYTHONHASHSEED": "random"}
     prints = [
-        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env,
-                       timeout=120).stdout.split()[-1]
+        subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env, timeout=120
+        ).stdout.split()[-1]
         for _ in range(2)
     ]
     assert prints == [graph_fingerprint(graph)] * 2

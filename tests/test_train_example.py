@@ -39,14 +39,29 @@ def test_input_spec_constant_and_a_loss_function_beside_the_model(tmp_path):
     (tmp_path / "lm.py").write_text(LOGITS_MODEL)
     out = tmp_path / "losses.json"
     result = subprocess.run(
-        [sys.executable, "examples/train.py", "--model", str(tmp_path / "lm.py"), "--steps", "3", "--losses-out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "examples/train.py",
+            "--model",
+            str(tmp_path / "lm.py"),
+            "--steps",
+            "3",
+            "--losses-out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     losses = json.loads(out.read_text())["losses"]
     assert len(losses) == 3 and all(3.0 < loss < 4.0 for loss in losses)  # about ln(32) = 3.47 at the start
     assert [line.split()[:2] for line in result.stdout.splitlines() if line.startswith("step")] == [
-        ["step", "1"], ["step", "2"], ["step", "3"]]
+        ["step", "1"],
+        ["step", "2"],
+        ["step", "3"],
+    ]
 
 
 def test_lazy_flag_starts_from_the_eager_weights(tmp_path):
@@ -63,9 +78,24 @@ def test_lazy_flag_starts_from_the_eager_weights(tmp_path):
     for flags in ([], ["--lazy"]):
         out = tmp_path / f"losses{len(flags)}.json"
         result = subprocess.run(
-            [sys.executable, "examples/train.py", "--model", workload.planner_target, "--plan", plan, "--steps", "2",
-             "--losses-out", str(out), *flags],
-            cwd=ROOT, capture_output=True, text=True, timeout=300, env=base_env(workload.planner_env),
+            [
+                sys.executable,
+                "examples/train.py",
+                "--model",
+                workload.planner_target,
+                "--plan",
+                plan,
+                "--steps",
+                "2",
+                "--losses-out",
+                str(out),
+                *flags,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=base_env(workload.planner_env),
         )
         assert result.returncode == 0, result.stderr[-2000:]
         losses.append(json.loads(out.read_text())["losses"])

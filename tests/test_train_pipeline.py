@@ -65,8 +65,10 @@ def test_tied_head_holds_a_copy_on_the_last_stage(trained):
 #: ranks (process groups per pipeline column) ran in 2 of 7 attempts and otherwise failed
 #: connecting its sub-groups (docs/pipelines.md), so it is left to GPUs.
 ON_GPU = [
-    [("docstring_llama", Config(pp=2, schedule="1F1B", micro_batches=2, plan_source="planner")),
-     ("docstring_llama_4_layers", Config(pp=2, schedule="VPP", micro_batches=2, plan_source="planner"))],
+    [
+        ("docstring_llama", Config(pp=2, schedule="1F1B", micro_batches=2, plan_source="planner")),
+        ("docstring_llama_4_layers", Config(pp=2, schedule="VPP", micro_batches=2, plan_source="planner")),
+    ],
     [("paddleformers_llama", Config(pp=2, dp=2, schedule="1F1B", micro_batches=2, plan_source="planner"))],
 ]
 

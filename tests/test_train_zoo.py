@@ -41,8 +41,15 @@ def trained(tmp_path_factory, reference_runs):
     plans = {}
     for workload, dp in CONFIGS:
         target = WORKLOADS[workload].planner_target
-        request = SearchRequest(devices_per_node=2 * dp, dp=dp, mp=2, pp=1, sharding_stage=0, sequence_parallel=False,
-                                global_batch_size=BATCH)  # the harness's loader batch
+        request = SearchRequest(
+            devices_per_node=2 * dp,
+            dp=dp,
+            mp=2,
+            pp=1,
+            sharding_stage=0,
+            sequence_parallel=False,
+            global_batch_size=BATCH,
+        )  # the harness's loader batch
         made = plan_target(target, None, request, {"target": target})
         path = workdir / f"{run_name(workload, dp)}.json"
         save_plan(made.plan, path)

@@ -55,13 +55,25 @@ def vectors(marker: Path) -> dict:
     own = ParamPlan(shape=[8, 32], dtype="float32", placements=["R", "S(1)"])
     hook = Reshard(layer=evil_layer, when="post", placements=["R", "R"])
     return {
-        "class_name": (msgspec.structs.replace(base, model=msgspec.structs.replace(base.model, class_name=evil_class)),
-                       "plan.json", evil_class, "$.model.class_name"),
+        "class_name": (
+            msgspec.structs.replace(base, model=msgspec.structs.replace(base.model, class_name=evil_class)),
+            "plan.json",
+            evil_class,
+            "$.model.class_name",
+        ),
         "param_key": (with_param(base, q, evil_key), "plan.json", evil_key, f"$.params[{json.dumps(evil_key)}]"),
-        "model_own_param": (msgspec.structs.replace(base, params={**base.params, evil_own: own}), "plan.json",
-                            evil_own, f"$.params[{json.dumps(evil_own)}]"),
-        "hook_layer": (msgspec.structs.replace(base, hooks=[*base.hooks, hook]), "plan.json", evil_layer,
-                       f"$.hooks[{len(base.hooks)}].layer"),
+        "model_own_param": (
+            msgspec.structs.replace(base, params={**base.params, evil_own: own}),
+            "plan.json",
+            evil_own,
+            f"$.params[{json.dumps(evil_own)}]",
+        ),
+        "hook_layer": (
+            msgspec.structs.replace(base, hooks=[*base.hooks, hook]),
+            "plan.json",
+            evil_layer,
+            f"$.hooks[{len(base.hooks)}].layer",
+        ),
         "plan_file_name": (base, evil_file, evil_file, None),
     }
 
@@ -150,7 +162,9 @@ def hostile_plan():
     return msgspec.structs.replace(
         plan,
         model=msgspec.structs.replace(plan.model, class_name=HOSTILE, traced_layer=HOSTILE),
-        cluster=msgspec.structs.replace(plan.cluster, device=msgspec.structs.replace(plan.cluster.device, name=HOSTILE)),
+        cluster=msgspec.structs.replace(
+            plan.cluster, device=msgspec.structs.replace(plan.cluster.device, name=HOSTILE)
+        ),
         hooks=[Reshard(layer=HOSTILE, when="post", placements=["R"], reason=HOSTILE)],
         notes=[HOSTILE],
     )
@@ -281,7 +295,9 @@ def test_a_trailing_newline_does_not_pass_a_pattern():
         load_plan(json.dumps(data).encode())
 
 
-@pytest.mark.parametrize("name", ["layers.0.q²", "layers.0.q proj", "layers..0", ".layers", "layers.0.", "layers.0\x00"])
+@pytest.mark.parametrize(
+    "name", ["layers.0.q²", "layers.0.q proj", "layers..0", ".layers", "layers.0.", "layers.0\x00"]
+)
 def test_names_outside_the_grammar_are_refused(name):
     data = json.loads(dump_plan(layered_plan(layers=2, dp=1, mp=2)))
     data["params"][name] = data["params"].pop("llama.layers.0.self_attn.q_proj.weight")

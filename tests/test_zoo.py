@@ -55,20 +55,27 @@ EXPECTED = {
     f"{ZOO}/paddle_encoder.py": {
         **attention("encoder.layers.*.self_attn", o="out_proj", bias=True, o_bias=True),
         **mlp("encoder.layers.*", ("linear1",), "linear2", bias=True),
-        "head.weight": COL, "head.bias": COL_B,
+        "head.weight": COL,
+        "head.bias": COL_B,
     },
     f"{ZOO}/vit.py": {
-        **fused("blocks.*.attn", "qkv", bias=True), "blocks.*.attn.proj.weight": ROW, "blocks.*.attn.proj.bias": REP,
+        **fused("blocks.*.attn", "qkv", bias=True),
+        "blocks.*.attn.proj.weight": ROW,
+        "blocks.*.attn.proj.bias": REP,
         **mlp("blocks.*.mlp", ("fc1",), "fc2", bias=True),
-        "head.weight": REP, "head.bias": REP, "patch_embed.proj.weight": REP,
+        "head.weight": REP,
+        "head.bias": REP,
+        "patch_embed.proj.weight": REP,
     },
     f"{ZOO}/gpt2_hf.py": {
         **fused("transformer.h.*.attn", "c_attn", bias=True),
-        "transformer.h.*.attn.c_proj.weight": ROW, "transformer.h.*.attn.c_proj.bias": REP,
+        "transformer.h.*.attn.c_proj.weight": ROW,
+        "transformer.h.*.attn.c_proj.bias": REP,
         **mlp("transformer.h.*.mlp", ("c_fc",), "c_proj", bias=True),
     },
     f"{ZOO}/nanogpt.py": {
-        **fused("transformer.h.*.attn", "c_attn"), "transformer.h.*.attn.c_proj.weight": ROW,
+        **fused("transformer.h.*.attn", "c_attn"),
+        "transformer.h.*.attn.c_proj.weight": ROW,
         **mlp("transformer.h.*.mlp", ("c_fc",), "c_proj"),
     },
     f"{ZOO}/llama_meta.py": {
@@ -77,7 +84,9 @@ EXPECTED = {
         "output.weight": COL,
     },
     f"{ZOO}/qwen2_sdpa.py": {
-        **attention("model.layers.*.self_attn", bias=True), **mlp("model.layers.*.mlp"), "lm_head.weight": COL,
+        **attention("model.layers.*.self_attn", bias=True),
+        **mlp("model.layers.*.mlp"),
+        "lm_head.weight": COL,
     },
     f"{ZOO}/mixtral_moe.py": {
         **attention("layers.*.self_attn"),
@@ -94,41 +103,53 @@ EXPECTED = {
         "*.relative_attention_bias.weight": REP,
     },
     f"{ZOO}/gptj_parallel.py": {
-        **attention("h.*.attn", o="out_proj"), **mlp("h.*.mlp", ("fc_in",), "fc_out", bias=True),
-        "lm_head.weight": COL, "lm_head.bias": COL_B,
+        **attention("h.*.attn", o="out_proj"),
+        **mlp("h.*.mlp", ("fc_in",), "fc_out", bias=True),
+        "lm_head.weight": COL,
+        "lm_head.bias": COL_B,
     },
     f"{ZOO}/gemma_sandwich.py": {**attention("layers.*.self_attn"), **mlp("layers.*.mlp")},
     # written last, in a style the zoo lacked (no attention; an MLP across the token axis)
     f"{ZOO}/mlp_mixer.py": {
-        **mlp("blocks.*.mlp_tokens", ("fc1",), "fc2", bias=True), **mlp("blocks.*.mlp_channels", ("fc1",), "fc2", bias=True),
-        "head.weight": REP, "stem.weight": REP,
+        **mlp("blocks.*.mlp_tokens", ("fc1",), "fc2", bias=True),
+        **mlp("blocks.*.mlp_channels", ("fc1",), "fc2", bias=True),
+        "head.weight": REP,
+        "stem.weight": REP,
     },
     # written after the round's zoo: the padding mask reaches `where` through `expand_as(scores)`
     f"{ZOO}/distilbert_hf.py": {
         **attention("transformer.layer.*.attention", "q_lin", "k_lin", "v_lin", "out_lin", bias=True, o_bias=True),
         **mlp("transformer.layer.*.ffn", ("lin1",), "lin2", bias=True),
-        "vocab_transform.weight": REP, "vocab_transform.bias": REP,
-        "vocab_projector.weight": COL, "vocab_projector.bias": COL_B,
+        "vocab_transform.weight": REP,
+        "vocab_transform.bias": REP,
+        "vocab_projector.weight": COL,
+        "vocab_projector.bias": COL_B,
     },
     f"{PF}:build_llama": {**attention("model.layers.*.self_attn"), **mlp("model.layers.*.mlp")},
     f"{PF}:build_phi3": {
-        **fused("model.layers.*.self_attn", "qkv_proj"), "model.layers.*.self_attn.o_proj.weight": ROW,
+        **fused("model.layers.*.self_attn", "qkv_proj"),
+        "model.layers.*.self_attn.o_proj.weight": ROW,
         **mlp("model.layers.*.mlp", ("gate_up_proj",)),
     },
     f"{PF}:build_gemma3": {
-        **fused("model.layers.*.self_attn", "qkv_proj"), "model.layers.*.self_attn.o_proj.weight": ROW,
-        "model.layers.*.self_attn.q_norm.weight": REP, **mlp("model.layers.*.mlp", ("up_gate_proj",)),
+        **fused("model.layers.*.self_attn", "qkv_proj"),
+        "model.layers.*.self_attn.o_proj.weight": ROW,
+        "model.layers.*.self_attn.q_norm.weight": REP,
+        **mlp("model.layers.*.mlp", ("up_gate_proj",)),
     },
     f"{PF}:build_ernie45": {
-        **fused("model.layers.*.self_attn", "qkv_proj"), "model.layers.*.self_attn.o_proj.weight": ROW,
+        **fused("model.layers.*.self_attn", "qkv_proj"),
+        "model.layers.*.self_attn.o_proj.weight": ROW,
         **mlp("model.layers.*.mlp", ("up_gate_proj",)),
     },
     f"{PF}:build_gpt_oss": {
         **attention("model.layers.*.self_attn", bias=True, o_bias=True),
         "model.layers.*.mlp.router.weight": REP,
         # experts as batched [experts, in, out] weights: tensor parallelism inside each expert
-        "model.layers.*.mlp.experts.gate_up_proj": "S(2)", "model.layers.*.mlp.experts.gate_up_proj_bias": "S(1)",
-        "model.layers.*.mlp.experts.down_proj": "S(1)", "model.layers.*.mlp.experts.down_proj_bias": REP,
+        "model.layers.*.mlp.experts.gate_up_proj": "S(2)",
+        "model.layers.*.mlp.experts.gate_up_proj_bias": "S(1)",
+        "model.layers.*.mlp.experts.down_proj": "S(1)",
+        "model.layers.*.mlp.experts.down_proj_bias": REP,
     },
 }
 EXPECTED[f"{ZOO}/bert_postnorm.py"] = {k: v for k, v in EXPECTED[f"{ZOO}/bert_postnorm.py"].items() if v is not None}
@@ -155,8 +176,10 @@ def mismatches(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("target", [pytest.param(t, marks=pytest.mark.xfail(reason=NOT_YET[t], strict=True))
-                                    if t in NOT_YET else t for t in EXPECTED])
+@pytest.mark.parametrize(
+    "target",
+    [pytest.param(t, marks=pytest.mark.xfail(reason=NOT_YET[t], strict=True)) if t in NOT_YET else t for t in EXPECTED],
+)
 def test_zoo_model_gets_the_placements_a_reader_expects(target):
     problems = mismatches(EXPECTED[target], mp_placements(target))
     assert not problems, "\n".join(problems)

@@ -25,19 +25,35 @@ from autodist.planner.errors import PlannerError
 
 
 @click.command()
-@click.option("--plan", "plan_file", type=click.Path(exists=True, dir_okay=False),
-              help="Measure matmuls at this plan's per-rank shapes (else only square ones).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default="cluster.toml", show_default=True,
-              help="cluster.toml to write (rank 0 writes it).")
+@click.option(
+    "--plan",
+    "plan_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Measure matmuls at this plan's per-rank shapes (else only square ones).",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    default="cluster.toml",
+    show_default=True,
+    help="cluster.toml to write (rank 0 writes it).",
+)
 @click.option("--base", metavar="PROFILE", help="Profile for the figures not measured (default: this GPU's, or cpu).")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]),
-              help="Matmul dtype (default: bf16 on a GPU, fp32 on CPU).")
+@click.option(
+    "--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), help="Matmul dtype (default: bf16 on a GPU, fp32 on CPU)."
+)
 @click.option("--name", help="Name of the measured profile (default: <base>-measured).")
-@click.option("--model", "model_target", metavar="TARGET",
-              help="The plan's model (model.py, model.py:factory): train it a few steps under --plan and "
-                   "fit dispatch_overhead_us to the measured step.")
-def calibrate(plan_file: str | None, output: str, base: str | None, dtype: str | None, name: str | None,
-              model_target: str | None) -> None:
+@click.option(
+    "--model",
+    "model_target",
+    metavar="TARGET",
+    help="The plan's model (model.py, model.py:factory): train it a few steps under --plan and "
+    "fit dispatch_overhead_us to the measured step.",
+)
+def calibrate(
+    plan_file: str | None, output: str, base: str | None, dtype: str | None, name: str | None, model_target: str | None
+) -> None:
     """Measure matmuls, memory and collectives here and write a fitted cluster.toml."""
     import paddle
     import paddle.distributed as dist
@@ -60,8 +76,10 @@ def calibrate(plan_file: str | None, output: str, base: str | None, dtype: str |
     if model_target and plan is None:
         raise PlannerError("--model needs --plan: the training steps run that plan")
     if model_target and plan is not None and plan.strategy.schedule in ("1F1B", "VPP"):
-        raise PlannerError(f"--model: training steps under a {plan.strategy.schedule} schedule are not timed yet; "
-                           "calibrate without --model")
+        raise PlannerError(
+            f"--model: training steps under a {plan.strategy.schedule} schedule are not timed yet; "
+            "calibrate without --model"
+        )
 
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     local = int(os.environ.get("PADDLE_LOCAL_SIZE", str(world)))
@@ -74,13 +92,16 @@ def calibrate(plan_file: str | None, output: str, base: str | None, dtype: str |
         # One node: the intra-node group is the whole world (the default group).
         if len(nodes) > 1:
             groups["intra"] = [(dist.new_group(ranks), ranks) for ranks in nodes]
-            groups["inter"] = [(dist.new_group([node[i] for node in nodes]), [node[i] for node in nodes])
-                               for i in range(local)]
+            groups["inter"] = [
+                (dist.new_group([node[i] for node in nodes]), [node[i] for node in nodes]) for i in range(local)
+            ]
         else:
             groups["intra"] = [(None, nodes[0])]
         dist.barrier()
     mesh = dist.ProcessMesh(list(range(world)), dim_names=["x"]) if world > 1 else None
-    measured = cal.Measurements(matmuls=cal.measure_matmuls(shapes, dtype, mesh), memory=cal.measure_memory(dtype, mesh))
+    measured = cal.Measurements(
+        matmuls=cal.measure_matmuls(shapes, dtype, mesh), memory=cal.measure_memory(dtype, mesh)
+    )
     notes = [f"{world} rank(s), {len(nodes)} node(s) of {local}; matmuls in {dtype}; paddle {paddle.__version__}"]
     if world > 1:
         dist.barrier()
@@ -115,15 +136,18 @@ def calibrate(plan_file: str | None, output: str, base: str | None, dtype: str |
             measured.priced_step = priced(0.0)
             dispatch = cal.fit_dispatch(measured.training_step, priced)
             device = cal.fitted_device(measured, profile, dtype, name, comm_overlap=on_gpu, dispatch_s=dispatch)
-            notes.append(f"a training step of {model_target} under the plan took {measured.training_step * 1e3:.1f} ms, "
-                         f"priced {measured.priced_step * 1e3:.1f} ms without dispatch_overhead_us")
+            notes.append(
+                f"a training step of {model_target} under the plan took {measured.training_step * 1e3:.1f} ms, "
+                f"priced {measured.priced_step * 1e3:.1f} ms without dispatch_overhead_us"
+            )
             _write(tmp, cal.cluster_toml(device, measured, notes + [f"not measured: {m}" for m in measured.missing]))
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    click.echo(f"wrote {output}: {', '.join(f'{k}={v}' for k, v in device.items() if k not in ('name', 'base'))}",
-               err=True)
+    click.echo(
+        f"wrote {output}: {', '.join(f'{k}={v}' for k, v in device.items() if k not in ('name', 'base'))}", err=True
+    )
     for missing in measured.missing:
         click.echo(f"not measured: {missing}", err=True)
 
@@ -153,11 +177,22 @@ def _plan_pricer(model_target: str, plan, device):
     priced = price(driver.analyse(loaded.model, traced))
     arguments, s = plan.provenance.arguments, plan.strategy
     request = SearchRequest(
-        devices_per_node=plan.cluster.devices_per_node, nodes=plan.cluster.nodes, device=device, dp=s.dp, mp=s.mp,
-        pp=s.pp, sequence_parallel=s.sequence_parallel, sharding_stage=s.sharding_stage, micro_batches=s.micro_batches,
-        schedule=None if s.schedule == "none" else s.schedule, global_batch_size=plan.data.global_batch_size or None,
+        devices_per_node=plan.cluster.devices_per_node,
+        nodes=plan.cluster.nodes,
+        device=device,
+        dp=s.dp,
+        mp=s.mp,
+        pp=s.pp,
+        sequence_parallel=s.sequence_parallel,
+        sharding_stage=s.sharding_stage,
+        micro_batches=s.micro_batches,
+        schedule=None if s.schedule == "none" else s.schedule,
+        global_batch_size=plan.data.global_batch_size or None,
         seq_len=int(arguments["seq_len"]) if "seq_len" in arguments else None,
-        dtype=arguments.get("dtype", "bf16"), optimizer=arguments.get("optimizer", "adam"), recompute=s.recompute)
+        dtype=arguments.get("dtype", "bf16"),
+        optimizer=arguments.get("optimizer", "adam"),
+        recompute=s.recompute,
+    )
 
     def priced_step(dispatch_s: float) -> float:
         device_td = replace(device, dispatch_overhead_s=dispatch_s)

@@ -100,34 +100,71 @@ def cli() -> None:
 @click.option("--mp", "--tp", "mp", type=int, help="Tensor (model) parallel degree (searched when left out).")
 @click.option("--pp", type=int, help="Pipeline-parallel degree (searched when left out).")
 @click.option("--sequence-parallel/--no-sequence-parallel", default=None, help="Force sequence parallelism on or off.")
-@click.option("--sharding-stage", "--zero", "sharding_stage", type=click.IntRange(0, 3),
-              help="ZeRO stage over the dp group (0-3).")
-@click.option("--ep", metavar="N|auto",
-              help="Expert-parallel degree over dp for MoE blocks, or auto to search it "
-                   "(default 1: apply_plan cannot apply it yet).")
-@click.option("--micro-batches", type=int,
-              help="Micro-batches per optimizer step (pipeline micro-batches, or gradient accumulation without a "
-                   "pipeline).")
+@click.option(
+    "--sharding-stage",
+    "--zero",
+    "sharding_stage",
+    type=click.IntRange(0, 3),
+    help="ZeRO stage over the dp group (0-3).",
+)
+@click.option(
+    "--ep",
+    metavar="N|auto",
+    help="Expert-parallel degree over dp for MoE blocks, or auto to search it "
+    "(default 1: apply_plan cannot apply it yet).",
+)
+@click.option(
+    "--micro-batches",
+    type=int,
+    help="Micro-batches per optimizer step (pipeline micro-batches, or gradient accumulation without a pipeline).",
+)
 @click.option("--schedule", type=click.Choice(["sequential", "1F1B", "VPP"]), help="Pipeline schedule.")
-@click.option("--device", "device_name", metavar="NAME", help="Device profile: a100-40g, a100-80g, h100-sxm, h200, cpu.")
-@click.option("--cluster", "cluster_file", type=click.Path(exists=True, dir_okay=False),
-              help="cluster.toml with the device's figures.")
-@click.option("--global-batch-size", type=int,
-              help="Samples per optimizer step over all ranks (what the loader yields); default: the input spec's batch.")
+@click.option(
+    "--device", "device_name", metavar="NAME", help="Device profile: a100-40g, a100-80g, h100-sxm, h200, cpu."
+)
+@click.option(
+    "--cluster",
+    "cluster_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="cluster.toml with the device's figures.",
+)
+@click.option(
+    "--global-batch-size",
+    type=int,
+    help="Samples per optimizer step over all ranks (what the loader yields); default: the input spec's batch.",
+)
 @click.option("--micro-batch-size", type=int, help="Samples per micro-batch per rank.")
 @click.option("--seq-len", type=int, help="Sequence length to price (default: the input spec's).")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
 @click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True)
-@click.option("--rules", "rules_file", type=click.Path(dir_okay=False),
-              help='rules.toml: placements by layer glob, e.g. "blocks.*.mlp.fc1" = "colwise" (docs/recognition.md).')
+@click.option(
+    "--rules",
+    "rules_file",
+    type=click.Path(dir_okay=False),
+    help='rules.toml: placements by layer glob, e.g. "blocks.*.mlp.fc1" = "colwise" (docs/recognition.md).',
+)
 @click.option("--explain", is_flag=True, help="Print the ranked strategies and why on stderr.")
-@click.option("-q", "--quiet", is_flag=True,
-              help="Nothing on stderr but errors (and --explain): no summary, no warnings, no library log lines.")
+@click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    help="Nothing on stderr but errors (and --explain): no summary, no warnings, no library log lines.",
+)
 @click.pass_context
 @one_line_errors
-def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: str | None, explain: bool,
-         quiet: bool, device_name: str | None, cluster_file: str | None, rules_file: str | None, **options) -> None:
+def plan(
+    ctx: click.Context,
+    target: str,
+    input_specs: tuple[str, ...],
+    output: str | None,
+    explain: bool,
+    quiet: bool,
+    device_name: str | None,
+    cluster_file: str | None,
+    rules_file: str | None,
+    **options,
+) -> None:
     """Plan how TARGET (model.py, model.py:factory or pkg.module:factory) runs on the cluster.
 
     \b
@@ -150,11 +187,13 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
         devices, nodes = cluster_shape(cluster_file, options.pop("devices"), options.pop("nodes"))
         ctx.params.update(devices=devices, nodes=nodes)  # the provenance records what was planned for
         ep = expert_degree(options.pop("ep"))
-        request = SearchRequest(devices_per_node=devices, nodes=nodes, device=resolve_device(device_name, cluster_file),
-                                ep=ep, **options)
+        request = SearchRequest(
+            devices_per_node=devices, nodes=nodes, device=resolve_device(device_name, cluster_file), ep=ep, **options
+        )
         rules = load_rules(rules_file) if rules_file else None
-        made = plan_target(target, list(input_specs) or None, request, planner_arguments(ctx),
-                           Progress(quiet=quiet), rules=rules)
+        made = plan_target(
+            target, list(input_specs) or None, request, planner_arguments(ctx), Progress(quiet=quiet), rules=rules
+        )
     if output:
         save_plan(made.plan, output)
     else:
@@ -173,16 +212,28 @@ def plan(ctx: click.Context, target: str, input_specs: tuple[str, ...], output: 
         for note in not_recognised(made.analysis.recognised):
             click.echo(printable(f"warning: {note}"), err=True)
         for row in collapse(dict.fromkeys(made.analysis.unmatched, 0)):
-            click.echo(printable(f"warning: layer {row.pattern}: no pattern matched it; its parameters stay replicated"),
-                       err=True)
+            click.echo(
+                printable(f"warning: layer {row.pattern}: no pattern matched it; its parameters stay replicated"),
+                err=True,
+            )
         traced = made.traced
-        fallback = (f"; traced {traced.traced_layer} only, the whole model does not trace ({traced.fallback_reason})"
-                    if traced.fallback_reason else "")
+        fallback = (
+            f"; traced {traced.traced_layer} only, the whole model does not trace ({traced.fallback_reason})"
+            if traced.fallback_reason
+            else ""
+        )
         assumed = ""
         if device_name is None and cluster_file is None and local_gpu_profile_name() is None:
             assumed = f" (no --device and no known GPU here: assumed {request.device.name}; give --device or --cluster)"
-        click.echo(printable(f"plan for {request.world} devices: {strategy_text(made.plan.strategy)}"
-                             + (f" -> {output}" if output else "") + assumed + fallback), err=True)
+        click.echo(
+            printable(
+                f"plan for {request.world} devices: {strategy_text(made.plan.strategy)}"
+                + (f" -> {output}" if output else "")
+                + assumed
+                + fallback
+            ),
+            err=True,
+        )
 
 
 def expert_degree(text: str | None) -> int | None:
@@ -270,4 +321,3 @@ def _silence_library_noise() -> None:
     warnings.filterwarnings("ignore", message="No ccache found")
     warnings.filterwarnings("ignore", message="The hashes produced for directed graphs changed")
     warnings.filterwarnings("ignore", message="Setuptools is replacing distutils")  # an import of Paddle's
-

@@ -33,6 +33,7 @@ from autodist.planner.review.format import printable
 from autodist.planner.review.render import render_svg
 from autodist.planner.review.show import TOP_ALTERNATIVES, show_data, show_text
 
+
 def check_output(output: str | None) -> None:
     """Refuse an output path whose folder does not exist, before any work (click's
     ``dir_okay=False`` already refuses a folder). Raises :class:`PlannerError` (one line, exit 2)."""

@@ -232,14 +232,17 @@ def measure_collectives(group, ranks: list[int], scope: str, rank: int, result: 
         trials = {
             "all_reduce": lambda: dist.all_reduce(x, group=group),
             "all_gather": lambda: dist.all_gather([], x[: n // p], group=group),
-            "reduce_scatter": lambda: dist.reduce_scatter(paddle.empty([n // p], "float32"),
-                                                          list(paddle.split(x, p)), group=group),
+            "reduce_scatter": lambda: dist.reduce_scatter(
+                paddle.empty([n // p], "float32"), list(paddle.split(x, p)), group=group
+            ),
         }
         if p == 2:
             peer = ranks[1] if rank == ranks[0] else ranks[0]
-            trials["send_recv"] = (lambda: (dist.send(x, dst=peer, group=group), dist.recv(x, src=peer, group=group))
-                                   if rank == ranks[0] else
-                                   (dist.recv(x, src=peer, group=group), dist.send(x, dst=peer, group=group)))
+            trials["send_recv"] = lambda: (
+                (dist.send(x, dst=peer, group=group), dist.recv(x, src=peer, group=group))
+                if rank == ranks[0]
+                else (dist.recv(x, src=peer, group=group), dist.send(x, dst=peer, group=group))
+            )
         for name, run in trials.items():
             key = (scope, name, p)
             if any(name in m and scope in m for m in result.missing):
@@ -275,8 +278,12 @@ def fit_link(points: dict[tuple[str, str, int], list[tuple[int, float]]], scope:
     for (where, name, p), timings in points.items():
         if where != scope:
             continue
-        steps, share = {"all_reduce": (2 * (p - 1), 2 * (p - 1) / p), "all_gather": (p - 1, (p - 1) / p),
-                        "reduce_scatter": (p - 1, (p - 1) / p), "send_recv": (1, 1.0)}[name]
+        steps, share = {
+            "all_reduce": (2 * (p - 1), 2 * (p - 1) / p),
+            "all_gather": (p - 1, (p - 1) / p),
+            "reduce_scatter": (p - 1, (p - 1) / p),
+            "send_recv": (1, 1.0),
+        }[name]
         rows += [(steps, share * nbytes, seconds) for nbytes, seconds in timings]
     if len(rows) < 2:
         return None
@@ -295,8 +302,9 @@ def fit_link(points: dict[tuple[str, str, int], list[tuple[int, float]]], scope:
     return alpha, 1.0 / beta if beta > 0 else math.inf
 
 
-def fitted_device(measured: Measurements, base, dtype: str, name: str, comm_overlap: bool,
-                  dispatch_s: float | None = None) -> dict:
+def fitted_device(
+    measured: Measurements, base, dtype: str, name: str, comm_overlap: bool, dispatch_s: float | None = None
+) -> dict:
     """The ``[device]`` table for cluster.toml: ``base``'s figures, overridden by the fits;
     ``comm_overlap``: whether the backend runs collectives beside compute (NCCL yes, gloo no);
     ``dispatch_s``: the time per op :func:`fit_dispatch` found (None: not measured, base's kept)."""
@@ -322,25 +330,38 @@ def fitted_device(measured: Measurements, base, dtype: str, name: str, comm_over
             values[f"{scope}_node_latency_us"] = link[0] * 1e6
             values[f"{scope}_node_bandwidth_gb_s"] = link[1] / 1e9
     base_values = _profile_values(base)
-    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in values.items()
-            if k in ("name", "base", "comm_overlap") or base_values.get(k) is not None}
+    return {
+        k: (round(v, 6) if isinstance(v, float) else v)
+        for k, v in values.items()
+        if k in ("name", "base", "comm_overlap") or base_values.get(k) is not None
+    }
 
 
 def cluster_toml(device: dict, measured: Measurements, notes: list[str]) -> str:
     """The file text: ``[device]`` then ``[measured]`` (raw timings) and what is missing."""
-    lines = ["# Written by `autodist-plan calibrate`: fitted from the timings under [measured].",
-             *(f"# {note}" for note in notes), "", "[device]"]
+    lines = [
+        "# Written by `autodist-plan calibrate`: fitted from the timings under [measured].",
+        *(f"# {note}" for note in notes),
+        "",
+        "[device]",
+    ]
     lines += [f"{k} = {_toml(v)}" for k, v in device.items()]
-    lines += ["", "[measured]", "# matmuls: [m, n, k, seconds]",
-              f"matmuls = [{', '.join(f'[{m}, {n}, {k}, {s:.6g}]' for m, n, k, s in measured.matmuls)}]",
-              "# memory: [bytes moved, seconds]",
-              f"memory = [{', '.join(f'[{b}, {s:.6g}]' for b, s in measured.memory)}]",
-              "# collectives: [bytes, seconds] per scope, collective and ranks"]
+    lines += [
+        "",
+        "[measured]",
+        "# matmuls: [m, n, k, seconds]",
+        f"matmuls = [{', '.join(f'[{m}, {n}, {k}, {s:.6g}]' for m, n, k, s in measured.matmuls)}]",
+        "# memory: [bytes moved, seconds]",
+        f"memory = [{', '.join(f'[{b}, {s:.6g}]' for b, s in measured.memory)}]",
+        "# collectives: [bytes, seconds] per scope, collective and ranks",
+    ]
     for (scope, name, p), timings in sorted(measured.collectives.items()):
         lines.append(f"{scope}_{name}_{p}ranks = [{', '.join(f'[{b}, {s:.6g}]' for b, s in timings)}]")
     if measured.training_step is not None:
-        lines += ["# a real training step under the plan (--model), and the plan priced without dispatch_overhead_us",
-                  f"training_step_s = {measured.training_step:.6g}"]
+        lines += [
+            "# a real training step under the plan (--model), and the plan priced without dispatch_overhead_us",
+            f"training_step_s = {measured.training_step:.6g}",
+        ]
         if measured.priced_step is not None:
             lines.append(f"priced_step_s = {measured.priced_step:.6g}")
     lines.append(f"missing = [{', '.join(_toml(m) for m in measured.missing)}]")

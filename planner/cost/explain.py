@@ -27,9 +27,22 @@ from autodist.schemas import Candidate
 
 #: The table's columns: heading, and whether its cells are numbers (right-aligned). Sizes, times
 #: and counts are written as ``autodist-plan show`` writes them (binary units: MiB, GiB).
-_COLUMNS = (("#", True), ("strategy", False), ("step", True), ("tokens/s", True), ("MFU", True),
-            ("memory", True), ("params", True), ("grads", True), ("optimizer", True), ("activations", True),
-            ("mp comm", True), ("dp comm", True), ("pp comm", True), ("implicit comm", True))
+_COLUMNS = (
+    ("#", True),
+    ("strategy", False),
+    ("step", True),
+    ("tokens/s", True),
+    ("MFU", True),
+    ("memory", True),
+    ("params", True),
+    ("grads", True),
+    ("optimizer", True),
+    ("activations", True),
+    ("mp comm", True),
+    ("dp comm", True),
+    ("pp comm", True),
+    ("implicit comm", True),
+)
 
 
 def explain_table(result: SearchResult) -> str:
@@ -42,19 +55,23 @@ def explain_table(result: SearchResult) -> str:
     lines = []
     if result.setup is not None:
         s = result.setup
-        lines.append(f"device {s.device.name} x {s.world} ({s.nodes} node(s) x {s.devices_per_node}), "
-                     f"global batch {s.global_batch} x seq {s.seq_len}, {s.dtype}, {s.optimizer}, "
-                     f"recompute {s.recompute}; {result.evaluated} strategies priced")
+        lines.append(
+            f"device {s.device.name} x {s.world} ({s.nodes} node(s) x {s.devices_per_node}), "
+            f"global batch {s.global_batch} x seq {s.seq_len}, {s.dtype}, {s.optimizer}, "
+            f"recompute {s.recompute}; {result.evaluated} strategies priced"
+        )
     rows = [[heading for heading, _ in _COLUMNS]]
     rows += [_row(rank, candidate) for rank, candidate in enumerate([result.best, *result.accepted], start=1)]
     lines += aligned(rows, right=[number for _, number in _COLUMNS])
     if result.breakdowns:
         b = result.breakdowns[0]
-        lines.append(f"where the time of #1 goes (per step): compute {human_seconds(b.compute_s)}, "
-                     f"mp comm {human_seconds(b.mp_comm_s)}, dp comm {human_seconds(b.dp_comm_s)} (exposed), "
-                     f"pp p2p {human_seconds(b.pp_comm_s)}, pipeline bubble {human_seconds(b.bubble_s)}, "
-                     f"optimizer {human_seconds(b.optimizer_s)}; "
-                     f"memory peaks on stage {b.peak_stage}")
+        lines.append(
+            f"where the time of #1 goes (per step): compute {human_seconds(b.compute_s)}, "
+            f"mp comm {human_seconds(b.mp_comm_s)}, dp comm {human_seconds(b.dp_comm_s)} (exposed), "
+            f"pp p2p {human_seconds(b.pp_comm_s)}, pipeline bubble {human_seconds(b.bubble_s)}, "
+            f"optimizer {human_seconds(b.optimizer_s)}; "
+            f"memory peaks on stage {b.peak_stage}"
+        )
     for note in result.notes:
         lines.append(f"note: {note}")
     if result.rejected:
@@ -71,14 +88,21 @@ def aligned(rows: list[list[str]], right: list[bool]) -> list[str]:
     [' #     step', ' 1   7.3 ms', '10  12.0 ms']
     """
     widths = [max(len(row[i]) for row in rows) for i in range(len(right))]
-    return ["  ".join(cell.rjust(w) if r else cell.ljust(w) for cell, w, r in zip(row, widths, right)).rstrip()
-            for row in rows]
+    return [
+        "  ".join(cell.rjust(w) if r else cell.ljust(w) for cell, w, r in zip(row, widths, right)).rstrip()
+        for row in rows
+    ]
 
 
 def _row(rank: int, candidate: Candidate) -> list[str]:
     est = candidate.estimate
     mem, comm = est.memory, est.comm_bytes
-    return [str(rank), strategy_text(candidate.strategy, "short"), human_seconds(est.step_time_s),
-            human_count(est.tokens_per_s), f"{est.mfu:.0%}",
-            *map(human_bytes, (mem.total, mem.params, mem.grads, mem.optimizer, mem.activations)),
-            *map(human_bytes, (comm.mp, comm.dp, comm.pp, comm.implicit))]
+    return [
+        str(rank),
+        strategy_text(candidate.strategy, "short"),
+        human_seconds(est.step_time_s),
+        human_count(est.tokens_per_s),
+        f"{est.mfu:.0%}",
+        *map(human_bytes, (mem.total, mem.params, mem.grads, mem.optimizer, mem.activations)),
+        *map(human_bytes, (comm.mp, comm.dp, comm.pp, comm.implicit)),
+    ]

@@ -78,10 +78,25 @@ _SAVED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 _CROSS_SAVED = frozenset({"pd_op.matmul", "pd_op.multiply", "pd_op.divide"})
 #: Ops that move no data of their own: views, constants, graph plumbing (and the matmul-like ops
 #: priced by FLOPs).
-_NOT_MEMORY_BOUND = frozenset({
-    "pd_op.reshape", "pd_op.squeeze", "pd_op.unsqueeze", "pd_op.flatten", "pd_op.full", "pd_op.full_like",
-    "pd_op.full_int_array", "pd_op.arange", "pd_op.data", "pd_op.shape", "pd_op.shape64", "pd_op.assign",
-    "pd_op.matmul", "pd_op.conv2d", "pd_op.flash_attn"})
+_NOT_MEMORY_BOUND = frozenset(
+    {
+        "pd_op.reshape",
+        "pd_op.squeeze",
+        "pd_op.unsqueeze",
+        "pd_op.flatten",
+        "pd_op.full",
+        "pd_op.full_like",
+        "pd_op.full_int_array",
+        "pd_op.arange",
+        "pd_op.data",
+        "pd_op.shape",
+        "pd_op.shape64",
+        "pd_op.assign",
+        "pd_op.matmul",
+        "pd_op.conv2d",
+        "pd_op.flash_attn",
+    }
+)
 #: Constants: computed once, not per step.
 _CONSTANT_OPS = frozenset({"pd_op.full", "pd_op.full_like", "pd_op.full_int_array", "pd_op.arange", "pd_op.data"})
 _MASK_DTYPES = frozenset({"bool", "uint8", "int8"})
@@ -246,8 +261,9 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
             if op not in _NOT_MEMORY_BOUND and not op.startswith("builtin.") and node["shapes"]:
                 where = _moved_where(facts, (n, 0), inside, quadratic, vocab)
                 elements = sum(facts.numel(v) for v in inputs.values() if facts.dtype(v) in _FLOAT_DTYPES)
-                elements += sum(facts.numel((n, r)) for r in range(len(node["shapes"]))
-                                if facts.dtype((n, r)) in _FLOAT_DTYPES)
+                elements += sum(
+                    facts.numel((n, r)) for r in range(len(node["shapes"])) if facts.dtype((n, r)) in _FLOAT_DTYPES
+                )
                 walk.moved[where] = walk.moved.get(where, 0.0) + elements
         for value in facts.saved_by(n):
             if value in quadratic:
@@ -259,8 +275,7 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
     return walk
 
 
-def _moved_where(facts: GraphFacts, value: Value, inside: set[Value], quadratic: set[Value],
-                 vocab: int | None) -> str:
+def _moved_where(facts: GraphFacts, value: Value, inside: set[Value], quadratic: set[Value], vocab: int | None) -> str:
     shape = facts.shape(value) or []
     if vocab and shape and shape[-1] == vocab:
         return "vocab"
@@ -268,9 +283,13 @@ def _moved_where(facts: GraphFacts, value: Value, inside: set[Value], quadratic:
 
 
 def _moved(walk: _Walk, tokens: float, seq: float) -> Moved:
-    return Moved(outside=walk.moved.get("outside", 0.0) / tokens, inside=walk.moved.get("inside", 0.0) / tokens,
-                 inside_seq=walk.moved.get("inside_seq", 0.0) / (tokens * seq),
-                 vocab=walk.moved.get("vocab", 0.0) / tokens, ops=int(walk.moved.get("ops", 0)))
+    return Moved(
+        outside=walk.moved.get("outside", 0.0) / tokens,
+        inside=walk.moved.get("inside", 0.0) / tokens,
+        inside_seq=walk.moved.get("inside_seq", 0.0) / (tokens * seq),
+        vocab=walk.moved.get("vocab", 0.0) / tokens,
+        ops=int(walk.moved.get("ops", 0)),
+    )
 
 
 def _saved(facts: GraphFacts, walk: _Walk, kind: str, per: float) -> Saved:
@@ -286,8 +305,16 @@ def _saved(facts: GraphFacts, walk: _Walk, kind: str, per: float) -> Saved:
     return Saved(floats / per, masks / per)
 
 
-def block_cost(facts: GraphFacts, nodes: Iterable[int], layer: str, roles: Roles,
-               params: dict[str, int], tokens: int, seq: int, **shape: int) -> BlockCost:
+def block_cost(
+    facts: GraphFacts,
+    nodes: Iterable[int],
+    layer: str,
+    roles: Roles,
+    params: dict[str, int],
+    tokens: int,
+    seq: int,
+    **shape: int,
+) -> BlockCost:
     """One block's :class:`BlockCost`. ``params``: numel of the block's parameters by FQN;
     ``tokens``/``seq``: the traced batch x sequence and sequence (dynamic dims as 1);
     ``shape``: ``num_heads``, ``num_kv_heads``, ``intermediate_size`` for the constraints, and
@@ -310,8 +337,9 @@ def block_cost(facts: GraphFacts, nodes: Iterable[int], layer: str, roles: Roles
         allreduce_fwd_count=walk.allreduce_fwd_count,
         allreduce_bwd_count=walk.allreduce_bwd_count,
         output_per_token=max(outputs, default=0) / tokens,
-        gemms=tuple(Gemm(n, k, "column" if w in roles.column else "row" if w in roles.row else "none")
-                    for w, n, k in walk.gemms),
+        gemms=tuple(
+            Gemm(n, k, "column" if w in roles.column else "row" if w in roles.row else "none") for w, n, k in walk.gemms
+        ),
         attention_matmuls=walk.attention_matmuls,
         moved=_moved(walk, tokens, seq),
         **shape,
@@ -346,18 +374,44 @@ def model_cost(analysis: ModelAnalysis) -> ModelCost:
         block_params.update(mine)
         in_blocks.update(info.nodes)
         experts = info.experts
-        moe = dict(experts=experts.count, dispatch_per_token=experts.top_k * info.hidden_size,
-                   expert_params=sum(n for fqn, n in mine.items() if fqn.startswith(experts.layer + "."))) if experts else {}
-        blocks.append(block_cost(facts, info.nodes, info.layer, roles, mine, tokens, seq,
-                                 num_heads=info.num_heads, num_kv_heads=info.num_kv_heads,
-                                 intermediate_size=info.intermediate_size, **moe))
+        moe = (
+            dict(
+                experts=experts.count,
+                dispatch_per_token=experts.top_k * info.hidden_size,
+                expert_params=sum(n for fqn, n in mine.items() if fqn.startswith(experts.layer + ".")),
+            )
+            if experts
+            else {}
+        )
+        blocks.append(
+            block_cost(
+                facts,
+                info.nodes,
+                info.layer,
+                roles,
+                mine,
+                tokens,
+                seq,
+                num_heads=info.num_heads,
+                num_kv_heads=info.num_kv_heads,
+                intermediate_size=info.intermediate_size,
+                **moe,
+            )
+        )
     first, last, tied, notes = _edges(analysis, facts, numel, block_params, in_blocks, tokens)
     batch = analysis.batch_size if analysis.batch_size > 0 else 1
-    return ModelCost(blocks=tuple(blocks), hidden_size=int(blocks[0].output_per_token) if blocks else 0,
-                     vocab_size=analysis.vocab_size, first=first, last=last, tied_vocab_params=tied,
-                     traced_batch=batch, traced_seq=analysis.seq_len if analysis.seq_len > 0 else seq,
-                     notes=tuple(notes),
-                     token_mixing=next((b.token_mixing for b in analysis.blocks if b.token_mixing), None))
+    return ModelCost(
+        blocks=tuple(blocks),
+        hidden_size=int(blocks[0].output_per_token) if blocks else 0,
+        vocab_size=analysis.vocab_size,
+        first=first,
+        last=last,
+        tied_vocab_params=tied,
+        traced_batch=batch,
+        traced_seq=analysis.seq_len if analysis.seq_len > 0 else seq,
+        notes=tuple(notes),
+        token_mixing=next((b.token_mixing for b in analysis.blocks if b.token_mixing), None),
+    )
 
 
 def _roles(linears) -> Roles:
@@ -387,8 +441,9 @@ def params_before_blocks(analysis: ModelAnalysis) -> frozenset[str]:
     return frozenset(before)
 
 
-def _edges(analysis, facts: GraphFacts, numel: dict[str, int], block_params: set[str], in_blocks: set[int],
-           tokens: int) -> tuple[EdgeCost, EdgeCost, int, list[str]]:
+def _edges(
+    analysis, facts: GraphFacts, numel: dict[str, int], block_params: set[str], in_blocks: set[int], tokens: int
+) -> tuple[EdgeCost, EdgeCost, int, list[str]]:
     """Embedding side and head side: graph nodes outside the blocks, split at the blocks'
     position in program order, plus the LM head from its weight when it was not traced."""
     notes = []
@@ -448,8 +503,13 @@ def implicit_collectives(analysis: ModelAnalysis, mp: int, dtype_bytes: int) -> 
     hooks = reshard_hooks(analysis, mp)
     found = implicit_comm(analysis, mp, dtype_bytes=dtype_bytes, hooks=hooks)
     gathered = [_gather_bytes(analysis, hook.layer, mp, dtype_bytes) for hook in hooks]
-    return Implicit(sent_per_token=sum(c.bytes_per_step for c in found) / tokens, count=len(found),
-                    planned_per_token=sum(gathered) / tokens, planned_count=len(gathered), entries=tuple(found))
+    return Implicit(
+        sent_per_token=sum(c.bytes_per_step for c in found) / tokens,
+        count=len(found),
+        planned_per_token=sum(gathered) / tokens,
+        planned_count=len(gathered),
+        entries=tuple(found),
+    )
 
 
 def _gather_bytes(analysis: ModelAnalysis, layer: str, mp: int, dtype_bytes: int) -> int:

@@ -90,8 +90,12 @@ _CLUSTER_KEYS = {
     "dispatch_overhead_us": (US, "framework time per op a real training step adds (calibrate --model), microseconds"),
 }
 #: Keys a file without ``base`` may leave out (the plan format has defaults), and their fields.
-_OPTIONAL_FIELDS = {"memory_bandwidth_gb_s": "memory_bandwidth", "matmul_efficiency": "matmul_efficiency",
-                    "op_overhead_us": "op_overhead_s", "dispatch_overhead_us": "dispatch_overhead_s"}
+_OPTIONAL_FIELDS = {
+    "memory_bandwidth_gb_s": "memory_bandwidth",
+    "matmul_efficiency": "matmul_efficiency",
+    "op_overhead_us": "op_overhead_s",
+    "dispatch_overhead_us": "dispatch_overhead_s",
+}
 #: Keys that may be 0 (no fixed cost is a fixed cost); every other figure must be positive.
 _ZERO_OK = frozenset({"op_overhead_us", "dispatch_overhead_us"})
 
@@ -163,8 +167,10 @@ def load_cluster_file(path: str) -> DeviceProfile:
         raise PlannerError(f"{path}: needs a [device] table with: {', '.join(_CLUSTER_KEYS)}")
     unknown = sorted(set(device) - set(_CLUSTER_KEYS) - {"name", "base", "unsupported", "comm_overlap"})
     if unknown:
-        raise PlannerError(f"{path}: unknown key(s) in [device]: {', '.join(unknown)}; known: "
-                           f"name, base, unsupported, comm_overlap, {', '.join(_CLUSTER_KEYS)}")
+        raise PlannerError(
+            f"{path}: unknown key(s) in [device]: {', '.join(unknown)}; known: "
+            f"name, base, unsupported, comm_overlap, {', '.join(_CLUSTER_KEYS)}"
+        )
     for key in ("name", "base"):
         if key in device and not (isinstance(device[key], str) and device[key].isprintable()):
             raise PlannerError(
@@ -173,12 +179,16 @@ def load_cluster_file(path: str) -> DeviceProfile:
     values = _profile_values(resolve_device(device["base"])) if "base" in device else {}
     unsupported = device.get("unsupported", resolve_device(device["base"]).unsupported if "base" in device else [])
     if not (isinstance(unsupported, list) and set(unsupported) <= set(BACKEND_OPERATIONS)):
-        raise PlannerError(f"{path}: [device].unsupported must be a list of {', '.join(BACKEND_OPERATIONS)}, "
-                           f"got {printable(repr(unsupported))}")
+        raise PlannerError(
+            f"{path}: [device].unsupported must be a list of {', '.join(BACKEND_OPERATIONS)}, "
+            f"got {printable(repr(unsupported))}"
+        )
     overlap = device.get("comm_overlap", values.pop("comm_overlap", True))
     if not isinstance(overlap, bool):
-        raise PlannerError(f"{path}: [device].comm_overlap must be true or false "
-                           f"(whether collectives run beside compute), got {overlap!r}")
+        raise PlannerError(
+            f"{path}: [device].comm_overlap must be true or false "
+            f"(whether collectives run beside compute), got {overlap!r}"
+        )
     for key, (unit, meaning) in _CLUSTER_KEYS.items():
         if key not in device:
             continue
@@ -186,19 +196,26 @@ def load_cluster_file(path: str) -> DeviceProfile:
         value = _si_value(raw, unit)
         lowest_ok = value >= 0 if key in _ZERO_OK else value > 0
         if not (lowest_ok and value <= (1.0 if key == "matmul_efficiency" else MAX_FIGURE)):
-            raise PlannerError(f"{path}: [device].{key} must be a positive, finite number ({meaning}, at most "
-                               f"{(1.0 if key == 'matmul_efficiency' else MAX_FIGURE / unit):g}), "
-                               f"got {printable(repr(raw))}")
+            raise PlannerError(
+                f"{path}: [device].{key} must be a positive, finite number ({meaning}, at most "
+                f"{(1.0 if key == 'matmul_efficiency' else MAX_FIGURE / unit):g}), "
+                f"got {printable(repr(raw))}"
+            )
         values[key] = raw * unit
     missing = [key for key in _CLUSTER_KEYS if key not in values and key not in _OPTIONAL_FIELDS]
     if missing:
-        raise PlannerError(f"{path}: [device] is missing {', '.join(missing)} "
-                           "(or set base = \"<profile>\" to start from a named profile)")
+        raise PlannerError(
+            f"{path}: [device] is missing {', '.join(missing)} "
+            '(or set base = "<profile>" to start from a named profile)'
+        )
     return DeviceProfile(
         name=str(device.get("name", source.stem)),
         memory_bytes=int(values["memory_gb"]),
-        peak_flops={"bf16": float(values["peak_tflops_bf16"]), "fp16": float(values["peak_tflops_fp16"]),
-                    "fp32": float(values["peak_tflops_fp32"])},
+        peak_flops={
+            "bf16": float(values["peak_tflops_bf16"]),
+            "fp16": float(values["peak_tflops_fp16"]),
+            "fp32": float(values["peak_tflops_fp32"]),
+        },
         intra_node_bandwidth=float(values["intra_node_bandwidth_gb_s"]),
         inter_node_bandwidth=float(values["inter_node_bandwidth_gb_s"]),
         intra_node_latency_s=float(values["intra_node_latency_us"]),
@@ -247,14 +264,18 @@ def cluster_shape(cluster_file: str | None, devices: int | None = None, nodes: i
         raise PlannerError(f"{cluster_file}: cluster must be a table ([cluster] with nodes, devices_per_node)")
     unknown = sorted(set(table) - set(_SHAPE_KEYS))
     if unknown:
-        raise PlannerError(f"{cluster_file}: unknown key(s) in [cluster]: {printable(', '.join(unknown))}; "
-                           f"known: {', '.join(_SHAPE_KEYS)}")
+        raise PlannerError(
+            f"{cluster_file}: unknown key(s) in [cluster]: {printable(', '.join(unknown))}; "
+            f"known: {', '.join(_SHAPE_KEYS)}"
+        )
     shape = []
     for (key, flag), given in zip(_SHAPE_KEYS.items(), (devices, nodes)):
         value = table.get(key, 1)
         if not (type(value) is int and 1 <= value <= MAX_SHAPE):
-            raise PlannerError(f"{cluster_file}: [cluster].{key} must be a whole number from 1 to {MAX_SHAPE} "
-                               f"(what {flag} gives), got {printable(repr(value))}")
+            raise PlannerError(
+                f"{cluster_file}: [cluster].{key} must be a whole number from 1 to {MAX_SHAPE} "
+                f"(what {flag} gives), got {printable(repr(value))}"
+            )
         shape.append(value if given is None else given)
     return shape[0], shape[1]
 
@@ -288,8 +309,9 @@ def _profile_values(profile: DeviceProfile) -> dict[str, float]:
     }
 
 
-def backend_problem(device: DeviceProfile, sequence_parallel: bool = False, sharding_stage: int = 0, pp: int = 1,
-                    ep: int = 1) -> str:
+def backend_problem(
+    device: DeviceProfile, sequence_parallel: bool = False, sharding_stage: int = 0, pp: int = 1, ep: int = 1
+) -> str:
     """Why ``device``'s collective backend cannot run a strategy with these settings, or ''.
 
     >>> backend_problem(PROFILES["cpu"], sharding_stage=2)

@@ -128,7 +128,9 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
             breakdown = estimate(table, strategy, setup, priced.implicit(mp, width))
             total = breakdown.estimate.memory.total
             if total <= setup.usable_memory:
-                scored.append(_Scored(_rank_key(strategy, breakdown), Candidate(strategy, breakdown.estimate), breakdown))
+                scored.append(
+                    _Scored(_rank_key(strategy, breakdown), Candidate(strategy, breakdown.estimate), breakdown)
+                )
                 continue
             memory_misses.append((total, strategy))
             if closest is None or total < closest[0]:
@@ -145,7 +147,9 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         rejected=rejected,
         breakdowns=[s.breakdown for s in top],
         setup=setup,
-        notes=list(cost.notes) + _strategy_notes(cost, top[0].candidate.strategy) + _backend_notes(setup)
+        notes=list(cost.notes)
+        + _strategy_notes(cost, top[0].candidate.strategy)
+        + _backend_notes(setup)
         + _expert_notes(cost, request),
         evaluated=evaluated,
         implicit_comm=list(getattr(priced.implicit(top[0].candidate.strategy.mp, width), "entries", ())),
@@ -196,7 +200,9 @@ def _priced(model: ModelAnalysis | ModelCost | PricedModel) -> PricedModel:
 def _setup(cost: ModelCost, request: SearchRequest) -> Setup:
     """Check the request and fix what is the same for every candidate."""
     if request.devices_per_node < 1 or request.nodes < 1:
-        raise PlannerError(f"--devices and --nodes must be at least 1, got {request.devices_per_node} and {request.nodes}")
+        raise PlannerError(
+            f"--devices and --nodes must be at least 1, got {request.devices_per_node} and {request.nodes}"
+        )
     try:
         check_training_setup(request.dtype, request.optimizer)
     except ValueError as err:
@@ -215,11 +221,14 @@ def _setup(cost: ModelCost, request: SearchRequest) -> Setup:
     if len(fixed) == 3 and math.prod(fixed.values()) != world:
         raise PlannerError(f"dp x mp x pp = {math.prod(fixed.values())} but there are {world} devices")
     if math.prod(fixed.values()) > world:
-        raise PlannerError(f"{' x '.join(f'{k}={v}' for k, v in fixed.items())} needs {math.prod(fixed.values())} "
-                           f"devices, but there are {world} (--devices x --nodes)")
+        raise PlannerError(
+            f"{' x '.join(f'{k}={v}' for k, v in fixed.items())} needs {math.prod(fixed.values())} "
+            f"devices, but there are {world} (--devices x --nodes)"
+        )
     if world % math.prod(fixed.values()):
-        raise PlannerError(f"the fixed degrees ({', '.join(f'{k}={v}' for k, v in fixed.items())}) "
-                           f"do not divide the {world} devices")
+        raise PlannerError(
+            f"the fixed degrees ({', '.join(f'{k}={v}' for k, v in fixed.items())}) do not divide the {world} devices"
+        )
     for name in ("micro_batches", "micro_batch_size", "global_batch_size", "seq_len"):
         value = getattr(request, name)
         if value is not None and value < 1:
@@ -230,12 +239,21 @@ def _setup(cost: ModelCost, request: SearchRequest) -> Setup:
     divisor = (request.dp or 1) * (request.micro_batches or 1)
     if global_batch % divisor:
         given = "--global-batch-size" if request.global_batch_size else "the input spec's batch"
-        raise PlannerError(f"global batch {global_batch} ({given}) does not divide over "
-                           f"dp={request.dp or 1} x {request.micro_batches or 1} micro-batches; "
-                           f"give a batch that is a multiple of {divisor} (--global-batch-size)")
-    return Setup(device=request.device, devices_per_node=request.devices_per_node, nodes=request.nodes,
-                 seq_len=request.seq_len or cost.traced_seq, global_batch=global_batch,
-                 dtype=request.dtype, optimizer=request.optimizer, recompute=request.recompute)
+        raise PlannerError(
+            f"global batch {global_batch} ({given}) does not divide over "
+            f"dp={request.dp or 1} x {request.micro_batches or 1} micro-batches; "
+            f"give a batch that is a multiple of {divisor} (--global-batch-size)"
+        )
+    return Setup(
+        device=request.device,
+        devices_per_node=request.devices_per_node,
+        nodes=request.nodes,
+        seq_len=request.seq_len or cost.traced_seq,
+        global_batch=global_batch,
+        dtype=request.dtype,
+        optimizer=request.optimizer,
+        recompute=request.recompute,
+    )
 
 
 # -- enumeration -----------------------------------------------------------------------------------
@@ -252,15 +270,20 @@ def _meshes(request: SearchRequest) -> Iterator[tuple[int, int, int]]:
     for pp in _divisors(world):
         for dp in _divisors(world // pp):
             mp = world // pp // dp
-            if all(fixed is None or fixed == value
-                   for fixed, value in ((request.pp, pp), (request.dp, dp), (request.mp, mp))):
+            if all(
+                fixed is None or fixed == value
+                for fixed, value in ((request.pp, pp), (request.dp, dp), (request.mp, mp))
+            ):
                 yield pp, dp, mp
 
 
 def _mesh_problem(cost: ModelCost, setup: Setup, dp: int, mp: int, pp: int) -> str:
     """Why a mesh cannot work whatever its other settings, or ''."""
-    problem = (degree_problem(cost, "mp", mp, f"mp={mp}") or degree_problem(cost, "pp", pp, f"pp={pp}")
-               or backend_problem(setup.device, pp=pp))
+    problem = (
+        degree_problem(cost, "mp", mp, f"mp={mp}")
+        or degree_problem(cost, "pp", pp, f"pp={pp}")
+        or backend_problem(setup.device, pp=pp)
+    )
     if problem:
         return problem
     if setup.global_batch % dp:
@@ -307,12 +330,16 @@ def check_fixed_degrees(cost: ModelCost, request: SearchRequest) -> None:
         if problem:
             raise PlannerError(problem)
     if request.ep is not None and request.ep > 1:
-        problem = expert_problem(cost, request.ep, f"--ep {request.ep}") or backend_problem(request.device, ep=request.ep)
+        problem = expert_problem(cost, request.ep, f"--ep {request.ep}") or backend_problem(
+            request.device, ep=request.ep
+        )
         if problem:
             raise PlannerError(problem)
     if request.sequence_parallel and cost.token_mixing:
-        raise PlannerError(f"--sequence-parallel: {cost.token_mixing} projects over the token axis (it mixes "
-                           "positions), so the sequence cannot be split between blocks")
+        raise PlannerError(
+            f"--sequence-parallel: {cost.token_mixing} projects over the token axis (it mixes "
+            "positions), so the sequence cannot be split between blocks"
+        )
 
 
 def expert_problem(cost: ModelCost, ep: int, label: str) -> str:
@@ -354,9 +381,18 @@ def _variants(cost: ModelCost, setup: Setup, request: SearchRequest, dp: int, mp
             for m in counts:
                 for schedule, virtual in _schedules(request, len(cost.blocks), pp, m):
                     for ep in _expert_degrees(cost, request, dp):
-                        yield Strategy(dp=dp, mp=mp, pp=pp, sequence_parallel=sp, sharding_stage=stage,
-                                       micro_batches=m, schedule=schedule, virtual_stages=virtual,
-                                       recompute=setup.recompute, ep=ep)
+                        yield Strategy(
+                            dp=dp,
+                            mp=mp,
+                            pp=pp,
+                            sequence_parallel=sp,
+                            sharding_stage=stage,
+                            micro_batches=m,
+                            schedule=schedule,
+                            virtual_stages=virtual,
+                            recompute=setup.recompute,
+                            ep=ep,
+                        )
 
 
 def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list[tuple[str, int]]:
@@ -369,8 +405,11 @@ def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list
     chunks = {"1F1B": 1, "VPP": VPP_CHUNKS, "sequential": 1}
     if request.schedule is not None:
         return [(request.schedule, chunks[request.schedule])]
-    runnable = [(name, chunks[name]) for name in PIPELINING_SCHEDULES
-                if not schedule_problems(name, pp, m, block_stages(num_blocks, pp, chunks[name]))]
+    runnable = [
+        (name, chunks[name])
+        for name in PIPELINING_SCHEDULES
+        if not schedule_problems(name, pp, m, block_stages(num_blocks, pp, chunks[name]))
+    ]
     return runnable or [("sequential", 1)]
 
 
@@ -383,10 +422,12 @@ def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, n
         return f"ep={strategy.ep} does not divide dp={strategy.dp} (experts spread over dp ranks)"
     per_rank = setup.global_batch // strategy.dp
     if per_rank % strategy.micro_batches:
-        return (f"the {per_rank} samples per dp rank do not split into {strategy.micro_batches} micro-batches")
+        return f"the {per_rank} samples per dp rank do not split into {strategy.micro_batches} micro-batches"
     if request.micro_batch_size is not None and per_rank != strategy.micro_batches * request.micro_batch_size:
-        return (f"global batch {setup.global_batch} is not dp={strategy.dp} x micro-batch size "
-                f"{request.micro_batch_size} x micro-batches")
+        return (
+            f"global batch {setup.global_batch} is not dp={strategy.dp} x micro-batch size "
+            f"{request.micro_batch_size} x micro-batches"
+        )
 
     if strategy.schedule == "sequential" and strategy.micro_batches > 1:
         return "apply_plan accumulates micro-batches only without a pipeline; the sequential schedule takes 1"
@@ -395,8 +436,10 @@ def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, n
     if problems:
         return "; ".join(problems)
     if strategy.schedule == "sequential" and tied:
-        return ("the embedding and the LM head share one weight: across stages only 1F1B or VPP keep its "
-                "two copies equal (sequential does not)")
+        return (
+            "the embedding and the LM head share one weight: across stages only 1F1B or VPP keep its "
+            "two copies equal (sequential does not)"
+        )
     return ""
 
 
@@ -407,9 +450,21 @@ def _rank_key(strategy: Strategy, breakdown: Breakdown) -> tuple:
     # Without a pipeline schedule, micro-batches are gradient-accumulation steps: the model prices
     # them as free, but each one shrinks the matmuls, so take the fewest that fit in memory.
     accumulation = strategy.micro_batches if strategy.schedule in ("none", "sequential") else 0
-    return (float(f"{est.step_time_s:.6g}"), breakdown.comm_bytes, accumulation, est.memory.total,
-            strategy.pp, strategy.mp, strategy.dp, strategy.sharding_stage, strategy.sequence_parallel,
-            strategy.micro_batches, strategy.virtual_stages, strategy.schedule, strategy.ep)
+    return (
+        float(f"{est.step_time_s:.6g}"),
+        breakdown.comm_bytes,
+        accumulation,
+        est.memory.total,
+        strategy.pp,
+        strategy.mp,
+        strategy.dp,
+        strategy.sharding_stage,
+        strategy.sequence_parallel,
+        strategy.micro_batches,
+        strategy.virtual_stages,
+        strategy.schedule,
+        strategy.ep,
+    )
 
 
 # -- messages --------------------------------------------------------------------------------------
@@ -421,9 +476,11 @@ def _gb(nbytes: float) -> str:
 
 def _memory_reason(total: float, setup: Setup, breakdown: Breakdown) -> str:
     mem = breakdown.estimate.memory
-    return (f"needs {_gb(total)} per device (params {_gb(mem.params)}, grads {_gb(mem.grads)}, "
-            f"optimizer {_gb(mem.optimizer)}, activations {_gb(mem.activations)}); "
-            f"{setup.device.name} allows {_gb(setup.usable_memory)}")
+    return (
+        f"needs {_gb(total)} per device (params {_gb(mem.params)}, grads {_gb(mem.grads)}, "
+        f"optimizer {_gb(mem.optimizer)}, activations {_gb(mem.activations)}); "
+        f"{setup.device.name} allows {_gb(setup.usable_memory)}"
+    )
 
 
 def _nothing_fits(setup: Setup, rejected: list[Rejected], memory_misses: list[tuple[float, Strategy]]) -> PlannerError:
@@ -435,34 +492,50 @@ def _nothing_fits(setup: Setup, rejected: list[Rejected], memory_misses: list[tu
             f"{_gb(setup.usable_memory)} usable of {_gb(setup.device.memory_bytes)}; it needs devices "
             f"with at least {_gb(need / MEMORY_USABLE)} of memory, or more devices, recompute, or a "
             f"smaller batch",
-            detail="\n".join(f"{strategy_text(r.strategy, 'short')}: {r.reason}" for r in rejected))
+            detail="\n".join(f"{strategy_text(r.strategy, 'short')}: {r.reason}" for r in rejected),
+        )
     reasons = "\n".join(f"{strategy_text(r.strategy, 'short')}: {r.reason}" for r in rejected)
     return PlannerError(f"no strategy satisfies the constraints on {setup.world} devices", detail=reasons)
 
 
 def _strategy_order(strategy: Strategy) -> tuple:
-    return (strategy.pp, strategy.mp, strategy.dp, strategy.sharding_stage, strategy.sequence_parallel,
-            strategy.micro_batches, strategy.virtual_stages, strategy.schedule, strategy.ep)
+    return (
+        strategy.pp,
+        strategy.mp,
+        strategy.dp,
+        strategy.sharding_stage,
+        strategy.sequence_parallel,
+        strategy.micro_batches,
+        strategy.virtual_stages,
+        strategy.schedule,
+        strategy.ep,
+    )
 
 
 def _backend_notes(setup: Setup) -> list[str]:
     """What the device's backend ruled out, said once (the rejected strategies give details)."""
     if not setup.device.unsupported:
         return []
-    return [f"device {setup.device.name}: its backend lacks {', '.join(setup.device.unsupported)}; strategies that "
-            "need them (sequence parallelism, ZeRO, pipelines, expert parallelism) were not considered"]
+    return [
+        f"device {setup.device.name}: its backend lacks {', '.join(setup.device.unsupported)}; strategies that "
+        "need them (sequence parallelism, ZeRO, pipelines, expert parallelism) were not considered"
+    ]
 
 
 def _expert_notes(cost: ModelCost, request: SearchRequest) -> list[str]:
     if request.ep != 1 or not any(b.experts for b in cost.blocks):
         return []
-    return ["the blocks hold experts: expert parallelism was not searched (apply_plan cannot apply it yet); "
-            "--ep N or --ep auto prices it"]
+    return [
+        "the blocks hold experts: expert parallelism was not searched (apply_plan cannot apply it yet); "
+        "--ep N or --ep auto prices it"
+    ]
 
 
 def _strategy_notes(cost: ModelCost, strategy: Strategy) -> list[str]:
     notes = []
     if strategy.mp > 1 and cost.vocab_size and cost.vocab_size % strategy.mp:
-        notes.append(f"vocabulary {cost.vocab_size} does not divide by mp={strategy.mp}: embedding and LM head "
-                     "stay replicated over mp (priced so)")
+        notes.append(
+            f"vocabulary {cost.vocab_size} does not divide by mp={strategy.mp}: embedding and LM head "
+            "stay replicated over mp (priced so)"
+        )
     return notes

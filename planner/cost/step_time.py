@@ -154,8 +154,17 @@ class Breakdown:
 class StageTable:
     """Prefix sums over the blocks, so a stage's totals cost O(1) whatever its size."""
 
-    _FIELDS = ("params_split", "params_whole", "param_tensors", "flops_per_token", "flops_per_token_seq",
-               "allreduce_fwd_per_token", "allreduce_bwd_per_token", "allreduce_fwd_count", "allreduce_bwd_count")
+    _FIELDS = (
+        "params_split",
+        "params_whole",
+        "param_tensors",
+        "flops_per_token",
+        "flops_per_token_seq",
+        "allreduce_fwd_per_token",
+        "allreduce_bwd_per_token",
+        "allreduce_fwd_count",
+        "allreduce_bwd_count",
+    )
 
     def __init__(self, cost: ModelCost):
         self.cost = cost
@@ -258,8 +267,12 @@ class _Context:
 
     def moved_time(self, moved: Moved) -> float:
         """Seconds the memory-bound ops of one micro-batch take in the forward pass."""
-        per_token = (moved.outside / self.act_div + moved.inside / self.strategy.mp
-                     + moved.inside_seq * self.setup.seq_len / self.strategy.mp + moved.vocab / self.vocab_div)
+        per_token = (
+            moved.outside / self.act_div
+            + moved.inside / self.strategy.mp
+            + moved.inside_seq * self.setup.seq_len / self.strategy.mp
+            + moved.vocab / self.vocab_div
+        )
         device = self.setup.device
         return memory_time(per_token * self.tokens * self.width, device) + moved.ops * fixed_op_time(device)
 
@@ -327,17 +340,31 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
         tokens_per_s=setup.global_batch * seq / step if step > 0 else 0.0,
         mfu=model_flops / (step * setup.world * setup.device.peak_flops[setup.dtype]) if step > 0 else 0.0,
         memory=MemoryEstimate(
-            params=round(peak.states.params), grads=round(peak.states.grads),
-            optimizer=round(peak.states.optimizer), activations=round(peak_activations),
-            total=round(peak.states.total + peak_activations)),
+            params=round(peak.states.params),
+            grads=round(peak.states.grads),
+            optimizer=round(peak.states.optimizer),
+            activations=round(peak_activations),
+            total=round(peak.states.total + peak_activations),
+        ),
         comm_bytes=CommEstimate(
-            mp=round(m * max(s.mp_bytes for s in stages)), dp=round(max(b for _, b in dp)),
-            pp=round(m * max(s.p2p_bytes for s in stages)), ep=round(m * max(s.ep_bytes for s in stages)),
-            implicit=round(m * max(s.implicit_bytes for s in stages))),
+            mp=round(m * max(s.mp_bytes for s in stages)),
+            dp=round(max(b for _, b in dp)),
+            pp=round(m * max(s.p2p_bytes for s in stages)),
+            ep=round(m * max(s.ep_bytes for s in stages)),
+            implicit=round(m * max(s.implicit_bytes for s in stages)),
+        ),
     )
-    return Breakdown(est, compute_s=m * max(s.compute_s for s in stages), mp_comm_s=m * max(s.mp_s for s in stages),
-                     dp_comm_s=dp_s, pp_comm_s=m * max(s.p2p_s for s in stages), bubble_s=bubble_s,
-                     optimizer_s=optimizer_s, peak_stage=peak_stage, ep_comm_s=m * max(s.ep_s for s in stages))
+    return Breakdown(
+        est,
+        compute_s=m * max(s.compute_s for s in stages),
+        mp_comm_s=m * max(s.mp_s for s in stages),
+        dp_comm_s=dp_s,
+        pp_comm_s=m * max(s.p2p_s for s in stages),
+        bubble_s=bubble_s,
+        optimizer_s=optimizer_s,
+        peak_stage=peak_stage,
+        ep_comm_s=m * max(s.ep_s for s in stages),
+    )
 
 
 def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
@@ -348,7 +375,7 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
 
     # Compute: forward, backward twice the forward, plus what recompute does again in backward.
     forward_s = attention_s = 0.0
-    for block in table.cost.blocks[start:stop] if not table.uniform else table.cost.blocks[start:start + 1]:
+    for block in table.cost.blocks[start:stop] if not table.uniform else table.cost.blocks[start : start + 1]:
         block_s, block_attention_s = ctx.block_forward(block)
         times = 1 if not table.uniform else stop - start
         forward_s, attention_s = forward_s + times * block_s, attention_s + times * block_attention_s
@@ -356,8 +383,11 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     for edge in edges:
         shaped = sum(2.0 * g.n * g.k / (ctx.vocab_div if g.split == "vocab" else 1) for g in edge.gemms)
         flops = edge.flops_vocab_per_token / ctx.vocab_div + edge.flops_whole_per_token
-        forward_s += (sum(ctx.gemm_time(g) for g in edge.gemms) + ctx.roof_time((flops - shaped) * tokens)
-                      + ctx.moved_time(edge.moved))
+        forward_s += (
+            sum(ctx.gemm_time(g) for g in edge.gemms)
+            + ctx.roof_time((flops - shaped) * tokens)
+            + ctx.moved_time(edge.moved)
+        )
     recomputed_s = {"full": blocks_s, "selective": attention_s}.get(setup.recompute, 0.0)
     backward_s = 2 * forward_s + recomputed_s
 
@@ -404,9 +434,13 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
         expert_params = sum(b.expert_params for b in moe) / mp * (1 - 1 / ep)
 
     # Memory: model states under ZeRO, activations per micro-batch in flight.
-    params = (table.total("params_split", start, stop) / mp + table.total("params_whole", start, stop) - expert_params
-              + sum(e.params_vocab / ctx.vocab_div + e.params_whole for e in edges)
-              - (ctx.cost.tied_vocab_params / ctx.vocab_div if len(edges) == 2 else 0))  # one stage holds both
+    params = (
+        table.total("params_split", start, stop) / mp
+        + table.total("params_whole", start, stop)
+        - expert_params
+        + sum(e.params_vocab / ctx.vocab_div + e.params_whole for e in edges)
+        - (ctx.cost.tied_vocab_params / ctx.vocab_div if len(edges) == 2 else 0)
+    )  # one stage holds both
     states = model_state_bytes(params, strategy.dp, strategy.sharding_stage, setup.dtype, setup.optimizer)
     per_token = _stage_activation_bytes(table, start, stop, mp, ctx.act_div, seq, width, setup.recompute)
     per_token += sum(e.saved_whole.bytes(width) + e.saved_vocab.bytes(width) / ctx.vocab_div for e in edges)
@@ -414,15 +448,31 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     if setup.recompute == "full" and table.largest_block is not None and stop > start:
         working = tokens * _block_activation_bytes(table.largest_block, mp, ctx.act_div, seq, width)
     tensors = round(table.total("param_tensors", start, stop) + sum(e.param_tensors for e in edges))
-    return _Stage(forward_s + backward_s, backward_s, mp_s, mp_bytes, implicit_bytes, p2p_s, p2p_bytes, states,
-                  tokens * per_token, working, params, tensors, ep_s=ep_s, ep_bytes=ep_bytes)
+    return _Stage(
+        forward_s + backward_s,
+        backward_s,
+        mp_s,
+        mp_bytes,
+        implicit_bytes,
+        p2p_s,
+        p2p_bytes,
+        states,
+        tokens * per_token,
+        working,
+        params,
+        tensors,
+        ep_s=ep_s,
+        ep_bytes=ep_bytes,
+    )
 
 
 def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float]:
     """(forward seconds of ``block`` for one micro-batch on one rank, of which attention core)."""
     mp, seq = ctx.strategy.mp, ctx.setup.seq_len
     shaped = sum(2.0 * g.n * g.k for g in block.gemms)
-    linear_s = sum(ctx.gemm_time(g) for g in block.gemms) + ctx.roof_time((block.flops_per_token - shaped) / mp * ctx.tokens)
+    linear_s = sum(ctx.gemm_time(g) for g in block.gemms) + ctx.roof_time(
+        (block.flops_per_token - shaped) / mp * ctx.tokens
+    )
     core_flops = block.flops_per_token_seq * seq * ctx.tokens / mp
     if block.attention_matmuls and core_flops > 0:
         # One batched matmul per traced attention matmul, (seq x seq) by the head dim, over the
@@ -487,21 +537,26 @@ def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, floa
     forward_s = stage.compute_s - stage.backward_s if ctx.setup.device.comm_overlap else 0.0
     chunks, count = max(num_blocks, 1), max(stage.param_tensors, 1)  # one collective per parameter
     if zero == 0:
-        return overlapped(all_reduce_time(state_bytes, dp, link, count), backward_s, chunks), \
-            all_reduce_bytes(state_bytes, dp)
+        return overlapped(all_reduce_time(state_bytes, dp, link, count), backward_s, chunks), all_reduce_bytes(
+            state_bytes, dp
+        )
     reduce = reduce_scatter_time(state_bytes, dp, link, count)
     if zero < 3:
         # Updated parameters are gathered after the optimizer step: nothing left to hide behind.
         after = all_gather_time(state_bytes, dp, link, count)
         return overlapped(reduce, backward_s, chunks) + after, 2 * all_gather_bytes(state_bytes, dp)
     gather = all_gather_time(state_bytes, dp, link, count)  # block by block
-    exposed = (m * overlapped(gather, forward_s, chunks) + (m - 1) * overlapped(gather, backward_s, chunks)
-               + overlapped(gather + reduce, backward_s, chunks))
+    exposed = (
+        m * overlapped(gather, forward_s, chunks)
+        + (m - 1) * overlapped(gather, backward_s, chunks)
+        + overlapped(gather + reduce, backward_s, chunks)
+    )
     return exposed, (1 + 2 * m) * all_gather_bytes(state_bytes, dp)
 
 
-def _stage_activation_bytes(table: StageTable, start: int, stop: int, mp: int, act_div: int, seq: int,
-                            width: int, recompute: str) -> float:
+def _stage_activation_bytes(
+    table: StageTable, start: int, stop: int, mp: int, act_div: int, seq: int, width: int, recompute: str
+) -> float:
     """Bytes per token one micro-batch leaves saved on a stage's blocks."""
     if recompute == "full":
         # Only each block's input is kept (Korthikanti sec. 4.3); split with sequence parallelism.
@@ -515,5 +570,8 @@ def _stage_activation_bytes(table: StageTable, start: int, stop: int, mp: int, a
 
 def _block_activation_bytes(block: BlockCost, mp: int, act_div: int, seq: int, width: int) -> float:
     """One block's full activations per token: what full recompute rebuilds during backward."""
-    return (block.saved_outside.bytes(width) / act_div + block.saved_inside.bytes(width) / mp
-            + block.saved_inside_seq.bytes(width) * seq / mp)
+    return (
+        block.saved_outside.bytes(width) / act_div
+        + block.saved_inside.bytes(width) / mp
+        + block.saved_inside_seq.bytes(width) * seq / mp
+    )

@@ -85,8 +85,9 @@ class ModelAnalysis:
     recognised: list[RecognisedBlock] = field(default_factory=list, repr=False)
 
 
-def analyze(traced: TracedProgram, graph: nx.DiGraph, model: paddle.nn.Layer,
-            recogniser: BlockRecogniser | None = None) -> ModelAnalysis:
+def analyze(
+    traced: TracedProgram, graph: nx.DiGraph, model: paddle.nn.Layer, recogniser: BlockRecogniser | None = None
+) -> ModelAnalysis:
     """Match ``model``'s blocks in ``graph`` and describe every parameter's role.
 
     Unmatched layers are listed (``unmatched`` and a note), never an error: a CNN gives zero
@@ -186,17 +187,36 @@ def _block_info(graph: nx.DiGraph, found: RecognisedBlock, params, first_use: di
     linears = sorted((p for s in subs for p in s.projections), key=lambda p: first_use.get(p.weight, -1))
     biases = {p.bias for p in linears}
     prefix = found.layer + "."
-    norms = sorted((fqn for fqn, (shape, _) in params.items() if fqn.startswith(prefix) and len(shape) == 1
-                    and fqn not in biases and fqn in first_use), key=lambda f: first_use[f])
-    outputs = [graph.nodes[u]["shapes"][d["result"]] for u, v, d in graph.out_edges(found.nodes, data=True)
-               if v not in found.nodes and graph.nodes[u]["shapes"][d["result"]]]
+    norms = sorted(
+        (
+            fqn
+            for fqn, (shape, _) in params.items()
+            if fqn.startswith(prefix) and len(shape) == 1 and fqn not in biases and fqn in first_use
+        ),
+        key=lambda f: first_use[f],
+    )
+    outputs = [
+        graph.nodes[u]["shapes"][d["result"]]
+        for u, v, d in graph.out_edges(found.nodes, data=True)
+        if v not in found.nodes and graph.nodes[u]["shapes"][d["result"]]
+    ]
     hidden = outputs[-1][-1] if outputs else 0
-    return BlockInfo(found.layer, block_kind(subs), found.nodes, linears, norms,
-                     attention.num_heads if attention else 0, attention.num_kv_heads if attention else 0,
-                     attention.head_dim if attention else 0, hidden, mlp.intermediate_size if mlp else 0,
-                     "+".join(s.description for s in subs), list(subs),
-                     token_mixing_projection(graph, found.nodes, [p.weight for p in linears]),
-                     find_experts(graph, found.nodes, found.layer, list(subs), params))
+    return BlockInfo(
+        found.layer,
+        block_kind(subs),
+        found.nodes,
+        linears,
+        norms,
+        attention.num_heads if attention else 0,
+        attention.num_kv_heads if attention else 0,
+        attention.head_dim if attention else 0,
+        hidden,
+        mlp.intermediate_size if mlp else 0,
+        "+".join(s.description for s in subs),
+        list(subs),
+        token_mixing_projection(graph, found.nodes, [p.weight for p in linears]),
+        find_experts(graph, found.nodes, found.layer, list(subs), params),
+    )
 
 
 def block_kind(subs: list[SubLayer]) -> str:
@@ -234,9 +254,12 @@ def not_recognised(recognised: list[RecognisedBlock]) -> list[str]:
     for found in recognised:
         glob = found.layer.rpartition(".")[0] + ".*" if "." in found.layer else "*"
         for refusal in found.roles.refusals:
-            seen.setdefault((glob + refusal.row[len(found.layer):], refusal.op), refusal.layer)
-    return [f"{kind}: op {op} (first seen in {first}) stops the tensor-parallel split before this projection; "
-            "it and the projections feeding it stay replicated" for (kind, op), first in seen.items()]
+            seen.setdefault((glob + refusal.row[len(found.layer) :], refusal.op), refusal.layer)
+    return [
+        f"{kind}: op {op} (first seen in {first}) stops the tensor-parallel split before this projection; "
+        "it and the projections feeding it stay replicated"
+        for (kind, op), first in seen.items()
+    ]
 
 
 # -- layers outside blocks ---------------------------------------------------------------------------------
@@ -279,8 +302,14 @@ def _head_use(graph: nx.DiGraph, match: Match) -> LinearUse:
     operand, transposed = weight_use(graph, weight, matmul)
     fqn = graph.nodes[weight]["param"]
     bias = match.mapping.get("linear_proj.bias")
-    return LinearUse(fqn.rpartition(".")[0], fqn, graph.nodes[bias]["param"] if bias is not None else None,
-                     "column", split_dim("column", operand, transposed), name="lm_head")
+    return LinearUse(
+        fqn.rpartition(".")[0],
+        fqn,
+        graph.nodes[bias]["param"] if bias is not None else None,
+        "column",
+        split_dim("column", operand, transposed),
+        name="lm_head",
+    )
 
 
 def _lm_head(graph: nx.DiGraph, outer: dict[str, Match], vocab: int | None, in_blocks) -> LinearUse | None:
@@ -292,10 +321,19 @@ def _lm_head(graph: nx.DiGraph, outer: dict[str, Match], vocab: int | None, in_b
     if not heads:
         matcher, constants = Matcher(), constant_nodes(graph)
         layers = sorted({graph.nodes[n]["layer"] for n in set(graph) - in_blocks})
-        views = (compute_view(graph, {n for n in block_nodes(graph, layer) if graph.nodes[n]["layer"] == layer} - in_blocks,
-                              constants) for layer in layers)
-        heads = [m for view in views for pattern in layer_patterns() if pattern.kind.startswith("linear")
-                 for m in matcher.find(view, pattern)]
+        views = (
+            compute_view(
+                graph, {n for n in block_nodes(graph, layer) if graph.nodes[n]["layer"] == layer} - in_blocks, constants
+            )
+            for layer in layers
+        )
+        heads = [
+            m
+            for view in views
+            for pattern in layer_patterns()
+            if pattern.kind.startswith("linear")
+            for m in matcher.find(view, pattern)
+        ]
     for match in heads:
         if graph.nodes[match.mapping["linear_proj.matmul"]]["shapes"][0][-1] == vocab:
             return _head_use(graph, match)
@@ -331,6 +369,11 @@ def _input_specs(graph: nx.DiGraph) -> list[schemas.InputSpec]:
     for node in sorted(graph):
         data = graph.nodes[node]
         if short_op(data["op"]) == "data":
-            specs.append(schemas.InputSpec(name=data["attrs"].get("name", f"input_{node}"),
-                                           dtype=data["dtypes"][0], shape=list(data["shapes"][0])))
+            specs.append(
+                schemas.InputSpec(
+                    name=data["attrs"].get("name", f"input_{node}"),
+                    dtype=data["dtypes"][0],
+                    shape=list(data["shapes"][0]),
+                )
+            )
     return specs

@@ -35,8 +35,13 @@ class Experts:
     top_k: int
 
 
-def find_experts(graph: nx.DiGraph, nodes: frozenset[int], layer: str, sublayers: list[SubLayer],
-                 params: dict[str, tuple[list[int], str]]) -> Experts | None:
+def find_experts(
+    graph: nx.DiGraph,
+    nodes: frozenset[int],
+    layer: str,
+    sublayers: list[SubLayer],
+    params: dict[str, tuple[list[int], str]],
+) -> Experts | None:
     """The experts of block ``layer`` (module docstring), or None."""
     routes = [graph.nodes[n] for n in sorted(nodes) if short_op(graph.nodes[n]["op"]) == "topk"]
     if not routes:
@@ -48,8 +53,9 @@ def find_experts(graph: nx.DiGraph, nodes: frozenset[int], layer: str, sublayers
     return experts_of(layer, sublayers, params, top_k) if top_k > 0 else None
 
 
-def experts_of(layer: str, sublayers: list[SubLayer], params: dict[str, tuple[list[int], str]],
-               top_k: int) -> Experts | None:
+def experts_of(
+    layer: str, sublayers: list[SubLayer], params: dict[str, tuple[list[int], str]], top_k: int
+) -> Experts | None:
     """The container under ``layer`` with two or more numbered children that are recognised MLPs."""
     by_container: dict[str, set[str]] = {}
     for sub in sublayers:
@@ -62,16 +68,15 @@ def experts_of(layer: str, sublayers: list[SubLayer], params: dict[str, tuple[li
     if not found:
         return None
     container = found[0]
-    indices = {fqn[len(container) + 1:].split(".")[0] for fqn in params if fqn.startswith(container + ".")}
+    indices = {fqn[len(container) + 1 :].split(".")[0] for fqn in params if fqn.startswith(container + ".")}
     return Experts(container, sum(1 for i in indices if i.isdigit()), top_k)
 
 
 def _numbered_owner(fqn: str, layer: str) -> tuple[str, str]:
     """``("layers.0.moe.experts", "3")`` for ``layers.0.moe.experts.3.w2`` inside ``layers.0``:
     the innermost numbered component below the block; ``("", "")`` if there is none."""
-    parts = fqn[len(layer) + 1:].split(".") if fqn.startswith(layer + ".") else []
+    parts = fqn[len(layer) + 1 :].split(".") if fqn.startswith(layer + ".") else []
     for i in range(len(parts) - 1, -1, -1):
         if parts[i].isdigit():
             return ".".join([layer, *parts[:i]]), parts[i]
     return "", ""
-

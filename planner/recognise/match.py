@@ -49,7 +49,7 @@ def short_op(op: str) -> str:
     if op == "builtin.parameter":
         return PARAM
     if op.startswith("pd_op."):
-        op = op[len("pd_op."):]
+        op = op[len("pd_op.") :]
     return op.rstrip("_")
 
 
@@ -86,8 +86,9 @@ def block_nodes(graph: nx.DiGraph, layer: str) -> frozenset[int]:
                 by_layer.setdefault(d["layer"], []).append(n)
         _BY_LAYER[graph] = by_layer
     prefix = layer + "." if layer else ""
-    return frozenset(n for name, nodes in _BY_LAYER[graph].items()
-                     if name == layer or name.startswith(prefix) for n in nodes)
+    return frozenset(
+        n for name, nodes in _BY_LAYER[graph].items() if name == layer or name.startswith(prefix) for n in nodes
+    )
 
 
 def _is_buffer(graph: nx.DiGraph, node: int) -> bool:
@@ -175,8 +176,9 @@ class Match:
     def nodes_where(self, **attrs) -> list[tuple[str, int]]:
         """``(pattern node, graph node)`` pairs whose pattern attributes include ``attrs``."""
         graph = self.pattern.graph
-        return [(p, g) for p, g in sorted(self.mapping.items())
-                if all(graph.nodes[p].get(k) == v for k, v in attrs.items())]
+        return [
+            (p, g) for p, g in sorted(self.mapping.items()) if all(graph.nodes[p].get(k) == v for k, v in attrs.items())
+        ]
 
 
 @dataclass

@@ -15,12 +15,35 @@ PASS_THROUGH_OPS = frozenset({"cast", "scale", "assign", "contiguous", "dropout"
 
 #: Ops that move, reshape, pick or re-type data without computing on it, plus the
 #: pass-through ops: the matcher's compute view contracts them.
-LAYOUT_OPS = PASS_THROUGH_OPS | frozenset({
-    "reshape", "transpose", "unsqueeze", "squeeze", "expand", "expand_as", "broadcast_to", "tile",
-    "flatten", "full_like", "slice", "strided_slice", "concat", "stack", "split", "split_with_num", "unbind",
-    "gather", "gather_nd", "index_select", "combine", "repeat_interleave",
-    "builtin.combine", "builtin.split", "builtin.slice",
-})
+LAYOUT_OPS = PASS_THROUGH_OPS | frozenset(
+    {
+        "reshape",
+        "transpose",
+        "unsqueeze",
+        "squeeze",
+        "expand",
+        "expand_as",
+        "broadcast_to",
+        "tile",
+        "flatten",
+        "full_like",
+        "slice",
+        "strided_slice",
+        "concat",
+        "stack",
+        "split",
+        "split_with_num",
+        "unbind",
+        "gather",
+        "gather_nd",
+        "index_select",
+        "combine",
+        "repeat_interleave",
+        "builtin.combine",
+        "builtin.split",
+        "builtin.slice",
+    }
+)
 
 #: Ops making a new tensor of their operand's shape (``full_like(scores, -inf)``): their values are
 #: constants, but on a distributed operand Paddle gives the result the operand's placements
@@ -37,15 +60,45 @@ SEGMENT_OPS = CUT_OPS | {"reshape"}
 ELEMENTWISE_OPS = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum", "where"})
 
 #: Elementwise functions of one tensor: a split on any dim stays where it is.
-UNARY_OPS = frozenset({"tanh", "relu", "sigmoid", "exp", "abs", "log", "sqrt", "square", "erf", "relu6",
-                       "leaky_relu", "hardswish", "mish", "softplus", "clip", "neg", "sin", "cos", "rsqrt",
-                       "silu", "gelu"})
+UNARY_OPS = frozenset(
+    {
+        "tanh",
+        "relu",
+        "sigmoid",
+        "exp",
+        "abs",
+        "log",
+        "sqrt",
+        "square",
+        "erf",
+        "relu6",
+        "leaky_relu",
+        "hardswish",
+        "mish",
+        "softplus",
+        "clip",
+        "neg",
+        "sin",
+        "cos",
+        "rsqrt",
+        "silu",
+        "gelu",
+    }
+)
 
 #: Ops computing attention in one kernel (GPU traces of ``F.scaled_dot_product_attention``),
 #: inputs ``[batch, seq, heads, head_dim]``.
-FUSED_ATTENTION_OPS = frozenset({"flash_attn", "flash_attn_unpadded", "memory_efficient_attention",
-                                 "fused_dot_product_attention", "variable_length_memory_efficient_attention",
-                                 "flash_attn_qkvpacked", "flash_attn_varlen_qkvpacked"})
+FUSED_ATTENTION_OPS = frozenset(
+    {
+        "flash_attn",
+        "flash_attn_unpadded",
+        "memory_efficient_attention",
+        "fused_dot_product_attention",
+        "variable_length_memory_efficient_attention",
+        "flash_attn_qkvpacked",
+        "flash_attn_varlen_qkvpacked",
+    }
+)
 
 #: Full names. Ops whose only output is a value fixed at trace time: the graph folds them into
 #: their consumers' ``consts``.

@@ -137,21 +137,26 @@ def _structure_key(view: nx.DiGraph, layer: str) -> tuple:
     for node in view:
         data = view.nodes[node]
         data["label"] = f"{data['op']}{data['shape']}"
-    suffixes = tuple(sorted(str(d["param"])[len(layer):] for _, d in view.nodes(data=True) if d["param"]))
+    suffixes = tuple(sorted(str(d["param"])[len(layer) :] for _, d in view.nodes(data=True) if d["param"]))
     return nx.weisfeiler_lehman_graph_hash(view, node_attr="label", iterations=3), suffixes
 
 
 def _moved(first: RecognisedBlock, layer: str, nodes: frozenset[int], params) -> RecognisedBlock | None:
     """``first``'s result for the structurally equal block ``layer`` (None if a name fails to move)."""
+
     def move(fqn: str) -> str:
-        return layer + fqn[len(first.layer):] if fqn.startswith(first.layer + ".") else fqn
+        return layer + fqn[len(first.layer) :] if fqn.startswith(first.layer + ".") else fqn
 
     def move_projection(p: Projection) -> Projection:
         return replace(p, layer=move(p.layer), weight=move(p.weight), bias=None if p.bias is None else move(p.bias))
 
-    subs = [replace(s, columns=tuple(move_projection(c) for c in s.columns), row=move_projection(s.row))
-            for s in first.roles.sublayers]
-    if any(p.weight not in params or (p.bias is not None and p.bias not in params) for s in subs for p in s.projections):
+    subs = [
+        replace(s, columns=tuple(move_projection(c) for c in s.columns), row=move_projection(s.row))
+        for s in first.roles.sublayers
+    ]
+    if any(
+        p.weight not in params or (p.bias is not None and p.bias not in params) for s in subs for p in s.projections
+    ):
         return None
     refusals = [replace(r, row=move(r.row), layer=move(r.layer)) for r in first.roles.refusals]
     return RecognisedBlock(layer, nodes, BlockRoles(subs, refusals))
@@ -167,8 +172,13 @@ class _Linear:
     bias: str | None
 
 
-def recognise_block(graph: nx.DiGraph, nodes: frozenset[int], params: dict[str, tuple[list[int], str]],
-                    constants: frozenset[int], view: nx.DiGraph | None = None) -> BlockRoles:
+def recognise_block(
+    graph: nx.DiGraph,
+    nodes: frozenset[int],
+    params: dict[str, tuple[list[int], str]],
+    constants: frozenset[int],
+    view: nx.DiGraph | None = None,
+) -> BlockRoles:
     """The sub-layers of one block (module docstring)."""
     view = compute_view(graph, nodes, constants) if view is None else view
     linears = _linears(graph, view, params)
@@ -192,21 +202,24 @@ def recognise_block(graph: nx.DiGraph, nodes: frozenset[int], params: dict[str, 
         unhookable = [c for c in columns if _owner(c.fqn) in fused and not _hookable(graph, c)]
         if unhookable:
             # a fused projection's output must be gathered by a post-hook on its own layer
-            result.refusals.append(Refusal(_owner(row.fqn), "fused projection inside a larger layer",
-                                           _owner(unhookable[0].fqn)))
+            result.refusals.append(
+                Refusal(_owner(row.fqn), "fused projection inside a larger layer", _owner(unhookable[0].fqn))
+            )
             continue
         trial = {**placed, **_dists(params, columns, row)}
         problems = _implicit(graph, nodes, trial, mesh, constants, gathered | fused)
         result.replays += 1
         if set(problems) - set(baseline):
-            extra, problems = _try_gathers(graph, nodes, trial, mesh, constants, gathered | fused, columns, baseline,
-                                           problems, result)
+            extra, problems = _try_gathers(
+                graph, nodes, trial, mesh, constants, gathered | fused, columns, baseline, problems, result
+            )
             sub = _mark_fused(sub, extra)
             fused |= extra
         if set(problems) - set(baseline):
             first = min(set(problems) - set(baseline))
-            result.refusals.append(Refusal(_owner(row.fqn), short_op(graph.nodes[first[0]]["op"]),
-                                           graph.nodes[first[0]]["layer"]))
+            result.refusals.append(
+                Refusal(_owner(row.fqn), short_op(graph.nodes[first[0]]["op"]), graph.nodes[first[0]]["layer"])
+            )
             continue
         placed, baseline = trial, problems
         gathered |= fused
@@ -227,16 +240,18 @@ def _linears(graph: nx.DiGraph, view: nx.DiGraph, params) -> list[_Linear]:
     for node in sorted(view):
         if view.nodes[node]["op"] not in PROJECTION_OPS:
             continue
-        weights = [p for p in view.predecessors(node) if view.nodes[p]["op"] == PARAM and view.nodes[p]["param"]
-                   and len(params[view.nodes[p]["param"]][0]) == 2]
+        weights = [
+            p
+            for p in view.predecessors(node)
+            if view.nodes[p]["op"] == PARAM and view.nodes[p]["param"] and len(params[view.nodes[p]["param"]][0]) == 2
+        ]
         if len(weights) != 1:
             continue
         weight = weights[0]
         operand, transposed = weight_use(graph, weight, node)
         if short_op(graph.nodes[node]["op"]) == "addmm":
             operand = 1 if operand == 2 else 0
-        found.append(_Linear(node, weight, view.nodes[weight]["param"], operand, transposed,
-                             _bias(graph, view, node)))
+        found.append(_Linear(node, weight, view.nodes[weight]["param"], operand, transposed, _bias(graph, view, node)))
     return found
 
 
@@ -244,8 +259,11 @@ def weight_use(graph: nx.DiGraph, weight: int, matmul: int) -> tuple[int, bool]:
     """``(operand, transposed)``: which matmul operand the weight feeds and whether it arrives
     transposed (``transpose_x/y`` and 2-D ``transpose`` ops on the way combined)."""
     path = nx.shortest_path(graph, weight, matmul)
-    flips = sum(1 for n in path[1:-1] if short_op(graph.nodes[n]["op"]) == "transpose"
-                and graph.nodes[n]["attrs"].get("perm") == [1, 0])
+    flips = sum(
+        1
+        for n in path[1:-1]
+        if short_op(graph.nodes[n]["op"]) == "transpose" and graph.nodes[n]["attrs"].get("perm") == [1, 0]
+    )
     operand = graph.edges[path[-2], matmul]["operand"]
     attrs = graph.nodes[matmul]["attrs"]
     if short_op(graph.nodes[matmul]["op"]) == "matmul":  # addmm has no transpose flags
@@ -305,6 +323,7 @@ def token_mixing_projection(graph: nx.DiGraph, nodes: frozenset[int], weights: l
     """The first of ``weights`` whose projection runs over another axis than the block's tokens
     (an MLP-Mixer's token-mixing MLP: its input rows are not the block input's rows), or None.
     Sequence parallelism splits the tokens between blocks, which such a projection contracts."""
+
     def rows(shape) -> int | None:
         if not shape or any(d <= 0 for d in shape):
             return None
@@ -330,7 +349,9 @@ def token_mixing_projection(graph: nx.DiGraph, nodes: frozenset[int], weights: l
 def _bias(graph: nx.DiGraph, view: nx.DiGraph, node: int) -> str | None:
     """The 1-D parameter added to the projection's output (``addmm``'s input, or an ``add``)."""
     if view.nodes[node]["op"] == "addmm":
-        params = [p for p in view.predecessors(node) if view.nodes[p]["op"] == PARAM and 0 in view.edges[p, node]["operands"]]
+        params = [
+            p for p in view.predecessors(node) if view.nodes[p]["op"] == PARAM and 0 in view.edges[p, node]["operands"]
+        ]
         return view.nodes[params[0]]["param"] if params else None
     for succ in view.successors(node):
         if view.nodes[succ]["op"] != "add":
@@ -386,8 +407,9 @@ def _implicit(graph, nodes, weights, mesh, constants, gathered) -> list[tuple[in
     replay = Replay(graph, nodes, weights, mesh, constants, frozenset(gathered))
     problems = {(r.node, r.operand) for r in replay.run() if r.collective is not None and not is_planned(graph, r)}
     for (node, result), dist in replay.values.items():
-        if isinstance(dist, list) or not any(v not in nodes and graph.edges[node, v]["result"] == result
-                                             for v in graph.successors(node)):
+        if isinstance(dist, list) or not any(
+            v not in nodes and graph.edges[node, v]["result"] == result for v in graph.successors(node)
+        ):
             continue
         if any(d == 0 for d in dist.dims) or (dist.partial and not _from_projection(graph, dist)):
             problems.add((node, -1))
@@ -451,17 +473,24 @@ def _sublayer(graph, view, nodes, columns: list[_Linear], row: _Linear, params) 
     if (softmax and scores) or fused_ops:
         return _attention(graph, view, columns, row, out_features, scores, fused_ops)
     names = _mlp_names(graph, view, nodes, columns, region)
-    projections = tuple(_projection(c, "column", names[c.node], 2 if names[c.node] == "gate_up" else 1)
-                        for c in columns)
+    projections = tuple(
+        _projection(c, "column", names[c.node], 2 if names[c.node] == "gate_up" else 1) for c in columns
+    )
     gated = set(names.values()) in ({"gate", "up"}, {"gate_up"})
     first = out_features[columns[0].node]
-    return SubLayer("mlp", projections, _projection(row, "row", "down" if gated else "fc_out", 1),
-                    intermediate_size=first // 2 if names[columns[0].node] == "gate_up" else first)
+    return SubLayer(
+        "mlp",
+        projections,
+        _projection(row, "row", "down" if gated else "fc_out", 1),
+        intermediate_size=first // 2 if names[columns[0].node] == "gate_up" else first,
+    )
 
 
 def _mark_fused(sub: SubLayer, layers: set[str]) -> SubLayer:
     """Columns the replay showed are cut into segments (gathered) count as fused, two at least."""
-    return replace(sub, columns=tuple(replace(c, fused=max(c.fused, 2)) if c.layer in layers else c for c in sub.columns))
+    return replace(
+        sub, columns=tuple(replace(c, fused=max(c.fused, 2)) if c.layer in layers else c for c in sub.columns)
+    )
 
 
 def _has_param(view: nx.DiGraph, node: int) -> bool:
@@ -470,8 +499,10 @@ def _has_param(view: nx.DiGraph, node: int) -> bool:
 
 def _reaches(view: nx.DiGraph, source: int, target: int, operand: int) -> bool:
     """``source``'s value reaches operand ``operand`` of ``target``."""
-    return any(operand in view.edges[p, target]["operands"] and (p == source or nx.has_path(view, source, p))
-               for p in view.predecessors(target))
+    return any(
+        operand in view.edges[p, target]["operands"] and (p == source or nx.has_path(view, source, p))
+        for p in view.predecessors(target)
+    )
 
 
 def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> SubLayer:
@@ -479,16 +510,23 @@ def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> Su
         core = fused_ops[0]
         q_shape = graph.nodes[_operand(graph, core, 0)]["shapes"][0]
         num_heads, head_dim = q_shape[-2], q_shape[-1]
-        roles = {c.node: "".join(n for n, o in (("q", 0), ("k", 1), ("v", 2)) if _reaches(view, c.node, core, o))
-                 for c in columns}
+        roles = {
+            c.node: "".join(n for n, o in (("q", 0), ("k", 1), ("v", 2)) if _reaches(view, c.node, core, o))
+            for c in columns
+        }
     else:
         core = scores[0]
         q_shape = graph.nodes[_operand(graph, core, 0)]["shapes"][0]
         num_heads, head_dim = graph.nodes[core]["shapes"][0][-3], q_shape[-1]
         context = next((n for n in scores[1:] if nx.has_path(view, core, n)), None)
-        roles = {c.node: "".join(n for n, target, o in (("q", core, 0), ("k", core, 1), ("v", context, 1))
-                                 if target is not None and _reaches(view, c.node, target, o))
-                 for c in columns}
+        roles = {
+            c.node: "".join(
+                n
+                for n, target, o in (("q", core, 0), ("k", core, 1), ("v", context, 1))
+                if target is not None and _reaches(view, c.node, target, o)
+            )
+            for c in columns
+        }
     kv_heads = num_heads
     for c in columns:
         name = roles[c.node]
@@ -516,10 +554,14 @@ def _mlp_names(graph, view, nodes, columns, region) -> dict[int, str]:
         return {column.node: "gate_up" if cut and both else "fc_in"}
     if len(columns) == 2:
         a, b = columns
-        a_direct = any(view.nodes[s]["op"] == "multiply" and nx.has_path(view, b.node, s) for s in view.successors(a.node))
+        a_direct = any(
+            view.nodes[s]["op"] == "multiply" and nx.has_path(view, b.node, s) for s in view.successors(a.node)
+        )
         return {a.node: "up", b.node: "gate"} if a_direct else {a.node: "gate", b.node: "up"}
     return {c.node: f"in{i}" for i, c in enumerate(columns)}
 
 
 def _projection(lin: _Linear, role: Literal["column", "row"], name: str, fused: int) -> Projection:
-    return Projection(_owner(lin.fqn), lin.fqn, lin.bias, role, split_dim(role, lin.operand, lin.transposed), fused, name)
+    return Projection(
+        _owner(lin.fqn), lin.fqn, lin.bias, role, split_dim(role, lin.operand, lin.transposed), fused, name
+    )

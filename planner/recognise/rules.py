@@ -29,8 +29,13 @@ if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import BlockInfo, ModelAnalysis
 
 #: dist.parallelize's words, and its class names for them.
-WORDS = {"colwise": "colwise", "ColWiseParallel": "colwise", "rowwise": "rowwise", "RowWiseParallel": "rowwise",
-         "replicate": "replicate"}
+WORDS = {
+    "colwise": "colwise",
+    "ColWiseParallel": "colwise",
+    "rowwise": "rowwise",
+    "RowWiseParallel": "rowwise",
+    "replicate": "replicate",
+}
 _ROLE = {"colwise": "column", "rowwise": "row", "replicate": "replicate"}
 
 
@@ -75,14 +80,21 @@ def apply_rules(analysis: ModelAnalysis, rules: dict[str, str], mp: int = 2) -> 
     layers = sorted({fqn.rpartition(".")[0] for fqn, (shape, _) in analysis.params.items() if len(shape) == 2})
     for glob in rules:
         if not any(fnmatch.fnmatchcase(layer, glob) for layer in layers):
-            raise PlannerError(f"rule {glob!r}: matches no layer with a 2-D weight (e.g. {layers[0] if layers else 'none'})")
+            raise PlannerError(
+                f"rule {glob!r}: matches no layer with a 2-D weight (e.g. {layers[0] if layers else 'none'})"
+            )
     original = {b.layer for b in analysis.blocks}
     blocks = _blocks_for(analysis)
-    outside = [lay for lay in layers if any(fnmatch.fnmatchcase(lay, g) for g in rules)
-               and not any(lay.startswith(b.layer + ".") for b in blocks)]
+    outside = [
+        lay
+        for lay in layers
+        if any(fnmatch.fnmatchcase(lay, g) for g in rules) and not any(lay.startswith(b.layer + ".") for b in blocks)
+    ]
     if outside:
-        raise PlannerError(f"rule for {outside[0]}: the layer is outside the repeated blocks; rules place projections "
-                           "inside blocks (the embedding and LM head are placed by the planner)")
+        raise PlannerError(
+            f"rule for {outside[0]}: the layer is outside the repeated blocks; rules place projections "
+            "inside blocks (the embedding and LM head are placed by the planner)"
+        )
     for block in blocks:
         changed = False
         for layer in [lay for lay in layers if lay.startswith(block.layer + ".")]:
@@ -98,8 +110,17 @@ def apply_rules(analysis: ModelAnalysis, rules: dict[str, str], mp: int = 2) -> 
             old = next((lin for lin in block.linears if lin.weight == weight), None)
             block.linears = [lin for lin in block.linears if lin.weight != weight]
             if role != "replicate":
-                block.linears.append(LinearUse(layer, weight, bias, role, split_dim(role, operand, transposed),
-                                               old.fused if old and old.role == role else 1, old.name if old else layer))
+                block.linears.append(
+                    LinearUse(
+                        layer,
+                        weight,
+                        bias,
+                        role,
+                        split_dim(role, operand, transposed),
+                        old.fused if old and old.role == role else 1,
+                        old.name if old else layer,
+                    )
+                )
             changed = True
         if changed:
             block.linears.sort(key=lambda lin: uses[lin.weight][1])
@@ -109,7 +130,8 @@ def apply_rules(analysis: ModelAnalysis, rules: dict[str, str], mp: int = 2) -> 
                 raise PlannerError(
                     f"the rules for {block.layer} are refused: {graph.nodes[r.node]['op']} in {graph.nodes[r.node]['layer']} "
                     f"would need a {r.collective} of operand {r.operand} ({r.before.placement()} -> {r.after.placement()}) "
-                    "that Paddle adds on its own; split the projections that feed it and the one that contracts it together")
+                    "that Paddle adds on its own; split the projections that feed it and the one that contracts it together"
+                )
     analysis.blocks = [b for b in blocks if b.layer in original or b.linears]
     covered = {lin.layer for b in analysis.blocks for lin in b.linears}
     analysis.unmatched = [layer for layer in analysis.unmatched if layer not in covered]

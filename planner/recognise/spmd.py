@@ -134,22 +134,39 @@ _RULE_ARGS: dict[str, tuple[str, Callable[[dict], list]]] = {
     "transpose": ("transpose", lambda d: [list(d["attrs"]["perm"])]),
     "unsqueeze": ("unsqueeze", lambda d: [[int(a) for a in d["consts"].get(1, [])]]),
     "squeeze": ("squeeze", lambda d: [[int(a) for a in d["consts"].get(1, [])]]),
-    "slice": ("slice", lambda d: [list(d["attrs"]["axes"]), [int(v) for v in d["consts"][1]],
-                                   [int(v) for v in d["consts"][2]], list(d["attrs"].get("infer_flags", [])),
-                                   list(d["attrs"].get("decrease_axis", []))]),
+    "slice": (
+        "slice",
+        lambda d: [
+            list(d["attrs"]["axes"]),
+            [int(v) for v in d["consts"][1]],
+            [int(v) for v in d["consts"][2]],
+            list(d["attrs"].get("infer_flags", [])),
+            list(d["attrs"].get("decrease_axis", [])),
+        ],
+    ),
     "split_with_num": ("split_with_num", lambda d: [int(d["attrs"]["num"]), _int(d["consts"][1])]),
     "split": ("split", lambda d: [[int(v) for v in d["consts"][1]], _int(d["consts"][2])]),
     "unbind": ("unbind", lambda d: [int(d["attrs"]["axis"])]),
     "softmax": ("softmax", lambda d: [int(d["attrs"]["axis"])]),
     "layer_norm": ("layer_norm", lambda d: [float(d["attrs"]["epsilon"]), int(d["attrs"]["begin_norm_axis"])]),
-    "embedding": ("embedding", lambda d: [int(d["attrs"].get("padding_idx", -1)), bool(d["attrs"].get("sparse", False))]),
+    "embedding": (
+        "embedding",
+        lambda d: [int(d["attrs"].get("padding_idx", -1)), bool(d["attrs"].get("sparse", False))],
+    ),
     "pow": ("pow", lambda d: [float(d["attrs"].get("y", 2.0))]),
     "concat": ("concat", lambda d: [_int(d["consts"][1])]),
     "swiglu": ("swiglu", lambda d: []),
     "gather_nd": ("gather_nd", lambda d: []),
     "where": ("where", lambda d: []),
-    "strided_slice": ("strided_slice", lambda d: [list(d["attrs"]["axes"]), [int(v) for v in d["consts"][1]],
-                                                   [int(v) for v in d["consts"][2]], [int(v) for v in d["consts"][3]]]),
+    "strided_slice": (
+        "strided_slice",
+        lambda d: [
+            list(d["attrs"]["axes"]),
+            [int(v) for v in d["consts"][1]],
+            [int(v) for v in d["consts"][2]],
+            [int(v) for v in d["consts"][3]],
+        ],
+    ),
     "stack": ("stack", lambda d: [int(d["attrs"]["axis"])]),
     "flatten": ("flatten", lambda d: [int(d["attrs"]["start_axis"]), int(d["attrs"]["stop_axis"])]),
     "triu": ("triu", lambda d: [int(d["attrs"].get("diagonal", 0))]),
@@ -162,14 +179,24 @@ _RULE_ARGS: dict[str, tuple[str, Callable[[dict], list]]] = {
 class Replay:
     """One block's forward, op by op, with each value's :class:`Dist`."""
 
-    def __init__(self, graph: nx.DiGraph, nodes: frozenset[int], weights: dict[str, Dist], mesh, constants,
-                 gathered_layers: frozenset[str] = frozenset()):
+    def __init__(
+        self,
+        graph: nx.DiGraph,
+        nodes: frozenset[int],
+        weights: dict[str, Dist],
+        mesh,
+        constants,
+        gathered_layers: frozenset[str] = frozenset(),
+    ):
         self.graph, self.nodes, self.weights, self.mesh, self.constants = graph, nodes, weights, mesh, constants
         self.values: dict[tuple[int, int], Dist | list[Dist]] = {}
         self.reshards: list[Reshard] = []
         # a post-hook resharding a layer's output to Replicate acts after the layer's last op
-        self.gathered_outputs = {max(n for n in nodes if graph.nodes[n]["layer"] == layer)
-                                 for layer in gathered_layers if any(graph.nodes[n]["layer"] == layer for n in nodes)}
+        self.gathered_outputs = {
+            max(n for n in nodes if graph.nodes[n]["layer"] == layer)
+            for layer in gathered_layers
+            if any(graph.nodes[n]["layer"] == layer for n in nodes)
+        }
 
     def run(self) -> list[Reshard]:
         for node in sorted(self.nodes):
@@ -189,8 +216,10 @@ class Replay:
         return Dist.replicated(shape)  # a value from outside the block arrives whole
 
     def operands(self, node: int) -> list[tuple[int, Dist | list[Dist]]]:
-        return sorted((self.graph.edges[p, node]["operand"], self.value(p, self.graph.edges[p, node]["result"]))
-                      for p in self.graph.predecessors(node))
+        return sorted(
+            (self.graph.edges[p, node]["operand"], self.value(p, self.graph.edges[p, node]["result"]))
+            for p in self.graph.predecessors(node)
+        )
 
     def _step(self, node: int) -> None:
         data = self.graph.nodes[node]
@@ -304,7 +333,7 @@ class Replay:
         product = _from_attr(outputs[0], self.graph.nodes[node]["shapes"][0], node)
         if 0 in tensors:
             bias = tensors[0]
-            wanted = Dist(bias.shape, product.dims[len(product.dims) - len(bias.dims):])
+            wanted = Dist(bias.shape, product.dims[len(product.dims) - len(bias.dims) :])
             self._need(node, 0, bias, wanted if not product.partial else Dist.replicated(bias.shape))
         self._set(node, [product])
 
@@ -338,7 +367,11 @@ class Replay:
             if isinstance(dist, list):
                 self._unknown(node, operands)
                 return
-            wanted = Dist(dist.shape, layout) if operand < 3 and len(dist.dims) == len(layout) else Dist.replicated(dist.shape)
+            wanted = (
+                Dist(dist.shape, layout)
+                if operand < 3 and len(dist.dims) == len(layout)
+                else Dist.replicated(dist.shape)
+            )
             self._need(node, operand, dist, wanted)
         shapes = self.graph.nodes[node]["shapes"]
         self._set(node, [Dist(tuple(shapes[0]), layout)] + [Dist.replicated(s or []) for s in shapes[1:]])
@@ -351,8 +384,9 @@ class Replay:
         self._set(node, [Dist.replicated(s or []) for s in self.graph.nodes[node]["shapes"]])
 
 
-def block_reshards(analysis: ModelAnalysis, block: BlockInfo, mp: int,
-                   gathered_layers: frozenset[str] = frozenset()) -> list[Reshard]:
+def block_reshards(
+    analysis: ModelAnalysis, block: BlockInfo, mp: int, gathered_layers: frozenset[str] = frozenset()
+) -> list[Reshard]:
     """Every reshard Paddle's rules ask for in ``block`` with its weights placed by role, the
     outputs of ``gathered_layers`` resharded to Replicate by post-hooks."""
     mesh = paddle.distributed.ProcessMesh(list(range(mp)), dim_names=["mp"])
@@ -367,8 +401,12 @@ def _signature(graph: nx.DiGraph, block: BlockInfo, gathered_layers: frozenset[s
     order = sorted(block.nodes)
     position = {n: i for i, n in enumerate(order)}
     return tuple(
-        (graph.nodes[n]["op"], str(graph.nodes[n]["shapes"]), graph.nodes[n]["layer"] in gathered_layers,
-         tuple(sorted((position.get(p, -1), graph.edges[p, n]["operand"]) for p in graph.predecessors(n))))
+        (
+            graph.nodes[n]["op"],
+            str(graph.nodes[n]["shapes"]),
+            graph.nodes[n]["layer"] in gathered_layers,
+            tuple(sorted((position.get(p, -1), graph.edges[p, n]["operand"]) for p in graph.predecessors(n))),
+        )
         for n in order
     ) + tuple((lin.name, lin.role, lin.split_dim) for lin in block.linears)
 
@@ -384,10 +422,20 @@ def _all_block_reshards(analysis: ModelAnalysis, mp: int, gathered: frozenset[st
             replayed[key] = (order, block_reshards(analysis, block, mp, gathered))
         first_order, reshards = replayed[key]
         moved = dict(zip(first_order, order))
-        yield block, [replace(r, node=moved[r.node],
-                              before=replace(r.before, partial_source=None if r.before.partial_source is None
-                                             else moved.get(r.before.partial_source)))
-                      for r in reshards]
+        yield (
+            block,
+            [
+                replace(
+                    r,
+                    node=moved[r.node],
+                    before=replace(
+                        r.before,
+                        partial_source=None if r.before.partial_source is None else moved.get(r.before.partial_source),
+                    ),
+                )
+                for r in reshards
+            ],
+        )
 
 
 def is_planned(graph: nx.DiGraph, r: Reshard) -> bool:
@@ -407,8 +455,9 @@ def _comm_bytes(dist: Dist, mp: int, itemsize: int) -> int:
     return 2 * per_pass
 
 
-def implicit_comm(analysis: ModelAnalysis, mp: int, dtype_bytes: int | None = None,
-                  hooks: Sequence[schemas.Hook] = ()) -> list[schemas.ImplicitComm]:
+def implicit_comm(
+    analysis: ModelAnalysis, mp: int, dtype_bytes: int | None = None, hooks: Sequence[schemas.Hook] = ()
+) -> list[schemas.ImplicitComm]:
     """Every place the blocks' placements make Paddle communicate on its own at tensor-parallel
     degree ``mp``, with bytes per rank per training step for the traced input shape (scale by
     tokens per micro-batch / traced tokens). ``dtype_bytes`` overrides the traced dtype's size
@@ -431,15 +480,22 @@ def implicit_comm(analysis: ModelAnalysis, mp: int, dtype_bytes: int | None = No
                 continue
             node = graph.nodes[r.node]
             op = short_op(node["op"])
-            producer = graph.nodes[next(p for p in graph.predecessors(r.node)
-                                        if graph.edges[p, r.node]["operand"] == r.operand)]
+            producer = graph.nodes[
+                next(p for p in graph.predecessors(r.node) if graph.edges[p, r.node]["operand"] == r.operand)
+            ]
             itemsize = dtype_bytes or _DTYPE_BYTES.get((producer["dtypes"] or [None])[0], 4)
-            found.append(schemas.ImplicitComm(
-                layer=node["layer"], op=op, collective=r.collective,
-                bytes_per_step=_comm_bytes(r.before, mp, itemsize),
-                reason=(f"{op} needs its operand {r.operand} (from {producer['layer']}, {list(r.before.shape)}) "
-                        f"{r.after.placement()} over mp, the placements make it {r.before.placement()}"),
-            ))
+            found.append(
+                schemas.ImplicitComm(
+                    layer=node["layer"],
+                    op=op,
+                    collective=r.collective,
+                    bytes_per_step=_comm_bytes(r.before, mp, itemsize),
+                    reason=(
+                        f"{op} needs its operand {r.operand} (from {producer['layer']}, {list(r.before.shape)}) "
+                        f"{r.after.placement()} over mp, the placements make it {r.before.placement()}"
+                    ),
+                )
+            )
     return found
 
 
@@ -460,8 +516,14 @@ def reshard_hooks(analysis: ModelAnalysis, mp: int, mesh_axes: Sequence[str] = (
     fill = {"pp": "R", "dp": "S(0)", "mp": "R"}
     placements = [fill[d] for d in mesh_axes]
     return [
-        schemas.Reshard(layer=lin.layer, when="post", placements=placements,
-                        reason=f"column-split fused {lin.name} ({lin.fused} segments): gather its output over mp "
-                               "so the segment split and the backward see whole tensors")
-        for block in analysis.blocks for lin in block.linears if lin.role == "column" and lin.fused > 1
+        schemas.Reshard(
+            layer=lin.layer,
+            when="post",
+            placements=placements,
+            reason=f"column-split fused {lin.name} ({lin.fused} segments): gather its output over mp "
+            "so the segment split and the backward see whole tensors",
+        )
+        for block in analysis.blocks
+        for lin in block.linears
+        if lin.role == "column" and lin.fused > 1
     ]

@@ -43,7 +43,9 @@ def check_plan_for_target(plan: Plan, target: str, trace: bool = True, progress:
     table = parameter_table(loaded.model.named_parameters())
     reasons = parameter_reasons(plan, table)
     if parameter_fingerprint(table) != plan.model.param_fingerprint and not reasons:
-        reasons.append("the parameter fingerprint differs from the plan's (the plan was edited or made by another version)")
+        reasons.append(
+            "the parameter fingerprint differs from the plan's (the plan was edited or made by another version)"
+        )
     reasons += structure_problems(loaded.model, plan)  # what apply_plan refuses for this model, the same way
     if trace:
         reasons += graph_reasons(plan, loaded, progress)
@@ -57,15 +59,30 @@ def parameter_reasons(plan: Plan, table: dict[str, tuple[list[int], str]]) -> li
     diff = parameter_diff(planned, table, tied={t for p in plan.params.values() for t in p.tied_to})
     universe = set(planned) | set(table)
     changed = {fqn for fqn, _, _ in diff.resized} | {fqn for fqn, _, _ in diff.retyped}
-    reasons = _rows(f"{len(diff.removed)} planned parameter(s) no longer in the model",
-                    dict.fromkeys(diff.removed, 0), lambda v: "", universe)
-    reasons += _rows(f"{len(diff.added)} parameter(s) of the model not in the plan",
-                     dict.fromkeys(diff.added, 0), lambda v: "", universe)
-    reasons += _rows(f"{len(diff.renamed)} planned parameter(s) renamed? (same shape and dtype)",
-                     dict(diff.renamed), lambda v: f" -> {v}", universe)
-    reasons += _rows(f"{len(changed)} parameter(s) changed shape or dtype",
-                     {fqn: (_describe(planned[fqn]), _describe(table[fqn])) for fqn in changed},
-                     lambda v: f": plan {v[0]}, model {v[1]}", universe)
+    reasons = _rows(
+        f"{len(diff.removed)} planned parameter(s) no longer in the model",
+        dict.fromkeys(diff.removed, 0),
+        lambda v: "",
+        universe,
+    )
+    reasons += _rows(
+        f"{len(diff.added)} parameter(s) of the model not in the plan",
+        dict.fromkeys(diff.added, 0),
+        lambda v: "",
+        universe,
+    )
+    reasons += _rows(
+        f"{len(diff.renamed)} planned parameter(s) renamed? (same shape and dtype)",
+        dict(diff.renamed),
+        lambda v: f" -> {v}",
+        universe,
+    )
+    reasons += _rows(
+        f"{len(changed)} parameter(s) changed shape or dtype",
+        {fqn: (_describe(planned[fqn]), _describe(table[fqn])) for fqn in changed},
+        lambda v: f": plan {v[0]}, model {v[1]}",
+        universe,
+    )
     return reasons
 
 

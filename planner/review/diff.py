@@ -87,7 +87,9 @@ def _cluster(old: Plan, new: Plan) -> Lines:
     elif a.device != b.device:
         lines.append(f"cluster: device profile {a.device.name} figures changed")
     if a.device.memory_bytes != b.device.memory_bytes:
-        lines.append(f"cluster: device memory {human_bytes(a.device.memory_bytes)} → {human_bytes(b.device.memory_bytes)}")
+        lines.append(
+            f"cluster: device memory {human_bytes(a.device.memory_bytes)} → {human_bytes(b.device.memory_bytes)}"
+        )
     return lines
 
 
@@ -173,16 +175,20 @@ def _hooks(old: Plan, new: Plan) -> Lines:
             words = f"{when} {action}" + (f" -> {' '.join(placements)}" if placements else "")
             words += f" -> stage {to_stage}" if action == "stage_handoff" else ""
             sites = {k[0]: 0 for k in keys if k[1:] == kind}
-            rows += [(natural_key(row.members[0]), when != "pre", f"  {row.pattern}  {words}")
-                     for row in collapse(sites, universe=layers)]
+            rows += [
+                (natural_key(row.members[0]), when != "pre", f"  {row.pattern}  {words}")
+                for row in collapse(sites, universe=layers)
+            ]
         lines += [line for *_, line in sorted(rows)]
     return lines
 
 
 def _recompute(old: Plan, new: Plan) -> Lines:
     lines: Lines = []
-    for title, layers in (("now recomputed", set(new.recompute) - set(old.recompute)),
-                          ("no longer recomputed", set(old.recompute) - set(new.recompute))):
+    for title, layers in (
+        ("now recomputed", set(new.recompute) - set(old.recompute)),
+        ("no longer recomputed", set(old.recompute) - set(new.recompute)),
+    ):
         if layers:
             lines.append(f"{len(layers)} layer{'s' if len(layers) != 1 else ''} {title}:")
             lines += [f"  {row.pattern}" for row in collapse(dict.fromkeys(sorted(layers, key=natural_key), 0))]
@@ -191,7 +197,9 @@ def _recompute(old: Plan, new: Plan) -> Lines:
 
 def _data(old: Plan, new: Plan) -> Lines:
     axes = lambda d: ", ".join(d.shard_axes) or "nothing"  # noqa: E731
-    lines = [f"data: split over {axes(old.data)} → {axes(new.data)}"] if old.data.shard_axes != new.data.shard_axes else []
+    lines = (
+        [f"data: split over {axes(old.data)} → {axes(new.data)}"] if old.data.shard_axes != new.data.shard_axes else []
+    )
     return lines + _changes("data", old.data, new.data, ["input_stage", "label_stage"])
 
 

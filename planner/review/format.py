@@ -37,6 +37,7 @@ def clip(text: str, width: int = MAX_NAME_WIDTH) -> str:
     """
     return text if len(text) <= width else text[: width - 1] + "…"
 
+
 # -- collapsing FQNs into patterns -------------------------------------------------------------------
 
 
@@ -68,9 +69,7 @@ class Collapsed:
     members: tuple[str, ...]
 
 
-def collapse(
-    values: Mapping[str, Hashable], explicit: bool = False, universe: Iterable[str] = ()
-) -> list[Collapsed]:
+def collapse(values: Mapping[str, Hashable], explicit: bool = False, universe: Iterable[str] = ()) -> list[Collapsed]:
     """Group FQNs that differ only in layer indices and share a value, in natural order.
 
     Exact by construction: a pattern is only used when the FQNs it names are precisely the
@@ -174,7 +173,12 @@ def strategy_text(strategy: Strategy, form: Literal["long", "short"] = "long") -
     'dp4 mp1 pp1 m1 ep2'
 
     """
-    sp, zero, m, v = strategy.sequence_parallel, strategy.sharding_stage, strategy.micro_batches, strategy.virtual_stages
+    sp, zero, m, v = (
+        strategy.sequence_parallel,
+        strategy.sharding_stage,
+        strategy.micro_batches,
+        strategy.virtual_stages,
+    )
     axes = [f"dp{strategy.dp}", f"mp{strategy.mp}", f"pp{strategy.pp}"]
     words: list[tuple[str, str | None]] = [  # (long, short); the short form leaves out what is off
         (" · ".join(axes), " ".join(axes)),
@@ -183,8 +187,12 @@ def strategy_text(strategy: Strategy, form: Literal["long", "short"] = "long") -
         (f"{m} micro-batch{'es' if m != 1 else ''}", f"m{m}"),
     ]
     if strategy.schedule != "none":
-        words.append((f"schedule {strategy.schedule}" + (f" ({v} chunks per stage)" if v > 1 else ""),
-                      strategy.schedule + (f" v{v}" if v > 1 else "")))
+        words.append(
+            (
+                f"schedule {strategy.schedule}" + (f" ({v} chunks per stage)" if v > 1 else ""),
+                strategy.schedule + (f" v{v}" if v > 1 else ""),
+            )
+        )
     if strategy.recompute != "none":
         words.append((f"recompute {strategy.recompute}", f"recompute-{strategy.recompute}"))
     if strategy.ep > 1:
@@ -207,9 +215,7 @@ def mesh_grid(plan: Plan) -> list[list[list[int]]]:
     shape, ids = list(plan.mesh.shape), list(plan.mesh.process_ids)
     rows, cols = (shape[-2] if len(shape) >= 2 else 1), shape[-1]
     per_grid = rows * cols
-    return [
-        [ids[g + r * cols : g + (r + 1) * cols] for r in range(rows)] for g in range(0, len(ids), per_grid)
-    ]
+    return [[ids[g + r * cols : g + (r + 1) * cols] for r in range(rows)] for g in range(0, len(ids), per_grid)]
 
 
 def stage_summary(plan: Plan) -> list[dict[str, Any]]:
@@ -222,8 +228,14 @@ def stage_summary(plan: Plan) -> list[dict[str, Any]]:
         params = [fqn for fqn, p in plan.params.items() if p.stage == stage]
         numel = sum(_numel(plan.params[fqn].shape) for fqn in params)
         stages.append(
-            {"stage": stage, "blocks": block_ranges, "num_blocks": len(blocks), "block_kinds": kinds,
-             "num_params": len(params), "num_elements": numel}
+            {
+                "stage": stage,
+                "blocks": block_ranges,
+                "num_blocks": len(blocks),
+                "block_kinds": kinds,
+                "num_params": len(params),
+                "num_elements": numel,
+            }
         )
     return stages
 

@@ -115,8 +115,14 @@ def render_svg(plan: Plan) -> str:
     """The picture of ``plan`` as an SVG document."""
     svg = _Svg()
     y: float = MARGIN + 14
-    svg.text("title", MARGIN, y, f"{plan.model.class_name} on {len(plan.mesh.process_ids)} × {plan.cluster.device.name}",
-             size=16, font_weight="bold")
+    svg.text(
+        "title",
+        MARGIN,
+        y,
+        f"{plan.model.class_name} on {len(plan.mesh.process_ids)} × {plan.cluster.device.name}",
+        size=16,
+        font_weight="bold",
+    )
     y += 20
     svg.text("subtitle", MARGIN, y, f"{strategy_text(plan.strategy)}; mesh {mesh_text(plan)}", size=12)
     y = _mesh(svg, plan, y + 24)
@@ -145,11 +151,27 @@ def _mesh(svg: _Svg, plan: Plan, y: float) -> float:
         for r, row in enumerate(grid):
             for c, rank in enumerate(row):
                 cx, cy = gx + c * cell, y + 18 + r * cell
-                svg.rect("rank", cx, cy, cell - gap, cell - gap, color, title=f"rank {rank}", fill_opacity="0.85",
-                         data_rank=rank)
+                svg.rect(
+                    "rank",
+                    cx,
+                    cy,
+                    cell - gap,
+                    cell - gap,
+                    color,
+                    title=f"rank {rank}",
+                    fill_opacity="0.85",
+                    data_rank=rank,
+                )
                 if show_ids:
-                    svg.text("rank-id", cx + (cell - gap) / 2, cy + cell / 2 + 3, str(rank), size=11, anchor="middle",
-                             fill="white")
+                    svg.text(
+                        "rank-id",
+                        cx + (cell - gap) / 2,
+                        cy + cell / 2 + 3,
+                        str(rank),
+                        size=11,
+                        anchor="middle",
+                        fill="white",
+                    )
     col_dim = names[-1]
     row_dim = names[-2] if len(names) >= 2 else None
     svg.text("dim-label", x0, y + 18 + rows * cell + 14, f"→ {col_dim} ({plan.mesh.shape[-1]})", size=11)
@@ -166,27 +188,49 @@ def _stages(svg: _Svg, plan: Plan, y: float) -> float:
         color = STAGE_COLORS[s % len(STAGE_COLORS)]
         blocks = ", ".join(stage["blocks"]) or "no blocks"
         kinds = f" ({', '.join(stage['block_kinds'])})" if stage["block_kinds"] else ""
-        svg.rect("stage", MARGIN, y, WIDTH - 2 * MARGIN, 24, color, title=f"stage {s}", fill_opacity="0.2",
-                 stroke=color, data_stage=s)
-        svg.text("stage-label", MARGIN + 8, y + 16,
-                 f"stage {s}: {blocks}{kinds} — {stage['num_params']} tensors, {stage['num_blocks']} blocks", size=12)
+        svg.rect(
+            "stage",
+            MARGIN,
+            y,
+            WIDTH - 2 * MARGIN,
+            24,
+            color,
+            title=f"stage {s}",
+            fill_opacity="0.2",
+            stroke=color,
+            data_stage=s,
+        )
+        svg.text(
+            "stage-label",
+            MARGIN + 8,
+            y + 16,
+            f"stage {s}: {blocks}{kinds} — {stage['num_params']} tensors, {stage['num_blocks']} blocks",
+            size=12,
+        )
         y += 30
     return y
 
 
 def _memory(svg: _Svg, plan: Plan, y: float) -> float:
     device = plan.cluster.device.memory_bytes
-    svg.text("heading", MARGIN, y, f"estimated memory per rank (device: {human_bytes(device)})", size=14,
-             font_weight="bold")
+    svg.text(
+        "heading", MARGIN, y, f"estimated memory per rank (device: {human_bytes(device)})", size=14, font_weight="bold"
+    )
     y += 8
     legend_x = MARGIN
     for kind, color in MEMORY_KINDS:
         svg.rect("legend", legend_x, y + 4, 12, 12, color)
         svg.text("legend-label", legend_x + 16, y + 14, kind, size=11)
         legend_x += 110
-    svg.text("legend-note", MARGIN, y + 32,
-             "params, grads and optimizer scaled by each rank's share of the planned parameters; activations as "
-             "estimated for the most loaded rank; the outline is the device's memory", size=10, fill="#555")
+    svg.text(
+        "legend-note",
+        MARGIN,
+        y + 32,
+        "params, grads and optimizer scaled by each rank's share of the planned parameters; activations as "
+        "estimated for the most loaded rank; the outline is the device's memory",
+        size=10,
+        fill="#555",
+    )
     y += 44
     bar_width = WIDTH - 2 * MARGIN - LABEL_WIDTH - 70
     groups: dict[tuple, list[int]] = {}
@@ -199,14 +243,36 @@ def _memory(svg: _Svg, plan: Plan, y: float) -> float:
         svg.text("bar-label", MARGIN, y + 12, label, size=11)
         x = MARGIN + LABEL_WIDTH
         for (kind, color), value in zip(MEMORY_KINDS, key):
-            svg.rect("memory", x, y, value * scale, BAR_HEIGHT, color, title=f"{label}: {kind} {human_bytes(value)}",
-                     data_kind=kind, data_bytes=value)
+            svg.rect(
+                "memory",
+                x,
+                y,
+                value * scale,
+                BAR_HEIGHT,
+                color,
+                title=f"{label}: {kind} {human_bytes(value)}",
+                data_kind=kind,
+                data_bytes=value,
+            )
             x += value * scale
         total = sum(key)
-        svg.rect("device-memory", MARGIN + LABEL_WIDTH, y - 1, device * scale, BAR_HEIGHT + 2, "none",
-                 title=f"device memory {human_bytes(device)}", stroke="#d62728" if total > device else "#333",
-                 stroke_width="1")
-        svg.text("bar-total", MARGIN + LABEL_WIDTH + bar_width + 6, y + 12,
-                 f"{human_bytes(total)}{' (over!)' if total > device else ''}", size=11)
+        svg.rect(
+            "device-memory",
+            MARGIN + LABEL_WIDTH,
+            y - 1,
+            device * scale,
+            BAR_HEIGHT + 2,
+            "none",
+            title=f"device memory {human_bytes(device)}",
+            stroke="#d62728" if total > device else "#333",
+            stroke_width="1",
+        )
+        svg.text(
+            "bar-total",
+            MARGIN + LABEL_WIDTH + bar_width + 6,
+            y + 12,
+            f"{human_bytes(total)}{' (over!)' if total > device else ''}",
+            size=11,
+        )
         y += BAR_HEIGHT + 8
     return y

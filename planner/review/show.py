@@ -103,8 +103,14 @@ def show_data(plan: Plan, top: int = TOP_ALTERNATIVES) -> dict[str, Any]:
             for row in placement_rows(plan)
         ],
         "hooks": [
-            {"pattern": row.pattern, "when": row.value[0], "action": row.value[1], "placements": list(row.value[2]),
-             "to_stage": row.value[3], "count": len(row.members)}
+            {
+                "pattern": row.pattern,
+                "when": row.value[0],
+                "action": row.value[1],
+                "placements": list(row.value[2]),
+                "to_stage": row.value[3],
+                "count": len(row.members),
+            }
             for row in hook_rows(plan)
         ],
         "recompute": [row.pattern for row in collapse(dict.fromkeys(plan.recompute, 0))],
@@ -127,8 +133,11 @@ def hook_rows(plan: Plan) -> list[Collapsed]:
     Collapsed per kind of hook, because one layer may carry a pre and a post hook."""
     rows: list[Collapsed] = []
     for kind in sorted({(h.when, h.action) for h in plan.hooks}):
-        sites = {h.layer: (h.when, h.action, tuple(getattr(h, "placements", ())), getattr(h, "to_stage", 0))
-                 for h in plan.hooks if (h.when, h.action) == kind}
+        sites = {
+            h.layer: (h.when, h.action, tuple(getattr(h, "placements", ())), getattr(h, "to_stage", 0))
+            for h in plan.hooks
+            if (h.when, h.action) == kind
+        }
         rows += collapse(sites)
     return sorted(rows, key=lambda row: natural_key(row.members[0]))
 
@@ -211,7 +220,9 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
         out.append(f"recompute ({plan.strategy.recompute}): forward run again in backward")
         out += [f"  {clip(row.pattern)}" for row in collapse(dict.fromkeys(plan.recompute, 0))]
     out.append("")
-    out.append(f"data      split over {', '.join(plan.data.shard_axes) or 'nothing (every rank reads the whole batch)'}")
+    out.append(
+        f"data      split over {', '.join(plan.data.shard_axes) or 'nothing (every rank reads the whole batch)'}"
+    )
     out.append("")
     out.append(
         f"estimate  {human_seconds(est.step_time_s)} per step, {human_count(est.tokens_per_s)} tokens/s, "

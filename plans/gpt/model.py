@@ -36,8 +36,16 @@ def _classes():
 def config():
     """GPT-2 small: 12 layers, hidden 768, 12 heads, 1024 positions; batch 8 of 1024 tokens."""
     gpt = _classes()
-    return gpt.GPTConfig(vocab_size=50304, hidden_size=768, num_heads=12, num_layers=12, max_positions=1024,
-                         mlp_ratio=4, batch_size=8, seq_len=1024)
+    return gpt.GPTConfig(
+        vocab_size=50304,
+        hidden_size=768,
+        num_heads=12,
+        num_layers=12,
+        max_positions=1024,
+        mlp_ratio=4,
+        batch_size=8,
+        seq_len=1024,
+    )
 
 
 def build_model():

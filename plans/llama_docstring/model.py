@@ -65,10 +65,7 @@ class RotaryEmbedding(nn.Layer):
         self.dim = dim
         self.max_position_embeddings = max_position_embeddings
         self.base = base
-        self.inv_freq = 1.0 / (
-            self.base
-            ** (paddle.cast(paddle.arange(0, self.dim, 2), dtype="float32") / self.dim)
-        )
+        self.inv_freq = 1.0 / (self.base ** (paddle.cast(paddle.arange(0, self.dim, 2), dtype="float32") / self.dim))
         self._set_cos_sin_cache(seq_len=max_position_embeddings)
 
     def _set_cos_sin_cache(self, seq_len):
@@ -114,20 +111,14 @@ def scaled_dot_product_attention(query_states, key_states, value_states, attenti
     query_states = paddle.transpose(query_states, [0, 2, 1, 3])
     key_states = paddle.transpose(key_states, [0, 2, 1, 3])
     value_states = paddle.transpose(value_states, [0, 2, 1, 3])
-    attn_weights = paddle.matmul(
-        query_states / math.sqrt(head_dim), key_states.transpose([0, 1, 3, 2])
-    )
+    attn_weights = paddle.matmul(query_states / math.sqrt(head_dim), key_states.transpose([0, 1, 3, 2]))
     attention_mask = attention_mask.reshape([bsz, 1, q_len, kv_seq_len])
     attn_weights = attn_weights + attention_mask
     if not paddle.in_dynamic_mode():
-        attn_weights = F.softmax(attn_weights, axis=-1, dtype="float32").astype(
-            query_states.dtype
-        )
+        attn_weights = F.softmax(attn_weights, axis=-1, dtype="float32").astype(query_states.dtype)
     else:
         with paddle.amp.auto_cast(False):
-            attn_weights = F.softmax(attn_weights, axis=-1, dtype="float32").astype(
-                query_states.dtype
-            )
+            attn_weights = F.softmax(attn_weights, axis=-1, dtype="float32").astype(query_states.dtype)
     attn_output = paddle.matmul(attn_weights, value_states)
     attn_output = attn_output.transpose([0, 2, 1, 3])
     attn_output = attn_output.reshape([bsz, q_len, head_dim * num_heads])
@@ -145,9 +136,7 @@ class Attention(nn.Layer):
         self.k_proj = nn.Linear(hidden_size, hidden_size, bias_attr=False)
         self.v_proj = nn.Linear(hidden_size, hidden_size, bias_attr=False)
         self.o_proj = nn.Linear(hidden_size, hidden_size, bias_attr=False)
-        self.rotary_emb = RotaryEmbedding(
-            self.head_dim, max_position_embeddings=config.seq_length, base=10000
-        )
+        self.rotary_emb = RotaryEmbedding(self.head_dim, max_position_embeddings=config.seq_length, base=10000)
 
     def forward(self, hidden_states, position_ids=None, attention_mask=None):
         query_states = self.q_proj(hidden_states)
@@ -160,12 +149,8 @@ class Attention(nn.Layer):
         value_states = value_states.reshape(shape=target_key_value_shape)
         kv_seq_len = key_states.shape[-3]
         cos, sin = self.rotary_emb(value_states, seq_len=kv_seq_len)
-        query_states, key_states = apply_rotary_pos_emb(
-            query_states, key_states, cos, sin, position_ids
-        )
-        output = scaled_dot_product_attention(
-            query_states, key_states, value_states, attention_mask
-        )
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin, position_ids)
+        output = scaled_dot_product_attention(query_states, key_states, value_states, attention_mask)
         attn_output = output
         attn_output = self.o_proj(attn_output)
         return attn_output
@@ -176,15 +161,9 @@ class Mlp(nn.Layer):
         super().__init__()
         self.hidden_size = config.hidden_size
         self.intermediate_size = config.intermediate_size
-        self.gate_proj = nn.Linear(
-            config.hidden_size, config.intermediate_size, bias_attr=False
-        )
-        self.up_proj = nn.Linear(
-            config.hidden_size, config.intermediate_size, bias_attr=False
-        )
-        self.down_proj = nn.Linear(
-            config.intermediate_size, config.hidden_size, bias_attr=False
-        )
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias_attr=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias_attr=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias_attr=False)
 
     def forward(self, x):
         x = paddle.nn.functional.swiglu(self.gate_proj(x), self.up_proj(x))
@@ -243,13 +222,9 @@ def _prepare_decoder_attention_mask(attention_mask, input_shape, dtype):
     attention_mask.stop_gradient = True
     expanded_attn_mask = attention_mask.expand([batch_size, 1, target_length, src_length])
     mask = paddle.tril(paddle.ones((target_length, target_length), dtype="bool"))
-    combined_attention_mask = mask[None, None, :, :].expand(
-        [batch_size, 1, target_length, target_length]
-    )
+    combined_attention_mask = mask[None, None, :, :].expand([batch_size, 1, target_length, target_length])
     expanded_attn_mask = expanded_attn_mask & combined_attention_mask
-    expanded_attn_mask = paddle.where(
-        expanded_attn_mask, 0.0, paddle.finfo(dtype).min
-    ).astype(dtype)
+    expanded_attn_mask = paddle.where(expanded_attn_mask, 0.0, paddle.finfo(dtype).min).astype(dtype)
     return expanded_attn_mask
 
 
@@ -262,18 +237,14 @@ class Model(nn.Layer):
         self.hidden_size = config.hidden_size
         self.intermediate_size = config.intermediate_size
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.LayerList(
-            [DecoderLayer(config) for _ in range(config.num_layers)]
-        )
+        self.layers = nn.LayerList([DecoderLayer(config) for _ in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size)
         self.weight = self.create_parameter(
             shape=[config.hidden_size, config.vocab_size],
             dtype=paddle.get_default_dtype(),
         )
         self.ignore_index = -100
-        self.loss_func = paddle.nn.CrossEntropyLoss(
-            reduction="none", ignore_index=self.ignore_index
-        )
+        self.loss_func = paddle.nn.CrossEntropyLoss(reduction="none", ignore_index=self.ignore_index)
 
     def forward(self, input_ids=None, position_ids=None, attention_mask=None, labels=None):
         batch_size, seq_length = input_ids.shape
@@ -281,12 +252,8 @@ class Model(nn.Layer):
         # As in the docstring: the attention_mask argument is ignored (all ones, causal).
         attention_mask = paddle.ones((batch_size, seq_length), dtype=paddle.bool)
         if position_ids is None:
-            position_ids = paddle.arange(seq_length, dtype="int64").expand(
-                (batch_size, seq_length)
-            )
-        attention_mask = _prepare_decoder_attention_mask(
-            attention_mask, (batch_size, seq_length), inputs_embeds.dtype
-        )
+            position_ids = paddle.arange(seq_length, dtype="int64").expand((batch_size, seq_length))
+        attention_mask = _prepare_decoder_attention_mask(attention_mask, (batch_size, seq_length), inputs_embeds.dtype)
         hidden_states = inputs_embeds
         for decoder_layer in self.layers:
             hidden_states = decoder_layer(hidden_states, position_ids, attention_mask)

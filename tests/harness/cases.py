@@ -127,8 +127,17 @@ def train_configurations(
                     plan = finish_planner(planning[config.name])
                 else:
                     plan = write_plan(config.hand_written_plan(model, nodes), workdir / f"plan_{config.name}.json")
-                runs.append(TrainRun(config.name, workload, optimizer=config.optimizer, plan=plan, reshard=config.reshard,
-                                     batch=config.batch, p2p=config.p2p))
+                runs.append(
+                    TrainRun(
+                        config.name,
+                        workload,
+                        optimizer=config.optimizer,
+                        plan=plan,
+                        reshard=config.reshard,
+                        batch=config.batch,
+                        p2p=config.p2p,
+                    )
+                )
             outputs = train_distributed(runs, world, workdir / f"world{world}", nodes=nodes, backend=backend)
             for run in runs:
                 trained[run.name] = Trained(run, load_plan(run.plan), outputs[run.name])
@@ -147,8 +156,18 @@ def train_planned(cases: list[tuple[str, Config]], workdir: Path, backend: str =
     assert len(worlds) == 1, f"one job needs one world size, got {sorted(worlds)}"
     planning = {w: start_planner(WORKLOADS[w], c.planner_arguments(), workdir / f"plan_{w}.json") for w, c in cases}
     try:
-        runs = {w: TrainRun(f"{w}_{c.name}", w, optimizer=c.optimizer, plan=finish_planner(planning[w]),
-                            reshard=c.reshard, batch=c.batch, p2p=c.p2p) for w, c in cases}
+        runs = {
+            w: TrainRun(
+                f"{w}_{c.name}",
+                w,
+                optimizer=c.optimizer,
+                plan=finish_planner(planning[w]),
+                reshard=c.reshard,
+                batch=c.batch,
+                p2p=c.p2p,
+            )
+            for w, c in cases
+        }
     finally:
         for process, _ in planning.values():  # a failed planner leaves no other running
             if process.poll() is None:

@@ -16,7 +16,9 @@ LOSS_RTOL = 1e-5
 PARAM_ATOL = 1e-5
 
 
-def differences(reference: dict, rank_output: dict, loss_rtol: float = LOSS_RTOL, param_atol: float = PARAM_ATOL) -> list[str]:
+def differences(
+    reference: dict, rank_output: dict, loss_rtol: float = LOSS_RTOL, param_atol: float = PARAM_ATOL
+) -> list[str]:
     """Every way one rank's result differs from the reference, one line each."""
     rank = rank_output["rank"]
     problems = []
@@ -34,7 +36,9 @@ def differences(reference: dict, rank_output: dict, loss_rtol: float = LOSS_RTOL
     if stale:
         problems.append(f"rank {rank}: training never changed {stale} (the single-device run did: stale optimizer?)")
     # A pipeline rank reports its own stage's parameters; assert_same_training checks the union.
-    missing = [] if rank_output.get("stage_params_only") else sorted(set(reference["params"]) - set(rank_output["params"]))
+    missing = (
+        [] if rank_output.get("stage_params_only") else sorted(set(reference["params"]) - set(rank_output["params"]))
+    )
     extra = sorted(set(rank_output["params"]) - set(reference["params"]))
     if missing or extra:
         problems.append(f"rank {rank}: parameter names differ: missing {missing}, unexpected {extra}")
@@ -98,12 +102,16 @@ def layout_differences(plan, rank_output: dict) -> list[str]:
         if zero3_dim is not None and planned.placements[dp_index] == "R":
             expected[zero3_dim] //= sizes["dp"]
         if got["local_shape"] != expected:
-            problems.append(f"rank {rank}: {fqn} local shard {got['local_shape']}, plan says {expected} ({planned.placements})")
+            problems.append(
+                f"rank {rank}: {fqn} local shard {got['local_shape']}, plan says {expected} ({planned.placements})"
+            )
     if stage:
         moments = {n: s for n, s in rank_output["optimizer_states"].items() if n.startswith("moment")}
         for name, state in sorted(moments.items()):
             if state["placements"] is None or _shard_dim(state["placements"][dp_index]) is None:
-                problems.append(f"rank {rank}: ZeRO stage {stage} but optimizer state {name} is not split over dp: {state}")
+                problems.append(
+                    f"rank {rank}: ZeRO stage {stage} but optimizer state {name} is not split over dp: {state}"
+                )
     return problems
 
 

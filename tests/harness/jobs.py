@@ -57,8 +57,9 @@ class TrainRun:
     def __post_init__(self):
         # A typo in a test's configuration fails here, not later inside every rank.
         if self.method not in METHODS or self.reshard not in RESHARDS or self.p2p not in P2PS:
-            raise ValueError(f"{self.name}: method must be one of {METHODS}, reshard one of {RESHARDS}, "
-                             f"p2p one of {P2PS}")
+            raise ValueError(
+                f"{self.name}: method must be one of {METHODS}, reshard one of {RESHARDS}, p2p one of {P2PS}"
+            )
         if self.build not in BUILDS or (self.build != "eager" and self.method != "autodist"):
             raise ValueError(f"{self.name}: build must be one of {BUILDS}, lazy ones with method 'autodist'")
         if (self.method == "autodist") != (self.plan is not None):

@@ -183,7 +183,9 @@ def launch_nodes(
     return job
 
 
-def _run_all(names, commands, envs, workdir: Path, timeout_s: float, failure_grace_s: float = FAILURE_GRACE_S) -> JobResult:
+def _run_all(
+    names, commands, envs, workdir: Path, timeout_s: float, failure_grace_s: float = FAILURE_GRACE_S
+) -> JobResult:
     workdir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     procs, files = [], []
@@ -194,9 +196,7 @@ def _run_all(names, commands, envs, workdir: Path, timeout_s: float, failure_gra
             stem = workdir / name.replace(" ", "")
             out, err = open(f"{stem}.out", "w+b"), open(f"{stem}.err", "w+b")
             files.append((out, err))
-            procs.append(
-                subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
-            )
+            procs.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=err, start_new_session=True))
         timed_out, killed = _wait(procs, start + timeout_s, failure_grace_s)
     finally:
         for p in procs:  # whatever happened above (even KeyboardInterrupt), nothing survives

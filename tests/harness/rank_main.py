@@ -47,13 +47,17 @@ def distribute(run: TrainRun, model, optimizer, loader, world: int):
 
         reshard_fn = reshard_via_replicate if run.reshard == "via_replicate" else None
         loss_fn = WORKLOADS[run.workload].pipeline_loss(model)  # used by 1F1B / VPP plans only
-        model, optimizer, loader = apply_plan(model, optimizer, loader, run.plan, reshard_fn=reshard_fn, loss_fn=loss_fn)
+        model, optimizer, loader = apply_plan(
+            model, optimizer, loader, run.plan, reshard_fn=reshard_fn, loss_fn=loss_fn
+        )
     elif run.method == "to_distributed":
         from paddle.distributed.auto_parallel.high_level_api import ToDistributedConfig
 
         config = ToDistributedConfig()
         config.input_spec = [paddle.static.InputSpec([BATCH, SEQ], "int64", "input_ids")]
-        model, optimizer, loader = dist.to_distributed(model, optimizer, loader, device_num=world, node_num=1, config=config)
+        model, optimizer, loader = dist.to_distributed(
+            model, optimizer, loader, device_num=world, node_num=1, config=config
+        )
     return model, optimizer, loader, time.perf_counter() - start
 
 
@@ -113,7 +117,9 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
 
         step = load_checkpoint(model, optimizer, run.load_checkpoint).step
         if step != run.first_step:
-            raise AssertionError(f"{run.name}: the checkpoint was saved at step {step}, the run starts at {run.first_step}")
+            raise AssertionError(
+                f"{run.name}: the checkpoint was saved at step {step}, the run starts at {run.first_step}"
+            )
     pipelined = isinstance(model, PipelineModel)
     held = stage_parameters(whole, run.plan) if pipelined else dict(model.named_parameters())
     before = {fqn: to_numpy(p) for fqn, p in held.items()}
@@ -203,6 +209,7 @@ def train_pipeline(model, optimizer, schedule, loader, steps: int) -> list[float
         dist.all_reduce(total)
         losses.append(float(total[0] / total[1]))
     return losses
+
 
 def run_bad_plan(case: BadPlanCase, rank: int, let_escape: bool) -> dict:
     from autodist import PlanError, apply_plan

@@ -22,8 +22,14 @@ RANK_SCRIPT = [str(Path(__file__).with_name("rank_main.py"))]
 
 
 def start_job(
-    job: Job, nranks: int, workdir: Path, timeout_s: float = 180.0, nodes: int = 1, backend: str = "gloo",
-    paddle_launch: bool = False, **launch
+    job: Job,
+    nranks: int,
+    workdir: Path,
+    timeout_s: float = 180.0,
+    nodes: int = 1,
+    backend: str = "gloo",
+    paddle_launch: bool = False,
+    **launch,
 ) -> JobResult:
     """Start ``job`` on ``nranks`` ranks (over ``nodes`` simulated machines when > 1, each with
     its own ``paddle.distributed.launch``; with ``paddle_launch`` under it even on one node);
@@ -89,8 +95,15 @@ class ReferenceRuns:
         if not todo:
             return
         singles = [
-            TrainRun(key, r.workload, optimizer=r.optimizer, method="single", steps=r.first_step + r.steps, seed=r.seed,
-                     batch=r.batch)
+            TrainRun(
+                key,
+                r.workload,
+                optimizer=r.optimizer,
+                method="single",
+                steps=r.first_step + r.steps,
+                seed=r.seed,
+                batch=r.batch,
+            )
             for key, r in todo.items()
         ]
         workdir = self.workdir / f"reference{len(self.results)}"

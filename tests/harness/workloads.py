@@ -105,7 +105,9 @@ def _gpt_loss(logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
 
 
 #: The docstring Llama of ``paddle.distributed.to_distributed`` at tiny sizes (2 layers).
-DOCSTRING_LLAMA_CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4, num_layers=2, seq_length=SEQ)
+DOCSTRING_LLAMA_CONFIG = dict(
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4, num_layers=2, seq_length=SEQ
+)
 
 WORKLOADS = {
     w.name: w
@@ -168,6 +170,7 @@ def without_dropout(model: paddle.nn.Layer) -> paddle.nn.Layer:
 
 def _no_pipeline(model: paddle.nn.Layer):
     """The zoo trains with tensor and data parallelism only: a pipeline loss is never called."""
+
     def refuse(logits, labels):
         raise ValueError("the zoo workloads train with tensor and data parallelism only (no pipeline loss)")
 
@@ -178,29 +181,56 @@ def _zoo_workload(name: str) -> Workload:
     """A model of tests/models/zoo/ with its own ``loss(model, tokens, labels)``."""
     relpath = f"tests/models/zoo/{name}.py"
     module = load_model_file(relpath, f"zoo_{name}")
-    return Workload(name=f"zoo_{name}", vocab_size=module.VOCAB,
-                    build_unseeded=lambda: without_dropout(module.build_model()),
-                    loss=module.loss, planner_target=relpath, planner_env={}, pipeline_loss=_no_pipeline)
+    return Workload(
+        name=f"zoo_{name}",
+        vocab_size=module.VOCAB,
+        build_unseeded=lambda: without_dropout(module.build_model()),
+        loss=module.loss,
+        planner_target=relpath,
+        planner_env={},
+        pipeline_loss=_no_pipeline,
+    )
 
 
 def _paddleformers_workload(factory: str) -> Workload:
     """A PaddleFormers class of the zoo (tests/models/paddleformers_models.py), causal-LM loss."""
+
     def build():
         from models import paddleformers_models
 
         return getattr(paddleformers_models, factory)()
 
-    return Workload(name=f"zoo_pf_{factory.removeprefix('build_')}", vocab_size=64, build_unseeded=build,
-                    loss=lambda model, inputs, labels: model(input_ids=inputs, labels=labels)[0],
-                    planner_target=f"tests/models/paddleformers_models.py:{factory}", planner_env={},
-                    pipeline_loss=_no_pipeline)
+    return Workload(
+        name=f"zoo_pf_{factory.removeprefix('build_')}",
+        vocab_size=64,
+        build_unseeded=build,
+        loss=lambda model, inputs, labels: model(input_ids=inputs, labels=labels)[0],
+        planner_target=f"tests/models/paddleformers_models.py:{factory}",
+        planner_env={},
+        pipeline_loss=_no_pipeline,
+    )
 
 
 #: The zoo (tests/test_zoo.py): every model of tests/models/zoo/ and the PaddleFormers classes.
-ZOO_FILES = ("bert_postnorm", "paddle_encoder", "vit", "gpt2_hf", "nanogpt", "llama_meta", "qwen2_sdpa",
-             "mixtral_moe", "t5", "gptj_parallel", "gemma_sandwich", "mlp_mixer", "distilbert_hf")
+ZOO_FILES = (
+    "bert_postnorm",
+    "paddle_encoder",
+    "vit",
+    "gpt2_hf",
+    "nanogpt",
+    "llama_meta",
+    "qwen2_sdpa",
+    "mixtral_moe",
+    "t5",
+    "gptj_parallel",
+    "gemma_sandwich",
+    "mlp_mixer",
+    "distilbert_hf",
+)
 ZOO_PADDLEFORMERS = ("build_llama", "build_phi3", "build_gemma3", "build_ernie45", "build_gpt_oss")
-WORKLOADS.update({w.name: w for w in [*map(_zoo_workload, ZOO_FILES), *map(_paddleformers_workload, ZOO_PADDLEFORMERS)]})
+WORKLOADS.update(
+    {w.name: w for w in [*map(_zoo_workload, ZOO_FILES), *map(_paddleformers_workload, ZOO_PADDLEFORMERS)]}
+)
 
 
 class TokenDataset(paddle.io.Dataset):
@@ -217,7 +247,9 @@ class TokenDataset(paddle.io.Dataset):
         return len(self.inputs)
 
 
-def make_loader(workload: Workload, steps: int, seed: int, first_step: int = 0, batch: int = BATCH) -> paddle.io.DataLoader:
+def make_loader(
+    workload: Workload, steps: int, seed: int, first_step: int = 0, batch: int = BATCH
+) -> paddle.io.DataLoader:
     """``steps`` global batches of ``batch`` sequences, in a fixed order (no shuffling),
     starting at batch ``first_step`` of the seed's stream (where a resumed run goes on)."""
     dataset = TokenDataset(workload.vocab_size, (first_step + steps) * batch, seed)

@@ -125,6 +125,13 @@ def build_gpt_oss(**overrides):
     an MoE of 4 experts as batched 3-D weights (interleaved gate|up); traces in eval mode only."""
     from paddleformers.transformers import GptOssConfig, GptOssForCausalLM
 
-    config = {**_TINY, "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
-              "rope_scaling": None, **overrides}
+    config = {
+        **_TINY,
+        "head_dim": 8,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 8,
+        "rope_scaling": None,
+        **overrides,
+    }
     return GptOssForCausalLM(GptOssConfig(**config))

@@ -32,7 +32,8 @@ def build(name: str, layers: int = 2):
     if name == "docstring":
         module = docstring_module()
         return module.build_model(num_layers=layers, **TINY_DOCSTRING), [
-            paddle.static.InputSpec([2, TINY_DOCSTRING["seq_length"]], "int64", "input_ids")]
+            paddle.static.InputSpec([2, TINY_DOCSTRING["seq_length"]], "int64", "input_ids")
+        ]
     if name == "llama":
         return pf.build_llama(num_hidden_layers=layers), pf.input_spec()
     if name == "llama_untied":

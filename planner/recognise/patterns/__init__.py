@@ -13,6 +13,19 @@ from autodist.planner.recognise.patterns.parts import PARAM, PORT, Part, Pattern
 from autodist.planner.recognise.patterns.pattern import Pattern, compute_histogram, part_pattern
 
 __all__ = [
-    "EMBEDDING", "LAYER_NORM", "LINEAR", "LINEAR_BIAS", "NORMS", "PARAM", "PORT", "Part", "Pattern", "PatternBuilder",
-    "RMS_NORM", "compute_histogram", "layer_patterns", "linear", "part_pattern",
+    "EMBEDDING",
+    "LAYER_NORM",
+    "LINEAR",
+    "LINEAR_BIAS",
+    "NORMS",
+    "PARAM",
+    "PORT",
+    "Part",
+    "Pattern",
+    "PatternBuilder",
+    "RMS_NORM",
+    "compute_histogram",
+    "layer_patterns",
+    "linear",
+    "part_pattern",
 ]

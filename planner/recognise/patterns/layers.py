@@ -40,4 +40,6 @@ LINEAR_BIAS = linear("proj", "column", bias=True)
 
 @functools.lru_cache(maxsize=1)
 def layer_patterns() -> tuple[Pattern, ...]:
-    return tuple(part_pattern(p) for p in (EMBEDDING, EMBEDDING_CONSTANT_IDS, RMS_NORM, LAYER_NORM, LINEAR, LINEAR_BIAS))
+    return tuple(
+        part_pattern(p) for p in (EMBEDDING, EMBEDDING_CONSTANT_IDS, RMS_NORM, LAYER_NORM, LINEAR, LINEAR_BIAS)
+    )

@@ -9,10 +9,23 @@ _NORM_WEIGHT = {"op": PARAM, "norm": True}
 #: ``x * rsqrt(mean(x^2) + eps) * w`` (the ``+ eps`` is a constant add the view contracts).
 RMS_NORM = Part(
     "rms_norm",
-    nodes={"pow": "pow", "mean": "mean", "rsqrt": "rsqrt", "normed": "multiply", "out": "multiply",
-           "weight": _NORM_WEIGHT},
-    edges=(("x", "pow"), ("pow", "mean"), ("mean", "rsqrt"), ("rsqrt", "normed"), ("x", "normed"),
-           ("normed", "out"), ("weight", "out")),
+    nodes={
+        "pow": "pow",
+        "mean": "mean",
+        "rsqrt": "rsqrt",
+        "normed": "multiply",
+        "out": "multiply",
+        "weight": _NORM_WEIGHT,
+    },
+    edges=(
+        ("x", "pow"),
+        ("pow", "mean"),
+        ("mean", "rsqrt"),
+        ("rsqrt", "normed"),
+        ("x", "normed"),
+        ("normed", "out"),
+        ("weight", "out"),
+    ),
     inputs=("x",),
     output="out",
 )

@@ -29,7 +29,7 @@ class Gemma2RMSNorm(nn.Layer):
 
 
 def rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return paddle.concat([-x2, x1], axis=-1)
 
 

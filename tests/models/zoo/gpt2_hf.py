@@ -38,8 +38,13 @@ class Conv1D(nn.Layer):
 class GPT2Attention(nn.Layer):
     def __init__(self):
         super().__init__()
-        self.register_buffer("bias", paddle.tril(paddle.ones([N_POSITIONS, N_POSITIONS], dtype="bool")).reshape(
-            [1, 1, N_POSITIONS, N_POSITIONS]), persistable=False)
+        self.register_buffer(
+            "bias",
+            paddle.tril(paddle.ones([N_POSITIONS, N_POSITIONS], dtype="bool")).reshape(
+                [1, 1, N_POSITIONS, N_POSITIONS]
+            ),
+            persistable=False,
+        )
         self.embed_dim, self.num_heads = N_EMBD, N_HEAD
         self.head_dim = N_EMBD // N_HEAD
         self.split_size = N_EMBD
@@ -58,7 +63,7 @@ class GPT2Attention(nn.Layer):
     def _attn(self, query, key, value):
         attn_weights = paddle.matmul(query, key.transpose([0, 1, 3, 2])) / math.sqrt(value.shape[-1])
         query_length, key_length = query.shape[-2], key.shape[-2]
-        causal_mask = self.bias[:, :, key_length - query_length:key_length, :key_length]
+        causal_mask = self.bias[:, :, key_length - query_length : key_length, :key_length]
         mask_value = paddle.full([], paddle.finfo(attn_weights.dtype).min, dtype=attn_weights.dtype)
         attn_weights = paddle.where(causal_mask, attn_weights, mask_value)
         attn_weights = self.attn_dropout(F.softmax(attn_weights, axis=-1))

@@ -36,7 +36,9 @@ class CausalSelfAttention(nn.Layer):
         self.attn_dropout = nn.Dropout(DROPOUT)
         self.resid_dropout = nn.Dropout(DROPOUT)
         self.n_head, self.n_embd = N_HEAD, N_EMBD
-        self.register_buffer("bias", paddle.tril(paddle.ones([BLOCK_SIZE, BLOCK_SIZE])).reshape([1, 1, BLOCK_SIZE, BLOCK_SIZE]))
+        self.register_buffer(
+            "bias", paddle.tril(paddle.ones([BLOCK_SIZE, BLOCK_SIZE])).reshape([1, 1, BLOCK_SIZE, BLOCK_SIZE])
+        )
 
     def forward(self, x):
         B, T, C = x.shape
@@ -79,13 +81,15 @@ class Block(nn.Layer):
 class GPT(nn.Layer):
     def __init__(self):
         super().__init__()
-        self.transformer = nn.LayerDict(dict(
-            wte=nn.Embedding(VOCAB, N_EMBD),
-            wpe=nn.Embedding(BLOCK_SIZE, N_EMBD),
-            drop=nn.Dropout(DROPOUT),
-            h=nn.LayerList([Block() for _ in range(N_LAYER)]),
-            ln_f=LayerNorm(N_EMBD, bias=False),
-        ))
+        self.transformer = nn.LayerDict(
+            dict(
+                wte=nn.Embedding(VOCAB, N_EMBD),
+                wpe=nn.Embedding(BLOCK_SIZE, N_EMBD),
+                drop=nn.Dropout(DROPOUT),
+                h=nn.LayerList([Block() for _ in range(N_LAYER)]),
+                ln_f=LayerNorm(N_EMBD, bias=False),
+            )
+        )
 
     def forward(self, idx):
         b, t = idx.shape

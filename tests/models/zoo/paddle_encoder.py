@@ -26,7 +26,9 @@ class EncoderLM(nn.Layer):
     def forward(self, tokens):
         seq = tokens.shape[1]
         x = self.embed(tokens) + self.pos(paddle.arange(seq).unsqueeze(0))
-        mask = paddle.triu(paddle.full([seq, seq], float("-inf")), diagonal=1)  # what generate_square_subsequent_mask returns
+        mask = paddle.triu(
+            paddle.full([seq, seq], float("-inf")), diagonal=1
+        )  # what generate_square_subsequent_mask returns
         return self.head(self.encoder(x, src_mask=mask))
 
 

@@ -40,7 +40,7 @@ class Qwen2RotaryEmbedding(nn.Layer):
 
 
 def rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return paddle.concat([-x2, x1], axis=-1)
 
 

@@ -74,16 +74,20 @@ class T5Attention(nn.Layer):
             relative_position = -paddle.minimum(relative_position, paddle.zeros_like(relative_position))
         max_exact = num_buckets // 2
         is_small = relative_position < max_exact
-        large = max_exact + (paddle.log(relative_position.astype("float32") / max_exact)
-                             / math.log(max_distance / max_exact) * (num_buckets - max_exact)).astype("int64")
+        large = max_exact + (
+            paddle.log(relative_position.astype("float32") / max_exact)
+            / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).astype("int64")
         large = paddle.minimum(large, paddle.full_like(large, num_buckets - 1))
         return relative_buckets + paddle.where(is_small, relative_position, large)
 
     def compute_bias(self, query_length, key_length):
         context_position = paddle.arange(query_length, dtype="int64")[:, None]
         memory_position = paddle.arange(key_length, dtype="int64")[None, :]
-        buckets = self._relative_position_bucket(memory_position - context_position, not self.is_decoder,
-                                                 BUCKETS, MAX_DISTANCE)
+        buckets = self._relative_position_bucket(
+            memory_position - context_position, not self.is_decoder, BUCKETS, MAX_DISTANCE
+        )
         return self.relative_attention_bias(buckets).transpose([2, 0, 1]).unsqueeze(0)  # 1, heads, q, k
 
     def forward(self, hidden_states, key_value_states=None, position_bias=None, mask=None):

@@ -76,9 +76,12 @@ class VisionTransformer(nn.Layer):
     def __init__(self):
         super().__init__()
         self.patch_embed = PatchEmbed()
-        self.cls_token = self.create_parameter([1, 1, EMBED], default_initializer=nn.initializer.TruncatedNormal(std=0.02))
-        self.pos_embed = self.create_parameter([1, self.patch_embed.num_patches + 1, EMBED],
-                                               default_initializer=nn.initializer.TruncatedNormal(std=0.02))
+        self.cls_token = self.create_parameter(
+            [1, 1, EMBED], default_initializer=nn.initializer.TruncatedNormal(std=0.02)
+        )
+        self.pos_embed = self.create_parameter(
+            [1, self.patch_embed.num_patches + 1, EMBED], default_initializer=nn.initializer.TruncatedNormal(std=0.02)
+        )
         self.pos_drop = nn.Dropout(0.1)
         self.blocks = nn.Sequential(*[Block(EMBED, HEADS) for _ in range(DEPTH)])
         self.norm = nn.LayerNorm(EMBED, epsilon=1e-6)
