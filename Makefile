@@ -13,9 +13,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[cpu,test]'
 	touch $@
 
-# Lint (ruff), types (mypy), the test suite, then the docstring examples of the three packages.
+# Lint and layout (ruff), types (mypy), the test suite, then the docstring examples of the three packages.
 test: install
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(PY) -m pytest -q --doctest-modules planner applier schemas autodist
