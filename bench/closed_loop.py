@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
-from demo import MODEL, RANKS, TRAIN, environment  # noqa: E402  (examples/ is no package)
+from demo import MODEL, RANKS, TRAIN, environment, plan_command  # noqa: E402  (examples/ is no package)
 
 HELD_OUT = {"dp4": ["--dp", "4", "--mp", "1"], "mp4": ["--dp", "1", "--mp", "4"]}
 TIMEOUT_S = 600
@@ -54,27 +54,7 @@ def one_run(workdir: Path) -> list[str]:
     cells = [_ratio(workdir / "distributed.json")]
     for name, degrees in HELD_OUT.items():
         plan = workdir / f"plan_{name}.json"
-        _run(
-            [
-                python,
-                "-m",
-                "autodist.planner.cli",
-                MODEL,
-                "--devices",
-                str(RANKS),
-                *degrees,
-                "--no-sequence-parallel",
-                "--sharding-stage",
-                "0",
-                "--dtype",
-                "fp32",
-                "--cluster",
-                str(workdir / "cluster.toml"),
-                "-o",
-                str(plan),
-                "--quiet",
-            ]
-        )
+        _run([*plan_command(plan, degrees), "--cluster", str(workdir / "cluster.toml"), "--quiet"])
         _run(
             [
                 python,

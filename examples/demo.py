@@ -71,24 +71,17 @@ def run(title: str, command: list[str], workdir: Path, log_dir: Path | None = No
     return time.monotonic() - start
 
 
-def main(argv: list[str]) -> None:
-    """``python examples/demo.py [WORKDIR]``: the files go to WORKDIR (default: a new temp folder)."""
-    workdir = Path(argv[0]) if argv else Path(tempfile.mkdtemp(prefix="autodist-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    plan, python = workdir / "plan.json", sys.executable
-    cluster = workdir / "cluster.toml"
-    began = time.monotonic()
-    planner = [
-        python,
+def plan_command(plan: Path, degrees: list[str]) -> list[str]:
+    """The demo's planner command for its model on 4 ranks, with the degrees given and no sequence
+    parallelism or ZeRO (the CPU wheel's collectives lack the reduce-scatter they need)."""
+    return [
+        sys.executable,
         "-m",
         "autodist.planner.cli",
         MODEL,
         "--devices",
         str(RANKS),
-        "--dp",
-        "2",
-        "--mp",
-        "2",
+        *degrees,
         "--no-sequence-parallel",
         "--sharding-stage",
         "0",
@@ -97,6 +90,16 @@ def main(argv: list[str]) -> None:
         "-o",
         str(plan),
     ]
+
+
+def main(argv: list[str]) -> None:
+    """``python examples/demo.py [WORKDIR]``: the files go to WORKDIR (default: a new temp folder)."""
+    workdir = Path(argv[0]) if argv else Path(tempfile.mkdtemp(prefix="autodist-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    plan, python = workdir / "plan.json", sys.executable
+    cluster = workdir / "cluster.toml"
+    began = time.monotonic()
+    planner = plan_command(plan, ["--dp", "2", "--mp", "2"])
     run("Plan the docstring Llama (tiny config) for 4 devices", [*planner, "--device", "cpu"], workdir)
     run(
         f"Calibrate this machine on {RANKS} ranks: the plan's matmul shapes, collectives, a few training steps",

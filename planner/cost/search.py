@@ -455,15 +455,7 @@ def _rank_key(strategy: Strategy, breakdown: Breakdown) -> tuple:
         breakdown.comm_bytes,
         accumulation,
         est.memory.total,
-        strategy.pp,
-        strategy.mp,
-        strategy.dp,
-        strategy.sharding_stage,
-        strategy.sequence_parallel,
-        strategy.micro_batches,
-        strategy.virtual_stages,
-        strategy.schedule,
-        strategy.ep,
+        *_strategy_order(strategy),
     )
 
 
