@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
-from demo import MODEL, RANKS, TRAIN, environment, plan_command  # noqa: E402  (examples/ is no package)
+from demo import MODEL, TRAIN, environment, launch_command, plan_command  # noqa: E402  (examples/ is no package)
 
 HELD_OUT = {"dp4": ["--dp", "4", "--mp", "1"], "mp4": ["--dp", "1", "--mp", "4"]}
 TIMEOUT_S = 600
@@ -56,13 +56,7 @@ def one_run(workdir: Path) -> list[str]:
         plan = workdir / f"plan_{name}.json"
         _run([*plan_command(plan, degrees), "--cluster", str(workdir / "cluster.toml"), "--quiet"])
         _run(
-            [
-                python,
-                "-m",
-                "paddle.distributed.launch",
-                "--nproc_per_node",
-                str(RANKS),
-                "--log_dir",
+            launch_command(
                 str(workdir / f"logs_{name}"),
                 TRAIN,
                 "--model",
@@ -73,7 +67,7 @@ def one_run(workdir: Path) -> list[str]:
                 "6",
                 "--losses-out",
                 str(workdir / f"{name}.json"),
-            ]
+            )
         )
         cells.append(_ratio(workdir / f"{name}.json"))
     return cells

@@ -92,6 +92,12 @@ def plan_command(plan: Path, degrees: list[str]) -> list[str]:
     ]
 
 
+def launch_command(log_dir: str | Path, *args: str) -> list[str]:
+    """``python -m paddle.distributed.launch`` on the demo's ranks, its logs in ``log_dir``."""
+    launch = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(RANKS)]
+    return [*launch, "--log_dir", str(log_dir), *args]
+
+
 def main(argv: list[str]) -> None:
     """``python examples/demo.py [WORKDIR]``: the files go to WORKDIR (default: a new temp folder)."""
     workdir = Path(argv[0]) if argv else Path(tempfile.mkdtemp(prefix="autodist-demo-"))
@@ -103,13 +109,7 @@ def main(argv: list[str]) -> None:
     run("Plan the docstring Llama (tiny config) for 4 devices", [*planner, "--device", "cpu"], workdir)
     run(
         f"Calibrate this machine on {RANKS} ranks: the plan's matmul shapes, collectives, a few training steps",
-        [
-            python,
-            "-m",
-            "paddle.distributed.launch",
-            "--nproc_per_node",
-            str(RANKS),
-            "--log_dir",
+        launch_command(
             str(workdir / "calibrate_logs"),
             str(Path(python).parent / "autodist-plan"),
             "calibrate",
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> None:
             MODEL,
             "-o",
             str(cluster),
-        ],
+        ),
         workdir,
         workdir / "calibrate_logs",
     )
@@ -133,13 +133,7 @@ def main(argv: list[str]) -> None:
     log_dir = workdir / "launch_logs"
     run(
         f"Train {STEPS} steps on {RANKS} CPU ranks with apply_plan",
-        [
-            python,
-            "-m",
-            "paddle.distributed.launch",
-            "--nproc_per_node",
-            str(RANKS),
-            "--log_dir",
+        launch_command(
             str(log_dir),
             TRAIN,
             "--model",
@@ -150,7 +144,7 @@ def main(argv: list[str]) -> None:
             str(STEPS),
             "--losses-out",
             str(workdir / "distributed.json"),
-        ],
+        ),
         workdir,
         log_dir,
     )
