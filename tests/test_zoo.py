@@ -35,6 +35,12 @@ def mlp(prefix, column=("gate_proj", "up_proj"), row="down_proj", bias=False):
     return table
 
 
+def attention_without_key_bias(prefix):
+    """Whisper's attention: ``query``/``key``/``value``/``out``, biases on all but ``key``."""
+    table = attention(prefix, "query", "key", "value", "out", o_bias=True)
+    return table | {f"{prefix}.query.bias": COL_B, f"{prefix}.value.bias": COL_B}
+
+
 def fused(prefix, name, bias=False):
     return {f"{prefix}.{name}.weight": COL} | ({f"{prefix}.{name}.bias": COL_B} if bias else {})
 
@@ -124,6 +130,16 @@ EXPECTED = {
         "vocab_transform.bias": REP,
         "vocab_projector.weight": COL,
         "vocab_projector.bias": COL_B,
+    },
+    # written last of all: OpenAI's Whisper code (a detached `qk` returned beside the output,
+    # key without bias, q and k each scaled by d ** -0.25, cross-attention, Sequential MLP)
+    f"{ZOO}/whisper.py": {
+        **attention_without_key_bias("encoder.blocks.*.attn"),
+        **attention_without_key_bias("decoder.blocks.*.attn"),
+        **attention_without_key_bias("decoder.blocks.*.cross_attn"),
+        **mlp("*.blocks.*.mlp", ("0",), "2", bias=True),
+        "decoder.token_embedding.weight": "S(0)",  # vocabulary split: the logits reuse it
+        "encoder.conv*": REP,
     },
     f"{PF}:build_llama": {**attention("model.layers.*.self_attn"), **mlp("model.layers.*.mlp")},
     f"{PF}:build_phi3": {

@@ -10,8 +10,9 @@ the set says it holds full names (``pd_op.softmax``), as the graph's nodes carry
 from __future__ import annotations
 
 #: Ops that keep their input's layout, partial sums included: linear in their one input
-#: (dropout is the identity in the eval-mode trace the planner makes).
-PASS_THROUGH_OPS = frozenset({"cast", "scale", "assign", "contiguous", "dropout"})
+#: (dropout is the identity in the eval-mode trace the planner makes; ``share_data`` is what
+#: ``Tensor.detach()`` traces to: the same values, cut from autograd).
+PASS_THROUGH_OPS = frozenset({"cast", "scale", "assign", "contiguous", "dropout", "share_data"})
 
 #: Ops that move, reshape, pick or re-type data without computing on it, plus the
 #: pass-through ops: the matcher's compute view contracts them.

@@ -226,6 +226,7 @@ ZOO_FILES = (
     "gemma_sandwich",
     "mlp_mixer",
     "distilbert_hf",
+    "whisper",
 )
 ZOO_PADDLEFORMERS = ("build_llama", "build_phi3", "build_gemma3", "build_ernie45", "build_gpt_oss")
 WORKLOADS.update(
