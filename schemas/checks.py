@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from autodist.schemas.plan import Plan, Reshard, StageHandoff
+from autodist.schemas.plan import ExpertCombine, ExpertDispatch, Plan, Reshard, StageHandoff
 from autodist.schemas.vocabulary import MESH_AXES, shard_dim  # noqa: F401 (shard_dim re-exported)
 
 
@@ -155,7 +155,52 @@ def check_plan(plan: Plan) -> list[str]:
         + check_stages_and_hooks(plan)
         + check_stage_agreement(plan)
         + check_recompute(plan)
+        + check_experts(plan)
     )
+
+
+def check_experts(plan: Plan) -> list[str]:
+    """Expert parallelism is one story: with ``ep > 1`` every block's experts have an
+    ``expert_dispatch`` (pre) and an ``expert_combine`` (post) on the MoE layer holding them,
+    and everything under that layer is whole on each rank (the layer runs on each rank's
+    gathered tokens); without it there are no such hooks and no ``ExpertParallel`` parameters."""
+    ep, problems = plan.strategy.ep, []
+    dispatch = {h.layer: (i, h) for i, h in enumerate(plan.hooks) if isinstance(h, ExpertDispatch)}
+    combine = {h.layer: i for i, h in enumerate(plan.hooks) if isinstance(h, ExpertCombine)}
+    for i, hook in enumerate(plan.hooks):
+        if isinstance(hook, (ExpertDispatch, ExpertCombine)):
+            if ep == 1:
+                problems.append(f"$.hooks[{i}]: an {hook.action} hook but $.strategy.ep is 1")
+            wanted = "pre" if isinstance(hook, ExpertDispatch) else "post"
+            if hook.when != wanted:
+                problems.append(f"$.hooks[{i}].when: an {hook.action} hook runs {wanted!r}, not {hook.when!r}")
+    for layer, (i, hook) in sorted(dispatch.items()):
+        if not hook.experts.startswith(layer + "." if layer else ""):
+            problems.append(f"$.hooks[{i}].experts: {hook.experts!r} is not inside its layer {layer!r}")
+        if layer not in combine:
+            problems.append(f"$.hooks[{i}]: an expert_dispatch on {layer!r} without an expert_combine on it")
+    for layer, i in sorted(combine.items()):
+        if layer not in dispatch:
+            problems.append(f"$.hooks[{i}]: an expert_combine on {layer!r} without an expert_dispatch on it")
+    if ep > 1:
+        dispatched = {hook.experts for _, hook in dispatch.values()}
+        problems += [
+            f"$.blocks[{i}].experts: {b.experts!r} has no expert_dispatch hook, but $.strategy.ep is {ep}"
+            for i, b in enumerate(plan.blocks)
+            if b.experts and b.experts not in dispatched
+        ]
+    inside = tuple(layer + "." for layer in dispatch)
+    for fqn in sorted(plan.params):
+        param = plan.params[fqn]
+        where = f'$.params["{fqn}"]'
+        if param.style == "ExpertParallel" and not any(fqn.startswith(h.experts + ".") for _, h in dispatch.values()):
+            problems.append(f"{where}.style: ExpertParallel, but no expert_dispatch hook holds it")
+        if fqn.startswith(inside) and set(param.placements) != {"R"}:
+            problems.append(
+                f"{where}.placements: {param.placements}, but an MoE layer under expert parallelism "
+                "runs whole on each rank (all R)"
+            )
+    return problems
 
 
 def check_recompute(plan: Plan) -> list[str]:

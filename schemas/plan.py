@@ -80,6 +80,7 @@ ParallelStyle = Literal[
     "RowWiseParallel",  # input features split over mp; output partial, summed by Paddle
     "VocabParallelEmbedding",  # embedding table split over the vocabulary
     "ColWiseParallelHead",  # LM head split over the vocabulary (its output stays sharded)
+    "ExpertParallel",  # an expert held whole by the ranks its ep group gives it (strategy.ep)
 ]
 
 
@@ -180,8 +181,10 @@ class Strategy(Base):
     #: cycle ``0, 1, ..., pp-1`` that many times).
     virtual_stages: PositiveInt = 1
     #: Expert parallelism: each MoE layer's experts (the blocks' ``experts``) spread over groups
-    #: of ``ep`` data-parallel ranks, each rank holding ``1/ep`` of them; tokens reach their
-    #: experts and come back by all-to-all. 1: every rank holds every expert. Divides ``dp``.
+    #: of ``ep`` neighbouring data-parallel ranks, each rank holding ``1/ep`` of them. The MoE
+    #: layer runs on its group's tokens, gathered by its ``expert_dispatch`` hook; its
+    #: ``expert_combine`` hook sums the group's partial outputs and keeps this rank's tokens.
+    #: 1: every rank holds every expert. Divides ``dp``.
     ep: PositiveInt = 1
 
 
@@ -258,11 +261,29 @@ class SequenceParallelEnd(HookBase, tag="sequence_parallel_end"):
     reason: Text = ""
 
 
+class ExpertDispatch(HookBase, tag="expert_dispatch"):
+    """Before an MoE layer (``pre``): gather the tokens of the rank's ep group, so the layer
+    routes them all with its own code; the experts under ``experts`` that the rank does not
+    hold answer zero (strategy.ep)."""
+
+    #: The container of the layer's experts (a block's ``experts``).
+    experts: LayerFqn
+    reason: Text = ""
+
+
+class ExpertCombine(HookBase, tag="expert_combine"):
+    """After an MoE layer (``post``): sum the ep group's partial outputs (each rank's experts'
+    share) and keep this rank's tokens."""
+
+    reason: Text = ""
+
+
 #: Any hook of a plan; ``action`` tells which.
-Hook = typing.Union[Reshard, StageHandoff, SequenceParallelBegin, SequenceParallelEnd]
+Hook = typing.Union[Reshard, StageHandoff, SequenceParallelBegin, SequenceParallelEnd, ExpertDispatch, ExpertCombine]
 #: The hook type of each ``action``.
 HOOK_TYPES: dict[str, type[HookBase]] = {
-    str(cls.__struct_config__.tag): cls for cls in (Reshard, StageHandoff, SequenceParallelBegin, SequenceParallelEnd)
+    str(cls.__struct_config__.tag): cls
+    for cls in (Reshard, StageHandoff, SequenceParallelBegin, SequenceParallelEnd, ExpertDispatch, ExpertCombine)
 }
 
 
