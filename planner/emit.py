@@ -13,6 +13,9 @@ What goes where:
   around every sub-layer that mixes positions (attention), ``reshard`` around position-wise ones
   (MLP), ``sequence_parallel_end`` after the final norm — the hooks ``to_distributed`` installs;
 - recompute: every block (``full``) or each block's attention sub-layer (``selective``);
+- expert parallelism (``ep > 1``): an ``expert_dispatch`` pre-hook and an ``expert_combine``
+  post-hook on each MoE layer (the parent of a block's experts container); every parameter
+  under that layer whole on each rank (all ``R``), its experts ``ExpertParallel``;
 - the data plan, the analysis's reshard hooks and implicit communication, notes, provenance.
 
 Example::
@@ -42,6 +45,8 @@ from autodist.schemas import (
     SequenceParallelBegin,
     SequenceParallelEnd,
     StageHandoff,
+    ExpertCombine,
+    ExpertDispatch,
     InputSpec,
     Mesh,
     ModelInfo,
@@ -69,7 +74,7 @@ def build_plan(
     notes: list[str] = []
     params = _param_plans(analysis, strategy, mesh.axes, notes)
     stages = block_stages(len(analysis.blocks), strategy.pp, strategy.virtual_stages)
-    hooks = _stage_handoffs(analysis, stages)
+    hooks = _stage_handoffs(analysis, stages) + _expert_hooks(analysis, strategy.ep)
     fused_gathers = reshard_hooks(analysis, strategy.mp, mesh.axes)
     if strategy.mp > 1:
         hooks += _sequence_parallel_hooks(analysis, strategy, mesh.axes, fused_gathers, notes)
@@ -166,10 +171,11 @@ def build_mesh(strategy: Strategy) -> Mesh:
 def _param_plans(analysis: ModelAnalysis, strategy: Strategy, axes: list[str], notes: list[str]) -> dict:
     mp_placements = _mp_placements(analysis, strategy.mp, notes)
     stage_of = _param_stages(analysis, strategy.pp, strategy.virtual_stages)
+    moe_layers = _moe_layers(analysis, strategy.ep)
     plans = {}
     for fqn in sorted(analysis.params):
         shape, dtype = analysis.params[fqn]
-        mp_placement, style = mp_placements.get(fqn, ("R", "Replicate"))
+        mp_placement, style = _expert_style(fqn, moe_layers) or mp_placements.get(fqn, ("R", "Replicate"))
         plans[fqn] = ParamPlan(
             shape=list(shape),
             dtype=dtype,
@@ -280,6 +286,50 @@ def _stage_handoffs(analysis: ModelAnalysis, stages: list[int]) -> list[Hook]:
         for i, (block, stage) in enumerate(zip(analysis.blocks, stages))
         if i + 1 < len(stages) and stages[i + 1] != stage
     ]
+
+
+def _moe_layers(analysis: ModelAnalysis, ep: int) -> dict[str, str]:
+    """``{MoE layer: its experts container}`` under expert parallelism (none at ``ep`` 1). The
+    MoE layer is the container's parent (``layers.0.block_sparse_moe`` for
+    ``layers.0.block_sparse_moe.experts``): the layer that routes the tokens to the experts."""
+    if ep == 1:
+        return {}
+    return {_layer_of(b.experts.layer): b.experts.layer for b in analysis.blocks if b.experts}
+
+
+def _expert_style(fqn: str, moe_layers: dict[str, str]) -> tuple[str, str] | None:
+    """``(placement, style)`` of a parameter under an MoE layer (it runs whole on each rank's
+    gathered tokens: ``R``; an expert's is ``ExpertParallel``), None for any other."""
+    for layer, experts in moe_layers.items():
+        if fqn.startswith(layer + "."):
+            return "R", "ExpertParallel" if fqn.startswith(experts + ".") else "Replicate"
+    return None
+
+
+def _expert_hooks(analysis: ModelAnalysis, ep: int) -> list[Hook]:
+    """The ``expert_dispatch`` / ``expert_combine`` pair around each MoE layer (block order)."""
+    hooks: list[Hook] = []
+    for block in analysis.blocks:
+        experts = block.experts
+        if ep == 1 or not experts:
+            continue
+        layer = _layer_of(experts.layer)
+        hooks += [
+            ExpertDispatch(
+                layer=layer,
+                when="pre",
+                experts=experts.layer,
+                reason=f"ep={ep}: gather the tokens of this rank's ep group ({ep} dp ranks); the layer routes them "
+                f"all with its own code and runs this rank's {experts.count // ep} of the {experts.count} experts",
+            ),
+            ExpertCombine(
+                layer=layer,
+                when="post",
+                reason=f"ep={ep}: sum the {ep} ranks' partial outputs (each its experts' share) and keep this "
+                "rank's tokens",
+            ),
+        ]
+    return hooks
 
 
 def _sequence_parallel_hooks(

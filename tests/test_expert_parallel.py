@@ -7,7 +7,6 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from autodist.applier.validate import expert_problems
 from autodist.planner.cost.blocks import BlockCost, ModelCost
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest, expert_problem, search
@@ -15,7 +14,7 @@ from autodist.planner.review.format import strategy_text
 from autodist.planner.cost.step_time import Setup, StageTable, estimate
 from autodist.planner.driver import plan_target
 from autodist.planner.errors import PlannerError
-from autodist.schemas import Strategy, check_plan, dump_plan, load_plan
+from autodist.schemas import ExpertCombine, ExpertDispatch, Strategy, check_plan, dump_plan, load_plan
 
 H100 = PROFILES["h100-sxm"]
 MIXTRAL = "tests/models/zoo/mixtral_moe.py"
@@ -86,11 +85,27 @@ def test_mixtral_experts_are_recognised_and_recorded_in_the_plan():
         (f"layers.{i}.block_sparse_moe.experts", 4, 2) for i in range(2)
     ]
     assert plan.strategy.ep == 2 and plan.estimate.comm_bytes.ep > 0
-    assert check_plan(load_plan(dump_plan(plan))) == []
-    assert expert_problems(plan) == [
-        "strategy: ep=2 spreads the experts of layers.0.block_sparse_moe.experts (and 1 more) over dp ranks, which "
-        "apply_plan cannot apply yet (it plans and prices expert parallelism only); re-plan with --ep 1"
+    # The MoE layer is MixtralSparseMoeBlock (the experts' parent): its input is gathered over
+    # the ep group before it, its output summed after it, in block order.
+    moe = [f"layers.{i}.block_sparse_moe" for i in range(2)]
+    assert [(type(h), h.layer, h.when, getattr(h, "experts", None)) for h in plan.hooks] == [
+        hook
+        for layer in moe
+        for hook in ((ExpertDispatch, layer, "pre", f"{layer}.experts"), (ExpertCombine, layer, "post", None))
     ]
+    # Everything under the MoE layer is whole (one mesh axis, dp): the router gate replicated,
+    # each expert's w1, w2, w3 ExpertParallel; the attention and norms untouched at mp=1.
+    expected = {f"{layer}.gate.weight": (["R"], "Replicate") for layer in moe}
+    expected |= {
+        f"{layer}.experts.{e}.{w}.weight": (["R"], "ExpertParallel")
+        for layer in moe
+        for e in range(4)
+        for w in ("w1", "w2", "w3")
+    }
+    under_moe = {fqn: (p.placements, p.style) for fqn, p in plan.params.items() if fqn.startswith(tuple(moe))}
+    assert under_moe == expected
+    assert {p.style for fqn, p in plan.params.items() if fqn not in expected} == {"Replicate"}
+    assert check_plan(load_plan(dump_plan(plan))) == []
 
 
 def test_a_plan_without_ep_reads_as_ep_1_and_a_bad_ep_is_named():
@@ -100,7 +115,7 @@ def test_a_plan_without_ep_reads_as_ep_1_and_a_bad_ep_is_named():
     data = msgspec.json.decode(dump_plan(made.plan))
     del data["strategy"]["ep"]
     old = load_plan(msgspec.json.encode(data))
-    assert old.strategy.ep == 1 and expert_problems(old) == []
+    assert old.strategy.ep == 1 and check_plan(old) == []
     data["strategy"]["ep"] = 3
     problems = check_plan(msgspec.convert(data, type(old)))
     assert "$.strategy.ep: 3 does not divide dp=2 (experts spread over dp ranks)" in problems
