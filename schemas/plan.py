@@ -341,7 +341,7 @@ class CommEstimate(Base):
     mp: NonNegativeInt = 0
     dp: NonNegativeInt = 0
     pp: NonNegativeInt = 0
-    #: Expert parallelism's all-to-all (dispatch and combine, forward and backward).
+    #: Expert parallelism's gathers and sums (expert_dispatch and expert_combine, forward and backward).
     ep: NonNegativeInt = 0
     #: What Paddle inserts on its own beyond the plan's hooks: the ``implicit_comm`` entries
     #: together (the hooks' own gathers are in ``mp``).
