@@ -1,6 +1,7 @@
-"""Expert parallelism: recognised on the Mixtral-style zoo model, priced from first principles,
-chosen only on a backend with all-to-all, recorded in the plan, refused by apply_plan (which
-cannot apply it yet), and explained when asked for where it cannot run."""
+"""Expert parallelism: recognised on the Mixtral-style zoo model, priced from first principles
+(an all-gather and an all-reduce per MoE layer each way, so any backend runs it, gloo on CPU
+included), chosen only with mp 1, pp 1, ZeRO 0 and no sequence parallelism, written into the
+plan as hooks and placements, and explained when asked for where it cannot run."""
 
 from __future__ import annotations
 
@@ -53,16 +54,46 @@ def test_four_all_to_alls_per_moe_block_of_top_k_hidden_elements_per_token():
     assert plain.estimate.memory.params - spread.estimate.memory.params == round(saved * width)
 
 
-def test_the_search_takes_ep_only_where_the_backend_has_all_to_all():
+def test_the_search_takes_ep_on_any_backend_but_never_with_mp_pp_or_zero():
     model = moe_model(expert_params=400_000_000)  # experts dominate memory: spreading them pays
-    on_gpu = search(model, SearchRequest(devices_per_node=8, dp=8, mp=1, pp=1, ep=None, device=H100))
-    assert on_gpu.best.strategy.ep > 1
-    assert "ep" in strategy_text(on_gpu.best.strategy, "short")
-    cpu = PROFILES["cpu"]
-    on_cpu = search(model, SearchRequest(devices_per_node=8, dp=8, mp=1, pp=1, ep=None, device=cpu))
-    assert on_cpu.best.strategy.ep == 1
-    with pytest.raises(PlannerError, match="cpu cannot: sequence parallelism and expert parallelism need all-to-all"):
-        plan_target(MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, ep=2, device=cpu), {"target": MIXTRAL})
+    for device in (H100, PROFILES["cpu"]):  # gloo (cpu) has no all-to-all; ep needs none
+        result = search(model, SearchRequest(devices_per_node=8, dp=8, mp=1, pp=1, ep=None, device=device))
+        assert result.best.strategy.ep > 1, device.name
+        assert "ep" in strategy_text(result.best.strategy, "short")
+    # --ep auto with mp fixed at 2: only ep 1 is priced, nothing refused for it.
+    with_mp = search(model, SearchRequest(devices_per_node=8, dp=4, mp=2, pp=1, ep=None, device=H100))
+    assert {c.strategy.ep for c in [with_mp.best, *with_mp.accepted]} == {1}
+    # --ep 2 with the mesh searched: the dp2 x mp2 mesh is refused, named by the one rule.
+    fixed = search(model, SearchRequest(devices_per_node=4, pp=1, ep=2, device=H100))
+    assert (fixed.best.strategy.ep, fixed.best.strategy.mp, fixed.best.strategy.sharding_stage) == (2, 1, 0)
+    assert [r.reason for r in fixed.rejected if (r.strategy.dp, r.strategy.mp) == (2, 2)] == [
+        "ep=2 with mp=2: experts are held whole under expert parallelism; tensor parallelism inside experts "
+        "with ep is not built"
+    ]
+
+
+def test_an_ep_with_what_it_cannot_go_with_is_one_error_naming_why():
+    cases = {
+        ("--mp", 2): "--ep 2 with --mp 2: experts are held whole under expert parallelism; tensor parallelism "
+        "inside experts with ep is not built",
+        ("--pp", 2): "--ep 2 with --pp 2: expert parallelism inside a pipeline is not built",
+        ("--sharding-stage", 1): "--ep 2 with --sharding-stage 1: ZeRO over the dp group with expert parallelism "
+        "is not built (an expert's gradients are summed over other ranks than the rest)",
+        ("--sequence-parallel", None): "--ep 2 with --sequence-parallel: sequence parallelism with expert "
+        "parallelism is not built",
+    }
+    fields = {
+        "--mp": "mp",
+        "--pp": "pp",
+        "--sharding-stage": "sharding_stage",
+        "--sequence-parallel": "sequence_parallel",
+    }
+    for (option, value), message in cases.items():
+        asked = {fields[option]: True if value is None else value}
+        request = SearchRequest(devices_per_node=4, ep=2, device=H100, **asked)
+        with pytest.raises(PlannerError) as refused:
+            plan_target(MIXTRAL, None, request, {"target": MIXTRAL})
+        assert str(refused.value) == message
 
 
 def test_ep_is_not_searched_unless_asked_and_must_divide_the_experts():
@@ -142,12 +173,14 @@ def test_the_ep_option_of_the_command(tmp_path):
     def run(*args):
         return CliRunner().invoke(cli, ["plan", MIXTRAL, "--devices", "2", "--dp", "2", "--mp", "1", *args])
 
-    refused = run("--ep", "2", "--device", "cpu", "-o", str(tmp_path / "cpu.json"))
-    assert (
-        refused.exit_code == 2
-        and "cpu cannot: sequence parallelism and expert parallelism need all-to-all" in refused.output
+    on_cpu = run("--ep", "2", "--device", "cpu", "-o", str(tmp_path / "cpu.json"))
+    assert on_cpu.exit_code == 0, on_cpu.output
+    assert load_plan((tmp_path / "cpu.json").read_bytes()).strategy.ep == 2
+    refused = CliRunner().invoke(
+        cli, ["plan", MIXTRAL, "--devices", "4", "--mp", "2", "--ep", "2", "-o", str(tmp_path / "mp.json")]
     )
-    assert not (tmp_path / "cpu.json").exists()
+    assert refused.exit_code == 2 and "--ep 2 with --mp 2: experts are held whole" in refused.output
+    assert not (tmp_path / "mp.json").exists()
     bad = run("--ep", "two", "--device", "h100-sxm")
     assert bad.exit_code == 2 and "--ep must be a positive integer or auto, got 'two'" in bad.output
     made = run("--ep", "auto", "--device", "h100-sxm", "-o", str(tmp_path / "auto.json"))

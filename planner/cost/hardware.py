@@ -70,7 +70,7 @@ MAX_FIGURE = 1e18
 #: What a backend may lack (``[device].unsupported``), and what needs it.
 BACKEND_OPERATIONS = {
     "reduce_scatter": "sequence parallelism and ZeRO (sharding stages 1-3) need reduce-scatter",
-    "all_to_all": "sequence parallelism and expert parallelism need all-to-all",
+    "all_to_all": "sequence parallelism needs all-to-all",
     "cross_mesh_reshard": "a pipeline (pp > 1) moves activations between two meshes",
 }
 
@@ -310,22 +310,23 @@ def _profile_values(profile: DeviceProfile) -> dict[str, float]:
 
 
 def backend_problem(
-    device: DeviceProfile, sequence_parallel: bool = False, sharding_stage: int = 0, pp: int = 1, ep: int = 1
+    device: DeviceProfile, sequence_parallel: bool = False, sharding_stage: int = 0, pp: int = 1
 ) -> str:
     """Why ``device``'s collective backend cannot run a strategy with these settings, or ''.
 
+    Expert parallelism needs nothing here: its dispatch and combine are an all-gather and an
+    all-reduce, which every backend has (docs/recognition.md, "Experts").
+
     >>> backend_problem(PROFILES["cpu"], sharding_stage=2)
     'cpu cannot: sequence parallelism and ZeRO (sharding stages 1-3) need reduce-scatter'
-    >>> backend_problem(PROFILES["cpu"], ep=2)
-    'cpu cannot: sequence parallelism and expert parallelism need all-to-all'
-    >>> backend_problem(PROFILES["h100-sxm"], sequence_parallel=True, pp=2, ep=2)
+    >>> backend_problem(PROFILES["cpu"], pp=2)
+    'cpu cannot: a pipeline (pp > 1) moves activations between two meshes'
+    >>> backend_problem(PROFILES["h100-sxm"], sequence_parallel=True, pp=2)
     ''
     """
     needs = []
     if sequence_parallel:
         needs += ["reduce_scatter", "all_to_all"]
-    if ep > 1:
-        needs.append("all_to_all")
     if sharding_stage:
         needs.append("reduce_scatter")
     if pp > 1:

@@ -330,9 +330,14 @@ def check_fixed_degrees(cost: ModelCost, request: SearchRequest) -> None:
         if problem:
             raise PlannerError(problem)
     if request.ep is not None and request.ep > 1:
-        problem = expert_problem(cost, request.ep, f"--ep {request.ep}") or backend_problem(
-            request.device, ep=request.ep
+        fixed = Strategy(
+            mp=request.mp or 1,
+            pp=request.pp or 1,
+            sharding_stage=request.sharding_stage or 0,
+            sequence_parallel=bool(request.sequence_parallel),
+            ep=request.ep,
         )
+        problem = expert_problem(cost, request.ep, f"--ep {request.ep}") or expert_limit(fixed, options=True)
         if problem:
             raise PlannerError(problem)
     if request.sequence_parallel and cost.token_mixing:
@@ -352,6 +357,46 @@ def expert_problem(cost: ModelCost, ep: int, label: str) -> str:
     if ep > 1 and not counts:
         return f"{label}: no block has experts (an MoE layer), so there is nothing to spread over ranks"
     return next((f"{label} does not divide the {n} experts of a block" for n in counts if n % ep), "")
+
+
+def expert_limit(strategy: Strategy, options: bool = False) -> str:
+    """Why ``strategy``'s expert parallelism cannot go with its other settings, or '': ep > 1 runs
+    only with mp 1, pp 1, ZeRO stage 0 and no sequence parallelism (what apply_plan builds; the one
+    rule for the search and for the command's options). ``options``: name the settings as the
+    command's options (``--mp 2``), else as a strategy's fields (``mp=2``).
+
+    >>> expert_limit(Strategy(dp=2, mp=2, ep=2))
+    'ep=2 with mp=2: experts are held whole under expert parallelism; tensor parallelism inside experts with ep is not built'
+    >>> expert_limit(Strategy(dp=2, pp=2, ep=2), options=True)
+    '--ep 2 with --pp 2: expert parallelism inside a pipeline is not built'
+    """
+    ep, mp, pp, stage = strategy.ep, strategy.mp, strategy.pp, strategy.sharding_stage
+    settings = (  # (clashes, as an option, as a field, why)
+        (
+            mp > 1,
+            f"--mp {mp}",
+            f"mp={mp}",
+            "experts are held whole under expert parallelism; tensor parallelism inside experts with ep is not built",
+        ),
+        (pp > 1, f"--pp {pp}", f"pp={pp}", "expert parallelism inside a pipeline is not built"),
+        (
+            stage > 0,
+            f"--sharding-stage {stage}",
+            f"sharding_stage={stage}",
+            "ZeRO over the dp group with expert parallelism is not built (an expert's gradients are summed over "
+            "other ranks than the rest)",
+        ),
+        (
+            strategy.sequence_parallel,
+            "--sequence-parallel",
+            "sequence parallelism",
+            "sequence parallelism with expert parallelism is not built",
+        ),
+    )
+    for clash, option, name, why in settings:
+        if ep > 1 and clash:
+            return f"--ep {ep} with {option}: {why}" if options else f"ep={ep} with {name}: {why}"
+    return ""
 
 
 def _expert_degrees(cost: ModelCost, request: SearchRequest, dp: int) -> list[int]:
@@ -415,7 +460,9 @@ def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list
 
 def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, num_blocks: int, tied: bool) -> str:
     """Why one variant of a feasible mesh cannot work (before pricing it), or ''."""
-    unsupported = backend_problem(setup.device, strategy.sequence_parallel, strategy.sharding_stage, ep=strategy.ep)
+    unsupported = backend_problem(setup.device, strategy.sequence_parallel, strategy.sharding_stage) or expert_limit(
+        strategy
+    )
     if unsupported:
         return unsupported
     if strategy.dp % strategy.ep:
@@ -510,7 +557,7 @@ def _backend_notes(setup: Setup) -> list[str]:
         return []
     return [
         f"device {setup.device.name}: its backend lacks {', '.join(setup.device.unsupported)}; strategies that "
-        "need them (sequence parallelism, ZeRO, pipelines, expert parallelism) were not considered"
+        "need them (sequence parallelism, ZeRO, pipelines) were not considered"
     ]
 
 
