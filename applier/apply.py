@@ -48,6 +48,7 @@ from autodist.schemas import Plan, PlanError, dump_plan, load_plan, parameter_fi
 from autodist.applier.accumulate import AccumulatingOptimizer, MicroBatchLoader, accumulates, step_scheduler_per_update
 from autodist.applier.agree import Record, agree, digest, timeout_from
 from autodist.applier.data import shard_loader
+from autodist.applier.experts import ExpertGradSync, ExpertGroups, dropped_parameters, spread_experts
 from autodist.applier.hooks import ReshardFn, register_hooks
 from autodist.applier.mesh import mesh_ids
 from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, shard_optimizer
@@ -110,8 +111,13 @@ def apply_plan(
     assert loaded is not None  # agree() raises on every rank when any rank has a problem
     plan = loaded
 
-    replaced = shard_parameters(model, plan)
+    # Expert parallelism drops the experts other ranks hold before anything is sharded.
+    replaced = shard_parameters(model, plan, frozenset(dropped_parameters(plan, dist.get_rank())))
     register_hooks(model, plan, reshard_fn)
+    groups = None
+    if plan.strategy.ep > 1:
+        groups = ExpertGroups(plan, dist.get_rank())
+        spread_experts(model, plan, groups)
     wrap_recompute(model, plan)
     if uses_schedule(plan):
         model = build_pipeline(model, plan, loss_fn, dist.ProcessMesh(mesh_ids(plan).tolist(), plan.mesh.axes))
@@ -121,6 +127,8 @@ def apply_plan(
         new_param = {id(old): new for old, new in replaced if id(new) in mine}
         rebuilt = rebuild_optimizer(optimizer, new_param)
         optimizer = shard_optimizer(rebuilt, plan)
+        if groups is not None:  # summed before every update, so after all micro-batches
+            optimizer = ExpertGradSync(optimizer, rebuilt, model, plan, groups)
         accumulating = None
         if accumulates(plan):
             optimizer = accumulating = AccumulatingOptimizer(

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import paddle
 import paddle.distributed as dist
 
-from autodist.schemas import Hook, Plan, Reshard, StageHandoff
+from autodist.schemas import ExpertCombine, ExpertDispatch, Hook, Plan, Reshard, StageHandoff
 from autodist.schemas.schedules import PIPELINING_SCHEDULES
 
 from autodist.applier.mesh import stage_mesh, stage_placements
@@ -43,6 +43,8 @@ def register_hooks(model: paddle.nn.Layer, plan: Plan, reshard_fn: ReshardFn | N
     layers = dict(model.named_sublayers())
     handles = []
     for hook in plan.hooks:
+        if isinstance(hook, (ExpertDispatch, ExpertCombine)):
+            continue  # expert parallelism's own (experts.py)
         if hook.action == "stage_handoff" and plan.strategy.schedule in PIPELINING_SCHEDULES:
             continue  # the schedule sends activations between stages itself
         transform = _transform(hook, plan, reshard_fn)
@@ -123,7 +125,7 @@ def _replicated(mesh: dist.ProcessMesh) -> list:
 def _pre_hook(transform, hook: Hook):
     def pre(layer, args, kwargs):
         if hook.action == "stage_handoff":
-            return _map_tensors(args, transform), _map_tensors(kwargs, transform)
+            return map_tensors(args, transform), map_tensors(kwargs, transform)
         return map_first_input(args, kwargs, transform)
 
     return pre
@@ -132,20 +134,20 @@ def _pre_hook(transform, hook: Hook):
 def _post_hook(transform, hook: Hook):
     def post(layer, args, output):
         if hook.action == "stage_handoff":
-            return _map_tensors(output, transform)
+            return map_tensors(output, transform)
         return map_first(output, transform)
 
     return post
 
 
-def _map_tensors(value: Any, fn: Callable) -> Any:
+def map_tensors(value: Any, fn: Callable) -> Any:
     """Apply ``fn`` to every Tensor in a (nested) tuple / list / dict; leave the rest."""
     if isinstance(value, paddle.Tensor):
         return fn(value)
     if isinstance(value, (tuple, list)):
-        return type(value)(_map_tensors(v, fn) for v in value)
+        return type(value)(map_tensors(v, fn) for v in value)
     if isinstance(value, dict):
-        return {k: _map_tensors(v, fn) for k, v in value.items()}
+        return {k: map_tensors(v, fn) for k, v in value.items()}
     return value
 
 

@@ -51,11 +51,14 @@ def parameter_owners(model: paddle.nn.Layer) -> dict[int, list[Slot]]:
     return owners
 
 
-def shard_parameters(model: paddle.nn.Layer, plan: Plan) -> list[tuple[paddle.Tensor, paddle.Tensor]]:
+def shard_parameters(
+    model: paddle.nn.Layer, plan: Plan, dropped: frozenset[str] = frozenset()
+) -> list[tuple[paddle.Tensor, paddle.Tensor]]:
     """Shard each planned parameter (``dist.shard_tensor`` on its stage mesh, with its
-    placements) and put it back in every slot that held the old one. A lazily built parameter
-    is first initialised whole, in creation order (lazy.py), and freed once sharded. Returns
-    the ``(old, new)`` parameter pairs."""
+    placements) and put it back in every slot that held the old one; remove the ``dropped``
+    ones (experts other ranks hold, experts.py) from the model. A lazily built parameter
+    is first initialised whole, in creation order (lazy.py), and freed once sharded or dropped.
+    Returns the ``(old, new)`` parameter pairs."""
     slots_by_fqn = {slot.fqn: slots for slots in parameter_owners(model).values() for slot in slots}
     held = {fqn: slots[0].layer._parameters[slots[0].key] for fqn, slots in slots_by_fqn.items()}
     turn = lazy.creation_turns(model, [held[fqn] for fqn in plan.params])
@@ -67,6 +70,10 @@ def shard_parameters(model: paddle.nn.Layer, plan: Plan) -> list[tuple[paddle.Te
         built_lazily = lazy.is_lazy(old)
         if built_lazily:  # whole, on every rank, from the global generator: the eager build's draw
             lazy.materialise(old, [slot.layer for slot in slots])
+        if fqn in dropped:  # drawn all the same, so the next parameters draw what the eager build did
+            for slot in slots:
+                del slot.layer._parameters[slot.key]
+            continue
         placements = stage_placements(plan, planned.placements)
         new = dist.shard_tensor(old, stage_mesh(plan, planned.stage), placements)
         # A name tied across stages (an LM head sharing the embedding) holds its own copy on its

@@ -20,6 +20,7 @@ import paddle
 from autodist.schemas import Plan, parameter_diff, parameter_fingerprint, parameter_table
 
 from autodist.applier.accumulate import accumulation_problems
+from autodist.applier.experts import expert_problems, expert_structure_problems
 from autodist.applier.optimizer import optimizer_problems
 from autodist.applier.pipeline import pipeline_problems
 from autodist.applier.recompute import recompute_problems
@@ -59,20 +60,6 @@ def world_problems(plan: Plan, world_size: int) -> list[str]:
     return [
         f"world size: the plan's mesh {mesh} needs {size} ranks but this job has {world_size} "
         f"(PADDLE_TRAINERS_NUM); launch {size} ranks or re-plan for {world_size} device(s)"
-    ]
-
-
-def expert_problems(plan: Plan) -> list[str]:
-    """Expert parallelism is planned and priced, not applied yet: moving each token to the rank
-    holding its expert needs the MoE layer's forward rewritten around an all-to-all, which
-    placements alone do not do (docs/recognition.md, "Experts")."""
-    if plan.strategy.ep == 1:
-        return []
-    layers = sorted({b.experts for b in plan.blocks if b.experts})
-    return [
-        f"strategy: ep={plan.strategy.ep} spreads the experts of {layers[0] if layers else 'no layer'}"
-        f"{f' (and {len(layers) - 1} more)' if len(layers) > 1 else ''} over dp ranks, which apply_plan "
-        "cannot apply yet (it plans and prices expert parallelism only); re-plan with --ep 1"
     ]
 
 
@@ -128,6 +115,7 @@ def structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
         + hook_problems(model, plan)
         + accumulation_problems(plan)
         + recompute_problems(model, plan)
+        + expert_structure_problems(model, plan)
     )
 
 

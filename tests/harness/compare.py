@@ -87,8 +87,13 @@ def layout_differences(plan, rank_output: dict) -> list[str]:
     dp_index = plan.mesh.axes.index("dp") if "dp" in sizes else None
     stage = plan.strategy.sharding_stage
     rank, problems = rank_output["rank"], []
+    others = _other_ranks_experts(plan, rank)
     for fqn, planned in sorted(plan.params.items()):
         got = rank_output["layout"].get(fqn)
+        if fqn in others:
+            if got is not None:
+                problems.append(f"rank {rank}: holds {fqn}, an expert another rank of its ep group holds")
+            continue
         if got is None and rank_output.get("stage_params_only"):
             continue  # another stage's parameter
         if got is None or got["placements"] is None:
@@ -113,6 +118,26 @@ def layout_differences(plan, rank_output: dict) -> list[str]:
                     f"rank {rank}: ZeRO stage {stage} but optimizer state {name} is not split over dp: {state}"
                 )
     return problems
+
+
+def _other_ranks_experts(plan, rank: int) -> set[str]:
+    """The expert parameters ``rank`` must not hold, written from the design (schemas/plan.py,
+    ``Strategy.ep``) independently of the applier: the rank at dp index d holds experts
+    ``j*E/ep .. (j+1)*E/ep - 1`` of each container, j = d % ep."""
+    ep = plan.strategy.ep
+    if ep == 1:
+        return set()
+    ids = np.array(plan.mesh.process_ids).reshape(plan.mesh.shape)
+    d = int(np.argwhere(ids == rank)[0][plan.mesh.axes.index("dp")])
+    others = set()
+    for block in plan.blocks:
+        if block.experts:
+            per = block.num_experts // ep
+            for fqn in plan.params:
+                if fqn.startswith(block.experts + "."):
+                    if int(fqn[len(block.experts) + 1 :].split(".")[0]) // per != d % ep:
+                        others.add(fqn)
+    return others
 
 
 def _shard_dim(placement: str) -> int | None:

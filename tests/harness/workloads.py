@@ -266,6 +266,9 @@ def make_optimizer(kind: str, parameters) -> tuple[paddle.optimizer.Optimizer, p
     optimizer and the schedule the training loop steps (the user's handle, as in real code)."""
     if kind == "sgd":
         return paddle.optimizer.SGD(learning_rate=0.1, parameters=parameters), None
+    if kind == "sgd_clip":  # the update scales with the clip: a wrong global norm shows in the losses
+        clip = paddle.nn.ClipGradByGlobalNorm(1.0)
+        return paddle.optimizer.SGD(learning_rate=0.1, parameters=parameters, grad_clip=clip), None
     if kind == "adamw":
         schedule = paddle.optimizer.lr.StepDecay(learning_rate=1e-3, step_size=2, gamma=0.5)
         optimizer = paddle.optimizer.AdamW(
@@ -275,7 +278,7 @@ def make_optimizer(kind: str, parameters) -> tuple[paddle.optimizer.Optimizer, p
             grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0),
         )
         return optimizer, schedule
-    raise ValueError(f"unknown optimizer {kind!r} (sgd or adamw)")
+    raise ValueError(f"unknown optimizer {kind!r} (sgd, sgd_clip or adamw)")
 
 
 def train(workload: Workload, model, optimizer, schedule, loader, steps: int) -> list[float]:

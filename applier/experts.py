@@ -1,0 +1,371 @@
+"""Expert parallelism (``strategy.ep``): each MoE layer's experts spread over groups of ep ranks.
+
+The layout is Megatron-LM's "allgather" token dispatcher, chosen because it runs the model's own
+MoE forward unchanged, whatever its routing looks like (a ``topk`` loop over every expert, a loop
+over only the experts that got tokens, an einsum dispatch), and because it needs no all-to-all,
+which the CPU wheel's gloo lacks (docs/paddle-notes.md, "Collectives on the CPU wheel"):
+
+- An *ep group* is ``ep`` neighbouring data-parallel ranks (same mp coordinate, dp indices
+  ``k*ep .. k*ep + ep - 1``). The rank at index ``j`` of its group holds experts
+  ``j*E/ep .. (j+1)*E/ep - 1`` of each MoE layer, whole; the other experts' parameters are dropped
+  on it and their forward answers zeros.
+- ``expert_dispatch`` (before the MoE layer): the group's tokens are gathered, so every rank of
+  the group routes all of them with the layer's own code and runs its own experts on those
+  routed to them. Inside the layer every parameter is used as a plain local tensor.
+- ``expert_combine`` (after it): each rank's output holds its experts' share of every token;
+  the shares are summed over the group and each rank keeps its own tokens. Further tensors the
+  layer returns (router logits) were computed on the gathered tokens: each rank keeps its rows.
+- Gradients, before each optimizer update (:class:`ExpertGradSync`): a rank's router gradient
+  covers only the routes to its experts, so the MoE layer's other parameters sum theirs over the
+  whole dp axis; an expert's gradient covers its group's tokens, so it is summed over the dp/ep
+  ranks that hold the same expert.
+
+Why the sums are right: backward of "sum over the group, keep my rows" is "gather the rows'
+gradients", so every rank sees the gradient of every gathered token; backward of the gather is
+"sum over the group, keep my rows" again. The result is the single-device gradient exactly
+(tests/test_train_experts.py trains to single-device losses).
+
+Example::
+
+    >>> ExpertLayout.of([[0, 1, 2, 3]], ["dp"], rank=2, ep=2)
+    ExpertLayout(ep=2, index=0, group=[2, 3], replicas=[0, 2], dp=[0, 1, 2, 3])
+    >>> held_experts(8, ep=2, index=1)
+    range(4, 8)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+from paddle.autograd import PyLayer
+from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_local
+
+from autodist.schemas import ExpertCombine, ExpertDispatch, Plan
+
+from autodist.applier.hooks import first_tensor, map_first_input, map_tensors
+from autodist.applier.mesh import mesh_ids
+from autodist.applier.optimizer import optimizer_parameters
+from autodist.applier.shard import parameter_owners
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """This rank's place in expert parallelism: its index in its ep group (which experts it
+    holds), the group's ranks, the ranks holding the same experts, and its dp axis's ranks."""
+
+    ep: int
+    index: int
+    group: list[int]
+    replicas: list[int]
+    dp: list[int]
+
+    @classmethod
+    def of(cls, ids: Any, axes: list[str], rank: int, ep: int) -> ExpertLayout:
+        """The layout of ``rank`` on a mesh of process ``ids`` over ``axes`` (no pp axis)."""
+        line = _dp_line(np.asarray(ids), axes, rank)
+        d = line.index(rank)
+        start = d - d % ep
+        return cls(ep, d % ep, line[start : start + ep], line[d % ep :: ep], line)
+
+    @classmethod
+    def of_plan(cls, plan: Plan, rank: int) -> ExpertLayout:
+        return cls.of(mesh_ids(plan), list(plan.mesh.axes), rank, plan.strategy.ep)
+
+
+def held_experts(count: int, ep: int, index: int) -> range:
+    """The experts (numbers under the container) the rank at ``index`` of its ep group holds."""
+    per = count // ep
+    return range(index * per, (index + 1) * per)
+
+
+def dropped_parameters(plan: Plan, rank: int) -> set[str]:
+    """The planned parameters this rank does not hold: the experts of other ranks of its group."""
+    if plan.strategy.ep == 1:
+        return set()
+    index = ExpertLayout.of_plan(plan, rank).index
+    dropped = set()
+    for container, count in _containers(plan).items():
+        held = {str(i) for i in held_experts(count, plan.strategy.ep, index)}
+        for fqn in plan.params:
+            if fqn.startswith(container + ".") and fqn[len(container) + 1 :].split(".")[0] not in held:
+                dropped.add(fqn)
+    return dropped
+
+
+def expert_structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
+    """What the model must have for the plan's expert hooks: numbered experts under each
+    container, as many as the plan's blocks say."""
+    layers = dict(model.named_sublayers())
+    problems = []
+    for container, count in sorted(_containers(plan).items()):
+        held = layers.get(container)
+        if held is None:
+            continue  # hook_problems names a missing layer
+        numbered = sorted(int(name) for name, _ in held.named_children() if name.isdigit())
+        if numbered != list(range(count)):
+            problems.append(
+                f'experts: "{container}" has {len(numbered)} numbered sub-layers, the plan spreads {count} '
+                "experts over ep ranks"
+            )
+    return problems
+
+
+def expert_problems(plan: Plan) -> list[str]:
+    """Strategies expert parallelism does not run with yet."""
+    s = plan.strategy
+    if s.ep == 1:
+        return []
+    problems = []
+    if s.pp > 1:
+        problems.append(f"strategy: ep={s.ep} with pp={s.pp}: expert parallelism runs without pipeline stages only")
+    if s.sharding_stage:
+        problems.append(
+            f"strategy: ep={s.ep} with sharding_stage={s.sharding_stage}: ZeRO would shard each rank's own "
+            "experts' states as if every rank held them; use sharding_stage 0"
+        )
+    if s.sequence_parallel:
+        problems.append(f"strategy: ep={s.ep} with sequence parallelism: the MoE layers need whole sequences")
+    return problems
+
+
+# -- applying it ---------------------------------------------------------------------------------------
+
+
+def spread_experts(model: paddle.nn.Layer, plan: Plan, groups: ExpertGroups) -> list[Any]:
+    """Turn the experts this rank does not hold into zero answers and wrap each MoE layer in its
+    dispatch and combine. Call after :func:`~autodist.applier.shard.shard_parameters` (with
+    :func:`dropped_parameters` left out). Returns the hook handles."""
+    layers = dict(model.named_sublayers())
+    handles = []
+    for hook in plan.hooks:
+        if isinstance(hook, ExpertDispatch):
+            container = layers[hook.experts]
+            held = {
+                str(i) for i in held_experts(_containers(plan)[hook.experts], plan.strategy.ep, groups.layout.index)
+            }
+            for name, expert in container.named_children():
+                if name.isdigit() and name not in held:
+                    expert.forward = _answer_zeros
+            moe = _MoeLayer(layers[hook.layer], groups)
+            handles.append(layers[hook.layer].register_forward_pre_hook(moe.dispatch, with_kwargs=True))
+        elif isinstance(hook, ExpertCombine):
+            handles.append(layers[hook.layer].register_forward_post_hook(_MoeLayer.combine))
+    return handles
+
+
+class ExpertGroups:
+    """The ranks this rank shares work with under expert parallelism, as one-axis meshes: its
+    ep group, its dp axis, and the ranks holding the same experts (None when it is alone).
+
+    Collectives go through ``dist.reshard`` on these meshes, which creates each group's
+    communicator among its own ranks; ``dist.new_group`` on the CPU wheel's gloo fails at random
+    once a job creates several groups (docs/paddle-notes.md, "Process groups on gloo")."""
+
+    def __init__(self, plan: Plan, rank: int):
+        self.layout = layout = ExpertLayout.of_plan(plan, rank)
+        self.group = dist.ProcessMesh(layout.group, dim_names=["ep"])
+        self.dp = dist.ProcessMesh(layout.dp, dim_names=["dp"])
+        self.replicas = dist.ProcessMesh(layout.replicas, dim_names=["dp"]) if len(layout.replicas) > 1 else None
+
+
+class ExpertGradSync:
+    """Before each update, sums the MoE layers' gradients over the ranks that share them (module
+    docstring) and, when the optimizer clips by global norm, clips here instead: Paddle's clip
+    would take each rank's own experts for all of them (:func:`_global_norm`). Anything else
+    is the wrapped optimizer's.
+
+    ``optimizer`` is what ``apply_plan`` returns so far, ``rebuilt`` the plain optimizer inside
+    it (its clip is taken over)."""
+
+    def __init__(self, optimizer: Any, rebuilt: Any, model: paddle.nn.Layer, plan: Plan, groups: ExpertGroups):
+        self._inner, self._groups = optimizer, groups
+        params = {slot.fqn: model_param for model_param, slots in _params_by_object(model) for slot in slots}
+        moe_layers = tuple(h.layer + "." for h in plan.hooks if isinstance(h, ExpertDispatch))
+        containers = tuple(h.experts + "." for h in plan.hooks if isinstance(h, ExpertDispatch))
+        inside = sorted(fqn for fqn in params if fqn.startswith(moe_layers))
+        self._experts = [params[f] for f in inside if f.startswith(containers)]
+        self._shared = [params[f] for f in inside if not f.startswith(containers)]
+        self._clip = rebuilt._grad_clip if isinstance(rebuilt._grad_clip, paddle.nn.ClipGradByGlobalNorm) else None
+        if self._clip is not None:
+            rebuilt._grad_clip = None
+            self._clipped = [p for p in optimizer_parameters(rebuilt) if getattr(p, "need_clip", True)]
+
+    def step(self) -> None:
+        with paddle.no_grad():
+            for param in self._shared:
+                _sum_gradient(param, self._groups.dp)
+            if self._groups.replicas is not None:
+                for param in self._experts:
+                    _sum_gradient(param, self._groups.replicas)
+            if self._clip is not None:
+                norm = _global_norm(self._clipped, {id(p) for p in self._experts}, self._groups.group)
+                scale = self._clip.clip_norm / max(norm, self._clip.clip_norm)
+                for param in self._clipped:
+                    if param.grad is not None:
+                        param.grad.scale_(scale)
+        self._inner.step()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+# -- inside -------------------------------------------------------------------------------------------------
+
+
+class _MoeLayer:
+    """One MoE layer's dispatch (pre-hook) and combine (post-hook)."""
+
+    def __init__(self, layer: paddle.nn.Layer, groups: ExpertGroups):
+        self.groups = groups
+        self.slots = [
+            (sub, key, p)
+            for sub in layer.sublayers(include_self=True)
+            for key, p in sub._parameters.items()
+            if p is not None
+        ]
+        layer._autodist_moe = self
+
+    def dispatch(self, layer, args, kwargs):
+        def gather(x):
+            if not x.is_dist():
+                raise RuntimeError(f"expert parallelism: {type(layer).__name__}'s input is not a DistTensor")
+            self.mesh, self.placements = x.process_mesh, list(x.placements)
+            local = dtensor_to_local(x, x.process_mesh, x.placements)
+            return _GatherRows.apply(local, self.groups.group, self.groups.layout.index, self.groups.layout.ep)
+
+        # The layer computes on plain local tensors: its parameters too, for this call.
+        for sub, key, param in self.slots:
+            sub._parameters[key] = dtensor_to_local(param, param.process_mesh, param.placements)
+        return map_first_input(args, kwargs, gather)
+
+    @staticmethod
+    def combine(layer, args, output):
+        self = layer._autodist_moe
+        for sub, key, param in self.slots:
+            sub._parameters[key] = param
+        ep, index, group = self.groups.layout.ep, self.groups.layout.index, self.groups.group
+        summed = first_tensor(output)
+
+        def back_to_dist(tensor):
+            if not isinstance(tensor, paddle.Tensor) or tensor.is_dist() or tensor.ndim == 0 or tensor.shape[0] % ep:
+                return tensor
+            mine = _SumRows.apply(tensor, group, index, ep) if tensor is summed else _my_rows(tensor, index, ep)
+            return dtensor_from_local(
+                mine, self.mesh, self.placements if tensor is summed else _rows(self.placements, tensor.ndim)
+            )
+
+        return map_tensors(output, back_to_dist)
+
+
+class _GatherRows(PyLayer):
+    """Forward: the ep group's tensors stacked along dim 0 (rank order). Backward: the gradient
+    summed over the group, this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, x, group, index, ep):
+        ctx.group, ctx.index, ctx.ep = group, index, ep
+        return _gather(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _my_rows(_sum(grad, ctx.group), ctx.index, ctx.ep)
+
+
+class _SumRows(PyLayer):
+    """Forward: the tensor summed over the ep group, this rank's rows. Backward: the rows'
+    gradients of the whole group, stacked (rank order)."""
+
+    @staticmethod
+    def forward(ctx, x, group, index, ep):
+        ctx.group = group
+        return _my_rows(_sum(x, group), index, ep)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad, ctx.group)
+
+
+def _gather(x: paddle.Tensor, mesh: dist.ProcessMesh) -> paddle.Tensor:
+    """The tensors of ``mesh``'s ranks stacked along dim 0 (rank order): an all-gather."""
+    whole = dist.reshard(dtensor_from_local(x, mesh, [dist.Shard(0)]), mesh, [dist.Replicate()])
+    return whole._local_value()
+
+
+def _sum(x: paddle.Tensor, mesh: dist.ProcessMesh) -> paddle.Tensor:
+    """The tensors of ``mesh``'s ranks summed: an all-reduce."""
+    whole = dist.reshard(dtensor_from_local(x, mesh, [dist.Partial()]), mesh, [dist.Replicate()])
+    return whole._local_value()
+
+
+def _my_rows(tensor: paddle.Tensor, index: int, ep: int) -> paddle.Tensor:
+    rows = tensor.shape[0] // ep
+    return tensor[index * rows : (index + 1) * rows]
+
+
+def _rows(placements: list, ndim: int) -> list:
+    """The input's placements for a tensor of rows of the gathered tokens (``ndim`` dims)."""
+    return [p if not isinstance(p, dist.Shard) or p.get_dim() < ndim else dist.Replicate() for p in placements]
+
+
+def _answer_zeros(x, *args, **kwargs):
+    """The forward of an expert another rank holds: its share of every token is zero."""
+    return paddle.zeros_like(x)
+
+
+def _sum_gradient(param: paddle.Tensor, group) -> None:
+    """Sum ``param``'s gradient over ``group``; a rank where the parameter got none (an expert no
+    token reached) contributes zeros and receives the others' sum."""
+    grad = param.grad
+    total = _sum(grad._local_value() if grad is not None else paddle.zeros(param.shape, param.dtype), group)
+    if grad is None:
+        param._set_grad_ivar(dtensor_from_local(total, param.process_mesh, param.placements))
+    else:
+        grad._local_value().copy_(total, False)
+
+
+def _global_norm(params: list[paddle.Tensor], experts: set[int], group) -> float:
+    """The gradients' global L2 norm. Every other gradient is a DistTensor whose placements
+    tell the truth, so resharding its square sum to Replicate gives the whole tensor's; the
+    experts' gradients are each rank's own (marked Replicate although the ranks of a group hold
+    different experts), so theirs are summed over the ep group, where each expert is once."""
+    total = 0.0
+    own = paddle.zeros([], "float32")
+    for param in params:
+        grad = param.grad
+        if grad is None:
+            continue
+        square = (grad.astype("float32") ** 2).sum()
+        if id(param) in experts:
+            own = own + square._local_value()
+        else:
+            whole = dist.reshard(square, square.process_mesh, [dist.Replicate() for _ in square.placements])
+            total += float(whole._local_value())
+    return math.sqrt(total + float(_sum(own, group)))
+
+
+def _dp_line(ids: np.ndarray, axes: list[str], rank: int) -> list[int]:
+    """The ranks along the dp axis through ``rank`` (just ``rank`` without a dp axis)."""
+    where = tuple(int(i) for i in np.argwhere(ids == rank)[0])
+    if "dp" not in axes:
+        return [rank]
+    d = axes.index("dp")
+    return [int(ids[where[:d] + (k,) + where[d + 1 :]]) for k in range(ids.shape[d])]
+
+
+def _containers(plan: Plan) -> dict[str, int]:
+    """Each expert container under an ``expert_dispatch`` hook, with its number of experts."""
+    counts = {b.experts: b.num_experts for b in plan.blocks if b.experts}
+    return {h.experts: counts.get(h.experts, 0) for h in plan.hooks if isinstance(h, ExpertDispatch)}
+
+
+def _params_by_object(model: paddle.nn.Layer):
+    held = {}
+    for slots in parameter_owners(model).values():
+        first = slots[0]
+        held[id(first.layer._parameters[first.key])] = (first.layer._parameters[first.key], slots)
+    return held.values()
