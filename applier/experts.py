@@ -141,20 +141,23 @@ def spread_experts(model: paddle.nn.Layer, plan: Plan, groups: ExpertGroups) -> 
     dispatch and combine. Call after :func:`~autodist.applier.shard.shard_parameters` (with
     :func:`dropped_parameters` left out). Returns the hook handles."""
     layers = dict(model.named_sublayers())
-    handles = []
+    moe_layers = {}
     for hook in plan.hooks:
         if isinstance(hook, ExpertDispatch):
-            container = layers[hook.experts]
-            held = {
-                str(i) for i in held_experts(_containers(plan)[hook.experts], plan.strategy.ep, groups.layout.index)
-            }
-            for name, expert in container.named_children():
+            count = _containers(plan)[hook.experts]
+            held = {str(i) for i in held_experts(count, plan.strategy.ep, groups.layout.index)}
+            for name, expert in layers[hook.experts].named_children():
                 if name.isdigit() and name not in held:
                     expert.forward = _answer_zeros
-            moe = _MoeLayer(layers[hook.layer], groups)
-            handles.append(layers[hook.layer].register_forward_pre_hook(moe.dispatch, with_kwargs=True))
+            moe_layers[hook.layer] = _MoeLayer(layers[hook.layer], groups)
+    handles = []
+    for hook in plan.hooks:  # check_plan pairs every combine with a dispatch on its layer
+        if isinstance(hook, ExpertDispatch):
+            handles.append(
+                layers[hook.layer].register_forward_pre_hook(moe_layers[hook.layer].dispatch, with_kwargs=True)
+            )
         elif isinstance(hook, ExpertCombine):
-            handles.append(layers[hook.layer].register_forward_post_hook(_MoeLayer.combine))
+            handles.append(layers[hook.layer].register_forward_post_hook(moe_layers[hook.layer].combine))
     return handles
 
 
@@ -164,7 +167,7 @@ class ExpertGroups:
 
     Collectives go through ``dist.reshard`` on these meshes, which creates each group's
     communicator among its own ranks; ``dist.new_group`` on the CPU wheel's gloo fails at random
-    once a job creates several groups (docs/paddle-notes.md, "Process groups on gloo")."""
+    once a job creates several groups (docs/paddle-notes.md, "Expert parallelism")."""
 
     def __init__(self, plan: Plan, rank: int):
         self.layout = layout = ExpertLayout.of_plan(plan, rank)
@@ -228,7 +231,6 @@ class _MoeLayer:
             for key, p in sub._parameters.items()
             if p is not None
         ]
-        layer._autodist_moe = self
 
     def dispatch(self, layer, args, kwargs):
         def gather(x):
@@ -236,24 +238,27 @@ class _MoeLayer:
                 raise RuntimeError(f"expert parallelism: {type(layer).__name__}'s input is not a DistTensor")
             self.mesh, self.placements = x.process_mesh, list(x.placements)
             local = dtensor_to_local(x, x.process_mesh, x.placements)
-            return _GatherRows.apply(local, self.groups.group, self.groups.layout.index, self.groups.layout.ep)
+            gathered = _GatherRows.apply(local, self.groups.group, self.groups.layout.index, self.groups.layout.ep)
+            # Rows of the gathered tokens, however the layer flattens them: [b, ...], [b*s, ...]
+            self.row_counts = {math.prod(gathered.shape[:k]) for k in range(1, gathered.ndim)}
+            return gathered
 
         # The layer computes on plain local tensors: its parameters too, for this call.
         for sub, key, param in self.slots:
             sub._parameters[key] = dtensor_to_local(param, param.process_mesh, param.placements)
         return map_first_input(args, kwargs, gather)
 
-    @staticmethod
-    def combine(layer, args, output):
-        self = layer._autodist_moe
+    def combine(self, layer, args, output):
         for sub, key, param in self.slots:
             sub._parameters[key] = param
         ep, index, group = self.groups.layout.ep, self.groups.layout.index, self.groups.group
+        # The first tensor is the experts' output: each rank holds its experts' share of every
+        # token. Any other tensor of rows (router logits) is whole on every rank of the group.
         summed = first_tensor(output)
 
         def back_to_dist(tensor):
-            if not isinstance(tensor, paddle.Tensor) or tensor.is_dist() or tensor.ndim == 0 or tensor.shape[0] % ep:
-                return tensor
+            if tensor.is_dist() or tensor.ndim == 0 or tensor.shape[0] not in self.row_counts:
+                return tensor  # not of the gathered tokens (a scalar auxiliary loss): as it is
             mine = _SumRows.apply(tensor, group, index, ep) if tensor is summed else _my_rows(tensor, index, ep)
             return dtensor_from_local(
                 mine, self.mesh, self.placements if tensor is summed else _rows(self.placements, tensor.ndim)
