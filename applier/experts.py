@@ -27,7 +27,7 @@ gradients", so every rank sees the gradient of every gathered token; backward of
 
 Example::
 
-    >>> ExpertLayout.of([[0, 1, 2, 3]], ["dp"], rank=2, ep=2)
+    >>> ExpertLayout.of([0, 1, 2, 3], ["dp"], rank=2, ep=2)
     ExpertLayout(ep=2, index=0, group=[2, 3], replicas=[0, 2], dp=[0, 1, 2, 3])
     >>> held_experts(8, ep=2, index=1)
     range(4, 8)

@@ -35,9 +35,9 @@ def differences(
     stale = sorted(set(rank_output["unchanged_by_training"]) - set(reference["unchanged_by_training"]))
     if stale:
         problems.append(f"rank {rank}: training never changed {stale} (the single-device run did: stale optimizer?)")
-    # A pipeline rank reports its own stage's parameters; assert_same_training checks the union.
+    # A pipeline or ep rank reports the parameters it holds; assert_same_training checks the union.
     missing = (
-        [] if rank_output.get("stage_params_only") else sorted(set(reference["params"]) - set(rank_output["params"]))
+        [] if rank_output.get("own_params_only") else sorted(set(reference["params"]) - set(rank_output["params"]))
     )
     extra = sorted(set(rank_output["params"]) - set(reference["params"]))
     if missing or extra:
@@ -94,8 +94,8 @@ def layout_differences(plan, rank_output: dict) -> list[str]:
             if got is not None:
                 problems.append(f"rank {rank}: holds {fqn}, an expert another rank of its ep group holds")
             continue
-        if got is None and rank_output.get("stage_params_only"):
-            continue  # another stage's parameter
+        if got is None and rank_output.get("own_params_only"):
+            continue  # another stage's parameter (others' experts are checked above)
         if got is None or got["placements"] is None:
             problems.append(f"rank {rank}: {fqn} is not a distributed tensor")
             continue

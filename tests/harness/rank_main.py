@@ -35,6 +35,13 @@ from harness.jobs import BadPlanCase, Job, TrainRun, output_path
 from harness.workloads import BATCH, SEQ, WORKLOADS, make_loader, make_optimizer, to_numpy, train
 
 
+def spreads_experts(run: TrainRun) -> bool:
+    """Whether the run's plan spreads experts over ranks (each then holds only some)."""
+    from autodist.schemas import load_plan
+
+    return run.method == "autodist" and run.plan is not None and load_plan(run.plan).strategy.ep > 1
+
+
 def rank_and_world() -> tuple[int, int]:
     return int(os.environ.get("PADDLE_TRAINER_ID", 0)), int(os.environ.get("PADDLE_TRAINERS_NUM", 1))
 
@@ -135,7 +142,8 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
             break_the_save_half_way(run.save_fault)
         save_checkpoint(model, optimizer, run.save_checkpoint, step=run.first_step + run.steps)
     result = {
-        "stage_params_only": pipelined,
+        # a pipeline stage, or a rank of an ep group, holds only some parameters
+        "own_params_only": pipelined or spreads_experts(run),
         "run": run.name,
         "rank": rank,
         "world": world,

@@ -1,0 +1,91 @@
+"""Expert parallelism in apply_plan, in one process: who holds what, and what is refused before
+anything changes. Training under it is tests/test_train_experts.py."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from autodist.applier.experts import ExpertLayout, dropped_parameters, held_experts
+from autodist.applier.validate import plan_problems
+from autodist.planner.cost.hardware import PROFILES
+from autodist.planner.cost.search import SearchRequest
+from autodist.planner.driver import plan_target
+from harness.workloads import WORKLOADS
+
+MIXTRAL = "tests/models/zoo/mixtral_moe.py"
+
+
+@pytest.fixture(scope="module")
+def ep_plan():
+    request = SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=PROFILES["h100-sxm"])
+    return plan_target(MIXTRAL, None, request, {"target": MIXTRAL}).plan
+
+
+def test_ep_groups_are_neighbouring_dp_ranks_at_one_mp_coordinate():
+    # A dp4 x mp2 mesh: ranks [[0, 1], [2, 3], [4, 5], [6, 7]]; rank 5 is dp index 2, mp index 1.
+    ids = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    layout = ExpertLayout.of(ids, ["dp", "mp"], rank=5, ep=2)
+    assert layout == ExpertLayout(ep=2, index=0, group=[5, 7], replicas=[1, 5], dp=[1, 3, 5, 7])
+    assert ExpertLayout.of(ids, ["dp", "mp"], rank=2, ep=4) == ExpertLayout(
+        ep=4, index=1, group=[0, 2, 4, 6], replicas=[2], dp=[0, 2, 4, 6]
+    )
+    assert [held_experts(8, 4, i) for i in range(4)] == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+
+
+def test_each_rank_drops_the_other_half_of_the_experts(ep_plan):
+    # Written from the model: 2 layers x 4 experts x (w1, w2, w3); rank 0 keeps experts 0-1.
+    dropped = dropped_parameters(ep_plan, rank=0)
+    assert dropped == {
+        f"layers.{layer}.block_sparse_moe.experts.{e}.{w}.weight"
+        for layer in (0, 1)
+        for e in (2, 3)
+        for w in ("w1", "w2", "w3")
+    }
+    assert len(dropped_parameters(ep_plan, rank=1)) == 12 and not dropped & dropped_parameters(ep_plan, rank=1)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"pp": 2, "schedule": "1F1B"},
+            "strategy: ep=2 with pp=2: expert parallelism runs without pipeline stages only",
+        ),
+        (
+            {"sharding_stage": 1},
+            "strategy: ep=2 with sharding_stage=1: ZeRO would shard each rank's own experts' states",
+        ),
+        ({"sequence_parallel": True}, "strategy: ep=2 with sequence parallelism: the MoE layers need whole sequences"),
+    ],
+)
+def test_strategies_expert_parallelism_does_not_run_with_are_refused(ep_plan, change, message):
+    plan = msgspec.structs.replace(ep_plan, strategy=msgspec.structs.replace(ep_plan.strategy, **change))
+    model = WORKLOADS["zoo_mixtral_moe"].build(seed=1)
+    problems = plan_problems(model, None, None, plan, world_size=2)
+    assert any(p.startswith(message) for p in problems), problems
+
+
+def test_a_model_with_other_experts_is_refused_naming_the_container(ep_plan):
+    model = WORKLOADS["zoo_mixtral_moe"].build(seed=1)
+    experts = model.layers[1].block_sparse_moe.experts
+    del experts._sub_layers["3"]  # three experts where the plan spreads four
+    problems = plan_problems(model, None, None, ep_plan, world_size=2)
+    assert (
+        'experts: "layers.1.block_sparse_moe.experts" has 3 numbered sub-layers, the plan spreads 4 experts over ep ranks'
+        in problems
+    )
+
+
+def test_checkpoints_of_an_expert_parallel_model_are_refused(ep_plan, tmp_path):
+    from autodist import load_checkpoint, save_checkpoint
+    from autodist.applier import apply
+    from autodist.applier.checkpoint import CheckpointError
+
+    model = WORKLOADS["zoo_mixtral_moe"].build(seed=1)
+    apply._APPLIED[model] = ep_plan  # as apply_plan records it
+    with pytest.raises(CheckpointError, match=r"expert parallelism \(ep=2\): its checkpoints are not supported yet"):
+        save_checkpoint(model, None, tmp_path / "ckpt", step=1)
+    assert not (tmp_path / "ckpt" / "checkpoint.json").exists()
+    with pytest.raises(CheckpointError, match=r"expert parallelism \(ep=2\)"):
+        load_checkpoint(model, None, tmp_path / "ckpt")
