@@ -18,7 +18,7 @@ MIXTRAL = "tests/models/zoo/mixtral_moe.py"
 
 @pytest.fixture(scope="module")
 def ep_plan():
-    request = SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=PROFILES["h100-sxm"])
+    request = SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=PROFILES["cpu"])
     return plan_target(MIXTRAL, None, request, {"target": MIXTRAL}).plan
 
 

@@ -79,7 +79,7 @@ def train_ep(tmp_path_factory, reference_runs, backend: str, device: str) -> dic
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, reference_runs):
-    return train_ep(tmp_path_factory, reference_runs, backend="gloo", device="h100-sxm")
+    return train_ep(tmp_path_factory, reference_runs, backend="gloo", device="cpu")
 
 
 @pytest.mark.parametrize("name", [run_name(w, suffix) for w, suffix, *_ in CASES])
