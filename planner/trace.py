@@ -10,6 +10,9 @@ inside dy2static). Then the largest direct child that traces is traced instead (
 ``model``), FQNs stay relative to the user's model, and the other parameter-holding children
 (``lm_head``) are listed in ``untraced_layers`` for the analysis to place.
 
+A loop over the rows ``nonzero`` selects (HuggingFace's MoE blocks: only the experts that got
+tokens) is traced as the loop over every row (:mod:`.dense_selection`).
+
 Example::
 
     >>> traced = trace_model(model, [paddle.static.InputSpec([4, 16], "int64", "input_ids")])  # doctest: +SKIP
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import paddle
 
+from autodist.planner.dense_selection import every_selection_taken
 from autodist.planner.errors import PlannerError
 
 
@@ -190,7 +194,7 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
     recorder = _OpRangeRecorder(layer, prefix)
     static_fn = paddle.jit.to_static(layer.forward, input_spec=input_specs, full_graph=True)
     try:
-        with _dy2static_caches(), warnings.catch_warnings():
+        with _dy2static_caches(), every_selection_taken(), warnings.catch_warnings():
             # dy2static warns about tensor methods it stubs out ("Tensor do not have 'place'
             # interface for pir graph mode"): noise to someone planning a model.
             warnings.filterwarnings("ignore", category=UserWarning, module=r"paddle\.")

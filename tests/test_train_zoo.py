@@ -24,6 +24,7 @@ SKIP = {
     "zoo_pf_phi3": "Phi3 segfaults as soon as its forward sees DistTensor inputs, even on one rank (paddle-notes)",
     # its training path (`if self.training`) indexes hidden states with a tensor of token ids:
     "zoo_pf_gpt_oss": "ValueError: Tensor in indexing only support DenseTensor (a DistTensor indexed by a tensor)",
+    "zoo_gshard_fairscale": "paddle.einsum raises PreconditionNotMet on DistTensor inputs (paddle-notes)",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 AT_FOUR = ["zoo_bert_postnorm", "zoo_gpt2_hf", "zoo_llama_meta", "zoo_t5"]

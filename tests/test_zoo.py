@@ -12,12 +12,14 @@ table used as ``x @ W^T`` is split on dim 0.
 from __future__ import annotations
 
 import fnmatch
+import functools
 
 import pytest
 
 from autodist.planner.cost.search import SearchRequest
 from autodist.planner.driver import plan_target
 from autodist.planner.errors import PlannerError
+from autodist.schemas import Plan
 
 COL, COL_B, ROW, REP = "S(1)", "S(0)", "S(0)", "R"
 
@@ -141,6 +143,24 @@ EXPECTED = {
         "decoder.token_embedding.weight": "S(0)",  # vocabulary split: the logits reuse it
         "encoder.conv*": REP,
     },
+    # GShard as fairscale writes it (argmax top-2 gate, einsum dispatch and combine) in a fairseq
+    # pre-norm decoder: an MoE feed-forward in layer 1 only, logits tied to the token embedding
+    f"{ZOO}/gshard_fairscale.py": {
+        **attention("decoder.layers.*.self_attn", o="out_proj", bias=True, o_bias=True),
+        **mlp("decoder.layers.0", ("fc1",), "fc2", bias=True),
+        "decoder.layers.1.moe_layer.gate.wg.weight": REP,
+        **mlp("decoder.layers.1.moe_layer.experts.*", ("fc1",), "fc2", bias=True),
+        "decoder.layers.*.*layer_norm.*": REP,
+        "decoder.embed_tokens.weight": "S(0)",  # vocabulary split: the logits reuse it
+    },
+    # HF's Qwen3-MoE: q/k RMSNorm, experts run in a loop over only the experts that got tokens
+    f"{ZOO}/qwen3_moe_hf.py": {
+        **attention("model.layers.*.self_attn"),
+        "model.layers.*.self_attn.[qk]_norm.weight": REP,
+        "model.layers.*.mlp.gate.weight": REP,
+        **mlp("model.layers.*.mlp.experts.*"),
+        "lm_head.weight": COL,
+    },
     f"{PF}:build_llama": {**attention("model.layers.*.self_attn"), **mlp("model.layers.*.mlp")},
     f"{PF}:build_phi3": {
         **fused("model.layers.*.self_attn", "qkv_proj"),
@@ -176,10 +196,27 @@ NOT_YET: dict[str, str] = {
 }
 
 
+#: MoE models -> each block's (experts container, number of experts, experts per token), read
+#: from the model: the numbered children of its experts LayerList and how its router picks.
+EXPERTS = {
+    # paddle.topk(routing_weights, TOP_K=2) over 4 experts
+    f"{ZOO}/mixtral_moe.py": [(f"layers.{i}.block_sparse_moe.experts", 4, 2) for i in range(2)],
+    # no topk: top2gating's two argmax over the 4 experts' gates; layer 0 is dense (moe_freq=2)
+    f"{ZOO}/gshard_fairscale.py": [("", 0, 0), ("decoder.layers.1.moe_layer.experts", 4, 2)],
+    # paddle.topk(routing_weights, num_experts_per_tok=2) over 4 experts, experts run by expert_hit
+    f"{ZOO}/qwen3_moe_hf.py": [(f"model.layers.{i}.mlp.experts", 4, 2) for i in range(2)],
+}
+
+
+@functools.cache
+def mp_plan(target: str) -> Plan:
+    return plan_target(target, None, SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1), {"target": target}).plan
+
+
 def mp_placements(target: str) -> dict[str, str]:
-    made = plan_target(target, None, SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1), {"target": target})
-    axis = made.plan.mesh.axes.index("mp")
-    return {fqn: p.placements[axis] for fqn, p in made.plan.params.items()}
+    plan = mp_plan(target)
+    axis = plan.mesh.axes.index("mp")
+    return {fqn: p.placements[axis] for fqn, p in plan.params.items()}
 
 
 def mismatches(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
@@ -199,6 +236,12 @@ def mismatches(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
 def test_zoo_model_gets_the_placements_a_reader_expects(target):
     problems = mismatches(EXPECTED[target], mp_placements(target))
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("target", list(EXPERTS))
+def test_moe_blocks_record_their_experts_however_the_router_picks(target):
+    blocks = mp_plan(target).blocks
+    assert [(b.experts, b.num_experts, b.top_k) for b in blocks] == EXPERTS[target]
 
 
 def test_a_token_mixing_projection_rules_out_sequence_parallelism():

@@ -1,9 +1,15 @@
 """The experts of an MoE block: the layers expert parallelism spreads over data-parallel ranks.
 
 A block holds experts when two or more of its recognised MLPs (:mod:`.roles`) are the numbered
-children of one container (an MoE's ``LayerList``: ``experts.0``, ``experts.1``, ...) and a
-``topk`` op routes its tokens. How many experts there are comes from the parameters (every
-numbered child, recognised or not); to how many each token goes, from the ``topk`` output's shape.
+children of one container (an MoE's ``LayerList``: ``experts.0``, ``experts.1``, ...) and its
+MoE layer (the container's parent) routes tokens to them. How many experts there are comes from
+the parameters (every numbered child, recognised or not); to how many each token goes
+(``top_k``), from the MoE layer's *selections over the expert axis*, however the router spells
+them: each ``topk`` over an axis as long as the expert count picks k experts (Mixtral, Qwen3-MoE),
+each ``argmax`` over it picks one (GShard's and Switch's gates: ``argmax`` for the first expert,
+``argmax`` again with it masked out for the second). A selection over another axis is not
+routing (DeepSpeed's random token selection takes ``topk`` over the token axis to fill each
+expert's capacity).
 
 Example::
 
@@ -17,7 +23,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
@@ -43,14 +49,46 @@ def find_experts(
     params: dict[str, tuple[list[int], str]],
 ) -> Experts | None:
     """The experts of block ``layer`` (module docstring), or None."""
-    routes = [graph.nodes[n] for n in sorted(nodes) if short_op(graph.nodes[n]["op"]) == "topk"]
-    if not routes:
+    found = experts_of(layer, sublayers, params, top_k=0)
+    if found is None:
         return None
-    data = routes[0]
-    shape = data["shapes"][0] or []
-    axis = int(data["attrs"].get("axis", -1))
-    top_k = shape[axis] if shape and -len(shape) <= axis < len(shape) else 0
-    return experts_of(layer, sublayers, params, top_k) if top_k > 0 else None
+    top_k = experts_per_token(graph, nodes, found.layer.rpartition(".")[0], found.count)
+    return replace(found, top_k=top_k) if top_k > 0 else None
+
+
+def experts_per_token(graph: nx.DiGraph, nodes: frozenset[int], moe_layer: str, count: int) -> int:
+    """How many of ``count`` experts each token is routed to: the selections over an axis of
+    ``count`` entries made by the ops of ``moe_layer`` (k for a ``topk``, 1 for an ``argmax``).
+
+    >>> g = nx.DiGraph()
+    >>> g.add_node(0, op="pd_op.softmax", layer="moe.gate", shapes=[[16, 4]], attrs={}, consts={})
+    >>> g.add_node(1, op="pd_op.argmax", layer="moe.gate", shapes=[[16]], attrs={}, consts={1: 1.0})
+    >>> g.add_node(2, op="pd_op.argmax", layer="moe.gate", shapes=[[16]], attrs={}, consts={1: 1.0})
+    >>> g.add_edges_from([(0, 1), (0, 2)], operand=0, result=0)
+    >>> experts_per_token(g, frozenset(g), "moe", 4)
+    2
+    >>> g.add_node(3, op="pd_op.topk", layer="moe", shapes=[[2, 4], [2, 4]], attrs={"axis": 0}, consts={1: 2.0})
+    >>> g.add_edge(0, 3, operand=0, result=0)  # the capacity's 2 tokens of each expert: not routing
+    >>> experts_per_token(g, frozenset(g), "moe", 4)
+    2
+    """
+    picked = 0
+    for node in sorted(nodes):
+        data = graph.nodes[node]
+        op = short_op(data["op"])
+        if op not in ("topk", "argmax") or not (data["layer"] + ".").startswith(moe_layer + "."):
+            continue
+        source = next(
+            (graph.nodes[u]["shapes"][e["result"]] for u, _, e in graph.in_edges(node, data=True) if e["operand"] == 0),
+            None,
+        )
+        axis = int(data["attrs"]["axis"]) if op == "topk" else int(data["consts"].get(1, -1))
+        if op == "argmax" and data["attrs"].get("flatten"):
+            continue
+        if not source or not -len(source) <= axis < len(source) or source[axis] != count:
+            continue
+        picked += data["shapes"][0][axis] if op == "topk" else 1
+    return picked
 
 
 def experts_of(

@@ -227,6 +227,8 @@ ZOO_FILES = (
     "mlp_mixer",
     "distilbert_hf",
     "whisper",
+    "gshard_fairscale",
+    "qwen3_moe_hf",
 )
 ZOO_PADDLEFORMERS = ("build_llama", "build_phi3", "build_gemma3", "build_ernie45", "build_gpt_oss")
 WORKLOADS.update(

@@ -1,0 +1,92 @@
+"""Trace a loop over the selected rows of a tensor as the loop over every row.
+
+HuggingFace's MoE blocks (Qwen3-MoE, Mixtral, Qwen2-MoE) run only the experts that got tokens::
+
+    expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+    for expert_idx in expert_hit:
+        expert_layer = self.experts[expert_idx]      # Paddle: self.experts[int(expert_idx)]
+
+How many rows ``nonzero`` returns, and which, is known only when the model runs, so a static
+trace (``to_static(full_graph=True)``) can neither unroll the loop nor pick a layer by
+``int(expert_idx)``: dy2static makes the loop a ``while`` op and the index a ``cast`` (a
+``KeyError`` in ``LayerList.__getitem__``). While :func:`every_selection_taken` is active, the
+trace takes the case where every element is selected (every expert got tokens, the usual case
+in training): ``len()`` of a ``nonzero`` result is the number of elements it was taken over, and
+``int()`` of its row ``i`` is that element's index along the one axis. The program is then the
+forward of that case, which is all the planner reads it for: which layers run on which values.
+Nothing else changes: any other ``len()`` or ``int()`` is dy2static's own.
+
+Example::
+
+    >>> experts = paddle.nn.LayerList([paddle.nn.Linear(3, 3) for _ in range(3)])
+    >>> def forward(x):
+    ...     out = x * 0
+    ...     for e in paddle.nonzero(x.sum(axis=0) > 0):
+    ...         out = out + experts[int(e)](x)
+    ...     return out
+    >>> static = paddle.jit.to_static(forward, input_spec=[paddle.static.InputSpec([4, 3])], full_graph=True)
+    >>> with every_selection_taken():
+    ...     ops = static.concrete_program.main_program.global_block().ops
+    >>> sum(op.name() == "pd_op.matmul" for op in ops)  # every expert's linear, once
+    3
+    >>> _ = static.rollback()
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import paddle
+import paddle.jit.dy2static as jst
+from paddle.pir import Value
+
+
+@contextmanager
+def every_selection_taken():
+    """dy2static's ``len()`` and ``int()`` of traced values, specialised to a ``nonzero`` that
+    selects everything (module docstring), for the ``with`` body."""
+    length, as_dtype = jst.Len, jst.AsDtype
+
+    @paddle.jit.not_to_static
+    def dense_length(value):
+        source = _selected_from(value)
+        return math.prod(source) if source is not None else length(value)
+
+    @paddle.jit.not_to_static
+    def dense_as_dtype(value, dtype):
+        index = _selected_index(value) if dtype == "int" else None
+        return index if index is not None else as_dtype(value, dtype)
+
+    jst.Len, jst.AsDtype = dense_length, dense_as_dtype
+    try:
+        yield
+    finally:
+        jst.Len, jst.AsDtype = length, as_dtype
+
+
+def _selected_from(value) -> list[int] | None:
+    """The shape ``nonzero`` was taken over, when ``value`` is its result of unknown length."""
+    if not isinstance(value, Value) or not value.is_dense_tensor_type() or value.shape[0] >= 0:
+        return None
+    op = _defined_by(value, "pd_op.nonzero")
+    shape = list(op.operand_source(0).shape) if op is not None else []
+    return shape if shape and all(d > 0 for d in shape) else None
+
+
+def _selected_index(value) -> int | None:
+    """``i`` when ``value`` is row ``i`` of a ``nonzero`` result over a 1-D tensor (a loop over
+    the result takes its rows by ``slice`` at a constant start), else None."""
+    row = _defined_by(value, "pd_op.slice") if isinstance(value, Value) else None
+    if row is None or row.attrs().get("axes") != [0]:
+        return None
+    source = _selected_from(row.operand_source(0))
+    start = _defined_by(row.operand_source(1), "pd_op.full_int_array")
+    if source is None or len(source) != 1 or start is None:
+        return None
+    return int(start.attrs()["value"][0])
+
+
+def _defined_by(value, name: str):
+    op = value.get_defining_op()
+    return op if op is not None and op.name() == name else None
