@@ -73,6 +73,7 @@ def shard_parameters(
         if fqn in dropped:  # drawn all the same, so the next parameters draw what the eager build did
             for slot in slots:
                 del slot.layer._parameters[slot.key]
+            old._set_impl(paddle.Tensor())  # freed now, though the user's old optimizer still names it
             continue
         placements = stage_placements(plan, planned.placements)
         new = dist.shard_tensor(old, stage_mesh(plan, planned.stage), placements)

@@ -5,6 +5,8 @@ models, applied on CPU ranks under gloo, give the single-device losses and param
   clipping, under which a clip by the wrong norm shows at once (Paddle's own clip, left in
   charge, drifts by 3.5e-4 here: docs/paddle-notes.md, "Expert parallelism");
 - dp2 ep2 with AdamW (weight decay, LR schedule, clipping), and with 2 micro-batches;
+- dp2 ep2 built under ``autodist.LazyGuard``: the experts a rank drops are drawn all the same, so
+  the ones it keeps start from the eager build's values;
 - dp4 ep2 (4 ranks): two ep groups, each expert held by two ranks whose gradients are summed.
 
 The harness also checks the layout: every rank holds exactly the experts the design gives it
@@ -29,11 +31,12 @@ pytestmark = pytest.mark.multiprocess
 
 #: MoE zoo workloads, trained under expert parallelism.
 MOE = ["zoo_mixtral_moe"]
-#: (run name suffix, ranks, optimizer, micro-batches)
+#: (run name suffix, ranks, optimizer, micro-batches, build)
 CONFIGS = [
-    ("dp2_ep2_sgd_clip", 2, "sgd_clip", 1),
-    ("dp2_ep2_adamw_mb2", 2, "adamw", 2),
-    ("dp4_ep2_adamw", 4, "adamw", 1),
+    ("dp2_ep2_sgd_clip", 2, "sgd_clip", 1, "eager"),
+    ("dp2_ep2_adamw_mb2", 2, "adamw", 2, "eager"),
+    ("dp2_ep2_sgd_lazy", 2, "sgd", 1, "autodist_lazy"),
+    ("dp4_ep2_adamw", 4, "adamw", 1, "eager"),
 ]
 CASES = [(workload, *config) for workload in MOE for config in CONFIGS]
 
@@ -61,14 +64,16 @@ def train_ep(tmp_path_factory, reference_runs, backend: str, device: str) -> dic
     workdir = tmp_path_factory.mktemp(f"experts_{backend}")
     by_world: dict[int, list[TrainRun]] = {}
     plans = {}
-    for workload, suffix, world, optimizer, micro_batches in CASES:
+    for workload, suffix, world, optimizer, micro_batches, build in CASES:
         name = run_name(workload, suffix)
         plan = ep_plan(workload, world, micro_batches, device)
         assert plan.strategy.ep == 2 and plan.strategy.micro_batches == micro_batches, plan.strategy
         path = workdir / f"{name}.json"
         save_plan(plan, path)
         plans[name] = plan
-        by_world.setdefault(world, []).append(TrainRun(name, workload, optimizer=optimizer, plan=str(path)))
+        by_world.setdefault(world, []).append(
+            TrainRun(name, workload, optimizer=optimizer, plan=str(path), build=build)
+        )
     results = {}
     for world, runs in sorted(by_world.items()):
         outputs = train_distributed(runs, world, workdir / f"world{world}", timeout_s=600.0, backend=backend)
