@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from autodist.planner.cost.blocks import BlockCost, ModelCost
+from autodist.planner.cost.blocks import BlockCost, ModelCost, Saved
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest, expert_problem, search
 from autodist.planner.review.format import strategy_text
@@ -22,7 +22,8 @@ MIXTRAL = "tests/models/zoo/mixtral_moe.py"
 
 
 def moe_model(experts: int = 8, expert_params: int = 4_000_000) -> ModelCost:
-    """Two MoE blocks of 1000 hidden, top-2 routing, written by hand."""
+    """Two MoE blocks of 1000 hidden, written by hand; each MoE layer's router saves 3000 elements
+    per token for backward."""
     block = BlockCost(
         layer="b",
         params_split=expert_params + 1_000_000,
@@ -31,27 +32,42 @@ def moe_model(experts: int = 8, expert_params: int = 4_000_000) -> ModelCost:
         param_tensors=10,
         experts=experts,
         expert_params=expert_params,
-        dispatch_per_token=2 * 1000,
+        dispatch_per_token=1000,
+        saved_router=Saved(floats=3000),
     )
     return ModelCost(blocks=(block, block), hidden_size=1000, traced_batch=8, traced_seq=128)
 
 
-def setup(world: int = 8, batch: int = 8) -> Setup:
-    return Setup(device=H100, devices_per_node=world, nodes=1, seq_len=128, global_batch=batch)
+def setup(world: int = 8, batch: int = 8, recompute: str = "none") -> Setup:
+    return Setup(device=H100, devices_per_node=world, nodes=1, seq_len=128, global_batch=batch, recompute=recompute)
 
 
-def test_four_all_to_alls_per_moe_block_of_top_k_hidden_elements_per_token():
+def test_an_all_gather_and_an_all_reduce_per_moe_layer_each_way_of_the_ep_groups_tokens():
+    # What the plan's hooks do, per MoE layer and micro-batch, with B the bytes of the layer's
+    # input on one rank: expert_dispatch all-gathers the 4 ranks' inputs (4B, each rank sending
+    # 3B on a ring), expert_combine all-reduces the 4B output (a ring all-reduce sends twice
+    # 3/4 of it, 6B); the backward gathers the output gradient and all-reduces the input
+    # gradient, the same again. So 2 x (3B + 6B) = 6 (ep-1) B per layer, written out here by hand
+    # from the ring formulas (Thakur et al.) rather than by calling the cost model's helpers.
     plain = estimate(StageTable(moe_model()), Strategy(dp=8), setup())
     spread = estimate(StageTable(moe_model()), Strategy(dp=8, ep=4), setup())
-    tokens, width = 1 * 128, 2  # one sample per dp rank, bf16
-    buffer = 2 * 1000 * tokens * width  # one block's dispatch, one way
-    assert spread.estimate.comm_bytes.ep == round(2 * 4 * buffer * 3 / 4)  # 2 blocks, 4 each, (ep-1)/ep sent
+    tokens, width = 1 * 128, 2  # one sample of 128 per dp rank, bf16
+    b = tokens * 1000 * width  # one MoE layer's input on one rank
+    assert spread.estimate.comm_bytes.ep == 2 * 6 * 3 * b  # 2 layers
     assert plain.estimate.comm_bytes.ep == 0
-    one = 3 * H100.intra_node_latency_s + 3 / 4 * buffer / H100.intra_node_bandwidth
-    assert spread.ep_comm_s == pytest.approx(2 * 4 * one)
+    alpha, bandwidth = H100.intra_node_latency_s, H100.intra_node_bandwidth  # 4 neighbours in a node
+    gather = 3 * alpha + 3 * b / bandwidth  # (p-1) steps, (p-1)/p of 4B
+    all_reduce = 6 * alpha + 6 * b / bandwidth  # 2(p-1) steps, 2(p-1)/p of 4B
+    assert spread.ep_comm_s == pytest.approx(2 * 2 * (gather + all_reduce))  # 2 layers, forward and backward
     # each rank holds a quarter of the experts: their states shrink by 3/4
     saved = 2 * 4_000_000 * 3 / 4
     assert plain.estimate.memory.params - spread.estimate.memory.params == round(saved * width)
+    # each router's 3000 saved elements per token are now for 4 x the tokens: 3 x more per layer
+    extra = 2 * 3 * 3000 * width * tokens
+    assert spread.estimate.memory.activations - plain.estimate.memory.activations == extra
+    # full recompute runs the forward's gather and all-reduce once more in the backward
+    again = estimate(StageTable(moe_model()), Strategy(dp=8, ep=4, recompute="full"), setup(recompute="full"))
+    assert again.estimate.comm_bytes.ep == 2 * 9 * 3 * b
 
 
 def test_the_search_takes_ep_on_any_backend_but_never_with_mp_pp_or_zero():

@@ -97,12 +97,16 @@ class BlockCost:
     gemms: tuple[Gemm, ...] = ()  # the matmuls behind flops_per_token, when known (from a trace)
     attention_matmuls: int = 0  # matmuls of two activations behind flops_per_token_seq
     moved: Moved = field(default_factory=Moved)
-    #: An MoE's experts: how many, their elements (part of ``params_split``/``params_whole``,
-    #: divided over ep too), and the elements each token sends to its experts one way (top-k x
-    #: hidden: expert parallelism's dispatch, and again its combine).
+    #: An MoE's experts: how many, and their elements (part of ``params_split``/``params_whole``,
+    #: divided over ep too). Expert parallelism's ``expert_dispatch`` gathers the MoE layer's
+    #: input and its ``expert_combine`` sums its output, ``dispatch_per_token`` elements per
+    #: token each (the hidden size); ``saved_router`` is what the MoE layer saves for backward
+    #: outside its experts (router, token gathers, combine), per token: it runs on the ep group's
+    #: tokens then (part of ``saved_outside``/``saved_inside`` already, for this rank's tokens).
     experts: int = 0
     expert_params: int = 0
     dispatch_per_token: float = 0.0
+    saved_router: Saved = field(default_factory=Saved)
 
 
 @dataclass(frozen=True)

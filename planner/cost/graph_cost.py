@@ -318,7 +318,7 @@ def block_cost(
     """One block's :class:`BlockCost`. ``params``: numel of the block's parameters by FQN;
     ``tokens``/``seq``: the traced batch x sequence and sequence (dynamic dims as 1);
     ``shape``: ``num_heads``, ``num_kv_heads``, ``intermediate_size`` for the constraints, and
-    ``experts``, ``expert_params``, ``dispatch_per_token`` for an MoE block."""
+    ``experts``, ``expert_params``, ``dispatch_per_token``, ``saved_router`` for an MoE block."""
     nodes = set(nodes)
     walk = walk_nodes(facts, nodes, roles)
     outputs = [facts.numel((u, d["result"])) for u, v, d in facts.graph.out_edges(nodes, data=True) if v not in nodes]
@@ -377,8 +377,9 @@ def model_cost(analysis: ModelAnalysis) -> ModelCost:
         moe = (
             dict(
                 experts=experts.count,
-                dispatch_per_token=experts.top_k * info.hidden_size,
+                dispatch_per_token=info.hidden_size,
                 expert_params=sum(n for fqn, n in mine.items() if fqn.startswith(experts.layer + ".")),
+                saved_router=_saved_router(facts, info.nodes, experts.layer, tokens),
             )
             if experts
             else {}
@@ -412,6 +413,23 @@ def model_cost(analysis: ModelAnalysis) -> ModelCost:
         notes=tuple(notes),
         token_mixing=next((b.token_mixing for b in analysis.blocks if b.token_mixing), None),
     )
+
+
+def _saved_router(facts: GraphFacts, nodes: Iterable[int], experts: str, tokens: int) -> Saved:
+    """What the MoE layer holding ``experts`` (the container's parent) saves for backward outside
+    the experts, per token (every kind: there is no tensor parallelism with experts spread)."""
+    moe = experts.rpartition(".")[0]
+    owned = [
+        n
+        for n in nodes
+        if _under(facts.graph.nodes[n]["layer"], moe) and not _under(facts.graph.nodes[n]["layer"], experts)
+    ]
+    walk = walk_nodes(facts, owned)
+    return sum((_saved(facts, walk, kind, tokens) for kind in ("outside", "inside", "inside_seq")), Saved())
+
+
+def _under(layer: str, parent: str) -> bool:
+    return layer == parent or layer.startswith(parent + ".")
 
 
 def _roles(linears) -> Roles:

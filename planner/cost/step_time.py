@@ -37,12 +37,17 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   share the link. A device whose collectives block its compute (``comm_overlap`` false: gloo
   on CPU) overlaps nothing. Each parameter is its own collective (Paddle reshards every gradient on its
   own; ``count`` latencies), the bytes are those of all of them;
-- expert parallelism (``strategy.ep``): four all-to-alls per MoE block and micro-batch (dispatch
-  and combine, forward and backward) of top-k x hidden elements per token, over ep ranks
-  neighbouring on the dp axis, exposed (the experts wait for their tokens, as in GShard, Lepikhin
-  et al. 2020, sec. 2.2); each rank holds 1/ep of the experts' parameters, and their gradients are
-  priced as all-reduced over dp with the rest (an over-count: they need only the dp/ep ranks
-  holding the same experts);
+- expert parallelism (``strategy.ep``, the plan's ``expert_dispatch`` / ``expert_combine`` hooks:
+  Megatron-LM's "allgather" token dispatcher), over ep ranks neighbouring on the dp axis, per MoE
+  layer and micro-batch, with B the bytes of its input on one rank (tokens x hidden): the forward
+  all-gathers the group's inputs (ep x B, (ep - 1) B sent) and all-reduces the ep x B output
+  (a ring: 2 (ep - 1) B), the backward all-gathers the output gradient and all-reduces the input
+  gradient, the same again: 6 (ep - 1) B, exposed (the layer waits for its tokens, its successor
+  for the sum); full recompute runs the forward's pair once more. Each rank holds 1/ep of the
+  experts' parameters (their gradients are priced as all-reduced over dp with the rest: an
+  over-count, they need only the dp/ep ranks holding the same experts), and the MoE layer's own
+  saved activations (router, gathers, combine: not the experts') are for ep x the tokens. Not
+  priced: the router's compute on ep x the tokens (one small matmul and memory-bound ops);
 - optimizer step, after the pipeline and the exposed data-parallel time: every model state read
   and written once by memory bandwidth, plus one update op (the device's fixed cost per op,
   launch and dispatch) per parameter.
@@ -293,7 +298,7 @@ class _Stage:
     activations_working: float  # alive once, whatever is in flight (full recompute's rebuild)
     params: float  # elements per rank, before ZeRO
     param_tensors: int  # each is a gradient collective and an optimizer update
-    ep_s: float = 0.0  # expert parallelism's all-to-alls
+    ep_s: float = 0.0  # expert parallelism's gathers and sums
     ep_bytes: float = 0.0
 
     def optimizer_s(self, device: DeviceProfile) -> float:
@@ -421,17 +426,18 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
         one = p2p_time(handoff, ctx.link(pp, mp * strategy.dp))
         p2p_s, p2p_bytes = 2 * sends * one, 2 * sends * handoff
 
-    # Expert parallelism: each MoE block sends its tokens to their experts' ranks and back
-    # (dispatch and combine), forward and backward: four all-to-alls over ep ranks, stride mp
-    # (neighbours on the dp axis); each rank sends (ep - 1) / ep of its buffer, as in a ring
-    # all-gather of the same size. Each rank then holds 1 / ep of the experts.
+    # Expert parallelism (the module docstring): around each MoE layer, an all-gather of the ep
+    # group's inputs and an all-reduce of the gathered output, ep x B each, on ep ranks stride mp
+    # (neighbours on the dp axis); the backward does the same, full recompute the forward again.
+    # Each rank then holds 1 / ep of the experts (whole: ep goes only with mp 1).
     ep, moe = strategy.ep, [b for b in ctx.cost.blocks[start:stop] if b.experts]
     ep_s = ep_bytes = expert_params = 0.0
     if ep > 1 and moe:
-        dispatch = sum(b.dispatch_per_token for b in moe) * tokens * width
-        ep_s = 4 * all_gather_time(dispatch, ep, ctx.link(ep, mp), len(moe))
-        ep_bytes = 4 * all_gather_bytes(dispatch, ep)
-        expert_params = sum(b.expert_params for b in moe) / mp * (1 - 1 / ep)
+        gathered = ep * sum(b.dispatch_per_token for b in moe) * tokens * width
+        link, passes = ctx.link(ep, mp), 3 if setup.recompute == "full" else 2
+        ep_s = passes * (all_gather_time(gathered, ep, link, len(moe)) + all_reduce_time(gathered, ep, link, len(moe)))
+        ep_bytes = passes * (all_gather_bytes(gathered, ep) + all_reduce_bytes(gathered, ep))
+        expert_params = sum(b.expert_params for b in moe) * (1 - 1 / ep)
 
     # Memory: model states under ZeRO, activations per micro-batch in flight.
     params = (
@@ -447,6 +453,12 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     working = 0.0
     if setup.recompute == "full" and table.largest_block is not None and stop > start:
         working = tokens * _block_activation_bytes(table.largest_block, mp, ctx.act_div, seq, width)
+    if ep > 1 and moe:  # the MoE layer's own saved tensors hold the ep group's tokens
+        router = [(ep - 1) * b.saved_router.bytes(width) for b in moe]
+        if setup.recompute == "full":  # rebuilt one block at a time
+            working += tokens * max(router)
+        else:
+            per_token += sum(router)
     tensors = round(table.total("param_tensors", start, stop) + sum(e.param_tensors for e in edges))
     return _Stage(
         forward_s + backward_s,
