@@ -234,8 +234,14 @@ class _MoeLayer:
 
     def dispatch(self, layer, args, kwargs):
         def gather(x):
-            if not x.is_dist():
-                raise RuntimeError(f"expert parallelism: {type(layer).__name__}'s input is not a DistTensor")
+            if not x.is_dist() or list(x.placements) != _tokens_split(x.process_mesh):
+                # Each rank's rows must be its own tokens: a batch copied to every dp rank would
+                # train each expert on every copy.
+                got = x.placements if x.is_dist() else "a plain tensor"
+                raise RuntimeError(
+                    f"expert parallelism: {type(layer).__name__} needs its input split over dp by the batch "
+                    f"and whole on every other mesh axis, got {got}"
+                )
             self.mesh, self.placements = x.process_mesh, list(x.placements)
             local = dtensor_to_local(x, x.process_mesh, x.placements)
             gathered = _GatherRows.apply(local, self.groups.group, self.groups.layout.index, self.groups.layout.ep)
@@ -305,6 +311,11 @@ def _sum(x: paddle.Tensor, mesh: dist.ProcessMesh) -> paddle.Tensor:
     """The tensors of ``mesh``'s ranks summed: an all-reduce."""
     whole = dist.reshard(dtensor_from_local(x, mesh, [dist.Partial()]), mesh, [dist.Replicate()])
     return whole._local_value()
+
+
+def _tokens_split(mesh: dist.ProcessMesh) -> list:
+    """The placements of an MoE layer's input: the batch split over dp, whole on other axes."""
+    return [dist.Shard(0) if axis == "dp" else dist.Replicate() for axis in mesh.dim_names]
 
 
 def _my_rows(tensor: paddle.Tensor, index: int, ep: int) -> paddle.Tensor:
