@@ -204,3 +204,61 @@ def test_the_ep_option_of_the_command(tmp_path):
     plan = load_plan((tmp_path / "auto.json").read_bytes())
     assert plan.provenance.arguments["ep"] == "auto"
     assert any(c.strategy.ep == 2 for c in [plan, *plan.alternatives.accepted] if hasattr(c, "strategy"))
+
+
+@pytest.fixture(scope="module")
+def ep_plan():
+    """The Mixtral zoo model's dp2 ep2 plan; its hooks are dispatch, combine of layers.0, then of layers.1."""
+    request = SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=PROFILES["cpu"])
+    plan = plan_target(MIXTRAL, None, request, {"target": MIXTRAL}).plan
+    assert check_plan(plan) == []
+    return plan
+
+
+def _with_param(plan, fqn: str, **changes):
+    return msgspec.structs.replace(
+        plan, params={**plan.params, fqn: msgspec.structs.replace(plan.params[fqn], **changes)}
+    )
+
+
+def test_check_plan_names_each_broken_expert_rule(ep_plan):
+    """Each rule of schemas/checks.py check_experts, broken by hand, and the exact message."""
+    moe0, hooks = "layers.0.block_sparse_moe", ep_plan.hooks
+    replace = msgspec.structs.replace
+
+    hooks_without_ep = replace(ep_plan, strategy=replace(ep_plan.strategy, ep=1))
+    assert check_plan(hooks_without_ep) == [
+        f"$.hooks[{i}]: an {h.action} hook but $.strategy.ep is 1" for i, h in enumerate(hooks)
+    ]
+
+    combine_before = replace(ep_plan, hooks=[hooks[0], replace(hooks[1], when="pre"), *hooks[2:]])
+    assert check_plan(combine_before) == ["$.hooks[1].when: an expert_combine hook runs 'post', not 'pre'"]
+
+    experts_elsewhere = replace(
+        ep_plan, hooks=[replace(hooks[0], experts="layers.1.block_sparse_moe.experts"), *hooks[1:]]
+    )
+    assert (
+        "$.hooks[0].experts: 'layers.1.block_sparse_moe.experts' is not inside its layer 'layers.0.block_sparse_moe'"
+        in check_plan(experts_elsewhere)
+    )
+
+    no_combine = replace(ep_plan, hooks=[hooks[0], *hooks[2:]])
+    assert check_plan(no_combine) == [f"$.hooks[0]: an expert_dispatch on '{moe0}' without an expert_combine on it"]
+
+    no_dispatch = check_plan(replace(ep_plan, hooks=hooks[1:]))
+    assert f"$.hooks[0]: an expert_combine on '{moe0}' without an expert_dispatch on it" in no_dispatch
+    assert f"$.blocks[0].experts: '{moe0}.experts' has no expert_dispatch hook, but $.strategy.ep is 2" in no_dispatch
+    assert f'$.params["{moe0}.experts.0.w1.weight"].style: ExpertParallel, but no expert_dispatch hook holds it' in (
+        no_dispatch
+    )
+
+    attention_as_expert = _with_param(ep_plan, "layers.0.self_attn.q_proj.weight", style="ExpertParallel")
+    assert check_plan(attention_as_expert) == [
+        '$.params["layers.0.self_attn.q_proj.weight"].style: ExpertParallel, but no expert_dispatch hook holds it'
+    ]
+
+    split_router = _with_param(ep_plan, f"{moe0}.gate.weight", placements=["S(0)"])  # [32, 4] over dp=2
+    assert check_plan(split_router) == [
+        f"$.params[\"{moe0}.gate.weight\"].placements: ['S(0)'], but an MoE layer under expert parallelism runs "
+        "whole on each rank (all R)"
+    ]

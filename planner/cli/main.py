@@ -111,7 +111,7 @@ def cli() -> None:
     "--ep",
     metavar="N|auto",
     help="Expert-parallel degree over dp for MoE blocks, or auto to search it "
-    "(default 1: apply_plan cannot apply it yet).",
+    "(default 1: every rank holds every expert).",
 )
 @click.option(
     "--micro-batches",

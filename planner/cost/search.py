@@ -63,7 +63,7 @@ class SearchRequest(Job):
     micro_batch_size: int | None = None
     seq_len: int | None = None  # default: the traced sequence length
     #: Expert parallelism: 1 (the default) leaves every expert on every rank, N fixes the degree,
-    #: None searches it. Not searched by default: apply_plan cannot apply it yet (docs/recognition.md).
+    #: None searches it. Not searched unless asked (docs/recognition.md, "Experts").
     ep: int | None = 1
 
 
@@ -565,7 +565,7 @@ def _expert_notes(cost: ModelCost, request: SearchRequest) -> list[str]:
     if request.ep != 1 or not any(b.experts for b in cost.blocks):
         return []
     return [
-        "the blocks hold experts: expert parallelism was not searched (apply_plan cannot apply it yet); "
+        "the blocks hold experts: expert parallelism was not searched (it is taken only when asked); "
         "--ep N or --ep auto prices it"
     ]
 
