@@ -11,8 +11,10 @@ trace (``to_static(full_graph=True)``) can neither unroll the loop nor pick a la
 ``int(expert_idx)``: dy2static makes the loop a ``while`` op and the index a ``cast`` (a
 ``KeyError`` in ``LayerList.__getitem__``). While :func:`every_selection_taken` is active, the
 trace takes the case where every element is selected (every expert got tokens, the usual case
-in training): ``len()`` of a ``nonzero`` result is the number of elements it was taken over, and
-``int()`` of its row ``i`` is that element's index along the one axis. The program is then the
+in training): ``len()`` of a ``nonzero`` result is the number of elements it was taken over,
+``int()`` of its row ``i`` is that element's index along the one axis, and ``.tolist()`` of its
+column ``j`` (``nonzero(x, as_tuple=True)[j]``, HF's Switch Transformers) lists every element's
+index along axis ``j``. The program is then the
 forward of that case, which is all the planner reads it for: which layers run on which values.
 Nothing else changes: any other ``len()`` or ``int()`` is dy2static's own.
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 
+import numpy as np
 import paddle
 import paddle.jit.dy2static as jst
 from paddle.pir import Value
@@ -58,11 +61,17 @@ def every_selection_taken():
         index = _selected_index(value) if dtype == "int" else None
         return index if index is not None else as_dtype(value, dtype)
 
-    jst.Len, jst.AsDtype = dense_length, dense_as_dtype
+    @paddle.jit.not_to_static
+    def dense_tolist(value):
+        column = _selected_column(value)
+        return column if column is not None else tolist(value)
+
+    tolist = Value.tolist
+    jst.Len, jst.AsDtype, Value.tolist = dense_length, dense_as_dtype, dense_tolist
     try:
         yield
     finally:
-        jst.Len, jst.AsDtype = length, as_dtype
+        jst.Len, jst.AsDtype, Value.tolist = length, as_dtype, tolist
 
 
 def _selected_from(value) -> list[int] | None:
@@ -85,6 +94,19 @@ def _selected_index(value) -> int | None:
     if source is None or len(source) != 1 or start is None:
         return None
     return int(start.attrs()["value"][0])
+
+
+def _selected_column(value) -> list[int] | None:
+    """The indices along axis ``j`` of every element, when ``value`` is column ``j`` of a
+    ``nonzero`` result (``nonzero(x, as_tuple=True)[j]``), else None."""
+    column = _defined_by(value, "pd_op.slice") if isinstance(value, Value) else None
+    if column is None or column.attrs().get("axes") != [1]:
+        return None
+    source = _selected_from(column.operand_source(0))
+    start = _defined_by(column.operand_source(1), "pd_op.full_int_array")
+    if source is None or start is None:
+        return None
+    return np.indices(source).reshape(len(source), -1)[start.attrs()["value"][0]].tolist()
 
 
 def _defined_by(value, name: str):

@@ -161,6 +161,17 @@ EXPECTED = {
         **mlp("model.layers.*.mlp.experts.*"),
         "lm_head.weight": COL,
     },
+    # HF's Switch Transformers: T5 with a top-1 (argmax) sparse feed-forward every other layer,
+    # experts in a LayerDict (expert_0, ...) run by boolean masks over a nonzero(...).tolist()
+    f"{ZOO}/switch_transformers_hf.py": {
+        **attention("*.block.*.layer.0.SelfAttention", "q", "k", "v", "o"),
+        **attention("decoder.block.*.layer.1.EncDecAttention", "q", "k", "v", "o"),
+        **mlp("encoder.block.0.layer.1.mlp", ("wi",), "wo"),
+        **mlp("decoder.block.0.layer.2.mlp", ("wi",), "wo"),
+        **mlp("*.block.1.layer.*.mlp.experts.expert_*", ("wi",), "wo"),
+        "*.block.1.layer.*.mlp.router.classifier.weight": REP,
+        "*.relative_attention_bias.weight": REP,
+    },
     f"{PF}:build_llama": {**attention("model.layers.*.self_attn"), **mlp("model.layers.*.mlp")},
     f"{PF}:build_phi3": {
         **fused("model.layers.*.self_attn", "qkv_proj"),
@@ -205,6 +216,14 @@ EXPERTS = {
     f"{ZOO}/gshard_fairscale.py": [("", 0, 0), ("decoder.layers.1.moe_layer.experts", 4, 2)],
     # paddle.topk(routing_weights, num_experts_per_tok=2) over 4 experts, experts run by expert_hit
     f"{ZOO}/qwen3_moe_hf.py": [(f"model.layers.{i}.mlp.experts", 4, 2) for i in range(2)],
+    # one argmax over the router's probabilities (top-1; the SparseMLP's argmax of the one-hot
+    # router mask re-reads it); experts are the LayerDict's expert_0..expert_3; sparse_step=2
+    f"{ZOO}/switch_transformers_hf.py": [
+        ("", 0, 0),
+        ("encoder.block.1.layer.1.mlp.experts", 4, 1),
+        ("", 0, 0),
+        ("decoder.block.1.layer.2.mlp.experts", 4, 1),
+    ],
 }
 
 

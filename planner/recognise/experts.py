@@ -1,7 +1,8 @@
 """The experts of an MoE block: the layers expert parallelism spreads over data-parallel ranks.
 
 A block holds experts when two or more of its recognised MLPs (:mod:`.roles`) are the numbered
-children of one container (an MoE's ``LayerList``: ``experts.0``, ``experts.1``, ...) and its
+children of one container (an MoE's ``LayerList``: ``experts.0``, ``experts.1``, ...; or a
+``LayerDict``'s ``experts.expert_0``, ...) and its
 MoE layer (the container's parent) routes tokens to them. How many experts there are comes from
 the parameters (every numbered child, recognised or not); to how many each token goes
 (``top_k``), from the MoE layer's *selections over the expert axis*, however the router spells
@@ -9,7 +10,9 @@ them: each ``topk`` over an axis as long as the expert count picks k experts (Mi
 each ``argmax`` over it picks one (GShard's and Switch's gates: ``argmax`` for the first expert,
 ``argmax`` again with it masked out for the second). A selection over another axis is not
 routing (DeepSpeed's random token selection takes ``topk`` over the token axis to fill each
-expert's capacity).
+expert's capacity), and neither is a selection that only re-reads an earlier one (Switch
+Transformers takes the ``argmax`` of its one-hot router mask again: no path from the scores
+reaches it but through the first ``argmax``).
 
 Example::
 
@@ -23,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 import networkx as nx
@@ -61,23 +65,37 @@ def experts_per_token(graph: nx.DiGraph, nodes: frozenset[int], moe_layer: str, 
     ``count`` entries made by the ops of ``moe_layer`` (k for a ``topk``, 1 for an ``argmax``).
 
     >>> g = nx.DiGraph()
-    >>> g.add_node(0, op="pd_op.softmax", layer="moe.gate", shapes=[[16, 4]], attrs={}, consts={})
-    >>> g.add_node(1, op="pd_op.argmax", layer="moe.gate", shapes=[[16]], attrs={}, consts={1: 1.0})
-    >>> g.add_node(2, op="pd_op.argmax", layer="moe.gate", shapes=[[16]], attrs={}, consts={1: 1.0})
-    >>> g.add_edges_from([(0, 1), (0, 2)], operand=0, result=0)
+    >>> def op(n, name, shapes, inputs=(), **data):
+    ...     base = {"op": f"pd_op.{name}", "layer": "moe.gate", "param": None, "attrs": {}, "consts": {}}
+    ...     g.add_node(n, **{**base, "shapes": shapes, **data})
+    ...     g.add_edges_from([(i, n) for i in inputs], operand=0, result=0)
+    >>> op(0, "parameter", [[8, 4]], param="moe.gate.weight")
+    >>> op(1, "matmul", [[16, 4]], [0])  # the router's scores
+    >>> op(2, "argmax", [[16]], [1], consts={1: 1.0})  # the first expert
+    >>> op(3, "one_hot", [[16, 4]], [2])
+    >>> op(4, "argmax", [[16]], [3], consts={1: 1.0})  # the same choice read back from its mask
+    >>> experts_per_token(g, frozenset(g), "moe", 4)
+    1
+    >>> op(5, "where", [[16, 4]], [1, 3])  # the scores with the first expert masked out
+    >>> op(6, "argmax", [[16]], [5], consts={1: 1.0})  # the second expert (GShard)
     >>> experts_per_token(g, frozenset(g), "moe", 4)
     2
-    >>> g.add_node(3, op="pd_op.topk", layer="moe", shapes=[[2, 4], [2, 4]], attrs={"axis": 0}, consts={1: 2.0})
-    >>> g.add_edge(0, 3, operand=0, result=0)  # the capacity's 2 tokens of each expert: not routing
-    >>> experts_per_token(g, frozenset(g), "moe", 4)
+    >>> op(7, "topk", [[2, 4], [2, 4]], [1], attrs={"axis": 0}, consts={1: 2.0})  # 2 tokens per expert
+    >>> experts_per_token(g, frozenset(g), "moe", 4)  # a capacity, not routing
     2
     """
+    selections = {
+        n
+        for n in nodes
+        if short_op(graph.nodes[n]["op"]) in ("topk", "argmax")
+        and (graph.nodes[n]["layer"] + ".").startswith(moe_layer + ".")
+    }
     picked = 0
-    for node in sorted(nodes):
+    for node in sorted(selections):
         data = graph.nodes[node]
         op = short_op(data["op"])
-        if op not in ("topk", "argmax") or not (data["layer"] + ".").startswith(moe_layer + "."):
-            continue
+        if not _reads_scores(graph, nodes, node, selections):
+            continue  # it re-reads a choice made before (Switch's argmax of the one-hot router mask)
         source = next(
             (graph.nodes[u]["shapes"][e["result"]] for u, _, e in graph.in_edges(node, data=True) if e["operand"] == 0),
             None,
@@ -89,6 +107,21 @@ def experts_per_token(graph: nx.DiGraph, nodes: frozenset[int], moe_layer: str, 
             continue
         picked += data["shapes"][0][axis] if op == "topk" else 1
     return picked
+
+
+def _reads_scores(graph: nx.DiGraph, nodes: frozenset[int], selection: int, selections: set[int]) -> bool:
+    """Whether ``selection`` chooses among scores rather than re-reading an earlier choice: some
+    path into it reaches a parameter or the block's input without passing another selection."""
+    seen, todo = set(), [selection]
+    while todo:
+        for producer in graph.predecessors(todo.pop()):
+            if producer in seen or producer in selections:
+                continue
+            if producer not in nodes or graph.nodes[producer]["param"] is not None:
+                return True
+            seen.add(producer)
+            todo.append(producer)
+    return False
 
 
 def experts_of(
@@ -107,14 +140,23 @@ def experts_of(
         return None
     container = found[0]
     indices = {fqn[len(container) + 1 :].split(".")[0] for fqn in params if fqn.startswith(container + ".")}
-    return Experts(container, sum(1 for i in indices if i.isdigit()), top_k)
+    return Experts(container, sum(1 for i in indices if _NUMBERED.fullmatch(i)), top_k)
+
+
+#: A numbered child: ``3`` (a LayerList's) or ``expert_3`` (a LayerDict's, HF Switch Transformers).
+_NUMBERED = re.compile(r"(?:[A-Za-z_]*_)?\d+")
 
 
 def _numbered_owner(fqn: str, layer: str) -> tuple[str, str]:
     """``("layers.0.moe.experts", "3")`` for ``layers.0.moe.experts.3.w2`` inside ``layers.0``:
-    the innermost numbered component below the block; ``("", "")`` if there is none."""
+    the innermost numbered component below the block, above the projection itself (``w2`` is
+    no expert number); ``("", "")`` if there is none.
+
+    >>> _numbered_owner("block.1.layer.1.mlp.experts.expert_2.wo", "block.1")
+    ('block.1.layer.1.mlp.experts', 'expert_2')
+    """
     parts = fqn[len(layer) + 1 :].split(".") if fqn.startswith(layer + ".") else []
-    for i in range(len(parts) - 1, -1, -1):
-        if parts[i].isdigit():
+    for i in range(len(parts) - 2, -1, -1):
+        if _NUMBERED.fullmatch(parts[i]):
             return ".".join([layer, *parts[:i]]), parts[i]
     return "", ""
