@@ -8,7 +8,9 @@ single-device one into a distributed run, a distributed one into one process, an
 :func:`export_checkpoint` writes one full ``paddle.save`` state dict. Paddle's own
 ``dist.load_state_dict`` cannot do this on CPU: its resharding calls ``.cuda()``
 (docs/paddle-notes.md, "Checkpoints"). Loading needs no collective at all; the folder must be
-on a file system every rank sees.
+on a file system every rank sees. Under expert parallelism, where a rank holds only its experts,
+each expert is written whole by the lowest rank holding it and loaded only where it is held
+(docs/checkpoints.md, "Expert parallelism").
 
 A save is atomic: shards go into a new ``data-<step>-<token>`` folder, every file is fsynced,
 and only then rank 0 replaces ``checkpoint.json`` (a temp file, fsync, rename), which is the
@@ -32,6 +34,7 @@ import math
 import os
 import secrets
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +62,7 @@ from autodist.schemas.vocabulary import DTYPE_BYTES
 
 from autodist.applier.accumulate import AccumulatingOptimizer
 from autodist.applier.apply import applied_plan
+from autodist.applier.experts import ExpertGradSync, dropped_parameters, expert_holders
 from autodist.applier.layout import assemble, distinct_shards, rank_coords, shard_box
 from autodist.applier.optimizer import optimizer_parameters
 
@@ -88,25 +92,36 @@ def save_checkpoint(
     path = Path(path)
     rank, world = dist.get_rank(), dist.get_world_size()
     scheduler = scheduler if scheduler is not None else _scheduler_of(optimizer)
-    # 1. Every rank describes the save (the same metadata everywhere) and its own pieces; the
-    #    ranks exchange their problems and rank 0's name for the new data folder.
+    # 1. Every rank lays out the pieces of the tensors it holds; the ranks exchange their
+    #    problems, rank 0's name for the new data folder and the layouts of the experts each
+    #    writes (under expert parallelism the other ranks of its group do not hold them).
     problems: list[str] = []
-    meta: Checkpoint | None = None
-    mine: list = []
+    layouts: dict[str, _Layout] = {}
+    mine: dict[str, paddle.Tensor] = {}
+    saved_scheduler = None
     try:
         _check_target_folder(path)
-        meta, mine = _describe(model, optimizer, scheduler, step, world, rank)
-        decode_checkpoint(encode_checkpoint(meta), path)  # never commit what could not be read back
+        _check_step(step)
+        layouts, mine = _layouts(model, optimizer, rank)
+        if scheduler is not None:
+            saved_scheduler = SavedScheduler(class_name=type(scheduler).__name__, state=_plain_state(scheduler))
     except CheckpointError as exc:
         problems.append(exc.problem)
-    proposals = _agree(world, (problems, f"{step}-{secrets.token_hex(4)}"))
-    _raise_first([p for peer_problems, _ in proposals for p in peer_problems], path)
-    assert meta is not None  # _describe raised on this rank otherwise, and _raise_first everywhere
+    written_experts = {name: layout for name, layout in layouts.items() if layout.expert and layout.writers == [rank]}
+    proposals = _agree(world, (problems, f"{step}-{secrets.token_hex(4)}", written_experts))
+    _raise_first([p for peer_problems, _, _ in proposals for p in peer_problems], path)
+    # Every rank now describes the same save (so a problem found below is found on every
+    # rank): its own layouts, but the experts' from their writers.
+    everyone = {name: layout for name, layout in layouts.items() if not layout.expert}
+    for _, _, experts in proposals:
+        everyone.update(experts)
+    meta, pieces = _describe(model, optimizer, saved_scheduler, step, world, rank, everyone, mine)
     meta.data = _DATA_PREFIX + proposals[0][1]
+    decode_checkpoint(encode_checkpoint(meta), path)  # never commit what could not be read back
 
     # 2. Every rank writes and fsyncs its own file; a failure anywhere is raised everywhere.
     try:
-        _write_pieces(path / meta.data, mine)
+        _write_pieces(path / meta.data, pieces)
         status = None
     except Exception as exc:  # any failure must reach the other ranks, not leave them waiting
         status = f"rank {rank} could not write its shards: {getattr(exc, 'strerror', None) or exc}"
@@ -143,7 +158,6 @@ def load_checkpoint(
         >>> start = load_checkpoint(model, opt, "ckpt").step                     # doctest: +SKIP
     """
     path = Path(path)
-    _raise_first(_expert_problems(model), path)
     meta = read_checkpoint(path)
     scheduler = scheduler if scheduler is not None else _scheduler_of(optimizer)
     problems = _model_problems(model, meta)
@@ -190,36 +204,87 @@ def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> dict[s
 # -- what is saved -----------------------------------------------------------------------------------
 
 
-def _describe(model, optimizer, scheduler, step: int, world: int, rank: int) -> tuple[Checkpoint, list]:
-    """The metadata of a save and this rank's pieces ``[(local tensor, Shard)]``. Every rank
-    computes the same metadata: where each piece goes follows from the tensors' layouts."""
+@dataclass
+class _Layout:
+    """A tensor's global shape and dtype and its distinct pieces ``(writer rank, offset, shape)``;
+    ``expert``: a tensor of an expert that only some ranks hold."""
+
+    shape: list[int]
+    dtype: str
+    pieces: list[tuple[int, list[int], list[int]]]
+    expert: bool = False
+
+    @property
+    def writers(self) -> list[int]:
+        return [writer for writer, _, _ in self.pieces]
+
+
+def _check_step(step) -> None:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"step must be a non-negative int, got {step!r}")
-    if _expert_problems(model):
-        raise CheckpointError(_expert_problems(model)[0])
-    table = parameter_table(model.named_parameters())
-    named = {f"param/{fqn}": p for fqn, p in model.named_parameters()}
+
+
+def _layouts(model, optimizer, rank: int) -> tuple[dict[str, _Layout], dict[str, paddle.Tensor]]:
+    """The layout of every tensor this rank holds (``param/<fqn>``, ``optimizer/<fqn>/<kind>``)
+    and the local values of the pieces it writes. An expert's tensors are written whole by the
+    lowest rank holding it (:func:`~autodist.applier.experts.expert_holders`): its placements
+    say Replicate although the ranks of an ep group hold different experts."""
+    plan = applied_plan(model)
+    holders = expert_holders(plan) if plan is not None else {}
+    named = {f"param/{fqn}": (fqn, p) for fqn, p in model.named_parameters()}
     states = _optimizer_states(model, optimizer) if optimizer is not None else {}
-    named.update({f"optimizer/{fqn}/{kind}": t for fqn, kinds in states.items() for kind, t in kinds.items()})
-    sizes: dict[str, int] = {}
-    saved, mine = {}, []
-    for name in sorted(named):
-        tensor = named[name]
-        shards = []
-        for writer, offset, shape in _pieces(tensor, name):
-            file = f"rank{writer}.bin"
-            shard = Shard(file=file, byte_offset=sizes.get(file, 0), offset=offset, shape=shape)
-            sizes[file] = shard.byte_offset + math.prod(shape) * DTYPE_BYTES[dtype_name(tensor.dtype)]
-            shards.append(shard)
+    named.update({f"optimizer/{fqn}/{kind}": (fqn, t) for fqn, kinds in states.items() for kind, t in kinds.items()})
+    layouts, mine = {}, {}
+    for name, (fqn, tensor) in named.items():
+        shape = [int(d) for d in tensor.shape]
+        if fqn in holders:
+            layout = _Layout(shape, dtype_name(tensor.dtype), [(holders[fqn][0], [0] * len(shape), shape)], True)
+        else:
+            layout = _Layout(shape, dtype_name(tensor.dtype), _pieces(tensor, name))
+        for writer, _, piece in layout.pieces:
             if writer == rank:
                 local = tensor._local_value() if tensor.is_dist() else tensor
-                if [int(d) for d in local.shape] != shape:
+                if [int(d) for d in local.shape] != piece:
                     raise CheckpointError(
                         f"{name}: rank {rank} holds a piece of shape {list(local.shape)} but Paddle's balanced "
-                        f"split gives {shape}: this layout is not supported"
+                        f"split gives {piece}: this layout is not supported"
                     )
-                mine.append((local, shard))
-        saved[name] = SavedTensor(shape=[int(d) for d in tensor.shape], dtype=dtype_name(tensor.dtype), shards=shards)
+                mine[name] = local
+        layouts[name] = layout
+    return layouts, mine
+
+
+def _describe(
+    model,
+    optimizer,
+    scheduler: SavedScheduler | None,
+    step: int,
+    world: int,
+    rank: int,
+    layouts: dict[str, _Layout],
+    mine: dict,
+) -> tuple[Checkpoint, list]:
+    """The metadata of a save from the ``layouts`` of every tensor (the same on every rank),
+    and this rank's pieces ``[(local tensor, Shard)]`` in the order they are written."""
+    sizes: dict[str, int] = {}
+    saved, pieces = {}, []
+    for name in sorted(layouts):
+        layout = layouts[name]
+        shards = []
+        for writer, offset, shape in layout.pieces:
+            file = f"rank{writer}.bin"
+            shard = Shard(file=file, byte_offset=sizes.get(file, 0), offset=offset, shape=shape)
+            sizes[file] = shard.byte_offset + math.prod(shape) * DTYPE_BYTES[layout.dtype]
+            shards.append(shard)
+            if writer == rank:
+                pieces.append((mine[name], shard))
+        saved[name] = SavedTensor(shape=layout.shape, dtype=layout.dtype, shards=shards)
+    table = _parameter_table(model)
+    states: dict[str, dict[str, SavedTensor]] = {}
+    for name, tensor in saved.items():
+        if name.startswith("optimizer/"):
+            _, fqn, kind = name.split("/")
+            states.setdefault(fqn, {})[kind] = tensor
     plan = applied_plan(model)
     meta = Checkpoint(
         step=step,
@@ -234,25 +299,30 @@ def _describe(model, optimizer, scheduler, step: int, world: int, rank: int) -> 
         ),
         params={name.removeprefix("param/"): t for name, t in saved.items() if name.startswith("param/")},
         optimizer=None if optimizer is None else SavedOptimizer(
-            class_name=type(_inner(optimizer)).__name__,
-            states={fqn: {kind: saved[f"optimizer/{fqn}/{kind}"] for kind in kinds} for fqn, kinds in states.items()},
+            class_name=type(_inner(optimizer)).__name__, states=states
         ),
-        scheduler=None if scheduler is None else SavedScheduler(
-            class_name=type(scheduler).__name__, state=_plain_state(scheduler)
-        ),
+        scheduler=scheduler,
         data=_DATA_PREFIX + "pending",
         files=sizes,
     )  # fmt: skip
-    return meta, mine
+    return meta, pieces
 
 
-def _expert_problems(model) -> list[str]:
-    """Under expert parallelism each rank holds other experts (applier/experts.py): the ranks'
-    parameter sets differ, which this format's one shared description cannot say yet."""
+def _parameter_table(model) -> dict[str, tuple[list[int], str]]:
+    """The model's parameter table as planned: under expert parallelism with the experts this
+    rank dropped (shape and dtype from the plan), so that every rank, under any plan, describes
+    the same model."""
+    table = parameter_table(model.named_parameters())
     plan = applied_plan(model)
-    if plan is None or plan.strategy.ep == 1:
-        return []
-    return [f"the model runs expert parallelism (ep={plan.strategy.ep}): its checkpoints are not supported yet"]
+    for fqn in _dropped(model):
+        table[fqn] = ([int(d) for d in plan.params[fqn].shape], plan.params[fqn].dtype)
+    return table
+
+
+def _dropped(model) -> set[str]:
+    """The planned parameters this rank dropped (the experts other ranks hold)."""
+    plan = applied_plan(model)
+    return dropped_parameters(plan, dist.get_rank()) if plan is not None else set()
 
 
 def _pieces(tensor, name: str) -> list[tuple[int, list[int], list[int]]]:
@@ -291,8 +361,9 @@ def _mesh_ids(tensor) -> np.ndarray:
 
 def _inner(optimizer):
     """The user's optimizer class under apply_plan's wrappers (it holds the states): through
-    :class:`AccumulatingOptimizer` (micro-batches) and ``dist.shard_optimizer``'s wrapper."""
-    if isinstance(optimizer, AccumulatingOptimizer):
+    :class:`AccumulatingOptimizer` (micro-batches), :class:`ExpertGradSync` (expert
+    parallelism) and ``dist.shard_optimizer``'s wrapper."""
+    while isinstance(optimizer, (AccumulatingOptimizer, ExpertGradSync)):
         optimizer = optimizer._inner
     return optimizer.__dict__.get("_inner_opt", optimizer)
 
@@ -434,7 +505,7 @@ def _file_problems(path: Path, meta: Checkpoint) -> list[str]:
 
 
 def _model_problems(model, meta: Checkpoint) -> list[str]:
-    table = parameter_table(model.named_parameters())
+    table = _parameter_table(model)
     if parameter_fingerprint(table) == meta.model.param_fingerprint:
         return []
     saved = {fqn: (t.shape, t.dtype) for fqn, t in meta.params.items()}
@@ -460,7 +531,7 @@ def _optimizer_problems(model, optimizer, meta: Checkpoint) -> list[str]:
         return [f"optimizer states of {meta.optimizer.class_name}, but the optimizer is {type(inner).__name__}"]
     held = {id(p) for p in optimizer_parameters(inner)}
     fqns = {fqn for fqn, p in model.named_parameters() if id(p) in held}
-    not_held = sorted(set(meta.optimizer.states) - fqns)
+    not_held = sorted(set(meta.optimizer.states) - fqns - _dropped(model))
     if not_held:
         return [
             f"has optimizer states of {len(not_held)} parameters the optimizer does not update, e.g. {not_held[0]!r}"
@@ -486,14 +557,16 @@ def _prepared_states(model, optimizer, meta: Checkpoint, path: Path) -> dict[str
     before = ({k: dict(v) for k, v in inner._accumulators.items()}, set(inner._already_create_accumulator),
               dict(getattr(inner, "_master_weights", {})))  # fmt: skip
     params = dict(model.named_parameters())
+    # Under expert parallelism, the states of the experts this rank dropped are not loaded here.
+    wanted = sorted(set(meta.optimizer.states) - _dropped(model))
     block = paddle.static.default_main_program().global_block()
-    for fqn in sorted(meta.optimizer.states):
+    for fqn in wanted:
         # Idempotent; on dist.shard_optimizer's wrapper it also shards them (docs/paddle-notes.md, Checkpoints).
         optimizer._create_accumulators(block, [params[fqn]])
     states = _optimizer_states(model, optimizer)
     problems = []
-    for fqn, kinds in sorted(meta.optimizer.states.items()):
-        have = states.get(fqn, {})
+    for fqn in wanted:
+        kinds, have = meta.optimizer.states[fqn], states.get(fqn, {})
         if set(have) != set(kinds):
             problems.append(f"{fqn}: optimizer states {sorted(kinds)} saved, the optimizer has {sorted(have)}")
             continue
@@ -509,7 +582,7 @@ def _prepared_states(model, optimizer, meta: Checkpoint, path: Path) -> dict[str
             inner._master_weights = before[2]
         _raise_first(problems, path)
     return {f"optimizer/{fqn}/{kind}": t for fqn, kinds in states.items() for kind, t in kinds.items()
-            if fqn in meta.optimizer.states}  # fmt: skip
+            if fqn in wanted}  # fmt: skip
 
 
 # -- reading --------------------------------------------------------------------------------------------

@@ -87,7 +87,23 @@ def dropped_parameters(plan: Plan, rank: int) -> set[str]:
     """The planned parameters this rank does not hold: the experts of other ranks of its group."""
     if plan.strategy.ep == 1:
         return set()
-    index = ExpertLayout.of_plan(plan, rank).index
+    return _dropped_at(plan, ExpertLayout.of_plan(plan, rank).index)
+
+
+def expert_holders(plan: Plan) -> dict[str, list[int]]:
+    """Each expert parameter the plan spreads over ep ranks, with the ranks holding it
+    (ascending): those that do not drop it (:func:`dropped_parameters`). Empty without ep."""
+    if plan.strategy.ep == 1:
+        return {}
+    ranks = sorted(int(r) for r in mesh_ids(plan).flat)
+    index = {r: ExpertLayout.of_plan(plan, r).index for r in ranks}
+    dropped = {j: _dropped_at(plan, j) for j in range(plan.strategy.ep)}
+    experts = set().union(*dropped.values())  # each expert is dropped at every other index
+    return {fqn: [r for r in ranks if fqn not in dropped[index[r]]] for fqn in sorted(experts)}
+
+
+def _dropped_at(plan: Plan, index: int) -> set[str]:
+    """The expert parameters the rank at ``index`` of an ep group does not hold."""
     dropped = set()
     for container, count in _containers(plan).items():
         held = {str(i) for i in held_experts(count, plan.strategy.ep, index)}

@@ -21,10 +21,10 @@ import numpy as np
 import paddle
 import pytest
 from harness.cases import Config
-from harness.compare import differences, layout_differences
+from harness.compare import resumed_differences
 from harness.jobs import Job, TrainRun
 from harness.plans import write_plan
-from harness.runner import start_job, train_distributed
+from harness.runner import start_job, train_by_world
 from harness.workloads import WORKLOADS
 
 from autodist import export_checkpoint, load_checkpoint
@@ -62,15 +62,6 @@ def make_run(name: str, config: Config | None, plans: dict[str, str], **checkpoi
     return TrainRun(name, WORKLOAD, optimizer="adamw", plan=plans[config.name], reshard=config.reshard, **checkpointing)
 
 
-def train_by_world(runs: list[tuple[TrainRun, int]], workdir) -> dict[str, list[dict]]:
-    """Every run, one job per world size."""
-    outputs = {}
-    for world in sorted({w for _, w in runs}):
-        group = [run for run, w in runs if w == world]
-        outputs.update(train_distributed(group, world, workdir / f"world{world}"))
-    return outputs
-
-
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory, reference_runs):
     """Save under every plan A, then resume under every plan B. Returns the plans, the
@@ -103,16 +94,14 @@ def resumed(tmp_path_factory, reference_runs):
 def test_resumed_under_another_plan_trains_like_one_uninterrupted_device(resumed, reference_runs, scenario):
     plans, checkpoints, outputs, runs = resumed
     plan_a, plan_b = SCENARIOS[scenario]
-    saved = outputs[f"save_{config_name(plan_a)}"]
-    first_steps = saved[0]["losses"]
-    assert all(out["losses"] == first_steps for out in saved)  # every rank reports the global loss
-
-    problems = [p for out in saved for p in differences(reference_runs.get(runs[f"save_{config_name(plan_a)}"]), out)]
-    for out in outputs[scenario]:
-        combined = {**out, "losses": first_steps + out["losses"]}
-        problems += differences(reference_runs.get(runs[scenario]), combined)
-        if plan_b is not None:
-            problems += layout_differences(load_plan(plans[plan_b.name]), out)
+    saver = f"save_{config_name(plan_a)}"
+    problems = resumed_differences(
+        reference_runs.get(runs[saver]),
+        outputs[saver],
+        reference_runs.get(runs[scenario]),
+        outputs[scenario],
+        None if plan_b is None else load_plan(plans[plan_b.name]),
+    )
     assert not problems, f"{scenario}:\n  " + "\n  ".join(problems[:40])
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from autodist.applier.experts import ExpertLayout, dropped_parameters, held_experts
+from autodist.applier.experts import ExpertLayout, dropped_parameters, expert_holders, held_experts
 from autodist.applier.validate import plan_problems
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest
@@ -77,15 +77,20 @@ def test_a_model_with_other_experts_is_refused_naming_the_container(ep_plan):
     )
 
 
-def test_checkpoints_of_an_expert_parallel_model_are_refused(ep_plan, tmp_path):
-    from autodist import load_checkpoint, save_checkpoint
-    from autodist.applier import apply
-    from autodist.applier.checkpoint import CheckpointError
-
-    model = WORKLOADS["zoo_mixtral_moe"].build(seed=1)
-    apply._APPLIED[model] = ep_plan  # as apply_plan records it
-    with pytest.raises(CheckpointError, match=r"expert parallelism \(ep=2\): its checkpoints are not supported yet"):
-        save_checkpoint(model, None, tmp_path / "ckpt", step=1)
-    assert not (tmp_path / "ckpt" / "checkpoint.json").exists()
-    with pytest.raises(CheckpointError, match=r"expert parallelism \(ep=2\)"):
-        load_checkpoint(model, None, tmp_path / "ckpt")
+def test_each_expert_is_held_by_the_ranks_at_its_index_of_every_ep_group(ep_plan):
+    # dp2 ep2: rank 0 holds experts 0-1, rank 1 experts 2-3 (written from the design).
+    holders = expert_holders(ep_plan)
+    assert sorted(holders) == sorted(dropped_parameters(ep_plan, rank=0) | dropped_parameters(ep_plan, rank=1))
+    assert holders["layers.0.block_sparse_moe.experts.1.w2.weight"] == [0]
+    assert holders["layers.1.block_sparse_moe.experts.2.w1.weight"] == [1]
+    # dp4 ep2 on the same model: ranks 0 and 2 hold experts 0-1, ranks 1 and 3 experts 2-3.
+    dp4 = msgspec.structs.replace(
+        ep_plan,
+        mesh=msgspec.structs.replace(ep_plan.mesh, shape=[4], process_ids=[0, 1, 2, 3]),
+        strategy=msgspec.structs.replace(ep_plan.strategy, dp=4),
+    )
+    assert expert_holders(dp4)["layers.0.block_sparse_moe.experts.0.w3.weight"] == [0, 2]
+    assert expert_holders(dp4)["layers.0.block_sparse_moe.experts.3.w3.weight"] == [1, 3]
+    assert (
+        expert_holders(msgspec.structs.replace(ep_plan, strategy=msgspec.structs.replace(ep_plan.strategy, ep=1))) == {}
+    )

@@ -53,6 +53,25 @@ def differences(
     return problems
 
 
+def resumed_differences(
+    saved_reference: dict, saved: list[dict], reference: dict, resumed: list[dict], plan=None
+) -> list[str]:
+    """Where a resumed run differs from one uninterrupted device. ``saved``: every rank's output
+    of the run that saved the checkpoint after its first steps (``saved_reference``: one device
+    over those steps); ``resumed``: every rank's output of the run that loaded it and trained on,
+    whose losses follow the saver's (``reference``: one device over all steps), laid out as
+    ``plan`` says (None: one device, no plan)."""
+    first_steps = saved[0]["losses"]
+    problems = [f"rank {out['rank']}: losses {out['losses']}, rank 0 {first_steps}" for out in saved
+                if out["losses"] != first_steps]  # fmt: skip  # every rank reports the global loss
+    problems += [line for out in saved for line in differences(saved_reference, out)]
+    for out in resumed:
+        problems += differences(reference, {**out, "losses": first_steps + out["losses"]})
+        problems += layout_differences(plan, out) if plan is not None else []
+    held = set().union(*(out["params"] for out in resumed))
+    return problems + [f"no rank reported {fqn}" for fqn in sorted(set(reference["params"]) - held)]
+
+
 def assert_same_training(name: str, reference: dict, rank_outputs: list[dict]) -> None:
     """AssertionError listing every difference of every rank from the reference run."""
     problems = [line for output in rank_outputs for line in differences(reference, output)]

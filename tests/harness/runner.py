@@ -60,6 +60,15 @@ def train_distributed(
     return {run.name: read_outputs(job.out_dir, run.name, nranks) for run in runs}
 
 
+def train_by_world(runs: list[tuple[TrainRun, int]], workdir: Path, timeout_s: float = 240.0) -> dict[str, list[dict]]:
+    """Every run (with its number of ranks), one job per world size; ``{run name: outputs}``."""
+    outputs = {}
+    for world in sorted({w for _, w in runs}):
+        group = [run for run, w in runs if w == world]
+        outputs.update(train_distributed(group, world, workdir / f"world{world}", timeout_s))
+    return outputs
+
+
 def check_bad_plans(
     cases: list[BadPlanCase], nranks: int, workdir: Path, timeout_s: float = 120.0, let_escape: bool = False, **launch
 ) -> tuple[JobResult, list[dict]]:
