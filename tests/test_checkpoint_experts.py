@@ -1,7 +1,8 @@
-"""Checkpoints of expert-parallel models, on several gloo processes (CPU): the Mixtral zoo model
-trains 2 AdamW steps under plan A, saves, loads under plan B, trains 1 more step, and the losses
-and parameters equal 3 uninterrupted single-device steps (1e-5); every parameter is laid out as
-plan B says (under ep, each rank holds only its experts).
+"""Checkpoints of expert-parallel models, on several gloo processes (CPU): an MoE zoo model
+(Mixtral; Qwen3-MoE, HF's expert_hit loop, once) trains 2 AdamW steps under plan A, saves, loads
+under plan B, trains 1 more step, and the losses and parameters equal 3 uninterrupted
+single-device steps (1e-5); every parameter is laid out as plan B says (under ep, each rank
+holds only its experts).
 
 Under expert parallelism a rank holds only its experts (applier/experts.py), so a checkpoint
 written under ep must still describe every expert, each written whole by one rank that holds
@@ -31,31 +32,39 @@ from autodist.schemas.checkpoint import read_checkpoint
 
 pytestmark = pytest.mark.multiprocess
 
-WORKLOAD = "zoo_mixtral_moe"
+MIXTRAL, QWEN3 = "zoo_mixtral_moe", "zoo_qwen3_moe_hf"
 SAVED_AT = 2
 EXPERTS = ".block_sparse_moe.experts."
 
-#: plan name -> (ranks, expert parallel)
-PLANS = {"dp2": (2, False), "dp2_ep2": (2, True), "dp4_ep2": (4, True)}
-#: scenario -> (plan A, plan B); None is one device without a plan.
+#: plan name -> (workload, ranks, ep, micro-batches); ep plans from the planner, dp2 by hand.
+PLANS = {
+    "dp2": (MIXTRAL, 2, 1, 1),
+    "dp2_ep2": (MIXTRAL, 2, 2, 1),
+    "dp4_ep2": (MIXTRAL, 4, 2, 1),
+    "dp2_ep2_m2": (MIXTRAL, 2, 2, 2),  # the optimizer accumulates around the expert gradient sums
+    "qwen3_dp2_ep2": (QWEN3, 2, 2, 1),
+}
+#: scenario -> (plan A, plan B); None is one device without a plan (plan A's workload).
 SCENARIOS = {
     "dp2_ep2_to_dp2": ("dp2_ep2", "dp2"),
     "dp2_to_dp2_ep2": ("dp2", "dp2_ep2"),
     "dp2_ep2_to_dp4_ep2": ("dp2_ep2", "dp4_ep2"),
     "dp2_ep2_to_single": ("dp2_ep2", None),
+    "dp2_ep2_m2_to_dp2": ("dp2_ep2_m2", "dp2"),
+    "qwen3_dp2_ep2_to_single": ("qwen3_dp2_ep2", None),
 }
 #: The dp4 ep2 run saves again after its step, so its checkpoint is checked too.
 RESAVED = "dp2_ep2_to_dp4_ep2"
 
 
 def world(plan: str | None) -> int:
-    return 1 if plan is None else PLANS[plan][0]
+    return 1 if plan is None else PLANS[plan][1]
 
 
-def make_run(name: str, plan: str | None, paths: dict[str, str], **checkpointing) -> TrainRun:
+def make_run(name: str, workload: str, plan: str | None, paths: dict[str, str], **checkpointing) -> TrainRun:
     if plan is None:
-        return TrainRun(name, WORKLOAD, optimizer="adamw", method="single", **checkpointing)
-    return TrainRun(name, WORKLOAD, optimizer="adamw", plan=paths[plan], **checkpointing)
+        return TrainRun(name, workload, optimizer="adamw", method="single", **checkpointing)
+    return TrainRun(name, workload, optimizer="adamw", plan=paths[plan], **checkpointing)
 
 
 @pytest.fixture(scope="module")
@@ -64,20 +73,23 @@ def resumed(tmp_path_factory, reference_runs):
     checkpoints (by the plan, or for the resaved run the scenario, that wrote them), and each
     run's rank outputs."""
     workdir = tmp_path_factory.mktemp("experts_ckpt")
-    model = WORKLOADS[WORKLOAD].build(seed=0)
     paths = {}
-    for name, (ranks, experts) in PLANS.items():
-        plan = ep_plan(WORKLOAD, ranks, 1, "cpu") if experts else Config(dp=ranks).hand_written_plan(model)
-        assert plan.strategy.ep == (2 if experts else 1) and plan.strategy.dp == ranks, plan.strategy
+    for name, (workload, ranks, ep, micro_batches) in PLANS.items():
+        if ep > 1:
+            plan = ep_plan(workload, ranks, micro_batches, "cpu")
+        else:
+            plan = Config(dp=ranks, micro_batches=micro_batches).hand_written_plan(WORKLOADS[workload].build(seed=0))
+        assert (plan.strategy.ep, plan.strategy.dp, plan.strategy.micro_batches) == (ep, ranks, micro_batches)
         paths[name] = write_plan(plan, workdir / f"plan_{name}.json")
     savers = sorted({a for a, _ in SCENARIOS.values()})
     checkpoints = {name: str(workdir / f"ckpt_{name}") for name in [*savers, RESAVED]}
     saves = [
-        (make_run(f"save_{a}", a, paths, steps=SAVED_AT, save_checkpoint=checkpoints[a]), world(a)) for a in savers
+        (make_run(f"save_{a}", PLANS[a][0], a, paths, steps=SAVED_AT, save_checkpoint=checkpoints[a]), world(a))
+        for a in savers
     ]
     loads = [
         (make_run(
-            scenario, b, paths, steps=1, first_step=SAVED_AT, load_checkpoint=checkpoints[a],
+            scenario, PLANS[a][0], b, paths, steps=1, first_step=SAVED_AT, load_checkpoint=checkpoints[a],
             save_checkpoint=checkpoints[RESAVED] if scenario == RESAVED else None,
         ), world(b))
         for scenario, (a, b) in SCENARIOS.items()
@@ -114,7 +126,7 @@ def test_each_expert_is_saved_whole_by_the_lowest_rank_holding_it(resumed, saver
     _, checkpoints, _, _ = resumed
     meta = read_checkpoint(checkpoints[saver])
     assert meta.plan.strategy.ep == 2 and meta.world_size == len(per_rank)
-    whole = WORKLOADS[WORKLOAD].build(seed=0)
+    whole = WORKLOADS[MIXTRAL].build(seed=0)
     assert meta.model.param_fingerprint == parameter_fingerprint(parameter_table(whole.named_parameters()))
     assert sorted(meta.params) == sorted(fqn for fqn, _ in whole.named_parameters())
 
@@ -139,7 +151,7 @@ def test_the_resaved_dp4_ep2_checkpoint_loads_on_one_device(resumed):
     """The dp4 ep2 checkpoint, loaded into a plain model in this process, holds exactly the
     parameters the dp4 ep2 run held after its step (each expert from a rank that held it)."""
     _, checkpoints, outputs, _ = resumed
-    model = WORKLOADS[WORKLOAD].build(seed=7)
+    model = WORKLOADS[MIXTRAL].build(seed=7)
     assert load_checkpoint(model, None, checkpoints[RESAVED]).step == SAVED_AT + 1
     held = {fqn: value for out in outputs[RESAVED] for fqn, value in out["params"].items()}
     loaded = dict(model.named_parameters())
