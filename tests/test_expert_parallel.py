@@ -262,3 +262,9 @@ def test_check_plan_names_each_broken_expert_rule(ep_plan):
         f"$.params[\"{moe0}.gate.weight\"].placements: ['S(0)'], but an MoE layer under expert parallelism runs "
         "whole on each rank (all R)"
     ]
+
+
+def test_an_expert_parallel_plan_is_the_same_bytes_when_made_again(ep_plan):
+    request = SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=PROFILES["cpu"])
+    again = plan_target(MIXTRAL, None, request, {"target": MIXTRAL}).plan
+    assert dump_plan(again) == dump_plan(ep_plan)
