@@ -41,8 +41,8 @@ plans: install
 	  --quiet -o plans/paddleformers_llama/plan_4x8dev_mp8_pp2.json
 
 # Planning time and memory by depth, apply_plan (and its cost on a lazily built model),
-# checkpoints, recompute's activation memory, pipeline schedules priced (docs/benchmarks.md has
-# the recorded tables).
+# checkpoints, recompute's activation memory, pipeline schedules priced, expert parallelism's
+# memory and step time against plain dp and to_distributed (docs/benchmarks.md has the recorded tables).
 bench: install
 	$(PY) bench/plan_time.py --markdown
 	$(PY) bench/apply_time.py --markdown
@@ -50,6 +50,7 @@ bench: install
 	$(PY) bench/checkpoint_time.py --markdown
 	$(PY) bench/recompute_memory.py --markdown
 	$(PY) bench/pipeline_schedule.py
+	$(PY) bench/experts.py --markdown
 	$(PY) bench/closed_loop.py --runs 3
 
 # The whole product on 4 CPU processes: plan the docstring Llama, apply it, compare losses with one device.

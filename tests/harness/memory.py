@@ -1,7 +1,8 @@
-"""Parameter bytes, planned and real: what a rank should hold under a plan and what it holds.
+"""Bytes a rank holds, planned and real: what it should hold under a plan and what it holds
+(parameters, their gradients, optimizer states).
 
 Test-only: the applier never needs them; the tests use them to prove that sharding (and lazy
-initialisation) leaves each rank exactly its planned shards.
+initialisation) leaves each rank exactly its planned shards, the benchmarks to measure memory.
 """
 
 from __future__ import annotations
@@ -33,11 +34,30 @@ def planned_local_bytes(plan: Plan, rank: int) -> int:
     return total
 
 
-def local_parameter_bytes(model: paddle.nn.Layer) -> int:
-    """Bytes this rank really holds for the model's parameters (local shards only)."""
+def local_bytes(tensors) -> int:
+    """Bytes this rank really holds for ``tensors``: each one's local shard (its local value
+    when it is distributed); a tensor with no storage yet (built lazily) counts nothing."""
     total = 0
-    for param in model.parameters():
-        local = param._local_value() if param.is_dist() else param
+    for tensor in tensors:
+        local = tensor._local_value() if tensor.is_dist() else tensor
         if local._is_initialized():
             total += int(np.prod(local.shape, dtype=np.int64)) * local.element_size()
     return total
+
+
+def local_parameter_bytes(model: paddle.nn.Layer) -> int:
+    """Bytes this rank really holds for the model's parameters (local shards only)."""
+    return local_bytes(model.parameters())
+
+
+def local_gradient_bytes(model: paddle.nn.Layer) -> int:
+    """Bytes of the gradients this rank holds for the model's parameters (after a backward)."""
+    return local_bytes(p.grad for p in model.parameters() if p.grad is not None)
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    """Bytes of the optimizer's states on this rank (AdamW's moments and beta powers), counted
+    tensor by tensor; the states exist after the first step. ``optimizer`` may be a wrapper
+    (``dist.shard_optimizer``'s, ``apply_plan``'s) that hands attributes to the one inside."""
+    inner = getattr(optimizer, "_inner_opt", optimizer)
+    return local_bytes(state for states in inner._accumulators.values() for state in states.values())
