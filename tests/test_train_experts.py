@@ -33,6 +33,10 @@ pytestmark = pytest.mark.multiprocess
 #: Not zoo_gshard_fairscale: its gate loss leaves the MoE layer as an attribute (fairscale's
 #: ``moe.l_aux``), not through the expert_combine hook, and its gradient reaches the dispatch's
 #: gather as a DistTensor (``ValueError: The input should be a local tensor`` in backward).
+#: Not zoo_qwen2_moe_hf: its shared expert runs inside the MoE layer on every rank, so the
+#: combine's sum over the ep group counts it ep times (dp2 ep2: step-0 loss 4.534 vs 4.493).
+#: Not zoo_switch_transformers_hf: its experts are a LayerDict's expert_0..3, and
+#: applier/experts.py counts only digit-named experts.
 MOE = ["zoo_mixtral_moe", "zoo_qwen3_moe_hf"]
 #: (run name suffix, ranks, optimizer, micro-batches, build)
 CONFIGS = [

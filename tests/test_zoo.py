@@ -161,6 +161,15 @@ EXPECTED = {
         **mlp("model.layers.*.mlp.experts.*"),
         "lm_head.weight": COL,
     },
+    # HF's Qwen2-MoE: a shared expert (not one of the routed experts) beside the experts
+    f"{ZOO}/qwen2_moe_hf.py": {
+        **attention("model.layers.*.self_attn", bias=True),
+        "model.layers.*.mlp.gate.weight": REP,
+        "model.layers.*.mlp.shared_expert_gate.weight": REP,
+        **mlp("model.layers.*.mlp.experts.*"),
+        **mlp("model.layers.*.mlp.shared_expert"),
+        "lm_head.weight": COL,
+    },
     # HF's Switch Transformers: T5 with a top-1 (argmax) sparse feed-forward every other layer,
     # experts in a LayerDict (expert_0, ...) run by boolean masks over a nonzero(...).tolist()
     f"{ZOO}/switch_transformers_hf.py": {
@@ -216,6 +225,9 @@ EXPERTS = {
     f"{ZOO}/gshard_fairscale.py": [("", 0, 0), ("decoder.layers.1.moe_layer.experts", 4, 2)],
     # paddle.topk(routing_weights, num_experts_per_tok=2) over 4 experts, experts run by expert_hit
     f"{ZOO}/qwen3_moe_hf.py": [(f"model.layers.{i}.mlp.experts", 4, 2) for i in range(2)],
+    # topk(routing_weights, 2) over 4 experts, listed by nonzero(as_tuple=True)[0].tolist(); the
+    # shared_expert is not numbered: not an expert
+    f"{ZOO}/qwen2_moe_hf.py": [(f"model.layers.{i}.mlp.experts", 4, 2) for i in range(2)],
     # one argmax over the router's probabilities (top-1; the SparseMLP's argmax of the one-hot
     # router mask re-reads it); experts are the LayerDict's expert_0..expert_3; sparse_step=2
     f"{ZOO}/switch_transformers_hf.py": [
