@@ -14,7 +14,9 @@ trace takes the case where every element is selected (every expert got tokens, t
 in training): ``len()`` of a ``nonzero`` result is the number of elements it was taken over,
 ``int()`` of its row ``i`` is that element's index along the one axis, and ``.tolist()`` of its
 column ``j`` (``nonzero(x, as_tuple=True)[j]``, HF's Switch Transformers) lists every element's
-index along axis ``j``. The program is then the
+index along axis ``j``, and ``.numel()`` of either is its size then, so a guard such as HF
+DeepSeek-V3's ``if token_indices.numel() > 0:`` around each expert is taken (not a ``cond`` op
+whose branch the planner would not see). The program is then the
 forward of that case, which is all the planner reads it for: which layers run on which values.
 Nothing else changes: any other ``len()`` or ``int()`` is dy2static's own.
 
@@ -31,6 +33,22 @@ Example::
     ...     ops = static.concrete_program.main_program.global_block().ops
     >>> sum(op.name() == "pd_op.matmul" for op in ops)  # every expert's linear, once
     3
+    >>> _ = static.rollback()
+
+The guarded form (HF DeepSeek-V3's experts loop)::
+
+    >>> def guarded(x):
+    ...     out = x * 0
+    ...     for e in range(3):
+    ...         rows, cols = paddle.where(x[:, e:e + 1] > 0)
+    ...         if rows.numel() > 0:
+    ...             out = paddle.index_add(out, rows, 0, experts[e](x[rows]))
+    ...     return out
+    >>> static = paddle.jit.to_static(guarded, input_spec=[paddle.static.InputSpec([4, 3])], full_graph=True)
+    >>> with every_selection_taken():
+    ...     ops = static.concrete_program.main_program.global_block().ops
+    >>> sum(op.name() == "pd_op.matmul" for op in ops), sum(op.name() == "pd_op.if" for op in ops)
+    (3, 0)
     >>> _ = static.rollback()
 """
 
@@ -66,12 +84,20 @@ def every_selection_taken():
         column = _selected_column(value)
         return column if column is not None else tolist(value)
 
-    tolist = Value.tolist
-    jst.Len, jst.AsDtype, Value.tolist = dense_length, dense_as_dtype, dense_tolist
+    @paddle.jit.not_to_static
+    def dense_numel(value):
+        column = _selected_column(value)
+        source = _selected_from(value)
+        if column is not None:
+            return len(column)
+        return math.prod(source) * len(source) if source is not None else numel(value)
+
+    tolist, numel = Value.tolist, Value.numel
+    jst.Len, jst.AsDtype, Value.tolist, Value.numel = dense_length, dense_as_dtype, dense_tolist, dense_numel
     try:
         yield
     finally:
-        jst.Len, jst.AsDtype, Value.tolist = length, as_dtype, tolist
+        jst.Len, jst.AsDtype, Value.tolist, Value.numel = length, as_dtype, tolist, numel
 
 
 def _selected_from(value) -> list[int] | None:
