@@ -12,7 +12,9 @@ each ``argmax`` over it picks one (GShard's and Switch's gates: ``argmax`` for t
 routing (DeepSpeed's random token selection takes ``topk`` over the token axis to fill each
 expert's capacity), and neither is a selection that only re-reads an earlier one (Switch
 Transformers takes the ``argmax`` of its one-hot router mask again: no path from the scores
-reaches it but through the first ``argmax``).
+reaches it but through the first ``argmax``), nor a ``topk`` whose indices nothing reads
+(DeepSeek-V3 sums each expert group's top-2 scores to pick groups; with one group that ``topk``
+runs over every expert).
 
 Example::
 
@@ -81,7 +83,13 @@ def experts_per_token(graph: nx.DiGraph, nodes: frozenset[int], moe_layer: str, 
     >>> experts_per_token(g, frozenset(g), "moe", 4)
     2
     >>> op(7, "topk", [[2, 4], [2, 4]], [1], attrs={"axis": 0}, consts={1: 2.0})  # 2 tokens per expert
+    >>> op(8, "put_along_axis", [[16, 4]])
+    >>> g.add_edge(7, 8, operand=1, result=1)  # its indices used
     >>> experts_per_token(g, frozenset(g), "moe", 4)  # a capacity, not routing
+    2
+    >>> op(9, "topk", [[16, 2], [16, 2]], [1], attrs={"axis": -1}, consts={1: 2.0})
+    >>> op(10, "sum", [[16]], [9])  # the top-2 scores summed: a group's score, no expert chosen
+    >>> experts_per_token(g, frozenset(g), "moe", 4)
     2
     """
     selections = {
@@ -96,6 +104,8 @@ def experts_per_token(graph: nx.DiGraph, nodes: frozenset[int], moe_layer: str, 
         op = short_op(data["op"])
         if not _reads_scores(graph, nodes, node, selections):
             continue  # it re-reads a choice made before (Switch's argmax of the one-hot router mask)
+        if op == "topk" and not any(e["result"] == 1 for _, _, e in graph.out_edges(node, data=True)):
+            continue  # only its values are used (DeepSeek-V3's top-2 scores summed per expert group)
         source = next(
             (graph.nodes[u]["shapes"][e["result"]] for u, _, e in graph.in_edges(node, data=True) if e["operand"] == 0),
             None,
