@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from autodist.planner.cost.blocks import BlockCost, ModelCost, Saved
+from autodist.planner.cost.graph_cost import model_cost
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest, expert_problem, search
 from autodist.planner.review.format import strategy_text
@@ -22,16 +23,20 @@ MIXTRAL = "tests/models/zoo/mixtral_moe.py"
 
 
 def moe_model(experts: int = 8, expert_params: int = 4_000_000) -> ModelCost:
-    """Two MoE blocks of 1000 hidden, written by hand; each MoE layer's router saves 3000 elements
-    per token for backward."""
+    """Two MoE blocks of 1000 hidden, written by hand: 30 parameter tensors each, of which the
+    experts' 24 (8 experts of 3) and the router's 1 of 4000 elements; each MoE layer's router
+    saves 3000 elements per token for backward."""
     block = BlockCost(
         layer="b",
         params_split=expert_params + 1_000_000,
         params_whole=2000,
         flops_per_token=1e6,
-        param_tensors=10,
+        param_tensors=30,
         experts=experts,
         expert_params=expert_params,
+        expert_tensors=24,
+        router_params=4000,
+        router_tensors=1,
         dispatch_per_token=1000,
         saved_router=Saved(floats=3000),
     )
@@ -68,6 +73,34 @@ def test_an_all_gather_and_an_all_reduce_per_moe_layer_each_way_of_the_ep_groups
     # full recompute runs the forward's gather and all-reduce once more in the backward
     again = estimate(StageTable(moe_model()), Strategy(dp=8, ep=4, recompute="full"), setup(recompute="full"))
     assert again.estimate.comm_bytes.ep == 2 * 9 * 3 * b
+
+
+def test_the_routers_gradients_are_summed_over_dp_and_each_experts_over_the_ranks_holding_it():
+    # apply_plan sums the MoE layers' gradients after the backward: the routers' over the 8 dp
+    # ranks, each held expert's over the 8 / 4 = 2 ranks holding it; the rest of the model's
+    # are all-reduced over dp as without ep. A ring all-reduce over p ranks: 2(p-1) latencies per
+    # tensor and 2(p-1)/p of the bytes sent; on the cpu profile nothing overlaps the backward, so
+    # the time is the sum. Written out by hand from those formulas.
+    cpu = PROFILES["cpu"]
+    on_cpu = Setup(device=cpu, devices_per_node=8, nodes=1, seq_len=128, global_batch=8)
+    plain = estimate(StageTable(moe_model()), Strategy(dp=8), on_cpu)
+    spread = estimate(StageTable(moe_model()), Strategy(dp=8, ep=4), on_cpu)
+    width, every = 2, 2 * (5_000_000 + 2000)  # bf16; both blocks' elements
+    assert plain.estimate.comm_bytes.dp == round(2 * 7 / 8 * every * width)
+    held, router = 2 * 4_000_000 / 4, 2 * 4000  # per rank: a quarter of the experts, both routers
+    rest = every - 2 * 4_000_000 - router
+    assert spread.estimate.comm_bytes.dp == round((2 * 7 / 8 * rest + 2 * 7 / 8 * router + 2 * 1 / 2 * held) * width)
+    alpha, bandwidth = cpu.intra_node_latency_s, cpu.intra_node_bandwidth  # all 8 ranks in a node
+    # tensors per rank: every expert's left out of the rest (a quarter held, the others dropped)
+    tensors = {"rest": 2 * 30 - 2 * 24 - 2 * 1, "router": 2 * 1, "experts": 2 * 24 // 4}
+    assert spread.dp_comm_s == pytest.approx(
+        2 * 7 * alpha * tensors["rest"]
+        + 2 * 7 / 8 * rest * width / bandwidth
+        + 2 * 7 * alpha * tensors["router"]
+        + 2 * 7 / 8 * router * width / bandwidth
+        + 2 * 1 * alpha * tensors["experts"]
+        + 2 * 1 / 2 * held * width / bandwidth
+    )
 
 
 def test_the_search_takes_ep_on_any_backend_but_never_with_mp_pp_or_zero():
@@ -132,6 +165,12 @@ def test_mixtral_experts_are_recognised_and_recorded_in_the_plan():
         (f"layers.{i}.block_sparse_moe.experts", 4, 2) for i in range(2)
     ]
     assert plan.strategy.ep == 2 and plan.estimate.comm_bytes.ep > 0
+    # what the cost model reads from the trace, per block: 4 experts of w1, w2, w3 (HIDDEN 32 x
+    # INTER 64 each), the router gate (32 x 4), and the MoE layer's input of HIDDEN per token
+    costs = model_cost(made.analysis).blocks
+    assert {
+        (b.expert_params, b.expert_tensors, b.router_params, b.router_tensors, b.dispatch_per_token) for b in costs
+    } == {(4 * 3 * 32 * 64, 12, 32 * 4, 1, 32)}
     # The MoE layer is MixtralSparseMoeBlock (the experts' parent): its input is gathered over
     # the ep group before it, its output summed after it, in block order.
     moe = [f"layers.{i}.block_sparse_moe" for i in range(2)]

@@ -97,14 +97,19 @@ class BlockCost:
     gemms: tuple[Gemm, ...] = ()  # the matmuls behind flops_per_token, when known (from a trace)
     attention_matmuls: int = 0  # matmuls of two activations behind flops_per_token_seq
     moved: Moved = field(default_factory=Moved)
-    #: An MoE's experts: how many, and their elements (part of ``params_split``/``params_whole``,
-    #: divided over ep too). Expert parallelism's ``expert_dispatch`` gathers the MoE layer's
-    #: input and its ``expert_combine`` sums its output, ``dispatch_per_token`` elements per
-    #: token each (the hidden size); ``saved_router`` is what the MoE layer saves for backward
-    #: outside its experts (router, token gathers, combine), per token: it runs on the ep group's
-    #: tokens then (part of ``saved_outside``/``saved_inside`` already, for this rank's tokens).
+    #: An MoE's experts: how many, their elements (part of ``params_split``/``params_whole``,
+    #: divided over ep too) and parameter tensors; the MoE layer's other parameters (the
+    #: router's) likewise: under expert parallelism apply_plan sums their gradients itself before
+    #: the optimizer step, the experts' over the dp ranks holding them. ``expert_dispatch`` gathers
+    #: the MoE layer's input and ``expert_combine`` sums its output, ``dispatch_per_token``
+    #: elements per token each (the hidden size); ``saved_router`` is what the MoE layer saves for
+    #: backward outside its experts (router, token gathers, combine), per token: it runs on the ep
+    #: group's tokens then (part of ``saved_outside``/``saved_inside`` already, for this rank's).
     experts: int = 0
     expert_params: int = 0
+    expert_tensors: int = 0
+    router_params: int = 0
+    router_tensors: int = 0
     dispatch_per_token: float = 0.0
     saved_router: Saved = field(default_factory=Saved)
 

@@ -318,7 +318,7 @@ def block_cost(
     """One block's :class:`BlockCost`. ``params``: numel of the block's parameters by FQN;
     ``tokens``/``seq``: the traced batch x sequence and sequence (dynamic dims as 1);
     ``shape``: ``num_heads``, ``num_kv_heads``, ``intermediate_size`` for the constraints, and
-    ``experts``, ``expert_params``, ``dispatch_per_token``, ``saved_router`` for an MoE block."""
+    and for an MoE block what :func:`_moe_cost` gives."""
     nodes = set(nodes)
     walk = walk_nodes(facts, nodes, roles)
     outputs = [facts.numel((u, d["result"])) for u, v, d in facts.graph.out_edges(nodes, data=True) if v not in nodes]
@@ -373,17 +373,7 @@ def model_cost(analysis: ModelAnalysis) -> ModelCost:
         mine = {fqn: n for fqn, n in numel.items() if fqn.startswith(info.layer + ".")}
         block_params.update(mine)
         in_blocks.update(info.nodes)
-        experts = info.experts
-        moe = (
-            dict(
-                experts=experts.count,
-                dispatch_per_token=info.hidden_size,
-                expert_params=sum(n for fqn, n in mine.items() if fqn.startswith(experts.layer + ".")),
-                saved_router=_saved_router(facts, info.nodes, experts.layer, tokens),
-            )
-            if experts
-            else {}
-        )
+        moe = _moe_cost(facts, info, mine, tokens) if info.experts else {}
         blocks.append(
             block_cost(
                 facts,
@@ -415,17 +405,29 @@ def model_cost(analysis: ModelAnalysis) -> ModelCost:
     )
 
 
-def _saved_router(facts: GraphFacts, nodes: Iterable[int], experts: str, tokens: int) -> Saved:
-    """What the MoE layer holding ``experts`` (the container's parent) saves for backward outside
-    the experts, per token (every kind: there is no tensor parallelism with experts spread)."""
+def _moe_cost(facts: GraphFacts, info, params: dict[str, int], tokens: int) -> dict:
+    """The :class:`BlockCost` fields of a block's MoE layer (the parent of its experts container):
+    the experts' count, elements and tensors, the rest of the layer's (the router's) elements and
+    tensors, its input per token (the hidden size), and what it saves for backward outside the
+    experts, per token (every kind: there is no tensor parallelism with experts spread)."""
+    experts = info.experts.layer
     moe = experts.rpartition(".")[0]
+    expert_params = {fqn: n for fqn, n in params.items() if _under(fqn, experts)}
+    router_params = {fqn: n for fqn, n in params.items() if _under(fqn, moe) and fqn not in expert_params}
+    graph = facts.graph
     owned = [
-        n
-        for n in nodes
-        if _under(facts.graph.nodes[n]["layer"], moe) and not _under(facts.graph.nodes[n]["layer"], experts)
+        n for n in info.nodes if _under(graph.nodes[n]["layer"], moe) and not _under(graph.nodes[n]["layer"], experts)
     ]
     walk = walk_nodes(facts, owned)
-    return sum((_saved(facts, walk, kind, tokens) for kind in ("outside", "inside", "inside_seq")), Saved())
+    return dict(
+        experts=info.experts.count,
+        expert_params=sum(expert_params.values()),
+        expert_tensors=len(expert_params),
+        router_params=sum(router_params.values()),
+        router_tensors=len(router_params),
+        dispatch_per_token=info.hidden_size,
+        saved_router=sum((_saved(facts, walk, kind, tokens) for kind in ("outside", "inside", "inside_seq")), Saved()),
+    )
 
 
 def _under(layer: str, parent: str) -> bool:

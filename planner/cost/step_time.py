@@ -44,10 +44,11 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   (a ring: 2 (ep - 1) B), the backward all-gathers the output gradient and all-reduces the input
   gradient, the same again: 6 (ep - 1) B, exposed (the layer waits for its tokens, its successor
   for the sum); full recompute runs the forward's pair once more. Each rank holds 1/ep of the
-  experts' parameters (their gradients are priced as all-reduced over dp with the rest: an
-  over-count, they need only the dp/ep ranks holding the same experts), and the MoE layer's own
-  saved activations (router, gathers, combine: not the experts') are for ep x the tokens. Not
-  priced: the router's compute on ep x the tokens (one small matmul and memory-bound ops);
+  experts' parameters; apply_plan sums the MoE layers' gradients itself after the backward,
+  exposed: the routers' over dp, the experts' over the dp/ep ranks holding the same experts (the
+  rest of the model's as above). The MoE layer's own saved activations (router, gathers,
+  combine: not the experts') are for ep x the tokens. Not priced: the router's compute on ep x
+  the tokens (one small matmul and memory-bound ops);
 - optimizer step, after the pipeline and the exposed data-parallel time: every model state read
   and written once by memory bandwidth, plus one update op (the device's fixed cost per op,
   launch and dispatch) per parameter.
@@ -283,6 +284,18 @@ class _Context:
 
 
 @dataclass(frozen=True)
+class _MoeGrads:
+    """The MoE layers' gradients under expert parallelism, which apply_plan sums itself before
+    the optimizer step: the routers' over dp, the held experts' over the dp / ep ranks holding
+    the same experts (elements and tensors per rank; part of the stage's ``params``)."""
+
+    router_params: float
+    router_tensors: int
+    expert_params: float
+    expert_tensors: int
+
+
+@dataclass(frozen=True)
 class _Stage:
     """One pipeline stage's share of one micro-batch (times in seconds, sizes in bytes)."""
 
@@ -300,6 +313,7 @@ class _Stage:
     param_tensors: int  # each is a gradient collective and an optimizer update
     ep_s: float = 0.0  # expert parallelism's gathers and sums
     ep_bytes: float = 0.0
+    moe_grads: _MoeGrads | None = None  # under expert parallelism
 
     def optimizer_s(self, device: DeviceProfile) -> float:
         """The optimizer step: every state read and written once (memory-bound), one update
@@ -431,13 +445,21 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     # (neighbours on the dp axis); the backward does the same, full recompute the forward again.
     # Each rank then holds 1 / ep of the experts (whole: ep goes only with mp 1).
     ep, moe = strategy.ep, [b for b in ctx.cost.blocks[start:stop] if b.experts]
-    ep_s = ep_bytes = expert_params = 0.0
+    ep_s = ep_bytes = expert_params = dropped_tensors = 0.0
+    moe_grads = None
     if ep > 1 and moe:
         gathered = ep * sum(b.dispatch_per_token for b in moe) * tokens * width
         link, passes = ctx.link(ep, mp), 3 if setup.recompute == "full" else 2
         ep_s = passes * (all_gather_time(gathered, ep, link, len(moe)) + all_reduce_time(gathered, ep, link, len(moe)))
         ep_bytes = passes * (all_gather_bytes(gathered, ep) + all_reduce_bytes(gathered, ep))
         expert_params = sum(b.expert_params for b in moe) * (1 - 1 / ep)
+        dropped_tensors = sum(b.expert_tensors for b in moe) * (1 - 1 / ep)
+        moe_grads = _MoeGrads(
+            router_params=sum(b.router_params for b in moe),
+            router_tensors=sum(b.router_tensors for b in moe),
+            expert_params=sum(b.expert_params for b in moe) / ep,
+            expert_tensors=round(sum(b.expert_tensors for b in moe) / ep),
+        )
 
     # Memory: model states under ZeRO, activations per micro-batch in flight.
     params = (
@@ -459,7 +481,7 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
             working += tokens * max(router)
         else:
             per_token += sum(router)
-    tensors = round(table.total("param_tensors", start, stop) + sum(e.param_tensors for e in edges))
+    tensors = round(table.total("param_tensors", start, stop) + sum(e.param_tensors for e in edges) - dropped_tensors)
     return _Stage(
         forward_s + backward_s,
         backward_s,
@@ -475,6 +497,7 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
         tensors,
         ep_s=ep_s,
         ep_bytes=ep_bytes,
+        moe_grads=moe_grads,
     )
 
 
@@ -548,6 +571,8 @@ def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, floa
     backward_s = stage.backward_s if ctx.setup.device.comm_overlap else 0.0
     forward_s = stage.compute_s - stage.backward_s if ctx.setup.device.comm_overlap else 0.0
     chunks, count = max(num_blocks, 1), max(stage.param_tensors, 1)  # one collective per parameter
+    if zero == 0 and stage.moe_grads:
+        return _dp_sync_with_experts(ctx, stage, stage.moe_grads, backward_s, chunks)
     if zero == 0:
         return overlapped(all_reduce_time(state_bytes, dp, link, count), backward_s, chunks), all_reduce_bytes(
             state_bytes, dp
@@ -564,6 +589,26 @@ def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, floa
         + overlapped(gather + reduce, backward_s, chunks)
     )
     return exposed, (1 + 2 * m) * all_gather_bytes(state_bytes, dp)
+
+
+def _dp_sync_with_experts(
+    ctx: _Context, stage: _Stage, moe: _MoeGrads, backward_s: float, chunks: int
+) -> tuple[float, float]:
+    """(exposed seconds, bytes sent) of :func:`_dp_sync` under expert parallelism (ZeRO 0): the
+    gradients outside the MoE layers all-reduced over dp during the backward as usual; the MoE
+    layers' summed by apply_plan after it, exposed: the routers' over dp, the held experts' over
+    the dp / ep ranks holding the same experts (one each ep-th dp rank: stride mp x ep)."""
+    dp, ep, mp, width = ctx.strategy.dp, ctx.strategy.ep, ctx.strategy.mp, ctx.width
+    link, replicas = ctx.link(dp, mp), dp // ep
+    rest = (stage.params - moe.router_params - moe.expert_params) * width
+    rest_count = max(stage.param_tensors - moe.router_tensors - moe.expert_tensors, 1)
+    router, experts = moe.router_params * width, moe.expert_params * width
+    exposed = (
+        overlapped(all_reduce_time(rest, dp, link, rest_count), backward_s, chunks)
+        + all_reduce_time(router, dp, link, moe.router_tensors)
+        + all_reduce_time(experts, replicas, ctx.link(replicas, mp * ep), moe.expert_tensors)
+    )
+    return exposed, all_reduce_bytes(rest, dp) + all_reduce_bytes(router, dp) + all_reduce_bytes(experts, replicas)
 
 
 def _stage_activation_bytes(
