@@ -46,6 +46,7 @@ from paddle.autograd import PyLayer
 from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_local
 
 from autodist.schemas import ExpertCombine, ExpertDispatch, Plan
+from autodist.schemas.vocabulary import expert_number
 
 from autodist.applier.hooks import first_tensor, map_first_input, map_tensors
 from autodist.applier.mesh import mesh_ids
@@ -106,11 +107,19 @@ def _dropped_at(plan: Plan, index: int) -> set[str]:
     """The expert parameters the rank at ``index`` of an ep group does not hold."""
     dropped = set()
     for container, count in _containers(plan).items():
-        held = {str(i) for i in held_experts(count, plan.strategy.ep, index)}
+        held = held_experts(count, plan.strategy.ep, index)
         for fqn in plan.params:
-            if fqn.startswith(container + ".") and fqn[len(container) + 1 :].split(".")[0] not in held:
+            number = _expert_of(fqn, container)
+            if number is not None and number not in held:
                 dropped.add(fqn)
     return dropped
+
+
+def _expert_of(fqn: str, container: str) -> int | None:
+    """Which expert of ``container`` the parameter ``fqn`` belongs to, or None."""
+    if not fqn.startswith(container + "."):
+        return None
+    return expert_number(fqn[len(container) + 1 :].split(".")[0])
 
 
 def expert_structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
@@ -122,7 +131,7 @@ def expert_structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
         held = layers.get(container)
         if held is None:
             continue  # hook_problems names a missing layer
-        numbered = sorted(int(name) for name, _ in held.named_children() if name.isdigit())
+        numbered = sorted(n for n in (expert_number(name) for name, _ in held.named_children()) if n is not None)
         if numbered != list(range(count)):
             problems.append(
                 f'experts: "{container}" has {len(numbered)} numbered sub-layers, the plan spreads {count} '
@@ -161,9 +170,10 @@ def spread_experts(model: paddle.nn.Layer, plan: Plan, groups: ExpertGroups) -> 
     for hook in plan.hooks:
         if isinstance(hook, ExpertDispatch):
             count = _containers(plan)[hook.experts]
-            held = {str(i) for i in held_experts(count, plan.strategy.ep, groups.layout.index)}
+            held = held_experts(count, plan.strategy.ep, groups.layout.index)
             for name, expert in layers[hook.experts].named_children():
-                if name.isdigit() and name not in held:
+                number = expert_number(name)
+                if number is not None and number not in held:
                     expert.forward = _answer_zeros
             moe_layers[hook.layer] = _MoeLayer(layers[hook.layer], groups)
     handles = []
@@ -350,14 +360,19 @@ def _answer_zeros(x, *args, **kwargs):
 
 
 def _sum_gradient(param: paddle.Tensor, group) -> None:
-    """Sum ``param``'s gradient over ``group``; a rank where the parameter got none (an expert no
-    token reached) contributes zeros and receives the others' sum."""
+    """Sum ``param``'s gradient over ``group``. A rank where the parameter got none (an expert no
+    token of its group reached) contributes zeros and receives the others' sum; when no rank got
+    one it keeps none, as one device would (the optimizer then leaves the parameter alone)."""
     grad = param.grad
-    total = _sum(grad._local_value() if grad is not None else paddle.zeros(param.shape, param.dtype), group)
-    if grad is None:
-        param._set_grad_ivar(dtensor_from_local(total, param.process_mesh, param.placements))
-    else:
+    local = grad._local_value() if grad is not None else paddle.zeros(param.shape, param.dtype)
+    # One collective for both: the gradient, and how many ranks had one.
+    had = paddle.full([1], 1.0 if grad is not None else 0.0, local.dtype)
+    packed = _sum(paddle.concat([local.flatten(), had]), group)
+    total, holders = packed[:-1].reshape(local.shape), float(packed[-1])
+    if grad is not None:
         grad._local_value().copy_(total, False)
+    elif holders > 0:
+        param._set_grad_ivar(dtensor_from_local(total, param.process_mesh, param.placements))
 
 
 def _global_norm(params: list[paddle.Tensor], experts: set[int], group) -> float:

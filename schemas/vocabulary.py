@@ -48,3 +48,18 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64":
                "uint8": 1, "bool": 1}  # fmt: skip
 #: The training dtypes the planner prices (``--dtype``), as tensor dtypes.
 TRAINING_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+#: A numbered child of an experts container: ``3`` (a ``LayerList``'s) or ``expert_3`` (a
+#: ``LayerDict``'s, as Hugging Face's Switch Transformers names them).
+_EXPERT_NAME = re.compile(r"(?:[A-Za-z_]*_)?([0-9]+)")
+
+
+def expert_number(name: str) -> int | None:
+    """Which expert a container's child is, or None for a child that is not a numbered expert.
+
+    >>> expert_number("3"), expert_number("expert_12"), expert_number("router")
+    (3, 12, None)
+    """
+    found = _EXPERT_NAME.fullmatch(name)
+    return int(found.group(1)) if found else None

@@ -7,7 +7,12 @@ models, applied on CPU ranks under gloo, give the single-device losses and param
 - dp2 ep2 with AdamW (weight decay, LR schedule, clipping), and with 2 micro-batches;
 - dp2 ep2 built under ``autodist.LazyGuard``: the experts a rank drops are drawn all the same, so
   the ones it keeps start from the eager build's values;
-- dp4 ep2 (4 ranks): two ep groups, each expert held by two ranks whose gradients are summed.
+- dp4 ep2 (4 ranks): two ep groups, each expert held by two ranks whose gradients are summed;
+  Switch Transformers' top-1 router leaves an expert without tokens in both groups at some
+  step, which must then get no gradient at all, as on one device (AdamW would otherwise move it).
+
+Three routing spellings: Mixtral (a loop over every expert), Qwen3-MoE (HF's loop over only the
+experts that got tokens) and Switch Transformers (a LayerDict of ``expert_N``, boolean masks).
 
 The harness also checks the layout: every rank holds exactly the experts the design gives it
 (tests/harness/compare.py, written independently of the applier).
@@ -35,9 +40,7 @@ pytestmark = pytest.mark.multiprocess
 #: gather as a DistTensor (``ValueError: The input should be a local tensor`` in backward).
 #: Not zoo_qwen2_moe_hf: its shared expert runs inside the MoE layer on every rank, so the
 #: combine's sum over the ep group counts it ep times (dp2 ep2: step-0 loss 4.534 vs 4.493).
-#: Not zoo_switch_transformers_hf: its experts are a LayerDict's expert_0..3, and
-#: applier/experts.py counts only digit-named experts.
-MOE = ["zoo_mixtral_moe", "zoo_qwen3_moe_hf"]
+MOE = ["zoo_mixtral_moe", "zoo_qwen3_moe_hf", "zoo_switch_transformers_hf"]
 #: (run name suffix, ranks, optimizer, micro-batches, build)
 CONFIGS = [
     ("dp2_ep2_sgd_clip", 2, "sgd_clip", 1, "eager"),

@@ -28,10 +28,11 @@ Example::
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 import networkx as nx
+
+from autodist.schemas.vocabulary import expert_number
 
 from autodist.planner.recognise.match import short_op
 from autodist.planner.recognise.roles import SubLayer
@@ -150,11 +151,7 @@ def experts_of(
         return None
     container = found[0]
     indices = {fqn[len(container) + 1 :].split(".")[0] for fqn in params if fqn.startswith(container + ".")}
-    return Experts(container, sum(1 for i in indices if _NUMBERED.fullmatch(i)), top_k)
-
-
-#: A numbered child: ``3`` (a LayerList's) or ``expert_3`` (a LayerDict's, HF Switch Transformers).
-_NUMBERED = re.compile(r"(?:[A-Za-z_]*_)?\d+")
+    return Experts(container, sum(1 for i in indices if expert_number(i) is not None), top_k)
 
 
 def _numbered_owner(fqn: str, layer: str) -> tuple[str, str]:
@@ -167,6 +164,6 @@ def _numbered_owner(fqn: str, layer: str) -> tuple[str, str]:
     """
     parts = fqn[len(layer) + 1 :].split(".") if fqn.startswith(layer + ".") else []
     for i in range(len(parts) - 2, -1, -1):
-        if _NUMBERED.fullmatch(parts[i]):
+        if expert_number(parts[i]) is not None:
             return ".".join([layer, *parts[:i]]), parts[i]
     return "", ""

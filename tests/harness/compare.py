@@ -10,6 +10,8 @@ Example::
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 LOSS_RTOL = 1e-5
@@ -154,7 +156,8 @@ def _other_ranks_experts(plan, rank: int) -> set[str]:
             per = block.num_experts // ep
             for fqn in plan.params:
                 if fqn.startswith(block.experts + "."):
-                    if int(fqn[len(block.experts) + 1 :].split(".")[0]) // per != d % ep:
+                    child = fqn[len(block.experts) + 1 :].split(".")[0]  # "3", or "expert_3" (a LayerDict's)
+                    if int(re.search(r"[0-9]+$", child).group()) // per != d % ep:
                         others.add(fqn)
     return others
 
