@@ -15,6 +15,9 @@ which the CPU wheel's gloo lacks (docs/paddle-notes.md, "Collectives on the CPU 
 - ``expert_combine`` (after it): each rank's output holds its experts' share of every token;
   the shares are summed over the group and each rank keeps its own tokens. Further tensors the
   layer returns (router logits) were computed on the gathered tokens: each rank keeps its rows.
+- Shared experts (``expert_dispatch``'s ``shared``: MLPs beside the routed experts whose output
+  is added to theirs) run on the first rank of each group only and answer zeros elsewhere, so
+  the combine's sum counts them once.
 - Gradients, before each optimizer update (:class:`ExpertGradSync`): a rank's router gradient
   covers only the routes to its experts, so the MoE layer's other parameters sum theirs over the
   whole dp axis; an expert's gradient covers its group's tokens, so it is summed over the dp/ep
@@ -124,9 +127,15 @@ def _expert_of(fqn: str, container: str) -> int | None:
 
 def expert_structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     """What the model must have for the plan's expert hooks: numbered experts under each
-    container, as many as the plan's blocks say."""
+    container, as many as the plan's blocks say, and the shared experts named."""
     layers = dict(model.named_sublayers())
-    problems = []
+    problems = [
+        f'experts: no sub-layer "{shared}" in the model (a shared expert of {hook.layer})'
+        for hook in plan.hooks
+        if isinstance(hook, ExpertDispatch)
+        for shared in hook.shared
+        if shared not in layers
+    ]
     for container, count in sorted(_containers(plan).items()):
         held = layers.get(container)
         if held is None:
@@ -162,7 +171,8 @@ def expert_problems(plan: Plan) -> list[str]:
 
 
 def spread_experts(model: paddle.nn.Layer, plan: Plan, groups: ExpertGroups) -> list[Any]:
-    """Turn the experts this rank does not hold into zero answers and wrap each MoE layer in its
+    """Turn the experts this rank does not hold (and the shared experts, but on the first rank of
+    each ep group) into zero answers and wrap each MoE layer in its
     dispatch and combine. Call after :func:`~autodist.applier.shard.shard_parameters` (with
     :func:`dropped_parameters` left out). Returns the hook handles."""
     layers = dict(model.named_sublayers())
@@ -175,6 +185,9 @@ def spread_experts(model: paddle.nn.Layer, plan: Plan, groups: ExpertGroups) -> 
                 number = expert_number(name)
                 if number is not None and number not in held:
                     expert.forward = _answer_zeros
+            if groups.layout.index:  # the first rank of the group runs the shared experts for it
+                for shared in hook.shared:
+                    layers[shared].forward = _answer_zeros
             moe_layers[hook.layer] = _MoeLayer(layers[hook.layer], groups)
     handles = []
     for hook in plan.hooks:  # check_plan pairs every combine with a dispatch on its layer

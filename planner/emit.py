@@ -319,8 +319,10 @@ def _expert_hooks(analysis: ModelAnalysis, ep: int) -> list[Hook]:
                 layer=layer,
                 when="pre",
                 experts=experts.layer,
+                shared=list(experts.shared),
                 reason=f"ep={ep}: gather the tokens of this rank's ep group ({ep} dp ranks); the layer routes them "
-                f"all with its own code and runs this rank's {experts.count // ep} of the {experts.count} experts",
+                f"all with its own code and runs this rank's {experts.count // ep} of the {experts.count} experts"
+                + ("; the group's first rank alone runs its shared experts" if experts.shared else ""),
             ),
             ExpertCombine(
                 layer=layer,

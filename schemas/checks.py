@@ -179,6 +179,9 @@ def check_experts(plan: Plan) -> list[str]:
             problems.append(f"$.hooks[{i}].experts: {hook.experts!r} is not inside its layer {layer!r}")
         if layer not in combine:
             problems.append(f"$.hooks[{i}]: an expert_dispatch on {layer!r} without an expert_combine on it")
+        for j, shared in enumerate(hook.shared):
+            if not shared.startswith(layer + ".") or shared.startswith(hook.experts + "."):
+                problems.append(f"$.hooks[{i}].shared[{j}]: {shared!r} is not inside {layer!r} beside its experts")
     for layer, i in sorted(combine.items()):
         if layer not in dispatch:
             problems.append(f"$.hooks[{i}]: an expert_combine on {layer!r} without an expert_dispatch on it")

@@ -268,6 +268,11 @@ class ExpertDispatch(HookBase, tag="expert_dispatch"):
 
     #: The container of the layer's experts (a block's ``experts``).
     experts: LayerFqn
+    #: Shared experts: MLPs under the layer, outside ``experts``, that every token goes through
+    #: and whose output is added to the routed experts' (Qwen2-MoE's ``shared_expert``). Only
+    #: the first rank of each ep group runs them; on the others they answer zeros, so the
+    #: combine's sum counts them once.
+    shared: list[LayerFqn] = []
     reason: Text = ""
 
 

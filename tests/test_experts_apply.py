@@ -11,6 +11,7 @@ from autodist.applier.validate import plan_problems
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest
 from autodist.planner.driver import plan_target
+from autodist.schemas import check_plan
 from harness.workloads import WORKLOADS
 
 MIXTRAL = "tests/models/zoo/mixtral_moe.py"
@@ -93,4 +94,31 @@ def test_each_expert_is_held_by_the_ranks_at_its_index_of_every_ep_group(ep_plan
     assert expert_holders(dp4)["layers.0.block_sparse_moe.experts.3.w3.weight"] == [1, 3]
     assert (
         expert_holders(msgspec.structs.replace(ep_plan, strategy=msgspec.structs.replace(ep_plan.strategy, ep=1))) == {}
+    )
+
+
+def test_a_shared_expert_is_named_in_the_dispatch_hook_and_checked():
+    """Qwen2-MoE (tests/models/zoo/qwen2_moe_hf.py): every decoder layer's ``mlp`` is a sparse MoE
+    block with ``experts`` and a ``shared_expert`` MLP beside them (its ``shared_expert_gate`` is
+    a plain Linear, not an MLP): written from the model."""
+    target = "tests/models/zoo/qwen2_moe_hf.py"
+    request = SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=PROFILES["cpu"])
+    plan = plan_target(target, None, request, {"target": target}).plan
+    dispatch = [h for h in plan.hooks if h.action == "expert_dispatch"]
+    assert [(h.layer, h.experts, h.shared) for h in dispatch] == [
+        (f"model.layers.{i}.mlp", f"model.layers.{i}.mlp.experts", [f"model.layers.{i}.mlp.shared_expert"])
+        for i in range(2)
+    ]
+    assert check_plan(plan) == []
+    wrong = msgspec.structs.replace(dispatch[0], shared=["model.layers.0.mlp.experts.1"])
+    broken = msgspec.structs.replace(plan, hooks=[wrong if h is dispatch[0] else h for h in plan.hooks])
+    index = plan.hooks.index(dispatch[0])
+    assert check_plan(broken) == [
+        f"$.hooks[{index}].shared[0]: 'model.layers.0.mlp.experts.1' is not inside 'model.layers.0.mlp' beside its experts"
+    ]
+    model = WORKLOADS["zoo_qwen2_moe_hf"].build(seed=1)
+    del model.model.layers[1].mlp._sub_layers["shared_expert"]
+    assert (
+        'experts: no sub-layer "model.layers.1.mlp.shared_expert" in the model (a shared expert of model.layers.1.mlp)'
+        in (plan_problems(model, None, None, plan, world_size=2))
     )

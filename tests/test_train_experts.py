@@ -11,8 +11,10 @@ models, applied on CPU ranks under gloo, give the single-device losses and param
   Switch Transformers' top-1 router leaves an expert without tokens in both groups at some
   step, which must then get no gradient at all, as on one device (AdamW would otherwise move it).
 
-Three routing spellings: Mixtral (a loop over every expert), Qwen3-MoE (HF's loop over only the
-experts that got tokens) and Switch Transformers (a LayerDict of ``expert_N``, boolean masks).
+Four spellings: Mixtral (a loop over every expert), Qwen3-MoE (HF's loop over only the experts
+that got tokens), Switch Transformers (a LayerDict of ``expert_N``, boolean masks) and Qwen2-MoE
+(a shared expert beside the routed ones, behind a sigmoid gate: run by one rank of each group,
+else the combine's sum would count it ep times: step-0 loss 4.534 vs 4.493 at dp2 ep2).
 
 The harness also checks the layout: every rank holds exactly the experts the design gives it
 (tests/harness/compare.py, written independently of the applier).
@@ -38,9 +40,7 @@ pytestmark = pytest.mark.multiprocess
 #: Not zoo_gshard_fairscale: its gate loss leaves the MoE layer as an attribute (fairscale's
 #: ``moe.l_aux``), not through the expert_combine hook, and its gradient reaches the dispatch's
 #: gather as a DistTensor (``ValueError: The input should be a local tensor`` in backward).
-#: Not zoo_qwen2_moe_hf: its shared expert runs inside the MoE layer on every rank, so the
-#: combine's sum over the ep group counts it ep times (dp2 ep2: step-0 loss 4.534 vs 4.493).
-MOE = ["zoo_mixtral_moe", "zoo_qwen3_moe_hf", "zoo_switch_transformers_hf"]
+MOE = ["zoo_mixtral_moe", "zoo_qwen3_moe_hf", "zoo_switch_transformers_hf", "zoo_qwen2_moe_hf"]
 #: (run name suffix, ranks, optimizer, micro-batches, build)
 CONFIGS = [
     ("dp2_ep2_sgd_clip", 2, "sgd_clip", 1, "eager"),

@@ -16,18 +16,24 @@ reaches it but through the first ``argmax``), nor a ``topk`` whose indices nothi
 (DeepSeek-V3 sums each expert group's top-2 scores to pick groups; with one group that ``topk``
 runs over every expert).
 
+A recognised MLP under the MoE layer but outside the container is a *shared expert* (Qwen2-MoE's
+``shared_expert``, DeepSeek's ``shared_experts``): every token goes through it, beside the
+routed ones, and its output is added to theirs.
+
 Example::
 
     >>> from autodist.planner.recognise.roles import Projection
     >>> rows = [f"layers.0.moe.experts.{i}.w2" for i in range(2)]
     >>> mlps = [SubLayer("mlp", (), Projection(row, f"{row}.weight", None, "row", 0)) for row in rows]
     >>> params = {f"layers.0.moe.experts.{i}.w2.weight": ([8, 4], "float32") for i in range(4)}
-    >>> experts_of("layers.0", mlps, params, top_k=2)
-    Experts(layer='layers.0.moe.experts', count=4, top_k=2)
+    >>> shared = Projection("layers.0.moe.shared_expert.down", "layers.0.moe.shared_expert.down.weight", None, "row", 0)
+    >>> experts_of("layers.0", [*mlps, SubLayer("mlp", (), shared)], params, top_k=2)
+    Experts(layer='layers.0.moe.experts', count=4, top_k=2, shared=('layers.0.moe.shared_expert',))
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 import networkx as nx
@@ -41,11 +47,13 @@ from autodist.planner.recognise.roles import SubLayer
 @dataclass(frozen=True)
 class Experts:
     """The container of a block's experts (``layers.0.block_sparse_moe.experts``), how many
-    experts it holds and to how many of them the router sends each token."""
+    experts it holds, to how many of them the router sends each token, and the shared experts
+    beside them (the layers of MLPs under the same MoE layer, outside the container)."""
 
     layer: str
     count: int
     top_k: int
+    shared: tuple[str, ...] = ()
 
 
 def find_experts(
@@ -151,7 +159,21 @@ def experts_of(
         return None
     container = found[0]
     indices = {fqn[len(container) + 1 :].split(".")[0] for fqn in params if fqn.startswith(container + ".")}
-    return Experts(container, sum(1 for i in indices if expert_number(i) is not None), top_k)
+    moe_layer = container.rpartition(".")[0]
+    shared = {
+        _mlp_layer(sub)
+        for sub in sublayers
+        if sub.kind == "mlp"
+        and sub.row.layer.startswith(moe_layer + ".")
+        and not sub.row.layer.startswith(container + ".")
+    }
+    return Experts(container, sum(1 for i in indices if expert_number(i) is not None), top_k, tuple(sorted(shared)))
+
+
+def _mlp_layer(sub: SubLayer) -> str:
+    """The layer holding an MLP: its projections' common parent (``...shared_expert`` for
+    ``...shared_expert.gate_proj`` / ``.up_proj`` / ``.down_proj``)."""
+    return ".".join(os.path.commonprefix([p.layer.rpartition(".")[0].split(".") for p in sub.projections]))
 
 
 def _numbered_owner(fqn: str, layer: str) -> tuple[str, str]:
