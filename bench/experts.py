@@ -7,7 +7,10 @@ intermediate 512, top-2, 4 layers: the experts are 87 % of its 14.4 M parameters
 128 tokens per step. For each world (2 ranks, then 4): one plan per ep degree dividing it,
 ``autodist-plan bench/moe_model.py --dp N --mp 1 --ep E --device cpu`` (fp32, no ZeRO, no
 sequence parallelism: what gloo runs), and one job of N gloo ranks per plan, then one for
-``to_distributed`` (its failure, if it fails, in one line). Each rank: seed, build, AdamW,
+``to_distributed`` (its failure, if it fails, in one line). The plans are priced twice: with the
+stock ``cpu`` profile, and with the cluster.toml ``autodist-plan calibrate --model`` writes after
+timing the dp N ep2 plan's training steps on N ranks (launched as ``make demo`` launches it): that
+plan's estimate is fitted, the others' are predicted. Each rank: seed, build, AdamW,
 distribute, ``--steps`` training steps. It reports the bytes it holds (parameters, gradients after
 the first backward, AdamW states after the first step: each tensor's local value counted), the
 peak of Paddle's host allocator over the steps (``core.host_memory_stat_peak_value``: every
@@ -38,8 +41,13 @@ from pathlib import Path
 import moe_model  # also puts tests/ on sys.path
 from lazy_init import rss_mb
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from demo import launch_command  # noqa: E402  (examples/ is no package)
+
 ROOT = Path(__file__).resolve().parents[1]
 TO_DISTRIBUTED = "to_distributed"
+#: The ep degree whose plan ``autodist-plan calibrate`` fits the machine on; the others are priced with it.
+CALIBRATED_ON = 2
 MIB = 2**20
 
 
@@ -161,20 +169,40 @@ class ExpertTraffic:
         return self.bytes, self.seconds
 
 
-def plan_for(world: int, ep: int, workdir: Path) -> Path:
-    """``autodist-plan bench/moe_model.py`` for dp ``world`` x ep ``ep`` on CPU ranks."""
-    plan = workdir / f"plan_dp{world}_ep{ep}.json"
+def plan_for(world: int, ep: int, path: Path, cluster: Path | None = None) -> Path:
+    """``autodist-plan bench/moe_model.py`` for dp ``world`` x ep ``ep`` on CPU ranks: priced with
+    the stock ``cpu`` profile, or with ``cluster`` (a calibrated cluster.toml)."""
     degrees = ["--devices", str(world), "--dp", str(world), "--mp", "1", "--ep", str(ep)]
+    device = ["--cluster", str(cluster)] if cluster else ["--device", "cpu"]
     subprocess.run(
-        [str(Path(sys.executable).with_name("autodist-plan")), "bench/moe_model.py", *degrees, "--device", "cpu",
-         "--sharding-stage", "0", "--no-sequence-parallel", "--dtype", "fp32", "-q", "-o", str(plan)],
+        [str(Path(sys.executable).with_name("autodist-plan")), "bench/moe_model.py", *degrees, *device,
+         "--sharding-stage", "0", "--no-sequence-parallel", "--dtype", "fp32", "-q", "-o", str(path)],
         cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    return plan
+    return path
+
+
+def calibrate(world: int, plan: Path, workdir: Path) -> Path | None:
+    """``autodist-plan calibrate --plan PLAN --model bench/moe_model.py`` on ``world`` ranks
+    (launched as training is, like ``make demo``): this machine's cluster.toml, or None when it
+    fails (said on stderr)."""
+    from harness.launcher import base_env
+
+    cluster = workdir / f"cluster_{world}.toml"
+    command = launch_command(
+        workdir / f"calibrate_logs_{world}", str(Path(sys.executable).with_name("autodist-plan")), "calibrate",
+        "--plan", str(plan), "--model", "bench/moe_model.py", "-o", str(cluster), ranks=world,
+    )  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, env=base_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if done.returncode or not cluster.exists():
+        print(f"calibrate on {world} ranks fails (logs in {workdir})", file=sys.stderr)
+        return None
+    return cluster
 
 
 def run(args) -> list[dict]:
-    """Every world's jobs; one row per job: its name, its plan's estimate and each rank's report."""
+    """Every world's jobs; one row per job: its name, its plan's estimates (stock and calibrated)
+    and each rank's report."""
     from autodist.schemas import load_plan
     from harness.launcher import launch_ranks
 
@@ -182,8 +210,13 @@ def run(args) -> list[dict]:
     args.load_at_start = os.getloadavg()
     rows = []
     for world in args.worlds:
-        jobs = [(f"dp{world} ep{ep}", plan_for(world, ep, workdir)) for ep in (1, 2, 4) if world % ep == 0]
-        for name, plan in [*jobs, (f"dp{world} {TO_DISTRIBUTED}", None)]:
+        degrees = [ep for ep in (1, 2, 4) if world % ep == 0]
+        plans = {ep: plan_for(world, ep, workdir / f"plan_dp{world}_ep{ep}.json") for ep in degrees}
+        # Fitted on the ep2 plan: calibrate's all-zero token ids leave experts without tokens,
+        # whose backward fails under plain dp (DistTensors), not under ep (local tensors).
+        cluster = calibrate(world, plans[2], workdir) if CALIBRATED_ON in degrees else None
+        for ep, plan in [*plans.items(), (None, None)]:
+            name = f"dp{world} {f'ep{ep}' if ep else TO_DISTRIBUTED}"
             out = workdir / name.replace(" ", "_")
             out.mkdir()
             job = {"plan": plan and str(plan), "world": world, "steps": args.steps, "seed": 2024, "out_dir": str(out)}
@@ -194,7 +227,13 @@ def run(args) -> list[dict]:
             if not result.ok and not failed:
                 failed = [result.report().splitlines()[-1][:120]]
             estimate = load_plan(plan).estimate if plan else None
-            rows.append({"name": name, "world": world, "estimate": estimate, "ranks": ranks, "failed": failed})
+            calibrated = None
+            if plan and cluster:
+                calibrated = load_plan(plan_for(world, ep, workdir / f"calibrated_{plan.name}", cluster)).estimate
+            rows.append(
+                {"name": name, "world": world, "estimate": estimate, "calibrated": calibrated, "ranks": ranks,
+                 "failed": failed}
+            )  # fmt: skip
             print(f"{name}: {'fails: ' + failed[0] if failed else 'done'}", file=sys.stderr, flush=True)
     return rows
 
@@ -227,7 +266,7 @@ def report(args, rows: list[dict], markdown: bool) -> str:
     ]
     planned = [
         "| run | params + grads + states MiB, plan / measured | total with activations MiB, plan / allocator peak "
-        "| step ms, plan / measured | ep MiB/step, plan / counted | dp MiB/step, plan |",
+        "| step ms, plan (cpu profile / calibrated) / measured | ep MiB/step, plan / counted | dp MiB/step, plan |",
         "|---|---|---|---|---|---|",
     ]
     ratios = []
@@ -249,7 +288,7 @@ def report(args, rows: list[dict], markdown: bool) -> str:
             planned.append(
                 f"| {row['name']} | {states / MIB:.1f} / {held(row) / MIB:.1f} "
                 f"| {e.memory.total / MIB:.0f} / {worst(row, 'allocator_peak') / MIB:.0f} "
-                f"| {e.step_time_s * 1e3:.0f} / {worst(row, 'step_s') * 1e3:.0f} "
+                f"| {e.step_time_s * 1e3:.0f} / {calibrated_ms(row)} / {worst(row, 'step_s') * 1e3:.0f} "
                 f"| {e.comm_bytes.ep / MIB:.2f} / {worst(row, 'ep_bytes') / MIB:.2f} | {e.comm_bytes.dp / MIB:.1f} |"
             )
         ratios += ratio_lines(row, [r for r in rows if r["world"] == row["world"] and not r["failed"]])
@@ -269,12 +308,21 @@ def ratio_lines(row: dict, same_world: list[dict]) -> list[str]:
         f"allocator peak {worst(row, 'allocator_peak') / worst(other, 'allocator_peak'):.2f}, "
         f"step time {worst(row, 'step_s') / worst(other, 'step_s'):.2f}"
         + (
-            f" (the plans say {row['estimate'].step_time_s / other['estimate'].step_time_s:.2f})"
+            f" (the plans say {row['estimate'].step_time_s / other['estimate'].step_time_s:.2f}"
+            + (
+                f", calibrated {row['calibrated'].step_time_s / other['calibrated'].step_time_s:.2f})"
+                if other["calibrated"] is not None
+                else ")"
+            )
             if other["estimate"] is not None
             else ""
         )
         for other in others
     ]
+
+
+def calibrated_ms(row: dict) -> str:
+    return f"{row['calibrated'].step_time_s * 1e3:.0f}" if row["calibrated"] is not None else "-"
 
 
 def load(average: tuple[float, float, float]) -> str:

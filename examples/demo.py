@@ -92,9 +92,9 @@ def plan_command(plan: Path, degrees: list[str]) -> list[str]:
     ]
 
 
-def launch_command(log_dir: str | Path, *args: str) -> list[str]:
-    """``python -m paddle.distributed.launch`` on the demo's ranks, its logs in ``log_dir``."""
-    launch = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(RANKS)]
+def launch_command(log_dir: str | Path, *args: str, ranks: int = RANKS) -> list[str]:
+    """``python -m paddle.distributed.launch`` on ``ranks`` ranks (the demo's 4), its logs in ``log_dir``."""
+    launch = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(ranks)]
     return [*launch, "--log_dir", str(log_dir), *args]
 
 
