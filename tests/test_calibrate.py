@@ -265,3 +265,19 @@ def test_calibrate_model_without_a_plan_it_can_train_is_one_error(tmp_path, plan
     )
     assert run.returncode != 0 and message in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "c.toml").exists()
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_the_pricer_calibrate_fits_with_prices_the_plans_own_strategy(ep):
+    """calibrate fits ``dispatch_overhead_us`` to the plan's step as the planner prices it: an
+    expert-parallel plan must be priced with its ep (priced as ep 1, the fit would be to another
+    strategy's step; seen in bench/experts.py)."""
+    from autodist.planner.cli.calibrate import _plan_pricer
+    from autodist.planner.cost.search import SearchRequest
+    from autodist.planner.driver import plan_target
+
+    target = "tests/models/zoo/mixtral_moe.py"
+    request = SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=ep, global_batch_size=4, device=PROFILES["cpu"])
+    plan = plan_target(target, None, request, {"target": target}).plan
+    assert plan.strategy.ep == ep
+    assert _plan_pricer(target, plan, PROFILES["cpu"])(0.0) == pytest.approx(plan.estimate.step_time_s, rel=1e-9)

@@ -192,6 +192,7 @@ def _plan_pricer(model_target: str, plan, device):
         dtype=arguments.get("dtype", "bf16"),
         optimizer=arguments.get("optimizer", "adam"),
         recompute=s.recompute,
+        ep=s.ep,
     )
 
     def priced_step(dispatch_s: float) -> float:
