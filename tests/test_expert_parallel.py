@@ -307,3 +307,15 @@ def test_an_expert_parallel_plan_is_the_same_bytes_when_made_again(ep_plan):
     request = SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=PROFILES["cpu"])
     again = plan_target(MIXTRAL, None, request, {"target": MIXTRAL}).plan
     assert dump_plan(again) == dump_plan(ep_plan)
+
+
+def test_explain_says_what_the_ep_gathers_and_sums_cost():
+    from autodist.planner.cost.explain import explain_table
+    from autodist.planner.review.format import human_seconds
+
+    model = moe_model(expert_params=400_000_000)
+    spread = search(model, SearchRequest(devices_per_node=8, dp=8, mp=1, pp=1, ep=4, device=H100))
+    line = next(text for text in explain_table(spread).splitlines() if text.startswith("where the time of #1 goes"))
+    assert f"ep gathers and sums {human_seconds(spread.breakdowns[0].ep_comm_s)}, " in line
+    plain = search(model, SearchRequest(devices_per_node=8, dp=8, mp=1, pp=1, ep=1, device=H100))
+    assert "ep gathers" not in explain_table(plain)

@@ -68,7 +68,9 @@ def explain_table(result: SearchResult) -> str:
         lines.append(
             f"where the time of #1 goes (per step): compute {human_seconds(b.compute_s)}, "
             f"mp comm {human_seconds(b.mp_comm_s)}, dp comm {human_seconds(b.dp_comm_s)} (exposed), "
-            f"pp p2p {human_seconds(b.pp_comm_s)}, pipeline bubble {human_seconds(b.bubble_s)}, "
+            f"pp p2p {human_seconds(b.pp_comm_s)}, "
+            + (f"ep gathers and sums {human_seconds(b.ep_comm_s)}, " if b.ep_comm_s else "")
+            + f"pipeline bubble {human_seconds(b.bubble_s)}, "
             f"optimizer {human_seconds(b.optimizer_s)}; "
             f"memory peaks on stage {b.peak_stage}"
         )
