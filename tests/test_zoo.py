@@ -170,6 +170,22 @@ EXPECTED = {
         **mlp("model.layers.*.mlp.shared_expert"),
         "lm_head.weight": COL,
     },
+    # HF's DeepSeek-V3 (Moonlight-like: one expert group): multi-head latent attention, whose
+    # heads start at q_proj and kv_b_proj; kv_a_proj_with_mqa's output is cut into the latent and
+    # the rotary key shared by all heads: a fused column as docs/recognition.md defines it (gathered after
+    # its layer); experts behind `if token_indices.numel() > 0`, and a shared expert
+    f"{ZOO}/deepseek_v3_hf.py": {
+        "model.layers.*.self_attn.q_proj.weight": COL,
+        "model.layers.*.self_attn.kv_b_proj.weight": COL,
+        "model.layers.*.self_attn.o_proj.weight": ROW,
+        **fused("model.layers.*.self_attn", "kv_a_proj_with_mqa"),
+        "model.layers.*.self_attn.kv_a_layernorm.weight": REP,
+        **mlp("model.layers.0.mlp"),
+        "model.layers.1.mlp.gate.weight": REP,
+        **mlp("model.layers.1.mlp.experts.*"),
+        **mlp("model.layers.1.mlp.shared_experts"),
+        "lm_head.weight": COL,
+    },
     # HF's Switch Transformers: T5 with a top-1 (argmax) sparse feed-forward every other layer,
     # experts in a LayerDict (expert_0, ...) run by boolean masks over a nonzero(...).tolist()
     f"{ZOO}/switch_transformers_hf.py": {
@@ -228,6 +244,9 @@ EXPERTS = {
     # topk(routing_weights, 2) over 4 experts, listed by nonzero(as_tuple=True)[0].tolist(); the
     # shared_expert is not numbered: not an expert
     f"{ZOO}/qwen2_moe_hf.py": [(f"model.layers.{i}.mlp.experts", 4, 2) for i in range(2)],
+    # the last topk over the 4 experts picks 2 (the group topk's values only rank groups); layer 0
+    # is dense (first_k_dense_replace=1); the experts loop guards each by token_indices.numel() > 0
+    f"{ZOO}/deepseek_v3_hf.py": [("", 0, 0), ("model.layers.1.mlp.experts", 4, 2)],
     # one argmax over the router's probabilities (top-1; the SparseMLP's argmax of the one-hot
     # router mask re-reads it); experts are the LayerDict's expert_0..expert_3; sparse_step=2
     f"{ZOO}/switch_transformers_hf.py": [

@@ -5,7 +5,8 @@ found from the dataflow of its compute view (:func:`~.match.compute_view`):
 
 1. every projection (a ``matmul`` / ``addmm`` with a 2-D trainable weight) is a candidate
    *row* projection; walking back from its input through anything but another projection
-   finds the projections that feed it, the candidate *columns*;
+   finds the projections that feed it, the candidate *columns*. Rows are tried from the last
+   projection back, so a group nested in another's columns is not taken first;
 2. the candidate is replayed through Paddle's SPMD rules (:mod:`.spmd`) with the columns split
    on their output features and the row split on its input features. It is accepted only if
    the split travels from the columns to the row without any communication Paddle would add
@@ -190,7 +191,10 @@ def recognise_block(
     baseline = _implicit(graph, nodes, placed, mesh, constants, gathered)
     result.replays += 1
     assigned: set[int] = set()
-    for row in linears:
+    # Rows are tried last first: a group nested in the columns of another (multi-head latent
+    # attention's kv_a_proj -> kv_a_layernorm -> kv_b_proj, inside the attention o_proj contracts)
+    # must not take their projections before the group around it is tried.
+    for row in reversed(linears):
         if row.node in assigned:
             continue
         feeding = _feeding_linears(view, row, by_node)
@@ -225,6 +229,7 @@ def recognise_block(
         gathered |= fused
         assigned |= {row.node} | {c.node for c in columns}
         result.sublayers.append(sub)
+    result.sublayers.reverse()  # program order
     # a projection refused as a row but split in another group needs no note
     split = {p.layer for s in result.sublayers for p in s.projections}
     result.refusals = [r for r in result.refusals if r.row not in split]

@@ -231,6 +231,7 @@ ZOO_FILES = (
     "qwen3_moe_hf",
     "switch_transformers_hf",
     "qwen2_moe_hf",
+    "deepseek_v3_hf",
 )
 ZOO_PADDLEFORMERS = ("build_llama", "build_phi3", "build_gemma3", "build_ernie45", "build_gpt_oss")
 WORKLOADS.update(
