@@ -40,7 +40,13 @@ pytestmark = pytest.mark.multiprocess
 #: Not zoo_gshard_fairscale: its gate loss leaves the MoE layer as an attribute (fairscale's
 #: ``moe.l_aux``), not through the expert_combine hook, and its gradient reaches the dispatch's
 #: gather as a DistTensor (``ValueError: The input should be a local tensor`` in backward).
-MOE = ["zoo_mixtral_moe", "zoo_qwen3_moe_hf", "zoo_switch_transformers_hf", "zoo_qwen2_moe_hf"]
+MOE = [
+    "zoo_mixtral_moe",
+    "zoo_qwen3_moe_hf",
+    "zoo_switch_transformers_hf",
+    "zoo_qwen2_moe_hf",
+    "zoo_deepseek_v3_hf",
+]
 #: (run name suffix, ranks, optimizer, micro-batches, build)
 CONFIGS = [
     ("dp2_ep2_sgd_clip", 2, "sgd_clip", 1, "eager"),
