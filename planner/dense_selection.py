@@ -11,14 +11,19 @@ trace (``to_static(full_graph=True)``) can neither unroll the loop nor pick a la
 ``int(expert_idx)``: dy2static makes the loop a ``while`` op and the index a ``cast`` (a
 ``KeyError`` in ``LayerList.__getitem__``). While :func:`every_selection_taken` is active, the
 trace takes the case where every element is selected (every expert got tokens, the usual case
-in training): ``len()`` of a ``nonzero`` result is the number of elements it was taken over,
-``int()`` of its row ``i`` is that element's index along the one axis, and ``.tolist()`` of its
-column ``j`` (``nonzero(x, as_tuple=True)[j]``, HF's Switch Transformers) lists every element's
-index along axis ``j``, and ``.numel()`` of either is its size then, so a guard such as HF
-DeepSeek-V3's ``if token_indices.numel() > 0:`` around each expert is taken (not a ``cond`` op
-whose branch the planner would not see). The program is then the
-forward of that case, which is all the planner reads it for: which layers run on which values.
-Nothing else changes: any other ``len()`` or ``int()`` is dy2static's own.
+in training), answering for a ``nonzero`` result over a tensor of static shape:
+
+- ``len()`` of it: the number of elements it was taken over;
+- ``int()`` of its row ``i`` (a loop over it, the tensor 1-D): ``i``;
+- ``.tolist()`` of its column ``j`` (``nonzero(x, as_tuple=True)[j]``, HF's Switch
+  Transformers and Qwen2-MoE): every element's index along axis ``j``;
+- ``.numel()`` of it or of a column: that size, so a guard such as HF DeepSeek-V3's
+  ``if token_indices.numel() > 0:`` around each expert is taken, not a ``cond`` op whose
+  branch the planner would not see.
+
+The program is then the forward of that case, which is all the planner reads it for: which
+layers run on which values. Any other ``len()``, ``int()``, ``.tolist()`` or ``.numel()`` is
+Paddle's own.
 
 Example::
 
@@ -65,8 +70,8 @@ from paddle.pir import Value
 
 @contextmanager
 def every_selection_taken():
-    """dy2static's ``len()`` and ``int()`` of traced values, specialised to a ``nonzero`` that
-    selects everything (module docstring), for the ``with`` body."""
+    """``len()``, ``int()``, ``.tolist()`` and ``.numel()`` of traced values, specialised to a
+    ``nonzero`` that selects everything (module docstring), for the ``with`` body."""
     length, as_dtype = jst.Len, jst.AsDtype
 
     @paddle.jit.not_to_static
@@ -86,11 +91,10 @@ def every_selection_taken():
 
     @paddle.jit.not_to_static
     def dense_numel(value):
-        column = _selected_column(value)
-        source = _selected_from(value)
+        column, source = _selected_column(value), _selected_from(value)
         if column is not None:
             return len(column)
-        return math.prod(source) * len(source) if source is not None else numel(value)
+        return math.prod(source) * len(source) if source is not None else numel(value)  # rows x axes
 
     tolist, numel = Value.tolist, Value.numel
     jst.Len, jst.AsDtype, Value.tolist, Value.numel = dense_length, dense_as_dtype, dense_tolist, dense_numel
