@@ -48,7 +48,7 @@ from autodist.schemas import Plan, PlanError, dump_plan, load_plan, parameter_fi
 from autodist.applier.accumulate import AccumulatingOptimizer, MicroBatchLoader, accumulates, step_scheduler_per_update
 from autodist.applier.agree import Record, agree, digest, timeout_from
 from autodist.applier.data import shard_loader
-from autodist.applier.experts import ExpertGradSync, ExpertGroups, dropped_parameters, spread_experts
+from autodist.applier.experts import ExpertGradSync, ExpertGroups, dropped_parameters, runs_moe_locally, spread_experts
 from autodist.applier.hooks import ReshardFn, register_hooks
 from autodist.applier.mesh import mesh_ids
 from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, shard_optimizer
@@ -115,7 +115,7 @@ def apply_plan(
     replaced = shard_parameters(model, plan, frozenset(dropped_parameters(plan, dist.get_rank())))
     register_hooks(model, plan, reshard_fn)
     groups = None
-    if plan.strategy.ep > 1:
+    if runs_moe_locally(plan):  # expert parallelism, or the MoE layers of plain dp (experts.py)
         groups = ExpertGroups(plan, dist.get_rank())
         spread_experts(model, plan, groups)
     wrap_recompute(model, plan)

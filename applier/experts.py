@@ -149,10 +149,17 @@ def expert_structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     return problems
 
 
+def runs_moe_locally(plan: Plan) -> bool:
+    """Whether the plan runs its MoE layers between an expert dispatch and combine: under
+    expert parallelism, and (ep 1) under the plain data parallelism the planner gives MoE models
+    (the planner's ``emit.runs_moe_locally`` says why)."""
+    return any(isinstance(hook, ExpertDispatch) for hook in plan.hooks)
+
+
 def expert_problems(plan: Plan) -> list[str]:
-    """Strategies expert parallelism does not run with yet."""
+    """Strategies expert parallelism (and MoE layers run locally) do not run with yet."""
     s = plan.strategy
-    if s.ep == 1:
+    if not runs_moe_locally(plan):
         return []
     problems = []
     if s.pp > 1:
@@ -283,7 +290,8 @@ class _MoeLayer:
                 )
             self.mesh, self.placements = x.process_mesh, list(x.placements)
             local = dtensor_to_local(x, x.process_mesh, x.placements)
-            gathered = _GatherRows.apply(local, self.groups.group, self.groups.layout.index, self.groups.layout.ep)
+            layout = self.groups.layout
+            gathered = _GatherRows.apply(local, self.groups.group, layout.index, layout.ep) if layout.ep > 1 else local
             # Rows of the gathered tokens, however the layer flattens them: [b, ...], [b*s, ...]
             self.row_counts = {math.prod(gathered.shape[:k]) for k in range(1, gathered.ndim)}
             return gathered
@@ -304,7 +312,12 @@ class _MoeLayer:
         def back_to_dist(tensor):
             if tensor.is_dist() or tensor.ndim == 0 or tensor.shape[0] not in self.row_counts:
                 return tensor  # not of the gathered tokens (a scalar auxiliary loss): as it is
-            mine = _SumRows.apply(tensor, group, index, ep) if tensor is summed else _my_rows(tensor, index, ep)
+            if ep == 1:  # the rank's own tokens: its output is whole already
+                mine = tensor
+            elif tensor is summed:
+                mine = _SumRows.apply(tensor, group, index, ep)
+            else:
+                mine = _my_rows(tensor, index, ep)
             return dtensor_from_local(
                 mine, self.mesh, self.placements if tensor is summed else _rows(self.placements, tensor.ndim)
             )
@@ -342,12 +355,16 @@ class _SumRows(PyLayer):
 
 def _gather(x: paddle.Tensor, mesh: dist.ProcessMesh) -> paddle.Tensor:
     """The tensors of ``mesh``'s ranks stacked along dim 0 (rank order): an all-gather."""
+    if len(mesh.process_ids) == 1:
+        return x
     whole = dist.reshard(dtensor_from_local(x, mesh, [dist.Shard(0)]), mesh, [dist.Replicate()])
     return whole._local_value()
 
 
 def _sum(x: paddle.Tensor, mesh: dist.ProcessMesh) -> paddle.Tensor:
     """The tensors of ``mesh``'s ranks summed: an all-reduce."""
+    if len(mesh.process_ids) == 1:
+        return x
     whole = dist.reshard(dtensor_from_local(x, mesh, [dist.Partial()]), mesh, [dist.Replicate()])
     return whole._local_value()
 

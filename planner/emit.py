@@ -13,9 +13,11 @@ What goes where:
   around every sub-layer that mixes positions (attention), ``reshard`` around position-wise ones
   (MLP), ``sequence_parallel_end`` after the final norm — the hooks ``to_distributed`` installs;
 - recompute: every block (``full``) or each block's attention sub-layer (``selective``);
-- expert parallelism (``ep > 1``): an ``expert_dispatch`` pre-hook and an ``expert_combine``
-  post-hook on each MoE layer (the parent of a block's experts container); every parameter
-  under that layer whole on each rank (all ``R``), its experts ``ExpertParallel``;
+- expert parallelism (``ep > 1``), and plain data parallelism of an MoE model (ep 1: the MoE
+  layers then run on each rank's own tokens, see :func:`runs_moe_locally`): an ``expert_dispatch``
+  pre-hook and an ``expert_combine`` post-hook on each MoE layer (the parent of a block's
+  experts container); every parameter under that layer whole on each rank (all ``R``), its
+  experts ``ExpertParallel`` (at ep 1 every rank holds them all);
 - the data plan, the analysis's reshard hooks and implicit communication, notes, provenance.
 
 Example::
@@ -74,7 +76,7 @@ def build_plan(
     notes: list[str] = []
     params = _param_plans(analysis, strategy, mesh.axes, notes)
     stages = block_stages(len(analysis.blocks), strategy.pp, strategy.virtual_stages)
-    hooks = _stage_handoffs(analysis, stages) + _expert_hooks(analysis, strategy.ep)
+    hooks = _stage_handoffs(analysis, stages) + _expert_hooks(analysis, strategy)
     fused_gathers = reshard_hooks(analysis, strategy.mp, mesh.axes)
     if strategy.mp > 1:
         hooks += _sequence_parallel_hooks(analysis, strategy, mesh.axes, fused_gathers, notes)
@@ -171,7 +173,7 @@ def build_mesh(strategy: Strategy) -> Mesh:
 def _param_plans(analysis: ModelAnalysis, strategy: Strategy, axes: list[str], notes: list[str]) -> dict:
     mp_placements = _mp_placements(analysis, strategy.mp, notes)
     stage_of = _param_stages(analysis, strategy.pp, strategy.virtual_stages)
-    moe_layers = _moe_layers(analysis, strategy.ep)
+    moe_layers = _moe_layers(analysis, strategy)
     plans = {}
     for fqn in sorted(analysis.params):
         shape, dtype = analysis.params[fqn]
@@ -288,11 +290,23 @@ def _stage_handoffs(analysis: ModelAnalysis, stages: list[int]) -> list[Hook]:
     ]
 
 
-def _moe_layers(analysis: ModelAnalysis, ep: int) -> dict[str, str]:
-    """``{MoE layer: its experts container}`` under expert parallelism (none at ``ep`` 1). The
-    MoE layer is the container's parent (``layers.0.block_sparse_moe`` for
+def runs_moe_locally(strategy: Strategy) -> bool:
+    """Whether the MoE layers run on plain local tensors between an ``expert_dispatch`` and an
+    ``expert_combine``: under expert parallelism, and also under plain data parallelism (ep 1,
+    every rank its own tokens, nothing gathered). The latter is for correctness: Paddle 3.3
+    answers an integer-tensor index into a DistTensor split on another dim with the wrong rows,
+    silently, and MoE routing indexes the dp-split tokens that way (Hugging Face's Qwen3-MoE
+    ``expert_mask[expert_idx]``: docs/paddle-notes.md, "SPMD rules"). Not with mp (the experts
+    are split over it at ep 1), pp, ZeRO or sequence parallelism (``search.expert_limit``)."""
+    plain_dp = strategy.dp > 1 and strategy.mp == 1 and strategy.pp == 1 and not strategy.sharding_stage
+    return strategy.ep > 1 or plain_dp
+
+
+def _moe_layers(analysis: ModelAnalysis, strategy: Strategy) -> dict[str, str]:
+    """``{MoE layer: its experts container}`` when they run locally (:func:`runs_moe_locally`).
+    The MoE layer is the container's parent (``layers.0.block_sparse_moe`` for
     ``layers.0.block_sparse_moe.experts``): the layer that routes the tokens to the experts."""
-    if ep == 1:
+    if not runs_moe_locally(strategy):
         return {}
     return {_layer_of(b.experts.layer): b.experts.layer for b in analysis.blocks if b.experts}
 
@@ -306,30 +320,36 @@ def _expert_style(fqn: str, moe_layers: dict[str, str]) -> tuple[str, str] | Non
     return None
 
 
-def _expert_hooks(analysis: ModelAnalysis, ep: int) -> list[Hook]:
+def _expert_hooks(analysis: ModelAnalysis, strategy: Strategy) -> list[Hook]:
     """The ``expert_dispatch`` / ``expert_combine`` pair around each MoE layer (block order)."""
-    hooks: list[Hook] = []
+    ep, hooks = strategy.ep, []
+    if not runs_moe_locally(strategy):
+        return []
+    local = (
+        "dp: the layer runs on this rank's own tokens as plain tensors, its gradients summed over dp "
+        "before the update (docs/paddle-notes.md, SPMD rules)"
+    )
     for block in analysis.blocks:
         experts = block.experts
-        if ep == 1 or not experts:
+        if not experts:
             continue
         layer = _layer_of(experts.layer)
+        if ep == 1:
+            dispatch, combine = local, "dp: its output back as this rank's rows of the batch"
+        else:
+            dispatch = (
+                f"ep={ep}: gather the tokens of this rank's ep group ({ep} dp ranks); the layer routes them "
+                f"all with its own code and runs this rank's {experts.count // ep} of the {experts.count} experts"
+                + ("; the group's first rank alone runs its shared experts" if experts.shared else "")
+            )
+            combine = (
+                f"ep={ep}: sum the {ep} ranks' partial outputs (each its experts' share) and keep this rank's tokens"
+            )
         hooks += [
             ExpertDispatch(
-                layer=layer,
-                when="pre",
-                experts=experts.layer,
-                shared=list(experts.shared),
-                reason=f"ep={ep}: gather the tokens of this rank's ep group ({ep} dp ranks); the layer routes them "
-                f"all with its own code and runs this rank's {experts.count // ep} of the {experts.count} experts"
-                + ("; the group's first rank alone runs its shared experts" if experts.shared else ""),
+                layer=layer, when="pre", experts=experts.layer, shared=list(experts.shared), reason=dispatch
             ),
-            ExpertCombine(
-                layer=layer,
-                when="post",
-                reason=f"ep={ep}: sum the {ep} ranks' partial outputs (each its experts' share) and keep this "
-                "rank's tokens",
-            ),
+            ExpertCombine(layer=layer, when="post", reason=combine),
         ]
     return hooks
 

@@ -163,14 +163,14 @@ def check_experts(plan: Plan) -> list[str]:
     """Expert parallelism is one story: with ``ep > 1`` every block's experts have an
     ``expert_dispatch`` (pre) and an ``expert_combine`` (post) on the MoE layer holding them,
     and everything under that layer is whole on each rank (the layer runs on each rank's
-    gathered tokens); without it there are no such hooks and no ``ExpertParallel`` parameters."""
+    gathered tokens). At ep 1 the pair may still be there (the MoE layers then run on each
+    rank's own tokens, under plain data parallelism); ``ExpertParallel`` parameters only under
+    an ``expert_dispatch``."""
     ep, problems = plan.strategy.ep, []
     dispatch = {h.layer: (i, h) for i, h in enumerate(plan.hooks) if isinstance(h, ExpertDispatch)}
     combine = {h.layer: i for i, h in enumerate(plan.hooks) if isinstance(h, ExpertCombine)}
     for i, hook in enumerate(plan.hooks):
         if isinstance(hook, (ExpertDispatch, ExpertCombine)):
-            if ep == 1:
-                problems.append(f"$.hooks[{i}]: an {hook.action} hook but $.strategy.ep is 1")
             wanted = "pre" if isinstance(hook, ExpertDispatch) else "post"
             if hook.when != wanted:
                 problems.append(f"$.hooks[{i}].when: an {hook.action} hook runs {wanted!r}, not {hook.when!r}")
