@@ -16,8 +16,9 @@ What goes where:
 - expert parallelism (``ep > 1``), and plain data parallelism of an MoE model (ep 1: the MoE
   layers then run on each rank's own tokens, see :func:`runs_moe_locally`): an ``expert_dispatch``
   pre-hook and an ``expert_combine`` post-hook on each MoE layer (the parent of a block's
-  experts container); every parameter under that layer whole on each rank (all ``R``), its
-  experts ``ExpertParallel`` (at ep 1 every rank holds them all);
+  experts container); every parameter under that layer whole on each rank (all ``R``, on mp
+  too: with ep > 1 and mp > 1 every mp rank runs the MoE layer whole, no reshard hook inside it),
+  its experts ``ExpertParallel`` (at ep 1 every rank holds them all);
 - the data plan, the analysis's reshard hooks and implicit communication, notes, provenance.
 
 Example::
@@ -61,7 +62,7 @@ from autodist.schemas import (
 from autodist.schemas.schedules import block_stages
 
 from autodist.planner.recognise.ops import SEQUENCE_MIXING_OPS
-from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis
+from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis, experts_whole
 from autodist.planner.cost.graph_cost import params_before_blocks
 from autodist.planner.cost.search import SearchRequest, SearchResult
 from autodist.planner.recognise.spmd import reshard_hooks
@@ -72,6 +73,8 @@ def build_plan(
 ) -> Plan:
     """The complete plan for ``analysis`` run with ``result.best``'s strategy."""
     strategy = result.best.strategy
+    if strategy.ep > 1:  # each MoE layer runs whole: no mp placement or reshard hook inside it
+        analysis = experts_whole(analysis)
     mesh = build_mesh(strategy)
     notes: list[str] = []
     params = _param_plans(analysis, strategy, mesh.axes, notes)

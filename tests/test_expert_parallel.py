@@ -1,7 +1,8 @@
 """Expert parallelism: recognised on the Mixtral-style zoo model, priced from first principles
 (an all-gather and an all-reduce per MoE layer each way, so any backend runs it, gloo on CPU
-included), chosen only with mp 1, pp 1, ZeRO 0 and no sequence parallelism, written into the
-plan as hooks and placements, and explained when asked for where it cannot run."""
+included), chosen only with pp 1, ZeRO 0 and no sequence parallelism (any mp: the MoE layers
+then run whole on every mp rank), written into the plan as hooks and placements, and explained
+when asked for where it cannot run."""
 
 from __future__ import annotations
 
@@ -75,6 +76,52 @@ def test_an_all_gather_and_an_all_reduce_per_moe_layer_each_way_of_the_ep_groups
     assert again.estimate.comm_bytes.ep == 2 * 9 * 3 * b
 
 
+def test_with_mp_the_moe_layer_runs_whole_on_each_mp_rank_of_the_ep_group():
+    # Two blocks of 1000 hidden written by hand, as the trace gives them: at mp 2 without ep the
+    # attention and the experts' MLPs are both split (an all-reduce of 1000 elements per token
+    # each way for each); under ep (``under_ep``) the MoE layer runs whole on every mp rank: its
+    # experts' 4M elements are whole (then 1 / ep of them held), its MLPs have no all-reduce,
+    # only the attention's is left.
+    def block(experts_split: bool) -> BlockCost:
+        return BlockCost(
+            layer="b",
+            params_split=1_000_000 + (4_000_000 if experts_split else 0),
+            params_whole=2000 + (0 if experts_split else 4_000_000),
+            flops_per_token=1e6,
+            allreduce_fwd_per_token=2000 if experts_split else 1000,
+            allreduce_bwd_per_token=2000 if experts_split else 1000,
+            allreduce_fwd_count=2 if experts_split else 1,
+            allreduce_bwd_count=2 if experts_split else 1,
+            param_tensors=30,
+            experts=8,
+            expert_params=4_000_000,
+            expert_tensors=24,
+            router_params=4000,
+            router_tensors=1,
+            dispatch_per_token=1000,
+            saved_router=Saved(floats=3000),
+        )
+
+    whole = ModelCost(blocks=(block(False),) * 2, hidden_size=1000, traced_batch=8, traced_seq=128)
+    model = ModelCost(blocks=(block(True),) * 2, hidden_size=1000, traced_batch=8, traced_seq=128, under_ep=whole)
+    table = StageTable(model)
+    split = estimate(table, Strategy(dp=4, mp=2), setup())
+    spread = estimate(table, Strategy(dp=4, mp=2, ep=2), setup())
+    tokens, width = 2 * 128, 2  # two samples of 128 per dp rank, bf16
+    # a ring all-reduce over mp 2 sends 2 (2-1)/2 of the tensor: once per 1000 elements per token
+    assert split.estimate.comm_bytes.mp == 2 * 2 * 2000 * tokens * width * 1
+    assert spread.estimate.comm_bytes.mp == 2 * 2 * 1000 * tokens * width * 1
+    # per rank: the attention's 1M over mp, the norms' 2000, half the experts (ep 2) undivided by mp
+    assert split.estimate.memory.params == 2 * (5_000_000 // 2 + 2000) * width
+    assert spread.estimate.memory.params == 2 * (1_000_000 // 2 + 2000 + 4_000_000 // 2) * width
+    # the ep group: 2 ranks mp = 2 apart on the dp axis, in the node; B the layer's input on one
+    # rank: an all-gather (B sent) and an all-reduce of 2B (2B sent) each way, per layer
+    b = tokens * 1000 * width
+    assert spread.estimate.comm_bytes.ep == 2 * 2 * (b + 2 * b)
+    alpha, bandwidth = H100.intra_node_latency_s, H100.intra_node_bandwidth
+    assert spread.ep_comm_s == pytest.approx(2 * 2 * ((alpha + b / bandwidth) + (2 * alpha + 2 * b / bandwidth)))
+
+
 def test_the_routers_gradients_are_summed_over_dp_and_each_experts_over_the_ranks_holding_it():
     # apply_plan sums the MoE layers' gradients after the backward: the routers' over the 8 dp
     # ranks, each held expert's over the 8 / 4 = 2 ranks holding it; the rest of the model's
@@ -103,28 +150,24 @@ def test_the_routers_gradients_are_summed_over_dp_and_each_experts_over_the_rank
     )
 
 
-def test_the_search_takes_ep_on_any_backend_but_never_with_mp_pp_or_zero():
+def test_the_search_takes_ep_on_any_backend_with_any_mp_but_never_with_pp_or_zero():
     model = moe_model(expert_params=400_000_000)  # experts dominate memory: spreading them pays
     for device in (H100, PROFILES["cpu"]):  # gloo (cpu) has no all-to-all; ep needs none
         result = search(model, SearchRequest(devices_per_node=8, dp=8, mp=1, pp=1, ep=None, device=device))
         assert result.best.strategy.ep > 1, device.name
         assert "ep" in strategy_text(result.best.strategy, "short")
-    # --ep auto with mp fixed at 2: only ep 1 is priced, nothing refused for it.
+    # --ep auto with mp fixed at 2: the MoE layers run whole on each mp rank, ep still spreads them.
     with_mp = search(model, SearchRequest(devices_per_node=8, dp=4, mp=2, pp=1, ep=None, device=H100))
-    assert {c.strategy.ep for c in [with_mp.best, *with_mp.accepted]} == {1}
-    # --ep 2 with the mesh searched: the dp2 x mp2 mesh is refused, named by the one rule.
-    fixed = search(model, SearchRequest(devices_per_node=4, pp=1, ep=2, device=H100))
-    assert (fixed.best.strategy.ep, fixed.best.strategy.mp, fixed.best.strategy.sharding_stage) == (2, 1, 0)
-    assert [r.reason for r in fixed.rejected if (r.strategy.dp, r.strategy.mp) == (2, 2)] == [
-        "ep=2 with mp=2: experts are held whole under expert parallelism; tensor parallelism inside experts "
-        "with ep is not built"
-    ]
+    assert (with_mp.best.strategy.mp, with_mp.best.strategy.ep > 1) == (2, True)
+    # --ep 2 with the mesh searched: no mesh is refused for its mp; pp and ZeRO still are.
+    fixed = search(model, SearchRequest(devices_per_node=4, pp=None, ep=2, device=H100))
+    assert fixed.best.strategy.ep == 2
+    assert not [r.reason for r in fixed.rejected if "with mp" in r.reason]
+    assert any("ep=2 with pp=2" in r.reason for r in fixed.rejected)
 
 
 def test_an_ep_with_what_it_cannot_go_with_is_one_error_naming_why():
     cases = {
-        ("--mp", 2): "--ep 2 with --mp 2: experts are held whole under expert parallelism; tensor parallelism "
-        "inside experts with ep is not built",
         ("--pp", 2): "--ep 2 with --pp 2: expert parallelism inside a pipeline is not built",
         ("--sharding-stage", 1): "--ep 2 with --sharding-stage 1: ZeRO over the dp group with expert parallelism "
         "is not built (an expert's gradients are summed over other ranks than the rest)",
@@ -132,7 +175,6 @@ def test_an_ep_with_what_it_cannot_go_with_is_one_error_naming_why():
         "parallelism is not built",
     }
     fields = {
-        "--mp": "mp",
         "--pp": "pp",
         "--sharding-stage": "sharding_stage",
         "--sequence-parallel": "sequence_parallel",
@@ -194,6 +236,38 @@ def test_mixtral_experts_are_recognised_and_recorded_in_the_plan():
     assert check_plan(load_plan(dump_plan(plan))) == []
 
 
+@pytest.mark.parametrize(
+    "target, moe, attention",
+    [
+        (MIXTRAL, "layers.{}.block_sparse_moe", "layers.{}.self_attn"),
+        ("tests/models/zoo/qwen2_moe_hf.py", "model.layers.{}.mlp", "model.layers.{}.self_attn"),
+    ],
+)
+def test_with_mp_the_attention_is_split_and_everything_under_the_moe_layer_whole(target, moe, attention):
+    def plan(ep: int):
+        request = SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1, ep=ep, sequence_parallel=False, device=H100)
+        return plan_target(target, None, request, {"target": target})
+
+    made, plain = plan(2), plan(1)
+    layers = tuple(moe.format(i) + "." for i in range(2))
+    assert (made.plan.strategy.mp, made.plan.strategy.ep) == (2, 2)
+    # written from the models: q, k, v split by columns, o by rows, on the mesh's mp axis
+    projections = {f"{attention.format(i)}.{p}_proj.weight": ["R", "S(1)"] for i in range(2) for p in "qkv"}
+    projections |= {f"{attention.format(i)}.o_proj.weight": ["R", "S(0)"] for i in range(2)}
+    assert {fqn: made.plan.params[fqn].placements for fqn in projections} == projections
+    under = {fqn: p for fqn, p in made.plan.params.items() if fqn.startswith(layers)}
+    assert {tuple(p.placements) for p in under.values()} == {("R", "R")}
+    # without ep the same mesh splits the experts' MLPs over mp (so the rule above is ep's)
+    assert any("S(" in "".join(plain.plan.params[fqn].placements) for fqn in under)
+    assert not [h for h in made.plan.hooks if h.layer.startswith(layers) and type(h).__name__ == "Reshard"]
+    # priced so: the experts' MLPs leave the mp all-reduces, each rank holds half the experts whole
+    costs = model_cost(made.analysis)
+    assert costs.under_ep is not None
+    assert all(b.params_whole >= b.expert_params for b in costs.under_ep.blocks)
+    assert made.plan.estimate.comm_bytes.mp < plain.plan.estimate.comm_bytes.mp
+    assert check_plan(load_plan(dump_plan(made.plan))) == []
+
+
 def test_a_plan_without_ep_reads_as_ep_1_and_a_bad_ep_is_named():
     made = plan_target(
         MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, device=H100), {"target": MIXTRAL}
@@ -231,11 +305,17 @@ def test_the_ep_option_of_the_command(tmp_path):
     on_cpu = run("--ep", "2", "--device", "cpu", "-o", str(tmp_path / "cpu.json"))
     assert on_cpu.exit_code == 0, on_cpu.output
     assert load_plan((tmp_path / "cpu.json").read_bytes()).strategy.ep == 2
-    refused = CliRunner().invoke(
+    with_mp = CliRunner().invoke(
         cli, ["plan", MIXTRAL, "--devices", "4", "--mp", "2", "--ep", "2", "-o", str(tmp_path / "mp.json")]
     )
-    assert refused.exit_code == 2 and "--ep 2 with --mp 2: experts are held whole" in refused.output
-    assert not (tmp_path / "mp.json").exists()
+    assert with_mp.exit_code == 0, with_mp.output
+    made_mp = load_plan((tmp_path / "mp.json").read_bytes()).strategy
+    assert (made_mp.mp, made_mp.ep) == (2, 2)
+    refused = CliRunner().invoke(
+        cli, ["plan", MIXTRAL, "--devices", "4", "--pp", "2", "--ep", "2", "-o", str(tmp_path / "pp.json")]
+    )
+    assert refused.exit_code == 2 and "--ep 2 with --pp 2: expert parallelism inside a pipeline" in refused.output
+    assert not (tmp_path / "pp.json").exists()
     bad = run("--ep", "two", "--device", "h100-sxm")
     assert bad.exit_code == 2 and "--ep must be a positive integer or auto, got 'two'" in bad.output
     made = run("--ep", "auto", "--device", "h100-sxm", "-o", str(tmp_path / "auto.json"))

@@ -156,6 +156,11 @@ class ModelCost:
     #: sequence cannot be split between blocks (no sequence parallelism).
     token_mixing: str | None = None
     notes: tuple[str, ...] = ()
+    #: The model as expert parallelism runs it (ep > 1), when that differs: each MoE layer whole
+    #: on every mp rank (its projections take no tensor-parallel role: no split weights or FLOPs,
+    #: no all-reduce; :func:`autodist.planner.recognise.analysis.experts_whole`). None: the same
+    #: as this one (no MoE layer split over mp).
+    under_ep: ModelCost | None = None
 
     @property
     def num_params(self) -> int:

@@ -35,7 +35,7 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Iterable
 
 import networkx as nx
@@ -362,6 +362,16 @@ def model_cost(analysis: ModelAnalysis) -> ModelCost:
         >>> len(cost.blocks), cost.vocab_size                  # doctest: +SKIP
         (32, 32000)
     """
+    from autodist.planner.recognise.analysis import experts_whole
+
+    cost = _model_cost(analysis)
+    whole = experts_whole(analysis)
+    if any(len(a.linears) != len(b.linears) for a, b in zip(analysis.blocks, whole.blocks)):
+        cost = replace(cost, under_ep=_model_cost(whole))  # some MoE layer has split projections
+    return cost
+
+
+def _model_cost(analysis: ModelAnalysis) -> ModelCost:
     facts = GraphFacts(analysis.graph)
     tokens, seq = traced_tokens(analysis)
     numel = {fqn: math.prod(shape) for fqn, (shape, _dtype) in analysis.params.items()}

@@ -125,7 +125,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
                 closest = closest or (math.inf, strategy, problem)
                 continue
             evaluated += 1
-            breakdown = estimate(table, strategy, setup, priced.implicit(mp, width))
+            breakdown = estimate(table, strategy, setup, priced.implicit(mp, width, strategy.ep))
             total = breakdown.estimate.memory.total
             if total <= setup.usable_memory:
                 scored.append(
@@ -141,6 +141,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         raise _nothing_fits(setup, rejected, memory_misses)
     scored.sort(key=lambda s: s.key)
     top = scored[: MAX_ACCEPTED + 1]
+    best = top[0].candidate.strategy
     return SearchResult(
         best=top[0].candidate,
         accepted=[s.candidate for s in top[1:]],
@@ -152,7 +153,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         + _backend_notes(setup)
         + _expert_notes(cost, request),
         evaluated=evaluated,
-        implicit_comm=list(getattr(priced.implicit(top[0].candidate.strategy.mp, width), "entries", ())),
+        implicit_comm=list(getattr(priced.implicit(best.mp, width, best.ep), "entries", ())),
     )
 
 
@@ -164,8 +165,9 @@ class PricedModel:
     """The cost stage's result: the model's cost description and its implicit communication."""
 
     cost: ModelCost
-    #: ``(mp, dtype bytes) -> Implicit``: what Paddle's SPMD rules add at that mp degree (None at mp 1).
-    implicit: Callable[[int, int], Implicit | None]
+    #: ``(mp, dtype bytes, ep) -> Implicit``: what Paddle's SPMD rules add at that mp degree (None
+    #: at mp 1); under expert parallelism (ep > 1) for the MoE layers held whole.
+    implicit: Callable[[int, int, int], Implicit | None]
 
 
 def price(analysis: ModelAnalysis) -> PricedModel:
@@ -176,15 +178,17 @@ def price(analysis: ModelAnalysis) -> PricedModel:
     see spmd.py).
     """
     from autodist.planner.cost.graph_cost import implicit_collectives, model_cost
+    from autodist.planner.recognise.analysis import experts_whole
 
-    cache: dict[tuple[int, int], Implicit] = {}
+    cache: dict[tuple[int, int, bool], Implicit] = {}
 
-    def implicit(mp: int, width: int) -> Implicit | None:
+    def implicit(mp: int, width: int, ep: int = 1) -> Implicit | None:
         if mp == 1:
             return None
-        if (mp, width) not in cache:
-            cache[(mp, width)] = implicit_collectives(analysis, mp, width)
-        return cache[(mp, width)]
+        key = (mp, width, ep > 1)
+        if key not in cache:
+            cache[key] = implicit_collectives(experts_whole(analysis) if ep > 1 else analysis, mp, width)
+        return cache[key]
 
     return PricedModel(cost=model_cost(analysis), implicit=implicit)
 
@@ -193,7 +197,7 @@ def _priced(model: ModelAnalysis | ModelCost | PricedModel) -> PricedModel:
     if isinstance(model, PricedModel):
         return model
     if isinstance(model, ModelCost):
-        return PricedModel(cost=model, implicit=lambda mp, width: None)
+        return PricedModel(cost=model, implicit=lambda mp, width, ep: None)
     return price(model)
 
 
@@ -361,23 +365,18 @@ def expert_problem(cost: ModelCost, ep: int, label: str) -> str:
 
 def expert_limit(strategy: Strategy, options: bool = False) -> str:
     """Why ``strategy``'s expert parallelism cannot go with its other settings, or '': ep > 1 runs
-    only with mp 1, pp 1, ZeRO stage 0 and no sequence parallelism (what apply_plan builds; the one
-    rule for the search and for the command's options). ``options``: name the settings as the
-    command's options (``--mp 2``), else as a strategy's fields (``mp=2``).
+    only with pp 1, ZeRO stage 0 and no sequence parallelism (what apply_plan builds; the one
+    rule for the search and for the command's options). Any mp goes: the MoE layers run whole on
+    every mp rank, the rest of the block split as usual. ``options``: name the settings as the
+    command's options (``--pp 2``), else as a strategy's fields (``pp=2``).
 
     >>> expert_limit(Strategy(dp=2, mp=2, ep=2))
-    'ep=2 with mp=2: experts are held whole under expert parallelism; tensor parallelism inside experts with ep is not built'
+    ''
     >>> expert_limit(Strategy(dp=2, pp=2, ep=2), options=True)
     '--ep 2 with --pp 2: expert parallelism inside a pipeline is not built'
     """
-    ep, mp, pp, stage = strategy.ep, strategy.mp, strategy.pp, strategy.sharding_stage
+    ep, pp, stage = strategy.ep, strategy.pp, strategy.sharding_stage
     settings = (  # (clashes, as an option, as a field, why)
-        (
-            mp > 1,
-            f"--mp {mp}",
-            f"mp={mp}",
-            "experts are held whole under expert parallelism; tensor parallelism inside experts with ep is not built",
-        ),
         (pp > 1, f"--pp {pp}", f"pp={pp}", "expert parallelism inside a pipeline is not built"),
         (
             stage > 0,

@@ -47,8 +47,13 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   experts' parameters; apply_plan sums the MoE layers' gradients itself after the backward,
   exposed: the routers' over dp, the experts' over the dp/ep ranks holding the same experts (the
   rest of the model's as above). The MoE layer's own saved activations (router, gathers,
-  combine: not the experts') are for ep x the tokens. Not priced: the router's compute on ep x
-  the tokens (one small matmul and memory-bound ops);
+  combine: not the experts') are for ep x the tokens. With mp > 1 the MoE layer is not split
+  over mp: every mp rank of an ep group runs it whole on the group's tokens (the model's
+  ``under_ep`` cost: its experts' parameters, FLOPs and activations undivided by mp, no mp
+  all-reduce for its MLPs; the ep group's ranks are mp apart on the dp axis). Not priced: the
+  router's compute on ep x the tokens (one small matmul and memory-bound ops), and the shared
+  experts' (run by the first rank of each ep group on ep x the tokens, zeros on the others):
+  they are priced as every rank running them on its own tokens;
 - optimizer step, after the pipeline and the exposed data-parallel time: every model state read
   and written once by memory bandwidth, plus one update op (the device's fixed cost per op,
   launch and dispatch) per parameter.
@@ -194,6 +199,11 @@ class StageTable:
         return Saved(self.total(f"{name}.floats", start, stop), self.total(f"{name}.masks", start, stop))
 
     @cached_property
+    def under_ep(self) -> StageTable:
+        """The table of the model as expert parallelism runs it (:attr:`ModelCost.under_ep`)."""
+        return StageTable(self.cost.under_ep) if self.cost.under_ep is not None else self
+
+    @cached_property
     def largest_block(self) -> BlockCost | None:
         return max(self.cost.blocks, key=lambda b: (b.saved_outside + b.saved_inside).floats, default=None)
 
@@ -331,6 +341,8 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
 
     Example: see ``tests/test_cost_formulas.py`` and :func:`autodist.planner.cost.search.search`.
     """
+    if strategy.ep > 1:  # the MoE layers run whole on every mp rank
+        table = table.under_ep
     ctx = _Context(table, strategy, setup, implicit)
     pp, m = strategy.pp, strategy.micro_batches
     ranges = stage_ranges(len(table.cost.blocks), pp) if table.cost.blocks else [(0, 0)] * pp
@@ -443,7 +455,7 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     # Expert parallelism (the module docstring): around each MoE layer, an all-gather of the ep
     # group's inputs and an all-reduce of the gathered output, ep x B each, on ep ranks stride mp
     # (neighbours on the dp axis); the backward does the same, full recompute the forward again.
-    # Each rank then holds 1 / ep of the experts (whole: ep goes only with mp 1).
+    # Each rank then holds 1 / ep of the experts, whole (the MoE layer is not split over mp).
     ep, moe = strategy.ep, [b for b in ctx.cost.blocks[start:stop] if b.experts]
     ep_s = ep_bytes = expert_params = dropped_tensors = 0.0
     moe_grads = None

@@ -15,7 +15,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, TypeAlias
 
 import networkx as nx
@@ -134,6 +134,31 @@ def analyze(
         graph_fingerprint=graph_fingerprint(graph),
         recognised=recognised,
     )
+
+
+def experts_whole(analysis: ModelAnalysis) -> ModelAnalysis:
+    """``analysis`` as expert parallelism runs it: each MoE layer (the parent of a block's experts
+    container, with its router and shared experts) runs whole on every mp rank, on its ep group's
+    gathered tokens, so none of its projections has a tensor-parallel role (no mp placement, no
+    reshard hook, no all-reduce); the rest of the block keeps its roles. The one owner of that
+    rule for the plan (emit) and its price (the cost model).
+
+    >>> from autodist.planner.recognise.roles import Projection
+    >>> attention = Projection("layers.0.attn.q_proj", "layers.0.attn.q_proj.weight", None, "column", 0, name="q")
+    >>> expert = Projection("layers.0.moe.experts.0.w1", "layers.0.moe.experts.0.w1.weight", None, "column", 0, name="w1")
+    >>> block = BlockInfo("layers.0", "transformer", frozenset(), [attention, expert], [], 2, 2, 4, 8, 16,
+    ...                   experts=Experts("layers.0.moe.experts", 2, 1))
+    >>> bare = ModelAnalysis("M", nx.DiGraph(), "", [], {}, {}, [block], None, None, [], None, 1, 1, [], [], "", "")
+    >>> [lin.name for lin in experts_whole(bare).blocks[0].linears]
+    ['q']
+    """
+    blocks = []
+    for block in analysis.blocks:
+        if block.experts is not None:
+            moe = block.experts.layer.rpartition(".")[0] + "."
+            block = replace(block, linears=[lin for lin in block.linears if not lin.layer.startswith(moe)])
+        blocks.append(block)
+    return replace(analysis, blocks=blocks)
 
 
 def repeated_layers(model: paddle.nn.Layer) -> list[str]:
