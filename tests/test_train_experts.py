@@ -9,7 +9,9 @@ models, applied on CPU ranks under gloo, give the single-device losses and param
   the ones it keeps start from the eager build's values;
 - dp4 ep2 (4 ranks): two ep groups, each expert held by two ranks whose gradients are summed;
   Switch Transformers' top-1 router leaves an expert without tokens in both groups at some
-  step, which must then get no gradient at all, as on one device (AdamW would otherwise move it).
+  step, which must then get no gradient at all, as on one device (AdamW would otherwise move it);
+- dp2 x mp2 ep2 (4 ranks): the planner's plan with tensor parallelism,
+  the attention split over mp, each MoE layer run whole on both mp ranks of its ep group.
 
 Four spellings: Mixtral (a loop over every expert), Qwen3-MoE (HF's loop over only the experts
 that got tokens), Switch Transformers (a LayerDict of ``expert_N``, boolean masks) and Qwen2-MoE
@@ -47,32 +49,36 @@ MOE = [
     "zoo_qwen2_moe_hf",
     "zoo_deepseek_v3_hf",
 ]
-#: (run name suffix, ranks, ep, optimizer, micro-batches, build)
+#: (run name suffix, ranks, ep, optimizer, micro-batches, build, mp)
 CONFIGS = [
-    ("dp2_ep2_sgd_clip", 2, 2, "sgd_clip", 1, "eager"),
-    ("dp2_ep2_adamw_mb2", 2, 2, "adamw", 2, "eager"),
-    ("dp2_ep2_sgd_lazy", 2, 2, "sgd", 1, "autodist_lazy"),
-    ("dp4_ep2_adamw", 4, 2, "adamw", 1, "eager"),
+    ("dp2_ep2_sgd_clip", 2, 2, "sgd_clip", 1, "eager", 1),
+    ("dp2_ep2_adamw_mb2", 2, 2, "adamw", 2, "eager", 1),
+    ("dp2_ep2_sgd_lazy", 2, 2, "sgd", 1, "autodist_lazy", 1),
+    ("dp4_ep2_adamw", 4, 2, "adamw", 1, "eager", 1),
     # Plain data parallelism: the MoE layers run on each rank's own tokens between the same hooks
     # (planner/emit.py runs_moe_locally); without them Qwen3-MoE drifts from step 0 (4.6956 vs
     # 4.5455: Paddle indexes its dp-split expert mask wrongly) and Switch raises.
-    ("dp2_ep1_sgd_clip", 2, 1, "sgd_clip", 1, "eager"),
+    ("dp2_ep1_sgd_clip", 2, 1, "sgd_clip", 1, "eager", 1),
 ]
-CASES = [(workload, *config) for workload in MOE for config in CONFIGS]
+#: dp2 x mp2 with ep2 (4 ranks): the attention split over mp, each MoE layer run whole on both
+#: mp ranks of its ep group (shared experts run by one rank per group).
+WITH_MP = ("dp2_mp2_ep2_sgd_clip", 4, 2, "sgd_clip", 1, "eager", 2)
+CASES = [(workload, *config) for workload in MOE for config in [*CONFIGS, WITH_MP]]
 
 
 def run_name(workload: str, suffix: str) -> str:
     return f"{workload}_{suffix}"
 
 
-def ep_plan(workload: str, world: int, micro_batches: int, device: str, ep: int = 2):
+def ep_plan(workload: str, world: int, micro_batches: int, device: str, ep: int = 2, mp: int = 1):
     target = WORKLOADS[workload].planner_target
     request = SearchRequest(
         devices_per_node=world,
-        dp=world,
-        mp=1,
+        dp=world // mp,
+        mp=mp,
         pp=1,
         ep=ep,
+        sequence_parallel=False,
         micro_batches=micro_batches,
         global_batch_size=BATCH,
         device=PROFILES[device],
@@ -84,10 +90,10 @@ def train_ep(tmp_path_factory, reference_runs, backend: str, device: str) -> dic
     workdir = tmp_path_factory.mktemp(f"experts_{backend}")
     by_world: dict[int, list[TrainRun]] = {}
     plans = {}
-    for workload, suffix, world, ep, optimizer, micro_batches, build in CASES:
+    for workload, suffix, world, ep, optimizer, micro_batches, build, mp in CASES:
         name = run_name(workload, suffix)
-        plan = ep_plan(workload, world, micro_batches, device, ep)
-        assert plan.strategy.ep == ep and plan.strategy.micro_batches == micro_batches, plan.strategy
+        plan = ep_plan(workload, world, micro_batches, device, ep, mp)
+        assert (plan.strategy.ep, plan.strategy.mp, plan.strategy.micro_batches) == (ep, mp, micro_batches)
         assert any(h.action == "expert_dispatch" for h in plan.hooks), plan.hooks
         path = workdir / f"{name}.json"
         save_plan(plan, path)
@@ -125,6 +131,34 @@ def test_each_rank_holds_only_its_experts(trained):
             if output["rank"] % 2 == 0
             else "layers.0.block_sparse_moe.experts.2.w1.weight"
         ]["local_shape"] == [32, 64]
+
+
+@pytest.mark.parametrize(
+    "workload, moe, attention",
+    [
+        ("zoo_mixtral_moe", "layers.0.block_sparse_moe", "layers.0.self_attn"),
+        ("zoo_qwen2_moe_hf", "model.layers.0.mlp", "model.layers.0.self_attn"),
+    ],
+)
+def test_with_mp_the_attention_is_split_and_the_moe_layers_run_whole(trained, workload, moe, attention):
+    """Written from the models (hidden 32, q_proj 32 x 32, four experts per layer): at dp2 x mp2
+    each rank holds half of q_proj's columns and o_proj's rows, and everything under the MoE
+    layer whole (placements R on both mesh axes), its experts those of its dp index (ranks 0, 1:
+    dp 0, experts 0-1; ranks 2, 3: dp 1, experts 2-3)."""
+    run = trained[run_name(workload, WITH_MP[0])]
+    plan = run.plan
+    assert plan.mesh.axes == ["dp", "mp"]
+    assert plan.params[f"{attention}.q_proj.weight"].placements == ["R", "S(1)"]
+    assert plan.params[f"{attention}.o_proj.weight"].placements == ["R", "S(0)"]
+    assert {tuple(p.placements) for fqn, p in plan.params.items() if fqn.startswith(moe + ".")} == {("R", "R")}
+    for output in run.outputs:
+        layout = output["layout"]
+        assert layout[f"{attention}.q_proj.weight"]["local_shape"] == [32, 16]
+        assert layout[f"{attention}.o_proj.weight"]["local_shape"] == [16, 32]
+        held = {f.split(".experts.")[1].split(".")[0] for f in layout if f.startswith(moe + ".experts.")}
+        assert held == ({"0", "1"} if output["rank"] < 2 else {"2", "3"}), (output["rank"], held)
+        whole = [f for f in layout if f.startswith(moe + ".")]
+        assert all(layout[f]["local_shape"] == plan.params[f].shape for f in whole), output["rank"]
 
 
 @pytest.mark.gpu
