@@ -6,6 +6,8 @@ when asked for where it cannot run."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import pytest
 
@@ -120,6 +122,30 @@ def test_with_mp_the_moe_layer_runs_whole_on_each_mp_rank_of_the_ep_group():
     assert spread.estimate.comm_bytes.ep == 2 * 2 * (b + 2 * b)
     alpha, bandwidth = H100.intra_node_latency_s, H100.intra_node_bandwidth
     assert spread.ep_comm_s == pytest.approx(2 * 2 * ((alpha + b / bandwidth) + (2 * alpha + 2 * b / bandwidth)))
+
+
+def test_the_shared_experts_are_priced_on_the_ep_groups_first_rank_for_its_ep_times_the_tokens():
+    # Each MoE layer's shared experts do 1e6 forward FLOPs per token. Under ep 4 the group's
+    # first rank runs them on 4 x its tokens and the others not at all: the slowest rank does 3 x
+    # 1e6 x the tokens more per layer, at the compute roof, forward once and backward twice
+    # (full recompute: once more).
+    plain, shared = (
+        moe_model(),
+        dataclasses.replace(
+            moe_model(), blocks=(dataclasses.replace(moe_model().blocks[0], shared_flops_per_token=1e6),) * 2
+        ),
+    )
+    tokens = 1 * 128  # one sample of 128 per dp rank
+    roof = H100.peak_flops["bf16"] * H100.matmul_efficiency
+    for recompute, passes in (("none", 3), ("full", 4)):
+        without = estimate(StageTable(plain), Strategy(dp=8, ep=4, recompute=recompute), setup(recompute=recompute))
+        spread = estimate(StageTable(shared), Strategy(dp=8, ep=4, recompute=recompute), setup(recompute=recompute))
+        assert spread.compute_s - without.compute_s == pytest.approx(passes * 2 * 3 * 1e6 * tokens / roof)
+    # at ep 1 every rank runs them on its own tokens, already in the block's FLOPs
+    assert (
+        estimate(StageTable(shared), Strategy(dp=8), setup()).compute_s
+        == estimate(StageTable(plain), Strategy(dp=8), setup()).compute_s
+    )
 
 
 def test_the_routers_gradients_are_summed_over_dp_and_each_experts_over_the_ranks_holding_it():
@@ -237,13 +263,14 @@ def test_mixtral_experts_are_recognised_and_recorded_in_the_plan():
 
 
 @pytest.mark.parametrize(
-    "target, moe, attention",
+    "target, moe, attention, shared_flops",
     [
-        (MIXTRAL, "layers.{}.block_sparse_moe", "layers.{}.self_attn"),
-        ("tests/models/zoo/qwen2_moe_hf.py", "model.layers.{}.mlp", "model.layers.{}.self_attn"),
+        (MIXTRAL, "layers.{}.block_sparse_moe", "layers.{}.self_attn", 0),
+        # its shared expert: gate_proj, up_proj, down_proj of HIDDEN 32 x SHARED_INTER 32
+        ("tests/models/zoo/qwen2_moe_hf.py", "model.layers.{}.mlp", "model.layers.{}.self_attn", 3 * 2 * 32 * 32),
     ],
 )
-def test_with_mp_the_attention_is_split_and_everything_under_the_moe_layer_whole(target, moe, attention):
+def test_with_mp_the_attention_is_split_and_everything_under_the_moe_layer_whole(target, moe, attention, shared_flops):
     def plan(ep: int):
         request = SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1, ep=ep, sequence_parallel=False, device=H100)
         return plan_target(target, None, request, {"target": target})
@@ -264,6 +291,7 @@ def test_with_mp_the_attention_is_split_and_everything_under_the_moe_layer_whole
     costs = model_cost(made.analysis)
     assert costs.under_ep is not None
     assert all(b.params_whole >= b.expert_params for b in costs.under_ep.blocks)
+    assert [b.shared_flops_per_token for b in costs.under_ep.blocks] == [shared_flops] * 2
     assert made.plan.estimate.comm_bytes.mp < plain.plan.estimate.comm_bytes.mp
     assert check_plan(load_plan(dump_plan(made.plan))) == []
 

@@ -112,6 +112,10 @@ class BlockCost:
     router_tensors: int = 0
     dispatch_per_token: float = 0.0
     saved_router: Saved = field(default_factory=Saved)
+    #: Forward FLOPs per token of the MoE layer's shared experts (part of ``flops_per_token``):
+    #: under expert parallelism the first rank of each ep group runs them on the group's ep x
+    #: the tokens and the others not at all, so the most loaded rank does ep x this.
+    shared_flops_per_token: float = 0.0
 
 
 @dataclass(frozen=True)

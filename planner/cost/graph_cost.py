@@ -418,8 +418,9 @@ def _model_cost(analysis: ModelAnalysis) -> ModelCost:
 def _moe_cost(facts: GraphFacts, info, params: dict[str, int], tokens: int) -> dict:
     """The :class:`BlockCost` fields of a block's MoE layer (the parent of its experts container):
     the experts' count, elements and tensors, the rest of the layer's (the router's) elements and
-    tensors, its input per token (the hidden size), and what it saves for backward outside the
-    experts, per token (every kind: there is no tensor parallelism with experts spread)."""
+    tensors, its input per token (the hidden size), what it saves for backward outside the
+    experts, per token (every kind: the MoE layer is not split over mp under ep), and its shared
+    experts' forward FLOPs per token."""
     experts = info.experts.layer
     moe = experts.rpartition(".")[0]
     expert_params = {fqn: n for fqn, n in params.items() if _under(fqn, experts)}
@@ -437,6 +438,12 @@ def _moe_cost(facts: GraphFacts, info, params: dict[str, int], tokens: int) -> d
         router_tensors=len(router_params),
         dispatch_per_token=info.hidden_size,
         saved_router=sum((_saved(facts, walk, kind, tokens) for kind in ("outside", "inside", "inside_seq")), Saved()),
+        shared_flops_per_token=sum(
+            flops
+            for weight, flops in walk.flops_by_weight.items()
+            if any(_under(weight, shared) for shared in info.experts.shared)
+        )
+        / tokens,
     )
 
 

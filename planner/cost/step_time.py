@@ -51,9 +51,10 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   over mp: every mp rank of an ep group runs it whole on the group's tokens (the model's
   ``under_ep`` cost: its experts' parameters, FLOPs and activations undivided by mp, no mp
   all-reduce for its MLPs; the ep group's ranks are mp apart on the dp axis). Not priced: the
-  router's compute on ep x the tokens (one small matmul and memory-bound ops), and the shared
-  experts' (run by the first rank of each ep group on ep x the tokens, zeros on the others):
-  they are priced as every rank running them on its own tokens;
+  router's compute on ep x the tokens (one small matmul and memory-bound ops). The shared
+  experts run on the first rank of each ep group alone, on ep x the tokens: the stage's compute
+  is that rank's, (ep - 1) x their FLOPs more at the compute roof, forward and backward (not
+  priced: their activations for ep x the tokens on that rank);
 - optimizer step, after the pipeline and the exposed data-parallel time: every model state read
   and written once by memory bandwidth, plus one update op (the device's fixed cost per op,
   launch and dispatch) per parameter.
@@ -457,9 +458,12 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     # (neighbours on the dp axis); the backward does the same, full recompute the forward again.
     # Each rank then holds 1 / ep of the experts, whole (the MoE layer is not split over mp).
     ep, moe = strategy.ep, [b for b in ctx.cost.blocks[start:stop] if b.experts]
-    ep_s = ep_bytes = expert_params = dropped_tensors = 0.0
+    ep_s = ep_bytes = expert_params = dropped_tensors = shared_s = 0.0
     moe_grads = None
     if ep > 1 and moe:
+        # The shared experts run on the group's first rank alone, on ep x the tokens: that rank,
+        # the slowest, does (ep - 1) x more of them than one rank's tokens (at the compute roof).
+        shared_s = ctx.roof_time((ep - 1) * sum(b.shared_flops_per_token for b in moe) * tokens)
         gathered = ep * sum(b.dispatch_per_token for b in moe) * tokens * width
         link, passes = ctx.link(ep, mp), 3 if setup.recompute == "full" else 2
         ep_s = passes * (all_gather_time(gathered, ep, link, len(moe)) + all_reduce_time(gathered, ep, link, len(moe)))
@@ -472,6 +476,9 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
             expert_params=sum(b.expert_params for b in moe) / ep,
             expert_tensors=round(sum(b.expert_tensors for b in moe) / ep),
         )
+
+    forward_s += shared_s
+    backward_s += (3 if setup.recompute == "full" else 2) * shared_s
 
     # Memory: model states under ZeRO, activations per micro-batch in flight.
     params = (
