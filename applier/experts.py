@@ -150,9 +150,9 @@ def expert_structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
 
 
 def runs_moe_locally(plan: Plan) -> bool:
-    """Whether the plan runs its MoE layers between an expert dispatch and combine: under
-    expert parallelism, and (ep 1) under the plain data parallelism the planner gives MoE models
-    (the planner's ``emit.runs_moe_locally`` says why)."""
+    """Whether the plan runs its MoE layers between an expert dispatch and combine (the plan's
+    hooks say it): under expert parallelism, and (ep 1) under the data parallelism the planner
+    gives MoE models (the planner's ``cost.step_time.runs_moe_locally`` says why)."""
     return any(isinstance(hook, ExpertDispatch) for hook in plan.hooks)
 
 

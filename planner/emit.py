@@ -13,8 +13,8 @@ What goes where:
   around every sub-layer that mixes positions (attention), ``reshard`` around position-wise ones
   (MLP), ``sequence_parallel_end`` after the final norm — the hooks ``to_distributed`` installs;
 - recompute: every block (``full``) or each block's attention sub-layer (``selective``);
-- expert parallelism (``ep > 1``), and plain data parallelism of an MoE model (ep 1: the MoE
-  layers then run on each rank's own tokens, see :func:`runs_moe_locally`): an ``expert_dispatch``
+- expert parallelism (``ep > 1``), and data parallelism of an MoE model without it (ep 1: the
+  MoE layers then run on each rank's own tokens, see ``cost.step_time.runs_moe_locally``): an ``expert_dispatch``
   pre-hook and an ``expert_combine`` post-hook on each MoE layer (the parent of a block's
   experts container); every parameter under that layer whole on each rank (all ``R``, on mp
   too: with ep > 1 and mp > 1 every mp rank runs the MoE layer whole, no reshard hook inside it),
@@ -65,6 +65,7 @@ from autodist.planner.recognise.ops import SEQUENCE_MIXING_OPS
 from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis, experts_whole
 from autodist.planner.cost.graph_cost import params_before_blocks
 from autodist.planner.cost.search import SearchRequest, SearchResult
+from autodist.planner.cost.step_time import runs_moe_locally
 from autodist.planner.recognise.spmd import reshard_hooks
 
 
@@ -73,7 +74,7 @@ def build_plan(
 ) -> Plan:
     """The complete plan for ``analysis`` run with ``result.best``'s strategy."""
     strategy = result.best.strategy
-    if strategy.ep > 1:  # each MoE layer runs whole: no mp placement or reshard hook inside it
+    if runs_moe_locally(strategy):  # each MoE layer runs whole: no mp placement or reshard hook inside it
         analysis = experts_whole(analysis)
     mesh = build_mesh(strategy)
     notes: list[str] = []
@@ -291,18 +292,6 @@ def _stage_handoffs(analysis: ModelAnalysis, stages: list[int]) -> list[Hook]:
         for i, (block, stage) in enumerate(zip(analysis.blocks, stages))
         if i + 1 < len(stages) and stages[i + 1] != stage
     ]
-
-
-def runs_moe_locally(strategy: Strategy) -> bool:
-    """Whether the MoE layers run on plain local tensors between an ``expert_dispatch`` and an
-    ``expert_combine``: under expert parallelism, and also under plain data parallelism (ep 1,
-    every rank its own tokens, nothing gathered). The latter is for correctness: Paddle 3.3
-    answers an integer-tensor index into a DistTensor split on another dim with the wrong rows,
-    silently, and MoE routing indexes the dp-split tokens that way (Hugging Face's Qwen3-MoE
-    ``expert_mask[expert_idx]``: docs/paddle-notes.md, "SPMD rules"). Not with mp (the experts
-    are split over it at ep 1), pp, ZeRO or sequence parallelism (``search.expert_limit``)."""
-    plain_dp = strategy.dp > 1 and strategy.mp == 1 and strategy.pp == 1 and not strategy.sharding_stage
-    return strategy.ep > 1 or plain_dp
 
 
 def _moe_layers(analysis: ModelAnalysis, strategy: Strategy) -> dict[str, str]:

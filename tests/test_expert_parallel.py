@@ -107,7 +107,8 @@ def test_with_mp_the_moe_layer_runs_whole_on_each_mp_rank_of_the_ep_group():
     whole = ModelCost(blocks=(block(False),) * 2, hidden_size=1000, traced_batch=8, traced_seq=128)
     model = ModelCost(blocks=(block(True),) * 2, hidden_size=1000, traced_batch=8, traced_seq=128, under_ep=whole)
     table = StageTable(model)
-    split = estimate(table, Strategy(dp=4, mp=2), setup())
+    # (ZeRO-1 keeps the MoE layers as DistTensors at ep 1: runs_moe_locally; params are not split by it)
+    split = estimate(table, Strategy(dp=4, mp=2, sharding_stage=1), setup())
     spread = estimate(table, Strategy(dp=4, mp=2, ep=2), setup())
     tokens, width = 2 * 128, 2  # two samples of 128 per dp rank, bf16
     # a ring all-reduce over mp 2 sends 2 (2-1)/2 of the tensor: once per 1000 elements per token
@@ -271,11 +272,21 @@ def test_mixtral_experts_are_recognised_and_recorded_in_the_plan():
     ],
 )
 def test_with_mp_the_attention_is_split_and_everything_under_the_moe_layer_whole(target, moe, attention, shared_flops):
-    def plan(ep: int):
-        request = SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1, ep=ep, sequence_parallel=False, device=H100)
+    def plan(ep: int, sharding_stage: int = 0):
+        request = SearchRequest(
+            devices_per_node=4,
+            dp=2,
+            mp=2,
+            pp=1,
+            ep=ep,
+            sequence_parallel=False,
+            sharding_stage=sharding_stage,
+            device=H100,
+        )
         return plan_target(target, None, request, {"target": target})
 
-    made, plain = plan(2), plan(1)
+    # ZeRO-1 keeps the MoE layers as DistTensors at ep 1 (runs_moe_locally): the experts split over mp
+    made, plain, local = plan(2), plan(1, sharding_stage=1), plan(1)
     layers = tuple(moe.format(i) + "." for i in range(2))
     assert (made.plan.strategy.mp, made.plan.strategy.ep) == (2, 2)
     # written from the models: q, k, v split by columns, o by rows, on the mesh's mp axis
@@ -284,8 +295,14 @@ def test_with_mp_the_attention_is_split_and_everything_under_the_moe_layer_whole
     assert {fqn: made.plan.params[fqn].placements for fqn in projections} == projections
     under = {fqn: p for fqn, p in made.plan.params.items() if fqn.startswith(layers)}
     assert {tuple(p.placements) for p in under.values()} == {("R", "R")}
-    # without ep the same mesh splits the experts' MLPs over mp (so the rule above is ep's)
+    # without ep, under ZeRO-1, the same mesh splits the experts' MLPs over mp (so the rule above
+    # is the local MoE layers'); without ep and ZeRO they run locally, whole, on each rank's tokens
     assert any("S(" in "".join(plain.plan.params[fqn].placements) for fqn in under)
+    assert {tuple(local.plan.params[fqn].placements) for fqn in under} == {("R", "R")}
+    assert [h.action for h in local.plan.hooks if h.layer.startswith(moe.format(0))] == [
+        "expert_dispatch",
+        "expert_combine",
+    ]
     assert not [h for h in made.plan.hooks if h.layer.startswith(layers) and type(h).__name__ == "Reshard"]
     # priced so: the experts' MLPs leave the mp all-reduces, each rank holds half the experts whole
     costs = model_cost(made.analysis)

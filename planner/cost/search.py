@@ -33,6 +33,7 @@ from autodist.planner.cost.step_time import (
     VPP_CHUNKS,
     StageTable,
     estimate,
+    runs_moe_locally,
 )
 from autodist.planner.errors import PlannerError
 from autodist.planner.review.format import strategy_text
@@ -125,7 +126,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
                 closest = closest or (math.inf, strategy, problem)
                 continue
             evaluated += 1
-            breakdown = estimate(table, strategy, setup, priced.implicit(mp, width, strategy.ep))
+            breakdown = estimate(table, strategy, setup, priced.implicit(mp, width, runs_moe_locally(strategy)))
             total = breakdown.estimate.memory.total
             if total <= setup.usable_memory:
                 scored.append(
@@ -153,7 +154,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         + _backend_notes(setup)
         + _expert_notes(cost, request),
         evaluated=evaluated,
-        implicit_comm=list(getattr(priced.implicit(best.mp, width, best.ep), "entries", ())),
+        implicit_comm=list(getattr(priced.implicit(best.mp, width, runs_moe_locally(best)), "entries", ())),
     )
 
 
@@ -165,9 +166,9 @@ class PricedModel:
     """The cost stage's result: the model's cost description and its implicit communication."""
 
     cost: ModelCost
-    #: ``(mp, dtype bytes, ep) -> Implicit``: what Paddle's SPMD rules add at that mp degree (None
-    #: at mp 1); under expert parallelism (ep > 1) for the MoE layers held whole.
-    implicit: Callable[[int, int, int], Implicit | None]
+    #: ``(mp, dtype bytes, moe_local) -> Implicit``: what Paddle's SPMD rules add at that mp degree
+    #: (None at mp 1); with ``moe_local`` for the MoE layers held whole (``runs_moe_locally``).
+    implicit: Callable[[int, int, bool], Implicit | None]
 
 
 def price(analysis: ModelAnalysis) -> PricedModel:
@@ -182,12 +183,12 @@ def price(analysis: ModelAnalysis) -> PricedModel:
 
     cache: dict[tuple[int, int, bool], Implicit] = {}
 
-    def implicit(mp: int, width: int, ep: int = 1) -> Implicit | None:
+    def implicit(mp: int, width: int, moe_local: bool = False) -> Implicit | None:
         if mp == 1:
             return None
-        key = (mp, width, ep > 1)
+        key = (mp, width, moe_local)
         if key not in cache:
-            cache[key] = implicit_collectives(experts_whole(analysis) if ep > 1 else analysis, mp, width)
+            cache[key] = implicit_collectives(experts_whole(analysis) if moe_local else analysis, mp, width)
         return cache[key]
 
     return PricedModel(cost=model_cost(analysis), implicit=implicit)

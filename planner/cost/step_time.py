@@ -129,6 +129,24 @@ class Setup(Job):
         return self.device.memory_bytes * MEMORY_USABLE
 
 
+def runs_moe_locally(strategy: Strategy) -> bool:
+    """Whether the MoE layers run whole, on plain local tensors, between an ``expert_dispatch``
+    and an ``expert_combine`` (the plan's hooks; the one owner of this rule, for the plan and its
+    price): under expert parallelism, and under any data parallelism without it too (ep 1:
+    every rank its own tokens, nothing gathered). The latter is for correctness: Paddle 3.3
+    answers an integer-tensor index into a DistTensor split on another dim with the wrong rows,
+    silently, and MoE routing indexes the dp-split tokens that way (Hugging Face's Qwen3-MoE
+    ``expert_mask[expert_idx]`` trained off the single-device losses at dp2 and at dp2 x mp2:
+    docs/paddle-notes.md, "SPMD rules"). Not with pp, ZeRO or sequence parallelism, which
+    apply_plan does not run around these hooks (``search.expert_limit``).
+
+    >>> [runs_moe_locally(Strategy(**s)) for s in ({"dp": 2, "mp": 2}, {"mp": 2}, {"dp": 2, "sharding_stage": 1})]
+    [True, False, False]
+    """
+    data_parallel = strategy.dp > 1 and strategy.pp == 1 and not strategy.sharding_stage
+    return strategy.ep > 1 or (data_parallel and not strategy.sequence_parallel)
+
+
 @dataclass(frozen=True)
 class Implicit:
     """Collectives Paddle inserts by itself: bytes one rank sends per token of a micro-batch
@@ -342,7 +360,7 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
 
     Example: see ``tests/test_cost_formulas.py`` and :func:`autodist.planner.cost.search.search`.
     """
-    if strategy.ep > 1:  # the MoE layers run whole on every mp rank
+    if runs_moe_locally(strategy):  # the MoE layers run whole on every mp rank
         table = table.under_ep
     ctx = _Context(table, strategy, setup, implicit)
     pp, m = strategy.pp, strategy.micro_batches
@@ -460,7 +478,7 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     ep, moe = strategy.ep, [b for b in ctx.cost.blocks[start:stop] if b.experts]
     ep_s = ep_bytes = expert_params = dropped_tensors = shared_s = 0.0
     moe_grads = None
-    if ep > 1 and moe:
+    if runs_moe_locally(strategy) and moe:  # at ep 1: no gathers, the gradient sums alone
         # The shared experts run on the group's first rank alone, on ep x the tokens: that rank,
         # the slowest, does (ep - 1) x more of them than one rank's tokens (at the compute roof).
         shared_s = ctx.roof_time((ep - 1) * sum(b.shared_flops_per_token for b in moe) * tokens)
