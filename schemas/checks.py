@@ -165,7 +165,11 @@ def check_experts(plan: Plan) -> list[str]:
     and everything under that layer is whole on each rank (the layer runs on each rank's
     gathered tokens). At ep 1 the pair may still be there (the MoE layers then run on each
     rank's own tokens, under plain data parallelism); ``ExpertParallel`` parameters only under
-    an ``expert_dispatch``."""
+    an ``expert_dispatch``. With dp > 1 a model with experts needs the pair even at ep 1: its MoE
+    layers run on each rank's own tokens (Paddle 3.3 routes tokens split over dp wrongly, see
+    docs/recognition.md, "Experts"), so a plan that leaves them to run as DistTensors there (with
+    ZeRO, a pipeline or sequence parallelism, which apply_plan does not run around the hooks) is
+    refused."""
     ep, problems = plan.strategy.ep, []
     dispatch = {h.layer: (i, h) for i, h in enumerate(plan.hooks) if isinstance(h, ExpertDispatch)}
     combine = {h.layer: i for i, h in enumerate(plan.hooks) if isinstance(h, ExpertCombine)}
@@ -185,10 +189,15 @@ def check_experts(plan: Plan) -> list[str]:
     for layer, i in sorted(combine.items()):
         if layer not in dispatch:
             problems.append(f"$.hooks[{i}]: an expert_combine on {layer!r} without an expert_dispatch on it")
-    if ep > 1:
+    spread_over = (
+        f"$.strategy.ep is {ep}"
+        if ep > 1
+        else f"$.strategy.dp is {plan.strategy.dp} (under data parallelism the MoE layers run on each rank's own tokens)"
+    )
+    if ep > 1 or plan.strategy.dp > 1:
         dispatched = {hook.experts for _, hook in dispatch.values()}
         problems += [
-            f"$.blocks[{i}].experts: {b.experts!r} has no expert_dispatch hook, but $.strategy.ep is {ep}"
+            f"$.blocks[{i}].experts: {b.experts!r} has no expert_dispatch hook, but {spread_over}"
             for i, b in enumerate(plan.blocks)
             if b.experts and b.experts not in dispatched
         ]

@@ -214,6 +214,39 @@ def test_an_ep_with_what_it_cannot_go_with_is_one_error_naming_why():
         assert str(refused.value) == message
 
 
+def test_data_parallelism_of_an_moe_model_never_goes_with_zero_a_pipeline_or_sequence_parallelism():
+    """Under dp the MoE layers must run on each rank's own tokens (Paddle 3.3 routes dp-split
+    DistTensors wrongly: HF Qwen3-MoE drifted from step 0 at dp2), which apply_plan does only
+    without ZeRO, pp and sequence parallelism. So the search never pairs them, and asking for it
+    is one error naming why."""
+
+    def strategies(model: ModelCost) -> list[Strategy]:
+        result = search(model, SearchRequest(devices_per_node=4, dp=2, device=H100))
+        return [result.best.strategy, *(c.strategy for c in result.accepted)]
+
+    moe = strategies(moe_model())
+    assert all(s.pp == 1 and not s.sharding_stage and not s.sequence_parallel for s in moe), moe
+    # the same blocks without experts take ZeRO and a pipeline there: the rule is what stops them
+    dense = strategies(dataclasses.replace(moe_model(), blocks=(BlockCost(layer="b", params_split=5_002_000),) * 2))
+    assert any(s.sharding_stage for s in dense) and any(s.pp > 1 for s in dense), dense
+
+    why = "data parallelism of an MoE model is not built {} (its MoE layers run on each rank's own tokens)"
+    cases = {
+        (("sharding_stage", 1),): "--dp 2 with --sharding-stage 1: " + why.format("with ZeRO over the dp group"),
+        (("pp", 2),): "--dp 2 with --pp 2: " + why.format("inside a pipeline"),
+        (("mp", 2), ("sequence_parallel", True)): "--dp 2 with --sequence-parallel: "
+        + why.format("with sequence parallelism"),
+    }
+    for asked, message in cases.items():
+        request = SearchRequest(devices_per_node=8, dp=2, device=H100, **dict(asked))
+        with pytest.raises(PlannerError) as refused:
+            plan_target(MIXTRAL, None, request, {"target": MIXTRAL})
+        assert str(refused.value) == message
+    # without dp every rank sees every token: pipelines and sequence parallelism stay open
+    alone = search(moe_model(), SearchRequest(devices_per_node=4, dp=1, device=H100))
+    assert any(c.strategy.pp > 1 or c.strategy.sequence_parallel for c in [alone.best, *alone.accepted])
+
+
 def test_ep_is_not_searched_unless_asked_and_must_divide_the_experts():
     model = moe_model(expert_params=400_000_000)
     default = search(model, SearchRequest(devices_per_node=8, dp=8, mp=1, pp=1, device=H100))
@@ -272,21 +305,21 @@ def test_mixtral_experts_are_recognised_and_recorded_in_the_plan():
     ],
 )
 def test_with_mp_the_attention_is_split_and_everything_under_the_moe_layer_whole(target, moe, attention, shared_flops):
-    def plan(ep: int, sharding_stage: int = 0):
+    def plan(ep: int, dp: int = 2):
         request = SearchRequest(
-            devices_per_node=4,
-            dp=2,
+            devices_per_node=dp * 2,
+            dp=dp,
             mp=2,
             pp=1,
             ep=ep,
             sequence_parallel=False,
-            sharding_stage=sharding_stage,
+            sharding_stage=0,
             device=H100,
         )
         return plan_target(target, None, request, {"target": target})
 
-    # ZeRO-1 keeps the MoE layers as DistTensors at ep 1 (runs_moe_locally): the experts split over mp
-    made, plain, local = plan(2), plan(1, sharding_stage=1), plan(1)
+    # pure mp keeps the MoE layers as DistTensors (runs_moe_locally): the experts split over mp
+    made, plain, local = plan(2), plan(1, dp=1), plan(1)
     layers = tuple(moe.format(i) + "." for i in range(2))
     assert (made.plan.strategy.mp, made.plan.strategy.ep) == (2, 2)
     # written from the models: q, k, v split by columns, o by rows, on the mesh's mp axis
@@ -295,8 +328,8 @@ def test_with_mp_the_attention_is_split_and_everything_under_the_moe_layer_whole
     assert {fqn: made.plan.params[fqn].placements for fqn in projections} == projections
     under = {fqn: p for fqn, p in made.plan.params.items() if fqn.startswith(layers)}
     assert {tuple(p.placements) for p in under.values()} == {("R", "R")}
-    # without ep, under ZeRO-1, the same mesh splits the experts' MLPs over mp (so the rule above
-    # is the local MoE layers'); without ep and ZeRO they run locally, whole, on each rank's tokens
+    # without ep and dp, mp splits the experts' MLPs (so the rule above is the local MoE layers');
+    # with dp and without ep they run locally, whole, on each rank's tokens
     assert any("S(" in "".join(plain.plan.params[fqn].placements) for fqn in under)
     assert {tuple(local.plan.params[fqn].placements) for fqn in under} == {("R", "R")}
     assert [h.action for h in local.plan.hooks if h.layer.startswith(moe.format(0))] == [
@@ -304,12 +337,13 @@ def test_with_mp_the_attention_is_split_and_everything_under_the_moe_layer_whole
         "expert_combine",
     ]
     assert not [h for h in made.plan.hooks if h.layer.startswith(layers) and type(h).__name__ == "Reshard"]
-    # priced so: the experts' MLPs leave the mp all-reduces, each rank holds half the experts whole
+    # priced so: the experts' MLPs leave the mp all-reduces (pure mp's rank sees twice the tokens:
+    # its attention alone would send twice made's bytes), each rank holds half the experts whole
     costs = model_cost(made.analysis)
     assert costs.under_ep is not None
     assert all(b.params_whole >= b.expert_params for b in costs.under_ep.blocks)
     assert [b.shared_flops_per_token for b in costs.under_ep.blocks] == [shared_flops] * 2
-    assert made.plan.estimate.comm_bytes.mp < plain.plan.estimate.comm_bytes.mp
+    assert 2 * made.plan.estimate.comm_bytes.mp < plain.plan.estimate.comm_bytes.mp
     assert check_plan(load_plan(dump_plan(made.plan))) == []
 
 
@@ -418,6 +452,13 @@ def test_check_plan_names_each_broken_expert_rule(ep_plan):
     assert check_plan(attention_as_expert) == [
         '$.params["layers.0.self_attn.q_proj.weight"].style: ExpertParallel, but no expert_dispatch hook holds it'
     ]
+
+    # At ep 1 with dp 2 too: the MoE layers then run on each rank's own tokens, between the hooks.
+    zero_without_hooks = replace(ep_plan, strategy=replace(ep_plan.strategy, ep=1, sharding_stage=1), hooks=[])
+    assert (
+        f"$.blocks[0].experts: '{moe0}.experts' has no expert_dispatch hook, but $.strategy.dp is 2 "
+        "(under data parallelism the MoE layers run on each rank's own tokens)"
+    ) in check_plan(zero_without_hooks)
 
     split_router = _with_param(ep_plan, f"{moe0}.gate.weight", placements=["S(0)"])  # [32, 4] over dp=2
     assert check_plan(split_router) == [

@@ -167,6 +167,11 @@ class ModelCost:
     under_ep: ModelCost | None = None
 
     @property
+    def has_experts(self) -> bool:
+        """Whether any block holds an MoE layer's experts."""
+        return any(b.experts for b in self.blocks)
+
+    @property
     def num_params(self) -> int:
         edges = self.first.params_vocab + self.first.params_whole + self.last.params_vocab + self.last.params_whole
         return edges - self.tied_vocab_params + sum(b.params_split + b.params_whole for b in self.blocks)

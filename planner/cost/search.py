@@ -121,7 +121,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         closest: tuple[float, Strategy, str] | None = None
         feasible_before = len(scored)
         for strategy in _variants(cost, setup, request, dp, mp, pp):
-            problem = _variant_problem(setup, request, strategy, len(cost.blocks), bool(cost.tied_vocab_params))
+            problem = _variant_problem(setup, request, strategy, cost)
             if problem:
                 closest = closest or (math.inf, strategy, problem)
                 continue
@@ -334,15 +334,18 @@ def check_fixed_degrees(cost: ModelCost, request: SearchRequest) -> None:
         problem = degree_problem(cost, axis, degree, f"--{axis} {degree}") if degree is not None else ""
         if problem:
             raise PlannerError(problem)
-    if request.ep is not None and request.ep > 1:
+    if (request.ep is not None and request.ep > 1) or (cost.has_experts and (request.dp or 1) > 1):
         fixed = Strategy(
+            dp=request.dp or 1,
             mp=request.mp or 1,
             pp=request.pp or 1,
             sharding_stage=request.sharding_stage or 0,
             sequence_parallel=bool(request.sequence_parallel),
-            ep=request.ep,
+            ep=request.ep or 1,
         )
-        problem = expert_problem(cost, request.ep, f"--ep {request.ep}") or expert_limit(fixed, options=True)
+        problem = expert_problem(cost, fixed.ep, f"--ep {fixed.ep}") or expert_limit(
+            fixed, options=True, moe=cost.has_experts
+        )
         if problem:
             raise PlannerError(problem)
     if request.sequence_parallel and cost.token_mixing:
@@ -364,38 +367,55 @@ def expert_problem(cost: ModelCost, ep: int, label: str) -> str:
     return next((f"{label} does not divide the {n} experts of a block" for n in counts if n % ep), "")
 
 
-def expert_limit(strategy: Strategy, options: bool = False) -> str:
-    """Why ``strategy``'s expert parallelism cannot go with its other settings, or '': ep > 1 runs
-    only with pp 1, ZeRO stage 0 and no sequence parallelism (what apply_plan builds; the one
-    rule for the search and for the command's options). Any mp goes: the MoE layers run whole on
-    every mp rank, the rest of the block split as usual. ``options``: name the settings as the
-    command's options (``--pp 2``), else as a strategy's fields (``pp=2``).
+def expert_limit(strategy: Strategy, options: bool = False, moe: bool = False) -> str:
+    """Why ``strategy`` cannot run the MoE layers as apply_plan runs them, or ''. Under expert
+    parallelism (ep > 1), and for a model with experts (``moe``) under any data parallelism
+    (dp > 1), they run on plain local tensors between the plan's expert hooks
+    (step_time.runs_moe_locally says why for dp); that goes only with pp 1, ZeRO stage 0 and no
+    sequence parallelism. The one rule for the search and for the command's options; any mp
+    goes (the MoE layers run whole on every mp rank, the rest of the block split as usual).
+    ``options``: name the settings as the command's options (``--pp 2``), else as a strategy's
+    fields (``pp=2``).
 
     >>> expert_limit(Strategy(dp=2, mp=2, ep=2))
     ''
     >>> expert_limit(Strategy(dp=2, pp=2, ep=2), options=True)
     '--ep 2 with --pp 2: expert parallelism inside a pipeline is not built'
+    >>> print(expert_limit(Strategy(dp=2, sharding_stage=1), moe=True))  # doctest: +NORMALIZE_WHITESPACE
+    dp=2 with sharding_stage=1: data parallelism of an MoE model is not built with ZeRO over the dp
+    group (its MoE layers run on each rank's own tokens)
+    >>> expert_limit(Strategy(dp=2, sharding_stage=1))  # a model without experts
+    ''
     """
-    ep, pp, stage = strategy.ep, strategy.pp, strategy.sharding_stage
-    settings = (  # (clashes, as an option, as a field, why)
-        (pp > 1, f"--pp {pp}", f"pp={pp}", "expert parallelism inside a pipeline is not built"),
+    ep, dp, pp, stage = strategy.ep, strategy.dp, strategy.pp, strategy.sharding_stage
+    settings = (  # (clashes, as an option, as a field, why under ep, what under dp)
+        (pp > 1, f"--pp {pp}", f"pp={pp}", "expert parallelism inside a pipeline is not built", "inside a pipeline"),
         (
             stage > 0,
             f"--sharding-stage {stage}",
             f"sharding_stage={stage}",
             "ZeRO over the dp group with expert parallelism is not built (an expert's gradients are summed over "
             "other ranks than the rest)",
+            "with ZeRO over the dp group",
         ),
         (
             strategy.sequence_parallel,
             "--sequence-parallel",
             "sequence parallelism",
             "sequence parallelism with expert parallelism is not built",
+            "with sequence parallelism",
         ),
     )
-    for clash, option, name, why in settings:
-        if ep > 1 and clash:
-            return f"--ep {ep} with {option}: {why}" if options else f"ep={ep} with {name}: {why}"
+    degree = "--{} {}" if options else "{}={}"
+    for clash, option, name, why, what in settings:
+        setting = option if options else name
+        if clash and ep > 1:
+            return f"{degree.format('ep', ep)} with {setting}: {why}"
+        if clash and moe and dp > 1:
+            return (
+                f"{degree.format('dp', dp)} with {setting}: data parallelism of an MoE model is not built {what} "
+                "(its MoE layers run on each rank's own tokens)"
+            )
     return ""
 
 
@@ -458,10 +478,11 @@ def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list
     return runnable or [("sequential", 1)]
 
 
-def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, num_blocks: int, tied: bool) -> str:
+def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, cost: ModelCost) -> str:
     """Why one variant of a feasible mesh cannot work (before pricing it), or ''."""
+    num_blocks, tied = len(cost.blocks), bool(cost.tied_vocab_params)
     unsupported = backend_problem(setup.device, strategy.sequence_parallel, strategy.sharding_stage) or expert_limit(
-        strategy
+        strategy, moe=cost.has_experts
     )
     if unsupported:
         return unsupported
@@ -562,7 +583,7 @@ def _backend_notes(setup: Setup) -> list[str]:
 
 
 def _expert_notes(cost: ModelCost, request: SearchRequest) -> list[str]:
-    if request.ep != 1 or not any(b.experts for b in cost.blocks):
+    if request.ep != 1 or not cost.has_experts:
         return []
     return [
         "the blocks hold experts: expert parallelism was not searched (it is taken only when asked); "

@@ -138,7 +138,8 @@ def runs_moe_locally(strategy: Strategy) -> bool:
     silently, and MoE routing indexes the dp-split tokens that way (Hugging Face's Qwen3-MoE
     ``expert_mask[expert_idx]`` trained off the single-device losses at dp2 and at dp2 x mp2:
     docs/paddle-notes.md, "SPMD rules"). Not with pp, ZeRO or sequence parallelism, which
-    apply_plan does not run around these hooks (``search.expert_limit``).
+    apply_plan does not run around these hooks, so a model with experts gets dp > 1 only without
+    them (``search.expert_limit``).
 
     >>> [runs_moe_locally(Strategy(**s)) for s in ({"dp": 2, "mp": 2}, {"mp": 2}, {"dp": 2, "sharding_stage": 1})]
     [True, False, False]
