@@ -212,8 +212,9 @@ def run(args) -> list[dict]:
     for world in args.worlds:
         degrees = [ep for ep in (1, 2, 4) if world % ep == 0]
         plans = {ep: plan_for(world, ep, workdir / f"plan_dp{world}_ep{ep}.json") for ep in degrees}
-        # Fitted on the ep2 plan: calibrate's all-zero token ids leave experts without tokens,
-        # whose backward fails under plain dp (DistTensors), not under ep (local tensors).
+        # Fitted on the ep2 plan, as when docs/benchmarks.md's figures were taken: calibrate's
+        # all-zero token ids left experts without tokens, whose backward failed under plain dp
+        # before its MoE layers ran on local tensors too (docs/benchmarks.md, "Expert parallelism").
         cluster = calibrate(world, plans[2], workdir) if CALIBRATED_ON in degrees else None
         for ep, plan in [*plans.items(), (None, None)]:
             name = f"dp{world} {f'ep{ep}' if ep else TO_DISTRIBUTED}"
