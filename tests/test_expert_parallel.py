@@ -257,6 +257,24 @@ def test_ep_is_not_searched_unless_asked_and_must_divide_the_experts():
     assert "no block has experts" in expert_problem(plain, 2, "--ep 2")
 
 
+@pytest.mark.parametrize(
+    "target, routing",
+    [
+        (MIXTRAL, ["layers.{}.block_sparse_moe.gate"]),
+        ("tests/models/zoo/qwen2_moe_hf.py", ["model.layers.{}.mlp.gate", "model.layers.{}.mlp.shared_expert_gate"]),
+    ],
+)
+def test_an_moe_layers_routing_is_whole_by_design_and_not_reported_as_unrecognised(target, routing):
+    """The router (and Qwen2-MoE's shared-expert gate) stays whole on purpose: each token's top-k
+    needs all its scores. Before, every MoE model's plan warned that an op stopped its split and
+    that no pattern matched it, two warnings per MoE model that said nothing to act on."""
+    made = plan_target(target, None, SearchRequest(devices_per_node=2, mp=2, device=H100), {"target": target})
+    layers = [layer.format(i) for layer in routing for i in range(2)]
+    assert all(made.plan.params[f"{layer}.weight"].placements == ["R"] for layer in layers)
+    said = made.analysis.refusals + made.analysis.unmatched + made.plan.notes
+    assert not [line for line in said for layer in routing if layer.format("*") in line or layer.format(0) in line]
+
+
 def test_mixtral_experts_are_recognised_and_recorded_in_the_plan():
     made = plan_target(
         MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=H100), {"target": MIXTRAL}

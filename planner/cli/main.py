@@ -205,11 +205,10 @@ def plan(
 
         click.echo(explain_table(made.result), err=True)
     if not quiet:
-        from autodist.planner.recognise.analysis import not_recognised
         from autodist.planner.review.format import collapse
 
         # one line per kind of layer (indices collapsed), not one per layer
-        for note in not_recognised(made.analysis.recognised):
+        for note in made.analysis.refusals:
             click.echo(printable(f"warning: {note}"), err=True)
         for row in collapse(dict.fromkeys(made.analysis.unmatched, 0)):
             click.echo(

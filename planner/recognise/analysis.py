@@ -83,6 +83,8 @@ class ModelAnalysis:
     param_fingerprint: str
     graph_fingerprint: str
     recognised: list[RecognisedBlock] = field(default_factory=list, repr=False)
+    #: What stopped a split, one line per layer kind and op (:func:`not_recognised`; also in ``notes``).
+    refusals: list[str] = field(default_factory=list)
 
 
 def analyze(
@@ -99,7 +101,9 @@ def analyze(
     recognised = recogniser.recognise(graph, [b for b in repeated_layers(model) if block_nodes(graph, b)], params)
     first_use = _first_uses(graph)
     blocks = [_block_info(graph, r, params, first_use) for r in recognised if r.roles.sublayers]
-    notes += not_recognised(recognised)
+    routing = frozenset(fqn for b in blocks if b.experts for fqn in params if b.experts.routes(fqn))
+    refusals = not_recognised(recognised, routing)
+    notes += refusals
     in_blocks = frozenset().union(*(r.nodes for r in recognised))
     outer = _outer_layers(graph, in_blocks)
     embedding, other_embeddings = _embeddings(graph, outer)
@@ -109,7 +113,7 @@ def analyze(
     lm_head = _lm_head(graph, outer, vocab, in_blocks) or _untraced_lm_head(model, traced, vocab)
     covered = {p for b in blocks for lin in b.linears for p in (lin.weight, lin.bias) if p}
     covered |= {p for b in blocks for p in b.norms} | set(final_norm) | set(other_embeddings)
-    covered |= {embedding} if embedding else set()
+    covered |= routing | ({embedding} if embedding else set())
     covered |= {p for p in (lm_head.weight, lm_head.bias) if p} if lm_head else set()
     unmatched = sorted({fqn.rpartition(".")[0] for fqn in params if fqn not in covered})
     specs = _input_specs(graph)
@@ -133,6 +137,7 @@ def analyze(
         param_fingerprint=schemas.parameter_fingerprint(params),
         graph_fingerprint=graph_fingerprint(graph),
         recognised=recognised,
+        refusals=refusals,
     )
 
 
@@ -271,14 +276,17 @@ def _first_uses(graph: nx.DiGraph) -> dict[str, int]:
     return uses
 
 
-def not_recognised(recognised: list[RecognisedBlock]) -> list[str]:
+def not_recognised(recognised: list[RecognisedBlock], routing: frozenset[str] = frozenset()) -> list[str]:
     """One note per distinct layer kind and op that stopped a split (the block index as ``*``),
     naming the layer it was first seen in, e.g. ``layers.*.mlp.down_proj: op layer_norm (first
-    seen in layers.0.mlp.norm) stops the split before this projection; ...``."""
+    seen in layers.0.mlp.norm) stops the split before this projection; ...``. Not for an MoE
+    layer's routing (``routing``: its parameters), whole by design."""
     seen: dict[tuple[str, str], str] = {}
     for found in recognised:
         glob = found.layer.rpartition(".")[0] + ".*" if "." in found.layer else "*"
         for refusal in found.roles.refusals:
+            if any(fqn.startswith(refusal.row + ".") for fqn in routing):
+                continue
             seen.setdefault((glob + refusal.row[len(found.layer) :], refusal.op), refusal.layer)
     return [
         f"{kind}: op {op} (first seen in {first}) stops the tensor-parallel split before this projection; "

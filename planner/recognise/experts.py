@@ -55,6 +55,21 @@ class Experts:
     top_k: int
     shared: tuple[str, ...] = ()
 
+    def routes(self, fqn: str) -> bool:
+        """Whether ``fqn`` belongs to the MoE layer's routing: under the MoE layer (the experts'
+        parent), outside the experts and the shared experts (the router, Qwen2-MoE's shared-expert
+        gate, DeepSeek's score-correction bias). Whole on every rank by design: each token's
+        top-k needs all its scores.
+
+        >>> moe = Experts("layers.0.moe.experts", 4, 2, shared=("layers.0.moe.shared",))
+        >>> [moe.routes(f) for f in ("layers.0.moe.gate.weight", "layers.0.moe.experts.1.w1.weight",
+        ...                          "layers.0.moe.shared.up.weight", "layers.0.attn.q.weight")]
+        [True, False, False, False]
+        """
+        moe_layer = self.layer.rpartition(".")[0]
+        inside = (self.layer, *self.shared)
+        return fqn.startswith(moe_layer + ".") and not any(fqn.startswith(f"{layer}.") for layer in inside)
+
 
 def find_experts(
     graph: nx.DiGraph,
