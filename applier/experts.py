@@ -38,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +49,7 @@ import paddle.distributed as dist
 from paddle.autograd import PyLayer
 from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_local
 
-from autodist.schemas import ExpertCombine, ExpertDispatch, Plan
+from autodist.schemas import ExpertDispatch, Plan
 from autodist.schemas.vocabulary import expert_number
 
 from autodist.applier.hooks import first_tensor, map_first_input, map_tensors
@@ -177,11 +178,11 @@ def expert_problems(plan: Plan) -> list[str]:
 # -- applying it ---------------------------------------------------------------------------------------
 
 
-def spread_experts(model: paddle.nn.Layer, plan: Plan, groups: ExpertGroups) -> list[Any]:
+def spread_experts(model: paddle.nn.Layer, plan: Plan, groups: ExpertGroups) -> None:
     """Turn the experts this rank does not hold (and the shared experts, but on the first rank of
-    each ep group) into zero answers and wrap each MoE layer in its
-    dispatch and combine. Call after :func:`~autodist.applier.shard.shard_parameters` (with
-    :func:`dropped_parameters` left out). Returns the hook handles."""
+    each ep group) into zero answers and wrap each MoE layer in its dispatch and combine
+    (:meth:`_MoeLayer.wrap`). Call after :func:`~autodist.applier.shard.shard_parameters` (with
+    :func:`dropped_parameters` left out)."""
     layers = dict(model.named_sublayers())
     moe_layers = {}
     for hook in plan.hooks:
@@ -196,15 +197,8 @@ def spread_experts(model: paddle.nn.Layer, plan: Plan, groups: ExpertGroups) -> 
                 for shared in hook.shared:
                     layers[shared].forward = _answer_zeros
             moe_layers[hook.layer] = _MoeLayer(layers[hook.layer], groups)
-    handles = []
-    for hook in plan.hooks:  # check_plan pairs every combine with a dispatch on its layer
-        if isinstance(hook, ExpertDispatch):
-            handles.append(
-                layers[hook.layer].register_forward_pre_hook(moe_layers[hook.layer].dispatch, with_kwargs=True)
-            )
-        elif isinstance(hook, ExpertCombine):
-            handles.append(layers[hook.layer].register_forward_post_hook(moe_layers[hook.layer].combine))
-    return handles
+    for layer, moe in moe_layers.items():  # check_plan pairs every combine with a dispatch on its layer
+        moe.wrap(layers[layer])
 
 
 class ExpertGroups:
@@ -278,6 +272,21 @@ class _MoeLayer:
             if p is not None
         ]
 
+    def wrap(self, layer: paddle.nn.Layer) -> None:
+        """Run ``layer``'s forward between :meth:`dispatch` and :meth:`combine`. Not as forward
+        hooks: Paddle runs those only for ``layer(x)``, and Mistral's reference code calls its
+        MoE layer as ``self.feed_forward.forward(h)`` (tests/models/zoo/mixtral_mistral_ref.py),
+        which would skip them and train on the wrong tokens. The forward replaced on the
+        instance runs for both spellings, as recompute's and the dropped experts' do."""
+        forward = layer.forward
+
+        @functools.wraps(forward)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            args, kwargs = self.dispatch(layer, args, kwargs)
+            return self.combine(layer, args, forward(*args, **kwargs))
+
+        layer.forward = run
+
     def dispatch(self, layer, args, kwargs):
         def gather(x):
             if not x.is_dist() or list(x.placements) != _tokens_split(x.process_mesh):
@@ -288,7 +297,11 @@ class _MoeLayer:
                     f"expert parallelism: {type(layer).__name__} needs its input split over dp by the batch "
                     f"and whole on every other mesh axis, got {got}"
                 )
-            self.mesh, self.placements = x.process_mesh, list(x.placements)
+            # A copy: the mesh Paddle hands out lives only as long as ``x``, which may be gone by
+            # the combine when nothing else holds the layer's input (``moe.forward(norm(h))``).
+            mesh = x.process_mesh
+            self.mesh = dist.ProcessMesh(np.array(mesh.process_ids).reshape(mesh.shape), list(mesh.dim_names))
+            self.placements = list(x.placements)
             local = dtensor_to_local(x, x.process_mesh, x.placements)
             layout = self.groups.layout
             gathered = _GatherRows.apply(local, self.groups.group, layout.index, layout.ep) if layout.ep > 1 else local

@@ -13,10 +13,14 @@ models, applied on CPU ranks under gloo, give the single-device losses and param
 - dp2 x mp2 ep2 (4 ranks): the planner's plan with tensor parallelism,
   the attention split over mp, each MoE layer run whole on both mp ranks of its ep group.
 
-Four spellings: Mixtral (a loop over every expert), Qwen3-MoE (HF's loop over only the experts
-that got tokens), Switch Transformers (a LayerDict of ``expert_N``, boolean masks) and Qwen2-MoE
+Six spellings: Mixtral (a loop over every expert), Qwen3-MoE (HF's loop over only the experts
+that got tokens), Switch Transformers (a LayerDict of ``expert_N``, boolean masks), Qwen2-MoE
 (a shared expert beside the routed ones, behind a sigmoid gate: run by one rank of each group,
-else the combine's sum would count it ep times: step-0 loss 4.534 vs 4.493 at dp2 ep2).
+else the combine's sum would count it ep times: step-0 loss 4.534 vs 4.493 at dp2 ep2),
+DeepSeek-V3 (group-limited sigmoid router, experts guarded by ``numel() > 0``) and Mistral's
+reference Mixtral (``results[batch_idx] += ...``, its MoE layer called as
+``self.feed_forward.forward(h)``, which passes by forward hooks: with the dispatch and combine as
+hooks it trained to NaN at dp2 ep2).
 
 The harness also checks the layout: every rank holds exactly the experts the design gives it
 (tests/harness/compare.py, written independently of the applier).
@@ -48,6 +52,7 @@ MOE = [
     "zoo_switch_transformers_hf",
     "zoo_qwen2_moe_hf",
     "zoo_deepseek_v3_hf",
+    "zoo_mixtral_mistral_ref",
 ]
 #: (run name suffix, ranks, ep, optimizer, micro-batches, build, mp)
 CONFIGS = [

@@ -116,11 +116,12 @@ def experts_per_token(graph: nx.DiGraph, nodes: frozenset[int], moe_layer: str, 
     >>> experts_per_token(g, frozenset(g), "moe", 4)
     2
     """
+    # The MoE layer's ops, or its callers' when it is run as ``layer.forward(x)`` (Mistral's
+    # reference code), which passes by the forward hooks the trace attributes ops with.
     selections = {
         n
         for n in nodes
-        if short_op(graph.nodes[n]["op"]) in ("topk", "argmax")
-        and (graph.nodes[n]["layer"] + ".").startswith(moe_layer + ".")
+        if short_op(graph.nodes[n]["op"]) in ("topk", "argmax") and _inside_or_above(graph.nodes[n]["layer"], moe_layer)
     }
     picked = 0
     for node in sorted(selections):
@@ -141,6 +142,12 @@ def experts_per_token(graph: nx.DiGraph, nodes: frozenset[int], moe_layer: str, 
             continue
         picked += data["shapes"][0][axis] if op == "topk" else 1
     return picked
+
+
+def _inside_or_above(layer: str, moe_layer: str) -> bool:
+    """Whether an op of ``layer`` may be the MoE layer's: ``layer`` is it, inside it, or one of its
+    parents."""
+    return (layer + ".").startswith(moe_layer + ".") or (moe_layer + ".").startswith(layer + ".")
 
 
 def _reads_scores(graph: nx.DiGraph, nodes: frozenset[int], selection: int, selections: set[int]) -> bool:

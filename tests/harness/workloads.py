@@ -232,6 +232,7 @@ ZOO_FILES = (
     "switch_transformers_hf",
     "qwen2_moe_hf",
     "deepseek_v3_hf",
+    "mixtral_mistral_ref",
 )
 ZOO_PADDLEFORMERS = ("build_llama", "build_phi3", "build_gemma3", "build_ernie45", "build_gpt_oss")
 WORKLOADS.update(
