@@ -19,7 +19,9 @@ in training), answering for a ``nonzero`` result over a tensor of static shape:
   Transformers and Qwen2-MoE): every element's index along axis ``j``;
 - ``.numel()`` of it or of a column: that size, so a guard such as HF DeepSeek-V3's
   ``if token_indices.numel() > 0:`` around each expert is taken, not a ``cond`` op whose
-  branch the planner would not see.
+  branch the planner would not see;
+- ``.tolist()`` of ``bincount(indices, minlength=m)`` (DeepSeek-V3's own inference code counts
+  each expert's tokens so and skips ``if counts[i] == 0``): ``m`` even, non-zero shares.
 
 The program is then the forward of that case, which is all the planner reads it for: which
 layers run on which values. Any other ``len()``, ``int()``, ``.tolist()`` or ``.numel()`` is
@@ -55,6 +57,24 @@ The guarded form (HF DeepSeek-V3's experts loop)::
     >>> sum(op.name() == "pd_op.matmul" for op in ops), sum(op.name() == "pd_op.if" for op in ops)
     (3, 0)
     >>> _ = static.rollback()
+
+The counted form (DeepSeek-V3's own ``MoE.forward``)::
+
+    >>> def counted(x):
+    ...     out, indices = x * 0, paddle.topk(x, 2)[1]
+    ...     counts = paddle.bincount(indices.flatten(), minlength=3).tolist()
+    ...     for e in range(3):
+    ...         if counts[e] == 0:
+    ...             continue
+    ...         rows, top = paddle.where(indices == e)
+    ...         out = paddle.index_add(out, rows, 0, experts[e](x[rows]))
+    ...     return out
+    >>> static = paddle.jit.to_static(counted, input_spec=[paddle.static.InputSpec([4, 3])], full_graph=True)
+    >>> with every_selection_taken():
+    ...     ops = static.concrete_program.main_program.global_block().ops
+    >>> sum(op.name() == "pd_op.matmul" for op in ops)
+    3
+    >>> _ = static.rollback()
 """
 
 from __future__ import annotations
@@ -86,8 +106,9 @@ def every_selection_taken():
 
     @paddle.jit.not_to_static
     def dense_tolist(value):
-        column = _selected_column(value)
-        return column if column is not None else tolist(value)
+        answer = _selected_column(value)
+        answer = answer if answer is not None else _even_counts(value)
+        return answer if answer is not None else tolist(value)
 
     @paddle.jit.not_to_static
     def dense_numel(value):
@@ -137,6 +158,20 @@ def _selected_column(value) -> list[int] | None:
     if source is None or start is None:
         return None
     return np.indices(source).reshape(len(source), -1)[start.attrs()["value"][0]].tolist()
+
+
+def _even_counts(value) -> list[int] | None:
+    """Every bin's even share, when ``value`` is ``bincount(x, minlength=m)`` of a tensor of
+    static size ``n`` with ``m`` a constant (the experts a token may be routed to): ``m`` counts of
+    ``max(1, n // m)``, every expert with tokens; else None."""
+    op = _defined_by(value, "pd_op.bincount") if isinstance(value, Value) else None
+    if op is None or op.num_operands() < 3:
+        return None
+    size, bins = list(op.operand_source(0).shape), _defined_by(op.operand_source(2), "pd_op.full")
+    if bins is None or not size or any(d < 0 for d in size) or int(bins.attrs()["value"]) < 1:
+        return None
+    count = int(bins.attrs()["value"])
+    return [max(1, math.prod(size) // count)] * count
 
 
 def _defined_by(value, name: str):

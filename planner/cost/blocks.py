@@ -159,6 +159,11 @@ class ModelCost:
     #: A projection contracting over the token axis (an MLP-Mixer's token MLP), if any: the
     #: sequence cannot be split between blocks (no sequence parallelism).
     token_mixing: str | None = None
+    #: An op Paddle cannot run on distributed tensors (recognise/ops.LOCAL_ONLY_OPS) and its layer,
+    #: ``"einsum in layers.0.attn"``: outside every MoE layer (no plan can run it), and inside one
+    #: (only plans that run the MoE layers on local tensors can).
+    local_only: str | None = None
+    local_only_in_moe: str | None = None
     notes: tuple[str, ...] = ()
     #: The model as expert parallelism runs it (ep > 1), when that differs: each MoE layer whole
     #: on every mp rank (its projections take no tensor-parallel role: no split weights or FLOPs,

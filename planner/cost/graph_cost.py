@@ -42,7 +42,8 @@ import networkx as nx
 
 from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, Moved, Saved
 from autodist.planner.cost.step_time import Implicit
-from autodist.planner.recognise.ops import WEIGHT_VIEW_OPS
+from autodist.planner.recognise.match import short_op
+from autodist.planner.recognise.ops import LOCAL_ONLY_OPS, WEIGHT_VIEW_OPS
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
@@ -412,7 +413,23 @@ def _model_cost(analysis: ModelAnalysis) -> ModelCost:
         traced_seq=analysis.seq_len if analysis.seq_len > 0 else seq,
         notes=tuple(notes),
         token_mixing=next((b.token_mixing for b in analysis.blocks if b.token_mixing), None),
+        **_local_only(analysis),
     )
+
+
+def _local_only(analysis: ModelAnalysis) -> dict:
+    """The first op Paddle cannot run on distributed tensors outside the MoE layers, and the
+    first inside one (the :class:`ModelCost` fields ``local_only`` and ``local_only_in_moe``)."""
+    moe_layers = tuple(b.experts.layer.rpartition(".")[0] + "." for b in analysis.blocks if b.experts)
+    found: dict[str, str] = {}
+    for _, data in sorted(analysis.graph.nodes(data=True)):
+        op = short_op(data["op"])
+        if op in LOCAL_ONLY_OPS:
+            field_name = (
+                "local_only_in_moe" if (data["layer"] + ".").startswith(moe_layers or ("\0",)) else "local_only"
+            )
+            found.setdefault(field_name, f"{op} in {data['layer']}")
+    return found
 
 
 def _moe_cost(facts: GraphFacts, info, params: dict[str, int], tokens: int) -> dict:

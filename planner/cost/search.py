@@ -105,6 +105,11 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
     """
     priced = _priced(model)
     cost = priced.cost
+    if cost.local_only:
+        raise PlannerError(
+            f"{cost.local_only}: Paddle 3.3 does not run it on the distributed tensors apply_plan trains with "
+            "(docs/paddle-notes.md), so no plan of this model can train; write it with matmul and transposes"
+        )
     setup = _setup(cost, request)
     table = StageTable(cost)
     width = DTYPE_BYTES[setup.dtype]
@@ -488,6 +493,11 @@ def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, c
         return unsupported
     if strategy.dp % strategy.ep:
         return f"ep={strategy.ep} does not divide dp={strategy.dp} (experts spread over dp ranks)"
+    if cost.local_only_in_moe and not runs_moe_locally(strategy):
+        return (
+            f"{cost.local_only_in_moe} runs on distributed tensors here, which Paddle 3.3 cannot do: the MoE "
+            "layers run on local tensors only under dp or ep, without ZeRO, pp or sequence parallelism"
+        )
     per_rank = setup.global_batch // strategy.dp
     if per_rank % strategy.micro_batches:
         return f"the {per_rank} samples per dp rank do not split into {strategy.micro_batches} micro-batches"

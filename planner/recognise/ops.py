@@ -14,6 +14,12 @@ from __future__ import annotations
 #: ``Tensor.detach()`` traces to: the same values, cut from autograd).
 PASS_THROUGH_OPS = frozenset({"cast", "scale", "assign", "contiguous", "dropout", "share_data"})
 
+#: Ops Paddle 3.3 does not run on distributed tensors at all, whatever their placements (``einsum``:
+#: ``PreconditionNotMet: Arg must be a vector of TensorDistAttr``, docs/paddle-notes.md): a layer
+#: using one trains under apply_plan only where it runs on plain local tensors (an MoE layer under
+#: data or expert parallelism).
+LOCAL_ONLY_OPS = frozenset({"einsum"})
+
 #: Ops that move, reshape, pick or re-type data without computing on it, plus the
 #: pass-through ops: the matcher's compute view contracts them.
 LAYOUT_OPS = PASS_THROUGH_OPS | frozenset(

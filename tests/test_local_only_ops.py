@@ -1,0 +1,96 @@
+"""Ops Paddle 3.3 does not run on distributed tensors (``einsum``: docs/paddle-notes.md) are
+planned around, or refused with their layer named, instead of a plan that fails inside Paddle at
+the first step.
+
+- inside an MoE layer (fairscale's GShard dispatches by ``einsum("sec,sm->ecm")``): only
+  strategies that run the MoE layers on local tensors (dp or ep, without ZeRO, pp or sequence
+  parallelism) are planned; before, ``--mp 2`` gave a plan whose first step raised
+  ``PreconditionNotMet: Arg must be a vector of TensorDistAttr``;
+- anywhere else (attention written with einsum, as lucidrains' x-transformers writes it): no
+  plan can train, and planning says so.
+"""
+
+from __future__ import annotations
+
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+import pytest
+
+from autodist.planner.cost.hardware import PROFILES
+from autodist.planner.cost.search import SearchRequest
+from autodist.planner.driver import plan, plan_target
+from autodist.planner.errors import PlannerError
+
+H100 = PROFILES["h100-sxm"]
+GSHARD = "tests/models/zoo/gshard_fairscale.py"
+
+
+def test_an_moe_layer_that_dispatches_by_einsum_is_planned_only_where_it_runs_on_local_tensors():
+    with pytest.raises(PlannerError) as refused:
+        plan_target(GSHARD, None, SearchRequest(devices_per_node=2, dp=1, mp=2, device=H100), {"target": GSHARD})
+    assert str(refused.value) == "no strategy satisfies the constraints on 2 devices"
+    assert (
+        "dp1 mp2 pp1 m1: einsum in decoder.layers.1.moe_layer runs on distributed tensors here, which Paddle 3.3 "
+        "cannot do: the MoE layers run on local tensors only under dp or ep, without ZeRO, pp or sequence parallelism"
+    ) in refused.value.detail.splitlines()
+    searched = plan_target(GSHARD, None, SearchRequest(devices_per_node=2, device=H100), {"target": GSHARD}).plan
+    assert (searched.strategy.dp, searched.strategy.mp) == (2, 1)
+    assert [(h.action, h.layer) for h in searched.hooks] == [
+        ("expert_dispatch", "decoder.layers.1.moe_layer"),
+        ("expert_combine", "decoder.layers.1.moe_layer"),
+    ]
+
+
+class EinsumAttention(nn.Layer):
+    """Attention as lucidrains' x-transformers writes it: einsum for the scores and the mix."""
+
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.to_q, self.to_k, self.to_v = (nn.Linear(dim, dim, bias_attr=False) for _ in range(3))
+        self.to_out = nn.Linear(dim, dim, bias_attr=False)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (
+            t(x).reshape([b, n, self.heads, -1]).transpose([0, 2, 1, 3]) for t in (self.to_q, self.to_k, self.to_v)
+        )
+        dots = paddle.einsum("bhid,bhjd->bhij", q, k) * self.scale
+        out = paddle.einsum("bhij,bhjd->bhid", F.softmax(dots, axis=-1), v)
+        return self.to_out(out.transpose([0, 2, 1, 3]).reshape([b, n, -1]))
+
+
+class Block(nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(32), nn.LayerNorm(32)
+        self.attn = EinsumAttention()
+        self.ff = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.ff(self.norm2(x))
+
+
+class EinsumTransformer(nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(64, 32)
+        self.layers = nn.LayerList([Block() for _ in range(2)])
+        self.to_logits = nn.Linear(32, 64)
+
+    def forward(self, tokens):
+        x = self.emb(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.to_logits(x)
+
+
+def test_einsum_outside_an_moe_layer_is_one_error_naming_its_layer():
+    with pytest.raises(PlannerError) as refused:
+        plan(EinsumTransformer(), ["tokens:int64:2x8"], devices=2, device="h100-sxm")
+    assert str(refused.value) == (
+        "einsum in layers.0.attn: Paddle 3.3 does not run it on the distributed tensors apply_plan trains "
+        "with (docs/paddle-notes.md), so no plan of this model can train; write it with matmul and transposes"
+    )
