@@ -169,7 +169,8 @@ def check_experts(plan: Plan) -> list[str]:
     layers run on each rank's own tokens (Paddle 3.3 routes tokens split over dp wrongly, see
     docs/recognition.md, "Experts"), so a plan that leaves them to run as DistTensors there (with
     ZeRO, a pipeline or sequence parallelism, which apply_plan does not run around the hooks) is
-    refused."""
+    refused; so is sequence parallelism for a model with experts at any dp (it splits the MoE
+    layers' tokens over mp)."""
     ep, problems = plan.strategy.ep, []
     dispatch = {h.layer: (i, h) for i, h in enumerate(plan.hooks) if isinstance(h, ExpertDispatch)}
     combine = {h.layer: i for i, h in enumerate(plan.hooks) if isinstance(h, ExpertCombine)}
@@ -189,6 +190,11 @@ def check_experts(plan: Plan) -> list[str]:
     for layer, i in sorted(combine.items()):
         if layer not in dispatch:
             problems.append(f"$.hooks[{i}]: an expert_combine on {layer!r} without an expert_dispatch on it")
+    if plan.strategy.sequence_parallel and any(b.experts for b in plan.blocks):
+        problems.append(
+            "$.strategy.sequence_parallel: true, but the blocks hold experts (the MoE layers would route tokens "
+            "split over mp, which Paddle 3.3 indexes wrongly)"
+        )
     spread_over = (
         f"$.strategy.ep is {ep}"
         if ep > 1

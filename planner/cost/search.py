@@ -339,7 +339,8 @@ def check_fixed_degrees(cost: ModelCost, request: SearchRequest) -> None:
         problem = degree_problem(cost, axis, degree, f"--{axis} {degree}") if degree is not None else ""
         if problem:
             raise PlannerError(problem)
-    if (request.ep is not None and request.ep > 1) or (cost.has_experts and (request.dp or 1) > 1):
+    spread = (request.dp or 1) > 1 or request.sequence_parallel
+    if (request.ep is not None and request.ep > 1) or (cost.has_experts and spread):
         fixed = Strategy(
             dp=request.dp or 1,
             mp=request.mp or 1,
@@ -377,10 +378,12 @@ def expert_limit(strategy: Strategy, options: bool = False, moe: bool = False) -
     parallelism (ep > 1), and for a model with experts (``moe``) under any data parallelism
     (dp > 1), they run on plain local tensors between the plan's expert hooks
     (step_time.runs_moe_locally says why for dp); that goes only with pp 1, ZeRO stage 0 and no
-    sequence parallelism. The one rule for the search and for the command's options; any mp
-    goes (the MoE layers run whole on every mp rank, the rest of the block split as usual).
-    ``options``: name the settings as the command's options (``--pp 2``), else as a strategy's
-    fields (``pp=2``).
+    sequence parallelism. Sequence parallelism is out for a model with experts at any dp: it
+    hands the MoE layers their tokens split over mp, and Paddle 3.3 routes split tokens wrongly
+    (HF Qwen3-MoE's MoE layer answered up to 4.3 away on 2 ranks, docs/paddle-notes.md). The one
+    rule for the search and for the command's options; any mp goes (the MoE layers run whole on
+    every mp rank, the rest of the block split as usual). ``options``: name the settings as the
+    command's options (``--pp 2``), else as a strategy's fields (``pp=2``).
 
     >>> expert_limit(Strategy(dp=2, mp=2, ep=2))
     ''
@@ -391,6 +394,9 @@ def expert_limit(strategy: Strategy, options: bool = False, moe: bool = False) -
     group (its MoE layers run on each rank's own tokens)
     >>> expert_limit(Strategy(dp=2, sharding_stage=1))  # a model without experts
     ''
+    >>> print(expert_limit(Strategy(mp=2, sequence_parallel=True), moe=True))  # doctest: +NORMALIZE_WHITESPACE
+    sequence parallelism of an MoE model is not built (its MoE layers would route tokens split over
+    mp, which Paddle 3.3 indexes wrongly)
     """
     ep, dp, pp, stage = strategy.ep, strategy.dp, strategy.pp, strategy.sharding_stage
     settings = (  # (clashes, as an option, as a field, why under ep, what under dp)
@@ -412,6 +418,12 @@ def expert_limit(strategy: Strategy, options: bool = False, moe: bool = False) -
         ),
     )
     degree = "--{} {}" if options else "{}={}"
+    if moe and strategy.sequence_parallel and ep == 1 and dp == 1:
+        setting = "--sequence-parallel" if options else "sequence parallelism"
+        return (
+            f"{setting} of an MoE model is not built (its MoE layers would route tokens split over mp, which "
+            "Paddle 3.3 indexes wrongly)"
+        )
     for clash, option, name, why, what in settings:
         setting = option if options else name
         if clash and ep > 1:
