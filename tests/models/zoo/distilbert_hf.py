@@ -1,10 +1,11 @@
 """DistilBERT as the HuggingFace port writes it (``modeling_distilbert.py``): ``q_lin``/``k_lin``/
-``v_lin``/``out_lin`` in ``MultiHeadSelfAttention``, an attention mask turned into a ``masked_fill``
-of the scores, ``FFN`` with ``lin1``/``lin2`` and GELU, post-norm ``sa_layer_norm`` and
-``output_layer_norm``, sinusoid-free learned positions, blocks in ``transformer.layer``.
+``v_lin``/``out_lin`` in ``MultiHeadSelfAttention``, an attention mask applied to the scores with
+``paddle.where`` and a ``full_like`` fill (where HF writes ``masked_fill``), ``FFN`` with
+``lin1``/``lin2`` and GELU, post-norm ``sa_layer_norm`` and ``output_layer_norm``, sinusoid-free
+learned positions, blocks in ``transformer.layer``.
 
 Written last in the round, in a style the zoo lacked (separate ``Transformer`` container,
-``masked_fill`` with ``finfo.min``, head split by ``view``/``transpose`` helpers)."""
+the mask filled with ``finfo.min``, head split by ``view``/``transpose`` helpers)."""
 
 import paddle
 import paddle.nn as nn
