@@ -425,9 +425,7 @@ def _local_only(analysis: ModelAnalysis) -> dict:
     for _, data in sorted(analysis.graph.nodes(data=True)):
         op = short_op(data["op"])
         if op in LOCAL_ONLY_OPS:
-            field_name = (
-                "local_only_in_moe" if (data["layer"] + ".").startswith(moe_layers or ("\0",)) else "local_only"
-            )
+            field_name = "local_only_in_moe" if (data["layer"] + ".").startswith(moe_layers) else "local_only"
             found.setdefault(field_name, f"{op} in {data['layer']}")
     return found
 
