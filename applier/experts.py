@@ -53,7 +53,7 @@ from autodist.schemas import ExpertDispatch, Plan
 from autodist.schemas.vocabulary import expert_number
 
 from autodist.applier.hooks import first_tensor, map_first_input, map_tensors
-from autodist.applier.mesh import mesh_ids
+from autodist.applier.mesh import mesh_ids, stage_mesh
 from autodist.applier.optimizer import optimizer_parameters
 from autodist.applier.shard import parameter_owners
 
@@ -211,6 +211,11 @@ class ExpertGroups:
 
     def __init__(self, plan: Plan, rank: int):
         self.layout = layout = ExpertLayout.of_plan(plan, rank)
+        # The MoE layers' inputs and outputs live on the plan's mesh (ep and the local run go
+        # without pp). Built here, not read off the input: Paddle's ``x.process_mesh`` lives only
+        # as long as ``x``, gone by the combine when nothing else holds the layer's input
+        # (``moe.forward(norm(h))``: 'basic_string::_M_create', then a segfault).
+        self.mesh = stage_mesh(plan, 0)
         self.group = dist.ProcessMesh(layout.group, dim_names=["ep"])
         self.dp = dist.ProcessMesh(layout.dp, dim_names=["dp"])
         self.replicas = dist.ProcessMesh(layout.replicas, dim_names=["dp"]) if len(layout.replicas) > 1 else None
@@ -297,11 +302,6 @@ class _MoeLayer:
                     f"expert parallelism: {type(layer).__name__} needs its input split over dp by the batch "
                     f"and whole on every other mesh axis, got {got}"
                 )
-            # A copy: the mesh Paddle hands out lives only as long as ``x``, which may be gone by
-            # the combine when nothing else holds the layer's input (``moe.forward(norm(h))``).
-            mesh = x.process_mesh
-            self.mesh = dist.ProcessMesh(np.array(mesh.process_ids).reshape(mesh.shape), list(mesh.dim_names))
-            self.placements = list(x.placements)
             local = dtensor_to_local(x, x.process_mesh, x.placements)
             layout = self.groups.layout
             gathered = _GatherRows.apply(local, self.groups.group, layout.index, layout.ep) if layout.ep > 1 else local
@@ -318,6 +318,8 @@ class _MoeLayer:
         for sub, key, param in self.slots:
             sub._parameters[key] = param
         ep, index, group = self.groups.layout.ep, self.groups.layout.index, self.groups.group
+        mesh = self.groups.mesh
+        tokens = _tokens_split(mesh)  # the input's placements, as dispatch checked them
         # The first tensor is the experts' output: each rank holds its experts' share of every
         # token. Any other tensor of rows (router logits) is whole on every rank of the group.
         summed = first_tensor(output)
@@ -331,9 +333,7 @@ class _MoeLayer:
                 mine = _SumRows.apply(tensor, group, index, ep)
             else:
                 mine = _my_rows(tensor, index, ep)
-            return dtensor_from_local(
-                mine, self.mesh, self.placements if tensor is summed else _rows(self.placements, tensor.ndim)
-            )
+            return dtensor_from_local(mine, mesh, tokens if tensor is summed else _rows(tokens, tensor.ndim))
 
         return map_tensors(output, back_to_dist)
 
