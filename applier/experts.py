@@ -50,6 +50,7 @@ from paddle.autograd import PyLayer
 from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_local
 
 from autodist.schemas import ExpertDispatch, Plan
+from autodist.schemas.experts import expert_limit
 from autodist.schemas.vocabulary import expert_number
 
 from autodist.applier.hooks import first_tensor, map_first_input, map_tensors
@@ -153,26 +154,17 @@ def expert_structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
 def runs_moe_locally(plan: Plan) -> bool:
     """Whether the plan runs its MoE layers between an expert dispatch and combine (the plan's
     hooks say it): under expert parallelism, and (ep 1) under the data parallelism the planner
-    gives MoE models (the planner's ``cost.step_time.runs_moe_locally`` says why)."""
+    gives MoE models (``autodist.schemas.experts.runs_moe_locally`` says why)."""
     return any(isinstance(hook, ExpertDispatch) for hook in plan.hooks)
 
 
 def expert_problems(plan: Plan) -> list[str]:
-    """Strategies expert parallelism (and MoE layers run locally) do not run with yet."""
-    s = plan.strategy
+    """Strategies expert parallelism (and MoE layers run locally) do not run with yet
+    (:func:`~autodist.schemas.experts.expert_limit`, the rule the planner and check_plan use)."""
     if not runs_moe_locally(plan):
         return []
-    problems = []
-    if s.pp > 1:
-        problems.append(f"strategy: ep={s.ep} with pp={s.pp}: expert parallelism runs without pipeline stages only")
-    if s.sharding_stage:
-        problems.append(
-            f"strategy: ep={s.ep} with sharding_stage={s.sharding_stage}: ZeRO would shard each rank's own "
-            "experts' states as if every rank held them; use sharding_stage 0"
-        )
-    if s.sequence_parallel:
-        problems.append(f"strategy: ep={s.ep} with sequence parallelism: the MoE layers need whole sequences")
-    return problems
+    problem = expert_limit(plan.strategy, moe=True, hooks=True)
+    return [f"strategy: {problem}"] if problem else []
 
 
 # -- applying it ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ What goes where:
   (MLP), ``sequence_parallel_end`` after the final norm — the hooks ``to_distributed`` installs;
 - recompute: every block (``full``) or each block's attention sub-layer (``selective``);
 - expert parallelism (``ep > 1``), and data parallelism of an MoE model without it (ep 1: the
-  MoE layers then run on each rank's own tokens, see ``cost.step_time.runs_moe_locally``): an ``expert_dispatch``
+  MoE layers then run on each rank's own tokens, see ``schemas.experts.runs_moe_locally``): an ``expert_dispatch``
   pre-hook and an ``expert_combine`` post-hook on each MoE layer (the parent of a block's
   experts container); every parameter under that layer whole on each rank (all ``R``, on mp
   too: with ep > 1 and mp > 1 every mp rank runs the MoE layer whole, no reshard hook inside it),
@@ -59,13 +59,13 @@ from autodist.schemas import (
     Strategy,
 )
 
+from autodist.schemas.experts import runs_moe_locally
 from autodist.schemas.schedules import block_stages
 
 from autodist.planner.recognise.ops import SEQUENCE_MIXING_OPS
 from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis, experts_whole
 from autodist.planner.cost.graph_cost import params_before_blocks
 from autodist.planner.cost.search import SearchRequest, SearchResult
-from autodist.planner.cost.step_time import runs_moe_locally
 from autodist.planner.recognise.spmd import reshard_hooks
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from autodist.schemas.experts import expert_limit
 from autodist.schemas.plan import ExpertCombine, ExpertDispatch, Plan, Reshard, StageHandoff
 from autodist.schemas.vocabulary import MESH_AXES, shard_dim  # noqa: F401 (shard_dim re-exported)
 
@@ -170,7 +171,8 @@ def check_experts(plan: Plan) -> list[str]:
     docs/recognition.md, "Experts"), so a plan that leaves them to run as DistTensors there (with
     ZeRO, a pipeline or sequence parallelism, which apply_plan does not run around the hooks) is
     refused; so is sequence parallelism for a model with experts at any dp (it splits the MoE
-    layers' tokens over mp)."""
+    layers' tokens over mp). The strategy's part is :func:`~autodist.schemas.experts.expert_limit`,
+    the rule the planner's search and the applier use."""
     ep, problems = plan.strategy.ep, []
     dispatch = {h.layer: (i, h) for i, h in enumerate(plan.hooks) if isinstance(h, ExpertDispatch)}
     combine = {h.layer: i for i, h in enumerate(plan.hooks) if isinstance(h, ExpertCombine)}
@@ -190,11 +192,9 @@ def check_experts(plan: Plan) -> list[str]:
     for layer, i in sorted(combine.items()):
         if layer not in dispatch:
             problems.append(f"$.hooks[{i}]: an expert_combine on {layer!r} without an expert_dispatch on it")
-    if plan.strategy.sequence_parallel and any(b.experts for b in plan.blocks):
-        problems.append(
-            "$.strategy.sequence_parallel: true, but the blocks hold experts (the MoE layers would route tokens "
-            "split over mp, which Paddle 3.3 indexes wrongly)"
-        )
+    limit = expert_limit(plan.strategy, moe=any(b.experts for b in plan.blocks), hooks=bool(dispatch))
+    if limit:
+        problems.append(f"$.strategy: {limit}")
     spread_over = (
         f"$.strategy.ep is {ep}"
         if ep > 1

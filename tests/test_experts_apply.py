@@ -51,13 +51,16 @@ def test_each_rank_drops_the_other_half_of_the_experts(ep_plan):
     [
         (
             {"pp": 2, "schedule": "1F1B"},
-            "strategy: ep=2 with pp=2: expert parallelism runs without pipeline stages only",
+            "strategy: ep=2 with pp=2: expert parallelism inside a pipeline is not built",
         ),
         (
             {"sharding_stage": 1},
-            "strategy: ep=2 with sharding_stage=1: ZeRO would shard each rank's own experts' states",
+            "strategy: ep=2 with sharding_stage=1: ZeRO over the dp group with expert parallelism is not built",
         ),
-        ({"sequence_parallel": True}, "strategy: ep=2 with sequence parallelism: the MoE layers need whole sequences"),
+        (
+            {"sequence_parallel": True},
+            "strategy: ep=2 with sequence parallelism: sequence parallelism with expert parallelism is not built",
+        ),
     ],
 )
 def test_strategies_expert_parallelism_does_not_run_with_are_refused(ep_plan, change, message):

@@ -33,11 +33,11 @@ from autodist.planner.cost.step_time import (
     VPP_CHUNKS,
     StageTable,
     estimate,
-    runs_moe_locally,
 )
 from autodist.planner.errors import PlannerError
 from autodist.planner.review.format import strategy_text
 from autodist.schemas import Candidate, DeviceProfile, Rejected, Strategy
+from autodist.schemas.experts import expert_limit, runs_moe_locally
 from autodist.schemas.schedules import PIPELINING_SCHEDULES, block_stages, schedule_problems
 
 if TYPE_CHECKING:
@@ -371,69 +371,6 @@ def expert_problem(cost: ModelCost, ep: int, label: str) -> str:
     if ep > 1 and not counts:
         return f"{label}: no block has experts (an MoE layer), so there is nothing to spread over ranks"
     return next((f"{label} does not divide the {n} experts of a block" for n in counts if n % ep), "")
-
-
-def expert_limit(strategy: Strategy, options: bool = False, moe: bool = False) -> str:
-    """Why ``strategy`` cannot run the MoE layers as apply_plan runs them, or ''. Under expert
-    parallelism (ep > 1), and for a model with experts (``moe``) under any data parallelism
-    (dp > 1), they run on plain local tensors between the plan's expert hooks
-    (step_time.runs_moe_locally says why for dp); that goes only with pp 1, ZeRO stage 0 and no
-    sequence parallelism. Sequence parallelism is out for a model with experts at any dp: it
-    hands the MoE layers their tokens split over mp, and Paddle 3.3 routes split tokens wrongly
-    (HF Qwen3-MoE's MoE layer answered up to 4.3 away on 2 ranks, docs/paddle-notes.md). The one
-    rule for the search and for the command's options; any mp goes (the MoE layers run whole on
-    every mp rank, the rest of the block split as usual). ``options``: name the settings as the
-    command's options (``--pp 2``), else as a strategy's fields (``pp=2``).
-
-    >>> expert_limit(Strategy(dp=2, mp=2, ep=2))
-    ''
-    >>> expert_limit(Strategy(dp=2, pp=2, ep=2), options=True)
-    '--ep 2 with --pp 2: expert parallelism inside a pipeline is not built'
-    >>> print(expert_limit(Strategy(dp=2, sharding_stage=1), moe=True))  # doctest: +NORMALIZE_WHITESPACE
-    dp=2 with sharding_stage=1: data parallelism of an MoE model is not built with ZeRO over the dp
-    group (its MoE layers run on each rank's own tokens)
-    >>> expert_limit(Strategy(dp=2, sharding_stage=1))  # a model without experts
-    ''
-    >>> print(expert_limit(Strategy(mp=2, sequence_parallel=True), moe=True))  # doctest: +NORMALIZE_WHITESPACE
-    sequence parallelism of an MoE model is not built (its MoE layers would route tokens split over
-    mp, which Paddle 3.3 indexes wrongly)
-    """
-    ep, dp, pp, stage = strategy.ep, strategy.dp, strategy.pp, strategy.sharding_stage
-    settings = (  # (clashes, as an option, as a field, why under ep, what under dp)
-        (pp > 1, f"--pp {pp}", f"pp={pp}", "expert parallelism inside a pipeline is not built", "inside a pipeline"),
-        (
-            stage > 0,
-            f"--sharding-stage {stage}",
-            f"sharding_stage={stage}",
-            "ZeRO over the dp group with expert parallelism is not built (an expert's gradients are summed over "
-            "other ranks than the rest)",
-            "with ZeRO over the dp group",
-        ),
-        (
-            strategy.sequence_parallel,
-            "--sequence-parallel",
-            "sequence parallelism",
-            "sequence parallelism with expert parallelism is not built",
-            "with sequence parallelism",
-        ),
-    )
-    degree = "--{} {}" if options else "{}={}"
-    if moe and strategy.sequence_parallel and ep == 1 and dp == 1:
-        setting = "--sequence-parallel" if options else "sequence parallelism"
-        return (
-            f"{setting} of an MoE model is not built (its MoE layers would route tokens split over mp, which "
-            "Paddle 3.3 indexes wrongly)"
-        )
-    for clash, option, name, why, what in settings:
-        setting = option if options else name
-        if clash and ep > 1:
-            return f"{degree.format('ep', ep)} with {setting}: {why}"
-        if clash and moe and dp > 1:
-            return (
-                f"{degree.format('dp', dp)} with {setting}: data parallelism of an MoE model is not built {what} "
-                "(its MoE layers run on each rank's own tokens)"
-            )
-    return ""
 
 
 def _expert_degrees(cost: ModelCost, request: SearchRequest, dp: int) -> list[int]:

@@ -91,6 +91,7 @@ from autodist.planner.cost.comm import (
 )
 from autodist.planner.cost.compute import fixed_op_time, matmul_time, memory_time
 from autodist.planner.cost.memory import DTYPE_BYTES, StateBytes, model_state_bytes
+from autodist.schemas.experts import runs_moe_locally
 
 #: Model chunks per rank the search tries for VPP (the plan's ``virtual_stages``; issue #13).
 VPP_CHUNKS = 2
@@ -127,25 +128,6 @@ class Setup(Job):
     @property
     def usable_memory(self) -> float:
         return self.device.memory_bytes * MEMORY_USABLE
-
-
-def runs_moe_locally(strategy: Strategy) -> bool:
-    """Whether the MoE layers run whole, on plain local tensors, between an ``expert_dispatch``
-    and an ``expert_combine`` (the plan's hooks; the one owner of this rule, for the plan and its
-    price): under expert parallelism, and under any data parallelism without it too (ep 1:
-    every rank its own tokens, nothing gathered). The latter is for correctness: Paddle 3.3
-    answers an integer-tensor index into a DistTensor split on another dim with the wrong rows,
-    silently, and MoE routing indexes the dp-split tokens that way (Hugging Face's Qwen3-MoE
-    ``expert_mask[expert_idx]`` trained off the single-device losses at dp2 and at dp2 x mp2:
-    docs/paddle-notes.md, "SPMD rules"). Not with pp, ZeRO or sequence parallelism, which
-    apply_plan does not run around these hooks, so a model with experts gets dp > 1 only without
-    them (``search.expert_limit``).
-
-    >>> [runs_moe_locally(Strategy(**s)) for s in ({"dp": 2, "mp": 2}, {"mp": 2}, {"dp": 2, "sharding_stage": 1})]
-    [True, False, False]
-    """
-    data_parallel = strategy.dp > 1 and strategy.pp == 1 and not strategy.sharding_stage
-    return strategy.ep > 1 or (data_parallel and not strategy.sequence_parallel)
 
 
 @dataclass(frozen=True)
