@@ -30,11 +30,12 @@ from types import ModuleType
 
 import paddle
 
+from autodist.schemas.vocabulary import INPUT_DTYPES
+
 from autodist.planner.errors import PlannerError
 
 DEFAULT_FACTORY = "build_model"
 MODULE_LEVEL_MODEL = "model"
-INPUT_DTYPES = ("int64", "int32", "float32", "float16", "bfloat16", "float64", "bool")
 #: The largest input dim and element count traced: beyond them Paddle's shape arithmetic
 #: overflows (``--input-spec 99999999999999999999x8`` ended in a segfault).
 MAX_DIM = 2**31 - 1

@@ -1,4 +1,4 @@
-"""The words plans are written in, in one place: mesh axes, placements and dtypes.
+"""The words plans are written in, in one place: mesh axes, placements and dtypes (the one dtype table).
 
 Used by the plan types (:mod:`autodist.schemas.plan`), the planner and the applier alike.
 A *mesh axis* is one of ``pp``, ``dp``, ``mp`` (a plan's ``mesh.axes`` lists the axes it
@@ -10,8 +10,8 @@ Example::
     ('pp', 'dp', 'mp')
     >>> shard_dim("S(1)"), shard_dim("R"), is_placement("S(1)\\n")
     (1, None, False)
-    >>> DTYPE_BYTES[TRAINING_DTYPES["bf16"]]
-    2
+    >>> DTYPE_BYTES[TRAINING_DTYPES["bf16"]], training_bytes("bf16")
+    (2, 2)
 """
 
 from __future__ import annotations
@@ -48,6 +48,13 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64":
                "uint8": 1, "bool": 1}  # fmt: skip
 #: The training dtypes the planner prices (``--dtype``), as tensor dtypes.
 TRAINING_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+#: The dtypes a model input may have (``--input-spec``).
+INPUT_DTYPES = ("int64", "int32", "float32", "float16", "bfloat16", "float64", "bool")
+
+
+def training_bytes(dtype: str) -> int:
+    """Bytes per element of a training dtype as ``--dtype`` names it (``bf16``: 2)."""
+    return DTYPE_BYTES[TRAINING_DTYPES[dtype]]
 
 
 #: A numbered child of an experts container: ``3`` (a ``LayerList``'s) or ``expert_3`` (a

@@ -40,7 +40,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
-from autodist.planner.cost.memory import DTYPE_BYTES
+from autodist.schemas.vocabulary import TRAINING_DTYPES, training_bytes
 
 #: Message sizes for the collectives (bytes): latency-bound to bandwidth-bound.
 COLLECTIVE_BYTES = (4 * 1024, 256 * 1024, 4 * 1024 * 1024, 16 * 1024 * 1024)
@@ -52,7 +52,6 @@ TRAINING_STEPS = 5
 #: Largest matmul step measured (FLOPs, forward and backward): keeps a calibration on a slow
 #: device to seconds; a larger plan shape is measured with fewer tokens (rows).
 MAX_MATMUL_FLOPS = 4e10
-PADDLE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 @dataclass
@@ -145,7 +144,7 @@ def measure_memory(dtype: str, mesh=None, elements: int = 1 << 24) -> list[tuple
     out = []
     for n in (elements // 4, elements):
         a, b = _tensor([n], dtype, mesh), _tensor([n], dtype, mesh)
-        out.append((3 * n * DTYPE_BYTES[dtype], timed(lambda: a + b, _sync)))
+        out.append((3 * n * training_bytes(dtype), timed(lambda: a + b, _sync)))
     return out
 
 
@@ -153,7 +152,7 @@ def _tensor(shape: list[int], dtype: str, mesh):
     import paddle
     import paddle.distributed as dist
 
-    tensor = paddle.rand(shape).astype(PADDLE_DTYPES[dtype])
+    tensor = paddle.rand(shape).astype(TRAINING_DTYPES[dtype])
     return dist.shard_tensor(tensor, mesh, [dist.Replicate()]) if mesh is not None else tensor
 
 

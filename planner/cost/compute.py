@@ -46,8 +46,7 @@ Example (an H100-like device: 989 TFLOP/s, 60 % sustained, 3.35 TB/s, 5 us per m
 from __future__ import annotations
 
 from autodist.schemas import DeviceProfile
-
-from autodist.planner.cost.memory import DTYPE_BYTES
+from autodist.schemas.vocabulary import training_bytes
 
 
 def matmul_time(m: float, n: float, k: float, device: DeviceProfile, dtype: str, batch: float = 1) -> float:
@@ -55,7 +54,7 @@ def matmul_time(m: float, n: float, k: float, device: DeviceProfile, dtype: str,
     if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
         return 0.0
     compute = 2.0 * m * n * k * batch / (device.peak_flops[dtype] * device.matmul_efficiency)
-    memory = memory_time(DTYPE_BYTES[dtype] * batch * (m * k + k * n + m * n), device)
+    memory = memory_time(training_bytes(dtype) * batch * (m * k + k * n + m * n), device)
     return max(compute, memory) + fixed_op_time(device)
 
 

@@ -19,11 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autodist.schemas.vocabulary import DTYPE_BYTES as TENSOR_DTYPE_BYTES
-from autodist.schemas.vocabulary import TRAINING_DTYPES
-
-#: Bytes per element of the training dtype (parameters, gradients, activations).
-DTYPE_BYTES = {name: TENSOR_DTYPE_BYTES[dtype] for name, dtype in TRAINING_DTYPES.items()}
+from autodist.schemas.vocabulary import TRAINING_DTYPES, training_bytes
 
 #: Optimizer-state bytes per parameter (the paper's K). Mixed precision (bf16/fp16) keeps an
 #: fp32 master copy (4) on top of the optimizer's own fp32 states; fp32 training needs no copy.
@@ -48,8 +44,8 @@ class StateBytes:
 
 def check_training_setup(dtype: str, optimizer: str) -> None:
     """Raise ValueError naming the bad value when dtype or optimizer is unknown."""
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+    if dtype not in TRAINING_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(TRAINING_DTYPES)}")
     if optimizer not in _OPTIMIZER_STATE_BYTES:
         raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(_OPTIMIZER_STATE_BYTES)}")
 
@@ -73,7 +69,7 @@ def model_state_bytes(num_params: float, dp: int, stage: int, dtype: str, optimi
     """
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"sharding stage must be 0..3, got {stage}")
-    width = DTYPE_BYTES[dtype]
+    width = training_bytes(dtype)
     k = optimizer_bytes_per_param(dtype, optimizer)
     return StateBytes(
         params=num_params * width / (dp if stage >= 3 else 1),

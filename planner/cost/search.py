@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from autodist.planner.cost.blocks import ModelCost
 from autodist.planner.cost.hardware import FALLBACK_DEVICE, PROFILES, backend_problem
-from autodist.planner.cost.memory import DTYPE_BYTES, check_training_setup
+from autodist.planner.cost.memory import check_training_setup
 from autodist.planner.cost.step_time import (
     MEMORY_USABLE,
     RECOMPUTE_MODES,
@@ -38,6 +38,7 @@ from autodist.planner.errors import PlannerError
 from autodist.planner.review.format import strategy_text
 from autodist.schemas import Candidate, DeviceProfile, Rejected, Strategy
 from autodist.schemas.experts import expert_limit, runs_moe_locally
+from autodist.schemas.vocabulary import training_bytes
 from autodist.schemas.schedules import PIPELINING_SCHEDULES, block_stages, schedule_problems
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         )
     setup = _setup(cost, request)
     table = StageTable(cost)
-    width = DTYPE_BYTES[setup.dtype]
+    width = training_bytes(setup.dtype)
     scored: list[_Scored] = []
     rejected: list[Rejected] = []
     memory_misses: list[tuple[float, Strategy]] = []

@@ -90,8 +90,9 @@ from autodist.planner.cost.comm import (
     reduce_scatter_time,
 )
 from autodist.planner.cost.compute import fixed_op_time, matmul_time, memory_time
-from autodist.planner.cost.memory import DTYPE_BYTES, StateBytes, model_state_bytes
+from autodist.planner.cost.memory import StateBytes, model_state_bytes
 from autodist.schemas.experts import runs_moe_locally
+from autodist.schemas.vocabulary import training_bytes
 
 #: Model chunks per rank the search tries for VPP (the plan's ``virtual_stages``; issue #13).
 VPP_CHUNKS = 2
@@ -242,7 +243,7 @@ class _Context:
 
     @cached_property
     def width(self) -> int:
-        return DTYPE_BYTES[self.setup.dtype]
+        return training_bytes(self.setup.dtype)
 
     @cached_property
     def tokens(self) -> int:
