@@ -46,6 +46,8 @@ DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "
 #: Bytes per element of each tensor dtype (plan memory sums, checkpoint files, traced values).
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1,
                "uint8": 1, "bool": 1}  # fmt: skip
+#: The floating-point tensor dtypes (activations and weights, not masks or indices).
+FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 #: The training dtypes the planner prices (``--dtype``), as tensor dtypes.
 TRAINING_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 #: The dtypes a model input may have (``--input-spec``).

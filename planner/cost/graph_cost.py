@@ -40,10 +40,12 @@ from typing import TYPE_CHECKING, Iterable
 
 import networkx as nx
 
+from autodist.schemas.vocabulary import FLOAT_DTYPES
+
 from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, Moved, Saved
 from autodist.planner.cost.step_time import Implicit
 from autodist.planner.recognise.match import short_op
-from autodist.planner.recognise.ops import LOCAL_ONLY_OPS, WEIGHT_VIEW_OPS
+from autodist.planner.recognise.ops import LOCAL_ONLY_OPS, UNTIMED_OPS, WEIGHT_VIEW_OPS
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
@@ -79,29 +81,19 @@ _SAVED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 _CROSS_SAVED = frozenset({"pd_op.matmul", "pd_op.multiply", "pd_op.divide"})
 #: Ops that move no data of their own: views, constants, graph plumbing (and the matmul-like ops
 #: priced by FLOPs).
-_NOT_MEMORY_BOUND = frozenset(
-    {
-        "pd_op.reshape",
-        "pd_op.squeeze",
-        "pd_op.unsqueeze",
-        "pd_op.flatten",
-        "pd_op.full",
-        "pd_op.full_like",
-        "pd_op.full_int_array",
-        "pd_op.arange",
-        "pd_op.data",
-        "pd_op.shape",
-        "pd_op.shape64",
-        "pd_op.assign",
-        "pd_op.matmul",
-        "pd_op.conv2d",
-        "pd_op.flash_attn",
-    }
-)
-#: Constants: computed once, not per step.
-_CONSTANT_OPS = frozenset({"pd_op.full", "pd_op.full_like", "pd_op.full_int_array", "pd_op.arange", "pd_op.data"})
+_NOT_MEMORY_BOUND = UNTIMED_OPS | {
+    "pd_op.reshape",
+    "pd_op.squeeze",
+    "pd_op.unsqueeze",
+    "pd_op.flatten",
+    "pd_op.shape",
+    "pd_op.shape64",
+    "pd_op.assign",
+    "pd_op.matmul",
+    "pd_op.conv2d",
+    "pd_op.flash_attn",
+}
 _MASK_DTYPES = frozenset({"bool", "uint8", "int8"})
-_FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 
 
 @dataclass(frozen=True)
@@ -137,7 +129,7 @@ class GraphFacts:
                 self.weight_of[(n, 0)] = self.weight_of[sources[0]]
             if any(v in self.needs_grad for v in sources):
                 for r, dtype in enumerate(node["dtypes"]):
-                    if dtype in _FLOAT_DTYPES or dtype is None:  # None: a vector (unbind, combine)
+                    if dtype in FLOAT_DTYPES or dtype is None:  # None: a vector (unbind, combine)
                         self.needs_grad.add((n, r))
 
     def shape(self, value: Value) -> list[int] | None:
@@ -257,13 +249,13 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
                     inside.add((n, r))
                 if any(v in quadratic and facts.numel(v) == facts.numel((n, r)) for v in acts):
                     quadratic.add((n, r))
-            if not op.startswith("builtin.") and op not in _CONSTANT_OPS:
+            if not op.startswith("builtin.") and op not in UNTIMED_OPS:
                 walk.moved["ops"] = walk.moved.get("ops", 0) + 1  # every op pays the fixed cost
             if op not in _NOT_MEMORY_BOUND and not op.startswith("builtin.") and node["shapes"]:
                 where = _moved_where(facts, (n, 0), inside, quadratic, vocab)
-                elements = sum(facts.numel(v) for v in inputs.values() if facts.dtype(v) in _FLOAT_DTYPES)
+                elements = sum(facts.numel(v) for v in inputs.values() if facts.dtype(v) in FLOAT_DTYPES)
                 elements += sum(
-                    facts.numel((n, r)) for r in range(len(node["shapes"])) if facts.dtype((n, r)) in _FLOAT_DTYPES
+                    facts.numel((n, r)) for r in range(len(node["shapes"])) if facts.dtype((n, r)) in FLOAT_DTYPES
                 )
                 walk.moved[where] = walk.moved.get(where, 0.0) + elements
         for value in facts.saved_by(n):
@@ -299,7 +291,7 @@ def _saved(facts: GraphFacts, walk: _Walk, kind: str, per: float) -> Saved:
         if where != kind:
             continue
         dtype = facts.dtype(value)
-        if dtype in _FLOAT_DTYPES:
+        if dtype in FLOAT_DTYPES:
             floats += facts.numel(value)
         elif dtype in _MASK_DTYPES:
             masks += facts.numel(value)

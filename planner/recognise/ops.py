@@ -62,9 +62,11 @@ CUT_OPS = frozenset({"slice", "strided_slice", "split", "split_with_num", "unbin
 #: Layout ops where a split that crosses a fused projection's segment boundaries shows.
 SEGMENT_OPS = CUT_OPS | {"reshape"}
 
+#: Arithmetic of two operands, broadcasting: Paddle's SPMD rule for each is named after the op.
+ARITHMETIC_OPS = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum"})
 #: Elementwise ops of two or more operands; layout-like in the view when all operands but one
 #: are constants or buffers (``x + eps``, ``where(causal_mask, scores, fill)``).
-ELEMENTWISE_OPS = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum", "where"})
+ELEMENTWISE_OPS = ARITHMETIC_OPS | {"where"}
 
 #: Elementwise functions of one tensor: a split on any dim stays where it is.
 UNARY_OPS = frozenset(
@@ -110,6 +112,10 @@ FUSED_ATTENTION_OPS = frozenset(
 #: Full names. Ops whose only output is a value fixed at trace time: the graph folds them into
 #: their consumers' ``consts``.
 CONSTANT_OPS = frozenset({"pd_op.full", "pd_op.full_int_array", "pd_op.assign_value", "pd_op.assign_value_"})
+#: Full names. Graph nodes the cost model does not count as a kernel launched each step: the
+#: program's inputs and the fills and ranges it treats as constants (besides the folded
+#: :data:`CONSTANT_OPS`, which are no nodes at all).
+UNTIMED_OPS = CONSTANT_OPS | {"pd_op.full_like", "pd_op.arange", "pd_op.data"}
 
 #: Full names. Ops that only move or retype a tensor: a weight seen through them is still the
 #: weight (the cost model's view of which matmul a parameter feeds).

@@ -34,7 +34,7 @@ from paddle.distributed.auto_parallel.static.dist_attribute import DistTensorSpe
 from autodist import schemas
 
 from autodist.planner.recognise.match import constant_nodes, short_op
-from autodist.planner.recognise.ops import FUSED_ATTENTION_OPS, LIKE_OPS, PASS_THROUGH_OPS, UNARY_OPS
+from autodist.planner.recognise.ops import ARITHMETIC_OPS, FUSED_ATTENTION_OPS, LIKE_OPS, PASS_THROUGH_OPS, UNARY_OPS
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import BlockInfo, ModelAnalysis
@@ -172,7 +172,7 @@ _RULE_ARGS: dict[str, tuple[str, Callable[[dict], list]]] = {
     "triu": ("triu", lambda d: [int(d["attrs"].get("diagonal", 0))]),
     "tile": ("tile", lambda d: [[int(v) for v in d["consts"][1]]]),
     **{op: ("elementwise_unary", lambda d: []) for op in UNARY_OPS},
-    **{op: (op, lambda d: []) for op in ("add", "subtract", "multiply", "divide", "maximum", "minimum")},
+    **{op: (op, lambda d: []) for op in sorted(ARITHMETIC_OPS)},
 }
 
 
@@ -263,7 +263,7 @@ class Replay:
         data = self.graph.nodes[node]
         rule_name, extra = _RULE_ARGS[op]
         tensors = [v for _, v in operands]
-        if op in ("add", "subtract", "multiply", "divide", "maximum", "minimum") and len(tensors) == 1:
+        if op in ARITHMETIC_OPS and len(tensors) == 1:
             # the other operand is a folded constant: elementwise with a scalar-like value
             self._need(node, operands[0][0], tensors[0], replace(tensors[0], partial=False, partial_source=None))
             self._set(node, [replace(tensors[0], shape=tuple(data["shapes"][0]), partial=False, partial_source=None)])
