@@ -42,6 +42,21 @@ def shard_dim(placement: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def local_shape(shape: list[int], placements: list[str], mesh_shape: list[int]) -> list[int]:
+    """The part of a tensor of ``shape`` one rank holds: each ``S(k)`` divides dim ``k`` by the
+    size of its mesh axis (``placements`` and ``mesh_shape`` are in the mesh's axis order).
+
+    >>> local_shape([8, 6], ["R", "S(1)"], [2, 3])
+    [8, 2]
+    """
+    local = list(shape)
+    for size, placement in zip(mesh_shape, placements):
+        dim = shard_dim(placement)
+        if dim is not None:
+            local[dim] //= size
+    return local
+
+
 DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"]
 #: Bytes per element of each tensor dtype (plan memory sums, checkpoint files, traced values).
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1,

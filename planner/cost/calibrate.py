@@ -40,7 +40,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
-from autodist.schemas.vocabulary import TRAINING_DTYPES, training_bytes
+from autodist.schemas.vocabulary import TRAINING_DTYPES, local_shape, training_bytes
 
 #: Message sizes for the collectives (bytes): latency-bound to bandwidth-bound.
 COLLECTIVE_BYTES = (4 * 1024, 256 * 1024, 4 * 1024 * 1024, 16 * 1024 * 1024)
@@ -111,11 +111,7 @@ def plan_gemm_shapes(plan) -> list[tuple[int, int, int]]:
     for param in plan.params.values():
         if len(param.shape) != 2:
             continue
-        local = list(param.shape)
-        for size, placement in zip(mesh.shape, param.placements):
-            if placement.startswith("S("):
-                local[int(placement[2:-1])] //= size
-        k, n = local
+        k, n = local_shape(param.shape, param.placements, mesh.shape)
         shapes.add((tokens, n, k))
     return sorted(shapes)
 

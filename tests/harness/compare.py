@@ -14,6 +14,8 @@ import re
 
 import numpy as np
 
+from autodist.schemas.vocabulary import local_shape
+
 LOSS_RTOL = 1e-5
 PARAM_ATOL = 1e-5
 
@@ -120,10 +122,7 @@ def layout_differences(plan, rank_output: dict) -> list[str]:
         if got is None or got["placements"] is None:
             problems.append(f"rank {rank}: {fqn} is not a distributed tensor")
             continue
-        expected = list(planned.shape)
-        for dim, placement in zip(plan.mesh.axes, planned.placements):
-            if placement.startswith("S("):
-                expected[int(placement[2])] //= sizes[dim]
+        expected = local_shape(planned.shape, planned.placements, plan.mesh.shape)
         zero3_dim = _shard_dim(got["placements"][dp_index]) if stage == 3 and dp_index is not None else None
         if zero3_dim is not None and planned.placements[dp_index] == "R":
             expected[zero3_dim] //= sizes["dp"]
