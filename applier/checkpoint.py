@@ -60,11 +60,13 @@ from autodist.schemas.checkpoint import (
 )
 from autodist.schemas.vocabulary import DTYPE_BYTES
 
+from autodist.applier import scheduler_state
 from autodist.applier.accumulate import AccumulatingOptimizer
 from autodist.applier.apply import applied_plan
 from autodist.applier.experts import ExpertGradSync, dropped_parameters, expert_holders
 from autodist.applier.layout import assemble, distinct_shards, rank_coords, shard_box
 from autodist.applier.optimizer import optimizer_parameters
+from autodist.applier.optimizer import state_elsewhere
 
 #: The state kind of an optimizer's fp32 master copy of a low-precision parameter.
 MASTER_WEIGHT = "master_weight"
@@ -104,7 +106,7 @@ def save_checkpoint(
         _check_step(step)
         layouts, mine = _layouts(model, optimizer, rank)
         if scheduler is not None:
-            saved_scheduler = SavedScheduler(class_name=type(scheduler).__name__, state=_plain_state(scheduler))
+            saved_scheduler = scheduler_state.saved_scheduler(scheduler)
     except CheckpointError as exc:
         problems.append(exc.problem)
     written_experts = {name: layout for name, layout in layouts.items() if layout.expert and layout.writers == [rank]}
@@ -175,7 +177,7 @@ def load_checkpoint(
     for name in sorted(targets):
         _fill(targets[name], saved[name], files)
     if scheduler is not None and meta.scheduler is not None:
-        scheduler.set_state_dict(dict(meta.scheduler.state))
+        scheduler_state.restore(scheduler, meta.scheduler)
     return meta
 
 
@@ -232,6 +234,8 @@ def _layouts(model, optimizer, rank: int) -> tuple[dict[str, _Layout], dict[str,
     plan = applied_plan(model)
     holders = expert_holders(plan) if plan is not None else {}
     named = {f"param/{fqn}": (fqn, p) for fqn, p in model.named_parameters()}
+    if optimizer is not None and state_elsewhere(_inner(optimizer)):
+        raise CheckpointError(state_elsewhere(_inner(optimizer)))
     states = _optimizer_states(model, optimizer) if optimizer is not None else {}
     named.update({f"optimizer/{fqn}/{kind}": (fqn, t) for fqn, kinds in states.items() for kind, t in kinds.items()})
     layouts, mine = {}, {}
@@ -389,26 +393,8 @@ def _optimizer_states(model, optimizer) -> dict[str, dict[str, paddle.Tensor]]:
     return states
 
 
-def _plain_state(scheduler) -> dict[str, Any]:
-    """The scheduler's ``state_dict()`` as JSON-able values (numpy scalars become Python ones)."""
-
-    def plain(value, key):
-        if isinstance(value, (list, tuple)):
-            return [plain(v, key) for v in value]
-        if hasattr(value, "item") and not isinstance(value, (bool, int, float, str)):
-            value = value.item()
-        if value is None or isinstance(value, (bool, int, float, str)):
-            return value
-        raise CheckpointError(f"LR scheduler state {key!r} is a {type(value).__name__}, not a number or string")
-
-    return {str(k): plain(v, k) for k, v in scheduler.state_dict().items()}
-
-
 def _scheduler_of(optimizer):
-    if optimizer is None:
-        return None
-    lr = _inner(optimizer)._learning_rate
-    return lr if isinstance(lr, paddle.optimizer.lr.LRScheduler) else None
+    return None if optimizer is None else scheduler_state.scheduler_of(_inner(optimizer))
 
 
 # -- writing and committing ------------------------------------------------------------------------------
@@ -527,6 +513,8 @@ def _optimizer_problems(model, optimizer, meta: Checkpoint) -> list[str]:
     if meta.optimizer is None:
         return ["holds no optimizer state (saved with optimizer=None); load with optimizer=None"]
     inner = _inner(optimizer)
+    if state_elsewhere(inner):
+        return [state_elsewhere(inner)]
     if type(inner).__name__ != meta.optimizer.class_name:
         return [f"optimizer states of {meta.optimizer.class_name}, but the optimizer is {type(inner).__name__}"]
     held = {id(p) for p in optimizer_parameters(inner)}
@@ -544,9 +532,7 @@ def _scheduler_problems(scheduler, meta: Checkpoint) -> list[str]:
     if (scheduler is None) != (saved is None):
         return [f"the checkpoint has {'an LR scheduler ' + saved.class_name if saved else 'no LR scheduler'}, "
                 f"the optimizer has {'an LR scheduler ' + type(scheduler).__name__ if scheduler else 'none'}"]  # fmt: skip
-    if saved is not None and type(scheduler).__name__ != saved.class_name:
-        return [f"LR scheduler {saved.class_name} in the checkpoint, {type(scheduler).__name__} here"]
-    return []
+    return [] if saved is None else scheduler_state.problems(scheduler, saved)
 
 
 def _prepared_states(model, optimizer, meta: Checkpoint, path: Path) -> dict[str, paddle.Tensor]:

@@ -24,6 +24,7 @@ import paddle.distributed as dist
 
 from autodist.schemas import Plan
 
+from autodist.applier import scheduler_state
 from autodist.applier.mesh import stage_mesh
 
 #: Optimizer classes ``dist.shard_optimizer`` accepts (Paddle 3.3.1, api.py _ShardOptimizer).
@@ -60,6 +61,7 @@ def optimizer_problems(model: paddle.nn.Layer, optimizer: Any, plan: Plan) -> li
         rebuild_arguments(optimizer)
     except ValueError as exc:
         problems.append(f"optimizer: {exc}")
+    problems += unsaveable(optimizer)
     stage = plan.strategy.sharding_stage
     if stage and not isinstance(optimizer, SHARDABLE):
         problems.append(
@@ -69,6 +71,27 @@ def optimizer_problems(model: paddle.nn.Layer, optimizer: Any, plan: Plan) -> li
     if stage and "dp" not in plan.mesh.axes:
         problems.append(f"$.strategy.sharding_stage: {stage} shards over dp, but the mesh has no dp dim")
     return problems
+
+
+def unsaveable(optimizer: paddle.optimizer.Optimizer) -> list[str]:
+    """Why ``save_checkpoint`` could not save ``optimizer``'s state or its LR scheduler's (empty
+    when it can): checked by ``apply_plan`` before any training, not found at the first save.
+    A checkpoint saves what ``Optimizer.state_dict()`` holds (the states in ``_accumulators``,
+    master weights) and the scheduler; a class that overrides ``state_dict()`` keeps more
+    (Paddle's LBFGS: its step history in ``.state``)."""
+    elsewhere = state_elsewhere(optimizer)
+    return ([f"optimizer: {elsewhere}"] if elsewhere else []) + scheduler_state.unsaveable(optimizer)
+
+
+def state_elsewhere(optimizer: paddle.optimizer.Optimizer) -> str | None:
+    """Why ``optimizer`` keeps state a checkpoint cannot save, or None."""
+    if type(optimizer).state_dict is paddle.optimizer.Optimizer.state_dict:
+        return None
+    return (
+        f"{type(optimizer).__name__} keeps state outside its accumulators (it overrides state_dict()), "
+        "which save_checkpoint cannot save; use an optimizer that keeps its state in accumulators (SGD, "
+        "Momentum, Adam, AdamW, Lamb, Adagrad, RMSProp, Adadelta, Adamax, NAdam, RAdam, Rprop)"
+    )
 
 
 def optimizer_parameters(optimizer: paddle.optimizer.Optimizer) -> list[paddle.Tensor]:

@@ -24,8 +24,12 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import math
 import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
@@ -41,6 +45,16 @@ CHECKPOINT_FORMAT: Final = "autodist.checkpoint"
 CHECKPOINT_VERSION = 2
 #: The metadata file inside a checkpoint folder.
 METADATA_FILE = "checkpoint.json"
+
+#: The largest ``checkpoint.json`` read, in bytes. The metadata grows with tensors x shards
+#: (about 150 bytes a shard): a 70B model with AdamW states split over 64 ranks needs ~35 MB.
+MAX_METADATA_BYTES = 512 * 2**20
+#: How deep LR schedulers may wrap each other (``LinearWarmup(CosineAnnealingDecay(...))`` is 2).
+MAX_SCHEDULER_DEPTH = 8
+#: Bounds on a scheduler state value: integers exact as floats, short strings and lists.
+_MAX_STATE_INT = 2**53
+_MAX_STATE_STR = 256
+_MAX_STATE_LIST = 256
 
 #: A file or folder name inside the checkpoint: no separators, no "..", no hidden names.
 FileName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)]
@@ -103,9 +117,14 @@ class SavedOptimizer(Base):
 
 
 class SavedScheduler(Base):
+    """An LR scheduler's state: its ``state_dict()`` (and what Paddle leaves out of it, see
+    applier/scheduler_state.py), with the state of a scheduler it wraps (``LinearWarmup``'s
+    ``LinearWarmup_LR``) in ``nested`` under the same key."""
+
     class_name: Identifier
-    #: ``LRScheduler.state_dict()``: plain numbers and strings.
+    #: Plain values (:func:`state_value_problem`): numbers, strings, null, flat lists of them.
     state: dict[Identifier, Any]
+    nested: dict[Identifier, SavedScheduler] = {}
 
 
 # mypy cannot follow autodist.schemas.plan.Base (an Any to it), so it refuses kw_only here.
@@ -136,16 +155,82 @@ def encode_checkpoint(meta: Checkpoint) -> bytes:
 
 def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Decode and check ``path/checkpoint.json``; raise :class:`CheckpointError` (one line)
-    when it is missing, newer than this autodist, malformed, or names shards that do not tile
-    their tensors or do not fit in their files. Reads no shard data."""
+    when it is missing, not a regular file (a symlink is refused), larger than
+    :data:`MAX_METADATA_BYTES`, newer than this autodist, malformed, or names shards that do
+    not tile their tensors or do not fit in their files. Reads no shard data."""
     path = Path(path)
     try:
-        data = (path / METADATA_FILE).read_bytes()
+        with open_folder(path) as folder:
+            fd = open_inside(folder, METADATA_FILE, path)
+            try:
+                size = os.fstat(fd).st_size
+                if size > MAX_METADATA_BYTES:
+                    raise CheckpointError(
+                        f"{METADATA_FILE} has {size} bytes, more than the {MAX_METADATA_BYTES} a checkpoint's "
+                        "metadata may have",
+                        path,
+                    )
+                data = _read_all(fd, size)
+            finally:
+                os.close(fd)
     except FileNotFoundError:
         raise CheckpointError(f"not a checkpoint (no {METADATA_FILE} in it)", path) from None
     except OSError as exc:
         raise CheckpointError(f"cannot read {METADATA_FILE}: {exc.strerror or exc}", path) from None
     return decode_checkpoint(data, path)
+
+
+@contextmanager
+def open_folder(path: str | os.PathLike, inside: int | None = None) -> Iterator[int]:
+    """``with open_folder(path) as fd``: a descriptor of the folder ``path`` (the user named it,
+    so it may be a symlink), or with ``inside``, of the folder ``path`` directly inside that one
+    (never through a symlink), for :func:`open_inside`."""
+    if inside is None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    else:
+        fd = open_inside(inside, str(path), path, folder=True)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def open_inside(dir_fd: int, name: str, path: str | os.PathLike, *, folder: bool = False) -> int:
+    """A read-only descriptor of ``name`` directly inside the open folder ``dir_fd``: a regular
+    file (with ``folder``, a folder), never a symlink, FIFO or device, so nothing outside the
+    checkpoint folder is read and nothing blocks. Raises :class:`CheckpointError` naming it
+    (``path`` is the checkpoint, for the message); FileNotFoundError when it is not there."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC | (os.O_DIRECTORY if folder else 0)
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CheckpointError(
+                f"{name} is a symbolic link: a checkpoint's files are read only from inside its folder", path
+            ) from None
+        if exc.errno == errno.ENOTDIR:
+            raise CheckpointError(f"{name} is not a folder", path) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)):
+        os.close(fd)
+        raise CheckpointError(f"{name} is not a {'folder' if folder else 'regular file'}", path)
+    return fd
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """At most ``size`` bytes of ``fd`` (a file that grows while read is cut there)."""
+    chunks, left = [], size
+    while left > 0:
+        chunk = os.read(fd, min(left, 2**24))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Checkpoint:
@@ -155,6 +240,8 @@ def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Ch
         raw = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         raise CheckpointError(f"{METADATA_FILE} is not valid JSON ({exc})", path) from None
+    except RecursionError:  # msgspec's own depth guard, quick at any size
+        raise CheckpointError(f"{METADATA_FILE} is nested too deeply to be a checkpoint's metadata", path) from None
     if not isinstance(raw, dict) or raw.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(
             f'{METADATA_FILE}: "format" is not "{CHECKPOINT_FORMAT}": not an autodist checkpoint', path
@@ -169,7 +256,7 @@ def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Ch
         meta = msgspec.convert(upgrade_checkpoint(raw), Checkpoint)
     except msgspec.ValidationError as exc:
         raise CheckpointError(f"{METADATA_FILE}: {constraint_in_words(str(exc))}", path) from None
-    problems = layout_problems(meta)
+    problems = layout_problems(meta) + scheduler_problems(meta.scheduler)
     if problems:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         raise CheckpointError(f"{METADATA_FILE}: {problems[0]}{more}", path)
@@ -200,6 +287,49 @@ def saved_tensors(meta: Checkpoint) -> dict[str, SavedTensor]:
         for fqn, kinds in meta.optimizer.states.items():
             named.update({f"optimizer/{fqn}/{kind}": t for kind, t in kinds.items()})
     return named
+
+
+def scheduler_problems(saved: SavedScheduler | None, where: str = "scheduler", depth: int = 1) -> list[str]:
+    """A saved LR scheduler nested deeper than :data:`MAX_SCHEDULER_DEPTH`, or holding a state
+    value that is no plain value (:func:`state_value_problem`).
+
+    Example::
+
+        >>> scheduler_problems(SavedScheduler(class_name="StepDecay", state={"last_epoch": 2, "last_lr": 1e999}))
+        ['scheduler.last_lr is not a finite number']
+    """
+    if saved is None:
+        return []
+    if depth > MAX_SCHEDULER_DEPTH:
+        return [f"{where}: LR schedulers nested more than {MAX_SCHEDULER_DEPTH} deep"]
+    problems = [f"{where}.{key} {problem}" for key, value in sorted(saved.state.items())
+                if (problem := state_value_problem(value))]  # fmt: skip
+    for key, inner in sorted(saved.nested.items()):
+        problems += scheduler_problems(inner, f"{where}.{key}", depth + 1)
+    return problems
+
+
+def state_value_problem(value: Any, in_list: bool = False) -> str | None:
+    """Why ``value`` is no plain scheduler state value, or None. Plain: null, a bool, an integer
+    of magnitude up to 2**53, a finite float, a string of up to 256 characters, or a list of up
+    to 256 of those (not of lists).
+
+    >>> state_value_problem(3), state_value_problem([1, "a"]), state_value_problem({"a": 1})
+    (None, None, 'is a dict, not a number, string, null or list')
+    """
+    if value is None or isinstance(value, (bool, str)) and len(str(value)) <= _MAX_STATE_STR:
+        return None
+    if isinstance(value, int):
+        return None if abs(value) <= _MAX_STATE_INT else f"is an integer beyond ±2**53 ({str(value)[:20]}...)"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "is not a finite number"
+    if isinstance(value, str):
+        return f"is a string of {len(value)} characters, more than {_MAX_STATE_STR}"
+    if isinstance(value, list) and not in_list:
+        if len(value) > _MAX_STATE_LIST:
+            return f"is a list of {len(value)} values, more than {_MAX_STATE_LIST}"
+        return next((f"[{i}] {p}" for i, v in enumerate(value) if (p := state_value_problem(v, True))), None)
+    return f"is a {type(value).__name__}, not a number, string, null{'' if in_list else ' or list'}"
 
 
 def layout_problems(meta: Checkpoint) -> list[str]:

@@ -19,8 +19,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgspec
+
 from autodist.planner.review.format import collapse, human_bytes, human_count, strategy_text
-from autodist.schemas.checkpoint import Checkpoint, SavedTensor
+from autodist.schemas.checkpoint import Checkpoint, SavedScheduler, SavedTensor
 from autodist.schemas.errors import printable
 from autodist.schemas.vocabulary import DTYPE_BYTES
 
@@ -46,7 +48,7 @@ def checkpoint_data(meta: Checkpoint) -> dict[str, Any]:
             "parameters_with_state": len(meta.optimizer.states),
             "state_kinds": _state_kinds(meta),
         },
-        "scheduler": None if meta.scheduler is None else {"class_name": meta.scheduler.class_name, "state": meta.scheduler.state},
+        "scheduler": None if meta.scheduler is None else msgspec.to_builtins(meta.scheduler),
         "data": {"folder": meta.data, "bytes": sum(meta.files.values()), "files": dict(sorted(meta.files.items()))},
         "params": {fqn: _tensor_data(t) for fqn, t in sorted(meta.params.items())},
     }  # fmt: skip
@@ -76,8 +78,7 @@ def checkpoint_text(meta: Checkpoint, path: str) -> str:
             f"parameters: {kinds}"
         )
     if meta.scheduler is not None:
-        state = ", ".join(f"{printable(k)}={printable(str(v))}" for k, v in sorted(meta.scheduler.state.items()))
-        lines.append(f"scheduler   {printable(meta.scheduler.class_name)} ({state})")
+        lines.append(f"scheduler   {_scheduler_text(meta.scheduler)}")
     files = len(meta.files)
     lines.append(
         f"data        {printable(meta.data)}: {files} file{'s' if files != 1 else ''}, {human_bytes(sum(meta.files.values()))}"
@@ -87,6 +88,13 @@ def checkpoint_text(meta: Checkpoint, path: str) -> str:
     width = max((len(printable(r.pattern)) for r in rows), default=0)
     lines += [f"  {printable(r.pattern):<{width}}  {r.value}" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def _scheduler_text(saved: SavedScheduler) -> str:
+    """``LinearWarmup (last_epoch=5, last_lr=0.1, LinearWarmup_LR=CosineAnnealingDecay (...))``."""
+    state = [f"{printable(k)}={printable(str(v))}" for k, v in sorted(saved.state.items())]
+    state += [f"{printable(k)}={_scheduler_text(inner)}" for k, inner in sorted(saved.nested.items())]
+    return f"{printable(saved.class_name)} ({', '.join(state)})"
 
 
 def _state_kinds(meta: Checkpoint) -> list[str]:
