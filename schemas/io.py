@@ -21,7 +21,8 @@ from typing import Any
 import msgspec
 
 from autodist.schemas.checks import check_plan
-from autodist.schemas.errors import PlanError
+from autodist.schemas.errors import PlanError, printable
+from autodist.schemas.inputs import InputFileError, read_input_file
 from autodist.schemas.plan import FORMAT, PATTERN_MEANINGS, VERSION, Plan
 
 #: Struct fields in their declared order (a plan opens with ``format``, ``version``, ``model``,
@@ -29,6 +30,8 @@ from autodist.schemas.plan import FORMAT, PATTERN_MEANINGS, VERSION, Plan
 _ENCODER = msgspec.json.Encoder(order="deterministic")
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
 _PATH_SEGMENT = re.compile(r"\.([A-Za-z_][A-Za-z_0-9]*)|\[(\d+)\]|\[\.\.\.\]")
+#: The largest plan file read: a plan for a 1,000,000-rank mesh is about 10 MB.
+MAX_PLAN_BYTES = 64 << 20
 
 
 def load_plan(source: str | os.PathLike | bytes | Plan) -> Plan:
@@ -106,9 +109,10 @@ def _read(source: str | os.PathLike | bytes) -> tuple[bytes, str]:
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source), "plan"
     try:
-        return Path(source).read_bytes(), str(source)
-    except OSError as exc:
-        raise PlanError(f"cannot read the plan file: {exc.strerror or exc}", source=str(source)) from None
+        return read_input_file(source, what="plan file", max_bytes=MAX_PLAN_BYTES), str(source)
+    except InputFileError as exc:
+        problem = str(exc).removeprefix(printable(os.fspath(source)) + ": ")
+        raise PlanError(problem, source=str(source)) from None
 
 
 def _decode(data: bytes, name: str) -> Plan:

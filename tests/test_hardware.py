@@ -88,7 +88,7 @@ def test_bad_cluster_files_get_one_clear_error(tmp_path, text, message):
 
 
 def test_missing_cluster_file_and_both_options_are_errors(tmp_path):
-    with pytest.raises(PlannerError, match="cluster file not found"):
+    with pytest.raises(PlannerError, match="cannot read the cluster file: No such file"):
         resolve_device(cluster_file=str(tmp_path / "nope.toml"))
     with pytest.raises(PlannerError, match="either --device or --cluster"):
         resolve_device("h200", cluster_file=str(tmp_path / "nope.toml"))

@@ -29,11 +29,11 @@ Example::
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 from autodist.planner.errors import PlannerError
 from autodist.schemas import DeviceProfile, printable
+from autodist.schemas.inputs import InputFileError, load_toml
 
 GB = 10**9
 TFLOPS = 1e12
@@ -66,6 +66,9 @@ _CUDA_NAME_TO_PROFILE = (
 #: The largest figure a cluster file may give, in SI units (bytes, FLOP/s, bytes/s, seconds):
 #: far above any device, and small enough that every estimate stays a finite number.
 MAX_FIGURE = 1e18
+#: The smallest non-zero figure, in the file's own units (1 kB/s, 1 MFLOP/s, 1 picosecond): a
+#: smaller one (a denormal such as 5e-324) would make estimates overflow to infinity.
+MIN_FIGURE = 1e-6
 
 #: What a backend may lack (``[device].unsupported``), and what needs it.
 BACKEND_OPERATIONS = {
@@ -194,10 +197,11 @@ def load_cluster_file(path: str) -> DeviceProfile:
             continue
         raw = device[key]
         value = _si_value(raw, unit)
-        lowest_ok = value >= 0 if key in _ZERO_OK else value > 0
+        lowest_ok = value >= 0 if key in _ZERO_OK else value >= MIN_FIGURE * unit
         if not (lowest_ok and value <= (1.0 if key == "matmul_efficiency" else MAX_FIGURE)):
+            least = "0" if key in _ZERO_OK else f"{MIN_FIGURE:g}"
             raise PlannerError(
-                f"{path}: [device].{key} must be a positive, finite number ({meaning}, at most "
+                f"{path}: [device].{key} must be a positive, finite number ({meaning}, at least {least} and at most "
                 f"{(1.0 if key == 'matmul_efficiency' else MAX_FIGURE / unit):g}), "
                 f"got {printable(repr(raw))}"
             )
@@ -227,17 +231,12 @@ def load_cluster_file(path: str) -> DeviceProfile:
 
 
 def _read_cluster_file(path: str) -> dict:
-    """The TOML tables of a cluster file; a file that cannot be read is one PlannerError."""
+    """The TOML tables of a cluster file, read within bounds (:func:`autodist.schemas.inputs.load_toml`);
+    a file that cannot be read is one PlannerError."""
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PlannerError(f"{path}: cluster file not found") from None
-    except OSError as err:
-        raise PlannerError(f"{path}: cannot read the cluster file: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise PlannerError(f"{path}: not a text file (a cluster file is TOML in UTF-8)") from None
-    except tomllib.TOMLDecodeError as err:
-        raise PlannerError(f"{path}: not valid TOML: {err}") from None
+        return load_toml(path, what="cluster file")
+    except InputFileError as err:
+        raise PlannerError(str(err)) from None
 
 
 #: cluster.toml keys under ``[cluster]``: the cluster's shape, and the flag that wins over each.

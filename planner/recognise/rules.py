@@ -19,11 +19,11 @@ Example::
 from __future__ import annotations
 
 import fnmatch
-import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autodist.planner.errors import PlannerError
+from autodist.schemas.inputs import InputFileError, load_toml
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import BlockInfo, ModelAnalysis
@@ -42,9 +42,9 @@ _ROLE = {"colwise": "column", "rowwise": "row", "replicate": "replicate"}
 def load_rules(path: str | Path) -> dict[str, str]:
     """``{glob: word}`` from a TOML file of ``"glob" = "word"`` lines."""
     try:
-        raw = tomllib.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-        raise PlannerError(f"--rules {path}: {error}") from None
+        raw = load_toml(path, what="rules file")
+    except InputFileError as error:
+        raise PlannerError(f"--rules {error}") from None
     return parse_rules(raw, str(path))
 
 

@@ -29,6 +29,18 @@ from autodist.schemas import printable as printable  # the one escaping function
 MAX_NAME_WIDTH = 80
 
 
+def abridged(items: list[tuple], most: int) -> list[tuple]:
+    """At most ``most`` of ``(key, value)`` items: the first ones, a ``("…", None)`` marker, and
+    the last one, so a drawing of a mesh of any size stays small (``show``, ``render``).
+
+    >>> abridged([(i, i) for i in range(100)], 5)
+    [(0, 0), (1, 1), (2, 2), ('…', None), (99, 99)]
+    """
+    if len(items) <= most:
+        return items
+    return items[: most - 2] + [("…", None)] + items[-1:]
+
+
 def clip(text: str, width: int = MAX_NAME_WIDTH) -> str:
     """``text`` cut to ``width`` characters, the last one an ellipsis when cut.
 

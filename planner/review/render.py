@@ -22,6 +22,7 @@ from xml.sax.saxutils import escape
 from autodist.schemas import Plan, shard_dim
 
 from autodist.planner.review.format import (
+    abridged,
     human_bytes,
     index_ranges,
     mesh_grid,
@@ -37,8 +38,12 @@ STAGE_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948"
 MEMORY_KINDS = [("params", "#4e79a7"), ("grads", "#f28e2b"), ("optimizer", "#59a14f"), ("activations", "#b07aa1")]
 BAR_HEIGHT = 16
 LABEL_WIDTH = 150
-#: Ranks per row of a drawn 1-D mesh, and the most height the mesh drawing takes.
+#: Ranks per row of a drawn 1-D mesh (and the most cells a drawn row has), the most grids and rows
+#: drawn (more are abridged as ``show`` abridges them: every rank of a 4,096-rank mesh is drawn, a
+#: larger mesh's first and last), and the most height the mesh drawing takes.
 WRAP_1D = 32
+MAX_GRIDS = 8
+MAX_ROWS = 128
 MESH_HEIGHT = 400
 
 
@@ -132,25 +137,47 @@ def render_svg(plan: Plan) -> str:
 
 
 def _mesh(svg: _Svg, plan: Plan, y: float) -> float:
+    """The mesh as cells of rank ids. A large mesh is drawn abridged as ``show`` prints it (first
+    and last grids, rows and columns, ``…`` between), so the picture's size is bounded whatever the
+    plan's rank count: at most MAX_GRIDS grids of MAX_ROWS rows of WRAP_1D cells."""
     svg.text("heading", MARGIN, y, "mesh (rank ids)", size=14, font_weight="bold")
     y += 10
     names, grids = plan.mesh.axes, mesh_grid(plan)
     if len(names) == 1 and len(grids[0][0]) > WRAP_1D:  # a long 1-D mesh wraps into rows
         ids = grids[0][0]
         grids = [[ids[i : i + WRAP_1D] for i in range(0, len(ids), WRAP_1D)]]
-    cols, rows = len(grids[0][0]), len(grids[0])
+    shown = [
+        (
+            g,
+            None
+            if grid is None
+            else [
+                (r, None if row is None else abridged(list(enumerate(row)), WRAP_1D))
+                for r, row in abridged(list(enumerate(grid)), MAX_ROWS)
+            ],
+        )
+        for g, grid in abridged(list(enumerate(grids)), MAX_GRIDS)
+    ]
+    cols = max(len(row) for _, grid in shown if grid for _, row in grid if row)
+    rows = max(len(grid) for _, grid in shown if grid)
     # Cells shrink to keep any mesh within the page's width and MESH_HEIGHT; ids only where they fit.
-    cell = max(3.0, min(44.0, (WIDTH - 2 * MARGIN - 60) / (cols * len(grids) + len(grids)), MESH_HEIGHT / rows))
+    cell = max(3.0, min(44.0, (WIDTH - 2 * MARGIN - 60) / (cols * len(shown) + len(shown)), MESH_HEIGHT / rows))
     show_ids, gap = cell >= 22, (2.0 if cell >= 10 else 0.5)
     x0 = MARGIN + 50
-    for g, grid in enumerate(grids):
-        gx = x0 + g * (cols + 1) * cell
+    for position, (g, grid) in enumerate(shown):
+        gx = x0 + position * (cols + 1) * cell
+        if grid is None:  # grids left out
+            svg.text("ellipsis", gx, y + 18 + rows * cell / 2, "…", size=14)
+            continue
         color = STAGE_COLORS[g % len(STAGE_COLORS)] if "pp" in names else STAGE_COLORS[0]
         if len(grids) > 1:
             svg.text("grid-label", gx, y + 12, f"{names[0]}={g}", size=11)
-        for r, row in enumerate(grid):
-            for c, rank in enumerate(row):
+        for r, (_, row) in enumerate(grid):
+            for c, (_, rank) in enumerate(row or [("…", None)]):
                 cx, cy = gx + c * cell, y + 18 + r * cell
+                if rank is None:  # rows or columns left out
+                    svg.text("ellipsis", cx + cell / 2, cy + cell / 2 + 3, "…", size=11, anchor="middle")
+                    continue
                 svg.rect(
                     "rank",
                     cx,

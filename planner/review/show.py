@@ -20,6 +20,7 @@ import msgspec
 
 from autodist.planner.review.format import (
     Collapsed,
+    abridged,
     clip,
     collapse,
     human_bytes,
@@ -46,7 +47,8 @@ def placement_rows(plan: Plan) -> list[Collapsed]:
 # -- the summary ---------------------------------------------------------------------------------------
 
 
-#: A 1-D mesh wider than this wraps; a grid taller than MAX_ROWS shows its first and last rows.
+#: A 1-D mesh wider than this wraps, a wider row shows its first and last columns; a grid taller
+#: than MAX_ROWS shows its first and last rows.
 MAX_COLUMNS = 16
 MAX_ROWS = 8
 
@@ -63,30 +65,31 @@ def mesh_lines(plan: Plan) -> list[str]:
         label = max(map(len, heads))
         return [
             f"{head:<{label}}" + ("  …" if chunk is None else "".join(f"  {r:>{width}}" for r in chunk))
-            for head, chunk in _abridged(list(zip(heads, chunks)))
+            for head, chunk in abridged(list(zip(heads, chunks)), MAX_ROWS)
         ]
     row_name = names[-2] if len(names) >= 2 else None
     cell = max(width, len(f"{col_name}={plan.mesh.shape[-1] - 1}"))
     label = max((len(f"{row_name}={len(grids[0]) - 1}") if row_name else 0), 1)
     lines = []
-    for g, grid in _abridged(list(enumerate(grids))):
+    for g, grid in abridged(list(enumerate(grids)), MAX_ROWS):
         if grid is None:
             lines.append("…")
             continue
         if len(grids) > 1:
             lines.append(f"{names[0]}={g}")
-        lines.append(" " * label + "".join(f"  {f'{col_name}={c}':>{cell}}" for c in range(len(grid[0]))))
-        for r, row in _abridged(list(enumerate(grid))):
+        heads = [f"{col_name}={c}" for c in range(len(grid[0]))]
+        lines.append(" " * label + _cells(heads, cell))
+        for r, row in abridged(list(enumerate(grid)), MAX_ROWS):
             head = f"{row_name}={r}" if row_name and row is not None else ""
-            lines.append(f"{head:<{label}}" + ("  …" if row is None else "".join(f"  {i:>{cell}}" for i in row)))
+            lines.append(f"{head:<{label}}" + ("  …" if row is None else _cells(row, cell)))
     return lines
 
 
-def _abridged(items: list[tuple]) -> list[tuple]:
-    """At most MAX_ROWS items: the first ones, a ``("…", None)`` marker, and the last one."""
-    if len(items) <= MAX_ROWS:
-        return items
-    return items[: MAX_ROWS - 2] + [("…", None)] + items[-1:]
+def _cells(values: list, width: int) -> str:
+    """One row of a mesh grid, right-aligned to ``width``; a row wider than MAX_COLUMNS keeps its
+    first and last cells, with ``…`` between."""
+    shown = abridged(list(enumerate(values)), MAX_COLUMNS)
+    return "".join(f"  {'…' if value is None else value:>{width}}" for _, value in shown)
 
 
 def show_data(plan: Plan, top: int = TOP_ALTERNATIVES) -> dict[str, Any]:
