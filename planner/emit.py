@@ -66,7 +66,7 @@ from autodist.planner.recognise.ops import SEQUENCE_MIXING_OPS
 from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis, experts_whole
 from autodist.planner.cost.graph_cost import params_before_blocks
 from autodist.planner.cost.search import SearchRequest, SearchResult
-from autodist.planner.recognise.spmd import reshard_hooks
+from autodist.planner.recognise.reshards import reshard_hooks
 
 
 def build_plan(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autodist.planner.recognise.analysis import analyze
-from autodist.planner.recognise.spmd import block_reshards, implicit_comm, reshard_hooks
+from autodist.planner.recognise.reshards import block_reshards, implicit_comm, reshard_hooks
 from models.traced import traced
 
 

@@ -541,7 +541,7 @@ def implicit_collectives(analysis: ModelAnalysis, mp: int, dtype_bytes: int) -> 
     (``planned_*``), and Paddle's SPMD rules add what is left (``implicit_comm`` replayed with those
     hooks: the plan's ``implicit_comm`` entries). Bytes one rank sends, forward and backward, per
     traced token. The one replay both the search's prices and the plan's list come from."""
-    from autodist.planner.recognise.spmd import implicit_comm, reshard_hooks  # the SPMD-rule replay
+    from autodist.planner.recognise.reshards import implicit_comm, reshard_hooks  # the SPMD-rule replay
 
     tokens, _ = traced_tokens(analysis)
     hooks = reshard_hooks(analysis, mp)

@@ -70,7 +70,8 @@ def apply_rules(analysis: ModelAnalysis, rules: dict[str, str], mp: int = 2) -> 
     the op and the collective when a rule would make Paddle communicate on its own."""
     from autodist.planner.recognise.analysis import LinearUse
     from autodist.planner.recognise.roles import projection_uses, split_dim, weight_use
-    from autodist.planner.recognise.spmd import block_reshards, is_planned
+    from autodist.planner.recognise.reshards import block_reshards
+    from autodist.planner.recognise.spmd import is_planned
 
     if not rules:
         return

@@ -14,32 +14,22 @@ anywhere but after a matmul. The classic case is a column-split fused projection
 a slice of ``q|k|v`` (or ``gate|up``) that crosses the segment boundaries, so the reshape /
 slice / split that separates the segments needs the whole tensor back.
 
-Example::
-
-    >>> comms = implicit_comm(analysis, mp=2)    # doctest: +SKIP
-    >>> [(c.layer, c.op, c.collective) for c in comms][:1]                 # doctest: +SKIP
-    [('model.layers.0.self_attn', 'slice', 'all_gather')]
+The replay of one block's ops is here (:class:`Replay`); what it says for a whole model (the
+plan's reshard hooks, the implicit collectives priced) is in :mod:`.reshards`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import networkx as nx
-import paddle
 from paddle.base import core
 from paddle.distributed.auto_parallel.static.dist_attribute import DistTensorSpec, TensorDistAttr
 
-from autodist import schemas
 
-from autodist.planner.recognise.match import constant_nodes, short_op
+from autodist.planner.recognise.match import short_op
 from autodist.planner.recognise.ops import ARITHMETIC_OPS, FUSED_ATTENTION_OPS, LIKE_OPS, PASS_THROUGH_OPS, UNARY_OPS
-
-if TYPE_CHECKING:
-    from autodist.planner.recognise.analysis import BlockInfo, ModelAnalysis
-
-from autodist.schemas.vocabulary import DTYPE_BYTES as _DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -84,21 +74,6 @@ class Reshard:
         if self.before.is_replicated:
             return None
         return "all_gather" if self.after.is_replicated else "all_to_all"
-
-
-def weight_dists(block: BlockInfo, params: dict[str, tuple[list[int], str]]) -> dict[str, Dist]:
-    """Each block parameter's layout for its role (norms and row biases replicated)."""
-    dists = {}
-    for lin in block.linears:
-        shape = params[lin.weight][0]
-        dims = [-1] * len(shape)
-        if lin.split_dim is not None:
-            dims[lin.split_dim] = 0
-        dists[lin.weight] = Dist(tuple(shape), tuple(dims))
-        if lin.bias:
-            bias_shape = tuple(params[lin.bias][0])
-            dists[lin.bias] = Dist(bias_shape, (0,) if lin.role == "column" else (-1,))
-    return dists
 
 
 # -- replaying the rules -----------------------------------------------------------------------------
@@ -384,146 +359,7 @@ class Replay:
         self._set(node, [Dist.replicated(s or []) for s in self.graph.nodes[node]["shapes"]])
 
 
-def block_reshards(
-    analysis: ModelAnalysis, block: BlockInfo, mp: int, gathered_layers: frozenset[str] = frozenset()
-) -> list[Reshard]:
-    """Every reshard Paddle's rules ask for in ``block`` with its weights placed by role, the
-    outputs of ``gathered_layers`` resharded to Replicate by post-hooks."""
-    mesh = paddle.distributed.ProcessMesh(list(range(mp)), dim_names=["mp"])
-    graph = analysis.graph
-    weights = weight_dists(block, analysis.params)
-    return Replay(graph, block.nodes, weights, mesh, constant_nodes(graph), gathered_layers).run()
-
-
-def _signature(graph: nx.DiGraph, block: BlockInfo, gathered_layers: frozenset[str]) -> tuple:
-    """Equal for blocks whose replays are equal up to node ids (same ops, shapes, dataflow by
-    position, weight roles, hooked positions)."""
-    order = sorted(block.nodes)
-    position = {n: i for i, n in enumerate(order)}
-    return tuple(
-        (
-            graph.nodes[n]["op"],
-            str(graph.nodes[n]["shapes"]),
-            graph.nodes[n]["layer"] in gathered_layers,
-            tuple(sorted((position.get(p, -1), graph.edges[p, n]["operand"]) for p in graph.predecessors(n))),
-        )
-        for n in order
-    ) + tuple((lin.name, lin.role, lin.split_dim) for lin in block.linears)
-
-
-def _all_block_reshards(analysis: ModelAnalysis, mp: int, gathered: frozenset[str]):
-    """``(block, reshards)`` for every block, replaying each distinct block structure once and
-    moving its result onto the blocks that share it by node position."""
-    replayed: dict[tuple, tuple[list[int], list[Reshard]]] = {}
-    for block in analysis.blocks:
-        order = sorted(block.nodes)
-        key = _signature(analysis.graph, block, gathered)
-        if key not in replayed:
-            replayed[key] = (order, block_reshards(analysis, block, mp, gathered))
-        first_order, reshards = replayed[key]
-        moved = dict(zip(first_order, order))
-        yield (
-            block,
-            [
-                replace(
-                    r,
-                    node=moved[r.node],
-                    before=replace(
-                        r.before,
-                        partial_source=None if r.before.partial_source is None else moved.get(r.before.partial_source),
-                    ),
-                )
-                for r in reshards
-            ],
-        )
-
-
 def is_planned(graph: nx.DiGraph, r: Reshard) -> bool:
     """A row-parallel matmul's partial output being summed is the row linear's own all-reduce."""
     source = r.before.partial_source
     return r.before.partial and source is not None and short_op(graph.nodes[source]["op"]) in ("matmul", "addmm")
-
-
-def _comm_bytes(dist: Dist, mp: int, itemsize: int) -> int:
-    """Bytes one rank sends for a ring collective over a value of ``dist.shape``, forward plus
-    backward (an all-gather's gradient is a reduce-scatter of the same size, an all-reduce's is
-    an all-reduce or nothing; counted once each way)."""
-    numel = 1
-    for d in dist.shape:
-        numel *= max(d, 1)
-    per_pass = numel * itemsize * (mp - 1) // mp
-    return 2 * per_pass
-
-
-def implicit_comm(
-    analysis: ModelAnalysis, mp: int, dtype_bytes: int | None = None, hooks: Sequence[schemas.Hook] = ()
-) -> list[schemas.ImplicitComm]:
-    """Every place the blocks' placements make Paddle communicate on its own at tensor-parallel
-    degree ``mp``, with bytes per rank per training step for the traced input shape (scale by
-    tokens per micro-batch / traced tokens). ``dtype_bytes`` overrides the traced dtype's size
-    (e.g. 2 when training in bf16 a model traced in fp32). ``hooks``: the plan's reshard
-    post-hooks (:func:`reshard_hooks`); the gathers they ask for are planned, not implicit, and
-    the ops after them see whole tensors.
-
-    Sequence parallelism adds collectives the plan asks for at the block boundaries (gather
-    before the column linears, reduce-scatter after the row linears); the interior between them,
-    which this checks, is the same, so the result does not depend on it.
-    """
-    if mp <= 1:
-        return []
-    graph = analysis.graph
-    gathered = frozenset(h.layer for h in hooks if h.action == "reshard" and h.when == "post")
-    found = []
-    for _, reshards in _all_block_reshards(analysis, mp, gathered):
-        for r in reshards:
-            if r.collective is None or is_planned(graph, r):
-                continue
-            node = graph.nodes[r.node]
-            op = short_op(node["op"])
-            producer = graph.nodes[
-                next(p for p in graph.predecessors(r.node) if graph.edges[p, r.node]["operand"] == r.operand)
-            ]
-            itemsize = dtype_bytes or _DTYPE_BYTES.get((producer["dtypes"] or [None])[0], 4)
-            found.append(
-                schemas.ImplicitComm(
-                    layer=node["layer"],
-                    op=op,
-                    collective=r.collective,
-                    bytes_per_step=_comm_bytes(r.before, mp, itemsize),
-                    reason=(
-                        f"{op} needs its operand {r.operand} (from {producer['layer']}, {list(r.before.shape)}) "
-                        f"{r.after.placement()} over mp, the placements make it {r.before.placement()}"
-                    ),
-                )
-            )
-    return found
-
-
-def reshard_hooks(analysis: ModelAnalysis, mp: int, mesh_axes: Sequence[str] = ("mp",)) -> list[schemas.Hook]:
-    """Post-hooks that reshard each column-split *fused* projection's output to Replicate over mp.
-
-    Why: with ``q|k|v`` or ``gate|up`` split by columns, the forward works (Paddle all-gathers
-    before the split, see :func:`implicit_comm`), but the backward of the matmul then fails
-    Paddle's SPMD verification (``matmul grad infer spmd ... verify error``, measured with Gemma3
-    and Phi3 on CPU, docs/paddle-notes.md, "SPMD rules"). Gathering the output explicitly right after the
-    projection trains to the same losses as one device, keeps the projection's weight and FLOPs
-    split, and replaces the several gathers the segment split would trigger with one.
-    ``mesh_axes`` are the plan's mesh axes (``pp``, ``dp``, ``mp``): the batch stays split on
-    ``dp``, everything else is whole.
-    """
-    if mp <= 1:
-        return []
-    fill = {"pp": "R", "dp": "S(0)", "mp": "R"}
-    placements = [fill[d] for d in mesh_axes]
-    return [
-        schemas.Reshard(
-            layer=lin.layer,
-            when="post",
-            placements=placements,
-            reason=f"column-split fused {lin.name} ({lin.fused} segments): gather its output over mp "
-            "so the segment split and the backward see whole tensors",
-        )
-        for block in analysis.blocks
-        for lin in block.linears
-        if lin.role == "column" and lin.fused > 1
-    ]
