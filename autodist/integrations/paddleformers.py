@@ -1,0 +1,270 @@
+"""PaddleFormers ``Trainer`` under an autodist plan: one call on a constructed Trainer.
+
+PaddleFormers' auto-parallel mode (``TrainingArguments(enable_auto_parallel=True)``) builds its
+mesh from the arguments' degrees and lays the model out with a ``dist.parallelize`` config, the
+Trainer's ``auto_dist_config``, which ``Trainer.train`` hands to ``parallelize_model`` and
+``parallelize_optimizer``. :func:`install` checks that the arguments build the plan's mesh and
+sets that attribute from the plan (:mod:`autodist.schemas.parallelize` decides what each
+placement and hook becomes, as for ``autodist-plan export --to paddle-parallelize``)::
+
+    from autodist.integrations.paddleformers import install, trainer_arguments
+    args = TrainingArguments(output_dir="out", enable_auto_parallel=True,
+                             **trainer_arguments("plan.json"), ...)
+    trainer = Trainer(model=model, args=args, train_dataset=..., data_collator=...)
+    install(trainer, "plan.json")      # refuses, naming why, before anything is changed
+    trainer.train()
+
+What the Trainer's mode cannot express is refused in one message naming it: a pipeline (the
+mode asserts ``pipeline_model_parallel_size == 1``), expert parallelism, the plan's recompute
+(the Trainer has its own ``recompute`` argument), arguments that build another mesh, accumulate
+another number of micro-batches or read another batch. Two things the Trainer does on its own,
+whatever the config: ``Trainer.train`` calls ``fully_shard(model, mesh=...)`` (FSDP over the dp
+axis; its fused path runs on GPU, NPU and XPU only), and in auto mode the data loader is
+``dist.shard_dataloader``'s, unshuffled (docs/workflow.md, "PaddleFormers Trainer").
+
+Tested with PaddleFormers 1.2. Nothing here is imported by ``import autodist``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autodist.schemas import Plan, PlanError, load_plan
+from autodist.schemas.parallelize import (
+    HELPER_STYLES,
+    ExportError,
+    Style,
+    entry_key,
+    parallelize_config,
+)
+
+__all__ = ["install", "trainer_arguments", "argument_problems", "auto_dist_config"]
+
+
+def trainer_arguments(plan: Plan | str | Path) -> dict[str, Any]:
+    """The ``TrainingArguments`` keywords that build ``plan``'s mesh and step: the tensor-parallel
+    degree (the data-parallel degree is what the world size leaves), no pipeline, the plan's
+    micro-batches as accumulation steps and, when the plan records its global batch, the batch
+    per device. The job must have as many ranks as the plan's mesh.
+
+    >>> trainer_arguments("plans/gpt/plan_2x8dev_mp4.json")
+    {'enable_auto_parallel': True, 'tensor_model_parallel_size': 4, 'pipeline_model_parallel_size': 1, \
+'gradient_accumulation_steps': 1, 'per_device_train_batch_size': 2}
+    """
+    plan, source = _load(plan)
+    _raise_if(_unsupported(plan), source)
+    s = plan.strategy
+    arguments: dict[str, Any] = {
+        "enable_auto_parallel": True,
+        "tensor_model_parallel_size": s.mp,
+        "pipeline_model_parallel_size": 1,
+        "gradient_accumulation_steps": s.micro_batches,
+    }
+    if plan.data.global_batch_size:
+        arguments["per_device_train_batch_size"] = plan.data.global_batch_size // (s.dp * s.micro_batches)
+    return arguments
+
+
+def argument_problems(plan: Plan, args: Any, world_size: int) -> list[str]:
+    """How ``args`` (a ``TrainingArguments``) on ``world_size`` ranks differ from ``plan``: one
+    line per difference, naming the argument and the value the plan needs; [] when they agree."""
+    want = trainer_arguments(plan)
+    s = plan.strategy
+    problems = []
+    mesh_size = s.dp * s.mp
+    if world_size != mesh_size:
+        problems.append(f"world size {world_size}, the plan's mesh has {mesh_size} ranks ({_degrees(s.dp, s.mp)})")
+    if not getattr(args, "enable_auto_parallel", False):
+        problems.append("enable_auto_parallel=False; the plan needs the Trainer's auto-parallel mode (True)")
+    for name, value in want.items():
+        if name in ("enable_auto_parallel", "per_device_train_batch_size"):
+            continue
+        have = max(int(getattr(args, name, 1)), 1)
+        if have != value:
+            problems.append(f"{name}={have}, the plan needs {value}")
+    for name in ("sep_parallel_size", "context_parallel_size", "expert_model_parallel_size"):
+        if max(int(getattr(args, name, 1) or 1), 1) != 1:
+            problems.append(f"{name}={getattr(args, name)}: the plan's mesh has no such axis (1)")
+    mp = max(int(getattr(args, "tensor_model_parallel_size", 1)), 1)
+    if world_size % mp == 0 and mp != s.mp:
+        problems.append(
+            f"these arguments build the mesh {_degrees(world_size // mp, mp)}, the plan's is {_degrees(s.dp, s.mp)}"
+        )
+    batch = want.get("per_device_train_batch_size")
+    if batch is not None and getattr(args, "per_device_train_batch_size", batch) != batch:
+        problems.append(
+            f"per_device_train_batch_size={args.per_device_train_batch_size}, the plan reads "
+            f"{plan.data.global_batch_size} samples per step over dp{s.dp} x {s.micro_batches} micro-batches: {batch}"
+        )
+    return problems
+
+
+def auto_dist_config(plan: Plan | str | Path) -> dict[str, Any]:
+    """The Trainer's ``auto_dist_config`` for ``plan``: ``mp_config.parallelize_plan`` with one
+    exact key per layer (or ``layer.param``) and Paddle's plan objects, and ``dp_config`` with
+    the plan's ZeRO stage when the mesh has a dp axis. Needs Paddle."""
+    plan, source = _load(plan)
+    _raise_if(_unsupported(plan), source)
+    try:
+        config = parallelize_config(plan)
+    except ExportError as err:
+        raise PlanError(str(err), source) from None
+    parallelize_plan: dict[str, list[Any]] = {}
+    for entry in config.entries:
+        parallelize_plan.setdefault(entry_key(config, entry.key), []).extend(_paddle_plan(s) for s in entry.plans)
+    out: dict[str, Any] = {}
+    if config.sharding_level is not None:
+        out["dp_config"] = {"sharding_level": config.sharding_level}
+    if parallelize_plan:
+        out["mp_config"] = {"parallelize_plan": {k: v[0] if len(v) == 1 else v for k, v in parallelize_plan.items()}}
+    if not out:  # a one-rank plan: Paddle treats a missing config as "do nothing" with a warning
+        out["dp_config"] = {"sharding_level": 0}
+    return out
+
+
+def install(trainer: Any, plan: Plan | str | Path) -> Any:
+    """Put ``trainer`` (a constructed PaddleFormers ``Trainer``) under ``plan``: check the plan
+    against its arguments, mesh and model, then set ``trainer.auto_dist_config``; ``train()``
+    applies it. Raises :class:`~autodist.schemas.PlanError` naming every difference, with the
+    Trainer and its model untouched. Returns the Trainer."""
+    import paddle.distributed as dist
+
+    from autodist.applier.validate import parameter_problems, tie_problems
+
+    plan, source = _load(plan)
+    problems = _unsupported(plan)
+    if not problems:
+        world = dist.get_world_size()
+        problems = argument_problems(plan, trainer.args, world)
+        if not problems:
+            problems = _mesh_problems(plan, getattr(trainer, "global_mesh", None))
+        problems += parameter_problems(trainer.model, plan) + tie_problems(trainer.model, plan)
+    _raise_if(problems, source)
+    config = auto_dist_config(plan)
+    _shard_model_parameters(trainer.model, plan)
+    trainer.auto_dist_config = config
+    return trainer
+
+
+# -- internals ------------------------------------------------------------------------------------
+
+
+def _load(plan: Plan | str | Path) -> tuple[Plan, str]:
+    if isinstance(plan, Plan):
+        return plan, "plan"
+    return load_plan(plan), str(plan)
+
+
+def _raise_if(problems: list[str], source: str) -> None:
+    if problems:
+        raise PlanError(problems, source)
+
+
+def _degrees(dp: int, mp: int) -> str:
+    return f"dp{dp} x mp{mp}"
+
+
+def _unsupported(plan: Plan) -> list[str]:
+    """What ``plan`` holds that the Trainer's auto-parallel mode cannot express."""
+    s = plan.strategy
+    problems = []
+    if s.pp > 1:
+        problems.append(
+            f"a pipeline (pp={s.pp}, schedule {s.schedule}): PaddleFormers' auto-parallel Trainer runs none "
+            "(it asserts pipeline_model_parallel_size == 1); re-plan with --pp 1, or use apply_plan in your own loop"
+        )
+    if s.ep > 1:
+        problems.append(f"expert parallelism (ep={s.ep}): the Trainer's dist.parallelize config has no key for it")
+    if s.recompute != "none" and plan.recompute:
+        problems.append(
+            f"recompute ({s.recompute}, {len(plan.recompute)} layers): the Trainer's config has no key for it; "
+            "re-plan with --recompute none and set TrainingArguments(recompute=...)"
+        )
+    return problems
+
+
+def _mesh_problems(plan: Plan, mesh: Any) -> list[str]:
+    """The Trainer's mesh (``fleet.auto.get_mesh()``, axes of size one dropped) against the plan's."""
+    if mesh is None:
+        return [
+            "the Trainer has no auto-parallel mesh (TrainingArguments(enable_auto_parallel=True) on more than one rank builds it)"
+        ]
+    kept = [(name, size) for name, size in zip(mesh.dim_names, mesh.shape) if size > 1]
+    names, shape = [n for n, _ in kept] or list(mesh.dim_names[-1:]), [s for _, s in kept] or [1]
+    ids = [int(i) for i in mesh.process_ids]
+    if (names, shape, ids) == (list(plan.mesh.axes), list(plan.mesh.shape), [int(i) for i in plan.mesh.process_ids]):
+        return []
+    return [
+        f"the Trainer's mesh is {names} {shape} over ranks {ids}, the plan's {list(plan.mesh.axes)} "
+        f"{list(plan.mesh.shape)} over ranks {list(plan.mesh.process_ids)}"
+    ]
+
+
+def _paddle_plan(style: Style) -> Any:
+    """Paddle's plan object for ``style``."""
+    import paddle.distributed as dist
+
+    if style.name not in HELPER_STYLES:
+        return getattr(dist, style.name)()
+    prepare = getattr(dist, HELPER_STYLES[style.name])
+    if style.name == "reshard_input":
+        return prepare(_reshard_input(list(style.placements)))
+    if style.name == "reshard_output":
+        return prepare(_reshard_output(list(style.placements)))
+    return prepare(_split_sequence_input if style.name == "split_sequence_input" else _gather_sequence_output)
+
+
+def _split_sequence_input(process_mesh):
+    """A PrepareLayerInput function: [b, s, h] -> [s/mp, b, h], as SequenceParallelEnable does."""
+    from paddle.distributed.auto_parallel.intermediate.tensor_parallel import c_split
+
+    return lambda layer, args: c_split(args, process_mesh, True)
+
+
+def _gather_sequence_output(process_mesh):
+    """A PrepareLayerOutput function: [s/mp, b, h] -> [b, s, h], as SequenceParallelEnable does."""
+    from paddle.distributed.auto_parallel.intermediate.tensor_parallel import c_concat
+
+    return lambda layer, args, output: c_concat(output, process_mesh, True)
+
+
+def _reshard_input(placements: list[str]):
+    """A PrepareLayerInput function: reshard the layer's first input to ``placements``."""
+    import paddle.distributed as dist
+
+    from autodist.applier.mesh import to_paddle_placement
+
+    def make(process_mesh):
+        return lambda layer, args: (
+            dist.reshard(args[0], process_mesh, [to_paddle_placement(p) for p in placements]),
+            *args[1:],
+        )
+
+    return make
+
+
+def _reshard_output(placements: list[str]):
+    """A PrepareLayerOutput function: reshard the layer's output to ``placements``."""
+    import paddle.distributed as dist
+
+    from autodist.applier.mesh import to_paddle_placement
+
+    def make(process_mesh):
+        return lambda layer, args, output: dist.reshard(
+            output, process_mesh, [to_paddle_placement(p) for p in placements]
+        )
+
+    return make
+
+
+def _shard_model_parameters(model: Any, plan: Plan) -> None:
+    """The model's own parameters (no dot in the name), which ``dist.parallelize`` does not visit,
+    sharded as the plan says on the mesh (a plan here has no pp axis)."""
+    import paddle.distributed as dist
+
+    from autodist.applier.mesh import stage_mesh, to_paddle_placement
+
+    for name, (_, placements) in parallelize_config(plan).model_params.items():
+        paddle_placements = [to_paddle_placement(p) for p in placements]
+        setattr(model, name, dist.shard_tensor(getattr(model, name), stage_mesh(plan, 0), paddle_placements))
