@@ -62,7 +62,7 @@ from autodist.schemas import (
 from autodist.schemas.experts import runs_moe_locally
 from autodist.schemas.schedules import block_stages
 
-from autodist.planner.recognise.ops import SEQUENCE_MIXING_OPS
+from autodist.planner.ops import SEQUENCE_MIXING_OPS
 from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis, experts_whole
 from autodist.planner.cost.graph_cost import params_before_blocks
 from autodist.planner.cost.search import SearchRequest, SearchResult

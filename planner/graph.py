@@ -23,7 +23,7 @@ import networkx as nx
 
 from autodist.schemas import dtype_name
 
-from autodist.planner.recognise.ops import CONSTANT_OPS
+from autodist.planner.ops import CONSTANT_OPS
 from autodist.planner.trace import TracedProgram
 
 #: Attributes that identify *where* code was (call stacks, struct names with per-process

@@ -159,7 +159,7 @@ class ModelCost:
     #: A projection contracting over the token axis (an MLP-Mixer's token MLP), if any: the
     #: sequence cannot be split between blocks (no sequence parallelism).
     token_mixing: str | None = None
-    #: An op Paddle cannot run on distributed tensors (recognise/ops.LOCAL_ONLY_OPS) and its layer,
+    #: An op Paddle cannot run on distributed tensors (planner/ops.py LOCAL_ONLY_OPS) and its layer,
     #: ``"einsum in layers.0.attn"``: outside every MoE layer (no plan can run it), and inside one
     #: (only plans that run the MoE layers on local tensors can).
     local_only: str | None = None

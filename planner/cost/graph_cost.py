@@ -45,7 +45,7 @@ from autodist.schemas.vocabulary import FLOAT_DTYPES
 from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, Moved, Saved
 from autodist.planner.cost.step_time import Implicit
 from autodist.planner.recognise.match import short_op
-from autodist.planner.recognise.ops import LOCAL_ONLY_OPS, UNTIMED_OPS, WEIGHT_VIEW_OPS
+from autodist.planner.ops import LOCAL_ONLY_OPS, UNTIMED_OPS, WEIGHT_VIEW_OPS
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis

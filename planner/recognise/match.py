@@ -34,7 +34,7 @@ from typing import Iterable, Sequence
 import networkx as nx
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
-from autodist.planner.recognise.ops import ELEMENTWISE_OPS, LAYOUT_OPS, LIKE_OPS
+from autodist.planner.ops import ELEMENTWISE_OPS, LAYOUT_OPS, LIKE_OPS
 from autodist.planner.recognise.patterns import PARAM, PORT, Pattern, compute_histogram, layer_patterns
 
 INPUT_OPS = frozenset({"data"})

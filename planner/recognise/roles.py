@@ -38,7 +38,7 @@ import networkx as nx
 import paddle
 
 from autodist.planner.recognise.match import PARAM, block_nodes, compute_view, constant_nodes, short_op
-from autodist.planner.recognise.ops import CUT_OPS, FUSED_ATTENTION_OPS, LAYOUT_OPS, SEGMENT_OPS
+from autodist.planner.ops import CUT_OPS, FUSED_ATTENTION_OPS, LAYOUT_OPS, SEGMENT_OPS
 from autodist.planner.recognise.spmd import Dist, Replay, is_planned
 
 PROJECTION_OPS = frozenset({"matmul", "addmm"})

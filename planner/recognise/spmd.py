@@ -29,7 +29,7 @@ from paddle.distributed.auto_parallel.static.dist_attribute import DistTensorSpe
 
 
 from autodist.planner.recognise.match import short_op
-from autodist.planner.recognise.ops import ARITHMETIC_OPS, FUSED_ATTENTION_OPS, LIKE_OPS, PASS_THROUGH_OPS, UNARY_OPS
+from autodist.planner.ops import ARITHMETIC_OPS, FUSED_ATTENTION_OPS, LIKE_OPS, PASS_THROUGH_OPS, UNARY_OPS
 
 
 @dataclass(frozen=True)

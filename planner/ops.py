@@ -1,6 +1,7 @@
-"""Names of Paddle ops the recognition and the cost model treat alike, in one place.
+"""Names of Paddle ops the recognition, the graph and the cost model treat alike, in one place (the
+bottom of the planner: it imports nothing).
 
-Short names (``pd_op.`` prefix and in-place ``_`` dropped, see :func:`.match.short_op`) unless
+Short names (``pd_op.`` prefix and in-place ``_`` dropped, see :func:`autodist.planner.recognise.match.short_op`) unless
 the set says it holds full names (``pd_op.softmax``), as the graph's nodes carry them.
 
     >>> "dropout" in PASS_THROUGH_OPS and "dropout" in LAYOUT_OPS
