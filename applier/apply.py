@@ -112,7 +112,7 @@ def apply_plan(
     plan = loaded
 
     # Expert parallelism drops the experts other ranks hold before anything is sharded.
-    replaced = shard_parameters(model, plan, frozenset(dropped_parameters(plan, dist.get_rank())))
+    sharded = shard_parameters(model, plan, frozenset(dropped_parameters(plan, dist.get_rank())))
     register_hooks(model, plan, reshard_fn)
     groups = None
     if runs_moe_locally(plan):  # expert parallelism, or the MoE layers of plain dp (experts.py)
@@ -120,11 +120,13 @@ def apply_plan(
         spread_experts(model, plan, groups)
     wrap_recompute(model, plan)
     if uses_schedule(plan):
-        model = build_pipeline(model, plan, loss_fn, dist.ProcessMesh(mesh_ids(plan).tolist(), plan.mesh.axes))
+        model = build_pipeline(
+            model, plan, loss_fn, dist.ProcessMesh(mesh_ids(plan).tolist(), plan.mesh.axes), sharded.copies
+        )
     if optimizer is not None:
         # Only parameters the returned model holds: a pipeline stage drops the other stages'.
         mine = {id(p) for p in model.parameters()}
-        new_param = {id(old): new for old, new in replaced if id(new) in mine}
+        new_param = {id(old): new for old, new in sharded.pairs if id(new) in mine}
         rebuilt = rebuild_optimizer(optimizer, new_param)
         optimizer = shard_optimizer(rebuilt, plan)
         if groups is not None:  # summed before every update, so after all micro-batches

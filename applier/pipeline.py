@@ -116,6 +116,12 @@ def _contains_a_unit(layer: str, units: list[tuple[str, int]]) -> bool:
     return any(layer == "" or unit.startswith(layer + ".") for unit, _ in units)
 
 
+def called_on_last_stage(plan: Plan) -> frozenset[str]:
+    """Parameters tied by function call: read on the first stage and, by the model's own code,
+    on the last (``tied_stages`` naming the parameter itself)."""
+    return frozenset(fqn for fqn, p in plan.params.items() if fqn in p.tied_stages)
+
+
 def name_stages(plan: Plan) -> dict[str, int]:
     """The stage of every parameter name, tied names included: a tied name runs on its
     ``tied_stages`` entry if it has one, else on its parameter's stage."""
@@ -282,12 +288,15 @@ def _build_chunks(model: paddle.nn.Layer, plan: Plan, rank_stage: int) -> list[t
     stage_of_unit = dict(units)
     pp, last = plan.strategy.pp, len(chunks) - 1
     stage_of = name_stages(plan)
+    called = called_on_last_stage(plan)
+    # Layers that run before the blocks, skipped on later chunks. Not a layer whose weight the
+    # last stage reads too (tied by function call): its forward may run after the blocks.
     before_first = sorted(
         {
             slot.fqn.rpartition(".")[0]
             for slots in parameter_owners(model).values()
             for slot in slots
-            if stage_of.get(slot.fqn) == 0 and _unit_of(slot.fqn, units) is None
+            if stage_of.get(slot.fqn) == 0 and _unit_of(slot.fqn, units) is None and slot.fqn not in called
         }
     )
     layers = dict(model.named_sublayers())
@@ -299,7 +308,9 @@ def _build_chunks(model: paddle.nn.Layer, plan: Plan, rank_stage: int) -> list[t
         stubs = {layer: "identity" for layer, _ in units if layer not in names}
         if index > 0:
             stubs.update({layer: "activation" for layer in before_first})
-        params = _chunk_parameters(model, stage_of, units, names, first=index == 0, last=index == last, pp=pp)
+        params = _chunk_parameters(
+            model, stage_of, called, units, names, first=index == 0, last=index == last, pp=pp
+        )
         chunk = StageChunk(model, running, names, stubs, params, is_first=index == 0, is_last=index == last)
         layers[names[0]].register_forward_pre_hook(chunk.enter_hook, with_kwargs=True)
         layers[names[-1]].register_forward_post_hook(chunk.exit_hook)
@@ -308,16 +319,18 @@ def _build_chunks(model: paddle.nn.Layer, plan: Plan, rank_stage: int) -> list[t
 
 
 def _chunk_parameters(
-    model, stage_of: dict[str, int], units, names: list[str], first: bool, last: bool, pp: int
+    model, stage_of: dict[str, int], called: frozenset[str], units, names: list[str], first: bool, last: bool, pp: int
 ) -> list:
     """The parameter objects a chunk owns: those of its units, and outside the units the
-    stage-0 ones (first chunk) and the last stage's ones (last chunk) — tied copies included."""
+    stage-0 ones (first chunk) and the last stage's ones (last chunk) — tied copies included
+    (a name tied by function call holds its copy on the last stage's ranks: shard.py)."""
     owned, seen = [], set()
     for slots in parameter_owners(model).values():
         for slot in slots:
             param = slot.layer._parameters[slot.key]
             unit, stage = _unit_of(slot.fqn, units), stage_of.get(slot.fqn)
-            mine = unit in names if unit is not None else (first and stage == 0) or (last and stage == pp - 1)
+            outside = (first and stage == 0) or (last and (stage == pp - 1 or slot.fqn in called))
+            mine = unit in names if unit is not None else outside
             if mine and id(param) not in seen:
                 seen.add(id(param))
                 owned.append(param)
@@ -357,10 +370,16 @@ class PipelineModel(paddle.nn.Layer):
         raise RuntimeError("a pipelined model runs whole steps: call model.step(inputs, target=labels)")
 
 
-def build_pipeline(model: paddle.nn.Layer, plan: Plan, loss_fn: Callable, full_mesh: dist.ProcessMesh) -> PipelineModel:
+def build_pipeline(
+    model: paddle.nn.Layer,
+    plan: Plan,
+    loss_fn: Callable,
+    full_mesh: dist.ProcessMesh,
+    copies: dict[tuple[str, int], paddle.Tensor],
+) -> PipelineModel:
     """Build this rank's chunks of the (already sharded) model and wrap them in Paddle's
-    schedule. Every rank creates every process group, in the same order (``new_group`` is
-    collective)."""
+    schedule. ``copies``: the tied names' copies per stage (``shard_parameters``). Every rank
+    creates every process group, in the same order (``new_group`` is collective)."""
     from paddle.distributed.auto_parallel.interface import set_mesh
     from paddle.distributed.auto_parallel.pipelining.schedules import Schedule1F1B, ScheduleVPP
     from paddle.distributed.auto_parallel.pipelining.stage import PipelineStage
@@ -379,7 +398,7 @@ def build_pipeline(model: paddle.nn.Layer, plan: Plan, loss_fn: Callable, full_m
     tied_group = group if plan.strategy.pp == 2 else _my_group(pairs, rank)
     built = _build_chunks(model, plan, stage_of_rank(plan, rank))
     total = len(chunk_units(stage_units(model, plan)))
-    shared = _shared_parameters(model, plan, tied_group)
+    shared = _shared_parameters(model, plan, tied_group, copies)
     stages = []
     for index, chunk in built:
         holds_tied = (chunk.is_first or chunk.is_last) and shared
@@ -404,14 +423,20 @@ def _my_group(columns: list[list[int]], rank: int):
     return mine
 
 
-def _shared_parameters(model: paddle.nn.Layer, plan: Plan, group) -> list[dict]:
+def _shared_parameters(
+    model: paddle.nn.Layer, plan: Plan, group, copies: dict[tuple[str, int], paddle.Tensor]
+) -> list[dict]:
     """Paddle's ``shared_parameters`` for the weights tied across stages: the first stage's
     object and the copy the other stage holds, with this rank's group of the two stages."""
     slots_by_fqn = {slot.fqn: slot for slots in parameter_owners(model).values() for slot in slots}
     shared = []
     for fqn in sorted(plan.params):
-        for alias in sorted(plan.params[fqn].tied_stages):
-            pair = [slots_by_fqn[name].layer._parameters[slots_by_fqn[name].key] for name in (fqn, alias)]
+        planned = plan.params[fqn]
+        for alias in sorted(planned.tied_stages):
+            if alias == fqn:  # tied by function call: one name, holding each stage's copy on its ranks
+                pair = [copies[(fqn, planned.stage)], copies[(fqn, planned.tied_stages[fqn])]]
+            else:
+                pair = [slots_by_fqn[name].layer._parameters[slots_by_fqn[name].key] for name in (fqn, alias)]
             shared.append({"params": pair, "group": group})
     return shared
 

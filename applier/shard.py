@@ -5,7 +5,10 @@ table) is sharded once and the one new object is put back under every name, so t
 survives; sharding the copies separately would train two diverging tables
 (docs/paddle-notes.md, "Parameters and optimizers"). The exception is a name the plan puts on
 another pipeline stage (``tied_stages``): it gets its own copy on that stage's mesh, which the
-pipeline schedule keeps equal to the original by summing their gradients.
+pipeline schedule keeps equal to the original by summing their gradients. A weight tied by a
+function call (the head ``paddle.matmul(h, self.wte.weight, transpose_y=True)``, ``tied_stages``
+naming the parameter itself) has one name only: on the ranks of the other stage that name holds
+the copy, since those ranks never run the stage that reads the original.
 
 Parameters of a model built under a LazyGuard have no storage yet: each is initialised whole,
 in the order they were created, sharded, and the whole tensor freed, so a lazily built model
@@ -13,7 +16,7 @@ starts from the eager build's values (lazy.py).
 
 Example::
 
-    >>> pairs = shard_parameters(model, plan)               # doctest: +SKIP
+    >>> pairs = shard_parameters(model, plan).pairs         # doctest: +SKIP
     >>> model.lm_head.weight.placements  # doctest: +SKIP
     [Replicate(), Shard(dim=1)]
 """
@@ -51,18 +54,25 @@ def parameter_owners(model: paddle.nn.Layer) -> dict[int, list[Slot]]:
     return owners
 
 
-def shard_parameters(
-    model: paddle.nn.Layer, plan: Plan, dropped: frozenset[str] = frozenset()
-) -> list[tuple[paddle.Tensor, paddle.Tensor]]:
+class Sharded(NamedTuple):
+    """What :func:`shard_parameters` made: the ``(old, new)`` parameter pairs (a copy on another
+    stage is a pair too), and ``copies[(name, stage)]``, the copy a tied name holds on a stage
+    (for a tie by function call, also the original on the parameter's own stage)."""
+
+    pairs: list[tuple[paddle.Tensor, paddle.Tensor]]
+    copies: dict[tuple[str, int], paddle.Tensor]
+
+
+def shard_parameters(model: paddle.nn.Layer, plan: Plan, dropped: frozenset[str] = frozenset()) -> Sharded:
     """Shard each planned parameter (``dist.shard_tensor`` on its stage mesh, with its
     placements) and put it back in every slot that held the old one; remove the ``dropped``
     ones (experts other ranks hold, experts.py) from the model. A lazily built parameter
-    is first initialised whole, in creation order (lazy.py), and freed once sharded or dropped.
-    Returns the ``(old, new)`` parameter pairs."""
+    is first initialised whole, in creation order (lazy.py), and freed once sharded or dropped."""
     slots_by_fqn = {slot.fqn: slots for slots in parameter_owners(model).values() for slot in slots}
     held = {fqn: slots[0].layer._parameters[slots[0].key] for fqn, slots in slots_by_fqn.items()}
     turn = lazy.creation_turns(model, [held[fqn] for fqn in plan.params])
-    replaced = []
+    replaced, copied = [], {}
+    me = dist.get_rank()
     for fqn in sorted(plan.params, key=lambda f: (turn[id(held[f])], f)):
         planned = plan.params[fqn]
         slots = slots_by_fqn[fqn]
@@ -83,9 +93,17 @@ def shard_parameters(
             alias: dist.shard_tensor(old, stage_mesh(plan, stage), placements)
             for alias, stage in sorted(planned.tied_stages.items())
         }
+        # Tied by function call: on the ranks of the copy's stage, the one name holds the copy.
+        called_stage = planned.tied_stages.get(fqn)
+        here = new
+        if called_stage is not None and me in stage_mesh(plan, called_stage).process_ids:
+            here = copies[fqn]
         for slot in slots:
-            slot.layer._parameters[slot.key] = copies.get(slot.fqn, new)
+            slot.layer._parameters[slot.key] = copies.get(slot.fqn, here) if slot.fqn != fqn else here
         replaced += [(old, new)] + [(old, copy) for copy in copies.values()]
+        copied.update({(alias, planned.tied_stages[alias]): copy for alias, copy in copies.items()})
+        if called_stage is not None:
+            copied[(fqn, planned.stage)] = new
         if built_lazily:
             old._set_impl(paddle.Tensor())  # drop the whole tensor (not _clear_data: new may share it)
-    return replaced
+    return Sharded(replaced, copied)

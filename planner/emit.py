@@ -64,7 +64,7 @@ from autodist.schemas.schedules import block_stages
 
 from autodist.planner.ops import SEQUENCE_MIXING_OPS
 from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis, experts_whole
-from autodist.planner.cost.graph_cost import params_before_blocks
+from autodist.planner.cost.graph_cost import params_before_blocks, params_read_on_both_sides
 from autodist.planner.cost.search import SearchRequest, SearchResult
 from autodist.planner.recognise.reshards import reshard_hooks
 
@@ -177,6 +177,7 @@ def build_mesh(strategy: Strategy) -> Mesh:
 def _param_plans(analysis: ModelAnalysis, strategy: Strategy, axes: list[str], notes: list[str]) -> dict:
     mp_placements = _mp_placements(analysis, strategy.mp, notes)
     stage_of = _param_stages(analysis, strategy.pp, strategy.virtual_stages)
+    both_sides = params_read_on_both_sides(analysis) if strategy.pp > 1 else frozenset()
     moe_layers = _moe_layers(analysis, strategy)
     plans = {}
     for fqn in sorted(analysis.params):
@@ -189,7 +190,7 @@ def _param_plans(analysis: ModelAnalysis, strategy: Strategy, axes: list[str], n
             stage=stage_of[fqn],
             style=style,
             tied_to=sorted(analysis.tied.get(fqn, [])),
-            tied_stages=_tied_stages(analysis, fqn, strategy.pp),
+            tied_stages=_tied_stages(analysis, fqn, strategy.pp) | ({fqn: strategy.pp - 1} if fqn in both_sides else {}),
         )
     return plans
 
@@ -267,15 +268,25 @@ def _tied_stages(analysis: ModelAnalysis, fqn: str, pp: int) -> dict[str, int]:
 
 
 def _tied_across_stages(analysis: ModelAnalysis, pp: int) -> list[str]:
-    """Say so in the notes when the embedding's table is tied across stages."""
+    """Say so in the notes when a table is tied across stages: by name (the embedding's table
+    shared with the head's ``Parameter``) or by function call (read before and after the blocks)."""
+    if pp == 1:
+        return []
     embedding = analysis.embedding
     aliases = _tied_stages(analysis, embedding, pp) if embedding else {}
-    if not aliases:
-        return []
-    return [
+    notes = [
         f"{embedding} (stage 0) is tied to {', '.join(aliases)} on stage {pp - 1}: that stage holds a copy, and "
         "the schedule sums the two gradients before each optimizer step"
-    ]
+    ] * bool(aliases)
+    for fqn in sorted(params_read_on_both_sides(analysis)):
+        layers = sorted({fqn.rpartition(".")[0], *analysis.read_by.get(fqn, [])})
+        readers = " and ".join(layer or "the model's own forward" for layer in layers)
+        notes.append(
+            f"{fqn} is read before the blocks and after them (by {readers}): a weight tied by function call; "
+            f"stage 0 holds it, stage {pp - 1} a copy, and the schedule sums the two gradients before each "
+            "optimizer step"
+        )
+    return notes
 
 
 # -- hooks ------------------------------------------------------------------------------------------------

@@ -67,8 +67,8 @@ def check_params(plan: Plan) -> list[str]:
         if param.stage >= plan.strategy.pp:
             problems.append(f"{where}.stage: {param.stage} but pp is {plan.strategy.pp}")
         for alias, stage in sorted(param.tied_stages.items()):
-            if alias not in param.tied_to:
-                problems.append(f'{where}.tied_stages: "{alias}" is not one of its tied_to names')
+            if alias not in param.tied_to and alias != fqn:
+                problems.append(f'{where}.tied_stages: "{alias}" is neither one of its tied_to names nor its own')
             if stage >= plan.strategy.pp or stage == param.stage:
                 problems.append(
                     f'{where}.tied_stages["{alias}"]: {stage} must be another stage below pp={plan.strategy.pp}'

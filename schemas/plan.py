@@ -203,7 +203,10 @@ class ParamPlan(Base):
     tied_to: list[Fqn] = []
     #: Names in ``tied_to`` used on another pipeline stage than ``stage`` (an LM head sharing
     #: the embedding's table), with that stage: there they hold their own copy, and the
-    #: gradients of the copies are summed before the optimizer step (Megatron-LM's way).
+    #: gradients of the copies are summed before the optimizer step (Megatron-LM's way). The
+    #: parameter's own name here is a tie by function call: the model's code reads it on that
+    #: stage too (a head ``paddle.matmul(h, self.wte.weight, transpose_y=True)``), and there
+    #: the name holds the copy.
     tied_stages: dict[Fqn, NonNegativeInt] = {}
 
 

@@ -485,6 +485,23 @@ def params_before_blocks(analysis: ModelAnalysis) -> frozenset[str]:
     return frozenset(before)
 
 
+def params_read_on_both_sides(analysis: ModelAnalysis) -> frozenset[str]:
+    """The parameters outside the blocks read both before the first block and after the last:
+    a table tied by a function call (``paddle.matmul(h, self.wte.weight, transpose_y=True)``
+    after the blocks, or ``F.embedding(ids, self.lm_head.weight.T)`` before them). A pipeline
+    needs them on its first and its last stage (emit: ``tied_stages``)."""
+    nodes = [n for b in analysis.blocks for n in b.nodes]
+    if not nodes:
+        return frozenset()
+    first, last, graph = min(nodes), max(nodes), analysis.graph
+    both = set()
+    for node, data in graph.nodes(data=True):
+        consumers = list(graph.successors(node)) if data["param"] is not None else []
+        if consumers and min(consumers) < first and max(consumers) > last:
+            both.add(data["param"])
+    return frozenset(both)
+
+
 def _edges(
     analysis, facts: GraphFacts, numel: dict[str, int], block_params: set[str], in_blocks: set[int], tokens: int
 ) -> tuple[EdgeCost, EdgeCost, int, list[str]]:
@@ -494,7 +511,9 @@ def _edges(
     head = analysis.lm_head.weight if analysis.lm_head else None
     vocab_params = {p for p in (analysis.embedding, head) if p}
     before = params_before_blocks(analysis)
-    tied = head if head and head == analysis.embedding else None
+    # A table both sides read (a head tied to the embedding by name or by function call): the
+    # last stage of a pipeline holds a copy.
+    tied = ({head} if head and head == analysis.embedding else set()) | params_read_on_both_sides(analysis)
     boundary = min(in_blocks) if in_blocks else max(facts.graph.nodes, default=0) + 1
     sides: dict[str, list[int]] = {"first": [], "last": []}
     for n in facts.graph.nodes:
@@ -504,7 +523,7 @@ def _edges(
     edges = {}
     for side, walk in walks.items():
         on_side = {fqn for fqn in numel if fqn not in block_params and (fqn in before) == (side == "first")}
-        on_side |= {tied} if tied else set()
+        on_side |= tied
         vocab_flops = sum(f for w, f in walk.flops_by_weight.items() if w in vocab_params)
         saved = _saved(facts, walk, "outside", tokens) + _saved(facts, walk, "inside", tokens)
         edges[side] = dict(
@@ -532,7 +551,7 @@ def _edges(
         # Logits plus the loss's fp32 softmax: Korthikanti's 4sbv bytes at 2-byte elements.
         edges["last"]["saved_vocab"] = Saved(floats=2.0 * vocab)
         edges["last"]["allreduce_bwd_per_token"] = hidden  # column-parallel head input gradient
-    return EdgeCost(**edges["first"]), EdgeCost(**edges["last"]), (numel[tied] if tied else 0), notes
+    return EdgeCost(**edges["first"]), EdgeCost(**edges["last"]), sum(numel[p] for p in tied), notes
 
 
 def implicit_collectives(analysis: ModelAnalysis, mp: int, dtype_bytes: int) -> Implicit:

@@ -85,6 +85,8 @@ class ModelAnalysis:
     recognised: list[RecognisedBlock] = field(default_factory=list, repr=False)
     #: What stopped a split, one line per layer kind and op (:func:`not_recognised`; also in ``notes``).
     refusals: list[str] = field(default_factory=list)
+    #: Ties by function call (:func:`read_by`): ``{parameter FQN: the other layers reading it}``.
+    read_by: dict[str, list[str]] = field(default_factory=dict)
 
 
 def analyze(
@@ -138,6 +140,7 @@ def analyze(
         graph_fingerprint=graph_fingerprint(graph),
         recognised=recognised,
         refusals=refusals,
+        read_by=read_by(graph, model),
     )
 
 
@@ -205,6 +208,31 @@ def tied_parameters(model: paddle.nn.Layer) -> dict[str, list[str]]:
                 if fqn not in fqns:
                     fqns.append(fqn)
     return {fqn: sorted(set(group) - {fqn}) for group in names.values() if len(group) > 1 for fqn in group}
+
+
+def read_by(graph: nx.DiGraph, model: paddle.nn.Layer) -> dict[str, list[str]]:
+    """Weights tied by a function call: ``{parameter FQN: the layers other than its own whose
+    ops read it}``, from the trace (the parameter op feeding ops in two layers). A head written
+    ``paddle.matmul(h, self.wte.weight, transpose_y=True)`` in the model's forward reads the
+    embedding's table from the root layer ``""``; ``F.embedding(ids, self.lm_head.weight.T)``
+    reads the head's weight. One Parameter, one name: unlike :func:`tied_parameters` there is no
+    second name to find it by. A layer inside the owner, or holding the parameter under
+    another name (a shared ``Parameter``), is not counted.
+    """
+    owners: dict[str, set[str]] = {}
+    for fqn, aliases in tied_parameters(model).items():
+        owners.setdefault(fqn, set()).update(alias.rpartition(".")[0] for alias in aliases)
+    readers: dict[str, set[str]] = {}
+    for node, data in graph.nodes(data=True):
+        fqn = data["param"]
+        if fqn is None:
+            continue
+        own = {fqn.rpartition(".")[0]} | owners.get(fqn, set())
+        for user in graph.successors(node):
+            layer = graph.nodes[user]["layer"]
+            if not any(layer == o or (o and layer.startswith(o + ".")) or o == "" for o in own):
+                readers.setdefault(fqn, set()).add(layer)
+    return {fqn: sorted(layers) for fqn, layers in sorted(readers.items())}
 
 
 # -- blocks ------------------------------------------------------------------------------------------

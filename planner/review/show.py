@@ -209,6 +209,11 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
     for fqn, param in sorted(plan.params.items()):
         if param.tied_to:
             out.append(f"  tied: {fqn} is also {', '.join(param.tied_to)} (one parameter)")
+        if fqn in param.tied_stages:
+            out.append(
+                f"  tied: {clip(fqn)} is read on stage {param.stage} and, by a function call, on stage "
+                f"{param.tied_stages[fqn]} (which holds a copy)"
+            )
     if plan.hooks:
         out.append("")
         out.append("hooks")

@@ -211,6 +211,32 @@ def _paddleformers_workload(factory: str) -> Workload:
     )
 
 
+def _tied_by_call(target: str) -> Workload:
+    """A zoo model whose embedding and head share a weight through a function call
+    (tests/test_tied_by_call.py), with its logits loss for a pipeline: ``target`` is
+    ``file.py`` or ``file.py:factory``."""
+    relpath, _, factory = target.partition(":")
+    module = load_model_file(relpath, f"zoo_{relpath.rpartition('/')[2].removesuffix('.py')}")
+    build = getattr(module, factory or "build_model")
+    return Workload(
+        name=f"tied_by_call_{factory or relpath.rpartition('/')[2].removesuffix('.py')}",
+        vocab_size=module.VOCAB,
+        build_unseeded=lambda: without_dropout(build()),
+        loss=module.loss,
+        planner_target=target,
+        planner_env={},
+        pipeline_loss=lambda model: module.logits_loss,
+    )
+
+
+#: The three spellings of a tie by function call, trained under pipelines.
+TIED_BY_CALL = (
+    "tests/models/zoo/nanogpt.py",
+    "tests/models/zoo/tied_by_call.py:build_linear_head",
+    "tests/models/zoo/tied_by_call.py:build_embedding_from_head",
+)
+WORKLOADS.update({w.name: w for w in map(_tied_by_call, TIED_BY_CALL)})
+
 #: The zoo (tests/test_zoo.py): every model of tests/models/zoo/ and the PaddleFormers classes.
 ZOO_FILES = (
     "bert_postnorm",
