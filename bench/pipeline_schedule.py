@@ -17,7 +17,7 @@ from pathlib import Path
 import paddle
 
 from autodist.planner.cost.search import SearchRequest, search
-from autodist.planner.review.format import strategy_text
+from autodist.schemas.describe import strategy_text
 from autodist.planner.errors import PlannerError
 from autodist.planner.graph import build_graph
 from autodist.planner.recognise.analysis import analyze

@@ -20,7 +20,7 @@ from autodist.planner import driver
 from autodist.planner.load import import_model_file
 from autodist.planner.cost.graph_cost import model_cost
 from autodist.planner.cost.search import SearchRequest, search
-from autodist.planner.review.format import strategy_text
+from autodist.schemas.describe import strategy_text
 
 MODEL_FILE = Path(__file__).resolve().parents[1] / "plans" / "llama_docstring" / "model.py"
 CLUSTERS = [(8, 1), (8, 2), (8, 8), (8, 64), (8, 128)]  # (devices per node, nodes)

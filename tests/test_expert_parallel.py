@@ -15,7 +15,7 @@ from autodist.planner.cost.blocks import BlockCost, ModelCost, Saved
 from autodist.planner.cost.graph_cost import model_cost
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest, expert_problem, search
-from autodist.planner.review.format import strategy_text
+from autodist.schemas.describe import strategy_text
 from autodist.planner.cost.step_time import Setup, StageTable, estimate
 from autodist.planner.driver import plan_target
 from autodist.planner.errors import PlannerError
@@ -408,7 +408,7 @@ def test_a_plan_without_ep_reads_as_ep_1_and_a_bad_ep_is_named():
 
 def test_show_and_export_say_what_ep_does():
     from autodist.planner.review.export import ExportError, export_parallelize
-    from autodist.planner.review.format import strategy_text
+    from autodist.schemas.describe import strategy_text
 
     made = plan_target(
         MIXTRAL, None, SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=2, device=H100), {"target": MIXTRAL}
@@ -519,7 +519,7 @@ def test_an_expert_parallel_plan_is_the_same_bytes_when_made_again(ep_plan):
 
 
 def test_explain_says_what_the_ep_gathers_and_sums_cost():
-    from autodist.planner.cost.explain import explain_table
+    from autodist.planner.review.explain import explain_table
     from autodist.planner.review.format import human_seconds
 
     model = moe_model(expert_params=400_000_000)

@@ -25,9 +25,9 @@ from autodist.planner.cost.graph_cost import model_cost
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.step_time import MEMORY_USABLE, Setup, StageTable, estimate
 from autodist.planner.errors import PlannerError
-from autodist.planner.cost.explain import explain_table
+from autodist.planner.review.explain import explain_table
 from autodist.planner.cost.search import SearchRequest, search
-from autodist.planner.review.format import strategy_text
+from autodist.schemas.describe import strategy_text
 from autodist.schemas import Strategy
 
 H100, A100_40 = PROFILES["h100-sxm"], PROFILES["a100-40g"]

@@ -172,7 +172,7 @@ def plan(
       autodist-plan plans/llama_docstring/model.py --devices 4 -o plan.json
       autodist-plan model.py --devices 8 --nodes 2 --mp 8 --device h100-sxm --explain -o plan.json
     """
-    from autodist.planner.review.format import strategy_text
+    from autodist.schemas.describe import strategy_text
 
     if output and not Path(output).resolve().parent.is_dir():  # checked before the planning work, not after
         raise PlannerError(f"{output}: the folder {Path(output).parent} does not exist; create it first")
@@ -201,7 +201,7 @@ def plan(
         load_plan(data)  # checked as save_plan checks a file
         click.echo(data.decode(), nl=False)
     if explain:
-        from autodist.planner.cost.explain import explain_table
+        from autodist.planner.review.explain import explain_table
 
         click.echo(explain_table(made.result), err=True)
     if not quiet:

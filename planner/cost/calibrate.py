@@ -160,7 +160,7 @@ def measure_training_step(model, plan, input_specs: list, steps: int = TRAINING_
     an AdamW step. A plan that accumulates runs its micro-batches per step, as training does."""
     import paddle
 
-    from autodist import apply_plan
+    from autodist.applier import apply_plan
 
     batch = plan.data.global_batch_size or max(input_specs[0].shape[0], 1)
     seq_len = plan.provenance.arguments.get("seq_len")  # priced at another length than traced

@@ -35,7 +35,7 @@ from autodist.planner.cost.step_time import (
     estimate,
 )
 from autodist.planner.errors import PlannerError
-from autodist.planner.review.format import strategy_text
+from autodist.schemas.describe import strategy_text
 from autodist.schemas import Candidate, DeviceProfile, Rejected, Strategy
 from autodist.schemas.experts import expert_limit, runs_moe_locally
 from autodist.schemas.vocabulary import training_bytes

@@ -21,7 +21,8 @@ from typing import Any
 
 import msgspec
 
-from autodist.planner.review.format import collapse, human_bytes, human_count, strategy_text
+from autodist.planner.review.format import collapse, human_bytes, human_count
+from autodist.schemas.describe import strategy_text
 from autodist.schemas.checkpoint import Checkpoint, SavedScheduler, SavedTensor
 from autodist.schemas.errors import printable
 from autodist.schemas.vocabulary import DTYPE_BYTES

@@ -2,7 +2,7 @@
 
 FQNs collapse into patterns -- a 32-layer model has hundreds of parameters but only a handful of
 distinct layouts, and ``llama.layers.*.self_attn.q_proj.weight`` stands for all of them -- and
-sizes, times and strategies read the same way in every command.
+sizes and times read the same way in every command (strategies: :func:`autodist.schemas.describe.strategy_text`).
 
 Example::
 
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Literal, Mapping
+from typing import Any, Hashable, Iterable, Mapping
 
-from autodist.schemas import Plan, Strategy
+from autodist.schemas import Plan
 from autodist.schemas import printable as printable  # the one escaping function (PlanError uses it too)
 
 #: The widest a name column gets in text output; longer names end in an ellipsis (``--json``
@@ -165,53 +165,6 @@ def human_count(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f}{unit}"
     return f"{n:.0f}"
-
-
-def strategy_text(strategy: Strategy, form: Literal["long", "short"] = "long") -> str:
-    """A strategy in words: every choice it makes, said the same way by every command.
-
-    ``"long"`` for a summary (``show``, the plan command), ``"short"`` for one row of a table
-    (``--explain``, rejected strategies); both name the same fields in the same order.
-
-    >>> s = Strategy(dp=2, mp=4, pp=2, sequence_parallel=True, sharding_stage=1, micro_batches=4, schedule="VPP",
-    ...              virtual_stages=2, recompute="full")
-    >>> strategy_text(s)
-    'dp2 · mp4 · pp2, sequence parallel on, ZeRO stage 1, 4 micro-batches, schedule VPP (2 chunks per stage), recompute full'
-    >>> strategy_text(s, "short")
-    'dp2 mp4 pp2 sp zero1 m4 VPP v2 recompute-full'
-    >>> strategy_text(Strategy(dp=8), "short"), strategy_text(Strategy(dp=8))
-    ('dp8 mp1 pp1 m1', 'dp8 · mp1 · pp1, sequence parallel off, ZeRO stage 0, 1 micro-batch')
-    >>> strategy_text(Strategy(dp=4, ep=2), "short")
-    'dp4 mp1 pp1 m1 ep2'
-
-    """
-    sp, zero, m, v = (
-        strategy.sequence_parallel,
-        strategy.sharding_stage,
-        strategy.micro_batches,
-        strategy.virtual_stages,
-    )
-    axes = [f"dp{strategy.dp}", f"mp{strategy.mp}", f"pp{strategy.pp}"]
-    words: list[tuple[str, str | None]] = [  # (long, short); the short form leaves out what is off
-        (" · ".join(axes), " ".join(axes)),
-        (f"sequence parallel {'on' if sp else 'off'}", "sp" if sp else None),
-        (f"ZeRO stage {zero}", f"zero{zero}" if zero else None),
-        (f"{m} micro-batch{'es' if m != 1 else ''}", f"m{m}"),
-    ]
-    if strategy.schedule != "none":
-        words.append(
-            (
-                f"schedule {strategy.schedule}" + (f" ({v} chunks per stage)" if v > 1 else ""),
-                strategy.schedule + (f" v{v}" if v > 1 else ""),
-            )
-        )
-    if strategy.recompute != "none":
-        words.append((f"recompute {strategy.recompute}", f"recompute-{strategy.recompute}"))
-    if strategy.ep > 1:
-        words.append((f"experts over {strategy.ep} dp ranks (ep{strategy.ep})", f"ep{strategy.ep}"))
-    if form == "long":
-        return ", ".join(long for long, _ in words)
-    return " ".join(short for _, short in words if short)
 
 
 def mesh_text(plan: Plan) -> str:

@@ -29,8 +29,8 @@ from autodist.planner.review.format import (
     mesh_text,
     printable,
     stage_summary,
-    strategy_text,
 )
+from autodist.schemas.describe import strategy_text
 
 WIDTH = 900
 MARGIN = 20

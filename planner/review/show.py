@@ -31,8 +31,8 @@ from autodist.planner.review.format import (
     natural_key,
     printable,
     stage_summary,
-    strategy_text,
 )
+from autodist.schemas.describe import strategy_text
 from autodist.schemas import Plan
 
 #: How many accepted alternatives ``show`` lists by default.

@@ -22,7 +22,8 @@ numbers are left out here, they move with the cost model)::
 from __future__ import annotations
 
 from autodist.planner.cost.search import SearchResult
-from autodist.planner.review.format import human_bytes, human_count, human_seconds, strategy_text
+from autodist.planner.review.format import human_bytes, human_count, human_seconds
+from autodist.schemas.describe import strategy_text
 from autodist.schemas import Candidate
 
 #: The table's columns: heading, and whether its cells are numbers (right-aligned). Sizes, times
