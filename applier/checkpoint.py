@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import mmap
 import os
 import secrets
 import shutil
@@ -55,6 +56,8 @@ from autodist.schemas.checkpoint import (
     Shard,
     decode_checkpoint,
     encode_checkpoint,
+    open_folder,
+    open_inside,
     read_checkpoint,
     saved_tensors,
 )
@@ -167,15 +170,14 @@ def load_checkpoint(
         problems += _optimizer_problems(model, optimizer, meta)
     if optimizer is not None or scheduler is not None:  # not when loading only the model (evaluation)
         problems += _scheduler_problems(scheduler, meta)
-    problems += _file_problems(path, meta)
-    _raise_first(problems, path)
-    targets = {f"param/{fqn}": p for fqn, p in model.named_parameters()}
-    if optimizer is not None and meta.optimizer is not None:
-        targets.update(_prepared_states(model, optimizer, meta, path))
-    saved = saved_tensors(meta)
-    files = _MappedFiles(path / meta.data)
-    for name in sorted(targets):
-        _fill(targets[name], saved[name], files)
+    with _ShardFiles(path, meta) as files:
+        _raise_first(problems + files.problems, path)
+        targets = {f"param/{fqn}": p for fqn, p in model.named_parameters()}
+        if optimizer is not None and meta.optimizer is not None:
+            targets.update(_prepared_states(model, optimizer, meta, path))
+        saved = saved_tensors(meta)
+        for name in sorted(targets):
+            _fill(targets[name], saved[name], files)
     if scheduler is not None and meta.scheduler is not None:
         scheduler_state.restore(scheduler, meta.scheduler)
     return meta
@@ -192,13 +194,13 @@ def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> dict[s
     """
     path = Path(path)
     meta = read_checkpoint(path)
-    _raise_first(_file_problems(path, meta), path)
-    files = _MappedFiles(path / meta.data)
     state = {}
-    for fqn, saved in sorted(meta.params.items()):
-        tensor = paddle.zeros(saved.shape, dtype=saved.dtype)
-        tensor.set_value(_read_box(saved, ([0] * len(saved.shape), list(saved.shape)), files))
-        state[fqn] = tensor
+    with _ShardFiles(path, meta) as files:
+        _raise_first(files.problems, path)
+        for fqn, saved in sorted(meta.params.items()):
+            tensor = paddle.zeros(saved.shape, dtype=saved.dtype)
+            tensor.set_value(_read_box(saved, ([0] * len(saved.shape), list(saved.shape)), files))
+            state[fqn] = tensor
     paddle.save(state, str(out))
     return state
 
@@ -448,7 +450,7 @@ def _commit(path: Path, meta: Checkpoint) -> None:
     _fsync_dir(path)
     for entry in path.iterdir():
         if _is_ours(entry.name) and entry.name != meta.data:
-            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -480,29 +482,28 @@ def _raise_first(problems: list[str], path: Path) -> None:
 # -- checking before loading -----------------------------------------------------------------------------
 
 
-def _file_problems(path: Path, meta: Checkpoint) -> list[str]:
-    problems = []
-    for file, size in sorted(meta.files.items()):
-        target = path / meta.data / file
-        found = target.stat().st_size if target.is_file() else None
-        if found is None or found < size:
-            problems.append(f"{meta.data}/{file} is missing or shorter than {size} bytes (found {found})")
-    return problems
-
-
 def _model_problems(model, meta: Checkpoint) -> list[str]:
+    """Every saved parameter against the model's, whatever the fingerprint says (the metadata
+    is untrusted): the same FQNs, shapes and dtypes. Optimizer states are held against the
+    states the optimizer creates (:func:`_prepared_states`)."""
     table = _parameter_table(model)
-    if parameter_fingerprint(table) == meta.model.param_fingerprint:
-        return []
     saved = {fqn: (t.shape, t.dtype) for fqn, t in meta.params.items()}
     missing = sorted(set(table) - set(saved))
     extra = sorted(set(saved) - set(table))
     changed = sorted(
         f for f in set(saved) & set(table) if list(saved[f][0]) != table[f][0] or saved[f][1] != table[f][1]
     )
+    if not (missing or extra or changed) and parameter_fingerprint(table) == meta.model.param_fingerprint:
+        return []
     details = [f"{len(names)} {what}, e.g. {names[0]!r}" for what, names in (
-        ("not in the checkpoint", missing), ("only in the checkpoint", extra), ("of another shape or dtype", changed)
+        ("not in the checkpoint", missing), ("only in the checkpoint", extra)
     ) if names]  # fmt: skip
+    if changed:
+        (shape, dtype), (here_shape, here_dtype) = saved[changed[0]], table[changed[0]]
+        details.append(
+            f"{len(changed)} of another shape or dtype, e.g. {changed[0]!r} (saved {list(shape)} {dtype}, "
+            f"here {here_shape} {here_dtype})"
+        )
     return [
         f"saved from a different model ({meta.model.class_name}, {len(saved)} parameters); this "
         f"{type(model).__name__} has {len(table)}: " + "; ".join(details or ["the parameter fingerprint differs"])
@@ -574,20 +575,60 @@ def _prepared_states(model, optimizer, meta: Checkpoint, path: Path) -> dict[str
 # -- reading --------------------------------------------------------------------------------------------
 
 
-class _MappedFiles:
-    """The checkpoint's shard files, memory-mapped once each: reading a piece touches only
-    its bytes."""
+class _ShardFiles:
+    """The checkpoint's shard files, opened before anything is loaded and memory-mapped: each
+    directly inside the data folder, itself directly inside the checkpoint (never through a
+    symlink, so nothing outside the checkpoint folder is read), a regular file at least as long
+    as the metadata says (``problems``, one per file that is not). Reading a piece touches only
+    its bytes.
 
-    def __init__(self, folder: Path):
-        self.folder = folder
+    Example::
+
+        >>> with _ShardFiles(Path("ckpt"), read_checkpoint("ckpt")) as files:   # doctest: +SKIP
+        ...     _raise_first(files.problems, Path("ckpt"))
+    """
+
+    def __init__(self, path: Path, meta: Checkpoint):
+        self.problems: list[str] = []
         self.maps: dict[str, np.ndarray] = {}
+        try:
+            with open_folder(path) as top, open_folder(meta.data, inside=top) as folder:
+                for file, size in sorted(meta.files.items()):
+                    self._open(folder, path, meta.data, file, size)
+        except FileNotFoundError:
+            self.problems.append(f"{meta.data} is missing")
+        except CheckpointError as exc:
+            self.problems.append(exc.problem)
+        except OSError as exc:
+            self.problems.append(f"cannot read {meta.data}: {exc.strerror or exc}")
+
+    def _open(self, folder: int, path: Path, data: str, file: str, size: int) -> None:
+        try:
+            fd = open_inside(folder, file, path)
+        except FileNotFoundError:
+            fd = None
+        except CheckpointError as exc:
+            self.problems.append(f"{data}/{exc.problem}")
+            return
+        found = None if fd is None else os.fstat(fd).st_size
+        try:
+            if found is None or found < size:
+                self.problems.append(f"{data}/{file} is missing or shorter than {size} bytes (found {found})")
+            elif found:
+                self.maps[file] = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8)
+            else:
+                self.maps[file] = np.empty(0, np.uint8)
+        finally:
+            if fd is not None:
+                os.close(fd)  # the map keeps its own reference to the file
+
+    def __enter__(self) -> _ShardFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.maps.clear()
 
     def array(self, shard: Shard, dtype: str) -> np.ndarray:
-        if shard.file not in self.maps:
-            file = self.folder / shard.file
-            self.maps[shard.file] = (
-                np.memmap(file, dtype=np.uint8, mode="r") if file.stat().st_size else np.empty(0, np.uint8)
-            )
         np_dtype = _numpy_dtype(dtype)
         nbytes = math.prod(shard.shape) * np_dtype.itemsize
         raw = self.maps[shard.file][shard.byte_offset : shard.byte_offset + nbytes]
@@ -600,12 +641,12 @@ def _numpy_dtype(dtype: str) -> np.dtype:
     return np.dtype("uint16" if dtype == "bfloat16" else dtype)
 
 
-def _read_box(saved: SavedTensor, box, files: _MappedFiles) -> np.ndarray:
+def _read_box(saved: SavedTensor, box, files: _ShardFiles) -> np.ndarray:
     boxes = [(s.offset, s.shape) for s in saved.shards]
     return assemble(box, boxes, lambda i: files.array(saved.shards[i], saved.dtype), _numpy_dtype(saved.dtype))
 
 
-def _fill(tensor, saved: SavedTensor, files: _MappedFiles) -> None:
+def _fill(tensor, saved: SavedTensor, files: _ShardFiles) -> None:
     """Set this rank's piece of ``tensor`` from the saved shards."""
     shape = [int(d) for d in tensor.shape]
     if tensor.is_dist():

@@ -207,13 +207,13 @@ def open_inside(dir_fd: int, name: str, path: str | os.PathLike, *, folder: bool
     try:
         fd = os.open(name, flags, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):  # Linux: ELOOP, and ENOTDIR for a folder's link
+            raise
+        if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
             raise CheckpointError(
                 f"{name} is a symbolic link: a checkpoint's files are read only from inside its folder", path
             ) from None
-        if exc.errno == errno.ENOTDIR:
-            raise CheckpointError(f"{name} is not a folder", path) from None
-        raise
+        raise CheckpointError(f"{name} is not a folder", path) from None
     mode = os.fstat(fd).st_mode
     if not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)):
         os.close(fd)
