@@ -308,9 +308,7 @@ def _build_chunks(model: paddle.nn.Layer, plan: Plan, rank_stage: int) -> list[t
         stubs = {layer: "identity" for layer, _ in units if layer not in names}
         if index > 0:
             stubs.update({layer: "activation" for layer in before_first})
-        params = _chunk_parameters(
-            model, stage_of, called, units, names, first=index == 0, last=index == last, pp=pp
-        )
+        params = _chunk_parameters(model, stage_of, called, units, names, first=index == 0, last=index == last, pp=pp)
         chunk = StageChunk(model, running, names, stubs, params, is_first=index == 0, is_last=index == last)
         layers[names[0]].register_forward_pre_hook(chunk.enter_hook, with_kwargs=True)
         layers[names[-1]].register_forward_post_hook(chunk.exit_hook)

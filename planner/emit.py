@@ -63,8 +63,13 @@ from autodist.schemas.experts import runs_moe_locally
 from autodist.schemas.schedules import block_stages
 
 from autodist.planner.ops import SEQUENCE_MIXING_OPS
-from autodist.planner.recognise.analysis import LinearUse, ModelAnalysis, experts_whole
-from autodist.planner.cost.graph_cost import params_before_blocks, params_read_on_both_sides
+from autodist.planner.recognise.analysis import (
+    LinearUse,
+    ModelAnalysis,
+    experts_whole,
+    params_before_blocks,
+    params_read_on_both_sides,
+)
 from autodist.planner.cost.search import SearchRequest, SearchResult
 from autodist.planner.recognise.reshards import reshard_hooks
 
@@ -190,7 +195,8 @@ def _param_plans(analysis: ModelAnalysis, strategy: Strategy, axes: list[str], n
             stage=stage_of[fqn],
             style=style,
             tied_to=sorted(analysis.tied.get(fqn, [])),
-            tied_stages=_tied_stages(analysis, fqn, strategy.pp) | ({fqn: strategy.pp - 1} if fqn in both_sides else {}),
+            tied_stages=_tied_stages(analysis, fqn, strategy.pp)
+            | ({fqn: strategy.pp - 1} if fqn in both_sides else {}),
         )
     return plans
 
@@ -243,7 +249,7 @@ def _linear_placements(linear: LinearUse, params: dict, mp: int, notes: list[str
 
 def _param_stages(analysis: ModelAnalysis, pp: int, virtual_stages: int) -> dict[str, int]:
     """Stage per parameter: a block's on its block's stage; outside the blocks, stage 0 before
-    them and the last stage after them (:func:`params_before_blocks`, the cost model's rule too)."""
+    them and the last stage after them (:func:`.analysis.params_before_blocks`, the cost model's rule too)."""
     if pp == 1:
         return {fqn: 0 for fqn in analysis.params}
     block_prefixes = [

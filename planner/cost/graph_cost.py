@@ -465,48 +465,13 @@ def _roles(linears) -> Roles:
     return Roles(frozenset(column), frozenset(row), frozenset(column | row | column_biases))
 
 
-def params_before_blocks(analysis: ModelAnalysis) -> frozenset[str]:
-    """The parameters outside the blocks that run before them: the token embedding and every
-    parameter first used before the first block's first op. All other parameters outside the
-    blocks (final norm, head, a pooler, untraced layers) run after them.
-
-    The one rule for both the plan (``emit``: stage 0 or the last stage) and the cost model
-    (the ``first`` or ``last`` edge), so what is priced on a stage is what is placed there.
-    """
-    first_block_op = min((min(b.nodes) for b in analysis.blocks if b.nodes), default=None)
-    before = {analysis.embedding} if analysis.embedding else set()
-    if first_block_op is None:
-        return frozenset(before)
-    graph = analysis.graph
-    for node, data in graph.nodes(data=True):
-        consumers = list(graph.successors(node)) if data["param"] is not None else []
-        if consumers and min(consumers) < first_block_op:
-            before.add(data["param"])
-    return frozenset(before)
-
-
-def params_read_on_both_sides(analysis: ModelAnalysis) -> frozenset[str]:
-    """The parameters outside the blocks read both before the first block and after the last:
-    a table tied by a function call (``paddle.matmul(h, self.wte.weight, transpose_y=True)``
-    after the blocks, or ``F.embedding(ids, self.lm_head.weight.T)`` before them). A pipeline
-    needs them on its first and its last stage (emit: ``tied_stages``)."""
-    nodes = [n for b in analysis.blocks for n in b.nodes]
-    if not nodes:
-        return frozenset()
-    first, last, graph = min(nodes), max(nodes), analysis.graph
-    both = set()
-    for node, data in graph.nodes(data=True):
-        consumers = list(graph.successors(node)) if data["param"] is not None else []
-        if consumers and min(consumers) < first and max(consumers) > last:
-            both.add(data["param"])
-    return frozenset(both)
-
-
 def _edges(
     analysis, facts: GraphFacts, numel: dict[str, int], block_params: set[str], in_blocks: set[int], tokens: int
 ) -> tuple[EdgeCost, EdgeCost, int, list[str]]:
     """Embedding side and head side: graph nodes outside the blocks, split at the blocks'
     position in program order, plus the LM head from its weight when it was not traced."""
+    from autodist.planner.recognise.analysis import params_before_blocks, params_read_on_both_sides
+
     notes = []
     head = analysis.lm_head.weight if analysis.lm_head else None
     vocab_params = {p for p in (analysis.embedding, head) if p}

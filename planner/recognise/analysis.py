@@ -169,6 +169,44 @@ def experts_whole(analysis: ModelAnalysis) -> ModelAnalysis:
     return replace(analysis, blocks=blocks)
 
 
+def params_before_blocks(analysis: ModelAnalysis) -> frozenset[str]:
+    """The parameters outside the blocks that run before them: the token embedding and every
+    parameter first used before the first block's first op. All other parameters outside the
+    blocks (final norm, head, a pooler, untraced layers) run after them.
+
+    The one rule for both the plan (``emit``: stage 0 or the last stage) and the cost model
+    (``cost.graph_cost``: the ``first`` or ``last`` edge), so what is priced on a stage is what is
+    placed there.
+    """
+    first_block_op = min((min(b.nodes) for b in analysis.blocks if b.nodes), default=None)
+    before = {analysis.embedding} if analysis.embedding else set()
+    if first_block_op is None:
+        return frozenset(before)
+    graph = analysis.graph
+    for node, data in graph.nodes(data=True):
+        consumers = list(graph.successors(node)) if data["param"] is not None else []
+        if consumers and min(consumers) < first_block_op:
+            before.add(data["param"])
+    return frozenset(before)
+
+
+def params_read_on_both_sides(analysis: ModelAnalysis) -> frozenset[str]:
+    """The parameters outside the blocks read both before the first block and after the last:
+    a table tied by a function call (``paddle.matmul(h, self.wte.weight, transpose_y=True)``
+    after the blocks, or ``F.embedding(ids, self.lm_head.weight.T)`` before them). A pipeline
+    needs them on its first and its last stage (emit: ``tied_stages``)."""
+    nodes = [n for b in analysis.blocks for n in b.nodes]
+    if not nodes:
+        return frozenset()
+    first, last, graph = min(nodes), max(nodes), analysis.graph
+    both = set()
+    for node, data in graph.nodes(data=True):
+        consumers = list(graph.successors(node)) if data["param"] is not None else []
+        if consumers and min(consumers) < first and max(consumers) > last:
+            both.add(data["param"])
+    return frozenset(both)
+
+
 def repeated_layers(model: paddle.nn.Layer) -> list[str]:
     """FQNs of the repeated layers, the candidates for blocks: the children of every
     ``LayerList``, and the children of any other container that holds two or more structurally
