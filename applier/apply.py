@@ -53,6 +53,7 @@ from autodist.applier.hooks import ReshardFn, register_hooks
 from autodist.applier.mesh import mesh_ids
 from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, shard_optimizer
 from autodist.applier.pipeline import build_pipeline, uses_schedule
+from autodist.applier.readable import install as make_outputs_readable
 from autodist.applier.recompute import wrap_recompute
 from autodist.applier.shard import shard_parameters
 from autodist.applier.validate import plan_problems
@@ -141,6 +142,7 @@ def apply_plan(
         dataloader = shard_loader(dataloader, plan)
         if accumulates(plan):
             dataloader = MicroBatchLoader(dataloader, plan.strategy.micro_batches)
+    make_outputs_readable(model)  # a loss read on rank 0 only (readable.py)
     _APPLIED[model] = plan
     return model, optimizer, dataloader
 

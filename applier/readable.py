@@ -1,0 +1,341 @@
+"""A loss is readable on any rank: ``if rank == 0: print(float(loss))`` works under every plan.
+
+The problem. Under data parallelism each rank computes its share of the batch, so a mean loss
+is a DistTensor whose placement is ``Partial`` over ``dp``: each rank holds its own shard's
+mean, and the global value needs an all-reduce. Paddle does that all-reduce when the value is
+read (``float``, ``.item()``, ``.numpy()``, ``print``) — a collective, so a read on rank 0
+alone sends rank 0 into an all-reduce the other ranks never join: gloo aborts
+(``op.preamble.length <= op.nbytes``), NCCL hangs.
+
+The mechanism. Nothing changes in the forward, the backward or what the model returns. Each
+scalar with a ``Partial`` placement made by a reduction (``mean``, ``mean_all``, ``sum``) or
+by arithmetic on one (``loss / k``, ``loss.detach()``, ``loss.astype(...)``) is *noted* on
+every rank: the rank keeps a reference to its own local value (no copy, no communication),
+under a key that is the same on every rank because every rank makes the same values in the same
+order: (number of calls of the returned model so far, index of the value since that call).
+Reading such a scalar on any subset of ranks asks the other ranks of its ``Partial`` group
+for their local values over a side channel — a small TCP server thread per rank, whose
+address each rank posts once in Paddle's own TCP store when ``apply_plan`` runs — and
+combines them (sum, mean, max or min, as the placement says). The other ranks answer from
+their thread while their training thread goes on (Paddle releases the GIL in its collectives),
+so a reader never waits on the others' loop.
+
+The cost. Reading on no rank costs no communication at all: noting a value is a local
+reference and a dictionary entry (:func:`stats` counts values noted, reads and values fetched,
+and ``tests/test_readable.py`` checks that a job whose ranks never read fetches nothing).
+Each read of a value not read before on this rank costs one round trip to each other rank of
+its group (a few hundred bytes). The one-time costs: a server thread and one store key per
+rank at ``apply_plan``, and at exit every rank waits for the others to exit too (one store
+counter), so that a rank reading the final loss still finds its peers. The last
+:data:`KEEP` noted values are kept per rank (a few hundred kilobytes).
+
+What it does not do. A value made on some ranks only (a reduction inside
+``if rank == 0:``) has no peers to ask and shifts that rank's keys; such a value cannot be
+read correctly anywhere but where all its ranks made it. Non-scalar outputs split over ranks
+(the logits under dp) are read as Paddle reads them: on every rank of their mesh.
+
+Example::
+
+    >>> model, opt, loader = apply_plan(model, opt, loader, "plan.json")   # doctest: +SKIP
+    >>> loss = F.cross_entropy(model(x), y)          # Partial over dp        # doctest: +SKIP
+    >>> if dist.get_rank() == 0:                                             # doctest: +SKIP
+    ...     print(float(loss))                       # the global batch's mean loss
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+#: How many noted values each rank keeps for readers (the oldest are dropped first).
+KEEP = 16384
+#: Seconds a reader waits for a peer's value (``AUTODIST_READ_TIMEOUT`` overrides).
+DEFAULT_TIMEOUT_S = 300.0
+_STORE_PREFIX = "autodist/readable/"
+#: The reductions a loss ends in, looked up in ``paddle._C_ops`` by Paddle at each call.
+_REDUCTIONS = ("mean", "mean_all", "sum")
+#: Tensor methods that keep a noted scalar noted (``loss / k``, ``loss.detach()``, ...).
+_ARITHMETIC = (
+    "__truediv__", "__rtruediv__", "__mul__", "__rmul__", "__add__", "__radd__", "__sub__", "__rsub__",
+    "__neg__", "detach", "clone", "astype", "cast", "scale",
+)  # fmt: skip
+_COMBINE: dict[str, Callable[[list[np.ndarray]], np.ndarray]] = {
+    "kRedSum": lambda parts: np.sum(parts, axis=0),
+    "kRedAvg": lambda parts: np.mean(parts, axis=0),
+    "kRedMax": lambda parts: np.max(parts, axis=0),
+    "kRedMin": lambda parts: np.min(parts, axis=0),
+}
+
+
+class ReadError(RuntimeError):
+    """A noted value could not be read (a peer never made it, left, or did not answer)."""
+
+
+class _Notes:
+    """This rank's noted values, by key, and the side channel that serves them."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+        self.calls = 0  # calls of the model apply_plan returned
+        self.index = 0  # values noted since the last call
+        self.values: collections.OrderedDict[tuple[int, int], dict] = collections.OrderedDict()
+        self.changed = threading.Condition()
+        self.counts = {"noted": 0, "reads": 0, "fetched": 0, "served": 0}
+        self.addresses: dict[int, tuple[str, int]] = {}
+        self.store: Any = None
+        self.timeout_s = float(os.environ.get("AUTODIST_READ_TIMEOUT", DEFAULT_TIMEOUT_S))
+
+    # -- noting ------------------------------------------------------------------------------
+
+    def model_called(self) -> None:
+        with self.changed:
+            self.calls += 1
+            self.index = 0
+            self.changed.notify_all()
+
+    def note(self, tensor: paddle.Tensor, op: str) -> None:
+        local = tensor._local_value().detach()
+        with self.changed:
+            key = (self.calls, self.index)
+            self.index += 1
+            self.values[key] = {"local": local, "op": op, "shape": list(tensor.shape)}
+            while len(self.values) > KEEP:
+                self.values.popitem(last=False)
+            self.counts["noted"] += 1
+            self.changed.notify_all()
+        tensor._autodist_read_key = key
+
+    # -- serving (the server thread) ---------------------------------------------------------
+
+    def wait_for(self, key: tuple[int, int]) -> dict:
+        deadline = time.monotonic() + self.timeout_s
+        with self.changed:
+            while key not in self.values:
+                if (self.calls, self.index) > key:
+                    raise ReadError(
+                        f"rank {self.rank} has no value {key}: it was dropped (more than {KEEP} values ago) "
+                        "or never made here (made inside a branch only some ranks ran?)"
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ReadError(f"rank {self.rank} did not make value {key} within {self.timeout_s:.0f} s")
+                self.changed.wait(min(left, 1.0))
+            self.counts["served"] += 1
+            return self.values[key]
+
+    def serve(self, server: socket.socket) -> None:
+        while True:
+            conn, _ = server.accept()
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rwb") as stream:
+            try:
+                request = json.loads(stream.readline())
+                entry = self.wait_for((int(request["calls"]), int(request["index"])))
+                value = entry["local"].numpy()
+                reply = {"op": entry["op"], "dtype": str(value.dtype), "shape": list(value.shape), "hex": value.tobytes().hex()}
+            except Exception as err:  # the reader raises it; this thread lives on
+                reply = {"error": str(err)}
+            stream.write(json.dumps(reply).encode() + b"\n")
+            stream.flush()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def fetch(self, peer: int, key: tuple[int, int], op: str) -> np.ndarray:
+        host, port = self.address(peer)
+        try:
+            with socket.create_connection((host, port), timeout=self.timeout_s) as conn, conn.makefile("rwb") as stream:
+                stream.write(json.dumps({"calls": key[0], "index": key[1]}).encode() + b"\n")
+                stream.flush()
+                reply = json.loads(stream.readline() or b'{"error": "closed the connection"}')
+        except OSError as err:
+            raise ReadError(f"reading a loss on rank {self.rank}: rank {peer} did not answer ({err})") from err
+        if "error" in reply:
+            raise ReadError(f"reading a loss on rank {self.rank}: {reply['error']}")
+        if reply["op"] != op:
+            raise ReadError(
+                f"reading a loss on rank {self.rank}: rank {peer}'s value {key} came from {reply['op']}, "
+                f"this rank's from {op}: the ranks made different values (a branch only some ranks ran?)"
+            )
+        self.counts["fetched"] += 1
+        return np.frombuffer(bytes.fromhex(reply["hex"]), dtype=reply["dtype"]).reshape(reply["shape"])
+
+    def address(self, peer: int) -> tuple[str, int]:
+        if peer not in self.addresses:
+            host, port = self.store.get(f"{_STORE_PREFIX}{peer}").decode().rsplit(":", 1)
+            self.addresses[peer] = (host, int(port))
+        return self.addresses[peer]
+
+
+_NOTES: _Notes | None = None
+
+
+def stats() -> dict[str, int]:
+    """This rank's counts: values ``noted``, ``reads`` of them, values ``fetched`` from other
+    ranks and ``served`` to them. All zero before :func:`install`."""
+    return dict(_NOTES.counts) if _NOTES else {"noted": 0, "reads": 0, "fetched": 0, "served": 0}
+
+
+def install(model: paddle.nn.Layer) -> None:
+    """Make noted scalars readable on any rank; count ``model``'s calls for their keys.
+
+    Called by ``apply_plan`` on every rank of a job of more than one rank. The first call per
+    process starts the server, posts its address and patches Paddle's reads; later calls
+    (another plan applied in the same process) only count the new model's calls too.
+    """
+    global _NOTES
+    if dist.get_world_size() < 2:
+        return
+    if _NOTES is None:
+        notes = _Notes(dist.get_rank(), dist.get_world_size())
+        notes.store = paddle.base.core.create_or_get_global_tcp_store()
+        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0]
+        server = socket.create_server((host, 0))
+        threading.Thread(target=notes.serve, args=(server,), daemon=True, name="autodist-readable").start()
+        notes.store.set(f"{_STORE_PREFIX}{notes.rank}", f"{host}:{server.getsockname()[1]}".encode())
+        _NOTES = notes
+        _patch()
+        atexit.register(_wait_for_peers_at_exit)
+        sys.excepthook = _failing(sys.excepthook)
+    model.register_forward_pre_hook(lambda layer, args: _NOTES.model_called() if _NOTES else None)
+
+
+# -- what is noted, and how a read finds it ---------------------------------------------------------
+
+
+def _is_partial_scalar(value: Any) -> bool:
+    return (
+        isinstance(value, paddle.Tensor)
+        and value.is_dist()
+        and value._is_initialized()
+        and int(np.prod(value.shape)) == 1
+        and any(p.is_partial() for p in value.placements)
+    )
+
+
+def _noting(function: Callable, op: str) -> Callable:
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        out = function(*args, **kwargs)
+        if _NOTES is not None and _is_partial_scalar(out):
+            _NOTES.note(out, op)
+        return out
+
+    noted.__wrapped__ = function  # type: ignore[attr-defined]
+    return noted
+
+
+def _global_value(tensor: paddle.Tensor) -> np.ndarray | None:
+    """The value of a noted scalar, combined from its group's ranks; None if not noted."""
+    key = getattr(tensor, "_autodist_read_key", None)
+    if key is None or _NOTES is None:
+        return None
+    cached = getattr(tensor, "_autodist_read_value", None)
+    if cached is not None:
+        return cached
+    notes = _NOTES
+    notes.counts["reads"] += 1
+    entry = notes.values.get(key)
+    if entry is None:
+        raise ReadError(f"rank {notes.rank} no longer keeps value {key} (more than {KEEP} values ago)")
+    placements = tensor.placements
+    partial = [d for d, p in enumerate(placements) if p.is_partial()]
+    kinds = {placements[d].reduce_type().name for d in partial}
+    if len(kinds) != 1 or next(iter(kinds)) not in _COMBINE:
+        raise ReadError(f"cannot combine a loss partial over several reductions {sorted(kinds)}")
+    parts = [
+        entry["local"].numpy() if peer == notes.rank else notes.fetch(peer, key, entry["op"])
+        for peer in _group(tensor.process_mesh, partial, notes.rank)
+    ]
+    value = _COMBINE[next(iter(kinds))](parts).astype(parts[0].dtype).reshape(tensor.shape)
+    tensor._autodist_read_value = value
+    return value
+
+
+def _group(mesh: dist.ProcessMesh, dims: list[int], rank: int) -> list[int]:
+    """The ranks of ``mesh`` that share ``rank``'s coordinates on every dim but ``dims``."""
+    ids = np.array(mesh.process_ids).reshape(mesh.shape)
+    where = [int(c[0]) for c in np.nonzero(ids == rank)]
+    index = tuple(slice(None) if d in dims else where[d] for d in range(ids.ndim))
+    return [int(r) for r in np.ravel(ids[index])]
+
+
+# -- Paddle's reads, and the ops that make a loss ------------------------------------------------------
+
+
+def _reading(original: Callable, convert: Callable[[np.ndarray, tuple, dict], Any]) -> Callable:
+    def read(self: paddle.Tensor, *args: Any, **kwargs: Any) -> Any:
+        value = _global_value(self)
+        return original(self, *args, **kwargs) if value is None else convert(value, args, kwargs)
+
+    read.__wrapped__ = original  # type: ignore[attr-defined]
+    return read
+
+
+def _as_string(value: np.ndarray, args: tuple, kwargs: dict) -> str:
+    from paddle.tensor.to_string import tensor_to_string
+
+    return tensor_to_string(paddle.to_tensor(value))
+
+
+_READS: dict[str, Callable[[np.ndarray, tuple, dict], Any]] = {
+    "numpy": lambda v, a, k: v.copy(),
+    "__array__": lambda v, a, k: v.astype(a[0]) if a and a[0] is not None else v.copy(),
+    "item": lambda v, a, k: v.reshape(-1)[a[0] if a else 0].item(),
+    "tolist": lambda v, a, k: v.tolist(),
+    "__float__": lambda v, a, k: float(v.reshape(-1)[0]),
+    "__int__": lambda v, a, k: int(v.reshape(-1)[0]),
+    "__bool__": lambda v, a, k: bool(v.reshape(-1)[0]),
+    "__format__": lambda v, a, k: v.reshape(-1)[0].item().__format__(*a) if not v.shape else object.__format__(v, *a),
+    "__str__": _as_string,
+    "__repr__": _as_string,
+}
+
+
+def _patch() -> None:
+    for name, convert in _READS.items():
+        setattr(paddle.Tensor, name, _reading(getattr(paddle.Tensor, name), convert))
+    for name in _ARITHMETIC:
+        setattr(paddle.Tensor, name, _noting(getattr(paddle.Tensor, name), name.strip("_")))
+    for name in _REDUCTIONS:
+        setattr(paddle._C_ops, name, _noting(getattr(paddle._C_ops, name), name))
+
+
+def _wait_for_peers_at_exit() -> None:
+    """Stay until every rank is exiting, so a rank reading the last loss finds its peers.
+    Skipped after an uncaught exception (the job is failing; nobody will read)."""
+    notes = _NOTES
+    if notes is None or _FAILED:
+        return
+    try:
+        notes.store.add(f"{_STORE_PREFIX}exit", 1)
+        deadline = time.monotonic() + notes.timeout_s
+        while notes.store.add(f"{_STORE_PREFIX}exit", 0) < notes.world and time.monotonic() < deadline:
+            time.sleep(0.02)
+    except Exception:  # rank 0, the store's host, has gone: nobody is left to read from us
+        pass
+
+
+_FAILED = False
+
+
+def _failing(excepthook: Callable) -> Callable:
+    """``excepthook``, after noting that this rank is failing (so it does not wait at exit)."""
+
+    def hook(*args: Any) -> None:
+        global _FAILED
+        _FAILED = True
+        excepthook(*args)
+
+    return hook
