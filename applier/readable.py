@@ -145,7 +145,12 @@ class _Notes:
                 request = json.loads(stream.readline())
                 entry = self.wait_for((int(request["calls"]), int(request["index"])))
                 value = entry["local"].numpy()
-                reply = {"op": entry["op"], "dtype": str(value.dtype), "shape": list(value.shape), "hex": value.tobytes().hex()}
+                reply = {
+                    "op": entry["op"],
+                    "dtype": str(value.dtype),
+                    "shape": list(value.shape),
+                    "hex": value.tobytes().hex(),
+                }
             except Exception as err:  # the reader raises it; this thread lives on
                 reply = {"error": str(err)}
             stream.write(json.dumps(reply).encode() + b"\n")

@@ -1,0 +1,65 @@
+"""Item 1 of issue 21: the loss read on some ranks only — rank 0 alone, rank 1 alone — in every
+way people read it, under any plan; and read nowhere for two steps first (what that cost is
+recorded: ``autodist.applier.readable.stats()``)."""
+
+import argparse
+import json
+import os
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+import paddle.nn.functional as F
+from models.gpt import build_model
+
+import autodist
+
+VOCAB, BATCH, SEQ = 64, 4, 8
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--plan")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    if args.plan:
+        dist.init_parallel_env()
+    rank = dist.get_rank()
+    paddle.seed(2024)
+    model = build_model()
+    opt = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters())
+    tokens = np.random.RandomState(1).randint(0, VOCAB, size=(4 * BATCH, SEQ + 1)).astype("int64")
+    dataset = paddle.io.TensorDataset([paddle.to_tensor(tokens[:, :-1]), paddle.to_tensor(tokens[:, 1:])])
+    loader = paddle.io.DataLoader(dataset, batch_size=BATCH, shuffle=False, drop_last=True)
+    if args.plan:
+        model, opt, loader = autodist.apply_plan(model, opt, loader, args.plan)
+
+    from autodist.applier.readable import stats
+
+    seen: dict = {"reads": {}}
+    for step, (input_ids, labels) in enumerate(loader, start=1):
+        loss = F.cross_entropy(model(input_ids).reshape([-1, VOCAB]), labels.reshape([-1]))
+        if step == 3 and rank == 0:  # before backward
+            seen["reads"]["float_before_backward"] = float(loss)
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        if step == 2:  # nobody has read anything yet
+            seen["unread"] = stats()
+        if step == 3 and rank == 0:
+            seen["reads"]["item"] = loss.item()
+            seen["reads"]["numpy"] = float(loss.numpy())
+            seen["reads"]["format"] = float(f"{loss:.6f}")
+            seen["reads"]["print"] = str(loss)
+            print(f"step {step} loss {loss}")
+        if step == 3 and rank == 1:
+            seen["reads"]["rank_1_alone"] = float(loss)
+    if rank == 0:
+        seen["reads"]["last"] = float(loss)  # the others may have left the loop already
+    seen["after"] = stats()
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(seen, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Training loops written the way people write them train under autodist's plans exactly as on
+one device: the scripts in ``scripts/`` change only by the README's lines (``apply_plan`` when a
+plan is given), log on rank 0 only, and match the single-device run of the same script within
+1e-5 (losses rank 0 read with ``float(loss)``, parameters from the checkpoint they save).
+
+Launches are the cost (2 cores): each script x plan runs once, plans are made once per session,
+single-device runs once per script. Combinations left out, because they add nothing here:
+
+- (a) runs every plan, and resumes under mp2 from the dp2 run's step-3 checkpoint (2 -> 2
+  ranks; other plan pairs are ``tests/test_checkpoint_replan.py``'s);
+- (b) accumulation and (c) AMP run dp2 and dp2 x mp2: mp2 alone adds no path their lines
+  touch that (a) does not already cover;
+- (d) the PaddleFormers Llama runs dp2 and mp2 (its dp2 x mp2 is test_train_paddleformers');
+- (e) DistributedBatchSampler runs dp2 (the refusal is the same on any plan).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from loop_runs import ZERO_GRADIENT, assert_same_training, run_script
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.mark.parametrize("plan", ["dp2", "mp2", "dp2mp2"])
+def test_adamw_warmup_cosine_clip_eval_checkpoints(plan, loop_plans, single_device, tmp_path):
+    ranks, path = loop_plans("gpt", plan)
+    run = run_script("adamw_schedule.py", tmp_path, ranks, path)
+    reference = single_device("adamw_schedule.py")
+    assert_same_training(run, reference, keys=("losses", "eval", "lr"), exempt=ZERO_GRADIENT)
+    assert sorted(run.log["eval"]) == ["3", "6"]
+
+
+def test_adamw_resumes_under_another_plan(loop_plans, single_device, tmp_path):
+    ranks, dp2 = loop_plans("gpt", "dp2")
+    first = run_script("adamw_schedule.py", tmp_path / "first", ranks, dp2, "--steps", "6")
+    _, mp2 = loop_plans("gpt", "mp2")
+    resumed = run_script("adamw_schedule.py", tmp_path / "resumed", 2, mp2, "--resume-from", str(first.out / "ckpt-3"))
+    reference = single_device("adamw_schedule.py")
+    assert sorted(resumed.log["losses"]) == ["4", "5", "6"]
+    for key in ("losses", "lr"):
+        for step, value in resumed.log[key].items():
+            assert value == pytest.approx(reference.log[key][step], rel=1e-5), (key, step)
+    assert_same_training(resumed, reference, keys=(), exempt=ZERO_GRADIENT)

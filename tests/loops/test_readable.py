@@ -1,0 +1,37 @@
+"""Issue 21 item 1: a loss read on some ranks only (``if rank == 0: print(float(loss))``) has the
+single-device value, and reading on no rank costs no communication (applier/readable.py).
+
+On the old code the rank-0 read under dp2 aborts both ranks in gloo
+(``op.preamble.length <= op.nbytes``). One launch per plan: dp2 (the loss is Partial over
+dp), dp2 x mp2 (Partial over dp on a 2-D mesh)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from loop_runs import run_script
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.mark.parametrize("plan", ["dp2", "dp2mp2"])
+def test_a_loss_read_on_some_ranks_only(plan, loop_plans, tmp_path):
+    ranks, path = loop_plans("gpt", plan)
+    run_script("read_anywhere.py", tmp_path / "one", 1)
+    run_script("read_anywhere.py", tmp_path / "many", ranks, path)
+    reference = json.loads((tmp_path / "one" / "rank0.json").read_text())["reads"]
+    seen = [json.loads((tmp_path / "many" / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+    reads = seen[0]["reads"]
+    for how in ("float_before_backward", "item", "numpy", "format", "last"):
+        assert reads[how] == pytest.approx(reference[how], rel=1e-5), how
+    assert f"{reference['item']:.6f}"[:6] in reads["print"]
+    assert seen[1]["reads"]["rank_1_alone"] == pytest.approx(reference["item"], rel=1e-5)
+
+    # Two steps in which no rank read: nothing fetched, nothing served, on any rank.
+    for rank, record in enumerate(seen):
+        assert record["unread"]["fetched"] == 0 and record["unread"]["served"] == 0, (rank, record["unread"])
+        assert record["unread"]["noted"] > 0, "the losses were not noted: the test would prove nothing"
+    # The reads: rank 0 fetched from its dp peer (once per value: repeated reads are cached).
+    assert seen[0]["after"]["fetched"] == 2
