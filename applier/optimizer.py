@@ -23,6 +23,7 @@ import paddle
 import paddle.distributed as dist
 
 from autodist.schemas import Plan
+from autodist.schemas.vocabulary import shard_dim
 
 from autodist.applier import scheduler_state
 from autodist.applier.mesh import stage_mesh
@@ -62,6 +63,13 @@ def optimizer_problems(model: paddle.nn.Layer, optimizer: Any, plan: Plan) -> li
     except ValueError as exc:
         problems.append(f"optimizer: {exc}")
     problems += unsaveable(optimizer)
+    split = sorted(fqn for fqn, param in plan.params.items() if any(shard_dim(p) is not None for p in param.placements))
+    if isinstance(optimizer, paddle.optimizer.RMSProp) and split:
+        problems.append(
+            f"optimizer: RMSProp cannot update a parameter split over ranks ({split[0]!r} here): Paddle 3.3's "
+            "rmsprop_ kernel raises 'Param and ParamOut must be the same Tensor' at the first step "
+            "(docs/paddle-notes.md, Optimizers); use a plan that splits no parameter, or another optimizer"
+        )
     stage = plan.strategy.sharding_stage
     if stage and not isinstance(optimizer, SHARDABLE):
         problems.append(
@@ -154,7 +162,10 @@ def _stored_argument(optimizer, name: str) -> tuple[bool, Any]:
         return True, _keep_names(getattr(optimizer, "_apply_decay_param_fun", None))
     for attr in (f"_{name}", name):
         if attr in optimizer.__dict__:
-            return True, optimizer.__dict__[attr]
+            value = optimizer.__dict__[attr]
+            # Rprop keeps its pair arguments (learning_rate_range, etas) as a list around the tuple.
+            wrapped = isinstance(value, list) and len(value) == 1 and isinstance(value[0], tuple)
+            return True, value[0] if wrapped else value
     return False, None
 
 

@@ -261,6 +261,18 @@ def test_what_cannot_be_saved_is_refused_by_apply_plan_before_training(make, exp
     assert {fqn: (id(p), p.numpy().tobytes()) for fqn, p in model.named_parameters()} == before
 
 
+def test_rmsprop_is_refused_under_a_plan_that_splits_parameters_and_accepted_under_dp():
+    """Paddle's rmsprop_ kernel fails at the first step on a split parameter (mp2; measured in
+    test_checkpoint_optimizers.py's launch before this refusal): refused before training."""
+    from autodist.applier.optimizer import optimizer_problems
+
+    model = WORKLOADS["docstring_llama"].build(0)
+    optimizer = paddle.optimizer.RMSProp(0.01, parameters=model.parameters())
+    (problem,) = optimizer_problems(model, optimizer, tensor_parallel_plan(model, mp=2))
+    assert problem.startswith("optimizer: RMSProp cannot update a parameter split over ranks"), problem
+    assert optimizer_problems(model, optimizer, tensor_parallel_plan(model, dp=2)) == []
+
+
 def test_every_scheduler_passes_apply_plans_check(tmp_path):
     model = WORKLOADS["docstring_llama"].build(0)
     for case in CASES:

@@ -294,7 +294,9 @@ def make_loader(
 
 def make_optimizer(kind: str, parameters) -> tuple[paddle.optimizer.Optimizer, paddle.optimizer.lr.LRScheduler | None]:
     """SGD, or AdamW with weight decay, a learning-rate schedule and global-norm clipping, so
-    a rebuilt optimizer has to carry over every one of them to train identically. Returns the
+    a rebuilt optimizer has to carry over every one of them to train identically (with a warmup
+    around a cosine decay: ``adamw_warmup_cosine``), or any other built-in optimizer by its
+    lower-case name (``momentum``, ``lamb``, ...) with a step schedule. Returns the
     optimizer and the schedule the training loop steps (the user's handle, as in real code)."""
     if kind == "sgd":
         return paddle.optimizer.SGD(learning_rate=0.1, parameters=parameters), None
@@ -310,7 +312,42 @@ def make_optimizer(kind: str, parameters) -> tuple[paddle.optimizer.Optimizer, p
             grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0),
         )
         return optimizer, schedule
-    raise ValueError(f"unknown optimizer {kind!r} (sgd, sgd_clip or adamw)")
+    if kind == "adamw_warmup_cosine":  # the nested schedule training scripts write: warm up, then decay
+        cosine = paddle.optimizer.lr.CosineAnnealingDecay(learning_rate=1e-3, T_max=4)
+        schedule = paddle.optimizer.lr.LinearWarmup(cosine, warmup_steps=2, start_lr=1e-4, end_lr=1e-3)
+        optimizer = paddle.optimizer.AdamW(
+            learning_rate=schedule,
+            parameters=parameters,
+            weight_decay=0.01,
+            grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0),
+        )
+        return optimizer, schedule
+    if kind == "rprop":  # Rprop takes a float learning rate only: it adapts one per element
+        return paddle.optimizer.Rprop(learning_rate=1e-2, parameters=parameters), None
+    if kind in BUILT_IN_OPTIMIZERS:  # Paddle's class of that name with its defaults and a step schedule
+        schedule = paddle.optimizer.lr.StepDecay(learning_rate=1e-2, step_size=2, gamma=0.5)
+        return BUILT_IN_OPTIMIZERS[kind](learning_rate=schedule, parameters=parameters), schedule
+    raise ValueError(
+        f"unknown optimizer {kind!r} (sgd, sgd_clip, adamw, adamw_warmup_cosine or {sorted(BUILT_IN_OPTIMIZERS)})"
+    )
+
+
+#: Paddle's built-in optimizers by lower-case name, for ``make_optimizer``.
+BUILT_IN_OPTIMIZERS = {
+    cls.__name__.lower(): cls
+    for cls in (
+        paddle.optimizer.Momentum,
+        paddle.optimizer.Adam,
+        paddle.optimizer.Lamb,
+        paddle.optimizer.Adagrad,
+        paddle.optimizer.RMSProp,
+        paddle.optimizer.Adadelta,
+        paddle.optimizer.Adamax,
+        paddle.optimizer.NAdam,
+        paddle.optimizer.RAdam,
+        paddle.optimizer.Rprop,
+    )
+}
 
 
 def train(workload: Workload, model, optimizer, schedule, loader, steps: int) -> list[float]:
