@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import paddle
 import paddle.distributed as dist
@@ -47,6 +47,7 @@ from autodist.schemas import Plan, PlanError, dump_plan, load_plan, parameter_fi
 
 from autodist.applier.accumulate import AccumulatingOptimizer, MicroBatchLoader, accumulates, step_scheduler_per_update
 from autodist.applier.agree import Record, agree, digest, timeout_from
+from autodist.applier.backend import lacking, running_backend
 from autodist.applier.data import shard_loader
 from autodist.applier.experts import ExpertGradSync, ExpertGroups, dropped_parameters, runs_moe_locally, spread_experts
 from autodist.applier.hooks import ReshardFn, register_hooks
@@ -71,6 +72,7 @@ def apply_plan(
     loss_fn: Callable | None = None,
     reshard_fn: ReshardFn | None = None,
     agree_timeout_s: float | None = None,
+    stand_ins: Collection[str] = (),
 ) -> tuple[paddle.nn.Layer, Any, Any]:
     """Make ``model`` (and its optimizer and loader) distributed as ``plan`` says, on this rank.
 
@@ -79,6 +81,12 @@ def apply_plan(
     ``loss_fn(output, labels)`` is needed by the ``1F1B``/``VPP`` schedules only.
     ``reshard_fn(tensor, mesh, placements)`` replaces ``dist.reshard`` in the plan's hooks
     (for test harnesses; see hooks.py).
+
+    A plan the running collectives backend cannot run (on gloo: sequence parallelism, ZeRO,
+    pipelines; backend.py) is refused like any other problem, naming the feature and the
+    backend. ``stand_ins`` names the operations the caller supplies itself where the backend
+    lacks them (``"reduce_scatter"``, ``"all_to_all"``, ``"batched_p2p"``,
+    ``"cross_mesh_reshard"``), as the test harness's TEST-ONLY detours do.
 
     Everything is checked first, without communicating; then all ranks agree that they hold
     the same plan and the same model and that none found a problem (see agree.py). On any
@@ -104,6 +112,8 @@ def apply_plan(
         loaded = load_plan(plan)
         plan_digest = digest(dump_plan(loaded))
         problems = plan_problems(model, optimizer, dataloader, loaded, world_size=world, loss_fn=loss_fn)
+        if world > 1:  # one rank communicates nothing
+            problems = lacking(loaded.strategy, running_backend(), stand_ins) + problems
     except PlanError as err:  # still meet the other ranks: they must stop too
         plan_digest, problems = "", err.problems
     model_digest = parameter_fingerprint(parameter_table(model.named_parameters()))

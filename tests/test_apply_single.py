@@ -418,7 +418,7 @@ inputs = np.random.RandomState(0).rand(4, 4).astype("float32")
 labels = np.random.RandomState(1).rand(4, 2).astype("float32")
 dataset = paddle.io.TensorDataset([paddle.to_tensor(inputs), paddle.to_tensor(labels)])
 loader = paddle.io.DataLoader(dataset, batch_size=4, shuffle=False)
-model, opt, loader = apply_plan(model, opt, loader, load_plan(sys.argv[1]), loss_fn=loss_fn)
+model, opt, loader = apply_plan(model, opt, loader, load_plan(sys.argv[1]), loss_fn=loss_fn, stand_ins=["batched_p2p"])
 losses = []
 with blocking_p2p():
     for _ in range(2):

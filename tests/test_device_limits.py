@@ -14,7 +14,7 @@ from harness.cli import DOCSTRING, run, tiny_docstring  # noqa: F401 (autouse fi
 
 
 def test_the_cpu_profile_says_what_gloo_lacks():
-    assert PROFILES["cpu"].unsupported == ["all_to_all", "cross_mesh_reshard", "reduce_scatter"]
+    assert PROFILES["cpu"].unsupported == ["all_to_all", "batched_p2p", "cross_mesh_reshard", "reduce_scatter"]
     assert PROFILES["h100-sxm"].unsupported == []
 
 
@@ -27,7 +27,7 @@ def test_a_cpu_plan_never_needs_what_gloo_lacks(tmp_path):
     plan = load_plan(out)
     for strategy in [plan.strategy, *(c.strategy for c in plan.alternatives.accepted)]:
         assert strategy.sharding_stage == 0 and not strategy.sequence_parallel and strategy.pp == 1, strategy
-    assert plan.cluster.device.unsupported == ["all_to_all", "cross_mesh_reshard", "reduce_scatter"]
+    assert plan.cluster.device.unsupported == ["all_to_all", "batched_p2p", "cross_mesh_reshard", "reduce_scatter"]
     assert any("its backend lacks" in note for note in plan.notes)
     assert any(r.strategy.pp > 1 and "cpu cannot: a pipeline" in r.reason for r in plan.alternatives.rejected)
 
@@ -49,7 +49,7 @@ def test_a_cluster_file_may_name_what_its_backend_lacks(tmp_path):
     assert load_cluster_file(str(path)).unsupported == PROFILES["cpu"].unsupported  # inherited from the base
     path.write_text('[device]\nbase = "cpu"\nunsupported = ["teleport"]\n')
     with pytest.raises(
-        PlannerError, match="unsupported must be a list of reduce_scatter, all_to_all, cross_mesh_reshard"
+        PlannerError, match="unsupported must be a list of reduce_scatter, all_to_all, cross_mesh_reshard, batched_p2p"
     ):
         load_cluster_file(str(path))
 

@@ -75,6 +75,7 @@ BACKEND_OPERATIONS = {
     "reduce_scatter": "sequence parallelism and ZeRO (sharding stages 1-3) need reduce-scatter",
     "all_to_all": "sequence parallelism needs all-to-all",
     "cross_mesh_reshard": "a pipeline (pp > 1) moves activations between two meshes",
+    "batched_p2p": "the 1F1B and VPP schedules exchange activations with batched P2P",
 }
 
 #: cluster.toml keys under ``[device]``, their unit factor and what they mean.
@@ -328,7 +329,7 @@ def backend_problem(
         needs += ["reduce_scatter", "all_to_all"]
     if sharding_stage:
         needs.append("reduce_scatter")
-    if pp > 1:
+    if pp > 1 and "batched_p2p" in device.unsupported:  # else the 1F1B / VPP schedules need no cross-mesh reshard
         needs.append("cross_mesh_reshard")
     missing = [op for op in dict.fromkeys(needs) if op in device.unsupported]
     return f"{device.name} cannot: " + "; ".join(BACKEND_OPERATIONS[op] for op in missing) if missing else ""

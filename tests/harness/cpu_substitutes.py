@@ -17,7 +17,8 @@ It is used only by the test harness, and only for runs that ask for it
 Example::
 
     >>> with everywhere() as reshard_fn:                                        # doctest: +SKIP
-    ...     apply_plan(model, opt, loader, plan, reshard_fn=reshard_fn)
+    ...     apply_plan(model, opt, loader, plan, reshard_fn=reshard_fn,
+    ...                stand_ins=["reduce_scatter", "all_to_all"])  # else refused on gloo
     ...     train(...)
 """
 

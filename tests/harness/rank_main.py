@@ -54,8 +54,12 @@ def distribute(run: TrainRun, model, optimizer, loader, world: int):
 
         reshard_fn = reshard_via_replicate if run.reshard == "via_replicate" else None
         loss_fn = WORKLOADS[run.workload].pipeline_loss(model)  # used by 1F1B / VPP plans only
+        # The operations this run's TEST-ONLY detours supply (run_training wraps the run in them).
+        stand_ins = ["reduce_scatter", "all_to_all"] * (run.reshard == "via_replicate") + ["batched_p2p"] * (
+            run.p2p == "blocking"
+        )
         model, optimizer, loader = apply_plan(
-            model, optimizer, loader, run.plan, reshard_fn=reshard_fn, loss_fn=loss_fn
+            model, optimizer, loader, run.plan, reshard_fn=reshard_fn, loss_fn=loss_fn, stand_ins=stand_ins
         )
     elif run.method == "to_distributed":
         from paddle.distributed.auto_parallel.high_level_api import ToDistributedConfig
