@@ -303,18 +303,12 @@ def make_optimizer(kind: str, parameters) -> tuple[paddle.optimizer.Optimizer, p
     if kind == "sgd_clip":  # the update scales with the clip: a wrong global norm shows in the losses
         clip = paddle.nn.ClipGradByGlobalNorm(1.0)
         return paddle.optimizer.SGD(learning_rate=0.1, parameters=parameters, grad_clip=clip), None
-    if kind == "adamw":
-        schedule = paddle.optimizer.lr.StepDecay(learning_rate=1e-3, step_size=2, gamma=0.5)
-        optimizer = paddle.optimizer.AdamW(
-            learning_rate=schedule,
-            parameters=parameters,
-            weight_decay=0.01,
-            grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0),
-        )
-        return optimizer, schedule
-    if kind == "adamw_warmup_cosine":  # the nested schedule training scripts write: warm up, then decay
-        cosine = paddle.optimizer.lr.CosineAnnealingDecay(learning_rate=1e-3, T_max=4)
-        schedule = paddle.optimizer.lr.LinearWarmup(cosine, warmup_steps=2, start_lr=1e-4, end_lr=1e-3)
+    if kind in ("adamw", "adamw_warmup_cosine"):
+        if kind == "adamw":
+            schedule = paddle.optimizer.lr.StepDecay(learning_rate=1e-3, step_size=2, gamma=0.5)
+        else:  # the nested schedule training scripts write: warm up, then decay
+            cosine = paddle.optimizer.lr.CosineAnnealingDecay(learning_rate=1e-3, T_max=4)
+            schedule = paddle.optimizer.lr.LinearWarmup(cosine, warmup_steps=2, start_lr=1e-4, end_lr=1e-3)
         optimizer = paddle.optimizer.AdamW(
             learning_rate=schedule,
             parameters=parameters,
