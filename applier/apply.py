@@ -131,6 +131,7 @@ def apply_plan(
         spread_experts(model, plan, groups)
     wrap_recompute(model, plan)
     if uses_schedule(plan):
+        assert loss_fn is not None  # plan_problems refused a schedule without one (pipeline_problems)
         model = build_pipeline(
             model, plan, loss_fn, dist.ProcessMesh(mesh_ids(plan).tolist(), plan.mesh.axes), sharded.copies
         )

@@ -61,7 +61,7 @@ from autodist.schemas.checkpoint import (
     read_checkpoint,
     saved_tensors,
 )
-from autodist.schemas.vocabulary import DTYPE_BYTES
+from autodist.schemas.vocabulary import DTYPE_BYTES, as_dtype
 
 from autodist.applier import scheduler_state
 from autodist.applier.accumulate import AccumulatingOptimizer
@@ -236,8 +236,9 @@ def _layouts(model, optimizer, rank: int) -> tuple[dict[str, _Layout], dict[str,
     plan = applied_plan(model)
     holders = expert_holders(plan) if plan is not None else {}
     named = {f"param/{fqn}": (fqn, p) for fqn, p in model.named_parameters()}
-    if optimizer is not None and state_elsewhere(_inner(optimizer)):
-        raise CheckpointError(state_elsewhere(_inner(optimizer)))
+    elsewhere = state_elsewhere(_inner(optimizer)) if optimizer is not None else None
+    if elsewhere:
+        raise CheckpointError(elsewhere)
     states = _optimizer_states(model, optimizer) if optimizer is not None else {}
     named.update({f"optimizer/{fqn}/{kind}": (fqn, t) for fqn, kinds in states.items() for kind, t in kinds.items()})
     layouts, mine = {}, {}
@@ -284,7 +285,7 @@ def _describe(
             shards.append(shard)
             if writer == rank:
                 pieces.append((mine[name], shard))
-        saved[name] = SavedTensor(shape=layout.shape, dtype=layout.dtype, shards=shards)
+        saved[name] = SavedTensor(shape=layout.shape, dtype=as_dtype(layout.dtype), shards=shards)
     table = _parameter_table(model)
     states: dict[str, dict[str, SavedTensor]] = {}
     for name, tensor in saved.items():
@@ -320,6 +321,8 @@ def _parameter_table(model) -> dict[str, tuple[list[int], str]]:
     the same model."""
     table = parameter_table(model.named_parameters())
     plan = applied_plan(model)
+    if plan is None:  # only an applied plan drops experts
+        return table
     for fqn in _dropped(model):
         table[fqn] = ([int(d) for d in plan.params[fqn].shape], plan.params[fqn].dtype)
     return table
@@ -514,8 +517,9 @@ def _optimizer_problems(model, optimizer, meta: Checkpoint) -> list[str]:
     if meta.optimizer is None:
         return ["holds no optimizer state (saved with optimizer=None); load with optimizer=None"]
     inner = _inner(optimizer)
-    if state_elsewhere(inner):
-        return [state_elsewhere(inner)]
+    elsewhere = state_elsewhere(inner)
+    if elsewhere:
+        return [elsewhere]
     if type(inner).__name__ != meta.optimizer.class_name:
         return [f"optimizer states of {meta.optimizer.class_name}, but the optimizer is {type(inner).__name__}"]
     held = {id(p) for p in optimizer_parameters(inner)}
@@ -540,12 +544,14 @@ def _prepared_states(model, optimizer, meta: Checkpoint, path: Path) -> dict[str
     """Create (and, under ZeRO, shard) the optimizer's states for every parameter the
     checkpoint has states for, so they can be filled; check they are the saved kinds, shapes
     and dtypes. On a mismatch the optimizer's states are put back as they were."""
+    saved_optimizer = meta.optimizer
+    assert saved_optimizer is not None  # (called for a checkpoint with optimizer states only)
     inner = _inner(optimizer)
     before = ({k: dict(v) for k, v in inner._accumulators.items()}, set(inner._already_create_accumulator),
               dict(getattr(inner, "_master_weights", {})))  # fmt: skip
     params = dict(model.named_parameters())
     # Under expert parallelism, the states of the experts this rank dropped are not loaded here.
-    wanted = sorted(set(meta.optimizer.states) - _dropped(model))
+    wanted = sorted(set(saved_optimizer.states) - _dropped(model))
     block = paddle.static.default_main_program().global_block()
     for fqn in wanted:
         # Idempotent; on dist.shard_optimizer's wrapper it also shards them (docs/paddle-notes.md, Checkpoints).
@@ -553,7 +559,7 @@ def _prepared_states(model, optimizer, meta: Checkpoint, path: Path) -> dict[str
     states = _optimizer_states(model, optimizer)
     problems = []
     for fqn in wanted:
-        kinds, have = meta.optimizer.states[fqn], states.get(fqn, {})
+        kinds, have = saved_optimizer.states[fqn], states.get(fqn, {})
         if set(have) != set(kinds):
             problems.append(f"{fqn}: optimizer states {sorted(kinds)} saved, the optimizer has {sorted(have)}")
             continue
@@ -614,7 +620,7 @@ class _ShardFiles:
         try:
             if found is None or found < size:
                 self.problems.append(f"{data}/{file} is missing or shorter than {size} bytes (found {found})")
-            elif found:
+            elif found and fd is not None:
                 self.maps[file] = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8)
             else:
                 self.maps[file] = np.empty(0, np.uint8)

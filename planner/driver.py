@@ -29,7 +29,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
     from autodist.planner.trace import TracedProgram
     from autodist.schemas import Plan
+    from autodist.schemas.plan import Recompute, Schedule, ShardingStage
+    from autodist.schemas.vocabulary import TrainingDType
 
 from autodist.planner.progress import Progress
 
@@ -157,15 +159,15 @@ def plan(
     mp: int | None = None,
     pp: int | None = None,
     sequence_parallel: bool | None = None,
-    sharding_stage: int | None = None,
+    sharding_stage: ShardingStage | None = None,
     micro_batches: int | None = None,
-    schedule: str | None = None,
+    schedule: Schedule | None = None,
     global_batch_size: int | None = None,
     micro_batch_size: int | None = None,
     seq_len: int | None = None,
-    dtype: str = "bf16",
+    dtype: TrainingDType = "bf16",
     optimizer: str = "adam",
-    recompute: str = "none",
+    recompute: Recompute = "none",
     rules: dict[str, str] | None = None,
     ep: int | None = 1,
 ) -> Plan:
@@ -191,7 +193,7 @@ def plan(
     from autodist.planner.load import parse_input_spec
 
     specs = [parse_input_spec(s) if isinstance(s, str) else s for s in input_spec]
-    options = dict(
+    options: dict[str, Any] = dict(  # the request's fields, as typed in the signature above
         dp=dp,
         mp=mp,
         pp=pp,

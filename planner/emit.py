@@ -33,11 +33,13 @@ from __future__ import annotations
 import math
 import os
 from importlib import metadata
+from typing import Sequence
 
 import msgspec
 import paddle
 
-from autodist.schemas.vocabulary import MESH_AXES
+from autodist.schemas.plan import ParallelStyle
+from autodist.schemas.vocabulary import MESH_AXES, as_dtype
 from autodist.schemas import (
     Alternatives,
     Block,
@@ -179,7 +181,7 @@ def build_mesh(strategy: Strategy) -> Mesh:
 # -- parameters ----------------------------------------------------------------------------------------
 
 
-def _param_plans(analysis: ModelAnalysis, strategy: Strategy, axes: list[str], notes: list[str]) -> dict:
+def _param_plans(analysis: ModelAnalysis, strategy: Strategy, axes: Sequence[str], notes: list[str]) -> dict:
     mp_placements = _mp_placements(analysis, strategy.mp, notes)
     stage_of = _param_stages(analysis, strategy.pp, strategy.virtual_stages)
     both_sides = params_read_on_both_sides(analysis) if strategy.pp > 1 else frozenset()
@@ -190,7 +192,7 @@ def _param_plans(analysis: ModelAnalysis, strategy: Strategy, axes: list[str], n
         mp_placement, style = _expert_style(fqn, moe_layers) or mp_placements.get(fqn, ("R", "Replicate"))
         plans[fqn] = ParamPlan(
             shape=list(shape),
-            dtype=dtype,
+            dtype=as_dtype(dtype),
             placements=[mp_placement if axis == "mp" else "R" for axis in axes],
             stage=stage_of[fqn],
             style=style,
@@ -201,11 +203,11 @@ def _param_plans(analysis: ModelAnalysis, strategy: Strategy, axes: list[str], n
     return plans
 
 
-def _mp_placements(analysis: ModelAnalysis, mp: int, notes: list[str]) -> dict[str, tuple[str, str]]:
+def _mp_placements(analysis: ModelAnalysis, mp: int, notes: list[str]) -> dict[str, tuple[str, ParallelStyle]]:
     """``{param FQN: (placement on mp, style)}`` for the tensor-parallel parameters."""
     if mp == 1:
         return {}
-    placements: dict[str, tuple[str, str]] = {}
+    placements: dict[str, tuple[str, ParallelStyle]] = {}
     for block in analysis.blocks:
         for linear in block.linears:
             placements.update(_linear_placements(linear, analysis.params, mp, notes))
@@ -229,7 +231,9 @@ def _mp_placements(analysis: ModelAnalysis, mp: int, notes: list[str]) -> dict[s
     return placements
 
 
-def _linear_placements(linear: LinearUse, params: dict, mp: int, notes: list[str]) -> dict[str, tuple[str, str]]:
+def _linear_placements(
+    linear: LinearUse, params: dict, mp: int, notes: list[str]
+) -> dict[str, tuple[str, ParallelStyle]]:
     if linear.role == "replicate" or linear.split_dim is None:
         return {}
     shape = params[linear.weight][0]
@@ -238,7 +242,7 @@ def _linear_placements(linear: LinearUse, params: dict, mp: int, notes: list[str
             f"{linear.weight}: dim {linear.split_dim} of size {shape[linear.split_dim]} does not divide by mp={mp}; replicated"
         )
         return {}
-    style = "ColWiseParallel" if linear.role == "column" else "RowWiseParallel"
+    style: ParallelStyle = "ColWiseParallel" if linear.role == "column" else "RowWiseParallel"
     placed = {linear.weight: (f"S({linear.split_dim})", style)}
     if linear.bias is not None:
         # A column split also splits the bias (one entry per output feature); a row-parallel
@@ -320,7 +324,7 @@ def _moe_layers(analysis: ModelAnalysis, strategy: Strategy) -> dict[str, str]:
     return {_layer_of(b.experts.layer): b.experts.layer for b in analysis.blocks if b.experts}
 
 
-def _expert_style(fqn: str, moe_layers: dict[str, str]) -> tuple[str, str] | None:
+def _expert_style(fqn: str, moe_layers: dict[str, str]) -> tuple[str, ParallelStyle] | None:
     """``(placement, style)`` of a parameter under an MoE layer (it runs whole on each rank's
     gathered tokens: ``R``; an expert's is ``ExpertParallel``), None for any other."""
     for layer, experts in moe_layers.items():
@@ -331,7 +335,7 @@ def _expert_style(fqn: str, moe_layers: dict[str, str]) -> tuple[str, str] | Non
 
 def _expert_hooks(analysis: ModelAnalysis, strategy: Strategy) -> list[Hook]:
     """The ``expert_dispatch`` / ``expert_combine`` pair around each MoE layer (block order)."""
-    ep, hooks = strategy.ep, []
+    ep, hooks = strategy.ep, list[Hook]()
     if not runs_moe_locally(strategy):
         return []
     local = (
@@ -364,7 +368,7 @@ def _expert_hooks(analysis: ModelAnalysis, strategy: Strategy) -> list[Hook]:
 
 
 def _sequence_parallel_hooks(
-    analysis: ModelAnalysis, strategy: Strategy, axes: list[str], fused_gathers: list[Hook], notes: list[str]
+    analysis: ModelAnalysis, strategy: Strategy, axes: Sequence[str], fused_gathers: list[Hook], notes: list[str]
 ) -> list[Hook]:
     """The sequence-parallel hooks, plus ``fused_gathers`` (the analysis's reshard hooks) adjusted
     to the [s, b, h] layout inside position-wise sub-layers."""

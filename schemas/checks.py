@@ -34,7 +34,7 @@ def check_mesh(plan: Plan) -> list[str]:
         problems.append(
             f"$.mesh: {size} ranks but the cluster has {cluster.nodes} x {cluster.devices_per_node} = {world} devices"
         )
-    sizes = dict(zip(mesh.axes, mesh.shape))
+    sizes: dict[str, int] = dict(zip(mesh.axes, mesh.shape))
     for axis in MESH_AXES:
         degree = getattr(strategy, axis)
         if sizes.get(axis, 1) != degree:

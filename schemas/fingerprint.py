@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 
 def dtype_name(dtype: Any) -> str:
@@ -55,8 +55,8 @@ class ParameterDiff:
 
 
 def parameter_diff(
-    planned: dict[str, tuple[list[int], str]],
-    actual: dict[str, tuple[list[int], str]],
+    planned: Mapping[str, tuple[list[int], str]],
+    actual: Mapping[str, tuple[list[int], str]],
     tied: Iterable[str] = (),
 ) -> ParameterDiff:
     """The one comparison of planned parameters with a model's (``apply_plan`` and

@@ -21,7 +21,7 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from autodist.schemas.vocabulary import DTYPE_BYTES, PLACEMENT_PATTERN, DType, MeshAxis  # noqa: F401 (re-exported)
+from autodist.schemas.vocabulary import DTYPE_BYTES, PLACEMENT_PATTERN, DType, MeshAxis, TrainingDType  # noqa: F401 (re-exported)
 
 FORMAT: Final = "autodist.plan"
 #: Version 2: hooks are a tagged union (no ``placements`` on a stage hand-off, no ``to_stage`` on a
@@ -121,7 +121,7 @@ class DeviceProfile(Base):
 
     name: Text
     memory_bytes: PositiveInt
-    peak_flops: dict[Literal["bf16", "fp16", "fp32"], NonNegativeFloat]
+    peak_flops: dict[TrainingDType, NonNegativeFloat]
     intra_node_bandwidth: NonNegativeFloat
     inter_node_bandwidth: NonNegativeFloat
     intra_node_latency_s: NonNegativeFloat
@@ -162,20 +162,28 @@ class Mesh(Base):
     process_ids: list[NonNegativeInt]
 
 
+#: ZeRO stage over the dp group: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters.
+ShardingStage = Literal[0, 1, 2, 3]
+#: How pipeline stages run (:attr:`Strategy.schedule`).
+Schedule = Literal["none", "sequential", "1F1B", "VPP"]
+#: Activation recompute (:attr:`Strategy.recompute`).
+Recompute = Literal["none", "selective", "full"]
+
+
 class Strategy(Base):
     dp: PositiveInt = 1
     mp: PositiveInt = 1
     pp: PositiveInt = 1
     sequence_parallel: bool = False
     #: ZeRO stage over the dp group: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters.
-    sharding_stage: Literal[0, 1, 2, 3] = 0
+    sharding_stage: ShardingStage = 0
     micro_batches: PositiveInt = 1
     #: How pipeline stages run: ``none`` without pp; ``sequential`` stage hand-off hooks in an
     #: ordinary training loop; ``1F1B`` / ``VPP`` Paddle's pipelining schedules.
-    schedule: Literal["none", "sequential", "1F1B", "VPP"] = "none"
+    schedule: Schedule = "none"
     #: Activation recompute: ``full`` recomputes every block in backward, ``selective`` each
     #: block's attention sub-layer; the plan's ``recompute`` lists the layers.
-    recompute: Literal["none", "selective", "full"] = "none"
+    recompute: Recompute = "none"
 
     #: Model chunks each pipeline rank runs: 1, or more for ``VPP`` (the blocks' stages then
     #: cycle ``0, 1, ..., pp-1`` that many times).

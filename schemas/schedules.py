@@ -25,8 +25,10 @@ Example::
 
 from __future__ import annotations
 
+from typing import Literal
+
 #: Schedules that run as Paddle's pipelining schedules (micro-batches overlap across stages).
-PIPELINING_SCHEDULES = ("1F1B", "VPP")
+PIPELINING_SCHEDULES: tuple[Literal["1F1B"], Literal["VPP"]] = ("1F1B", "VPP")
 
 
 def block_stages(num_blocks: int, pp: int, virtual_stages: int = 1) -> list[int]:

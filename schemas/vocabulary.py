@@ -17,12 +17,13 @@ Example::
 from __future__ import annotations
 
 import re
+import typing
 from typing import Literal
 
 #: The mesh axes, outermost first: pipeline stages, data parallel, tensor (model) parallel.
 #: mp is innermost so its ranks are neighbours (inside one node when it fits).
-MESH_AXES = ("pp", "dp", "mp")
 MeshAxis = Literal["pp", "dp", "mp"]
+MESH_AXES: tuple[MeshAxis, ...] = ("pp", "dp", "mp")
 
 #: A placement on one mesh axis: ``"R"`` replicate, ``"P"`` partial (pending sum), ``"S(k)"``
 #: shard tensor dim ``k``.
@@ -64,9 +65,21 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64":
 #: The floating-point tensor dtypes (activations and weights, not masks or indices).
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 #: The training dtypes the planner prices (``--dtype``), as tensor dtypes.
-TRAINING_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+TrainingDType = Literal["bf16", "fp16", "fp32"]
+TRAINING_DTYPES: dict[str, DType] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 #: The dtypes a model input may have (``--input-spec``).
 INPUT_DTYPES = ("int64", "int32", "float32", "float16", "bfloat16", "float64", "bool")
+
+
+def as_dtype(name: str) -> DType:
+    """``name`` as a plan's tensor dtype; ValueError for a dtype plans do not know (``complex64``).
+
+    >>> as_dtype("bfloat16")
+    'bfloat16'
+    """
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"unknown tensor dtype {name!r}; known: {', '.join(DTYPE_BYTES)}")
+    return typing.cast(DType, name)
 
 
 def training_bytes(dtype: str) -> int:

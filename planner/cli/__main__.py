@@ -1,7 +1,5 @@
 """``python -m autodist.planner.cli`` runs ``autodist-plan``."""
 
-import sys
-
 from autodist.planner.cli.main import main
 
-sys.exit(main())
+main()  # click exits with the command's status

@@ -129,7 +129,7 @@ def calibrate(
     os.close(fd)
     try:
         _write(tmp, cal.cluster_toml(device, measured, notes + [f"not measured: {m}" for m in measured.missing]))
-        if model_target:
+        if model_target and measured.training_step is not None:  # measured above whenever there is a model
             from autodist.planner.cost.hardware import load_cluster_file
 
             priced = _plan_pricer(model_target, plan, load_cluster_file(tmp))

@@ -303,7 +303,8 @@ def graph(target: str, input_specs: tuple[str, ...], fmt: str, output: str | Non
 # show / diff / check / export / render / ckpt live in their own module (light imports: no paddle).
 for _review_command in REVIEW_COMMANDS:
     cli.add_command(_review_command)
-calibrate.callback = one_line_errors(calibrate.callback)
+if calibrate.callback is not None:  # (click types a command's callback as optional)
+    calibrate.callback = one_line_errors(calibrate.callback)
 cli.add_command(calibrate)
 
 

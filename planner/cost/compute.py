@@ -46,10 +46,10 @@ Example (an H100-like device: 989 TFLOP/s, 60 % sustained, 3.35 TB/s, 5 us per m
 from __future__ import annotations
 
 from autodist.schemas import DeviceProfile
-from autodist.schemas.vocabulary import training_bytes
+from autodist.schemas.vocabulary import TrainingDType, training_bytes
 
 
-def matmul_time(m: float, n: float, k: float, device: DeviceProfile, dtype: str, batch: float = 1) -> float:
+def matmul_time(m: float, n: float, k: float, device: DeviceProfile, dtype: TrainingDType, batch: float = 1) -> float:
     """Seconds for ``batch`` matmuls of (m x k) @ (k x n), as one kernel (see the module docstring)."""
     if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
         return 0.0

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import networkx as nx
 
@@ -306,7 +306,7 @@ def block_cost(
     params: dict[str, int],
     tokens: int,
     seq: int,
-    **shape: int,
+    **shape: Any,  # ints: the block's heads, head size, hidden and intermediate sizes
 ) -> BlockCost:
     """One block's :class:`BlockCost`. ``params``: numel of the block's parameters by FQN;
     ``tokens``/``seq``: the traced batch x sequence and sequence (dynamic dims as 1);
@@ -485,7 +485,7 @@ def _edges(
         if n not in in_blocks:
             sides["first" if n < boundary else "last"].append(n)
     walks = {side: walk_nodes(facts, nodes, vocab=analysis.vocab_size) for side, nodes in sides.items()}
-    edges = {}
+    edges: dict[str, dict[str, Any]] = {}
     for side, walk in walks.items():
         on_side = {fqn for fqn in numel if fqn not in block_params and (fqn in before) == (side == "first")}
         on_side |= tied

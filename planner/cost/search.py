@@ -37,6 +37,7 @@ from autodist.planner.cost.step_time import (
 from autodist.planner.errors import PlannerError
 from autodist.schemas.describe import strategy_text
 from autodist.schemas import Candidate, DeviceProfile, Rejected, Strategy
+from autodist.schemas.plan import Schedule, ShardingStage
 from autodist.schemas.experts import expert_limit, runs_moe_locally
 from autodist.schemas.vocabulary import training_bytes
 from autodist.schemas.schedules import PIPELINING_SCHEDULES, block_stages, schedule_problems
@@ -58,9 +59,9 @@ class SearchRequest(Job):
     mp: int | None = None
     pp: int | None = None
     sequence_parallel: bool | None = None
-    sharding_stage: int | None = None
+    sharding_stage: ShardingStage | None = None
     micro_batches: int | None = None
-    schedule: str | None = None  # "sequential" | "1F1B" | "VPP" | None = chosen
+    schedule: Schedule | None = None  # "sequential" | "1F1B" | "VPP" | None = chosen
     global_batch_size: int | None = None  # samples per optimizer step over all ranks; default: the traced batch
     micro_batch_size: int | None = None
     seq_len: int | None = None  # default: the traced sequence length
@@ -386,7 +387,7 @@ def _variants(cost: ModelCost, setup: Setup, request: SearchRequest, dp: int, mp
     sps = [False, True] if mp > 1 and not cost.token_mixing else [False]
     if request.sequence_parallel is not None:
         sps = [request.sequence_parallel and mp > 1]
-    stages = [0, 1, 2, 3] if dp > 1 else [0]
+    stages: list[ShardingStage] = [0, 1, 2, 3] if dp > 1 else [0]
     if request.sharding_stage is not None:
         stages = [request.sharding_stage if dp > 1 else 0]
     per_rank = setup.global_batch // dp
@@ -415,17 +416,17 @@ def _variants(cost: ModelCost, setup: Setup, request: SearchRequest, dp: int, mp
                         )
 
 
-def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list[tuple[str, int]]:
+def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list[tuple[Schedule, int]]:
     """``(schedule, virtual stages)`` to price: the one asked for; else every pipelining schedule
     the applier can run for ``num_blocks`` blocks and ``m`` micro-batches (schemas/schedules.py),
     and ``sequential`` only where none can (a model they cannot cut, fewer micro-batches than
     stages)."""
     if pp == 1:
         return [("none", 1)]
-    chunks = {"1F1B": 1, "VPP": VPP_CHUNKS, "sequential": 1}
+    chunks: dict[Schedule, int] = {"1F1B": 1, "VPP": VPP_CHUNKS, "sequential": 1}
     if request.schedule is not None:
         return [(request.schedule, chunks[request.schedule])]
-    runnable = [
+    runnable: list[tuple[Schedule, int]] = [
         (name, chunks[name])
         for name in PIPELINING_SCHEDULES
         if not schedule_problems(name, pp, m, block_stages(num_blocks, pp, chunks[name]))

@@ -75,6 +75,7 @@ from functools import cached_property
 from itertools import accumulate
 
 from autodist.schemas import CommEstimate, DeviceProfile, Estimate, MemoryEstimate, Strategy
+from autodist.schemas.plan import Recompute
 
 from autodist.schemas.schedules import block_stages
 
@@ -92,7 +93,7 @@ from autodist.planner.cost.comm import (
 from autodist.planner.cost.compute import fixed_op_time, matmul_time, memory_time
 from autodist.planner.cost.memory import StateBytes, model_state_bytes
 from autodist.schemas.experts import runs_moe_locally
-from autodist.schemas.vocabulary import training_bytes
+from autodist.schemas.vocabulary import TrainingDType, training_bytes
 
 #: Model chunks per rank the search tries for VPP (the plan's ``virtual_stages``; issue #13).
 VPP_CHUNKS = 2
@@ -109,9 +110,9 @@ class Job:
 
     devices_per_node: int = 1
     nodes: int = 1
-    dtype: str = "bf16"
+    dtype: TrainingDType = "bf16"
     optimizer: str = "adam"
-    recompute: str = "none"
+    recompute: Recompute = "none"
 
     @property
     def world(self) -> int:

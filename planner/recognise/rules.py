@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, cast
 
 from autodist.planner.errors import PlannerError
 from autodist.schemas.inputs import InputFileError, load_toml
@@ -111,13 +111,14 @@ def apply_rules(analysis: ModelAnalysis, rules: dict[str, str], mp: int = 2) -> 
             old = next((lin for lin in block.linears if lin.weight == weight), None)
             block.linears = [lin for lin in block.linears if lin.weight != weight]
             if role != "replicate":
+                split = cast(Literal["column", "row"], role)  # the roles load_rules admits, less replicate
                 block.linears.append(
                     LinearUse(
                         layer,
                         weight,
                         bias,
-                        role,
-                        split_dim(role, operand, transposed),
+                        split,
+                        split_dim(split, operand, transposed),
                         old.fused if old and old.role == role else 1,
                         old.name if old else layer,
                     )

@@ -99,6 +99,8 @@ def _scheduler_text(saved: SavedScheduler) -> str:
 
 
 def _state_kinds(meta: Checkpoint) -> list[str]:
+    if meta.optimizer is None:
+        return []
     return sorted({kind for kinds in meta.optimizer.states.values() for kind in kinds})
 
 

@@ -1,0 +1,1 @@
+../../autodist/__init__.py
