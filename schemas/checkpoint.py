@@ -35,6 +35,8 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
+from autodist.schemas.errors import printable
+from autodist.schemas.inputs import InputFileError, read_input_file
 from autodist.schemas.io import constraint_in_words, rename_mesh_axes
 from autodist.schemas.plan import Base, Fqn, Identifier, Mesh, NonNegativeInt, PositiveInt, Sha256, Strategy
 from autodist.schemas.vocabulary import DTYPE_BYTES, DType
@@ -159,24 +161,14 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     :data:`MAX_METADATA_BYTES`, newer than this autodist, malformed, or names shards that do
     not tile their tensors or do not fit in their files. Reads no shard data."""
     path = Path(path)
+    file = path / METADATA_FILE
+    if not os.path.lexists(file):
+        raise CheckpointError(f"not a checkpoint (no {METADATA_FILE} in it)", path)
     try:
-        with open_folder(path) as folder:
-            fd = open_inside(folder, METADATA_FILE, path)
-            try:
-                size = os.fstat(fd).st_size
-                if size > MAX_METADATA_BYTES:
-                    raise CheckpointError(
-                        f"{METADATA_FILE} has {size} bytes, more than the {MAX_METADATA_BYTES} a checkpoint's "
-                        "metadata may have",
-                        path,
-                    )
-                data = _read_all(fd, size)
-            finally:
-                os.close(fd)
-    except FileNotFoundError:
-        raise CheckpointError(f"not a checkpoint (no {METADATA_FILE} in it)", path) from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {METADATA_FILE}: {exc.strerror or exc}", path) from None
+        data = read_input_file(file, what="checkpoint's metadata", max_bytes=MAX_METADATA_BYTES, follow_symlinks=False)
+    except InputFileError as err:
+        problem = str(err).removeprefix(f"{printable(str(file))}: ")
+        raise CheckpointError(f"{METADATA_FILE}: {problem}", path) from None
     return decode_checkpoint(data, path)
 
 
@@ -219,18 +211,6 @@ def open_inside(dir_fd: int, name: str, path: str | os.PathLike, *, folder: bool
         os.close(fd)
         raise CheckpointError(f"{name} is not a {'folder' if folder else 'regular file'}", path)
     return fd
-
-
-def _read_all(fd: int, size: int) -> bytes:
-    """At most ``size`` bytes of ``fd`` (a file that grows while read is cut there)."""
-    chunks, left = [], size
-    while left > 0:
-        chunk = os.read(fd, min(left, 2**24))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
 
 
 def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Checkpoint:

@@ -65,17 +65,21 @@ class InputFileError(ValueError):
     message starts with the file's name (made printable)."""
 
 
-def read_input_file(path: str | os.PathLike, *, what: str, max_bytes: int) -> bytes:
+def read_input_file(path: str | os.PathLike, *, what: str, max_bytes: int, follow_symlinks: bool = True) -> bytes:
     """The bytes of ``path``, a regular file of at most ``max_bytes`` bytes.
 
     ``what`` names the kind of file in the messages (``"plan file"``). Never blocks on a FIFO
     (it is opened non-blocking and refused by type), never reads more than ``max_bytes + 1``.
-    Raises :class:`InputFileError`.
+    With ``follow_symlinks=False`` a symlink is refused (a checkpoint's metadata: nothing
+    outside its folder is read). Raises :class:`InputFileError`.
     """
     name = printable(os.fspath(path))
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        fd = os.open(path, flags)
     except OSError as err:
+        if not follow_symlinks and os.path.islink(path):  # O_NOFOLLOW's ELOOP
+            raise InputFileError(f"{name}: a symbolic link; give the {what} itself") from None
         raise InputFileError(f"{name}: cannot read the {what}: {err.strerror or err}") from None
     try:
         info = os.fstat(fd)

@@ -172,7 +172,7 @@ def test_metadata_that_is_a_symlink_is_not_followed(saved, target, tmp_path):
     path = copy_with(saved, tmp_path, lambda raw: None)
     (path / METADATA_FILE).unlink()
     (path / METADATA_FILE).symlink_to(elsewhere(saved, tmp_path) / METADATA_FILE)
-    refused(target, path, f"{METADATA_FILE} is a symbolic link")
+    refused(target, path, f"{METADATA_FILE}: a symbolic link; give the checkpoint's metadata itself")
 
 
 def test_a_fifo_in_place_of_a_file_is_refused_without_blocking(saved, target, tmp_path):
@@ -183,7 +183,7 @@ def test_a_fifo_in_place_of_a_file_is_refused_without_blocking(saved, target, tm
     refused(target, path, f"{data}/rank0.bin is not a regular file")
     (path / METADATA_FILE).unlink()
     os.mkfifo(path / METADATA_FILE)
-    refused(target, path, f"{METADATA_FILE} is not a regular file")
+    refused(target, path, f"{METADATA_FILE}: not a regular file (a FIFO (named pipe)); give a checkpoint's metadata")
 
 
 # -- metadata size and nesting ----------------------------------------------------------------------------
@@ -205,11 +205,9 @@ def test_deeply_nested_metadata_is_one_error_in_load_and_in_ckpt_info(target, tm
 
 def test_metadata_larger_than_the_cap_is_not_read(saved, target, tmp_path, monkeypatch):
     path = copy_with(saved, tmp_path, lambda raw: None)
-    size = (path / METADATA_FILE).stat().st_size
-    monkeypatch.setattr(autodist.schemas.checkpoint, "MAX_METADATA_BYTES", size - 1)
-    refused(
-        target, path, f"{METADATA_FILE} has {size} bytes, more than the {size - 1} a checkpoint's metadata may have"
-    )
+    assert (path / METADATA_FILE).stat().st_size > 1024
+    monkeypatch.setattr(autodist.schemas.checkpoint, "MAX_METADATA_BYTES", 1024)
+    refused(target, path, f"{METADATA_FILE}: larger than 1 KiB, the most a checkpoint's metadata may be")
 
 
 def test_every_parameter_is_checked_even_when_the_fingerprint_matches(saved, target, tmp_path):
