@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
 import paddle
+import paddle.distributed as dist
 
 from autodist.schemas import Plan, parameter_diff, parameter_fingerprint, parameter_table
 
 from autodist.applier.accumulate import accumulation_problems
 from autodist.applier.experts import expert_problems, expert_structure_problems
+from autodist.applier.mesh import mesh_ids
 from autodist.applier.optimizer import optimizer_problems
 from autodist.applier.pipeline import pipeline_problems
 from autodist.applier.recompute import recompute_problems
@@ -172,6 +175,14 @@ def batch_problems(plan: Plan, dataloader: paddle.io.DataLoader) -> list[str]:
         return []  # an iterable dataset or a custom sampler: nothing to check before it runs
     dp, m = plan.strategy.dp, plan.strategy.micro_batches
     split = isinstance(sampler, paddle.io.DistributedBatchSampler)
+    if split and (sampler.nranks, sampler.local_rank) != (dp, _dp_index(plan, dist.get_rank())):
+        return [
+            f"dataloader: its DistributedBatchSampler gives this rank part {sampler.local_rank} of "
+            f"{sampler.nranks}, but the plan reads each batch in dp={dp} parts (the ranks of one dp group, "
+            f"this one's is part {_dp_index(plan, dist.get_rank())}, must read the same samples): use "
+            f"paddle.io.BatchSampler(dataset, batch_size={plan.data.global_batch_size or size * sampler.nranks}) "
+            "and apply_plan splits it"
+        ]
     total = size * dp if split else size
     described = f"{size} per dp rank x dp={dp} = {total}" if split else f"{total}"
     planned = plan.data.global_batch_size
@@ -184,6 +195,14 @@ def batch_problems(plan: Plan, dataloader: paddle.io.DataLoader) -> list[str]:
     if total % (dp * m):
         return [f"dataloader: a batch of {described} samples does not divide over dp={dp} x {m} micro-batches"]
     return []
+
+
+def _dp_index(plan: Plan, rank: int) -> int:
+    """``rank``'s coordinate on the plan's dp axis (0 without one, or outside the mesh)."""
+    ids = mesh_ids(plan)
+    if "dp" not in plan.mesh.axes or rank not in ids:
+        return 0
+    return int(np.argwhere(ids == rank)[0][plan.mesh.axes.index("dp")])
 
 
 def _names(names: list[str]) -> str:

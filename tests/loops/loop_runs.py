@@ -68,10 +68,16 @@ def loop_plans(tmp_path_factory) -> Plans:
     return Plans(tmp_path_factory.mktemp("loop_plans"))
 
 
-def run_script(script: str, out: Path, ranks: int = 1, plan: Path | None = None, *args: str, env=None) -> Run:
-    """Run ``scripts/<script>`` on ``ranks`` gloo ranks (one plain process without a plan)."""
+def launch_script(script: str, out: Path, ranks: int = 1, plan: Path | None = None, *args: str):
+    """Run ``scripts/<script>`` on ``ranks`` gloo ranks (one plain process without a plan);
+    the harness's JobResult."""
     argv = [str(SCRIPTS / script), "--out", str(out), *args] + (["--plan", str(plan)] if plan else [])
-    job = launch_ranks(ranks, argv, out / "ranks", timeout_s=300, extra_env=env)
+    return launch_ranks(ranks, argv, out / "ranks", timeout_s=300)
+
+
+def run_script(script: str, out: Path, ranks: int = 1, plan: Path | None = None, *args: str) -> Run:
+    """:func:`launch_script`, which must succeed on every rank."""
+    job = launch_script(script, out, ranks, plan, *args)
     job.raise_for_failure()
     return Run(out, [p.stdout for p in job.processes])
 
