@@ -31,8 +31,7 @@ SEQUENTIAL = (
     "(autodist-plan --device cpu) or run on GPUs"
 )
 ZERO2 = (
-    "$.strategy: ZeRO stage 2 needs reduce-scatter, which the gloo backend lacks (its CPU kernel throws "
-    "Unimplemented)"
+    "$.strategy: ZeRO stage 2 needs reduce-scatter, which the gloo backend lacks (its CPU kernel throws Unimplemented)"
 )
 SEQUENCE_PARALLEL = (
     "$.strategy: sequence parallelism needs reduce-scatter, which the gloo backend lacks",
