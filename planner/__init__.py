@@ -1,1 +1,1 @@
-"""Offline phase: load -> trace -> graph -> match -> cost/search -> emit, and the autodist-plan CLI."""
+"""Offline phase: load -> trace -> graph -> recognise -> cost/search -> emit, and the autodist-plan CLI."""

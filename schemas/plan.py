@@ -326,7 +326,9 @@ class ImplicitComm(Base):
 
 
 class Block(Base):
-    """A repeated block found by the matcher, and the stage it runs on."""
+    """A repeated block the planner recognised, and the stage it runs on. ``kind``: a family name
+    for reports, from the block's sub-layers (``llama_decoder``: q, k, v attention and a gate|up
+    MLP; ``transformer_block`` when no family fits); nothing reads it to apply the plan."""
 
     layer: Fqn
     kind: Text

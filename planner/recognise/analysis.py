@@ -1,9 +1,11 @@
-"""What the planner knows about a model after matching: its blocks, the tensor-parallel role of
-every linear, the embedding, final norm and LM head, tied weights and what nothing matched.
+"""What the planner knows about a model after recognition: its blocks, the tensor-parallel role
+of every linear, the embedding, final norm and LM head, tied weights and what was not recognised.
 
-Roles come from the pattern a block matched (:mod:`.patterns` marks each linear column or row);
-split dims from how each weight reaches its matmul (a transposed use swaps them); sizes (heads,
-KV heads, head dim, hidden, intermediate) from the traced shapes, never from config attributes.
+Roles come from each block's dataflow, checked by Paddle's SPMD rules (:mod:`.roles`; no
+whole-block pattern is matched); the layers around the blocks (embeddings, norms, the LM head)
+are matched against small patterns (:mod:`.patterns`); split dims from how each weight reaches
+its matmul (a transposed use swaps them); sizes (heads, KV heads, head dim, hidden,
+intermediate) from the traced shapes, never from config attributes.
 
 Example::
 
