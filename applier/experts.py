@@ -50,7 +50,7 @@ from paddle.autograd import PyLayer
 from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_local
 
 from autodist.schemas import ExpertDispatch, Plan
-from autodist.schemas.experts import expert_limit
+from autodist.schemas.experts import expert_limit, held_experts
 from autodist.schemas.vocabulary import expert_number
 
 from autodist.applier.hooks import first_tensor, map_first_input, map_tensors
@@ -81,12 +81,6 @@ class ExpertLayout:
     @classmethod
     def of_plan(cls, plan: Plan, rank: int) -> ExpertLayout:
         return cls.of(mesh_ids(plan), list(plan.mesh.axes), rank, plan.strategy.ep)
-
-
-def held_experts(count: int, ep: int, index: int) -> range:
-    """The experts (numbers under the container) the rank at ``index`` of its ep group holds."""
-    per = count // ep
-    return range(index * per, (index + 1) * per)
 
 
 def dropped_parameters(plan: Plan, rank: int) -> set[str]:

@@ -119,10 +119,9 @@ def plan_model(
     traced = trace(model, input_specs, progress)
     analysis = analyse(model, traced, progress)
     if rules:
-        from autodist.planner.recognise.rules import apply_rules, canonical_rules, parse_rules
+        from autodist.planner.recognise.rules import apply_rules, canonical_rules
 
-        rules = parse_rules(rules)
-        apply_rules(analysis, rules)
+        rules = apply_rules(analysis, rules)
         arguments = {**arguments, "rules": canonical_rules(rules)}
     with progress.step("pricing the model"):
         priced = price(analysis)

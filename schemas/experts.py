@@ -106,3 +106,14 @@ def expert_limit(strategy: Strategy, options: bool = False, moe: bool = False, h
         if clash and hooks:
             return f"{degree.format('ep', ep)} with {setting}: {why}"
     return ""
+
+
+def held_experts(count: int, ep: int, index: int) -> range:
+    """The experts (numbers under the container) the rank at ``index`` of its ep group holds:
+    the index-th of ``ep`` equal runs (the applier drops the others; ``show`` says which).
+
+    >>> held_experts(8, ep=2, index=1)
+    range(4, 8)
+    """
+    per = count // ep
+    return range(index * per, (index + 1) * per)

@@ -111,8 +111,14 @@ def load_toml(path: str | os.PathLike, *, what: str, max_bytes: int = MAX_TOML_B
     Raises :class:`InputFileError` naming the file and the problem (``not valid TOML: ...``,
     ``line 3 is longer than 1000 characters``, ``nested deeper than 16 levels``, ...).
     """
-    name = printable(os.fspath(path))
-    data = read_input_file(path, what=what, max_bytes=max_bytes)
+    return parse_toml(read_input_file(path, what=what, max_bytes=max_bytes), os.fspath(path), what=what)
+
+
+def parse_toml(data: bytes, name: str, *, what: str) -> dict[str, Any]:
+    """The tables of TOML ``data`` read from the file ``name``, within the caps above (what
+    :func:`load_toml` does after reading; for a caller that also needs the text, such as the
+    rules file's line numbers)."""
+    name = printable(name)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -79,15 +79,21 @@ def test_a_rule_merges_with_inferred_placements_and_is_recorded(target):
 
 
 def test_a_rule_that_would_make_paddle_communicate_is_refused_with_the_reason(target):
-    with pytest.raises(PlannerError, match=r"refused: pd_op.layer_norm in blocks.0.norm would need a all_gather"):
+    with pytest.raises(PlannerError) as refused:
         mp2(target, {"blocks.*.fc1": "colwise", "blocks.*.fc2": "rowwise"})
+    # the rule refused alone is named (fc2 rowwise alone slices a whole input: no collective)
+    assert refused.value.message == (
+        'rule "blocks.*.fc1" = "colwise": with it pd_op.layer_norm in blocks.0.norm would need an all_gather of '
+        "operand 0 (S(2) -> R) that Paddle adds on its own; split the projections that feed it and the one that "
+        "contracts it together (in blocks.0)"
+    )
 
 
 def test_rules_name_unknown_words_and_unmatched_globs(target, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('"blocks.*.fc1" = "columnwise"\n')
-    with pytest.raises(PlannerError, match="a placement is one of"):
-        load_rules(bad)
+    with pytest.raises(PlannerError, match='line 1: "blocks.*.fc1" = "columnwise": a placement is one of'):
+        mp2(target, load_rules(bad))
     with pytest.raises(PlannerError, match="matches no layer"):
         mp2(target, {"blocks.*.nothing": "colwise"})
 

@@ -17,6 +17,8 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import difflib
+import importlib.util
 import json
 import os
 import warnings
@@ -69,6 +71,11 @@ class DefaultCommandGroup(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            mistyped = mistyped_command(args[0], list(self.commands))
+            if mistyped:
+                raise OneLineError(
+                    f"no such command {args[0]!r}; did you mean {mistyped!r}? (see autodist-plan --help)"
+                )
             args = [self.default_command, *args]
         with click_errors_in_our_style():
             return super().parse_args(ctx, args)
@@ -78,6 +85,25 @@ class DefaultCommandGroup(click.Group):
             return super().invoke(ctx)
 
 
+def mistyped_command(word: str, commands: list[str]) -> str | None:
+    """The command ``word`` is a typo of, or None when it may be a model: ``autodist-plan shwo
+    plan.json`` means ``show``, not a model file called ``shwo``. A word that names an existing
+    file, has a path's or a target's punctuation, or names an importable module is a model.
+
+    >>> mistyped_command("shwo", ["plan", "show", "diff"]), mistyped_command("model.py", ["plan", "show"])
+    ('show', None)
+    """
+    close = difflib.get_close_matches(word, commands, n=1, cutoff=0.6)
+    if not close or os.path.exists(word) or any(c in word for c in "./:\\") or not word.isidentifier():
+        return None
+    try:
+        if importlib.util.find_spec(word) is not None:
+            return None
+    except (ImportError, ValueError):
+        pass
+    return close[0]
+
+
 @click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="paddle-autodist")
 def cli() -> None:
@@ -85,8 +111,8 @@ def cli() -> None:
 
     \b
     Example:
-      autodist-plan model.py --devices 4 -o plan.json
-      autodist-plan schema
+      autodist-plan model.py --nproc-per-node 4 -o plan.json
+      autodist-plan show plan.json
     """
 
 
@@ -94,8 +120,25 @@ def cli() -> None:
 @click.argument("target")
 @input_spec_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Plan file to write (default: stdout).")
-@click.option("--devices", type=int, help="Devices per node (default: the --cluster file's, else 1).")
-@click.option("--nodes", type=int, help="Number of nodes (default: the --cluster file's, else 1).")
+@click.option(
+    "--nproc-per-node",
+    "--nproc_per_node",
+    "--devices",
+    "devices",
+    type=int,
+    metavar="N",
+    help="Processes per node, one per device: what you will give paddle.distributed.launch --nproc_per_node "
+    "(alias --devices; default: the --cluster file's, else 1).",
+)
+@click.option(
+    "--nnodes",
+    "--nodes",
+    "nodes",
+    type=int,
+    metavar="N",
+    help="Number of nodes, as paddle.distributed.launch --nnodes (alias --nodes; default: the --cluster file's, "
+    "else 1). The plan is for nnodes x nproc-per-node ranks.",
+)
 @click.option("--dp", type=int, help="Data-parallel degree (searched when left out).")
 @click.option("--mp", "--tp", "mp", type=int, help="Tensor (model) parallel degree (searched when left out).")
 @click.option("--pp", type=int, help="Pipeline-parallel degree (searched when left out).")
@@ -169,8 +212,8 @@ def plan(
 
     \b
     Example:
-      autodist-plan plans/llama_docstring/model.py --devices 4 -o plan.json
-      autodist-plan model.py --devices 8 --nodes 2 --mp 8 --device h100-sxm --explain -o plan.json
+      autodist-plan plans/llama_docstring/model.py --nproc-per-node 4 -o plan.json
+      autodist-plan model.py --nnodes 2 --nproc-per-node 8 --mp 8 --device h100-sxm --explain -o plan.json
     """
     from autodist.schemas.describe import strategy_text
 

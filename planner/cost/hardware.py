@@ -241,7 +241,7 @@ def _read_cluster_file(path: str) -> dict:
 
 
 #: cluster.toml keys under ``[cluster]``: the cluster's shape, and the flag that wins over each.
-_SHAPE_KEYS = {"devices_per_node": "--devices", "nodes": "--nodes"}
+_SHAPE_KEYS = {"devices_per_node": "--nproc-per-node", "nodes": "--nnodes"}
 #: More devices or nodes than this in a cluster file is a typo, not a cluster.
 MAX_SHAPE = 1 << 20
 

@@ -213,7 +213,7 @@ def _setup(cost: ModelCost, request: SearchRequest) -> Setup:
     """Check the request and fix what is the same for every candidate."""
     if request.devices_per_node < 1 or request.nodes < 1:
         raise PlannerError(
-            f"--devices and --nodes must be at least 1, got {request.devices_per_node} and {request.nodes}"
+            f"--nproc-per-node and --nnodes must be at least 1, got {request.devices_per_node} and {request.nodes}"
         )
     try:
         check_training_setup(request.dtype, request.optimizer)
@@ -235,7 +235,7 @@ def _setup(cost: ModelCost, request: SearchRequest) -> Setup:
     if math.prod(fixed.values()) > world:
         raise PlannerError(
             f"{' x '.join(f'{k}={v}' for k, v in fixed.items())} needs {math.prod(fixed.values())} "
-            f"devices, but there are {world} (--devices x --nodes)"
+            f"devices, but there are {world} (--nnodes x --nproc-per-node)"
         )
     if world % math.prod(fixed.values()):
         raise PlannerError(

@@ -21,7 +21,7 @@ import paddle
 from autodist import schemas
 from autodist.schemas.vocabulary import DTYPE_BYTES
 
-from autodist.planner.recognise.analysis import BlockInfo, ModelAnalysis
+from autodist.planner.recognise.analysis import BlockInfo, LinearUse, ModelAnalysis
 from autodist.planner.recognise.match import constant_nodes, short_op
 from autodist.planner.recognise.spmd import Dist, Replay, Reshard, is_planned
 
@@ -175,6 +175,11 @@ def reshard_hooks(analysis: ModelAnalysis, mp: int, mesh_axes: Sequence[str] = (
             "so the segment split and the backward see whole tensors",
         )
         for block in analysis.blocks
-        for lin in block.linears
-        if lin.role == "column" and lin.fused > 1
+        for lin in gathered_linears(block)
     ]
+
+
+def gathered_linears(block: BlockInfo) -> list[LinearUse]:
+    """The projections of ``block`` whose outputs :func:`reshard_hooks` gathers: the
+    column-split fused ones (their outputs are whole again for the ops after them)."""
+    return [lin for lin in block.linears if lin.role == "column" and lin.fused > 1]

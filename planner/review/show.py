@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import msgspec
 
 from autodist.planner.review.format import (
+    MAX_NAME_WIDTH,
     Collapsed,
     abridged,
     clip,
@@ -26,6 +28,7 @@ from autodist.planner.review.format import (
     human_bytes,
     human_count,
     human_seconds,
+    index_ranges,
     mesh_grid,
     mesh_text,
     natural_key,
@@ -34,6 +37,7 @@ from autodist.planner.review.format import (
 )
 from autodist.schemas.describe import strategy_text
 from autodist.schemas import Plan
+from autodist.schemas.experts import held_experts
 
 #: How many accepted alternatives ``show`` lists by default.
 TOP_ALTERNATIVES = 5
@@ -116,6 +120,7 @@ def show_data(plan: Plan, top: int = TOP_ALTERNATIVES) -> dict[str, Any]:
             }
             for row in hook_rows(plan)
         ],
+        "experts": expert_holding(plan),
         "recompute": [row.pattern for row in collapse(dict.fromkeys(plan.recompute, 0))],
         "data": to(plan.data),
         "implicit_comm": to(plan.implicit_comm),
@@ -169,6 +174,64 @@ def rejected_reasons(plan: Plan) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def batch_lines(plan: Plan) -> list[str]:
+    """The global batch the plan is for (``--global-batch-size``, else the traced input's batch)
+    and how it is divided: what the loader must yield, which is not the traced shape's batch when
+    the plan was made with ``--global-batch-size``."""
+    total = plan.data.global_batch_size
+    if not total:
+        return []
+    s = plan.strategy
+    per_rank = total // s.dp if "dp" in plan.data.shard_axes else total
+    split = f"{per_rank} per dp rank" if "dp" in plan.data.shard_axes and s.dp > 1 else f"{per_rank} on every rank"
+    if s.micro_batches > 1:
+        split += f", {s.micro_batches} micro-batches of {per_rank // s.micro_batches}"
+    return [f"          global batch {total} samples per optimizer step (what the loader yields): {split}"]
+
+
+def expert_holding(plan: Plan) -> list[dict[str, Any]]:
+    """Under expert parallelism, which experts each rank holds, per (collapsed) expert container:
+    ``[{"experts": pattern, "count": n, "held": [{"experts": [...], "ranks": [...]}, ...]}]``.
+
+    Expert parameters' placements read ``R`` (each expert is whole where it is held), but a rank
+    holds only ``1/ep`` of them: the ranks at index ``i`` of their ep group (their dp coordinate
+    mod ep) hold the ``i``-th run of experts (:func:`autodist.schemas.experts.held_experts`)."""
+    ep = plan.strategy.ep
+    containers = {b.experts: b.num_experts for b in plan.blocks if b.experts and b.num_experts}
+    if ep == 1 or not containers or "dp" not in plan.mesh.axes:
+        return []
+    axis = plan.mesh.axes.index("dp")
+    inner = math.prod(plan.mesh.shape[axis + 1 :])
+    index = [(position // inner) % plan.mesh.shape[axis] % ep for position in range(len(plan.mesh.process_ids))]
+    ranks = [[r for r, i in zip(plan.mesh.process_ids, index) if i == k] for k in range(ep)]
+    return [
+        {
+            "experts": row.pattern,
+            "count": row.value,
+            "held": [{"experts": list(held_experts(row.value, ep, k)), "ranks": ranks[k]} for k in range(ep)],
+        }
+        for row in collapse(containers)
+    ]
+
+
+def expert_lines(plan: Plan) -> list[str]:
+    """:func:`expert_holding` in words, under the placements."""
+    holding = expert_holding(plan)
+    if not holding:
+        return []
+    ep = plan.strategy.ep
+    lines = [f"  experts: each rank holds 1/{ep} of each MoE layer's experts (ep{ep}, over dp)"]
+    for container in holding:
+        held = "; ".join(
+            f"{index_ranges(h['experts'])} on rank{'s' if len(h['ranks']) > 1 else ''} {index_ranges(h['ranks'])}"
+            for h in container["held"]
+        )
+        lines.append(
+            f"    {clip(container['experts'])}.*  {container['count']} experts: {clip(held, 4 * MAX_NAME_WIDTH)}"
+        )
+    return lines
+
+
 def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
     """The summary as text for a terminal or a pull-request comment. Plan text is escaped
     (:func:`printable`) and the name column is at most ``MAX_NAME_WIDTH`` wide (``show --json``
@@ -177,7 +240,7 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
     world = c.nodes * c.devices_per_node
     out = [
         f"model     {m.class_name}  ({human_count(m.num_parameters)} parameters, {len(plan.params)} tensors)",
-        f"          traced layer {m.traced_layer or '(whole model)'}; inputs "
+        f"          traced layer {m.traced_layer or '(whole model)'}; traced with "
         + ", ".join(f"{s.name} {s.dtype} {'x'.join(map(str, s.shape))}" for s in m.input_specs),
         f"          param fingerprint {m.param_fingerprint[:12]}…  graph fingerprint {m.graph_fingerprint[:12]}…",
         f"cluster   {c.nodes} node{'s' if c.nodes > 1 else ''} × {c.devices_per_node} {c.device.name} "
@@ -198,14 +261,20 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
     out.append("")
     out.append(f"placements  ({' '.join(plan.mesh.axes)})")
     rows = placement_rows(plan)
-    if all(set(row.value[0]) == {"R"} for row in rows):  # data parallel only: nothing to list
+    replicated = [row for row in rows if set(row.value[0]) == {"R"} and row.value[1] != "ExpertParallel"]
+    if len(replicated) == len(rows):  # data parallel only: nothing to list
         rows = []
         out.append(f"  all {len(plan.params)} parameters replicated (R on every mesh axis)")
+    elif all(set(row.value[0]) == {"R"} for row in rows):  # data parallel, experts spread: list the experts
+        rows = [row for row in rows if row not in replicated]
+        others = sum(len(row.members) for row in replicated)
+        out.append(f"  all {others} other parameters replicated (R on every mesh axis)")
     width = max((len(clip(r.pattern)) for r in rows), default=0)
     pwidth = max((len(" ".join(r.value[0])) for r in rows), default=0)
     for row in rows:
         count = f"  ×{len(row.members)}" if len(row.members) > 1 else ""
         out.append(f"  {clip(row.pattern):<{width}}  {' '.join(row.value[0]):<{pwidth}}  {row.value[1]}{count}")
+    out += expert_lines(plan)
     for fqn, param in sorted(plan.params.items()):
         if param.tied_to:
             out.append(f"  tied: {fqn} is also {', '.join(param.tied_to)} (one parameter)")
@@ -231,6 +300,7 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
     out.append(
         f"data      split over {', '.join(plan.data.shard_axes) or 'nothing (every rank reads the whole batch)'}"
     )
+    out += batch_lines(plan)
     out.append("")
     out.append(
         f"estimate  {human_seconds(est.step_time_s)} per step, {human_count(est.tokens_per_s)} tokens/s, "
