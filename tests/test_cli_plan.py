@@ -200,7 +200,8 @@ def test_held_stderr_drops_library_lines_but_replays_them_when_something_crashes
         ([DOCSTRING, "--bogus"], "error: no such option '--bogus' (see autodist-plan plan --help)"),
         (
             [DOCSTRING, "--devices", "x"],
-            "error: invalid value for '--devices': 'x' is not a valid integer (see autodist-plan plan --help)",
+            "error: invalid value for '--nproc-per-node' / '--nproc_per_node' / '--devices': 'x' is not a valid "
+            "integer (see autodist-plan plan --help)",
         ),
         ([DOCSTRING, "--schedule", "zigzag"], "error: invalid value for '--schedule': 'zigzag' is not one of"),
         (
