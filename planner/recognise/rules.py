@@ -152,7 +152,7 @@ def _apply_to_block(
     if not touching:
         return []
     inferred = list(block.linears)
-    refused = []
+    refused: list[tuple[tuple[str, ...], str]] = []
     for glob in touching:
         problem = _set_roles(analysis, block, {glob: rules[glob]}, inside) or _first_collective(analysis, block, mp)
         if problem:
@@ -212,9 +212,10 @@ def _first_collective(analysis: ModelAnalysis, block: BlockInfo, mp: int) -> str
         return ""
     r = problems[0]
     node = graph.nodes[r.node]
-    article = "an" if r.collective[0] in "aeiou" else "a"
+    collective = r.collective or ""
+    article = "an" if collective[:1] in ("a", "e", "i", "o", "u") else "a"
     return (
-        f"with it {node['op']} in {node['layer']} would need {article} {r.collective} of operand {r.operand} "
+        f"with it {node['op']} in {node['layer']} would need {article} {collective} of operand {r.operand} "
         f"({r.before.placement()} -> {r.after.placement()}) that Paddle adds on its own; split the projections "
         "that feed it and the one that contracts it together"
     )
