@@ -142,12 +142,28 @@ def mosaic_rows() -> list[Row]:
     return rows
 
 
+def gpt_cost(hidden: int, heads: int, vocab: int, seq: int, sdpa: bool, device):
+    """The ModelCost of a GPT block at these sizes, traced with two layers under LazyGuard, with
+    the kernels the model selects that ``device`` runs (flash attention for ``sdpa`` on a GPU)."""
+    from autodist.planner.cost.graph_cost import model_cost
+    from autodist.planner.kernels import choose_kernels
+
+    analysis = gpt_analysis(hidden, heads, vocab, seq, sdpa)
+    kernels = choose_kernels(analysis.graph.graph["selected_kernels"], device)
+    key = (hidden, heads, vocab, seq, sdpa, kernels.attention, tuple(kernels.fused))
+    if key not in _COSTS:
+        _COSTS[key] = model_cost(analysis, kernels)
+    return _COSTS[key]
+
+
+_COSTS: dict = {}
+
+
 @lru_cache(maxsize=None)
-def gpt_cost(hidden: int, heads: int, vocab: int, seq: int, sdpa: bool):
-    """The ModelCost of a GPT block at these sizes, traced with two layers under LazyGuard."""
+def gpt_analysis(hidden: int, heads: int, vocab: int, seq: int, sdpa: bool):
+    """The analysed GPT (tests/models/gpt.py) at these sizes, two layers traced under LazyGuard."""
     import paddle
 
-    from autodist.planner.cost.graph_cost import model_cost
     from autodist.planner.graph import build_graph
     from autodist.planner.recognise.analysis import analyze
     from autodist.planner.trace import trace_model
@@ -166,14 +182,14 @@ def gpt_cost(hidden: int, heads: int, vocab: int, seq: int, sdpa: bool):
     with paddle.LazyGuard():
         model = gpt.build_model(cfg)
     traced = trace_model(model, gpt.input_spec(cfg))
-    return model_cost(analyze(traced, build_graph(traced), model))
+    return analyze(traced, build_graph(traced), model)
 
 
 def price(row: Row, device, sdpa: bool) -> float:
     from autodist.planner.cost.step_time import Setup, StageTable, estimate
     from autodist.schemas import Strategy
 
-    cost = gpt_cost(row.hidden, row.heads, row.vocab, row.seq, sdpa)
+    cost = gpt_cost(row.hidden, row.heads, row.vocab, row.seq, sdpa, device)
     cost = replace(cost, blocks=(cost.blocks[0],) * row.layers)
     dp = row.gpus // (row.mp * row.pp)
     strategy = Strategy(

@@ -112,7 +112,7 @@ def plan_model(
     (:mod:`autodist.planner.recognise.rules`) and recorded in the provenance.
     Raises :class:`~autodist.planner.errors.PlannerError` for anything the user can fix.
     """
-    from autodist.planner.cost.search import check_fixed_degrees, price, search
+    from autodist.planner.cost.search import check_fixed_degrees, kernels_for, price, search
     from autodist.planner.emit import build_plan
 
     progress = progress or _QUIET
@@ -124,7 +124,7 @@ def plan_model(
         rules = apply_rules(analysis, rules)
         arguments = {**arguments, "rules": canonical_rules(rules)}
     with progress.step("pricing the model"):
-        priced = price(analysis)
+        priced = price(analysis, kernels_for(analysis, request))
     check_fixed_degrees(priced.cost, request)
     with progress.step(f"searching strategies for {request.world} devices"):
         result = search(priced, request)
@@ -169,13 +169,15 @@ def plan(
     recompute: Recompute = "none",
     rules: dict[str, str] | None = None,
     ep: int | None = 1,
+    attention: str = "auto",
 ) -> Plan:
     """Plan ``model`` from Python, as ``autodist-plan`` plans a model file (``autodist.plan``).
 
     ``input_spec``: ``paddle.static.InputSpec`` objects or ``"name:dtype:BxS"`` strings.
     The keywords are the command's options (``devices`` is ``--devices``: devices per node;
     ``device`` is ``--device``, a profile name; ``cluster`` is ``--cluster``, a TOML file; ``devices``
-    and ``nodes`` left out are the cluster file's, else 1; ``ep`` is ``--ep``, None for ``auto``).
+    and ``nodes`` left out are the cluster file's, else 1; ``ep`` is ``--ep``, None for ``auto``;
+    ``attention`` is ``--attention``: ``auto``, ``flash`` or ``eager``).
     The plan equals the command's for the same model, but for ``provenance.arguments.target``,
     which names the model's class instead of a file. Raises ``PlannerError`` for anything the
     caller can fix. Save the plan with :func:`autodist.save_plan`.
@@ -206,6 +208,7 @@ def plan(
         dtype=dtype,
         optimizer=optimizer,
         recompute=recompute,
+        attention=attention,
     )
     devices, nodes = cluster_shape(cluster, devices, nodes)
     request = SearchRequest(

@@ -125,6 +125,7 @@ def build_plan(
             global_batch_size=result.setup.global_batch if result.setup else 0,
         ),
         implicit_comm=list(result.implicit_comm),
+        kernels=result.kernels,
         estimate=result.best.estimate,
         alternatives=Alternatives(accepted=list(result.accepted), rejected=list(result.rejected)),
         notes=_unique(notes),

@@ -51,6 +51,7 @@ def build_graph(traced: TracedProgram) -> nx.DiGraph:
             attrs={k: _plain(v) for k, v in sorted(attrs.items()) if k not in UNSTABLE_ATTRS},
             param=traced.param_fqns.get(attrs.get("parameter_name")) if name == "builtin.parameter" else None,
             consts={},
+            kernel=traced.kernel_ops.get(i, ""),
         )
     for i, op in enumerate(ops):
         if i not in graph:
@@ -64,6 +65,7 @@ def build_graph(traced: TracedProgram) -> nx.DiGraph:
                 graph.add_edge(j, i, operand=operand, result=_result_index(producer, value))
             else:
                 graph.nodes[i]["consts"][operand] = _constant_value(producer)
+    graph.graph["selected_kernels"] = dict(traced.selected_kernels)
     return graph
 
 

@@ -33,6 +33,7 @@ import paddle
 
 from autodist.planner.dense_selection import every_selection_taken
 from autodist.planner.errors import PlannerError
+from autodist.planner.kernels import eager_path, recorded_calls
 
 
 @dataclass
@@ -45,6 +46,10 @@ class TracedProgram:
     untraced_layers: list[str] = field(default_factory=list)  # top-level children outside the traced one
     #: Why the whole model was not traced (a known tracing limit), "" when it was.
     fallback_reason: str = ""
+    #: Op index -> the fused kernel whose call added it (:mod:`autodist.planner.kernels`).
+    kernel_ops: dict[int, str] = field(default_factory=dict)
+    #: Fused kernels the model selects -> why (a call the trace saw, a config flag).
+    selected_kernels: dict[str, str] = field(default_factory=dict)
 
 
 def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
@@ -53,10 +58,22 @@ def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
     placement depends on, and some real models trace only that way (PaddleFormers Ernie 4.5,
     GPT-OSS). Every sub-layer's ``training`` flag is restored afterwards.
 
+    Config flags selecting a fused kernel whose path does not trace on CPU are off while tracing
+    (the eager path is traced) and the selection is kept in ``selected_kernels``, with the fused
+    kernels the trace saw called (:mod:`autodist.planner.kernels`).
+
     Raises :class:`PlannerError` when neither the model nor any child traces.
     """
-    with _eval_mode(model):
-        return _trace_model(model, input_specs)
+    with _eval_mode(model), eager_path(model) as selected:
+        traced = _trace_model(model, input_specs)
+    for i, kernel in sorted(traced.kernel_ops.items()):
+        selected.setdefault(kernel, f"calls {_KERNEL_CALLS[kernel]} ({traced.op_layers[i] or 'the model'})")
+    traced.selected_kernels = dict(sorted(selected.items()))
+    return traced
+
+
+#: How a kernel the trace saw called is named to the user.
+_KERNEL_CALLS = {"attention": "a fused attention (F.scaled_dot_product_attention)", "rms_norm": "fused_rms_norm"}
 
 
 @contextmanager
@@ -194,7 +211,12 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
     recorder = _OpRangeRecorder(layer, prefix)
     static_fn = paddle.jit.to_static(layer.forward, input_spec=input_specs, full_graph=True)
     try:
-        with _dy2static_caches(), every_selection_taken(), warnings.catch_warnings():
+        with (
+            _dy2static_caches(),
+            every_selection_taken(),
+            recorded_calls(_OpRangeRecorder._block_ops) as calls,
+            warnings.catch_warnings(),
+        ):
             # dy2static warns about tensor methods it stubs out ("Tensor do not have 'place'
             # interface for pir graph mode"): noise to someone planning a model.
             warnings.filterwarnings("ignore", category=UserWarning, module=r"paddle\.")
@@ -204,6 +226,7 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
         recorder.remove()
     ops = list(program.global_block().ops)
     op_layers = _attribute_ops(ops, recorder.calls, param_fqns, prefix)
+    index = {op: i for i, op in enumerate(ops)}
     return TracedProgram(
         program=program,
         ops=ops,
@@ -211,6 +234,7 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
         traced_layer=prefix,
         param_fqns=param_fqns,
         untraced_layers=untraced,
+        kernel_ops={index[op]: kernel for kernel, call_ops in calls for op in call_ops if op in index},
     )
 
 

@@ -142,6 +142,10 @@ class DeviceProfile(Base):
     #: Whether collectives run beside compute (NCCL on its own stream); gloo on CPU blocks the
     #: thread that computes, so nothing overlaps.
     comm_overlap: bool = True
+    #: Whether the device runs the fused kernels a model selects (flash attention for
+    #: ``F.scaled_dot_product_attention``, fused RMSNorm): the GPUs; a CPU runs what the planner
+    #: traced (matmul / softmax / matmul).
+    fused_kernels: bool = True
 
 
 class Cluster(Base):
@@ -389,6 +393,19 @@ class Alternatives(Base):
     rejected: list[Rejected] = []
 
 
+class Kernels(Base):
+    """The kernels the estimate prices (the planner's ``--attention``; docs/plan-format.md)."""
+
+    #: The attention cores: ``flash`` (one fused kernel: its FLOPs at the matmul roof, no
+    #: seq x seq scores in memory or saved, the scores recomputed in its backward) or ``eager``
+    #: (as traced: scores, softmax and mask as ops of their own, the probabilities saved).
+    attention: Literal["flash", "eager"] = "eager"
+    #: Why: what the model selects (a call the trace saw, a config flag), the option, or the device.
+    reason: Text = ""
+    #: Other fused kernels priced as one op each (``rms_norm``: each RMSNorm layer).
+    fused: list[Literal["rms_norm"]] = []
+
+
 class Provenance(Base):
     autodist_version: Text
     paddle_version: Text
@@ -422,5 +439,7 @@ class Plan(Base, kw_only=True):
     #: Layers whose forward is recomputed in backward (``strategy.recompute``), in model order.
     recompute: list[Fqn] = []
     implicit_comm: list[ImplicitComm] = []
+    #: The kernels the estimate prices (attention flash or eager, fused norms).
+    kernels: Kernels = msgspec.field(default_factory=Kernels)
     provenance: Provenance
     alternatives: Alternatives = msgspec.field(default_factory=Alternatives)

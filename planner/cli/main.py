@@ -182,6 +182,14 @@ def cli() -> None:
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
 @click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True)
 @click.option(
+    "--attention",
+    type=click.Choice(["auto", "flash", "eager"]),
+    default="auto",
+    show_default=True,
+    help="Price attention cores as one fused flash kernel or as traced (eager); auto: what the model "
+    "selects (F.scaled_dot_product_attention, use_flash_attention, ...) on a device with fused kernels.",
+)
+@click.option(
     "--rules",
     "rules_file",
     type=click.Path(dir_okay=False),

@@ -97,6 +97,11 @@ class BlockCost:
     gemms: tuple[Gemm, ...] = ()  # the matmuls behind flops_per_token, when known (from a trace)
     attention_matmuls: int = 0  # matmuls of two activations behind flops_per_token_seq
     moved: Moved = field(default_factory=Moved)
+    #: The attention core runs as one fused (flash) kernel: its FLOPs at the matmul roof, no
+    #: seq x seq memory passes or saved scores, the scores recomputed in its backward; it reads
+    #: and writes ``attention_io_per_token`` elements per token (q, k, v, output; split over mp).
+    fused_attention: bool = False
+    attention_io_per_token: float = 0.0
     #: An MoE's experts: how many, their elements (part of ``params_split``/``params_whole``,
     #: divided over ep too) and parameter tensors; the MoE layer's other parameters (the
     #: router's) likewise: under expert parallelism apply_plan sums their gradients itself before

@@ -49,6 +49,7 @@ from autodist.planner.ops import LOCAL_ONLY_OPS, UNTIMED_OPS, WEIGHT_VIEW_OPS
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
+    from autodist.schemas import Kernels
 
 Value = tuple[int, int]  # (producing node, result index)
 
@@ -190,11 +191,41 @@ class _Walk:
     gemms: list[tuple[str, int, int]] = field(default_factory=list)  # (weight, n, k)
     attention_matmuls: int = 0
     moved: dict[str, float] = field(default_factory=dict)  # where -> elements (traced units)
+    #: Under flash attention: elements the fused cores read and write (q, k, v in, the output out),
+    #: and the log-sum-exp rows they save (where -> floats).
+    attention_io: float = 0.0
+    lse: dict[str, float] = field(default_factory=dict)
 
 
-def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = None, vocab: int | None = None) -> _Walk:
+@dataclass(frozen=True)
+class Fusion:
+    """Which kernels the walk prices fused (the plan's ``kernels``, planner/kernels.py).
+
+    ``flash``: each attention core is one kernel. Its ops are the ones between the two matmuls of
+    activations whose results are seq x seq shaped (scores, scale, mask, softmax, dropout), plus
+    every op a call to a fused attention function added (``kernel`` == ``attention`` on the node:
+    the causal mask it builds on CPU). They move no memory of their own and save nothing for
+    backward; the kernel reads q, k, v and writes its output once (``attention_io``), and saves
+    its output's log-sum-exp (one float per row of scores) besides the matmuls' own inputs.
+
+    ``layers``: layers run as one fused kernel each (RMSNorm): their ops move the layer's input
+    and output once, pay one op's fixed cost, and save the layer's input.
+    """
+
+    flash: bool = False
+    layers: frozenset[str] = frozenset()
+
+
+def walk_nodes(
+    facts: GraphFacts,
+    nodes: Iterable[int],
+    roles: Roles | None = None,
+    vocab: int | None = None,
+    fusion: Fusion = Fusion(),
+) -> _Walk:
     """FLOPs, saved tensors, matmul shapes, memory traffic and mp collectives of ``nodes`` (in
-    topological order). ``vocab``: values whose last dim is this count as logits-shaped."""
+    topological order). ``vocab``: values whose last dim is this count as logits-shaped;
+    ``fusion``: the kernels priced fused (:class:`Fusion`)."""
     roles = roles or Roles(frozenset(), frozenset(), frozenset())
     wanted = set(nodes)
     graph = facts.graph
@@ -202,12 +233,20 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
     quadratic: set[Value] = set()  # attention-score shaped (b * s * s)
     walk = _Walk()
     column_inputs: set[Value] = set()
+    fused_layer = {n: _fused_layer(graph.nodes[n]["layer"], fusion.layers) for n in wanted} if fusion.layers else {}
+    regions: dict[str, list[int]] = {}  # fused layer -> its ops, priced after the walk
     for n in sorted(wanted, key=facts.position.__getitem__):
         node = graph.nodes[n]
         op = node["op"]
         inputs = facts.inputs[n]
         acts = [v for v in inputs.values() if facts.is_activation(v)]
         weights = [facts.weight_of[v] for v in inputs.values() if v in facts.weight_of]
+        if fused_layer.get(n) and op != "pd_op.matmul":
+            regions.setdefault(fused_layer[n], []).append(n)
+            for r in range(len(node["shapes"])):
+                if any(v in inside for v in acts):
+                    inside.add((n, r))
+            continue
         if op == "pd_op.matmul":
             x, y = inputs.get(0), inputs.get(1)
             if x is None or y is None:
@@ -231,8 +270,16 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
                 walk.attention_matmuls += 1
                 if any(v in inside for v in acts):
                     inside.add((n, 0))
-                if not any(v in quadratic for v in acts):
+                scores = not any(v in quadratic for v in acts)
+                if scores:
                     quadratic.add((n, 0))
+                if fusion.flash:  # q and k in (scores), or v in and the output out (context)
+                    io = [v for v in inputs.values() if v not in quadratic] + ([] if scores else [(n, 0)])
+                    walk.attention_io += sum(facts.numel(v) for v in io)
+                    if scores:  # the log-sum-exp per row of scores, saved for the backward
+                        where = "inside" if (n, 0) in inside else "outside"
+                        rows = facts.numel((n, 0)) / max(facts.known_shape((n, 0))[-1], 1)
+                        walk.lse[where] = walk.lse.get(where, 0.0) + rows
         elif op == "pd_op.conv2d" and weights:
             # Each output element: one multiply-add per input channel (of its group) x kernel tap.
             flops = 2.0 * facts.numel((n, 0)) * math.prod(facts.known_shape(inputs[1])[1:])
@@ -249,6 +296,8 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
                     inside.add((n, r))
                 if any(v in quadratic and facts.numel(v) == facts.numel((n, r)) for v in acts):
                     quadratic.add((n, r))
+            if fusion.flash and (node.get("kernel") == "attention" or any(v in quadratic for v in acts)):
+                continue  # inside a fused attention core: no memory pass, op or saved tensor of its own
             if not op.startswith("builtin.") and op not in UNTIMED_OPS:
                 walk.moved["ops"] = walk.moved.get("ops", 0) + 1  # every op pays the fixed cost
             if op not in _NOT_MEMORY_BOUND and not op.startswith("builtin.") and node["shapes"]:
@@ -260,12 +309,40 @@ def walk_nodes(facts: GraphFacts, nodes: Iterable[int], roles: Roles | None = No
                 walk.moved[where] = walk.moved.get(where, 0.0) + elements
         for value in facts.saved_by(n):
             if value in quadratic:
-                walk.saved[value] = "inside_seq"
+                if not fusion.flash:  # a flash kernel keeps no scores
+                    walk.saved[value] = "inside_seq"
             else:
                 walk.saved.setdefault(value, "inside" if value in inside else "outside")
+    for ops in regions.values():
+        _fused_region(facts, ops, inside, quadratic, vocab, walk)
     walk.allreduce_bwd = float(sum(facts.numel(v) for v in column_inputs))
     walk.allreduce_bwd_count = len(column_inputs)
     return walk
+
+
+def _fused_layer(layer: str, fused: frozenset[str]) -> str:
+    """The fused layer ``layer`` is (or lies inside), or ''."""
+    return next((f for f in fused if layer == f or layer.startswith(f + ".")), "")
+
+
+def _fused_region(
+    facts: GraphFacts, ops: list[int], inside: set[Value], quadratic: set[Value], vocab: int | None, walk: _Walk
+) -> None:
+    """Price one fused layer's ops as one kernel (:class:`Fusion`): its float inputs from outside
+    and its weights read once, its results used outside written once, one op's fixed cost; its
+    activation inputs saved for the backward."""
+    mine = set(ops)
+    inputs = {v for n in ops for v in facts.inputs[n].values() if v[0] not in mine or v in facts.weight_of}
+    outputs = {(n, d["result"]) for n in ops for _, m, d in facts.graph.out_edges(n, data=True) if m not in mine}
+    floats = [v for v in inputs | outputs if facts.dtype(v) in FLOAT_DTYPES]
+    where = _moved_where(facts, max(outputs, default=(ops[-1], 0)), inside, quadratic, vocab)
+    walk.moved[where] = walk.moved.get(where, 0.0) + sum(facts.numel(v) for v in floats)
+    walk.moved["ops"] = walk.moved.get("ops", 0) + 1
+    if not any(v in facts.needs_grad for v in inputs):
+        return
+    for value in sorted(inputs):  # the backward reads the input, for its gradient or the weight's
+        if facts.is_activation(value) and facts.dtype(value) in FLOAT_DTYPES and facts.numel(value) > 0:
+            walk.saved.setdefault(value, "inside" if value in inside else "outside")
 
 
 def _moved_where(facts: GraphFacts, value: Value, inside: set[Value], quadratic: set[Value], vocab: int | None) -> str:
@@ -286,7 +363,7 @@ def _moved(walk: _Walk, tokens: float, seq: float) -> Moved:
 
 
 def _saved(facts: GraphFacts, walk: _Walk, kind: str, per: float) -> Saved:
-    floats = masks = 0.0
+    floats, masks = walk.lse.get(kind, 0.0), 0.0
     for value, where in walk.saved.items():
         if where != kind:
             continue
@@ -306,14 +383,15 @@ def block_cost(
     params: dict[str, int],
     tokens: int,
     seq: int,
+    fusion: Fusion = Fusion(),
     **shape: Any,  # ints: the block's heads, head size, hidden and intermediate sizes
 ) -> BlockCost:
     """One block's :class:`BlockCost`. ``params``: numel of the block's parameters by FQN;
     ``tokens``/``seq``: the traced batch x sequence and sequence (dynamic dims as 1);
     ``shape``: ``num_heads``, ``num_kv_heads``, ``intermediate_size`` for the constraints, and
-    and for an MoE block what :func:`_moe_cost` gives."""
+    and for an MoE block what :func:`_moe_cost` gives; ``fusion``: the kernels priced fused."""
     nodes = set(nodes)
-    walk = walk_nodes(facts, nodes, roles)
+    walk = walk_nodes(facts, nodes, roles, fusion=fusion)
     outputs = [facts.numel((u, d["result"])) for u, v, d in facts.graph.out_edges(nodes, data=True) if v not in nodes]
     return BlockCost(
         layer=layer,
@@ -335,6 +413,8 @@ def block_cost(
         ),
         attention_matmuls=walk.attention_matmuls,
         moved=_moved(walk, tokens, seq),
+        fused_attention=fusion.flash and walk.flops_activation > 0,
+        attention_io_per_token=walk.attention_io / tokens,
         **shape,
     )
 
@@ -346,8 +426,10 @@ def traced_tokens(analysis: ModelAnalysis) -> tuple[int, int]:
     return batch * seq, seq
 
 
-def model_cost(analysis: ModelAnalysis) -> ModelCost:
-    """The cost description of an analysed model (see the module docstring).
+def model_cost(analysis: ModelAnalysis, kernels: Kernels | None = None) -> ModelCost:
+    """The cost description of an analysed model (see the module docstring), with ``kernels``
+    (the plan's: flash or eager attention, fused norms; None: as traced) priced as the target
+    runs them (:class:`Fusion`).
 
     Example::
 
@@ -357,14 +439,26 @@ def model_cost(analysis: ModelAnalysis) -> ModelCost:
     """
     from autodist.planner.recognise.analysis import experts_whole
 
-    cost = _model_cost(analysis)
+    fusion = fusion_of(analysis, kernels)
+    cost = _model_cost(analysis, fusion)
     whole = experts_whole(analysis)
     if any(len(a.linears) != len(b.linears) for a, b in zip(analysis.blocks, whole.blocks)):
-        cost = replace(cost, under_ep=_model_cost(whole))  # some MoE layer has split projections
+        cost = replace(cost, under_ep=_model_cost(whole, fusion))  # some MoE layer has split projections
     return cost
 
 
-def _model_cost(analysis: ModelAnalysis) -> ModelCost:
+def fusion_of(analysis: ModelAnalysis, kernels: Kernels | None) -> Fusion:
+    """The :class:`Fusion` the plan's ``kernels`` mean for this model: flash attention, and the
+    model's norm layers (in its blocks and after them) as one kernel each when ``rms_norm`` is fused."""
+    if kernels is None:
+        return Fusion()
+    norms = (
+        [*(n for b in analysis.blocks for n in b.norms), *analysis.final_norm] if "rms_norm" in kernels.fused else []
+    )
+    return Fusion(flash=kernels.attention == "flash", layers=frozenset(norms))
+
+
+def _model_cost(analysis: ModelAnalysis, fusion: Fusion) -> ModelCost:
     facts = GraphFacts(analysis.graph)
     tokens, seq = traced_tokens(analysis)
     numel = {fqn: math.prod(shape) for fqn, (shape, _dtype) in analysis.params.items()}
@@ -386,13 +480,14 @@ def _model_cost(analysis: ModelAnalysis) -> ModelCost:
                 mine,
                 tokens,
                 seq,
+                fusion,
                 num_heads=info.num_heads,
                 num_kv_heads=info.num_kv_heads,
                 intermediate_size=info.intermediate_size,
                 **moe,
             )
         )
-    first, last, tied, notes = _edges(analysis, facts, numel, block_params, in_blocks, tokens)
+    first, last, tied, notes = _edges(analysis, facts, numel, block_params, in_blocks, tokens, fusion)
     batch = analysis.batch_size if analysis.batch_size > 0 else 1
     return ModelCost(
         blocks=tuple(blocks),
@@ -466,7 +561,13 @@ def _roles(linears) -> Roles:
 
 
 def _edges(
-    analysis, facts: GraphFacts, numel: dict[str, int], block_params: set[str], in_blocks: set[int], tokens: int
+    analysis,
+    facts: GraphFacts,
+    numel: dict[str, int],
+    block_params: set[str],
+    in_blocks: set[int],
+    tokens: int,
+    fusion: Fusion,
 ) -> tuple[EdgeCost, EdgeCost, int, list[str]]:
     """Embedding side and head side: graph nodes outside the blocks, split at the blocks'
     position in program order, plus the LM head from its weight when it was not traced."""
@@ -484,7 +585,7 @@ def _edges(
     for n in facts.graph.nodes:
         if n not in in_blocks:
             sides["first" if n < boundary else "last"].append(n)
-    walks = {side: walk_nodes(facts, nodes, vocab=analysis.vocab_size) for side, nodes in sides.items()}
+    walks = {side: walk_nodes(facts, nodes, vocab=analysis.vocab_size, fusion=fusion) for side, nodes in sides.items()}
     edges: dict[str, dict[str, Any]] = {}
     for side, walk in walks.items():
         on_side = {fqn for fqn in numel if fqn not in block_params and (fqn in before) == (side == "first")}

@@ -169,11 +169,12 @@ def load_cluster_file(path: str) -> DeviceProfile:
     device = _read_cluster_file(path).get("device")
     if not isinstance(device, dict):
         raise PlannerError(f"{path}: needs a [device] table with: {', '.join(_CLUSTER_KEYS)}")
-    unknown = sorted(set(device) - set(_CLUSTER_KEYS) - {"name", "base", "unsupported", "comm_overlap"})
+    flags = {"comm_overlap": "whether collectives run beside compute", "fused_kernels": _FUSED_KERNELS}
+    unknown = sorted(set(device) - set(_CLUSTER_KEYS) - {"name", "base", "unsupported", *flags})
     if unknown:
         raise PlannerError(
             f"{path}: unknown key(s) in [device]: {', '.join(unknown)}; known: "
-            f"name, base, unsupported, comm_overlap, {', '.join(_CLUSTER_KEYS)}"
+            f"name, base, unsupported, {', '.join(flags)}, {', '.join(_CLUSTER_KEYS)}"
         )
     for key in ("name", "base"):
         if key in device and not (isinstance(device[key], str) and device[key].isprintable()):
@@ -187,12 +188,12 @@ def load_cluster_file(path: str) -> DeviceProfile:
             f"{path}: [device].unsupported must be a list of {', '.join(BACKEND_OPERATIONS)}, "
             f"got {printable(repr(unsupported))}"
         )
-    overlap = device.get("comm_overlap", values.pop("comm_overlap", True))
-    if not isinstance(overlap, bool):
-        raise PlannerError(
-            f"{path}: [device].comm_overlap must be true or false "
-            f"(whether collectives run beside compute), got {overlap!r}"
-        )
+    switches = {key: device.get(key, values.pop(key, True)) for key in flags}
+    for key, value in switches.items():
+        if not isinstance(value, bool):
+            raise PlannerError(
+                f"{path}: [device].{key} must be true or false ({flags[key]}), got {printable(repr(value))}"
+            )
     for key, (unit, meaning) in _CLUSTER_KEYS.items():
         if key not in device:
             continue
@@ -227,8 +228,13 @@ def load_cluster_file(path: str) -> DeviceProfile:
         inter_node_latency_s=float(values["inter_node_latency_us"]),
         unsupported=sorted(set(unsupported)),
         **{field: float(values[key]) for key, field in _OPTIONAL_FIELDS.items() if key in values},
-        comm_overlap=overlap,
+        comm_overlap=switches["comm_overlap"],
+        fused_kernels=switches["fused_kernels"],
     )
+
+
+#: What ``fused_kernels`` in a cluster file means (planner/kernels.py).
+_FUSED_KERNELS = "whether the device runs the fused kernels a model selects, flash attention among them"
 
 
 def _read_cluster_file(path: str) -> dict:
@@ -306,6 +312,7 @@ def _profile_values(profile: DeviceProfile) -> dict[str, float]:
         "inter_node_latency_us": profile.inter_node_latency_s,
         **{key: getattr(profile, field) for key, field in _OPTIONAL_FIELDS.items()},
         "comm_overlap": profile.comm_overlap,
+        "fused_kernels": profile.fused_kernels,
     }
 
 

@@ -36,7 +36,7 @@ from autodist.planner.cost.step_time import (
 )
 from autodist.planner.errors import PlannerError
 from autodist.schemas.describe import strategy_text
-from autodist.schemas import Candidate, DeviceProfile, Rejected, Strategy
+from autodist.schemas import Candidate, DeviceProfile, Kernels, Rejected, Strategy
 from autodist.schemas.plan import Schedule, ShardingStage
 from autodist.schemas.experts import expert_limit, runs_moe_locally
 from autodist.schemas.vocabulary import training_bytes
@@ -68,6 +68,9 @@ class SearchRequest(Job):
     #: Expert parallelism: 1 (the default) leaves every expert on every rank, N fixes the degree,
     #: None searches it. Not searched unless asked (docs/recognition.md, "Experts").
     ep: int | None = 1
+    #: What the attention cores are priced as: ``auto`` (what the model selects, when the device
+    #: runs fused kernels), ``flash`` or ``eager`` (:func:`autodist.planner.kernels.choose_kernels`).
+    attention: str = "auto"
 
 
 @dataclass
@@ -84,6 +87,8 @@ class SearchResult:
     implicit_comm: list = field(default_factory=list)
     #: How many strategies were priced.
     evaluated: int = 0
+    #: The kernels the estimates price (the plan's ``kernels``).
+    kernels: Kernels = field(default_factory=Kernels)
 
 
 @dataclass
@@ -105,7 +110,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         >>> result = search(analysis, SearchRequest(devices_per_node=8, nodes=2))  # doctest: +SKIP
         >>> print(explain_table(result))                                          # doctest: +SKIP
     """
-    priced = _priced(model)
+    priced = _priced(model, request)
     cost = priced.cost
     if cost.local_only:
         raise PlannerError(
@@ -161,6 +166,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         + _backend_notes(setup)
         + _expert_notes(cost, request),
         evaluated=evaluated,
+        kernels=priced.kernels,
         implicit_comm=list(getattr(priced.implicit(best.mp, width, runs_moe_locally(best)), "entries", ())),
     )
 
@@ -176,10 +182,13 @@ class PricedModel:
     #: ``(mp, dtype bytes, moe_local) -> Implicit``: what Paddle's SPMD rules add at that mp degree
     #: (None at mp 1); with ``moe_local`` for the MoE layers held whole (``runs_moe_locally``).
     implicit: Callable[[int, int, bool], Implicit | None]
+    #: The kernels ``cost`` prices (flash or eager attention, fused norms).
+    kernels: Kernels = field(default_factory=Kernels)
 
 
-def price(analysis: ModelAnalysis) -> PricedModel:
-    """The cost stage: the analysed graph as a :class:`ModelCost`, and its implicit communication.
+def price(analysis: ModelAnalysis, kernels: Kernels | None = None) -> PricedModel:
+    """The cost stage: the analysed graph as a :class:`ModelCost` with ``kernels`` (None: as
+    traced; :func:`kernels_for` says what a request runs), and its implicit communication.
 
     Replaying Paddle's SPMD rules costs tens of ms per call, so it runs once per mp degree and
     dtype, lazily. Sequence parallelism does not change it (the blocks' interior is the same,
@@ -198,15 +207,23 @@ def price(analysis: ModelAnalysis) -> PricedModel:
             cache[key] = implicit_collectives(experts_whole(analysis) if moe_local else analysis, mp, width)
         return cache[key]
 
-    return PricedModel(cost=model_cost(analysis), implicit=implicit)
+    return PricedModel(cost=model_cost(analysis, kernels), implicit=implicit, kernels=kernels or Kernels())
 
 
-def _priced(model: ModelAnalysis | ModelCost | PricedModel) -> PricedModel:
+def kernels_for(analysis: ModelAnalysis, request: SearchRequest) -> Kernels:
+    """The kernels a request's device runs for this model: what the model selects (the trace's
+    record, ``graph.graph["selected_kernels"]``), the device and ``request.attention``."""
+    from autodist.planner.kernels import choose_kernels
+
+    return choose_kernels(analysis.graph.graph.get("selected_kernels", {}), request.device, request.attention)
+
+
+def _priced(model: ModelAnalysis | ModelCost | PricedModel, request: SearchRequest) -> PricedModel:
     if isinstance(model, PricedModel):
         return model
     if isinstance(model, ModelCost):
         return PricedModel(cost=model, implicit=lambda mp, width, ep: None)
-    return price(model)
+    return price(model, kernels_for(model, request))
 
 
 def _setup(cost: ModelCost, request: SearchRequest) -> Setup:

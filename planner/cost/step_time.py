@@ -8,7 +8,9 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   pass costs twice the forward (two matmuls of the same shape per matmul, Narayanan et al.
   2021 sec. 5.1; memory-bound ops read the saved input and the output gradient and write the
   input gradient). Full recompute adds one more forward of the blocks, selective recompute
-  one of the attention core (Korthikanti et al. 2022). FLOPs the trace gives no shape for
+  one of the attention core (Korthikanti et al. 2022). A flash attention core (the plan's
+  ``kernels``) is one kernel at the roofline, with no scores saved, so selective recompute has
+  nothing of it to redo, and its backward recomputes the scores (half its forward again). FLOPs the trace gives no shape for
   (convolutions, hand-written costs) run at the compute roof. Every op also pays the device's
   fixed cost per op, kernel launch (``op_overhead_s``) plus the framework's dispatch that a
   real training step shows (``dispatch_overhead_s``, measured by ``autodist-plan calibrate
@@ -264,11 +266,13 @@ class _Context:
         return group_link(size, stride, self.setup.devices_per_node, self.setup.device)
 
     @cached_property
-    def _block_times(self) -> dict[BlockCost, tuple[float, float]]:
+    def _block_times(self) -> dict[BlockCost, tuple[float, float, float]]:
         return {}
 
-    def block_forward(self, block: BlockCost) -> tuple[float, float]:
-        """(forward seconds of one block per micro-batch, of which the attention core)."""
+    def block_forward(self, block: BlockCost) -> tuple[float, float, float]:
+        """(forward seconds of one block per micro-batch, of which the attention core selective
+        recompute runs again, and what its backward recomputes whatever the mode: a flash core's
+        scores)."""
         key = replace(block, layer="")
         if key not in self._block_times:
             self._block_times[key] = _block_forward(self, block)
@@ -409,11 +413,12 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     edges = ([ctx.cost.first] if k == 0 else []) + ([ctx.cost.last] if k == pp - 1 else [])
 
     # Compute: forward, backward twice the forward, plus what recompute does again in backward.
-    forward_s = attention_s = 0.0
+    forward_s = attention_s = rescore_s = 0.0
     for block in table.cost.blocks[start:stop] if not table.uniform else table.cost.blocks[start : start + 1]:
-        block_s, block_attention_s = ctx.block_forward(block)
+        block_s, block_attention_s, block_rescore_s = ctx.block_forward(block)
         times = 1 if not table.uniform else stop - start
         forward_s, attention_s = forward_s + times * block_s, attention_s + times * block_attention_s
+        rescore_s += times * block_rescore_s
     blocks_s = forward_s
     for edge in edges:
         shaped = sum(2.0 * g.n * g.k / (ctx.vocab_div if g.split == "vocab" else 1) for g in edge.gemms)
@@ -423,7 +428,7 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
             + ctx.roof_time((flops - shaped) * tokens)
             + ctx.moved_time(edge.moved)
         )
-    recomputed_s = {"full": blocks_s, "selective": attention_s}.get(setup.recompute, 0.0)
+    recomputed_s = {"full": blocks_s, "selective": attention_s}.get(setup.recompute, 0.0) + rescore_s
     backward_s = 2 * forward_s + recomputed_s
 
     # Tensor-parallel all-reduces (forward again under full recompute) and implicit collectives.
@@ -523,14 +528,29 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     )
 
 
-def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float]:
-    """(forward seconds of ``block`` for one micro-batch on one rank, of which attention core)."""
+def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float, float]:
+    """(forward seconds of ``block`` for one micro-batch on one rank, of which the attention core
+    selective recompute runs again, and the part of the core every backward recomputes).
+
+    A flash core (``block.fused_attention``) is one kernel: its FLOPs at the compute roof or its
+    reads and writes of q, k, v and the output at the memory roof, whichever is longer, plus one
+    op's fixed cost per core (two traced matmuls each). Selective recompute has nothing of it to
+    redo (it saves no scores); its backward recomputes the scores, one of its two matmuls: half
+    its forward again (FlashAttention-2's backward: 2.5x the forward's FLOPs, Dao 2023, sec. 3.2).
+    """
     mp, seq = ctx.strategy.mp, ctx.setup.seq_len
     shaped = sum(2.0 * g.n * g.k for g in block.gemms)
     linear_s = sum(ctx.gemm_time(g) for g in block.gemms) + ctx.roof_time(
         (block.flops_per_token - shaped) / mp * ctx.tokens
     )
     core_flops = block.flops_per_token_seq * seq * ctx.tokens / mp
+    moved_s = ctx.moved_time(replace(block.moved, inside_seq=0.0))
+    if block.fused_attention:
+        device = ctx.setup.device
+        io_bytes = block.attention_io_per_token * ctx.tokens / mp * ctx.width
+        cores = max(block.attention_matmuls // 2, 1)
+        core_s = max(ctx.roof_time(core_flops), memory_time(io_bytes, device)) + cores * fixed_op_time(device)
+        return linear_s + core_s + moved_s, 0.0, ctx.roof_time(core_flops) / 2
     if block.attention_matmuls and core_flops > 0:
         # One batched matmul per traced attention matmul, (seq x seq) by the head dim, over the
         # micro-batch's sequences x this rank's heads.
@@ -541,7 +561,7 @@ def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float]:
     else:
         core_s = ctx.roof_time(core_flops)
     core_s += ctx.moved_time(Moved(inside_seq=block.moved.inside_seq))
-    return linear_s + core_s + ctx.moved_time(replace(block.moved, inside_seq=0.0)), core_s
+    return linear_s + core_s + moved_s, core_s, 0.0
 
 
 def _allreduces(ctx: _Context, direction: str, start: int, stop: int, edges: list[EdgeCost]) -> tuple[float, int]:

@@ -15,6 +15,7 @@ numbers are left out here, they move with the cost model)::
      #  strategy ... step  tokens/s  MFU ... activations  mp comm ... implicit comm
      1  dp...
     where the time of #1 goes (per step): compute ...
+    kernels: attention eager (as traced)
     rejected:
     ...dp1 mp1 pp8 m1: pp=8 is more than the 4 blocks of the model (each stage needs at least one block)
 """
@@ -75,6 +76,11 @@ def explain_table(result: SearchResult) -> str:
             f"optimizer {human_seconds(b.optimizer_s)}; "
             f"memory peaks on stage {b.peak_stage}"
         )
+    kernels = result.kernels
+    lines.append(
+        f"kernels: attention {kernels.attention} ({kernels.reason or 'as traced'})"
+        + (f"; fused {', '.join(kernels.fused)}" if kernels.fused else "")
+    )
     for note in result.notes:
         lines.append(f"note: {note}")
     if result.rejected:

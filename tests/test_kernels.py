@@ -1,0 +1,270 @@
+"""The target's kernels: what a model selects, what the plan records, and their hand-computed prices.
+
+One attention layer (hidden H = 16, A = 2 heads of 8, batch 1 x sequence S = 8, q/k/v/o
+projections without bias) written twice, the way models write it: with an explicit softmax
+(eager), and through ``F.scaled_dot_product_attention`` (which traces to matmul / softmax /
+matmul on CPU, docs/paddle-notes.md). Per token, by hand:
+
+- FLOPs: projections 2 H (3 H) + 2 H H = 8 H^2; attention core 2 (2 S d A) = 4 H S;
+- eager: the core's seq x seq tensors (A S elements per token each) go through memory in the scale
+  (read + write) and the softmax (read + write): 4 A per token x S; the probabilities (A per
+  token x S) are saved; q, k, v and the output projection's input (4 H, in the mp region) and the
+  layer's input x (H, outside it) too;
+- flash: no seq x seq memory pass or saved tensor; the kernel reads q, k, v and writes its
+  output (4 H per token) and saves one log-sum-exp per row of scores (A per token).
+"""
+
+from __future__ import annotations
+
+import math
+
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+import pytest
+from msgspec.structs import replace as struct_replace
+
+from autodist.planner.cost.blocks import BlockCost, ModelCost, Moved, Saved
+from autodist.planner.cost.graph_cost import Fusion, GraphFacts, Roles, block_cost
+from autodist.planner.cost.hardware import PROFILES
+from autodist.planner.cost.step_time import Setup, StageTable, _Context, estimate
+from autodist.planner.graph import build_graph
+from autodist.planner.kernels import choose_kernels, eager_path
+from autodist.planner.trace import trace_model
+from autodist.schemas import Kernels, Strategy
+
+B, S, H, A = 1, 8, 16, 2
+D = H // A
+ROLES = Roles(
+    column=frozenset({"q_proj.weight", "k_proj.weight", "v_proj.weight"}),
+    row=frozenset({"o_proj.weight"}),
+    split=frozenset(),
+)
+
+
+class Attention(nn.Layer):
+    def __init__(self, sdpa: bool):
+        super().__init__()
+        self.sdpa = sdpa
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(H, H, bias_attr=False) for _ in range(4))
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = (p(x).reshape([b, s, A, D]) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if self.sdpa:
+            return self.o_proj(F.scaled_dot_product_attention(q, k, v).reshape([b, s, h]))
+        q, k, v = (t.transpose([0, 2, 1, 3]) for t in (q, k, v))
+        probs = F.softmax(paddle.matmul(q, k, transpose_y=True) / math.sqrt(D), axis=-1)
+        return self.o_proj(paddle.matmul(probs, v).transpose([0, 2, 1, 3]).reshape([b, s, h]))
+
+
+def traced_attention(sdpa: bool):
+    layer = Attention(sdpa)
+    return trace_model(layer, [paddle.static.InputSpec([B, S, H], "float32", "x")])
+
+
+def attention_cost(sdpa: bool, flash: bool) -> BlockCost:
+    graph = build_graph(traced_attention(sdpa))
+    return block_cost(GraphFacts(graph), graph.nodes, "attn", ROLES, {}, B * S, S, Fusion(flash=flash), num_heads=A)
+
+
+# -- what the model selects -----------------------------------------------------------------------
+
+
+def test_a_call_to_sdpa_is_recorded_though_it_traces_to_matmul_softmax_matmul():
+    traced = traced_attention(sdpa=True)
+    graph = build_graph(traced)
+    assert set(traced.selected_kernels) == {"attention"}
+    assert "scaled_dot_product_attention" in traced.selected_kernels["attention"]
+    ops = {graph.nodes[n]["op"] for n in graph if graph.nodes[n]["kernel"] == "attention"}
+    assert {"pd_op.matmul", "pd_op.softmax"} <= ops
+    assert graph.graph["selected_kernels"] == traced.selected_kernels
+    assert traced_attention(sdpa=False).selected_kernels == {}
+
+
+def test_choice_follows_the_model_the_device_and_the_option():
+    selected = {"attention": "calls F.scaled_dot_product_attention (attn)"}
+    h100, cpu = PROFILES["h100-sxm"], PROFILES["cpu"]
+    assert choose_kernels(selected, h100).attention == "flash"
+    assert choose_kernels(selected, cpu).attention == "eager"  # a CPU runs what was traced
+    assert choose_kernels({}, h100).attention == "eager"
+    assert choose_kernels({}, h100, "flash") == Kernels(attention="flash", reason="--attention flash")
+    assert choose_kernels(selected, h100, "eager").attention == "eager"
+    assert choose_kernels({"rms_norm": "config"}, h100).fused == ["rms_norm"]
+    assert choose_kernels({"rms_norm": "config"}, cpu).fused == []
+
+
+def test_config_flags_are_read_and_an_untraceable_fused_path_is_off_while_tracing():
+    class Config:
+        def __init__(self, **flags):
+            self.__dict__.update(flags)
+
+    class Net(nn.Layer):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.linear = nn.Linear(2, 2)
+
+    config = Config(use_flash_attention=True, fuse_rms_norm=True)
+    with eager_path(Net(config)) as selected:
+        assert config.fuse_rms_norm is False  # traced through the eager norm
+        assert config.use_flash_attention is True  # traces either way: left alone
+    assert config.fuse_rms_norm is True  # put back
+    assert set(selected) == {"attention", "rms_norm"}
+    assert "use_flash_attention=True" in selected["attention"]
+    with eager_path(Net(Config(use_flash_attention=False))) as selected:
+        pass
+    assert selected == {}
+
+
+# -- hand-computed coefficients ---------------------------------------------------------------------
+
+
+def test_eager_attention_coefficients_by_hand():
+    block = attention_cost(sdpa=False, flash=False)
+    assert block.flops_per_token == 8 * H * H
+    assert block.flops_per_token_seq == 4 * H
+    assert block.moved.inside_seq == 4 * A  # scale and softmax: read and write A S per token each
+    assert block.saved_inside_seq == Saved(floats=A)  # the probabilities
+    assert block.saved_inside == Saved(floats=4 * H)  # q, k, v, the output projection's input
+    assert block.saved_outside == Saved(floats=H)  # x
+    assert (block.fused_attention, block.attention_io_per_token) == (False, 0.0)
+
+
+@pytest.mark.parametrize("sdpa", [True, False])
+def test_flash_attention_coefficients_by_hand(sdpa):
+    """The same numbers whether the model called SDPA or wrote the softmax and a config flag (or
+    ``--attention flash``) says the target runs flash attention."""
+    block = attention_cost(sdpa=sdpa, flash=True)
+    assert block.flops_per_token == 8 * H * H
+    assert block.flops_per_token_seq == 4 * H  # the same FLOPs, at the matmul roof
+    assert block.moved.inside_seq == 0
+    assert block.saved_inside_seq == Saved()
+    assert block.saved_inside == Saved(floats=4 * H + A)  # q, k, v, o_proj's input, log-sum-exp
+    assert block.saved_outside == Saved(floats=H)
+    assert block.fused_attention and block.attention_io_per_token == 4 * H
+
+
+# -- hand-computed prices -------------------------------------------------------------------------
+
+#: 1 TFLOP/s at full efficiency, 1 GB/s of memory, 1 us per op: every term readable.
+DEVICE = struct_replace(
+    PROFILES["cpu"],
+    peak_flops={"bf16": 1e12, "fp16": 1e12, "fp32": 1e12},
+    matmul_efficiency=1.0,
+    memory_bandwidth=1e9,
+    op_overhead_s=1e-6,
+    dispatch_overhead_s=0.0,
+)
+TOKENS = B * S
+WIDTH = 2  # bf16
+
+
+def core(fused: bool) -> BlockCost:
+    """Only the attention core of the layer above (the projections priced elsewhere)."""
+    return BlockCost(
+        layer="attn",
+        num_heads=A,
+        flops_per_token_seq=4 * H,
+        attention_matmuls=2,
+        moved=Moved(inside_seq=0 if fused else 4 * A),
+        saved_inside_seq=Saved() if fused else Saved(floats=A),
+        saved_inside=Saved(floats=4 * H + A) if fused else Saved(floats=4 * H),
+        saved_outside=Saved(floats=H),
+        fused_attention=fused,
+        attention_io_per_token=4 * H if fused else 0.0,
+    )
+
+
+def priced(block: BlockCost, recompute: str = "none"):
+    setup = Setup(device=DEVICE, devices_per_node=1, nodes=1, seq_len=S, global_batch=B, recompute=recompute)
+    cost = ModelCost(blocks=(block,), hidden_size=H, traced_batch=B, traced_seq=S)
+    return _Context(StageTable(cost), Strategy(), setup, None), cost, setup
+
+
+def test_eager_core_price_by_hand():
+    ctx, _, _ = priced(core(fused=False))
+    # Each of the two matmuls: (S x D) @ (D x S) for A heads: 2 S S D A = 2048 FLOPs -> 2.048 ns;
+    # bytes 2 A (S D + D S + S S) = 768 -> 768 ns; plus 1 us: 1.768 us. The scale and the
+    # softmax move 4 A S x 8 tokens x 2 bytes = 1024 bytes: 1.024 us.
+    matmul = max(2 * S * S * D * A / 1e12, WIDTH * A * (S * D + D * S + S * S) / 1e9) + 1e-6
+    forward, selective, rescore = ctx.block_forward(ctx.cost.blocks[0])
+    assert forward == pytest.approx(2 * matmul + 4 * A * S * TOKENS * WIDTH / 1e9)
+    assert forward == pytest.approx(4.560e-6)
+    assert selective == forward and rescore == 0.0  # selective recompute runs all of it again
+
+
+def test_flash_core_price_by_hand():
+    ctx, _, _ = priced(core(fused=True))
+    # One kernel: 4 H S x 8 tokens = 4096 FLOPs (4.096 ns) against q, k, v and the output read
+    # and written once: 4 H x 8 tokens x 2 bytes = 1024 bytes (1.024 us): memory-bound; plus 1 us.
+    forward, selective, rescore = ctx.block_forward(ctx.cost.blocks[0])
+    assert forward == pytest.approx(max(4 * H * S * TOKENS / 1e12, 4 * H * TOKENS * WIDTH / 1e9) + 1e-6)
+    assert forward == pytest.approx(2.024e-6)
+    assert selective == 0.0  # nothing saved to recompute
+    assert rescore == pytest.approx(4 * H * S * TOKENS / 1e12 / 2)  # the scores again in its backward
+
+
+@pytest.mark.parametrize(("fused", "per_token"), [(False, 5 * H + A * S), (True, 5 * H + A)])
+def test_activation_bytes_by_hand(fused, per_token):
+    """Eager: x, q, k, v, o_proj's input and the probabilities (A S per token); flash: the
+    log-sum-exp (A per token) instead of the probabilities."""
+    _, cost, setup = priced(core(fused))
+    activations = estimate(StageTable(cost), Strategy(), setup).estimate.memory.activations
+    assert activations == per_token * TOKENS * WIDTH
+
+
+def test_selective_recompute_frees_the_scores_only_for_eager():
+    eager = estimate(*priced_parts(core(False), "selective")).estimate.memory.activations
+    flash = estimate(*priced_parts(core(True), "selective")).estimate.memory.activations
+    assert eager == 5 * H * TOKENS * WIDTH  # the probabilities recomputed, not kept
+    assert flash == (5 * H + A) * TOKENS * WIDTH  # flash keeps its log-sum-exp either way
+
+
+def priced_parts(block: BlockCost, recompute: str):
+    _, cost, setup = priced(block, recompute)
+    return StageTable(cost), Strategy(), setup
+
+
+# -- a fused norm ---------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Layer):
+    """Written as PaddleFormers' ``GeneralNorm`` does without ``fuse_rms_norm``."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = self.create_parameter([H], default_initializer=nn.initializer.Constant(1.0))
+
+    def forward(self, x):
+        variance = x.astype("float32").pow(2).mean(-1, keepdim=True)
+        return paddle.rsqrt(variance + 1e-6) * x * self.weight
+
+
+class NormBetweenLinears(nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(H, H, bias_attr=False)
+        self.norm = RMSNorm()
+        self.proj = nn.Linear(H, H, bias_attr=False)
+
+    def forward(self, x):
+        return self.proj(self.norm(self.up(x)))
+
+
+def test_fused_norm_by_hand():
+    graph = build_graph(trace_model(NormBetweenLinears(), [paddle.static.InputSpec([B, S, H], "float32", "x")]))
+    facts, roles = GraphFacts(graph), Roles(frozenset(), frozenset(), frozenset())
+    unfused = block_cost(facts, graph.nodes, "b", roles, {}, B * S, S)
+    fused = block_cost(facts, graph.nodes, "b", roles, {}, B * S, S, Fusion(layers=frozenset({"norm"})))
+    # One kernel: its input read (H per token), the weight read once (H over the 8 tokens), its
+    # output written (H); one op's fixed cost (the matmuls pay theirs as matmuls).
+    assert fused.moved.outside == 2 * H + H / TOKENS
+    assert fused.moved.ops == 1
+    # Saved: x (for up's weight), the norm's input (its backward reads it), its output (proj's).
+    assert fused.saved_outside == Saved(floats=3 * H)
+    # Unfused: pow, mean, add, rsqrt and two multiplies each a pass and an op, and the
+    # intermediate products saved too.
+    assert unfused.moved.ops >= 6 and unfused.moved.outside > 2 * fused.moved.outside
+    assert unfused.saved_outside.floats > fused.saved_outside.floats + H
+    assert fused.flops_per_token == unfused.flops_per_token == 4 * H * H
