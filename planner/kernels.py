@@ -33,14 +33,16 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+import msgspec
+
 from autodist.planner.errors import PlannerError
 from autodist.schemas import DeviceProfile, Kernels, printable
 
 #: ``--attention``: what the attention cores are priced as.
 ATTENTION_CHOICES = ("auto", "flash", "eager")
 
-#: Fused kernels the planner prices, by what they are called in the plan.
-KERNEL_NAMES = ("attention", "rms_norm")
+#: Fused kernels besides attention, as the plan's ``kernels.fused`` names them.
+FUSED_NAMES = ("rms_norm",)
 
 
 def kernel_functions() -> dict[object, str]:
@@ -184,5 +186,5 @@ def choose_kernels(selected: dict[str, str], device: DeviceProfile, attention: s
         )
     else:
         choice, reason = "eager", "the model selects no fused attention"
-    others = sorted(k for k in selected if k != "attention") if fused else []
-    return Kernels(attention=choice, reason=reason, fused=others)
+    others = sorted(k for k in selected if k in FUSED_NAMES) if fused else []
+    return msgspec.convert({"attention": choice, "reason": reason, "fused": others}, Kernels)
