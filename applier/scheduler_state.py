@@ -97,8 +97,6 @@ def problems(scheduler: LRScheduler, saved: SavedScheduler) -> list[str]:
     if found:
         return found
     trial = _copy(scheduler)
-    if trial is None:
-        return []
     try:
         restore(trial, saved)
         trial.verbose = False
@@ -206,10 +204,14 @@ def _restore_left_out(scheduler: LRScheduler, saved: SavedScheduler) -> None:
         _restore_left_out(_wrapped(scheduler, key), inner)
 
 
-def _copy(scheduler: LRScheduler) -> LRScheduler | None:
-    """A deep copy to try a state on, or None when the scheduler cannot be copied (then only
-    the checks of its keys and values stand)."""
-    try:
-        return copy.deepcopy(scheduler)
-    except Exception:
-        return None
+def _copy(scheduler: LRScheduler) -> LRScheduler:
+    """A copy to try a state on that shares nothing ``step()`` changes: the scheduler and each
+    one it wraps copied, their lists, dicts and sets copied one level. Not a deep copy: a
+    scheduler of one's own may hold the optimizer, and a deep copy would copy every parameter."""
+    trial = copy.copy(scheduler)
+    for key, value in vars(scheduler).items():
+        if isinstance(value, LRScheduler):
+            setattr(trial, key, _copy(value))
+        elif isinstance(value, (list, dict, set)):
+            setattr(trial, key, copy.copy(value))
+    return trial

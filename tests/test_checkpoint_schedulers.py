@@ -116,11 +116,16 @@ def test_a_nested_schedule_records_the_class_it_wraps(tmp_path):
 
 
 def everything(model, optimizer, scheduler):
+    inner = getattr(scheduler, "learning_rate", None)  # LinearWarmup's wrapped scheduler
     return (
         {fqn: p.numpy().tobytes() for fqn, p in model.named_parameters()},
         {f"{k}/{n}": t.numpy().tobytes() for k, per in optimizer._accumulators.items() for n, t in per.items()},
         json.dumps(scheduler.state_dict(), sort_keys=True, default=str),
-        {k: v for k, v in vars(scheduler).items() if isinstance(v, (int, float))},
+        [
+            {k: v for k, v in vars(s).items() if isinstance(v, (int, float))}
+            for s in (scheduler, inner)
+            if s is not None
+        ],
     )
 
 
@@ -196,6 +201,22 @@ def test_a_bad_scheduler_state_is_refused_at_load_with_nothing_changed(tmp_path,
         load_checkpoint(model, optimizer, path)
     assert expect in str(info.value) and "\n" not in str(info.value), str(info.value)
     assert everything(model, optimizer, scheduler) == before
+
+
+def test_checking_a_state_steps_a_copy_never_the_live_schedulers():
+    """load_checkpoint tries one step() with the saved state before loading it; the scheduler
+    and the one it wraps are untouched by that trial (attributes and their lists, dicts)."""
+    from autodist.applier.scheduler_state import problems, saved_scheduler
+
+    live, other = make_scheduler("LinearWarmup(CyclicLR)"), make_scheduler("LinearWarmup(CyclicLR)")
+    step(live, 0)
+    for i in range(7):
+        step(other, i)
+    # (``keys`` is set by Paddle's own state_dict(), which reading the live state calls)
+    snapshot = lambda s: [{k: v for k, v in vars(x).items() if k != "keys"} for x in (s, s.learning_rate)]  # noqa: E731
+    before = snapshot(live)
+    assert problems(live, saved_scheduler(other)) == []
+    assert snapshot(live) == before
 
 
 def test_a_non_finite_scheduler_state_is_refused_at_save_not_written_as_null(tmp_path):
