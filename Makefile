@@ -8,9 +8,10 @@ PY     := $(VENV)/bin/python
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
+	@echo "make install: a virtual environment in $(VENV), then autodist with Paddle and the test tools (a few minutes)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[cpu,test]'
+	$(PY) -m pip install --progress-bar on -e '.[cpu,test]'
 	touch $@
 
 # Lint and layout (ruff), types (mypy), the test suite, then the docstring examples of the three packages.
