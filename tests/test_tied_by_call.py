@@ -2,7 +2,7 @@
 
 nanoGPT's head is ``paddle.matmul(x, self.transformer["wte"].weight, transpose_y=True)``; others
 write ``F.linear(x, self.wte.weight.T)`` or read the head's weight for the embedding,
-``F.embedding(idx, self.lm_head.weight.T)`` (tests/models/zoo/nanogpt.py, tied_by_call.py).
+``F.embedding(idx, self.lm_head.weight.T)`` (tests/models/zoo/nanogpt.py, tests/models/tied_by_call.py).
 There is one Parameter under one name, so only the trace shows the tie: the parameter feeds ops
 in two layers. Under a pipeline the weight is read on the first and the last stage; the last
 stage holds a copy and the schedule sums the two gradients, as for a tie by name. Before this,
@@ -24,8 +24,8 @@ from harness.workloads import TIED_BY_CALL, WORKLOADS
 #: target -> (the tied weight, the layers whose ops read it)
 TIES = {
     "tests/models/zoo/nanogpt.py": ("transformer.wte.weight", ["", "transformer.wte"]),
-    "tests/models/zoo/tied_by_call.py:build_linear_head": ("wte.weight", ["", "wte"]),
-    "tests/models/zoo/tied_by_call.py:build_embedding_from_head": ("lm_head.weight", ["", "lm_head"]),
+    "tests/models/tied_by_call.py:build_linear_head": ("wte.weight", ["", "wte"]),
+    "tests/models/tied_by_call.py:build_embedding_from_head": ("lm_head.weight", ["", "lm_head"]),
 }
 
 
@@ -53,7 +53,7 @@ def test_sequential_is_never_chosen_for_a_tie_by_call():
     """Only 1F1B / VPP keep the two copies equal: with one micro-batch (no pipelining schedule
     runs) pp2 is refused, with the reason, instead of falling back to sequential."""
     with pytest.raises(PlannerError) as refused:
-        _plan("tests/models/zoo/tied_by_call.py:build_embedding_from_head", pp=2, micro_batches=1, global_batch_size=4)
+        _plan("tests/models/tied_by_call.py:build_embedding_from_head", pp=2, micro_batches=1, global_batch_size=4)
     assert "share one weight: across stages only 1F1B or VPP keep its two copies equal" in refused.value.detail
 
 

@@ -20,6 +20,7 @@ from autodist.planner.cost.search import SearchRequest
 from autodist.planner.driver import plan_target
 from autodist.planner.errors import PlannerError
 from autodist.schemas import Plan
+from harness.workloads import ZOO_FILES, ZOO_PADDLEFORMERS
 
 COL, COL_B, ROW, REP = "S(1)", "S(0)", "S(0)", "R"
 
@@ -299,6 +300,13 @@ def mismatches(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
             problems.append(f"{pattern}: no such parameter")
         problems += [f"{fqn}: {actual[fqn]}, expected {want}" for fqn in sorted(hits) if actual[fqn] != want]
     return problems
+
+
+def test_every_zoo_model_has_its_expected_placements():
+    """A model is added to the zoo by its file alone (the workloads list the folder); without
+    placements here it would be trained but its plan never checked."""
+    zoo = {f"{ZOO}/{name}.py" for name in ZOO_FILES} | {f"{PF}:{factory}" for factory in ZOO_PADDLEFORMERS}
+    assert sorted(zoo - set(EXPECTED)) == [] and sorted(set(EXPECTED) - zoo) == []
 
 
 @pytest.mark.parametrize(
