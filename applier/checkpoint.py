@@ -529,6 +529,16 @@ def _optimizer_problems(model, optimizer, meta: Checkpoint) -> list[str]:
         return [
             f"has optimizer states of {len(not_held)} parameters the optimizer does not update, e.g. {not_held[0]!r}"
         ]
+    # States the checkpoint does not replace would stay as they are: a mix of two runs.
+    try:
+        unreplaced = sorted(set(_optimizer_states(model, optimizer)) - set(meta.optimizer.states))
+    except CheckpointError as exc:
+        return [exc.problem]
+    if unreplaced:
+        return [
+            f"has no optimizer states of {len(unreplaced)} parameters the optimizer holds states of, e.g. "
+            f"{unreplaced[0]!r}: they would be left as they are; load into an optimizer that has not stepped"
+        ]
     return []
 
 
