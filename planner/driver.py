@@ -180,7 +180,9 @@ def plan(
     ``attention`` is ``--attention``: ``auto``, ``flash`` or ``eager``).
     The plan equals the command's for the same model, but for ``provenance.arguments.target``,
     which names the model's class instead of a file. Raises ``PlannerError`` for anything the
-    caller can fix. Save the plan with :func:`autodist.save_plan`.
+    caller can fix. Save the plan with :func:`autodist.save_plan`. As quiet as the command: what
+    Paddle and networkx print while planning is dropped (:mod:`autodist.planner.quiet`); what the
+    model prints is kept.
 
     Example::
 
@@ -189,9 +191,13 @@ def plan(
         ...                      device="h100-sxm")                             # doctest: +SKIP
         >>> autodist.save_plan(plan, "plan.json")                               # doctest: +SKIP
     """
+    from autodist.schemas import PlanError
+
     from autodist.planner.cost.hardware import cluster_shape, resolve_device
     from autodist.planner.cost.search import SearchRequest
+    from autodist.planner.errors import PlannerError
     from autodist.planner.load import parse_input_spec
+    from autodist.planner.quiet import without_library_noise
 
     specs = [parse_input_spec(s) if isinstance(s, str) else s for s in input_spec]
     options: dict[str, Any] = dict(  # the request's fields, as typed in the signature above
@@ -227,7 +233,8 @@ def plan(
     if any(isinstance(s, str) for s in input_spec):
         given["input_specs"] = ",".join(s if isinstance(s, str) else _spec_text(s) for s in input_spec)
     arguments = {name: str(value) for name, value in sorted(given.items()) if value is not None}
-    return plan_model(model, specs, request, arguments, rules=rules).plan
+    with without_library_noise(expected=(PlannerError, PlanError)):  # as quiet as the command line
+        return plan_model(model, specs, request, arguments, rules=rules).plan
 
 
 def _spec_text(spec: paddle.static.InputSpec) -> str:

@@ -179,7 +179,7 @@ def test_quiet_still_prints_our_error_and_nothing_else(tmp_path):
 def test_held_stderr_drops_library_lines_but_replays_them_when_something_crashes(capfd):
     import os
 
-    from autodist.planner.cli.quiet import held_stderr
+    from autodist.planner.quiet import held_stderr
     from autodist.planner.errors import PlannerError
 
     with pytest.raises(PlannerError):

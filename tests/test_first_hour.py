@@ -6,6 +6,9 @@ and come all at once, and a mistyped command is named with the closest one."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from harness.cli import DOCSTRING, run, tiny_docstring  # noqa: F401 (autouse fixture)
@@ -14,6 +17,7 @@ from autodist.schemas import load_plan
 
 MIXTRAL = "tests/models/zoo/mixtral_moe.py"
 VIT = "tests/models/zoo/vit.py"
+ROOT = Path(__file__).resolve().parents[1]
 
 # -- show ---------------------------------------------------------------------------------------------
 
@@ -184,3 +188,40 @@ def test_a_wrong_rule_is_named_not_the_op_it_upsets(tmp_path):
         "need an all_gather of operand 0 (S(2) -> R) that Paddle adds on its own; split the projections that feed "
         "it and the one that contracts it together (in blocks.0)\n"
     )
+
+
+# -- autodist.plan() is as quiet as the command line ------------------------------------------------------
+
+QUIET_SCRIPT = """
+import sys
+import paddle
+import autodist
+
+sys.path.insert(0, "tests/models/zoo")  # run from the repository's root
+import vit
+
+class Loud(vit.VisionTransformer):
+    def forward(self, x):
+        print("the model's own line", file=sys.stderr)
+        return super().forward(x)
+
+model = vit.build_model()
+print("=== planning", file=sys.stderr, flush=True)
+autodist.plan(model, vit.input_spec(), devices=2, device="cpu")
+autodist.plan(Loud(), vit.input_spec(), devices=2, device="cpu")
+print("=== done", file=sys.stderr, flush=True)
+"""
+
+
+def test_plan_from_python_prints_nothing_the_command_hides(tmp_path):
+    """autodist.plan() printed Paddle's `W... Paddle static graph(PIR) not support input out tensor
+    for now!!!!` and networkx's hashing warning, which the command line hides; what the model
+    itself prints is still shown."""
+    script = tmp_path / "plan_it.py"  # a file: to_static reads the forward's source
+    script.write_text(QUIET_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=ROOT, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    planning = result.stderr.split("=== planning\n", 1)[1]
+    assert planning == "the model's own line\n=== done\n", planning

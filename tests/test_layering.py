@@ -23,7 +23,8 @@ FOLDERS = {"schemas": "autodist.schemas", "applier": "autodist.applier", "planne
 LAYERS: list[tuple[str, ...]] = [
     ("schemas",),  # the plan format and its words (placements, dtypes, strategy text, the MoE rule)
     ("applier",),  # apply_plan and checkpoints on every rank: the plan format alone
-    ("planner", "planner.errors", "planner.progress", "planner.ops", "planner.dense_selection"),  # the planner's words
+    # the planner's words, and what it keeps off the screen (quiet)
+    ("planner", "planner.errors", "planner.progress", "planner.ops", "planner.dense_selection", "planner.quiet"),
     ("planner.trace", "planner.load"),  # tracing the forward, loading the user's model
     ("planner.graph",),  # the traced program as a graph
     ("planner.recognise",),  # blocks, roles, experts, SPMD rules on the graph

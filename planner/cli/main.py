@@ -21,7 +21,6 @@ import difflib
 import importlib.util
 import json
 import os
-import warnings
 from pathlib import Path
 
 import click
@@ -31,7 +30,7 @@ from autodist.schemas import PlanError, dump_plan, load_plan, plan_json_schema, 
 from autodist.planner.errors import PlannerError
 from autodist.planner.cli.errors import OneLineError, one_line_errors
 from autodist.planner.cli.calibrate import calibrate
-from autodist.planner.cli.quiet import held_stderr
+from autodist.planner.quiet import held_stderr, silence_library_noise
 from autodist.planner.cli.review import REVIEW_COMMANDS, check_output, write_output
 
 
@@ -361,14 +360,5 @@ cli.add_command(calibrate)
 
 def main() -> None:
     """Entry point of the ``autodist-plan`` console script."""
-    _silence_library_noise()
+    silence_library_noise()  # before Paddle is imported: glog's environment is read then
     cli(prog_name="autodist-plan")
-
-
-def _silence_library_noise() -> None:
-    """Keep stderr for what the planner says: Paddle's import-time and C++ (glog) warnings and a
-    networkx version notice say nothing about the user's model. Set before Paddle is imported."""
-    os.environ.setdefault("GLOG_minloglevel", "2")
-    warnings.filterwarnings("ignore", message="No ccache found")
-    warnings.filterwarnings("ignore", message="The hashes produced for directed graphs changed")
-    warnings.filterwarnings("ignore", message="Setuptools is replacing distutils")  # an import of Paddle's
