@@ -29,7 +29,7 @@ micro-batches, and ``loss_fn(logits, labels)`` gets the first tensor the model r
 
     model, opt, loader = apply_plan(model, opt, loader, "plan.json", loss_fn=loss_fn)
     for input_ids, labels in loader:
-        losses = model.step(input_ids, target=labels)  # per-micro-batch losses on the last stage
+        losses = model.step(input_ids, target=labels)  # per-micro-batch losses, readable on every rank
         opt.step()
         opt.clear_grad()
 """

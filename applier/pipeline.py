@@ -71,6 +71,7 @@ from autodist.schemas.schedules import PIPELINING_SCHEDULES, chunk_stages, sched
 
 from autodist.applier.hooks import first_tensor, map_first_input
 from autodist.applier.mesh import pp_group_ranks, stage_of_rank
+from autodist.applier.readable import pipeline_losses
 from autodist.applier.shard import parameter_owners
 
 
@@ -342,18 +343,23 @@ class PipelineModel(paddle.nn.Layer):
     """This rank's pipeline chunks and the schedule that runs them.
 
     ``parameters()`` are this rank's stage parameters only. ``step(*inputs, target=labels)``
-    runs forward and backward of all micro-batches and returns the per-micro-batch losses on
-    the last stage (an empty list elsewhere); follow it with ``optimizer.step()``. Calling the
+    runs forward and backward of all micro-batches and returns the per-micro-batch losses: on
+    the last stage the tensors, on the other stages :class:`~autodist.applier.readable.RemoteLoss`
+    handles that fetch them from the last stage when read (readable.py); follow it with
+    ``optimizer.step()``. Calling the
     model directly is not supported: a schedule has no single-rank forward.
     """
 
-    def __init__(self, chunks: list[paddle.nn.Layer], schedule: Any, holds_first: bool, holds_last: bool):
+    def __init__(
+        self, chunks: list[paddle.nn.Layer], schedule: Any, holds_first: bool, holds_last: bool, last_rank: int
+    ):
         super().__init__()
         self.chunks = paddle.nn.LayerList(chunks)
         self.schedule = schedule
         self.holds_first, self.holds_last = holds_first, holds_last
+        self.last_rank = last_rank  # the rank of this rank's pipeline that holds the last stage
 
-    def step(self, *inputs: Any, target: Any = None) -> list[paddle.Tensor]:
+    def step(self, *inputs: Any, target: Any = None) -> list[Any]:
         # Every rank may pass the whole batch; only the first stage consumes the inputs and
         # only the last the target. The others must not even split them: a tensor on another
         # stage's mesh cannot be split on this rank (segfault in GetDefaultPlace on CPU).
@@ -362,7 +368,8 @@ class PipelineModel(paddle.nn.Layer):
             *(inputs if self.holds_first else ()), target=target if self.holds_last else None, losses=losses
         )
         n = self.schedule._n_microbatches
-        return [loss.detach() * n for loss in losses]  # undo the 1/n of _mean_over_micro_batches
+        mine = [loss.detach() * n for loss in losses]  # undo the 1/n of _mean_over_micro_batches
+        return pipeline_losses(mine, self.holds_last, self.last_rank, n)  # readable on every rank
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a pipelined model runs whole steps: call model.step(inputs, target=labels)")
@@ -408,7 +415,8 @@ def build_pipeline(
         schedule = Schedule1F1B(stages[0], n_microbatches=n, loss_fn=scaled)
     else:
         schedule = ScheduleVPP(stages, n_microbatches=n, loss_fn=scaled)
-    return PipelineModel(chunks, schedule, any(s.is_first for s in stages), any(s.is_last for s in stages))
+    last_rank = next(column for column in pp_group_ranks(plan) if rank in column)[-1]
+    return PipelineModel(chunks, schedule, any(s.is_first for s in stages), any(s.is_last for s in stages), last_rank)
 
 
 def _my_group(columns: list[list[int]], rank: int):

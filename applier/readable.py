@@ -63,6 +63,9 @@ KEEP = 16384
 #: Seconds a reader waits for a peer's value (``AUTODIST_READ_TIMEOUT`` overrides).
 DEFAULT_TIMEOUT_S = 300.0
 _STORE_PREFIX = "autodist/readable/"
+#: A noted value's name, the same on every rank that made it: ``("value", model calls, index)``
+#: or ``("pipeline", step, micro-batch)``.
+Key = tuple
 #: The reductions a loss ends in, looked up in ``paddle._C_ops`` by Paddle at each call.
 _REDUCTIONS = ("mean", "mean_all", "sum")
 #: Tensor methods that keep a noted scalar noted (``loss / k``, ``loss.detach()``, ...).
@@ -89,7 +92,8 @@ class _Notes:
         self.rank, self.world = rank, world
         self.calls = 0  # calls of the model apply_plan returned
         self.index = 0  # values noted since the last call
-        self.values: collections.OrderedDict[tuple[int, int], dict] = collections.OrderedDict()
+        self.pipeline_steps = 0  # pipeline steps whose losses were published (last stage)
+        self.values: collections.OrderedDict[Key, dict] = collections.OrderedDict()
         self.changed = threading.Condition()
         self.counts = {"noted": 0, "reads": 0, "fetched": 0, "served": 0}
         self.addresses: dict[int, tuple[str, int]] = {}
@@ -107,22 +111,36 @@ class _Notes:
     def note(self, tensor: paddle.Tensor, op: str) -> None:
         local = tensor._local_value().detach()
         with self.changed:
-            key = (self.calls, self.index)
+            key = ("value", self.calls, self.index)
             self.index += 1
-            self.values[key] = {"local": local, "op": op, "shape": list(tensor.shape)}
-            while len(self.values) > KEEP:
-                self.values.popitem(last=False)
-            self.counts["noted"] += 1
-            self.changed.notify_all()
+            self._keep(key, {"read": local.numpy, "op": op})
         tensor._autodist_read_key = key
+
+    def publish_pipeline_losses(self, losses: list[paddle.Tensor]) -> None:
+        with self.changed:
+            for i, loss in enumerate(losses):
+                self._keep(("pipeline", self.pipeline_steps, i), {"read": lambda loss=loss: _value(loss), "op": "loss"})
+            self.pipeline_steps += 1
+
+    def _keep(self, key: Key, entry: dict) -> None:
+        self.values[key] = entry
+        while len(self.values) > KEEP:
+            self.values.popitem(last=False)
+        self.counts["noted"] += 1
+        self.changed.notify_all()
+
+    def _made_after(self, key: Key) -> bool:
+        """True when this rank has gone past ``key`` (it will never make it now)."""
+        progress = (self.calls, self.index) if key[0] == "value" else (self.pipeline_steps, 0)
+        return progress > tuple(key[1:])
 
     # -- serving (the server thread) ---------------------------------------------------------
 
-    def wait_for(self, key: tuple[int, int]) -> dict:
+    def wait_for(self, key: Key) -> dict:
         deadline = time.monotonic() + self.timeout_s
         with self.changed:
             while key not in self.values:
-                if (self.calls, self.index) > key:
+                if self._made_after(key):
                     raise ReadError(
                         f"rank {self.rank} has no value {key}: it was dropped (more than {KEEP} values ago) "
                         "or never made here (made inside a branch only some ranks ran?)"
@@ -143,8 +161,9 @@ class _Notes:
         with conn, conn.makefile("rwb") as stream:
             try:
                 request = json.loads(stream.readline())
-                entry = self.wait_for((int(request["calls"]), int(request["index"])))
-                value = entry["local"].numpy()
+                kind, *numbers = request["key"]
+                entry = self.wait_for((str(kind), *(int(n) for n in numbers)))
+                value = np.asarray(entry["read"]())
                 reply = {
                     "op": entry["op"],
                     "dtype": str(value.dtype),
@@ -158,11 +177,11 @@ class _Notes:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def fetch(self, peer: int, key: tuple[int, int], op: str) -> np.ndarray:
+    def fetch(self, peer: int, key: Key, op: str) -> np.ndarray:
         host, port = self.address(peer)
         try:
             with socket.create_connection((host, port), timeout=self.timeout_s) as conn, conn.makefile("rwb") as stream:
-                stream.write(json.dumps({"calls": key[0], "index": key[1]}).encode() + b"\n")
+                stream.write(json.dumps({"key": list(key)}).encode() + b"\n")
                 stream.flush()
                 reply = json.loads(stream.readline() or b'{"error": "closed the connection"}')
         except OSError as err:
@@ -185,6 +204,53 @@ class _Notes:
 
 
 _NOTES: _Notes | None = None
+
+
+class RemoteLoss:
+    """A loss a pipeline's last stage computed, on a rank of another stage: reading it
+    (``float``, ``.item()``, ``.numpy()``, ``print``, ``f"{loss:.4f}"``) fetches the value from
+    that stage's rank of this rank's pipeline, once; holding it unread costs nothing."""
+
+    def __init__(self, peer: int, key: Key):
+        self._peer, self._key = peer, key
+        self._value: np.ndarray | None = None
+
+    def numpy(self) -> np.ndarray:
+        if self._value is None:
+            assert _NOTES is not None
+            _NOTES.counts["reads"] += 1
+            self._value = _NOTES.fetch(self._peer, self._key, "loss")
+        return self._value.copy()
+
+    def item(self) -> Any:
+        return self.numpy().reshape(-1)[0].item()
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __format__(self, spec: str) -> str:
+        return format(self.item(), spec)
+
+    def __repr__(self) -> str:
+        return f"RemoteLoss({self.item()!r}, from rank {self._peer})"
+
+
+def pipeline_losses(losses: list[paddle.Tensor], holds_last: bool, last_rank: int, count: int) -> list[Any]:
+    """What a pipeline step returns on every rank: on the last stage ``losses`` (published to
+    the other stages' ranks, which fetch them only when they read them), elsewhere ``count``
+    :class:`RemoteLoss` handles on ``last_rank``. Without :func:`install` (one rank), ``losses``."""
+    notes = _NOTES
+    if notes is None:
+        return losses
+    if holds_last:
+        notes.publish_pipeline_losses(losses)
+        return losses
+    step = notes.pipeline_steps
+    notes.pipeline_steps += 1
+    return [RemoteLoss(last_rank, ("pipeline", step, i)) for i in range(count)]
 
 
 def stats() -> dict[str, int]:
@@ -241,6 +307,15 @@ def _noting(function: Callable, op: str) -> Callable:
     return noted
 
 
+def _value(tensor: paddle.Tensor) -> np.ndarray:
+    """A tensor's value on this rank: combined when it is a noted scalar, this rank's local
+    value of a DistTensor otherwise (a replicated one), or the dense tensor's."""
+    combined = _global_value(tensor)
+    if combined is not None:
+        return combined
+    return (tensor._local_value() if tensor.is_dist() else tensor).numpy()
+
+
 def _global_value(tensor: paddle.Tensor) -> np.ndarray | None:
     """The value of a noted scalar, combined from its group's ranks; None if not noted."""
     key = getattr(tensor, "_autodist_read_key", None)
@@ -260,7 +335,7 @@ def _global_value(tensor: paddle.Tensor) -> np.ndarray | None:
     if len(kinds) != 1 or next(iter(kinds)) not in _COMBINE:
         raise ReadError(f"cannot combine a loss partial over several reductions {sorted(kinds)}")
     parts = [
-        entry["local"].numpy() if peer == notes.rank else notes.fetch(peer, key, entry["op"])
+        np.asarray(entry["read"]()) if peer == notes.rank else notes.fetch(peer, key, entry["op"])
         for peer in _group(tensor.process_mesh, partial, notes.rank)
     ]
     value = _COMBINE[next(iter(kinds))](parts).astype(parts[0].dtype).reshape(tensor.shape)
