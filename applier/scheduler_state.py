@@ -43,6 +43,7 @@ from autodist.schemas.checkpoint import (
     CheckpointError,
     SavedScheduler,
     scheduler_problems,
+    state_key_problem,
     state_value_problem,
 )
 
@@ -72,6 +73,8 @@ def saved_scheduler(scheduler: LRScheduler, depth: int = 1) -> SavedScheduler:
     own = dict(scheduler.state_dict())
     own.update({key: getattr(scheduler, key) for key in _left_out(scheduler)})
     for key, value in own.items():
+        if state_key_problem(key):
+            raise CheckpointError(f"LR scheduler {name}'s state key {state_key_problem(key)}: it cannot be saved")
         if isinstance(value, dict):
             nested[str(key)] = saved_scheduler(_wrapped(scheduler, str(key)), depth + 1)
             continue
@@ -103,7 +106,8 @@ def problems(scheduler: LRScheduler, saved: SavedScheduler) -> list[str]:
         trial.step(0.0) if isinstance(trial, paddle.optimizer.lr.ReduceOnPlateau) else trial.step()
         float(trial())
     except Exception as exc:  # whatever the scheduler's own code raises on this state
-        return [f"the saved LR scheduler state fails its first step(): {type(exc).__name__}: {exc}"]
+        said = " ".join(str(exc).split())  # one line, whatever the scheduler's code says
+        return [f"the saved LR scheduler state fails its first step(): {type(exc).__name__}: {said:.200}"]
     return []
 
 

@@ -289,6 +289,19 @@ def scheduler_problems(saved: SavedScheduler | None, where: str = "scheduler", d
     return problems
 
 
+def state_key_problem(key: Any) -> str | None:
+    """Why ``key`` cannot name a scheduler state value in a checkpoint (it must be an identifier).
+
+    >>> state_key_problem("last_epoch"), state_key_problem("best-metric")
+    (None, "'best-metric' is not an identifier")
+    """
+    try:
+        msgspec.convert(key, Identifier)
+    except msgspec.ValidationError:
+        return f"{key!r:.60} is not an identifier"
+    return None
+
+
 def state_value_problem(value: Any, in_list: bool = False) -> str | None:
     """Why ``value`` is no plain scheduler state value, or None. Plain: null, a bool, an integer
     of magnitude up to 2**53, a finite float, a string of up to 256 characters, or a list of up

@@ -254,6 +254,17 @@ class LoggingDecay(lr.StepDecay):
         self.history = {**getattr(self, "history", {}), str(self.last_epoch): self.last_lr}
 
 
+class KeyedDecay(lr.StepDecay):
+    """A user's scheduler with a state key that is no identifier."""
+
+    def state_keys(self):
+        self.keys = ["last_epoch", "last_lr", "best-loss"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        setattr(self, "best-loss", 1.0)
+
+
 @pytest.mark.parametrize(
     "make, expect",
     [
@@ -267,8 +278,12 @@ class LoggingDecay(lr.StepDecay):
             "optimizer: LR scheduler LoggingDecay's state 'history' is a dict, and it holds 0 schedulers, not "
             "one: it cannot be saved; give it a state_dict() of plain numbers and strings",
         ),
+        (
+            lambda params: paddle.optimizer.AdamW(KeyedDecay(0.1, step_size=2), parameters=params),
+            "optimizer: LR scheduler KeyedDecay's state key 'best-loss' is not an identifier: it cannot be saved",
+        ),
     ],
-    ids=["lbfgs", "dict-state"],
+    ids=["lbfgs", "dict-state", "key"],
 )
 def test_what_cannot_be_saved_is_refused_by_apply_plan_before_training(make, expect):
     model = WORKLOADS["docstring_llama"].build(0)
