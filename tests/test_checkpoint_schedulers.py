@@ -320,20 +320,17 @@ def test_every_scheduler_passes_apply_plans_check(tmp_path):
 
 # -- every built-in optimizer -----------------------------------------------------------------------------
 
-OPTIMIZERS = [
-    "SGD",
-    "Momentum",
-    "Adam",
-    "AdamW",
-    "Lamb",
-    "Adagrad",
-    "RMSProp",
-    "Adadelta",
-    "Adamax",
-    "NAdam",
-    "RAdam",
-    "Rprop",
-]
+#: Every optimizer class paddle.optimizer ships but LBFGS, whose state save_checkpoint cannot hold
+#: (refused by apply_plan above).
+OPTIMIZERS = sorted(
+    name
+    for name, cls in vars(paddle.optimizer).items()
+    if inspect.isclass(cls) and issubclass(cls, paddle.optimizer.Optimizer) and name not in ("Optimizer", "LBFGS")
+)
+
+
+def test_the_optimizers_covered_are_the_nine_named_and_more():
+    assert {"SGD", "Momentum", "Adam", "AdamW", "Lamb", "Adagrad", "RMSProp", "Adadelta", "Adamax"} <= set(OPTIMIZERS)
 
 
 def mlp(seed: int):
