@@ -10,13 +10,18 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
 import re
+import signal
+import socket
 import tempfile
+import threading
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import msgspec
 
@@ -75,23 +80,99 @@ def write_atomically(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temp file of a unique name in the same folder and a
     rename: a reader never sees half a file, two writers never share a temp file, and a failed or
     interrupted write leaves the old file and removes its temp file. The one file writer of
-    autodist (plans, exported configs, SVGs, graphs)."""
+    autodist (plans, exported configs, SVGs, graphs, calibrate's cluster.toml).
+
+    Interrupted means by an exception, Ctrl-C, or SIGTERM or SIGHUP (while the write runs they
+    raise here, the temp file is removed, and the process then dies of the signal as it would
+    have). SIGKILL cannot be caught: the temp file (``.<name>.<host>-<pid>.<random>.tmp``, hidden,
+    beside ``path``, there for the milliseconds of one write) is removed by the next write of
+    ``path`` on this host once its process is gone."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    folder = path.parent if str(path.parent) else Path(".")
+    _remove_stale_temps(folder, path.name)
+    tmp = None
+    with _signals_interrupt():
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_HOST}-{os.getpid()}.", suffix=".tmp", dir=folder)
+            # mkstemp creates the file owner-only; what autodist writes is meant to be shared, so
+            # give it the permissions an ordinary new file gets under the user's umask.
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+#: This host's name as temp file names carry it (no dots: they separate the name's parts).
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+
+
+def _remove_stale_temps(folder: Path, name: str) -> None:
+    """Remove the temp files :func:`write_atomically` left for ``name`` in ``folder`` when a
+    process writing it was killed (SIGKILL): those of this host whose process is gone."""
     try:
-        # mkstemp creates the file owner-only; what autodist writes is meant to be shared, so
-        # give it the permissions an ordinary new file gets under the user's umask.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        leftovers = list(folder.glob(f".{glob.escape(name)}.{_HOST}-*.tmp"))
+    except OSError:
+        return
+    for leftover in leftovers:
+        pid = leftover.name[len(f".{name}.{_HOST}-") :].partition(".")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            leftover.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process: alive
+        return True
+    return True
+
+
+class _Signalled(BaseException):
+    """SIGTERM or SIGHUP arrived during a write (raised by :func:`_signals_interrupt`'s handler)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP (when nobody handles them: their default action
+    kills the process without unwinding) raise :class:`_Signalled`, so the block's cleanup runs;
+    then the signal is delivered again under its default action. Only the main thread can set
+    handlers; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise _Signalled(signum)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    except _Signalled as caught:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        previous.clear()
+        os.kill(os.getpid(), caught.signum)  # die of it, as without the handler
         raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def plan_json_schema() -> dict[str, Any]:

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
-from pathlib import Path
+from typing import Callable
 
 import click
 
+from autodist.schemas.inputs import parse_toml
+from autodist.schemas.io import write_atomically
+
+from autodist.planner.cli.review import check_output
 from autodist.planner.errors import PlannerError
 
 
@@ -55,11 +58,12 @@ def calibrate(
     plan_file: str | None, output: str, base: str | None, dtype: str | None, name: str | None, model_target: str | None
 ) -> None:
     """Measure matmuls, memory and collectives here and write a fitted cluster.toml."""
+    check_output(output)  # before measuring, not after
     import paddle
     import paddle.distributed as dist
 
     from autodist.planner.cost import calibrate as cal
-    from autodist.planner.cost.hardware import local_gpu_profile_name, resolve_device
+    from autodist.planner.cost.hardware import device_profile, local_gpu_profile_name, resolve_device
     from autodist.schemas import load_plan
 
     on_gpu = local_gpu_profile_name() is not None
@@ -119,32 +123,27 @@ def calibrate(
         loaded = load(model_target, _plan_input_specs(plan))
         if world > 1:
             dist.barrier()
-        measured.training_step = cal.measure_training_step(loaded.model, plan, loaded.input_specs)
+        measured.training_step = _timed_by_the_model(
+            model_target, lambda: cal.measure_training_step(loaded.model, plan, loaded.input_specs)
+        )
     if rank != 0:
         return
     name = name or f"{profile.name}-measured"
     device = cal.fitted_device(measured, profile, dtype, name, comm_overlap=on_gpu)
-    target = Path(output)
-    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        _write(tmp, cal.cluster_toml(device, measured, notes + [f"not measured: {m}" for m in measured.missing]))
-        if model_target and measured.training_step is not None:  # measured above whenever there is a model
-            from autodist.planner.cost.hardware import load_cluster_file
-
-            priced = _plan_pricer(model_target, plan, load_cluster_file(tmp))
-            measured.priced_step = priced(0.0)
-            dispatch = cal.fit_dispatch(measured.training_step, priced)
-            device = cal.fitted_device(measured, profile, dtype, name, comm_overlap=on_gpu, dispatch_s=dispatch)
-            notes.append(
-                f"a training step of {model_target} under the plan took {measured.training_step * 1e3:.1f} ms, "
-                f"priced {measured.priced_step * 1e3:.1f} ms without dispatch_overhead_us"
-            )
-            _write(tmp, cal.cluster_toml(device, measured, notes + [f"not measured: {m}" for m in measured.missing]))
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    text = cal.cluster_toml(device, measured, notes + [f"not measured: {m}" for m in measured.missing])
+    if model_target and measured.training_step is not None:  # measured above whenever there is a model
+        # Price the plan on what was measured (the file not written yet), then fit the dispatch.
+        tables = parse_toml(text.encode(), output, what="cluster file")
+        priced = _plan_pricer(model_target, plan, device_profile(tables, output))
+        measured.priced_step = priced(0.0)
+        dispatch = cal.fit_dispatch(measured.training_step, priced)
+        device = cal.fitted_device(measured, profile, dtype, name, comm_overlap=on_gpu, dispatch_s=dispatch)
+        notes.append(
+            f"a training step of {model_target} under the plan took {measured.training_step * 1e3:.1f} ms, "
+            f"priced {measured.priced_step * 1e3:.1f} ms without dispatch_overhead_us"
+        )
+        text = cal.cluster_toml(device, measured, notes + [f"not measured: {m}" for m in measured.missing])
+    write_atomically(output, text.encode())  # the one file writer: no temp file outlives it
     click.echo(
         f"wrote {output}: {', '.join(f'{k}={v}' for k, v in device.items() if k not in ('name', 'base'))}", err=True
     )
@@ -152,10 +151,20 @@ def calibrate(
         click.echo(f"not measured: {missing}", err=True)
 
 
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(text)
-    os.chmod(path, 0o644)
+def _timed_by_the_model(target: str, measure: Callable[[], float]) -> float:
+    """Run ``measure`` (training steps of the user's model): a ``sys.exit`` in the model's code
+    or an exception it raises is one :class:`PlannerError` naming the model, not a silent exit 0
+    or a traceback."""
+    from autodist.planner.load import user_code  # imports Paddle: not at the command line's start
+    with user_code(target):
+        try:
+            return measure()
+        except PlannerError:
+            raise
+        except Exception as err:
+            raise PlannerError(
+                f"{target}: a training step under the plan raised {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+            ) from None
 
 
 def _plan_input_specs(plan) -> list[str] | None:

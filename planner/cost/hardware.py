@@ -165,8 +165,15 @@ def load_cluster_file(path: str) -> DeviceProfile:
         inter_node_bandwidth_gb_s = 25   # only 200 Gb/s InfiniBand here
         inter_node_latency_us = 8
     """
+    return device_profile(_read_cluster_file(path), path)
+
+
+def device_profile(tables: dict, path: str) -> DeviceProfile:
+    """The device profile of a cluster file's decoded TOML ``tables``, read from ``path`` (named in
+    the messages; its stem is the default name). :func:`load_cluster_file` after reading; also
+    for a cluster file not written yet (``calibrate`` prices its own result before writing it)."""
     source = Path(path)
-    device = _read_cluster_file(path).get("device")
+    device = tables.get("device")
     if not isinstance(device, dict):
         raise PlannerError(f"{path}: needs a [device] table with: {', '.join(_CLUSTER_KEYS)}")
     flags = {"comm_overlap": "whether collectives run beside compute", "fused_kernels": _FUSED_KERNELS}
