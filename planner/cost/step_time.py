@@ -408,11 +408,37 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
 
 def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     """Compute, collectives and memory of stage ``k`` (blocks ``start:stop``) per micro-batch."""
-    table, strategy, setup = ctx.table, ctx.strategy, ctx.setup
-    mp, pp, seq, tokens, width = strategy.mp, strategy.pp, setup.seq_len, ctx.tokens, ctx.width
-    edges = ([ctx.cost.first] if k == 0 else []) + ([ctx.cost.last] if k == pp - 1 else [])
+    edges = ([ctx.cost.first] if k == 0 else []) + ([ctx.cost.last] if k == ctx.strategy.pp - 1 else [])
+    forward_s, backward_s = _stage_compute(ctx, start, stop, edges)
+    mp_s, mp_bytes, implicit_bytes = _stage_mp_comm(ctx, start, stop, edges)
+    p2p_s, p2p_bytes = _stage_handoff(ctx, k, start, stop)
+    experts = _stage_experts(ctx, start, stop)
+    forward_s += experts.shared_s
+    backward_s += (3 if ctx.setup.recompute == "full" else 2) * experts.shared_s
+    params, states, activations, working, tensors = _stage_memory(ctx, start, stop, edges, experts)
+    return _Stage(
+        forward_s + backward_s,
+        backward_s,
+        mp_s,
+        mp_bytes,
+        implicit_bytes,
+        p2p_s,
+        p2p_bytes,
+        states,
+        activations,
+        working,
+        params,
+        tensors,
+        ep_s=experts.ep_s,
+        ep_bytes=experts.ep_bytes,
+        moe_grads=experts.moe_grads,
+    )
 
-    # Compute: forward, backward twice the forward, plus what recompute does again in backward.
+
+def _stage_compute(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) -> tuple[float, float]:
+    """Compute: forward, backward twice the forward, plus what recompute does again in backward
+    (seconds of the stage's blocks and ``edges`` per micro-batch: forward, backward)."""
+    table, tokens = ctx.table, ctx.tokens
     forward_s = attention_s = rescore_s = 0.0
     for block in table.cost.blocks[start:stop] if not table.uniform else table.cost.blocks[start : start + 1]:
         block_s, block_attention_s, block_rescore_s = ctx.block_forward(block)
@@ -428,13 +454,17 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
             + ctx.roof_time((flops - shaped) * tokens)
             + ctx.moved_time(edge.moved)
         )
-    recomputed_s = {"full": blocks_s, "selective": attention_s}.get(setup.recompute, 0.0) + rescore_s
-    backward_s = 2 * forward_s + recomputed_s
+    recomputed_s = {"full": blocks_s, "selective": attention_s}.get(ctx.setup.recompute, 0.0) + rescore_s
+    return forward_s, 2 * forward_s + recomputed_s
 
-    # Tensor-parallel all-reduces (forward again under full recompute) and implicit collectives.
+
+def _stage_mp_comm(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) -> tuple[float, float, float]:
+    """Tensor-parallel all-reduces (forward again under full recompute) and implicit collectives:
+    (seconds, bytes sent, of which implicit)."""
+    mp, tokens, width = ctx.strategy.mp, ctx.tokens, ctx.width
     mp_link = ctx.link(mp, 1)
     collectives = [_allreduces(ctx, "fwd", start, stop, edges), _allreduces(ctx, "bwd", start, stop, edges)]
-    if setup.recompute == "full":
+    if ctx.setup.recompute == "full":
         collectives.append(collectives[0])
     mp_s = sum(all_reduce_time(n * tokens * width, mp, mp_link, count) for n, count in collectives)
     mp_bytes = sum(all_reduce_bytes(n * tokens * width, mp) for n, _ in collectives)
@@ -446,8 +476,14 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
         count = ctx.implicit.count + ctx.implicit.planned_count
         mp_s += share * count * 2 * (mp - 1) * mp_link.latency_s + (implicit_bytes + hooked_bytes) / mp_link.bandwidth
         mp_bytes += hooked_bytes
+    return mp_s, mp_bytes, implicit_bytes
 
-    # Pipeline hand-off to the next stage: the activation forward, its gradient backward.
+
+def _stage_handoff(ctx: _Context, k: int, start: int, stop: int) -> tuple[float, float]:
+    """Pipeline hand-off to the next stage: the activation forward, its gradient backward
+    (seconds, bytes)."""
+    strategy, tokens, width = ctx.strategy, ctx.tokens, ctx.width
+    pp, mp = strategy.pp, strategy.mp
     p2p_s = p2p_bytes = 0.0
     if k < pp - 1 and stop > start:
         handoff = ctx.cost.blocks[stop - 1].output_per_token * tokens * width / ctx.act_div
@@ -460,39 +496,63 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
         handoff = ctx.cost.blocks[stop - 1].output_per_token * tokens * width / ctx.act_div
         one = p2p_time(handoff, ctx.link(pp, mp * strategy.dp))
         p2p_s, p2p_bytes = 2 * sends * one, 2 * sends * handoff
+    return p2p_s, p2p_bytes
 
-    # Expert parallelism (the module docstring): around each MoE layer, an all-gather of the ep
-    # group's inputs and an all-reduce of the gathered output, ep x B each, on ep ranks stride mp
-    # (neighbours on the dp axis); the backward does the same, full recompute the forward again.
-    # Each rank then holds 1 / ep of the experts, whole (the MoE layer is not split over mp).
+
+@dataclass(frozen=True)
+class _StageExperts:
+    """What the MoE layers of a stage add, when they run locally (all zero otherwise)."""
+
+    moe: list[BlockCost]  # the stage's blocks with experts
+    ep_s: float = 0.0  # the ep group's gathers and sums
+    ep_bytes: float = 0.0
+    expert_params: float = 0.0  # elements of the experts this rank does not hold
+    dropped_tensors: float = 0.0
+    shared_s: float = 0.0  # the shared experts the group's first rank runs for the others
+    moe_grads: _MoeGrads | None = None
+
+
+def _stage_experts(ctx: _Context, start: int, stop: int) -> _StageExperts:
+    """Expert parallelism (the module docstring): around each MoE layer, an all-gather of the ep
+    group's inputs and an all-reduce of the gathered output, ep x B each, on ep ranks stride mp
+    (neighbours on the dp axis); the backward does the same, full recompute the forward again.
+    Each rank then holds 1 / ep of the experts, whole (the MoE layer is not split over mp)."""
+    strategy, setup, tokens, width = ctx.strategy, ctx.setup, ctx.tokens, ctx.width
     ep, moe = strategy.ep, [b for b in ctx.cost.blocks[start:stop] if b.experts]
-    ep_s = ep_bytes = expert_params = dropped_tensors = shared_s = 0.0
-    moe_grads = None
-    if runs_moe_locally(strategy) and moe:  # at ep 1: no gathers, the gradient sums alone
-        # The shared experts run on the group's first rank alone, on ep x the tokens: that rank,
-        # the slowest, does (ep - 1) x more of them than one rank's tokens (at the compute roof).
-        shared_s = ctx.roof_time((ep - 1) * sum(b.shared_flops_per_token for b in moe) * tokens)
-        gathered = ep * sum(b.dispatch_per_token for b in moe) * tokens * width
-        link, passes = ctx.link(ep, mp), 3 if setup.recompute == "full" else 2
-        ep_s = passes * (all_gather_time(gathered, ep, link, len(moe)) + all_reduce_time(gathered, ep, link, len(moe)))
-        ep_bytes = passes * (all_gather_bytes(gathered, ep) + all_reduce_bytes(gathered, ep))
-        expert_params = sum(b.expert_params for b in moe) * (1 - 1 / ep)
-        dropped_tensors = sum(b.expert_tensors for b in moe) * (1 - 1 / ep)
-        moe_grads = _MoeGrads(
+    if not (runs_moe_locally(strategy) and moe):  # at ep 1: no gathers, the gradient sums alone
+        return _StageExperts(moe)
+    # The shared experts run on the group's first rank alone, on ep x the tokens: that rank,
+    # the slowest, does (ep - 1) x more of them than one rank's tokens (at the compute roof).
+    gathered = ep * sum(b.dispatch_per_token for b in moe) * tokens * width
+    link, passes = ctx.link(ep, strategy.mp), 3 if setup.recompute == "full" else 2
+    return _StageExperts(
+        moe,
+        ep_s=passes * (all_gather_time(gathered, ep, link, len(moe)) + all_reduce_time(gathered, ep, link, len(moe))),
+        ep_bytes=passes * (all_gather_bytes(gathered, ep) + all_reduce_bytes(gathered, ep)),
+        expert_params=sum(b.expert_params for b in moe) * (1 - 1 / ep),
+        dropped_tensors=sum(b.expert_tensors for b in moe) * (1 - 1 / ep),
+        shared_s=ctx.roof_time((ep - 1) * sum(b.shared_flops_per_token for b in moe) * tokens),
+        moe_grads=_MoeGrads(
             router_params=sum(b.router_params for b in moe),
             router_tensors=sum(b.router_tensors for b in moe),
             expert_params=sum(b.expert_params for b in moe) / ep,
             expert_tensors=round(sum(b.expert_tensors for b in moe) / ep),
-        )
+        ),
+    )
 
-    forward_s += shared_s
-    backward_s += (3 if setup.recompute == "full" else 2) * shared_s
 
-    # Memory: model states under ZeRO, activations per micro-batch in flight.
+def _stage_memory(
+    ctx: _Context, start: int, stop: int, edges: list[EdgeCost], experts: _StageExperts
+) -> tuple[float, StateBytes, float, float, int]:
+    """Memory: model states under ZeRO, activations per micro-batch in flight: (parameter
+    elements per rank, their states, activation bytes per micro-batch, working bytes alive
+    once, parameter tensors)."""
+    table, strategy, setup = ctx.table, ctx.strategy, ctx.setup
+    mp, seq, tokens, width, ep, moe = strategy.mp, setup.seq_len, ctx.tokens, ctx.width, strategy.ep, experts.moe
     params = (
         table.total("params_split", start, stop) / mp
         + table.total("params_whole", start, stop)
-        - expert_params
+        - experts.expert_params
         + sum(e.params_vocab / ctx.vocab_div + e.params_whole for e in edges)
         - (ctx.cost.tied_vocab_params / ctx.vocab_div if len(edges) == 2 else 0)
     )  # one stage holds both
@@ -508,24 +568,10 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
             working += tokens * max(router)
         else:
             per_token += sum(router)
-    tensors = round(table.total("param_tensors", start, stop) + sum(e.param_tensors for e in edges) - dropped_tensors)
-    return _Stage(
-        forward_s + backward_s,
-        backward_s,
-        mp_s,
-        mp_bytes,
-        implicit_bytes,
-        p2p_s,
-        p2p_bytes,
-        states,
-        tokens * per_token,
-        working,
-        params,
-        tensors,
-        ep_s=ep_s,
-        ep_bytes=ep_bytes,
-        moe_grads=moe_grads,
+    tensors = round(
+        table.total("param_tensors", start, stop) + sum(e.param_tensors for e in edges) - experts.dropped_tensors
     )
+    return params, states, tokens * per_token, working, tensors
 
 
 def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float, float]:
