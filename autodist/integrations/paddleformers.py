@@ -112,7 +112,9 @@ def auto_dist_config(plan: Plan | str | Path) -> dict[str, Any]:
         raise PlanError(str(err), source) from None
     parallelize_plan: dict[str, list[Any]] = {}
     for entry in config.entries:
-        parallelize_plan.setdefault(entry_key(config, entry.key), []).extend(_paddle_plan(s) for s in entry.plans)
+        parallelize_plan.setdefault(entry_key(config, entry.key), []).extend(
+            _paddle_plan(s, list(plan.mesh.axes)) for s in entry.plans
+        )
     out: dict[str, Any] = {}
     if config.sharding_level is not None:
         out["dp_config"] = {"sharding_level": config.sharding_level}
@@ -201,17 +203,17 @@ def _mesh_problems(plan: Plan, mesh: Any) -> list[str]:
     ]
 
 
-def _paddle_plan(style: Style) -> Any:
-    """Paddle's plan object for ``style``."""
+def _paddle_plan(style: Style, plan_axes: list[str]) -> Any:
+    """Paddle's plan object for ``style`` (``plan_axes``: the plan's mesh axes, which its
+    placements follow)."""
     import paddle.distributed as dist
 
     if style.name not in HELPER_STYLES:
         return getattr(dist, style.name)()
     prepare = getattr(dist, HELPER_STYLES[style.name])
-    if style.name == "reshard_input":
-        return prepare(_reshard_input(list(style.placements)))
-    if style.name == "reshard_output":
-        return prepare(_reshard_output(list(style.placements)))
+    if style.name.startswith("reshard"):
+        by_axis = dict(zip(plan_axes, style.placements))
+        return prepare((_reshard_input if style.name == "reshard_input" else _reshard_output)(by_axis))
     return prepare(_split_sequence_input if style.name == "split_sequence_input" else _gather_sequence_output)
 
 
@@ -229,33 +231,35 @@ def _gather_sequence_output(process_mesh):
     return lambda layer, args, output: c_concat(output, process_mesh, True)
 
 
-def _reshard_input(placements: list[str]):
-    """A PrepareLayerInput function: reshard the layer's first input to ``placements``."""
+def _reshard_input(placements: dict[str, str]):
+    """A PrepareLayerInput function: reshard the layer's first input to ``placements`` (by axis)."""
     import paddle.distributed as dist
-
-    from autodist.applier.mesh import to_paddle_placement
 
     def make(process_mesh):
         return lambda layer, args: (
-            dist.reshard(args[0], process_mesh, [to_paddle_placement(p) for p in placements]),
+            dist.reshard(args[0], process_mesh, _on_mesh(placements, process_mesh)),
             *args[1:],
         )
 
     return make
 
 
-def _reshard_output(placements: list[str]):
-    """A PrepareLayerOutput function: reshard the layer's output to ``placements``."""
+def _reshard_output(placements: dict[str, str]):
+    """A PrepareLayerOutput function: reshard the layer's output to ``placements`` (by axis)."""
     import paddle.distributed as dist
 
-    from autodist.applier.mesh import to_paddle_placement
-
     def make(process_mesh):
-        return lambda layer, args, output: dist.reshard(
-            output, process_mesh, [to_paddle_placement(p) for p in placements]
-        )
+        return lambda layer, args, output: dist.reshard(output, process_mesh, _on_mesh(placements, process_mesh))
 
     return make
+
+
+def _on_mesh(placements: dict[str, str], process_mesh: Any) -> list[Any]:
+    """Paddle placements for every axis of ``process_mesh``, the Trainer's mesh, which keeps axes
+    of size one that the plan's leaves out (those replicate)."""
+    from autodist.applier.mesh import to_paddle_placement
+
+    return [to_paddle_placement(placements.get(name, "R")) for name in process_mesh.dim_names]
 
 
 def _shard_model_parameters(model: Any, plan: Plan) -> None:

@@ -116,6 +116,9 @@ def rank_env(
         "PADDLE_TRAINERS_NUM": str(len(endpoints)),
         "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
         "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
+        # One simulated node: the rank is also the rank in the node (PaddleFormers'
+        # TrainingArguments refuses a distributed job without it).
+        "PADDLE_RANK_IN_NODE": str(rank),
         "PADDLE_DISTRI_BACKEND": backend,
     }
     if backend == "nccl":
