@@ -193,7 +193,7 @@ def plan(
     """
     from autodist.schemas import PlanError
 
-    from autodist.planner.cost.hardware import cluster_shape, resolve_device
+    from autodist.planner.cost.hardware import cluster_shape, default_device, resolve_device
     from autodist.planner.cost.search import SearchRequest
     from autodist.planner.errors import PlannerError
     from autodist.planner.load import parse_input_spec
@@ -218,7 +218,12 @@ def plan(
     )
     devices, nodes = cluster_shape(cluster, devices, nodes)
     request = SearchRequest(
-        devices_per_node=devices, nodes=nodes, device=resolve_device(device, cluster), ep=ep, **options
+        devices_per_node=devices,
+        nodes=nodes,
+        device=resolve_device(device, cluster),
+        ep=ep,
+        device_note=default_device()[1] if device is None and cluster is None else "",
+        **options,
     )
     # Provenance in the command's words (its option names, its value spelling).
     given = {

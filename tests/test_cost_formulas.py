@@ -19,6 +19,7 @@ from autodist.planner.cost.comm import (
     p2p_time,
     reduce_scatter_time,
 )
+from autodist.planner.cost.compute import fixed_op_time
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.memory import model_state_bytes, optimizer_bytes_per_param
 from autodist.planner.cost.step_time import Setup, StageTable, estimate, stage_ranges
@@ -116,6 +117,21 @@ def test_sequential_schedule_has_no_overlap_at_all():
     flat = estimate(table, Strategy(), _setup(1, 8)).estimate.step_time_s
     sequential = estimate(table, Strategy(pp=4, micro_batches=8, schedule="sequential"), _setup(4, 8))
     assert sequential.estimate.step_time_s == pytest.approx(flat)
+
+
+def test_sequential_ranks_each_update_every_parameter():
+    """Under ``sequential`` the whole model runs on every rank, so each rank's optimizer holds
+    every stage's parameters and dispatches an update for each: the fixed cost per update is the
+    whole model's, as on one device; 1F1B's ranks hold their stage's only. (The search ranked a
+    toy model's sequential pp2 first partly because it priced half the updates.)"""
+    block = BlockCost(layer="b", flops_per_token=1e6, params_split=1000, param_tensors=4)
+    table = StageTable(ModelCost(blocks=(block,) * 4, hidden_size=1, traced_batch=1, traced_seq=1024))
+    one = estimate(table, Strategy(), _setup(1, 2)).optimizer_s
+    sequential = estimate(table, Strategy(pp=2, schedule="sequential"), _setup(2, 2)).optimizer_s
+    piped = estimate(table, Strategy(pp=2, micro_batches=2, schedule="1F1B"), _setup(2, 2)).optimizer_s
+    update = fixed_op_time(H100)
+    assert sequential == pytest.approx(piped + 8 * update)
+    assert piped < sequential < one
 
 
 def test_uneven_stages_are_priced_by_the_slowest():

@@ -55,12 +55,22 @@ def test_a_cluster_file_may_name_what_its_backend_lacks(tmp_path):
 
 
 @pytest.mark.skipif(
-    __import__("autodist.planner.cost.hardware", fromlist=["x"]).local_gpu_profile_name() is not None,
-    reason="this machine has a known GPU: its profile is used, nothing is assumed",
+    __import__("paddle").device.cuda.device_count() > 0,
+    reason="this machine has a GPU: its profile is used",
 )
-def test_without_device_or_gpu_the_summary_says_which_profile_was_assumed(tmp_path):
+def test_without_device_or_gpu_the_plan_is_for_this_machines_cpu_and_says_so(tmp_path):
+    """No --device on a CPU machine plans for the cpu profile (gloo), so the plan is one
+    apply_plan runs here; the summary and the plan's notes say so. Named devices say nothing."""
     result = run(DOCSTRING, "--devices", 2, "-o", tmp_path / "p.json")
     assert result.exit_code == 0, result.output
-    assert "(no --device and no known GPU here: assumed h100-sxm; give --device or --cluster)" in result.stderr
+    said = (
+        "device: no --device or --cluster, and no GPU here: planned for this machine's CPU (the cpu profile, gloo, "
+        "which has no pipeline, ZeRO or sequence parallelism); give --device for the GPUs the plan is for"
+    )
+    assert f"({said})" in result.stderr
+    plan = load_plan(tmp_path / "p.json")
+    assert plan.cluster.device.name == "cpu" and said in plan.notes
+    assert plan.strategy.pp == 1 and plan.strategy.sharding_stage == 0 and not plan.strategy.sequence_parallel
     named = run(DOCSTRING, "--devices", 2, "--device", "h100-sxm", "-o", tmp_path / "q.json")
-    assert "assumed" not in named.stderr
+    assert "device:" not in named.stderr
+    assert not any(note.startswith("device:") for note in load_plan(tmp_path / "q.json").notes)

@@ -162,7 +162,7 @@ def cli() -> None:
 )
 @click.option("--schedule", type=click.Choice(["sequential", "1F1B", "VPP"]), help="Pipeline schedule.")
 @click.option(
-    "--device", "device_name", metavar="NAME", help="Device profile: a100-40g, a100-80g, h100-sxm, h200, cpu."
+    "--device", "device_name", metavar="NAME", help="Device profile: a100-40g, a100-80g, h100-sxm, h200, cpu (default: this machine's GPU, else cpu)."
 )
 @click.option(
     "--cluster",
@@ -228,7 +228,7 @@ def plan(
         raise PlannerError(f"{output}: the folder {Path(output).parent} does not exist; create it first")
     # --quiet: what Paddle, PaddleFormers and the model print on import and trace is held back
     with held_stderr(expected=(PlannerError, PlanError)) if quiet else contextlib.nullcontext():
-        from autodist.planner.cost.hardware import cluster_shape, local_gpu_profile_name, resolve_device
+        from autodist.planner.cost.hardware import cluster_shape, default_device, resolve_device
         from autodist.planner.cost.search import SearchRequest
         from autodist.planner.driver import plan_target
         from autodist.planner.progress import Progress
@@ -237,8 +237,14 @@ def plan(
         devices, nodes = cluster_shape(cluster_file, options.pop("devices"), options.pop("nodes"))
         ctx.params.update(devices=devices, nodes=nodes)  # the provenance records what was planned for
         ep = expert_degree(options.pop("ep"))
+        chosen = device_name is None and cluster_file is None  # then this machine's device, said in the notes
         request = SearchRequest(
-            devices_per_node=devices, nodes=nodes, device=resolve_device(device_name, cluster_file), ep=ep, **options
+            devices_per_node=devices,
+            nodes=nodes,
+            device=resolve_device(device_name, cluster_file),
+            ep=ep,
+            device_note=default_device()[1] if chosen else "",
+            **options,
         )
         rules = load_rules(rules_file) if rules_file else None
         made = plan_target(
@@ -271,9 +277,7 @@ def plan(
             if traced.fallback_reason
             else ""
         )
-        assumed = ""
-        if device_name is None and cluster_file is None and local_gpu_profile_name() is None:
-            assumed = f" (no --device and no known GPU here: assumed {request.device.name}; give --device or --cluster)"
+        assumed = f" ({request.device_note})" if request.device_note else ""
         click.echo(
             printable(
                 f"plan for {request.world} devices: {strategy_text(made.plan.strategy)}"

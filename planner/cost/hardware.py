@@ -40,7 +40,8 @@ TFLOPS = 1e12
 GB_PER_S = 1e9
 US = 1e-6
 
-#: Profile used when the planning machine has no GPU and no --device / --cluster is given.
+#: Profile used when no --device / --cluster is given and the planning machine has a GPU without
+#: a profile of its own (:func:`default_device`); the search's default in tests and what-ifs.
 FALLBACK_DEVICE = "h100-sxm"
 
 #: The named profiles: one file each in ``devices/``, in the format ``--cluster`` reads (each
@@ -107,8 +108,7 @@ _ZERO_OK = frozenset({"op_overhead_us", "dispatch_overhead_us"})
 def resolve_device(name: str | None = None, cluster_file: str | None = None) -> DeviceProfile:
     """The device profile to plan for: a cluster file, a named profile, or the local GPU.
 
-    Without either argument: the planning machine's GPU when Paddle sees one and it has a
-    profile, else ``h100-sxm``.
+    Without either argument: the planning machine's own device (:func:`default_device`).
 
     Example::
 
@@ -124,12 +124,34 @@ def resolve_device(name: str | None = None, cluster_file: str | None = None) -> 
     if cluster_file is not None:
         return load_cluster_file(cluster_file)
     if name is None:
-        name = local_gpu_profile_name() or FALLBACK_DEVICE
+        name = default_device()[0]
     key = name.lower()
     if key not in PROFILES:
         known = ", ".join(sorted(PROFILES))
         raise PlannerError(f"unknown device {name!r}; known: {known} (or give --cluster cluster.toml)")
     return PROFILES[key]
+
+
+def default_device() -> tuple[str, str]:
+    """``(profile name, what the plan's notes and the command say about it)`` when no --device
+    and no --cluster is given: this machine, where a plan is most likely tried first. Its GPU's
+    profile; with no GPU the ``cpu`` profile (gloo), so the plan is one apply_plan can run here
+    (no pipeline, ZeRO or sequence parallelism); an unknown GPU gets ``h100-sxm``, said as an
+    assumption."""
+    import paddle
+
+    if not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0:
+        return "cpu", (
+            "device: no --device or --cluster, and no GPU here: planned for this machine's CPU (the cpu profile, "
+            "gloo, which has no pipeline, ZeRO or sequence parallelism); give --device for the GPUs the plan is for"
+        )
+    name = profile_for_cuda_name(paddle.device.cuda.get_device_name(0))
+    if name is not None:
+        return name, f"device: no --device or --cluster: planned for this machine's GPU ({name})"
+    return FALLBACK_DEVICE, (
+        f"device: no --device or --cluster, and this machine's GPU has no profile: assumed {FALLBACK_DEVICE}; "
+        "give --device or --cluster"
+    )
 
 
 def local_gpu_profile_name() -> str | None:

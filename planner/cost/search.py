@@ -71,6 +71,9 @@ class SearchRequest(Job):
     #: What the attention cores are priced as: ``auto`` (what the model selects, when the device
     #: runs fused kernels), ``flash`` or ``eager`` (:func:`autodist.planner.kernels.choose_kernels`).
     attention: str = "auto"
+    #: Why this device was planned for when nobody named one (:func:`~.hardware.default_device`):
+    #: the plan's notes say it.
+    device_note: str = ""
 
 
 @dataclass
@@ -163,6 +166,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         setup=setup,
         notes=list(cost.notes)
         + _strategy_notes(cost, top[0].candidate.strategy)
+        + [request.device_note] * bool(request.device_note)
         + _backend_notes(setup)
         + _expert_notes(cost, request),
         evaluated=evaluated,

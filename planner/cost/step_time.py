@@ -59,7 +59,8 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   priced: their activations for ep x the tokens on that rank);
 - optimizer step, after the pipeline and the exposed data-parallel time: every model state read
   and written once by memory bandwidth, plus one update op (the device's fixed cost per op,
-  launch and dispatch) per parameter.
+  launch and dispatch) per parameter; under ``sequential`` each rank's optimizer holds every
+  stage's parameters (the whole model runs on every rank), so it pays the fixed cost for all.
 
 Memory is that of the most loaded stage: model states (ZeRO over dp) plus activations for the
 micro-batches in flight (1F1B and VPP: stage k holds min(pp - k, m); otherwise one).
@@ -366,6 +367,14 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
     pipeline_s, bubble_s = _pipeline_time(strategy, [s.time_s for s in stages])
     dp_s = max(t for t, _ in dp)
     optimizer_s = max(s.optimizer_s(setup.device) for s in stages)
+    if strategy.schedule == "sequential":
+        # The sequential schedule runs the whole model on every rank (stage hand-off hooks, no
+        # PipelineModel): each rank's optimizer holds every parameter and calls its update, the
+        # other stages' skipped by Paddle but each still dispatched (one fixed op cost each).
+        tensors = sum(s.param_tensors for s in stages)
+        optimizer_s = max(
+            s.optimizer_s(setup.device) + (tensors - s.param_tensors) * fixed_op_time(setup.device) for s in stages
+        )
     step = pipeline_s + dp_s + optimizer_s
     # 1F1B: stage k holds the activations of min(pp - k, m) micro-batches; otherwise of one.
     in_flight = [min(pp - k, m) if strategy.schedule in ("1F1B", "VPP") else 1 for k in range(pp)]
