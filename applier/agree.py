@@ -1,4 +1,4 @@
-"""All ranks agree on plan and model before anything is sharded, or every rank stops.
+"""All ranks agree on plan and model before anything is sharded, and on the outcome after, or every rank stops.
 
 A job's ranks can each hold a different checkout: another plan file, a plan with other data
 sharding, a model of another size. Each rank's own checks cannot see that, and the first
@@ -6,46 +6,60 @@ collective then hangs or fails with a backend timeout that names nothing. So aft
 checks, every rank contributes one small record -- a digest of its plan, a digest of its model's
 parameter table, its own problems -- and rank 0 compares them:
 
-- all records equal and no problems: ``agree`` returns and sharding starts;
+- all records equal and no problems: :func:`agree` returns an open :class:`Agreement` and
+  sharding starts;
 - otherwise every rank raises the same :class:`~autodist.schemas.PlanError`, naming which ranks
   differ and how (different plan, different model, failed validation);
 - a rank that never arrives (dead, or stuck before ``apply_plan``) is named after a timeout
   (``timeout_s``, default :data:`DEFAULT_TIMEOUT_S`, or ``AUTODIST_AGREE_TIMEOUT`` seconds);
   a rank that loses rank 0 mid-way says so at once.
 
-The exchange is a plain TCP conversation, one JSON line each way (docs/paddle-notes.md, "The
-agreement step"). Rank 0 listens on the job's master port + 1 (or ``AUTODIST_AGREE_PORT``);
-every other rank connects, sends its record and waits for the verdict::
+Then the ranks apply the plan, each on its own, with the connections kept open; before the
+first collective they meet once more (:meth:`Agreement.settle`, through :func:`applying`): a
+rank that raised while applying tells the others, a rank that died is seen by its connection
+closing, and every rank raises (the failed one its own error, the others a ``PlanError`` naming
+it) instead of waiting in a collective its peer never joins.
 
-    rank r > 0                           rank 0
-    connect (retry while refused) ---->  accept, until all world - 1 records or the deadline
-                                  <----  "autodist agreement"        (else: not rank 0, retry)
-    {"call": n, "record": {...}}  ---->  decide
-                                  <----  {"verdict": [problems]}      (to every rank that came)
-    "ack" (it holds the verdict)  ---->  wait for every ack (or that rank's socket closing)
-    raise or return                      raise or return
+The exchange is a plain TCP conversation, one line each way (docs/paddle-notes.md, "The
+agreement step"). Rank 0 listens on the job's master address, port + 1 (or
+``AUTODIST_AGREE_PORT``; the address ``AUTODIST_AGREE_BIND``); every other rank connects::
 
-The last step is what makes the verdict reach every rank. Rank 0 raising is the job failing:
-``paddle.distributed.launch`` stops all other ranks within about a second of the first one
-exiting non-zero (docs/paddle-notes.md), and a rank killed before it read the verdict never
-reports it, while one that outlives rank 0 unread would report a lost connection instead. So
-rank 0 leaves only once each rank that arrived holds the verdict: not after a fixed grace, but
-when its acknowledgement arrives, or its connection closes (it died), or -- for a rank alive but
-frozen -- after ``timeout_s`` more. A rank > 0 acknowledges only after it has the whole verdict,
-and nothing it receives later can replace it.
+    rank r > 0                                rank 0
+    connect (retry while refused)  ---->  accept, until all world - 1 records or the deadline
+                                   <----  greeting: a fresh nonce, signed
+    its record and nonce, signed   ---->  decide
+                                   <----  the verdict, signed            (to every rank that came)
+    ack, signed                    ---->  wait for every ack (or that rank's connection closing)
+    raise, or apply the plan              raise, or apply the plan
+    "applied" or its failure       ---->  ...   (the same three steps again: Agreement.settle)
 
-Every wait is a ``select``/socket timeout on a deadline: nothing polls, except a rank that
-arrives before rank 0 listens, which retries the refused connection after 2 ms, doubling up to
-50 ms. Rank 0 speaks first because nothing reserves its port: a rank that reached another
-program there sends it nothing, hangs up on it after 2 s of silence and tries again (naming the
-port at the deadline). Paddle's own stores are not used: its global store blocks, holding the GIL, until every
+Every message is signed with an HMAC under the job's key (jobkey.py) over both nonces and the
+round, so only the job's ranks take part: a record or verdict from any other process, or one
+replayed from another connection, another round or another job, fails the check and is dropped.
+A rank sends nothing until rank 0's greeting checks out (a stranger on the port is hung up on
+and named at the deadline), and rank 0 keeps only connections that send a signed record within
+:data:`PENDING_WAIT_S`, at most :data:`MAX_PENDING` at a time (the oldest goes first, also when
+descriptors run out), so a flood of connections costs a bounded amount of memory and CPU.
+
+The last step of each round is what makes the verdict reach every rank. Rank 0 raising is the
+job failing: ``paddle.distributed.launch`` stops all other ranks within about a second of the
+first one exiting non-zero (docs/paddle-notes.md), and a rank killed before it read the verdict
+never reports it, while one that outlives rank 0 unread would report a lost connection instead.
+So rank 0 leaves only once each rank that arrived holds the verdict: when its acknowledgement
+arrives, or its connection closes (it died), or -- for a rank alive but frozen -- after
+``timeout_s`` more. A rank > 0 acknowledges only after it has the whole verdict, and nothing it
+receives later can replace it.
+
+Every wait is a ``select``/socket timeout on one deadline, whatever the peer sends: nothing
+polls, except a rank that arrives before rank 0 listens, which retries after 2 ms, doubling up
+to 50 ms. Paddle's own stores are not used: its global store blocks, holding the GIL, until every
 rank connects -- the hang this step exists to prevent -- and its ``core.TCPStore`` has waits
 without deadlines and aborts the process in some failures (docs/paddle-notes.md).
 
 Example::
 
     >>> record = Record(1, "plan.json", digest(plan_bytes), model_digest)   # doctest: +SKIP
-    >>> agree(record, rank=1, world=2, timeout_s=300)                       # doctest: +SKIP
+    >>> agreement = agree(record, rank=1, world=2, timeout_s=300)           # doctest: +SKIP
     PlanError: plan: invalid plan: ranks disagree: different plan: rank 0 ... ; rank 1 ...
 """
 
@@ -53,14 +67,19 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import itertools
 import json
 import os
+import secrets
 import selectors
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
+from autodist.applier.jobkey import new_key, read_key, remove_key
 from autodist.schemas import PlanError
 
 #: Seconds a rank waits for the others; generous, since ranks reach apply_plan at different
@@ -69,6 +88,9 @@ DEFAULT_TIMEOUT_S = 300.0
 TIMEOUT_ENV = "AUTODIST_AGREE_TIMEOUT"
 #: The agreement port; default: the job's master port + 1.
 PORT_ENV = "AUTODIST_AGREE_PORT"
+#: The address rank 0 listens on; default: the job's master address (never all interfaces
+#: unless set to 0.0.0.0).
+BIND_ENV = "AUTODIST_AGREE_BIND"
 #: A rank that finds nothing listening yet tries again after this long, doubling up to the max.
 RETRY_MIN_S = 0.002
 RETRY_MAX_S = 0.05
@@ -77,14 +99,23 @@ RETRY_MAX_S = 0.05
 VERDICT_GRACE_S = 10.0
 #: The longest message accepted (a record is two digests, a path and the problem lines).
 MAX_MESSAGE_BYTES = 1 << 20
-#: Rank 0 greets each connection with this line, so a rank that reached another program on
-#: the port (which may never answer) notices, hangs up, and tries again, sending it nothing.
-GREETING = b"autodist agreement\n"
-#: How long a rank waits for the greeting before it hangs up and tries again (harmless if rank
-#: 0 was merely slow: it drops the closed connection and accepts the next one).
+#: How long rank 0 keeps a connection that has not sent a signed record (a rank sends it as
+#: soon as it is greeted), and how many such connections it keeps at once: the oldest goes first.
+#: So strangers' connections cost at most MAX_PENDING * MAX_MESSAGE_BYTES of memory.
+PENDING_WAIT_S = 2.0
+MAX_PENDING = 16
+#: When accept() fails for want of descriptors and no pending connection can be dropped, rank 0
+#: stops accepting for this long instead of spinning.
+ACCEPT_PAUSE_S = 0.05
+#: How long a rank waits for rank 0's greeting before it hangs up and tries again (harmless if
+#: rank 0 was merely slow: it drops the closed connection and accepts the next one).
 GREETING_WAIT_S = 2.0
-ACK = b"ack\n"
+PROTOCOL = b"autodist agreement 2"
+_NONCE_BYTES = 16
+#: Rank 0's greeting: the protocol, a fresh nonce for this connection, and its signature.
+GREETING_BYTES = len(PROTOCOL) + 1 + 2 * _NONCE_BYTES + 1 + 64 + 1
 _MAX_RANKS_NAMED = 8
+_RECORD_FIELDS = {"rank", "plan_source", "plan_digest", "model_digest", "problems"}
 
 #: The n-th apply_plan call of each rank meets the n-th call of the others.
 _CALLS = itertools.count()
@@ -129,53 +160,177 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def agree(record: Record, rank: int, world: int, timeout_s: float) -> None:
-    """Meet the other ranks; return when all of them bring the same plan and model and found no
-    problem, else raise the same :class:`PlanError` on every rank."""
+def agree(record: Record, rank: int, world: int, timeout_s: float) -> Agreement:
+    """Meet the other ranks; return an open :class:`Agreement` when all of them bring the same
+    plan and model and found no problem, else raise the same :class:`PlanError` on every rank."""
     if world <= 1:
-        verdict = record.problems
-    elif rank == 0:
-        verdict = _host(record, world, next(_CALLS), timeout_s)
-    else:
-        verdict = _join(record, next(_CALLS), timeout_s)
-    if verdict:
-        raise PlanError(verdict, source=record.plan_source)
+        if record.problems:
+            raise PlanError(record.problems, source=record.plan_source)
+        return Agreement(b"", rank, world, timeout_s, record.plan_source, [])
+    if rank == 0:
+        return _host(record, world, next(_CALLS), timeout_s)
+    return _join(record, world, next(_CALLS), timeout_s)
+
+
+@dataclass
+class _Link:
+    """One authenticated connection: to a rank > 0 (on rank 0), or to rank 0."""
+
+    conn: socket.socket
+    rank: int  # the rank at the other end
+    #: Both nonces: every message after the record is signed over them and its round.
+    nonces: bytes
+
+    def context(self, round_: int) -> bytes:
+        return self.nonces + round_.to_bytes(4, "big")
+
+
+class Agreement:
+    """The ranks' connections, kept open from the agreement until they settle."""
+
+    def __init__(
+        self, key: bytes, rank: int, world: int, timeout_s: float, source: str, links: list[_Link], key_file=None
+    ):
+        self.key, self.rank, self.world, self.timeout_s, self.source = key, rank, world, timeout_s, source
+        self.links, self.key_file = links, key_file
+        self.settled = False
+
+    def settle(self, failure: BaseException | None = None) -> None:
+        """Meet the other ranks once this rank applied the plan (``failure``: or failed to).
+        Return when every rank applied it; else raise one :class:`PlanError` naming the ranks
+        that failed, died or froze -- except on a rank that failed itself, which returns
+        (telling the others was the point; its own error follows)."""
+        if self.settled:
+            return
+        self.settled = True
+        mine = [] if failure is None else [f"rank {self.rank} failed while applying the plan: {_describe(failure)}"]
+        try:
+            if self.world <= 1:
+                verdict = mine
+            elif self.rank == 0:
+                verdict = _settle_host(self, mine)
+            else:
+                verdict = _settle_join(self, mine)
+        except Exception:  # settling after a failure must not hide the failure
+            if failure is None:
+                raise
+            return
+        finally:
+            self.close()
+        if verdict and failure is None:
+            raise PlanError(verdict, source=self.source)
+
+    def close(self) -> None:
+        for link in self.links:
+            link.conn.close()
+        remove_key(self.key_file, self.key)
+        self.key_file = None
+
+
+@contextmanager
+def applying(agreement: Agreement) -> Iterator[Agreement]:
+    """Apply the plan inside: if the body raises, the other ranks hear of it before the error
+    propagates; when it ends, every rank settles (unless the body did already, before its
+    first collective, with ``agreement.settle()``)."""
+    try:
+        yield agreement
+    except BaseException as exc:
+        agreement.settle(failure=exc)
+        raise
+    agreement.settle()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"[:500] if text else type(exc).__name__
+
+
+# -- signed messages ----------------------------------------------------------------------------------
+
+
+def _sign(key: bytes, kind: str, context: bytes, payload: bytes) -> bytes:
+    message = b"\0".join([PROTOCOL, kind.encode(), context, payload])
+    return hmac.new(key, message, hashlib.sha256).hexdigest().encode()
+
+
+def _sealed(key: bytes, kind: str, context: bytes, payload: bytes) -> bytes:
+    """One line: the signature, a space, the payload (JSON: no newline in it)."""
+    return _sign(key, kind, context, payload) + b" " + payload + b"\n"
+
+
+def _unsealed(key: bytes, kind: str, context: bytes, line: bytes) -> bytes | None:
+    """The payload of a line sealed by :func:`_sealed` with the same key, kind and context; else None."""
+    mac, sep, payload = line.rstrip(b"\n").partition(b" ")
+    return payload if sep and hmac.compare_digest(mac, _sign(key, kind, context, payload)) else None
+
+
+def _greeting(key: bytes, nonce: bytes) -> bytes:
+    return PROTOCOL + b" " + nonce.hex().encode() + b" " + _sign(key, "greeting", nonce, b"") + b"\n"
+
+
+def _json(payload: bytes):
+    """JSON without NaN or Infinity (``"call": Infinity`` is malformed, not a number)."""
+    return json.loads(payload, parse_constant=_no_constant)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number here")
 
 
 # -- rank 0 gathers the records, decides, and waits until every rank holds the verdict ----------
 
 
-def _host(record: Record, world: int, call: int, timeout_s: float) -> list[str]:
+@dataclass
+class _Pending:
+    """A connection rank 0 greeted that has not yet sent a signed record."""
+
+    nonce: bytes
+    deadline: float
+    buffer: bytearray = field(default_factory=bytearray)
+
+
+def _host(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
     host, port = master_endpoint()
+    key, key_file = new_key(_master())
     try:
-        listener = _listen(host, port, backlog=world)
+        listener = _listen(os.environ.get(BIND_ENV) or host, port)
     except OSError as err:
+        remove_key(key_file, key)
+        hint = (
+            f"{host} is not an address of this machine; set {BIND_ENV} to one (0.0.0.0: all interfaces)"
+            if err.errno == errno.EADDRNOTAVAIL
+            else f"set {PORT_ENV} to a free port on every rank"
+        )
         raise PlanError(
-            f"agreement: rank 0 cannot listen on port {port} ({err.strerror or err}); set {PORT_ENV} "
-            "to a free port on every rank",
+            f"agreement: rank 0 cannot listen on port {port} ({err.strerror or err}); {hint}",
             source=record.plan_source,
         ) from None
-    with listener, selectors.DefaultSelector() as selector:
-        peers = _gather(listener, selector, record, world, call, time.monotonic() + timeout_s)
-        listener.close()  # a later call's ranks must not reach this one
-        records = sorted([record, *peers.values()], key=lambda r: r.rank)
-        verdict = verdict_problems(records, _missing(peers, world), world, timeout_s)
-        _deliver(selector, peers, verdict, time.monotonic() + timeout_s)
-    return verdict
+    came: dict[int, tuple[_Link, Record]] = {}
+    agreement = Agreement(key, 0, world, timeout_s, record.plan_source, [], key_file)
+    try:
+        with listener, selectors.DefaultSelector() as selector:
+            malformed = _gather(listener, selector, key, came, world, call, time.monotonic() + timeout_s)
+            listener.close()  # a later call's ranks must not reach this one
+            agreement.links = [link for link, _ in came.values()]
+            records = sorted([record, *(r for _, r in came.values())], key=lambda r: r.rank)
+            verdict = verdict_problems(records, _missing(came, world), world, timeout_s) + malformed
+            _deliver(selector, key, agreement.links, 0, verdict, time.monotonic() + timeout_s)
+    except BaseException:
+        agreement.close()
+        raise
+    if verdict:
+        agreement.close()
+        raise PlanError(verdict, source=record.plan_source)
+    return agreement
 
 
-def _listen(host: str, port: int, backlog: int) -> socket.socket:
-    """A listening socket on rank 0's own address (loopback when the job is on loopback)."""
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host`` (rank 0's own address: loopback when the job is on loopback)."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            listener.bind((host, port))
-        except OSError as err:  # the master's address is not one of this host's (NAT): all of them
-            if err.errno != errno.EADDRNOTAVAIL:
-                raise
-            listener.bind(("", port))
-        listener.listen(backlog)
+        listener.bind((host, port))
+        listener.listen(128)
         listener.setblocking(False)
     except OSError:
         listener.close()
@@ -183,44 +338,92 @@ def _listen(host: str, port: int, backlog: int) -> socket.socket:
     return listener
 
 
-def _gather(listener, selector, mine: Record, world: int, call: int, deadline: float) -> dict:
-    """Accept ranks and read their records until all ``world - 1`` came or ``deadline`` passed.
-    Returns ``{connection: record}`` for the ranks that came."""
+def _gather(listener, selector, key: bytes, came: dict, world: int, call: int, deadline: float) -> list[str]:
+    """Accept connections and read signed records into ``came`` (``{rank: (link, record)}``)
+    until all ``world - 1`` ranks came or ``deadline`` passed. Returns the problems of records
+    that were signed with the job's key but malformed (each counts as a rank that came)."""
     selector.register(listener, selectors.EVENT_READ)
-    buffers: dict[socket.socket, bytearray] = {}
-    peers: dict[socket.socket, Record] = {}
-    while len(peers) < world - 1 and time.monotonic() < deadline:
-        for key, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
-            if key.fileobj is listener:
-                try:
-                    conn, _ = listener.accept()
-                except OSError:
-                    continue
-                try:
-                    conn.sendall(GREETING)  # a few bytes into an empty socket buffer
-                except OSError:
-                    conn.close()
-                    continue
-                conn.setblocking(False)
-                selector.register(conn, selectors.EVENT_READ)
-                buffers[conn] = bytearray()
+    pending: dict[socket.socket, _Pending] = {}  # oldest first
+    malformed: list[str] = []
+    paused_until = 0.0
+    while len(came) + len(malformed) < world - 1 and (now := time.monotonic()) < deadline:
+        if paused_until and now >= paused_until:
+            selector.register(listener, selectors.EVENT_READ)
+            paused_until = 0.0
+        for conn in [c for c, p in pending.items() if p.deadline <= now]:  # too slow: not a rank
+            _drop(selector, pending, conn)
+        wake = min([deadline, *(p.deadline for p in pending.values()), *([paused_until] if paused_until else [])])
+        for ready, _ in selector.select(timeout=max(0.0, wake - now)):
+            if ready.fileobj is listener:
+                if not _accept(listener, selector, key, pending):
+                    selector.unregister(listener)  # out of descriptors, none of ours to free: wait
+                    paused_until = time.monotonic() + ACCEPT_PAUSE_S
                 continue
-            conn = key.fileobj
-            line = _read_line(conn, buffers[conn])
+            conn = ready.fileobj
+            if conn not in pending:  # dropped earlier in this batch
+                continue
+            line = _read_line(conn, pending[conn].buffer)
             if line is None:
                 continue
+            nonce = pending[conn].nonce
             selector.unregister(conn)
-            del buffers[conn]
-            peer = _parse_hello(line, world, call, mine, peers.values())
-            if peer is None:  # closed before a whole record, or not one of ours
+            del pending[conn]
+            payload = _unsealed(key, "record", nonce, line) if line else None
+            if payload is None:  # closed, or not signed with the job's key: not one of its ranks
                 conn.close()
-            else:
-                peers[conn] = peer
-    selector.unregister(listener)
-    for conn in buffers:  # came, but sent no whole record in time: counted as missing
-        selector.unregister(conn)
+                continue
+            hello = _parse_hello(payload, world)
+            if isinstance(hello, str):
+                malformed.append(hello)
+                conn.close()
+                continue
+            their_call, their_nonce, peer = hello
+            if their_call != call:  # a rank that called apply_plan another number of times than rank 0
+                problem = f"agreement: this is its apply_plan call {their_call + 1}, rank 0's call {call + 1}"
+                peer = replace(peer, problems=[*peer.problems, problem])
+            if peer.rank in came:  # the same rank again (it gave up on a slow greeting): keep the newer
+                came[peer.rank][0].conn.close()
+            came[peer.rank] = (_Link(conn, peer.rank, nonce + their_nonce), peer)
+    if listener in selector.get_map():
+        selector.unregister(listener)
+    for conn in list(pending):  # came, but sent no signed record in time: not counted
+        _drop(selector, pending, conn)
+    return malformed
+
+
+def _accept(listener: socket.socket, selector, key: bytes, pending: dict) -> bool:
+    """Accept one connection and greet it. False when descriptors ran out and no pending
+    connection was left to drop for one."""
+    try:
+        conn, _ = listener.accept()
+    except OSError as err:
+        if err.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            return True  # that connection is gone (reset before accepted): nothing to do
+        if not pending:
+            return False
+        _drop(selector, pending, next(iter(pending)))  # the oldest: frees a descriptor
+        return True
+    if len(pending) >= MAX_PENDING:
+        _drop(selector, pending, next(iter(pending)))
+    nonce = secrets.token_bytes(_NONCE_BYTES)
+    greeting = _greeting(key, nonce)
+    try:
+        conn.setblocking(False)
+        sent = conn.send(greeting)  # a few bytes into an empty socket buffer
+    except OSError:
+        sent = 0
+    if sent != len(greeting):
         conn.close()
-    return peers
+        return True
+    selector.register(conn, selectors.EVENT_READ)
+    pending[conn] = _Pending(nonce, time.monotonic() + PENDING_WAIT_S)
+    return True
+
+
+def _drop(selector, pending: dict, conn: socket.socket) -> None:
+    selector.unregister(conn)
+    del pending[conn]
+    conn.close()
 
 
 def _read_line(conn: socket.socket, buffer: bytearray) -> bytes | None:
@@ -239,54 +442,99 @@ def _read_line(conn: socket.socket, buffer: bytearray) -> bytes | None:
     return bytes(buffer[: end + 1]) if end >= 0 else None
 
 
-def _parse_hello(line: bytes, world: int, call: int, mine: Record, others) -> Record | None:
-    """The record in one rank's first line, or None when it is not a valid one."""
+def _parse_hello(payload: bytes, world: int) -> tuple[int, bytes, Record] | str:
+    """``(call, nonce, record)`` from a rank's signed first message, or the problem with it."""
     try:
-        hello = json.loads(line)
-        record = Record(**hello["record"])
-        their_call = int(hello["call"])
-    except (ValueError, TypeError, KeyError):
-        return None
-    if not (isinstance(record.rank, int) and 0 < record.rank < world and isinstance(record.problems, list)):
-        return None
-    texts = [record.plan_source, record.plan_digest, record.model_digest, *record.problems]
-    if not all(isinstance(text, str) for text in texts) or record.rank in {mine.rank, *(r.rank for r in others)}:
-        return None
-    if their_call != call:  # a rank that called apply_plan another number of times than rank 0
-        problem = f"agreement: this is its apply_plan call {their_call + 1}, rank 0's call {call + 1}"
-        return replace(record, problems=[*record.problems, problem])
-    return record
+        hello = _json(payload)
+        call, nonce, fields = hello["call"], bytes.fromhex(hello["nonce"]), hello["record"]
+        if type(call) is not int or not 0 <= call < 1 << 31 or len(nonce) != _NONCE_BYTES:
+            raise ValueError(f"call {call!r}, a nonce of {len(nonce)} bytes")
+        if set(fields) != _RECORD_FIELDS:
+            raise ValueError(f"fields {sorted(fields)}")
+        record = Record(**fields)
+        if type(record.rank) is not int or not 0 < record.rank < world:
+            raise ValueError(f"rank {record.rank!r} of {world}")
+        texts = [record.plan_source, record.plan_digest, record.model_digest]
+        if not isinstance(record.problems, list) or not all(isinstance(t, str) for t in [*texts, *record.problems]):
+            raise ValueError("a field that is not text")
+    except Exception as err:  # whatever the JSON holds: TypeError, KeyError, RecursionError...
+        return (
+            f"agreement: a rank sent a malformed record ({_describe(err)}); do all ranks run the same autodist version?"
+        )
+    return call, nonce, record
 
 
-def _missing(peers: dict, world: int) -> list[int]:
-    came = {r.rank for r in peers.values()}
+def _missing(came: dict, world: int) -> list[int]:
     return [r for r in range(1, world) if r not in came]
 
 
-def _deliver(selector, peers: dict, verdict: list[str], deadline: float) -> None:
-    """Send every rank that came the verdict, then wait until each acknowledged it, its
-    connection closed (it died: nothing more to wait for), or ``deadline`` passed (frozen)."""
-    message = json.dumps({"verdict": verdict}).encode() + b"\n"
-    for conn in peers:
+def _deliver(selector, key: bytes, links: list[_Link], round_: int, verdict: list[str], deadline: float) -> None:
+    """Send every linked rank the verdict, then wait until each acknowledged it, its connection
+    closed (it died: nothing more to wait for), or ``deadline`` passed (frozen)."""
+    payload = json.dumps({"verdict": verdict}).encode()
+    waiting: dict[socket.socket, bytearray] = {}
+    for link in links:
         try:
-            conn.setblocking(True)
-            conn.settimeout(max(0.001, deadline - time.monotonic()))
-            conn.sendall(message)
-            conn.setblocking(False)
-            selector.register(conn, selectors.EVENT_READ)
+            link.conn.setblocking(True)
+            link.conn.settimeout(max(0.001, deadline - time.monotonic()))
+            link.conn.sendall(_sealed(key, "verdict", link.context(round_), payload))
+            link.conn.setblocking(False)
         except OSError:
-            conn.close()
-    buffers = {key.fileobj: bytearray() for key in selector.get_map().values()}
-    while buffers and time.monotonic() < deadline:
-        for key, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
-            conn = key.fileobj
-            if _read_line(conn, buffers[conn]) is not None:
+            continue
+        selector.register(link.conn, selectors.EVENT_READ)
+        waiting[link.conn] = bytearray()
+    while waiting and time.monotonic() < deadline:
+        for ready, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            conn = ready.fileobj
+            if _read_line(conn, waiting[conn]) is not None:  # the ack, or the connection closed
                 selector.unregister(conn)
-                del buffers[conn]
-                conn.close()
-    for conn in buffers:
+                del waiting[conn]
+    for conn in waiting:
         selector.unregister(conn)
-        conn.close()
+
+
+def _settle_host(agreement: Agreement, mine: list[str]) -> list[str]:
+    """Rank 0's side of :meth:`Agreement.settle`: every rank's report, then the verdict."""
+    deadline = time.monotonic() + agreement.timeout_s
+    reports: dict[int, list[str] | None] = {}  # None: the connection closed, or carried no signed report
+    with selectors.DefaultSelector() as selector:
+        waiting: dict[socket.socket, tuple[_Link, bytearray]] = {}
+        for link in agreement.links:
+            link.conn.setblocking(False)
+            selector.register(link.conn, selectors.EVENT_READ)
+            waiting[link.conn] = (link, bytearray())
+        while waiting and time.monotonic() < deadline:
+            for ready, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
+                link, buffer = waiting[ready.fileobj]
+                line = _read_line(link.conn, buffer)
+                if line is None:
+                    continue
+                selector.unregister(link.conn)
+                del waiting[link.conn]
+                reports[link.rank] = _parse_report(_unsealed(agreement.key, "report", link.context(1), line))
+        for conn in waiting:
+            selector.unregister(conn)
+        verdict = list(mine)
+        for link in sorted(agreement.links, key=lambda link: link.rank):
+            if link.rank not in reports:
+                verdict.append(
+                    f"rank {link.rank} did not finish applying the plan within {agreement.timeout_s:g} s (stuck?); "
+                    f"set {TIMEOUT_ENV} to wait longer"
+                )
+            elif reports[link.rank] is None:
+                verdict.append(f"rank {link.rank} lost its connection to rank 0 while applying the plan (died?)")
+            else:
+                verdict.extend(reports[link.rank] or [])
+        _deliver(selector, agreement.key, agreement.links, 1, verdict, time.monotonic() + agreement.timeout_s)
+    return verdict
+
+
+def _parse_report(payload: bytes | None) -> list[str] | None:
+    try:
+        problems = _json(payload)["problems"] if payload is not None else None
+    except Exception:
+        return None
+    return problems if isinstance(problems, list) and all(isinstance(p, str) for p in problems) else None
 
 
 def verdict_problems(records: list[Record], missing: list[int], world: int, timeout_s: float) -> list[str]:
@@ -349,13 +597,14 @@ def _ranks(ranks: list[int]) -> str:
 # -- every other rank sends its record and waits for the verdict ----------------------------------
 
 
-def _join(record: Record, call: int, timeout_s: float) -> list[str]:
+def _join(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
     host, port = master_endpoint()
     deadline = time.monotonic() + timeout_s
-    conn, stranger = _connect(host, port, deadline)
+    conn, nonce, key, stranger = _connect(host, port, _master(), deadline)
     if conn is None:
         why = (
-            f"something other than autodist listens on {host}:{port}; set {PORT_ENV} to a free port on every rank"
+            f"something other than this job's rank 0 listens on {host}:{port}; set {PORT_ENV} to a free port on "
+            "every rank"
             if stranger
             else f"nothing listens on {host}:{port}; dead, stuck, or another plan?"
         )
@@ -364,62 +613,98 @@ def _join(record: Record, call: int, timeout_s: float) -> list[str]:
             f"set {TIMEOUT_ENV} to wait longer",
             source=record.plan_source,
         )
-    with conn:
-        try:
-            conn.settimeout(timeout_s)
-            conn.sendall(json.dumps({"call": call, "record": asdict(record)}).encode() + b"\n")
-            # Rank 0 decides by its own deadline, which is at most timeout_s after it listened.
-            verdict = _await_verdict(conn, time.monotonic() + timeout_s + VERDICT_GRACE_S, timeout_s)
-        except OSError as exc:  # reset or broken: rank 0 is gone
-            verdict = [_lost(exc)]
-        try:
-            conn.sendall(ACK)  # this rank holds the verdict: rank 0 may leave
-        except OSError:
-            pass
+    mine = secrets.token_bytes(_NONCE_BYTES)
+    link = _Link(conn, 0, nonce + mine)
+    agreement = Agreement(key, record.rank, world, timeout_s, record.plan_source, [link])
+    hello = json.dumps({"call": call, "nonce": mine.hex(), "record": asdict(record)}).encode()
+    verdict = _exchange(agreement, _sealed(key, "record", nonce, hello), 0)
+    if verdict:
+        agreement.close()
+        raise PlanError(verdict, source=record.plan_source)
+    return agreement
+
+
+def _settle_join(agreement: Agreement, mine: list[str]) -> list[str]:
+    """A rank > 0's side of :meth:`Agreement.settle`: its report, then rank 0's verdict."""
+    (link,) = agreement.links
+    report = _sealed(agreement.key, "report", link.context(1), json.dumps({"problems": mine}).encode())
+    return _exchange(agreement, report, 1)
+
+
+def _exchange(agreement: Agreement, message: bytes, round_: int) -> list[str]:
+    """Send ``message`` to rank 0, wait for its verdict of this round and acknowledge it."""
+    (link,) = agreement.links
+    timeout_s = agreement.timeout_s
+    try:
+        link.conn.settimeout(timeout_s)
+        link.conn.sendall(message)
+        # Rank 0 decides by its own deadline, which is at most timeout_s after it listened.
+        deadline = time.monotonic() + timeout_s + VERDICT_GRACE_S
+        verdict = _await_verdict(link.conn, agreement.key, link.context(round_), deadline, timeout_s)
+    except OSError as exc:  # reset or broken: rank 0 is gone
+        verdict = [_lost(exc)]
+    try:
+        link.conn.settimeout(1.0)
+        link.conn.sendall(_sealed(agreement.key, "ack", link.context(round_), b"{}"))  # rank 0 may leave
+    except OSError:
+        pass
     return verdict
 
 
-def _connect(host: str, port: int, deadline: float) -> tuple[socket.socket | None, bool]:
-    """A connection to rank 0 that greeted us, retried while refused (rank 0 not listening
-    yet) or not greeted, until ``deadline``. Returns (None, whether a stranger answered) when
-    none came."""
+def _connect(host: str, port: int, master: str, deadline: float):
+    """``(connection, rank 0's nonce, key, False)``: a connection to rank 0 whose greeting is
+    signed with the job's key, retried while refused (rank 0 not listening yet) or not greeted,
+    until ``deadline``. ``(None, None, None, whether a stranger answered)`` when none came."""
     wait, stranger = RETRY_MIN_S, False
     while True:
+        key = read_key(master)  # None until rank 0 wrote it (it does before it listens)
         conn = None
-        try:
-            conn = socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic())))
-            if _greeted(conn, min(GREETING_WAIT_S, deadline - time.monotonic())):
-                return conn, False
-            stranger = True
-        except OSError:  # refused: not listening (yet)
-            stranger = False
-        if conn is not None:
-            conn.close()
+        if key is not None:
+            try:
+                conn = socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic())))
+                nonce = _greeted(conn, key, min(time.monotonic() + GREETING_WAIT_S, deadline))
+                if nonce is not None:
+                    return conn, nonce, key, False
+                stranger = True
+            except OSError:  # refused: not listening (yet)
+                stranger = False
+            if conn is not None:
+                conn.close()
         if time.monotonic() + wait > deadline:
-            return None, stranger
+            return None, None, None, stranger
         time.sleep(wait)
         wait = min(2 * wait, RETRY_MAX_S)
 
 
-def _greeted(conn: socket.socket, wait_s: float) -> bool:
-    """Whether ``conn`` starts with rank 0's greeting within ``wait_s``."""
+def _greeted(conn: socket.socket, key: bytes, deadline: float) -> bytes | None:
+    """Rank 0's nonce, when ``conn`` starts with its signed greeting before ``deadline``: one
+    deadline for the whole greeting, however the bytes trickle in."""
     received = b""
-    conn.settimeout(max(0.001, wait_s))
+    while len(received) < GREETING_BYTES:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        conn.settimeout(remaining)
+        try:
+            chunk = conn.recv(GREETING_BYTES - len(received))
+        except TimeoutError:
+            return None
+        if not chunk:
+            return None
+        received += chunk
+    protocol, _, rest = received.rstrip(b"\n").rpartition(b" ")
+    head, _, nonce_hex = protocol.rpartition(b" ")
     try:
-        while len(received) < len(GREETING):
-            chunk = conn.recv(len(GREETING) - len(received))
-            if not chunk:
-                return False
-            received += chunk
-    except TimeoutError:
-        return False
-    return received == GREETING
+        nonce = bytes.fromhex(nonce_hex.decode("ascii"))
+    except ValueError:
+        return None
+    return nonce if head == PROTOCOL and hmac.compare_digest(received, _greeting(key, nonce)) else None
 
 
-def _await_verdict(conn: socket.socket, deadline: float, timeout_s: float) -> list[str]:
-    """Rank 0's verdict on ``conn``: the problems every rank raises (empty: all agree)."""
+def _await_verdict(conn: socket.socket, key: bytes, context: bytes, deadline: float, timeout_s: float) -> list[str]:
+    """Rank 0's signed verdict on ``conn``: the problems every rank raises (empty: all agree)."""
     buffer = bytearray()
-    while not buffer.endswith(b"\n"):
+    while b"\n" not in buffer:
         conn.settimeout(max(0.001, deadline - time.monotonic()))
         try:
             chunk = conn.recv(65536)
@@ -430,15 +715,16 @@ def _await_verdict(conn: socket.socket, deadline: float, timeout_s: float) -> li
         if len(buffer) + len(chunk) > MAX_MESSAGE_BYTES:
             break
         buffer += chunk
+    line = bytes(buffer[: buffer.find(b"\n") + 1])
     try:
-        verdict = json.loads(buffer)["verdict"]
+        verdict = _json(_unsealed(key, "verdict", context, line) or b"")["verdict"]
         if isinstance(verdict, list) and all(isinstance(p, str) for p in verdict):
             return verdict
-    except (ValueError, TypeError, KeyError):
+    except Exception:
         pass
     return [
-        f"agreement: the agreement port answered with something other than rank 0's verdict "
-        f"(another program on it?); set {PORT_ENV} to a free port on every rank"
+        "agreement: the connection to rank 0 carried something other than its signed verdict (another "
+        f"program on the port, or tampered with?); set {PORT_ENV} to a free port on every rank"
     ]
 
 
@@ -453,12 +739,16 @@ def _lost(exc: Exception) -> str:
 # -- where rank 0 listens ---------------------------------------------------------------------------
 
 
+def _master() -> str:
+    """The job's master endpoint ``host:port``: ``PADDLE_MASTER`` (set by Paddle's launcher) or
+    else the first of ``PADDLE_TRAINER_ENDPOINTS``, as Paddle's own store finds its master."""
+    return os.environ.get("PADDLE_MASTER") or os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
+
+
 def master_endpoint() -> tuple[str, int]:
-    """Rank 0's host and the agreement port: ``PADDLE_MASTER`` (set by Paddle's launcher) or else
-    the first of ``PADDLE_TRAINER_ENDPOINTS``, as Paddle's own store finds its master; the port
-    is ``AUTODIST_AGREE_PORT`` or that port + 1."""
-    endpoint = os.environ.get("PADDLE_MASTER") or os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
-    host, _, port = endpoint.rpartition(":")
+    """Rank 0's host and the agreement port: the master's host (:func:`_master`); the port is
+    ``AUTODIST_AGREE_PORT`` or the master's port + 1."""
+    host, _, port = _master().rpartition(":")
     if not host or not port.isdigit():
         raise PlanError(
             "agreement: neither PADDLE_MASTER nor PADDLE_TRAINER_ENDPOINTS names rank 0's host:port; "

@@ -46,7 +46,7 @@ import paddle.distributed as dist
 from autodist.schemas import Plan, PlanError, dump_plan, load_plan, parameter_fingerprint, parameter_table
 
 from autodist.applier.accumulate import AccumulatingOptimizer, MicroBatchLoader, accumulates, step_scheduler_per_update
-from autodist.applier.agree import Record, agree, digest, timeout_from
+from autodist.applier.agree import Agreement, Record, agree, applying, digest, timeout_from
 from autodist.applier.backend import lacking, running_backend
 from autodist.applier.data import shard_loader
 from autodist.applier.experts import ExpertGradSync, ExpertGroups, dropped_parameters, runs_moe_locally, spread_experts
@@ -118,10 +118,16 @@ def apply_plan(
         plan_digest, problems = "", err.problems
     model_digest = parameter_fingerprint(parameter_table(model.named_parameters()))
     record = Record(dist.get_rank(), source, plan_digest, model_digest, problems)
-    agree(record, rank=dist.get_rank(), world=world, timeout_s=timeout_from(agree_timeout_s))
+    agreement = agree(record, rank=dist.get_rank(), world=world, timeout_s=timeout_from(agree_timeout_s))
     assert loaded is not None  # agree() raises on every rank when any rank has a problem
-    plan = loaded
+    # Each rank applies the plan on its own; a rank that fails tells the others, and all settle
+    # before the first collective (agree.py), so none waits in one its peer never joins.
+    with applying(agreement):
+        return _apply(model, optimizer, dataloader, loaded, loss_fn, reshard_fn, agreement)
 
+
+def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreement: Agreement):
+    """``apply_plan`` once every rank agreed on ``plan``: no communication until ``agreement`` settles."""
     # Expert parallelism drops the experts other ranks hold before anything is sharded.
     sharded = shard_parameters(model, plan, frozenset(dropped_parameters(plan, dist.get_rank())))
     register_hooks(model, plan, reshard_fn)
@@ -132,6 +138,7 @@ def apply_plan(
     wrap_recompute(model, plan)
     if uses_schedule(plan):
         assert loss_fn is not None  # plan_problems refused a schedule without one (pipeline_problems)
+        agreement.settle()  # the pipeline's process groups are the first collective
         model = build_pipeline(
             model, plan, loss_fn, dist.ProcessMesh(mesh_ids(plan).tolist(), plan.mesh.axes), sharded.copies
         )

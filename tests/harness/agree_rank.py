@@ -1,0 +1,60 @@
+"""One rank of an agreement-only job: ``python -m harness.agree_rank PLAN_DIGEST [fail]``.
+
+Runs the agreement step of ``apply_plan`` (applier/agree.py) as it runs there -- its own process,
+the job's ``PADDLE_*`` environment, real sockets -- but without Paddle, so a job of two starts in
+a fraction of a second: what tests/test_agree_strangers.py puts strangers up against. The rank
+brings a record with the given plan digest; with ``fail``, it raises while "applying" the plan
+after the agreement. It prints one JSON line: what it raised (or None), how long it took, its
+peak RSS and CPU time.
+
+``AGREE_RANK_NOFILE`` (TEST-ONLY) lowers this process's descriptor limit to that many above what
+it has open, as a rank of a job short of descriptors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+
+from autodist.applier.agree import Record, agree, applying
+from autodist.schemas import PlanError
+
+MODEL_DIGEST = "c" * 64
+
+
+def main(plan_digest: str, fail: bool) -> None:
+    spare = os.environ.get("AGREE_RANK_NOFILE")
+    if spare:
+        in_use = len(os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + int(spare), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    rank, world = int(os.environ["PADDLE_TRAINER_ID"]), int(os.environ["PADDLE_TRAINERS_NUM"])
+    start = time.monotonic()
+    error, message = None, ""
+    try:
+        agreement = agree(Record(rank, "plan.json", plan_digest, MODEL_DIGEST), rank, world, timeout_s=_timeout())
+        with applying(agreement):
+            if fail:
+                raise RuntimeError("TEST-ONLY: this rank failed while sharding")
+    except (PlanError, RuntimeError) as exc:
+        error, message = type(exc).__name__, str(exc)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result = {
+        "rank": rank,
+        "error": error,
+        "message": message,
+        "seconds": time.monotonic() - start,
+        "maxrss_mb": usage.ru_maxrss / 1024,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+    }
+    print(json.dumps(result), flush=True)
+
+
+def _timeout() -> float:
+    return float(os.environ["AUTODIST_AGREE_TIMEOUT"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:] == ["fail"])

@@ -1,0 +1,354 @@
+"""A stranger against a real 2-rank job: no process outside the job can sway the agreement.
+
+Each test starts two ranks, each its own process with the job's environment running the
+agreement exactly as ``apply_plan`` does (harness/agree_rank.py: the agreement without Paddle,
+so a job takes a fraction of a second), and this test process plays a stranger on the same
+machine that knows everything a plan file and ``ss -tln`` tell: the ports, the protocol, rank 0's
+plan digest. It does not have the job's key (applier/jobkey.py: here, the default, a key rank 0
+writes where only this user can read it; the stranger simply does not read it).
+
+Every rank runs under a hard timeout and is killed at the end of its test, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import ExitStack, contextmanager
+
+import pytest
+
+from harness.launcher import TESTS_DIR, base_env, free_ports
+
+pytestmark = pytest.mark.multiprocess
+
+PLAN_A, PLAN_B = "a" * 64, "b" * 64
+#: The agreement timeout of these jobs: short, so a test that fails fails in seconds.
+TIMEOUT_S = 3.0
+#: Hard limit on a rank process: the timeout, the verdict grace (agree.VERDICT_GRACE_S) and slack.
+RANK_LIMIT_S = 30.0
+
+
+class Job:
+    """Two agreement ranks on loopback; the stranger learns their ports from here."""
+
+    def __init__(self, stack: ExitStack):
+        master, other, self.port = free_ports(3)
+        self.env = {
+            "PADDLE_TRAINERS_NUM": "2",
+            "PADDLE_TRAINER_ENDPOINTS": f"127.0.0.1:{master},127.0.0.1:{other}",
+            "AUTODIST_AGREE_PORT": str(self.port),
+            "AUTODIST_AGREE_TIMEOUT": str(TIMEOUT_S),
+        }
+        self.stack = stack
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def start(self, rank: int, plan: str, fail: bool = False, **env: str) -> None:
+        environment = base_env({**self.env, "PADDLE_TRAINER_ID": str(rank), **env})
+        environment.pop("AUTODIST_AGREE_SECRET", None)  # the default: the key file
+        command = [sys.executable, "-m", "harness.agree_rank", plan, *(["fail"] if fail else [])]
+        proc = subprocess.Popen(
+            command, cwd=TESTS_DIR, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.stack.callback(_kill, proc)
+        self.procs[rank] = proc
+
+    def result(self, rank: int) -> dict:
+        """What the rank raised, once it ended (killed and failed if it outlives RANK_LIMIT_S)."""
+        proc = self.procs[rank]
+        try:
+            out, err = proc.communicate(timeout=RANK_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            pytest.fail(f"rank {rank} still running after {RANK_LIMIT_S} s")
+        assert proc.returncode == 0 and out.strip(), f"rank {rank} crashed:\n{err[-3000:]}"
+        return json.loads(out.strip().splitlines()[-1])
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
+
+
+@pytest.fixture
+def job():
+    with ExitStack() as stack:
+        yield Job(stack)
+
+
+@contextmanager
+def stranger(target, *args):
+    """Run ``target(stop, *args)`` in a thread of this process; stop and join it at the end."""
+    stop = threading.Event()
+    thread = threading.Thread(target=target, args=(stop, *args), daemon=True)
+    thread.start()
+    try:
+        yield stop
+    finally:
+        stop.set()
+        thread.join(timeout=20)
+        assert not thread.is_alive(), "the stranger did not stop"
+
+
+def connect(port: int, stop: threading.Event) -> socket.socket | None:
+    """A connection to ``port`` once something listens there (None when told to stop)."""
+    while not stop.is_set():
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=1)
+        except OSError:
+            time.sleep(0.005)
+    return None
+
+
+def forged_record(rank: int, plan: str) -> bytes:
+    """A record as a rank sends it, but made up by the stranger: rank 0's plan, from its plan file."""
+    record = {"rank": rank, "plan_source": "plan.json", "plan_digest": plan, "model_digest": "c" * 64, "problems": []}
+    return json.dumps({"call": 0, "record": record}).encode() + b"\n"
+
+
+def read_line(conn: socket.socket) -> bytes:
+    try:
+        with conn.makefile("rb") as stream:
+            return stream.readline(1 << 16)
+    except OSError:
+        return b""
+
+
+def assert_both_refuse_the_plans(job: Job) -> None:
+    for rank in (0, 1):
+        result = job.result(rank)
+        assert result["error"] == "PlanError", f"rank {rank} went on with its plan: {result}"
+        assert "different plan" in result["message"], result
+
+
+def test_a_forged_record_is_not_taken_for_a_rank(job):
+    """The stranger claims rank 1 with rank 0's plan before the real rank 1 (another plan)
+    arrives. Today rank 0 takes it and goes on; it must hear the real rank 1 and refuse."""
+    sent = threading.Event()
+
+    def claim_rank_1(stop):
+        conn = connect(job.port, stop)
+        if conn is None:
+            return
+        with conn:
+            conn.recv(4096)  # whatever rank 0 greets with
+            conn.sendall(forged_record(1, PLAN_A))
+            sent.set()
+            read_line(conn)
+
+    job.start(0, PLAN_A)
+    with stranger(claim_rank_1):
+        assert sent.wait(RANK_LIMIT_S), "rank 0 never listened"
+        time.sleep(0.3)
+        job.start(1, PLAN_B)
+        assert_both_refuse_the_plans(job)
+
+
+def test_the_port_taken_over_after_rank_0_left_cannot_tell_rank_1_all_is_well(job):
+    """The whole attack: claim rank 1 at rank 0 with its plan, acknowledge the verdict, then bind
+    the port rank 0 just closed and tell the real rank 1 (another plan) "no problems" with rank
+    0's own greeting. Today both ranks go on with different plans."""
+
+    def take_over(stop):
+        conn = connect(job.port, stop)
+        if conn is None:
+            return
+        with conn:
+            greeting = conn.recv(4096)
+            conn.sendall(forged_record(1, PLAN_A))
+            verdict = read_line(conn)
+            if not verdict:  # rank 0 hung up on it: nothing to take over
+                return
+            conn.sendall(b"ack\n")
+        with socket.socket() as squat:
+            squat.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            while not stop.is_set():
+                try:
+                    squat.bind(("127.0.0.1", job.port))
+                    break
+                except OSError:
+                    time.sleep(0.005)
+            squat.listen()
+            squat.settimeout(TIMEOUT_S + 2)
+            try:
+                victim, _ = squat.accept()
+            except OSError:
+                return
+            with victim:
+                victim.sendall(greeting)
+                read_line(victim)
+                victim.sendall(json.dumps({"verdict": []}).encode() + b"\n")
+                read_line(victim)
+
+    job.start(0, PLAN_A)
+    with stranger(take_over):
+        time.sleep(0.5)
+        job.start(1, PLAN_B)
+        assert_both_refuse_the_plans(job)
+
+
+def test_a_relay_that_rewrites_rank_1s_record_is_caught(job):
+    """Rank 1 reaches rank 0 through the stranger (a relay on another port), which passes
+    everything on but rewrites rank 1's plan digest into rank 0's. Today both ranks go on with
+    different plans; now no rank goes on."""
+    (relay_port,) = free_ports(1)
+    relay = socket.create_server(("127.0.0.1", relay_port))
+
+    def rewrite(stop):
+        with relay:
+            relay.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    client, _ = relay.accept()
+                except TimeoutError:
+                    continue
+                upstream = connect(job.port, stop)
+                if upstream is None:
+                    client.close()
+                    return
+                _pipe(client, upstream, lambda data: data.replace(PLAN_B.encode(), PLAN_A.encode()))
+                _pipe(upstream, client, lambda data: data)
+
+    job.start(0, PLAN_A)
+    with stranger(rewrite):
+        job.start(1, PLAN_B, AUTODIST_AGREE_PORT=str(relay_port))
+        for rank in (0, 1):
+            result = job.result(rank)
+            assert result["error"] == "PlanError", f"rank {rank} went on with its plan: {result}"
+
+
+def _pipe(source: socket.socket, sink: socket.socket, change) -> None:
+    def run():
+        try:
+            while data := source.recv(65536):
+                sink.sendall(change(data))
+        except OSError:
+            pass
+        for end in (source, sink):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def flood(stop, port: int, count: int, payload: bytes, held: list) -> None:
+    """Open ``count`` connections to ``port`` (once it listens), send each ``payload``, hold them."""
+    first = connect(port, stop)
+    if first is None:
+        return
+    held.append(first)
+    for _ in range(count - 1):
+        if stop.is_set():
+            break
+        try:
+            conn = socket.create_connection(("127.0.0.1", port), timeout=0.5)
+        except OSError:
+            continue
+        held.append(conn)
+        try:
+            conn.settimeout(0.5)
+            conn.sendall(payload)
+        except OSError:
+            pass
+    stop.wait()
+    for conn in held:
+        conn.close()
+
+
+def test_many_connections_cost_rank_0_bounded_memory_and_keep_no_rank_out(job):
+    """300 connections each sending 1 MB with no end of line: today rank 0 buffers all of it
+    (about 1 MB each); now it keeps at most agree.MAX_PENDING for PENDING_WAIT_S each, and the
+    real rank 1 still gets in."""
+    held: list[socket.socket] = []
+    job.start(0, PLAN_A)
+    with stranger(flood, job.port, 300, b"x" * ((1 << 20) - 1), held):
+        time.sleep(0.5)
+        job.start(1, PLAN_A)
+        results = [job.result(0), job.result(1)]
+    for result in results:
+        assert result["error"] is None, result
+    assert len(held) > 50, "the flood never got going"
+    assert results[0]["maxrss_mb"] < 150, f"rank 0 buffered the strangers' bytes: {results[0]}"
+
+
+def test_running_out_of_descriptors_does_not_shut_the_real_rank_out(job):
+    """Rank 0 has only 8 descriptors to spare; 200 silent connections exhaust them. Today accept()
+    fails for ever (spinning) and rank 1 never gets in; now rank 0 drops the oldest stranger for
+    each connection it must accept, and the ranks agree."""
+    held: list[socket.socket] = []
+    job.start(0, PLAN_A, AGREE_RANK_NOFILE="8")
+    with stranger(flood, job.port, 200, b"", held):
+        time.sleep(0.5)
+        job.start(1, PLAN_A)
+        results = [job.result(0), job.result(1)]
+    for result in results:
+        assert result["error"] is None, result
+    assert len(held) > 20, "the flood never got going"
+
+
+def test_a_greeting_sent_one_byte_at_a_time_does_not_stretch_the_timeout(job):
+    """A stranger holds the agreement port (rank 0 absent) and greets one byte every 0.9 s:
+    today each byte restarts rank 1's wait (a 3 s timeout waited about 20 s); now rank 1 gives
+    up on it after one deadline and raises."""
+
+    def trickle(stop):
+        with socket.create_server(("127.0.0.1", job.port)) as listener:
+            listener.settimeout(0.1)
+            while not stop.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    for byte in b"autodist agreement\n" + b" " * 200:
+                        if stop.wait(0.9):
+                            return
+                        try:
+                            conn.sendall(bytes([byte]))
+                        except OSError:
+                            break
+
+    with stranger(trickle):
+        time.sleep(0.2)
+        job.start(1, PLAN_A)
+        result = job.result(1)
+    assert result["error"] == "PlanError" and "rank 0 did not reach the agreement step" in result["message"], result
+    assert result["seconds"] < TIMEOUT_S + 3, result
+
+
+def test_a_rank_failing_after_the_agreement_stops_every_rank(job):
+    """No launcher: rank 1 raises while applying the plan, after the ranks agreed. Rank 0 must
+    raise too, naming it, within the timeout (today it goes on into the first collective)."""
+    job.start(0, PLAN_A)
+    job.start(1, PLAN_A, fail=True)
+    zero, one = job.result(0), job.result(1)
+    assert one["error"] == "RuntimeError", one
+    assert zero["error"] == "PlanError", zero
+    assert "rank 1 failed while applying the plan: RuntimeError: TEST-ONLY" in zero["message"], zero
+    assert zero["seconds"] < TIMEOUT_S + 3, zero
+
+
+def test_rank_0_failing_after_the_agreement_stops_every_rank(job):
+    job.start(0, PLAN_A, fail=True)
+    job.start(1, PLAN_A)
+    zero, one = job.result(0), job.result(1)
+    assert zero["error"] == "RuntimeError", zero
+    assert one["error"] == "PlanError" and "rank 0 failed while applying the plan" in one["message"], one
+
+
+def test_the_job_key_file_is_private_and_removed(job, tmp_path):
+    """The default key lives in a folder only this user can open, and is gone after the job."""
+    job.start(0, PLAN_A, TMPDIR=str(tmp_path))
+    job.start(1, PLAN_A, TMPDIR=str(tmp_path))
+    assert job.result(0)["error"] is None and job.result(1)["error"] is None
+    (folder,) = tmp_path.iterdir()
+    assert folder.name == f"autodist-{os.getuid()}" and folder.stat().st_mode & 0o777 == 0o700
+    assert list(folder.iterdir()) == []
