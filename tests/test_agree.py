@@ -17,6 +17,7 @@ from dataclasses import asdict
 import pytest
 
 import autodist.applier.agree as agree_module
+import autodist.applier.jobkey as jobkey
 from autodist.applier.agree import Record, agree, timeout_from, verdict_problems
 from autodist.schemas import PlanError
 from harness.launcher import free_ports
@@ -65,12 +66,19 @@ def test_timeout_from_argument_environment_or_default(monkeypatch):
 
 @pytest.fixture
 def two_rank_env(monkeypatch):
-    """The environment of one rank of a hand-started 2-rank job, on free loopback ports."""
+    """The environment of one rank of a hand-started 2-rank job, on free loopback ports, with a
+    job secret this test's stand-in peers share."""
     p0, p1, agree_port = free_ports(3)
     monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", f"127.0.0.1:{p0},127.0.0.1:{p1}")
     monkeypatch.delenv("PADDLE_MASTER", raising=False)
     monkeypatch.setenv("AUTODIST_AGREE_PORT", str(agree_port))
+    monkeypatch.setenv("AUTODIST_AGREE_SECRET", SECRET)
+    monkeypatch.setattr(agree_module, "_CALLS", itertools.count())  # a first call, as the stand-ins'
     return agree_port
+
+
+SECRET = "the job's secret"
+KEY = jobkey._from_secret(SECRET)
 
 
 def test_a_rank_alone_with_rank_0_absent_stops_at_the_deadline(two_rank_env):
@@ -95,6 +103,22 @@ def test_a_taken_agreement_port_is_a_plan_error_naming_it(two_rank_env):
             agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=1)
 
 
+def test_rank_0_never_listens_on_all_interfaces_unasked(two_rank_env, monkeypatch):
+    """The master's address is not this machine's (TEST-NET-1): rank 0 says so and names the
+    setting, where it used to listen on every interface instead."""
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "192.0.2.1:6170,127.0.0.1:6171")
+    with pytest.raises(PlanError, match=r"192.0.2.1 is not an address of this machine; set AUTODIST_AGREE_BIND"):
+        agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=1)
+
+
+def test_ranks_on_several_machines_need_the_job_secret(two_rank_env, monkeypatch):
+    monkeypatch.delenv("AUTODIST_AGREE_SECRET")
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "127.0.0.1:6170,10.0.0.2:6170")
+    for rank in (0, 1):
+        with pytest.raises(PlanError, match="set AUTODIST_AGREE_SECRET to the same random text on every node"):
+            agree(Record(rank, "plan.json", PLAN_A, MODEL_A), rank=rank, world=2, timeout_s=1)
+
+
 def test_losing_rank_0_mid_agreement_is_a_plan_error_at_once(two_rank_env):
     """Rank 0 takes rank 1's record, then dies before deciding (its socket closes): rank 1
     says so at once, well before its deadline."""
@@ -110,12 +134,24 @@ def test_losing_rank_0_mid_agreement_is_a_plan_error_at_once(two_rank_env):
 
 def _read_first_line_and_close(listener: socket.socket) -> None:
     conn, _ = listener.accept()
-    conn.sendall(agree_module.GREETING)
+    conn.sendall(agree_module._greeting(KEY, b"n" * 16))
     with conn, conn.makefile("rb") as stream:
         assert b'"record"' in stream.readline()
 
 
-def test_rank_0_waits_for_each_rank_to_hold_the_verdict(two_rank_env, monkeypatch):
+def _hello(conn: socket.socket, record: Record, call: object = 0) -> bytes:
+    """Rank ``record.rank``'s first message on ``conn``, past rank 0's greeting, signed with the
+    job's key; returns the nonces every later message is signed over."""
+    greeting = conn.recv(agree_module.GREETING_BYTES, socket.MSG_WAITALL)
+    nonce = bytes.fromhex(greeting.split()[-2].decode())
+    assert greeting == agree_module._greeting(KEY, nonce), "not rank 0's greeting"
+    mine = b"m" * 16
+    text = f'{{"call": {call}, "nonce": "{mine.hex()}", "record": {json.dumps(asdict(record))}}}'
+    conn.sendall(agree_module._sealed(KEY, "record", nonce, text.encode()))
+    return nonce + mine
+
+
+def test_rank_0_waits_for_each_rank_to_hold_the_verdict(two_rank_env):
     """Rank 0 returns only once rank 1 acknowledged the verdict, however long rank 1 takes to
     read it (the only bound is the agreement timeout): were rank 0 to leave first, the job would
     end before rank 1 could report the problem (docs/paddle-notes.md, "The agreement step")."""
@@ -123,14 +159,12 @@ def test_rank_0_waits_for_each_rank_to_hold_the_verdict(two_rank_env, monkeypatc
 
     def slow_rank_1():
         with _connect_when_listening(two_rank_env) as conn:
-            record = Record(1, "plan.json", PLAN_A, MODEL_A, ["world size: 2 planned, 1 launched"])
-            conn.sendall(json.dumps({"call": 0, "record": asdict(record)}).encode() + b"\n")
+            _hello(conn, Record(1, "plan.json", PLAN_A, MODEL_A, ["world size: 2 planned, 1 launched"]))
             time.sleep(1.5)  # slow to read: rank 0 must still be there
             assert b"world size" in conn.makefile("rb").readline()
             verdict_read.set()
             conn.sendall(b"ack\n")
 
-    monkeypatch.setattr(agree_module, "_CALLS", itertools.count())  # a first call, as the stand-in's
     rank_1 = threading.Thread(target=slow_rank_1)
     rank_1.start()
     with pytest.raises(PlanError, match="rank 1 failed validation: world size"):
@@ -140,34 +174,50 @@ def test_rank_0_waits_for_each_rank_to_hold_the_verdict(two_rank_env, monkeypatc
 
 
 def _connect_when_listening(port: int) -> socket.socket:
-    """A connection to rank 0 on ``port`` once it listens, past its greeting."""
+    """A connection to rank 0 on ``port`` once it listens."""
     deadline = time.monotonic() + 30
     while True:
         try:
-            conn = socket.create_connection(("127.0.0.1", port), timeout=30)
-            break
+            return socket.create_connection(("127.0.0.1", port), timeout=30)
         except ConnectionRefusedError:
             assert time.monotonic() < deadline, "rank 0 never listened"
             time.sleep(0.01)
-    assert conn.recv(len(agree_module.GREETING), socket.MSG_WAITALL) == agree_module.GREETING
-    return conn
 
 
-def test_rank_0_ignores_a_stranger_on_its_port(two_rank_env, monkeypatch):
-    """Anything that connects and sends something other than a rank's record (here: a record
-    whose problems are not text) is hung up on, not trusted: rank 0 still names rank 1 missing."""
-
+@pytest.mark.parametrize("key", [KEY, b"another job's key"], ids=["malformed", "unsigned"])
+def test_rank_0_ignores_a_stranger_on_its_port(two_rank_env, key):
+    """Anything that connects and sends something other than a rank's signed record is hung up
+    on, not trusted: rank 0 still names rank 1 missing. A record signed with the job's key but
+    malformed (its problems not text) is reported as such."""
     def stranger():
         with _connect_when_listening(two_rank_env) as conn:
+            greeting = conn.recv(agree_module.GREETING_BYTES, socket.MSG_WAITALL)
+            nonce = bytes.fromhex(greeting.split()[-2].decode())
             bogus = {"rank": 1, "plan_source": "x", "plan_digest": "", "model_digest": "", "problems": [1]}
-            conn.sendall(json.dumps({"call": 0, "record": bogus}).encode() + b"\n")
+            text = json.dumps({"call": 0, "nonce": "ab" * 16, "record": bogus}).encode()
+            conn.sendall(agree_module._sealed(key, "record", nonce, text))
             assert conn.recv(100) == b""  # hung up on
 
-    monkeypatch.setattr(agree_module, "_CALLS", itertools.count())
     thread = threading.Thread(target=stranger)
     thread.start()
-    with pytest.raises(PlanError, match=r"ranks 1 of 2 did not reach the agreement step within 2 s"):
+    expected = "malformed record" if key == KEY else r"ranks 1 of 2 did not reach the agreement step within 2 s"
+    with pytest.raises(PlanError, match=expected):
         agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=2)
+    thread.join()
+
+
+def test_an_infinite_call_number_is_a_malformed_record(two_rank_env):
+    """``"call": Infinity`` used to escape as OverflowError; now it is one more malformed record."""
+
+    def rank_1():
+        with _connect_when_listening(two_rank_env) as conn:
+            _hello(conn, Record(1, "plan.json", PLAN_A, MODEL_A), call="Infinity")
+            conn.recv(100)
+
+    thread = threading.Thread(target=rank_1)
+    thread.start()
+    with pytest.raises(PlanError, match=r"malformed record \(ValueError: Infinity is not a number here\)"):
+        agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=10)
     thread.join()
 
 
@@ -194,7 +244,9 @@ def test_a_rank_that_reaches_another_program_sends_it_nothing_and_says_so(two_ra
         thread = threading.Thread(target=silent_stranger, args=(listener,))
         thread.start()
         start = time.monotonic()
-        with pytest.raises(PlanError, match=rf"something other than autodist listens on 127.0.0.1:{two_rank_env}"):
+        with pytest.raises(
+            PlanError, match=rf"something other than this job's rank 0 listens on 127.0.0.1:{two_rank_env}"
+        ):
             agree(Record(1, "plan.json", PLAN_A, MODEL_A), rank=1, world=2, timeout_s=3)
         assert time.monotonic() - start < 10
         done.set()

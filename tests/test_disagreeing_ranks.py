@@ -51,6 +51,7 @@ def disagreements(workdir) -> list[BadPlanCase]:
             "different model",
             rank_workloads=[WORKLOAD, "docstring_llama_3_layers"],
         ),
+        BadPlanCase("rank_1_fails_after_the_agreement", WORKLOAD, a, "", fail_applying_rank=1),
     ]
 
 
@@ -80,6 +81,17 @@ def test_every_rank_raises_the_same_plan_error_naming_the_ranks(refusals, name):
 def test_a_model_of_another_size_also_names_the_failed_validation(refusals):
     _, results = refusals["model_of_another_size"]
     assert "rank 1 failed validation: model: this is not the model the plan was made for" in results[0]["message"]
+
+
+def test_a_rank_failing_after_the_agreement_stops_the_others(refusals):
+    """Hand-started ranks, no launcher: rank 1 raises when it starts sharding, after the ranks
+    agreed. Rank 0 raises a PlanError naming it, well within the timeout (it used to go on, into
+    the first collective, and wait there for ever)."""
+    _, (zero, one) = refusals["rank_1_fails_after_the_agreement"]
+    assert one["error"] == "RuntimeError" and "TEST-ONLY" in one["message"], one
+    assert zero["error"] == "PlanError", zero
+    assert "rank 1 failed while applying the plan: RuntimeError: TEST-ONLY" in zero["message"], zero
+    assert zero["seconds"] < AGREE_TIMEOUT_S, zero
 
 
 @pytest.mark.parametrize("victim", [0, 1])

@@ -75,9 +75,10 @@ class BadPlanCase:
     """A plan every rank must refuse with a PlanError whose message contains ``expect``.
 
     Ranks can be made to disagree: rank ``r`` uses ``rank_plans[r]`` / ``rank_workloads[r]``
-    when given; rank ``die_on_rank`` SIGKILLs itself inside ``apply_plan``, and rank
-    ``late_reader_rank`` reads the agreement's verdict only ``LATE_READ_S`` after it arrives
-    (both TEST-ONLY)."""
+    when given; rank ``die_on_rank`` SIGKILLs itself inside ``apply_plan``, rank
+    ``late_reader_rank`` reads the agreement's verdict only ``LATE_READ_S`` after it arrives,
+    and rank ``fail_applying_rank`` raises a RuntimeError when it starts sharding, after the
+    ranks agreed (all TEST-ONLY)."""
 
     name: str
     workload: str
@@ -87,6 +88,7 @@ class BadPlanCase:
     rank_workloads: list[str] = field(default_factory=list)
     die_on_rank: int | None = None
     late_reader_rank: int | None = None
+    fail_applying_rank: int | None = None
 
 
 @dataclass

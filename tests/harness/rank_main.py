@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -239,7 +239,8 @@ def run_bad_plan(case: BadPlanCase, rank: int, let_escape: bool) -> dict:
     before = _identity(model, optimizer)
     start = time.perf_counter()
     try:
-        apply_plan(model, optimizer, loader, plan)
+        with fail_when_sharding() if case.fail_applying_rank == rank else nullcontext():
+            apply_plan(model, optimizer, loader, plan)
     except PlanError as exc:
         if let_escape:
             raise
@@ -262,6 +263,23 @@ def die_when_validated(model) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     model.named_parameters = die
+
+
+@contextmanager
+def fail_when_sharding():
+    """TEST-ONLY: make ``apply_plan`` raise on this rank when it starts sharding, after the ranks
+    agreed on the plan, as a rank that fails while applying it would."""
+    import autodist.applier.apply as apply_module
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("TEST-ONLY: this rank failed while sharding")
+
+    shard = apply_module.shard_parameters
+    apply_module.shard_parameters = fail
+    try:
+        yield
+    finally:
+        apply_module.shard_parameters = shard
 
 
 #: How long a late reader sleeps before it reads the agreement's verdict: longer than the fixed
