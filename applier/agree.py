@@ -180,6 +180,9 @@ class _Link:
     rank: int  # the rank at the other end
     #: Both nonces: every message after the record is signed over them and its round.
     nonces: bytes
+    #: What was received past the last whole line (a rank's ack and its next report can arrive
+    #: in one read).
+    buffer: bytearray = field(default_factory=bytearray)
 
     def context(self, round_: int) -> bytes:
         return self.nonces + round_.to_bytes(4, "big")
@@ -365,9 +368,9 @@ def _gather(listener, selector, key: bytes, came: dict, world: int, call: int, d
             line = _read_line(conn, pending[conn].buffer)
             if line is None:
                 continue
-            nonce = pending[conn].nonce
             selector.unregister(conn)
-            del pending[conn]
+            greeted = pending.pop(conn)
+            nonce = greeted.nonce
             payload = _unsealed(key, "record", nonce, line) if line else None
             if payload is None:  # closed, or not signed with the job's key: not one of its ranks
                 conn.close()
@@ -383,7 +386,7 @@ def _gather(listener, selector, key: bytes, came: dict, world: int, call: int, d
                 peer = replace(peer, problems=[*peer.problems, problem])
             if peer.rank in came:  # the same rank again (it gave up on a slow greeting): keep the newer
                 came[peer.rank][0].conn.close()
-            came[peer.rank] = (_Link(conn, peer.rank, nonce + their_nonce), peer)
+            came[peer.rank] = (_Link(conn, peer.rank, nonce + their_nonce, greeted.buffer), peer)
     if listener in selector.get_map():
         selector.unregister(listener)
     for conn in list(pending):  # came, but sent no signed record in time: not counted
@@ -427,19 +430,24 @@ def _drop(selector, pending: dict, conn: socket.socket) -> None:
 
 
 def _read_line(conn: socket.socket, buffer: bytearray) -> bytes | None:
-    """Read what ``conn`` has; the whole line once it has one, ``b""`` when it closed (or broke,
-    or sent too much) first, else None (more to come)."""
-    try:
-        chunk = conn.recv(65536)
-    except BlockingIOError:
-        return None
-    except OSError:
-        return b""
-    if not chunk or len(buffer) + len(chunk) > MAX_MESSAGE_BYTES:
-        return b""
-    buffer += chunk
+    """The first whole line of ``buffer`` and what ``conn`` has (taken out of ``buffer``; the
+    rest stays), ``b""`` when it closed (or broke, or sent too much) first, else None (more to come)."""
+    if b"\n" not in buffer:
+        try:
+            chunk = conn.recv(65536)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+        if not chunk or len(buffer) + len(chunk) > MAX_MESSAGE_BYTES:
+            return b""
+        buffer += chunk
     end = buffer.find(b"\n")
-    return bytes(buffer[: end + 1]) if end >= 0 else None
+    if end < 0:
+        return None
+    line = bytes(buffer[: end + 1])
+    del buffer[: end + 1]
+    return line
 
 
 def _parse_hello(payload: bytes, world: int) -> tuple[int, bytes, Record] | str:
@@ -472,7 +480,7 @@ def _deliver(selector, key: bytes, links: list[_Link], round_: int, verdict: lis
     """Send every linked rank the verdict, then wait until each acknowledged it, its connection
     closed (it died: nothing more to wait for), or ``deadline`` passed (frozen)."""
     payload = json.dumps({"verdict": verdict}).encode()
-    waiting: dict[socket.socket, bytearray] = {}
+    waiting: list[_Link] = []
     for link in links:
         try:
             link.conn.setblocking(True)
@@ -481,39 +489,45 @@ def _deliver(selector, key: bytes, links: list[_Link], round_: int, verdict: lis
             link.conn.setblocking(False)
         except OSError:
             continue
-        selector.register(link.conn, selectors.EVENT_READ)
-        waiting[link.conn] = bytearray()
-    while waiting and time.monotonic() < deadline:
-        for ready, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
-            conn = ready.fileobj
-            if _read_line(conn, waiting[conn]) is not None:  # the ack, or the connection closed
-                selector.unregister(conn)
-                del waiting[conn]
-    for conn in waiting:
-        selector.unregister(conn)
+        waiting.append(link)
+    _read_lines(selector, waiting, deadline)  # the acks (or the connections closing)
+
+
+def _read_lines(selector, links: list[_Link], deadline: float) -> dict[int, bytes]:
+    """One line from each of ``links`` (``b""``: its connection closed) until ``deadline``:
+    ``{rank: line}`` for the links that gave one."""
+    lines: dict[int, bytes] = {}
+    for link in links:
+        selector.register(link.conn, selectors.EVENT_READ, link)
+    try:
+        while len(lines) < len(links) and time.monotonic() < deadline:
+            ready = [link for link in links if link.rank not in lines and b"\n" in link.buffer]
+            if not ready:
+                events = selector.select(timeout=max(0.0, deadline - time.monotonic()))
+                ready = [key.data for key, _ in events if key.data.rank not in lines]
+            for link in ready:
+                line = _read_line(link.conn, link.buffer)
+                if line is not None:
+                    lines[link.rank] = line
+    finally:
+        for link in links:
+            selector.unregister(link.conn)
+    return lines
 
 
 def _settle_host(agreement: Agreement, mine: list[str]) -> list[str]:
     """Rank 0's side of :meth:`Agreement.settle`: every rank's report, then the verdict."""
     deadline = time.monotonic() + agreement.timeout_s
-    reports: dict[int, list[str] | None] = {}  # None: the connection closed, or carried no signed report
     with selectors.DefaultSelector() as selector:
-        waiting: dict[socket.socket, tuple[_Link, bytearray]] = {}
         for link in agreement.links:
             link.conn.setblocking(False)
-            selector.register(link.conn, selectors.EVENT_READ)
-            waiting[link.conn] = (link, bytearray())
-        while waiting and time.monotonic() < deadline:
-            for ready, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
-                link, buffer = waiting[ready.fileobj]
-                line = _read_line(link.conn, buffer)
-                if line is None:
-                    continue
-                selector.unregister(link.conn)
-                del waiting[link.conn]
-                reports[link.rank] = _parse_report(_unsealed(agreement.key, "report", link.context(1), line))
-        for conn in waiting:
-            selector.unregister(conn)
+        lines = _read_lines(selector, agreement.links, deadline)
+        # None: the connection closed, or carried no signed report
+        reports = {
+            link.rank: _parse_report(_unsealed(agreement.key, "report", link.context(1), lines[link.rank]))
+            for link in agreement.links
+            if link.rank in lines
+        }
         verdict = list(mine)
         for link in sorted(agreement.links, key=lambda link: link.rank):
             if link.rank not in reports:

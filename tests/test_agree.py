@@ -189,6 +189,7 @@ def test_rank_0_ignores_a_stranger_on_its_port(two_rank_env, key):
     """Anything that connects and sends something other than a rank's signed record is hung up
     on, not trusted: rank 0 still names rank 1 missing. A record signed with the job's key but
     malformed (its problems not text) is reported as such."""
+
     def stranger():
         with _connect_when_listening(two_rank_env) as conn:
             greeting = conn.recv(agree_module.GREETING_BYTES, socket.MSG_WAITALL)
@@ -252,3 +253,28 @@ def test_a_rank_that_reaches_another_program_sends_it_nothing_and_says_so(two_ra
         done.set()
         thread.join()
     assert received and not any(received), "rank 1 sent the stranger something"
+
+
+def test_an_ack_and_the_next_report_in_one_read_are_both_heard(two_rank_env):
+    """A fast rank 1 acknowledges the verdict and reports it applied the plan in one send: rank
+    0 reads both while it waits for the ack, and must keep the report for the next round (else
+    it waits for it until the timeout)."""
+
+    def fast_rank_1():
+        with _connect_when_listening(two_rank_env) as conn:
+            nonces = _hello(conn, Record(1, "plan.json", PLAN_A, MODEL_A))
+            stream = conn.makefile("rb")
+            first = nonces + (0).to_bytes(4, "big")
+            assert agree_module._unsealed(KEY, "verdict", first, stream.readline()) == b'{"verdict": []}'
+            second = nonces + (1).to_bytes(4, "big")
+            conn.sendall(
+                agree_module._sealed(KEY, "ack", first, b"{}")
+                + agree_module._sealed(KEY, "report", second, b'{"problems": []}')
+            )
+            assert agree_module._unsealed(KEY, "verdict", second, stream.readline()) == b'{"verdict": []}'
+
+    thread = threading.Thread(target=fast_rank_1)
+    thread.start()
+    agreement = agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=5)
+    agreement.settle()  # rank 1's report came with its ack, in one read
+    thread.join()
