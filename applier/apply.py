@@ -121,7 +121,7 @@ def apply_plan(
     agreement = agree(record, rank=dist.get_rank(), world=world, timeout_s=timeout_from(agree_timeout_s))
     assert loaded is not None  # agree() raises on every rank when any rank has a problem
     # Each rank applies the plan on its own; a rank that fails tells the others, and all settle
-    # before the first collective (agree.py), so none waits in one its peer never joins.
+    # before the first communication (agree.py), so none waits in one its peer never joins.
     with applying(agreement):
         return _apply(model, optimizer, dataloader, loaded, loss_fn, reshard_fn, agreement)
 
@@ -160,6 +160,9 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
         dataloader = shard_loader(dataloader, plan)
         if accumulates(plan):
             dataloader = MicroBatchLoader(dataloader, plan.strategy.micro_batches)
+    # The first communication (Paddle's store, for readable.py) unless a pipeline's came first:
+    # every rank must have applied the plan, or all raise here instead of waiting there.
+    agreement.settle()
     make_outputs_readable(model)  # a loss read on rank 0 only (readable.py)
     _APPLIED[model] = plan
     return model, optimizer, dataloader
