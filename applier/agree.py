@@ -79,7 +79,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
-from autodist.applier.jobkey import new_key, read_key, remove_key
+from autodist.applier.jobkey import SECRET_ENV, new_key, read_key, remove_key
 from autodist.schemas import PlanError
 
 #: Seconds a rank waits for the others; generous, since ranks reach apply_plan at different
@@ -617,8 +617,8 @@ def _join(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
     conn, nonce, key, stranger = _connect(host, port, _master(), deadline)
     if conn is None:
         why = (
-            f"something other than this job's rank 0 listens on {host}:{port}; set {PORT_ENV} to a free port on "
-            "every rank"
+            f"something other than this job's rank 0 listens on {host}:{port}: another program (set {PORT_ENV} "
+            f"to a free port on every rank), or a rank 0 with another {SECRET_ENV}"
             if stranger
             else f"nothing listens on {host}:{port}; dead, stuck, or another plan?"
         )

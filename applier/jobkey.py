@@ -66,12 +66,18 @@ def new_key(master: str) -> tuple[bytes, Path | None]:
     path = _key_path(master)
     key = secrets.token_bytes(32)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, key.hex().encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, key.hex().encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise PlanError(
+            f"agreement: cannot write the job's key to {path}: {err.strerror or err}; set {SECRET_ENV}",
+            source="environment",
+        ) from None
     return key, path
 
 

@@ -50,8 +50,9 @@ class Job:
         self.procs: dict[int, subprocess.Popen] = {}
 
     def start(self, rank: int, plan: str, fail: bool = False, **env: str) -> None:
-        environment = base_env({**self.env, "PADDLE_TRAINER_ID": str(rank), **env})
+        environment = base_env({**self.env, "PADDLE_TRAINER_ID": str(rank)})
         environment.pop("AUTODIST_AGREE_SECRET", None)  # the default: the key file
+        environment.update(env)
         command = [sys.executable, "-m", "harness.agree_rank", plan, *(["fail"] if fail else [])]
         proc = subprocess.Popen(
             command, cwd=TESTS_DIR, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -361,3 +362,14 @@ def test_the_job_key_file_is_private_and_removed(job, tmp_path):
     (folder,) = tmp_path.iterdir()
     assert folder.name == f"autodist-{os.getuid()}" and folder.stat().st_mode & 0o777 == 0o700
     assert list(folder.iterdir()) == []
+
+
+def test_ranks_with_another_secret_do_not_meet_and_ranks_with_the_same_do(job):
+    job.start(0, PLAN_A, AUTODIST_AGREE_SECRET="one")
+    job.start(1, PLAN_A, AUTODIST_AGREE_SECRET="two")
+    zero, one = job.result(0), job.result(1)
+    assert zero["error"] == "PlanError" and "ranks 1 of 2 did not reach" in zero["message"], zero
+    assert one["error"] == "PlanError" and "a rank 0 with another AUTODIST_AGREE_SECRET" in one["message"], one
+    job.start(0, PLAN_A, AUTODIST_AGREE_SECRET="one")
+    job.start(1, PLAN_B, AUTODIST_AGREE_SECRET="one")
+    assert_both_refuse_the_plans(job)
