@@ -10,7 +10,10 @@ cost is one parameter's full size of temporary memory at a time (docs/paddle-not
 "Parameters and optimizers").
 
 The creation order is known exactly when the model was built under :class:`LazyGuard` (this
-module's, which records it). Under plain ``paddle.LazyGuard()`` it is taken to be the order
+module's, which records it). It also keeps each parameter it saw created (lazy: no storage yet),
+so a parameter the model no longer holds (a sub-layer replaced after the build, as a subclass
+does with ``self.blocks = ...``) is still drawn in its turn, as the eager build drew it before
+throwing it away (:class:`Dropped`). Under plain ``paddle.LazyGuard()`` it is taken to be the order
 ``named_parameters()`` lists them, which differs where a layer created its own parameters after
 building sublayers (a timm ViT's ``cls_token``, an LM head created last): those are named in
 one warning. So are random numbers a :class:`LazyGuard` build drew itself (a random buffer),
@@ -54,6 +57,9 @@ class Build(NamedTuple):
 
 #: Names generated under :class:`LazyGuard`: ``{name: (sequence number, index in _BUILDS)}``.
 _CREATED: dict[str, tuple[int, int]] = {}
+#: Parameters created under :class:`LazyGuard`, per build (strong references: lazy ones hold no
+#: storage), until apply_plan has drawn them.
+_MADE: dict[int, list[paddle.Tensor]] = {}
 _SEQUENCE = itertools.count()
 _BUILDS: list[Build] = []
 
@@ -103,8 +109,19 @@ class LazyGuard:
         unique_name.switch(_RecordingNames(generator, build=self._build), checker)
         _BUILDS.append(Build(end=self._start, drew=False))  # until the block ends
         self._restore = generator, checker
+        self._create = paddle.nn.Layer.create_parameter
+        made, create = _MADE.setdefault(self._build, []), self._create
+
+        def create_parameter(layer, *args, **kwargs):
+            param = create(layer, *args, **kwargs)
+            if param is not None:  # None for a bias_attr=False
+                made.append(param)
+            return param
+
+        paddle.nn.Layer.create_parameter = create_parameter
 
     def __exit__(self, *exc) -> None:
+        paddle.nn.Layer.create_parameter = self._create
         unique_name.switch(*self._restore)
         self._lazy.__exit__(*exc)
         _BUILDS[self._build] = Build(end=generator_state(), drew=drew_since(self._start))
@@ -211,6 +228,29 @@ def creation_turns(model: paddle.nn.Layer, params: list[paddle.Tensor]) -> dict[
         elif len(builds) == 1 and generator_state() != _BUILDS[builds.pop()].end:
             warnings.warn(GENERATOR_MOVED, stacklevel=4)
     return {id(p): turn for turn, p in enumerate(built + unbuilt)}
+
+
+class Dropped:
+    """The parameters built under :class:`LazyGuard` together with ``held`` (the same builds)
+    that the model no longer holds: a sub-layer replaced after the build. The eager build drew
+    each in its turn and threw it away; :meth:`draw_before` draws them the same way, so the
+    parameters created after them start from the eager values too."""
+
+    def __init__(self, held: list[paddle.Tensor]):
+        ids = {id(p) for p in held}
+        builds = {_CREATED[p.name][1] for p in held if p.name in _CREATED}
+        self._waiting = sorted(
+            (p for b in builds for p in _MADE.get(b, []) if id(p) not in ids and is_lazy(p) and p.name in _CREATED),
+            key=creation_turn,
+        )
+        for b in builds:  # drawn now or never: the records of these builds are done
+            _MADE.pop(b, None)
+
+    def draw_before(self, param: paddle.Tensor) -> None:
+        """Draw (and let go of) every dropped parameter created before ``param``."""
+        turn = creation_turn(param) if param.name in _CREATED else -1
+        while self._waiting and creation_turn(self._waiting[0]) < turn:
+            self._waiting.pop(0).initialize()  # its whole tensor, freed with the last reference
 
 
 def materialise(param: paddle.Tensor, owners: Iterable[paddle.nn.Layer]) -> None:

@@ -71,6 +71,7 @@ def shard_parameters(model: paddle.nn.Layer, plan: Plan, dropped: frozenset[str]
     slots_by_fqn = {slot.fqn: slots for slots in parameter_owners(model).values() for slot in slots}
     held = {fqn: slots[0].layer._parameters[slots[0].key] for fqn, slots in slots_by_fqn.items()}
     turn = lazy.creation_turns(model, [held[fqn] for fqn in plan.params])
+    replaced_layers = lazy.Dropped(list(held.values()))  # built with the model, no longer in it
     replaced, copied = [], {}
     me = dist.get_rank()
     for fqn in sorted(plan.params, key=lambda f: (turn[id(held[f])], f)):
@@ -79,6 +80,7 @@ def shard_parameters(model: paddle.nn.Layer, plan: Plan, dropped: frozenset[str]
         old = held[fqn]
         built_lazily = lazy.is_lazy(old)
         if built_lazily:  # whole, on every rank, from the global generator: the eager build's draw
+            replaced_layers.draw_before(old)
             lazy.materialise(old, [slot.layer for slot in slots])
         if fqn in dropped:  # drawn all the same, so the next parameters draw what the eager build did
             for slot in slots:

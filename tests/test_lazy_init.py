@@ -187,3 +187,41 @@ def test_lazily_built_mp2_starts_and_trains_as_one_eager_device(lazy_mp2, refere
         for fqn, value in reference["start_params"].items():
             np.testing.assert_array_equal(np.array(out["start_params"][fqn]), np.array(value), err_msg=fqn)
         np.testing.assert_allclose(out["losses"], reference["losses"], rtol=1e-5)
+
+
+class TinyLM(paddle.nn.Layer):
+    """A base model as a library ships it: embedding, a stack of blocks, a head."""
+
+    def __init__(self, width=16, depth=2):
+        super().__init__()
+        self.embed = paddle.nn.Embedding(64, width)
+        self.blocks = paddle.nn.LayerList([paddle.nn.Linear(width, width) for _ in range(depth)])
+        self.head = paddle.nn.Linear(width, 64)
+
+
+class DeeperLM(TinyLM):
+    """A variant written as a subclass that swaps in its own blocks after the base built its
+    own, as people write variants: the base's blocks are created (and, eagerly, drawn) and
+    thrown away."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = paddle.nn.LayerList([paddle.nn.Sequential(paddle.nn.Linear(16, 32), paddle.nn.Linear(32, 16))])
+
+
+def test_autodist_lazy_guard_draws_the_sub_layers_a_subclass_replaced():
+    """Eagerly the replaced blocks draw their weights before the head and the new blocks do;
+    under autodist.LazyGuard apply_plan draws them too, in their turn (and lets them go), so
+    every parameter starts from the eager value. On main the head and the new blocks started
+    elsewhere, silently."""
+    paddle.seed(SEED)
+    eager = {fqn: p.numpy() for fqn, p in DeeperLM().named_parameters()}
+    paddle.seed(SEED)
+    with autodist.LazyGuard():
+        model = DeeperLM()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model, _, _ = apply_plan(model, None, None, tensor_parallel_plan(model))
+    assert [w for w in said if "apply_plan" in str(w.message)] == []
+    for fqn, p in model.named_parameters():
+        np.testing.assert_array_equal(p.numpy(), eager[fqn], err_msg=fqn)
