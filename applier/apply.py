@@ -93,6 +93,8 @@ def apply_plan(
     problem, on any rank, every rank raises one :class:`~autodist.schemas.PlanError` listing
     them all, and nothing has been changed. A rank that does not arrive within
     ``agree_timeout_s`` seconds (default ``AUTODIST_AGREE_TIMEOUT`` or 300) is named in it.
+    A rank that raises or dies later, while applying the plan, is named too: every other rank
+    raises a ``PlanError`` before its first communication (the failed rank its own error).
 
     Returns ``(model, optimizer, dataloader)``: the same model object with distributed
     parameters (for a schedule, a :class:`~autodist.applier.pipeline.PipelineModel` of this
