@@ -5,10 +5,12 @@ forward pre/post hooks on every sub-layer note the op count when the layer start
 so each op is attributed to the innermost layer whose range holds it (an op's ``struct_name``
 attribute is the fallback). ``rollback()`` and hook removal leave the model as it was.
 
-Some real models do not trace whole (PaddleFormers ``LlamaForCausalLM``: ``RecursionError``
-inside dy2static). Then the largest direct child that traces is traced instead (``llama`` /
-``model``), FQNs stay relative to the user's model, and the other parameter-holding children
-(``lm_head``) are listed in ``untraced_layers`` for the analysis to place.
+Some models do not trace whole (a forward dy2static cannot convert). Then the largest direct
+child that traces is traced instead (``llama`` / ``model``), FQNs stay relative to the user's
+model, and the other parameter-holding children (``lm_head``) are listed in ``untraced_layers``
+for the analysis to place. PaddleFormers' ``...ForCausalLM`` classes used to be such models (a
+``RecursionError`` from dy2static's rewrite of ``super()``); they trace whole now
+(:func:`_dy2static_caches`, item 3).
 
 A loop over the rows ``nonzero`` selects (HuggingFace's MoE blocks: only the experts that got
 tokens) is traced as the loop over every row (:mod:`.dense_selection`).
@@ -66,9 +68,10 @@ def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
     """
     with _eval_mode(model), eager_path(model) as selected:
         traced = _trace_model(model, input_specs)
+    called: dict[str, str] = {}  # a call the trace saw says more than a flag: it is what runs
     for i, kernel in sorted(traced.kernel_ops.items()):
-        selected.setdefault(kernel, f"calls {_KERNEL_CALLS[kernel]} ({traced.op_layers[i] or 'the model'})")
-    traced.selected_kernels = dict(sorted(selected.items()))
+        called.setdefault(kernel, f"calls {_KERNEL_CALLS[kernel]} ({traced.op_layers[i] or 'the model'})")
+    traced.selected_kernels = dict(sorted({**selected, **called}.items()))
     return traced
 
 
@@ -129,7 +132,7 @@ def _trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
 
 def is_tracing_limit(error: BaseException) -> bool:
     """Whether ``error`` is a limit of Paddle's tracer rather than the forward raising: a
-    ``RecursionError`` (dy2static's AST transformer on a deep model, e.g. PaddleFormers
+    ``RecursionError`` (dy2static's AST transformer on a deep model; PaddleFormers
     ``LlamaForCausalLM``; docs/paddle-notes.md, "Tracing") or an error whose innermost frame is
     inside Paddle. dy2static keeps the original traceback on the error (``ERROR_DATA``); a
     ``raise`` in the user's forward ends in the user's (transformed) code, and only then is
@@ -251,7 +254,14 @@ def _dy2static_caches():
        call (milliseconds, over a thousand calls for a deep model); its answer depends only on
        the function (for a layer: its class), so it is remembered.
 
-    Together they cut the tracing time of a deep model by about half.
+    Together they cut the tracing time of a deep model by about half. And one fix:
+
+    3. dy2static rewrites a zero-argument ``super()`` as ``super(self.__class__, self)``, which
+       for an instance of a *subclass* of the method's class finds the same method again, for
+       ever: PaddleFormers' ``PretrainedConfig.__getattribute__`` called on a ``LlamaConfig``
+       (from ``config.get(...)`` in the LM head) is the ``RecursionError`` that kept
+       ``LlamaForCausalLM`` from tracing whole (docs/paddle-notes.md, "Tracing"). Such a method
+       runs as plain Python instead (:func:`_super_misconverted`).
     """
     from paddle.jit.dy2static import convert_call_func
     from paddle.jit.dy2static.program_translator import _FUNCTION_CACHE
@@ -269,6 +279,8 @@ def _dy2static_caches():
         return converted[function]
 
     def remembered_is_unsupported(func):
+        if _super_misconverted(func):
+            return True
         # A layer is judged by its class's forward, a method by its function.
         key = type(func) if isinstance(func, paddle.nn.Layer) else (type(func), getattr(func, "__func__", func))
         try:
@@ -286,6 +298,27 @@ def _dy2static_caches():
     finally:
         del _FUNCTION_CACHE.convert_with_cache  # the instance attribute: the class's method shows again
         convert_call_func.is_unsupported = is_unsupported
+
+
+def _super_misconverted(func) -> bool:
+    """Whether dy2static's rewrite of ``super()`` in bound method ``func`` would recurse: the
+    method calls the zero-argument ``super()`` (its code has the ``__class__`` cell) and its
+    instance is of a subclass of the class defining it.
+
+    >>> class Base:
+    ...     def get(self):
+    ...         return super().__repr__()
+    >>> class Child(Base):
+    ...     pass
+    >>> _super_misconverted(Base().get), _super_misconverted(Child().get)
+    (False, True)
+    """
+    function, instance = getattr(func, "__func__", None), getattr(func, "__self__", None)
+    code = getattr(function, "__code__", None)
+    if instance is None or code is None or "__class__" not in code.co_freevars:
+        return False
+    defining = function.__closure__[code.co_freevars.index("__class__")].cell_contents
+    return type(instance) is not defining
 
 
 def _attribute_ops(ops: list, calls: list[tuple[str, list]], param_fqns: dict[str, str], prefix: str) -> list[str]:

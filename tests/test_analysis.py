@@ -53,15 +53,15 @@ def test_docstring_llama_roles_sizes_and_outer_layers():
     assert a.input_specs == [schemas.InputSpec(name="input_ids", dtype="int64", shape=[2, 16])]
 
 
-def test_paddleformers_llama_gqa_with_tied_head_outside_the_trace():
+def test_paddleformers_llama_gqa_with_tied_head():
     a = analysis_of("llama")
-    assert a.traced_layer == "model"
+    assert a.traced_layer == ""  # the whole LlamaForCausalLM, head included
     block = a.blocks[1]
     assert (block.num_heads, block.num_kv_heads, block.head_dim) == (4, 2, 8)
     assert roles(block)["k_proj"] == ("column", 1, 1) and roles(block)["down_proj"] == ("row", 0, 1)
-    # lm_head was not traced; its weight is the embedding's Parameter ([vocab, hidden], used transposed)
+    # the head's weight is the embedding's Parameter ([vocab, hidden], used transposed)
     assert a.tied["model.embed_tokens.weight"] == ["lm_head.weight"]
-    assert (a.lm_head.layer, a.lm_head.weight, a.lm_head.split_dim) == ("lm_head", "model.embed_tokens.weight", 0)
+    assert (a.lm_head.weight, a.lm_head.role, a.lm_head.split_dim) == ("model.embed_tokens.weight", "column", 0)
     assert a.final_norm == ["model.norm.weight"] and a.unmatched == []
 
 

@@ -268,3 +268,33 @@ def test_fused_norm_by_hand():
     assert unfused.moved.ops >= 6 and unfused.moved.outside > 2 * fused.moved.outside
     assert unfused.saved_outside.floats > fused.saved_outside.floats + H
     assert fused.flops_per_token == unfused.flops_per_token == 4 * H * H
+
+
+# -- a library model, planned whole ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_paddleformers_llama_with_flash_attention_plans_whole_and_records_the_choice():
+    """PaddleFormers' Llama with ``use_flash_attention=True`` (PaddleNLP's switch) and with
+    ``_attn_implementation="sdpa"`` (PaddleFormers 1.2's, which calls SDPA): traced whole (no
+    sub-layer fallback), priced with flash attention on an H100, and the plan says so."""
+    from autodist.planner.cost.search import SearchRequest
+    from autodist.planner.driver import plan_model
+    from models import paddleformers_models as pf
+
+    def planned(attention="auto", **config):
+        with paddle.LazyGuard():
+            model = pf.build_llama(**config)
+        request = SearchRequest(devices_per_node=2, dp=2, device=PROFILES["h100-sxm"], attention=attention)
+        return plan_model(model, pf.input_spec(2, 64), request, {"target": "llama"})
+
+    flag = planned(use_flash_attention=True)
+    assert flag.plan.model.traced_layer == "" and flag.traced.fallback_reason == ""
+    assert flag.plan.kernels.attention == "flash" and "use_flash_attention=True" in flag.plan.kernels.reason
+    sdpa = planned(_attn_implementation="sdpa")
+    assert sdpa.plan.kernels.attention == "flash" and "scaled_dot_product_attention" in sdpa.plan.kernels.reason
+    eager = planned(attention="eager", use_flash_attention=True)
+    assert eager.plan.kernels == Kernels(attention="eager", reason="--attention eager")
+    # The scores ([heads, seq, seq] per sequence) are neither kept nor passed through memory.
+    assert flag.plan.estimate.memory.activations < eager.plan.estimate.memory.activations
+    assert flag.plan.estimate.step_time_s < eager.plan.estimate.step_time_s

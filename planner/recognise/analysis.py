@@ -196,14 +196,19 @@ def params_read_on_both_sides(analysis: ModelAnalysis) -> frozenset[str]:
     """The parameters outside the blocks read both before the first block and after the last:
     a table tied by a function call (``paddle.matmul(h, self.wte.weight, transpose_y=True)``
     after the blocks, or ``F.embedding(ids, self.lm_head.weight.T)`` before them). A pipeline
-    needs them on its first and its last stage (emit: ``tied_stages``)."""
+    needs them on its first and its last stage (emit: ``tied_stages``). An embedding whose table
+    the head holds under its own name (``analysis.tied``) is not one: the trace reads it by the
+    embedding's name on both sides, and emit copies it to the last stage under the head's name."""
     nodes = [n for b in analysis.blocks for n in b.nodes]
     if not nodes:
         return frozenset()
     first, last, graph = min(nodes), max(nodes), analysis.graph
+    tied_by_name = {analysis.embedding} if analysis.embedding in analysis.tied else set()
     both = set()
     for node, data in graph.nodes(data=True):
         consumers = list(graph.successors(node)) if data["param"] is not None else []
+        if data["param"] in tied_by_name:
+            continue
         if consumers and min(consumers) < first and max(consumers) > last:
             both.add(data["param"])
     return frozenset(both)

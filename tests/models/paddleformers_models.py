@@ -1,8 +1,8 @@
 """Tiny PaddleFormers models (random weights, no download), a CNN and single-MLP models.
 
 The PaddleFormers configs pass ``fuse_rms_norm=False``: the fused RMSNorm kernel rejects
-float32 on CPU (docs/paddle-notes.md, "Tracing"). Their full ``ForCausalLM.forward`` does not trace on this
-Paddle; the inner ``model.model`` does.
+float32 on CPU (docs/paddle-notes.md, "Tracing"). Their full ``ForCausalLM.forward`` traces (the planner
+works around dy2static's ``super()`` rewrite, planner/trace.py).
 
 Example::
 
