@@ -79,3 +79,22 @@ def test_a_tie_by_call_trains_under_1f1b_like_one_device(trained, reference_runs
     first, last = result.outputs
     assert first["layout"][weight]["mesh"] == [0] and last["layout"][weight]["mesh"] == [1]
     np.testing.assert_allclose(first["params"][weight], last["params"][weight], atol=1e-6)
+
+
+MP2 = Config(mp=2, plan_source="planner")
+
+
+@pytest.fixture(scope="module")
+def trained_mp2(tmp_path_factory, reference_runs):
+    cases = [(name, MP2) for name in WORKLOADS if name.startswith("tied_by_call_")]
+    results = train_planned(cases, tmp_path_factory.mktemp("tied_by_call_mp2"))
+    reference_runs.prepare([t.run for t in results.values()])
+    return results
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("workload", [name for name in WORKLOADS if name.startswith("tied_by_call_")])
+def test_a_tie_by_call_trains_under_mp2_like_one_device(trained_mp2, reference_runs, workload):
+    """The one tied weight gets one placement, which serves both its uses (the lookup and the
+    head) under tensor parallelism: mp2 on 2 gloo ranks trains to the single-device losses."""
+    check_against_reference(trained_mp2[workload], reference_runs)
