@@ -49,18 +49,19 @@ class Job:
         self.stack = stack
         self.procs: dict[int, subprocess.Popen] = {}
 
-    def start(self, rank: int, plan: str, fail: bool = False, **env: str) -> None:
+    def start(self, rank: int, plan: str, after: str | None = None, **env: str) -> None:
+        """Start ``rank`` with ``plan``; ``after``: what it does after the agreement (agree_rank.py)."""
         environment = base_env({**self.env, "PADDLE_TRAINER_ID": str(rank)})
         environment.pop("AUTODIST_AGREE_SECRET", None)  # the default: the key file
         environment.update(env)
-        command = [sys.executable, "-m", "harness.agree_rank", plan, *(["fail"] if fail else [])]
+        command = [sys.executable, "-m", "harness.agree_rank", plan, *([after] if after else [])]
         proc = subprocess.Popen(
             command, cwd=TESTS_DIR, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         self.stack.callback(_kill, proc)
         self.procs[rank] = proc
 
-    def result(self, rank: int) -> dict:
+    def result(self, rank: int, returncode: int = 0) -> dict:
         """What the rank raised, once it ended (killed and failed if it outlives RANK_LIMIT_S)."""
         proc = self.procs[rank]
         try:
@@ -68,8 +69,8 @@ class Job:
         except subprocess.TimeoutExpired:
             _kill(proc)
             pytest.fail(f"rank {rank} still running after {RANK_LIMIT_S} s")
-        assert proc.returncode == 0 and out.strip(), f"rank {rank} crashed:\n{err[-3000:]}"
-        return json.loads(out.strip().splitlines()[-1])
+        assert proc.returncode == returncode, f"rank {rank} exited with {proc.returncode}:\n{err[-3000:]}"
+        return json.loads(out.strip().splitlines()[-1]) if returncode == 0 else {}
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -338,7 +339,7 @@ def test_a_rank_failing_after_the_agreement_stops_every_rank(job):
     """No launcher: rank 1 raises while applying the plan, after the ranks agreed. Rank 0 must
     raise too, naming it, within the timeout (today it goes on into the first collective)."""
     job.start(0, PLAN_A)
-    job.start(1, PLAN_A, fail=True)
+    job.start(1, PLAN_A, after="fail")
     zero, one = job.result(0), job.result(1)
     assert one["error"] == "RuntimeError", one
     assert zero["error"] == "PlanError", zero
@@ -347,7 +348,7 @@ def test_a_rank_failing_after_the_agreement_stops_every_rank(job):
 
 
 def test_rank_0_failing_after_the_agreement_stops_every_rank(job):
-    job.start(0, PLAN_A, fail=True)
+    job.start(0, PLAN_A, after="fail")
     job.start(1, PLAN_A)
     zero, one = job.result(0), job.result(1)
     assert zero["error"] == "RuntimeError", zero
@@ -373,3 +374,27 @@ def test_ranks_with_another_secret_do_not_meet_and_ranks_with_the_same_do(job):
     job.start(0, PLAN_A, AUTODIST_AGREE_SECRET="one")
     job.start(1, PLAN_B, AUTODIST_AGREE_SECRET="one")
     assert_both_refuse_the_plans(job)
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_rank_dying_after_the_agreement_stops_the_other(job, victim):
+    """No launcher: a rank SIGKILLed while applying the plan closes its connection; the other
+    raises at once, naming it, instead of waiting in the first collective."""
+    job.start(0, PLAN_A, after="die" if victim == 0 else None)
+    job.start(1, PLAN_A, after="die" if victim == 1 else None)
+    job.result(victim, returncode=-9)
+    survivor = job.result(1 - victim)
+    expected = "lost the connection to rank 0" if victim == 0 else "rank 1 lost its connection to rank 0 while applying"
+    assert survivor["error"] == "PlanError" and expected in survivor["message"], survivor
+    assert survivor["seconds"] < TIMEOUT_S, survivor
+
+
+def test_a_rank_frozen_after_the_agreement_is_named_at_the_timeout(job):
+    """Rank 1 stops while applying the plan for twice the timeout: rank 0 names it at the
+    timeout, and rank 1, when it wakes, finds the same verdict waiting."""
+    job.start(0, PLAN_A)
+    job.start(1, PLAN_A, after="freeze")
+    zero, one = job.result(0), job.result(1)
+    assert zero["error"] == "PlanError", zero
+    assert f"rank 1 did not finish applying the plan within {TIMEOUT_S:g} s" in zero["message"], zero
+    assert one["error"] == "PlanError" and one["message"] == zero["message"], one

@@ -1,11 +1,11 @@
-"""One rank of an agreement-only job: ``python -m harness.agree_rank PLAN_DIGEST [fail]``.
+"""One rank of an agreement-only job: ``python -m harness.agree_rank PLAN_DIGEST [fail|die|freeze]``.
 
 Runs the agreement step of ``apply_plan`` (applier/agree.py) as it runs there -- its own process,
 the job's ``PADDLE_*`` environment, real sockets -- but without Paddle, so a job of two starts in
 a fraction of a second: what tests/test_agree_strangers.py puts strangers up against. The rank
-brings a record with the given plan digest; with ``fail``, it raises while "applying" the plan
-after the agreement. It prints one JSON line: what it raised (or None), how long it took, its
-peak RSS and CPU time.
+brings a record with the given plan digest; after the agreement, while "applying" the plan, it
+raises (``fail``), SIGKILLs itself (``die``) or stops for twice the timeout (``freeze``). It
+prints one JSON line: what it raised (or None), how long it took, its peak RSS and CPU time.
 
 ``AGREE_RANK_NOFILE`` (TEST-ONLY) lowers this process's descriptor limit to that many above what
 it has open, as a rank of a job short of descriptors.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import sys
 import time
 
@@ -25,7 +26,7 @@ from autodist.schemas import PlanError
 MODEL_DIGEST = "c" * 64
 
 
-def main(plan_digest: str, fail: bool) -> None:
+def main(plan_digest: str, after: str | None) -> None:
     spare = os.environ.get("AGREE_RANK_NOFILE")
     if spare:
         in_use = len(os.listdir("/proc/self/fd"))
@@ -36,8 +37,12 @@ def main(plan_digest: str, fail: bool) -> None:
     try:
         agreement = agree(Record(rank, "plan.json", plan_digest, MODEL_DIGEST), rank, world, timeout_s=_timeout())
         with applying(agreement):
-            if fail:
+            if after == "fail":
                 raise RuntimeError("TEST-ONLY: this rank failed while sharding")
+            if after == "die":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if after == "freeze":
+                time.sleep(2 * _timeout())
     except (PlanError, RuntimeError) as exc:
         error, message = type(exc).__name__, str(exc)
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -57,4 +62,4 @@ def _timeout() -> float:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:] == ["fail"])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
