@@ -298,3 +298,26 @@ def test_paddleformers_llama_with_flash_attention_plans_whole_and_records_the_ch
     # The scores ([heads, seq, seq] per sequence) are neither kept nor passed through memory.
     assert flag.plan.estimate.memory.activations < eager.plan.estimate.memory.activations
     assert flag.plan.estimate.step_time_s < eager.plan.estimate.step_time_s
+
+
+def test_the_option_is_recorded_in_the_plan_and_explained(tmp_path):
+    """``--attention flash`` on a model that writes its softmax itself: the plan's ``kernels`` and
+    ``--explain`` say what was priced and why."""
+    import json
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from autodist.planner.cli import cli
+
+    model = str(Path(__file__).parent / "models" / "gpt.py")
+    out = tmp_path / "plan.json"
+    common = [model, "--devices", "2", "--device", "h100-sxm", "--dp", "2", "-o", str(out)]
+    result = CliRunner().invoke(cli, [*common, "--attention", "flash", "--explain", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "kernels: attention flash (--attention flash)" in result.output
+    plan = json.loads(out.read_text())
+    assert plan["kernels"] == {"attention": "flash", "reason": "--attention flash", "fused": []}
+    assert plan["provenance"]["arguments"]["attention"] == "flash"
+    bad = CliRunner().invoke(cli, [*common, "--attention", "fast"])
+    assert bad.exit_code == 2 and "fast" in bad.output
