@@ -53,6 +53,7 @@ bench: install
 	$(PY) bench/pipeline_schedule.py
 	$(PY) bench/experts.py --markdown
 	$(PY) bench/closed_loop.py --runs 3
+	$(PY) bench/search_quality.py --alternatives 2 --rounds 2
 
 # The whole product on 4 CPU processes: plan the docstring Llama, apply it, compare losses with one device.
 .PHONY: demo
