@@ -46,6 +46,7 @@ plans: install
 # memory and step time against plain dp and to_distributed (docs/benchmarks.md has the recorded tables).
 bench: install
 	$(PY) bench/plan_time.py --markdown
+	$(PY) bench/plan_memory.py --markdown
 	$(PY) bench/apply_time.py --markdown
 	$(PY) bench/lazy_init.py --markdown
 	$(PY) bench/checkpoint_time.py --markdown

@@ -216,6 +216,7 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
     try:
         with (
             _dy2static_caches(),
+            _no_residue(),
             every_selection_taken(),
             recorded_calls(_OpRangeRecorder._block_ops) as calls,
             warnings.catch_warnings(),
@@ -239,6 +240,43 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
         untraced_layers=untraced,
         kernel_ops={index[op]: kernel for kernel, call_ops in calls for op in call_ops if op in index},
     )
+
+
+#: What :func:`_no_residue` hands Paddle for every op's creation call stack: one empty stack.
+_NO_STACK = traceback.StackSummary()
+
+
+@contextmanager
+def _no_residue():
+    """Trace without leaving anything behind in the process (``autodist.plan`` in a loop holds
+    its memory flat: bench/plan_memory.py).
+
+    1. Paddle's C++ records every PIR op's creation call stack by calling Python's
+       ``traceback.extract_stack()``, and keeps a reference to each stack it gets after the op and
+       its program are gone: about 240 stacks, 0.8 MB, per trace of a small Llama
+       (docs/paddle-notes.md, "Tracing leaves call stacks behind"). While we trace,
+       ``extract_stack`` returns one shared empty stack: nothing new is kept. The planner's own
+       errors do not use those stacks (a forward that raises is reported from its exception).
+    2. Paddle names each traced layer call in a global tree (``framework._name_struct``: the
+       ``struct_name`` attribute); each trace adds a subtree under the current node
+       (``Model_1``, ``Model_2``, ...). It is cut back to what it was, so the names, too, are
+       those of a first trace.
+    """
+    from paddle.base import framework
+
+    extract_stack = traceback.extract_stack
+    node = framework._name_struct
+    children = {prefix: len(named) for prefix, named in node._children.items()}
+    traceback.extract_stack = lambda f=None, limit=None: _NO_STACK
+    try:
+        yield
+    finally:
+        traceback.extract_stack = extract_stack
+        for prefix in list(node._children):
+            if prefix not in children:
+                del node._children[prefix]
+            else:
+                del node._children[prefix][children[prefix] :]
 
 
 @contextmanager

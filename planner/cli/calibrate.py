@@ -156,6 +156,7 @@ def _timed_by_the_model(target: str, measure: Callable[[], float]) -> float:
     or an exception it raises is one :class:`PlannerError` naming the model, not a silent exit 0
     or a traceback."""
     from autodist.planner.load import user_code  # imports Paddle: not at the command line's start
+
     with user_code(target):
         try:
             return measure()

@@ -1,0 +1,60 @@
+"""Planning in a loop holds its memory flat (issue #23, item 9): a trace leaves nothing behind in
+the process. Paddle's C++ keeps every PIR op's creation call stack (from
+``traceback.extract_stack``) after the op is gone, and names each traced layer call in a global
+tree; both grew with every ``autodist.plan`` call (about 0.8 MB a call for a small Llama; the
+memory itself is measured in bench/plan_memory.py, not here)."""
+
+from __future__ import annotations
+
+import gc
+import traceback
+
+import paddle
+from paddle.base import framework
+
+from autodist.planner.trace import trace_model
+
+
+class Block(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = paddle.nn.Linear(16, 32), paddle.nn.Linear(32, 16)
+
+    def forward(self, x):
+        return x + self.fc2(paddle.nn.functional.gelu(self.fc1(x)))
+
+
+class Net(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.blocks = paddle.nn.LayerList([Block() for _ in range(2)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def live_stacks() -> int:
+    gc.collect()
+    return sum(isinstance(o, traceback.StackSummary) for o in gc.get_objects())
+
+
+def name_tree_size(node=None) -> int:
+    node = node or framework._name_struct
+    return sum(1 + name_tree_size(child) for named in node._children.values() for child in named)
+
+
+def test_tracing_again_and_again_keeps_no_call_stacks_and_no_names():
+    spec = [paddle.static.InputSpec([2, 4, 16], "float32", "x")]
+    with paddle.LazyGuard():
+        model = Net()
+    first = trace_model(model, spec)
+    stacks, names = live_stacks(), name_tree_size()
+    for _ in range(3):
+        again = trace_model(model, spec)
+        assert len(again.ops) == len(first.ops)
+        del again
+    assert live_stacks() == stacks  # on main: 3 x (one stack per op of the trace and its startup program)
+    assert name_tree_size() == names  # on main: a Net_1, Net_2, Net_3 subtree each time
+    assert traceback.extract_stack()[-1].name == "test_tracing_again_and_again_keeps_no_call_stacks_and_no_names"
