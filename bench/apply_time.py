@@ -8,7 +8,8 @@ on a fresh model. Imports are done before timing for both. The ratio is per rank
 best apply_plan time / to_distributed time (target <= 5 %). Where apply_plan's time goes is
 timed by phase (the functions apply_plan calls, wrapped in this process only): ``agree`` is the
 meeting of the ranks, so it holds the wait for the slowest rank; the rank that waited least
-(the last to arrive) shows apply_plan's own cost.
+(the last to arrive) shows apply_plan's own cost. ``settle`` is their second meeting, once each
+rank applied the plan (applier/agree.py), so it holds the wait for the slowest to shard.
 
 Run: ``make bench`` or ``.venv/bin/python bench/apply_time.py [--layers 4] [--hidden 256] [--markdown]``.
 The numbers go to docs/benchmarks.md by hand, with the machine they came from.
@@ -31,6 +32,7 @@ PHASES = {
     "load and check the plan": ("load_plan", "plan_problems", "lacking", "dump_plan", "digest"),
     "model digest": ("parameter_table", "parameter_fingerprint"),
     "agree (waits for the other ranks)": ("agree",),
+    "settle (waits for the other ranks)": ("Agreement.settle",),
     "shard parameters": ("shard_parameters", "dropped_parameters"),
     "hooks and recompute": ("register_hooks", "wrap_recompute"),
     "optimizer": ("rebuild_optimizer", "shard_optimizer"),
@@ -55,7 +57,9 @@ def time_phases(module) -> dict[str, float]:
 
     for phase, names in PHASES.items():
         for name in names:
-            setattr(module, name, timed(phase, getattr(module, name)))
+            owner, _, attribute = name.rpartition(".")  # "Class.method": wrapped on the class
+            target = getattr(module, owner) if owner else module
+            setattr(target, attribute, timed(phase, getattr(target, attribute)))
     return spent
 
 
