@@ -12,35 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_planner_robustness import model_file
 
 AUTODIST_PLAN = str(Path(sys.executable).parent / "autodist-plan")
-
-MODEL = """
-import sys
-
-import paddle
-from paddle import nn
-
-
-class Net(nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 16)
-
-    def forward(self, x):
-        if self.training:  # the planner traces in eval mode; calibrate trains
-            {training}
-        return self.fc2(paddle.nn.functional.relu(self.fc1(x)))
-
-
-def build_model():
-    return Net()
-
-
-def input_spec():
-    return [paddle.static.InputSpec([4, 16], "float32", "x")]
-"""
 
 
 def run(*args, cwd) -> subprocess.CompletedProcess:
@@ -52,8 +26,8 @@ def planned(tmp_path):
     """A one-device plan of a model whose training step is the statement given."""
 
     def make(training: str) -> Path:
-        model = tmp_path / "model.py"
-        model.write_text(MODEL.format(training=training))
+        # the planner traces in eval mode; calibrate trains
+        model = Path(model_file(tmp_path, forward_extra=f"if self.training: {training}", module_extra="import sys"))
         made = run(model, "--nproc-per-node", 1, "--device", "cpu", "-q", "-o", tmp_path / "plan.json", cwd=tmp_path)
         assert made.returncode == 0, made.stderr
         return model

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from harness.cli import DOCSTRING, run, tiny_docstring  # noqa: F401 (autouse fixture)
 
+from test_rules import MODEL as NORMED_MLP
+
 from autodist.schemas import load_plan
 
 MIXTRAL = "tests/models/zoo/mixtral_moe.py"
@@ -140,45 +142,9 @@ def test_every_bad_rule_is_named_with_its_line_at_once(tmp_path):
     )
 
 
-NORMED_MLP = '''
-import paddle
-import paddle.nn as nn
-
-
-class Block(nn.Layer):
-    """A block whose first MLP normalises its hidden features (NormFormer's extra LayerNorm)."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.norm, self.fc2 = nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 16)
-
-    def forward(self, x):
-        return x + self.fc2(self.norm(paddle.nn.functional.gelu(self.fc1(x))))
-
-
-class Net(nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.LayerList([Block() for _ in range(2)])
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
-
-
-def build_model():
-    return Net()
-
-
-def input_spec():
-    return [paddle.static.InputSpec([2, 4, 16], "float32", "x")]
-'''
-
-
 def test_a_wrong_rule_is_named_not_the_op_it_upsets(tmp_path):
-    """Splitting fc1's columns puts a split axis under the LayerNorm: the rule is named with its
-    line, once (not once per block), then what Paddle would do."""
+    """Splitting fc1's columns puts a split axis under the LayerNorm after it (test_rules' model):
+    the rule is named with its line, once (not once per block), then what Paddle would do."""
     model = tmp_path / "net.py"
     model.write_text(NORMED_MLP)
     result, rules = plan_with_rules(tmp_path, str(model), '"blocks.*.fc2" = "rowwise"\n"blocks.*.fc1" = "colwise"\n')
