@@ -744,10 +744,7 @@ def _await_verdict(conn: socket.socket, key: bytes, context: bytes, deadline: fl
 
 def _lost(exc: Exception) -> str:
     detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return (
-        "agreement: lost the connection to rank 0 while ranks were agreeing on the plan "
-        f"(rank 0 died or was stopped?): {detail}"
-    )
+    return f"agreement: lost the connection to rank 0 (rank 0 died or was stopped?): {detail}"
 
 
 # -- where rank 0 listens ---------------------------------------------------------------------------

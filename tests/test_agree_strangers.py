@@ -344,7 +344,7 @@ def test_a_rank_failing_after_the_agreement_stops_every_rank(job):
     assert one["error"] == "RuntimeError", one
     assert zero["error"] == "PlanError", zero
     assert "rank 1 failed while applying the plan: RuntimeError: TEST-ONLY" in zero["message"], zero
-    assert zero["seconds"] < TIMEOUT_S + 3, zero
+    assert zero["after_agreement_s"] < TIMEOUT_S, zero
 
 
 def test_rank_0_failing_after_the_agreement_stops_every_rank(job):
@@ -386,7 +386,7 @@ def test_a_rank_dying_after_the_agreement_stops_the_other(job, victim):
     survivor = job.result(1 - victim)
     expected = "lost the connection to rank 0" if victim == 0 else "rank 1 lost its connection to rank 0 while applying"
     assert survivor["error"] == "PlanError" and expected in survivor["message"], survivor
-    assert survivor["seconds"] < TIMEOUT_S, survivor
+    assert survivor["after_agreement_s"] < TIMEOUT_S, survivor
 
 
 def test_a_rank_frozen_after_the_agreement_is_named_at_the_timeout(job):

@@ -5,7 +5,8 @@ the job's ``PADDLE_*`` environment, real sockets -- but without Paddle, so a job
 a fraction of a second: what tests/test_agree_strangers.py puts strangers up against. The rank
 brings a record with the given plan digest; after the agreement, while "applying" the plan, it
 raises (``fail``), SIGKILLs itself (``die``) or stops for twice the timeout (``freeze``). It
-prints one JSON line: what it raised (or None), how long it took, its peak RSS and CPU time.
+prints one JSON line: what it raised (or None), how long it took (in all, and after the
+agreement), its peak RSS and CPU time.
 
 ``AGREE_RANK_NOFILE`` (TEST-ONLY) lowers this process's descriptor limit to that many above what
 it has open, as a rank of a job short of descriptors.
@@ -33,9 +34,10 @@ def main(plan_digest: str, after: str | None) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + int(spare), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     rank, world = int(os.environ["PADDLE_TRAINER_ID"]), int(os.environ["PADDLE_TRAINERS_NUM"])
     start = time.monotonic()
-    error, message = None, ""
+    error, message, agreed = None, "", None
     try:
         agreement = agree(Record(rank, "plan.json", plan_digest, MODEL_DIGEST), rank, world, timeout_s=_timeout())
+        agreed = time.monotonic()
         with applying(agreement):
             if after == "fail":
                 raise RuntimeError("TEST-ONLY: this rank failed while sharding")
@@ -51,6 +53,8 @@ def main(plan_digest: str, after: str | None) -> None:
         "error": error,
         "message": message,
         "seconds": time.monotonic() - start,
+        # From the agreement to the end: how long a failure after it took to stop this rank.
+        "after_agreement_s": None if agreed is None else time.monotonic() - agreed,
         "maxrss_mb": usage.ru_maxrss / 1024,
         "cpu_s": usage.ru_utime + usage.ru_stime,
     }
