@@ -353,7 +353,7 @@ def _super_misconverted(func) -> bool:
     """
     function, instance = getattr(func, "__func__", None), getattr(func, "__self__", None)
     code = getattr(function, "__code__", None)
-    if instance is None or code is None or "__class__" not in code.co_freevars:
+    if function is None or instance is None or code is None or "__class__" not in code.co_freevars:
         return False
     defining = function.__closure__[code.co_freevars.index("__class__")].cell_contents
     return type(instance) is not defining

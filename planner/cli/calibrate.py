@@ -180,11 +180,11 @@ def _plan_pricer(model_target: str, plan, device):
     from msgspec.structs import replace
 
     from autodist.planner import driver
-    from autodist.planner.cost.search import SearchRequest, price, search
+    from autodist.planner.cost.search import SearchRequest, kernels_for, price, search
 
     loaded = driver.load(model_target, _plan_input_specs(plan))
     traced = driver.trace(loaded.model, loaded.input_specs)
-    priced = price(driver.analyse(loaded.model, traced))
+    analysis = driver.analyse(loaded.model, traced)
     arguments, s = plan.provenance.arguments, plan.strategy
     request = SearchRequest(
         devices_per_node=plan.cluster.devices_per_node,
@@ -203,7 +203,9 @@ def _plan_pricer(model_target: str, plan, device):
         optimizer=arguments.get("optimizer", "adam"),
         recompute=s.recompute,
         ep=s.ep,
+        attention=arguments.get("attention", "auto"),
     )
+    priced = price(analysis, kernels_for(analysis, request))  # the kernels this device runs (planner/kernels.py)
 
     def priced_step(dispatch_s: float) -> float:
         device_td = replace(device, dispatch_overhead_s=dispatch_s)
