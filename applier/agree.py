@@ -79,7 +79,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
-from autodist.applier.jobkey import SECRET_ENV, new_key, read_key, remove_key
+from autodist.applier.jobkey import SECRET_ENV, key_file, new_key, read_key, remove_key
 from autodist.schemas import PlanError
 
 #: Seconds a rank waits for the others; generous, since ranks reach apply_plan at different
@@ -614,14 +614,15 @@ def _ranks(ranks: list[int]) -> str:
 def _join(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
     host, port = master_endpoint()
     deadline = time.monotonic() + timeout_s
-    conn, nonce, key, stranger = _connect(host, port, _master(), deadline)
+    conn, nonce, key, found = _connect(host, port, _master(), deadline)
     if conn is None:
-        why = (
-            f"something other than this job's rank 0 listens on {host}:{port}: another program (set {PORT_ENV} "
-            f"to a free port on every rank), or a rank 0 with another {SECRET_ENV}"
-            if stranger
-            else f"nothing listens on {host}:{port}; dead, stuck, or another plan?"
-        )
+        why = {
+            "stranger": f"something other than this job's rank 0 listens on {host}:{port}: another program (set "
+            f"{PORT_ENV} to a free port on every rank), or a rank 0 with another {SECRET_ENV}",
+            "nothing": f"nothing listens on {host}:{port}; dead, stuck, or another plan?",
+            "no key": f"it wrote no key to {key_file(_master())}; dead, stuck, or another TMPDIR (every rank "
+            f"needs the same, or set {SECRET_ENV})",
+        }[found]
         raise PlanError(
             f"agreement: rank 0 did not reach the agreement step within {timeout_s:g} s ({why}); "
             f"set {TIMEOUT_ENV} to wait longer",
@@ -666,10 +667,11 @@ def _exchange(agreement: Agreement, message: bytes, round_: int) -> list[str]:
 
 
 def _connect(host: str, port: int, master: str, deadline: float):
-    """``(connection, rank 0's nonce, key, False)``: a connection to rank 0 whose greeting is
+    """``(connection, rank 0's nonce, key, "")``: a connection to rank 0 whose greeting is
     signed with the job's key, retried while refused (rank 0 not listening yet) or not greeted,
-    until ``deadline``. ``(None, None, None, whether a stranger answered)`` when none came."""
-    wait, stranger = RETRY_MIN_S, False
+    until ``deadline``. ``(None, None, None, what was found last)`` when none came: "no key" (rank
+    0's key file never appeared), "nothing" (refused) or "stranger" (no greeting that checks out)."""
+    wait, found = RETRY_MIN_S, "no key"
     while True:
         key = read_key(master)  # None until rank 0 wrote it (it does before it listens)
         conn = None
@@ -678,14 +680,14 @@ def _connect(host: str, port: int, master: str, deadline: float):
                 conn = socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic())))
                 nonce = _greeted(conn, key, min(time.monotonic() + GREETING_WAIT_S, deadline))
                 if nonce is not None:
-                    return conn, nonce, key, False
-                stranger = True
+                    return conn, nonce, key, ""
+                found = "stranger"
             except OSError:  # refused: not listening (yet)
-                stranger = False
+                found = "nothing"
             if conn is not None:
                 conn.close()
         if time.monotonic() + wait > deadline:
-            return None, None, None, stranger
+            return None, None, None, found
         time.sleep(wait)
         wait = min(2 * wait, RETRY_MAX_S)
 

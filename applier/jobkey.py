@@ -51,7 +51,7 @@ def read_key(master: str) -> bytes | None:
         return _from_secret(secret)
     _require_one_host()
     try:
-        return _read_key_file(_key_path(master))
+        return _read_key_file(key_file(master))
     except OSError:  # not written yet (or not a plain file): rank 0 writes it before it listens
         return None
 
@@ -63,7 +63,7 @@ def new_key(master: str) -> tuple[bytes, Path | None]:
     if secret:
         return _from_secret(secret), None
     _require_one_host()
-    path = _key_path(master)
+    path = key_file(master)
     key = secrets.token_bytes(32)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -108,8 +108,9 @@ def _require_one_host() -> None:
         )
 
 
-def _key_path(master: str) -> Path:
-    """The key file of the job whose master is ``master``, in this user's private folder."""
+def key_file(master: str) -> Path:
+    """Where rank 0 writes the key of the job whose master is ``master`` (when no secret is
+    set): in this user's private folder, made if missing."""
     folder = Path(tempfile.gettempdir()) / f"autodist-{os.getuid()}"
     try:
         folder.mkdir(mode=0o700, exist_ok=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import asdict
@@ -278,3 +279,12 @@ def test_an_ack_and_the_next_report_in_one_read_are_both_heard(two_rank_env):
     agreement = agree(Record(0, "plan.json", PLAN_A, MODEL_A), rank=0, world=2, timeout_s=5)
     agreement.settle()  # rank 1's report came with its ack, in one read
     thread.join()
+
+
+def test_a_rank_that_never_finds_rank_0s_key_says_where_it_looked(two_rank_env, monkeypatch, tmp_path):
+    """No secret set, one machine: rank 0 would write the key file; with rank 0 absent (or
+    under another TMPDIR), rank 1 names the file it waited for."""
+    monkeypatch.delenv("AUTODIST_AGREE_SECRET")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(PlanError, match=rf"it wrote no key to {tmp_path}/autodist-\d+/agree-127.0.0.1_\d+.key"):
+        agree(Record(1, "plan.json", PLAN_A, MODEL_A), rank=1, world=2, timeout_s=1)
