@@ -321,3 +321,20 @@ def test_the_option_is_recorded_in_the_plan_and_explained(tmp_path):
     assert plan["provenance"]["arguments"]["attention"] == "flash"
     bad = CliRunner().invoke(cli, [*common, "--attention", "fast"])
     assert bad.exit_code == 2 and "fast" in bad.output
+
+
+def test_a_cluster_file_inherits_or_sets_fused_kernels_and_a_bad_value_is_named(tmp_path):
+    from autodist.planner.cost.hardware import load_cluster_file
+    from autodist.planner.errors import PlannerError
+
+    path = tmp_path / "c.toml"
+    for body, expected in (
+        ('base = "cpu"', False),
+        ('base = "h100-sxm"', True),
+        ('base = "cpu"\nfused_kernels = true', True),
+    ):
+        path.write_text(f"[device]\n{body}\n")
+        assert load_cluster_file(str(path)).fused_kernels is expected
+    path.write_text('[device]\nbase = "cpu"\nfused_kernels = "yes"\n')
+    with pytest.raises(PlannerError, match="fused_kernels must be true or false"):
+        load_cluster_file(str(path))
