@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import math
 import traceback
 import warnings
@@ -48,6 +49,9 @@ class TracedProgram:
     untraced_layers: list[str] = field(default_factory=list)  # top-level children outside the traced one
     #: Why the whole model was not traced (a known tracing limit), "" when it was.
     fallback_reason: str = ""
+    #: Inputs the model takes that the traced sub-layer does not (``labels``: they feed the
+    #: untraced head's loss), by name.
+    unused_inputs: list[str] = field(default_factory=list)
     #: Op index -> the fused kernel whose call added it (:mod:`autodist.planner.kernels`).
     kernel_ops: dict[int, str] = field(default_factory=dict)
     #: Fused kernels the model selects -> why (a call the trace saw, a config flag).
@@ -114,11 +118,15 @@ def _trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
         )
     for name, child in _children_by_size(model):
         others = [n for n, c in model.named_children() if n != name and _num_params(c) > 0]
+        child_specs = _specs_for(child, input_specs)
+        if child_specs is None:
+            continue
         try:
-            traced = _trace_layer(child, name, input_specs, param_fqns, untraced=others)
+            traced = _trace_layer(child, name, child_specs, param_fqns, untraced=others)
         except Exception:  # noqa: BLE001 -- this child does not trace either; try the next one
             continue
         traced.fallback_reason = _last_line(failure)
+        traced.unused_inputs = [s.name for s in input_specs if s not in child_specs]
         return traced
     raise PlannerError(
         f"{type(model).__name__}.forward does not trace with paddle.jit.to_static(full_graph=True) "
@@ -156,6 +164,24 @@ def _last_line(error: BaseException) -> str:
     if not lines:
         return type(error).__name__
     return lines[-1] if ": " in lines[-1] and len(lines) > 1 else f"{type(error).__name__}: {lines[-1]}"
+
+
+def _specs_for(child: paddle.nn.Layer, input_specs: list) -> list | None:
+    """The model's input specs that ``child.forward`` takes, by name, in its order: a causal-LM
+    wrapper takes ``labels`` for its loss, its decoder does not, and passing ``labels`` on
+    positionally would trace it as the decoder's ``attention_mask``. None when the names the
+    child takes are not its first parameters in order (positional passing would put one in
+    the wrong place); unnamed specs are passed as given."""
+    if any(not getattr(spec, "name", None) for spec in input_specs):
+        return list(input_specs)
+    try:
+        parameters = list(inspect.signature(child.forward).parameters)
+    except (TypeError, ValueError):
+        return list(input_specs)
+    taken = [spec for spec in input_specs if spec.name in parameters]
+    if [spec.name for spec in taken] != parameters[: len(taken)]:
+        return None
+    return taken
 
 
 def _num_params(layer: paddle.nn.Layer) -> int:

@@ -278,6 +278,26 @@ def test_trainer_arguments_build_the_plans_mesh():
     assert arguments["enable_auto_parallel"] and arguments["pipeline_model_parallel_size"] == 1
 
 
+def test_the_planner_traces_the_trainers_inputs_by_name():
+    """The Trainer calls ``model(input_ids=..., labels=...)``. ``LlamaForCausalLM.forward`` does not
+    trace whole, so the planner traces its decoder, which takes no ``labels``: they must not be
+    passed on positionally (they would be traced as its ``attention_mask``)."""
+    import paddle
+
+    from autodist.planner.trace import trace_model
+    from models.paddleformers_models import build_llama
+
+    tokens = paddle.static.InputSpec([BATCH, SEQ], "int64", "input_ids")
+    labels = paddle.static.InputSpec([BATCH, SEQ], "int64", "labels")
+    with_labels = trace_model(build_llama(), [tokens, labels])
+    if with_labels.traced_layer == "":  # a Paddle or planner that traces it whole takes labels as they are
+        assert with_labels.unused_inputs == []
+        return
+    alone = trace_model(build_llama(), [tokens])
+    assert with_labels.traced_layer == "model" and with_labels.unused_inputs == ["labels"]
+    assert [op.name() for op in with_labels.ops] == [op.name() for op in alone.ops]
+
+
 def test_importing_autodist_does_not_load_the_integration():
     import subprocess
 

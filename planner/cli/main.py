@@ -162,7 +162,10 @@ def cli() -> None:
 )
 @click.option("--schedule", type=click.Choice(["sequential", "1F1B", "VPP"]), help="Pipeline schedule.")
 @click.option(
-    "--device", "device_name", metavar="NAME", help="Device profile: a100-40g, a100-80g, h100-sxm, h200, cpu (default: this machine's GPU, else cpu)."
+    "--device",
+    "device_name",
+    metavar="NAME",
+    help="Device profile: a100-40g, a100-80g, h100-sxm, h200, cpu (default: this machine's GPU, else cpu).",
 )
 @click.option(
     "--cluster",
@@ -274,6 +277,11 @@ def plan(
         traced = made.traced
         fallback = (
             f"; traced {traced.traced_layer} only, the whole model does not trace ({traced.fallback_reason})"
+            + (
+                f"; {', '.join(traced.unused_inputs)} not taken by {traced.traced_layer} (they feed what was not traced)"
+                if traced.unused_inputs
+                else ""
+            )
             if traced.fallback_reason
             else ""
         )
