@@ -29,7 +29,8 @@ HELD_OUT = {"dp4": ["--dp", "4", "--mp", "1"], "mp4": ["--dp", "1", "--mp", "4"]
 TIMEOUT_S = 600
 
 
-def _run(command: list[str]) -> None:
+def run_quietly(command: list[str]) -> None:
+    """Run ``command`` from the repository root with the demo's environment, output discarded; raise on failure."""
     subprocess.run(
         command,
         cwd=REPO,
@@ -50,12 +51,12 @@ def _ratio(record_file: Path) -> str:
 def one_run(workdir: Path) -> list[str]:
     """The demo, then the held-out plans priced with its cluster.toml: the row's cells."""
     python = sys.executable
-    _run([python, "examples/demo.py", str(workdir)])
+    run_quietly([python, "examples/demo.py", str(workdir)])
     cells = [_ratio(workdir / "distributed.json")]
     for name, degrees in HELD_OUT.items():
         plan = workdir / f"plan_{name}.json"
-        _run([*plan_command(plan, degrees), "--cluster", str(workdir / "cluster.toml"), "--quiet"])
-        _run(
+        run_quietly([*plan_command(plan, degrees), "--cluster", str(workdir / "cluster.toml"), "--quiet"])
+        run_quietly(
             launch_command(
                 str(workdir / f"logs_{name}"),
                 TRAIN,

@@ -26,36 +26,23 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
-from demo import MODEL, TRAIN, environment, launch_command, plan_command  # noqa: E402  (examples/ is no package)
-
-TIMEOUT_S = 900
-
-
-def _run(command: list[str]) -> None:
-    subprocess.run(
-        command,
-        cwd=REPO,
-        env=environment(),
-        check=True,
-        timeout=TIMEOUT_S,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+sys.path.insert(0, str(REPO / "bench"))
+from closed_loop import run_quietly  # noqa: E402  (bench/ and examples/ are no packages)
+from demo import MODEL, TRAIN, launch_command, plan_command  # noqa: E402
 
 
 def calibrate(workdir: Path) -> Path:
     """Step 1: a dp2 x mp2 plan on the cpu profile, and the cluster.toml calibrated on it."""
     first, cluster = workdir / "plan_calibrate.json", workdir / "cluster.toml"
-    _run([*plan_command(first, ["--dp", "2", "--mp", "2"]), "--device", "cpu", "--quiet"])
+    run_quietly([*plan_command(first, ["--dp", "2", "--mp", "2"]), "--device", "cpu", "--quiet"])
     autodist_plan = str(Path(sys.executable).parent / "autodist-plan")
-    _run(
+    run_quietly(
         launch_command(
             workdir / "calibrate_logs",
             autodist_plan,
@@ -84,7 +71,7 @@ def contenders(workdir: Path, cluster: Path, alternatives: int) -> list[tuple[st
     """Step 2: ``(name, plan file, estimated step)`` for the chosen strategy and the next best
     distinct meshes the search accepted, best first."""
     chosen = workdir / "plan_chosen.json"
-    _run([*plan_command(chosen, []), "--cluster", str(cluster), "--quiet"])
+    run_quietly([*plan_command(chosen, []), "--cluster", str(cluster), "--quiet"])
     plan = json.loads(chosen.read_text())
     candidates = [{"strategy": plan["strategy"], "estimate": plan["estimate"]}, *plan["alternatives"]["accepted"]]
     found, meshes = [], set()
@@ -97,7 +84,7 @@ def contenders(workdir: Path, cluster: Path, alternatives: int) -> list[tuple[st
         name = "dp{} mp{} pp{}".format(*mesh)
         path = chosen if not found else workdir / f"plan_{len(found)}.json"
         if found:
-            _run([*plan_command(path, degrees(strategy)), "--cluster", str(cluster), "--quiet"])
+            run_quietly([*plan_command(path, degrees(strategy)), "--cluster", str(cluster), "--quiet"])
         estimate = json.loads(path.read_text())["estimate"]["step_time_s"]
         expected = candidate["estimate"]["step_time_s"]
         assert abs(estimate - expected) <= 1e-9 * max(expected, 1e-12), (name, estimate, expected)
@@ -113,7 +100,7 @@ def measure(workdir: Path, plans: list[tuple[str, Path, float]], rounds: int, st
     for round_ in range(rounds):
         for index, (name, path, _) in enumerate(plans):
             record = workdir / f"run_{round_}_{index}.json"
-            _run(
+            run_quietly(
                 launch_command(
                     workdir / f"logs_{round_}_{index}",
                     TRAIN,
