@@ -165,7 +165,9 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     # The first communication (Paddle's store, for readable.py) unless a pipeline's came first:
     # every rank must have applied the plan, or all raise here instead of waiting there.
     agreement.settle()
-    make_outputs_readable(model)  # a loss read on rank 0 only (readable.py)
+    # A loss read on rank 0 only (readable.py). The MoE layers' collectives hold Python's lock
+    # while they wait, so a rank in one could not answer a reader: values are posted instead.
+    make_outputs_readable(model, post=groups is not None)
     _APPLIED[model] = plan
     return model, optimizer, dataloader
 

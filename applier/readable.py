@@ -22,7 +22,13 @@ so a reader never waits on the others' loop.
 
 The cost. Reading on no rank costs no communication at all: noting a value is a local
 reference and a dictionary entry (:func:`stats` counts values noted, reads and values fetched,
-and ``tests/test_readable.py`` checks that a job whose ranks never read fetches nothing).
+and ``tests/loops/test_readable.py`` checks that two steps no rank reads fetch, serve and post
+nothing on any rank). One exception, expert parallelism: its MoE layers' collectives are
+``dist.reshard`` calls from Python, and Paddle holds Python's GIL while such a call waits for the
+other ranks (measured: docs/paddle-notes.md, "Reading a value on some ranks"), so a rank waiting
+there for the reader could not answer it from its thread. Under ``ep`` each value is therefore
+*posted* to the store as it is made: one small store message per noted scalar (2 a step for a
+loss and its ``detach``), and on a GPU the device-to-host copy of it.
 Each read of a value not read before on this rank costs one round trip to each other rank of
 its group (a few hundred bytes). The one-time costs: a server thread and one store key per
 rank at ``apply_plan``, and at exit every rank waits for the others to exit too (one store
@@ -90,12 +96,13 @@ class _Notes:
 
     def __init__(self, rank: int, world: int):
         self.rank, self.world = rank, world
+        self.post = False  # post every value to the store as it is made (see install)
         self.calls = 0  # calls of the model apply_plan returned
         self.index = 0  # values noted since the last call
         self.pipeline_steps = 0  # pipeline steps whose losses were published (last stage)
         self.values: collections.OrderedDict[Key, dict] = collections.OrderedDict()
         self.changed = threading.Condition()
-        self.counts = {"noted": 0, "reads": 0, "fetched": 0, "served": 0}
+        self.counts = {"noted": 0, "posted": 0, "reads": 0, "fetched": 0, "served": 0}
         self.addresses: dict[int, tuple[str, int]] = {}
         self.store: Any = None
         self.timeout_s = float(os.environ.get("AUTODIST_READ_TIMEOUT", DEFAULT_TIMEOUT_S))
@@ -123,6 +130,9 @@ class _Notes:
             self.pipeline_steps += 1
 
     def _keep(self, key: Key, entry: dict) -> None:
+        if self.post:
+            self.store.set(_slot(self.rank, key), json.dumps({"key": list(key), **_reply(entry)}).encode())
+            self.counts["posted"] += 1
         self.values[key] = entry
         while len(self.values) > KEEP:
             self.values.popitem(last=False)
@@ -162,14 +172,7 @@ class _Notes:
             try:
                 request = json.loads(stream.readline())
                 kind, *numbers = request["key"]
-                entry = self.wait_for((str(kind), *(int(n) for n in numbers)))
-                value = np.asarray(entry["read"]())
-                reply = {
-                    "op": entry["op"],
-                    "dtype": str(value.dtype),
-                    "shape": list(value.shape),
-                    "hex": value.tobytes().hex(),
-                }
+                reply = _reply(self.wait_for((str(kind), *(int(n) for n in numbers))))
             except Exception as err:  # the reader raises it; this thread lives on
                 reply = {"error": str(err)}
             stream.write(json.dumps(reply).encode() + b"\n")
@@ -178,14 +181,7 @@ class _Notes:
     # -- reading -----------------------------------------------------------------------------
 
     def fetch(self, peer: int, key: Key, op: str) -> np.ndarray:
-        host, port = self.address(peer)
-        try:
-            with socket.create_connection((host, port), timeout=self.timeout_s) as conn, conn.makefile("rwb") as stream:
-                stream.write(json.dumps({"key": list(key)}).encode() + b"\n")
-                stream.flush()
-                reply = json.loads(stream.readline() or b'{"error": "closed the connection"}')
-        except OSError as err:
-            raise ReadError(f"reading a loss on rank {self.rank}: rank {peer} did not answer ({err})") from err
+        reply = self._posted(peer, key) if self.post else self._asked(peer, key)
         if "error" in reply:
             raise ReadError(f"reading a loss on rank {self.rank}: {reply['error']}")
         if reply["op"] != op:
@@ -196,6 +192,31 @@ class _Notes:
         self.counts["fetched"] += 1
         return np.frombuffer(bytes.fromhex(reply["hex"]), dtype=reply["dtype"]).reshape(reply["shape"])
 
+    def _posted(self, peer: int, key: Key) -> dict:
+        """The value ``peer`` posted under ``key``, waiting for it to be posted."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            reply = json.loads(self.store.get(_slot(peer, key)))
+            made = tuple(reply.pop("key"))
+            if made == tuple(key):
+                return reply
+            if made > tuple(key):
+                return {"error": f"rank {peer} no longer keeps value {key} (overwritten by {made})"}
+            if time.monotonic() > deadline:
+                return {"error": f"rank {peer} did not make value {key} within {self.timeout_s:.0f} s"}
+            time.sleep(0.005)
+
+    def _asked(self, peer: int, key: Key) -> dict:
+        """The value ``peer``'s server thread answers for ``key``."""
+        host, port = self.address(peer)
+        try:
+            with socket.create_connection((host, port), timeout=self.timeout_s) as conn, conn.makefile("rwb") as stream:
+                stream.write(json.dumps({"key": list(key)}).encode() + b"\n")
+                stream.flush()
+                return json.loads(stream.readline() or b'{"error": "closed the connection"}')
+        except OSError as err:
+            raise ReadError(f"reading a loss on rank {self.rank}: rank {peer} did not answer ({err})") from err
+
     def address(self, peer: int) -> tuple[str, int]:
         if peer not in self.addresses:
             host, port = self.store.get(f"{_STORE_PREFIX}{peer}").decode().rsplit(":", 1)
@@ -204,6 +225,18 @@ class _Notes:
 
 
 _NOTES: _Notes | None = None
+
+
+def _reply(entry: dict) -> dict:
+    value = np.asarray(entry["read"]())
+    return {"op": entry["op"], "dtype": str(value.dtype), "shape": list(value.shape), "hex": value.tobytes().hex()}
+
+
+def _slot(rank: int, key: Key) -> str:
+    """The store key a posted value lives under: one of a bounded set per rank (the first
+    number wraps), the full key kept in the value."""
+    kind, first, *rest = key
+    return f"{_STORE_PREFIX}{rank}/{kind}/{first % 1024}/" + "/".join(map(str, rest))
 
 
 class RemoteLoss:
@@ -254,13 +287,16 @@ def pipeline_losses(losses: list[paddle.Tensor], holds_last: bool, last_rank: in
 
 
 def stats() -> dict[str, int]:
-    """This rank's counts: values ``noted``, ``reads`` of them, values ``fetched`` from other
-    ranks and ``served`` to them. All zero before :func:`install`."""
-    return dict(_NOTES.counts) if _NOTES else {"noted": 0, "reads": 0, "fetched": 0, "served": 0}
+    """This rank's counts: values ``noted``, ``posted`` to the store (expert parallelism only),
+    ``reads`` of them, values ``fetched`` from other ranks and ``served`` to them. All zero
+    before :func:`install`."""
+    return dict(_NOTES.counts) if _NOTES else {"noted": 0, "posted": 0, "reads": 0, "fetched": 0, "served": 0}
 
 
-def install(model: paddle.nn.Layer) -> None:
+def install(model: paddle.nn.Layer, post: bool = False) -> None:
     """Make noted scalars readable on any rank; count ``model``'s calls for their keys.
+    ``post``: post every value to the store as it is made (for plans whose ranks wait in
+    GIL-holding collectives: expert parallelism).
 
     Called by ``apply_plan`` on every rank of a job of more than one rank. The first call per
     process starts the server, posts its address and patches Paddle's reads; later calls
@@ -280,6 +316,7 @@ def install(model: paddle.nn.Layer) -> None:
         _patch()
         atexit.register(_wait_for_peers_at_exit)
         sys.excepthook = _failing(sys.excepthook)
+    _NOTES.post = _NOTES.post or post
     model.register_forward_pre_hook(lambda layer, args: _NOTES.model_called() if _NOTES else None)
 
 

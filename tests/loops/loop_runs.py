@@ -21,19 +21,22 @@ PARAM_ATOL = 1e-5
 
 #: name -> (ranks, planner options); every plan for the global batch of 4.
 PLANS = {
-    "dp2": (2, "--dp 2 --mp 1 --pp 1 --micro-batches 1 --device cpu"),
-    "mp2": (2, "--dp 1 --mp 2 --pp 1 --micro-batches 1 --device cpu"),
-    "dp2mp2": (4, "--dp 2 --mp 2 --pp 1 --micro-batches 1 --device cpu"),
-    # The cpu profile refuses pipelines (gloo lacks batched P2P): priced for the default GPU,
-    # run with the TEST-ONLY stand-in (cpu_stand_ins.py).
-    "pp2": (2, "--dp 1 --mp 1 --pp 2 --schedule 1F1B --micro-batches 2"),
+    "dp2": (2, "--dp 2 --mp 1 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
+    "mp2": (2, "--dp 1 --mp 2 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
+    "dp2mp2": (4, "--dp 2 --mp 2 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
+    "ep2": (2, "--dp 2 --ep 2 --mp 1 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
+    # The cpu profile refuses these (gloo lacks reduce-scatter and batched P2P): priced for the
+    # default GPU, run with the TEST-ONLY stand-ins (cpu_stand_ins.py).
+    "zero1": (2, "--dp 2 --mp 1 --pp 1 --zero 1 --micro-batches 1"),
+    "pp2": (2, "--dp 1 --mp 1 --pp 2 --zero 0 --schedule 1F1B --micro-batches 2"),
 }
-#: No sequence parallel (reduce-scatter), ZeRO 0: what gloo runs.
-COMMON = "--no-sequence-parallel --zero 0 --global-batch-size 4"
+#: No sequence parallel (reduce-scatter): what gloo runs.
+COMMON = "--no-sequence-parallel --global-batch-size 4"
 MODELS = {
     "gpt": "tests/models/gpt.py",
     "llama": "tests/models/paddleformers_models.py:build_llama",
     "nanogpt": "tests/models/zoo/nanogpt.py",
+    "mixtral": "tests/models/zoo/mixtral_moe.py",
 }
 
 

@@ -8,9 +8,10 @@ single-device runs once per script. Combinations left out, because they add noth
 
 - (a) runs every plan, and resumes under mp2 from the dp2 run's step-3 checkpoint (2 -> 2
   ranks; other plan pairs are ``tests/test_checkpoint_replan.py``'s);
-- (b) accumulation and (c) AMP run dp2 and dp2 x mp2: mp2 alone adds no path their lines
-  touch that (a) does not already cover;
-- (d) the PaddleFormers Llama runs dp2 and mp2 (its dp2 x mp2 is test_train_paddleformers');
+- (b) accumulation runs dp2 x mp2 only (its dp part is what the accumulation touches, its mp
+  part what (a) covers); (c) AMP runs O1 under dp2 and O2 under dp2 x mp2;
+- (d) the PaddleFormers Llama runs dp2, where its own ``labels=`` loss is split over the ranks
+  (its mp2 and dp2 x mp2 numerics are test_train_paddleformers');
 - (e) DistributedBatchSampler runs dp2 (it works) and dp2 x mp2 (refused in one line);
 - (f) the tie by function call runs pp2 1F1B only, the plan it is about (2 ranks; gloo's batched
   P2P replaced by the TEST-ONLY blocking stand-in, cpu_stand_ins.py). Rank 0 holds the first
@@ -26,18 +27,30 @@ from loop_runs import ZERO_GRADIENT, assert_same_training, launch_script, run_sc
 pytestmark = pytest.mark.multiprocess
 
 
+@pytest.fixture(scope="module")
+def adamw_runs(loop_plans, tmp_path_factory):
+    """``adamw_runs(plan)``: loop (a) under ``plan``, once per module (the resume reuses dp2's)."""
+    runs: dict = {}
+
+    def get(plan: str):
+        if plan not in runs:
+            ranks, path = loop_plans("gpt", plan)
+            runs[plan] = run_script("adamw_schedule.py", tmp_path_factory.mktemp(f"adamw_{plan}"), ranks, path)
+        return runs[plan]
+
+    return get
+
+
 @pytest.mark.parametrize("plan", ["dp2", "mp2", "dp2mp2"])
-def test_adamw_warmup_cosine_clip_eval_checkpoints(plan, loop_plans, single_device, tmp_path):
-    ranks, path = loop_plans("gpt", plan)
-    run = run_script("adamw_schedule.py", tmp_path, ranks, path)
+def test_adamw_warmup_cosine_clip_eval_checkpoints(plan, adamw_runs, single_device):
+    run = adamw_runs(plan)
     reference = single_device("adamw_schedule.py")
     assert_same_training(run, reference, keys=("losses", "eval", "lr"), exempt=ZERO_GRADIENT)
     assert sorted(run.log["eval"]) == ["3", "6"]
 
 
-def test_adamw_resumes_under_another_plan(loop_plans, single_device, tmp_path):
-    ranks, dp2 = loop_plans("gpt", "dp2")
-    first = run_script("adamw_schedule.py", tmp_path / "first", ranks, dp2, "--steps", "6")
+def test_adamw_resumes_under_another_plan(adamw_runs, loop_plans, single_device, tmp_path):
+    first = adamw_runs("dp2")
     _, mp2 = loop_plans("gpt", "mp2")
     resumed = run_script("adamw_schedule.py", tmp_path / "resumed", 2, mp2, "--resume-from", str(first.out / "ckpt-3"))
     reference = single_device("adamw_schedule.py")
@@ -48,9 +61,8 @@ def test_adamw_resumes_under_another_plan(loop_plans, single_device, tmp_path):
     assert_same_training(resumed, reference, keys=(), exempt=ZERO_GRADIENT)
 
 
-@pytest.mark.parametrize("plan", ["dp2", "dp2mp2"])
-def test_manual_gradient_accumulation(plan, loop_plans, single_device, tmp_path):
-    ranks, path = loop_plans("gpt", plan)
+def test_manual_gradient_accumulation(loop_plans, single_device, tmp_path):
+    ranks, path = loop_plans("gpt", "dp2mp2")
     run = run_script("accumulate.py", tmp_path, ranks, path)
     assert_same_training(run, single_device("accumulate.py"), exempt=ZERO_GRADIENT)
     assert sorted(run.log["losses"]) == ["1", "2"]
@@ -63,9 +75,8 @@ def test_amp_auto_cast_grad_scaler_and_decorate(level, plan, loop_plans, single_
     assert_same_training(run, single_device("amp.py", "--level", level), exempt=ZERO_GRADIENT)
 
 
-@pytest.mark.parametrize("plan", ["dp2", "mp2"])
-def test_paddleformers_model_returns_its_own_loss(plan, loop_plans, single_device, tmp_path):
-    ranks, path = loop_plans("llama", plan)
+def test_paddleformers_model_returns_its_own_loss(loop_plans, single_device, tmp_path):
+    ranks, path = loop_plans("llama", "dp2")
     run = run_script("paddleformers_labels.py", tmp_path, ranks, path)
     assert_same_training(run, single_device("paddleformers_labels.py"))
 

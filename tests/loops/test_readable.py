@@ -2,8 +2,10 @@
 single-device value, and reading on no rank costs no communication (applier/readable.py).
 
 On the old code the rank-0 read under dp2 aborts both ranks in gloo
-(``op.preamble.length <= op.nbytes``). One launch per plan: dp2 (the loss is Partial over
-dp), dp2 x mp2 (Partial over dp on a 2-D mesh)."""
+(``op.preamble.length <= op.nbytes``). One launch per plan, where the loss is Partial over dp:
+dp2, ZeRO-1 (TEST-ONLY reduce-scatter stand-in) and dp2 ep2 (the Mixtral-style MoE model of
+tests/models/zoo). Elsewhere: dp2 x mp2 and mp2 (the loss replicated there) by loop (a), which
+logs on rank 0 only; pipelines by loop (f) and test_apply_single's pipeline test."""
 
 from __future__ import annotations
 
@@ -15,12 +17,12 @@ from loop_runs import run_script
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.mark.parametrize("plan", ["dp2", "dp2mp2"])
-def test_a_loss_read_on_some_ranks_only(plan, loop_plans, tmp_path):
-    ranks, path = loop_plans("gpt", plan)
-    run_script("read_anywhere.py", tmp_path / "one", 1)
-    run_script("read_anywhere.py", tmp_path / "many", ranks, path)
-    reference = json.loads((tmp_path / "one" / "rank0.json").read_text())["reads"]
+@pytest.mark.parametrize(("model", "plan"), [("gpt", "dp2"), ("gpt", "zero1"), ("mixtral", "ep2")])
+def test_a_loss_read_on_some_ranks_only(model, plan, loop_plans, single_device, tmp_path):
+    ranks, path = loop_plans(model, plan)
+    one = single_device("read_anywhere.py", "--model", model)
+    run_script("read_anywhere.py", tmp_path / "many", ranks, path, "--model", model, stand_ins=plan == "zero1")
+    reference = json.loads((one.out / "rank0.json").read_text())["reads"]
     seen = [json.loads((tmp_path / "many" / f"rank{r}.json").read_text()) for r in range(ranks)]
 
     reads = seen[0]["reads"]
@@ -32,6 +34,8 @@ def test_a_loss_read_on_some_ranks_only(plan, loop_plans, tmp_path):
     # Two steps in which no rank read: nothing fetched, nothing served, on any rank.
     for rank, record in enumerate(seen):
         assert record["unread"]["fetched"] == 0 and record["unread"]["served"] == 0, (rank, record["unread"])
+        # Under ep every value is posted as it is made (the MoE collectives hold the GIL).
+        assert (record["unread"]["posted"] > 0) == (plan == "ep2"), (rank, record["unread"])
         assert record["unread"]["noted"] > 0, "the losses were not noted: the test would prove nothing"
     # The reads: rank 0 fetched from its dp peer (once per value: repeated reads are cached).
     assert seen[0]["after"]["fetched"] == 2

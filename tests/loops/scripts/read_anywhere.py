@@ -10,7 +10,8 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 import paddle.nn.functional as F
-from models.gpt import build_model
+from models import gpt
+from models.zoo import mixtral_moe
 
 import autodist
 
@@ -21,12 +22,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--plan")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--model", choices=["gpt", "mixtral"], default="gpt")
     args = parser.parse_args()
     if args.plan:
         dist.init_parallel_env()
     rank = dist.get_rank()
     paddle.seed(2024)
-    model = build_model()
+    model = {"gpt": gpt, "mixtral": mixtral_moe}[args.model].build_model()
     opt = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters())
     tokens = np.random.RandomState(1).randint(0, VOCAB, size=(4 * BATCH, SEQ + 1)).astype("int64")
     dataset = paddle.io.TensorDataset([paddle.to_tensor(tokens[:, :-1]), paddle.to_tensor(tokens[:, 1:])])
