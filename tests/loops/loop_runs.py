@@ -25,10 +25,10 @@ PLANS = {
     "mp2": (2, "--dp 1 --mp 2 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
     "dp2mp2": (4, "--dp 2 --mp 2 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
     "ep2": (2, "--dp 2 --ep 2 --mp 1 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
-    # The cpu profile refuses these (gloo lacks reduce-scatter and batched P2P): priced for the
-    # default GPU, run with the TEST-ONLY stand-ins (cpu_stand_ins.py).
-    "zero1": (2, "--dp 2 --mp 1 --pp 1 --zero 1 --micro-batches 1"),
-    "pp2": (2, "--dp 1 --mp 1 --pp 2 --zero 0 --schedule 1F1B --micro-batches 2"),
+    # The cpu profile refuses these (gloo lacks reduce-scatter and batched P2P): priced for a
+    # GPU, run with the TEST-ONLY stand-ins (cpu_stand_ins.py).
+    "zero1": (2, "--dp 2 --mp 1 --pp 1 --zero 1 --micro-batches 1 --device h100-sxm"),
+    "pp2": (2, "--dp 1 --mp 1 --pp 2 --zero 0 --schedule 1F1B --micro-batches 2 --device h100-sxm"),
 }
 #: No sequence parallel (reduce-scatter): what gloo runs.
 COMMON = "--no-sequence-parallel --global-batch-size 4"
