@@ -37,7 +37,7 @@ def test_asking_for_what_the_backend_lacks_is_refused_with_the_reason(tmp_path):
         DOCSTRING, "--devices", 2, "--device", "cpu", "--mp", 2, "--sequence-parallel", "-o", tmp_path / "p.json"
     )
     assert result.exit_code != 0
-    assert "cpu cannot: sequence parallelism and ZeRO (sharding stages 1-3) need reduce-scatter" in result.output
+    assert "cpu cannot: sequence parallelism needs reduce-scatter and all-to-all" in result.output
     assert not (tmp_path / "p.json").exists()
 
 

@@ -32,7 +32,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from autodist.planner.errors import PlannerError
-from autodist.schemas import DeviceProfile, printable
+from autodist.schemas import DeviceProfile, Strategy, printable
+from autodist.schemas.backend import OPERATIONS, strategy_needs
 from autodist.schemas.inputs import InputFileError, load_toml
 
 GB = 10**9
@@ -70,14 +71,6 @@ MAX_FIGURE = 1e18
 #: The smallest non-zero figure, in the file's own units (1 kB/s, 1 MFLOP/s, 1 picosecond): a
 #: smaller one (a denormal such as 5e-324) would make estimates overflow to infinity.
 MIN_FIGURE = 1e-6
-
-#: What a backend may lack (``[device].unsupported``), and what needs it.
-BACKEND_OPERATIONS = {
-    "reduce_scatter": "sequence parallelism and ZeRO (sharding stages 1-3) need reduce-scatter",
-    "all_to_all": "sequence parallelism needs all-to-all",
-    "cross_mesh_reshard": "a pipeline (pp > 1) moves activations between two meshes",
-    "batched_p2p": "the 1F1B and VPP schedules exchange activations with batched P2P",
-}
 
 #: cluster.toml keys under ``[device]``, their unit factor and what they mean.
 _CLUSTER_KEYS = {
@@ -212,9 +205,9 @@ def device_profile(tables: dict, path: str) -> DeviceProfile:
             )
     values = _profile_values(resolve_device(device["base"])) if "base" in device else {}
     unsupported = device.get("unsupported", resolve_device(device["base"]).unsupported if "base" in device else [])
-    if not (isinstance(unsupported, list) and set(unsupported) <= set(BACKEND_OPERATIONS)):
+    if not (isinstance(unsupported, list) and set(unsupported) <= set(OPERATIONS)):
         raise PlannerError(
-            f"{path}: [device].unsupported must be a list of {', '.join(BACKEND_OPERATIONS)}, "
+            f"{path}: [device].unsupported must be a list of {', '.join(OPERATIONS)}, "
             f"got {printable(repr(unsupported))}"
         )
     switches = {key: device.get(key, values.pop(key, True)) for key in flags}
@@ -345,27 +338,36 @@ def _profile_values(profile: DeviceProfile) -> dict[str, float]:
     }
 
 
-def backend_problem(
-    device: DeviceProfile, sequence_parallel: bool = False, sharding_stage: int = 0, pp: int = 1
-) -> str:
-    """Why ``device``'s collective backend cannot run a strategy with these settings, or ''.
+def backend_problem(device: DeviceProfile, strategy: Strategy) -> str:
+    """Why ``device``'s collective backend cannot run ``strategy``, or '' (what needs what:
+    :func:`autodist.schemas.backend.strategy_needs`, which apply_plan refuses by too).
 
     Expert parallelism needs nothing here: its dispatch and combine are an all-gather and an
     all-reduce, which every backend has (docs/recognition.md, "Experts").
 
-    >>> backend_problem(PROFILES["cpu"], sharding_stage=2)
-    'cpu cannot: sequence parallelism and ZeRO (sharding stages 1-3) need reduce-scatter'
-    >>> backend_problem(PROFILES["cpu"], pp=2)
-    'cpu cannot: a pipeline (pp > 1) moves activations between two meshes'
-    >>> backend_problem(PROFILES["h100-sxm"], sequence_parallel=True, pp=2)
+    >>> backend_problem(PROFILES["cpu"], Strategy(dp=2, sharding_stage=2))
+    'cpu cannot: ZeRO stage 2 needs reduce-scatter'
+    >>> backend_problem(PROFILES["cpu"], Strategy(pp=2, micro_batches=2, schedule="1F1B"))
+    'cpu cannot: the 1F1B schedule needs batched P2P (batch_isend_irecv)'
+    >>> backend_problem(PROFILES["h100-sxm"], Strategy(mp=2, sequence_parallel=True))
     ''
     """
-    needs = []
-    if sequence_parallel:
-        needs += ["reduce_scatter", "all_to_all"]
-    if sharding_stage:
-        needs.append("reduce_scatter")
-    if pp > 1 and "batched_p2p" in device.unsupported:  # else the 1F1B / VPP schedules need no cross-mesh reshard
-        needs.append("cross_mesh_reshard")
-    missing = [op for op in dict.fromkeys(needs) if op in device.unsupported]
-    return f"{device.name} cannot: " + "; ".join(BACKEND_OPERATIONS[op] for op in missing) if missing else ""
+    missing: dict[str, list[str]] = {}
+    for feature, operation in strategy_needs(strategy):
+        if operation in device.unsupported:
+            missing.setdefault(feature, []).append(OPERATIONS[operation])
+    if not missing:
+        return ""
+    return f"{device.name} cannot: " + "; ".join(f"{f} needs {' and '.join(ops)}" for f, ops in missing.items())
+
+
+def pipeline_problem(device: DeviceProfile, pp: int) -> str:
+    """Why no pipeline of ``pp`` stages runs on ``device``'s backend (it lacks both the sequential
+    schedule's cross-mesh reshard and the 1F1B / VPP schedules' batched P2P), or ''.
+
+    >>> pipeline_problem(PROFILES["cpu"], 2)
+    'cpu cannot: a pipeline needs a reshard between two meshes (sequential) or batched P2P (1F1B, VPP)'
+    """
+    if pp == 1 or not {"cross_mesh_reshard", "batched_p2p"} <= set(device.unsupported):
+        return ""
+    return f"{device.name} cannot: a pipeline needs a reshard between two meshes (sequential) or batched P2P (1F1B, VPP)"

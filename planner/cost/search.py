@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from autodist.planner.cost.blocks import ModelCost
-from autodist.planner.cost.hardware import FALLBACK_DEVICE, PROFILES, backend_problem
+from autodist.planner.cost.hardware import FALLBACK_DEVICE, PROFILES, backend_problem, pipeline_problem
 from autodist.planner.cost.memory import check_training_setup
 from autodist.planner.cost.step_time import (
     MEMORY_USABLE,
@@ -315,7 +315,7 @@ def _mesh_problem(cost: ModelCost, setup: Setup, dp: int, mp: int, pp: int) -> s
     problem = (
         degree_problem(cost, "mp", mp, f"mp={mp}")
         or degree_problem(cost, "pp", pp, f"pp={pp}")
-        or backend_problem(setup.device, pp=pp)
+        or pipeline_problem(setup.device, pp)
     )
     if problem:
         return problem
@@ -458,7 +458,7 @@ def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list
 def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, cost: ModelCost) -> str:
     """Why one variant of a feasible mesh cannot work (before pricing it), or ''."""
     num_blocks, tied = len(cost.blocks), bool(cost.tied_vocab_params)
-    unsupported = backend_problem(setup.device, strategy.sequence_parallel, strategy.sharding_stage) or expert_limit(
+    unsupported = backend_problem(setup.device, strategy) or expert_limit(
         strategy, moe=cost.has_experts
     )
     if unsupported:
