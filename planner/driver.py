@@ -112,12 +112,27 @@ def plan_model(
     (:mod:`autodist.planner.recognise.rules`) and recorded in the provenance.
     Raises :class:`~autodist.planner.errors.PlannerError` for anything the user can fix.
     """
+    progress = progress or _QUIET
+    traced = trace(model, input_specs, progress)
+    analysis = analyse(model, traced, progress)
+    return plan_analysed(analysis, traced, request, arguments, progress, rules)
+
+
+def plan_analysed(
+    analysis: ModelAnalysis,
+    traced: Traced,
+    request: SearchRequest,
+    arguments: dict[str, str],
+    progress: Progress | None = None,
+    rules: dict[str, str] | None = None,
+) -> PlannedModel:
+    """Stages 5-7 for an analysed model: cost, search, emit (:func:`plan_model` without the
+    tracing, for callers that plan one model for several requests). ``rules`` change
+    ``analysis`` (its blocks' roles)."""
     from autodist.planner.cost.search import check_fixed_degrees, kernels_for, price, search
     from autodist.planner.emit import build_plan
 
     progress = progress or _QUIET
-    traced = trace(model, input_specs, progress)
-    analysis = analyse(model, traced, progress)
     if rules:
         from autodist.planner.recognise.rules import apply_rules, canonical_rules
 

@@ -17,7 +17,7 @@ from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest, expert_problem, search
 from autodist.schemas.describe import strategy_text
 from autodist.planner.cost.step_time import Setup, StageTable, estimate
-from autodist.planner.driver import plan_target
+from harness.planning import plan_target
 from autodist.planner.errors import PlannerError
 from autodist.schemas import ExpertCombine, ExpertDispatch, Strategy, check_plan, dump_plan, load_plan
 

@@ -10,7 +10,7 @@ from autodist.applier.experts import ExpertLayout, dropped_parameters, expert_ho
 from autodist.applier.validate import plan_problems
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest
-from autodist.planner.driver import plan_target
+from harness.planning import plan_target
 from autodist.schemas import check_plan
 from harness.workloads import WORKLOADS
 

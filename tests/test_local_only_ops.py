@@ -19,7 +19,8 @@ import pytest
 
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest
-from autodist.planner.driver import plan, plan_target
+from autodist.planner.driver import plan
+from harness.planning import plan_target
 from autodist.planner.errors import PlannerError
 
 H100 = PROFILES["h100-sxm"]

@@ -33,7 +33,7 @@ import pytest
 
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest
-from autodist.planner.driver import plan_target
+from harness.planning import plan_target
 from autodist.schemas import save_plan
 from harness.cases import Trained, check_against_reference
 from harness.jobs import TrainRun

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from autodist.planner.cost.search import SearchRequest
-from autodist.planner.driver import plan_target
+from harness.planning import plan_target
 from autodist.schemas import save_plan
 from harness.cases import Trained, check_against_reference
 from harness.jobs import TrainRun

@@ -17,7 +17,7 @@ import functools
 import pytest
 
 from autodist.planner.cost.search import SearchRequest
-from autodist.planner.driver import plan_target
+from harness.planning import plan_target
 from autodist.planner.errors import PlannerError
 from autodist.schemas import Plan
 from harness.workloads import ZOO_FILES, ZOO_PADDLEFORMERS
