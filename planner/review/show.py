@@ -236,7 +236,27 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
     """The summary as text for a terminal or a pull-request comment. Plan text is escaped
     (:func:`printable`) and the name column is at most ``MAX_NAME_WIDTH`` wide (``show --json``
     has the whole names)."""
-    m, c, est = plan.model, plan.cluster, plan.estimate
+    out = (
+        _header_lines(plan)
+        + _stage_lines(plan)
+        + _placement_lines(plan)
+        + _hook_lines(plan)
+        + _recompute_lines(plan)
+        + [
+            "",
+            f"data      split over {', '.join(plan.data.shard_axes) or 'nothing (every rank reads the whole batch)'}",
+        ]
+        + batch_lines(plan)
+        + _estimate_lines(plan)
+        + _alternative_lines(plan, top)
+        + (["", "notes"] + [f"  - {note}" for note in plan.notes] if plan.notes else [])
+    )
+    return "\n".join(printable(line) for line in out) + "\n"
+
+
+def _header_lines(plan: Plan) -> list[str]:
+    """The model, the cluster, the strategy and the mesh."""
+    m, c = plan.model, plan.cluster
     world = c.nodes * c.devices_per_node
     out = [
         f"model     {m.class_name}  ({human_count(m.num_parameters)} parameters, {len(plan.params)} tensors)",
@@ -248,9 +268,11 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
         f"strategy  {strategy_text(plan.strategy)}",
         f"mesh      {mesh_text(plan)}",
     ]
-    out += ["          " + line for line in mesh_lines(plan)]
-    out.append("")
-    out.append("stages")
+    return out + ["          " + line for line in mesh_lines(plan)]
+
+
+def _stage_lines(plan: Plan) -> list[str]:
+    out = ["", "stages"]
     for stage in stage_summary(plan):
         blocks = ", ".join(stage["blocks"]) or "no blocks"
         kinds = f" ({', '.join(stage['block_kinds'])})" if stage["block_kinds"] else ""
@@ -258,8 +280,12 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
             f"  {stage['stage']}  {blocks}{kinds}; {stage['num_params']} tensors, "
             f"{human_count(stage['num_elements'])} elements"
         )
-    out.append("")
-    out.append(f"placements  ({' '.join(plan.mesh.axes)})")
+    return out
+
+
+def _placement_lines(plan: Plan) -> list[str]:
+    """Placements by pattern (none listed when all are replicated), the experts, ties."""
+    out = ["", f"placements  ({' '.join(plan.mesh.axes)})"]
     rows = placement_rows(plan)
     replicated = [row for row in rows if set(row.value[0]) == {"R"} and row.value[1] != "ExpertParallel"]
     if len(replicated) == len(rows):  # data parallel only: nothing to list
@@ -283,57 +309,58 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
                 f"  tied: {clip(fqn)} is read on stage {param.stage} and, by a function call, on stage "
                 f"{param.tied_stages[fqn]} (which holds a copy)"
             )
-    if plan.hooks:
-        out.append("")
-        out.append("hooks")
-        for row in hook_rows(plan):
-            when, action, placements, to_stage = row.value
-            target = f" -> {' '.join(placements)}" if placements else ""
-            target += f" -> stage {to_stage}" if action == "stage_handoff" else ""
-            count = f"  ×{len(row.members)}" if len(row.members) > 1 else ""
-            out.append(f"  {row.pattern}  {when} {action}{target}{count}")
-    if plan.recompute:
-        out.append("")
-        out.append(f"recompute ({plan.strategy.recompute}): forward run again in backward")
-        out += [f"  {clip(row.pattern)}" for row in collapse(dict.fromkeys(plan.recompute, 0))]
-    out.append("")
-    out.append(
-        f"data      split over {', '.join(plan.data.shard_axes) or 'nothing (every rank reads the whole batch)'}"
-    )
-    out += batch_lines(plan)
-    out.append("")
-    out.append(
+    return out
+
+
+def _hook_lines(plan: Plan) -> list[str]:
+    if not plan.hooks:
+        return []
+    out = ["", "hooks"]
+    for row in hook_rows(plan):
+        when, action, placements, to_stage = row.value
+        target = f" -> {' '.join(placements)}" if placements else ""
+        target += f" -> stage {to_stage}" if action == "stage_handoff" else ""
+        count = f"  ×{len(row.members)}" if len(row.members) > 1 else ""
+        out.append(f"  {row.pattern}  {when} {action}{target}{count}")
+    return out
+
+
+def _recompute_lines(plan: Plan) -> list[str]:
+    if not plan.recompute:
+        return []
+    out = ["", f"recompute ({plan.strategy.recompute}): forward run again in backward"]
+    return out + [f"  {clip(row.pattern)}" for row in collapse(dict.fromkeys(plan.recompute, 0))]
+
+
+def _estimate_lines(plan: Plan) -> list[str]:
+    """Step time, memory and communication per rank, and where Paddle communicates on its own."""
+    est, device = plan.estimate, plan.cluster.device
+    mem, comm = est.memory, est.comm_bytes
+    out = [
+        "",
         f"estimate  {human_seconds(est.step_time_s)} per step, {human_count(est.tokens_per_s)} tokens/s, "
-        f"MFU {est.mfu:.0%}"
-    )
-    mem = est.memory
-    out.append(
-        f"  memory per rank  {human_bytes(mem.total)} of {human_bytes(c.device.memory_bytes)}: params "
+        f"MFU {est.mfu:.0%}",
+        f"  memory per rank  {human_bytes(mem.total)} of {human_bytes(device.memory_bytes)}: params "
         f"{human_bytes(mem.params)}, grads {human_bytes(mem.grads)}, optimizer {human_bytes(mem.optimizer)}, "
-        f"activations {human_bytes(mem.activations)}"
-    )
-    comm = est.comm_bytes
-    out.append(
+        f"activations {human_bytes(mem.activations)}",
         f"  comm per step    mp {human_bytes(comm.mp)}, dp {human_bytes(comm.dp)}, pp {human_bytes(comm.pp)}, "
-        f"implicit {human_bytes(comm.implicit)}"
-    )
+        f"implicit {human_bytes(comm.implicit)}",
+    ]
     for row, total in implicit_rows(plan):
         collective, op, reason = row.value
         count = f" ×{len(row.members)}" if len(row.members) > 1 else ""
         out.append(f"  implicit {collective} at {row.pattern}{count} ({op}): {human_bytes(total)} — {reason}")
+    return out
+
+
+def _alternative_lines(plan: Plan, top: int) -> list[str]:
     alt = plan.alternatives
-    if alt.accepted or alt.rejected:
-        out.append("")
-        out.append(f"alternatives  {len(alt.accepted)} accepted, {len(alt.rejected)} rejected")
-        for cand in alt.accepted[:top]:
-            out.append(
-                f"  {human_seconds(cand.estimate.step_time_s):>9}  {human_bytes(cand.estimate.memory.total):>10}  "
-                f"{strategy_text(cand.strategy)}"
-            )
-        for reason, times in list(rejected_reasons(plan).items())[:top]:
-            out.append(f"  rejected ×{times}: {reason}")
-    if plan.notes:
-        out.append("")
-        out.append("notes")
-        out += [f"  - {note}" for note in plan.notes]
-    return "\n".join(printable(line) for line in out) + "\n"
+    if not (alt.accepted or alt.rejected):
+        return []
+    out = ["", f"alternatives  {len(alt.accepted)} accepted, {len(alt.rejected)} rejected"]
+    for cand in alt.accepted[:top]:
+        out.append(
+            f"  {human_seconds(cand.estimate.step_time_s):>9}  {human_bytes(cand.estimate.memory.total):>10}  "
+            f"{strategy_text(cand.strategy)}"
+        )
+    return out + [f"  rejected ×{times}: {reason}" for reason, times in list(rejected_reasons(plan).items())[:top]]
