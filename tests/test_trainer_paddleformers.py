@@ -225,21 +225,21 @@ def _check_run(trained: dict, family: str, dp: int, mp: int, zero: int) -> None:
             assert run["param_bytes"] < reference["param_bytes"]
 
 
+#: Every (world, dp, mp, ZeRO) run; the 4-rank ones need GPUs (``LAYOUTS``).
+RUNS = [
+    pytest.param(world, *layout, marks=[pytest.mark.gpu] if world > 2 else [])
+    for world, layouts in LAYOUTS.items()
+    for layout in layouts
+]
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("dp,mp,zero", LAYOUTS[2])
-def test_trainer_under_plan_on_two_ranks_loses_what_the_plain_trainer_loses(trained_two, family, dp, mp, zero):
-    _check_run(trained_two, family, dp, mp, zero)
-
-
-@pytest.mark.gpu
-@pytest.mark.multiprocess
-@pytest.mark.slow
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("dp,mp,zero", LAYOUTS[4])
-def test_trainer_under_plan_on_four_ranks_loses_what_the_plain_trainer_loses(trained_four, family, dp, mp, zero):
-    _check_run(trained_four, family, dp, mp, zero)
+@pytest.mark.parametrize("world,dp,mp,zero", RUNS)
+def test_trainer_under_plan_loses_what_the_plain_trainer_loses(request, family, world, dp, mp, zero):
+    trained = request.getfixturevalue("trained_two" if world == 2 else "trained_four")
+    _check_run(trained, family, dp, mp, zero)
 
 
 @pytest.mark.multiprocess
