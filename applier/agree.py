@@ -15,7 +15,8 @@ parameter table, its own problems -- and rank 0 compares them:
   a rank that loses rank 0 mid-way says so at once.
 
 Then the ranks apply the plan, each on its own, with the connections kept open; before the
-first collective they meet once more (:meth:`Agreement.settle`, through :func:`applying`): a
+first communication (a pipeline's process groups, or Paddle's store for readable.py) they meet
+once more (:meth:`Agreement.settle`, through :func:`applying`): a
 rank that raised while applying tells the others, a rank that died is seen by its connection
 closing, and every rank raises (the failed one its own error, the others a ``PlanError`` naming
 it) instead of waiting in a collective its peer never joins.
@@ -51,10 +52,14 @@ arrives, or its connection closes (it died), or -- for a rank alive but frozen -
 receives later can replace it.
 
 Every wait is a ``select``/socket timeout on one deadline, whatever the peer sends: nothing
-polls, except a rank that arrives before rank 0 listens, which retries after 2 ms, doubling up
-to 50 ms. Paddle's own stores are not used: its global store blocks, holding the GIL, until every
-rank connects -- the hang this step exists to prevent -- and its ``core.TCPStore`` has waits
-without deadlines and aborts the process in some failures (docs/paddle-notes.md).
+polls, except a rank that arrives before rank 0 listens (or wrote its key), which retries after
+2 ms, doubling up to 50 ms, and a rank 0 out of descriptors with no stranger to drop, which
+stops accepting for :data:`ACCEPT_PAUSE_S`.
+
+Paddle's own stores are not used, though exchanging through one would need no listener of our
+own: its global store blocks, holding the GIL, until every rank connects -- the hang this step
+exists to prevent -- and its ``core.TCPStore`` has waits without deadlines and aborts the
+process in some failures (docs/paddle-notes.md). Neither authenticates anyone either.
 
 Example::
 
@@ -319,6 +324,7 @@ def _host(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
             verdict = verdict_problems(records, _missing(came, world), world, timeout_s) + malformed
             _deliver(selector, key, agreement.links, 0, verdict, time.monotonic() + timeout_s)
     except BaseException:
+        agreement.links = [link for link, _ in came.values()]
         agreement.close()
         raise
     if verdict:
