@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("applier",),  # apply_plan and checkpoints on every rank: the plan format alone
     # the planner's words, and what it keeps off the screen (quiet)
     ("planner", "planner.errors", "planner.progress", "planner.ops", "planner.dense_selection", "planner.quiet"),
+    ("planner.kernels",),  # the fused kernels a model selects, and which ones a plan prices
     ("planner.trace", "planner.load"),  # tracing the forward, loading the user's model
     ("planner.graph",),  # the traced program as a graph
     ("planner.recognise",),  # blocks, roles, experts, SPMD rules on the graph
