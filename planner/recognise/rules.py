@@ -111,7 +111,8 @@ def apply_rules(analysis: ModelAnalysis, rules: dict[str, str], mp: int = 2) -> 
     from a file): an unknown word, a glob that matches no layer (with the
     closest layer names), a layer outside the blocks, and a rule that would make Paddle
     communicate on its own (the op, the layer and the collective it would need)."""
-    rules, problems = _parsed(rules)
+    given = rules if isinstance(rules, Rules) else Rules(rules)
+    rules, problems = _parsed(given)
     layers = sorted({fqn.rpartition(".")[0] for fqn, (shape, _) in analysis.params.items() if len(shape) == 2})
     original = {b.layer for b in analysis.blocks}
     blocks = _blocks_for(analysis)
@@ -134,7 +135,7 @@ def apply_rules(analysis: ModelAnalysis, rules: dict[str, str], mp: int = 2) -> 
             refused.setdefault(globs, problem)
     problems += refused.values()
     if problems:
-        _refuse(problems)
+        _refuse(_in_given_order(problems, given, rules))
     analysis.blocks = [b for b in blocks if b.layer in original or b.linears]
     covered = {lin.layer for b in analysis.blocks for lin in b.linears}
     analysis.unmatched = [layer for layer in analysis.unmatched if layer not in covered]
@@ -243,6 +244,18 @@ def _line_of(text: str, key: str) -> int | None:
     spellings = [json.dumps(key), f"'{key}'"] + ([key] if _BARE_KEY.fullmatch(key) else [])
     pattern = re.compile(r"\s*(?:" + "|".join(re.escape(s) for s in spellings) + r")\s*=")
     return next((n for n, line in enumerate(text.splitlines(), 1) if pattern.match(line)), None)
+
+
+def _in_given_order(problems: list[str], given: Rules, parsed: Rules) -> list[str]:
+    """``problems`` (each starting with the name of its rule, as given or as parsed) in the order
+    the rules were given: a file's lines."""
+    position = {given.name(g): i for i, g in enumerate(given)}
+    position |= {parsed.name(g): i for i, g in enumerate(given) if g in parsed}
+
+    def place(problem: str) -> int:
+        return next((i for name, i in position.items() if problem.startswith(f"{name}: ")), len(given))
+
+    return sorted(problems, key=place)
 
 
 def _refuse(problems: list[str], reason: str = "") -> None:
