@@ -271,6 +271,44 @@ def test_a_pipeline_plan_is_refused_naming_it():
         trainer_arguments("plans/paddleformers_llama/plan_4x8dev_mp8_pp2.json")
 
 
+def test_arguments_are_checked_against_the_plan_before_any_rank_starts(tmp_path):
+    """A plain one-process ``TrainingArguments`` against a dp4 x mp4 plan: every difference named."""
+    from paddleformers.trainer import TrainingArguments
+
+    from autodist.integrations.paddleformers import argument_problems
+    from autodist.schemas import load_plan
+
+    plan = load_plan("plans/gpt/plan_2x8dev_mp4.json")
+    assert (plan.strategy.dp, plan.strategy.mp, plan.strategy.micro_batches) == (4, 4, 1)
+    args = TrainingArguments(
+        output_dir=str(tmp_path), gradient_accumulation_steps=2, amp_master_grad=False, report_to=[]
+    )
+    assert argument_problems(plan, args, world_size=1) == [
+        "world size 1, the plan's mesh has 16 ranks (dp4 x mp4)",
+        "enable_auto_parallel=False; the plan needs the Trainer's auto-parallel mode (True)",
+        "tensor_model_parallel_size=1, the plan needs 4",
+        "gradient_accumulation_steps=2, the plan needs 1",
+        "these arguments build the mesh dp1 x mp1, the plan's is dp4 x mp4",
+        "per_device_train_batch_size=8, the plan reads 8 samples per step over dp4 x 1 micro-batches: 2",
+    ]
+
+
+def test_what_the_trainer_cannot_express_is_refused_in_one_message():
+    import msgspec
+
+    from autodist.integrations.paddleformers import auto_dist_config
+    from autodist.schemas import PlanError, load_plan
+
+    plan = load_plan("plans/paddleformers_llama/plan_1x8dev.json")
+    layers = [b.layer for b in plan.blocks]
+    strategy = msgspec.structs.replace(plan.strategy, ep=2, recompute="full")
+    with pytest.raises(PlanError) as refused:
+        auto_dist_config(msgspec.structs.replace(plan, strategy=strategy, recompute=layers))
+    assert "2 problems" in str(refused.value)
+    assert "expert parallelism (ep=2): the Trainer's dist.parallelize config has no key for it" in str(refused.value)
+    assert f"recompute (full, {len(layers)} layers): the Trainer's config has no key for it" in str(refused.value)
+
+
 def test_trainer_arguments_build_the_plans_mesh():
     from autodist.integrations.paddleformers import trainer_arguments
 
