@@ -64,44 +64,18 @@ def calibrate(
 
     from autodist.planner.cost import calibrate as cal
     from autodist.planner.cost.hardware import device_profile, local_gpu_profile_name, resolve_device
-    from autodist.schemas import load_plan
 
     on_gpu = local_gpu_profile_name() is not None
     profile = resolve_device(base or local_gpu_profile_name() or "cpu")
     dtype = dtype or ("bf16" if on_gpu else "fp32")
+    plan, plan_shapes = _checked_plan(plan_file, model_target)
     shapes = [(s, s, s) for s in cal.SQUARE_SIZES]
-    plan = None
-    if plan_file:
-        try:
-            plan = load_plan(plan_file)
-            shapes = sorted({*shapes[:2], *cal.plan_gemm_shapes(plan)})
-        except Exception as err:  # PlanError and friends: one readable line
-            raise PlannerError(f"{plan_file}: {err}") from None
-    if model_target and plan is None:
-        raise PlannerError("--model needs --plan: the training steps run that plan")
-    if model_target and plan is not None and plan.strategy.schedule in ("1F1B", "VPP"):
-        raise PlannerError(
-            f"--model: training steps under a {plan.strategy.schedule} schedule are not timed yet; "
-            "calibrate without --model"
-        )
+    if plan is not None:
+        shapes = sorted({*shapes[:2], *plan_shapes})
 
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     local = int(os.environ.get("PADDLE_LOCAL_SIZE", str(world)))
-    rank, nodes, groups = 0, [list(range(world))], {}
-    if world > 1:
-        dist.init_parallel_env()
-        rank = dist.get_rank()
-        nodes = [list(range(n * local, (n + 1) * local)) for n in range(world // local)]
-        # Groups first, on every rank in the same order, before the ranks' timings drift apart.
-        # One node: the intra-node group is the whole world (the default group).
-        if len(nodes) > 1:
-            groups["intra"] = [(dist.new_group(ranks), ranks) for ranks in nodes]
-            groups["inter"] = [
-                (dist.new_group([node[i] for node in nodes]), [node[i] for node in nodes]) for i in range(local)
-            ]
-        else:
-            groups["intra"] = [(None, nodes[0])]
-        dist.barrier()
+    rank, nodes, groups = _process_groups(world, local)
     mesh = dist.ProcessMesh(list(range(world)), dim_names=["x"]) if world > 1 else None
     measured = cal.Measurements(
         matmuls=cal.measure_matmuls(shapes, dtype, mesh), memory=cal.measure_memory(dtype, mesh)
@@ -149,6 +123,52 @@ def calibrate(
     )
     for missing in measured.missing:
         click.echo(f"not measured: {missing}", err=True)
+
+
+def _checked_plan(plan_file: str | None, model_target: str | None):
+    """The ``--plan`` (None without one) and the shapes of its matmuls, refused as one readable
+    line when it cannot be read or when ``--model`` cannot run its training steps."""
+    from autodist.planner.cost import calibrate as cal
+    from autodist.schemas import load_plan
+
+    plan, shapes = None, []
+    if plan_file:
+        try:
+            plan = load_plan(plan_file)
+            shapes = cal.plan_gemm_shapes(plan)
+        except Exception as err:  # PlanError and friends: one readable line
+            raise PlannerError(f"{plan_file}: {err}") from None
+    if model_target and plan is None:
+        raise PlannerError("--model needs --plan: the training steps run that plan")
+    if model_target and plan is not None and plan.strategy.schedule in ("1F1B", "VPP"):
+        raise PlannerError(
+            f"--model: training steps under a {plan.strategy.schedule} schedule are not timed yet; "
+            "calibrate without --model"
+        )
+    return plan, shapes
+
+
+def _process_groups(world: int, local: int) -> tuple[int, list[list[int]], dict[str, list]]:
+    """``(this rank, the ranks of each node, {"intra"/"inter": [(group, its ranks)]})``: the
+    process groups the collectives are timed in, made first, on every rank in the same order,
+    before the ranks' timings drift apart. One node: the intra-node group is the whole world
+    (the default group)."""
+    import paddle.distributed as dist
+
+    rank, nodes, groups = 0, [list(range(world))], {}
+    if world > 1:
+        dist.init_parallel_env()
+        rank = dist.get_rank()
+        nodes = [list(range(n * local, (n + 1) * local)) for n in range(world // local)]
+        if len(nodes) > 1:
+            groups["intra"] = [(dist.new_group(ranks), ranks) for ranks in nodes]
+            groups["inter"] = [
+                (dist.new_group([node[i] for node in nodes]), [node[i] for node in nodes]) for i in range(local)
+            ]
+        else:
+            groups["intra"] = [(None, nodes[0])]
+        dist.barrier()
+    return rank, nodes, groups
 
 
 def _timed_by_the_model(target: str, measure: Callable[[], float]) -> float:
