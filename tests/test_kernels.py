@@ -338,3 +338,23 @@ def test_a_cluster_file_inherits_or_sets_fused_kernels_and_a_bad_value_is_named(
     path.write_text('[device]\nbase = "cpu"\nfused_kernels = "yes"\n')
     with pytest.raises(PlannerError, match="fused_kernels must be true or false"):
         load_cluster_file(str(path))
+
+
+def test_a_library_models_norm_layers_are_fused_when_rms_norm_is():
+    """PaddleFormers' Llama (its RMSNorm written out: pow, mean, add, rsqrt, casts, multiplies)
+    priced with ``rms_norm`` fused: each of a block's two norms is one op that saves its input."""
+    from models.traced import traced
+
+    from autodist.planner.cost.graph_cost import model_cost
+    from autodist.planner.recognise.analysis import analyze
+
+    model, program, graph = traced("llama")
+    analysis = analyze(program, graph, model)
+    unfused = model_cost(analysis, Kernels()).blocks[0]
+    fused = model_cost(analysis, Kernels(fused=["rms_norm"])).blocks[0]
+    norm_ops = [n for n in analysis.blocks[0].nodes if graph.nodes[n]["layer"].endswith("layernorm")]
+    assert len(norm_ops) > 4  # written out, as traced
+    assert unfused.moved.ops - fused.moved.ops == len(norm_ops) - 2  # two norms, one op each
+    assert fused.moved.outside < unfused.moved.outside
+    assert fused.saved_outside.floats < unfused.saved_outside.floats
+    assert fused.flops_per_token == unfused.flops_per_token

@@ -452,10 +452,11 @@ def fusion_of(analysis: ModelAnalysis, kernels: Kernels | None) -> Fusion:
     model's norm layers (in its blocks and after them) as one kernel each when ``rms_norm`` is fused."""
     if kernels is None:
         return Fusion()
-    norms = (
-        [*(n for b in analysis.blocks for n in b.norms), *analysis.final_norm] if "rms_norm" in kernels.fused else []
+    weights = (
+        [*(w for b in analysis.blocks for w in b.norms), *analysis.final_norm] if "rms_norm" in kernels.fused else []
     )
-    return Fusion(flash=kernels.attention == "flash", layers=frozenset(norms))
+    norms = frozenset(weight.rpartition(".")[0] for weight in weights)  # the analysis names a norm by its weight
+    return Fusion(flash=kernels.attention == "flash", layers=norms)
 
 
 def _model_cost(analysis: ModelAnalysis, fusion: Fusion) -> ModelCost:
