@@ -68,8 +68,7 @@ from autodist.applier.accumulate import AccumulatingOptimizer
 from autodist.applier.apply import applied_plan
 from autodist.applier.experts import ExpertGradSync, dropped_parameters, expert_holders
 from autodist.applier.layout import assemble, distinct_shards, rank_coords, shard_box
-from autodist.applier.optimizer import optimizer_parameters
-from autodist.applier.optimizer import state_elsewhere
+from autodist.applier.optimizer import optimizer_parameters, state_elsewhere
 
 #: The state kind of an optimizer's fp32 master copy of a low-precision parameter.
 MASTER_WEIGHT = "master_weight"
