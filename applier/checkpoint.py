@@ -10,7 +10,8 @@ single-device one into a distributed run, a distributed one into one process, an
 (docs/paddle-notes.md, "Checkpoints"). Loading needs no collective at all; the folder must be
 on a file system every rank sees. Under expert parallelism, where a rank holds only its experts,
 each expert is written whole by the lowest rank holding it and loaded only where it is held
-(docs/checkpoints.md, "Expert parallelism").
+(docs/checkpoints.md, "Expert parallelism"); under a pipeline schedule each rank saves and
+loads its stage's parameters by their names in the whole model (docs/checkpoints.md, "Pipelines").
 
 A save is atomic: shards go into a new ``data-<step>-<token>`` folder, every file is fsynced,
 and only then rank 0 replaces ``checkpoint.json`` (a temp file, fsync, rename), which is the
@@ -69,6 +70,7 @@ from autodist.applier.apply import applied_plan
 from autodist.applier.experts import ExpertGradSync, dropped_parameters, expert_holders
 from autodist.applier.layout import assemble, distinct_shards, rank_coords, shard_box
 from autodist.applier.optimizer import optimizer_parameters, state_elsewhere
+from autodist.applier.pipeline import PipelineModel
 
 #: The state kind of an optimizer's fp32 master copy of a low-precision parameter.
 MASTER_WEIGHT = "master_weight"
@@ -97,8 +99,9 @@ def save_checkpoint(
     rank, world = dist.get_rank(), dist.get_world_size()
     scheduler = scheduler if scheduler is not None else _scheduler_of(optimizer)
     # 1. Every rank lays out the pieces of the tensors it holds; the ranks exchange their
-    #    problems, rank 0's name for the new data folder and the layouts of the experts each
-    #    writes (under expert parallelism the other ranks of its group do not hold them).
+    #    problems, rank 0's name for the new data folder and the layouts each rank is the first
+    #    holder of (an expert under expert parallelism, a pipeline stage's tensors: other ranks
+    #    do not hold them).
     problems: list[str] = []
     layouts: dict[str, _Layout] = {}
     mine: dict[str, paddle.Tensor] = {}
@@ -111,14 +114,16 @@ def save_checkpoint(
             saved_scheduler = scheduler_state.saved_scheduler(scheduler)
     except CheckpointError as exc:
         problems.append(exc.problem)
-    written_experts = {name: layout for name, layout in layouts.items() if layout.expert and layout.writers == [rank]}
-    proposals = _agree(world, (problems, f"{step}-{secrets.token_hex(4)}", written_experts))
+    first_held = {name: layout for name, layout in layouts.items() if layout.first_holder == rank}
+    proposals = _agree(world, (problems, f"{step}-{secrets.token_hex(4)}", first_held))
     _raise_first([p for peer_problems, _, _ in proposals for p in peer_problems], path)
     # Every rank now describes the same save (so a problem found below is found on every
-    # rank): its own layouts, but the experts' from their writers.
-    everyone = {name: layout for name, layout in layouts.items() if not layout.expert}
-    for _, _, experts in proposals:
-        everyone.update(experts)
+    # rank), each tensor as its first holder laid it out; for a weight tied across pipeline
+    # stages, as the lowest rank's copy (the copies hold the same values).
+    everyone: dict[str, _Layout] = {}
+    for _, _, proposed in proposals:
+        for name, layout in proposed.items():
+            everyone.setdefault(name, layout)
     meta, pieces = _describe(model, optimizer, saved_scheduler, step, world, rank, everyone, mine)
     meta.data = _DATA_PREFIX + proposals[0][1]
     decode_checkpoint(encode_checkpoint(meta), path)  # never commit what could not be read back
@@ -171,7 +176,7 @@ def load_checkpoint(
         problems += _scheduler_problems(scheduler, meta)
     with _ShardFiles(path, meta) as files:
         _raise_first(problems + files.problems, path)
-        targets = {f"param/{fqn}": p for fqn, p in model.named_parameters()}
+        targets = {f"param/{fqn}": p for fqn, p in _held_parameters(model).items()}
         if optimizer is not None and meta.optimizer is not None:
             targets.update(_prepared_states(model, optimizer, meta, path))
         saved = saved_tensors(meta)
@@ -210,16 +215,13 @@ def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> dict[s
 @dataclass
 class _Layout:
     """A tensor's global shape and dtype and its distinct pieces ``(writer rank, offset, shape)``;
-    ``expert``: a tensor of an expert that only some ranks hold."""
+    ``first_holder``: the lowest rank holding it (its mesh's; for an expert, the lowest rank of
+    its group holding it), which proposes this layout to the others."""
 
     shape: list[int]
     dtype: str
     pieces: list[tuple[int, list[int], list[int]]]
-    expert: bool = False
-
-    @property
-    def writers(self) -> list[int]:
-        return [writer for writer, _, _ in self.pieces]
+    first_holder: int = 0
 
 
 def _check_step(step) -> None:
@@ -234,7 +236,7 @@ def _layouts(model, optimizer, rank: int) -> tuple[dict[str, _Layout], dict[str,
     say Replicate although the ranks of an ep group hold different experts."""
     plan = applied_plan(model)
     holders = expert_holders(plan) if plan is not None else {}
-    named = {f"param/{fqn}": (fqn, p) for fqn, p in model.named_parameters()}
+    named = {f"param/{fqn}": (fqn, p) for fqn, p in _held_parameters(model).items()}
     elsewhere = state_elsewhere(_inner(optimizer)) if optimizer is not None else None
     if elsewhere:
         raise CheckpointError(elsewhere)
@@ -244,9 +246,12 @@ def _layouts(model, optimizer, rank: int) -> tuple[dict[str, _Layout], dict[str,
     for name, (fqn, tensor) in named.items():
         shape = [int(d) for d in tensor.shape]
         if fqn in holders:
-            layout = _Layout(shape, dtype_name(tensor.dtype), [(holders[fqn][0], [0] * len(shape), shape)], True)
+            layout = _Layout(
+                shape, dtype_name(tensor.dtype), [(holders[fqn][0], [0] * len(shape), shape)], holders[fqn][0]
+            )
         else:
-            layout = _Layout(shape, dtype_name(tensor.dtype), _pieces(tensor, name))
+            first = min(tensor.process_mesh.process_ids) if tensor.is_dist() else 0
+            layout = _Layout(shape, dtype_name(tensor.dtype), _pieces(tensor, name), first)
         for writer, _, piece in layout.pieces:
             if writer == rank:
                 local = tensor._local_value() if tensor.is_dist() else tensor
@@ -296,7 +301,7 @@ def _describe(
         step=step,
         world_size=world,
         model=SavedModel(
-            class_name=type(model).__name__,
+            class_name=type(_whole_model(model)).__name__,
             num_parameters=sum(math.prod(shape) for shape, _ in table.values()),
             param_fingerprint=parameter_fingerprint(table),
         ),
@@ -318,13 +323,57 @@ def _parameter_table(model) -> dict[str, tuple[list[int], str]]:
     """The model's parameter table as planned: under expert parallelism with the experts this
     rank dropped (shape and dtype from the plan), so that every rank, under any plan, describes
     the same model."""
-    table = parameter_table(model.named_parameters())
+    copies = _tied_copies(model)
+    table = parameter_table((fqn, p) for fqn, p in _whole_model(model).named_parameters() if fqn not in copies)
     plan = applied_plan(model)
     if plan is None:  # only an applied plan drops experts
         return table
     for fqn in _dropped(model):
         table[fqn] = ([int(d) for d in plan.params[fqn].shape], plan.params[fqn].dtype)
     return table
+
+
+def _held_parameters(model) -> dict[str, paddle.Tensor]:
+    """``{FQN: parameter}`` of the parameters this rank holds, by the user's model's names: a
+    pipeline's :class:`~autodist.applier.pipeline.PipelineModel` holds its stage's chunks, whose
+    own names (``chunks.0.owned.3``) depend on the plan, so its parameters are named as in the
+    whole model it was built from."""
+    whole = _whole_model(model)
+    if whole is model:
+        return dict(model.named_parameters())
+    mine = {id(p) for p in model.parameters()}
+    copies = _tied_copies(model)
+    held: dict[str, paddle.Tensor] = {}
+    for fqn, param in whole.named_parameters():
+        if id(param) in mine:
+            held.setdefault(copies.get(fqn, fqn), param)
+    return held
+
+
+def _tied_copies(model) -> dict[str, str]:
+    """``{name: tied parameter}`` of the last pipeline stage's copies of a tied weight held under
+    another name (``lm_head.weight`` for ``model.embed_tokens.weight``, ``ParamPlan.tied_stages``)
+    in a :class:`~autodist.applier.pipeline.PipelineModel`: the copies hold the same values (the
+    schedule sums the pair's gradients), so a checkpoint names the tensor once, by the original,
+    as the model itself does."""
+    plan = applied_plan(model)
+    if plan is None or not isinstance(model, PipelineModel):
+        return {}
+    return {name: fqn for fqn, param in plan.params.items() for name in param.tied_stages if name != fqn}
+
+
+def _whole_model(model) -> paddle.nn.Layer:
+    """The user's model: a pipeline's whole model (every stage's parameters, the other stages'
+    on their own meshes), or ``model`` itself."""
+    if isinstance(model, PipelineModel) and len(model.chunks):
+        return model.chunks[0].whole
+    return model
+
+
+def _elsewhere(model) -> set[str]:
+    """The planned parameters this rank does not hold: experts other ranks hold, other
+    pipeline stages' parameters."""
+    return set(_parameter_table(model)) - set(_held_parameters(model))
 
 
 def _dropped(model) -> set[str]:
@@ -381,7 +430,7 @@ def _optimizer_states(model, optimizer) -> dict[str, dict[str, paddle.Tensor]]:
     Paddle keys them by the parameter's *name* (``linear_0.w_0.dist``), which depends on the
     plan and on construction order; the FQN does not."""
     inner = _inner(optimizer)
-    fqn_of = {p.name: fqn for fqn, p in model.named_parameters()}
+    fqn_of = {p.name: fqn for fqn, p in _held_parameters(model).items()}
     states: dict[str, dict[str, paddle.Tensor]] = {}
     for param_name, master in getattr(inner, "_master_weights", {}).items():
         if param_name in fqn_of:
@@ -508,7 +557,8 @@ def _model_problems(model, meta: Checkpoint) -> list[str]:
         )
     return [
         f"saved from a different model ({meta.model.class_name}, {len(saved)} parameters); this "
-        f"{type(model).__name__} has {len(table)}: " + "; ".join(details or ["the parameter fingerprint differs"])
+        f"{type(_whole_model(model)).__name__} has {len(table)}: "
+        + "; ".join(details or ["the parameter fingerprint differs"])
     ]
 
 
@@ -522,8 +572,8 @@ def _optimizer_problems(model, optimizer, meta: Checkpoint) -> list[str]:
     if type(inner).__name__ != meta.optimizer.class_name:
         return [f"optimizer states of {meta.optimizer.class_name}, but the optimizer is {type(inner).__name__}"]
     held = {id(p) for p in optimizer_parameters(inner)}
-    fqns = {fqn for fqn, p in model.named_parameters() if id(p) in held}
-    not_held = sorted(set(meta.optimizer.states) - fqns - _dropped(model))
+    fqns = {fqn for fqn, p in _held_parameters(model).items() if id(p) in held}
+    not_held = sorted(set(meta.optimizer.states) - fqns - _elsewhere(model))
     if not_held:
         return [
             f"has optimizer states of {len(not_held)} parameters the optimizer does not update, e.g. {not_held[0]!r}"
@@ -558,9 +608,9 @@ def _prepared_states(model, optimizer, meta: Checkpoint, path: Path) -> dict[str
     inner = _inner(optimizer)
     before = ({k: dict(v) for k, v in inner._accumulators.items()}, set(inner._already_create_accumulator),
               dict(getattr(inner, "_master_weights", {})))  # fmt: skip
-    params = dict(model.named_parameters())
+    params = _held_parameters(model)
     # Under expert parallelism, the states of the experts this rank dropped are not loaded here.
-    wanted = sorted(set(saved_optimizer.states) - _dropped(model))
+    wanted = sorted(set(saved_optimizer.states) - _elsewhere(model))
     block = paddle.static.default_main_program().global_block()
     for fqn in wanted:
         # Idempotent; on dist.shard_optimizer's wrapper it also shards them (docs/paddle-notes.md, Checkpoints).

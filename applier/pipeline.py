@@ -228,6 +228,11 @@ class StageChunk(paddle.nn.Layer):
         self._received: paddle.Tensor | None = None
         self.owned = paddle.nn.ParameterList(params)
 
+    @property
+    def whole(self) -> paddle.nn.Layer:
+        """The user's whole model this chunk runs (checkpoints name parameters by it)."""
+        return self._whole[0]
+
     def forward(self, *args: paddle.Tensor) -> Any:
         received, inputs = (None, args) if self.is_first else (args[0], args[1:])
         for x in inputs:

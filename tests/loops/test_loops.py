@@ -112,11 +112,5 @@ def test_a_tie_by_function_call_trains_under_1f1b_and_rank_0_logs_the_loss(tied_
     assert sorted(tied_pp2.log["losses"]) == ["1", "2", "3"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="save_checkpoint of a 1F1B pipeline model names its parameters after the stage chunks "
-    "(chunks.0.owned.0, ...), not the model's (transformer.wte.weight, ...), so the checkpoint cannot "
-    "be compared with (or loaded by) another plan: applier/checkpoint.py, engineer ckpt's area",
-)
 def test_a_tie_by_function_call_under_1f1b_ends_with_the_single_device_parameters(tied_pp2, single_device):
     assert_same_training(tied_pp2, single_device("tied_pipeline.py"), keys=())
