@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import sys
 import warnings
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -207,6 +208,15 @@ GENERATOR_MOVED = (
 )
 
 
+def _warn_the_caller(message: str) -> None:
+    """``warnings.warn`` attributed to the first frame outside autodist (the user's
+    ``apply_plan`` line), however deep inside apply_plan it is said."""
+    level, frame = 2, sys._getframe(1)  # stacklevel 2 is this function's caller
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("autodist."):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, stacklevel=level)
+
+
 def creation_turns(model: paddle.nn.Layer, params: list[paddle.Tensor]) -> dict[int, int]:
     """``{id(param): its turn}``: the order lazily built parameters are initialised in, the
     order they were created in (recorded by autodist.LazyGuard, else taken to be the model's
@@ -219,14 +229,14 @@ def creation_turns(model: paddle.nn.Layer, params: list[paddle.Tensor]) -> dict[
         unbuilt.sort(key=lambda p: order[id(p)])
         unsure = unordered_parameters(model)
         if unsure:
-            warnings.warn(UNORDERED.format(names=", ".join(unsure)), stacklevel=4)
+            _warn_the_caller(UNORDERED.format(names=", ".join(unsure)))
     else:
         unbuilt.sort(key=creation_turn)
         builds = {_CREATED[p.name][1] for p in unbuilt}
         if any(_BUILDS[b].drew for b in builds):
-            warnings.warn(BUILD_DREW, stacklevel=4)
+            _warn_the_caller(BUILD_DREW)
         elif len(builds) == 1 and generator_state() != _BUILDS[builds.pop()].end:
-            warnings.warn(GENERATOR_MOVED, stacklevel=4)
+            _warn_the_caller(GENERATOR_MOVED)
     return {id(p): turn for turn, p in enumerate(built + unbuilt)}
 
 
