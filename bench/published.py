@@ -2,7 +2,9 @@
 
 Two sets, each priced with the strategy the authors ran (dp, mp, pp, schedule, micro-batches,
 recompute), on a GPT traced at the row's sizes (tests/models/gpt.py: two blocks traced, the
-block cost repeated to the row's depth):
+block cost repeated to the row's depth), with the kernels that model selects and the row's GPU
+runs (planner/kernels.py: the Megatron-LM GPT writes its softmax, priced eager; the MPT stand-in
+calls ``F.scaled_dot_product_attention``, priced as flash attention on the h100 profile):
 
 - Megatron-LM (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
   Using Megatron-LM", SC 2021, table 1; also the Megatron-LM README): GPT, vocabulary 51200,
