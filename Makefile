@@ -43,7 +43,8 @@ plans: install
 
 # Planning time and memory by depth, apply_plan (and its cost on a lazily built model),
 # checkpoints, recompute's activation memory, pipeline schedules priced, expert parallelism's
-# memory and step time against plain dp and to_distributed (docs/benchmarks.md has the recorded tables).
+# memory and step time against plain dp and to_distributed, the PaddleFormers Trainer's parameters per rank
+# (docs/benchmarks.md has the recorded tables).
 bench: install
 	$(PY) bench/plan_time.py --markdown
 	$(PY) bench/plan_memory.py --markdown
@@ -55,6 +56,7 @@ bench: install
 	$(PY) bench/experts.py --markdown
 	$(PY) bench/closed_loop.py --runs 3
 	$(PY) bench/search_quality.py --alternatives 2 --rounds 2
+	$(PY) bench/trainer_params.py --markdown
 
 # The whole product on 4 CPU processes: plan the docstring Llama, apply it, compare losses with one device.
 .PHONY: demo
