@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 from harness.cases import Config
-from harness.compare import resumed_differences
+from harness.compare import assert_resumed_like_one_device
 from harness.jobs import TrainRun
 from harness.plans import write_plan
 from harness.runner import train_by_world
@@ -68,16 +68,10 @@ def resumed(tmp_path_factory, reference_runs):
 def test_saved_under_dp2_resumed_under_mp2_or_one_device_trains_like_one_uninterrupted_device(
     resumed, reference_runs, kind, into
 ):
-    mp2, checkpoints, outputs, runs = resumed
-    saver, resumer = f"save_{kind}", f"{into}_{kind}"
-    problems = resumed_differences(
-        reference_runs.get(runs[saver]),
-        outputs[saver],
-        reference_runs.get(runs[resumer]),
-        outputs[resumer],
-        mp2 if into == "mp2" else None,
+    mp2, _, outputs, runs = resumed
+    assert_resumed_like_one_device(
+        reference_runs, runs, outputs, f"save_{kind}", f"{into}_{kind}", mp2 if into == "mp2" else None
     )
-    assert not problems, f"{resumer}:\n  " + "\n  ".join(problems[:40])
 
 
 @pytest.mark.multiprocess

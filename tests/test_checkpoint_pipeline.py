@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 from harness.cases import Config, finish_planner, start_planner
-from harness.compare import resumed_differences
+from harness.compare import assert_resumed_like_one_device
 from harness.jobs import TrainRun
 from harness.runner import train_by_world
 from harness.workloads import WORKLOADS
@@ -54,14 +54,9 @@ def resumed(tmp_path_factory, reference_runs):
 @pytest.mark.parametrize("into", ["pp2_to_pp2", "pp2_to_single"])
 def test_a_pipeline_checkpoint_resumes_like_one_uninterrupted_device(resumed, reference_runs, into):
     plan, _, outputs, runs = resumed
-    problems = resumed_differences(
-        reference_runs.get(runs["save_pp2"]),
-        outputs["save_pp2"],
-        reference_runs.get(runs[into]),
-        outputs[into],
-        plan if into == "pp2_to_pp2" else None,
+    assert_resumed_like_one_device(
+        reference_runs, runs, outputs, "save_pp2", into, plan if into == "pp2_to_pp2" else None
     )
-    assert not problems, f"{into}:\n  " + "\n  ".join(problems[:40])
 
 
 @pytest.mark.multiprocess

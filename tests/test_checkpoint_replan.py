@@ -21,7 +21,7 @@ import numpy as np
 import paddle
 import pytest
 from harness.cases import Config
-from harness.compare import resumed_differences
+from harness.compare import assert_resumed_like_one_device
 from harness.jobs import Job, TrainRun
 from harness.plans import write_plan
 from harness.runner import start_job, train_by_world
@@ -94,15 +94,8 @@ def resumed(tmp_path_factory, reference_runs):
 def test_resumed_under_another_plan_trains_like_one_uninterrupted_device(resumed, reference_runs, scenario):
     plans, checkpoints, outputs, runs = resumed
     plan_a, plan_b = SCENARIOS[scenario]
-    saver = f"save_{config_name(plan_a)}"
-    problems = resumed_differences(
-        reference_runs.get(runs[saver]),
-        outputs[saver],
-        reference_runs.get(runs[scenario]),
-        outputs[scenario],
-        None if plan_b is None else load_plan(plans[plan_b.name]),
-    )
-    assert not problems, f"{scenario}:\n  " + "\n  ".join(problems[:40])
+    plan = None if plan_b is None else load_plan(plans[plan_b.name])
+    assert_resumed_like_one_device(reference_runs, runs, outputs, f"save_{config_name(plan_a)}", scenario, plan)
 
 
 @pytest.mark.multiprocess

@@ -76,6 +76,18 @@ def resumed_differences(
     return problems + [f"no rank reported {fqn}" for fqn in sorted(set(reference["params"]) - held)]
 
 
+def assert_resumed_like_one_device(
+    reference_runs, runs: dict, outputs: dict, saver: str, resumer: str, plan=None
+) -> None:
+    """AssertionError listing every way run ``resumer``, which loaded the checkpoint run ``saver``
+    wrote, differs from one uninterrupted device (:func:`resumed_differences`). ``runs`` and
+    ``outputs`` by run name; ``reference_runs``: :class:`harness.runner.ReferenceRuns`."""
+    problems = resumed_differences(
+        reference_runs.get(runs[saver]), outputs[saver], reference_runs.get(runs[resumer]), outputs[resumer], plan
+    )
+    assert not problems, f"{resumer}:\n  " + "\n  ".join(problems[:40])
+
+
 def assert_same_training(name: str, reference: dict, rank_outputs: list[dict]) -> None:
     """AssertionError listing every difference of every rank from the reference run."""
     problems = [line for output in rank_outputs for line in differences(reference, output)]
