@@ -301,10 +301,11 @@ def test_what_the_trainer_cannot_express_is_refused_in_one_message():
 
     plan = load_plan("plans/paddleformers_llama/plan_1x8dev.json")
     layers = [b.layer for b in plan.blocks]
-    strategy = msgspec.structs.replace(plan.strategy, ep=2, recompute="full")
+    strategy = msgspec.structs.replace(plan.strategy, ep=2, recompute="full", sequence_parallel=True)
     with pytest.raises(PlanError) as refused:
         auto_dist_config(msgspec.structs.replace(plan, strategy=strategy, recompute=layers))
-    assert "2 problems" in str(refused.value)
+    assert "3 problems" in str(refused.value)
+    assert "sequence parallelism: Paddle's SequenceParallel plans fail on the Trainer's mesh" in str(refused.value)
     assert "expert parallelism (ep=2): the Trainer's dist.parallelize config has no key for it" in str(refused.value)
     assert f"recompute (full, {len(layers)} layers): the Trainer's config has no key for it" in str(refused.value)
 

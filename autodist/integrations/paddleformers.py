@@ -15,7 +15,8 @@ placement and hook becomes, as for ``autodist-plan export --to paddle-paralleliz
     trainer.train()
 
 What the Trainer's mode cannot express is refused in one message naming it: a pipeline (the
-mode asserts ``pipeline_model_parallel_size == 1``), expert parallelism, the plan's recompute
+mode asserts ``pipeline_model_parallel_size == 1``), expert parallelism, sequence parallelism
+(Paddle's plans for it fail on the Trainer's mesh), the plan's recompute
 (the Trainer has its own ``recompute`` argument), arguments that build another mesh, accumulate
 another number of micro-batches or read another batch. Two things the Trainer does on its own,
 whatever the config: ``Trainer.train`` calls ``fully_shard(model, mesh=...)`` (FSDP over the dp
@@ -48,12 +49,16 @@ def trainer_arguments(plan: Plan | str | Path) -> dict[str, Any]:
     micro-batches as accumulation steps and, when the plan records its global batch, the batch
     per device. The job must have as many ranks as the plan's mesh.
 
-    >>> trainer_arguments("plans/gpt/plan_2x8dev_mp4.json")
-    {'enable_auto_parallel': True, 'tensor_model_parallel_size': 4, 'pipeline_model_parallel_size': 1, \
-'gradient_accumulation_steps': 1, 'per_device_train_batch_size': 2}
+    >>> trainer_arguments("plans/gpt/plan_1x8dev.json")
+    {'enable_auto_parallel': True, 'tensor_model_parallel_size': 1, 'pipeline_model_parallel_size': 1, \
+'gradient_accumulation_steps': 1, 'per_device_train_batch_size': 1}
     """
     plan, source = _load(plan)
     _raise_if(_unsupported(plan), source)
+    return _arguments_for(plan)
+
+
+def _arguments_for(plan: Plan) -> dict[str, Any]:
     s = plan.strategy
     arguments: dict[str, Any] = {
         "enable_auto_parallel": True,
@@ -68,8 +73,10 @@ def trainer_arguments(plan: Plan | str | Path) -> dict[str, Any]:
 
 def argument_problems(plan: Plan, args: Any, world_size: int) -> list[str]:
     """How ``args`` (a ``TrainingArguments``) on ``world_size`` ranks differ from ``plan``: one
-    line per difference, naming the argument and the value the plan needs; [] when they agree."""
-    want = trainer_arguments(plan)
+    line per difference, naming the argument and the value the plan needs; [] when they agree.
+    (What the Trainer cannot express at all is :func:`trainer_arguments`' and :func:`install`'s
+    to refuse.)"""
+    want = _arguments_for(plan)
     s = plan.strategy
     problems = []
     mesh_size = s.dp * s.mp
@@ -178,6 +185,11 @@ def _unsupported(plan: Plan) -> list[str]:
         )
     if s.ep > 1:
         problems.append(f"expert parallelism (ep={s.ep}): the Trainer's dist.parallelize config has no key for it")
+    if s.sequence_parallel:
+        problems.append(
+            "sequence parallelism: Paddle's SequenceParallel plans fail on the Trainer's mesh (IndexError in "
+            "c_concat, PaddleFormers 1.2 / paddle 3.3.1; docs/paddle-notes.md); re-plan with --no-sequence-parallel"
+        )
     if s.recompute != "none" and plan.recompute:
         problems.append(
             f"recompute ({s.recompute}, {len(plan.recompute)} layers): the Trainer's config has no key for it; "
