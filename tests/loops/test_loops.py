@@ -3,6 +3,9 @@ one device: the scripts in ``scripts/`` change only by the README's lines (``app
 plan is given), log on rank 0 only, and match the single-device run of the same script within
 1e-5 (losses rank 0 read with ``float(loss)``, parameters from the checkpoint they save).
 
+Each script is self-contained, as a user's is: they repeat their data, logging and saving lines
+on purpose (``duplicates`` lists them), and share nothing with the harness's training code.
+
 Launches are the cost (2 cores): each script x plan runs once, plans are made once per session,
 single-device runs once per script. Combinations left out, because they add nothing here:
 
