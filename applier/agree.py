@@ -39,8 +39,9 @@ round, so only the job's ranks take part: a record or verdict from any other pro
 replayed from another connection, another round or another job, fails the check and is dropped.
 A rank sends nothing until rank 0's greeting checks out (a stranger on the port is hung up on
 and named at the deadline), and rank 0 keeps only connections that send a signed record within
-:data:`PENDING_WAIT_S`, at most :data:`MAX_PENDING` at a time (the oldest goes first, also when
-descriptors run out), so a flood of connections costs a bounded amount of memory and CPU.
+2 s, at most 16 at a time (the oldest goes first, also when descriptors run out), so a flood of
+connections costs a bounded amount of memory and CPU. The signed lines, the greeting and that
+bounded reception are signed.py's, shared with readable.py's side channel.
 
 The last step of each round is what makes the verdict reach every rank. Rank 0 raising is the
 job failing: ``paddle.distributed.launch`` stops all other ranks within about a second of the
@@ -54,7 +55,7 @@ receives later can replace it.
 Every wait is a ``select``/socket timeout on one deadline, whatever the peer sends: nothing
 polls, except a rank that arrives before rank 0 listens (or wrote its key), which retries after
 2 ms, doubling up to 50 ms, and a rank 0 out of descriptors with no stranger to drop, which
-stops accepting for :data:`ACCEPT_PAUSE_S`.
+stops accepting for 50 ms (signed.py).
 
 Paddle's own stores are not used, though exchanging through one would need no listener of our
 own: its global store blocks, holding the GIL, until every rank connects -- the hang this step
@@ -72,7 +73,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import hmac
 import itertools
 import json
 import os
@@ -84,6 +84,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
+from autodist.applier.signed import (
+    NONCE_BYTES,
+    Reception,
+    greeted,
+    read_line,
+    receive_line,
+    seal,
+    strict_json,
+    unseal,
+)
 from autodist.applier.jobkey import SECRET_ENV, key_file, new_key, read_key, remove_key
 from autodist.schemas import PlanError
 
@@ -104,21 +114,10 @@ RETRY_MAX_S = 0.05
 VERDICT_GRACE_S = 10.0
 #: The longest message accepted (a record is two digests, a path and the problem lines).
 MAX_MESSAGE_BYTES = 1 << 20
-#: How long rank 0 keeps a connection that has not sent a signed record (a rank sends it as
-#: soon as it is greeted), and how many such connections it keeps at once: the oldest goes first.
-#: So strangers' connections cost at most MAX_PENDING * MAX_MESSAGE_BYTES of memory.
-PENDING_WAIT_S = 2.0
-MAX_PENDING = 16
-#: When accept() fails for want of descriptors and no pending connection can be dropped, rank 0
-#: stops accepting for this long instead of spinning.
-ACCEPT_PAUSE_S = 0.05
 #: How long a rank waits for rank 0's greeting before it hangs up and tries again (harmless if
 #: rank 0 was merely slow: it drops the closed connection and accepts the next one).
 GREETING_WAIT_S = 2.0
 PROTOCOL = b"autodist agreement 2"
-_NONCE_BYTES = 16
-#: Rank 0's greeting: the protocol, a fresh nonce for this connection, and its signature.
-GREETING_BYTES = len(PROTOCOL) + 1 + 2 * _NONCE_BYTES + 1 + 64 + 1
 _MAX_RANKS_NAMED = 8
 _RECORD_FIELDS = {"rank", "plan_source", "plan_digest", "model_digest", "problems"}
 
@@ -253,48 +252,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:500] if text else type(exc).__name__
 
 
-# -- signed messages ----------------------------------------------------------------------------------
-
-
-def _sign(key: bytes, kind: str, context: bytes, payload: bytes) -> bytes:
-    message = b"\0".join([PROTOCOL, kind.encode(), context, payload])
-    return hmac.new(key, message, hashlib.sha256).hexdigest().encode()
-
-
-def _sealed(key: bytes, kind: str, context: bytes, payload: bytes) -> bytes:
-    """One line: the signature, a space, the payload (JSON: no newline in it)."""
-    return _sign(key, kind, context, payload) + b" " + payload + b"\n"
-
-
-def _unsealed(key: bytes, kind: str, context: bytes, line: bytes) -> bytes | None:
-    """The payload of a line sealed by :func:`_sealed` with the same key, kind and context; else None."""
-    mac, sep, payload = line.rstrip(b"\n").partition(b" ")
-    return payload if sep and hmac.compare_digest(mac, _sign(key, kind, context, payload)) else None
-
-
-def _greeting(key: bytes, nonce: bytes) -> bytes:
-    return PROTOCOL + b" " + nonce.hex().encode() + b" " + _sign(key, "greeting", nonce, b"") + b"\n"
-
-
-def _json(payload: bytes):
-    """JSON without NaN or Infinity (``"call": Infinity`` is malformed, not a number)."""
-    return json.loads(payload, parse_constant=_no_constant)
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a number here")
-
-
 # -- rank 0 gathers the records, decides, and waits until every rank holds the verdict ----------
-
-
-@dataclass
-class _Pending:
-    """A connection rank 0 greeted that has not yet sent a signed record."""
-
-    nonce: bytes
-    deadline: float
-    buffer: bytearray = field(default_factory=bytearray)
 
 
 def _host(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
@@ -351,117 +309,43 @@ def _gather(listener, selector, key: bytes, came: dict, world: int, call: int, d
     """Accept connections and read signed records into ``came`` (``{rank: (link, record)}``)
     until all ``world - 1`` ranks came or ``deadline`` passed. Returns the problems of records
     that were signed with the job's key but malformed (each counts as a rank that came)."""
-    selector.register(listener, selectors.EVENT_READ)
-    pending: dict[socket.socket, _Pending] = {}  # oldest first
+    reception = Reception(listener, selector, key, PROTOCOL, MAX_MESSAGE_BYTES)
     malformed: list[str] = []
-    paused_until = 0.0
-    while len(came) + len(malformed) < world - 1 and (now := time.monotonic()) < deadline:
-        if paused_until and now >= paused_until:
-            selector.register(listener, selectors.EVENT_READ)
-            paused_until = 0.0
-        for conn in [c for c, p in pending.items() if p.deadline <= now]:  # too slow: not a rank
-            _drop(selector, pending, conn)
-        wake = min([deadline, *(p.deadline for p in pending.values()), *([paused_until] if paused_until else [])])
-        for ready, _ in selector.select(timeout=max(0.0, wake - now)):
-            if ready.fileobj is listener:
-                if not _accept(listener, selector, key, pending):
-                    selector.unregister(listener)  # out of descriptors, none of ours to free: wait
-                    paused_until = time.monotonic() + ACCEPT_PAUSE_S
-                continue
-            conn = ready.fileobj
-            if conn not in pending:  # dropped earlier in this batch
-                continue
-            line = _read_line(conn, pending[conn].buffer)
-            if line is None:
-                continue
-            selector.unregister(conn)
-            greeted = pending.pop(conn)
-            nonce = greeted.nonce
-            payload = _unsealed(key, "record", nonce, line) if line else None
-            if payload is None:  # closed, or not signed with the job's key: not one of its ranks
-                conn.close()
-                continue
-            hello = _parse_hello(payload, world)
-            if isinstance(hello, str):
-                malformed.append(hello)
-                conn.close()
-                continue
-            their_call, their_nonce, peer = hello
-            if their_call != call:  # a rank that called apply_plan another number of times than rank 0
-                problem = f"agreement: this is its apply_plan call {their_call + 1}, rank 0's call {call + 1}"
-                peer = replace(peer, problems=[*peer.problems, problem])
-            if peer.rank in came:  # the same rank again (it gave up on a slow greeting): keep the newer
-                came[peer.rank][0].conn.close()
-            came[peer.rank] = (_Link(conn, peer.rank, nonce + their_nonce, greeted.buffer), peer)
-    if listener in selector.get_map():
-        selector.unregister(listener)
-    for conn in list(pending):  # came, but sent no signed record in time: not counted
-        _drop(selector, pending, conn)
+    try:
+        while len(came) + len(malformed) < world - 1 and time.monotonic() < deadline:
+            wake = reception.wake(deadline)
+            for ready, _ in selector.select(timeout=max(0.0, wake - time.monotonic())):
+                arrived = reception.ready(ready.fileobj)
+                if arrived is None:
+                    continue
+                conn, greeted, line = arrived
+                payload = unseal(key, PROTOCOL, "record", greeted.nonce, line) if line else None
+                if payload is None:  # closed, or not signed with the job's key: not one of its ranks
+                    conn.close()
+                    continue
+                hello = _parse_hello(payload, world)
+                if isinstance(hello, str):
+                    malformed.append(hello)
+                    conn.close()
+                    continue
+                their_call, their_nonce, peer = hello
+                if their_call != call:  # a rank that called apply_plan another number of times than rank 0
+                    problem = f"agreement: this is its apply_plan call {their_call + 1}, rank 0's call {call + 1}"
+                    peer = replace(peer, problems=[*peer.problems, problem])
+                if peer.rank in came:  # the same rank again (it gave up on a slow greeting): keep the newer
+                    came[peer.rank][0].conn.close()
+                came[peer.rank] = (_Link(conn, peer.rank, greeted.nonce + their_nonce, greeted.buffer), peer)
+    finally:
+        reception.close()  # came, but sent no signed record in time: not counted
     return malformed
-
-
-def _accept(listener: socket.socket, selector, key: bytes, pending: dict) -> bool:
-    """Accept one connection and greet it. False when descriptors ran out and no pending
-    connection was left to drop for one."""
-    try:
-        conn, _ = listener.accept()
-    except OSError as err:
-        if err.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-            return True  # that connection is gone (reset before accepted): nothing to do
-        if not pending:
-            return False
-        _drop(selector, pending, next(iter(pending)))  # the oldest: frees a descriptor
-        return True
-    if len(pending) >= MAX_PENDING:
-        _drop(selector, pending, next(iter(pending)))
-    nonce = secrets.token_bytes(_NONCE_BYTES)
-    greeting = _greeting(key, nonce)
-    try:
-        conn.setblocking(False)
-        sent = conn.send(greeting)  # a few bytes into an empty socket buffer
-    except OSError:
-        sent = 0
-    if sent != len(greeting):
-        conn.close()
-        return True
-    selector.register(conn, selectors.EVENT_READ)
-    pending[conn] = _Pending(nonce, time.monotonic() + PENDING_WAIT_S)
-    return True
-
-
-def _drop(selector, pending: dict, conn: socket.socket) -> None:
-    selector.unregister(conn)
-    del pending[conn]
-    conn.close()
-
-
-def _read_line(conn: socket.socket, buffer: bytearray) -> bytes | None:
-    """The first whole line of ``buffer`` and what ``conn`` has (taken out of ``buffer``; the
-    rest stays), ``b""`` when it closed (or broke, or sent too much) first, else None (more to come)."""
-    if b"\n" not in buffer:
-        try:
-            chunk = conn.recv(65536)
-        except BlockingIOError:
-            return None
-        except OSError:
-            return b""
-        if not chunk or len(buffer) + len(chunk) > MAX_MESSAGE_BYTES:
-            return b""
-        buffer += chunk
-    end = buffer.find(b"\n")
-    if end < 0:
-        return None
-    line = bytes(buffer[: end + 1])
-    del buffer[: end + 1]
-    return line
 
 
 def _parse_hello(payload: bytes, world: int) -> tuple[int, bytes, Record] | str:
     """``(call, nonce, record)`` from a rank's signed first message, or the problem with it."""
     try:
-        hello = _json(payload)
+        hello = strict_json(payload)
         call, nonce, fields = hello["call"], bytes.fromhex(hello["nonce"]), hello["record"]
-        if type(call) is not int or not 0 <= call < 1 << 31 or len(nonce) != _NONCE_BYTES:
+        if type(call) is not int or not 0 <= call < 1 << 31 or len(nonce) != NONCE_BYTES:
             raise ValueError(f"call {call!r}, a nonce of {len(nonce)} bytes")
         if set(fields) != _RECORD_FIELDS:
             raise ValueError(f"fields {sorted(fields)}")
@@ -491,7 +375,7 @@ def _deliver(selector, key: bytes, links: list[_Link], round_: int, verdict: lis
         try:
             link.conn.setblocking(True)
             link.conn.settimeout(max(0.001, deadline - time.monotonic()))
-            link.conn.sendall(_sealed(key, "verdict", link.context(round_), payload))
+            link.conn.sendall(seal(key, PROTOCOL, "verdict", link.context(round_), payload))
             link.conn.setblocking(False)
         except OSError:
             continue
@@ -512,7 +396,7 @@ def _read_lines(selector, links: list[_Link], deadline: float) -> dict[int, byte
                 events = selector.select(timeout=max(0.0, deadline - time.monotonic()))
                 ready = [key.data for key, _ in events if key.data.rank not in lines]
             for link in ready:
-                line = _read_line(link.conn, link.buffer)
+                line = read_line(link.conn, link.buffer, MAX_MESSAGE_BYTES)
                 if line is not None:
                     lines[link.rank] = line
     finally:
@@ -530,7 +414,7 @@ def _settle_host(agreement: Agreement, mine: list[str]) -> list[str]:
         lines = _read_lines(selector, agreement.links, deadline)
         # None: the connection closed, or carried no signed report
         reports = {
-            link.rank: _parse_report(_unsealed(agreement.key, "report", link.context(1), lines[link.rank]))
+            link.rank: _parse_report(unseal(agreement.key, PROTOCOL, "report", link.context(1), lines[link.rank]))
             for link in agreement.links
             if link.rank in lines
         }
@@ -551,7 +435,7 @@ def _settle_host(agreement: Agreement, mine: list[str]) -> list[str]:
 
 def _parse_report(payload: bytes | None) -> list[str] | None:
     try:
-        problems = _json(payload)["problems"] if payload is not None else None
+        problems = strict_json(payload)["problems"] if payload is not None else None
     except Exception:
         return None
     return problems if isinstance(problems, list) and all(isinstance(p, str) for p in problems) else None
@@ -634,11 +518,11 @@ def _join(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
             f"set {TIMEOUT_ENV} to wait longer",
             source=record.plan_source,
         )
-    mine = secrets.token_bytes(_NONCE_BYTES)
+    mine = secrets.token_bytes(NONCE_BYTES)
     link = _Link(conn, 0, nonce + mine)
     agreement = Agreement(key, record.rank, world, timeout_s, record.plan_source, [link])
     hello = json.dumps({"call": call, "nonce": mine.hex(), "record": asdict(record)}).encode()
-    verdict = _exchange(agreement, _sealed(key, "record", nonce, hello), 0)
+    verdict = _exchange(agreement, seal(key, PROTOCOL, "record", nonce, hello), 0)
     if verdict:
         agreement.close()
         raise PlanError(verdict, source=record.plan_source)
@@ -648,7 +532,7 @@ def _join(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
 def _settle_join(agreement: Agreement, mine: list[str]) -> list[str]:
     """A rank > 0's side of :meth:`Agreement.settle`: its report, then rank 0's verdict."""
     (link,) = agreement.links
-    report = _sealed(agreement.key, "report", link.context(1), json.dumps({"problems": mine}).encode())
+    report = seal(agreement.key, PROTOCOL, "report", link.context(1), json.dumps({"problems": mine}).encode())
     return _exchange(agreement, report, 1)
 
 
@@ -666,7 +550,7 @@ def _exchange(agreement: Agreement, message: bytes, round_: int) -> list[str]:
         verdict = [_lost(exc)]
     try:
         link.conn.settimeout(1.0)
-        link.conn.sendall(_sealed(agreement.key, "ack", link.context(round_), b"{}"))  # rank 0 may leave
+        link.conn.sendall(seal(agreement.key, PROTOCOL, "ack", link.context(round_), b"{}"))  # rank 0 may leave
     except OSError:
         pass
     return verdict
@@ -684,7 +568,7 @@ def _connect(host: str, port: int, master: str, deadline: float):
         if key is not None:
             try:
                 conn = socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic())))
-                nonce = _greeted(conn, key, min(time.monotonic() + GREETING_WAIT_S, deadline))
+                nonce = greeted(conn, key, PROTOCOL, min(time.monotonic() + GREETING_WAIT_S, deadline))
                 if nonce is not None:
                     return conn, nonce, key, ""
                 found = "stranger"
@@ -698,48 +582,15 @@ def _connect(host: str, port: int, master: str, deadline: float):
         wait = min(2 * wait, RETRY_MAX_S)
 
 
-def _greeted(conn: socket.socket, key: bytes, deadline: float) -> bytes | None:
-    """Rank 0's nonce, when ``conn`` starts with its signed greeting before ``deadline``: one
-    deadline for the whole greeting, however the bytes trickle in."""
-    received = b""
-    while len(received) < GREETING_BYTES:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        conn.settimeout(remaining)
-        try:
-            chunk = conn.recv(GREETING_BYTES - len(received))
-        except TimeoutError:
-            return None
-        if not chunk:
-            return None
-        received += chunk
-    protocol, _, rest = received.rstrip(b"\n").rpartition(b" ")
-    head, _, nonce_hex = protocol.rpartition(b" ")
-    try:
-        nonce = bytes.fromhex(nonce_hex.decode("ascii"))
-    except ValueError:
-        return None
-    return nonce if head == PROTOCOL and hmac.compare_digest(received, _greeting(key, nonce)) else None
-
-
 def _await_verdict(conn: socket.socket, key: bytes, context: bytes, deadline: float, timeout_s: float) -> list[str]:
     """Rank 0's signed verdict on ``conn``: the problems every rank raises (empty: all agree)."""
-    buffer = bytearray()
-    while b"\n" not in buffer:
-        conn.settimeout(max(0.001, deadline - time.monotonic()))
-        try:
-            chunk = conn.recv(65536)
-        except TimeoutError:
-            return [f"agreement: rank 0 gave no verdict within {timeout_s:g} s (stuck?)"]
-        if not chunk:
-            return [_lost(ConnectionError("connection closed"))]
-        if len(buffer) + len(chunk) > MAX_MESSAGE_BYTES:
-            break
-        buffer += chunk
-    line = bytes(buffer[: buffer.find(b"\n") + 1])
+    line = receive_line(conn, deadline, MAX_MESSAGE_BYTES)
+    if line is None:
+        return [f"agreement: rank 0 gave no verdict within {timeout_s:g} s (stuck?)"]
+    if not line:
+        return [_lost(ConnectionError("connection closed"))]
     try:
-        verdict = _json(_unsealed(key, "verdict", context, line) or b"")["verdict"]
+        verdict = strict_json(unseal(key, PROTOCOL, "verdict", context, line) or b"")["verdict"]
         if isinstance(verdict, list) and all(isinstance(p, str) for p in verdict):
             return verdict
     except Exception:

@@ -18,6 +18,7 @@ from dataclasses import asdict
 import pytest
 
 import autodist.applier.agree as agree_module
+import autodist.applier.signed as signed
 import autodist.applier.jobkey as jobkey
 from autodist.applier.agree import Record, agree, timeout_from, verdict_problems
 from autodist.schemas import PlanError
@@ -135,7 +136,7 @@ def test_losing_rank_0_mid_agreement_is_a_plan_error_at_once(two_rank_env):
 
 def _read_first_line_and_close(listener: socket.socket) -> None:
     conn, _ = listener.accept()
-    conn.sendall(agree_module._greeting(KEY, b"n" * 16))
+    conn.sendall(signed.greeting(KEY, agree_module.PROTOCOL, b"n" * 16))
     with conn, conn.makefile("rb") as stream:
         assert b'"record"' in stream.readline()
 
@@ -143,12 +144,12 @@ def _read_first_line_and_close(listener: socket.socket) -> None:
 def _hello(conn: socket.socket, record: Record, call: object = 0) -> bytes:
     """Rank ``record.rank``'s first message on ``conn``, past rank 0's greeting, signed with the
     job's key; returns the nonces every later message is signed over."""
-    greeting = conn.recv(agree_module.GREETING_BYTES, socket.MSG_WAITALL)
+    greeting = conn.recv(signed.greeting_bytes(agree_module.PROTOCOL), socket.MSG_WAITALL)
     nonce = bytes.fromhex(greeting.split()[-2].decode())
-    assert greeting == agree_module._greeting(KEY, nonce), "not rank 0's greeting"
+    assert greeting == signed.greeting(KEY, agree_module.PROTOCOL, nonce), "not rank 0's greeting"
     mine = b"m" * 16
     text = f'{{"call": {call}, "nonce": "{mine.hex()}", "record": {json.dumps(asdict(record))}}}'
-    conn.sendall(agree_module._sealed(KEY, "record", nonce, text.encode()))
+    conn.sendall(signed.seal(KEY, agree_module.PROTOCOL, "record", nonce, text.encode()))
     return nonce + mine
 
 
@@ -193,11 +194,11 @@ def test_rank_0_ignores_a_stranger_on_its_port(two_rank_env, key):
 
     def stranger():
         with _connect_when_listening(two_rank_env) as conn:
-            greeting = conn.recv(agree_module.GREETING_BYTES, socket.MSG_WAITALL)
+            greeting = conn.recv(signed.greeting_bytes(agree_module.PROTOCOL), socket.MSG_WAITALL)
             nonce = bytes.fromhex(greeting.split()[-2].decode())
             bogus = {"rank": 1, "plan_source": "x", "plan_digest": "", "model_digest": "", "problems": [1]}
             text = json.dumps({"call": 0, "nonce": "ab" * 16, "record": bogus}).encode()
-            conn.sendall(agree_module._sealed(key, "record", nonce, text))
+            conn.sendall(signed.seal(key, agree_module.PROTOCOL, "record", nonce, text))
             assert conn.recv(100) == b""  # hung up on
 
     thread = threading.Thread(target=stranger)
@@ -266,13 +267,13 @@ def test_an_ack_and_the_next_report_in_one_read_are_both_heard(two_rank_env):
             nonces = _hello(conn, Record(1, "plan.json", PLAN_A, MODEL_A))
             stream = conn.makefile("rb")
             first = nonces + (0).to_bytes(4, "big")
-            assert agree_module._unsealed(KEY, "verdict", first, stream.readline()) == b'{"verdict": []}'
+            assert signed.unseal(KEY, agree_module.PROTOCOL, "verdict", first, stream.readline()) == b'{"verdict": []}'
             second = nonces + (1).to_bytes(4, "big")
             conn.sendall(
-                agree_module._sealed(KEY, "ack", first, b"{}")
-                + agree_module._sealed(KEY, "report", second, b'{"problems": []}')
+                signed.seal(KEY, agree_module.PROTOCOL, "ack", first, b"{}")
+                + signed.seal(KEY, agree_module.PROTOCOL, "report", second, b'{"problems": []}')
             )
-            assert agree_module._unsealed(KEY, "verdict", second, stream.readline()) == b'{"verdict": []}'
+            assert signed.unseal(KEY, agree_module.PROTOCOL, "verdict", second, stream.readline()) == b'{"verdict": []}'
 
     thread = threading.Thread(target=fast_rank_1)
     thread.start()

@@ -23,7 +23,8 @@ from contextlib import ExitStack, contextmanager
 
 import pytest
 
-from autodist.applier.agree import MAX_MESSAGE_BYTES, MAX_PENDING
+from autodist.applier.agree import MAX_MESSAGE_BYTES
+from autodist.applier.signed import MAX_PENDING
 from harness.launcher import TESTS_DIR, base_env, free_ports
 
 pytestmark = pytest.mark.multiprocess
