@@ -223,6 +223,15 @@ EXPECTED = {
         "model.layers.*.self_attn.o_proj.weight": ROW,
         **mlp("model.layers.*.mlp", ("up_gate_proj",)),
     },
+    # multi-query attention (one KV head): K/V whole on every rank, Q by columns, o by rows, as
+    # Megatron and HF split it; the head reads the embedding's table (tied by a function call)
+    f"{ZOO}/gemma_mqa_hf.py": {
+        **attention("model.layers.*.self_attn"),
+        "model.layers.*.self_attn.k_proj.weight": REP,
+        "model.layers.*.self_attn.v_proj.weight": REP,
+        **mlp("model.layers.*.mlp"),
+        "model.embed_tokens.weight": COL_B,
+    },
     f"{PF}:build_gpt_oss": {
         **attention("model.layers.*.self_attn", bias=True, o_bias=True),
         "model.layers.*.mlp.router.weight": REP,

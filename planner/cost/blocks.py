@@ -79,7 +79,7 @@ class BlockCost:
 
     layer: str
     num_heads: int = 0
-    num_kv_heads: int = 0
+    num_kv_heads: int = 0  # split over mp (0: K/V whole on every rank, multi-query attention)
     intermediate_size: int = 0
     params_split: int = 0  # elements divided over mp (column/row-parallel weights and biases)
     params_whole: int = 0  # elements every mp rank holds whole (norms, row-parallel biases)

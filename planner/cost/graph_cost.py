@@ -483,7 +483,7 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion) -> ModelCost:
                 seq,
                 fusion,
                 num_heads=info.num_heads,
-                num_kv_heads=info.num_kv_heads,
+                num_kv_heads=_split_kv_heads(info),
                 intermediate_size=info.intermediate_size,
                 **moe,
             )
@@ -503,6 +503,14 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion) -> ModelCost:
         token_mixing=next((b.token_mixing for b in analysis.blocks if b.token_mixing), None),
         **_local_only(analysis),
     )
+
+
+def _split_kv_heads(info) -> int:
+    """The KV heads mp must divide: the block's when a projection computing K or V is split over
+    mp, 0 when none is (multi-query attention's K/V whole on every rank, priced whole: their
+    weights in ``params_whole``, their matmuls unsplit, their outputs outside the mp region)."""
+    split = any(lin.role == "column" and lin.name in ("k", "v", "kv", "qkv") for lin in info.linears)
+    return info.num_kv_heads if split else 0
 
 
 def _local_only(analysis: ModelAnalysis) -> dict:

@@ -15,6 +15,10 @@ found from the dataflow of its compute view (:func:`~.match.compute_view`):
    output, as the plan does for fused projections;
 3. an accepted group is an *attention* when a softmax (or a fused attention op) lies between
    columns and row, else an *MLP*; heads, KV heads and head size come from the traced shapes.
+   Multi-query and grouped-query attention with KV heads that do not divide over the replay's
+   two ranks (one KV head) keep their K/V projections whole on every rank, as Megatron and HF
+   do: only Q is split by columns, and the replay checks that the attention core keeps Q's head
+   split against the whole K/V (Paddle slices the replicated K/V locally, no communication).
 
 Whatever layout glues the sub-layers together (pre-norm, post-norm, parallel residual,
 sandwich norms, cross-attention, an MoE's experts) needs no pattern: each sub-layer is accepted
@@ -42,19 +46,22 @@ from autodist.planner.ops import CUT_OPS, FUSED_ATTENTION_OPS, LAYOUT_OPS, SEGME
 from autodist.planner.recognise.spmd import Dist, Replay, is_planned
 
 PROJECTION_OPS = frozenset({"matmul", "addmm"})
+#: The tensor-parallel degree the SPMD replay checks a candidate group at.
+REPLAY_MP = 2
 
 
 @dataclass(frozen=True)
 class Projection:
     """One projection of a sub-layer: its layer, weight and bias FQNs, ``role`` (``column`` /
-    ``row``), the weight dim split for it, how many projections are ``fused`` into it, and its
-    ``name`` in the sub-layer (q, k, v, qkv, o / gate, up, gate_up, fc_in, down, fc_out)."""
+    ``row``, or ``replicate`` for a multi-query attention's K/V kept whole), the weight dim split
+    for it (None when whole), how many projections are ``fused`` into it, and its ``name`` in the
+    sub-layer (q, k, v, qkv, o / gate, up, gate_up, fc_in, down, fc_out)."""
 
     layer: str
     weight: str
     bias: str | None
-    role: Literal["column", "row"]
-    split_dim: int
+    role: Literal["column", "row", "replicate"]
+    split_dim: int | None
     fused: int = 1
     name: str = ""
 
@@ -75,6 +82,11 @@ class SubLayer:
     @property
     def projections(self) -> tuple[Projection, ...]:
         return (*self.columns, self.row)
+
+    @property
+    def kv_whole(self) -> bool:
+        """Its K/V projections are whole on every rank (multi-query attention, :func:`_attention`)."""
+        return any(c.role == "replicate" for c in self.columns)
 
     @property
     def description(self) -> str:
@@ -184,7 +196,7 @@ def recognise_block(
     view = compute_view(graph, nodes, constants) if view is None else view
     linears = _linears(graph, view, params)
     by_node = {lin.node: lin for lin in linears}
-    mesh = paddle.distributed.ProcessMesh([0, 1], dim_names=["mp"])
+    mesh = paddle.distributed.ProcessMesh(list(range(REPLAY_MP)), dim_names=["mp"])
     result = BlockRoles()
     placed: dict[str, Dist] = {}
     gathered: set[str] = set()
@@ -202,7 +214,9 @@ def recognise_block(
             continue
         columns = sorted(feeding, key=lambda c: c.node)
         sub = _sublayer(graph, view, nodes, columns, row, params)
-        fused = {c.layer for c in sub.columns if c.fused > 1}
+        whole = {c.weight for c in sub.columns if c.role == "replicate"}
+        group, columns = columns, [c for c in columns if c.fqn not in whole]  # columns: the ones split
+        fused = {c.layer for c in sub.columns if c.fused > 1 and c.role == "column"}
         unhookable = [c for c in columns if _owner(c.fqn) in fused and not _hookable(graph, c)]
         if unhookable:
             # a fused projection's output must be gathered by a post-hook on its own layer
@@ -227,7 +241,7 @@ def recognise_block(
             continue
         placed, baseline = trial, problems
         gathered |= fused
-        assigned |= {row.node} | {c.node for c in columns}
+        assigned |= {row.node} | {c.node for c in group}
         result.sublayers.append(sub)
     result.sublayers.reverse()  # program order
     # a projection refused as a row but split in another group needs no note
@@ -539,7 +553,18 @@ def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> Su
             kv_heads = out_features[c.node] // (head_dim * len(name))
         elif name == "qkv":
             kv_heads = (out_features[c.node] - num_heads * head_dim) // (2 * head_dim)
-    projections = tuple(_projection(c, "column", roles[c.node] or "q", max(len(roles[c.node]), 1)) for c in columns)
+    # Fewer KV heads than the replay's ranks can share (one KV head: multi-query attention): K/V
+    # stay whole on every rank and only Q is split, as Megatron and HF do.
+    whole_kv = kv_heads % REPLAY_MP != 0 and num_heads % REPLAY_MP == 0
+    projections = tuple(
+        _projection(
+            c,
+            "replicate" if whole_kv and roles[c.node] in ("k", "v", "kv") else "column",
+            roles[c.node] or "q",
+            max(len(roles[c.node]), 1),
+        )
+        for c in columns
+    )
     o = _projection(row, "row", "o", 1)
     return SubLayer("attention", projections, o, num_heads=num_heads, num_kv_heads=kv_heads, head_dim=head_dim)
 
@@ -566,7 +591,7 @@ def _mlp_names(graph, view, nodes, columns, region) -> dict[int, str]:
     return {c.node: f"in{i}" for i, c in enumerate(columns)}
 
 
-def _projection(lin: _Linear, role: Literal["column", "row"], name: str, fused: int) -> Projection:
+def _projection(lin: _Linear, role: Literal["column", "row", "replicate"], name: str, fused: int) -> Projection:
     return Projection(
         _owner(lin.fqn), lin.fqn, lin.bias, role, split_dim(role, lin.operand, lin.transposed), fused, name
     )
