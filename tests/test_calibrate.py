@@ -281,3 +281,50 @@ def test_the_pricer_calibrate_fits_with_prices_the_plans_own_strategy(ep):
     plan = plan_target(target, None, request, {"target": target}).plan
     assert plan.strategy.ep == ep
     assert _plan_pricer(target, plan, PROFILES["cpu"])(0.0) == pytest.approx(plan.estimate.step_time_s, rel=1e-9)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_calibrate_measures_the_collectives_on_the_plans_own_groups(tmp_path):
+    """A dp2 x mp2 plan on 4 gloo ranks: besides the whole node, its two mp pairs and its two dp
+    pairs are measured (each axis's pairs at once), and the file names them."""
+    import tomllib
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **TINY_LLAMA}
+    cli = str(Path(sys.executable).parent / "autodist-plan")
+    model = str(REPO / "plans" / "llama_docstring" / "model.py")
+    plan = tmp_path / "plan.json"
+    subprocess.run(
+        [cli, model, "--devices", "4", "--dp", "2", "--mp", "2", "--device", "cpu", "--dtype", "fp32", "-o", str(plan)],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    out = tmp_path / "cluster.toml"
+    launch = [
+        sys.executable,
+        "-m",
+        "paddle.distributed.launch",
+        "--nproc_per_node",
+        "4",
+        "--log_dir",
+        str(tmp_path / "logs"),
+    ]
+    run = subprocess.run(
+        [*launch, cli, "calibrate", "--plan", str(plan), "-o", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("workerlog.*")))
+    assert run.returncode == 0, logs[-3000:]
+    text = out.read_text()
+    assert "the plan's own groups" in text and "dp [[0, 2], [1, 3]]; mp [[0, 1], [2, 3]]" in text
+    measured = tomllib.loads(text)["measured"]
+    sizes = 4  # COLLECTIVE_BYTES
+    assert len(measured["intra_all_reduce_4ranks"]) == sizes  # the node
+    assert len(measured["intra_all_reduce_2ranks"]) == 2 * sizes  # the dp pairs, then the mp pairs
+    assert load_cluster_file(str(out)).intra_node_latency_s > 0

@@ -75,7 +75,7 @@ def calibrate(
 
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     local = int(os.environ.get("PADDLE_LOCAL_SIZE", str(world)))
-    rank, nodes, groups = _process_groups(world, local)
+    rank, nodes, groups = _process_groups(world, local, plan)
     mesh = dist.ProcessMesh(list(range(world)), dim_names=["x"]) if world > 1 else None
     measured = cal.Measurements(
         matmuls=cal.measure_matmuls(shapes, dtype, mesh), memory=cal.measure_memory(dtype, mesh)
@@ -85,10 +85,17 @@ def calibrate(
         dist.barrier()
         mine = {"intra": rank // local, "inter": rank % local}
         for scope, members in groups.items():
-            group, ranks = members[mine[scope]]
+            group, ranks = members[mine[scope]] if scope in mine else next(m for m in members if rank in m[1])
             if len(ranks) > 1:
-                cal.measure_collectives(group, ranks, scope, rank, measured)
+                where = scope if scope in mine else "intra" if len({r // local for r in ranks}) == 1 else "inter"
+                cal.measure_collectives(group, ranks, where, rank, measured)
             dist.barrier()
+        axes = [scope for scope in groups if scope not in mine]
+        if axes:
+            notes.append(
+                "also measured on the plan's own groups, each axis's groups at once as training runs them: "
+                + "; ".join(f"{axis} {[ranks for _, ranks in groups[axis]]}" for axis in axes)
+            )
     if len(nodes) < 2:
         notes.append("one node: the inter-node link is not measured (the base profile's figures are kept)")
     if model_target:
@@ -148,12 +155,22 @@ def _checked_plan(plan_file: str | None, model_target: str | None):
     return plan, shapes
 
 
-def _process_groups(world: int, local: int) -> tuple[int, list[list[int]], dict[str, list]]:
-    """``(this rank, the ranks of each node, {"intra"/"inter": [(group, its ranks)]})``: the
-    process groups the collectives are timed in, made first, on every rank in the same order,
-    before the ranks' timings drift apart. One node: the intra-node group is the whole world
-    (the default group)."""
+def _process_groups(world: int, local: int, plan=None) -> tuple[int, list[list[int]], dict[str, list]]:
+    """``(this rank, the ranks of each node, {scope: [(group, its ranks)]})``: the process groups
+    the collectives are timed in, made first, on every rank in the same order, before the ranks'
+    timings drift apart. Scopes ``intra`` and ``inter`` (one node: the intra-node group is the
+    whole world, the default group), and with a plan for these ranks one per mesh axis of its
+    (``mp``, ``dp``: :func:`autodist.planner.cost.calibrate.plan_groups`)."""
     import paddle.distributed as dist
+
+    from autodist.planner.cost.calibrate import plan_groups
+
+    def new_group(ranks: list[int]):
+        # gloo: making the next group before every rank has made this one fails with
+        # "connect ... Connection refused" (docs/paddle-notes.md); a barrier after each.
+        group = dist.new_group(ranks)
+        dist.barrier()
+        return group
 
     rank, nodes, groups = 0, [list(range(world))], {}
     if world > 1:
@@ -161,12 +178,15 @@ def _process_groups(world: int, local: int) -> tuple[int, list[list[int]], dict[
         rank = dist.get_rank()
         nodes = [list(range(n * local, (n + 1) * local)) for n in range(world // local)]
         if len(nodes) > 1:
-            groups["intra"] = [(dist.new_group(ranks), ranks) for ranks in nodes]
+            groups["intra"] = [(new_group(ranks), ranks) for ranks in nodes]
             groups["inter"] = [
-                (dist.new_group([node[i] for node in nodes]), [node[i] for node in nodes]) for i in range(local)
+                (new_group([node[i] for node in nodes]), [node[i] for node in nodes]) for i in range(local)
             ]
         else:
             groups["intra"] = [(None, nodes[0])]
+        if plan is not None and len(plan.mesh.process_ids) == world:
+            for axis, lists in plan_groups(plan).items():
+                groups[axis] = [(new_group(ranks), ranks) for ranks in lists]
         dist.barrier()
     return rank, nodes, groups
 

@@ -9,7 +9,9 @@
   by least squares gives the sustained rate R (``matmul_efficiency`` = R / peak) and ``t0``;
 - memory bandwidth: an elementwise add of two large tensors (three passes over its size);
 - collectives at a few sizes, inside a node (the ranks of one node) and across nodes (one
-  rank per node): all-reduce, all-gather, reduce-scatter, send/recv; the alpha-beta ring
+  rank per node), and with a plan on its own groups too (:func:`plan_groups`: its mp groups,
+  its dp groups, each axis's groups at once as training runs them; the file's notes name them),
+  all into the fit of the link they lie on: all-reduce, all-gather, reduce-scatter, send/recv; the alpha-beta ring
   formulas of :mod:`autodist.planner.cost.comm` fitted by least squares give each link's
   latency and bandwidth. What the backend lacks (gloo has no reduce-scatter on CPU) is
   reported as missing, never replaced by something else.
@@ -209,6 +211,25 @@ def fit_dispatch(measured_s: float, priced: Callable[[float], float], most_s: fl
         middle = (low + high) / 2
         low, high = (middle, high) if priced(middle) < measured_s else (low, middle)
     return (low + high) / 2
+
+
+def plan_groups(plan) -> dict[str, list[list[int]]]:
+    """The process groups the plan's collectives run on: per mesh axis (``mp``, ``dp``, ...) of
+    more than one rank and fewer than all, the ranks that differ only along it.
+
+    >>> from autodist.schemas import Mesh
+    >>> class Plan: mesh = Mesh(axes=["dp", "mp"], shape=[2, 2], process_ids=[0, 1, 2, 3])
+    >>> plan_groups(Plan())
+    {'dp': [[0, 2], [1, 3]], 'mp': [[0, 1], [2, 3]]}
+    """
+    import numpy as np
+
+    ids = np.array(plan.mesh.process_ids).reshape(plan.mesh.shape)
+    return {
+        axis: np.moveaxis(ids, i, -1).reshape(-1, size).tolist()
+        for i, (axis, size) in enumerate(zip(plan.mesh.axes, plan.mesh.shape))
+        if 1 < size < ids.size
+    }
 
 
 def measure_collectives(group, ranks: list[int], scope: str, rank: int, result: Measurements) -> None:

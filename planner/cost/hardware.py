@@ -370,4 +370,6 @@ def pipeline_problem(device: DeviceProfile, pp: int) -> str:
     """
     if pp == 1 or not {"cross_mesh_reshard", "batched_p2p"} <= set(device.unsupported):
         return ""
-    return f"{device.name} cannot: a pipeline needs a reshard between two meshes (sequential) or batched P2P (1F1B, VPP)"
+    return (
+        f"{device.name} cannot: a pipeline needs a reshard between two meshes (sequential) or batched P2P (1F1B, VPP)"
+    )

@@ -458,9 +458,7 @@ def _schedules(request: SearchRequest, num_blocks: int, pp: int, m: int) -> list
 def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, cost: ModelCost) -> str:
     """Why one variant of a feasible mesh cannot work (before pricing it), or ''."""
     num_blocks, tied = len(cost.blocks), bool(cost.tied_vocab_params)
-    unsupported = backend_problem(setup.device, strategy) or expert_limit(
-        strategy, moe=cost.has_experts
-    )
+    unsupported = backend_problem(setup.device, strategy) or expert_limit(strategy, moe=cost.has_experts)
     if unsupported:
         return unsupported
     if strategy.dp % strategy.ep:
