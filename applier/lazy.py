@@ -42,6 +42,7 @@ import pickle
 import sys
 import warnings
 from collections.abc import Iterable
+from types import FrameType
 from typing import NamedTuple
 
 import paddle
@@ -211,7 +212,8 @@ GENERATOR_MOVED = (
 def _warn_the_caller(message: str) -> None:
     """``warnings.warn`` attributed to the first frame outside autodist (the user's
     ``apply_plan`` line), however deep inside apply_plan it is said."""
-    level, frame = 2, sys._getframe(1)  # stacklevel 2 is this function's caller
+    level, caller = 2, sys._getframe(1)  # stacklevel 2 is this function's caller
+    frame: FrameType | None = caller
     while frame is not None and frame.f_globals.get("__name__", "").startswith("autodist."):
         level, frame = level + 1, frame.f_back
     warnings.warn(message, stacklevel=level)

@@ -190,7 +190,10 @@ def test_vpp_is_a_candidate_when_the_blocks_fill_two_chunks_per_stage(llama_3b8)
     [
         (dict(devices_per_node=8, mp=3), "--mp 3 does not divide the 8 devices"),
         (dict(devices_per_node=8, dp=2, mp=2, pp=1), "dp x mp x pp = 4 but there are 8 devices"),
-        (dict(devices_per_node=8, dp=4, mp=4), "dp=4 x mp=4 needs 16 devices, but there are 8 (--nnodes x --nproc-per-node)"),
+        (
+            dict(devices_per_node=8, dp=4, mp=4),
+            "dp=4 x mp=4 needs 16 devices, but there are 8 (--nnodes x --nproc-per-node)",
+        ),
         (dict(devices_per_node=2, dtype="fp8"), "unknown dtype 'fp8'"),
         (dict(devices_per_node=2, recompute="some"), "unknown recompute 'some'"),
         (dict(devices_per_node=2, schedule="gpipe"), "unknown schedule 'gpipe'"),
