@@ -305,7 +305,9 @@ def test_what_the_trainer_cannot_express_is_refused_in_one_message():
     with pytest.raises(PlanError) as refused:
         auto_dist_config(msgspec.structs.replace(plan, strategy=strategy, recompute=layers))
     assert "3 problems" in str(refused.value)
-    assert "sequence parallelism: Paddle's SequenceParallel plans fail on the Trainer's mesh" in str(refused.value)
+    assert "sequence parallelism: Paddle's SequenceParallel plans read a layer's first positional input" in str(
+        refused.value
+    )
     assert "expert parallelism (ep=2): the Trainer's dist.parallelize config has no key for it" in str(refused.value)
     assert f"recompute (full, {len(layers)} layers): the Trainer's config has no key for it" in str(refused.value)
 

@@ -16,7 +16,7 @@ placement and hook becomes, as for ``autodist-plan export --to paddle-paralleliz
 
 What the Trainer's mode cannot express is refused in one message naming it: a pipeline (the
 mode asserts ``pipeline_model_parallel_size == 1``), expert parallelism, sequence parallelism
-(Paddle's plans for it fail on the Trainer's mesh), the plan's recompute
+(Paddle's plans for it read positional inputs; PaddleFormers passes keywords), the plan's recompute
 (the Trainer has its own ``recompute`` argument), arguments that build another mesh, accumulate
 another number of micro-batches or read another batch. Two things the Trainer does on its own,
 whatever the config: ``Trainer.train`` calls ``fully_shard(model, mesh=...)`` (FSDP over the dp
@@ -187,8 +187,9 @@ def _unsupported(plan: Plan) -> list[str]:
         problems.append(f"expert parallelism (ep={s.ep}): the Trainer's dist.parallelize config has no key for it")
     if s.sequence_parallel:
         problems.append(
-            "sequence parallelism: Paddle's SequenceParallel plans fail on the Trainer's mesh (IndexError in "
-            "c_concat, PaddleFormers 1.2 / paddle 3.3.1; docs/paddle-notes.md); re-plan with --no-sequence-parallel"
+            "sequence parallelism: Paddle's SequenceParallel plans read a layer's first positional input, and "
+            "PaddleFormers calls its attention with keywords only (IndexError in c_concat; docs/paddle-notes.md); "
+            "re-plan with --no-sequence-parallel"
         )
     if s.recompute != "none" and plan.recompute:
         problems.append(
