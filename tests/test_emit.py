@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autodist.planner.driver import plan_target
+from harness.planning import plan_target
 from autodist.planner.emit import build_mesh
 from autodist.schemas.schedules import block_stages
 from autodist.planner.cost.search import SearchRequest
