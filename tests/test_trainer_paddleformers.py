@@ -143,7 +143,8 @@ def rank_main(job_path: str) -> None:
 
 def _plans(workdir: Path, world: int) -> dict[tuple[str, int, int, int], str]:
     """autodist-plan's plans (in-process, ``autodist.plan``) for every family and layout of
-    ``world`` ranks, on the cpu profile, for the whole batch the Trainer reads per step."""
+    ``world`` ranks, on the cpu profile, for what the Trainer passes the model per step: the
+    collator's input_ids and labels of the whole batch."""
     import autodist
 
     from models.paddleformers_models import build_gemma3, build_llama
@@ -152,7 +153,7 @@ def _plans(workdir: Path, world: int) -> dict[tuple[str, int, int, int], str]:
     for family, build in (("llama", build_llama), ("gemma3", build_gemma3)):
         for dp, mp, zero in LAYOUTS[world]:
             plan = autodist.plan(
-                build(), [f"input_ids:int64:{BATCH}x{SEQ}"], devices=dp * mp, device="cpu",
+                build(), [f"input_ids:int64:{BATCH}x{SEQ}", f"labels:int64:{BATCH}x{SEQ}"], devices=dp * mp, device="cpu",
                 dp=dp, mp=mp, pp=1, sequence_parallel=False, sharding_stage=zero, micro_batches=1,
             )  # fmt: skip
             path = workdir / f"{family}_dp{dp}_mp{mp}_zero{zero}.json"
@@ -319,24 +320,24 @@ def test_trainer_arguments_build_the_plans_mesh():
     assert arguments["enable_auto_parallel"] and arguments["pipeline_model_parallel_size"] == 1
 
 
-def test_the_planner_traces_the_trainers_inputs_by_name():
-    """The Trainer calls ``model(input_ids=..., labels=...)``. ``LlamaForCausalLM.forward`` does not
-    trace whole, so the planner traces its decoder, which takes no ``labels``: they must not be
-    passed on positionally (they would be traced as its ``attention_mask``)."""
+def test_the_planner_traces_the_model_as_the_trainer_calls_it():
+    """The Trainer calls ``model(input_ids=..., labels=...)``: the planner traces that call, loss
+    included. Should a model not trace whole, its decoder gets only the inputs its ``forward``
+    takes, by name: ``labels`` passed on positionally would be traced as its ``attention_mask``."""
     import paddle
 
-    from autodist.planner.trace import trace_model
+    from autodist.planner.trace import _specs_for, trace_model
     from models.paddleformers_models import build_llama
 
     tokens = paddle.static.InputSpec([BATCH, SEQ], "int64", "input_ids")
     labels = paddle.static.InputSpec([BATCH, SEQ], "int64", "labels")
-    with_labels = trace_model(build_llama(), [tokens, labels])
-    if with_labels.traced_layer == "":  # a Paddle or planner that traces it whole takes labels as they are
-        assert with_labels.unused_inputs == []
-        return
-    alone = trace_model(build_llama(), [tokens])
-    assert with_labels.traced_layer == "model" and with_labels.unused_inputs == ["labels"]
-    assert [op.name() for op in with_labels.ops] == [op.name() for op in alone.ops]
+    model = build_llama()
+    traced = trace_model(model, [tokens, labels])
+    assert traced.traced_layer == "" and traced.unused_inputs == []
+    assert [op.attrs()["name"] for op in traced.ops if op.name() == "pd_op.data"] == ["input_ids", "labels"]
+    assert _specs_for(model.model, [tokens, labels]) == [tokens]
+    position_ids = paddle.static.InputSpec([BATCH, SEQ], "int64", "position_ids")
+    assert _specs_for(model.model, [tokens, position_ids]) is None  # not its second parameter
 
 
 def test_importing_autodist_does_not_load_the_integration():
