@@ -33,7 +33,8 @@ Each read of a value not read before on this rank costs one round trip to each o
 its group (a few hundred bytes). The one-time costs: a server thread and one store key per
 rank at ``apply_plan``, and at exit every rank waits for the others to exit too (one store
 counter), so that a rank reading the final loss still finds its peers. The last
-:data:`KEEP` noted values are kept per rank (a few hundred kilobytes).
+:data:`KEEP` noted values are kept per rank: that many one-element tensors (on a GPU, each
+takes its allocator's smallest block).
 
 What it does not do. A value made on some ranks only (a reduction inside
 ``if rank == 0:``) has no peers to ask and shifts that rank's keys; such a value cannot be
