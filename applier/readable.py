@@ -27,8 +27,9 @@ nothing on any rank). One exception, expert parallelism: its MoE layers' collect
 ``dist.reshard`` calls from Python, and Paddle holds Python's GIL while such a call waits for the
 other ranks (measured: docs/paddle-notes.md, "Reading a value on some ranks"), so a rank waiting
 there for the reader could not answer it from its thread. Under ``ep`` each value is therefore
-*posted* to the store as it is made: one small store message per noted scalar (2 a step for a
-loss and its ``detach``), and on a GPU the device-to-host copy of it.
+*posted* to the store as it is made: one small store message per noted scalar (one a step
+for the Mixtral-style model's loss in tests/loops/test_readable.py), and on a GPU the
+device-to-host copy of it.
 Each read of a value not read before on this rank costs one round trip to each other rank of
 its group (a few hundred bytes). The one-time costs: a server thread and one store key per
 rank at ``apply_plan``, and at exit every rank waits for the others to exit too (one store
