@@ -76,7 +76,8 @@ def run(workdir: Path) -> dict:
     from harness.launcher import launch_ranks
 
     plan_path = workdir / "plan.json"
-    plan = autodist.plan(build(), [f"input_ids:int64:{BATCH}x{SEQ}"], devices=2, device="cpu", dp=1, mp=2, pp=1,
+    specs = [f"input_ids:int64:{BATCH}x{SEQ}", f"labels:int64:{BATCH}x{SEQ}"]  # what the Trainer passes
+    plan = autodist.plan(build(), specs, devices=2, device="cpu", dp=1, mp=2, pp=1,
                          sequence_parallel=False, sharding_stage=0, micro_batches=1)  # fmt: skip
     autodist.save_plan(plan, plan_path)
     results = {}
