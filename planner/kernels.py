@@ -42,7 +42,7 @@ from autodist.schemas import DeviceProfile, Kernels, printable
 ATTENTION_CHOICES = ("auto", "flash", "eager")
 
 #: Fused kernels besides attention, as the plan's ``kernels.fused`` names them.
-FUSED_NAMES = ("rms_norm",)
+FUSED_NAMES = ("rms_norm", "rope", "swiglu")
 
 
 def kernel_functions() -> dict[object, str]:
@@ -57,6 +57,9 @@ def kernel_functions() -> dict[object, str]:
         (F, ("scaled_dot_product_attention", "flash_attention", "flashmask_attention"), "attention"),
         (flash, ("flash_attention", "flash_attn_unpadded", "flash_attn_qkvpacked", "flashmask_attention"), "attention"),
         (incubate, ("fused_rms_norm", "fused_rms_norm_ext"), "rms_norm"),
+        (incubate, ("fused_rotary_position_embedding",), "rope"),
+        (incubate, ("swiglu",), "swiglu"),
+        (F, ("swiglu",), "swiglu"),
     ):
         for name in names:
             function = getattr(module, name, None)
@@ -69,10 +72,13 @@ def kernel_functions() -> dict[object, str]:
 #: lacks it, whether the CPU trace must take the eager path instead). ``fuse_rms_norm``: what
 #: PaddleFormers' ``GeneralNorm`` reads, ``config.get("fuse_rms_norm", True)``, whose fused
 #: kernel rejects float32 while tracing on CPU. ``use_flash_attention``: PaddleNLP's and older
-#: PaddleFormers' attention switch.
+#: PaddleFormers' attention switch. ``fuse_swiglu`` (PaddleFormers) and ``use_fused_rope``
+#: (PaddleNLP) select kernels that trace as one op on CPU too: recorded, already priced as one op.
 CONFIG_FLAGS: dict[str, tuple[str, bool, bool]] = {
     "use_flash_attention": ("attention", False, False),
     "fuse_rms_norm": ("rms_norm", True, True),
+    "fuse_swiglu": ("swiglu", False, False),
+    "use_fused_rope": ("rope", False, False),
 }
 #: PaddleFormers' ``config._attn_implementation`` values that run a fused attention kernel.
 FUSED_ATTENTION_IMPLEMENTATIONS = frozenset({"sdpa", "flashmask", "flash_attention_2"})

@@ -80,7 +80,12 @@ def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
 
 
 #: How a kernel the trace saw called is named to the user.
-_KERNEL_CALLS = {"attention": "a fused attention (F.scaled_dot_product_attention)", "rms_norm": "fused_rms_norm"}
+_KERNEL_CALLS = {
+    "attention": "a fused attention (F.scaled_dot_product_attention)",
+    "rms_norm": "fused_rms_norm",
+    "rope": "fused_rotary_position_embedding",
+    "swiglu": "swiglu",
+}
 
 
 @contextmanager

@@ -402,8 +402,9 @@ class Kernels(Base):
     attention: Literal["flash", "eager"] = "eager"
     #: Why: what the model selects (a call the trace saw, a config flag), the option, or the device.
     reason: Text = ""
-    #: Other fused kernels priced as one op each (``rms_norm``: each RMSNorm layer).
-    fused: list[Literal["rms_norm"]] = []
+    #: Other fused kernels priced as one op each (``rms_norm``: each RMSNorm layer; ``rope``,
+    #: ``swiglu``: traced as one op already).
+    fused: list[Literal["rms_norm", "rope", "swiglu"]] = []
 
 
 class Provenance(Base):

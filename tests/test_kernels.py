@@ -358,3 +358,16 @@ def test_a_library_models_norm_layers_are_fused_when_rms_norm_is():
     assert fused.moved.outside < unfused.moved.outside
     assert fused.saved_outside.floats < unfused.saved_outside.floats
     assert fused.flops_per_token == unfused.flops_per_token
+
+
+def test_fuse_swiglu_is_recorded_from_the_call_paddleformers_makes():
+    """PaddleFormers' MLP with ``fuse_swiglu=True`` calls ``paddle.incubate.nn.functional.swiglu``,
+    one op on CPU too: the trace records the call, the plan lists it (priced as that one op)."""
+    from models import paddleformers_models as pf
+
+    with paddle.LazyGuard():
+        model = pf.build_llama(fuse_swiglu=True)
+    traced = trace_model(model, pf.input_spec())
+    assert "swiglu" in traced.selected_kernels and traced.selected_kernels["swiglu"].startswith("calls swiglu")
+    assert {traced.ops[i].name() for i, k in traced.kernel_ops.items() if k == "swiglu"} >= {"pd_op.swiglu"}
+    assert choose_kernels(traced.selected_kernels, PROFILES["h100-sxm"]).fused == ["swiglu"]
