@@ -167,7 +167,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     agreement.settle()
     # A loss read on rank 0 only (readable.py). The MoE layers' collectives hold Python's lock
     # while they wait, so a rank in one could not answer a reader: values are posted instead.
-    make_outputs_readable(model, post=groups is not None)
+    make_outputs_readable(model, agreement.key, post=groups is not None)
     _APPLIED[model] = plan
     return model, optimizer, dataloader
 

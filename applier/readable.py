@@ -20,6 +20,18 @@ combines them (sum, mean, max or min, as the placement says). The other ranks an
 their thread while their training thread goes on (Paddle releases the GIL in its collectives),
 so a reader never waits on the others' loop.
 
+Only the job's ranks can ask or answer. The side channel talks as the agreement does
+(signed.py): each server listens on its rank's own address only (``PADDLE_CURRENT_ENDPOINT``'s
+host, never all interfaces) and greets every connection with a fresh nonce; a request and its
+answer are lines signed with an HMAC under a key derived from the job's (the agreement's,
+jobkey.py) over both ends' nonces, so a process without the key can neither read a value nor
+pass for a rank, and a recorded answer fails on any other read. A connection that sends no
+signed request gets no thread, is dropped after 2 s or 64 KiB, and at most 16 are kept (the
+oldest go first); signed requests are answered by at most :data:`MAX_ANSWERING` threads at once.
+A read has one deadline (``AUTODIST_READ_TIMEOUT``, default 300 s), whatever the peer sends,
+and ends in a :class:`ReadError`. Under ``ep`` the posted values are signed the same way (over
+their store key): one a stranger wrote into Paddle's store is refused.
+
 The cost. Reading on no rank costs no communication at all: noting a value is a local
 reference and a dictionary entry (:func:`stats` counts values noted, reads and values fetched,
 and ``tests/loops/test_readable.py`` checks that two steps no rank reads fetch, serve and post
@@ -54,8 +66,12 @@ from __future__ import annotations
 
 import atexit
 import collections
+import hashlib
+import hmac
 import json
 import os
+import secrets
+import selectors
 import socket
 import sys
 import threading
@@ -66,11 +82,21 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
+from autodist.applier.signed import NONCE_BYTES, Reception, greeted, receive_line, seal, strict_json, unseal
+
 #: How many noted values each rank keeps for readers (the oldest are dropped first).
 KEEP = 16384
 #: Seconds a reader waits for a peer's value (``AUTODIST_READ_TIMEOUT`` overrides).
 DEFAULT_TIMEOUT_S = 300.0
 _STORE_PREFIX = "autodist/readable/"
+#: The side channel's messages are signed.py's lines under this name and the job's key (the
+#: agreement's, derived for this channel): only the job's ranks can ask or answer.
+PROTOCOL = b"autodist readable 1"
+#: The longest request or answer accepted (an answer is one scalar: a few hundred bytes).
+MAX_MESSAGE_BYTES = 1 << 16
+#: At most this many signed requests are answered at once, each by a thread that waits for its
+#: value; one more gets an error at once. Unsigned connections get no thread (signed.Reception).
+MAX_ANSWERING = 64
 #: A noted value's name, the same on every rank that made it: ``("value", model calls, index)``
 #: or ``("pipeline", step, micro-batch)``.
 Key = tuple
@@ -96,8 +122,11 @@ class ReadError(RuntimeError):
 class _Notes:
     """This rank's noted values, by key, and the side channel that serves them."""
 
-    def __init__(self, rank: int, world: int):
+    def __init__(self, rank: int, world: int, key: bytes, timeout_s: float = DEFAULT_TIMEOUT_S):
         self.rank, self.world = rank, world
+        #: The side channel's key, derived from the job's (jobkey.py, the agreement's).
+        self.key = hmac.new(key, PROTOCOL, hashlib.sha256).digest()
+        self.answering = 0  # signed requests being answered (bounded by MAX_ANSWERING)
         self.post = False  # post every value to the store as it is made (see install)
         self.calls = 0  # calls of the model apply_plan returned
         self.index = 0  # values noted since the last call
@@ -107,7 +136,7 @@ class _Notes:
         self.counts = {"noted": 0, "posted": 0, "reads": 0, "fetched": 0, "served": 0}
         self.addresses: dict[int, tuple[str, int]] = {}
         self.store: Any = None
-        self.timeout_s = float(os.environ.get("AUTODIST_READ_TIMEOUT", DEFAULT_TIMEOUT_S))
+        self.timeout_s = timeout_s
 
     # -- noting ------------------------------------------------------------------------------
 
@@ -133,7 +162,9 @@ class _Notes:
 
     def _keep(self, key: Key, entry: dict) -> None:
         if self.post:
-            self.store.set(_slot(self.rank, key), json.dumps({"key": list(key), **_reply(entry)}).encode())
+            slot = _slot(self.rank, key)
+            posted = json.dumps({"key": list(key), **_reply(entry)}).encode()
+            self.store.set(slot, seal(self.key, PROTOCOL, "posted", slot.encode(), posted))
             self.counts["posted"] += 1
         self.values[key] = entry
         while len(self.values) > KEEP:
@@ -164,21 +195,56 @@ class _Notes:
             self.counts["served"] += 1
             return self.values[key]
 
-    def serve(self, server: socket.socket) -> None:
-        while True:
-            conn, _ = server.accept()
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+    def serve(self, listener: socket.socket) -> None:
+        """The server thread: greet every connection (signed.Reception: unsigned ones are few,
+        brief and get no thread), answer each request signed with the job's key from a thread
+        of its own, at most :data:`MAX_ANSWERING` at once; drop anything else."""
+        listener.setblocking(False)
+        with selectors.DefaultSelector() as selector:
+            reception = Reception(listener, selector, self.key, PROTOCOL, MAX_MESSAGE_BYTES)
+            while True:
+                wake = reception.wake(time.monotonic() + 60.0)
+                for ready, _ in selector.select(timeout=max(0.0, wake - time.monotonic())):
+                    arrived = reception.ready(ready.fileobj)
+                    if arrived is not None:
+                        self._take(*arrived)
 
-    def _answer(self, conn: socket.socket) -> None:
-        with conn, conn.makefile("rwb") as stream:
+    def _take(self, conn: socket.socket, greeting, line: bytes) -> None:
+        """A greeted connection's first line: a signed request gets an answering thread; anything
+        else (closed, unsigned, malformed) is hung up on."""
+        request = _request(unseal(self.key, PROTOCOL, "request", greeting.nonce, line) if line else None)
+        if request is None:
+            conn.close()
+            return
+        key, their_nonce = request
+        context = greeting.nonce + their_nonce
+        with self.changed:
+            busy = self.answering >= MAX_ANSWERING
+            self.answering += 0 if busy else 1
+        if busy:
+            self._send(conn, context, {"error": f"rank {self.rank} is answering {MAX_ANSWERING} reads already"})
+            return
+        threading.Thread(target=self._answer, args=(conn, context, key), daemon=True).start()
+
+    def _answer(self, conn: socket.socket, context: bytes, key: Key) -> None:
+        try:
             try:
-                request = json.loads(stream.readline())
-                kind, *numbers = request["key"]
-                reply = _reply(self.wait_for((str(kind), *(int(n) for n in numbers))))
-            except Exception as err:  # the reader raises it; this thread lives on
+                reply = _reply(self.wait_for(key))
+            except Exception as err:  # the reader raises it; this thread ends
                 reply = {"error": str(err)}
-            stream.write(json.dumps(reply).encode() + b"\n")
-            stream.flush()
+            self._send(conn, context, reply)
+        finally:
+            with self.changed:
+                self.answering -= 1
+
+    def _send(self, conn: socket.socket, context: bytes, reply: dict) -> None:
+        with conn:
+            try:
+                conn.setblocking(True)
+                conn.settimeout(self.timeout_s)
+                conn.sendall(seal(self.key, PROTOCOL, "answer", context, json.dumps(reply).encode()))
+            except OSError:  # the reader gave up: nothing to tell
+                pass
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -191,14 +257,25 @@ class _Notes:
                 f"reading a loss on rank {self.rank}: rank {peer}'s value {key} came from {reply['op']}, "
                 f"this rank's from {op}: the ranks made different values (a branch only some ranks ran?)"
             )
+        try:
+            value = np.frombuffer(bytes.fromhex(reply["hex"]), dtype=reply["dtype"]).reshape(reply["shape"])
+        except (ValueError, TypeError) as err:
+            raise ReadError(
+                f"reading a loss on rank {self.rank}: rank {peer}'s value {key} is malformed: {err}"
+            ) from None
         self.counts["fetched"] += 1
-        return np.frombuffer(bytes.fromhex(reply["hex"]), dtype=reply["dtype"]).reshape(reply["shape"])
+        return value
 
     def _posted(self, peer: int, key: Key) -> dict:
         """The value ``peer`` posted under ``key``, waiting for it to be posted."""
         deadline = time.monotonic() + self.timeout_s
+        slot = _slot(peer, key)
         while True:
-            reply = json.loads(self.store.get(_slot(peer, key)))
+            reply = _answer(unseal(self.key, PROTOCOL, "posted", slot.encode(), bytes(self.store.get(slot))))
+            if reply is None or not isinstance(reply.get("key"), list):
+                return {
+                    "error": f"rank {peer}'s posted value {key} is not signed with the job's key (another process?)"
+                }
             made = tuple(reply.pop("key"))
             if made == tuple(key):
                 return reply
@@ -209,21 +286,80 @@ class _Notes:
             time.sleep(0.005)
 
     def _asked(self, peer: int, key: Key) -> dict:
-        """The value ``peer``'s server thread answers for ``key``."""
+        """The value ``peer``'s server thread answers for ``key``: one deadline for the whole
+        exchange; the answer must be signed over both ends' nonces (no replay, no stranger)."""
+        deadline = time.monotonic() + self.timeout_s
         host, port = self.address(peer)
+        where = f"rank {peer} ({host}:{port})"
         try:
-            with socket.create_connection((host, port), timeout=self.timeout_s) as conn, conn.makefile("rwb") as stream:
-                stream.write(json.dumps({"key": list(key)}).encode() + b"\n")
-                stream.flush()
-                return json.loads(stream.readline() or b'{"error": "closed the connection"}')
+            with socket.create_connection((host, port), timeout=self.timeout_s) as conn:
+                theirs = greeted(conn, self.key, PROTOCOL, deadline)
+                if theirs is None:
+                    raise ReadError(
+                        f"reading a loss on rank {self.rank}: {where} did not greet as a rank of this job within "
+                        f"{self.timeout_s:g} s (another program on its port, or stuck?)"
+                    )
+                mine = secrets.token_bytes(NONCE_BYTES)
+                request = json.dumps({"key": list(key), "nonce": mine.hex()}).encode()
+                conn.settimeout(max(0.001, deadline - time.monotonic()))
+                conn.sendall(seal(self.key, PROTOCOL, "request", theirs, request))
+                line = receive_line(conn, deadline, MAX_MESSAGE_BYTES)
         except OSError as err:
-            raise ReadError(f"reading a loss on rank {self.rank}: rank {peer} did not answer ({err})") from err
+            raise ReadError(f"reading a loss on rank {self.rank}: {where} did not answer ({err})") from err
+        if line is None:
+            raise ReadError(f"reading a loss on rank {self.rank}: {where} did not answer within {self.timeout_s:g} s")
+        reply = _answer(unseal(self.key, PROTOCOL, "answer", theirs + mine, line)) if line else None
+        if reply is None:
+            raise ReadError(
+                f"reading a loss on rank {self.rank}: {where} "
+                + ("closed the connection" if not line else "sent something other than its signed answer")
+            )
+        return reply
 
     def address(self, peer: int) -> tuple[str, int]:
         if peer not in self.addresses:
-            host, port = self.store.get(f"{_STORE_PREFIX}{peer}").decode().rsplit(":", 1)
+            text = self.store.get(f"{_STORE_PREFIX}{peer}")
+            host, _, port = bytes(text[:300]).decode("ascii", "replace").rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ReadError(f"reading a loss on rank {self.rank}: rank {peer}'s posted address is not host:port")
             self.addresses[peer] = (host, int(port))
         return self.addresses[peer]
+
+
+def _request(payload: bytes | None) -> tuple[Key, bytes] | None:
+    """``(key, the reader's nonce)`` from a signed request's payload; None if it is none."""
+    if payload is None:
+        return None
+    try:
+        request = strict_json(payload)
+        kind, *numbers = request["key"]
+        nonce = bytes.fromhex(request["nonce"])
+    except Exception:
+        return None
+    if kind not in ("value", "pipeline") or len(numbers) != 2 or len(nonce) != NONCE_BYTES:
+        return None
+    if not all(type(n) is int and 0 <= n < 1 << 62 for n in numbers):
+        return None
+    return (kind, *numbers), nonce
+
+
+def _answer(payload: bytes | None) -> dict | None:
+    """A signed answer's payload: ``{"error": text}`` or the value (:func:`_reply`); None if it is none."""
+    if payload is None:
+        return None
+    try:
+        reply = strict_json(payload)
+    except Exception:
+        return None
+    if not isinstance(reply, dict):
+        return None
+    if isinstance(reply.get("error"), str):
+        return reply
+    fields = (reply.get("op"), reply.get("dtype"), reply.get("hex"))
+    shape = reply.get("shape")
+    if not all(isinstance(f, str) for f in fields) or not isinstance(shape, list):
+        return None
+    return reply if all(type(n) is int and 0 <= n for n in shape) else None
 
 
 _NOTES: _Notes | None = None
@@ -295,8 +431,10 @@ def stats() -> dict[str, int]:
     return dict(_NOTES.counts) if _NOTES else {"noted": 0, "posted": 0, "reads": 0, "fetched": 0, "served": 0}
 
 
-def install(model: paddle.nn.Layer, post: bool = False) -> None:
+def install(model: paddle.nn.Layer, key: bytes, post: bool = False) -> None:
     """Make noted scalars readable on any rank; count ``model``'s calls for their keys.
+    ``key``: the job's key (the agreement's, jobkey.py), the same on every rank: the side
+    channel's messages and posted values are signed under a key derived from it.
     ``post``: post every value to the store as it is made (for plans whose ranks wait in
     GIL-holding collectives: expert parallelism).
 
@@ -308,9 +446,11 @@ def install(model: paddle.nn.Layer, post: bool = False) -> None:
     if dist.get_world_size() < 2:
         return
     if _NOTES is None:
-        notes = _Notes(dist.get_rank(), dist.get_world_size())
+        timeout_s = float(os.environ.get("AUTODIST_READ_TIMEOUT", DEFAULT_TIMEOUT_S))
+        notes = _Notes(dist.get_rank(), dist.get_world_size(), key, timeout_s)
         notes.store = paddle.base.core.create_or_get_global_tcp_store()
-        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0]
+        # This rank's own address only (never all interfaces), any free port.
+        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "").rpartition(":")[0] or "127.0.0.1"
         server = socket.create_server((host, 0))
         threading.Thread(target=notes.serve, args=(server,), daemon=True, name="autodist-readable").start()
         notes.store.set(f"{_STORE_PREFIX}{notes.rank}", f"{host}:{server.getsockname()[1]}".encode())
@@ -432,14 +572,15 @@ def _patch() -> None:
 
 
 def _wait_for_peers_at_exit() -> None:
-    """Stay until every rank is exiting, so a rank reading the last loss finds its peers.
-    Skipped after an uncaught exception (the job is failing; nobody will read)."""
+    """Stay until every rank is exiting, so a rank reading the last loss finds its peers, and no
+    longer than the read timeout (a peer that died never counts itself). Skipped after an
+    uncaught exception (the job is failing; nobody will read)."""
     notes = _NOTES
     if notes is None or _FAILED:
         return
+    deadline = time.monotonic() + notes.timeout_s
     try:
         notes.store.add(f"{_STORE_PREFIX}exit", 1)
-        deadline = time.monotonic() + notes.timeout_s
         while notes.store.add(f"{_STORE_PREFIX}exit", 0) < notes.world and time.monotonic() < deadline:
             time.sleep(0.02)
     except Exception:  # rank 0, the store's host, has gone: nobody is left to read from us

@@ -1,0 +1,57 @@
+"""A dp2 job a stranger probes (tests/loops/test_readable_strangers.py): each rank makes a loss,
+says where its readable side channel listens (what ``ss -tlnp`` would tell the stranger) and
+waits until the stranger is done; then rank 0 reads that loss and the next one, fetched from
+rank 1 over the side channel, and every rank exits."""
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+import paddle.nn.functional as F
+from models import gpt
+
+import autodist
+
+VOCAB, BATCH, SEQ = 64, 4, 8
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--plan", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    dist.init_parallel_env()
+    rank = dist.get_rank()
+    paddle.seed(2024)
+    model = gpt.build_model()
+    opt = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters())
+    tokens = np.random.RandomState(1).randint(0, VOCAB, size=(2 * BATCH, SEQ + 1)).astype("int64")
+    dataset = paddle.io.TensorDataset([paddle.to_tensor(tokens[:, :-1]), paddle.to_tensor(tokens[:, 1:])])
+    loader = paddle.io.DataLoader(dataset, batch_size=BATCH, shuffle=False, drop_last=True)
+    model, opt, loader = autodist.apply_plan(model, opt, loader, args.plan)
+
+    from autodist.applier import readable
+
+    losses = [F.cross_entropy(model(x).reshape([-1, VOCAB]), y.reshape([-1])) for x, y in loader]
+    seen = {"locals": [float(loss._local_value().numpy()) for loss in losses]}
+    host, port = readable._NOTES.address(rank)
+    with open(os.path.join(args.out, f"ready{rank}.json"), "w") as f:
+        json.dump({"pid": os.getpid(), "host": host, "port": port}, f)
+    go = os.path.join(args.out, "go")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if rank == 0:
+        start = time.monotonic()
+        seen["reads"] = [float(loss) for loss in losses]
+        seen["seconds"] = time.monotonic() - start
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(seen, f)
+
+
+if __name__ == "__main__":
+    main()

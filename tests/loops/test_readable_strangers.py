@@ -1,0 +1,123 @@
+"""A stranger against a real dp2 job's readable side channel (applier/readable.py): it cannot
+read a value, a flood of its connections grows no threads or memory in the rank, malformed
+requests do not break later reads, and the job ends on time.
+
+The job (scripts/probed_by_stranger.py) makes two losses, says where each rank's side channel
+listens (what ``ss -tlnp`` tells anyone on the machine) and waits; this test plays the stranger
+against rank 1, which knows the port and the protocol but not the job's key, then lets rank 0
+read both losses from rank 1. On the old code the stranger's plain request was answered with the
+value and each of its connections got a thread that buffered whatever it sent."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from loop_runs import SCRIPTS
+
+from harness.launcher import launch_ranks
+
+pytestmark = pytest.mark.multiprocess
+
+#: The job's read timeout: short, so a stalled read fails the test in seconds.
+READ_TIMEOUT_S = 10
+FLOOD = 300
+FLOOD_BYTES = 256 * 1024
+
+
+def _wait_for(path: Path, job: threading.Thread) -> dict:
+    deadline = time.monotonic() + 240
+    while not path.exists():
+        assert job.is_alive() and time.monotonic() < deadline, f"the job never wrote {path.name}"
+        time.sleep(0.05)
+    time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def _threads_and_rss(pid: int) -> tuple[int, int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return int(fields["Threads"]), int(fields["VmRSS"].split()[0]) * 1024
+
+
+def _plain_request(address) -> bytes:
+    """What the stranger gets for a plain request for the first loss: all until hung up on."""
+    received = b""
+    with socket.create_connection(address, timeout=5) as conn:
+        conn.sendall(b'{"key": ["value", 1, 0]}\n')
+        try:
+            while chunk := conn.recv(65536):
+                received += chunk
+        except OSError:
+            pass
+    return received
+
+
+def _flood(address) -> list[socket.socket]:
+    """FLOOD connections, each sending up to FLOOD_BYTES with no newline, left open."""
+    conns = []
+    for _ in range(FLOOD):
+        conn = socket.create_connection(address, timeout=5)
+        conn.settimeout(0.2)
+        try:
+            conn.sendall(b"x" * FLOOD_BYTES)
+        except OSError:  # hung up on once past the cap, or the buffers are full
+            pass
+        conns.append(conn)
+    return conns
+
+
+def _malformed(address) -> None:
+    for line in (b"garbage\n", b"\xff" * 70_000 + b"\n", b'{"key": ["value", 1e999, "x"]}\n'):
+        with socket.create_connection(address, timeout=5) as conn:
+            try:
+                conn.sendall(line)
+                conn.recv(65536)
+            except OSError:
+                pass
+
+
+def test_a_stranger_cannot_read_flood_or_break_a_real_job(loop_plans, tmp_path):
+    ranks, plan = loop_plans("gpt", "dp2")
+    argv = [str(SCRIPTS / "probed_by_stranger.py"), "--out", str(tmp_path), "--plan", str(plan)]
+    result: dict = {}
+    extra_env = {"AUTODIST_READ_TIMEOUT": str(READ_TIMEOUT_S)}
+    job = threading.Thread(
+        target=lambda: result.update(job=launch_ranks(ranks, argv, tmp_path / "ranks", 240, extra_env)), daemon=True
+    )
+    job.start()
+    conns: list[socket.socket] = []
+    try:
+        rank1 = _wait_for(tmp_path / "ready1.json", job)
+        _wait_for(tmp_path / "ready0.json", job)
+        address = (rank1["host"], rank1["port"])
+        assert rank1["host"] == "127.0.0.1", "the side channel listens beyond the rank's own address"
+
+        got = _plain_request(address)
+        assert b"hex" not in got, f"a stranger read rank 1's loss: {got[:200]!r}"
+
+        threads, rss = _threads_and_rss(rank1["pid"])
+        conns = _flood(address)
+        time.sleep(0.5)
+        threads_after, rss_after = _threads_and_rss(rank1["pid"])
+        assert threads_after - threads <= 4, f"{threads_after - threads} threads more for {FLOOD} connections"
+        assert rss_after - rss < 40 << 20, f"RSS grew {(rss_after - rss) >> 20} MB for {FLOOD} connections"
+
+        _malformed(address)
+    finally:
+        (tmp_path / "go").touch()
+        job.join(timeout=260)
+        for conn in conns:
+            conn.close()
+    assert not job.is_alive(), "the job did not end"
+    result["job"].raise_for_failure()
+
+    rank0 = json.loads((tmp_path / "rank0.json").read_text())
+    locals_ = [json.loads((tmp_path / f"rank{r}.json").read_text())["locals"] for r in range(ranks)]
+    for step, read in enumerate(rank0["reads"]):
+        assert read == pytest.approx((locals_[0][step] + locals_[1][step]) / 2, rel=1e-5), step
+    assert rank0["seconds"] < READ_TIMEOUT_S / 2, "rank 0's reads waited (on rank 1 stalled by the stranger?)"
