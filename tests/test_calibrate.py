@@ -23,6 +23,25 @@ from autodist.schemas import load_plan
 REPO = Path(__file__).resolve().parents[1]
 
 
+def launched_calibrate(tmp_path: Path, ranks: int, env: dict, *args: str) -> Path:
+    """``autodist-plan calibrate ARGS -o cluster.toml`` on ``ranks`` gloo ranks (paddle's launcher,
+    logs under tmp_path/logs); the file it wrote, after asserting it exited 0 (else the logs' tail)."""
+    out = tmp_path / "cluster.toml"
+    cli = str(Path(sys.executable).parent / "autodist-plan")
+    launch = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(ranks)]
+    run = subprocess.run(
+        [*launch, "--log_dir", str(tmp_path / "logs"), cli, "calibrate", *args, "-o", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("workerlog.*")))
+    assert run.returncode == 0, logs[-3000:]
+    return out
+
+
 def test_gemm_shapes_are_per_rank_as_the_plan_splits_them():
     plan = load_plan(REPO / "plans" / "paddleformers_llama" / "plan_4x8dev_mp8_pp2.json")
     shapes = plan_gemm_shapes(plan)
@@ -94,32 +113,8 @@ def test_a_bad_comm_overlap_in_a_cluster_file_is_named(tmp_path):
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_calibrate_on_two_gloo_ranks_reports_what_gloo_lacks(tmp_path):
-    out = tmp_path / "cluster.toml"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "paddle.distributed.launch",
-            "--nproc_per_node",
-            "2",
-            "--log_dir",
-            str(tmp_path / "logs"),
-            str(Path(sys.executable).parent / "autodist-plan"),
-            "calibrate",
-            "--plan",
-            str(REPO / "plans" / "llama_docstring" / "plan_2dev.json"),
-            "-o",
-            str(out),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("workerlog.*")))
-    assert run.returncode == 0, logs[-3000:]
+    out = launched_calibrate(tmp_path, 2, env, "--plan", str(REPO / "plans" / "llama_docstring" / "plan_2dev.json"))
     profile = load_cluster_file(str(out))
     assert profile.comm_overlap is False and profile.op_overhead_s > 0 and profile.memory_bandwidth > 0
     assert 0 < profile.matmul_efficiency <= 1
@@ -196,33 +191,7 @@ def test_calibrate_with_the_model_fits_dispatch_to_a_real_training_step(tmp_path
         capture_output=True,
         timeout=300,
     )
-    out = tmp_path / "cluster.toml"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "paddle.distributed.launch",
-            "--nproc_per_node",
-            "2",
-            "--log_dir",
-            str(tmp_path / "logs"),
-            cli,
-            "calibrate",
-            "--plan",
-            str(tmp_path / "plan.json"),
-            "--model",
-            model,
-            "-o",
-            str(out),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("workerlog.*")))
-    assert run.returncode == 0, logs[-3000:]
+    out = launched_calibrate(tmp_path, 2, env, "--plan", str(tmp_path / "plan.json"), "--model", model)
     measured = tomllib.loads(out.read_text())["measured"]
     assert measured["training_step_s"] > 0 and measured["priced_step_s"] > 0
     profile = load_cluster_file(str(out))
@@ -301,26 +270,7 @@ def test_calibrate_measures_the_collectives_on_the_plans_own_groups(tmp_path):
         capture_output=True,
         timeout=300,
     )
-    out = tmp_path / "cluster.toml"
-    launch = [
-        sys.executable,
-        "-m",
-        "paddle.distributed.launch",
-        "--nproc_per_node",
-        "4",
-        "--log_dir",
-        str(tmp_path / "logs"),
-    ]
-    run = subprocess.run(
-        [*launch, cli, "calibrate", "--plan", str(plan), "-o", str(out)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("workerlog.*")))
-    assert run.returncode == 0, logs[-3000:]
+    out = launched_calibrate(tmp_path, 4, env, "--plan", str(plan))
     text = out.read_text()
     assert "the plan's own groups" in text and "dp [[0, 2], [1, 3]]; mp [[0, 1], [2, 3]]" in text
     measured = tomllib.loads(text)["measured"]
