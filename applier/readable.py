@@ -82,7 +82,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from autodist.applier.signed import NONCE_BYTES, Reception, greeted, receive_line, seal, strict_json, unseal
+from autodist.applier.signed import NONCE_BYTES, Pending, Reception, greeted, receive_line, seal, strict_json, unseal
 
 #: How many noted values each rank keeps for readers (the oldest are dropped first).
 KEEP = 16384
@@ -209,7 +209,7 @@ class _Notes:
                     if arrived is not None:
                         self._take(*arrived)
 
-    def _take(self, conn: socket.socket, greeting, line: bytes) -> None:
+    def _take(self, conn: socket.socket, greeting: Pending, line: bytes) -> None:
         """A greeted connection's first line: a signed request gets an answering thread; anything
         else (closed, unsigned, malformed) is hung up on."""
         request = _request(unseal(self.key, PROTOCOL, "request", greeting.nonce, line) if line else None)
@@ -220,8 +220,9 @@ class _Notes:
         context = greeting.nonce + their_nonce
         with self.changed:
             busy = self.answering >= MAX_ANSWERING
-            self.answering += 0 if busy else 1
-        if busy:
+            if not busy:
+                self.answering += 1
+        if busy:  # answered from here: a few bytes into an empty socket buffer
             self._send(conn, context, {"error": f"rank {self.rank} is answering {MAX_ANSWERING} reads already"})
             return
         threading.Thread(target=self._answer, args=(conn, context, key), daemon=True).start()
@@ -289,7 +290,7 @@ class _Notes:
         """The value ``peer``'s server thread answers for ``key``: one deadline for the whole
         exchange; the answer must be signed over both ends' nonces (no replay, no stranger)."""
         deadline = time.monotonic() + self.timeout_s
-        host, port = self.address(peer)
+        host, port = self.address(peer, deadline)
         where = f"rank {peer} ({host}:{port})"
         try:
             with socket.create_connection((host, port), timeout=self.timeout_s) as conn:
@@ -316,8 +317,18 @@ class _Notes:
             )
         return reply
 
-    def address(self, peer: int) -> tuple[str, int]:
+    def address(self, peer: int, deadline: float | None = None) -> tuple[str, int]:
+        """Where ``peer``'s side channel listens, as it posted in Paddle's store (waiting for it
+        until ``deadline``: the store's own ``get`` would wait its 900 s, holding the GIL)."""
         if peer not in self.addresses:
+            deadline = time.monotonic() + self.timeout_s if deadline is None else deadline
+            while self.store.add(f"{_STORE_PREFIX}{peer}/posted", 0) < 1:
+                if time.monotonic() > deadline:
+                    raise ReadError(
+                        f"reading a loss on rank {self.rank}: rank {peer} posted no address within "
+                        f"{self.timeout_s:g} s (it never finished apply_plan, or died)"
+                    )
+                time.sleep(0.01)
             text = self.store.get(f"{_STORE_PREFIX}{peer}")
             host, _, port = bytes(text[:300]).decode("ascii", "replace").rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -454,6 +465,7 @@ def install(model: paddle.nn.Layer, key: bytes, post: bool = False) -> None:
         server = socket.create_server((host, 0))
         threading.Thread(target=notes.serve, args=(server,), daemon=True, name="autodist-readable").start()
         notes.store.set(f"{_STORE_PREFIX}{notes.rank}", f"{host}:{server.getsockname()[1]}".encode())
+        notes.store.add(f"{_STORE_PREFIX}{notes.rank}/posted", 1)  # a reader's wait for it has a deadline
         _NOTES = notes
         _patch()
         atexit.register(_wait_for_peers_at_exit)

@@ -192,6 +192,21 @@ class _Store:
     def get(self, key: str) -> bytes:
         return self.data[key]
 
+    def add(self, key: str, n: int) -> int:
+        self.data[key] = str(int(self.data.get(key, b"0")) + n).encode()
+        return int(self.data[key])
+
+
+def test_a_peer_that_posted_no_address_is_a_read_error():
+    """A peer that never posted its address (died in apply_plan): the read ends at its
+    deadline, not in the store's own wait (900 s, holding the GIL)."""
+    reader = _Notes(0, 2, KEY, TIMEOUT_S)
+    reader.store = _Store()
+    start = time.monotonic()
+    with pytest.raises(ReadError, match="rank 1 posted no address within"):
+        reader.fetch(1, VALUE_KEY, "mean")
+    assert time.monotonic() - start < TIMEOUT_S + 1.0
+
 
 def test_posted_values_are_signed():
     """Under expert parallelism values go through Paddle's store, which anyone can write:

@@ -5,7 +5,8 @@ requests do not break later reads, and the job ends on time.
 The job (scripts/probed_by_stranger.py) makes two losses, says where each rank's side channel
 listens (what ``ss -tlnp`` tells anyone on the machine) and waits; this test plays the stranger
 against rank 1, which knows the port and the protocol but not the job's key, then lets rank 0
-read both losses from rank 1. On the old code the stranger's plain request was answered with the
+read both losses from rank 1. And when rank 1 dies, rank 0's read is a ReadError and its wait
+for the others at exit ends at the read timeout. On the old code the stranger's plain request was answered with the
 value and each of its connections got a thread that buffered whatever it sent."""
 
 from __future__ import annotations
@@ -121,3 +122,20 @@ def test_a_stranger_cannot_read_flood_or_break_a_real_job(loop_plans, tmp_path):
     for step, read in enumerate(rank0["reads"]):
         assert read == pytest.approx((locals_[0][step] + locals_[1][step]) / 2, rel=1e-5), step
     assert rank0["seconds"] < READ_TIMEOUT_S / 2, "rank 0's reads waited (on rank 1 stalled by the stranger?)"
+
+
+def test_a_dead_peer_is_a_read_error_and_no_hang_at_exit(loop_plans, tmp_path):
+    """Rank 1 ends without its exit handlers (as a killed rank does): rank 0's read of the loss
+    raises ReadError at once, and rank 0, done, waits for rank 1 at exit no longer than the
+    read timeout (rank 1 never counts itself as exiting)."""
+    ranks, plan = loop_plans("gpt", "dp2")
+    argv = [str(SCRIPTS / "probed_by_stranger.py"), "--out", str(tmp_path), "--plan", str(plan), "--rank-1-dies"]
+    (tmp_path / "go").touch()
+    timeout_s = 4
+    job = launch_ranks(ranks, argv, tmp_path / "ranks", 240, {"AUTODIST_READ_TIMEOUT": str(timeout_s)})
+    ended = time.time()
+    job.raise_for_failure()
+    rank0 = json.loads((tmp_path / "rank0.json").read_text())
+    assert "rank 1" in rank0["error"] and "did not answer" in rank0["error"], rank0
+    assert rank0["seconds"] < timeout_s, "the read of a dead rank's value waited"
+    assert ended - rank0["done"] < timeout_s + 5, f"rank 0 exited {ended - rank0['done']:.1f} s after its work"

@@ -1,7 +1,8 @@
 """A dp2 job a stranger probes (tests/loops/test_readable_strangers.py): each rank makes a loss,
 says where its readable side channel listens (what ``ss -tlnp`` would tell the stranger) and
 waits until the stranger is done; then rank 0 reads that loss and the next one, fetched from
-rank 1 over the side channel, and every rank exits."""
+rank 1 over the side channel, and every rank exits. ``--rank-1-dies``: rank 1 ends at once
+instead, as a killed rank does (no exit handlers), and rank 0 reads, then exits."""
 
 import argparse
 import json
@@ -23,6 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--plan", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--rank-1-dies", action="store_true")
     args = parser.parse_args()
     dist.init_parallel_env()
     rank = dist.get_rank()
@@ -41,14 +43,20 @@ def main() -> None:
     host, port = readable._NOTES.address(rank)
     with open(os.path.join(args.out, f"ready{rank}.json"), "w") as f:
         json.dump({"pid": os.getpid(), "host": host, "port": port}, f)
+    if rank == 1 and args.rank_1_dies:
+        os._exit(0)
     go = os.path.join(args.out, "go")
     deadline = time.monotonic() + 120
     while not os.path.exists(go) and time.monotonic() < deadline:
         time.sleep(0.05)
     if rank == 0:
         start = time.monotonic()
-        seen["reads"] = [float(loss) for loss in losses]
+        try:
+            seen["reads"] = [float(loss) for loss in losses]
+        except readable.ReadError as err:
+            seen["error"] = str(err)
         seen["seconds"] = time.monotonic() - start
+        seen["done"] = time.time()
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)
 
