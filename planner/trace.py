@@ -145,8 +145,9 @@ def _trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
 
 def is_tracing_limit(error: BaseException) -> bool:
     """Whether ``error`` is a limit of Paddle's tracer rather than the forward raising: a
-    ``RecursionError`` (dy2static's AST transformer on a deep model; PaddleFormers
-    ``LlamaForCausalLM``; docs/paddle-notes.md, "Tracing") or an error whose innermost frame is
+    ``RecursionError`` (dy2static's AST transformer on a deep model, or its rewrite of
+    ``super()``, which :func:`_dy2static_caches` now works around; docs/paddle-notes.md,
+    "Tracing") or an error whose innermost frame is
     inside Paddle. dy2static keeps the original traceback on the error (``ERROR_DATA``); a
     ``raise`` in the user's forward ends in the user's (transformed) code, and only then is
     falling back to a sub-layer wrong: it would plan a fragment and hide the error."""
