@@ -189,8 +189,10 @@ def plan(
     """Plan ``model`` from Python, as ``autodist-plan`` plans a model file (``autodist.plan``).
 
     ``input_spec``: ``paddle.static.InputSpec`` objects or ``"name:dtype:BxS"`` strings.
-    The keywords are the command's options (``devices`` is ``--devices``: devices per node;
-    ``device`` is ``--device``, a profile name; ``cluster`` is ``--cluster``, a TOML file; ``devices``
+    The keywords are the command's options (``devices`` is ``--nproc-per-node``, alias
+    ``--devices``: processes, one per device, per node; ``nodes`` is ``--nnodes``;
+    ``device`` is ``--device``, a profile name (left out with no ``cluster``: this machine's GPU's
+    profile, else ``cpu``, said in the plan's notes); ``cluster`` is ``--cluster``, a TOML file; ``devices``
     and ``nodes`` left out are the cluster file's, else 1; ``ep`` is ``--ep``, None for ``auto``;
     ``attention`` is ``--attention``: ``auto``, ``flash`` or ``eager``).
     The plan equals the command's for the same model, but for ``provenance.arguments.target``,

@@ -4,7 +4,7 @@ Launched like training, one process per device::
 
     python -m paddle.distributed.launch --nproc_per_node 2 -m autodist.planner.cli calibrate \\
         --plan plan.json -o cluster.toml
-    autodist-plan plan model.py --devices 2 --cluster cluster.toml -o plan.json
+    autodist-plan plan model.py --nproc-per-node 2 --cluster cluster.toml -o plan.json
 
 Run in one process it measures the device only (no collectives). With ``--model model.py``
 (and ``--plan``) it also trains the model a few steps under the plan and fits the framework's
