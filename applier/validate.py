@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
 import paddle
 import paddle.distributed as dist
 
@@ -23,6 +22,7 @@ from autodist.schemas import Plan, parameter_diff, parameter_fingerprint, parame
 
 from autodist.applier.accumulate import accumulation_problems
 from autodist.applier.experts import expert_problems, expert_structure_problems
+from autodist.applier.layout import rank_coords
 from autodist.applier.mesh import mesh_ids
 from autodist.applier.optimizer import optimizer_problems
 from autodist.applier.pipeline import pipeline_problems
@@ -175,11 +175,12 @@ def batch_problems(plan: Plan, dataloader: paddle.io.DataLoader) -> list[str]:
         return []  # an iterable dataset or a custom sampler: nothing to check before it runs
     dp, m = plan.strategy.dp, plan.strategy.micro_batches
     split = isinstance(sampler, paddle.io.DistributedBatchSampler)
-    if split and (sampler.nranks, sampler.local_rank) != (dp, _dp_index(plan, dist.get_rank())):
+    part = _dp_index(plan, dist.get_rank()) if split else 0
+    if split and (sampler.nranks, sampler.local_rank) != (dp, part):
         return [
             f"dataloader: its DistributedBatchSampler gives this rank part {sampler.local_rank} of "
             f"{sampler.nranks}, but the plan reads each batch in dp={dp} parts (the ranks of one dp group, "
-            f"this one's is part {_dp_index(plan, dist.get_rank())}, must read the same samples): use "
+            f"this one's is part {part}, must read the same samples): use "
             f"paddle.io.BatchSampler(dataset, batch_size={plan.data.global_batch_size or size * sampler.nranks}) "
             "and apply_plan splits it"
         ]
@@ -199,10 +200,8 @@ def batch_problems(plan: Plan, dataloader: paddle.io.DataLoader) -> list[str]:
 
 def _dp_index(plan: Plan, rank: int) -> int:
     """``rank``'s coordinate on the plan's dp axis (0 without one, or outside the mesh)."""
-    ids = mesh_ids(plan)
-    if "dp" not in plan.mesh.axes or rank not in ids:
-        return 0
-    return int(np.argwhere(ids == rank)[0][plan.mesh.axes.index("dp")])
+    coords = rank_coords(mesh_ids(plan), rank)
+    return coords[plan.mesh.axes.index("dp")] if coords is not None and "dp" in plan.mesh.axes else 0
 
 
 def _names(names: list[str]) -> str:
