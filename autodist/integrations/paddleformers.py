@@ -35,6 +35,7 @@ from autodist.schemas import Plan, PlanError, load_plan
 from autodist.schemas.parallelize import (
     HELPER_STYLES,
     ExportError,
+    ParallelizeConfig,
     Style,
     entry_key,
     parallelize_config,
@@ -113,10 +114,19 @@ def auto_dist_config(plan: Plan | str | Path) -> dict[str, Any]:
     the plan's ZeRO stage when the mesh has a dp axis. Needs Paddle."""
     plan, source = _load(plan)
     _raise_if(_unsupported(plan), source)
+    return _trainer_config(plan, _parallelize_config(plan, source))
+
+
+def _parallelize_config(plan: Plan, source: str) -> ParallelizeConfig:
+    """The plan in ``dist.parallelize`` words; what they cannot express is a :class:`PlanError`."""
     try:
-        config = parallelize_config(plan)
+        return parallelize_config(plan)
     except ExportError as err:
         raise PlanError(str(err), source) from None
+
+
+def _trainer_config(plan: Plan, config: ParallelizeConfig) -> dict[str, Any]:
+    """:func:`auto_dist_config` of a plan the Trainer can express, from its ``config``."""
     parallelize_plan: dict[str, list[Any]] = {}
     for entry in config.entries:
         parallelize_plan.setdefault(entry_key(config, entry.key), []).extend(
@@ -150,9 +160,10 @@ def install(trainer: Any, plan: Plan | str | Path) -> Any:
             problems = _mesh_problems(plan, getattr(trainer, "global_mesh", None))
         problems += parameter_problems(trainer.model, plan) + tie_problems(trainer.model, plan)
     _raise_if(problems, source)
-    config = auto_dist_config(plan)
-    _shard_model_parameters(trainer.model, plan)
-    trainer.auto_dist_config = config
+    config = _parallelize_config(plan, source)
+    trainer_config = _trainer_config(plan, config)
+    _shard_model_parameters(trainer.model, plan, config)
+    trainer.auto_dist_config = trainer_config
     return trainer
 
 
@@ -275,13 +286,13 @@ def _on_mesh(placements: dict[str, str], process_mesh: Any) -> list[Any]:
     return [to_paddle_placement(placements.get(name, "R")) for name in process_mesh.dim_names]
 
 
-def _shard_model_parameters(model: Any, plan: Plan) -> None:
+def _shard_model_parameters(model: Any, plan: Plan, config: ParallelizeConfig) -> None:
     """The model's own parameters (no dot in the name), which ``dist.parallelize`` does not visit,
     sharded as the plan says on the mesh (a plan here has no pp axis)."""
     import paddle.distributed as dist
 
     from autodist.applier.mesh import stage_mesh, to_paddle_placement
 
-    for name, (_, placements) in parallelize_config(plan).model_params.items():
+    for name, (_, placements) in config.model_params.items():
         paddle_placements = [to_paddle_placement(p) for p in placements]
         setattr(model, name, dist.shard_tensor(getattr(model, name), stage_mesh(plan, 0), paddle_placements))
