@@ -127,7 +127,7 @@ class DeviceProfile(Base):
     intra_node_latency_s: NonNegativeFloat
     inter_node_latency_s: NonNegativeFloat
     #: What this device's collective backend cannot do (gloo on Paddle 3.3.1's CPU wheel lacks
-    #: all three); the search rejects strategies that need them, with the reason.
+    #: all four: schemas/backend.py); the search rejects strategies that need them, with the reason.
     unsupported: list[Literal["reduce_scatter", "all_to_all", "cross_mesh_reshard", "batched_p2p"]] = []
     #: Device memory bandwidth, bytes/s (0: unknown; memory-bound ops are then not priced).
     memory_bandwidth: NonNegativeFloat = 0.0
