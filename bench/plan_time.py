@@ -2,7 +2,7 @@
 
 For the docstring Llama (``plans/llama_docstring/model.py``) at hidden 4096 and 4, 16, 32 and 80
 layers, each in a fresh process (so peak RSS is that run's own): load under ``LazyGuard``, trace,
-graph, match + analysis, cost + search, emit (``planner/driver.py``, as the CLI runs them); then, in
+graph, recognition (the analysis), cost + search, emit (``planner/driver.py``, as the CLI runs them); then, in
 another fresh process, the time
 ``paddle.distributed.to_distributed`` takes to convert the same model as rank 0 of a 4-rank world
 (its own tracing + matching + sharding; lazily built first, eagerly where that fails and fits).
@@ -55,7 +55,7 @@ def plan_once(layers: int) -> dict:
         load=stage["load"],
         trace=stage["trace"],
         graph=stage["graph"],
-        match=stage["analyse"],
+        recognise=stage["analyse"],
         search=stage["cost"] + stage["search"],
         emit=stage["emit"],
     )
@@ -181,7 +181,7 @@ def machine() -> str:
 
 def markdown(rows: list[dict]) -> str:
     head = (
-        "| layers | params | ops | graph nodes | load s | trace s | graph s | match s | search s | emit s "
+        "| layers | params | ops | graph nodes | load s | trace s | graph s | recognise s | search s | emit s "
         "| **total s** | CPU s | peak RSS MB | to_distributed s |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -197,7 +197,7 @@ def markdown(rows: list[dict]) -> str:
         )
         lines.append(
             f"| {row['layers']} | {row['params_b']:.1f} B | {row['ops']} | {row['nodes']} | {row['load']:.2f} | "
-            f"{row['trace']:.2f} | {row['graph']:.2f} | {row['match']:.2f} | {row['search']:.2f} | {row['emit']:.2f} | "
+            f"{row['trace']:.2f} | {row['graph']:.2f} | {row['recognise']:.2f} | {row['search']:.2f} | {row['emit']:.2f} | "
             f"**{row['total']:.2f}** | {row['cpu']:.2f} | {row['peak_rss_mb']:.0f} | {td_text} |"
         )
     return "\n".join(lines)

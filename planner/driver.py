@@ -93,7 +93,7 @@ def analyse(model: paddle.nn.Layer, traced: Traced, progress: Progress | None = 
     """Stage 4: recognise the blocks and the role of every linear."""
     from autodist.planner.recognise.analysis import analyze
 
-    with (progress or _QUIET).step("matching blocks"):
+    with (progress or _QUIET).step("recognising blocks"):
         return analyze(traced.program, traced.graph, model)
 
 
