@@ -222,10 +222,15 @@ class _Notes:
             busy = self.answering >= MAX_ANSWERING
             if not busy:
                 self.answering += 1
-        if busy:  # answered from here: a few bytes into an empty socket buffer
-            self._send(conn, context, {"error": f"rank {self.rank} is answering {MAX_ANSWERING} reads already"})
-            return
-        threading.Thread(target=self._answer, args=(conn, context, key), daemon=True).start()
+        if not busy:
+            try:
+                threading.Thread(target=self._answer, args=(conn, context, key), daemon=True).start()
+                return
+            except RuntimeError:  # "can't start new thread": out of resources, as busy
+                with self.changed:
+                    self.answering -= 1
+        # answered from here: a few bytes into an empty socket buffer
+        self._send(conn, context, {"error": f"rank {self.rank} is answering {MAX_ANSWERING} reads already"})
 
     def _answer(self, conn: socket.socket, context: bytes, key: Key) -> None:
         try:
