@@ -40,11 +40,11 @@ nothing on any rank). One exception, expert parallelism: its MoE layers' collect
 other ranks (measured: docs/paddle-notes.md, "Reading a value on some ranks"), so a rank waiting
 there for the reader could not answer it from its thread. Under ``ep`` each value is therefore
 *posted* to the store as it is made: one small store message per noted scalar (one a step
-for the Mixtral-style model's loss in tests/loops/test_readable.py), and on a GPU the
-device-to-host copy of it.
+for the Mixtral-style model's loss in tests/loops/test_readable.py), signed (an HMAC of a
+hundred bytes), and on a GPU the device-to-host copy of it.
 Each read of a value not read before on this rank costs one round trip to each other rank of
-its group (a few hundred bytes). The one-time costs: a server thread and one store key per
-rank at ``apply_plan``, and at exit every rank waits for the others to exit too (one store
+its group (a few hundred bytes). The one-time costs: a server thread and two store keys (its address, and a
+counter saying it is there) per rank at ``apply_plan``, and at exit every rank waits for the others to exit too (one store
 counter), so that a rank reading the final loss still finds its peers. The last
 :data:`KEEP` noted values are kept per rank: that many one-element tensors (on a GPU, each
 takes its allocator's smallest block).
