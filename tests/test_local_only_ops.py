@@ -7,7 +7,10 @@ the first step.
   parallelism) are planned; before, ``--mp 2`` gave a plan whose first step raised
   ``PreconditionNotMet: Arg must be a vector of TensorDistAttr``;
 - anywhere else (attention written with einsum, as lucidrains' x-transformers writes it): no
-  plan can train, and planning says so.
+  plan can train, and planning says so;
+- but an einsum on constants and buffers alone (HF Falcon's rotary table, ``einsum("i,j->ij", t,
+  self.inv_freq)`` with ``t`` an ``arange``) never sees a distributed tensor, so it refuses
+  nothing (issue #22, item 3); before, Falcon was refused whatever the strategy.
 """
 
 from __future__ import annotations
@@ -95,3 +98,36 @@ def test_einsum_outside_an_moe_layer_is_one_error_naming_its_layer():
         "einsum in layers.0.attn: Paddle 3.3 does not run it on the distributed tensors apply_plan trains "
         "with (docs/paddle-notes.md), so no plan of this model can train; write it with matmul and transposes"
     )
+
+
+FALCON = "tests/models/zoo/falcon_hf.py"
+
+
+def test_an_einsum_on_constants_and_buffers_refuses_nothing():
+    """The zoo's Falcon builds its rotary table with einsum in its rotary layer's forward; it is
+    planned with tensor parallelism (tests/test_zoo.py's placements) and trains at mp2 on two
+    ranks to the single-device losses (tests/test_train_zoo.py)."""
+    made = plan_target(FALCON, None, SearchRequest(devices_per_node=2, mp=2, device=H100), {"target": FALCON})
+    assert made.plan.strategy.mp == 2
+    assert made.plan.params["transformer.h.0.self_attention.query_key_value.weight"].placements == ["S(1)"]
+    einsums = [d["layer"] for _, d in made.analysis.graph.nodes(data=True) if d["op"] == "pd_op.einsum"]
+    assert einsums == [f"transformer.h.{i}.self_attention.maybe_rotary" for i in range(2)]
+
+
+class PositionEinsum(nn.Layer):
+    """The same table from position ids the model is given: they arrive distributed."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(64, 32)
+        self.register_buffer("inv_freq", 1.0 / (10000.0 ** (paddle.arange(0, 32, 2).astype("float32") / 32)))
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, tokens, position_ids):
+        freqs = paddle.einsum("bi,j->bij", position_ids.astype("float32"), self.inv_freq)
+        return self.head(self.emb(tokens) * paddle.concat([freqs, freqs], axis=-1).cos())
+
+
+def test_an_einsum_on_a_model_input_still_refuses():
+    with pytest.raises(PlannerError, match="^einsum in : Paddle 3.3 does not run it"):
+        plan(PositionEinsum(), ["tokens:int64:2x8", "position_ids:int64:2x8"], devices=2, device="h100-sxm")

@@ -97,3 +97,23 @@ def test_more_ranks_than_kv_heads_split_the_query_heads():
         f"{ATTENTION}.v_proj.weight": "R",
         f"{ATTENTION}.o_proj.weight": "S(0)",
     }
+
+
+FALCON = "tests/models/zoo/falcon_hf.py"
+
+
+def test_a_fused_multi_query_projection_is_gathered_and_its_kv_head_constrains_nothing():
+    """Falcon-7B fuses q | k | v with one KV head in ``query_key_value``: split by columns and
+    gathered right after it, like every fused projection, so the attention core gets K/V whole
+    and only the fused weight's features must divide. Before: ``--mp 2 does not divide the 1 KV
+    heads of transformer.h.0``."""
+    request = SearchRequest(devices_per_node=2, mp=2, pp=1, sequence_parallel=False)
+    made = plan_target(FALCON, None, request, {"target": FALCON})
+    block = made.analysis.blocks[0]
+    assert (block.num_heads, block.num_kv_heads) == (4, 1)
+    assert model_cost(made.analysis).blocks[0].num_kv_heads == 0
+    attention = "transformer.h.0.self_attention"
+    assert made.plan.params[f"{attention}.query_key_value.weight"].placements == ["S(1)"]
+    assert [h.layer for h in made.plan.hooks if h.action == "reshard"] == [
+        f"transformer.h.{i}.self_attention.query_key_value" for i in range(2)
+    ]

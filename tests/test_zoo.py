@@ -232,6 +232,15 @@ EXPECTED = {
         **mlp("model.layers.*.mlp"),
         "model.embed_tokens.weight": COL_B,
     },
+    # multi-query attention fused in one query_key_value (q | k | v, one KV head): split by columns
+    # and gathered like every fused projection; its rotary table is an einsum of an arange and a
+    # buffer; the head reads the word embeddings' table
+    f"{ZOO}/falcon_hf.py": {
+        **fused("transformer.h.*.self_attention", "query_key_value"),
+        "transformer.h.*.self_attention.dense.weight": ROW,
+        **mlp("transformer.h.*.mlp", ("dense_h_to_4h",), "dense_4h_to_h"),
+        "transformer.word_embeddings.weight": COL_B,
+    },
     f"{PF}:build_gpt_oss": {
         **attention("model.layers.*.self_attn", bias=True, o_bias=True),
         "model.layers.*.mlp.router.weight": REP,

@@ -44,7 +44,7 @@ from autodist.schemas.vocabulary import FLOAT_DTYPES
 
 from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, Moved, Saved
 from autodist.planner.cost.step_time import Implicit
-from autodist.planner.recognise.match import short_op
+from autodist.planner.recognise.match import plain_nodes, short_op
 from autodist.planner.ops import LOCAL_ONLY_OPS, UNTIMED_OPS, WEIGHT_VIEW_OPS
 
 if TYPE_CHECKING:
@@ -506,21 +506,26 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion) -> ModelCost:
 
 
 def _split_kv_heads(info) -> int:
-    """The KV heads mp must divide: the block's when a projection computing K or V is split over
-    mp, 0 when none is (multi-query attention's K/V whole on every rank, priced whole: their
-    weights in ``params_whole``, their matmuls unsplit, their outputs outside the mp region)."""
-    split = any(lin.role == "column" and lin.name in ("k", "v", "kv", "qkv") for lin in info.linears)
+    """The KV heads mp must divide: the block's when the attention core gets K and V split by
+    heads, 0 when it gets them whole: a multi-query attention's K/V projections whole on every
+    rank (priced whole: their weights in ``params_whole``, their matmuls unsplit, their outputs
+    outside the mp region), or a fused ``qkv`` / ``kv`` projection, whose output the plan gathers
+    right after it (reshards.reshard_hooks; only its weight's features need to divide)."""
+    split = any(lin.role == "column" and lin.name in ("k", "v") for lin in info.linears)
     return info.num_kv_heads if split else 0
 
 
 def _local_only(analysis: ModelAnalysis) -> dict:
     """The first op Paddle cannot run on distributed tensors outside the MoE layers, and the
-    first inside one (the :class:`ModelCost` fields ``local_only`` and ``local_only_in_moe``)."""
+    first inside one (the :class:`ModelCost` fields ``local_only`` and ``local_only_in_moe``).
+    One computing on constants and buffers alone (a rotary table, ``einsum("i,j->ij",
+    arange(seq), self.inv_freq)``) never sees a distributed tensor: it is not counted."""
     moe_layers = tuple(b.experts.layer.rpartition(".")[0] + "." for b in analysis.blocks if b.experts)
     found: dict[str, str] = {}
-    for _, data in sorted(analysis.graph.nodes(data=True)):
+    plain = plain_nodes(analysis.graph)
+    for node, data in sorted(analysis.graph.nodes(data=True)):
         op = short_op(data["op"])
-        if op in LOCAL_ONLY_OPS:
+        if op in LOCAL_ONLY_OPS and node not in plain:
             field_name = "local_only_in_moe" if (data["layer"] + ".").startswith(moe_layers) else "local_only"
             found.setdefault(field_name, f"{op} in {data['layer']}")
     return found

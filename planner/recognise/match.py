@@ -76,6 +76,32 @@ def _find_constants(graph: nx.DiGraph) -> frozenset[int]:
     return frozenset(constants)
 
 
+def plain_nodes(graph: nx.DiGraph) -> frozenset[int]:
+    """Nodes computed from constants and buffers alone: no model input and no trainable parameter
+    upstream (but through its shape, which is a Python int when the model runs). apply_plan
+    makes the inputs and parameters distributed tensors and leaves buffers alone, so these
+    values stay plain tensors on every rank (a rotary table from ``arange`` and an ``inv_freq``
+    buffer), whatever op computes them.
+
+    >>> g = nx.DiGraph()
+    >>> g.add_nodes_from([(0, dict(op="builtin.parameter", param=None)), (1, dict(op="pd_op.arange", param=None)),
+    ...                   (2, dict(op="pd_op.einsum", param=None)), (3, dict(op="pd_op.data", param=None)),
+    ...                   (4, dict(op="pd_op.einsum", param=None))])
+    >>> g.add_edges_from([(0, 2), (1, 2), (3, 4), (0, 4)])
+    >>> sorted(plain_nodes(g))
+    [0, 1, 2]
+    """
+    plain: set[int] = set()
+    for node in nx.topological_sort(graph):
+        data = graph.nodes[node]
+        op = short_op(data["op"])
+        if op in INPUT_OPS or (op == PARAM and data["param"] is not None):
+            continue
+        if op in ("shape", "shape64") or all(p in plain for p in graph.predecessors(node)):
+            plain.add(node)
+    return frozenset(plain)
+
+
 def block_nodes(graph: nx.DiGraph, layer: str) -> frozenset[int]:
     """Graph nodes run by ``layer`` or one of its sub-layers (parameters excluded: they live at
     the program's top whoever uses them)."""
