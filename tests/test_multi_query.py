@@ -82,7 +82,7 @@ def test_the_cost_model_prices_k_and_v_whole_on_every_rank():
     assert block.params_whole == kv_elements + norms
     # the block's matmuls with a weight, in program order: q, k, v, o, gate, up, down
     assert [g.split for g in block.gemms] == ["column", "none", "none", "row", "column", "column", "row"]
-    assert block.num_kv_heads == 0  # no KV head is split, so none constrains mp
+    assert not block.kv_split  # no KV head is split, so none constrains mp
     assert all(w in made.analysis.params for w in split)
 
 
@@ -111,7 +111,7 @@ def test_a_fused_multi_query_projection_is_gathered_and_its_kv_head_constrains_n
     made = plan_target(FALCON, None, request, {"target": FALCON})
     block = made.analysis.blocks[0]
     assert (block.num_heads, block.num_kv_heads) == (4, 1)
-    assert model_cost(made.analysis).blocks[0].num_kv_heads == 0
+    assert not model_cost(made.analysis).blocks[0].kv_split
     attention = "transformer.h.0.self_attention"
     assert made.plan.params[f"{attention}.query_key_value.weight"].placements == ["S(1)"]
     assert [h.layer for h in made.plan.hooks if h.action == "reshard"] == [

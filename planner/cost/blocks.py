@@ -79,8 +79,11 @@ class BlockCost:
 
     layer: str
     num_heads: int = 0
-    num_kv_heads: int = 0  # split over mp (0: K/V whole on every rank, multi-query attention)
+    num_kv_heads: int = 0
     intermediate_size: int = 0
+    #: K and V reach the attention core split by heads over mp, so mp must divide ``num_kv_heads``;
+    #: False when they are whole on every rank (multi-query K/V kept whole, a fused projection gathered).
+    kv_split: bool = True
     params_split: int = 0  # elements divided over mp (column/row-parallel weights and biases)
     params_whole: int = 0  # elements every mp rank holds whole (norms, row-parallel biases)
     flops_per_token: float = 0.0  # proportional to b*s (matmuls with a weight)

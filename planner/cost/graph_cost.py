@@ -483,7 +483,8 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion) -> ModelCost:
                 seq,
                 fusion,
                 num_heads=info.num_heads,
-                num_kv_heads=_split_kv_heads(info),
+                num_kv_heads=info.num_kv_heads,
+                kv_split=_kv_split(info),
                 intermediate_size=info.intermediate_size,
                 **moe,
             )
@@ -505,14 +506,13 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion) -> ModelCost:
     )
 
 
-def _split_kv_heads(info) -> int:
-    """The KV heads mp must divide: the block's when the attention core gets K and V split by
-    heads, 0 when it gets them whole: a multi-query attention's K/V projections whole on every
-    rank (priced whole: their weights in ``params_whole``, their matmuls unsplit, their outputs
-    outside the mp region), or a fused ``qkv`` / ``kv`` projection, whose output the plan gathers
-    right after it (reshards.reshard_hooks; only its weight's features need to divide)."""
-    split = any(lin.role == "column" and lin.name in ("k", "v") for lin in info.linears)
-    return info.num_kv_heads if split else 0
+def _kv_split(info) -> bool:
+    """The attention core gets K and V split by heads (:attr:`BlockCost.kv_split`): not when a
+    multi-query attention's K/V projections are whole on every rank (priced whole: their weights
+    in ``params_whole``, their matmuls unsplit, their outputs outside the mp region), nor after a
+    fused ``qkv`` / ``kv`` projection, whose output the plan gathers right after it
+    (reshards.reshard_hooks; only its weight's features need to divide)."""
+    return any(lin.role == "column" and lin.name in ("k", "v") for lin in info.linears)
 
 
 def _local_only(analysis: ModelAnalysis) -> dict:

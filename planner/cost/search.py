@@ -341,7 +341,8 @@ def degree_problem(cost: ModelCost, axis: str, degree: int, label: str) -> str:
             return f"{label}: no transformer block was recognised, so there is nothing to split over mp"
         shapes: dict[tuple[int, int, int], str] = {}
         for block in blocks:  # one check per distinct block shape, named by its first block
-            shapes.setdefault((block.num_heads, block.num_kv_heads, block.intermediate_size), block.layer)
+            kv_heads = block.num_kv_heads if block.kv_split else 0  # whole K/V: no constraint
+            shapes.setdefault((block.num_heads, kv_heads, block.intermediate_size), block.layer)
         for (heads, kv_heads, intermediate), layer in shapes.items():
             for what, size in (("attention heads", heads), ("KV heads", kv_heads), ("intermediate size", intermediate)):
                 if size and size % degree:
