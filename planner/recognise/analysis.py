@@ -388,19 +388,35 @@ def _outer_layers(graph: nx.DiGraph, in_blocks: frozenset[int]) -> dict[str, Mat
     return found
 
 
+#: Ops that lay token ids out anew without changing them: ``input_ids.reshape([-1, seq])`` (HF
+#: GPT-2's ``input_ids.view(-1, input_shape[-1])``), ``flatten``, ``squeeze``, ``unsqueeze``.
+ID_LAYOUT_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze"})
+
+
 def _embeddings(graph: nx.DiGraph, outer: dict[str, Match]) -> tuple[str | None, list[str]]:
-    """The token embedding (the one looking up a model input) and any other ones."""
+    """The token embedding (the one looking up a model input, as given or laid out anew by
+    :data:`ID_LAYOUT_OPS`) and any other ones."""
     token, others = None, []
     for match in outer.values():
         if not match.pattern.kind.startswith("embedding"):
             continue
         fqn = graph.nodes[match.mapping[f"{match.pattern.kind}.weight"]]["param"]
         ids = match.mapping.get("ids")
-        if token is None and ids is not None and short_op(graph.nodes[ids]["op"]) == "data":
+        if token is None and ids is not None and _model_input(graph, ids):
             token = fqn
         else:
             others.append(fqn)
     return token, others
+
+
+def _model_input(graph: nx.DiGraph, node: int) -> bool:
+    """``node`` is a model input, or one through :data:`ID_LAYOUT_OPS` only."""
+    while short_op(graph.nodes[node]["op"]) in ID_LAYOUT_OPS:
+        source = next((p for p in graph.predecessors(node) if graph.edges[p, node]["operand"] == 0), None)
+        if source is None:
+            return False
+        node = source
+    return short_op(graph.nodes[node]["op"]) == "data"
 
 
 def _head_use(graph: nx.DiGraph, match: Match) -> LinearUse:
