@@ -49,11 +49,19 @@ from autodist.applier.accumulate import AccumulatingOptimizer, MicroBatchLoader,
 from autodist.applier.agree import Agreement, Record, agree, applying, digest, timeout_from
 from autodist.applier.backend import lacking, running_backend
 from autodist.applier.data import shard_loader
-from autodist.applier.experts import ExpertGradSync, ExpertGroups, dropped_parameters, runs_moe_locally, spread_experts
+from autodist.applier.clip import clip_over_ranks
+from autodist.applier.experts import (
+    ExpertGradSync,
+    ExpertGroups,
+    dropped_parameters,
+    moe_parameters,
+    runs_moe_locally,
+    spread_experts,
+)
 from autodist.applier.hooks import ReshardFn, register_hooks
 from autodist.applier.mesh import mesh_ids
 from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, shard_optimizer
-from autodist.applier.pipeline import build_pipeline, uses_schedule
+from autodist.applier.pipeline import PipelineModel, build_pipeline, uses_schedule
 from autodist.applier.readable import install as make_outputs_readable
 from autodist.applier.recompute import wrap_recompute
 from autodist.applier.shard import shard_parameters
@@ -149,9 +157,9 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
         mine = {id(p) for p in model.parameters()}
         new_param = {id(old): new for old, new in sharded.pairs if id(new) in mine}
         rebuilt = rebuild_optimizer(optimizer, new_param)
-        optimizer = shard_optimizer(rebuilt, plan)
-        if groups is not None:  # summed before every update, so after all micro-batches
-            optimizer = ExpertGradSync(optimizer, rebuilt, model, plan, groups)
+        optimizer = _clip_over_ranks(shard_optimizer(rebuilt, plan), rebuilt, model, plan, groups)
+        if groups is not None:  # summed before every update (and its clip), so after all micro-batches
+            optimizer = ExpertGradSync(optimizer, model, plan, groups)
         accumulating = None
         if accumulates(plan):
             optimizer = accumulating = AccumulatingOptimizer(
@@ -170,6 +178,22 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     make_outputs_readable(model, agreement.key, post=groups is not None)
     _APPLIED[model] = plan
     return model, optimizer, dataloader
+
+
+def _clip_over_ranks(optimizer, rebuilt, model, plan: Plan, groups: ExpertGroups | None):
+    """Clipping by global norm where ranks hold different parameters, which Paddle's clip would
+    count wrong (clip.py): each rank's own experts, the stages of a pipeline schedule."""
+    pipelined = isinstance(model, PipelineModel)
+    if groups is None and not pipelined:
+        return optimizer
+    return clip_over_ranks(
+        optimizer,
+        rebuilt,
+        own=moe_parameters(model, plan)[0] if groups is not None else (),
+        own_group=groups.group if groups is not None else None,
+        not_counted=model.tied_copies if pipelined else (),
+        pipeline=model.pipeline_mesh if pipelined else None,
+    )
 
 
 def applied_plan(model: paddle.nn.Layer) -> Plan | None:

@@ -67,6 +67,7 @@ from autodist.schemas.vocabulary import DTYPE_BYTES, as_dtype
 from autodist.applier import scheduler_state
 from autodist.applier.accumulate import AccumulatingOptimizer
 from autodist.applier.apply import applied_plan
+from autodist.applier.clip import GlobalNormClip
 from autodist.applier.experts import ExpertGradSync, dropped_parameters, expert_holders
 from autodist.applier.layout import assemble, distinct_shards, rank_coords, shard_box
 from autodist.applier.optimizer import optimizer_parameters, state_elsewhere
@@ -419,8 +420,8 @@ def _mesh_ids(tensor) -> np.ndarray:
 def _inner(optimizer):
     """The user's optimizer class under apply_plan's wrappers (it holds the states): through
     :class:`AccumulatingOptimizer` (micro-batches), :class:`ExpertGradSync` (expert
-    parallelism) and ``dist.shard_optimizer``'s wrapper."""
-    while isinstance(optimizer, (AccumulatingOptimizer, ExpertGradSync)):
+    parallelism), :class:`GlobalNormClip` (clipping) and ``dist.shard_optimizer``'s wrapper."""
+    while isinstance(optimizer, (AccumulatingOptimizer, ExpertGradSync, GlobalNormClip)):
         optimizer = optimizer._inner
     return optimizer.__dict__.get("_inner_opt", optimizer)
 

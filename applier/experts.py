@@ -53,9 +53,9 @@ from autodist.schemas import ExpertDispatch, Plan
 from autodist.schemas.experts import expert_limit, held_experts
 from autodist.schemas.vocabulary import expert_number
 
+from autodist.applier.clip import sum_over
 from autodist.applier.hooks import first_tensor, map_first_input, map_tensors
 from autodist.applier.mesh import mesh_ids, stage_mesh
-from autodist.applier.optimizer import optimizer_parameters
 from autodist.applier.shard import parameter_owners
 
 
@@ -209,25 +209,13 @@ class ExpertGroups:
 
 class ExpertGradSync:
     """Before each update, sums the MoE layers' gradients over the ranks that share them (module
-    docstring) and, when the optimizer clips by global norm, clips here instead: Paddle's clip
-    would take each rank's own experts for all of them (:func:`_global_norm`). Anything else
-    is the wrapped optimizer's.
+    docstring); anything else is the wrapped optimizer's. Clipping by global norm, which must
+    count each rank's own experts as part of the ep group's, is :mod:`autodist.applier.clip`'s
+    (``apply_plan`` wraps it inside this, so it clips the summed gradients)."""
 
-    ``optimizer`` is what ``apply_plan`` returns so far, ``rebuilt`` the plain optimizer inside
-    it (its clip is taken over)."""
-
-    def __init__(self, optimizer: Any, rebuilt: Any, model: paddle.nn.Layer, plan: Plan, groups: ExpertGroups):
+    def __init__(self, optimizer: Any, model: paddle.nn.Layer, plan: Plan, groups: ExpertGroups):
         self._inner, self._groups = optimizer, groups
-        params = {slot.fqn: model_param for model_param, slots in _params_by_object(model) for slot in slots}
-        moe_layers = tuple(h.layer + "." for h in plan.hooks if isinstance(h, ExpertDispatch))
-        containers = tuple(h.experts + "." for h in plan.hooks if isinstance(h, ExpertDispatch))
-        inside = sorted(fqn for fqn in params if fqn.startswith(moe_layers))
-        self._experts = [params[f] for f in inside if f.startswith(containers)]
-        self._shared = [params[f] for f in inside if not f.startswith(containers)]
-        self._clip = rebuilt._grad_clip if isinstance(rebuilt._grad_clip, paddle.nn.ClipGradByGlobalNorm) else None
-        if self._clip is not None:
-            rebuilt._grad_clip = None
-            self._clipped = [p for p in optimizer_parameters(rebuilt) if getattr(p, "need_clip", True)]
+        self._experts, self._shared = moe_parameters(model, plan)
 
     def step(self) -> None:
         with paddle.no_grad():
@@ -236,16 +224,22 @@ class ExpertGradSync:
             if self._groups.replicas is not None:
                 for param in self._experts:
                     _sum_gradient(param, self._groups.replicas)
-            if self._clip is not None:
-                norm = _global_norm(self._clipped, {id(p) for p in self._experts}, self._groups.group)
-                scale = self._clip.clip_norm / max(norm, self._clip.clip_norm)
-                for param in self._clipped:
-                    if param.grad is not None:
-                        param.grad.scale_(scale)
         self._inner.step()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def moe_parameters(model: paddle.nn.Layer, plan: Plan) -> tuple[list[paddle.Tensor], list[paddle.Tensor]]:
+    """The MoE layers' parameters on this rank: the experts' (each rank its own), and the
+    others (routers, shared experts)."""
+    params = {slot.fqn: model_param for model_param, slots in _params_by_object(model) for slot in slots}
+    moe_layers = tuple(h.layer + "." for h in plan.hooks if isinstance(h, ExpertDispatch))
+    containers = tuple(h.experts + "." for h in plan.hooks if isinstance(h, ExpertDispatch))
+    inside = sorted(fqn for fqn in params if fqn.startswith(moe_layers))
+    return [params[f] for f in inside if f.startswith(containers)], [
+        params[f] for f in inside if not f.startswith(containers)
+    ]
 
 
 # -- inside -------------------------------------------------------------------------------------------------
@@ -335,7 +329,7 @@ class _GatherRows(PyLayer):
 
     @staticmethod
     def backward(ctx, grad):
-        return _my_rows(_sum(grad, ctx.group), ctx.index, ctx.ep)
+        return _my_rows(sum_over(grad, ctx.group), ctx.index, ctx.ep)
 
 
 class _SumRows(PyLayer):
@@ -345,7 +339,7 @@ class _SumRows(PyLayer):
     @staticmethod
     def forward(ctx, x, group, index, ep):
         ctx.group = group
-        return _my_rows(_sum(x, group), index, ep)
+        return _my_rows(sum_over(x, group), index, ep)
 
     @staticmethod
     def backward(ctx, grad):
@@ -357,14 +351,6 @@ def _gather(x: paddle.Tensor, mesh: dist.ProcessMesh) -> paddle.Tensor:
     if len(mesh.process_ids) == 1:
         return x
     whole = dist.reshard(dtensor_from_local(x, mesh, [dist.Shard(0)]), mesh, [dist.Replicate()])
-    return whole._local_value()
-
-
-def _sum(x: paddle.Tensor, mesh: dist.ProcessMesh) -> paddle.Tensor:
-    """The tensors of ``mesh``'s ranks summed: an all-reduce."""
-    if len(mesh.process_ids) == 1:
-        return x
-    whole = dist.reshard(dtensor_from_local(x, mesh, [dist.Partial()]), mesh, [dist.Replicate()])
     return whole._local_value()
 
 
@@ -396,32 +382,12 @@ def _sum_gradient(param: paddle.Tensor, group) -> None:
     local = grad._local_value() if grad is not None else paddle.zeros(param.shape, param.dtype)
     # One collective for both: the gradient, and how many ranks had one.
     had = paddle.full([1], 1.0 if grad is not None else 0.0, local.dtype)
-    packed = _sum(paddle.concat([local.flatten(), had]), group)
+    packed = sum_over(paddle.concat([local.flatten(), had]), group)
     total, holders = packed[:-1].reshape(local.shape), float(packed[-1])
     if grad is not None:
         grad._local_value().copy_(total, False)
     elif holders > 0:
         param._set_grad_ivar(dtensor_from_local(total, param.process_mesh, param.placements))
-
-
-def _global_norm(params: list[paddle.Tensor], experts: set[int], group) -> float:
-    """The gradients' global L2 norm. Every other gradient is a DistTensor whose placements
-    tell the truth, so resharding its square sum to Replicate gives the whole tensor's; the
-    experts' gradients are each rank's own (marked Replicate although the ranks of a group hold
-    different experts), so theirs are summed over the ep group, where each expert is once."""
-    total = 0.0
-    own = paddle.zeros([], "float32")
-    for param in params:
-        grad = param.grad
-        if grad is None:
-            continue
-        square = (grad.astype("float32") ** 2).sum()
-        if id(param) in experts:
-            own = own + square._local_value()
-        else:
-            whole = dist.reshard(square, square.process_mesh, [dist.Replicate() for _ in square.placements])
-            total += float(whole._local_value())
-    return math.sqrt(total + float(_sum(own, group)))
 
 
 def _dp_line(ids: np.ndarray, axes: list[str], rank: int) -> list[int]:

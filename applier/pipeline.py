@@ -356,13 +356,24 @@ class PipelineModel(paddle.nn.Layer):
     """
 
     def __init__(
-        self, chunks: list[paddle.nn.Layer], schedule: Any, holds_first: bool, holds_last: bool, last_rank: int
+        self,
+        chunks: list[paddle.nn.Layer],
+        schedule: Any,
+        holds_first: bool,
+        holds_last: bool,
+        column: list[int],
+        tied_copies: list[paddle.Tensor],
     ):
         super().__init__()
         self.chunks = paddle.nn.LayerList(chunks)
         self.schedule = schedule
         self.holds_first, self.holds_last = holds_first, holds_last
-        self.last_rank = last_rank  # the rank of this rank's pipeline that holds the last stage
+        self.last_rank = column[-1]  # the rank of this rank's pipeline that holds the last stage
+        # For clipping by global norm (clip.py): the ranks of this rank's pipeline, one per
+        # stage, and the later stage's copies of tied weights (their gradient is the first
+        # stage's, already counted there). A tuple, so that Layer registers none of them.
+        self.pipeline_mesh = dist.ProcessMesh(column, dim_names=["pp"])
+        self.tied_copies = tuple(tied_copies)
 
     def step(self, *inputs: Any, target: Any = None) -> list[Any]:
         # Every rank may pass the whole batch; only the first stage consumes the inputs and
@@ -420,8 +431,11 @@ def build_pipeline(
         schedule = Schedule1F1B(stages[0], n_microbatches=n, loss_fn=scaled)
     else:
         schedule = ScheduleVPP(stages, n_microbatches=n, loss_fn=scaled)
-    last_rank = next(column for column in pp_group_ranks(plan) if rank in column)[-1]
-    return PipelineModel(chunks, schedule, any(s.is_first for s in stages), any(s.is_last for s in stages), last_rank)
+    column = next(column for column in pp_group_ranks(plan) if rank in column)
+    copies_elsewhere = [entry["params"][1] for entry in shared]  # the later stage's copy of each pair
+    return PipelineModel(
+        chunks, schedule, any(s.is_first for s in stages), any(s.is_last for s in stages), column, copies_elsewhere
+    )
 
 
 def _my_group(columns: list[list[int]], rank: int):
