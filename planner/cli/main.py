@@ -93,7 +93,7 @@ def mistyped_command(word: str, commands: list[str]) -> str | None:
     ('show', None)
     """
     close = difflib.get_close_matches(word, commands, n=1, cutoff=0.6)
-    if not close or os.path.exists(word) or any(c in word for c in "./:\\") or not word.isidentifier():
+    if not close or not word.isidentifier() or os.path.exists(word):  # model.py, pkg.mod:factory, a/b
         return None
     try:
         if importlib.util.find_spec(word) is not None:
