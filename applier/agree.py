@@ -66,7 +66,9 @@ Example::
 
     >>> record = Record(1, "plan.json", digest(plan_bytes), model_digest)   # doctest: +SKIP
     >>> agreement = agree(record, rank=1, world=2, timeout_s=300)           # doctest: +SKIP
-    PlanError: plan: invalid plan: ranks disagree: different plan: rank 0 ... ; rank 1 ...
+    Traceback (most recent call last):
+    ...
+    PlanError: plan.json: invalid plan: ranks disagree: different plan: rank 0 has old.json (sha256 ...), ...
 """
 
 from __future__ import annotations
