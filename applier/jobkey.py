@@ -24,6 +24,7 @@ Example::
     >>> os.environ["AUTODIST_AGREE_SECRET"] = "s3cret"
     >>> len(read_key("127.0.0.1:6170"))
     32
+    >>> del os.environ["AUTODIST_AGREE_SECRET"]  # the example's secret is not the process's
 """
 
 from __future__ import annotations
