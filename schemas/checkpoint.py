@@ -57,6 +57,8 @@ MAX_SCHEDULER_DEPTH = 8
 _MAX_STATE_INT = 2**53
 _MAX_STATE_STR = 256
 _MAX_STATE_LIST = 256
+#: Descriptors this module opens are not inherited by processes the caller starts.
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 #: A file or folder name inside the checkpoint: no separators, no "..", no hidden names.
 FileName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=128)]
@@ -185,9 +187,6 @@ def open_folder(path: str | os.PathLike, inside: int | None = None) -> Iterator[
         yield fd
     finally:
         os.close(fd)
-
-
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def open_inside(dir_fd: int, name: str, path: str | os.PathLike, *, folder: bool = False) -> int:
