@@ -136,6 +136,15 @@ def render_svg(plan: Plan) -> str:
     return svg.document(y + MARGIN)
 
 
+def _abridged_rows(grid: list[list[int]]) -> list[tuple]:
+    """One grid's rows as drawn: at most MAX_ROWS ``(row, cells)``, each at most WRAP_1D
+    ``(column, rank)`` cells; a left-out row or cell is ``("…", None)`` (:func:`abridged`)."""
+    return [
+        (r, None if row is None else abridged(list(enumerate(row)), WRAP_1D))
+        for r, row in abridged(list(enumerate(grid)), MAX_ROWS)
+    ]
+
+
 def _mesh(svg: _Svg, plan: Plan, y: float) -> float:
     """The mesh as cells of rank ids. A large mesh is drawn abridged as ``show`` prints it (first
     and last grids, rows and columns, ``…`` between), so the picture's size is bounded whatever the
@@ -147,16 +156,7 @@ def _mesh(svg: _Svg, plan: Plan, y: float) -> float:
         ids = grids[0][0]
         grids = [[ids[i : i + WRAP_1D] for i in range(0, len(ids), WRAP_1D)]]
     shown = [
-        (
-            g,
-            None
-            if grid is None
-            else [
-                (r, None if row is None else abridged(list(enumerate(row)), WRAP_1D))
-                for r, row in abridged(list(enumerate(grid)), MAX_ROWS)
-            ],
-        )
-        for g, grid in abridged(list(enumerate(grids)), MAX_GRIDS)
+        (g, None if grid is None else _abridged_rows(grid)) for g, grid in abridged(list(enumerate(grids)), MAX_GRIDS)
     ]
     cols = max(len(row) for _, grid in shown if grid for _, row in grid if row)
     rows = max(len(grid) for _, grid in shown if grid)
