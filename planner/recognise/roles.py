@@ -84,11 +84,6 @@ class SubLayer:
         return (*self.columns, self.row)
 
     @property
-    def kv_whole(self) -> bool:
-        """Its K/V projections are whole on every rank (multi-query attention, :func:`_attention`)."""
-        return any(c.role == "replicate" for c in self.columns)
-
-    @property
     def description(self) -> str:
         """``attention(q|k|v)``, ``mlp(gate_up)``, ..."""
         return f"{self.kind}({'|'.join(c.name for c in self.columns)})"
