@@ -65,8 +65,9 @@ def calibrate(
     from autodist.planner.cost import calibrate as cal
     from autodist.planner.cost.hardware import device_profile, local_gpu_profile_name, resolve_device
 
-    on_gpu = local_gpu_profile_name() is not None
-    profile = resolve_device(base or local_gpu_profile_name() or "cpu")
+    gpu = local_gpu_profile_name()
+    on_gpu = gpu is not None
+    profile = resolve_device(base or gpu or "cpu")
     dtype = dtype or ("bf16" if on_gpu else "fp32")
     plan, plan_shapes = _checked_plan(plan_file, model_target)
     shapes = [(s, s, s) for s in cal.SQUARE_SIZES]
