@@ -16,8 +16,10 @@ does with ``self.blocks = ...``) is still drawn in its turn, as the eager build 
 throwing it away (:class:`Dropped`). Under plain ``paddle.LazyGuard()`` it is taken to be the order
 ``named_parameters()`` lists them, which differs where a layer created its own parameters after
 building sublayers (a timm ViT's ``cls_token``, an LM head created last): those are named in
-one warning. So are random numbers a :class:`LazyGuard` build drew itself (a random buffer),
-and a generator that moved between the build and apply_plan.
+one warning. A layer such a build made and threw away is not kept, but often seen: Paddle
+numbers each kind of layer for the whole process, so it leaves a gap among the model's own
+(:func:`discarded_layers`, named in another warning). So are random numbers a :class:`LazyGuard`
+build drew itself (a random buffer), and a generator that moved between the build and apply_plan.
 
 Example::
 
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import re
 import sys
 import warnings
 from collections.abc import Iterable
@@ -187,12 +190,63 @@ def unordered_parameters(model: paddle.nn.Layer) -> list[str]:
     return unsure
 
 
+#: A name Paddle generated for a parameter: ``<kind>_<n>.<suffix>_<m>`` (``linear_3.w_0``), where
+#: ``<kind>_<n>`` is the owning layer's name, numbered per kind for the whole process.
+_GENERATED = re.compile(r"(?P<layer>(?P<kind>\w+?)_(?P<n>\d+))\.[a-z_]+_\d+")
+
+
+def discarded_layers(model: paddle.nn.Layer) -> list[str]:
+    """Layers the build created between the model's own layers of the same kind that the model
+    does not hold (a sub-layer replaced after the build): Paddle numbers the layers of each kind
+    for the whole process (``linear_0``, ``linear_1``, ...), so a model built in one go holds a
+    run without gaps, and a gap is a layer its build made and threw away. Only kinds whose
+    parameters draw randomly count (a thrown-away ``LayerNorm`` drew nothing; the parameters
+    ``paddle.create_parameter`` makes are numbered alike, one kind). A replaced layer
+    made before the model's first layer of its kind, or after its last, leaves no gap and is not
+    seen (docs/paddle-notes.md, "Parameters and optimizers").
+
+    >>> import paddle
+    >>> class Classifier(paddle.nn.Layer):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.body = paddle.nn.Linear(4, 4)
+    ...         self.head = paddle.nn.Linear(4, 10)
+    >>> class FewerClasses(Classifier):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.head = paddle.nn.Linear(4, 3)  # the base's head is made and thrown away
+    >>> names = paddle.utils.unique_name.guard()  # count from linear_0 for this example
+    >>> with names, paddle.LazyGuard():
+    ...     discarded_layers(Classifier()), discarded_layers(FewerClasses())
+    ([], ['linear_3'])
+    """
+    held: dict[str, set[int]] = {}
+    random: set[str] = set()
+    for param in model.parameters():
+        name = _GENERATED.fullmatch(param.name)
+        if name:
+            held.setdefault(name["kind"], set()).add(int(name["n"]))
+            if not is_lazy(param) or draws_randomly(param):
+                random.add(name["kind"])
+    return [
+        f"{kind}_{n}" for kind, ns in held.items() if kind in random for n in range(min(ns), max(ns)) if n not in ns
+    ]
+
+
 #: Said once per apply_plan of a lazily built model whose creation order is unsure.
 UNORDERED = (
     "apply_plan: the model was built under paddle.LazyGuard(), which does not record the order parameters "
     "were created in; autodist initialises them in named_parameters() order, which may not be the eager "
     "build's for {names}: if not, training starts from other weights than an eager build with the same seed "
     "(not a wrong training, another start). Build under autodist.LazyGuard() for the eager build's values"
+)
+#: Said once per apply_plan of a model built under paddle.LazyGuard() that threw layers away.
+DISCARDED = (
+    "apply_plan: the model was built under paddle.LazyGuard() and does not hold the parameters of {names}, "
+    "which its build created (a sub-layer replaced after the build, as a subclass does with self.head = ...): "
+    "an eager build drew their random values and threw them away, a lazy one did not, so the parameters created "
+    "after them start from other weights than an eager build with the same seed (not a wrong training, another "
+    "start). Build under autodist.LazyGuard(), which draws them in their turn, for the eager build's values"
 )
 #: Said when a build under LazyGuard drew random numbers itself.
 BUILD_DREW = (
@@ -232,6 +286,9 @@ def creation_turns(model: paddle.nn.Layer, params: list[paddle.Tensor]) -> dict[
         unsure = unordered_parameters(model)
         if unsure:
             _warn_the_caller(UNORDERED.format(names=", ".join(unsure)))
+        discarded = discarded_layers(model)
+        if discarded:
+            _warn_the_caller(DISCARDED.format(names=", ".join(discarded)))
     else:
         unbuilt.sort(key=creation_turn)
         builds = {_CREATED[p.name][1] for p in unbuilt}

@@ -17,7 +17,7 @@ from harness.plans import tensor_parallel_plan, write_plan
 from harness.workloads import WORKLOADS
 
 import autodist
-from autodist.applier import apply_plan
+from autodist.applier import apply_plan, lazy
 
 SEED = 11
 
@@ -225,3 +225,56 @@ def test_autodist_lazy_guard_draws_the_sub_layers_a_subclass_replaced():
     assert [w for w in said if "apply_plan" in str(w.message)] == []
     for fqn, p in model.named_parameters():
         np.testing.assert_array_equal(p.numpy(), eager[fqn], err_msg=fqn)
+
+
+class PatchClassifier(paddle.nn.Layer):
+    """A small MLP-Mixer-like classifier: a linear stem over flattened patches, blocks, a head."""
+
+    def __init__(self, patch_dim=48, width=16, depth=2, classes=10):
+        super().__init__()
+        self.stem = paddle.nn.Linear(patch_dim, width)
+        self.blocks = paddle.nn.LayerList([paddle.nn.Linear(width, width) for _ in range(depth)])
+        self.head = paddle.nn.Linear(width, classes)
+
+
+class WiderBlocks(PatchClassifier):
+    """A variant written as a subclass that swaps in its own blocks after the base built its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = paddle.nn.LayerList(
+            [paddle.nn.Sequential(paddle.nn.Linear(16, 64), paddle.nn.GELU(), paddle.nn.Linear(64, 16))]
+        )
+
+
+def test_plain_lazy_guard_names_the_sub_layers_a_subclass_replaced():
+    """Under plain paddle.LazyGuard nothing keeps the base's blocks, but Paddle numbers each kind
+    of layer for the whole process: the model holds linear_0 (stem), linear_3 (head) and
+    linear_4, linear_5 (its blocks), so linear_1 and linear_2 were made and thrown away. Said
+    once, naming them and what to write instead; and indeed the start is not the eager one. On
+    main this was silent."""
+    paddle.seed(SEED)
+    with paddle.utils.unique_name.guard():  # layer numbers from 0, whatever ran before
+        eager = {fqn: p.numpy() for fqn, p in WiderBlocks().named_parameters()}
+    paddle.seed(SEED)
+    with paddle.utils.unique_name.guard(), paddle.LazyGuard():
+        model = WiderBlocks()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model, _, _ = apply_plan(model, None, None, tensor_parallel_plan(model))
+    said = [str(w.message) for w in said if "apply_plan" in str(w.message)]
+    assert len(said) == 1
+    assert "does not hold the parameters of linear_1, linear_2, which its build created" in said[0]
+    assert "Build under autodist.LazyGuard()" in said[0]
+    differ = [fqn for fqn, p in model.named_parameters() if not np.array_equal(p.numpy(), eager[fqn])]
+    assert "head.weight" in differ  # the warning was due
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_models_built_in_one_go_have_no_discarded_layers(workload):
+    """Every model of the zoo and PaddleFormers, built under plain paddle.LazyGuard after another
+    model was built (numbers not from 0), holds a run without gaps: no warning."""
+    WORKLOADS["zoo_nanogpt"].build(seed=SEED)
+    with paddle.LazyGuard():
+        model = WORKLOADS[workload].build(seed=SEED)
+    assert lazy.discarded_layers(model) == []
