@@ -8,6 +8,7 @@ same ``paddle.seed``, no LazyGuard.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -278,3 +279,20 @@ def test_models_built_in_one_go_have_no_discarded_layers(workload):
     with paddle.LazyGuard():
         model = WORKLOADS[workload].build(seed=SEED)
     assert lazy.discarded_layers(model) == []
+
+
+@pytest.mark.parametrize("guard", [autodist.LazyGuard, None], ids=["autodist_lazy_guard", "eager"])
+def test_a_subclass_replacing_blocks_is_not_said_where_the_start_is_exact(guard):
+    """The same subclass built under autodist.LazyGuard (its thrown-away blocks are drawn in
+    their turn) or eagerly (nothing to draw) starts from the eager values: no warning."""
+    paddle.seed(SEED)
+    eager = {fqn: p.numpy() for fqn, p in WiderBlocks().named_parameters()}
+    paddle.seed(SEED)
+    with guard() if guard else contextlib.nullcontext():
+        model = WiderBlocks()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model, _, _ = apply_plan(model, None, None, tensor_parallel_plan(model))
+    assert [w for w in said if "apply_plan" in str(w.message)] == []
+    for fqn, p in model.named_parameters():
+        np.testing.assert_array_equal(p.numpy(), eager[fqn], err_msg=fqn)
