@@ -25,10 +25,9 @@ from autodist.schemas.checkpoint import read_checkpoint
 
 WORKLOAD = "paddleformers_llama"
 SAVED_AT = 2
-#: Adam with a step schedule. Not AdamW with weight decay and clipping: 1F1B training itself
-#: (no checkpoint) then ends ~1.1e-5 off one device on every parameter after 2 steps (seen here
-#: on the saver), a pipeline matter this test does not cover.
-OPTIMIZER = "adam"
+#: AdamW with weight decay, a step schedule and global-norm clipping (the clip autodist takes
+#: over under a pipeline, applier/clip.py; tests/test_clip_pipeline.py).
+OPTIMIZER = "adamw"
 PP2 = Config(pp=2, schedule="1F1B", micro_batches=2, p2p="blocking", plan_source="planner")
 
 
