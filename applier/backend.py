@@ -24,7 +24,7 @@ from typing import Collection
 import paddle
 
 from autodist.schemas import Strategy
-from autodist.schemas.backend import LACKS, OPERATIONS, strategy_needs
+from autodist.schemas.backend import LACKS, OPERATIONS, needs_missing
 
 
 def running_backend() -> str:
@@ -42,9 +42,8 @@ def lacking(strategy: Strategy, backend: str, stand_ins: Collection[str]) -> lis
     problems = [f"stand_ins: unknown operation(s) {unknown}; known: {', '.join(OPERATIONS)}"] if unknown else []
     lacks = LACKS.get(backend, {})
     features: dict[str, list[str]] = {}
-    for feature, operation in strategy_needs(strategy):
-        if operation in lacks and operation not in stand_ins:
-            features.setdefault(operation, []).append(feature)
+    for feature, operation in needs_missing(strategy, set(lacks) - set(stand_ins)):
+        features.setdefault(operation, []).append(feature)
     for operation, names in features.items():
         problems.append(
             f"$.strategy: {' and '.join(dict.fromkeys(names))} needs {OPERATIONS[operation]}, which the {backend} "

@@ -7,7 +7,9 @@ words. What gloo lacks is measured on the CPU wheel (docs/paddle-notes.md, "Coll
 CPU wheel"); what runs on gloo is not listed: expert parallelism's all-gather dispatch, the
 all-reduces and all-gathers of dp and mp, and plain send/recv.
 
-    >>> from autodist.schemas.plan import Strategy
+    >>> from collections.abc import Collection
+
+from autodist.schemas.plan import Strategy
     >>> strategy_needs(Strategy(dp=2, sharding_stage=2))
     [('ZeRO stage 2', 'reduce_scatter')]
     >>> strategy_needs(Strategy(pp=2, schedule="sequential"))
@@ -15,6 +17,8 @@ all-reduces and all-gathers of dp and mp, and plain send/recv.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from autodist.schemas.plan import Strategy
 
@@ -50,3 +54,16 @@ def strategy_needs(strategy: Strategy) -> list[tuple[str, str]]:
     if strategy.pp > 1 and strategy.schedule in ("1F1B", "VPP"):
         needs.append((f"the {strategy.schedule} schedule", "batched_p2p"))
     return needs
+
+
+def needs_missing(strategy: Strategy, missing: Collection[str]) -> list[tuple[str, str]]:
+    """The ``(plan feature, operation)`` pairs of :func:`strategy_needs` whose operation is in
+    ``missing`` (what a backend lacks): the one filter the planner's ``[device].unsupported`` and
+    ``apply_plan``'s backend refusal both apply.
+
+    >>> needs_missing(Strategy(dp=2, sharding_stage=2, pp=2, schedule="1F1B"), {"batched_p2p"})
+    [('the 1F1B schedule', 'batched_p2p')]
+    >>> needs_missing(Strategy(dp=2, sharding_stage=2), ())
+    []
+    """
+    return [(feature, operation) for feature, operation in strategy_needs(strategy) if operation in missing]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from autodist.planner.errors import PlannerError
 from autodist.schemas import DeviceProfile, Strategy, printable
-from autodist.schemas.backend import OPERATIONS, strategy_needs
+from autodist.schemas.backend import OPERATIONS, needs_missing
 from autodist.schemas.inputs import InputFileError, load_toml
 
 GB = 10**9
@@ -340,7 +340,7 @@ def _profile_values(profile: DeviceProfile) -> dict[str, float]:
 
 def backend_problem(device: DeviceProfile, strategy: Strategy) -> str:
     """Why ``device``'s collective backend cannot run ``strategy``, or '' (what needs what:
-    :func:`autodist.schemas.backend.strategy_needs`, which apply_plan refuses by too).
+    :func:`autodist.schemas.backend.needs_missing`, which apply_plan refuses by too).
 
     Expert parallelism needs nothing here: its dispatch and combine are an all-gather and an
     all-reduce, which every backend has (docs/recognition.md, "Experts").
@@ -353,9 +353,8 @@ def backend_problem(device: DeviceProfile, strategy: Strategy) -> str:
     ''
     """
     missing: dict[str, list[str]] = {}
-    for feature, operation in strategy_needs(strategy):
-        if operation in device.unsupported:
-            missing.setdefault(feature, []).append(OPERATIONS[operation])
+    for feature, operation in needs_missing(strategy, device.unsupported):
+        missing.setdefault(feature, []).append(OPERATIONS[operation])
     if not missing:
         return ""
     return f"{device.name} cannot: " + "; ".join(f"{f} needs {' and '.join(ops)}" for f, ops in missing.items())
