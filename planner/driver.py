@@ -210,7 +210,7 @@ def plan(
     """
     from autodist.schemas import PlanError
 
-    from autodist.planner.cost.hardware import cluster_shape, default_device, resolve_device
+    from autodist.planner.cost.hardware import cluster_shape, planned_device
     from autodist.planner.cost.search import SearchRequest
     from autodist.planner.errors import PlannerError
     from autodist.planner.load import parse_input_spec
@@ -234,12 +234,13 @@ def plan(
         attention=attention,
     )
     devices, nodes = cluster_shape(cluster, devices, nodes)
+    profile, device_note = planned_device(device, cluster)
     request = SearchRequest(
         devices_per_node=devices,
         nodes=nodes,
-        device=resolve_device(device, cluster),
+        device=profile,
         ep=ep,
-        device_note=default_device()[1] if device is None and cluster is None else "",
+        device_note=device_note,
         **options,
     )
     # Provenance in the command's words (its option names, its value spelling).

@@ -122,3 +122,13 @@ def test_named_profiles_are_cluster_files_a_user_can_copy(tmp_path):
     # The published figures, read back from the data file (H100 SXM5 datasheet).
     h100 = PROFILES["h100-sxm"]
     assert (h100.memory_bytes, h100.peak_flops["bf16"], h100.intra_node_bandwidth) == (80 * 10**9, 989e12, 450e9)
+
+
+def test_this_machines_device_is_probed_once_and_its_note_comes_with_it(monkeypatch):
+    from autodist.planner.cost import hardware
+
+    probes = []
+    monkeypatch.setattr(hardware, "local_cuda_name", lambda: probes.append(1) or "Tesla V100-SXM2-16GB")
+    profile, note = hardware.planned_device()
+    assert profile == PROFILES["h100-sxm"] and "has no profile: assumed h100-sxm" in note and len(probes) == 1
+    assert hardware.planned_device("a100-80g") == (PROFILES["a100-80g"], "") and len(probes) == 1

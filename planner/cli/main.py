@@ -231,7 +231,7 @@ def plan(
         raise PlannerError(f"{output}: the folder {Path(output).parent} does not exist; create it first")
     # --quiet: what Paddle, PaddleFormers and the model print on import and trace is held back
     with held_stderr(expected=(PlannerError, PlanError)) if quiet else contextlib.nullcontext():
-        from autodist.planner.cost.hardware import cluster_shape, default_device, resolve_device
+        from autodist.planner.cost.hardware import cluster_shape, planned_device
         from autodist.planner.cost.search import SearchRequest
         from autodist.planner.driver import plan_target
         from autodist.planner.progress import Progress
@@ -240,13 +240,13 @@ def plan(
         devices, nodes = cluster_shape(cluster_file, options.pop("devices"), options.pop("nodes"))
         ctx.params.update(devices=devices, nodes=nodes)  # the provenance records what was planned for
         ep = expert_degree(options.pop("ep"))
-        chosen = device_name is None and cluster_file is None  # then this machine's device, said in the notes
+        profile, device_note = planned_device(device_name, cluster_file)  # a note when it is this machine's
         request = SearchRequest(
             devices_per_node=devices,
             nodes=nodes,
-            device=resolve_device(device_name, cluster_file),
+            device=profile,
             ep=ep,
-            device_note=default_device()[1] if chosen else "",
+            device_note=device_note,
             **options,
         )
         rules = load_rules(rules_file) if rules_file else None

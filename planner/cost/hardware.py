@@ -112,17 +112,29 @@ def resolve_device(name: str | None = None, cluster_file: str | None = None) -> 
         ...
         autodist.planner.errors.PlannerError: unknown device 'tpu'; known: a100-40g, a100-80g, ... (or give --cluster ...)
     """
+    return planned_device(name, cluster_file)[0]
+
+
+def planned_device(name: str | None = None, cluster_file: str | None = None) -> tuple[DeviceProfile, str]:
+    """``(profile, note)``: :func:`resolve_device`'s profile and, when neither a name nor a cluster
+    file is given, what the plan's notes say about the machine's own device (:func:`default_device`,
+    probed once); the note is '' when the caller named the device.
+
+    >>> planned_device("h200")[0].name, planned_device("h200")[1]
+    ('h200', '')
+    """
     if name is not None and cluster_file is not None:
         raise PlannerError("give either --device or --cluster, not both")
     if cluster_file is not None:
-        return load_cluster_file(cluster_file)
+        return load_cluster_file(cluster_file), ""
+    note = ""
     if name is None:
-        name = default_device()[0]
+        name, note = default_device()
     key = name.lower()
     if key not in PROFILES:
         known = ", ".join(sorted(PROFILES))
         raise PlannerError(f"unknown device {name!r}; known: {known} (or give --cluster cluster.toml)")
-    return PROFILES[key]
+    return PROFILES[key], note
 
 
 def default_device() -> tuple[str, str]:
@@ -131,14 +143,13 @@ def default_device() -> tuple[str, str]:
     profile; with no GPU the ``cpu`` profile (gloo), so the plan is one apply_plan can run here
     (no pipeline, ZeRO or sequence parallelism); an unknown GPU gets ``h100-sxm``, said as an
     assumption."""
-    import paddle
-
-    if not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0:
+    cuda_name = local_cuda_name()
+    if cuda_name is None:
         return "cpu", (
             "device: no --device or --cluster, and no GPU here: planned for this machine's CPU (the cpu profile, "
             "gloo, which has no pipeline, ZeRO or sequence parallelism); give --device for the GPUs the plan is for"
         )
-    name = profile_for_cuda_name(paddle.device.cuda.get_device_name(0))
+    name = profile_for_cuda_name(cuda_name)
     if name is not None:
         return name, f"device: no --device or --cluster: planned for this machine's GPU ({name})"
     return FALLBACK_DEVICE, (
@@ -147,13 +158,20 @@ def default_device() -> tuple[str, str]:
     )
 
 
-def local_gpu_profile_name() -> str | None:
-    """The profile name of this machine's first CUDA device, or None (no GPU, or an unknown one)."""
+def local_cuda_name() -> str | None:
+    """The CUDA name of this machine's first GPU, or None without one: the one probe of the
+    planning machine's device."""
     import paddle  # the planner imports paddle anyway; kept local so profiles load without it
 
     if not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0:
         return None
-    return profile_for_cuda_name(paddle.device.cuda.get_device_name(0))
+    return paddle.device.cuda.get_device_name(0)
+
+
+def local_gpu_profile_name() -> str | None:
+    """The profile name of this machine's first CUDA device, or None (no GPU, or an unknown one)."""
+    cuda_name = local_cuda_name()
+    return None if cuda_name is None else profile_for_cuda_name(cuda_name)
 
 
 def profile_for_cuda_name(cuda_name: str) -> str | None:
