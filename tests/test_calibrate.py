@@ -278,3 +278,17 @@ def test_calibrate_measures_the_collectives_on_the_plans_own_groups(tmp_path):
     assert len(measured["intra_all_reduce_4ranks"]) == sizes  # the node
     assert len(measured["intra_all_reduce_2ranks"]) == 2 * sizes  # the dp pairs, then the mp pairs
     assert load_cluster_file(str(out)).intra_node_latency_s > 0
+
+
+def test_calibrate_on_a_gpu_without_a_profile_follows_the_planner(monkeypatch):
+    """A GPU the planner assumes is an h100-sxm (hardware.default_device) is calibrated as one:
+    base h100-sxm, bf16 matmuls, collectives beside compute (NCCL), not as this machine's CPU."""
+    from autodist.planner.cli.calibrate import machine_defaults
+    from autodist.planner.cost import hardware
+
+    monkeypatch.setattr(hardware, "local_cuda_name", lambda: "Tesla V100-SXM2-16GB")
+    assert hardware.default_device()[0] == "h100-sxm"
+    assert machine_defaults(None, None) == (PROFILES["h100-sxm"], "bf16", True)
+    assert machine_defaults("cpu", "fp32") == (PROFILES["cpu"], "fp32", True)
+    monkeypatch.setattr(hardware, "local_cuda_name", lambda: None)
+    assert machine_defaults(None, None) == (PROFILES["cpu"], "fp32", False)

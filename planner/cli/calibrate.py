@@ -42,7 +42,12 @@ from autodist.planner.errors import PlannerError
     show_default=True,
     help="cluster.toml to write (rank 0 writes it).",
 )
-@click.option("--base", metavar="PROFILE", help="Profile for the figures not measured (default: this GPU's, or cpu).")
+@click.option(
+    "--base",
+    metavar="PROFILE",
+    help="Profile for the figures not measured (default: the planner's for this machine: its GPU's, "
+    "h100-sxm for a GPU without a profile, cpu without a GPU).",
+)
 @click.option(
     "--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), help="Matmul dtype (default: bf16 on a GPU, fp32 on CPU)."
 )
@@ -63,12 +68,9 @@ def calibrate(
     import paddle.distributed as dist
 
     from autodist.planner.cost import calibrate as cal
-    from autodist.planner.cost.hardware import device_profile, local_gpu_profile_name, resolve_device
+    from autodist.planner.cost.hardware import device_profile
 
-    gpu = local_gpu_profile_name()
-    on_gpu = gpu is not None
-    profile = resolve_device(base or gpu or "cpu")
-    dtype = dtype or ("bf16" if on_gpu else "fp32")
+    profile, dtype, on_gpu = machine_defaults(base, dtype)
     plan, plan_shapes = _checked_plan(plan_file, model_target)
     shapes = [(s, s, s) for s in cal.SQUARE_SIZES]
     if plan is not None:
@@ -131,6 +133,22 @@ def calibrate(
     )
     for missing in measured.missing:
         click.echo(f"not measured: {missing}", err=True)
+
+
+def machine_defaults(base: str | None, dtype: str | None):
+    """``(base profile, matmul dtype, comm_overlap)`` for this machine, by the planner's rule for
+    its device (:func:`~autodist.planner.cost.hardware.default_device`: its GPU's profile,
+    ``h100-sxm`` for a GPU without one, ``cpu`` without a GPU). A GPU runs NCCL, which overlaps
+    collectives with compute, and measures bf16; the CPU runs gloo, in fp32.
+
+    >>> machine_defaults("a100-80g", "fp16")[:2]  # doctest: +ELLIPSIS
+    (DeviceProfile(name='a100-80g', ...), 'fp16')
+    """
+    from autodist.planner.cost.hardware import default_device, resolve_device
+
+    machine = default_device()[0]
+    on_gpu = machine != "cpu"
+    return resolve_device(base or machine), dtype or ("bf16" if on_gpu else "fp32"), on_gpu
 
 
 def _checked_plan(plan_file: str | None, model_target: str | None):

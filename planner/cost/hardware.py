@@ -168,12 +168,6 @@ def local_cuda_name() -> str | None:
     return paddle.device.cuda.get_device_name(0)
 
 
-def local_gpu_profile_name() -> str | None:
-    """The profile name of this machine's first CUDA device, or None (no GPU, or an unknown one)."""
-    cuda_name = local_cuda_name()
-    return None if cuda_name is None else profile_for_cuda_name(cuda_name)
-
-
 def profile_for_cuda_name(cuda_name: str) -> str | None:
     """The profile for a CUDA device name as the driver reports it, or None.
 
