@@ -50,7 +50,7 @@ from paddle.autograd import PyLayer
 from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_local
 
 from autodist.schemas import ExpertDispatch, Plan
-from autodist.schemas.experts import expert_limit, held_experts
+from autodist.schemas.experts import ep_index, expert_limit, held_experts
 from autodist.schemas.vocabulary import expert_number
 
 from autodist.applier.clip import sum_over
@@ -74,9 +74,9 @@ class ExpertLayout:
     def of(cls, ids: Any, axes: list[str], rank: int, ep: int) -> ExpertLayout:
         """The layout of ``rank`` on a mesh of process ``ids`` over ``axes`` (no pp axis)."""
         line = _dp_line(np.asarray(ids), axes, rank)
-        d = line.index(rank)
-        start = d - d % ep
-        return cls(ep, d % ep, line[start : start + ep], line[d % ep :: ep], line)
+        index = ep_index(line.index(rank), ep)
+        start = line.index(rank) - index
+        return cls(ep, index, line[start : start + ep], line[index::ep], line)
 
     @classmethod
     def of_plan(cls, plan: Plan, rank: int) -> ExpertLayout:

@@ -108,8 +108,19 @@ def expert_limit(strategy: Strategy, options: bool = False, moe: bool = False, h
     return ""
 
 
+def ep_index(dp_coordinate: int, ep: int) -> int:
+    """The index in its ep group of the rank at ``dp_coordinate`` along the dp axis, which says
+    which experts it holds (:func:`held_experts`): an ep group is ``ep`` neighbouring dp ranks
+    (coordinates ``k*ep .. k*ep + ep - 1``), so the index is the coordinate mod ep.
+
+    >>> [ep_index(d, ep=2) for d in range(4)]
+    [0, 1, 0, 1]
+    """
+    return dp_coordinate % ep
+
+
 def held_experts(count: int, ep: int, index: int) -> range:
-    """The experts (numbers under the container) the rank at ``index`` of its ep group holds:
+    """The experts (numbers under the container) the rank at ``index`` (:func:`ep_index`) of its ep group holds:
     the index-th of ``ep`` equal runs (the applier drops the others; ``show`` says which).
 
     >>> held_experts(8, ep=2, index=1)

@@ -37,7 +37,7 @@ from autodist.planner.review.format import (
 )
 from autodist.schemas.describe import strategy_text
 from autodist.schemas import Plan
-from autodist.schemas.experts import held_experts
+from autodist.schemas.experts import ep_index, held_experts
 
 #: How many accepted alternatives ``show`` lists by default.
 TOP_ALTERNATIVES = 5
@@ -194,15 +194,17 @@ def expert_holding(plan: Plan) -> list[dict[str, Any]]:
     ``[{"experts": pattern, "count": n, "held": [{"experts": [...], "ranks": [...]}, ...]}]``.
 
     Expert parameters' placements read ``R`` (each expert is whole where it is held), but a rank
-    holds only ``1/ep`` of them: the ranks at index ``i`` of their ep group (their dp coordinate
-    mod ep) hold the ``i``-th run of experts (:func:`autodist.schemas.experts.held_experts`)."""
+    holds only ``1/ep`` of them: the ranks at index ``i`` of their ep group (:func:`ep_index`) hold
+    the ``i``-th run of experts (:func:`held_experts`, both in :mod:`autodist.schemas.experts`)."""
     ep = plan.strategy.ep
     containers = {b.experts: b.num_experts for b in plan.blocks if b.experts and b.num_experts}
     if ep == 1 or not containers or "dp" not in plan.mesh.axes:
         return []
     axis = plan.mesh.axes.index("dp")
     inner = math.prod(plan.mesh.shape[axis + 1 :])
-    index = [(position // inner) % plan.mesh.shape[axis] % ep for position in range(len(plan.mesh.process_ids))]
+    index = [
+        ep_index((position // inner) % plan.mesh.shape[axis], ep) for position in range(len(plan.mesh.process_ids))
+    ]
     ranks = [[r for r, i in zip(plan.mesh.process_ids, index) if i == k] for k in range(ep)]
     return [
         {
