@@ -145,15 +145,26 @@ def timeout_from(timeout_s: float | None) -> float:
     """The agreement timeout: the argument, else ``AUTODIST_AGREE_TIMEOUT``, else the default."""
     if timeout_s is not None:
         return float(timeout_s)
-    text = os.environ.get(TIMEOUT_ENV)
+    return seconds_from(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
+
+
+def seconds_from(env: str, default: float) -> float:
+    """Seconds from the environment variable ``env``, ``default`` when it is unset or empty; any
+    value but a positive finite number is one ``PlanError`` naming the variable (the owner of
+    apply_plan's timeouts from the environment: this one's, and readable.py's).
+
+    >>> seconds_from("AUTODIST_NO_SUCH_TIMEOUT", 300.0)
+    300.0
+    """
+    text = os.environ.get(env)
     if not text:
-        return DEFAULT_TIMEOUT_S
+        return default
     try:
         value = float(text)
     except ValueError:
         value = -1.0
     if not value > 0 or value == float("inf"):
-        raise PlanError(f"{TIMEOUT_ENV}={text!r}: expected a positive number of seconds", source="environment")
+        raise PlanError(f"{env}={text!r}: expected a positive number of seconds", source="environment")
     return value
 
 

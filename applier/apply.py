@@ -63,6 +63,7 @@ from autodist.applier.mesh import mesh_ids
 from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, shard_optimizer
 from autodist.applier.pipeline import PipelineModel, build_pipeline, uses_schedule
 from autodist.applier.readable import install as make_outputs_readable
+from autodist.applier.readable import read_timeout
 from autodist.applier.recompute import wrap_recompute
 from autodist.applier.shard import shard_parameters
 from autodist.applier.validate import plan_problems
@@ -117,6 +118,7 @@ def apply_plan(
     """
     source = str(plan) if isinstance(plan, (str, os.PathLike)) else "plan"
     world = dist.get_world_size()
+    read_timeout_s = read_timeout()  # a bad AUTODIST_READ_TIMEOUT: one PlanError, nothing touched
     loaded: Plan | None = None
     try:
         loaded = load_plan(plan)
@@ -133,10 +135,10 @@ def apply_plan(
     # Each rank applies the plan on its own; a rank that fails tells the others, and all settle
     # before the first communication (agree.py), so none waits in one its peer never joins.
     with applying(agreement):
-        return _apply(model, optimizer, dataloader, loaded, loss_fn, reshard_fn, agreement)
+        return _apply(model, optimizer, dataloader, loaded, loss_fn, reshard_fn, agreement, read_timeout_s)
 
 
-def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreement: Agreement):
+def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreement: Agreement, read_timeout_s: float):
     """``apply_plan`` once every rank agreed on ``plan``: no communication until ``agreement`` settles."""
     # Expert parallelism drops the experts other ranks hold before anything is sharded.
     sharded = shard_parameters(model, plan, frozenset(dropped_parameters(plan, dist.get_rank())))
@@ -175,7 +177,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     agreement.settle()
     # A loss read on rank 0 only (readable.py). The MoE layers' collectives hold Python's lock
     # while they wait, so a rank in one could not answer a reader: values are posted instead.
-    make_outputs_readable(model, agreement.key, post=groups is not None)
+    make_outputs_readable(model, agreement.key, post=groups is not None, timeout_s=read_timeout_s)
     _APPLIED[model] = plan
     return model, optimizer, dataloader
 

@@ -82,12 +82,14 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
+from autodist.applier.agree import seconds_from
 from autodist.applier.signed import NONCE_BYTES, Pending, Reception, greeted, receive_line, seal, strict_json, unseal
 
 #: How many noted values each rank keeps for readers (the oldest are dropped first).
 KEEP = 16384
-#: Seconds a reader waits for a peer's value (``AUTODIST_READ_TIMEOUT`` overrides).
+#: Seconds a reader waits for a peer's value (``AUTODIST_READ_TIMEOUT`` overrides: :func:`read_timeout`).
 DEFAULT_TIMEOUT_S = 300.0
+TIMEOUT_ENV = "AUTODIST_READ_TIMEOUT"
 _STORE_PREFIX = "autodist/readable/"
 #: The side channel's messages are signed.py's lines under this name and the job's key (the
 #: agreement's, derived for this channel): only the job's ranks can ask or answer.
@@ -447,12 +449,20 @@ def stats() -> dict[str, int]:
     return dict(_NOTES.counts) if _NOTES else {"noted": 0, "posted": 0, "reads": 0, "fetched": 0, "served": 0}
 
 
-def install(model: paddle.nn.Layer, key: bytes, post: bool = False) -> None:
+def read_timeout() -> float:
+    """Seconds a read waits (``AUTODIST_READ_TIMEOUT``, else :data:`DEFAULT_TIMEOUT_S`): a bad
+    value is one ``PlanError`` naming the variable, which apply_plan raises before it touches
+    anything (agree.seconds_from, as for ``AUTODIST_AGREE_TIMEOUT``)."""
+    return seconds_from(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
+
+
+def install(model: paddle.nn.Layer, key: bytes, post: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Make noted scalars readable on any rank; count ``model``'s calls for their keys.
     ``key``: the job's key (the agreement's, jobkey.py), the same on every rank: the side
     channel's messages and posted values are signed under a key derived from it.
     ``post``: post every value to the store as it is made (for plans whose ranks wait in
-    GIL-holding collectives: expert parallelism).
+    GIL-holding collectives: expert parallelism). ``timeout_s``: how long a read waits
+    (:func:`read_timeout`), fixed by the first call.
 
     Called by ``apply_plan`` on every rank of a job of more than one rank. The first call per
     process starts the server, posts its address and patches Paddle's reads; later calls
@@ -462,7 +472,6 @@ def install(model: paddle.nn.Layer, key: bytes, post: bool = False) -> None:
     if dist.get_world_size() < 2:
         return
     if _NOTES is None:
-        timeout_s = float(os.environ.get("AUTODIST_READ_TIMEOUT", DEFAULT_TIMEOUT_S))
         notes = _Notes(dist.get_rank(), dist.get_world_size(), key, timeout_s)
         notes.store = paddle.base.core.create_or_get_global_tcp_store()
         # This rank's own address only (never all interfaces), any free port.

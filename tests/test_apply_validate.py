@@ -376,3 +376,13 @@ def test_a_batch_that_does_not_split_over_dp_and_micro_batches_is_refused_in_the
     plan = tensor_parallel_plan(model, dp=2, micro_batches=2)
     plan.data.global_batch_size = 6
     assert check_plan(plan) == ["$.data.global_batch_size: 6 does not divide over dp=2 x 2 micro-batches"]
+
+
+@pytest.mark.parametrize("bad", ["soon", "0", "-1", "inf"])
+def test_a_bad_read_timeout_is_one_error_naming_it_before_anything_is_touched(setup, monkeypatch, bad):
+    """``AUTODIST_READ_TIMEOUT`` is parsed as ``AUTODIST_AGREE_TIMEOUT`` is (agree.seconds_from),
+    before the agreement: not a bare ValueError after the plan was applied."""
+    model, optimizer, loader = setup
+    monkeypatch.setenv("AUTODIST_READ_TIMEOUT", bad)
+    err = rejected(model, optimizer, loader, tensor_parallel_plan(model))
+    assert err.problems == [f"AUTODIST_READ_TIMEOUT={bad!r}: expected a positive number of seconds"]
