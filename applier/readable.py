@@ -83,6 +83,7 @@ import paddle
 import paddle.distributed as dist
 
 from autodist.applier.agree import seconds_from
+from autodist.applier.layout import rank_coords
 from autodist.applier.signed import NONCE_BYTES, Pending, Reception, greeted, receive_line, seal, strict_json, unseal
 
 #: How many noted values each rank keeps for readers (the oldest are dropped first).
@@ -549,9 +550,14 @@ def _global_value(tensor: paddle.Tensor) -> np.ndarray | None:
 
 
 def _group(mesh: dist.ProcessMesh, dims: list[int], rank: int) -> list[int]:
-    """The ranks of ``mesh`` that share ``rank``'s coordinates on every dim but ``dims``."""
+    """The ranks of ``mesh`` that share ``rank``'s coordinates on every dim but ``dims``.
+
+    >>> _group(dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["dp", "mp"]), [0], rank=3)
+    [1, 3]
+    """
     ids = np.array(mesh.process_ids).reshape(mesh.shape)
-    where = [int(c[0]) for c in np.nonzero(ids == rank)]
+    where = rank_coords(ids, rank)
+    assert where is not None  # a noted value's mesh holds the rank that made it
     index = tuple(slice(None) if d in dims else where[d] for d in range(ids.ndim))
     return [int(r) for r in np.ravel(ids[index])]
 
