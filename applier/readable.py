@@ -29,17 +29,18 @@ pass for a rank, and a recorded answer fails on any other read. A connection tha
 signed request gets no thread, is dropped after 2 s or 64 KiB, and at most 16 are kept (the
 oldest go first); signed requests are answered by at most :data:`MAX_ANSWERING` threads at once.
 A read has one deadline (``AUTODIST_READ_TIMEOUT``, default 300 s), whatever the peer sends,
-and ends in a :class:`ReadError`. Under ``ep`` the posted values are signed the same way (over
-their store key): one a stranger wrote into Paddle's store is refused.
+and ends in a :class:`ReadError`. Posted values (a plan with expert hooks, below) are signed the
+same way (over their store key): one a stranger wrote into Paddle's store is refused.
 
 The cost. Reading on no rank costs no communication at all: noting a value is a local
 reference and a dictionary entry (:func:`stats` counts values noted, reads and values fetched,
 and ``tests/loops/test_readable.py`` checks that two steps no rank reads fetch, serve and post
-nothing on any rank). One exception, expert parallelism: its MoE layers' collectives are
-``dist.reshard`` calls from Python, and Paddle holds Python's GIL while such a call waits for the
+nothing on any rank). One exception, a plan with expert hooks (expert parallelism, or an MoE
+model under plain dp: applier/experts.py): its MoE layers' collectives are ``dist.reshard`` calls
+from Python, and Paddle holds Python's GIL while such a call waits for the
 other ranks (measured: docs/paddle-notes.md, "Reading a value on some ranks"), so a rank waiting
-there for the reader could not answer it from its thread. Under ``ep`` each value is therefore
-*posted* to the store as it is made: one small store message per noted scalar (one a step
+there for the reader could not answer it from its thread. Whenever the plan has expert hooks,
+each value is therefore *posted* to the store as it is made: one small store message per noted scalar (one a step
 for the Mixtral-style model's loss in tests/loops/test_readable.py), signed (an HMAC of a
 hundred bytes), and on a GPU the device-to-host copy of it.
 Each read of a value not read before on this rank costs one round trip to each other rank of
@@ -444,7 +445,7 @@ def pipeline_losses(losses: list[paddle.Tensor], holds_last: bool, last_rank: in
 
 
 def stats() -> dict[str, int]:
-    """This rank's counts: values ``noted``, ``posted`` to the store (expert parallelism only),
+    """This rank's counts: values ``noted``, ``posted`` to the store (plans with expert hooks only),
     ``reads`` of them, values ``fetched`` from other ranks and ``served`` to them. All zero
     before :func:`install`."""
     return dict(_NOTES.counts) if _NOTES else {"noted": 0, "posted": 0, "reads": 0, "fetched": 0, "served": 0}
@@ -462,7 +463,7 @@ def install(model: paddle.nn.Layer, key: bytes, post: bool = False, timeout_s: f
     ``key``: the job's key (the agreement's, jobkey.py), the same on every rank: the side
     channel's messages and posted values are signed under a key derived from it.
     ``post``: post every value to the store as it is made (for plans whose ranks wait in
-    GIL-holding collectives: expert parallelism). ``timeout_s``: how long a read waits
+    GIL-holding collectives: a plan with expert hooks). ``timeout_s``: how long a read waits
     (:func:`read_timeout`), fixed by the first call.
 
     Called by ``apply_plan`` on every rank of a job of more than one rank. The first call per
