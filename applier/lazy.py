@@ -10,9 +10,10 @@ cost is one parameter's full size of temporary memory at a time (docs/paddle-not
 "Parameters and optimizers").
 
 The creation order is known exactly when the model was built under :class:`LazyGuard` (this
-module's, which records it). It also keeps each parameter it saw created (lazy: no storage yet),
-so a parameter the model no longer holds (a sub-layer replaced after the build, as a subclass
-does with ``self.blocks = ...``) is still drawn in its turn, as the eager build drew it before
+module's, which records it). It also keeps each parameter it saw created (lazy: no storage yet)
+for as long as a layer of that build lives (:class:`_Made`), so a parameter the model no longer
+holds (a sub-layer replaced after the build, as a subclass does with ``self.blocks = ...``) is
+still drawn in its turn, as the eager build drew it before
 throwing it away (:class:`Dropped`). Under plain ``paddle.LazyGuard()`` it is taken to be the order
 ``named_parameters()`` lists them, which differs where a layer created its own parameters after
 building sublayers (a timm ViT's ``cls_token``, an LM head created last): those are named in
@@ -44,6 +45,7 @@ import pickle
 import re
 import sys
 import warnings
+import weakref
 from collections.abc import Iterable
 from types import FrameType
 from typing import NamedTuple
@@ -62,9 +64,20 @@ class Build(NamedTuple):
 
 #: Names generated under :class:`LazyGuard`: ``{name: (sequence number, index in _BUILDS)}``.
 _CREATED: dict[str, tuple[int, int]] = {}
-#: Parameters created under :class:`LazyGuard`, per build (strong references: lazy ones hold no
-#: storage), until apply_plan has drawn them.
-_MADE: dict[int, list[paddle.Tensor]] = {}
+
+
+class _Made(list):
+    """The parameters one :class:`LazyGuard` build created (lazy ones hold no storage), kept for
+    apply_plan to draw those the model no longer holds. Every layer that created one holds this
+    list, and :data:`_MADE` only a weak reference to it: a build never applied is let go with its
+    layers, not kept for the process's life. A copy of the model shares it."""
+
+    def __deepcopy__(self, memo: dict) -> _Made:
+        return self
+
+
+#: :class:`_Made` per build, while a layer of the build lives, until apply_plan has drawn them.
+_MADE: weakref.WeakValueDictionary[int, _Made] = weakref.WeakValueDictionary()
 _SEQUENCE = itertools.count()
 _BUILDS: list[Build] = []
 
@@ -115,12 +128,14 @@ class LazyGuard:
         _BUILDS.append(Build(end=self._start, drew=False))  # until the block ends
         self._restore = generator, checker
         self._create = paddle.nn.Layer.create_parameter
-        made, create = _MADE.setdefault(self._build, []), self._create
+        made = self._made = _MADE[self._build] = _Made()  # held here until the block ends
+        create = self._create
 
         def create_parameter(layer, *args, **kwargs):
             param = create(layer, *args, **kwargs)
             if param is not None:  # None for a bias_attr=False
                 made.append(param)
+                object.__setattr__(layer, "_autodist_made", made)  # lives as long as the layer
             return param
 
         paddle.nn.Layer.create_parameter = create_parameter
@@ -130,6 +145,7 @@ class LazyGuard:
         unique_name.switch(*self._restore)
         self._lazy.__exit__(*exc)
         _BUILDS[self._build] = Build(end=generator_state(), drew=drew_since(self._start))
+        del self._made  # from here the build's layers keep it
 
 
 def generator_state() -> bytes:
@@ -313,7 +329,7 @@ class Dropped:
             key=creation_turn,
         )
         for b in builds:  # drawn now or never: the records of these builds are done
-            _MADE.pop(b, None)
+            _MADE.pop(b, []).clear()
 
     def draw_before(self, param: paddle.Tensor) -> None:
         """Draw (and let go of) every dropped parameter created before ``param``."""

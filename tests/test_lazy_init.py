@@ -296,3 +296,20 @@ def test_a_subclass_replacing_blocks_is_not_said_where_the_start_is_exact(guard)
     assert [w for w in said if "apply_plan" in str(w.message)] == []
     for fqn, p in model.named_parameters():
         np.testing.assert_array_equal(p.numpy(), eager[fqn], err_msg=fqn)
+
+
+def test_a_lazy_build_never_applied_is_let_go_with_its_model():
+    """autodist.LazyGuard keeps the parameters a build created (to draw those a subclass threw
+    away) only while a layer of the build lives: a model dropped without apply_plan frees them."""
+    import gc
+    import weakref
+
+    with autodist.LazyGuard():
+        model = paddle.nn.Sequential(paddle.nn.Linear(4, 4), paddle.nn.Linear(4, 2))
+        thrown = model[1].weight
+        model.add_sublayer("1", paddle.nn.Linear(4, 3))  # the build throws a layer away
+    params = [weakref.ref(p) for p in [*model.parameters(), thrown]]
+    assert lazy.is_lazy(thrown) and all(p is not thrown for p in model.parameters())
+    del model, thrown
+    gc.collect()
+    assert [p() for p in params] == [None] * len(params)
