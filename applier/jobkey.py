@@ -98,15 +98,22 @@ def _from_secret(secret: str) -> bytes:
 
 
 def _require_one_host() -> None:
+    """Refuse, naming :data:`SECRET_ENV`, unless ``PADDLE_TRAINER_ENDPOINTS`` puts every rank on
+    one host (then the ranks share this machine's key file)."""
     endpoints = [e for e in os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if e]
     hosts = {e.rpartition(":")[0] for e in endpoints}
-    if len(hosts) != 1:
-        raise PlanError(
-            f"agreement: the job's ranks run on several machines (PADDLE_TRAINER_ENDPOINTS), so they share no "
-            f"secret: set {SECRET_ENV} to the same random text on every node (e.g. the output of "
-            f"`python -c 'import secrets; print(secrets.token_hex(32))'`)",
-            source="environment",
-        )
+    if len(hosts) == 1:
+        return
+    where = (
+        "the job's ranks run on several machines (PADDLE_TRAINER_ENDPOINTS)"
+        if hosts
+        else "PADDLE_TRAINER_ENDPOINTS is not set, so nothing says the job's ranks run on one machine"
+    )
+    raise PlanError(
+        f"agreement: {where}, so they share no secret: set {SECRET_ENV} to the same random text on every node "
+        f"(e.g. the output of `python -c 'import secrets; print(secrets.token_hex(32))'`)",
+        source="environment",
+    )
 
 
 def key_file(master: str) -> Path:

@@ -289,3 +289,18 @@ def test_a_rank_that_never_finds_rank_0s_key_says_where_it_looked(two_rank_env, 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(PlanError, match=rf"it wrote no key to {tmp_path}/autodist-\d+/agree-127.0.0.1_\d+.key"):
         agree(Record(1, "plan.json", PLAN_A, MODEL_A), rank=1, world=2, timeout_s=1)
+
+
+def test_without_a_secret_the_key_file_needs_every_rank_on_one_named_host(monkeypatch):
+    """No AUTODIST_AGREE_SECRET: ranks on several hosts are told so; with PADDLE_MASTER alone
+    (no PADDLE_TRAINER_ENDPOINTS) the error says the endpoints are not set, not 'several machines'."""
+    monkeypatch.delenv("AUTODIST_AGREE_SECRET", raising=False)
+    monkeypatch.setenv("PADDLE_MASTER", "127.0.0.1:6170")
+    monkeypatch.delenv("PADDLE_TRAINER_ENDPOINTS", raising=False)
+    with pytest.raises(PlanError) as unset:
+        jobkey.new_key("127.0.0.1:6170")
+    assert "PADDLE_TRAINER_ENDPOINTS is not set, so nothing says the job's ranks run on one machine" in str(unset.value)
+    assert "several machines" not in str(unset.value) and "AUTODIST_AGREE_SECRET" in str(unset.value)
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "10.0.0.1:6170,10.0.0.2:6170")
+    with pytest.raises(PlanError, match=r"ranks run on several machines \(PADDLE_TRAINER_ENDPOINTS\)"):
+        jobkey.read_key("10.0.0.1:6170")
