@@ -267,21 +267,11 @@ RUNS = [
 ]
 
 
-#: Runs measured wrong, kept so the day they pass is noticed (strict xfail). Gemma3 at dp2 x mp2
-#: (its fused projections' reshard hooks on the Trainer's [pp1, dp2, mp2] mesh) loses 4.7236 at
-#: the first step where the plain Trainer loses 4.5882, on every rank; Llama (no hooks) at dp2 x
-#: mp2, and Gemma3 at dp2 and at mp2, match. Not diagnosed: a lone S(0),S(2) -> S(0),R reshard on
-#: that mesh gives the right values.
-KNOWN_WRONG = {("gemma3", 4, 2, 2, 0): "Gemma3's reshard hooks at dp2 x mp2 in the Trainer: first loss off by 0.135"}
-
-
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("world,dp,mp,zero", RUNS)
 def test_trainer_under_plan_loses_what_the_plain_trainer_loses(request, family, world, dp, mp, zero):
-    if (family, world, dp, mp, zero) in KNOWN_WRONG:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN_WRONG[family, world, dp, mp, zero]))
     trained = request.getfixturevalue("trained_two" if world == 2 else "trained_four")
     _check_run(trained, family, dp, mp, zero)
 

@@ -261,7 +261,7 @@ def _reshard_input(placements: dict[str, str]):
 
     def make(process_mesh):
         return lambda layer, args: (
-            dist.reshard(args[0], process_mesh, _on_mesh(placements, process_mesh)),
+            dist.reshard(args[0], process_mesh, _on_mesh(placements, process_mesh, args[0])),
             *args[1:],
         )
 
@@ -273,17 +273,29 @@ def _reshard_output(placements: dict[str, str]):
     import paddle.distributed as dist
 
     def make(process_mesh):
-        return lambda layer, args, output: dist.reshard(output, process_mesh, _on_mesh(placements, process_mesh))
+        return lambda layer, args, output: dist.reshard(
+            output, process_mesh, _on_mesh(placements, process_mesh, output)
+        )
 
     return make
 
 
-def _on_mesh(placements: dict[str, str], process_mesh: Any) -> list[Any]:
-    """Paddle placements for every axis of ``process_mesh``, the Trainer's mesh, which keeps axes
-    of size one that the plan's leaves out (those replicate)."""
+def _on_mesh(placements: dict[str, str], process_mesh: Any, tensor: Any) -> list[Any]:
+    """Paddle placements for every axis of ``process_mesh``, the Trainer's mesh (it keeps axes of
+    size one that the plan's leaves out): the plan's on mp, ``tensor``'s own on the others
+    (Replicate where the plan names none, should ``tensor`` not be on that mesh).
+
+    Only the mp axis is the plan's to change: on the others ``tensor`` keeps its placement. The
+    Trainer's activations carry each dp rank's own batch as a tensor Replicate over dp, so the
+    plan's ``S(0)`` over dp would keep half of that rank's batch (Gemma3 at dp2 x mp2: first loss
+    0.135 off the plain Trainer's; tests/test_trainer_paddleformers.py)."""
     from autodist.applier.mesh import to_paddle_placement
 
-    return [to_paddle_placement(placements.get(name, "R")) for name in process_mesh.dim_names]
+    own = list(tensor.placements) if tensor.is_dist() and tensor.process_mesh == process_mesh else None
+    return [
+        to_paddle_placement(placements.get(name, "R")) if name == "mp" or own is None else own[axis]
+        for axis, name in enumerate(process_mesh.dim_names)
+    ]
 
 
 def _shard_model_parameters(model: Any, plan: Plan, config: ParallelizeConfig) -> None:
