@@ -126,6 +126,11 @@ class DeviceProfile(Base):
     inter_node_bandwidth: NonNegativeFloat
     intra_node_latency_s: NonNegativeFloat
     inter_node_latency_s: NonNegativeFloat
+    #: How much the latency of one ring step grows per rank of the group beyond two, seconds: a
+    #: collective step over p ranks takes ``latency + (p - 2) x this`` (0 on the named GPUs; gloo
+    #: on a shared CPU measured 4x the 2-rank latency per step over 4 ranks). ``calibrate`` fits it.
+    intra_node_latency_per_rank_s: NonNegativeFloat = 0.0
+    inter_node_latency_per_rank_s: NonNegativeFloat = 0.0
     #: What this device's collective backend cannot do (gloo on Paddle 3.3.1's CPU wheel lacks
     #: all four: schemas/backend.py); the search rejects strategies that need them, with the reason.
     unsupported: list[Literal["reduce_scatter", "all_to_all", "cross_mesh_reshard", "batched_p2p"]] = []

@@ -17,10 +17,17 @@ from autodist.planner.cost.calibrate import (
     fitted_device,
     plan_gemm_shapes,
 )
+from autodist.planner.cost.comm import Link, all_gather_time, all_reduce_time
 from autodist.planner.cost.hardware import PROFILES, load_cluster_file
 from autodist.schemas import load_plan
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def paddle_has_cuda() -> bool:
+    import paddle
+
+    return paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
 
 
 def launched_calibrate(tmp_path: Path, ranks: int, env: dict, *args: str) -> Path:
@@ -68,8 +75,32 @@ def test_link_fit_uses_the_ring_formulas_of_each_collective():
         ("intra", "all_gather", p): [(n, (p - 1) * alpha + (p - 1) / p * n / bandwidth) for n in (4096, 2**22)],
     }
     fitted = fit_link(timings, "intra")
-    assert fitted[0] == pytest.approx(alpha) and fitted[1] == pytest.approx(bandwidth)
+    assert fitted.latency_s == pytest.approx(alpha) and fitted.bandwidth == pytest.approx(bandwidth)
+    assert fitted.latency_per_rank_s is None  # one group size: no growth to tell apart
     assert fit_link(timings, "inter") is None  # one node: nothing measured across nodes
+
+
+def test_a_fit_at_two_group_sizes_prices_both_as_measured():
+    # As measured here (docs/benchmarks.md): a ring step over 4 ranks took ~4x the 2-rank step.
+    # Timings made by the alpha-beta ring with alpha(p) = 200 us + (p - 2) x 700 us, 1.3 GB/s.
+    alpha, per_rank, bandwidth = 200e-6, 700e-6, 1.3e9
+    truth = Link(bandwidth, alpha, per_rank)
+    sizes = (4096, 2**18, 2**22, 2**24)
+    timings = {("intra", "all_reduce", p): [(n, all_reduce_time(n, p, truth)) for n in sizes] for p in (2, 4)} | {
+        ("intra", "all_gather", p): [(n, all_gather_time(n, p, truth)) for n in sizes] for p in (2, 4)
+    }
+    assert timings[("intra", "all_reduce", 4)][0][1] == pytest.approx(6 * (200e-6 + 2 * 700e-6) + 1.5 * 4096 / 1.3e9)
+    fit = fit_link(timings, "intra")
+    assert (fit.latency_s, fit.latency_per_rank_s, fit.bandwidth) == pytest.approx((alpha, per_rank, bandwidth))
+    fitted = Link(fit.bandwidth, fit.latency_s, fit.latency_per_rank_s)
+    for (_, name, p), points in timings.items():
+        priced = {"all_reduce": all_reduce_time, "all_gather": all_gather_time}[name]
+        for n, seconds in points:  # both group sizes reproduced, the 4 KB 4-rank all-reduce included
+            assert priced(n, p, fitted) == pytest.approx(seconds, rel=1e-6)
+    # ... and cluster.toml carries it to the planner
+    device = fitted_device(Measurements(collectives=timings), PROFILES["cpu"], "fp32", "lab", comm_overlap=False)
+    assert device["intra_node_latency_per_rank_us"] == pytest.approx(700.0)
+    assert "inter_node_latency_per_rank_us" not in device  # not measured: the base's 0 kept
 
 
 def test_cluster_toml_round_trips_through_the_cluster_file_reader(tmp_path):
@@ -90,6 +121,7 @@ def test_cluster_toml_round_trips_through_the_cluster_file_reader(tmp_path):
     assert profile.op_overhead_s == pytest.approx(fixed, rel=1e-3)
     assert profile.memory_bandwidth == pytest.approx(10e9, rel=1e-4)  # the best of the two
     assert profile.intra_node_latency_s == pytest.approx(50e-6, rel=1e-3)
+    assert profile.intra_node_latency_per_rank_s == 0.0  # one group size measured: not fitted
     assert profile.intra_node_bandwidth == pytest.approx(1e9, rel=1e-3)
     # not measured: kept from the base profile
     assert profile.inter_node_bandwidth == PROFILES["cpu"].inter_node_bandwidth
@@ -209,31 +241,86 @@ def test_calibrate_with_the_model_fits_dispatch_to_a_real_training_step(tmp_path
     assert estimate == pytest.approx(max(measured["training_step_s"], measured["priced_step_s"]), rel=1e-3)
 
 
-@pytest.mark.parametrize(
-    "plan, message",
-    [
-        (None, "--model needs --plan: the training steps run that plan"),
-        (
-            "paddleformers_llama/plan_4x8dev_mp8_pp2.json",
-            "--model: training steps under a VPP schedule are not timed yet",
-        ),
-    ],
-)
-def test_calibrate_model_without_a_plan_it_can_train_is_one_error(tmp_path, plan, message):
-    args = [
-        "calibrate",
-        "--model",
-        str(REPO / "plans" / "llama_docstring" / "model.py"),
-        "-o",
-        str(tmp_path / "c.toml"),
-    ]
-    if plan:
-        args += ["--plan", str(REPO / "plans" / plan)]
+def test_calibrate_model_without_a_plan_is_one_error(tmp_path):
+    model = str(REPO / "plans" / "llama_docstring" / "model.py")
     run = subprocess.run(
-        [str(Path(sys.executable).parent / "autodist-plan"), *args], capture_output=True, text=True, timeout=300
+        [
+            str(Path(sys.executable).parent / "autodist-plan"),
+            "calibrate",
+            "--model",
+            model,
+            "-o",
+            str(tmp_path / "c.toml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
+    message = "--model needs --plan: the training steps run that plan"
     assert run.returncode != 0 and message in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "c.toml").exists()
+
+
+def _pipeline_plan(tmp_path: Path, env: dict) -> Path:
+    """The tiny Llama planned for 2 GPUs as a 1F1B pipeline of 2 stages, 2 micro-batches."""
+    plan = tmp_path / "plan.json"
+    model = str(REPO / "plans" / "llama_docstring" / "model.py")
+    args = ["--devices", "2", "--pp", "2", "--schedule", "1F1B", "--micro-batches", "2", "--device", "h100-sxm"]
+    subprocess.run(
+        [str(Path(sys.executable).parent / "autodist-plan"), model, *args, "--dtype", "fp32", "-o", str(plan)],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return plan
+
+
+@pytest.mark.skipif(paddle_has_cuda(), reason="the CPU (gloo) side: a GPU runs the schedule")
+def test_calibrate_says_it_cannot_time_the_schedule_gloo_lacks_and_fits_the_rest(tmp_path):
+    """gloo lacks batched P2P (it times out), which 1F1B needs: calibrate --model says so in one
+    line, on stderr and in the file, times no stand-in, and still writes the fitted device."""
+    import tomllib
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **TINY_LLAMA}
+    plan = _pipeline_plan(tmp_path, env)
+    model = str(REPO / "plans" / "llama_docstring" / "model.py")
+    out = tmp_path / "c.toml"
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "autodist-plan"), "calibrate", "--plan", str(plan), "--model", model]
+        + ["-o", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    said = [line for line in run.stderr.splitlines() if "training steps under the plan" in line]
+    assert said == [
+        "not measured: training steps under the plan: the 1F1B schedule needs batched P2P (batch_isend_irecv), "
+        "which the gloo backend lacks (it times out (gloo TIMEOUT))"
+    ]
+    tables = tomllib.loads(out.read_text())
+    assert "training_step_s" not in tables["measured"] and "dispatch_overhead_us" not in tables["device"]
+    assert any("1F1B schedule" in m for m in tables["measured"]["missing"])
+    assert tables["device"]["op_overhead_us"] > 0 and tables["measured"]["matmuls"]  # the rest is fitted
+
+
+@pytest.mark.gpu
+@pytest.mark.multiprocess
+def test_calibrate_times_the_plans_own_1f1b_schedule_on_gpus(tmp_path):
+    """Where the backend has batched P2P (NCCL), the training steps timed are the plan's own 1F1B
+    schedule (apply_plan's PipelineModel.step), and the dispatch is fitted to them."""
+    import tomllib
+
+    env = {**os.environ, **TINY_LLAMA}
+    plan = _pipeline_plan(tmp_path, env)
+    model = str(REPO / "plans" / "llama_docstring" / "model.py")
+    out = launched_calibrate(tmp_path, 2, env, "--plan", str(plan), "--model", model)
+    tables = tomllib.loads(out.read_text())
+    assert tables["measured"]["training_step_s"] > 0 and tables["measured"]["priced_step_s"] > 0
+    assert not any("training steps" in m for m in tables["measured"]["missing"])
+    assert "dispatch_overhead_us" in tables["device"]
 
 
 @pytest.mark.parametrize("ep", [1, 2])
@@ -292,3 +379,16 @@ def test_calibrate_on_a_gpu_without_a_profile_follows_the_planner(monkeypatch):
     assert machine_defaults("cpu", "fp32") == (PROFILES["cpu"], "fp32", True)
     monkeypatch.setattr(hardware, "local_cuda_name", lambda: None)
     assert machine_defaults(None, None) == (PROFILES["cpu"], "fp32", False)
+
+
+def test_the_cluster_file_reads_a_latency_that_grows_with_the_group_strictly(tmp_path):
+    from autodist.planner.errors import PlannerError
+
+    path = tmp_path / "cluster.toml"
+    path.write_text('[device]\nbase = "cpu"\nintra_node_latency_us = 200\nintra_node_latency_per_rank_us = 700\n')
+    device = load_cluster_file(str(path))
+    assert (device.intra_node_latency_s, device.intra_node_latency_per_rank_s) == pytest.approx((200e-6, 700e-6))
+    assert device.inter_node_latency_per_rank_s == 0.0  # not given: the base's
+    path.write_text('[device]\nbase = "cpu"\nintra_node_latency_per_rank_us = -1\n')
+    with pytest.raises(PlannerError, match=r"\[device\].intra_node_latency_per_rank_us must be a positive, finite"):
+        load_cluster_file(str(path))

@@ -6,6 +6,7 @@ graph in tests/test_cost_graph.py; this file covers what needs no graph.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from autodist.planner.cost.blocks import BlockCost, ModelCost
@@ -59,6 +60,20 @@ def test_ring_collectives_follow_the_alpha_beta_formulas():
     assert p2p_time(n, link) == pytest.approx(5e-6 + n / 100e9)
     assert all_reduce_bytes(n, p) == pytest.approx(2 * 7 / 8 * n)
     assert all_reduce_time(n, 1, link) == all_gather_time(n, 1, link) == 0.0
+
+
+def test_a_ring_steps_latency_grows_with_the_group_as_the_link_says():
+    # 1 us a step for two ranks, 2 us more per rank beyond two, 1 GB/s; 4000 bytes.
+    link = Link(bandwidth=1e9, latency_s=1e-6, latency_per_rank_s=2e-6)
+    # 4 ranks: 6 steps of 1 + 2 x 2 = 5 us = 30 us, and 2 x 3/4 x 4000 B at 1 GB/s = 6 us
+    assert all_reduce_time(4000, 4, link) == pytest.approx(36e-6)
+    assert all_gather_time(4000, 4, link) == pytest.approx(3 * 5e-6 + 3e-6)  # 3 steps, 3/4 x 4000 B
+    assert all_reduce_time(4000, 2, link) == pytest.approx(2 * 1e-6 + 4e-6)  # two ranks: no growth
+    assert p2p_time(4000, link) == pytest.approx(1e-6 + 4e-6)  # a transfer between two ranks
+    # the device's figures reach the links the planner prices groups on
+    device = msgspec.structs.replace(H100, intra_node_latency_per_rank_s=2e-6, inter_node_latency_per_rank_s=3e-6)
+    assert group_link(8, 1, 8, device).step_latency(8) == pytest.approx(H100.intra_node_latency_s + 6 * 2e-6)
+    assert group_link(16, 1, 8, device).step_latency(16) == pytest.approx(H100.inter_node_latency_s + 14 * 3e-6)
 
 
 def test_groups_use_nvlink_only_when_they_stay_inside_a_node():

@@ -101,7 +101,10 @@ def calibrate(
             )
     if len(nodes) < 2:
         notes.append("one node: the inter-node link is not measured (the base profile's figures are kept)")
-    if model_target:
+    cannot = untimeable(plan, _running_backend()) if model_target else ""
+    if cannot:  # said once, in the file and on stderr; the rest is fitted all the same
+        measured.missing.append(cannot)
+    elif model_target:
         from autodist.planner.driver import load
 
         loaded = load(model_target, _plan_input_specs(plan))
@@ -166,12 +169,36 @@ def _checked_plan(plan_file: str | None, model_target: str | None):
             raise PlannerError(f"{plan_file}: {err}") from None
     if model_target and plan is None:
         raise PlannerError("--model needs --plan: the training steps run that plan")
-    if model_target and plan is not None and plan.strategy.schedule in ("1F1B", "VPP"):
-        raise PlannerError(
-            f"--model: training steps under a {plan.strategy.schedule} schedule are not timed yet; "
-            "calibrate without --model"
-        )
     return plan, shapes
+
+
+def untimeable(plan, backend: str) -> str:
+    """Why the training steps of ``plan`` cannot be timed on ``backend`` (what the plan needs that
+    the backend lacks: schemas/backend.py, the owner of both facts), or ''. calibrate then says
+    so and fits the rest: it never times a stand-in as if it were what the plan runs.
+
+    >>> from autodist.schemas.plan import Strategy
+    >>> class Plan: strategy = Strategy(pp=2, micro_batches=2, schedule="1F1B")
+    >>> untimeable(Plan(), "gloo")  # doctest: +ELLIPSIS
+    'training steps under the plan: the 1F1B schedule needs batched P2P (...), which the gloo backend lacks (...)'
+    >>> untimeable(Plan(), "nccl")
+    ''
+    """
+    from autodist.schemas.backend import LACKS, OPERATIONS, needs_missing
+
+    lacks = LACKS.get(backend, {})
+    problems = [
+        f"{feature} needs {OPERATIONS[operation]}, which the {backend} backend lacks ({lacks[operation]})"
+        for feature, operation in needs_missing(plan.strategy, lacks)
+    ]
+    return f"training steps under the plan: {'; '.join(problems)}" if problems else ""
+
+
+def _running_backend() -> str:
+    """The collectives backend this job runs on (``apply_plan``'s rule: applier/backend.py)."""
+    from autodist.applier.backend import running_backend
+
+    return running_backend()
 
 
 def _process_groups(world: int, local: int, plan=None) -> tuple[int, list[list[int]], dict[str, list]]:

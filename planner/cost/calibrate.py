@@ -13,7 +13,8 @@
   its dp groups, each axis's groups at once as training runs them; the file's notes name them),
   all into the fit of the link they lie on: all-reduce, all-gather, reduce-scatter, send/recv; the alpha-beta ring
   formulas of :mod:`autodist.planner.cost.comm` fitted by least squares give each link's
-  latency and bandwidth. What the backend lacks (gloo has no reduce-scatter on CPU) is
+  latency and bandwidth, and with groups of two sizes (a plan's pairs and the whole node) how
+  much the latency of a step grows per rank (:func:`fit_link`). What the backend lacks (gloo has no reduce-scatter on CPU) is
   reported as missing, never replaced by something else.
 
 - with ``--model``, real training steps of the user's model under the plan (``apply_plan``, the
@@ -35,7 +36,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 import warnings
@@ -159,7 +159,9 @@ def measure_training_step(model, plan, input_specs: list, steps: int = TRAINING_
     on this rank (every rank calls it): inputs of the traced shapes at the plan's global batch
     and sequence length (random floats, zeros for ids), forward, the mean of the first output
     that is not None as the loss (what the planner traced and priced, plus a mean), backward and
-    an AdamW step. A plan that accumulates runs its micro-batches per step, as training does."""
+    an AdamW step. A plan that accumulates runs its micro-batches per step, as training does; a
+    1F1B / VPP plan runs its own schedule (``model.step``, forward and backward of every
+    micro-batch), with the same loss computed by the schedule on the last stage."""
     import paddle
 
     from autodist.applier import apply_plan
@@ -173,17 +175,24 @@ def measure_training_step(model, plan, input_specs: list, steps: int = TRAINING_
             shape[1] = int(seq_len)
         dtype = str(spec.dtype).replace("paddle.", "")
         columns.append(paddle.zeros(shape, dtype) if "int" in dtype else paddle.rand(shape).astype(dtype))
+    scheduled = plan.strategy.pp > 1 and plan.strategy.schedule in ("1F1B", "VPP")
+    if scheduled:  # the schedule takes a target (the last column, placed on the last stage): unused
+        columns.append(paddle.zeros([(steps + 1) * batch, 1], "float32"))
     loader = paddle.io.DataLoader(paddle.io.TensorDataset(columns), batch_size=batch, shuffle=False, drop_last=True)
     optimizer = paddle.optimizer.AdamW(learning_rate=1e-6, parameters=model.parameters())
     with warnings.catch_warnings():  # a lazily built model starts from other weights: no matter for timing
         warnings.filterwarnings("ignore", message="apply_plan: the model was built under paddle.LazyGuard")
-        model, optimizer, loader = apply_plan(model, optimizer, loader, plan)
+        loss = {"loss_fn": lambda out, _target: out.mean()} if scheduled else {}
+        model, optimizer, loader = apply_plan(model, optimizer, loader, plan, **loss)
     per_step = getattr(loader, "micro_batches", 1)  # a plan that accumulates: micro-batches per step
     ends = []
     for inputs in loader:
-        out = model(*inputs)
-        out = next(o for o in out if o is not None) if isinstance(out, (tuple, list)) else out  # (None, logits)
-        out.mean().backward()
+        if scheduled:
+            model.step(*inputs[:-1], target=inputs[-1])
+        else:
+            out = model(*inputs)
+            out = next(o for o in out if o is not None) if isinstance(out, (tuple, list)) else out  # (None, logits)
+            out.mean().backward()
         optimizer.step()
         optimizer.clear_grad()
         _sync()
@@ -281,16 +290,31 @@ def _sync() -> None:
         paddle.device.synchronize()
 
 
-def fit_link(points: dict[tuple[str, str, int], list[tuple[int, float]]], scope: str) -> tuple[float, float] | None:
-    """(latency s, bandwidth bytes/s) of one link from its collectives, each timing turned
-    into (latency steps, bytes per rank) by the ring formulas, fitted as t = alpha steps + bytes / B
-    by least squares on relative errors (so the small, latency-bound messages count too).
+@dataclass(frozen=True)
+class LinkFit:
+    """One link's fitted figures: latency of a ring step for two ranks (s), its growth per rank
+    beyond two (s; None when one group size was measured, which cannot tell them apart) and
+    bandwidth (bytes/s); the ring step of p ranks is :meth:`autodist.planner.cost.comm.Link.step_latency`."""
 
-    >>> alpha, bandwidth = fit_link({("intra", "all_reduce", 2): [(1000, 2e-6 + 1e-6), (10**6, 2e-6 + 1e-3)]}, "intra")
-    >>> round(alpha * 1e6, 6), round(bandwidth / 1e9, 6)      # 2(p-1) = 2 steps of 1 us; (p-1)/p x 2 x n at 1 GB/s
-    (1.0, 1.0)
+    latency_s: float
+    bandwidth: float
+    latency_per_rank_s: float | None = None
+
+
+def fit_link(points: dict[tuple[str, str, int], list[tuple[int, float]]], scope: str) -> LinkFit | None:
+    """One link's figures from its collectives, each timing turned into (latency steps, steps
+    times ranks beyond two, bytes per rank) by the ring formulas of :mod:`autodist.planner.cost.comm`,
+    fitted as ``t = steps (alpha + (p - 2) gamma) + bytes / B`` by least squares on relative
+    errors (so the small, latency-bound messages count too), with no figure negative. ``gamma``
+    is fitted only when groups of two sizes or more were measured.
+
+    >>> fit = fit_link({("intra", "all_reduce", 2): [(1000, 2e-6 + 1e-6), (10**6, 2e-6 + 1e-3)]}, "intra")
+    >>> round(fit.latency_s * 1e6, 6), round(fit.bandwidth / 1e9, 6), fit.latency_per_rank_s
+    (1.0, 1.0, None)
     """
-    rows: list[tuple[float, float, float]] = []
+    import numpy as np
+
+    rows: list[tuple[float, float, float, float]] = []
     for (where, name, p), timings in points.items():
         if where != scope:
             continue
@@ -300,22 +324,32 @@ def fit_link(points: dict[tuple[str, str, int], list[tuple[int, float]]], scope:
             "reduce_scatter": (p - 1, (p - 1) / p),
             "send_recv": (1, 1.0),
         }[name]
-        rows += [(steps, share * nbytes, seconds) for nbytes, seconds in timings]
+        rows += [(steps, steps * max(p - 2, 0), share * nbytes, seconds) for nbytes, seconds in timings if seconds > 0]
     if len(rows) < 2:
         return None
-    # Two unknowns, t = alpha * steps + bytes / B: least squares by the normal equations.
-    rows = [(s / t, b / t, 1.0) for s, b, t in rows if t > 0]  # each row divided by its time
-    saa = sum(s * s for s, _, _ in rows)
-    sab = sum(s * b for s, b, _ in rows)
-    sbb = sum(b * b for _, b, _ in rows)
-    sat = sum(s * t for s, _, t in rows)
-    sbt = sum(b * t for _, b, t in rows)
-    det = saa * sbb - sab * sab
-    alpha = (sat * sbb - sbt * sab) / det if det else 0.0
-    beta = (saa * sbt - sab * sat) / det if det else sbt / sbb
-    if alpha <= 0:  # latency lost in noise: fit bandwidth alone, keep a token latency
-        alpha, beta = 1e-6, sbt / sbb
-    return alpha, 1.0 / beta if beta > 0 else math.inf
+    a = np.array([r[:3] for r in rows]) / np.array([[r[3]] for r in rows])  # each row divided by its time
+    sizes = {(name, p) for (where, name, p) in points if where == scope}
+    growth = len({p for _, p in sizes}) > 1 and a[:, 1].any()
+    # Non-negative least squares over (alpha, gamma, 1/B), small enough to try every set of
+    # columns that keeps the bandwidth: the best fit whose figures are all >= 0.
+    best: tuple[float, np.ndarray] | None = None
+    for columns in ([2], [0, 2], [1, 2], [0, 1, 2]) if growth else ([2], [0, 2]):
+        solution = np.linalg.lstsq(a[:, columns], np.ones(len(rows)), rcond=None)[0]
+        if (solution < 0).any() or solution[-1] <= 0:
+            continue
+        full = np.zeros(3)
+        full[columns] = solution
+        residual = float(np.sum((a @ full - 1.0) ** 2))
+        if best is None or residual < best[0] - 1e-12:
+            best = (residual, full)
+    if best is None:  # no positive per-byte time: the bytes explain nothing here
+        return None
+    alpha, gamma, beta = (float(v) for v in best[1])
+    return LinkFit(
+        latency_s=alpha if alpha > 0 else 1e-6,  # latency lost in noise: keep a token latency
+        bandwidth=1.0 / beta,
+        latency_per_rank_s=gamma if growth else None,
+    )
 
 
 def fitted_device(
@@ -343,8 +377,10 @@ def fitted_device(
     for scope in ("intra", "inter"):
         link = fit_link(measured.collectives, scope)
         if link:
-            values[f"{scope}_node_latency_us"] = link[0] * 1e6
-            values[f"{scope}_node_bandwidth_gb_s"] = link[1] / 1e9
+            values[f"{scope}_node_latency_us"] = link.latency_s * 1e6
+            values[f"{scope}_node_bandwidth_gb_s"] = link.bandwidth / 1e9
+            if link.latency_per_rank_s is not None:
+                values[f"{scope}_node_latency_per_rank_us"] = link.latency_per_rank_s * 1e6
     base_values = _profile_values(base)
     return {
         k: (round(v, 6) if isinstance(v, float) else v)

@@ -1,6 +1,6 @@
 """Collective times by the alpha-beta ring model, and which link a process group uses.
 
-For p ranks on a ring, message size n bytes, latency alpha (s) and per-byte time beta = 1/bandwidth
+For p ranks on a ring, message size n bytes, latency alpha (s) per step and per-byte time beta = 1/bandwidth
 (Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication Operations in
 MPICH", 2005; the ring forms NCCL uses):
 
@@ -8,6 +8,11 @@ MPICH", 2005; the ring forms NCCL uses):
 - all-gather      (p-1) alpha + (p-1)/p n beta     (n: the gathered, full size)
 - reduce-scatter  (p-1) alpha + (p-1)/p n beta     (n: the full size before scattering)
 - point-to-point  alpha + n beta
+
+alpha is the latency of one step for two ranks, plus ``latency_per_rank_s`` for each rank beyond
+two (:meth:`Link.step_latency`): 0 on the named GPUs, where a ring step costs the same at any size;
+gloo on 4 ranks sharing 2 CPU cores measured 4x the two-rank step (docs/benchmarks.md), which
+one alpha for all sizes under-prices.
 
 Ranks are numbered with mp innermost, then dp, then pp (the plan's mesh order ``pp, dp, mp``),
 so a group is ``size`` ranks ``stride`` apart; it stays inside a node exactly when its span
@@ -34,24 +39,37 @@ from autodist.schemas import DeviceProfile
 
 @dataclass(frozen=True)
 class Link:
-    """What one rank's transfers see: bandwidth in bytes/s per direction, latency per step."""
+    """What one rank's transfers see: bandwidth in bytes/s per direction, latency per step of a
+    two-rank group and how much it grows per rank beyond two (:meth:`step_latency`)."""
 
     bandwidth: float
     latency_s: float
+    latency_per_rank_s: float = 0.0
+
+    def step_latency(self, p: int) -> float:
+        """Seconds of latency one ring step pays in a group of ``p`` ranks: ``latency_s`` for two,
+        plus ``latency_per_rank_s`` for each rank beyond (0 on a GPU fabric; on gloo over shared
+        CPU cores every step of a larger ring waits longer for its peers, as calibrate measures).
+
+        >>> link = Link(bandwidth=1e9, latency_s=1e-6, latency_per_rank_s=2e-6)
+        >>> [round(link.step_latency(p) * 1e6, 9) for p in (2, 4)]   # microseconds
+        [1.0, 5.0]
+        """
+        return self.latency_s + max(p - 2, 0) * self.latency_per_rank_s
 
 
 def all_reduce_time(nbytes: float, p: int, link: Link, count: int = 1) -> float:
     """``count`` all-reduces of ``nbytes`` in total (each pays the latency, the bytes once)."""
     if p <= 1 or nbytes <= 0:
         return 0.0
-    return 2 * (p - 1) * link.latency_s * max(count, 1) + 2 * (p - 1) / p * nbytes / link.bandwidth
+    return 2 * (p - 1) * link.step_latency(p) * max(count, 1) + 2 * (p - 1) / p * nbytes / link.bandwidth
 
 
 def all_gather_time(nbytes: float, p: int, link: Link, count: int = 1) -> float:
     """``count`` all-gathers of ``nbytes`` (gathered size) in total."""
     if p <= 1 or nbytes <= 0:
         return 0.0
-    return (p - 1) * link.latency_s * max(count, 1) + (p - 1) / p * nbytes / link.bandwidth
+    return (p - 1) * link.step_latency(p) * max(count, 1) + (p - 1) / p * nbytes / link.bandwidth
 
 
 #: Reduce-scatter moves the same data as all-gather, the other way round.
@@ -94,7 +112,7 @@ def group_link(size: int, stride: int, devices_per_node: int, device: DeviceProf
     [400.0, 200.0, 50.0]
     """
     if group_within_node(size, stride, devices_per_node):
-        return Link(device.intra_node_bandwidth, device.intra_node_latency_s)
+        return Link(device.intra_node_bandwidth, device.intra_node_latency_s, device.intra_node_latency_per_rank_s)
     per_node = min(size, max(1, devices_per_node // stride)) if stride < devices_per_node else 1
     bandwidth = min(device.intra_node_bandwidth, per_node * device.inter_node_bandwidth)
-    return Link(bandwidth, device.inter_node_latency_s)
+    return Link(bandwidth, device.inter_node_latency_s, device.inter_node_latency_per_rank_s)

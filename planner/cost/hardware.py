@@ -82,6 +82,14 @@ _CLUSTER_KEYS = {
     "inter_node_bandwidth_gb_s": (GB_PER_S, "per-device bandwidth between nodes, GB/s per direction"),
     "intra_node_latency_us": (US, "latency of one transfer inside a node, microseconds"),
     "inter_node_latency_us": (US, "latency of one transfer between nodes, microseconds"),
+    "intra_node_latency_per_rank_us": (
+        US,
+        "how much one ring step's latency inside a node grows per rank of the group beyond two, microseconds",
+    ),
+    "inter_node_latency_per_rank_us": (
+        US,
+        "how much one ring step's latency between nodes grows per rank of the group beyond two, microseconds",
+    ),
     "memory_bandwidth_gb_s": (GB_PER_S, "device memory bandwidth, GB/s"),
     "matmul_efficiency": (1.0, "fraction of peak FLOP/s large matmuls sustain"),
     "op_overhead_us": (US, "fixed cost of every op (launch, dispatch), microseconds"),
@@ -89,13 +97,17 @@ _CLUSTER_KEYS = {
 }
 #: Keys a file without ``base`` may leave out (the plan format has defaults), and their fields.
 _OPTIONAL_FIELDS = {
+    "intra_node_latency_per_rank_us": "intra_node_latency_per_rank_s",
+    "inter_node_latency_per_rank_us": "inter_node_latency_per_rank_s",
     "memory_bandwidth_gb_s": "memory_bandwidth",
     "matmul_efficiency": "matmul_efficiency",
     "op_overhead_us": "op_overhead_s",
     "dispatch_overhead_us": "dispatch_overhead_s",
 }
 #: Keys that may be 0 (no fixed cost is a fixed cost); every other figure must be positive.
-_ZERO_OK = frozenset({"op_overhead_us", "dispatch_overhead_us"})
+_ZERO_OK = frozenset(
+    {"op_overhead_us", "dispatch_overhead_us", "intra_node_latency_per_rank_us", "inter_node_latency_per_rank_us"}
+)
 
 
 def resolve_device(name: str | None = None, cluster_file: str | None = None) -> DeviceProfile:

@@ -483,7 +483,10 @@ def _stage_mp_comm(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) 
         implicit_bytes = ctx.implicit.sent_per_token * tokens * share
         hooked_bytes = ctx.implicit.planned_per_token * tokens * share  # the plan's own gathers
         count = ctx.implicit.count + ctx.implicit.planned_count
-        mp_s += share * count * 2 * (mp - 1) * mp_link.latency_s + (implicit_bytes + hooked_bytes) / mp_link.bandwidth
+        mp_s += (
+            share * count * 2 * (mp - 1) * mp_link.step_latency(mp)
+            + (implicit_bytes + hooked_bytes) / mp_link.bandwidth
+        )
         mp_bytes += hooked_bytes
     return mp_s, mp_bytes, implicit_bytes
 
