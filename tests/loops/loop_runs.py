@@ -1,18 +1,24 @@
 """The training-loop conformance suite's pieces: the plans, made once per session, and a
 runner that launches a script on N gloo ranks (the harness's launcher starts the ranks and
-nothing else) and reads back what rank 0 logged and the parameters the run saved."""
+nothing else) and reads back what rank 0 logged and the parameters the run saved.
+
+The plans are made by the ``autodist-plan`` command's own code (its options, its checks, its
+``save_plan``) run in the test process, with each model traced once per session
+(harness/planning.py): four GPT plans trace GPT once, and no planner process pays for
+importing Paddle again."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from harness import planning
 from harness.launcher import REPO_ROOT, launch_ranks
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -33,10 +39,10 @@ PLANS = {
 #: No sequence parallel (reduce-scatter): what gloo runs.
 COMMON = "--no-sequence-parallel --global-batch-size 4"
 MODELS = {
-    "gpt": "tests/models/gpt.py",
-    "llama": "tests/models/paddleformers_models.py:build_llama",
-    "nanogpt": "tests/models/zoo/nanogpt.py",
-    "mixtral": "tests/models/zoo/mixtral_moe.py",
+    "gpt": f"{REPO_ROOT}/tests/models/gpt.py",
+    "llama": f"{REPO_ROOT}/tests/models/paddleformers_models.py:build_llama",
+    "nanogpt": f"{REPO_ROOT}/tests/models/zoo/nanogpt.py",
+    "mixtral": f"{REPO_ROOT}/tests/models/zoo/mixtral_moe.py",
 }
 
 
@@ -44,16 +50,20 @@ MODELS = {
 class Run:
     out: Path
     stdout: list[str]  # every rank's stdout
+    exported: dict[str, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
 
     @property
     def log(self) -> dict:
         return json.loads((self.out / "log.json").read_text())
 
     def parameters(self, folder: str = "final") -> dict[str, np.ndarray]:
+        """The parameters saved in ``folder``, exported once (a reference serves many runs)."""
         from autodist import export_checkpoint
 
-        state = export_checkpoint(self.out / folder, self.out / f"{folder}.pdparams")
-        return {name: np.asarray(value) for name, value in state.items()}
+        if folder not in self.exported:
+            state = export_checkpoint(self.out / folder, self.out / f"{folder}.pdparams")
+            self.exported[folder] = {name: np.asarray(value) for name, value in state.items()}
+        return self.exported[folder]
 
 
 class Plans:
@@ -64,10 +74,15 @@ class Plans:
         ranks, options = PLANS[name]
         path = self.folder / f"{model}_{name}.json"
         if path not in self.made:
-            command = [str(Path(sys.executable).parent / "autodist-plan"), MODELS[model], "--devices", str(ranks)]
-            command += [*options.split(), *COMMON.split(), "-o", str(path)]
-            done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-            assert done.returncode == 0, done.stderr[-3000:]
+            from autodist.planner import driver
+            from autodist.planner.cli import cli
+
+            arguments = [MODELS[model], "--devices", str(ranks), *options.split(), *COMMON.split(), "-o", str(path)]
+            with mock.patch.object(driver, "plan_target", planning.plan_target):
+                done = CliRunner().invoke(cli, arguments)
+            assert done.exit_code == 0, (
+                f"autodist-plan {' '.join(arguments)}: {done.exception!r}\n{done.output[-3000:]}"
+            )
             self.made[path] = ranks
         return ranks, path
 
@@ -98,16 +113,39 @@ def run_script(
     return Run(out, [p.stdout for p in job.processes])
 
 
+#: Every single-device run the suite compares with, as (script, *arguments).
+ONE_DEVICE_RUNS = [
+    ("adamw_schedule.py",),
+    ("accumulate.py",),
+    ("amp.py", "--level", "O1"),
+    ("amp.py", "--level", "O2"),
+    ("paddleformers_labels.py",),
+    ("distributed_sampler.py",),
+    ("tied_pipeline.py",),
+    ("read_anywhere.py", "--model", "gpt"),
+    ("read_anywhere.py", "--model", "mixtral"),
+]
+
+
 @pytest.fixture(scope="session")
 def single_device(tmp_path_factory):
-    """``single_device(script, *args) -> Run``: the one-device run of a script, once per session."""
-    runs: dict[tuple, Run] = {}
+    """``single_device(script, *args) -> Run``: the one-device run of a script, once per session.
+    The first call makes all of :data:`ONE_DEVICE_RUNS` in one process (one_device.py)."""
     root = tmp_path_factory.mktemp("single_device")
+    outs = {key: root / f"run{i}" for i, key in enumerate(ONE_DEVICE_RUNS)}
+    runs: dict[tuple, Run] = {}
 
     def get(script: str, *args: str) -> Run:
         key = (script, *args)
-        if key not in runs:
-            runs[key] = run_script(script, root / f"run{len(runs)}", 1, None, *args)
+        assert key in outs, f"{key} is not in ONE_DEVICE_RUNS"
+        if not runs:
+            listed = root / "runs.json"
+            listed.write_text(json.dumps([[str(SCRIPTS / k[0]), "--out", str(out), *k[1:]] for k, out in outs.items()]))
+            job = launch_ranks(1, ["-m", "loops.one_device", str(listed)], root / "process", timeout_s=600)
+            job.raise_for_failure()
+            runs.update({k: Run(out, [job.processes[0].stdout]) for k, out in outs.items()})
+        failed = runs[key].out / "failed.txt"
+        assert not failed.exists(), f"{key} on one device:\n{failed.read_text()[-3000:]}"
         return runs[key]
 
     return get

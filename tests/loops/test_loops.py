@@ -6,8 +6,10 @@ plan is given), log on rank 0 only, and match the single-device run of the same 
 Each script is self-contained, as a user's is: they repeat their data, logging and saving lines
 on purpose (``duplicates`` lists them), and share nothing with the harness's training code.
 
-Launches are the cost (2 cores): each script x plan runs once, plans are made once per session,
-single-device runs once per script. Combinations left out, because they add nothing here:
+Launches are the cost (2 cores): each script x plan runs once, plans are made once per session
+(in the test process, each model traced once), and the single-device runs of every script are
+made once per session, together in one process (one_device.py). Combinations left out, because
+they add nothing here:
 
 - (a) runs every plan, and resumes under mp2 from the dp2 run's step-3 checkpoint (2 -> 2
   ranks; other plan pairs are ``tests/test_checkpoint_replan.py``'s);
