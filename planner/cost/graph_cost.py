@@ -527,7 +527,8 @@ def _local_only(analysis: ModelAnalysis) -> dict:
         op = short_op(data["op"])
         if op in LOCAL_ONLY_OPS and node not in plain:
             field_name = "local_only_in_moe" if (data["layer"] + ".").startswith(moe_layers) else "local_only"
-            found.setdefault(field_name, f"{op} in {data['layer']}")
+            where = data["layer"] or "the model's top level (its own forward)"  # the root layer's name is ''
+            found.setdefault(field_name, f"{op} in {where}")
     return found
 
 
