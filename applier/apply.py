@@ -59,6 +59,7 @@ from autodist.applier.experts import (
     spread_experts,
 )
 from autodist.applier.hooks import ReshardFn, register_hooks
+from autodist.applier.local_view import LocalViews
 from autodist.applier.mesh import mesh_ids
 from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, shard_optimizer
 from autodist.applier.pipeline import PipelineModel, build_pipeline, uses_schedule
@@ -143,6 +144,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     # Expert parallelism drops the experts other ranks hold before anything is sharded.
     sharded = shard_parameters(model, plan, frozenset(dropped_parameters(plan, dist.get_rank())))
     register_hooks(model, plan, reshard_fn)
+    LocalViews(plan).wrap(model)  # sub-layers that run on local tensors (local_view.py)
     groups = None
     if runs_moe_locally(plan):  # expert parallelism, or the MoE layers of plain dp (experts.py)
         groups = ExpertGroups(plan, dist.get_rank())

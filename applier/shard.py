@@ -31,6 +31,7 @@ import paddle.distributed as dist
 from autodist.schemas import Plan
 
 from autodist.applier import lazy
+from autodist.applier.local_view import LocalViews
 from autodist.applier.mesh import stage_mesh, stage_placements
 
 
@@ -74,6 +75,7 @@ def shard_parameters(model: paddle.nn.Layer, plan: Plan, dropped: frozenset[str]
     replaced_layers = lazy.Dropped(list(held.values()))  # built with the model, no longer in it
     replaced, copied = [], {}
     me = dist.get_rank()
+    local_views = LocalViews(plan)
     for fqn in sorted(plan.params, key=lambda f: (turn[id(held[f])], f)):
         planned = plan.params[fqn]
         slots = slots_by_fqn[fqn]
@@ -87,6 +89,8 @@ def shard_parameters(model: paddle.nn.Layer, plan: Plan, dropped: frozenset[str]
                 del slot.layer._parameters[slot.key]
             old._set_impl(paddle.Tensor())  # freed now, though the user's old optimizer still names it
             continue
+        if fqn in local_views.weights:  # a fused weight's segments, rank by rank (local_view.py)
+            old.set_value(local_views.to_local_layout(fqn, old))
         placements = stage_placements(plan, planned.placements)
         new = dist.shard_tensor(old, stage_mesh(plan, planned.stage), placements)
         # A name tied across stages (an LM head sharing the embedding) holds its own copy on its

@@ -23,6 +23,7 @@ from autodist.schemas import Plan, parameter_diff, parameter_fingerprint, parame
 from autodist.applier.accumulate import accumulation_problems
 from autodist.applier.experts import expert_problems, expert_structure_problems
 from autodist.applier.layout import rank_coords
+from autodist.applier.local_view import local_view_problems
 from autodist.applier.mesh import mesh_ids
 from autodist.applier.optimizer import optimizer_problems
 from autodist.applier.pipeline import pipeline_problems
@@ -52,6 +53,7 @@ def plan_problems(
         + optimizer_problems(model, optimizer, plan)
         + data_problems(plan, dataloader)
         + pipeline_problems(model, plan, loss_fn)
+        + local_view_problems(model, plan)
     )
 
 

@@ -104,18 +104,22 @@ def plan_model(
     arguments: dict[str, str],
     progress: Progress | None = None,
     rules: dict[str, str] | None = None,
+    *,
+    local_view: bool = False,
 ) -> PlannedModel:
     """Stages 2-7 for a model object: trace, graph, analyse, cost, search, emit.
 
     ``arguments`` go into the plan's provenance as given (the CLI passes its options).
     ``rules``: ``{layer glob: "colwise" | "rowwise" | "replicate"}`` merged into the analysis
     (:mod:`autodist.planner.recognise.rules`) and recorded in the provenance.
+    ``local_view``: run the attention sub-layers with a fused column projection on local tensors
+    where the planner proves it (:mod:`autodist.planner.local_view`; off by default while new).
     Raises :class:`~autodist.planner.errors.PlannerError` for anything the user can fix.
     """
     progress = progress or _QUIET
     traced = trace(model, input_specs, progress)
     analysis = analyse(model, traced, progress)
-    return plan_analysed(analysis, traced, request, arguments, progress, rules)
+    return plan_analysed(analysis, traced, request, arguments, progress, rules, model=model, local_view=local_view)
 
 
 def plan_analysed(
@@ -125,10 +129,14 @@ def plan_analysed(
     arguments: dict[str, str],
     progress: Progress | None = None,
     rules: dict[str, str] | None = None,
+    *,
+    model: paddle.nn.Layer | None = None,
+    local_view: bool = False,
 ) -> PlannedModel:
     """Stages 5-7 for an analysed model: cost, search, emit (:func:`plan_model` without the
     tracing, for callers that plan one model for several requests). ``rules`` change
-    ``analysis`` (its blocks' roles)."""
+    ``analysis`` (its blocks' roles). ``local_view`` (with the ``model``, whose sub-layers are
+    run to prove it): as :func:`plan_model`."""
     from autodist.planner.cost.search import check_fixed_degrees, kernels_for, price, search
     from autodist.planner.emit import build_plan
 
@@ -143,8 +151,14 @@ def plan_analysed(
     check_fixed_degrees(priced.cost, request)
     with progress.step(f"searching strategies for {request.world} devices"):
         result = search(priced, request)
+    views = None
+    if local_view and model is not None:
+        from autodist.planner.local_view import local_views
+
+        with progress.step("proving local views"):
+            views = local_views(analysis, model, result.best.strategy)
     with progress.step("writing the plan"):
-        plan = build_plan(analysis, result, request, arguments)
+        plan = build_plan(analysis, result, request, arguments, views)
     return PlannedModel(plan=plan, analysis=analysis, result=result, traced=traced.program)
 
 
@@ -155,10 +169,12 @@ def plan_target(
     arguments: dict[str, str],
     progress: Progress | None = None,
     rules: dict[str, str] | None = None,
+    *,
+    local_view: bool = False,
 ) -> PlannedModel:
     """The whole offline phase for a model file: load, then :func:`plan_model`."""
     loaded = load(target, input_specs, progress)
-    return plan_model(loaded.model, loaded.input_specs, request, arguments, progress, rules)
+    return plan_model(loaded.model, loaded.input_specs, request, arguments, progress, rules, local_view=local_view)
 
 
 def plan(

@@ -53,6 +53,7 @@ from autodist.schemas import (
     ExpertCombine,
     ExpertDispatch,
     InputSpec,
+    LocalView,
     Mesh,
     ModelInfo,
     ParamPlan,
@@ -77,9 +78,16 @@ from autodist.planner.recognise.reshards import reshard_hooks
 
 
 def build_plan(
-    analysis: ModelAnalysis, result: SearchResult, request: SearchRequest, arguments: dict[str, str]
+    analysis: ModelAnalysis,
+    result: SearchResult,
+    request: SearchRequest,
+    arguments: dict[str, str],
+    views: tuple[list[LocalView], list[str]] | None = None,
 ) -> Plan:
-    """The complete plan for ``analysis`` run with ``result.best``'s strategy."""
+    """The complete plan for ``analysis`` run with ``result.best``'s strategy. ``views``: the
+    proven local views and the notes on those that are not (:func:`.local_view.local_views`);
+    a local-view sub-layer's fused projections get no gather hook."""
+    local_view, view_notes = views or ([], [])
     strategy = result.best.strategy
     if runs_moe_locally(strategy):  # each MoE layer runs whole: no mp placement or reshard hook inside it
         analysis = experts_whole(analysis)
@@ -88,7 +96,14 @@ def build_plan(
     params = _param_plans(analysis, strategy, mesh.axes, notes)
     stages = block_stages(len(analysis.blocks), strategy.pp, strategy.virtual_stages)
     hooks = _stage_handoffs(analysis, stages) + _expert_hooks(analysis, strategy)
-    fused_gathers = reshard_hooks(analysis, strategy.mp, mesh.axes)
+    local_layers = tuple(view.layer + "." for view in local_view)
+    fused_gathers = [h for h in reshard_hooks(analysis, strategy.mp, mesh.axes) if not h.layer.startswith(local_layers)]
+    notes += view_notes
+    if local_view:
+        notes.append(
+            f"local view: {len(local_view)} attention sub-layer(s) run on local tensors (plan.local_view); the "
+            "estimate still prices them as the gathered layout (a gather after the fused projection, whole cores)"
+        )
     if strategy.mp > 1:
         hooks += _sequence_parallel_hooks(analysis, strategy, mesh.axes, fused_gathers, notes)
     notes += _tied_across_stages(analysis, strategy.pp)
@@ -117,6 +132,7 @@ def build_plan(
             Block(layer=b.layer, kind=b.kind, stage=stage, **_experts(b)) for b, stage in zip(analysis.blocks, stages)
         ],
         hooks=hooks,
+        local_view=local_view,
         recompute=recompute,
         data=DataPlan(
             shard_axes=["dp"] if strategy.dp > 1 else [],

@@ -312,6 +312,48 @@ HOOK_TYPES: dict[str, type[HookBase]] = {
 }
 
 
+class LocalWeight(Base):
+    """A parameter of a local-view sub-layer (:class:`LocalView`) and the slice of it each rank
+    computes with."""
+
+    param: Fqn
+    #: The weight dim split over mp (its ``ParamPlan`` placement on mp is ``S(dim)``); None: whole
+    #: on every rank.
+    dim: NonNegativeInt | None = None
+    #: Equal projections fused along ``dim`` (3 for ``q|k|v``): rank ``r`` computes with the
+    #: ``r``-th slice of *each* segment, in segment order (``q_r|k_r|v_r``), the layout the model's
+    #: own split expects at 1/mp width. The distributed parameter holds the ranks' slices one
+    #: after another along ``dim``, so its shard on rank ``r`` is exactly that.
+    segments: PositiveInt = 1
+    #: Added once into the sub-layer's output (the row projection's bias): each rank adds 1/mp of
+    #: it, so the ranks' partial outputs sum to the whole; its gradient is the whole one on every rank.
+    summed: bool = False
+
+
+class LocalAttribute(Base):
+    """An integer attribute the sub-layer's forward reads a size from (``self.num_heads``,
+    ``self.split_size``, a projection's ``nf``), set to ``local`` for the duration of the call."""
+
+    layer: Fqn
+    name: Identifier
+    whole: PositiveInt
+    local: PositiveInt
+
+
+class LocalView(Base):
+    """A sub-layer that runs on local tensors (Megatron's tensor parallelism) instead of global-view
+    DistTensors: each rank runs the model's own forward at 1/mp width on its heads' slices of the
+    ``weights`` with the ``attributes`` set to their local values, and its output re-enters the
+    global view as a partial sum (one all-reduce over mp). A sub-layer not listed runs in the
+    global view. The planner lists one only after proving it (``verified``)."""
+
+    layer: Fqn
+    weights: list[LocalWeight]
+    attributes: list[LocalAttribute] = []
+    #: How the planner proved it: the local runs reassembled against the global run.
+    verified: Text = ""
+
+
 class DataPlan(Base):
     """How the dataloader is split: over ``shard_axes`` of the first (inputs) and last (labels)
     stage meshes."""
@@ -442,6 +484,9 @@ class Plan(Base, kw_only=True):
     blocks: list[Block] = []
     params: dict[Fqn, ParamPlan]
     hooks: list[Hook] = []
+    #: Sub-layers that run on local tensors (:class:`LocalView`); every other sub-layer runs in
+    #: the global view.
+    local_view: list[LocalView] = []
     #: Layers whose forward is recomputed in backward (``strategy.recompute``), in model order.
     recompute: list[Fqn] = []
     implicit_comm: list[ImplicitComm] = []

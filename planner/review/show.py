@@ -121,6 +121,7 @@ def show_data(plan: Plan, top: int = TOP_ALTERNATIVES) -> dict[str, Any]:
             for row in hook_rows(plan)
         ],
         "experts": expert_holding(plan),
+        "local_view": to(plan.local_view),
         "recompute": [row.pattern for row in collapse(dict.fromkeys(plan.recompute, 0))],
         "data": to(plan.data),
         "implicit_comm": to(plan.implicit_comm),
@@ -243,6 +244,7 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
         + _stage_lines(plan)
         + _placement_lines(plan)
         + _hook_lines(plan)
+        + _local_view_lines(plan)
         + _recompute_lines(plan)
         + [
             "",
@@ -324,6 +326,33 @@ def _hook_lines(plan: Plan) -> list[str]:
         target += f" -> stage {to_stage}" if action == "stage_handoff" else ""
         count = f"  ×{len(row.members)}" if len(row.members) > 1 else ""
         out.append(f"  {row.pattern}  {when} {action}{target}{count}")
+    return out
+
+
+def _local_view_lines(plan: Plan) -> list[str]:
+    """Each local-view sub-layer: its fused weights' segments and the attributes set for the
+    call, names relative to the sub-layer (``c_attn.nf 96->48``), collapsed over the blocks."""
+    if not plan.local_view:
+        return []
+
+    def relative(name: str, layer: str) -> str:
+        return name.removeprefix(layer + ".") if name != layer else "self"
+
+    sites = {
+        view.layer: "; ".join(
+            [
+                f"{relative(w.param, view.layer)} {w.segments} segments"
+                for w in view.weights
+                if w.segments > 1 and not w.param.endswith(".bias")
+            ]
+            + [", ".join(f"{relative(a.layer, view.layer)}.{a.name} {a.whole}->{a.local}" for a in view.attributes)]
+        )
+        for view in plan.local_view
+    }
+    out = ["", "local view: these sub-layers run on local tensors (heads split, output summed over mp)"]
+    for row in collapse(sites):
+        count = f"  ×{len(row.members)}" if len(row.members) > 1 else ""
+        out.append(f"  {row.pattern}  {row.value}{count}")
     return out
 
 

@@ -72,6 +72,38 @@ def distribute(run: TrainRun, model, optimizer, loader, world: int):
     return model, optimizer, loader, time.perf_counter() - start
 
 
+def own_layout_of(run: TrainRun):
+    """``(fqn, whole value) -> value`` in the model's own layout: a local-view plan holds fused
+    weights segment by segment, rank by rank (autodist.applier.local_view)."""
+    if run.method != "autodist" or run.plan is None:
+        return lambda fqn, value: value
+    from autodist.applier.local_view import LocalViews
+    from autodist.schemas import load_plan
+
+    return LocalViews(load_plan(run.plan)).own_layout
+
+
+@contextmanager
+def recording_scores():
+    """TEST-ONLY: record this rank's local shape of each 4-D ``paddle.matmul`` output whose last
+    two dims are equal (attention scores), by wrapping ``paddle.matmul`` for the block."""
+    shapes: list[list[int]] = []
+    matmul = paddle.matmul
+
+    def recorded(x, y, *args, **kwargs):
+        out = matmul(x, y, *args, **kwargs)
+        local = out._local_value() if out.is_dist() else out
+        if local.ndim == 4 and local.shape[-1] == local.shape[-2]:
+            shapes.append(list(local.shape))
+        return out
+
+    paddle.matmul = recorded
+    try:
+        yield shapes
+    finally:
+        paddle.matmul = matmul
+
+
 def layout(param) -> dict:
     """How a parameter sits on this rank: placements and the local shard's shape."""
     if not param.is_dist():
@@ -133,12 +165,14 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
             )
     pipelined = isinstance(model, PipelineModel)
     held = stage_parameters(whole, run.plan) if pipelined else dict(model.named_parameters())
-    before = {fqn: to_numpy(p) for fqn, p in held.items()}
-    if pipelined:
-        losses = train_pipeline(model, optimizer, schedule, loader, run.steps)
-    else:
-        losses = train(workload, model, optimizer, schedule, loader, run.steps)
-    after = {fqn: to_numpy(p) for fqn, p in held.items()}
+    own_layout = own_layout_of(run)
+    before = {fqn: own_layout(fqn, to_numpy(p)) for fqn, p in held.items()}
+    with recording_scores() as score_shapes:
+        if pipelined:
+            losses = train_pipeline(model, optimizer, schedule, loader, run.steps)
+        else:
+            losses = train(workload, model, optimizer, schedule, loader, run.steps)
+    after = {fqn: own_layout(fqn, to_numpy(p)) for fqn, p in held.items()}
     if run.save_checkpoint:
         from autodist import save_checkpoint
 
@@ -162,6 +196,9 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
         "unchanged_by_training": sorted(fqn for fqn in after if np.array_equal(after[fqn], before[fqn])),
         "layout": {fqn: layout(p) for fqn, p in held.items()},
         "optimizer_states": optimizer_state_layout(optimizer),
+        # This rank's shapes of every 4-D ``paddle.matmul`` output with square last dims (the
+        # attention scores [batch, heads, seq, seq] of the models that write them so), in call order.
+        "score_shapes": score_shapes,
     }
     output_path(out_dir, run.name, rank).write_text(json.dumps(result))
 

@@ -1,0 +1,205 @@
+"""Local-view tensor parallelism (``plan.local_view``): a sub-layer run on plain local tensors.
+
+Inside a sub-layer the plan lists (a GPT-2 ``attn`` with a fused ``c_attn``), each rank runs the
+model's own forward, unchanged, at 1/mp width — Megatron-LM's tensor parallelism:
+
+- its input: the rank's local value of the (mp-replicated) activation, through an identity whose
+  backward sums the ranks' input gradients (Megatron's ``f``);
+- its parameters: each rank's local shard, for the duration of the call (a fused weight's shard
+  is the rank's slice of each segment, ``q_r|k_r|v_r``: :meth:`LocalViews.to_local_layout` laid the
+  distributed parameter out that way when it was sharded); a row bias (``summed``) enters as
+  1/mp of itself, its gradient the whole one;
+- the size attributes it reads (``self.num_heads``, ``self.split_size``, ``c_attn.nf``) set to
+  their local values, restored when the call returns or raises;
+- its output: each rank's partial sum, summed over mp (one all-reduce, Megatron's ``g``; its
+  backward hands every rank the whole gradient) and handed back as a replicated DistTensor.
+
+The scores, softmax and context therefore run on each rank's heads only. The forward is replaced
+on the instance (as experts.py does), so ``layer.forward(x)`` runs local too.
+
+Example::
+
+    >>> views = LocalViews(plan)                               # doctest: +SKIP
+    >>> views.wrap(model)                                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+from paddle.autograd import PyLayer
+from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_local
+
+from autodist.schemas import LocalView, LocalWeight, Plan
+from autodist.schemas.local_view import local_order, own_order
+
+from autodist.applier.clip import sum_over
+from autodist.applier.hooks import map_first_input, map_tensors
+from autodist.applier.mesh import stage_mesh
+
+
+class LocalViews:
+    """The plan's local-view sub-layers, by layer, and their weights by parameter name."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.mp = plan.strategy.mp
+        self.weights: dict[str, LocalWeight] = {w.param: w for view in plan.local_view for w in view.weights}
+
+    def to_local_layout(self, fqn: str, value: paddle.Tensor) -> paddle.Tensor:
+        """``value`` (a parameter in the model's own layout) with a fused weight's segments
+        reordered rank by rank (schemas.local_view), ready for an ordinary ``S(dim)`` shard."""
+        weight = self.weights.get(fqn)
+        if weight is None or weight.segments == 1 or weight.dim is None:
+            return value
+        order = local_order(value.shape[weight.dim], weight.segments, self.mp)
+        return paddle.index_select(value, paddle.to_tensor(order, dtype="int64"), axis=weight.dim)
+
+    def own_layout(self, fqn: str, whole: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`to_local_layout` on a whole value (what a reader of the
+        parameters, or a checkpoint, wants: the model's own layout)."""
+        weight = self.weights.get(fqn)
+        if weight is None or weight.segments == 1 or weight.dim is None:
+            return whole
+        return np.take(whole, own_order(whole.shape[weight.dim], weight.segments, self.mp), axis=weight.dim)
+
+    def wrap(self, model: paddle.nn.Layer) -> None:
+        """Replace the forward of every local-view sub-layer of ``model`` on the instance."""
+        layers = dict(model.named_sublayers())
+        mesh = stage_mesh(self.plan, 0)
+        for view in self.plan.local_view:
+            _wrap(layers[view.layer], view, layers, mesh, self.mp)
+
+
+def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.ProcessMesh, mp: int) -> None:
+    summed = {w.param for w in view.weights if w.summed}
+    prefix = view.layer + "."
+    slots = [
+        (sub, key, param, f"{prefix}{name}.{key}" if name else f"{prefix}{key}")
+        for name, sub in layer.named_sublayers(include_self=True)
+        for key, param in sub._parameters.items()
+        if param is not None
+    ]
+    attributes = [(layers[a.layer], a.name, a.local) for a in view.attributes]
+    forward = layer.forward
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = map_first_input(args, kwargs, lambda x: _CopyToRanks.apply(_local(x), mesh))
+        args, kwargs = map_tensors(args, _local), map_tensors(kwargs, _local)
+        saved = [(owner, name, getattr(owner, name)) for owner, name, _ in attributes]
+        try:
+            for sub, key, param, fqn in slots:
+                local = dtensor_to_local(param, param.process_mesh, param.placements)
+                sub._parameters[key] = _Scaled.apply(local, 1.0 / mp) if fqn in summed else local
+            for owner, name, value in attributes:
+                setattr(owner, name, value)
+            output = forward(*args, **kwargs)
+        finally:
+            for sub, key, param, _ in slots:
+                sub._parameters[key] = param
+            for owner, name, value in saved:
+                setattr(owner, name, value)
+        if not isinstance(output, paddle.Tensor):
+            raise RuntimeError(
+                f"local view: {view.layer} returned {type(output).__name__}; the plan proved it returning one tensor"
+            )
+        whole = _SumOverRanks.apply(output, mesh)
+        return dtensor_from_local(whole, mesh, [dist.Replicate() for _ in mesh.dim_names])
+
+    layer.forward = run
+
+
+def _local(x: paddle.Tensor) -> paddle.Tensor:
+    """This rank's value of an input (a DistTensor replicated over mp: the whole activation)."""
+    return dtensor_to_local(x, x.process_mesh, x.placements) if x.is_dist() else x
+
+
+class _CopyToRanks(PyLayer):
+    """Identity; its backward sums the ranks' gradients (each rank's heads' share of the input's)."""
+
+    @staticmethod
+    def forward(ctx, x, mesh):
+        ctx.mesh = mesh
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return sum_over(grad, ctx.mesh)
+
+
+class _SumOverRanks(PyLayer):
+    """The ranks' partial outputs summed; its backward hands each rank the whole gradient."""
+
+    @staticmethod
+    def forward(ctx, x, mesh):
+        return sum_over(x, mesh)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _Scaled(PyLayer):
+    """``x * factor`` forward, identity backward: a bias each rank adds ``1/mp`` of, so the ranks'
+    partial outputs sum to one whole bias, while every rank gets the whole bias gradient."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        return x * factor
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
+    """Why ``plan.local_view`` cannot run on ``model``: a sub-layer, parameter or attribute the
+    model lacks or has otherwise, a weight whose placement is not its split, or a strategy beyond
+    tensor parallelism alone (the local runs sum over the whole mesh, and their parameters'
+    gradients are not summed over dp)."""
+    if not plan.local_view:
+        return []
+    problems = []
+    if plan.mesh.axes != ["mp"] or plan.strategy.recompute != "none":
+        problems.append(
+            f"local_view: runs under tensor parallelism alone (mesh axes ['mp'], no recompute); this plan has "
+            f"mesh axes {plan.mesh.axes} and recompute {plan.strategy.recompute!r}"
+        )
+    layers = dict(model.named_sublayers())
+    params = {fqn for fqn, _ in model.named_parameters()}
+    mp = plan.strategy.mp
+    for view in plan.local_view:
+        if view.layer not in layers:
+            problems.append(f"local_view: the model has no layer {view.layer}")
+            continue
+        listed = {w.param for w in view.weights}
+        unlisted = sorted(p for p in params if p.startswith(view.layer + ".") and p not in listed)
+        if unlisted:
+            problems.append(f"local_view {view.layer}: parameters {unlisted} are not among its weights")
+        for weight in view.weights:
+            planned = plan.params.get(weight.param)
+            if weight.param not in listed or planned is None or not weight.param.startswith(view.layer + "."):
+                problems.append(f"local_view {view.layer}: {weight.param} is not a planned parameter of it")
+                continue
+            want = "R" if weight.dim is None else f"S({weight.dim})"
+            got = planned.placements[plan.mesh.axes.index("mp")] if "mp" in plan.mesh.axes else "R"
+            size = planned.shape[weight.dim] if weight.dim is not None and weight.dim < len(planned.shape) else 0
+            if got != want or (weight.dim is not None and size % (weight.segments * mp)):
+                problems.append(
+                    f"local_view {view.layer}: {weight.param} is placed {got} with shape {planned.shape}; "
+                    f"its local view needs {want} in {weight.segments} segments of {mp} slices"
+                )
+        for attribute in view.attributes:
+            owner = layers.get(attribute.layer) if attribute.layer != view.layer else layers[view.layer]
+            value = getattr(owner, attribute.name, None) if owner is not None else None
+            if type(value) is not int or value != attribute.whole:
+                problems.append(
+                    f"local_view {view.layer}: {attribute.layer}.{attribute.name} should be the integer "
+                    f"{attribute.whole}, the model has {value!r}"
+                )
+    return problems

@@ -1,0 +1,291 @@
+"""Local-view tensor parallelism, proven at plan time (``plan.local_view``; the applier's
+``applier/local_view.py`` runs it).
+
+Today an attention sub-layer with a fused ``q|k|v`` column projection gets a ``post reshard ->
+R`` hook on that projection (recognise/reshards.py): the attention core then runs whole on every
+rank. Instead, the sub-layer can run on local tensors, Megatron's way: each rank runs the model's
+own forward at 1/mp width on its heads' slices (``q_r|k_r|v_r``), with the size attributes it
+reads set to local values, and the ranks' outputs are summed.
+
+Nothing is assumed about the forward: the planner *proves* each such sub-layer by running it. A
+copy with random weights runs once whole (the global run) and ``mp`` times as each rank would
+(its slices, its attribute values); the summed outputs and the reassembled gradients (weights
+and input, for a random output gradient) must equal the global run's within float tolerance.
+The attributes to localise are read off the sub-layer: every integer attribute of it or of its
+column projections whose value is a head count or a width the local run divides (never the
+head dim, never the row projection's, whose output stays whole). A sub-layer that cannot be
+proven keeps the gather hook, with the reason in one note.
+
+Example::
+
+    >>> views, notes = local_views(analysis, model, Strategy(mp=2))   # doctest: +SKIP
+    >>> views[0].layer, [(a.name, a.local) for a in views[0].attributes]  # doctest: +SKIP
+    ('transformer.h.0.attn', [('num_heads', 2), ('split_size', 16), ('nf', 48)])
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import paddle
+
+from autodist.schemas import LocalAttribute, LocalView, LocalWeight, Strategy
+from autodist.schemas.local_view import local_order, own_order
+
+from autodist.planner.recognise.analysis import ModelAnalysis
+from autodist.planner.recognise.roles import SubLayer
+
+#: Equal within: the local runs reassembled against the global run, float32.
+RTOL, ATOL = 1e-4, 1e-5
+
+
+class NotProven(Exception):
+    """A local view that does not reproduce the global run (or cannot be run); the message says how."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An attention sub-layer whose fused column is gathered today, and its weights' local views."""
+
+    layer: str
+    sublayer: SubLayer
+    weights: tuple[LocalWeight, ...]
+
+
+def candidates(analysis: ModelAnalysis, mp: int) -> list[Candidate]:
+    """The attention sub-layers of the blocks with a column-split fused projection, every column
+    split and the row contracting them: those the gather hook serves today."""
+    found = []
+    for block in analysis.blocks:
+        for sub in block.sublayers:
+            if sub.kind != "attention" or not any(c.fused > 1 for c in sub.columns):
+                continue
+            if any(c.role != "column" or c.split_dim is None for c in sub.columns) or sub.row.role != "row":
+                continue
+            parents = {p.layer.rpartition(".")[0] for p in sub.projections}
+            if len(parents) != 1:
+                continue
+            weights = []
+            for column in sub.columns:
+                weights.append(LocalWeight(param=column.weight, dim=column.split_dim, segments=column.fused))
+                if column.bias:
+                    weights.append(LocalWeight(param=column.bias, dim=0, segments=column.fused))
+            weights.append(LocalWeight(param=sub.row.weight, dim=sub.row.split_dim))
+            if sub.row.bias:
+                weights.append(LocalWeight(param=sub.row.bias, summed=True))
+            found.append(Candidate(parents.pop(), sub, tuple(weights)))
+    return found
+
+
+def local_views(
+    analysis: ModelAnalysis, model: paddle.nn.Layer, strategy: Strategy
+) -> tuple[list[LocalView], list[str]]:
+    """The proven local views of ``model``'s candidate sub-layers under ``strategy``, and one note
+    per candidate that stays gathered, with the reason. Sub-layers of one class with the same
+    weights' shapes and attribute values are proven once. Only tensor parallelism alone runs them
+    (the applier sums the local runs over the whole mesh and no parameter gradient over dp)."""
+    mp = strategy.mp
+    found = candidates(analysis, mp)
+    if not found or mp == 1:
+        return [], []
+    if (strategy.dp, strategy.pp, strategy.sequence_parallel, strategy.recompute) != (1, 1, False, "none"):
+        return [], [
+            f"local view: {len(found)} attention sub-layer(s) with a fused projection stay global (gathered): "
+            "local views run under tensor parallelism alone (no dp, pp, sequence parallelism or recompute)"
+        ]
+    layers = dict(model.named_sublayers())
+    params = dict(analysis.params)
+    views, notes, proven = [], [], {}
+    for candidate in found:
+        layer = layers.get(candidate.layer)
+        if layer is None:
+            notes.append(f"local view: {candidate.layer} is not a layer of the model; its fused projection is gathered")
+            continue
+        try:
+            attributes = size_attributes(layer, candidate, params, mp)
+            view = LocalView(layer=candidate.layer, weights=list(candidate.weights), attributes=attributes)
+            key = (
+                type(layer).__qualname__,
+                tuple((w.param.removeprefix(candidate.layer), tuple(params[w.param][0])) for w in view.weights),
+                tuple((a.layer.removeprefix(candidate.layer), a.name, a.whole) for a in attributes),
+            )
+            if key not in proven:
+                proven[key] = verify(layer, view, params, mp, _input_shape(analysis, candidate, params))
+            views.append(LocalView(layer=view.layer, weights=view.weights, attributes=attributes, verified=proven[key]))
+        except NotProven as exc:
+            notes.append(f"local view: {candidate.layer} stays global (its fused projection gathered): {exc}")
+    return views, notes
+
+
+def size_attributes(layer: paddle.nn.Layer, candidate: Candidate, params: dict, mp: int) -> list[LocalAttribute]:
+    """The integer attributes of the sub-layer and its column projections whose values are a
+    head count or a width that splits over ``mp`` (at 1/mp of their value), not the head dim.
+    Tried and verified as a whole by :func:`verify`."""
+    sub = candidate.sublayer
+    widths = {sub.num_heads, sub.num_kv_heads, sub.num_heads * sub.head_dim, sub.num_kv_heads * sub.head_dim}
+    for column in sub.columns:
+        width = params[column.weight][0][column.split_dim]
+        widths |= {width, width // column.fused}
+    widths = {w for w in widths if w > 0 and w % mp == 0 and w != sub.head_dim}
+    owners = [("", layer)] + [
+        (name, sublayer)
+        for name, sublayer in layer.named_sublayers()
+        if any(
+            f"{candidate.layer}.{name}" == c.layer or c.layer.startswith(f"{candidate.layer}.{name}.")
+            for c in sub.columns
+        )
+    ]
+    found = []
+    for name, owner in owners:
+        for attribute, value in sorted(vars(owner).items()):
+            if type(value) is int and value in widths and attribute.isidentifier() and attribute.isascii():
+                path = f"{candidate.layer}.{name}" if name else candidate.layer
+                found.append(LocalAttribute(layer=path, name=attribute, whole=value, local=value // mp))
+    return found
+
+
+def _input_shape(analysis: ModelAnalysis, candidate: Candidate, params: dict) -> list[int]:
+    """``[batch, seq, width]``: the traced batch and sequence (at most 8), the columns' input width."""
+    column = candidate.sublayer.columns[0]
+    shape = params[column.weight][0]
+    width = shape[1 - column.split_dim] if len(shape) == 2 and column.split_dim is not None else shape[-1]
+    spec = analysis.input_specs[0].shape if analysis.input_specs else []
+    batch = spec[0] if len(spec) > 0 and spec[0] > 0 else 2
+    seq = spec[1] if len(spec) > 1 and spec[1] > 0 else 4
+    return [min(batch, 2), min(seq, 8), width]
+
+
+def verify(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, input_shape: list[int]) -> str:
+    """Run a copy of ``layer`` with random weights whole and as each of the ``mp`` ranks of
+    ``view``; raise :class:`NotProven` naming the first difference. Returns how it was proven."""
+    rng = np.random.default_rng(0)
+    try:
+        clone = copy.deepcopy(layer)
+    except Exception as exc:
+        raise NotProven(f"the sub-layer cannot be copied to run it ({type(exc).__name__})") from None
+    clone.eval()  # no dropout: the runs must see the same values
+    slots = _slots(clone, view)
+    listed = {w.param for w in view.weights}
+    others = sorted(fqn for fqn, _, _ in slots if fqn not in listed)
+    if others:
+        raise NotProven(f"its parameters {others} are not projections' weights")
+    whole = {fqn: rng.normal(0.0, 0.2, params[fqn][0]).astype("float32") for fqn in listed}
+    x = rng.normal(0.0, 1.0, input_shape).astype("float32")
+    try:
+        out, grads, x_grad, cotangent = _run(clone, slots, whole, x, None, rng)
+        outs, local_grads, x_grads = [], [], []
+        for rank in range(mp):
+            local = {w.param: _local(whole[w.param], w, rank, mp) for w in view.weights}
+            with _attributes(clone, view):
+                o, g, xg, _ = _run(clone, slots, local, x, cotangent, rng)
+            outs.append(o)
+            local_grads.append(g)
+            x_grads.append(xg)
+    except NotProven:
+        raise
+    except Exception as exc:
+        raise NotProven(f"running it failed: {type(exc).__name__}: {_first_line(exc)}") from None
+    _compare("output", sum(outs), out)
+    _compare("input gradient", sum(x_grads), x_grad)
+    for weight in view.weights:
+        _compare(
+            f"gradient of {weight.param}",
+            _reassembled(weight, [g[weight.param] for g in local_grads], mp),
+            grads[weight.param],
+        )
+    return (
+        f"{mp} local runs (random weights, input {input_shape}) summed and reassembled equal the global run, "
+        f"forward and backward, within rtol {RTOL} and atol {ATOL}"
+    )
+
+
+def _slots(clone: paddle.nn.Layer, view: LocalView) -> list[tuple[str, paddle.nn.Layer, str]]:
+    return [
+        (f"{view.layer}.{name}.{key}" if name else f"{view.layer}.{key}", sub, key)
+        for name, sub in clone.named_sublayers(include_self=True)
+        for key, param in sub._parameters.items()
+        if param is not None
+    ]
+
+
+def _run(clone, slots, values: dict, x: np.ndarray, cotangent, rng):
+    """One forward and backward of ``clone`` with ``values`` as its parameters (plain leaf tensors)."""
+    leaves = {fqn: paddle.to_tensor(values[fqn], stop_gradient=False) for fqn, _, _ in slots}
+    saved = [(sub, key, sub._parameters[key]) for _, sub, key in slots]
+    try:
+        for fqn, sub, key in slots:
+            sub._parameters[key] = leaves[fqn]
+        inp = paddle.to_tensor(x, stop_gradient=False)
+        out = clone(inp)
+        if not isinstance(out, paddle.Tensor):
+            raise NotProven(f"its forward returns {type(out).__name__}, not one tensor")
+        if cotangent is None:
+            cotangent = rng.normal(0.0, 1.0, out.shape).astype("float32")
+        (out * paddle.to_tensor(cotangent)).sum().backward()
+    finally:
+        for sub, key, param in saved:
+            sub._parameters[key] = param
+    grads = {fqn: _numpy(leaf.grad, leaf.shape) for fqn, leaf in leaves.items()}
+    return out.numpy(), grads, _numpy(inp.grad, inp.shape), cotangent
+
+
+def _numpy(grad, shape) -> np.ndarray:
+    return np.zeros(shape, "float32") if grad is None else grad.numpy()
+
+
+def _local(whole: np.ndarray, weight: LocalWeight, rank: int, mp: int) -> np.ndarray:
+    """Rank ``rank``'s value of a weight: its slice of each segment, or 1/mp of a summed bias."""
+    if weight.summed:
+        return whole / mp
+    if weight.dim is None:
+        return whole
+    size = whole.shape[weight.dim]
+    order = local_order(size, weight.segments, mp)
+    width = size // mp
+    return np.take(whole, order[rank * width : (rank + 1) * width], axis=weight.dim)
+
+
+def _reassembled(weight: LocalWeight, grads: list[np.ndarray], mp: int) -> np.ndarray:
+    """The whole gradient from the ranks' (the applier's: slices in the model's own layout; a
+    summed bias's gradient is the whole one on each rank, the first rank's is compared)."""
+    if weight.summed or weight.dim is None:
+        return grads[0]
+    joined = np.concatenate(grads, axis=weight.dim)
+    return np.take(joined, own_order(joined.shape[weight.dim], weight.segments, mp), axis=weight.dim)
+
+
+def _compare(what: str, got: np.ndarray, want: np.ndarray) -> None:
+    if got.shape != want.shape:
+        raise NotProven(f"the local runs' {what} has shape {list(got.shape)}, the global run's {list(want.shape)}")
+    if not np.allclose(got, want, rtol=RTOL, atol=ATOL):
+        raise NotProven(
+            f"the local runs' {what} differs from the global run's by up to {float(np.abs(got - want).max()):.3g}"
+        )
+
+
+class _attributes:
+    """Set the view's attributes (on the clone) to their local values for a ``with`` block."""
+
+    def __init__(self, clone: paddle.nn.Layer, view: LocalView):
+        layers = {
+            (f"{view.layer}.{name}" if name else view.layer): sub
+            for name, sub in clone.named_sublayers(include_self=True)
+        }
+        self.items = [(layers[a.layer], a.name, a.local) for a in view.attributes]
+        self.saved: list = []
+
+    def __enter__(self):
+        self.saved = [(owner, name, getattr(owner, name)) for owner, name, _ in self.items]
+        for owner, name, value in self.items:
+            setattr(owner, name, value)
+
+    def __exit__(self, *exc):
+        for owner, name, value in self.saved:
+            setattr(owner, name, value)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else ""

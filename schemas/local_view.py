@@ -1,0 +1,36 @@
+"""The layout of a fused weight under a local-view sub-layer (``Plan.local_view``).
+
+A fused ``q|k|v`` column of width ``3n`` split over ``mp`` ranks: rank ``r`` computes with
+``q_r|k_r|v_r`` (the ``r``-th slice of each segment, each ``n/mp`` wide), the order the model's
+own ``split`` expects at 1/mp width. The distributed parameter holds those slices rank after
+rank along the split dim, so its ordinary ``S(dim)`` shard on rank ``r`` is exactly rank ``r``'s;
+:func:`local_order` gives that layout from the model's own, :func:`own_order` the way back (a
+checkpoint and a reader of the parameters want the model's own layout).
+
+    >>> local_order(6, segments=3, mp=2)      # q0 k0 v0 | q1 k1 v1, each segment 2 wide
+    [0, 2, 4, 1, 3, 5]
+    >>> [local_order(6, 3, 2)[i] for i in own_order(6, 3, 2)]
+    [0, 1, 2, 3, 4, 5]
+"""
+
+from __future__ import annotations
+
+
+def local_order(size: int, segments: int, mp: int) -> list[int]:
+    """Position ``p`` of the ranks' layout holds element ``local_order(...)[p]`` of the model's own
+    layout (``segments`` equal segments along a dim of ``size``; each divides by ``mp``)."""
+    if size % (segments * mp):
+        raise ValueError(f"a dim of {size} does not split into {segments} segments of {mp} equal slices")
+    segment = size // segments
+    width = segment // mp
+    return [s * segment + r * width + j for r in range(mp) for s in range(segments) for j in range(width)]
+
+
+def own_order(size: int, segments: int, mp: int) -> list[int]:
+    """The inverse of :func:`local_order`: position ``i`` of the model's own layout is element
+    ``own_order(...)[i]`` of the ranks' layout."""
+    order = local_order(size, segments, mp)
+    inverse = [0] * size
+    for position, element in enumerate(order):
+        inverse[element] = position
+    return inverse

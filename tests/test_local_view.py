@@ -1,0 +1,112 @@
+"""Local-view tensor parallelism for a fused ``q|k|v`` projection (GPT-2's ``c_attn``, issue 22).
+
+- The planner proves each local view at plan time and records it; the proof fails loudly when an
+  attribute's local value is sabotaged; plans made without ``local_view`` are unchanged.
+- Applied on 2 gloo ranks: training matches one device (losses and parameters within 1e-5) and
+  the attention scores inside the run hold half of the heads on each rank (the gathered layout of
+  the default plan runs all 4 on every rank).
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from autodist.planner.cost.search import SearchRequest
+from autodist.planner.driver import load, plan_target
+from autodist.planner.local_view import NotProven, verify
+from autodist.planner.review.show import show_text
+from autodist.schemas import LocalAttribute, save_plan
+from harness.cases import Trained, check_against_reference
+from harness.jobs import TrainRun
+from harness.runner import train_distributed
+from harness.workloads import BATCH, WORKLOADS
+
+GPT2 = "tests/models/zoo/gpt2_hf.py"
+HEADS = 4  # tests/models/zoo/gpt2_hf.py N_HEAD
+
+
+def _request(dp: int = 1) -> SearchRequest:
+    return SearchRequest(
+        devices_per_node=2 * dp, dp=dp, mp=2, pp=1, sharding_stage=0, sequence_parallel=False, global_batch_size=BATCH
+    )
+
+
+@pytest.fixture(scope="module")
+def local_plan():
+    return plan_target(GPT2, None, _request(), {"target": GPT2}, local_view=True).plan
+
+
+def test_planner_records_a_proven_local_view(local_plan):
+    views = {view.layer: view for view in local_plan.local_view}
+    assert sorted(views) == ["transformer.h.0.attn", "transformer.h.1.attn"]
+    view = views["transformer.h.0.attn"]
+    weights = {w.param.removeprefix("transformer.h.0.attn."): (w.dim, w.segments, w.summed) for w in view.weights}
+    assert weights == {
+        "c_attn.weight": (1, 3, False),  # q|k|v along the output features of Conv1D's [nx, nf]
+        "c_attn.bias": (0, 3, False),
+        "c_proj.weight": (0, 1, False),
+        "c_proj.bias": (None, 1, True),
+    }
+    attributes = {(a.layer.rpartition("h.0.")[2], a.name): (a.whole, a.local) for a in view.attributes}
+    # the row projection's ``nf`` (the whole output width, 32 too) is not localised
+    assert attributes == {
+        ("attn", "num_heads"): (4, 2),
+        ("attn", "split_size"): (32, 16),
+        ("attn", "embed_dim"): (32, 16),
+        ("attn.c_attn", "nf"): (96, 48),
+    }
+    assert "equal the global run" in view.verified
+    assert "transformer.h.*.attn  c_attn.weight 3 segments;" in show_text(local_plan)
+    assert "c_attn.nf 96->48" in show_text(local_plan)
+    # the local sub-layers' fused projections are not gathered any more
+    assert not [h for h in local_plan.hooks if h.action == "reshard" and ".attn." in h.layer]
+
+
+def test_default_plan_still_gathers_the_fused_projection():
+    plan = plan_target(GPT2, None, _request(), {"target": GPT2}).plan
+    assert plan.local_view == []
+    assert {h.layer for h in plan.hooks if h.action == "reshard"} >= {"transformer.h.0.attn.c_attn"}
+
+
+def test_local_view_stays_global_beside_data_parallelism():
+    plan = plan_target(GPT2, None, _request(dp=2), {"target": GPT2}, local_view=True).plan
+    assert plan.local_view == []
+    assert any("tensor parallelism alone" in note for note in plan.notes)
+
+
+def test_verification_fails_loudly_on_a_sabotaged_attribute(local_plan):
+    model = load(GPT2).model
+    view = local_plan.local_view[0]
+    layer = dict(model.named_sublayers())[view.layer]
+    params = {fqn: (p.shape, p.dtype) for fqn, p in local_plan.params.items()}
+
+    def sabotaged(**values):
+        kept = [a for a in view.attributes if a.name not in values]
+        return msgspec.structs.replace(
+            view,
+            attributes=kept
+            + [LocalAttribute(layer=view.layer, name=n, whole=w, local=v) for n, (w, v) in values.items()],
+        )
+
+    # the whole head count at 1/mp width: the head reshape cannot run
+    with pytest.raises(NotProven, match="running it failed: ValueError"):
+        verify(layer, sabotaged(num_heads=(4, 4)), params, 2, [2, 8, 32])
+    # 4 heads of 4 features instead of 2 of 8: it runs, and computes something else
+    with pytest.raises(NotProven, match="output differs from the global run's by up to"):
+        verify(layer, sabotaged(num_heads=(4, 4), head_dim=(8, 4)), params, 2, [2, 8, 32])
+    assert "equal the global run" in verify(layer, view, params, 2, [2, 8, 32])
+
+
+@pytest.mark.multiprocess
+def test_local_view_trains_like_one_device_with_half_the_heads(local_plan, tmp_path, reference_runs):
+    path = tmp_path / "gpt2_local_view.json"
+    save_plan(local_plan, path)
+    run = TrainRun("gpt2_local_view", "zoo_gpt2_hf", plan=str(path))
+    assert WORKLOADS[run.workload].planner_target.endswith("gpt2_hf.py")
+    outputs = train_distributed([run], 2, tmp_path / "world2", timeout_s=600.0)[run.name]
+    reference_runs.prepare([run])
+    check_against_reference(Trained(run, local_plan, outputs), reference_runs)
+    for output in outputs:
+        heads = {shape[1] for shape in output["score_shapes"]}
+        assert output["score_shapes"] and heads == {HEADS // 2}, output["score_shapes"]
