@@ -16,6 +16,7 @@ from autodist.planner.cost.calibrate import (
     fit_link,
     fitted_device,
     plan_gemm_shapes,
+    plan_messages,
 )
 from autodist.planner.cost.comm import Link, all_gather_time, all_reduce_time
 from autodist.planner.cost.hardware import PROFILES, load_cluster_file
@@ -57,6 +58,16 @@ def test_gemm_shapes_are_per_rank_as_the_plan_splits_them():
     assert (tokens, 2048 // 8, 2048) in shapes  # q_proj [2048, 2048], column-split: n / mp
     assert (tokens, 2048, 5632 // 8) in shapes  # down_proj [5632, 2048], row-split: k / mp
     assert all(m == tokens for m, _, _ in shapes)
+
+
+def test_the_plans_own_messages_are_what_the_cost_model_prices():
+    plan = load_plan(REPO / "plans" / "llama_docstring" / "plan_4dev.json")  # dp2 x mp2, ZeRO 3, bf16
+    messages = plan_messages(plan)
+    # mp: the row-parallel outputs (o_proj, down_proj) and the embedding's, [2048 tokens, 2048] in bf16
+    assert messages["mp"] == (("all_reduce",), [2048 * 2048 * 2])
+    # dp: one gradient per parameter, its local size: a norm [2048]; q/k/v/o [2048, 1024] and the MLP
+    # [2048, 2048] per mp rank, the median of the four sizes; the vocabulary-split embedding [4000, 2048]
+    assert messages["dp"] == (("reduce_scatter", "all_gather"), [2048 * 2, 2048 * 2048 * 2, 4000 * 2048 * 2])
 
 
 def test_fit_recovers_a_known_rate_and_fixed_cost():
@@ -363,8 +374,16 @@ def test_calibrate_measures_the_collectives_on_the_plans_own_groups(tmp_path):
     measured = tomllib.loads(text)["measured"]
     sizes = 4  # COLLECTIVE_BYTES
     assert len(measured["intra_all_reduce_4ranks"]) == sizes  # the node
-    assert len(measured["intra_all_reduce_2ranks"]) == 2 * sizes  # the dp pairs, then the mp pairs
-    assert load_cluster_file(str(out)).intra_node_latency_s > 0
+    # The dp pairs at COLLECTIVE_BYTES and at the plan's gradients (fp32: a norm [32], q/k/v/o
+    # [32, 16] per mp rank, the MLP's and the embedding's [32, 32]); then the mp pairs at
+    # COLLECTIVE_BYTES and at the row-parallel outputs ([4 x 16 tokens over dp2, 32] in fp32).
+    pairs = [nbytes for nbytes, _ in measured["intra_all_reduce_2ranks"]]
+    assert pairs[sizes : sizes + 3] == [32 * 4, 32 * 16 * 4, 32 * 32 * 4]
+    assert pairs[2 * sizes + 3 :] == [32 * 32 * 4] and len(pairs) == 2 * sizes + 4
+    assert "the plan's own messages over dp: all_reduce of 128, 2048, 4096 bytes" in text
+    profile = load_cluster_file(str(out))
+    assert profile.intra_node_latency_s > 0 and profile.intra_node_latency_per_rank_s >= 0  # 2 and 4 ranks
+    assert "intra_node_latency_per_rank_us" in tomllib.loads(text)["device"]
 
 
 def test_calibrate_on_a_gpu_without_a_profile_follows_the_planner(monkeypatch):

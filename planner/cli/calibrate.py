@@ -87,11 +87,15 @@ def calibrate(
     if world > 1:
         dist.barrier()
         mine = {"intra": rank // local, "inter": rank % local}
+        messages = cal.plan_messages(plan) if plan is not None else {}
         for scope, members in groups.items():
             group, ranks = members[mine[scope]] if scope in mine else next(m for m in members if rank in m[1])
             if len(ranks) > 1:
                 where = scope if scope in mine else "intra" if len({r // local for r in ranks}) == 1 else "inter"
                 cal.measure_collectives(group, ranks, where, rank, measured)
+                if scope in messages:  # and what the plan's collectives move on this axis
+                    only, sizes = messages[scope]
+                    cal.measure_collectives(group, ranks, where, rank, measured, sizes, only)
             dist.barrier()
         axes = [scope for scope in groups if scope not in mine]
         if axes:
@@ -99,6 +103,11 @@ def calibrate(
                 "also measured on the plan's own groups, each axis's groups at once as training runs them: "
                 + "; ".join(f"{axis} {[ranks for _, ranks in groups[axis]]}" for axis in axes)
             )
+            notes += [
+                f"the plan's own messages over {axis}: {', '.join(only)} of {', '.join(map(str, sizes))} bytes"
+                for axis, (only, sizes) in messages.items()
+                if axis in axes
+            ]
     if len(nodes) < 2:
         notes.append("one node: the inter-node link is not measured (the base profile's figures are kept)")
     cannot = untimeable(plan, _running_backend()) if model_target else ""

@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import warnings
@@ -46,6 +47,8 @@ from autodist.schemas.vocabulary import TRAINING_DTYPES, local_shape, training_b
 
 #: Message sizes for the collectives (bytes): latency-bound to bandwidth-bound.
 COLLECTIVE_BYTES = (4 * 1024, 256 * 1024, 4 * 1024 * 1024, 16 * 1024 * 1024)
+#: The largest of a plan's own messages measured (bytes): a larger one is measured at this size.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 #: Square matmuls measured without a plan; with one, only the two smallest, which pin the
 #: fixed cost per op while the plan's own shapes pin the rate.
 SQUARE_SIZES = (64, 256, 512, 1024)
@@ -105,10 +108,7 @@ def timed(run: Callable[[], object], sync: Callable[[], object], repeats: int = 
 def plan_gemm_shapes(plan) -> list[tuple[int, int, int]]:
     """Per-rank (m, n, k) of the matmuls a plan runs: every 2-D parameter as a (k, n) weight,
     divided over the mesh axes its placements shard, m = tokens per micro-batch per rank."""
-    strategy, mesh = plan.strategy, plan.mesh
-    spec = plan.model.input_specs[0].shape if plan.model.input_specs else [1, 1]
-    batch, seq = (max(d, 1) for d in (list(spec) + [1, 1])[:2])
-    tokens = max(1, batch * seq // (strategy.dp * strategy.micro_batches))
+    mesh, tokens = plan.mesh, plan_tokens(plan)
     shapes = set()
     for param in plan.params.values():
         if len(param.shape) != 2:
@@ -116,6 +116,56 @@ def plan_gemm_shapes(plan) -> list[tuple[int, int, int]]:
         k, n = local_shape(param.shape, param.placements, mesh.shape)
         shapes.add((tokens, n, k))
     return sorted(shapes)
+
+
+def plan_tokens(plan) -> int:
+    """Tokens of one micro-batch on one rank: the traced batch and sequence over dp and micro-batches."""
+    spec = plan.model.input_specs[0].shape if plan.model.input_specs else [1, 1]
+    batch, seq = (max(d, 1) for d in (list(spec) + [1, 1])[:2])
+    return max(1, batch * seq // (plan.strategy.dp * plan.strategy.micro_batches))
+
+
+def plan_messages(plan, most: int = 3) -> dict[str, tuple[tuple[str, ...], list[int]]]:
+    """What the plan's collectives move, per mesh axis: ``{axis: (collectives, message bytes)}``,
+    as the cost model prices them (:mod:`autodist.planner.cost.step_time`): over ``dp`` one
+    gradient per parameter (all-reduce; reduce-scatter and all-gather under ZeRO), each its
+    local size; over ``mp`` the partial outputs of the row-parallel linears and the vocabulary-
+    parallel embedding (all-reduce; with sequence parallelism a reduce-scatter and an all-gather,
+    which the ring prices as one all-reduce), tokens of a micro-batch by output features. At most
+    ``most`` sizes an axis (the smallest, the median and the largest), each at most
+    :data:`MAX_MESSAGE_BYTES`.
+
+    >>> plan = load_plan_for_doctest("plans/llama_docstring/plan_4dev.json")   # dp2 x mp2, bf16
+    >>> plan_messages(plan)["mp"]   # 4 x 1024 tokens over dp2 = 2048, by 2048 features, 2 bytes each
+    (('all_reduce',), [8388608])
+    """
+    width = training_bytes(plan.provenance.arguments.get("dtype", "bf16"))
+    sizes: dict[str, set[int]] = {"dp": set(), "mp": set()}
+    for param in plan.params.values():
+        local = local_shape(param.shape, param.placements, plan.mesh.shape)
+        sizes["dp"].add(math.prod(local) * width)
+        if param.style in ("RowWiseParallel", "VocabParallelEmbedding") and len(param.shape) == 2:
+            sizes["mp"].add(plan_tokens(plan) * param.shape[-1] * width)
+    along = dict(zip(plan.mesh.axes, plan.mesh.shape))
+    names: dict[str, tuple[str, ...]] = {
+        "dp": ("all_reduce",) if not plan.strategy.sharding_stage else ("reduce_scatter", "all_gather")
+    }
+    out: dict[str, tuple[tuple[str, ...], list[int]]] = {}
+    for axis, found in sizes.items():
+        ordered = sorted(min(b, MAX_MESSAGE_BYTES) for b in found if b > 0)
+        if along.get(axis, 1) > 1 and ordered:
+            picked = sorted({ordered[0], ordered[len(ordered) // 2], ordered[-1]})[:most]
+            out[axis] = (names.get(axis, ("all_reduce",)), picked)
+    return out
+
+
+def load_plan_for_doctest(path: str):
+    """A checked-in plan, by its path in the repository (for the examples here)."""
+    from pathlib import Path
+
+    from autodist.schemas import load_plan
+
+    return load_plan(Path(__file__).resolve().parents[2] / path)
 
 
 def measure_matmuls(shapes: list[tuple[int, int, int]], dtype: str, mesh=None) -> list[tuple[int, int, int, float]]:
@@ -241,8 +291,17 @@ def plan_groups(plan) -> dict[str, list[list[int]]]:
     }
 
 
-def measure_collectives(group, ranks: list[int], scope: str, rank: int, result: Measurements) -> None:
-    """Time each collective on ``group`` at :data:`COLLECTIVE_BYTES` (every member calls this)."""
+def measure_collectives(
+    group,
+    ranks: list[int],
+    scope: str,
+    rank: int,
+    result: Measurements,
+    sizes: tuple[int, ...] | list[int] = COLLECTIVE_BYTES,
+    only: tuple[str, ...] | None = None,
+) -> None:
+    """Time each collective on ``group`` at ``sizes`` (every member calls this); ``only``: just
+    these collectives (a plan's own, at its own message sizes: :func:`plan_messages`)."""
     import paddle
     import paddle.distributed as dist
 
@@ -251,8 +310,9 @@ def measure_collectives(group, ranks: list[int], scope: str, rank: int, result: 
     def barrier():
         dist.barrier(group=group)
 
-    for nbytes in COLLECTIVE_BYTES:
-        n = nbytes // 4
+    for asked in sizes:
+        n = max(p, asked // 4 // p * p)  # float32 elements, split evenly over the group
+        nbytes = 4 * n
         x = paddle.rand([n], dtype="float32")
         trials = {
             "all_reduce": lambda: dist.all_reduce(x, group=group),
@@ -269,6 +329,8 @@ def measure_collectives(group, ranks: list[int], scope: str, rank: int, result: 
                 else (dist.recv(x, src=peer, group=group), dist.send(x, dst=peer, group=group))
             )
         for name, run in trials.items():
+            if only is not None and name not in only:
+                continue
             key = (scope, name, p)
             if any(name in m and scope in m for m in result.missing):
                 continue
