@@ -201,6 +201,7 @@ def plan(
     rules: dict[str, str] | None = None,
     ep: int | None = 1,
     attention: str = "auto",
+    local_view: bool = False,
 ) -> Plan:
     """Plan ``model`` from Python, as ``autodist-plan`` plans a model file (``autodist.plan``).
 
@@ -210,7 +211,8 @@ def plan(
     ``device`` is ``--device``, a profile name (left out with no ``cluster``: this machine's GPU's
     profile, else ``cpu``, said in the plan's notes); ``cluster`` is ``--cluster``, a TOML file; ``devices``
     and ``nodes`` left out are the cluster file's, else 1; ``ep`` is ``--ep``, None for ``auto``;
-    ``attention`` is ``--attention``: ``auto``, ``flash`` or ``eager``).
+    ``attention`` is ``--attention``: ``auto``, ``flash`` or ``eager``; ``local_view`` is
+    ``--local-view``).
     The plan equals the command's for the same model, but for ``provenance.arguments.target``,
     which names the model's class instead of a file. Raises ``PlannerError`` for anything the
     caller can fix. Save the plan with :func:`autodist.save_plan`. As quiet as the command: what
@@ -268,12 +270,13 @@ def plan(
         "cluster_file": cluster,
         **options,
         "ep": None if ep == 1 else "auto" if ep is None else ep,
+        "local_view": local_view,
     }
     if any(isinstance(s, str) for s in input_spec):
         given["input_specs"] = ",".join(s if isinstance(s, str) else _spec_text(s) for s in input_spec)
     arguments = {name: str(value) for name, value in sorted(given.items()) if value is not None}
     with without_library_noise(expected=(PlannerError, PlanError)):  # as quiet as the command line
-        return plan_model(model, specs, request, arguments, rules=rules).plan
+        return plan_model(model, specs, request, arguments, rules=rules, local_view=local_view).plan
 
 
 def _spec_text(spec: paddle.static.InputSpec) -> str:

@@ -192,6 +192,12 @@ def cli() -> None:
     "selects (F.scaled_dot_product_attention, use_flash_attention, ...) on a device with fused kernels.",
 )
 @click.option(
+    "--local-view",
+    is_flag=True,
+    help="Run attention sub-layers with a fused q|k|v projection on local tensors (Megatron's layout: "
+    "heads split, one all-reduce) where the planner proves it by running them; tensor parallelism alone. New: off by default.",
+)
+@click.option(
     "--rules",
     "rules_file",
     type=click.Path(dir_okay=False),
@@ -216,6 +222,7 @@ def plan(
     device_name: str | None,
     cluster_file: str | None,
     rules_file: str | None,
+    local_view: bool,
     **options,
 ) -> None:
     """Plan how TARGET (model.py, model.py:factory or pkg.module:factory) runs on the cluster.
@@ -251,7 +258,13 @@ def plan(
         )
         rules = load_rules(rules_file) if rules_file else None
         made = plan_target(
-            target, list(input_specs) or None, request, planner_arguments(ctx), Progress(quiet=quiet), rules=rules
+            target,
+            list(input_specs) or None,
+            request,
+            planner_arguments(ctx),
+            Progress(quiet=quiet),
+            rules=rules,
+            local_view=local_view,
         )
     if output:
         save_plan(made.plan, output)
