@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
-from autodist.schemas import LocalAttribute, LocalView, LocalWeight, Strategy
+from autodist.schemas import LocalAttribute, LocalView, LocalWeight, Plan, Strategy
 from autodist.schemas.local_view import local_order, own_order
 
 from autodist.planner.recognise.analysis import ModelAnalysis
@@ -147,14 +147,40 @@ def size_attributes(layer: paddle.nn.Layer, candidate: Candidate, params: dict, 
 
 
 def _input_shape(analysis: ModelAnalysis, candidate: Candidate, params: dict) -> list[int]:
-    """``[batch, seq, width]``: the traced batch and sequence (at most 8), the columns' input width."""
+    """``[batch, seq, width]`` for the verification (:func:`input_shape`)."""
     column = candidate.sublayer.columns[0]
-    shape = params[column.weight][0]
-    width = shape[1 - column.split_dim] if len(shape) == 2 and column.split_dim is not None else shape[-1]
-    spec = analysis.input_specs[0].shape if analysis.input_specs else []
+    dim = column.split_dim if column.split_dim is not None else 1
+    return input_shape([s.shape for s in analysis.input_specs], params[column.weight][0], dim)
+
+
+def input_shape(spec_shapes: list[list[int]], column_shape: list[int], column_dim: int) -> list[int]:
+    """``[batch, seq, width]``: the traced batch (at most 2) and sequence (at most 8), the column
+    projection's input width (the dim of its weight other than the split one)."""
+    width = column_shape[1 - column_dim] if len(column_shape) == 2 else column_shape[-1]
+    spec = spec_shapes[0] if spec_shapes else []
     batch = spec[0] if len(spec) > 0 and spec[0] > 0 else 2
     seq = spec[1] if len(spec) > 1 and spec[1] > 0 else 4
     return [min(batch, 2), min(seq, 8), width]
+
+
+def reverify(plan: Plan, model: paddle.nn.Layer) -> list[str]:
+    """``autodist-plan check``: each of the plan's local views proven again on ``model`` as it is
+    now; one reason per view that no longer holds."""
+    layers = dict(model.named_sublayers())
+    params = {fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}
+    specs = [s.shape for s in plan.model.input_specs]
+    reasons = []
+    for view in plan.local_view:
+        layer = layers.get(view.layer)
+        first = next((w for w in view.weights if w.dim is not None and w.param in params), None)
+        if layer is None or first is None or first.dim is None:
+            reasons.append(f"local view {view.layer}: no such layer with a split weight in the model")
+            continue
+        try:
+            verify(layer, view, params, plan.strategy.mp, input_shape(specs, params[first.param][0], first.dim))
+        except NotProven as exc:
+            reasons.append(f"local view {view.layer} no longer holds: {exc}")
+    return reasons
 
 
 def verify(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, input_shape: list[int]) -> str:

@@ -14,7 +14,9 @@ import pytest
 
 from autodist.planner.cost.search import SearchRequest
 from autodist.planner.driver import load, plan_target
+from autodist.applier.local_view import local_view_problems
 from autodist.planner.local_view import NotProven, verify
+from autodist.planner.review.check import check_plan_for_target
 from autodist.planner.review.show import show_text
 from autodist.schemas import LocalAttribute, save_plan
 from harness.cases import Trained, check_against_reference
@@ -110,3 +112,34 @@ def test_local_view_trains_like_one_device_with_half_the_heads(local_plan, tmp_p
     for output in outputs:
         heads = {shape[1] for shape in output["score_shapes"]}
         assert output["score_shapes"] and heads == {HEADS // 2}, output["score_shapes"]
+
+
+def _with_attribute(plan, name: str, **changed):
+    """``plan`` with attribute ``name`` of every local view changed (an edited, untrusted plan)."""
+    views = [
+        msgspec.structs.replace(
+            view,
+            attributes=[msgspec.structs.replace(a, **changed) if a.name == name else a for a in view.attributes],
+        )
+        for view in plan.local_view
+    ]
+    return msgspec.structs.replace(plan, local_view=views)
+
+
+def test_check_proves_the_views_again(local_plan):
+    assert check_plan_for_target(local_plan, GPT2, trace=False) == []
+    # an attribute whose local value no longer runs: proven again, it fails
+    reasons = check_plan_for_target(_with_attribute(local_plan, "num_heads", local=4), GPT2, trace=False)
+    assert len(reasons) == 2 and all("no longer holds: running it failed" in r for r in reasons), reasons
+
+
+def test_apply_plan_refuses_a_view_the_model_does_not_match(local_plan):
+    model = load(GPT2).model
+    assert local_view_problems(model, local_plan) == []
+    problems = local_view_problems(model, _with_attribute(local_plan, "num_heads", whole=8))
+    assert problems == [
+        f"local_view transformer.h.{i}.attn: transformer.h.{i}.attn.num_heads should be the integer 8, the model has 4"
+        for i in (0, 1)
+    ]
+    dp_plan = msgspec.structs.replace(local_plan, mesh=msgspec.structs.replace(local_plan.mesh, axes=["dp"]))
+    assert any("tensor parallelism alone" in p for p in local_view_problems(model, dp_plan))
