@@ -5,7 +5,8 @@ single-device steps (losses and parameters within 1e-5), and under mp2 every par
 out as the plan says. Each optimizer runs with a step LR schedule whose step falls between saving
 and resuming, so the schedule must come back too.
 
-Launches: the savers (one 2-rank job), then the loaders (one 2-rank job, one 1-process job).
+Launches: the savers (one 2-rank job), then the loaders (one 2-rank job, one 1-process job that
+also makes the single-device references).
 The one-process round trips of every scheduler and optimizer are in test_checkpoint_schedulers.py.
 """
 
@@ -56,8 +57,8 @@ def resumed(tmp_path_factory, reference_runs):
         for k in KINDS
     ]
     outputs = train_by_world(saves, workdir / "save")
-    outputs.update(train_by_world(loads, workdir / "load"))
-    reference_runs.prepare([run for run, _ in saves + loads])
+    # The single-device references train in the one-process loading job.
+    outputs.update(train_by_world(loads, workdir / "load", references=(reference_runs, [r for r, _ in saves + loads])))
     return load_plan(mp2), checkpoints, outputs, {run.name: run for run, _ in saves + loads}
 
 

@@ -7,16 +7,17 @@ within 1e-5). The checkpoint names every parameter as the model does, the tied t
 Before: the pipeline's save named parameters after its stage chunks (``chunks.0.owned.3``), so
 the checkpoint loaded under no other plan. gloo's ``batch_isend_irecv`` times out, so the
 schedule runs with the TEST-ONLY blocking P2P stand-in (harness/cpu_substitutes.py), as in
-test_train_pipeline.py. Launches: the planner and the saver (2 ranks), then the loaders
-(2 ranks; 1 process).
+test_train_pipeline.py. Launches: the saver (2 ranks), then the loaders (2 ranks; 1 process, which also makes the single-device references);
+the plan is made by the ``autodist-plan`` command in the test process (harness/planning.py).
 """
 
 from __future__ import annotations
 
 import pytest
-from harness.cases import Config, finish_planner, start_planner
+from harness.cases import Config
 from harness.compare import assert_resumed_like_one_device
 from harness.jobs import TrainRun
+from harness.planning import plan_command
 from harness.runner import train_by_world
 from harness.workloads import WORKLOADS
 
@@ -34,7 +35,10 @@ PP2 = Config(pp=2, schedule="1F1B", micro_batches=2, p2p="blocking", plan_source
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory, reference_runs):
     workdir = tmp_path_factory.mktemp("pipeline_ckpt")
-    plan = finish_planner(start_planner(WORKLOADS[WORKLOAD], PP2.planner_arguments(), workdir / "plan_pp2.json"))
+    workload = WORKLOADS[WORKLOAD]
+    plan = str(
+        plan_command(workload.planner_target, PP2.planner_arguments(), workdir / "plan_pp2.json", workload.planner_env)
+    )
     checkpoint = str(workdir / "ckpt")
     common = dict(workload=WORKLOAD, optimizer=OPTIMIZER)
     save = TrainRun("save_pp2", **common, plan=plan, p2p="blocking", steps=SAVED_AT, save_checkpoint=checkpoint)
@@ -44,8 +48,8 @@ def resumed(tmp_path_factory, reference_runs):
         (TrainRun("pp2_to_single", **common, method="single", **resume), 1),
     ]
     outputs = train_by_world([(save, 2)], workdir / "save")
-    outputs.update(train_by_world(loads, workdir / "load"))
-    reference_runs.prepare([save] + [run for run, _ in loads])
+    # The single-device references train in the one-process loading job.
+    outputs.update(train_by_world(loads, workdir / "load", references=(reference_runs, [save] + [r for r, _ in loads])))
     return load_plan(plan), checkpoint, outputs, {run.name: run for run in [save] + [run for run, _ in loads]}
 
 

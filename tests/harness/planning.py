@@ -8,14 +8,21 @@ sizes): what follows them (cost, search, emit) is run for every call, as the dri
 (:func:`autodist.planner.driver.plan_analysed`). A failed load or trace is not kept (it raises
 again). Rules change the analysis, so a call with rules plans without the cache.
 
-The planner's own tests of loading and tracing call the driver directly.
+The planner's own tests of loading and tracing call the driver directly. :func:`plan_command`
+runs the ``autodist-plan`` command itself (its options, checks and ``save_plan``) in this
+process through :func:`plan_target`, for tests that want a plan file as users make one without
+a planner process that imports Paddle and traces the model again.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from typing import Sequence
+from unittest import mock
+
+from click.testing import CliRunner
 
 from autodist.planner import driver
 
@@ -42,3 +49,23 @@ def plan_target(
     environment = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
     traced, analysis = _analysed(target, specs, environment)
     return driver.plan_analysed(analysis, traced, request, arguments, progress)
+
+
+def plan_command(
+    target: str, arguments: Sequence[str], output: Path, environment: dict[str, str] | None = None
+) -> Path:
+    """``autodist-plan TARGET ARGUMENTS -o OUTPUT`` in this process, each model traced once per
+    session (TARGET relative to the repository unless absolute; ``environment`` set while it
+    runs, as a model file may read its sizes there); the plan's path, or AssertionError with
+    the command's output.
+
+    >>> plan_command("tests/models/gpt.py", ["--devices", "2", "--device", "cpu"], tmp / "dp2.json")  # doctest: +SKIP
+    """
+    from autodist.planner.cli import cli
+
+    root = Path(__file__).resolve().parents[2]
+    command = [str(root / target), *arguments, "-o", str(output)]
+    with mock.patch.dict(os.environ, environment or {}), mock.patch.object(driver, "plan_target", plan_target):
+        done = CliRunner().invoke(cli, command)
+    assert done.exit_code == 0, f"autodist-plan {' '.join(command)}: {done.exception!r}\n{done.output[-3000:]}"
+    return output

@@ -60,12 +60,23 @@ def train_distributed(
     return {run.name: read_outputs(job.out_dir, run.name, nranks) for run in runs}
 
 
-def train_by_world(runs: list[tuple[TrainRun, int]], workdir: Path, timeout_s: float = 240.0) -> dict[str, list[dict]]:
-    """Every run (with its number of ranks), one job per world size; ``{run name: outputs}``."""
+def train_by_world(
+    runs: list[tuple[TrainRun, int]],
+    workdir: Path,
+    timeout_s: float = 240.0,
+    references: tuple[ReferenceRuns, list[TrainRun]] | None = None,
+) -> dict[str, list[dict]]:
+    """Every run (with its number of ranks), one job per world size; ``{run name: outputs}``.
+    ``references``: (the session's ReferenceRuns, runs to compare): the single-device runs they
+    need that were not made yet train in this call's one-process job (one launch fewer)."""
+    singles = references[0].missing(references[1]) if references else []
+    everything = runs + [(single, 1) for single in singles]
     outputs = {}
-    for world in sorted({w for _, w in runs}):
-        group = [run for run, w in runs if w == world]
+    for world in sorted({w for _, w in everything}):
+        group = [run for run, w in everything if w == world]
         outputs.update(train_distributed(group, world, workdir / f"world{world}", timeout_s))
+    if references:
+        references[0].record({single.name: outputs.pop(single.name) for single in singles})
     return outputs
 
 
@@ -99,11 +110,11 @@ class ReferenceRuns:
         self.workdir = workdir
         self.results: dict[str, dict] = {}
 
-    def prepare(self, runs: list[TrainRun]) -> None:
+    def missing(self, runs: list[TrainRun]) -> list[TrainRun]:
+        """The single-device runs ``runs`` are compared with that are not made yet, each named
+        by its :func:`reference_key` (for :meth:`record`)."""
         todo = {reference_key(r): r for r in runs if reference_key(r) not in self.results}
-        if not todo:
-            return
-        singles = [
+        return [
             TrainRun(
                 key,
                 r.workload,
@@ -115,9 +126,15 @@ class ReferenceRuns:
             )
             for key, r in todo.items()
         ]
-        workdir = self.workdir / f"reference{len(self.results)}"
-        outputs = train_distributed(singles, 1, workdir)
+
+    def record(self, outputs: dict[str, list[dict]]) -> None:
+        """The outputs of :meth:`missing`'s runs, however they were launched."""
         self.results.update({key: out[0] for key, out in outputs.items()})
+
+    def prepare(self, runs: list[TrainRun]) -> None:
+        singles = self.missing(runs)
+        if singles:
+            self.record(train_distributed(singles, 1, self.workdir / f"reference{len(self.results)}"))
 
     def get(self, run: TrainRun) -> dict:
         self.prepare([run])

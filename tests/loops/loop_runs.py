@@ -2,24 +2,21 @@
 runner that launches a script on N gloo ranks (the harness's launcher starts the ranks and
 nothing else) and reads back what rank 0 logged and the parameters the run saved.
 
-The plans are made by the ``autodist-plan`` command's own code (its options, its checks, its
-``save_plan``) run in the test process, with each model traced once per session
-(harness/planning.py): four GPT plans trace GPT once, and no planner process pays for
-importing Paddle again."""
+The plans are made by the ``autodist-plan`` command run in the test process, each model traced
+once per session (harness/planning.py's plan_command): four GPT plans trace GPT once, and no
+planner process pays for importing Paddle again."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from harness import planning
-from harness.launcher import REPO_ROOT, launch_ranks
+from harness.launcher import launch_ranks
 
 SCRIPTS = Path(__file__).parent / "scripts"
 LOSS_RTOL = 1e-5
@@ -39,10 +36,10 @@ PLANS = {
 #: No sequence parallel (reduce-scatter): what gloo runs.
 COMMON = "--no-sequence-parallel --global-batch-size 4"
 MODELS = {
-    "gpt": f"{REPO_ROOT}/tests/models/gpt.py",
-    "llama": f"{REPO_ROOT}/tests/models/paddleformers_models.py:build_llama",
-    "nanogpt": f"{REPO_ROOT}/tests/models/zoo/nanogpt.py",
-    "mixtral": f"{REPO_ROOT}/tests/models/zoo/mixtral_moe.py",
+    "gpt": "tests/models/gpt.py",
+    "llama": "tests/models/paddleformers_models.py:build_llama",
+    "nanogpt": "tests/models/zoo/nanogpt.py",
+    "mixtral": "tests/models/zoo/mixtral_moe.py",
 }
 
 
@@ -74,16 +71,8 @@ class Plans:
         ranks, options = PLANS[name]
         path = self.folder / f"{model}_{name}.json"
         if path not in self.made:
-            from autodist.planner import driver
-            from autodist.planner.cli import cli
-
-            arguments = [MODELS[model], "--devices", str(ranks), *options.split(), *COMMON.split(), "-o", str(path)]
-            with mock.patch.object(driver, "plan_target", planning.plan_target):
-                done = CliRunner().invoke(cli, arguments)
-            assert done.exit_code == 0, (
-                f"autodist-plan {' '.join(arguments)}: {done.exception!r}\n{done.output[-3000:]}"
-            )
-            self.made[path] = ranks
+            arguments = ["--devices", str(ranks), *options.split(), *COMMON.split()]
+            self.made[path] = planning.plan_command(MODELS[model], arguments, path)
         return ranks, path
 
 
