@@ -7,8 +7,9 @@ within 1e-5). The checkpoint names every parameter as the model does, the tied t
 Before: the pipeline's save named parameters after its stage chunks (``chunks.0.owned.3``), so
 the checkpoint loaded under no other plan. gloo's ``batch_isend_irecv`` times out, so the
 schedule runs with the TEST-ONLY blocking P2P stand-in (harness/cpu_substitutes.py), as in
-test_train_pipeline.py. Launches: the saver (2 ranks), then the loaders (2 ranks; 1 process, which also makes the single-device references);
-the plan is made by the ``autodist-plan`` command in the test process (harness/planning.py).
+test_train_pipeline.py. Launches: the saver (2 ranks), then the loaders (2 ranks; 1 process,
+which also makes the single-device references); the plan is made by the ``autodist-plan``
+command in the test process (harness/planning.py).
 """
 
 from __future__ import annotations
