@@ -35,11 +35,12 @@ from paddle.autograd import PyLayer
 from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_local
 
 from autodist.schemas import LocalView, LocalWeight, Plan
-from autodist.schemas.local_view import local_order, own_order
+from autodist.schemas.describe import strategy_text
+from autodist.schemas.local_view import local_order, own_order, runs_local_views
 
 from autodist.applier.clip import sum_over
 from autodist.applier.hooks import map_first_input, map_tensors
-from autodist.applier.mesh import stage_mesh
+from autodist.applier.mesh import mesh_ids
 
 
 class LocalViews:
@@ -69,10 +70,38 @@ class LocalViews:
 
     def wrap(self, model: paddle.nn.Layer) -> None:
         """Replace the forward of every local-view sub-layer of ``model`` on the instance."""
+        if not self.plan.local_view:
+            return
         layers = dict(model.named_sublayers())
-        mesh = stage_mesh(self.plan, 0)
+        line = mp_line(self.plan, dist.get_rank())
         for view in self.plan.local_view:
-            _wrap(layers[view.layer], view, layers, mesh, self.mp)
+            _wrap(layers[view.layer], view, layers, line, self.mp)
+
+
+def mp_line(plan: Plan, rank: int) -> dist.ProcessMesh:
+    """The ranks along the mp axis through ``rank``: those whose partial outputs add up.
+
+    >>> from autodist.schemas import load_plan                       # doctest: +SKIP
+    >>> mp_line(plan_dp2_mp2, rank=2).process_ids                    # doctest: +SKIP
+    [2, 3]
+    """
+    ids = mesh_ids(plan)
+    where = tuple(int(i) for i in np.argwhere(ids == rank)[0])
+    axis = plan.mesh.axes.index("mp")
+    line = [int(ids[where[:axis] + (k,) + where[axis + 1 :]]) for k in range(ids.shape[axis])]
+    return dist.ProcessMesh(line, dim_names=["mp"])
+
+
+def _param_local(param: paddle.Tensor) -> paddle.Tensor:
+    """A parameter's local value for this call. Its gradient comes back Partial on every axis
+    the parameter is replicated on but mp (dp: each rank's gradient covers its own rows of the
+    batch; the optimizer sums it, as for any data-parallel gradient)."""
+    mesh = param.process_mesh
+    backward = [
+        p if name == "mp" or not isinstance(p, dist.Replicate) else dist.Partial()
+        for name, p in zip(mesh.dim_names, param.placements)
+    ]
+    return dtensor_to_local(param, mesh, backward)
 
 
 def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.ProcessMesh, mp: int) -> None:
@@ -89,12 +118,20 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
 
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
-        args, kwargs = map_first_input(args, kwargs, lambda x: _CopyToRanks.apply(_local(x), mesh))
+        placed = []  # the first input's mesh and placements: the output's too
+
+        def first(x: paddle.Tensor) -> paddle.Tensor:
+            if not x.is_dist():
+                raise RuntimeError(f"local view: {view.layer} got a plain tensor, not a DistTensor, as its input")
+            placed.append((x.process_mesh, list(x.placements)))
+            return _CopyToRanks.apply(_local(x), mesh)
+
+        args, kwargs = map_first_input(args, kwargs, first)
         args, kwargs = map_tensors(args, _local), map_tensors(kwargs, _local)
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in attributes]
         try:
             for sub, key, param, fqn in slots:
-                local = dtensor_to_local(param, param.process_mesh, param.placements)
+                local = _param_local(param)
                 sub._parameters[key] = _Scaled.apply(local, 1.0 / mp) if fqn in summed else local
             for owner, name, value in attributes:
                 setattr(owner, name, value)
@@ -109,7 +146,8 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
                 f"local view: {view.layer} returned {type(output).__name__}; the plan proved it returning one tensor"
             )
         whole = _SumOverRanks.apply(output, mesh)
-        return dtensor_from_local(whole, mesh, [dist.Replicate() for _ in mesh.dim_names])
+        outer, placements = placed[0]
+        return dtensor_from_local(whole, outer, placements)
 
     layer.forward = run
 
@@ -160,15 +198,15 @@ class _Scaled(PyLayer):
 def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     """Why ``plan.local_view`` cannot run on ``model``: a sub-layer, parameter or attribute the
     model lacks or has otherwise, a weight whose placement is not its split, or a strategy beyond
-    tensor parallelism alone (the local runs sum over the whole mesh, and their parameters'
-    gradients are not summed over dp)."""
+    tensor and data parallelism (:func:`~autodist.schemas.local_view.runs_local_views`)."""
     if not plan.local_view:
         return []
     problems = []
-    if plan.mesh.axes != ["mp"] or plan.strategy.recompute != "none":
+    if not runs_local_views(plan.strategy):
         problems.append(
-            f"local_view: runs under tensor parallelism alone (mesh axes ['mp'], no recompute); this plan has "
-            f"mesh axes {plan.mesh.axes} and recompute {plan.strategy.recompute!r}"
+            "local_view: runs under tensor and data parallelism alone (no pipeline, sequence parallelism, ZeRO, "
+            f"recompute or micro-batches); this plan has {strategy_text(plan.strategy)}, recompute "
+            f"{plan.strategy.recompute!r}"
         )
     layers = dict(model.named_sublayers())
     params = {fqn for fqn, _ in model.named_parameters()}

@@ -32,7 +32,7 @@ import numpy as np
 import paddle
 
 from autodist.schemas import LocalAttribute, LocalView, LocalWeight, Plan, Strategy
-from autodist.schemas.local_view import local_order, own_order
+from autodist.schemas.local_view import local_order, own_order, runs_local_views
 
 from autodist.planner.recognise.analysis import ModelAnalysis
 from autodist.planner.recognise.roles import SubLayer
@@ -84,16 +84,17 @@ def local_views(
 ) -> tuple[list[LocalView], list[str]]:
     """The proven local views of ``model``'s candidate sub-layers under ``strategy``, and one note
     per candidate that stays gathered, with the reason. Sub-layers of one class with the same
-    weights' shapes and attribute values are proven once. Only tensor parallelism alone runs them
-    (the applier sums the local runs over the whole mesh and no parameter gradient over dp)."""
+    weights' shapes and attribute values are proven once. Only under tensor (and data)
+    parallelism alone (:func:`~autodist.schemas.local_view.runs_local_views`)."""
     mp = strategy.mp
     found = candidates(analysis, mp)
     if not found or mp == 1:
         return [], []
-    if (strategy.dp, strategy.pp, strategy.sequence_parallel, strategy.recompute) != (1, 1, False, "none"):
+    if not runs_local_views(strategy):
         return [], [
             f"local view: {len(found)} attention sub-layer(s) with a fused projection stay global (gathered): "
-            "local views run under tensor parallelism alone (no dp, pp, sequence parallelism or recompute)"
+            "local views run under tensor and data parallelism alone (no pipeline, sequence parallelism, ZeRO, "
+            "recompute or micro-batches)"
         ]
     layers = dict(model.named_sublayers())
     params = dict(analysis.params)

@@ -15,6 +15,8 @@ checkpoint and a reader of the parameters want the model's own layout).
 
 from __future__ import annotations
 
+from autodist.schemas.plan import Strategy
+
 
 def local_order(size: int, segments: int, mp: int) -> list[int]:
     """Position ``p`` of the ranks' layout holds element ``local_order(...)[p]`` of the model's own
@@ -34,3 +36,20 @@ def own_order(size: int, segments: int, mp: int) -> list[int]:
     for position, element in enumerate(order):
         inverse[element] = position
     return inverse
+
+
+def runs_local_views(strategy: Strategy) -> bool:
+    """Whether local views run under ``strategy``: tensor parallelism, with or without data
+    parallelism, and nothing else (the planner's rule and the applier's check).
+
+    >>> runs_local_views(Strategy(dp=2, mp=2)), runs_local_views(Strategy(mp=2, pp=2))
+    (True, False)
+    """
+    return (
+        strategy.mp > 1
+        and strategy.pp == 1
+        and not strategy.sequence_parallel
+        and strategy.sharding_stage == 0
+        and strategy.recompute == "none"
+        and strategy.micro_batches == 1
+    )

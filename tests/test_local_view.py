@@ -28,15 +28,27 @@ GPT2 = "tests/models/zoo/gpt2_hf.py"
 HEADS = 4  # tests/models/zoo/gpt2_hf.py N_HEAD
 
 
-def _request(dp: int = 1) -> SearchRequest:
+def _request(dp: int = 1, recompute: str = "none") -> SearchRequest:
     return SearchRequest(
-        devices_per_node=2 * dp, dp=dp, mp=2, pp=1, sharding_stage=0, sequence_parallel=False, global_batch_size=BATCH
+        devices_per_node=2 * dp,
+        dp=dp,
+        mp=2,
+        pp=1,
+        sharding_stage=0,
+        sequence_parallel=False,
+        global_batch_size=BATCH,
+        recompute=recompute,
     )
 
 
 @pytest.fixture(scope="module")
 def local_plan():
     return plan_target(GPT2, None, _request(), {"target": GPT2}, local_view=True).plan
+
+
+@pytest.fixture(scope="module")
+def dp_plan():
+    return plan_target(GPT2, None, _request(dp=2), {"target": GPT2}, local_view=True).plan
 
 
 def test_planner_records_a_proven_local_view(local_plan):
@@ -71,10 +83,11 @@ def test_default_plan_still_gathers_the_fused_projection():
     assert {h.layer for h in plan.hooks if h.action == "reshard"} >= {"transformer.h.0.attn.c_attn"}
 
 
-def test_local_view_stays_global_beside_data_parallelism():
-    plan = plan_target(GPT2, None, _request(dp=2), {"target": GPT2}, local_view=True).plan
+def test_local_view_with_data_parallelism_and_not_with_recompute(dp_plan):
+    assert [v.layer for v in dp_plan.local_view] == ["transformer.h.0.attn", "transformer.h.1.attn"]
+    plan = plan_target(GPT2, None, _request(recompute="full"), {"target": GPT2}, local_view=True).plan
     assert plan.local_view == []
-    assert any("tensor parallelism alone" in note for note in plan.notes)
+    assert any("local views run under tensor and data parallelism alone" in note for note in plan.notes)
 
 
 def test_verification_fails_loudly_on_a_sabotaged_attribute(local_plan):
@@ -101,14 +114,19 @@ def test_verification_fails_loudly_on_a_sabotaged_attribute(local_plan):
 
 
 @pytest.mark.multiprocess
-def test_local_view_trains_like_one_device_with_half_the_heads(local_plan, tmp_path, reference_runs):
+@pytest.mark.parametrize("dp", [1, 2])
+def test_local_view_trains_like_one_device_with_half_the_heads(dp, local_plan, dp_plan, tmp_path, reference_runs):
+    """mp2 on 2 ranks, dp2 x mp2 on 4: losses and parameters as on one device, and every rank's
+    attention scores hold 2 of the 4 heads (the gathered layout of the default plan: all 4)."""
+    plan = local_plan if dp == 1 else dp_plan
+    assert (plan.strategy.dp, plan.strategy.mp) == (dp, 2)
     path = tmp_path / "gpt2_local_view.json"
-    save_plan(local_plan, path)
-    run = TrainRun("gpt2_local_view", "zoo_gpt2_hf", plan=str(path))
+    save_plan(plan, path)
+    run = TrainRun(f"gpt2_local_view_dp{dp}", "zoo_gpt2_hf", plan=str(path))
     assert WORKLOADS[run.workload].planner_target.endswith("gpt2_hf.py")
-    outputs = train_distributed([run], 2, tmp_path / "world2", timeout_s=600.0)[run.name]
+    outputs = train_distributed([run], 2 * dp, tmp_path / "world", timeout_s=600.0)[run.name]
     reference_runs.prepare([run])
-    check_against_reference(Trained(run, local_plan, outputs), reference_runs)
+    check_against_reference(Trained(run, plan, outputs), reference_runs)
     for output in outputs:
         heads = {shape[1] for shape in output["score_shapes"]}
         assert output["score_shapes"] and heads == {HEADS // 2}, output["score_shapes"]
@@ -141,5 +159,5 @@ def test_apply_plan_refuses_a_view_the_model_does_not_match(local_plan):
         f"local_view transformer.h.{i}.attn: transformer.h.{i}.attn.num_heads should be the integer 8, the model has 4"
         for i in (0, 1)
     ]
-    dp_plan = msgspec.structs.replace(local_plan, mesh=msgspec.structs.replace(local_plan.mesh, axes=["dp"]))
-    assert any("tensor parallelism alone" in p for p in local_view_problems(model, dp_plan))
+    pipelined = msgspec.structs.replace(local_plan, strategy=msgspec.structs.replace(local_plan.strategy, pp=2))
+    assert any("tensor and data parallelism alone" in p for p in local_view_problems(model, pipelined))

@@ -195,7 +195,8 @@ def cli() -> None:
     "--local-view",
     is_flag=True,
     help="Run attention sub-layers with a fused q|k|v projection on local tensors (Megatron's layout: "
-    "heads split, one all-reduce) where the planner proves it by running them; tensor parallelism alone. New: off by default.",
+    "heads split, one all-reduce) where the planner proves it by running them; tensor and data "
+    "parallelism only. New: off by default.",
 )
 @click.option(
     "--rules",
