@@ -67,6 +67,7 @@ from autodist.schemas.vocabulary import DTYPE_BYTES, as_dtype
 from autodist.applier import scheduler_state
 from autodist.applier.accumulate import AccumulatingOptimizer
 from autodist.applier.apply import applied_plan
+from autodist.applier.local_view import LocalViews
 from autodist.applier.clip import GlobalNormClip
 from autodist.applier.experts import ExpertGradSync, dropped_parameters, expert_holders
 from autodist.applier.layout import assemble, distinct_shards, rank_coords, shard_box
@@ -105,7 +106,7 @@ def save_checkpoint(
     #    do not hold them).
     problems: list[str] = []
     layouts: dict[str, _Layout] = {}
-    mine: dict[str, paddle.Tensor] = {}
+    mine: dict[tuple[str, tuple[int, ...]], paddle.Tensor] = {}
     saved_scheduler = None
     try:
         _check_target_folder(path)
@@ -171,9 +172,6 @@ def load_checkpoint(
     meta = read_checkpoint(path)
     scheduler = scheduler if scheduler is not None else _scheduler_of(optimizer)
     problems = _model_problems(model, meta)
-    applied = applied_plan(model)
-    if applied is not None and applied.local_view:
-        problems.append(_LOCAL_VIEW)
     if optimizer is not None:
         problems += _optimizer_problems(model, optimizer, meta)
     if optimizer is not None or scheduler is not None:  # not when loading only the model (evaluation)
@@ -185,7 +183,7 @@ def load_checkpoint(
             targets.update(_prepared_states(model, optimizer, meta, path))
         saved = saved_tensors(meta)
         for name in sorted(targets):
-            _fill(targets[name], saved[name], files)
+            _fill(targets[name], saved[name], files, name.split("/")[1], LocalViews(applied_plan(model)))
     if scheduler is not None and meta.scheduler is not None:
         scheduler_state.restore(scheduler, meta.scheduler)
     return meta
@@ -228,27 +226,22 @@ class _Layout:
     first_holder: int = 0
 
 
-#: A local-view plan's fused weights are held segment by segment, rank by rank (local_view.py),
-#: not in the model's own layout; checkpoints do not map them back yet.
-_LOCAL_VIEW = (
-    "the model runs under a plan with local_view sub-layers, whose fused weights are not held in the "
-    "model's own layout: checkpoints of it are not supported yet (re-plan without local view to save or load)"
-)
-
-
 def _check_step(step) -> None:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"step must be a non-negative int, got {step!r}")
 
 
-def _layouts(model, optimizer, rank: int) -> tuple[dict[str, _Layout], dict[str, paddle.Tensor]]:
+def _layouts(
+    model, optimizer, rank: int
+) -> tuple[dict[str, _Layout], dict[tuple[str, tuple[int, ...]], paddle.Tensor]]:
     """The layout of every tensor this rank holds (``param/<fqn>``, ``optimizer/<fqn>/<kind>``)
-    and the local values of the pieces it writes. An expert's tensors are written whole by the
+    and the local values of the pieces it writes, by ``(name, offset)``. An expert's tensors are written whole by the
     lowest rank holding it (:func:`~autodist.applier.experts.expert_holders`): its placements
     say Replicate although the ranks of an ep group hold different experts."""
     plan = applied_plan(model)
-    if plan is not None and plan.local_view:
-        raise CheckpointError(_LOCAL_VIEW)
+    # A local-view plan holds fused weights (and their optimizer states) rank by rank: their
+    # pieces are saved as the boxes of the model's own layout they hold (local_view.py).
+    views = LocalViews(plan)
     holders = expert_holders(plan) if plan is not None else {}
     named = {f"param/{fqn}": (fqn, p) for fqn, p in _held_parameters(model).items()}
     elsewhere = state_elsewhere(_inner(optimizer)) if optimizer is not None else None
@@ -266,7 +259,10 @@ def _layouts(model, optimizer, rank: int) -> tuple[dict[str, _Layout], dict[str,
         else:
             first = min(tensor.process_mesh.process_ids) if tensor.is_dist() else 0
             layout = _Layout(shape, dtype_name(tensor.dtype), _pieces(tensor, name), first)
-        for writer, _, piece in layout.pieces:
+        own_pieces = []
+        for writer, offset, piece in layout.pieces:
+            boxes = views.own_boxes(fqn, offset, piece, shape)
+            own_pieces += [(writer, box_offset, box_shape) for box_offset, box_shape, _ in boxes]
             if writer == rank:
                 local = tensor._local_value() if tensor.is_dist() else tensor
                 if [int(d) for d in local.shape] != piece:
@@ -274,7 +270,9 @@ def _layouts(model, optimizer, rank: int) -> tuple[dict[str, _Layout], dict[str,
                         f"{name}: rank {rank} holds a piece of shape {list(local.shape)} but Paddle's balanced "
                         f"split gives {piece}: this layout is not supported"
                     )
-                mine[name] = local
+                for box_offset, box_shape, start in boxes:
+                    mine[(name, tuple(box_offset))] = _cut(local, fqn, views, start, box_shape)
+        layout.pieces = own_pieces
         layouts[name] = layout
     return layouts, mine
 
@@ -302,7 +300,7 @@ def _describe(
             sizes[file] = shard.byte_offset + math.prod(shape) * DTYPE_BYTES[layout.dtype]
             shards.append(shard)
             if writer == rank:
-                pieces.append((mine[name], shard))
+                pieces.append((mine[(name, tuple(offset))], shard))
         saved[name] = SavedTensor(shape=layout.shape, dtype=as_dtype(layout.dtype), shards=shards)
     table = _parameter_table(model)
     states: dict[str, dict[str, SavedTensor]] = {}
@@ -725,8 +723,9 @@ def _read_box(saved: SavedTensor, box, files: _ShardFiles) -> np.ndarray:
     return assemble(box, boxes, lambda i: files.array(saved.shards[i], saved.dtype), _numpy_dtype(saved.dtype))
 
 
-def _fill(tensor, saved: SavedTensor, files: _ShardFiles) -> None:
-    """Set this rank's piece of ``tensor`` from the saved shards."""
+def _fill(tensor, saved: SavedTensor, files: _ShardFiles, fqn: str, views: LocalViews) -> None:
+    """Set this rank's piece of ``tensor`` (of parameter ``fqn``, or its optimizer state) from
+    the saved shards; a fused weight of a local view is read box by box of the model's own layout."""
     shape = [int(d) for d in tensor.shape]
     if tensor.is_dist():
         ids = _mesh_ids(tensor)
@@ -737,4 +736,20 @@ def _fill(tensor, saved: SavedTensor, files: _ShardFiles) -> None:
         local = tensor._local_value()  # shares storage with the tensor (docs/paddle-notes.md)
     else:
         box, local = ([0] * len(shape), shape), tensor
-    local.set_value(_read_box(saved, box, files))
+    boxes = views.own_boxes(fqn, box[0], box[1], shape)
+    if len(boxes) == 1:
+        local.set_value(_read_box(saved, box, files))
+        return
+    dim = views.weights[fqn].dim
+    parts = [_read_box(saved, (offset, size), files) for offset, size, _ in boxes]
+    local.set_value(np.concatenate(parts, axis=dim))
+
+
+def _cut(local, fqn: str, views: LocalViews, start: int, shape: list[int]):
+    """The part of a rank's ``local`` piece that one box of the model's own layout holds
+    (all of it but for a fused weight of a local view)."""
+    if [int(d) for d in local.shape] == shape:
+        return local
+    dim = views.weights[fqn].dim
+    assert dim is not None  # own_boxes splits only along a weight's split dim
+    return paddle.slice(local, axes=[dim], starts=[start], ends=[start + shape[dim]])

@@ -46,10 +46,12 @@ from autodist.applier.mesh import mesh_ids
 class LocalViews:
     """The plan's local-view sub-layers, by layer, and their weights by parameter name."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan | None):
         self.plan = plan
-        self.mp = plan.strategy.mp
-        self.weights: dict[str, LocalWeight] = {w.param: w for view in plan.local_view for w in view.weights}
+        self.mp = plan.strategy.mp if plan is not None else 1
+        self.weights: dict[str, LocalWeight] = (
+            {w.param: w for view in plan.local_view for w in view.weights} if plan is not None else {}
+        )
 
     def to_local_layout(self, fqn: str, value: paddle.Tensor) -> paddle.Tensor:
         """``value`` (a parameter in the model's own layout) with a fused weight's segments
@@ -68,9 +70,37 @@ class LocalViews:
             return whole
         return np.take(whole, own_order(whole.shape[weight.dim], weight.segments, self.mp), axis=weight.dim)
 
+    def own_boxes(
+        self, fqn: str, offset: list[int], shape: list[int], whole: list[int]
+    ) -> list[tuple[list[int], list[int], int]]:
+        """A box of the distributed (rank-by-rank) layout of a tensor of shape ``whole``, as boxes
+        of the model's own layout: ``(offset, shape, start)`` with ``start`` where each begins
+        along the split dim inside the given box (a checkpoint saves and reads those).
+
+        >>> from autodist.schemas import LocalView, LocalWeight          # doctest: +SKIP
+        >>> views.own_boxes("attn.c_attn.weight", [0, 6], [4, 6], [4, 12])  # rank 1 of mp2, q|k|v  # doctest: +SKIP
+        [([0, 2], [4, 2], 0), ([0, 6], [4, 2], 2), ([0, 10], [4, 2], 4)]
+        """
+        weight = self.weights.get(fqn)
+        planned = self.plan.params[fqn].shape if self.plan is not None and fqn in self.plan.params else None
+        # not a fused weight, or a state of another shape (an optimizer's beta powers)
+        if weight is None or weight.segments == 1 or weight.dim is None or list(whole) != planned:
+            return [(list(offset), list(shape), 0)]
+        dim = weight.dim
+        order = local_order(whole[dim], weight.segments, self.mp)[offset[dim] : offset[dim] + shape[dim]]
+        boxes = []
+        start = 0
+        for i in range(1, len(order) + 1):  # runs of consecutive positions of the model's layout
+            if i == len(order) or order[i] != order[i - 1] + 1:
+                box_offset, box_shape = list(offset), list(shape)
+                box_offset[dim], box_shape[dim] = order[start], i - start
+                boxes.append((box_offset, box_shape, start))
+                start = i
+        return boxes
+
     def wrap(self, model: paddle.nn.Layer) -> None:
         """Replace the forward of every local-view sub-layer of ``model`` on the instance."""
-        if not self.plan.local_view:
+        if self.plan is None or not self.plan.local_view:
             return
         layers = dict(model.named_sublayers())
         line = mp_line(self.plan, dist.get_rank())

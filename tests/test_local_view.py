@@ -4,7 +4,11 @@
   attribute's local value is sabotaged; plans made without ``local_view`` are unchanged.
 - Applied on 2 gloo ranks: training matches one device (losses and parameters within 1e-5) and
   the attention scores inside the run hold half of the heads on each rank (the gathered layout of
-  the default plan runs all 4 on every rank).
+  the default plan runs all 4 on every rank); the same at dp2 x mp2 on 4 ranks.
+- Checkpoints keep the model's own layout: saved under the local view, resumed under the gathered
+  plan and on one device, and the other way round, each like one uninterrupted device.
+
+Launches: mp2 (2 ranks), dp2 x mp2 (4), the savers (2), the loaders (2, and 1 with the references).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from autodist.planner.review.show import show_text
 from autodist.schemas import LocalAttribute, save_plan
 from harness.cases import Trained, check_against_reference
 from harness.jobs import TrainRun
-from harness.runner import train_distributed
+from harness.compare import assert_resumed_like_one_device
+from harness.runner import train_by_world, train_distributed
 from harness.workloads import BATCH, WORKLOADS
 
 GPT2 = "tests/models/zoo/gpt2_hf.py"
@@ -161,3 +166,56 @@ def test_apply_plan_refuses_a_view_the_model_does_not_match(local_plan):
     ]
     pipelined = msgspec.structs.replace(local_plan, strategy=msgspec.structs.replace(local_plan.strategy, pp=2))
     assert any("tensor and data parallelism alone" in p for p in local_view_problems(model, pipelined))
+
+
+@pytest.fixture(scope="module")
+def round_trips(local_plan, tmp_path_factory, reference_runs):
+    """AdamW, 2 steps saved under the local-view plan and under the default (gathered) one, each
+    resumed for 1 step under the other and the local-view one on one device."""
+    workdir = tmp_path_factory.mktemp("local_view_checkpoints")
+    gathered = plan_target(GPT2, None, _request(), {"target": GPT2}).plan
+    plans = {"local": str(workdir / "local.json"), "gathered": str(workdir / "gathered.json")}
+    save_plan(local_plan, plans["local"])
+    save_plan(gathered, plans["gathered"])
+    common = dict(workload="zoo_gpt2_hf", optimizer="adamw")
+    saves = [
+        (TrainRun(f"save_{k}", plan=plans[k], steps=2, save_checkpoint=str(workdir / f"ckpt_{k}"), **common), 2)
+        for k in plans
+    ]
+    resume = dict(steps=1, first_step=2, **common)
+    loads = [
+        (
+            TrainRun(
+                "gathered_from_local", plan=plans["gathered"], load_checkpoint=str(workdir / "ckpt_local"), **resume
+            ),
+            2,
+        ),
+        (
+            TrainRun(
+                "local_from_gathered", plan=plans["local"], load_checkpoint=str(workdir / "ckpt_gathered"), **resume
+            ),
+            2,
+        ),
+        (TrainRun("single_from_local", method="single", load_checkpoint=str(workdir / "ckpt_local"), **resume), 1),
+    ]
+    outputs = train_by_world(saves, workdir / "save")
+    outputs.update(train_by_world(loads, workdir / "load", references=(reference_runs, [r for r, _ in saves + loads])))
+    runs = {run.name: run for run, _ in saves + loads}
+    return {"local": local_plan, "gathered": gathered}, outputs, runs
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    "saver, resumer, plan",
+    [
+        ("save_local", "gathered_from_local", "gathered"),
+        ("save_gathered", "local_from_gathered", "local"),
+        ("save_local", "single_from_local", None),
+    ],
+)
+def test_a_local_view_checkpoint_round_trips_in_the_models_own_layout(
+    round_trips, reference_runs, saver, resumer, plan
+):
+    """Saved under one layout, resumed under the other or on one device: like one uninterrupted device."""
+    plans, outputs, runs = round_trips
+    assert_resumed_like_one_device(reference_runs, runs, outputs, saver, resumer, plans[plan] if plan else None)
