@@ -6,7 +6,8 @@ the driver's, with the load, trace and analysis of a ``(target, input specs, env
 kept for the session (a model file may read the environment, as the docstring Llama reads its
 sizes): what follows them (cost, search, emit) is run for every call, as the driver runs it
 (:func:`autodist.planner.driver.plan_analysed`). A failed load or trace is not kept (it raises
-again). Rules change the analysis, so a call with rules plans without the cache.
+again). Rules change the analysis, so a call with rules plans without the cache (as does one
+asking for local views, which need the model object).
 
 The planner's own tests of loading and tracing call the driver directly. :func:`plan_command`
 runs the ``autodist-plan`` command itself (its options, checks and ``save_plan``) in this
@@ -41,10 +42,13 @@ def plan_target(
     arguments: dict[str, str],
     progress=None,
     rules: dict[str, str] | None = None,
+    *,
+    local_view: bool = False,
 ) -> driver.PlannedModel:
-    """:func:`autodist.planner.driver.plan_target`, tracing each model once."""
-    if rules:
-        return driver.plan_target(target, input_specs, request, arguments, progress, rules)
+    """:func:`autodist.planner.driver.plan_target`, tracing each model once (a call with rules,
+    or asking for local views, which run the model's own sub-layers, plans without the cache)."""
+    if rules or local_view:
+        return driver.plan_target(target, input_specs, request, arguments, progress, rules, local_view=local_view)
     specs = tuple(input_specs) if input_specs else None
     environment = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
     traced, analysis = _analysed(target, specs, environment)
