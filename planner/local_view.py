@@ -25,7 +25,6 @@ Example::
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +34,7 @@ from autodist.schemas import LocalAttribute, LocalView, LocalWeight, Plan, Strat
 from autodist.schemas.local_view import local_order, own_order, runs_local_views
 
 from autodist.planner.recognise.analysis import ModelAnalysis
+from autodist.planner.review.format import collapse
 from autodist.planner.recognise.roles import SubLayer
 
 #: Equal within: the local runs reassembled against the global run, float32.
@@ -98,25 +98,35 @@ def local_views(
         ]
     layers = dict(model.named_sublayers())
     params = dict(analysis.params)
-    views, notes, proven = [], [], {}
+    views: list[LocalView] = []
+    unproven: dict[str, str] = {}
+    proven: dict[tuple, str | NotProven] = {}
     for candidate in found:
         layer = layers.get(candidate.layer)
         if layer is None:
-            notes.append(f"local view: {candidate.layer} is not a layer of the model; its fused projection is gathered")
+            unproven[candidate.layer] = "not a layer of the model"
             continue
-        try:
-            attributes = size_attributes(layer, candidate, params, mp)
-            view = LocalView(layer=candidate.layer, weights=list(candidate.weights), attributes=attributes)
-            key = (
-                type(layer).__qualname__,
-                tuple((w.param.removeprefix(candidate.layer), tuple(params[w.param][0])) for w in view.weights),
-                tuple((a.layer.removeprefix(candidate.layer), a.name, a.whole) for a in attributes),
-            )
-            if key not in proven:
+        attributes = size_attributes(layer, candidate, params, mp)
+        view = LocalView(layer=candidate.layer, weights=list(candidate.weights), attributes=attributes)
+        key = (
+            type(layer).__qualname__,
+            tuple((w.param.removeprefix(candidate.layer), tuple(params[w.param][0])) for w in view.weights),
+            tuple((a.layer.removeprefix(candidate.layer), a.name, a.whole) for a in attributes),
+        )
+        if key not in proven:
+            try:
                 proven[key] = verify(layer, view, params, mp, _input_shape(analysis, candidate, params))
-            views.append(LocalView(layer=view.layer, weights=view.weights, attributes=attributes, verified=proven[key]))
-        except NotProven as exc:
-            notes.append(f"local view: {candidate.layer} stays global (its fused projection gathered): {exc}")
+            except NotProven as exc:  # said once per sub-layer kind, its names relative to the sub-layer
+                proven[key] = NotProven(str(exc).replace(candidate.layer + ".", ""))
+        outcome = proven[key]
+        if isinstance(outcome, NotProven):
+            unproven[candidate.layer] = str(outcome)
+        else:
+            views.append(LocalView(layer=view.layer, weights=view.weights, attributes=attributes, verified=outcome))
+    notes = [
+        f"local view: {row.pattern} stays global (its fused projection gathered): {row.value}"
+        for row in collapse(unproven)
+    ]
     return views, notes
 
 
@@ -185,28 +195,28 @@ def reverify(plan: Plan, model: paddle.nn.Layer) -> list[str]:
 
 
 def verify(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, input_shape: list[int]) -> str:
-    """Run a copy of ``layer`` with random weights whole and as each of the ``mp`` ranks of
-    ``view``; raise :class:`NotProven` naming the first difference. Returns how it was proven."""
+    """Run ``layer`` with random weights whole and as each of the ``mp`` ranks of ``view``; raise
+    :class:`NotProven` naming the first difference. Returns how it was proven. The layer is left
+    as it was (parameters, size attributes, train/eval modes)."""
     rng = np.random.default_rng(0)
-    try:
-        clone = copy.deepcopy(layer)
-    except Exception as exc:
-        raise NotProven(f"the sub-layer cannot be copied to run it ({type(exc).__name__})") from None
-    clone.eval()  # no dropout: the runs must see the same values
-    slots = _slots(clone, view)
+    slots = _slots(layer, view)
     listed = {w.param for w in view.weights}
     others = sorted(fqn for fqn, _, _ in slots if fqn not in listed)
     if others:
         raise NotProven(f"its parameters {others} are not projections' weights")
     whole = {fqn: rng.normal(0.0, 0.2, params[fqn][0]).astype("float32") for fqn in listed}
     x = rng.normal(0.0, 1.0, input_shape).astype("float32")
+    # The layer itself runs (a lazily built one cannot be copied), in eval mode (no dropout: the
+    # runs must see the same values); its parameters, attributes and modes are restored after.
+    modes = [(sub, sub.training) for sub in layer.sublayers(include_self=True)]
+    layer.eval()
     try:
-        out, grads, x_grad, cotangent = _run(clone, slots, whole, x, None, rng)
+        out, grads, x_grad, cotangent = _run(layer, slots, whole, x, None, rng)
         outs, local_grads, x_grads = [], [], []
         for rank in range(mp):
             local = {w.param: _local(whole[w.param], w, rank, mp) for w in view.weights}
-            with _attributes(clone, view):
-                o, g, xg, _ = _run(clone, slots, local, x, cotangent, rng)
+            with _attributes(layer, view):
+                o, g, xg, _ = _run(layer, slots, local, x, cotangent, rng)
             outs.append(o)
             local_grads.append(g)
             x_grads.append(xg)
@@ -214,6 +224,9 @@ def verify(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, input
         raise
     except Exception as exc:
         raise NotProven(f"running it failed: {type(exc).__name__}: {_first_line(exc)}") from None
+    finally:
+        for sub, training in modes:
+            sub.training = training
     _compare("output", sum(outs), out)
     _compare("input gradient", sum(x_grads), x_grad)
     for weight in view.weights:
@@ -228,24 +241,24 @@ def verify(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, input
     )
 
 
-def _slots(clone: paddle.nn.Layer, view: LocalView) -> list[tuple[str, paddle.nn.Layer, str]]:
+def _slots(layer: paddle.nn.Layer, view: LocalView) -> list[tuple[str, paddle.nn.Layer, str]]:
     return [
         (f"{view.layer}.{name}.{key}" if name else f"{view.layer}.{key}", sub, key)
-        for name, sub in clone.named_sublayers(include_self=True)
+        for name, sub in layer.named_sublayers(include_self=True)
         for key, param in sub._parameters.items()
         if param is not None
     ]
 
 
-def _run(clone, slots, values: dict, x: np.ndarray, cotangent, rng):
-    """One forward and backward of ``clone`` with ``values`` as its parameters (plain leaf tensors)."""
+def _run(layer, slots, values: dict, x: np.ndarray, cotangent, rng):
+    """One forward and backward of ``layer`` with ``values`` as its parameters (plain leaf tensors)."""
     leaves = {fqn: paddle.to_tensor(values[fqn], stop_gradient=False) for fqn, _, _ in slots}
     saved = [(sub, key, sub._parameters[key]) for _, sub, key in slots]
     try:
         for fqn, sub, key in slots:
             sub._parameters[key] = leaves[fqn]
         inp = paddle.to_tensor(x, stop_gradient=False)
-        out = clone(inp)
+        out = layer(inp)
         if not isinstance(out, paddle.Tensor):
             raise NotProven(f"its forward returns {type(out).__name__}, not one tensor")
         if cotangent is None:
@@ -293,12 +306,12 @@ def _compare(what: str, got: np.ndarray, want: np.ndarray) -> None:
 
 
 class _attributes:
-    """Set the view's attributes (on the clone) to their local values for a ``with`` block."""
+    """Set the view's attributes (on the layer) to their local values for a ``with`` block."""
 
-    def __init__(self, clone: paddle.nn.Layer, view: LocalView):
+    def __init__(self, layer: paddle.nn.Layer, view: LocalView):
         layers = {
             (f"{view.layer}.{name}" if name else view.layer): sub
-            for name, sub in clone.named_sublayers(include_self=True)
+            for name, sub in layer.named_sublayers(include_self=True)
         }
         self.items = [(layers[a.layer], a.name, a.local) for a in view.attributes]
         self.saved: list = []

@@ -219,3 +219,29 @@ def test_a_local_view_checkpoint_round_trips_in_the_models_own_layout(
     """Saved under one layout, resumed under the other or on one device: like one uninterrupted device."""
     plans, outputs, runs = round_trips
     assert_resumed_like_one_device(reference_runs, runs, outputs, saver, resumer, plans[plan] if plan else None)
+
+
+def test_a_forward_that_reads_widths_from_its_input_stays_gathered_with_one_note():
+    """nanoGPT's attention takes its head dim from the input, ``C // self.n_head``: at 1/mp width
+    with the whole input it cannot run unchanged, so it keeps the gather, said once."""
+    target = "tests/models/zoo/nanogpt.py"
+    plan = plan_target(target, None, _request(), {"target": target}, local_view=True).plan
+    assert plan.local_view == []
+    notes = [note for note in plan.notes if note.startswith("local view")]
+    assert len(notes) == 1 and notes[0].startswith("local view: transformer.h.*.attn stays global"), notes
+    assert "running it failed" in notes[0]
+    assert {h.layer for h in plan.hooks if h.action == "reshard"} == {
+        "transformer.h.0.attn.c_attn",
+        "transformer.h.1.attn.c_attn",
+    }
+
+
+def test_verification_leaves_the_layer_as_it_was(local_plan):
+    model = load(GPT2).model
+    view = local_plan.local_view[0]
+    layer = dict(model.named_sublayers())[view.layer]
+    layer.train()
+    before = {id(p) for p in layer.parameters()}, layer.num_heads, layer.c_attn.nf
+    verify(layer, view, {fqn: (p.shape, p.dtype) for fqn, p in local_plan.params.items()}, 2, [2, 8, 32])
+    assert ({id(p) for p in layer.parameters()}, layer.num_heads, layer.c_attn.nf) == before
+    assert layer.training and layer.attn_dropout.training
