@@ -11,7 +11,9 @@ $(VENV)/.installed: pyproject.toml
 	@echo "make install: a virtual environment in $(VENV), then autodist with Paddle and the test tools (a few minutes)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --progress-bar on -e '.[cpu,test]'
+	# setuptools prints a boxed warning for every editable install of a project whose folders share
+	# the package's name (autodist/); it says nothing about this layout, so it is filtered by its text.
+	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install --progress-bar on -e '.[cpu,test]'
 	touch $@
 
 # Lint and layout (ruff), types (mypy), the test suite, then the docstring examples of the three packages.
