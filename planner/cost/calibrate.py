@@ -14,8 +14,11 @@
   all into the fit of the link they lie on: all-reduce, all-gather, reduce-scatter, send/recv; the alpha-beta ring
   formulas of :mod:`autodist.planner.cost.comm` fitted by least squares give each link's
   latency and bandwidth, and with groups of two sizes (a plan's pairs and the whole node) how
-  much the latency of a step grows per rank (:func:`fit_link`). What the backend lacks (gloo has no reduce-scatter on CPU) is
-  reported as missing, never replaced by something else.
+  much the latency of a step grows per rank (:func:`fit_link`); with a plan, also at the plan's
+  own message sizes (:func:`plan_messages`). Small messages are sent :data:`BACK_TO_BACK` per
+  timing, so that the barrier closing each timing does not count as much as the collective.
+  What the backend lacks (gloo has no reduce-scatter on CPU) is reported as missing, never
+  replaced by something else.
 
 - with ``--model``, real training steps of the user's model under the plan (``apply_plan``, the
   traced inputs at random, forward, the mean of the first output as the loss, backward, AdamW),
@@ -49,6 +52,9 @@ from autodist.schemas.vocabulary import TRAINING_DTYPES, local_shape, training_b
 COLLECTIVE_BYTES = (4 * 1024, 256 * 1024, 4 * 1024 * 1024, 16 * 1024 * 1024)
 #: The largest of a plan's own messages measured (bytes): a larger one is measured at this size.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: How many times a message of at most 1 MiB is sent back to back in one timing (each timing
+#: ends with a barrier on the group, which would otherwise double a small collective's time).
+BACK_TO_BACK = 4
 #: Square matmuls measured without a plan; with one, only the two smallest, which pin the
 #: fixed cost per op while the plan's own shapes pin the rate.
 SQUARE_SIZES = (64, 256, 512, 1024)
@@ -335,7 +341,11 @@ def measure_collectives(
             if any(name in m and scope in m for m in result.missing):
                 continue
             try:
-                seconds = timed(run, barrier, repeats=3)
+                # Each timing closes with a barrier on the group, itself a collective (on gloo as
+                # long as a small all-reduce): a small message is run BACK_TO_BACK times before
+                # it, as training runs one gradient's collective after another.
+                times = BACK_TO_BACK if nbytes <= 1 << 20 else 1
+                seconds = timed(lambda: [run() for _ in range(times)], barrier, repeats=3) / times
             except Exception as err:  # the backend lacks it: say so, measure the rest
                 result.missing.append(f"{name} ({scope}-node): {type(err).__name__}: {str(err).splitlines()[0][:160]}")
                 barrier()
