@@ -105,7 +105,7 @@ def plan_model(
     progress: Progress | None = None,
     rules: dict[str, str] | None = None,
     *,
-    local_view: bool = False,
+    local_view: bool = True,
 ) -> PlannedModel:
     """Stages 2-7 for a model object: trace, graph, analyse, cost, search, emit.
 
@@ -113,7 +113,7 @@ def plan_model(
     ``rules``: ``{layer glob: "colwise" | "rowwise" | "replicate"}`` merged into the analysis
     (:mod:`autodist.planner.recognise.rules`) and recorded in the provenance.
     ``local_view``: run the attention sub-layers with a fused column projection on local tensors
-    where the planner proves it (:mod:`autodist.planner.local_view`; off by default while new).
+    where the planner proves it (:mod:`autodist.planner.local_view`).
     Raises :class:`~autodist.planner.errors.PlannerError` for anything the user can fix.
     """
     progress = progress or _QUIET
@@ -131,7 +131,7 @@ def plan_analysed(
     rules: dict[str, str] | None = None,
     *,
     model: paddle.nn.Layer | None = None,
-    local_view: bool = False,
+    local_view: bool = True,
 ) -> PlannedModel:
     """Stages 5-7 for an analysed model: cost, search, emit (:func:`plan_model` without the
     tracing, for callers that plan one model for several requests). ``rules`` change
@@ -170,7 +170,7 @@ def plan_target(
     progress: Progress | None = None,
     rules: dict[str, str] | None = None,
     *,
-    local_view: bool = False,
+    local_view: bool = True,
 ) -> PlannedModel:
     """The whole offline phase for a model file: load, then :func:`plan_model`."""
     loaded = load(target, input_specs, progress)
@@ -201,7 +201,7 @@ def plan(
     rules: dict[str, str] | None = None,
     ep: int | None = 1,
     attention: str = "auto",
-    local_view: bool = False,
+    local_view: bool = True,
 ) -> Plan:
     """Plan ``model`` from Python, as ``autodist-plan`` plans a model file (``autodist.plan``).
 
@@ -212,7 +212,7 @@ def plan(
     profile, else ``cpu``, said in the plan's notes); ``cluster`` is ``--cluster``, a TOML file; ``devices``
     and ``nodes`` left out are the cluster file's, else 1; ``ep`` is ``--ep``, None for ``auto``;
     ``attention`` is ``--attention``: ``auto``, ``flash`` or ``eager``; ``local_view`` is
-    ``--local-view``).
+    ``--local-view/--no-local-view``).
     The plan equals the command's for the same model, but for ``provenance.arguments.target``,
     which names the model's class instead of a file. Raises ``PlannerError`` for anything the
     caller can fix. Save the plan with :func:`autodist.save_plan`. As quiet as the command: what

@@ -82,8 +82,8 @@ def test_planner_records_a_proven_local_view(local_plan):
     assert not [h for h in local_plan.hooks if h.action == "reshard" and ".attn." in h.layer]
 
 
-def test_default_plan_still_gathers_the_fused_projection():
-    plan = plan_target(GPT2, None, _request(), {"target": GPT2}).plan
+def test_no_local_view_still_gathers_the_fused_projection():
+    plan = plan_target(GPT2, None, _request(), {"target": GPT2}, local_view=False).plan
     assert plan.local_view == []
     assert {h.layer for h in plan.hooks if h.action == "reshard"} >= {"transformer.h.0.attn.c_attn"}
 
@@ -127,14 +127,17 @@ def test_local_view_trains_like_one_device_with_half_the_heads(dp, local_plan, d
     assert (plan.strategy.dp, plan.strategy.mp) == (dp, 2)
     path = tmp_path / "gpt2_local_view.json"
     save_plan(plan, path)
-    run = TrainRun(f"gpt2_local_view_dp{dp}", "zoo_gpt2_hf", plan=str(path))
-    assert WORKLOADS[run.workload].planner_target.endswith("gpt2_hf.py")
-    outputs = train_distributed([run], 2 * dp, tmp_path / "world", timeout_s=600.0)[run.name]
-    reference_runs.prepare([run])
-    check_against_reference(Trained(run, plan, outputs), reference_runs)
-    for output in outputs:
-        heads = {shape[1] for shape in output["score_shapes"]}
-        assert output["score_shapes"] and heads == {HEADS // 2}, output["score_shapes"]
+    runs = [TrainRun(f"gpt2_local_view_dp{dp}", "zoo_gpt2_hf", plan=str(path))]
+    if dp == 1:  # and built under autodist.LazyGuard: apply_plan initialises the fused weights, then lays them out
+        runs.append(TrainRun("gpt2_local_view_lazy", "zoo_gpt2_hf", plan=str(path), build="autodist_lazy"))
+    assert WORKLOADS["zoo_gpt2_hf"].planner_target.endswith("gpt2_hf.py")
+    outputs = train_distributed(runs, 2 * dp, tmp_path / "world", timeout_s=600.0)
+    reference_runs.prepare(runs)
+    for run in runs:
+        check_against_reference(Trained(run, plan, outputs[run.name]), reference_runs)
+        for output in outputs[run.name]:
+            heads = {shape[1] for shape in output["score_shapes"]}
+            assert output["score_shapes"] and heads == {HEADS // 2}, output["score_shapes"]
 
 
 def _with_attribute(plan, name: str, **changed):
@@ -173,7 +176,7 @@ def round_trips(local_plan, tmp_path_factory, reference_runs):
     """AdamW, 2 steps saved under the local-view plan and under the default (gathered) one, each
     resumed for 1 step under the other and the local-view one on one device."""
     workdir = tmp_path_factory.mktemp("local_view_checkpoints")
-    gathered = plan_target(GPT2, None, _request(), {"target": GPT2}).plan
+    gathered = plan_target(GPT2, None, _request(), {"target": GPT2}, local_view=False).plan
     plans = {"local": str(workdir / "local.json"), "gathered": str(workdir / "gathered.json")}
     save_plan(local_plan, plans["local"])
     save_plan(gathered, plans["gathered"])

@@ -192,11 +192,12 @@ def cli() -> None:
     "selects (F.scaled_dot_product_attention, use_flash_attention, ...) on a device with fused kernels.",
 )
 @click.option(
-    "--local-view",
-    is_flag=True,
+    "--local-view/--no-local-view",
+    default=True,
+    show_default=True,
     help="Run attention sub-layers with a fused q|k|v projection on local tensors (Megatron's layout: "
-    "heads split, one all-reduce) where the planner proves it by running them; tensor and data "
-    "parallelism only. New: off by default.",
+    "heads split, one all-reduce) where the planner proves it by running them, under tensor and data "
+    "parallelism; --no-local-view gathers the projection's output instead.",
 )
 @click.option(
     "--rules",
