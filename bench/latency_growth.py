@@ -43,23 +43,9 @@ def collectives(text: str) -> dict:
 
 
 def one_latency(points: dict) -> Link:
-    """The fit calibrate made before: one latency per ring step for every group size (the
-    ring's steps for each group's size, no growth), least squares on relative errors."""
-    import numpy as np
-
-    rows = []
-    for (scope, name, p), timings in points.items():
-        if scope != "intra":
-            continue
-        steps, share = {
-            "all_reduce": (2 * (p - 1), 2 * (p - 1) / p),
-            "all_gather": (p - 1, (p - 1) / p),
-            "reduce_scatter": (p - 1, (p - 1) / p),
-            "send_recv": (1, 1.0),
-        }[name]
-        rows += [(steps / t, share * b / t) for b, t in timings if t > 0]
-    alpha, beta = np.linalg.lstsq(np.array(rows), np.ones(len(rows)), rcond=None)[0]
-    return Link(1.0 / float(beta), max(float(alpha), 1e-6), 0.0)
+    """The fit calibrate made before: one latency per ring step for every group size."""
+    fit = fit_link(points, "intra", growth=False)
+    return Link(fit.bandwidth, fit.latency_s, 0.0)
 
 
 def main() -> None:

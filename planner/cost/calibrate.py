@@ -373,12 +373,15 @@ class LinkFit:
     latency_per_rank_s: float | None = None
 
 
-def fit_link(points: dict[tuple[str, str, int], list[tuple[int, float]]], scope: str) -> LinkFit | None:
+def fit_link(
+    points: dict[tuple[str, str, int], list[tuple[int, float]]], scope: str, growth: bool = True
+) -> LinkFit | None:
     """One link's figures from its collectives, each timing turned into (latency steps, steps
     times ranks beyond two, bytes per rank) by the ring formulas of :mod:`autodist.planner.cost.comm`,
     fitted as ``t = steps (alpha + (p - 2) gamma) + bytes / B`` by least squares on relative
     errors (so the small, latency-bound messages count too), with no figure negative. ``gamma``
-    is fitted only when groups of two sizes or more were measured.
+    is fitted only when groups of two sizes or more were measured (and ``growth``: False gives
+    one latency for every size, the fit calibrate made before, which bench/latency_growth.py compares).
 
     >>> fit = fit_link({("intra", "all_reduce", 2): [(1000, 2e-6 + 1e-6), (10**6, 2e-6 + 1e-3)]}, "intra")
     >>> round(fit.latency_s * 1e6, 6), round(fit.bandwidth / 1e9, 6), fit.latency_per_rank_s
@@ -401,7 +404,7 @@ def fit_link(points: dict[tuple[str, str, int], list[tuple[int, float]]], scope:
         return None
     a = np.array([r[:3] for r in rows]) / np.array([[r[3]] for r in rows])  # each row divided by its time
     sizes = {(name, p) for (where, name, p) in points if where == scope}
-    growth = len({p for _, p in sizes}) > 1 and a[:, 1].any()
+    growth = growth and len({p for _, p in sizes}) > 1 and bool(a[:, 1].any())
     # Non-negative least squares over (alpha, gamma, 1/B), small enough to try every set of
     # columns that keeps the bandwidth: the best fit whose figures are all >= 0.
     best: tuple[float, np.ndarray] | None = None
