@@ -54,6 +54,7 @@ bench: install
 	$(PY) bench/lazy_init.py --markdown
 	$(PY) bench/checkpoint_time.py --markdown
 	$(PY) bench/recompute_memory.py --markdown
+	$(PY) bench/local_view.py --markdown
 	$(PY) bench/pipeline_schedule.py
 	$(PY) bench/experts.py --markdown
 	$(PY) bench/closed_loop.py --runs 3
