@@ -34,7 +34,6 @@ from autodist.schemas import LocalAttribute, LocalView, LocalWeight, Plan, Strat
 from autodist.schemas.local_view import local_order, own_order, runs_local_views
 
 from autodist.planner.recognise.analysis import ModelAnalysis
-from autodist.planner.review.format import collapse
 from autodist.planner.recognise.roles import SubLayer
 
 #: Equal within: the local runs reassembled against the global run, float32.
@@ -123,9 +122,13 @@ def local_views(
             unproven[candidate.layer] = str(outcome)
         else:
             views.append(LocalView(layer=view.layer, weights=view.weights, attributes=attributes, verified=outcome))
+    by_reason: dict[str, list[str]] = {}
+    for layer_name, reason in unproven.items():
+        by_reason.setdefault(reason, []).append(layer_name)
     notes = [
-        f"local view: {row.pattern} stays global (its fused projection gathered): {row.value}"
-        for row in collapse(unproven)
+        f"local view: {names[0]}{f' and {len(names) - 1} more like it' if len(names) > 1 else ''} "
+        f"stay{'s' if len(names) == 1 else ''} global (fused projection gathered): {reason}"
+        for reason, names in by_reason.items()
     ]
     return views, notes
 
