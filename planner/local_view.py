@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,10 @@ from autodist.planner.recognise.roles import SubLayer
 
 #: Equal within: the local runs reassembled against the global run, float32.
 RTOL, ATOL = 1e-4, 1e-5
+#: The most weight elements a proof runs with: its random weights, gradients and slices are held
+#: on the planning machine at once (about five float32 copies: ~1.3 GB at this bound). A larger
+#: sub-layer keeps the gather, with a note.
+MAX_PROOF_ELEMENTS = 2**26
 
 
 class NotProven(Exception):
@@ -207,6 +212,12 @@ def verify(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, input
     others = sorted(fqn for fqn, _, _ in slots if fqn not in listed)
     if others:
         raise NotProven(f"its parameters {others} are not projections' weights")
+    elements = sum(math.prod(params[fqn][0]) for fqn in listed)
+    if elements > MAX_PROOF_ELEMENTS:
+        raise NotProven(
+            f"its weights ({elements} elements) are too large to prove on the planning machine "
+            f"(at most {MAX_PROOF_ELEMENTS}, planner/local_view.py MAX_PROOF_ELEMENTS)"
+        )
     whole = {fqn: rng.normal(0.0, 0.2, params[fqn][0]).astype("float32") for fqn in listed}
     x = rng.normal(0.0, 1.0, input_shape).astype("float32")
     # The layer itself runs (a lazily built one cannot be copied), in eval mode (no dropout: the

@@ -250,3 +250,12 @@ def test_verification_leaves_the_layer_as_it_was(local_plan):
     verify(layer, view, {fqn: (p.shape, p.dtype) for fqn, p in local_plan.params.items()}, 2, [2, 8, 32])
     assert ({id(p) for p in layer.parameters()}, layer.num_heads, layer.c_attn.nf) == before
     assert layer.training and layer.attn_dropout.training
+
+
+def test_a_sub_layer_too_large_to_prove_keeps_the_gather(monkeypatch):
+    import autodist.planner.local_view as local_view
+
+    monkeypatch.setattr(local_view, "MAX_PROOF_ELEMENTS", 1000)  # GPT-2's attention weights: 4224
+    plan = plan_target(GPT2, None, _request(), {"target": GPT2}).plan
+    assert plan.local_view == []
+    assert any("too large to prove on the planning machine" in note for note in plan.notes)
