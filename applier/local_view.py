@@ -41,7 +41,7 @@ from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_
 
 from autodist.schemas import LocalView, LocalWeight, Plan
 from autodist.schemas.describe import strategy_text
-from autodist.schemas.local_view import local_order, own_order, runs_local_views
+from autodist.schemas.local_view import hidden_output, local_order, own_order, runs_local_views
 
 from autodist.applier.clip import sum_over
 from autodist.applier.hooks import map_first_input, map_tensors
@@ -176,13 +176,16 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
                 sub._parameters[key] = param
             for owner, name, value in saved:
                 setattr(owner, name, value)
-        if not isinstance(output, paddle.Tensor):
+        found = hidden_output(output)
+        if found is None or not isinstance(found[0], paddle.Tensor):
             raise RuntimeError(
-                f"local view: {view.layer} returned {type(output).__name__}; the plan proved it returning one tensor"
+                f"local view: {view.layer} returned {type(output).__name__} with more than one tensor; "
+                "the plan proved it returning one"
             )
-        whole = _SumOverRanks.apply(output, mesh)
+        hidden, index = found
         outer, placements = placed[0]
-        return dtensor_from_local(whole, outer, placements)
+        whole = dtensor_from_local(_SumOverRanks.apply(hidden, mesh), outer, placements)
+        return whole if index is None else type(output)([whole, *output[1:]])
 
     layer.forward = run
 

@@ -32,7 +32,7 @@ import numpy as np
 import paddle
 
 from autodist.schemas import LocalAttribute, LocalView, LocalWeight, Plan, Strategy
-from autodist.schemas.local_view import local_order, own_order, runs_local_views
+from autodist.schemas.local_view import hidden_output, local_order, own_order, runs_local_views
 
 from autodist.planner.recognise.analysis import ModelAnalysis
 from autodist.planner.recognise.roles import SubLayer
@@ -272,9 +272,10 @@ def _run(layer, slots, values: dict, x: np.ndarray, cotangent, rng):
         for fqn, sub, key in slots:
             sub._parameters[key] = leaves[fqn]
         inp = paddle.to_tensor(x, stop_gradient=False)
-        out = layer(inp)
-        if not isinstance(out, paddle.Tensor):
-            raise NotProven(f"its forward returns {type(out).__name__}, not one tensor")
+        found = hidden_output(layer(inp))
+        if found is None or not isinstance(found[0], paddle.Tensor):
+            raise NotProven("its forward returns more than one tensor (a cache or attention weights)")
+        out = found[0]
         if cotangent is None:
             cotangent = rng.normal(0.0, 1.0, out.shape).astype("float32")
         (out * paddle.to_tensor(cotangent)).sum().backward()

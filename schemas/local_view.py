@@ -53,3 +53,19 @@ def runs_local_views(strategy: Strategy) -> bool:
         and strategy.recompute == "none"
         and strategy.micro_batches == 1
     )
+
+
+def hidden_output(output: object) -> tuple[object, int | None] | None:
+    """Where the hidden state is in what a sub-layer returns: ``(tensor, None)`` for one tensor,
+    ``(tensor, 0)`` for a tuple or list whose first item is it and whose other items are all
+    None (HF's ``(attn_output, present)`` without a cache); None for anything else, which a local
+    view cannot hand back (a cache or attention weights hold only the rank's heads).
+
+    >>> hidden_output(("h", None)), hidden_output("h"), hidden_output(("h", "cache"))
+    (('h', 0), ('h', None), None)
+    """
+    if isinstance(output, (tuple, list)):
+        if output and all(item is None for item in output[1:]) and output[0] is not None:
+            return output[0], 0
+        return None
+    return output, None

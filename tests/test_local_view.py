@@ -259,3 +259,24 @@ def test_a_sub_layer_too_large_to_prove_keeps_the_gather(monkeypatch):
     plan = plan_target(GPT2, None, _request(), {"target": GPT2}).plan
     assert plan.local_view == []
     assert any("too large to prove on the planning machine" in note for note in plan.notes)
+
+
+def test_a_forward_returning_hf_style_tuples(local_plan):
+    """HF's attention returns ``(attn_output, present)``, ``present`` None without a cache: proven
+    on its first item. Attention weights returned beside it hold only a rank's heads: not proven."""
+    from models.zoo.gpt2_hf import GPT2Attention
+
+    class WithoutCache(GPT2Attention):
+        def forward(self, hidden_states):
+            return super().forward(hidden_states), None
+
+    class WithWeights(GPT2Attention):
+        def forward(self, hidden_states):
+            out = super().forward(hidden_states)
+            return out, out.sum(-1)
+
+    view = local_plan.local_view[0]
+    params = {fqn: (p.shape, p.dtype) for fqn, p in local_plan.params.items()}
+    assert "equal the global run" in verify(WithoutCache(), view, params, 2, [2, 8, 32])
+    with pytest.raises(NotProven, match="returns more than one tensor"):
+        verify(WithWeights(), view, params, 2, [2, 8, 32])
