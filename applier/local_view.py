@@ -153,12 +153,15 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
 
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
-        placed = []  # the first input's mesh and placements: the output's too
+        # The first input, whose mesh and placements the output takes. The tensor itself is kept,
+        # not its process_mesh: that dies with the tensor (docs/paddle-notes.md), and the input is
+        # often a temporary (``self.attn(self.ln_1(h))``) that nothing else holds once replaced.
+        placed: list[paddle.Tensor] = []
 
         def first(x: paddle.Tensor) -> paddle.Tensor:
             if not x.is_dist():
                 raise RuntimeError(f"local view: {view.layer} got a plain tensor, not a DistTensor, as its input")
-            placed.append((x.process_mesh, list(x.placements)))
+            placed.append(x)
             return _CopyToRanks.apply(_local(x), mesh)
 
         args, kwargs = map_first_input(args, kwargs, first)
@@ -183,8 +186,7 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
                 "the plan proved it returning one"
             )
         hidden, index = found
-        outer, placements = placed[0]
-        whole = dtensor_from_local(_SumOverRanks.apply(hidden, mesh), outer, placements)
+        whole = dtensor_from_local(_SumOverRanks.apply(hidden, mesh), placed[0].process_mesh, placed[0].placements)
         return whole if index is None else type(output)([whole, *output[1:]])
 
     layer.forward = run
