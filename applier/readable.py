@@ -613,11 +613,22 @@ def _wait_for_peers_at_exit() -> None:
         return
     deadline = time.monotonic() + notes.timeout_s
     try:
-        notes.store.add(f"{_STORE_PREFIX}exit", 1)
-        while notes.store.add(f"{_STORE_PREFIX}exit", 0) < notes.world and time.monotonic() < deadline:
-            time.sleep(0.02)
+        _arrive(notes, "exit", deadline, wait=True)
+        # Paddle's store is served from rank 0's process: rank 0 leaves last, once no peer will ask
+        # the store anything more. A peer's poll served while rank 0's process was finalising
+        # crashed rank 0 (SIGSEGV at the end of a job, seen in full-suite runs).
+        _arrive(notes, "left", deadline, wait=notes.rank == 0)
     except Exception:  # rank 0, the store's host, has gone: nobody is left to read from us
         pass
+
+
+def _arrive(notes: _Notes, name: str, deadline: float, wait: bool) -> None:
+    """Count this rank in the store counter ``name``; with ``wait``, stay until every rank has
+    been counted or the deadline passes."""
+    key = f"{_STORE_PREFIX}{name}"
+    notes.store.add(key, 1)
+    while wait and notes.store.add(key, 0) < notes.world and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 _FAILED = False
