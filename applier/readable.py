@@ -609,8 +609,19 @@ def _wait_for_peers_at_exit() -> None:
     longer than the read timeout (a peer that died never counts itself). Skipped after an
     uncaught exception (the job is failing; nobody will read)."""
     notes = _NOTES
-    if notes is None or _FAILED:
+    if notes is None:
         return
+    try:
+        if not _FAILED:
+            _wait_for_peers(notes)
+    finally:
+        # Drop the kept tensors now, while Paddle is whole: left to the interpreter's teardown,
+        # they are freed after Paddle's own state and can crash the process at exit.
+        with notes.changed:
+            notes.values.clear()
+
+
+def _wait_for_peers(notes: _Notes) -> None:
     deadline = time.monotonic() + notes.timeout_s
     try:
         _arrive(notes, "exit", deadline, wait=True)
