@@ -215,17 +215,7 @@ def test_autodist_lazy_guard_draws_the_sub_layers_a_subclass_replaced():
     under autodist.LazyGuard apply_plan draws them too, in their turn (and lets them go), so
     every parameter starts from the eager value. On main the head and the new blocks started
     elsewhere, silently."""
-    paddle.seed(SEED)
-    eager = {fqn: p.numpy() for fqn, p in DeeperLM().named_parameters()}
-    paddle.seed(SEED)
-    with autodist.LazyGuard():
-        model = DeeperLM()
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        model, _, _ = apply_plan(model, None, None, tensor_parallel_plan(model))
-    assert [w for w in said if "apply_plan" in str(w.message)] == []
-    for fqn, p in model.named_parameters():
-        np.testing.assert_array_equal(p.numpy(), eager[fqn], err_msg=fqn)
+    _assert_starts_eager_without_warning(DeeperLM, autodist.LazyGuard)
 
 
 class PatchClassifier(paddle.nn.Layer):
@@ -285,17 +275,7 @@ def test_models_built_in_one_go_have_no_discarded_layers(workload):
 def test_a_subclass_replacing_blocks_is_not_said_where_the_start_is_exact(guard):
     """The same subclass built under autodist.LazyGuard (its thrown-away blocks are drawn in
     their turn) or eagerly (nothing to draw) starts from the eager values: no warning."""
-    paddle.seed(SEED)
-    eager = {fqn: p.numpy() for fqn, p in WiderBlocks().named_parameters()}
-    paddle.seed(SEED)
-    with guard() if guard else contextlib.nullcontext():
-        model = WiderBlocks()
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        model, _, _ = apply_plan(model, None, None, tensor_parallel_plan(model))
-    assert [w for w in said if "apply_plan" in str(w.message)] == []
-    for fqn, p in model.named_parameters():
-        np.testing.assert_array_equal(p.numpy(), eager[fqn], err_msg=fqn)
+    _assert_starts_eager_without_warning(WiderBlocks, guard)
 
 
 def test_a_lazy_build_never_applied_is_let_go_with_its_model():
@@ -313,3 +293,19 @@ def test_a_lazy_build_never_applied_is_let_go_with_its_model():
     del model, thrown
     gc.collect()
     assert [p() for p in params] == [None] * len(params)
+
+
+def _assert_starts_eager_without_warning(build, guard) -> None:
+    """``build()`` under ``guard`` (None: eagerly), applied on one rank, starts from the values of
+    an eager build with the same seed, and apply_plan says nothing about its start."""
+    paddle.seed(SEED)
+    eager = {fqn: p.numpy() for fqn, p in build().named_parameters()}
+    paddle.seed(SEED)
+    with guard() if guard else contextlib.nullcontext():
+        model = build()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model, _, _ = apply_plan(model, None, None, tensor_parallel_plan(model))
+    assert [w for w in said if "apply_plan" in str(w.message)] == []
+    for fqn, p in model.named_parameters():
+        np.testing.assert_array_equal(p.numpy(), eager[fqn], err_msg=fqn)
