@@ -241,6 +241,16 @@ EXPECTED = {
         **mlp("transformer.h.*.mlp", ("dense_h_to_4h",), "dense_4h_to_h"),
         "transformer.word_embeddings.weight": COL_B,
     },
+    # HF GPT-NeoX: q, k, v interleaved per head in query_key_value, scores by baddbmm over merged
+    # batch x heads; the fused column is gathered after the projection (the core runs whole).
+    f"{ZOO}/gpt_neox_hf.py": {
+        **fused("gpt_neox.layers.*.attention", "query_key_value", bias=True),
+        "gpt_neox.layers.*.attention.dense.weight": ROW,
+        "gpt_neox.layers.*.attention.dense.bias": REP,
+        **mlp("gpt_neox.layers.*.mlp", ("dense_h_to_4h",), "dense_4h_to_h", bias=True),
+        "gpt_neox.embed_in.weight": COL_B,
+        "embed_out.weight": COL,
+    },
     f"{PF}:build_gpt_oss": {
         **attention("model.layers.*.self_attn", bias=True, o_bias=True),
         "model.layers.*.mlp.router.weight": REP,
