@@ -270,7 +270,7 @@ def _describe(exc: BaseException) -> str:
 
 def _host(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
     host, port = master_endpoint()
-    key, key_file = new_key(_master())
+    key, key_file = new_key(master_address())
     try:
         listener = _listen(os.environ.get(BIND_ENV) or host, port)
     except OSError as err:
@@ -517,13 +517,13 @@ def _ranks(ranks: list[int]) -> str:
 def _join(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
     host, port = master_endpoint()
     deadline = time.monotonic() + timeout_s
-    conn, nonce, key, found = _connect(host, port, _master(), deadline)
+    conn, nonce, key, found = _connect(host, port, master_address(), deadline)
     if conn is None:
         why = {
             "stranger": f"something other than this job's rank 0 listens on {host}:{port}: another program (set "
             f"{PORT_ENV} to a free port on every rank), or a rank 0 with another {SECRET_ENV}",
             "nothing": f"nothing listens on {host}:{port}; dead, stuck, or another plan?",
-            "no key": f"it wrote no key to {key_file(_master())}; dead, stuck, or another TMPDIR (every rank "
+            "no key": f"it wrote no key to {key_file(master_address())}; dead, stuck, or another TMPDIR (every rank "
             f"needs the same, or set {SECRET_ENV})",
         }[found]
         raise PlanError(
@@ -622,16 +622,16 @@ def _lost(exc: Exception) -> str:
 # -- where rank 0 listens ---------------------------------------------------------------------------
 
 
-def _master() -> str:
+def master_address() -> str:
     """The job's master endpoint ``host:port``: ``PADDLE_MASTER`` (set by Paddle's launcher) or
     else the first of ``PADDLE_TRAINER_ENDPOINTS``, as Paddle's own store finds its master."""
     return os.environ.get("PADDLE_MASTER") or os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
 
 
 def master_endpoint() -> tuple[str, int]:
-    """Rank 0's host and the agreement port: the master's host (:func:`_master`); the port is
+    """Rank 0's host and the agreement port: the master's host (:func:`master_address`); the port is
     ``AUTODIST_AGREE_PORT`` or the master's port + 1."""
-    host, _, port = _master().rpartition(":")
+    host, _, port = master_address().rpartition(":")
     if not host or not port.isdigit():
         raise PlanError(
             "agreement: neither PADDLE_MASTER nor PADDLE_TRAINER_ENDPOINTS names rank 0's host:port; "

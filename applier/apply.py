@@ -67,6 +67,7 @@ from autodist.applier.readable import install as make_outputs_readable
 from autodist.applier.readable import read_timeout
 from autodist.applier.recompute import wrap_recompute
 from autodist.applier.shard import shard_parameters
+from autodist.applier.store_host import warm_up_store_host
 from autodist.applier.validate import plan_problems
 
 #: The plan each model ``apply_plan`` returned was distributed by (``save_checkpoint`` records it).
@@ -177,6 +178,9 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     # The first communication (Paddle's store, for readable.py) unless a pipeline's came first:
     # every rank must have applied the plan, or all raise here instead of waiting there.
     agreement.settle()
+    # Rank 0 hosts Paddle's store, and its exit must survive the peers hanging up (store_host.py).
+    if dist.get_world_size() > 1:
+        warm_up_store_host(dist.get_rank())
     # A loss read on rank 0 only (readable.py). The MoE layers' collectives hold Python's lock
     # while they wait, so a rank in one could not answer a reader: values are posted instead.
     make_outputs_readable(model, agreement.key, post=groups is not None, timeout_s=read_timeout_s)

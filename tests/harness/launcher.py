@@ -98,6 +98,9 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
+    # A rank that dies of a signal (SIGSEGV, SIGABRT in Paddle's C++) prints every thread's
+    # Python stack to its stderr: the report then says where it was, not only its exit code.
+    env["PYTHONFAULTHANDLER"] = "1"
     # An empty CUDA_VISIBLE_DEVICES breaks Paddle's launcher on the CPU wheel (docs/paddle-notes.md,
     # "Collectives on the CPU wheel").
     if env.get("CUDA_VISIBLE_DEVICES") == "":

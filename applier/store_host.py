@@ -1,0 +1,49 @@
+"""Rank 0 hosts Paddle's TCP store: let it exit while its peers hang up.
+
+The crash (Paddle 3.3.1). Paddle's global store (``core.create_or_get_global_tcp_store()``,
+which ``init_parallel_env`` creates) is served from a libuv thread in rank 0's process, and that
+thread lives until the process ends. When a peer's connection to it closes, the thread logs
+``VLOG(5)`` lines ("Remote peer closed the connection.", or a read error), and glog sets up a
+``VLOG`` call site the first time it runs, under a lock that is a static C++ object. A peer
+closes its connection only when its process exits, so those lines first run at the job's end.
+If rank 0 is by then in its C++ static destructors, the lock is gone and glog aborts: rank 0
+dies of SIGABRT after its work is done, printing nothing (a core shows
+``LibUVClient::readCallback -> google::InitVLOG3__ -> abort``). In our test suite about one
+short job in twenty under load; docs/paddle-notes.md, "Rank 0 aborts at exit".
+
+The way round it. Rank 0 opens two connections to its own store and closes them at once: one
+cleanly (the thread reads the end of the stream) and one with a reset (it reads an error), the
+two ways a peer's exit reaches it. Both call sites are then set up while the process is whole;
+at the job's end the peers' hang-ups log nothing (below glog's level) and take no lock.
+
+    >>> warm_up_store_host(rank=1)   # nothing to do anywhere but on the store's host, rank 0
+    False
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+from autodist.applier.agree import master_address
+
+#: ``SO_LINGER`` on, zero seconds: ``close`` sends a reset instead of the end of the stream.
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
+
+
+def warm_up_store_host(rank: int, timeout_s: float = 5.0) -> bool:
+    """On rank 0, hang up on Paddle's store twice (cleanly, then with a reset) so that its
+    thread's hang-up log lines are set up now, not at exit. Returns whether it connected; a
+    store it cannot reach (another rank's machine, a port it cannot parse) is left alone: the
+    job runs as before, without the guard."""
+    host, _, port = master_address().rpartition(":")
+    if rank != 0 or not host or not port.isdigit():
+        return False
+    try:
+        # The store listens on every interface of rank 0's machine: loopback reaches it.
+        socket.create_connection(("127.0.0.1", int(port)), timeout=timeout_s).close()
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=timeout_s) as conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,53 @@
+"""Rank 0 hosts Paddle's TCP store and must survive its peers hanging up at the end of a job
+(applier/store_host.py): the store's thread logs each hang-up, and glog sets up a log line's
+call site under a lock that rank 0's C++ teardown destroys. ``apply_plan`` makes those call
+sites run once, on rank 0, while the job is alive.
+
+The crash itself is a race at process exit (about one short job in twenty under load) and
+cannot be forced in a test; what can fail here is whether the call sites ran before the end."""
+
+from __future__ import annotations
+
+import pytest
+from harness.launcher import free_ports, launch_ranks
+
+from autodist.applier.store_host import warm_up_store_host
+
+#: Rank 0 marks the moment it is done; its peer hangs up on the store only later (it sleeps
+#: longer). With GLOG_v=5 the store's thread logs every hang-up it reads, so rank 0's stderr
+#: shows whether one was read before the mark. Both leave by ``os._exit``: at level 5 glog
+#: would also log the peer's real hang-up during rank 0's teardown.
+RANK = """
+import os, sys, time
+import paddle.distributed as dist
+from harness.plans import tensor_parallel_plan
+from harness.workloads import WORKLOADS
+from autodist.applier import apply_plan
+dist.init_parallel_env()
+model = WORKLOADS["docstring_llama"].build(seed=7)
+apply_plan(model, None, None, tensor_parallel_plan(model, dp=2))
+time.sleep(1.0 if dist.get_rank() == 0 else 4.0)
+print("DONE", file=sys.stderr, flush=True)
+os._exit(0)
+"""
+
+#: What the store's thread logs (paddle/phi/core/distributed/store/tcp_store_libuv.cc, 3.3.1):
+#: a connection closed cleanly, and one reset.
+HANG_UPS = ("Remote peer closed the connection", "ECONNRESET")
+
+
+@pytest.mark.multiprocess
+def test_apply_plan_runs_the_stores_hang_up_log_lines_on_rank_0_before_the_end(tmp_path):
+    job = launch_ranks(2, ["-c", RANK], workdir=tmp_path, timeout_s=120, extra_env={"GLOG_v": "5"})
+    job.raise_for_failure()
+    before_done = job.processes[0].stderr.partition("DONE")[0]
+    assert "DONE" in job.processes[0].stderr
+    for line in HANG_UPS:
+        assert line in before_done, f"rank 0's store never logged {line!r} before the job's end"
+
+
+def test_only_rank_0_connects_and_a_store_nobody_serves_is_left_alone(monkeypatch):
+    (port,) = free_ports(1)  # nothing listens there
+    monkeypatch.setenv("PADDLE_MASTER", f"127.0.0.1:{port}")
+    assert warm_up_store_host(rank=1) is False
+    assert warm_up_store_host(rank=0, timeout_s=1.0) is False  # refused: no error, no wait
