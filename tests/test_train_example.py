@@ -3,10 +3,15 @@ a model that returns logits with a loss function beside it."""
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import paddle
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +38,23 @@ def build_model():
 def loss_fn(logits, labels):
     return paddle.nn.functional.cross_entropy(logits, labels.unsqueeze(-1)).mean()
 """
+
+
+def _train_script():
+    spec = importlib.util.spec_from_file_location("autodist_example_train", ROOT / "examples" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("model_file", sorted((ROOT / "plans").glob("*/model.py")), ids=lambda p: p.parent.name)
+def test_every_model_file_of_plans_gives_train_py_its_loss(model_file):
+    """The README trains plans/'s model files with examples/train.py: each has either a
+    ``loss_fn`` beside a model returning logits or a ``forward`` taking ``labels``."""
+    module, factory = _train_script().load_factory(str(model_file))
+    with paddle.LazyGuard():
+        model = factory()
+    assert callable(getattr(module, "loss_fn", None)) or "labels" in inspect.signature(model.forward).parameters
 
 
 def test_input_spec_constant_and_a_loss_function_beside_the_model(tmp_path):

@@ -54,3 +54,9 @@ def build_model():
 
 def input_spec() -> list[paddle.static.InputSpec]:
     return _classes().input_spec(config())
+
+
+def loss_fn(logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
+    """Next-token cross-entropy, the mean over the batch's tokens: the model returns logits, and
+    ``examples/train.py`` (and a pipeline schedule) calls this beside it."""
+    return paddle.nn.functional.cross_entropy(logits, labels.unsqueeze(-1)).mean()
