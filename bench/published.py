@@ -11,10 +11,21 @@ calls ``F.scaled_dot_product_attention``, priced as flash attention on the h100 
   sequence 2048, A100 80 GB (Selene: DGX A100, 8 HDR InfiniBand NICs per node), full activation
   recompute, published teraFLOP/s per GPU counted with the paper's formula
   96 B s l h^2 (1 + s / 6h + V / 16 l h) (which includes the recompute). The first six rows,
-  the ones within 1024 GPUs. ``--fit`` fits the GPU profiles' matmul efficiency and per-matmul
-  overhead on these rows (the figures in hardware.GPU_MATMUL).
+  the ones within 1024 GPUs. ``--fit`` fits the A100 profiles' matmul efficiency on these rows
+  (the ``matmul_efficiency`` of devices/a100-*.toml).
+- Megatron-LM on H100 (the NVIDIA/Megatron-LM README, "Training Speed and Scalability", the
+  weak-scaling table images/model_table.png, added in commit 937571c, July 2024): GPT,
+  vocabulary 131072, sequence 4096, 1.7B to 462B on 48 to 6144 H100s, Megatron-Core with
+  Transformer Engine (flash attention), the distributed optimizer (``--overlap-param-gather``
+  needs it: ZeRO-1), published teraFLOP/s per GPU counted with Megatron's
+  ``num_floating_point_operations`` (model FLOPs, no recompute). These runs overlap their
+  tensor-, data- and pipeline-parallel communication with compute (``--tp-comm-overlap``,
+  ``--overlap-grad-reduce``, ``--overlap-param-gather``), which the planner does not model (it
+  prices Paddle, which exposes them): priced with that communication hidden, i.e. free links
+  (the planner's own estimate, communication exposed, is printed beside it). ``--fit`` fits the
+  h100-sxm profile's matmul efficiency on these rows.
 - MosaicML llm-foundry (scripts/train/benchmarking/README.md, "H100 80GB BF16"; not used for
-  the fit): MPT models with PyTorch FSDP FULL_SHARD (ZeRO-3), sequence 2048, the rows at 2048;
+  any fit: the validation set): MPT models with PyTorch FSDP FULL_SHARD (ZeRO-3), sequence 2048, the rows at 2048;
   published MFU (model FLOPs with attention, no recompute) converted to step time.
 
 Run: ``.venv/bin/python bench/published.py [--fit] [--markdown]``. Nothing asserts on it.
@@ -51,6 +62,7 @@ class Row:
     schedule: str = "1F1B"
     published_s: float = 0.0  # step time implied by the published figure
     published: str = ""  # the figure as published
+    comm_hidden: bool = False  # the run overlapped all its communication with compute (see price)
 
 
 def megatron_rows() -> list[Row]:
@@ -84,6 +96,55 @@ def megatron_rows() -> list[Row]:
                 batch,
                 mp=tp,
                 pp=pp,
+                schedule="1F1B" if pp > 1 else "none",
+                published_s=flops / (gpus * tflops * 1e12),
+                published=f"{tflops} TFLOP/s",
+            )
+        )
+    return rows
+
+
+def megatron_h100_rows() -> list[Row]:
+    """The README's H100 weak-scaling table, the rows within 1024 GPUs (params, heads, hidden,
+    layers, TP, PP, GPUs, batch, teraFLOP/s per GPU; data-parallel size 48 in every row).
+
+    The table gives neither the micro-batch size nor the recompute: priced with one sequence per
+    micro-batch (as the A100 rows) and no recompute (the published figure counts none, and with
+    Transformer Engine's flash attention there are no attention scores for selective recompute to
+    drop); the pipeline rows with 1F1B, Megatron's schedule without virtual stages.
+    """
+    table = [
+        ("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8),
+        ("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9),
+        ("16B", 48, 6144, 32, 4, 1, 192, 192, 489.1),
+        ("32B", 56, 7168, 48, 8, 1, 384, 192, 459.6),
+        ("70B", 64, 8192, 84, 8, 2, 768, 384, 419.7),
+        ("119B", 80, 10240, 92, 8, 4, 1536, 768, 420.5),
+        ("177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
+        ("314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
+        ("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
+    ]
+    rows = []
+    for name, heads, h, layers, tp, pp, gpus, batch, tflops in table:
+        s, v = 4096, 131072
+        # Megatron's num_floating_point_operations for a GPT (no GQA, FFN 4h, no SwiGLU):
+        # 12 B s l h^2 (2 + s/h + 4 + V / 2lh) = 72 B s l h^2 (1 + s / 6h + V / 12 l h).
+        flops = 72 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))
+        rows.append(
+            Row(
+                name,
+                h,
+                heads,
+                layers,
+                v,
+                s,
+                gpus,
+                batch,
+                mp=tp,
+                pp=pp,
+                zero=1,
+                recompute="none",
+                comm_hidden=True,
                 schedule="1F1B" if pp > 1 else "none",
                 published_s=flops / (gpus * tflops * 1e12),
                 published=f"{tflops} TFLOP/s",
@@ -187,9 +248,30 @@ def gpt_analysis(hidden: int, heads: int, vocab: int, seq: int, sdpa: bool):
     return analyze(traced, build_graph(traced), model)
 
 
-def price(row: Row, device, sdpa: bool) -> float:
+def with_figures(device, **figures):
+    """``device`` with some of its figures replaced."""
+    return device.__class__(**{**{f: getattr(device, f) for f in device.__struct_fields__}, **figures})
+
+
+def free_links(device):
+    """``device`` with communication that costs nothing: what a run that overlaps all of it with
+    compute exposes, as far as the planner can say (what stays exposed lands in the fit)."""
+    return with_figures(
+        device,
+        intra_node_bandwidth=1e30,
+        inter_node_bandwidth=1e30,
+        intra_node_latency_s=0.0,
+        inter_node_latency_s=0.0,
+    )
+
+
+def price(row: Row, device, sdpa: bool, exposed: bool = False) -> float:
+    """The predicted step time of ``row``; a ``comm_hidden`` row with free links unless ``exposed``."""
     from autodist.planner.cost.step_time import Setup, StageTable, estimate
     from autodist.schemas import Strategy
+
+    if row.comm_hidden and not exposed:
+        device = free_links(device)
 
     cost = gpt_cost(row.hidden, row.heads, row.vocab, row.seq, sdpa, device)
     cost = replace(cost, blocks=(cost.blocks[0],) * row.layers)
@@ -215,9 +297,14 @@ def price(row: Row, device, sdpa: bool) -> float:
 
 def table(rows: list[Row], device, sdpa: bool, markdown: bool) -> list[float]:
     ratios = []
+    hidden = any(row.comm_hidden for row in rows)
     if markdown:
-        print("| run | GPUs | mp x pp | published | published step (s) | predicted step (s) | predicted / published |")
-        print("|---|---|---|---|---|---|---|")
+        extra = " planner, comm exposed (s) |" if hidden else ""
+        print(
+            "| run | GPUs | mp x pp | published | published step (s) | predicted step (s) | predicted / published |"
+            + extra
+        )
+        print("|---|---|---|---|---|---|---|" + ("---|" if hidden else ""))
     for row in rows:
         predicted = price(row, device, sdpa)
         ratios.append(predicted / row.published_s)
@@ -230,22 +317,23 @@ def table(rows: list[Row], device, sdpa: bool, markdown: bool) -> list[float]:
             f"{predicted:.2f}",
             f"{ratios[-1]:.2f}",
         ]
+        if hidden:
+            exposed = price(row, device, sdpa, exposed=True)
+            cells.append(f"{exposed:.2f} ({exposed / row.published_s:.2f})")
         print(("| " + " | ".join(cells) + " |") if markdown else "  ".join(cells))
     spread = math.exp(math.sqrt(sum(math.log(r) ** 2 for r in ratios) / len(ratios)))
     print(f"\ngeometric RMS error: {spread:.2f}x over {len(rows)} rows; range {min(ratios):.2f}-{max(ratios):.2f}\n")
     return ratios
 
 
-def fit(device) -> float:
-    """The matmul efficiency that best fits the Megatron rows (least squared log error). The
-    per-matmul overhead stays the profile's: these rows' matmuls are all large, so it hardly
-    changes them and cannot be fitted from them."""
+def fit(device, rows: list[Row], sdpa: bool) -> float:
+    """The matmul efficiency that best fits ``rows`` (least squared log error). The per-matmul
+    overhead stays the profile's: these rows' matmuls are all large, so it hardly changes them
+    and cannot be fitted from them."""
     best = None
-    for efficiency in [x / 100 for x in range(50, 96, 1)]:
-        trial = device.__class__(
-            **{**{f: getattr(device, f) for f in device.__struct_fields__}, "matmul_efficiency": efficiency}
-        )
-        err = sum(math.log(price(r, trial, False) / r.published_s) ** 2 for r in megatron_rows())
+    for efficiency in [x / 100 for x in range(30, 96, 1)]:
+        trial = with_figures(device, matmul_efficiency=efficiency)
+        err = sum(math.log(price(r, trial, sdpa) / r.published_s) ** 2 for r in rows)
         if best is None or err < best[0]:
             best = (err, efficiency)
     return best[1]
@@ -253,16 +341,19 @@ def fit(device) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fit", action="store_true", help="fit matmul efficiency and overhead on Megatron-LM")
+    parser.add_argument("--fit", action="store_true", help="fit the matmul efficiencies on the Megatron-LM rows")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     from autodist.planner.cost.hardware import PROFILES
 
     if args.fit:
-        print(f"fit on Megatron-LM: matmul_efficiency={fit(PROFILES['a100-80g'])}\n")
-    print("Megatron-LM, Narayanan et al. SC 2021 table 1 (a100-80g profile; the calibration set):\n")
+        print(f"fit on Megatron-LM A100: matmul_efficiency={fit(PROFILES['a100-80g'], megatron_rows(), False)}")
+        print(f"fit on Megatron-LM H100: matmul_efficiency={fit(PROFILES['h100-sxm'], megatron_h100_rows(), True)}\n")
+    print("Megatron-LM, Narayanan et al. SC 2021 table 1 (a100-80g profile; the A100 calibration set):\n")
     table(megatron_rows(), PROFILES["a100-80g"], sdpa=False, markdown=args.markdown)
-    print("MosaicML llm-foundry, H100 80GB BF16, FSDP FULL_SHARD (h100-sxm profile; not used for the fit):\n")
+    print("Megatron-LM README, H100 weak scaling (h100-sxm profile; the H100 calibration set):\n")
+    table(megatron_h100_rows(), PROFILES["h100-sxm"], sdpa=True, markdown=args.markdown)
+    print("MosaicML llm-foundry, H100 80GB BF16, FSDP FULL_SHARD (h100-sxm profile; not used for any fit):\n")
     table(mosaic_rows(), PROFILES["h100-sxm"], sdpa=True, markdown=args.markdown)
 
 
