@@ -16,8 +16,8 @@ calls ``F.scaled_dot_product_attention``, priced as flash attention on the h100 
 - Megatron-LM on H100 (the NVIDIA/Megatron-LM README, "Training Speed and Scalability", the
   weak-scaling table images/model_table.png, added in commit 937571c, July 2024): GPT,
   vocabulary 131072, sequence 4096, 1.7B to 462B on 48 to 6144 H100s, Megatron-Core with
-  Transformer Engine (flash attention), the distributed optimizer (``--overlap-param-gather``
-  needs it: ZeRO-1), published teraFLOP/s per GPU counted with Megatron's
+  Transformer Engine (flash attention), sequence parallelism (``--tp-comm-overlap`` needs it),
+  the distributed optimizer (``--overlap-param-gather`` needs it: ZeRO-1), published teraFLOP/s per GPU counted with Megatron's
   ``num_floating_point_operations`` (model FLOPs, no recompute). These runs overlap their
   tensor-, data- and pipeline-parallel communication with compute (``--tp-comm-overlap``,
   ``--overlap-grad-reduce``, ``--overlap-param-gather``), which the planner does not model (it
@@ -62,6 +62,7 @@ class Row:
     schedule: str = "1F1B"
     published_s: float = 0.0  # step time implied by the published figure
     published: str = ""  # the figure as published
+    sequence_parallel: bool = False
     comm_hidden: bool = False  # the run overlapped all its communication with compute (see price)
 
 
@@ -144,6 +145,7 @@ def megatron_h100_rows() -> list[Row]:
                 pp=pp,
                 zero=1,
                 recompute="none",
+                sequence_parallel=tp > 1,  # --tp-comm-overlap asserts --sequence-parallel
                 comm_hidden=True,
                 schedule="1F1B" if pp > 1 else "none",
                 published_s=flops / (gpus * tflops * 1e12),
@@ -283,6 +285,7 @@ def price(row: Row, device, sdpa: bool, exposed: bool = False) -> float:
         sharding_stage=row.zero,
         schedule=row.schedule,
         micro_batches=row.global_batch // (dp * row.micro_batch),
+        sequence_parallel=row.sequence_parallel,
     )
     setup = Setup(
         device=device,

@@ -13,13 +13,15 @@ Latencies are not on datasheets: they are the per-step costs NCCL shows in ``ncc
 (a few microseconds over NVLink, more over InfiniBand), used as the alpha of the alpha-beta model.
 Memory bandwidth is the datasheet's. How the GPUs' matmuls run (``matmul_efficiency``, the
 fraction of peak large matmuls sustain, and ``op_overhead_us``, the fixed cost of every op;
-:mod:`autodist.planner.cost.compute`) is not on datasheets: the efficiency, 0.76 in every GPU
-file, is fitted on Megatron-LM's published A100 runs (Narayanan et al., SC 2021, table 1;
-``bench/published.py --fit``, rows in docs/benchmarks.md, "Cost model against published runs");
-the fixed cost, 5 us, is a kernel launch's few microseconds, which those runs (all large
-matmuls) cannot pin down. ``autodist-plan calibrate`` measures both on the user's own devices,
-and with ``--model`` the ``dispatch_overhead_us`` a real training step shows (0 in the named
-profiles: on a GPU the host dispatches ahead of the kernels, so it hides behind them).
+:mod:`autodist.planner.cost.compute`) is not on datasheets: the efficiency is fitted on
+published runs (``bench/published.py --fit``, rows in docs/benchmarks.md, "Cost model against
+published runs"): the a100 files' on Megatron-LM's A100 runs (Narayanan et al., SC 2021,
+table 1), h100-sxm's on Megatron-LM's H100 runs (its README's weak-scaling table); h200, the
+same compute as the H100, still has the A100 fit. The fixed cost, 5 us, is a kernel launch's
+few microseconds, which those runs (all large matmuls) cannot pin down. ``autodist-plan
+calibrate`` measures both on the user's own devices, and with ``--model`` the
+``dispatch_overhead_us`` a real training step shows (0 in the named profiles: on a GPU the host
+dispatches ahead of the kernels, so it hides behind them).
 
 Example::
 
