@@ -16,9 +16,9 @@ fraction of peak large matmuls sustain, and ``op_overhead_us``, the fixed cost o
 :mod:`autodist.planner.cost.compute`) is not on datasheets: the efficiency is fitted on
 published runs (``bench/published.py --fit``, rows in docs/benchmarks.md, "Cost model against
 published runs"): the a100 files' on Megatron-LM's A100 runs (Narayanan et al., SC 2021,
-table 1), h100-sxm's on Megatron-LM's H100 runs (its README's weak-scaling table); h200, the
-same compute as the H100, still has the A100 fit. The fixed cost, 5 us, is a kernel launch's
-few microseconds, which those runs (all large matmuls) cannot pin down. ``autodist-plan
+table 1), h100-sxm's on Megatron-LM's H100 runs (its README's weak-scaling table); h200 (the
+H100's compute, no published runs of its own) takes the H100 fit. The fixed cost, 5 us, is a
+kernel launch's few microseconds, which those runs (all large matmuls) cannot pin down. ``autodist-plan
 calibrate`` measures both on the user's own devices, and with ``--model`` the
 ``dispatch_overhead_us`` a real training step shows (0 in the named profiles: on a GPU the host
 dispatches ahead of the kernels, so it hides behind them).
