@@ -16,6 +16,12 @@ $(VENV)/.installed: pyproject.toml
 	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install --progress-bar on -e '.[cpu,test]'
 	touch $@
 
+# Two pytest workers, one test file each at a time (module fixtures stay in one process): the
+# multi-process proofs spend much of their time starting ranks and waiting on each other, so one
+# worker's launches overlap the other's work (11 min -> under 9 on the 2-core machine:
+# docs/benchmarks.md, "The whole make test"). `make test PYTEST_ARGS=` runs them one by one.
+PYTEST_ARGS ?= -n 2 --dist loadfile
+
 # Lint and layout (ruff), types (mypy), the test suite, then the docstring examples of the three packages.
 test: install
 	$(PY) -m ruff check .
