@@ -74,7 +74,7 @@ from autodist.planner.recognise.analysis import (
     params_read_on_both_sides,
 )
 from autodist.planner.cost.search import SearchRequest, SearchResult
-from autodist.planner.recognise.reshards import reshard_hooks
+from autodist.planner.recognise.reshards import reshard_hooks, vocab_parallel_problems
 
 
 def build_plan(
@@ -228,24 +228,54 @@ def _mp_placements(analysis: ModelAnalysis, mp: int, notes: list[str]) -> dict[s
     for block in analysis.blocks:
         for linear in block.linears:
             placements.update(_linear_placements(linear, analysis.params, mp, notes))
-    vocab_divides = analysis.vocab_size is not None and analysis.vocab_size % mp == 0
+    split = _vocab_splits(analysis, mp, notes)
+    if analysis.embedding in split:
+        placements[analysis.embedding] = (f"S({split[analysis.embedding]})", "VocabParallelEmbedding")
+    head = analysis.lm_head
+    if head is not None and head.weight in split and head.weight not in placements:
+        head_placements = _linear_placements(head, analysis.params, mp, notes)
+        placements.update({fqn: (p, "ColWiseParallelHead") for fqn, (p, _) in head_placements.items()})
+    return placements
+
+
+def _vocab_splits(analysis: ModelAnalysis, mp: int, notes: list[str]) -> dict[str, int]:
+    """The vocabulary-parallel weights, ``{FQN: the dim split over mp}``: the token embedding's
+    table on its vocabulary dim (``analysis.vocab_dim``), the LM head's weight on its output
+    features; one weight when they are tied (by name, or by a function call reading the other
+    layer's weight), whose uses must agree on the dim. Each is checked against Paddle's SPMD
+    rules (:func:`.reshards.vocab_parallel_problems`): a weight one of its readers would gather,
+    or not split over the vocabulary, stays replicated, and a note says why."""
+    wanted: dict[str, int] = {}
     if analysis.embedding is not None:
-        if vocab_divides:
-            placements[analysis.embedding] = ("S(0)", "VocabParallelEmbedding")
-        else:
+        wanted[analysis.embedding] = analysis.vocab_dim
+    head = analysis.lm_head
+    head_splits = head is not None and head.role == "column" and head.split_dim is not None
+    if head is not None and head_splits and head.split_dim is not None:
+        if wanted.get(head.weight, head.split_dim) != head.split_dim:
+            notes.append(
+                f"{head.weight}: the token lookup reads its vocabulary on dim {wanted[head.weight]}, the LM head on "
+                f"dim {head.split_dim}; no one split serves both, replicated"
+            )
+            del wanted[head.weight]
+        elif head.weight not in wanted and head.weight != analysis.embedding:
+            wanted[head.weight] = head.split_dim
+    if analysis.vocab_size is None or analysis.vocab_size % mp:
+        if analysis.embedding is not None:
             notes.append(
                 f"embedding {analysis.embedding}: vocabulary {analysis.vocab_size} does not divide by mp={mp}; replicated"
             )
-    head = analysis.lm_head
-    if head is not None and head.role == "column" and head.weight not in placements:
-        if vocab_divides:
-            head_placements = _linear_placements(head, analysis.params, mp, notes)
-            placements.update({fqn: (p, "ColWiseParallelHead") for fqn, (p, _) in head_placements.items()})
-        else:
+        if head is not None and head_splits:
             notes.append(
                 f"LM head {head.weight}: vocabulary {analysis.vocab_size} does not divide by mp={mp}; replicated"
             )
-    return placements
+        return {}
+    for fqn, problems in vocab_parallel_problems(analysis, wanted, mp).items():
+        if problems:
+            notes.append(
+                f"{fqn}: split on dim {wanted.pop(fqn)} over mp it is not vocabulary-parallel under Paddle's "
+                f"SPMD rules ({'; '.join(problems)}); replicated"
+            )
+    return wanted
 
 
 def _linear_placements(
@@ -396,7 +426,7 @@ def _sequence_parallel_hooks(
         if analysis.final_norm
         else (_layer_of(analysis.lm_head.weight) if analysis.lm_head else None)
     )
-    embedding_layer = _layer_of(analysis.embedding) if analysis.embedding else None
+    embedding_layer = analysis.embedding_layer
     if not analysis.blocks or embedding_layer is None or end_layer is None:
         notes.append(
             "sequence parallel asked for, but the model has no embedding / blocks / final norm to "

@@ -44,6 +44,40 @@ def test_the_trace_finds_the_tie_and_a_pipeline_copies_it_to_the_last_stage(targ
     assert any(note.startswith(f"{weight} is read before the blocks and after them") for note in made.plan.notes)
 
 
+#: target -> the tied weight's vocabulary-parallel placement at mp2: ``wte.weight`` is ``[vocab,
+#: hidden]`` (S(0)), ``lm_head.weight`` a Paddle Linear's ``[hidden, vocab]`` (S(1)), whichever of
+#: the two layers reads the other's weight.
+VOCAB_SPLIT = {
+    "tests/models/tied_by_call.py:build_linear_head": ("wte.weight", "S(0)"),
+    "tests/models/tied_by_call.py:build_embedding_from_head": ("lm_head.weight", "S(1)"),
+}
+
+
+@pytest.mark.parametrize("target", sorted(VOCAB_SPLIT))
+def test_the_tied_weight_is_split_over_the_vocabulary_at_mp2(target):
+    """One placement serves the lookup and the head, checked by Paddle's SPMD rules: before,
+    ``F.embedding(idx, self.lm_head.weight.T)`` was no token embedding, so the vocabulary was
+    unknown, the head unrecognised and its weight replicated ("layer lm_head: no pattern
+    matched it")."""
+    weight, placement = VOCAB_SPLIT[target]
+    made = _plan(target, mp=2)
+    assert made.plan.params[weight].placements == [placement]
+    assert made.analysis.vocab_size == 64
+    assert not [note for note in made.plan.notes if "no pattern matched" in note]
+    assert not made.analysis.unmatched
+
+
+def test_a_split_serving_only_one_use_is_refused_by_the_spmd_rules():
+    """The check can fail: ``lm_head.weight`` split on its hidden dim leaves the lookup's output
+    split on the hidden features and the head's logits a partial sum; neither is vocabulary-parallel."""
+    from autodist.planner.recognise.reshards import vocab_parallel_problems
+
+    analysis = _plan("tests/models/tied_by_call.py:build_embedding_from_head", mp=2).analysis
+    assert vocab_parallel_problems(analysis, {"lm_head.weight": 1}, 2) == {"lm_head.weight": []}
+    problems = vocab_parallel_problems(analysis, {"lm_head.weight": 0}, 2)["lm_head.weight"]
+    assert [p.split(":")[0] for p in problems] == ["embedding in ''", "matmul in 'lm_head'"]
+
+
 def test_without_a_pipeline_the_tie_needs_no_copy():
     made = _plan("tests/models/zoo/nanogpt.py", pp=1, dp=2)
     assert made.plan.params["transformer.wte.weight"].tied_stages == {}

@@ -151,7 +151,9 @@ def plan_messages(plan, most: int = 3) -> dict[str, tuple[tuple[str, ...], list[
         local = local_shape(param.shape, param.placements, plan.mesh.shape)
         sizes["dp"].add(math.prod(local) * width)
         if param.style in ("RowWiseParallel", "VocabParallelEmbedding") and len(param.shape) == 2:
-            sizes["mp"].add(plan_tokens(plan) * param.shape[-1] * width)
+            # the output features: the dim not split (a [hidden, vocab] table is split on dim 1)
+            split = next((p for p in param.placements if p.startswith("S(")), "S(0)")
+            sizes["mp"].add(plan_tokens(plan) * param.shape[1 - int(split[2:-1])] * width)
     along = dict(zip(plan.mesh.axes, plan.mesh.shape))
     names: dict[str, tuple[str, ...]] = {
         "dp": ("all_reduce",) if not plan.strategy.sharding_stage else ("reduce_scatter", "all_gather")

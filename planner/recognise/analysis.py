@@ -89,6 +89,14 @@ class ModelAnalysis:
     refusals: list[str] = field(default_factory=list)
     #: Ties by function call (:func:`read_by`): ``{parameter FQN: the other layers reading it}``.
     read_by: dict[str, list[str]] = field(default_factory=dict)
+    #: The token embedding table's vocabulary dim: 0 for a ``[vocab, hidden]`` table, 1 for one the
+    #: lookup reads transposed (``F.embedding(ids, self.lm_head.weight.T)``: a ``[hidden, vocab]``
+    #: head weight). The dim a vocabulary-parallel plan splits (:func:`_embeddings`).
+    vocab_dim: int = 0
+    #: The layer whose own ops are the token lookup, when it is a layer of its own (``wte``); None
+    #: when the lookup is one op of a layer doing more (the model's forward). Sequence parallelism
+    #: starts after it.
+    embedding_layer: str | None = None
 
 
 def analyze(
@@ -110,8 +118,9 @@ def analyze(
     notes += refusals
     in_blocks = frozenset().union(*(r.nodes for r in recognised))
     outer = _outer_layers(graph, in_blocks)
-    embedding, other_embeddings = _embeddings(graph, outer)
-    vocab = params[embedding][0][0] if embedding else None
+    lookup, other_embeddings = _embeddings(graph, outer, in_blocks)
+    embedding = lookup.table if lookup else None
+    vocab = params[lookup.table][0][lookup.vocab_dim] if lookup else None
     notes += [f"{fqn}: embedding other than the token embedding, kept replicated" for fqn in other_embeddings]
     final_norm = [graph.nodes[g]["param"] for m in outer.values() for _, g in m.nodes_where(op=PARAM, norm=True)]
     lm_head = _lm_head(graph, outer, vocab, in_blocks) or _untraced_lm_head(model, traced, vocab)
@@ -143,6 +152,8 @@ def analyze(
         recognised=recognised,
         refusals=refusals,
         read_by=read_by(graph, model),
+        vocab_dim=lookup.vocab_dim if lookup else 0,
+        embedding_layer=lookup.layer if lookup else None,
     )
 
 
@@ -393,20 +404,75 @@ def _outer_layers(graph: nx.DiGraph, in_blocks: frozenset[int]) -> dict[str, Mat
 ID_LAYOUT_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze"})
 
 
-def _embeddings(graph: nx.DiGraph, outer: dict[str, Match]) -> tuple[str | None, list[str]]:
-    """The token embedding (the one looking up a model input, as given or laid out anew by
-    :data:`ID_LAYOUT_OPS`) and any other ones."""
+@dataclass(frozen=True)
+class TokenLookup:
+    """The token embedding: its ``table`` (a parameter FQN), the table's ``vocab_dim`` (1 when
+    the lookup reads it transposed) and the ``layer`` whose own ops are the lookup (None when it
+    is one op of a layer doing more)."""
+
+    table: str
+    vocab_dim: int
+    layer: str | None
+
+
+def _embeddings(
+    graph: nx.DiGraph, outer: dict[str, Match], in_blocks: frozenset[int]
+) -> tuple[TokenLookup | None, list[str]]:
+    """The token embedding (the lookup of a model input, as given or laid out anew by
+    :data:`ID_LAYOUT_OPS`) and any other embedding layers' tables.
+
+    Whose table it reads does not matter: a layer of its own (``nn.Embedding``), or an
+    ``F.embedding(ids, table)`` inside a layer that does more, with a table another layer owns,
+    read as is or transposed (``F.embedding(idx, self.lm_head.weight.T)``: the ``[hidden, vocab]``
+    head weight is the table, its vocabulary on dim 1); as the LM head is found (:func:`_lm_head`),
+    a layer of its own first, then a lookup inside the layers outside the blocks."""
     token, others = None, []
-    for match in outer.values():
+    for layer, match in outer.items():
         if not match.pattern.kind.startswith("embedding"):
             continue
-        fqn = graph.nodes[match.mapping[f"{match.pattern.kind}.weight"]]["param"]
-        ids = match.mapping.get("ids")
-        if token is None and ids is not None and _model_input(graph, ids):
-            token = fqn
+        lookup = _token_lookup(graph, match, layer)
+        if token is None and lookup is not None:
+            token = lookup
         else:
-            others.append(fqn)
+            others.append(graph.nodes[match.mapping[f"{match.pattern.kind}.weight"]]["param"])
+    if token is None:
+        token = next(
+            (
+                lookup
+                for match in _found_inside(graph, in_blocks, lambda kind: kind == "embedding")
+                if (lookup := _token_lookup(graph, match, None)) is not None
+            ),
+            None,
+        )
     return token, others
+
+
+def _token_lookup(graph: nx.DiGraph, match: Match, layer: str | None) -> TokenLookup | None:
+    """``match`` (an embedding pattern) as the token lookup, when the ids it reads are a model input."""
+    kind = match.pattern.kind
+    ids = match.mapping.get("ids")
+    if ids is None or not _model_input(graph, ids):
+        return None
+    weight = match.mapping[f"{kind}.weight"]
+    _, transposed = weight_use(graph, weight, match.mapping[f"{kind}.lookup"])
+    return TokenLookup(graph.nodes[weight]["param"], int(transposed), layer)
+
+
+def _found_inside(graph: nx.DiGraph, in_blocks: frozenset[int], kinds) -> list[Match]:
+    """Every match of the layer patterns whose kind ``kinds`` accepts inside the own ops of each
+    layer outside the blocks (in layer order): one op of a layer that does more, such as the
+    model's forward computing its logits or looking its tokens up."""
+    matcher, constants = Matcher(), constant_nodes(graph)
+    layers = sorted({graph.nodes[n]["layer"] for n in set(graph) - in_blocks})
+    views = (
+        compute_view(
+            graph, {n for n in block_nodes(graph, layer) if graph.nodes[n]["layer"] == layer} - in_blocks, constants
+        )
+        for layer in layers
+    )
+    return [
+        m for view in views for pattern in layer_patterns() if kinds(pattern.kind) for m in matcher.find(view, pattern)
+    ]
 
 
 def _model_input(graph: nx.DiGraph, node: int) -> bool:
@@ -441,21 +507,7 @@ def _lm_head(graph: nx.DiGraph, outer: dict[str, Match], vocab: int | None, in_b
         return None
     heads = [m for m in outer.values() if m.pattern.kind.startswith("linear")]
     if not heads:
-        matcher, constants = Matcher(), constant_nodes(graph)
-        layers = sorted({graph.nodes[n]["layer"] for n in set(graph) - in_blocks})
-        views = (
-            compute_view(
-                graph, {n for n in block_nodes(graph, layer) if graph.nodes[n]["layer"] == layer} - in_blocks, constants
-            )
-            for layer in layers
-        )
-        heads = [
-            m
-            for view in views
-            for pattern in layer_patterns()
-            if pattern.kind.startswith("linear")
-            for m in matcher.find(view, pattern)
-        ]
+        heads = _found_inside(graph, in_blocks, lambda kind: kind.startswith("linear"))
     for match in heads:
         if graph.nodes[match.mapping["linear_proj.matmul"]]["shapes"][0][-1] == vocab:
             return _head_use(graph, match)

@@ -22,6 +22,7 @@ from autodist import schemas
 from autodist.schemas.vocabulary import DTYPE_BYTES
 
 from autodist.planner.recognise.analysis import BlockInfo, LinearUse, ModelAnalysis
+from autodist.planner.ops import LAYOUT_OPS
 from autodist.planner.recognise.match import constant_nodes, short_op
 from autodist.planner.recognise.spmd import Dist, Replay, Reshard, is_planned
 
@@ -183,3 +184,63 @@ def gathered_linears(block: BlockInfo) -> list[LinearUse]:
     """The projections of ``block`` whose outputs :func:`reshard_hooks` gathers: the
     column-split fused ones (their outputs are whole again for the ops after them)."""
     return [lin for lin in block.linears if lin.role == "column" and lin.fused > 1]
+
+
+def vocab_parallel_problems(analysis: ModelAnalysis, split: dict[str, int], mp: int) -> dict[str, list[str]]:
+    """Why each weight of ``split`` (``{parameter FQN: the dim split over mp}``) would not be
+    vocabulary-parallel under Paddle's SPMD rules, ``{FQN: problems}`` (empty: it is). The ops
+    reading the weight (through layout ops: ``weight.T``) are replayed with the weight so split;
+    each must keep it split (no gather of the weight) and split the vocabulary: a product's output
+    split on its vocabulary-sized dim (the logits), or a partial sum over the vocabulary (a
+    lookup: each rank looks up its own rows, its output has no vocabulary dim). For the weights
+    outside the blocks, the token embedding's table and the LM head's weight, one Parameter when
+    they are tied: one placement has to serve every use, however it is spelled (``wte(ids)`` and
+    ``x @ wte.weight.T``, ``F.embedding(ids, lm_head.weight.T)`` and ``lm_head(x)``).
+
+    >>> vocab_parallel_problems(analysis, {"lm_head.weight": 0}, 2)   # doctest: +SKIP
+    {'lm_head.weight': ['embedding in "": its output is S(2) over mp, not ...', ...]}
+    """
+    graph, vocab = analysis.graph, analysis.vocab_size
+    mesh = paddle.distributed.ProcessMesh(list(range(mp)), dim_names=["mp"])
+    found: dict[str, list[str]] = {}
+    for fqn, dim in split.items():
+        shape = tuple(analysis.params[fqn][0])
+        weight = Dist(shape, tuple(0 if i == dim else -1 for i in range(len(shape))))
+        carriers = {n for n, d in graph.nodes(data=True) if d["param"] == fqn}
+        frontier, nodes, readers = list(carriers), set(), []
+        while frontier:  # the layout ops carrying the weight, and the ops reading it
+            for user in sorted(graph.successors(frontier.pop())):
+                if user in nodes:
+                    continue
+                nodes.add(user)
+                if short_op(graph.nodes[user]["op"]) in LAYOUT_OPS:
+                    carriers.add(user)
+                    frontier.append(user)
+                else:
+                    readers.append(user)
+        replay = Replay(graph, frozenset(nodes), {fqn: weight}, mesh, constant_nodes(graph))
+        reshards = replay.run()
+        problems = []
+        for node in sorted(readers):
+            data = graph.nodes[node]
+            where = f"{short_op(data['op'])} in {data['layer']!r}"
+            gathers = [
+                r
+                for r in reshards
+                if r.node == node
+                and not r.before.is_replicated
+                and any(graph.edges[p, node]["operand"] == r.operand for p in graph.predecessors(node) if p in carriers)
+            ]
+            if gathers:
+                problems.append(f"{where} needs it {gathers[0].after.placement()} over mp ({gathers[0].collective})")
+                continue
+            out = replay.values[node, 0]
+            if not isinstance(out, Dist):
+                problems.append(f"{where}: no SPMD rule says what its output is")
+            elif not (
+                any(d == 0 and n == vocab for d, n in zip(out.dims, out.shape))
+                or (out.partial and vocab not in out.shape)  # the vocabulary summed over: a lookup
+            ):
+                problems.append(f"{where}: its output is {out.placement()} over mp, not split over the vocabulary")
+        found[fqn] = problems
+    return found
