@@ -30,8 +30,10 @@ from harness.launcher import TESTS_DIR, base_env, free_ports
 pytestmark = pytest.mark.multiprocess
 
 PLAN_A, PLAN_B = "a" * 64, "b" * 64
-#: The agreement timeout of these jobs: short, so a test that fails fails in seconds.
-TIMEOUT_S = 3.0
+#: The agreement timeout of these jobs: short, so a test that fails fails in seconds, but long
+#: enough for two ranks started one after the other to meet on a loaded machine (at 3 s, with
+#: two pytest workers and other jobs on the 2 cores, rank 1 once found rank 0 gone).
+TIMEOUT_S = 8.0
 #: Hard limit on a rank process: the timeout, the verdict grace (agree.VERDICT_GRACE_S) and slack.
 RANK_LIMIT_S = 30.0
 
