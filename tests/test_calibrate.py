@@ -63,8 +63,10 @@ def test_gemm_shapes_are_per_rank_as_the_plan_splits_them():
 def test_the_plans_own_messages_are_what_the_cost_model_prices():
     plan = load_plan(REPO / "plans" / "llama_docstring" / "plan_4dev.json")  # dp2 x mp2, ZeRO 3, bf16
     messages = plan_messages(plan)
-    # mp: the row-parallel outputs (o_proj, down_proj) and the embedding's, [2048 tokens, 2048] in bf16
-    assert messages["mp"] == (("all_reduce",), [2048 * 2048 * 2])
+    # mp: the row-parallel outputs (o_proj, down_proj) and the head's input gradient, [2048 tokens, 2048]
+    # in bf16, all-reduced; the vocabulary-split embedding's whole [8000, 2048] table, which the lookup
+    # all-gathers (as the step time prices it: comm.vocab_lookup_collective)
+    assert messages["mp"] == (("all_gather", "all_reduce"), [2048 * 2048 * 2, 8000 * 2048 * 2])
     # dp: one gradient per parameter, its local size: a norm [2048]; q/k/v/o [2048, 1024] and the MLP
     # [2048, 2048] per mp rank, the median of the four sizes; the vocabulary-split embedding [4000, 2048]
     assert messages["dp"] == (("reduce_scatter", "all_gather"), [2048 * 2, 2048 * 2048 * 2, 4000 * 2048 * 2])
@@ -391,11 +393,14 @@ def test_calibrate_measures_the_collectives_on_the_plans_own_groups(tmp_path):
     assert len(measured["intra_all_reduce_4ranks"]) == sizes  # the node
     # The dp pairs at COLLECTIVE_BYTES and at the plan's gradients (fp32: a norm [32], q/k/v/o
     # [32, 16] per mp rank, the MLP's and the embedding's [32, 32]); then the mp pairs at
-    # COLLECTIVE_BYTES and at the row-parallel outputs ([4 x 16 tokens over dp2, 32] in fp32).
+    # COLLECTIVE_BYTES and at the row-parallel outputs ([4 x 16 tokens over dp2, 32] in fp32) and
+    # the embedding's whole [64, 32] table, which the lookup all-gathers (each collective at each size).
     pairs = [nbytes for nbytes, _ in measured["intra_all_reduce_2ranks"]]
     assert pairs[sizes : sizes + 3] == [32 * 4, 32 * 16 * 4, 32 * 32 * 4]
-    assert pairs[2 * sizes + 3 :] == [32 * 32 * 4] and len(pairs) == 2 * sizes + 4
+    assert pairs[2 * sizes + 3 :] == [32 * 32 * 4, 64 * 32 * 4] and len(pairs) == 2 * sizes + 5
+    assert [nbytes for nbytes, _ in measured["intra_all_gather_2ranks"]][-2:] == [32 * 32 * 4, 64 * 32 * 4]
     assert "the plan's own messages over dp: all_reduce of 128, 2048, 4096 bytes" in text
+    assert "the plan's own messages over mp: all_gather, all_reduce of 4096, 8192 bytes" in text
     profile = load_cluster_file(str(out))
     assert profile.intra_node_latency_s > 0 and profile.intra_node_latency_per_rank_s >= 0  # 2 and 4 ranks
     assert "intra_node_latency_per_rank_us" in tomllib.loads(text)["device"]

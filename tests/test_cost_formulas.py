@@ -6,12 +6,15 @@ graph in tests/test_cost_graph.py; this file covers what needs no graph.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import msgspec
 import pytest
 
-from autodist.planner.cost.blocks import BlockCost, ModelCost
+from autodist.planner.cost.blocks import BlockCost, EdgeCost, ModelCost
 from autodist.planner.cost.comm import (
     Link,
+    all_gather_bytes,
     all_gather_time,
     all_reduce_bytes,
     all_reduce_time,
@@ -267,6 +270,29 @@ def test_tensor_parallel_all_reduces_are_exposed():
     one_way = all_reduce_time(2 * 1000 * 1024 * 2, 4, link, 4)
     assert result.mp_comm_s == pytest.approx(2 * one_way)
     assert result.estimate.step_time_s == pytest.approx(result.compute_s + result.mp_comm_s)
+
+
+def test_a_vocabulary_split_lookup_all_gathers_its_table_and_does_not_all_reduce_its_output():
+    # Paddle 3.3.1 gathers a row-split embedding table whole before the lookup (its SPMD rule wants
+    # it replicated) and leaves the output replicated (docs/paddle-notes.md, "SPMD rules").
+    vocab, hidden, seq = 1000, 64, 128
+    first = EdgeCost(params_vocab=vocab * hidden, lookup_table=vocab * hidden, param_tensors=1)
+    block = BlockCost(layer="b", flops_per_token=1e6)
+    model = ModelCost(blocks=(block,), hidden_size=hidden, vocab_size=vocab, first=first, traced_seq=seq)
+    setup = Setup(device=H100, devices_per_node=2, nodes=1, seq_len=seq, global_batch=4, dtype="bf16")
+    result = estimate(StageTable(model), Strategy(mp=2, micro_batches=2), setup)
+    link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
+    table = 1000 * 64 * 2  # the whole table in bf16: the all-gather's message
+    assert result.mp_comm_s == pytest.approx(2 * all_gather_time(table, 2, link))  # once a micro-batch forward
+    assert result.estimate.comm_bytes.mp == 2 * all_gather_bytes(table, 2) == 2 * 64_000  # no output all-reduce
+    # the gathered table and its whole gradient, alive once; the parameter stays split
+    assert result.estimate.memory.activations == 2 * table
+    assert result.estimate.memory.params == vocab * hidden // 2 * 2
+    # unsplit (mp 1, or a vocabulary that does not divide by mp): no gather, nothing held whole
+    odd = replace(model, vocab_size=999)
+    for strategy, cost in ((Strategy(micro_batches=2), model), (Strategy(mp=2, micro_batches=2), odd)):
+        plain = estimate(StageTable(cost), strategy, setup).estimate
+        assert plain.comm_bytes.mp == 0 and plain.memory.activations == 0
 
 
 # -- VPP -----------------------------------------------------------------------------------------------

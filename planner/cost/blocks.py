@@ -132,7 +132,11 @@ class EdgeCost:
 
     ``params_vocab`` and ``flops_vocab_per_token`` are split over mp only when the vocabulary
     divides by mp (vocabulary-parallel embedding, column-parallel head); otherwise every mp rank
-    holds and computes them whole.
+    holds and computes them whole. So split, the token lookup's table (``lookup_table``
+    elements, the whole table's) is all-gathered over mp before each lookup and held whole,
+    with its whole gradient, on every mp rank
+    (:func:`autodist.planner.cost.comm.vocab_lookup_collective`); the column-parallel head's input
+    gradient is all-reduced (``allreduce_bwd_per_token``).
     """
 
     params_vocab: int = 0
@@ -141,8 +145,8 @@ class EdgeCost:
     flops_whole_per_token: float = 0.0
     saved_whole: Saved = field(default_factory=Saved)  # per token, whole on every mp rank
     saved_vocab: Saved = field(default_factory=Saved)  # per token, logits: split with the vocab
-    allreduce_fwd_per_token: float = 0.0  # with vocabulary parallelism only
-    allreduce_bwd_per_token: float = 0.0
+    lookup_table: int = 0  # elements of the table the token lookup reads (the embedding side)
+    allreduce_bwd_per_token: float = 0.0  # with vocabulary parallelism only
     param_tensors: int = 0
     gemms: tuple[Gemm, ...] = ()
     moved: Moved = field(default_factory=Moved)

@@ -46,6 +46,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
+from autodist.planner.cost.comm import vocab_lookup_collective
 from autodist.schemas.vocabulary import TRAINING_DTYPES, local_shape, training_bytes
 
 #: Message sizes for the collectives (bytes): latency-bound to bandwidth-bound.
@@ -135,28 +136,40 @@ def plan_messages(plan, most: int = 3) -> dict[str, tuple[tuple[str, ...], list[
     """What the plan's collectives move, per mesh axis: ``{axis: (collectives, message bytes)}``,
     as the cost model prices them (:mod:`autodist.planner.cost.step_time`): over ``dp`` one
     gradient per parameter (all-reduce; reduce-scatter and all-gather under ZeRO), each its
-    local size; over ``mp`` the partial outputs of the row-parallel linears and the vocabulary-
-    parallel embedding (all-reduce; with sequence parallelism a reduce-scatter and an all-gather,
-    which the ring prices as one all-reduce), tokens of a micro-batch by output features. At most
-    ``most`` sizes an axis (the smallest, the median and the largest), each at most
-    :data:`MAX_MESSAGE_BYTES`.
+    local size; over ``mp`` the partial outputs of the row-parallel linears (all-reduce; with
+    sequence parallelism a reduce-scatter and an all-gather, which the ring prices as one
+    all-reduce), tokens of a micro-batch by output features, the column-parallel LM head's input
+    gradient (all-reduce, tokens by input features), and the vocabulary-split embedding's whole
+    table, which the token lookup gathers
+    (:func:`autodist.planner.cost.comm.vocab_lookup_collective`). Each collective an axis names
+    is measured at each of its sizes. At most ``most`` sizes an axis (the smallest, the median
+    and the largest), each at most :data:`MAX_MESSAGE_BYTES`.
 
     >>> plan = load_plan_for_doctest("plans/llama_docstring/plan_4dev.json")   # dp2 x mp2, bf16
-    >>> plan_messages(plan)["mp"]   # 4 x 1024 tokens over dp2 = 2048, by 2048 features, 2 bytes each
-    (('all_reduce',), [8388608])
+    >>> plan_messages(plan)["mp"]   # 2048 tokens by 2048 features; the [8000, 2048] table; 2 bytes each
+    (('all_gather', 'all_reduce'), [8388608, 32768000])
     """
     width = training_bytes(plan.provenance.arguments.get("dtype", "bf16"))
     sizes: dict[str, set[int]] = {"dp": set(), "mp": set()}
+    mp_names: set[str] = set()
     for param in plan.params.values():
         local = local_shape(param.shape, param.placements, plan.mesh.shape)
         sizes["dp"].add(math.prod(local) * width)
-        if param.style in ("RowWiseParallel", "VocabParallelEmbedding") and len(param.shape) == 2:
-            # the output features: the dim not split (a [hidden, vocab] table is split on dim 1)
-            split = next((p for p in param.placements if p.startswith("S(")), "S(0)")
-            sizes["mp"].add(plan_tokens(plan) * param.shape[1 - int(split[2:-1])] * width)
+        split = next((int(p[2:-1]) for p in param.placements if p.startswith("S(")), None)
+        if split is None or len(param.shape) != 2:
+            continue
+        if param.style == "VocabParallelEmbedding":
+            name, nbytes = vocab_lookup_collective(math.prod(param.shape), width)
+            sizes["mp"].add(int(nbytes))
+            mp_names.add(name)
+        if param.style == "RowWiseParallel" or param.style == "ColWiseParallelHead" or param.tied_to:
+            # a row-parallel output, or the head's input gradient: the dim not split
+            sizes["mp"].add(plan_tokens(plan) * param.shape[1 - split] * width)
+            mp_names.add("all_reduce")
     along = dict(zip(plan.mesh.axes, plan.mesh.shape))
     names: dict[str, tuple[str, ...]] = {
-        "dp": ("all_reduce",) if not plan.strategy.sharding_stage else ("reduce_scatter", "all_gather")
+        "dp": ("all_reduce",) if not plan.strategy.sharding_stage else ("reduce_scatter", "all_gather"),
+        "mp": tuple(sorted(mp_names)),
     }
     out: dict[str, tuple[tuple[str, ...], list[int]]] = {}
     for axis, found in sizes.items():

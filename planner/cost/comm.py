@@ -92,6 +92,21 @@ def all_gather_bytes(nbytes: float, p: int) -> float:
     return (p - 1) / p * nbytes if p > 1 else 0.0
 
 
+def vocab_lookup_collective(table_elements: float, width: int) -> tuple[str, float]:
+    """The collective a token lookup in a vocabulary-split table costs per forward, and its
+    message (bytes, the gathered size): the one owner for the step time and calibrate's
+    ``plan_messages``. Under Paddle 3.3.1 the ``embedding`` SPMD rule asks for the table
+    replicated, so a table split on its vocabulary over mp is all-gathered whole before each
+    lookup (``SToRReshard`` -> ``AllGather``), and the lookup's output is replicated: no
+    all-reduce after it (docs/paddle-notes.md, "SPMD rules"). ``table_elements``: the whole
+    table's, ``width``: bytes per element in the training dtype.
+
+    >>> vocab_lookup_collective(1000 * 64, 2)   # a [1000, 64] table in bf16
+    ('all_gather', 128000)
+    """
+    return "all_gather", table_elements * width
+
+
 def group_within_node(size: int, stride: int, devices_per_node: int) -> bool:
     """Whether a group of ``size`` ranks, ``stride`` apart, sits inside one node.
 

@@ -619,7 +619,7 @@ def _edges(
         )
     hidden = analysis.blocks[0].hidden_size if analysis.blocks else 0
     if analysis.embedding:
-        edges["first"]["allreduce_fwd_per_token"] = hidden  # vocab-parallel embedding output
+        edges["first"]["lookup_table"] = numel.get(analysis.embedding, 0)  # gathered when vocab-split
     if head:
         traced_head = head in walks["last"].flops_by_weight or head in walks["first"].flops_by_weight
         if not traced_head:

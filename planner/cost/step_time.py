@@ -19,7 +19,13 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   with sequence parallelism, which the ring model prices the same) on the mp group's link,
   exposed: Megatron-LM's and Paddle's tensor-parallel layers call the collective and wait for
   it before the next matmul (Shoeybi et al. 2019, sec. 3; Paddle's ``mp_ops._mp_allreduce``);
-  Paddle has no compute/communication overlap for them that a plan could ask for;
+  Paddle has no compute/communication overlap for them that a plan could ask for. With the
+  vocabulary split over mp, the column-parallel LM head's input gradient is all-reduced too, and
+  the token lookup all-gathers its whole table in every forward (Paddle 3.3.1's ``embedding``
+  rule wants the table replicated; its output is then replicated, not all-reduced:
+  :func:`autodist.planner.cost.comm.vocab_lookup_collective`), exposed; the gathered table and its
+  whole gradient count once in the stage's memory (the parameter and its optimizer states stay
+  split);
 - pipeline: a send of the block output forward and of its gradient backward per stage boundary,
   exposed. 1F1B takes (m + pp - 1) slots of the slowest stage, a bubble of (pp - 1)/m;
   VPP (interleaved 1F1B, ``strategy.virtual_stages`` = v model chunks per rank) shrinks the bubble to
@@ -92,6 +98,7 @@ from autodist.planner.cost.comm import (
     group_link,
     p2p_time,
     reduce_scatter_time,
+    vocab_lookup_collective,
 )
 from autodist.planner.cost.compute import fixed_op_time, matmul_time, memory_time
 from autodist.planner.cost.memory import StateBytes, model_state_bytes
@@ -477,6 +484,8 @@ def _stage_mp_comm(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) 
         collectives.append(collectives[0])
     mp_s = sum(all_reduce_time(n * tokens * width, mp, mp_link, count) for n, count in collectives)
     mp_bytes = sum(all_reduce_bytes(n * tokens * width, mp) for n, _ in collectives)
+    for time_of, sent, nbytes in _lookup_gathers(ctx, edges):  # once a forward: edges are not recomputed
+        mp_s, mp_bytes = mp_s + time_of(nbytes, mp, mp_link), mp_bytes + sent(nbytes, mp)
     implicit_bytes = 0.0
     if ctx.implicit and mp > 1 and ctx.cost.blocks:
         share = (stop - start) / len(ctx.cost.blocks)  # the implicit collectives sit in the blocks
@@ -574,6 +583,9 @@ def _stage_memory(
     working = 0.0
     if setup.recompute == "full" and table.largest_block is not None and stop > start:
         working = tokens * _block_activation_bytes(table.largest_block, mp, ctx.act_div, seq, width)
+    # A vocabulary-split table gathered for the lookup: whole on every mp rank, and its gradient
+    # whole before it is sliced back to this rank's rows (counted as alive at the peak, once).
+    working += sum(2 * nbytes for _, _, nbytes in _lookup_gathers(ctx, edges))
     if ep > 1 and moe:  # the MoE layer's own saved tensors hold the ep group's tokens
         router = [(ep - 1) * b.saved_router.bytes(width) for b in moe]
         if setup.recompute == "full":  # rebuilt one block at a time
@@ -623,14 +635,35 @@ def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float, float
 
 
 def _allreduces(ctx: _Context, direction: str, start: int, stop: int, edges: list[EdgeCost]) -> tuple[float, int]:
-    """(elements per token, collectives) all-reduced over mp in one direction on a stage."""
+    """(elements per token, collectives) all-reduced over mp in one direction on a stage: the
+    blocks', and backward the column-parallel head's input gradient (the vocabulary-split
+    lookup's output is not all-reduced: :func:`_lookup_gathers`)."""
     elements = ctx.table.total(f"allreduce_{direction}_per_token", start, stop)
     count = int(ctx.table.total(f"allreduce_{direction}_count", start, stop))
-    if ctx.vocab_div > 1:  # vocabulary-parallel embedding output / head input gradient
+    if ctx.vocab_div > 1 and direction == "bwd":
         for edge in edges:
-            extra = getattr(edge, f"allreduce_{direction}_per_token")
+            extra = edge.allreduce_bwd_per_token
             elements, count = elements + extra, count + (1 if extra else 0)
     return elements, count
+
+
+#: (seconds, bytes one rank sends) of each collective, by the name Paddle's behaviour is told in.
+_COLLECTIVES = {"all_gather": (all_gather_time, all_gather_bytes), "all_reduce": (all_reduce_time, all_reduce_bytes)}
+
+
+def _lookup_gathers(ctx: _Context, edges: list[EdgeCost]) -> list[tuple]:
+    """What the token lookups of a stage's ``edges`` send over mp per micro-batch when the
+    vocabulary is split: ``[(time function, bytes function, message bytes)]``, the collective
+    and its message as :func:`autodist.planner.cost.comm.vocab_lookup_collective` says (the
+    whole table all-gathered, every forward)."""
+    if ctx.vocab_div == 1:
+        return []
+    out = []
+    for edge in edges:
+        if edge.lookup_table:
+            name, nbytes = vocab_lookup_collective(edge.lookup_table, ctx.width)
+            out.append((*_COLLECTIVES[name], nbytes))
+    return out
 
 
 def _pipeline_time(strategy: Strategy, stage_times: list[float]) -> tuple[float, float]:
