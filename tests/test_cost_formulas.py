@@ -14,7 +14,6 @@ import pytest
 from autodist.planner.cost.blocks import BlockCost, EdgeCost, ModelCost
 from autodist.planner.cost.comm import (
     Link,
-    all_gather_bytes,
     all_gather_time,
     all_reduce_bytes,
     all_reduce_time,
@@ -274,7 +273,8 @@ def test_tensor_parallel_all_reduces_are_exposed():
 
 def test_a_vocabulary_split_lookup_all_gathers_its_table_and_does_not_all_reduce_its_output():
     # Paddle 3.3.1 gathers a row-split embedding table whole before the lookup (its SPMD rule wants
-    # it replicated) and leaves the output replicated (docs/paddle-notes.md, "SPMD rules").
+    # it replicated) and again for embedding_grad, and leaves the output replicated
+    # (docs/paddle-notes.md, "SPMD rules").
     vocab, hidden, seq = 1000, 64, 128
     first = EdgeCost(params_vocab=vocab * hidden, lookup_table=vocab * hidden, param_tensors=1)
     block = BlockCost(layer="b", flops_per_token=1e6)
@@ -283,8 +283,11 @@ def test_a_vocabulary_split_lookup_all_gathers_its_table_and_does_not_all_reduce
     result = estimate(StageTable(model), Strategy(mp=2, micro_batches=2), setup)
     link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
     table = 1000 * 64 * 2  # the whole table in bf16: the all-gather's message
-    assert result.mp_comm_s == pytest.approx(2 * all_gather_time(table, 2, link))  # once a micro-batch forward
-    assert result.estimate.comm_bytes.mp == 2 * all_gather_bytes(table, 2) == 2 * 64_000  # no output all-reduce
+    # 2 micro-batches x (forward + backward) gathers, each (mp - 1) alpha + (mp - 1) / mp x table / bandwidth
+    one = link.latency_s + table / 2 / link.bandwidth
+    assert all_gather_time(table, 2, link) == pytest.approx(one)
+    assert result.mp_comm_s == pytest.approx(4 * one)
+    assert result.estimate.comm_bytes.mp == 4 * 64_000  # no all-reduce of the lookup's output
     # the gathered table and its whole gradient, alive once; the parameter stays split
     assert result.estimate.memory.activations == 2 * table
     assert result.estimate.memory.params == vocab * hidden // 2 * 2

@@ -392,7 +392,8 @@ def test_with_mp_the_attention_is_split_and_everything_under_the_moe_layer_whole
     assert [b.shared_flops_per_token for b in costs.under_ep.blocks] == [shared_flops] * 2
     # (less the vocabulary-split table's all-gather, the same bytes whatever the tokens)
     table = next(math.prod(p.shape) for p in made.plan.params.values() if p.style == "VocabParallelEmbedding")
-    gather = round(all_gather_bytes(vocab_lookup_collective(table, 2)[1], 2))  # bf16, mp 2, one micro-batch
+    lookup = vocab_lookup_collective(table, 2)  # bf16, mp 2, one micro-batch
+    gather = round(all_gather_bytes(lookup.per_micro_batch * lookup.nbytes, 2))
     assert made.plan.strategy.micro_batches == plain.plan.strategy.micro_batches == 1
     assert 2 * (made.plan.estimate.comm_bytes.mp - gather) < plain.plan.estimate.comm_bytes.mp - gather
     assert check_plan(load_plan(dump_plan(made.plan))) == []

@@ -133,8 +133,8 @@ class EdgeCost:
     ``params_vocab`` and ``flops_vocab_per_token`` are split over mp only when the vocabulary
     divides by mp (vocabulary-parallel embedding, column-parallel head); otherwise every mp rank
     holds and computes them whole. So split, the token lookup's table (``lookup_table``
-    elements, the whole table's) is all-gathered over mp before each lookup and held whole,
-    with its whole gradient, on every mp rank
+    elements, the whole table's) is all-gathered over mp before each lookup and again in its
+    backward, and held whole, with its whole gradient, on every mp rank
     (:func:`autodist.planner.cost.comm.vocab_lookup_collective`); the column-parallel head's input
     gradient is all-reduced (``allreduce_bwd_per_token``).
     """

@@ -159,9 +159,9 @@ def plan_messages(plan, most: int = 3) -> dict[str, tuple[tuple[str, ...], list[
         if split is None or len(param.shape) != 2:
             continue
         if param.style == "VocabParallelEmbedding":
-            name, nbytes = vocab_lookup_collective(math.prod(param.shape), width)
-            sizes["mp"].add(int(nbytes))
-            mp_names.add(name)
+            lookup = vocab_lookup_collective(math.prod(param.shape), width)
+            sizes["mp"].add(int(lookup.nbytes))
+            mp_names.add(lookup.name)
         if param.style == "RowWiseParallel" or param.style == "ColWiseParallelHead" or param.tied_to:
             # a row-parallel output, or the head's input gradient: the dim not split
             sizes["mp"].add(plan_tokens(plan) * param.shape[1 - split] * width)

@@ -33,6 +33,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from autodist.schemas import DeviceProfile
 
@@ -92,19 +93,29 @@ def all_gather_bytes(nbytes: float, p: int) -> float:
     return (p - 1) / p * nbytes if p > 1 else 0.0
 
 
-def vocab_lookup_collective(table_elements: float, width: int) -> tuple[str, float]:
-    """The collective a token lookup in a vocabulary-split table costs per forward, and its
-    message (bytes, the gathered size): the one owner for the step time and calibrate's
-    ``plan_messages``. Under Paddle 3.3.1 the ``embedding`` SPMD rule asks for the table
-    replicated, so a table split on its vocabulary over mp is all-gathered whole before each
-    lookup (``SToRReshard`` -> ``AllGather``), and the lookup's output is replicated: no
-    all-reduce after it (docs/paddle-notes.md, "SPMD rules"). ``table_elements``: the whole
-    table's, ``width``: bytes per element in the training dtype.
+class LookupCollective(NamedTuple):
+    """A collective a token lookup runs: its name (as calibrate measures it), its message (bytes,
+    the gathered size) and how many times each micro-batch runs it."""
+
+    name: str
+    nbytes: float
+    per_micro_batch: int
+
+
+def vocab_lookup_collective(table_elements: float, width: int) -> LookupCollective:
+    """What a token lookup in a vocabulary-split table costs: the one owner for the step time and
+    calibrate's ``plan_messages``. Under Paddle 3.3.1 the ``embedding`` SPMD rule asks for the
+    table replicated, so a table split on its vocabulary over mp is all-gathered whole
+    (``SToRReshard`` -> ``AllGather``) before each lookup, whose output is replicated (no
+    all-reduce after it), and again in its backward, for ``embedding_grad`` (the saved table is
+    the split one); the whole gradient is then sliced to this rank's rows, no communication
+    (docs/paddle-notes.md, "SPMD rules"). ``table_elements``: the whole table's, ``width``: bytes
+    per element in the training dtype.
 
     >>> vocab_lookup_collective(1000 * 64, 2)   # a [1000, 64] table in bf16
-    ('all_gather', 128000)
+    LookupCollective(name='all_gather', nbytes=128000, per_micro_batch=2)
     """
-    return "all_gather", table_elements * width
+    return LookupCollective("all_gather", table_elements * width, 2)
 
 
 def group_within_node(size: int, stride: int, devices_per_node: int) -> bool:

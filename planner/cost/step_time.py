@@ -21,11 +21,11 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   it before the next matmul (Shoeybi et al. 2019, sec. 3; Paddle's ``mp_ops._mp_allreduce``);
   Paddle has no compute/communication overlap for them that a plan could ask for. With the
   vocabulary split over mp, the column-parallel LM head's input gradient is all-reduced too, and
-  the token lookup all-gathers its whole table in every forward (Paddle 3.3.1's ``embedding``
-  rule wants the table replicated; its output is then replicated, not all-reduced:
-  :func:`autodist.planner.cost.comm.vocab_lookup_collective`), exposed; the gathered table and its
-  whole gradient count once in the stage's memory (the parameter and its optimizer states stay
-  split);
+  the token lookup all-gathers its whole table in every forward and again in its backward
+  (Paddle 3.3.1's ``embedding`` rule wants the table replicated; its output is then replicated,
+  not all-reduced: :func:`autodist.planner.cost.comm.vocab_lookup_collective`), exposed; the
+  gathered table and its whole gradient count once in the stage's memory (the parameter and its
+  optimizer states stay split);
 - pipeline: a send of the block output forward and of its gradient backward per stage boundary,
   exposed. 1F1B takes (m + pp - 1) slots of the slowest stage, a bubble of (pp - 1)/m;
   VPP (interleaved 1F1B, ``strategy.virtual_stages`` = v model chunks per rank) shrinks the bubble to
@@ -484,8 +484,8 @@ def _stage_mp_comm(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) 
         collectives.append(collectives[0])
     mp_s = sum(all_reduce_time(n * tokens * width, mp, mp_link, count) for n, count in collectives)
     mp_bytes = sum(all_reduce_bytes(n * tokens * width, mp) for n, _ in collectives)
-    for time_of, sent, nbytes in _lookup_gathers(ctx, edges):  # once a forward: edges are not recomputed
-        mp_s, mp_bytes = mp_s + time_of(nbytes, mp, mp_link), mp_bytes + sent(nbytes, mp)
+    for seconds, sent, _ in _lookup_gathers(ctx, edges):
+        mp_s, mp_bytes = mp_s + seconds, mp_bytes + sent
     implicit_bytes = 0.0
     if ctx.implicit and mp > 1 and ctx.cost.blocks:
         share = (stop - start) / len(ctx.cost.blocks)  # the implicit collectives sit in the blocks
@@ -583,9 +583,11 @@ def _stage_memory(
     working = 0.0
     if setup.recompute == "full" and table.largest_block is not None and stop > start:
         working = tokens * _block_activation_bytes(table.largest_block, mp, ctx.act_div, seq, width)
-    # A vocabulary-split table gathered for the lookup: whole on every mp rank, and its gradient
-    # whole before it is sliced back to this rank's rows (counted as alive at the peak, once).
-    working += sum(2 * nbytes for _, _, nbytes in _lookup_gathers(ctx, edges))
+    # A vocabulary-split table gathered for the lookup's backward: whole on every mp rank with its
+    # whole gradient, before that is sliced to this rank's rows. Counted once, at the peak: an
+    # upper bound (the embedding's backward runs when most of its micro-batch's activations are
+    # freed).
+    working += sum(2 * message for _, _, message in _lookup_gathers(ctx, edges))
     if ep > 1 and moe:  # the MoE layer's own saved tensors hold the ep group's tokens
         router = [(ep - 1) * b.saved_router.bytes(width) for b in moe]
         if setup.recompute == "full":  # rebuilt one block at a time
@@ -651,18 +653,19 @@ def _allreduces(ctx: _Context, direction: str, start: int, stop: int, edges: lis
 _COLLECTIVES = {"all_gather": (all_gather_time, all_gather_bytes), "all_reduce": (all_reduce_time, all_reduce_bytes)}
 
 
-def _lookup_gathers(ctx: _Context, edges: list[EdgeCost]) -> list[tuple]:
-    """What the token lookups of a stage's ``edges`` send over mp per micro-batch when the
-    vocabulary is split: ``[(time function, bytes function, message bytes)]``, the collective
-    and its message as :func:`autodist.planner.cost.comm.vocab_lookup_collective` says (the
-    whole table all-gathered, every forward)."""
+def _lookup_gathers(ctx: _Context, edges: list[EdgeCost]) -> list[tuple[float, float, float]]:
+    """The collectives the token lookups of a stage's ``edges`` run over mp per micro-batch when
+    the vocabulary is split, as :func:`autodist.planner.cost.comm.vocab_lookup_collective` says
+    (the whole table all-gathered in the forward and again in the backward; full recompute does
+    not redo the edges): ``[(seconds, bytes one rank sends, message bytes)]``, exposed."""
     if ctx.vocab_div == 1:
         return []
-    out = []
+    mp, link, out = ctx.strategy.mp, ctx.link(ctx.strategy.mp, 1), []
     for edge in edges:
         if edge.lookup_table:
-            name, nbytes = vocab_lookup_collective(edge.lookup_table, ctx.width)
-            out.append((*_COLLECTIVES[name], nbytes))
+            name, message, times = vocab_lookup_collective(edge.lookup_table, ctx.width)
+            time_of, sent = _COLLECTIVES[name]
+            out.append((time_of(times * message, mp, link, times), sent(times * message, mp), message))
     return out
 
 
