@@ -61,12 +61,12 @@ def test_gemm_shapes_are_per_rank_as_the_plan_splits_them():
 
 
 def test_the_plans_own_messages_are_what_the_cost_model_prices():
-    plan = load_plan(REPO / "plans" / "llama_docstring" / "plan_4dev.json")  # dp2 x mp2, ZeRO 3, bf16
+    plan = load_plan(REPO / "plans" / "llama_docstring" / "plan_8dev.json")  # dp4 x mp2, ZeRO 3, bf16
     messages = plan_messages(plan)
-    # mp: the row-parallel outputs (o_proj, down_proj) and the head's input gradient, [2048 tokens, 2048]
-    # in bf16, all-reduced; the vocabulary-split embedding's whole [8000, 2048] table, which the lookup
-    # all-gathers (as the step time prices it: comm.vocab_lookup_collective)
-    assert messages["mp"] == (("all_gather", "all_reduce"), [2048 * 2048 * 2, 8000 * 2048 * 2])
+    # mp: the row-parallel outputs (o_proj, down_proj) and the head's input gradient, [4 x 1024 tokens
+    # over dp4, 2048] in bf16, all-reduced; the vocabulary-split embedding's whole [8000, 2048] table,
+    # which the lookup all-gathers (as the step time prices it: comm.vocab_lookup_collective)
+    assert messages["mp"] == (("all_gather", "all_reduce"), [1024 * 2048 * 2, 8000 * 2048 * 2])
     # dp: one gradient per parameter, its local size: a norm [2048]; q/k/v/o [2048, 1024] and the MLP
     # [2048, 2048] per mp rank, the median of the four sizes; the vocabulary-split embedding [4000, 2048]
     assert messages["dp"] == (("reduce_scatter", "all_gather"), [2048 * 2, 2048 * 2048 * 2, 4000 * 2048 * 2])
