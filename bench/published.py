@@ -38,6 +38,7 @@ import math
 import sys
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,32 +82,16 @@ def megatron_rows() -> list[Row]:
         ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
         ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
     ]
-    rows = []
-    for name, heads, h, layers, tp, pp, gpus, batch, tflops in table:
-        s, v = 2048, 51200
-        flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
-        rows.append(
-            Row(
-                name,
-                h,
-                heads,
-                layers,
-                v,
-                s,
-                gpus,
-                batch,
-                mp=tp,
-                pp=pp,
-                schedule="1F1B" if pp > 1 else "none",
-                published_s=flops / (gpus * tflops * 1e12),
-                published=f"{tflops} TFLOP/s",
-            )
-        )
-    return rows
+    s, v = 2048, 51200
+
+    def flops(h: int, layers: int) -> float:  # the paper's formula, per sequence, layer and h^2
+        return 96 * s * (1 + s / (6 * h) + v / (16 * layers * h))
+
+    return [_megatron_row(row, s, v, flops) for row in table]
 
 
 def megatron_h100_rows() -> list[Row]:
-    """The README's H100 weak-scaling table, the rows within 1024 GPUs (params, heads, hidden,
+    """The README's H100 weak-scaling table, all nine rows (params, heads, hidden,
     layers, TP, PP, GPUs, batch, teraFLOP/s per GPU; data-parallel size 48 in every row).
 
     The table gives neither the micro-batch size nor the recompute: priced with one sequence per
@@ -125,34 +110,40 @@ def megatron_h100_rows() -> list[Row]:
         ("314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
         ("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
     ]
-    rows = []
-    for name, heads, h, layers, tp, pp, gpus, batch, tflops in table:
-        s, v = 4096, 131072
-        # Megatron's num_floating_point_operations for a GPT (no GQA, FFN 4h, no SwiGLU):
-        # 12 B s l h^2 (2 + s/h + 4 + V / 2lh) = 72 B s l h^2 (1 + s / 6h + V / 12 l h).
-        flops = 72 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))
-        rows.append(
-            Row(
-                name,
-                h,
-                heads,
-                layers,
-                v,
-                s,
-                gpus,
-                batch,
-                mp=tp,
-                pp=pp,
-                zero=1,
-                recompute="none",
-                sequence_parallel=tp > 1,  # --tp-comm-overlap asserts --sequence-parallel
-                comm_hidden=True,
-                schedule="1F1B" if pp > 1 else "none",
-                published_s=flops / (gpus * tflops * 1e12),
-                published=f"{tflops} TFLOP/s",
-            )
-        )
-    return rows
+    s, v = 4096, 131072
+
+    def flops(h: int, layers: int) -> float:
+        # Megatron's num_floating_point_operations for a GPT (no GQA, FFN 4h, no SwiGLU), per
+        # sequence, layer and h^2: 12 s (2 + s/h + 4 + V / 2lh) = 72 s (1 + s / 6h + V / 12 l h).
+        return 72 * s * (1 + s / (6 * h) + v / (12 * layers * h))
+
+    # --tp-comm-overlap asserts --sequence-parallel: sequence parallelism on every tp row.
+    settings = {"zero": 1, "recompute": "none", "comm_hidden": True}
+    return [_megatron_row(row, s, v, flops, sequence_parallel=row[4] > 1, **settings) for row in table]
+
+
+def _megatron_row(row: tuple, seq: int, vocab: int, flops: Callable[[int, int], float], **settings) -> Row:
+    """A Megatron-LM table row ``(name, heads, hidden, layers, TP, PP, GPUs, batch, teraFLOP/s per
+    GPU)`` as a :class:`Row`: the step time is the batch's FLOPs (``flops(hidden, layers)`` per
+    sequence, layer and hidden^2) at the published rate; the pipeline rows run 1F1B."""
+    name, heads, h, layers, tp, pp, gpus, batch, tflops = row
+    total = flops(h, layers) * batch * layers * h * h
+    return Row(
+        name,
+        h,
+        heads,
+        layers,
+        vocab,
+        seq,
+        gpus,
+        batch,
+        mp=tp,
+        pp=pp,
+        schedule="1F1B" if pp > 1 else "none",
+        published_s=total / (gpus * tflops * 1e12),
+        published=f"{tflops} TFLOP/s",
+        **settings,
+    )
 
 
 def mosaic_rows() -> list[Row]:
