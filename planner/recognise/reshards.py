@@ -232,9 +232,10 @@ def vocab_parallel_problems(analysis: ModelAnalysis, split: dict[str, int], mp: 
                 and any(graph.edges[p, node]["operand"] == r.operand for p in graph.predecessors(node) if p in carriers)
             ]
             if gathers:
-                # Not refused here (yet): Paddle 3.3's embedding rule gathers a row-split table
-                # whose lookup has a padding_idx (PaddleFormers' Llama, padding_idx 0), a placement
-                # the plans have had all along; what it costs is an open question.
+                # Not refused: Paddle 3.3.1's embedding rule asks for a row-split table whole (at
+                # run time with or without padding_idx; docs/paddle-notes.md, "SPMD rules"), and the
+                # cost model prices those gathers (comm.vocab_lookup_collective). Any other reader
+                # that gathers the weight passes here too, unpriced: not seen in a model yet.
                 continue
             out = replay.values[node, 0]
             if not isinstance(out, Dist):
