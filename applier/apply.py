@@ -120,6 +120,10 @@ def apply_plan(
     """
     source = str(plan) if isinstance(plan, (str, os.PathLike)) else "plan"
     world = dist.get_world_size()
+    # First, whatever follows: rank 0 hosts Paddle's store, and its exit must survive the peers
+    # hanging up, also when the plan is refused and every rank leaves at once (store_host.py).
+    if world > 1:
+        warm_up_store_host(dist.get_rank())
     read_timeout_s = read_timeout()  # a bad AUTODIST_READ_TIMEOUT: one PlanError, nothing touched
     loaded: Plan | None = None
     try:
@@ -178,9 +182,6 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     # The first communication (Paddle's store, for readable.py) unless a pipeline's came first:
     # every rank must have applied the plan, or all raise here instead of waiting there.
     agreement.settle()
-    # Rank 0 hosts Paddle's store, and its exit must survive the peers hanging up (store_host.py).
-    if dist.get_world_size() > 1:
-        warm_up_store_host(dist.get_rank())
     # A loss read on rank 0 only (readable.py). The MoE layers' collectives hold Python's lock
     # while they wait, so a rank in one could not answer a reader: values are posted instead.
     make_outputs_readable(model, agreement.key, post=groups is not None, timeout_s=read_timeout_s)

@@ -23,9 +23,13 @@ import paddle.distributed as dist
 from harness.plans import tensor_parallel_plan
 from harness.workloads import WORKLOADS
 from autodist.applier import apply_plan
+from autodist.schemas import PlanError
 dist.init_parallel_env()
 model = WORKLOADS["docstring_llama"].build(seed=7)
-apply_plan(model, None, None, tensor_parallel_plan(model, dp=2))
+try:
+    apply_plan(model, None, None, tensor_parallel_plan(model, dp=int(sys.argv[1])))
+except PlanError:  # a plan for another world size: refused on every rank, which then leave
+    pass
 time.sleep(1.0 if dist.get_rank() == 0 else 4.0)
 print("DONE", file=sys.stderr, flush=True)
 os._exit(0)
@@ -37,8 +41,10 @@ HANG_UPS = ("Remote peer closed the connection", "ECONNRESET")
 
 
 @pytest.mark.multiprocess
-def test_apply_plan_runs_the_stores_hang_up_log_lines_on_rank_0_before_the_end(tmp_path):
-    job = launch_ranks(2, ["-c", RANK], workdir=tmp_path, timeout_s=120, extra_env={"GLOG_v": "5"})
+@pytest.mark.parametrize("dp", [2, 4], ids=["applied", "refused"])
+def test_apply_plan_runs_the_stores_hang_up_log_lines_on_rank_0_before_the_end(tmp_path, dp):
+    """Also when the plan is refused (a dp4 plan on 2 ranks): every rank then leaves at once."""
+    job = launch_ranks(2, ["-c", RANK, str(dp)], workdir=tmp_path, timeout_s=120, extra_env={"GLOG_v": "5"})
     job.raise_for_failure()
     before_done = job.processes[0].stderr.partition("DONE")[0]
     assert "DONE" in job.processes[0].stderr
