@@ -251,6 +251,14 @@ EXPECTED = {
         "gpt_neox.embed_in.weight": COL_B,
         "embed_out.weight": COL,
     },
+    # HF OPT: the query scaled before bmm over merged batch x heads, fc1/fc2 in the decoder layer,
+    # the LM head tied to the token table (read through matmul, transposed).
+    f"{ZOO}/opt_hf.py": {
+        **attention("model.decoder.layers.*.self_attn", o="out_proj", bias=True, o_bias=True),
+        **mlp("model.decoder.layers.*", ("fc1",), "fc2", bias=True),
+        "model.decoder.embed_tokens.weight": COL_B,
+        "model.decoder.embed_positions.weight": REP,
+    },
     f"{PF}:build_gpt_oss": {
         **attention("model.layers.*.self_attn", bias=True, o_bias=True),
         "model.layers.*.mlp.router.weight": REP,
