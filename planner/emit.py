@@ -249,22 +249,22 @@ def _vocab_splits(analysis: ModelAnalysis, mp: int, notes: list[str]) -> dict[st
     if analysis.embedding is not None:
         wanted[analysis.embedding] = analysis.vocab_dim
     head = analysis.lm_head
-    head_splits = head is not None and head.role == "column" and head.split_dim is not None
-    if head is not None and head_splits and head.split_dim is not None:
-        if wanted.get(head.weight, head.split_dim) != head.split_dim:
+    head_dim = head.split_dim if head is not None and head.role == "column" else None  # its vocabulary dim
+    if head is not None and head_dim is not None:
+        if wanted.get(head.weight, head_dim) != head_dim:
             notes.append(
                 f"{head.weight}: the token lookup reads its vocabulary on dim {wanted[head.weight]}, the LM head on "
-                f"dim {head.split_dim}; no one split serves both, replicated"
+                f"dim {head_dim}; no one split serves both, replicated"
             )
             del wanted[head.weight]
-        elif head.weight not in wanted and head.weight != analysis.embedding:
-            wanted[head.weight] = head.split_dim
+        else:  # a weight tied to the table is there already, on this dim
+            wanted[head.weight] = head_dim
     if analysis.vocab_size is None or analysis.vocab_size % mp:
         if analysis.embedding is not None:
             notes.append(
                 f"embedding {analysis.embedding}: vocabulary {analysis.vocab_size} does not divide by mp={mp}; replicated"
             )
-        if head is not None and head_splits:
+        if head is not None and head_dim is not None:
             notes.append(
                 f"LM head {head.weight}: vocabulary {analysis.vocab_size} does not divide by mp={mp}; replicated"
             )
