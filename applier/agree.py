@@ -572,8 +572,10 @@ def _exchange(agreement: Agreement, message: bytes, round_: int) -> list[str]:
 def _connect(host: str, port: int, master: str, deadline: float):
     """``(connection, rank 0's nonce, key, "")``: a connection to rank 0 whose greeting is
     signed with the job's key, retried while refused (rank 0 not listening yet) or not greeted,
-    until ``deadline``. ``(None, None, None, what was found last)`` when none came: "no key" (rank
-    0's key file never appeared), "nothing" (refused) or "stranger" (no greeting that checks out)."""
+    until ``deadline``. ``(None, None, None, what was found)`` when none came: "stranger" (a
+    greeting that does not check out) if that was ever met -- it says more than the refusals
+    after it, as rank 0 with another key leaves at about the time this rank gives up --, else
+    "nothing" (refused) or "no key" (rank 0's key file never appeared)."""
     wait, found = RETRY_MIN_S, "no key"
     while True:
         key = read_key(master)  # None until rank 0 wrote it (it does before it listens)
@@ -585,8 +587,8 @@ def _connect(host: str, port: int, master: str, deadline: float):
                 if nonce is not None:
                     return conn, nonce, key, ""
                 found = "stranger"
-            except OSError:  # refused: not listening (yet)
-                found = "nothing"
+            except OSError:  # refused: not listening (yet, or any more)
+                found = "stranger" if found == "stranger" else "nothing"
             if conn is not None:
                 conn.close()
         if time.monotonic() + wait > deadline:

@@ -379,6 +379,18 @@ def test_ranks_with_another_secret_do_not_meet_and_ranks_with_the_same_do(job):
     assert_both_refuse_the_plans(job)
 
 
+def test_a_rank_0_with_another_secret_is_named_after_it_left(job):
+    """Rank 0 (another secret) gives up at 2 s; rank 1 keeps trying to 8 s and finds nothing
+    listening after it. It must still name what it met (it once said "nothing listens", the
+    last thing it saw, when the two deadlines fell close together)."""
+    job.start(0, PLAN_A, AUTODIST_AGREE_SECRET="one", AUTODIST_AGREE_TIMEOUT="2")
+    job.start(1, PLAN_A, AUTODIST_AGREE_SECRET="two")
+    assert "ranks 1 of 2 did not reach" in job.result(0)["message"]
+    one = job.result(1)
+    assert one["error"] == "PlanError" and "a rank 0 with another AUTODIST_AGREE_SECRET" in one["message"], one
+    assert one["seconds"] > 4, one
+
+
 @pytest.mark.parametrize("victim", [0, 1])
 def test_a_rank_dying_after_the_agreement_stops_the_other(job, victim):
     """No launcher: a rank SIGKILLed while applying the plan closes its connection; the other
