@@ -259,6 +259,20 @@ EXPECTED = {
         "model.decoder.embed_tokens.weight": COL_B,
         "model.decoder.embed_positions.weight": REP,
     },
+    # HF Phi-3: q|k|v fused in qkv_proj (cut by slicing at a width read from the config) and
+    # gate|up fused in gate_up_proj (cut by chunk): each fused column split by columns, o_proj and
+    # down_proj by rows, as Megatron splits its fused QKV and its SwiGLU fc1; the untied head by
+    # vocabulary columns (ColumnParallelLinear), the token table by vocabulary rows
+    # (VocabParallelEmbedding), as for GPT-NeoX's untied embed_in / embed_out; norms whole.
+    f"{ZOO}/phi3_hf.py": {
+        **fused("model.layers.*.self_attn", "qkv_proj"),
+        "model.layers.*.self_attn.o_proj.weight": ROW,
+        **mlp("model.layers.*.mlp", ("gate_up_proj",)),
+        "model.layers.*.*layernorm.weight": REP,
+        "model.norm.weight": REP,
+        "model.embed_tokens.weight": COL_B,
+        "lm_head.weight": COL,
+    },
     f"{PF}:build_gpt_oss": {
         **attention("model.layers.*.self_attn", bias=True, o_bias=True),
         "model.layers.*.mlp.router.weight": REP,
