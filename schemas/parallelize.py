@@ -24,7 +24,7 @@ decides what is written:
   ``PrepareLayerInput/Output`` of a small reshard function: :class:`Style` names them.
 
 Anything the config cannot express exactly (a placement no style produces, expert parallelism,
-a VPP schedule) is an :class:`ExportError` listing every such thing, never a silently different
+local views, a VPP schedule) is an :class:`ExportError` listing every such thing, never a silently different
 config. Imports nothing but the standard library and the plan types.
 
 Example::
@@ -120,6 +120,12 @@ def parallelize_config(plan: Plan) -> ParallelizeConfig:
         problems.append(f"ZeRO stage {plan.strategy.sharding_stage} without a dp mesh axis")
     if plan.strategy.ep > 1:
         problems.append(f"expert parallelism (ep={plan.strategy.ep}): dist.parallelize has no key for it")
+    if plan.local_view:
+        problems.append(
+            f"local views ({len(plan.local_view)} sub-layers, {plan.local_view[0].layer} first, run on local "
+            "tensors by apply_plan's own wrapper): dist.parallelize has no key for it (re-plan with "
+            "--no-local-view)"
+        )
     if plan.strategy.virtual_stages > 1:
         problems.append(
             f"VPP with {plan.strategy.virtual_stages} chunks per stage: pp_config takes one split point "

@@ -140,6 +140,17 @@ def test_local_view_trains_like_one_device_with_half_the_heads(dp, local_plan, d
             assert output["score_shapes"] and heads == {HEADS // 2}, output["score_shapes"]
 
 
+def test_a_dist_parallelize_config_refuses_local_views(local_plan):
+    """``dist.parallelize`` (the export, PaddleFormers' Trainer) would shard the fused weights in
+    the model's own layout and run the sub-layer on DistTensors without its gather: refused."""
+    from autodist.schemas.parallelize import ExportError, parallelize_config
+
+    with pytest.raises(ExportError, match=r"local views \(2 sub-layers, transformer.h.0.attn first"):
+        parallelize_config(local_plan)
+    gathered = plan_target(GPT2, None, _request(), {"target": GPT2}, local_view=False).plan
+    assert parallelize_config(gathered).entries
+
+
 def _with_attribute(plan, name: str, **changed):
     """``plan`` with attribute ``name`` of every local view changed (an edited, untrusted plan)."""
     views = [

@@ -176,6 +176,7 @@ def _plans(workdir: Path, world: int, layouts: list[tuple[int, int, int]]) -> di
             plan = autodist.plan(
                 build(), [f"input_ids:int64:{BATCH}x{SEQ}", f"labels:int64:{BATCH}x{SEQ}"], devices=dp * mp, device="cpu",
                 dp=dp, mp=mp, pp=1, sequence_parallel=False, sharding_stage=zero, micro_batches=1,
+                local_view=False,  # the Trainer's dist.parallelize config has no key for local views
             )  # fmt: skip
             path = workdir / f"{family}_dp{dp}_mp{mp}_zero{zero}.json"
             autodist.save_plan(plan, path)
