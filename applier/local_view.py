@@ -1,17 +1,19 @@
 """Local-view tensor parallelism (``plan.local_view``): a sub-layer run on plain local tensors.
 
-Inside a sub-layer the plan lists (a GPT-2 ``attn`` with a fused ``c_attn``), each rank runs the
-model's own forward, unchanged, at 1/mp width — Megatron-LM's tensor parallelism:
+Inside a sub-layer the plan lists (a GPT-2 ``attn`` with a fused ``c_attn``, a Phi-3 ``mlp`` with
+a fused ``gate_up_proj``), each rank runs the model's own forward, unchanged, at 1/mp width —
+Megatron-LM's tensor parallelism:
 
 - its input: the rank's local value of the activation (replicated over mp, split over dp by the
   batch), through an identity whose backward sums the mp ranks' input gradients (Megatron's ``f``);
 - its parameters: each rank's local shard, for the duration of the call (a fused weight's shard
-  is the rank's slice of each segment, ``q_r|k_r|v_r``: :meth:`LocalViews.to_local_layout` laid the
-  distributed parameter out that way when it was sharded); a row bias (``summed``) enters as
+  is the rank's slice of each segment, ``q_r|k_r|v_r`` or ``gate_r|up_r``:
+  :meth:`LocalViews.to_local_layout` laid the distributed parameter out that way when it was
+  sharded); a row bias (``summed``) enters as
   1/mp of itself, its gradient the whole one; a gradient comes back Partial over dp, summed by
   the optimizer as any data-parallel gradient (docs/paddle-notes.md, "Local-view tensor parallelism");
-- the size attributes it reads (``self.num_heads``, ``self.split_size``, ``c_attn.nf``) set to
-  their local values, restored when the call returns or raises;
+- the size attributes it reads (``self.num_heads``, ``self.split_size``, ``c_attn.nf``, an MLP's
+  ``self.intermediate_size``) set to their local values, restored when the call returns or raises;
 - its output: each rank's partial sum, summed over the rank's mp line (one all-reduce, Megatron's
   ``g``; its backward hands every rank the whole gradient) and handed back as a DistTensor placed
   as the input was.
@@ -19,8 +21,9 @@ model's own forward, unchanged, at 1/mp width — Megatron-LM's tensor paralleli
 Checkpoints hold the model's own layout: :meth:`LocalViews.own_boxes` says which boxes of it a
 rank's piece of a fused weight holds (applier/checkpoint.py saves and reads those).
 
-The scores, softmax and context therefore run on each rank's heads only. The forward is replaced
-on the instance (as experts.py does), so ``layer.forward(x)`` runs local too.
+The scores, softmax and context therefore run on each rank's heads only, a gated activation on
+each rank's intermediate features only. The forward is replaced on the instance (as experts.py
+does), so ``layer.forward(x)`` runs local too.
 
 Example::
 

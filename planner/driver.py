@@ -112,8 +112,8 @@ def plan_model(
     ``arguments`` go into the plan's provenance as given (the CLI passes its options).
     ``rules``: ``{layer glob: "colwise" | "rowwise" | "replicate"}`` merged into the analysis
     (:mod:`autodist.planner.recognise.rules`) and recorded in the provenance.
-    ``local_view``: run the attention sub-layers with a fused column projection on local tensors
-    where the planner proves it (:mod:`autodist.planner.local_view`).
+    ``local_view``: run the sub-layers (attention, MLP) with a fused column projection on local
+    tensors where the planner proves it (:mod:`autodist.planner.local_view`).
     Raises :class:`~autodist.planner.errors.PlannerError` for anything the user can fix.
     """
     progress = progress or _QUIET

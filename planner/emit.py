@@ -101,7 +101,7 @@ def build_plan(
     notes += view_notes
     if local_view:
         notes.append(
-            f"local view: {len(local_view)} attention sub-layer(s) run on local tensors (plan.local_view); the "
+            f"local view: {len(local_view)} sub-layer(s) run on local tensors (plan.local_view); the "
             "estimate still prices them as the gathered layout (a gather after the fused projection, whole cores)"
         )
     if strategy.mp > 1:

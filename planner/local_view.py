@@ -1,20 +1,21 @@
 """Local-view tensor parallelism, proven at plan time (``plan.local_view``; the applier's
 ``applier/local_view.py`` runs it).
 
-Today an attention sub-layer with a fused ``q|k|v`` column projection gets a ``post reshard ->
-R`` hook on that projection (recognise/reshards.py): the attention core then runs whole on every
-rank. Instead, the sub-layer can run on local tensors, Megatron's way: each rank runs the model's
-own forward at 1/mp width on its heads' slices (``q_r|k_r|v_r``), with the size attributes it
-reads set to local values, and the ranks' outputs are summed.
+Today a sub-layer with a fused column projection (an attention's ``q|k|v``, an MLP's
+``gate|up``) gets a ``post reshard -> R`` hook on that projection (recognise/reshards.py): what
+follows it (the attention core, the gated activation) then runs whole on every rank. Instead, the
+sub-layer can run on local tensors, Megatron's way: each rank runs the model's own forward at 1/mp
+width on its slice of each segment (``q_r|k_r|v_r``, ``gate_r|up_r``), with the size attributes
+it reads set to local values, and the ranks' outputs are summed.
 
 Nothing is assumed about the forward: the planner *proves* each such sub-layer by running it. A
 copy with random weights runs once whole (the global run) and ``mp`` times as each rank would
 (its slices, its attribute values); the summed outputs and the reassembled gradients (weights
 and input, for a random output gradient) must equal the global run's within float tolerance.
 The attributes to localise are read off the sub-layer: every integer attribute of it or of its
-column projections whose value is a head count or a width the local run divides (never the
-head dim, never the row projection's, whose output stays whole). A sub-layer that cannot be
-proven keeps the gather hook, with the reason in one note.
+column projections whose value is a head count or a width the local run divides, such as an
+MLP's ``intermediate_size`` (never the head dim, never the row projection's, whose output stays
+whole). A sub-layer that cannot be proven keeps the gather hook, with the reason in one note.
 
 Example::
 
@@ -51,7 +52,7 @@ class NotProven(Exception):
 
 @dataclass(frozen=True)
 class Candidate:
-    """An attention sub-layer whose fused column is gathered today, and its weights' local views."""
+    """A sub-layer (attention or MLP) whose fused column is gathered today, and its weights' local views."""
 
     layer: str
     sublayer: SubLayer
@@ -59,12 +60,12 @@ class Candidate:
 
 
 def candidates(analysis: ModelAnalysis, mp: int) -> list[Candidate]:
-    """The attention sub-layers of the blocks with a column-split fused projection, every column
-    split and the row contracting them: those the gather hook serves today."""
+    """The sub-layers (attention or MLP) of the blocks with a column-split fused projection, every
+    column split and the row contracting them: those the gather hook serves today."""
     found = []
     for block in analysis.blocks:
         for sub in block.sublayers:
-            if sub.kind != "attention" or not any(c.fused > 1 for c in sub.columns):
+            if not any(c.fused > 1 for c in sub.columns):
                 continue
             if any(c.role != "column" or c.split_dim is None for c in sub.columns) or sub.row.role != "row":
                 continue
@@ -96,7 +97,7 @@ def local_views(
         return [], []
     if not runs_local_views(strategy):
         return [], [
-            f"local view: {len(found)} attention sub-layer(s) with a fused projection stay global (gathered): "
+            f"local view: {_counted(found)} with a fused projection stay global (gathered): "
             "local views run under tensor and data parallelism alone (no pipeline, sequence parallelism, ZeRO, "
             "recompute or micro-batches)"
         ]
@@ -138,10 +139,18 @@ def local_views(
     return views, notes
 
 
+def _counted(found: list[Candidate]) -> str:
+    """``12 attention sub-layer(s)``, ``2 attention and 2 mlp sub-layer(s)``."""
+    kinds = [c.sublayer.kind for c in found]
+    return " and ".join(f"{kinds.count(kind)} {kind}" for kind in sorted(set(kinds))) + " sub-layer(s)"
+
+
 def size_attributes(layer: paddle.nn.Layer, candidate: Candidate, params: dict, mp: int) -> list[LocalAttribute]:
     """The integer attributes of the sub-layer and its column projections whose values are a
     head count or a width that splits over ``mp`` (at 1/mp of their value), not the head dim.
-    Tried and verified as a whole by :func:`verify`."""
+    The widths are the heads' and each column's, whole and per segment (an MLP's
+    ``intermediate_size`` is its gate|up column's segment; it has no heads, whose sizes are 0
+    and drop out). Tried and verified as a whole by :func:`verify`."""
     sub = candidate.sublayer
     widths = {sub.num_heads, sub.num_kv_heads, sub.num_heads * sub.head_dim, sub.num_kv_heads * sub.head_dim}
     for column in sub.columns:

@@ -2,10 +2,11 @@
 
 A fused ``q|k|v`` column of width ``3n`` split over ``mp`` ranks: rank ``r`` computes with
 ``q_r|k_r|v_r`` (the ``r``-th slice of each segment, each ``n/mp`` wide), the order the model's
-own ``split`` expects at 1/mp width. The distributed parameter holds those slices rank after
-rank along the split dim, so its ordinary ``S(dim)`` shard on rank ``r`` is exactly rank ``r``'s;
-:func:`local_order` gives that layout from the model's own, :func:`own_order` the way back (a
-checkpoint and a reader of the parameters want the model's own layout).
+own ``split`` expects at 1/mp width (a fused ``gate|up``: ``gate_r|up_r``, 2 segments). The
+distributed parameter holds those slices rank after rank along the split dim, so its ordinary
+``S(dim)`` shard on rank ``r`` is exactly rank ``r``'s; :func:`local_order` gives that layout from
+the model's own, :func:`own_order` the way back (a checkpoint and a reader of the parameters want
+the model's own layout).
 
     >>> local_order(6, segments=3, mp=2)      # q0 k0 v0 | q1 k1 v1, each segment 2 wide
     [0, 2, 4, 1, 3, 5]

@@ -1,14 +1,18 @@
-"""Local-view tensor parallelism for a fused ``q|k|v`` projection (GPT-2's ``c_attn``, issue 22).
+"""Local-view tensor parallelism for a fused ``q|k|v`` projection (GPT-2's ``c_attn``, issue 22)
+and a fused ``gate|up`` one (Phi-3's ``gate_up_proj``, ERNIE 4.5's ``up_gate_proj``).
 
 - The planner proves each local view at plan time and records it; the proof fails loudly when an
   attribute's local value is sabotaged; plans made without ``local_view`` are unchanged.
 - Applied on 2 gloo ranks: training matches one device (losses and parameters within 1e-5) and
   the attention scores inside the run hold half of the heads on each rank (the gathered layout of
   the default plan runs all 4 on every rank); the same at dp2 x mp2 on 4 ranks.
+- A fused ``gate|up`` MLP is a local view too, its gather gone; applied on 2 gloo ranks it trains
+  like one device with each rank's ``down_proj`` reading half of the intermediate features.
 - Checkpoints keep the model's own layout: saved under the local view, resumed under the gathered
   plan and on one device, and the other way round, each like one uninterrupted device.
 
-Launches: mp2 (2 ranks), dp2 x mp2 (4), the savers (2), the loaders (2, and 1 with the references).
+Launches: mp2 (2 ranks), dp2 x mp2 (4), the MLP's mp2 (2), the savers (2), the loaders (2, and 1
+with the references).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from harness.workloads import BATCH, WORKLOADS
 
 GPT2 = "tests/models/zoo/gpt2_hf.py"
 HEADS = 4  # tests/models/zoo/gpt2_hf.py N_HEAD
+PHI3 = "tests/models/zoo/phi3_hf.py"
+ERNIE_INTERMEDIATE = 64  # tests/models/paddleformers_models.py _TINY intermediate_size
 
 
 def _request(dp: int = 1, recompute: str = "none") -> SearchRequest:
@@ -138,6 +144,51 @@ def test_local_view_trains_like_one_device_with_half_the_heads(dp, local_plan, d
         for output in outputs[run.name]:
             heads = {shape[1] for shape in output["score_shapes"]}
             assert output["score_shapes"] and heads == {HEADS // 2}, output["score_shapes"]
+
+
+def test_a_fused_gate_up_mlp_runs_as_a_local_view_without_its_gather():
+    """Phi-3's MLP (``gate_up_proj`` cut by ``chunk(2)``) is proven like an attention: each rank
+    holds ``gate_r|up_r`` and its rows of ``down_proj``; no size attribute to localise (``chunk``
+    halves whatever it gets). Its gather hook, there in the gathered plan, is gone. HF's attention
+    takes a mask and positions beside its hidden input, which the proof does not have: it keeps
+    its gather, with one note."""
+    gathered = plan_target(PHI3, None, _request(), {"target": PHI3}, local_view=False).plan
+    assert {h.layer for h in gathered.hooks if h.action == "reshard"} >= {"model.layers.0.mlp.gate_up_proj"}
+    plan = plan_target(PHI3, None, _request(), {"target": PHI3}, local_view=True).plan
+    views = {view.layer: view for view in plan.local_view}
+    assert sorted(views) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    view = views["model.layers.0.mlp"]
+    weights = {w.param.removeprefix("model.layers.0.mlp."): (w.dim, w.segments, w.summed) for w in view.weights}
+    assert weights == {"gate_up_proj.weight": (1, 2, False), "down_proj.weight": (0, 1, False)}
+    assert view.attributes == [] and "equal the global run" in view.verified
+    assert {h.layer for h in plan.hooks if h.action == "reshard"} == {
+        "model.layers.0.self_attn.qkv_proj",
+        "model.layers.1.self_attn.qkv_proj",
+    }
+    notes = [note for note in plan.notes if note.startswith("local view: model.layers.0.self_attn")]
+    assert len(notes) == 1 and "missing 2 required positional arguments" in notes[0], notes
+
+
+@pytest.mark.multiprocess
+def test_a_fused_mlp_local_view_trains_like_one_device_at_half_the_width(tmp_path, reference_runs):
+    """ERNIE 4.5 (PaddleFormers), whose MLP reads ``self.intermediate_size``: localised to half,
+    each rank's ``down_proj`` reads 32 of the 64 intermediate features (the gathered layout: all
+    64 on every rank), and training matches one device."""
+    target = WORKLOADS["zoo_pf_ernie45"].planner_target
+    plan = plan_target(target, None, _request(), {"target": target}, local_view=True).plan
+    views = {view.layer: view for view in plan.local_view}
+    assert sorted(views) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    attributes = [(a.name, a.whole, a.local) for a in views["model.layers.0.mlp"].attributes]
+    assert attributes == [("intermediate_size", ERNIE_INTERMEDIATE, ERNIE_INTERMEDIATE // 2)]
+    path = tmp_path / "ernie45_local_view.json"
+    save_plan(plan, path)
+    run = TrainRun("ernie45_mlp_local_view", "zoo_pf_ernie45", plan=str(path))
+    outputs = train_distributed([run], 2, tmp_path / "world", timeout_s=600.0)
+    reference_runs.prepare([run])
+    check_against_reference(Trained(run, plan, outputs[run.name]), reference_runs)
+    for output in outputs[run.name]:
+        widths = output["linear_input_widths"]
+        assert [widths[f"model.layers.{i}.mlp.down_proj"] for i in (0, 1)] == [[ERNIE_INTERMEDIATE // 2]] * 2, widths
 
 
 def test_a_dist_parallelize_config_refuses_local_views(local_plan):

@@ -195,9 +195,9 @@ def cli() -> None:
     "--local-view/--no-local-view",
     default=True,
     show_default=True,
-    help="Run attention sub-layers with a fused q|k|v projection on local tensors (Megatron's layout: "
-    "heads split, one all-reduce) where the planner proves it by running them, under tensor and data "
-    "parallelism; --no-local-view gathers the projection's output instead.",
+    help="Run sub-layers with a fused q|k|v or gate|up projection on local tensors (Megatron's layout: "
+    "heads or intermediate features split, one all-reduce) where the planner proves it by running them, "
+    "under tensor and data parallelism; --no-local-view gathers the projection's output instead.",
 )
 @click.option(
     "--rules",

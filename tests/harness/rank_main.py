@@ -104,6 +104,31 @@ def recording_scores():
         paddle.matmul = matmul
 
 
+@contextmanager
+def recording_linear_inputs(model: paddle.nn.Layer):
+    """TEST-ONLY: this rank's local widths of the input of each ``nn.Linear`` of ``model``, by
+    layer name, by a forward pre-hook on each for the block."""
+    widths: dict[str, set[int]] = {}
+
+    def recorder(name: str):
+        def record(layer, inputs):
+            x = inputs[0]
+            widths.setdefault(name, set()).add((x._local_value() if x.is_dist() else x).shape[-1])
+
+        return record
+
+    handles = [
+        layer.register_forward_pre_hook(recorder(name))
+        for name, layer in model.named_sublayers()
+        if isinstance(layer, paddle.nn.Linear)
+    ]
+    try:
+        yield widths
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def layout(param) -> dict:
     """How a parameter sits on this rank: placements and the local shard's shape."""
     if not param.is_dist():
@@ -167,7 +192,7 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
     held = stage_parameters(whole, run.plan) if pipelined else dict(model.named_parameters())
     own_layout = own_layout_of(run)
     before = {fqn: own_layout(fqn, to_numpy(p)) for fqn, p in held.items()}
-    with recording_scores() as score_shapes:
+    with recording_scores() as score_shapes, recording_linear_inputs(whole) as linear_input_widths:
         if pipelined:
             losses = train_pipeline(model, optimizer, schedule, loader, run.steps)
         else:
@@ -199,6 +224,9 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
         # This rank's shapes of every 4-D ``paddle.matmul`` output with square last dims (the
         # attention scores [batch, heads, seq, seq] of the models that write them so), in call order.
         "score_shapes": score_shapes,
+        # This rank's local input width of each nn.Linear, by layer name (a row projection's is its
+        # column's output width: 1/mp of it where the sub-layer runs on local tensors).
+        "linear_input_widths": {name: sorted(seen) for name, seen in linear_input_widths.items()},
     }
     output_path(out_dir, run.name, rank).write_text(json.dumps(result))
 
