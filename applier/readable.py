@@ -82,10 +82,10 @@ from typing import Any, Callable
 import numpy as np
 import paddle
 import paddle.distributed as dist
-
 from autodist.applier.agree import seconds_from
 from autodist.applier.layout import rank_coords
 from autodist.applier.signed import NONCE_BYTES, Pending, Reception, greeted, receive_line, seal, strict_json, unseal
+from autodist.applier.store_host import global_store
 
 #: How many noted values each rank keeps for readers (the oldest are dropped first).
 KEEP = 16384
@@ -475,7 +475,7 @@ def install(model: paddle.nn.Layer, key: bytes, post: bool = False, timeout_s: f
         return
     if _NOTES is None:
         notes = _Notes(dist.get_rank(), dist.get_world_size(), key, timeout_s)
-        notes.store = paddle.base.core.create_or_get_global_tcp_store()
+        notes.store = global_store(notes.rank)  # rank 0 then serves it: warmed up for its exit
         # This rank's own address only (never all interfaces), any free port.
         host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "").rpartition(":")[0] or "127.0.0.1"
         server = socket.create_server((host, 0))

@@ -16,6 +16,11 @@ cleanly (the thread reads the end of the stream) and one with a reset (it reads 
 two ways a peer's exit reaches it. Both call sites are then set up while the process is whole;
 at the job's end the peers' hang-ups log nothing (below glog's level) and take no lock.
 
+When. The store exists from ``dist.init_parallel_env()`` (which the README asks for) or else
+from the job's first collective, which Paddle's auto-parallel API makes lazily; so apply_plan
+warms up at its start (a store the script made: also a plan refused there is covered) and
+again where it makes the store itself (:func:`global_store`, before its first collective).
+
     >>> warm_up_store_host(rank=1)   # nothing to do anywhere but on the store's host, rank 0
     False
 """
@@ -24,6 +29,9 @@ from __future__ import annotations
 
 import socket
 import struct
+from typing import Any
+
+import paddle
 
 from autodist.applier.agree import master_address
 
@@ -31,14 +39,21 @@ from autodist.applier.agree import master_address
 _RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 
 
+#: Whether this process's store thread has had its hang-up lines run (once is enough).
+_warmed = False
+
+
 def warm_up_store_host(rank: int, timeout_s: float = 5.0) -> bool:
     """On rank 0, hang up on Paddle's store twice (cleanly, then with a reset) so that its
-    thread's hang-up log lines are set up now, not at exit. Returns whether it connected; a
-    store it cannot reach (another rank's machine, a port it cannot parse) is left alone: the
-    job runs as before, without the guard."""
+    thread's hang-up log lines are set up now, not at exit. Returns whether it connected (now
+    or earlier in this process); a store it cannot reach (not made yet, another rank's machine,
+    a port it cannot parse) is left alone: the job runs as before, without the guard."""
+    global _warmed
     host, _, port = master_address().rpartition(":")
     if rank != 0 or not host or not port.isdigit():
         return False
+    if _warmed:
+        return True
     try:
         # The store listens on every interface of rank 0's machine: loopback reaches it.
         socket.create_connection(("127.0.0.1", int(port)), timeout=timeout_s).close()
@@ -46,4 +61,13 @@ def warm_up_store_host(rank: int, timeout_s: float = 5.0) -> bool:
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
     except OSError:
         return False
+    _warmed = True
     return True
+
+
+def global_store(rank: int) -> Any:
+    """Paddle's global TCP store (made here if the script has not: every rank must call this,
+    as rank 0's waits for the others to connect), warmed up on rank 0."""
+    store = paddle.base.core.create_or_get_global_tcp_store()
+    warm_up_store_host(rank)
+    return store
