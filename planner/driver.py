@@ -28,7 +28,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
@@ -146,8 +146,9 @@ def plan_analysed(
 
         rules = apply_rules(analysis, rules)
         arguments = {**arguments, "rules": canonical_rules(rules)}
+    local_view = local_view and model is not None  # a view is proven by running the model's sub-layer
     with progress.step("pricing the model"):
-        priced = price(analysis, kernels_for(analysis, request))
+        priced = price(analysis, kernels_for(analysis, request), local_view)
     check_fixed_degrees(priced.cost, request)
     with progress.step(f"searching strategies for {request.world} devices"):
         result = search(priced, request)
@@ -155,8 +156,17 @@ def plan_analysed(
     if local_view and model is not None:
         from autodist.planner.local_view import local_views
 
-        with progress.step("proving local views"):
-            views = local_views(analysis, model, result.best.strategy)
+        while True:
+            with progress.step("proving local views"):
+                views = local_views(analysis, model, result.best.strategy)
+            # The search priced every candidate as a local view (PricedModel); one whose proof
+            # failed runs gathered, so it is priced gathered and the search runs again without it.
+            unproven = priced.assumed_local(result.best.strategy) - {view.layer for view in views[0]}
+            if not unproven:
+                break
+            priced = replace(priced, local_views=priced.local_views - unproven)
+            with progress.step("searching again, the unproven local views gathered"):
+                result = search(priced, request)
     with progress.step("writing the plan"):
         plan = build_plan(analysis, result, request, arguments, views)
     return PlannedModel(plan=plan, analysis=analysis, result=result, traced=traced.program)

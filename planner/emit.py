@@ -96,13 +96,14 @@ def build_plan(
     params = _param_plans(analysis, strategy, mesh.axes, notes)
     stages = block_stages(len(analysis.blocks), strategy.pp, strategy.virtual_stages)
     hooks = _stage_handoffs(analysis, stages) + _expert_hooks(analysis, strategy)
-    local_layers = tuple(view.layer + "." for view in local_view)
-    fused_gathers = [h for h in reshard_hooks(analysis, strategy.mp, mesh.axes) if not h.layer.startswith(local_layers)]
+    local = frozenset(view.layer for view in local_view)
+    fused_gathers = reshard_hooks(analysis, strategy.mp, mesh.axes, local)
     notes += view_notes
     if local_view:
         notes.append(
-            f"local view: {len(local_view)} sub-layer(s) run on local tensors (plan.local_view); the "
-            "estimate still prices them as the gathered layout (a gather after the fused projection, whole cores)"
+            f"local view: {len(local_view)} sub-layer(s) run on local tensors (plan.local_view), priced so: "
+            "at 1/mp width (an attention's core on 1/mp of the heads), one all-reduce of the output forward and "
+            "of the input gradient backward"
         )
     if strategy.mp > 1:
         hooks += _sequence_parallel_hooks(analysis, strategy, mesh.axes, fused_gathers, notes)

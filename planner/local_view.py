@@ -36,6 +36,7 @@ from autodist.schemas import LocalAttribute, LocalView, LocalWeight, Plan, Strat
 from autodist.schemas.local_view import hidden_output, local_order, own_order, runs_local_views
 
 from autodist.planner.recognise.analysis import ModelAnalysis
+from autodist.planner.recognise.reshards import local_view_candidates
 from autodist.planner.recognise.roles import SubLayer
 
 #: Equal within: the local runs reassembled against the global run, float32.
@@ -59,19 +60,12 @@ class Candidate:
     weights: tuple[LocalWeight, ...]
 
 
-def candidates(analysis: ModelAnalysis, mp: int) -> list[Candidate]:
-    """The sub-layers (attention or MLP) of the blocks with a column-split fused projection, every
-    column split and the row contracting them: those the gather hook serves today."""
+def candidates(analysis: ModelAnalysis) -> list[Candidate]:
+    """The sub-layers that may run as local views
+    (:func:`~autodist.planner.recognise.reshards.local_view_candidates`), with their weights' views."""
     found = []
     for block in analysis.blocks:
-        for sub in block.sublayers:
-            if not any(c.fused > 1 for c in sub.columns):
-                continue
-            if any(c.role != "column" or c.split_dim is None for c in sub.columns) or sub.row.role != "row":
-                continue
-            parents = {p.layer.rpartition(".")[0] for p in sub.projections}
-            if len(parents) != 1:
-                continue
+        for layer, sub in local_view_candidates(block):
             weights = []
             for column in sub.columns:
                 weights.append(LocalWeight(param=column.weight, dim=column.split_dim, segments=column.fused))
@@ -80,7 +74,7 @@ def candidates(analysis: ModelAnalysis, mp: int) -> list[Candidate]:
             weights.append(LocalWeight(param=sub.row.weight, dim=sub.row.split_dim))
             if sub.row.bias:
                 weights.append(LocalWeight(param=sub.row.bias, summed=True))
-            found.append(Candidate(parents.pop(), sub, tuple(weights)))
+            found.append(Candidate(layer, sub, tuple(weights)))
     return found
 
 
@@ -92,7 +86,7 @@ def local_views(
     weights' shapes and attribute values are proven once. Only under tensor (and data)
     parallelism alone (:func:`~autodist.schemas.local_view.runs_local_views`)."""
     mp = strategy.mp
-    found = candidates(analysis, mp)
+    found = candidates(analysis)
     if not found or mp == 1:
         return [], []
     if not runs_local_views(strategy):

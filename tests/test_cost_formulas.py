@@ -11,7 +11,7 @@ from dataclasses import replace
 import msgspec
 import pytest
 
-from autodist.planner.cost.blocks import BlockCost, EdgeCost, ModelCost
+from autodist.planner.cost.blocks import BlockCost, EdgeCost, ModelCost, Saved
 from autodist.planner.cost.comm import (
     Link,
     all_gather_time,
@@ -269,6 +269,50 @@ def test_tensor_parallel_all_reduces_are_exposed():
     one_way = all_reduce_time(2 * 1000 * 1024 * 2, 4, link, 4)
     assert result.mp_comm_s == pytest.approx(2 * one_way)
     assert result.estimate.step_time_s == pytest.approx(result.compute_s + result.mp_comm_s)
+
+
+def test_gathers_and_whole_cores_are_priced_as_they_run():
+    """One block, h = 1000, at mp 4 on 1024 tokens (global batch 1 x seq 1024), bf16, nothing but
+    its attention core (4000 FLOPs and 8 floats of saved scores a token x seq). Gathered (a fused
+    q|k|v not run as a local view): its output all-gathered forward, 3h = 3000 elements a token,
+    and the row projection's input gradient backward, h = 1000; the core whole on every rank. As
+    a local view: no gather, a quarter of the core. Half its core whole: 1/2 + 1/2 / 4 of it."""
+    scores = Saved(floats=8.0)
+    gathers = dict(gather_fwd_per_token=3000, gather_fwd_count=1, gather_bwd_per_token=1000, gather_bwd_count=1)
+    blocks = {
+        "gathered": BlockCost(
+            layer="b", flops_per_token_seq=4000.0, saved_inside_seq=scores, core_whole=1.0, **gathers
+        ),
+        "local": BlockCost(layer="b", flops_per_token_seq=4000.0, saved_inside_seq=scores),
+        "half": BlockCost(layer="b", flops_per_token_seq=4000.0, saved_inside_seq=scores, core_whole=0.5),
+    }
+    setup = Setup(device=H100, devices_per_node=4, nodes=1, seq_len=1024, global_batch=1)
+    runs = {
+        name: estimate(StageTable(ModelCost(blocks=(block,), hidden_size=1000, traced_seq=1024)), Strategy(mp=4), setup)
+        for name, block in blocks.items()
+    }
+    gathered, local, half = runs["gathered"], runs["local"], runs["half"]
+    # 3/4 of each gathered tensor sent: 3/4 x 3000 x 1024 x 2 bytes + 3/4 x 1000 x 1024 x 2 bytes
+    assert gathered.estimate.comm_bytes.mp == 4_608_000 + 1_536_000
+    step = H100.intra_node_latency_s + 2 * H100.intra_node_latency_per_rank_s  # a ring step of 4 ranks
+    assert gathered.mp_comm_s == pytest.approx(2 * 3 * step + 6_144_000 / H100.intra_node_bandwidth)
+    assert local.estimate.comm_bytes.mp == local.mp_comm_s == 0
+    # forward and a backward of twice the forward: 3 x 4000 x 1024 x 1024 FLOPs at the roof, whole
+    roof = H100.peak_flops["bf16"] * H100.matmul_efficiency
+    assert gathered.compute_s == pytest.approx(3 * 4000 * 1024 * 1024 / roof)
+    assert local.compute_s == pytest.approx(3 * 4000 * 1024 * 1024 / 4 / roof)
+    assert half.compute_s == pytest.approx(3 * 4000 * 1024 * 1024 * (0.5 + 0.5 / 4) / roof)
+    # the saved scores: 8 floats x 2 bytes a token x seq, whole or a quarter
+    assert gathered.estimate.memory.activations == 8 * 2 * 1024 * 1024
+    assert local.estimate.memory.activations == 8 * 2 * 1024 * 1024 // 4
+    assert half.estimate.memory.activations == 8 * 2 * 1024 * 1024 * 5 // 8
+    # full recompute runs the forward, and its gather, once more
+    again = estimate(
+        StageTable(ModelCost(blocks=(blocks["gathered"],), hidden_size=1000, traced_seq=1024)),
+        Strategy(mp=4, recompute="full"),
+        replace(setup, recompute="full"),
+    )
+    assert again.estimate.comm_bytes.mp == 2 * 4_608_000 + 1_536_000
 
 
 def test_a_vocabulary_split_lookup_all_gathers_its_table_and_does_not_all_reduce_its_output():

@@ -273,18 +273,51 @@ def test_a_tied_head_is_held_by_the_first_and_the_last_stage():
     assert two.estimate.memory.params >= (vocab_hidden + cost.blocks[0].params_split) * BYTES
 
 
-def test_fused_projections_pay_for_the_gathers_of_the_plans_hooks():
-    """Phi3's fused qkv_proj and gate_up_proj: one gather hook each per layer, priced; nothing
-    left for Paddle to insert. Separate q/k/v projections need neither."""
+def test_a_gathered_fused_projection_pays_its_gathers_and_a_whole_core():
+    """tests/models/gpt.py traced at batch 2 x seq 8 (16 tokens): hidden h = 32, 4 heads, one fused
+    qkv_proj [32, 96]. Gathered (the plan's hook, no local view): forward, qkv_proj's output
+    is all-gathered, 3h = 96 elements a token; backward, out_proj's input is whole and its weight
+    Shard(0), so Paddle's matmul_grad returns the input gradient split and all-gathers it, h = 32 a
+    token. The core reads whole q, k, v: all of it whole on every rank, and q, k, v and out_proj's
+    input (4 x 32 a token) are saved whole. As a local view none of that: no gather, the core and
+    those 128 a token split over mp. The MLP (fc_in column, fc_out row) is split either way."""
+    from autodist.planner.recognise.reshards import local_view_layers
+
+    model, program, graph = traced("gpt")
+    analysis = analyze(program, graph, model)
+    local = local_view_layers(analysis)
+    assert local == {"blocks.0.attn", "blocks.1.attn"}
+    gathered, viewed = model_cost(analysis).blocks[0], model_cost(analysis, None, local).blocks[0]
+    assert (gathered.gather_fwd_per_token, gathered.gather_fwd_count) == (3 * 32, 1)
+    assert (gathered.gather_bwd_per_token, gathered.gather_bwd_count) == (32, 1)
+    assert (viewed.gather_fwd_per_token, viewed.gather_bwd_per_token, viewed.gather_fwd_count) == (0, 0, 0)
+    assert (gathered.core_whole, viewed.core_whole) == (1.0, 0.0)
+    assert gathered.saved_outside.floats - viewed.saved_outside.floats == 4 * 32
+    assert viewed.saved_inside.floats - gathered.saved_inside.floats == 4 * 32
+    # the same FLOPs and the same Megatron all-reduces either way: qkv_proj's and fc_in's input
+    # gradients, out_proj's and fc_out's outputs (h = 32 a token each)
+    assert gathered.flops_per_token_seq == viewed.flops_per_token_seq == 2 * 2 * 32  # q k^T and p v
+    assert (gathered.allreduce_fwd_per_token, gathered.allreduce_bwd_per_token) == (64, 64)
+    assert (viewed.allreduce_fwd_per_token, viewed.allreduce_bwd_per_token) == (64, 64)
+
+
+def test_fused_projections_leave_nothing_for_paddle_to_insert():
+    """Phi3's fused qkv_proj and gate_up_proj: gathered (one hook each per layer, priced in the
+    blocks); nothing left for Paddle to insert. Both sub-layers may run as local views, which
+    gather nothing. Separate q/k/v projections need neither."""
     from autodist.planner.cost.graph_cost import implicit_collectives
+    from autodist.planner.recognise.reshards import local_view_layers
 
     model, program, graph = traced("phi3")
-    fused = implicit_collectives(analyze(program, graph, model), mp=2, dtype_bytes=2)
-    assert fused.planned_count == 2 * 2 and fused.planned_per_token > 0
+    analysis = analyze(program, graph, model)
+    fused = implicit_collectives(analysis, mp=2, dtype_bytes=2)
     assert fused.count == 0 and fused.sent_per_token == 0
+    assert [b.gather_fwd_count for b in model_cost(analysis).blocks] == [2, 2]
+    assert [b.gather_fwd_count for b in model_cost(analysis, None, local_view_layers(analysis)).blocks] == [0, 0]
     model, program, graph = traced("docstring")
-    unfused = implicit_collectives(analyze(program, graph, model), mp=2, dtype_bytes=2)
-    assert (unfused.count, unfused.sent_per_token, unfused.planned_count) == (0, 0, 0)
+    unfused = analyze(program, graph, model)
+    assert (implicit_collectives(unfused, mp=2, dtype_bytes=2).count, local_view_layers(unfused)) == (0, frozenset())
+    assert {(b.gather_fwd_count, b.gather_bwd_count, b.core_whole) for b in model_cost(unfused).blocks} == {(0, 0, 0.0)}
 
 
 def test_a_tied_head_pipelines_with_1f1b_but_not_sequentially():

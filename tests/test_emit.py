@@ -224,7 +224,7 @@ def test_implicit_communication_is_one_figure_the_plans_list_and_its_price_agree
     """The fused q|k|v gathers are the plan's own reshard hooks, priced as mp communication;
     what Paddle would add on its own is listed in implicit_comm and priced as comm_bytes.implicit,
     both from one SPMD replay with the plan's hooks (before: an empty list beside 2.7 GB)."""
-    from autodist.planner.cost.graph_cost import implicit_collectives
+    from autodist.planner.cost.graph_cost import implicit_collectives, model_cost
 
     made = plan_target(
         str(MODELS / "gpt.py"),
@@ -237,5 +237,25 @@ def test_implicit_communication_is_one_figure_the_plans_list_and_its_price_agree
     assert gathers and plan.implicit_comm == []
     assert plan.estimate.comm_bytes.implicit == 0
     priced = implicit_collectives(made.analysis, mp=2, dtype_bytes=2)
-    assert priced.planned_count == len(gathers) and priced.planned_per_token > 0
     assert priced.count == 0 and list(priced.entries) == plan.implicit_comm
+    # the hooks' gathers are the blocks' own, one per hook
+    assert sum(b.gather_fwd_count for b in model_cost(made.analysis).blocks) == len(gathers)
+
+
+def test_a_view_that_fails_its_proof_is_priced_gathered_in_the_written_plan():
+    """tests/models/gpt.py's attention reads its width from the input (``b, s, h = x.shape``), so its
+    local view fails the proof and its qkv_proj stays gathered. The search priced it as a local
+    view (dp2 x mp2 runs local views; nothing is proven while searching); once the proof fails the
+    search runs again with it gathered: the plan's strategy, estimate and alternatives are those
+    of the plan made without local views."""
+    from autodist.planner.cost.search import kernels_for, price, search
+
+    request = SearchRequest(devices_per_node=4, mp=2, pp=1, sequence_parallel=False, sharding_stage=0)
+    made = plan_target(str(MODELS / "gpt.py"), None, request, {"target": "gpt"}, local_view=True)
+    assert made.plan.local_view == [] and any("stay global" in note for note in made.plan.notes)
+    without = plan_target(str(MODELS / "gpt.py"), None, request, {"target": "gpt"}, local_view=False).plan
+    assert (made.plan.strategy, made.plan.estimate) == (without.strategy, without.estimate)
+    assert made.plan.alternatives == without.alternatives
+    assumed = search(price(made.analysis, kernels_for(made.analysis, request), local_view=True), request)
+    assert assumed.best.strategy == made.plan.strategy
+    assert assumed.best.estimate.comm_bytes.mp < made.plan.estimate.comm_bytes.mp  # no gathers assumed

@@ -74,7 +74,9 @@ class BlockCost:
     ``flops_*`` are forward FLOPs; ``allreduce_*`` are elements all-reduced over mp when the
     block's linears are split (forward: row-parallel outputs; backward: the inputs of
     column-parallel linears, once per distinct input), in ``*_count`` collectives (at least one
-    when there are elements).
+    when there are elements); ``gather_*`` elements all-gathered over mp (their whole size), in
+    ``gather_*_count`` collectives: forward, the outputs of fused projections the plan gathers;
+    backward, the gradients of row-parallel linears' whole inputs (what follows such a gather).
     """
 
     layer: str
@@ -95,6 +97,14 @@ class BlockCost:
     allreduce_bwd_per_token: float = 0.0
     allreduce_fwd_count: int = 0  # how many collectives carry them (each pays the latency)
     allreduce_bwd_count: int = 0
+    gather_fwd_per_token: float = 0.0
+    gather_bwd_per_token: float = 0.0
+    gather_fwd_count: int = 0
+    gather_bwd_count: int = 0
+    #: The share of the attention core (``flops_per_token_seq``, its scores saved and moved) that
+    #: runs whole on every mp rank: its q, k, v whole (a fused projection gathered, projections
+    #: replicated); the rest runs on 1/mp of the heads (:func:`core_share`).
+    core_whole: float = 0.0
     output_per_token: float = 0.0  # elements handed to the next block (pipeline p2p)
     param_tensors: int = 0  # parameters (each is a gradient all-reduce and an optimizer update)
     gemms: tuple[Gemm, ...] = ()  # the matmuls behind flops_per_token, when known (from a trace)
@@ -124,6 +134,16 @@ class BlockCost:
     #: under expert parallelism the first rank of each ep group runs them on the group's ep x
     #: the tokens and the others not at all, so the most loaded rank does ep x this.
     shared_flops_per_token: float = 0.0
+
+
+def core_share(block: BlockCost, mp: int) -> float:
+    """The part of ``block``'s attention core one of ``mp`` ranks runs: the whole of what reads
+    whole values, 1/mp of the rest. The one rule for its FLOPs, scores and reads and writes.
+
+    >>> core_share(BlockCost(layer="h.0"), 4), core_share(BlockCost(layer="h.0", core_whole=1.0), 4)
+    (0.25, 1.0)
+    """
+    return block.core_whole + (1.0 - block.core_whole) / mp
 
 
 @dataclass(frozen=True)

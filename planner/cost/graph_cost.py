@@ -20,7 +20,9 @@ Nothing here knows an architecture. Per block (the node set the matcher assigned
 - Tensor-parallel region: a value is *inside* when it descends from a column-parallel
   linear and has not yet passed a row-parallel one; those are split over mp, the rest not
   (Korthikanti et al.). Forward all-reduces: row-parallel outputs; backward all-reduces: the
-  distinct inputs of column-parallel linears.
+  distinct inputs of column-parallel linears. A value leaving a gathered layer (a fused
+  projection the plan gathers, not run as a local view) is whole again, all-gathered once; what
+  reads it runs whole on every rank (:func:`walk_nodes`).
 
 Dynamic dims (-1) are counted as 1, consistently with the traced token count, so coefficients
 come out per token either way.
@@ -79,7 +81,10 @@ _SAVED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "pd_op.cross_entropy_with_softmax": ((), (0,)),
 }
 #: Binary ops whose backward for one operand reads the other (z = x*y: dx = dz*y, dy = dz*x).
-_CROSS_SAVED = frozenset({"pd_op.matmul", "pd_op.multiply", "pd_op.divide"})
+_CROSS_SAVED = frozenset({"pd_op.matmul", "pd_op.addmm", "pd_op.multiply", "pd_op.divide"})
+#: The products priced by FLOPs: op -> the operands multiplied (``addmm(b, x, w)`` = b + x @ w,
+#: HF's ``Conv1D``; its bias is added in the same kernel).
+_PRODUCTS = {"pd_op.matmul": (0, 1), "pd_op.addmm": (1, 2)}
 #: Ops that move no data of their own: views, constants, graph plumbing (and the matmul-like ops
 #: priced by FLOPs).
 _NOT_MEMORY_BOUND = UNTIMED_OPS | {
@@ -90,7 +95,7 @@ _NOT_MEMORY_BOUND = UNTIMED_OPS | {
     "pd_op.shape",
     "pd_op.shape64",
     "pd_op.assign",
-    "pd_op.matmul",
+    *_PRODUCTS,
     "pd_op.conv2d",
     "pd_op.flash_attn",
 }
@@ -99,11 +104,14 @@ _MASK_DTYPES = frozenset({"bool", "uint8", "int8"})
 
 @dataclass(frozen=True)
 class Roles:
-    """Which parameters of a block are split over mp, and how."""
+    """Which parameters of a block are split over mp, and how; which layers' outputs are gathered."""
 
     column: frozenset[str]  # weights of column-parallel linears
     row: frozenset[str]  # weights of row-parallel linears
     split: frozenset[str]  # every parameter divided over mp (those weights and column biases)
+    #: Layers of column-parallel linears whose output the plan gathers over mp as it leaves them
+    #: (reshards.gathered_linears: a fused q|k|v or gate|up not run as a local view).
+    gathered: frozenset[str] = frozenset()
 
 
 class GraphFacts:
@@ -188,6 +196,11 @@ class _Walk:
     allreduce_bwd: float = 0.0
     allreduce_fwd_count: int = 0
     allreduce_bwd_count: int = 0
+    #: Values all-gathered over mp: forward, a gathered layer's outputs; backward, the gradients
+    #: of the whole inputs of row-parallel linears (each its whole size).
+    gathered_fwd: set[Value] = field(default_factory=set)
+    gathered_bwd: set[Value] = field(default_factory=set)
+    flops_activation_whole: float = 0.0  # of flops_activation: cores reading whole values
     gemms: list[tuple[str, int, int]] = field(default_factory=list)  # (weight, n, k)
     attention_matmuls: int = 0
     moved: dict[str, float] = field(default_factory=dict)  # where -> elements (traced units)
@@ -225,15 +238,34 @@ def walk_nodes(
 ) -> _Walk:
     """FLOPs, saved tensors, matmul shapes, memory traffic and mp collectives of ``nodes`` (in
     topological order). ``vocab``: values whose last dim is this count as logits-shaped;
-    ``fusion``: the kernels priced fused (:class:`Fusion`)."""
+    ``fusion``: the kernels priced fused (:class:`Fusion`).
+
+    A value of a layer in ``roles.gathered`` leaves it whole (all-gathered once): what reads it
+    outside that layer runs whole on every mp rank, an attention core too (its FLOPs in
+    ``flops_activation_whole``), and a row-parallel linear reading a whole value gets its gradient
+    split over mp, all-gathered in the backward (Paddle 3.3.1's ``matmul_grad`` with the input
+    replicated and the weight ``Shard(0)``; the gather hook's own backward is a slice, measured
+    with ``GLOG_v=4`` on 2 gloo ranks, docs/paddle-notes.md)."""
     roles = roles or Roles(frozenset(), frozenset(), frozenset())
     wanted = set(nodes)
     graph = facts.graph
     inside: set[Value] = set()  # in the tensor-parallel region
+    in_gathered = {n: _within(graph.nodes[n]["layer"], roles.gathered) for n in wanted} if roles.gathered else {}
+
+    def split_for(n: int, values: list[Value]) -> list[Value]:
+        """The values split over mp as node ``n`` reads them: inside, and not leaving a gathered layer."""
+        found = []
+        for v in values:
+            if v in inside and in_gathered.get(v[0]) and in_gathered.get(v[0]) != in_gathered.get(n):
+                walk.gathered_fwd.add(v)
+            elif v in inside:
+                found.append(v)
+        return found
+
     quadratic: set[Value] = set()  # attention-score shaped (b * s * s)
     walk = _Walk()
     column_inputs: set[Value] = set()
-    fused_layer = {n: _fused_layer(graph.nodes[n]["layer"], fusion.layers) for n in wanted} if fusion.layers else {}
+    fused_layer = {n: _within(graph.nodes[n]["layer"], fusion.layers) for n in wanted} if fusion.layers else {}
     regions: dict[str, list[int]] = {}  # fused layer -> its ops, priced after the walk
     for n in sorted(wanted, key=facts.position.__getitem__):
         node = graph.nodes[n]
@@ -241,35 +273,39 @@ def walk_nodes(
         inputs = facts.inputs[n]
         acts = [v for v in inputs.values() if facts.is_activation(v)]
         weights = [facts.weight_of[v] for v in inputs.values() if v in facts.weight_of]
-        if fused_layer.get(n) and op != "pd_op.matmul":
+        split = split_for(n, acts)
+        if fused_layer.get(n) and op not in _PRODUCTS:
             regions.setdefault(fused_layer[n], []).append(n)
-            for r in range(len(node["shapes"])):
-                if any(v in inside for v in acts):
-                    inside.add((n, r))
+            if split:
+                inside.update((n, r) for r in range(len(node["shapes"])))
             continue
-        if op == "pd_op.matmul":
-            x, y = inputs.get(0), inputs.get(1)
+        if op in _PRODUCTS:
+            x, y = (inputs.get(i) for i in _PRODUCTS[op])
             if x is None or y is None:
                 continue
             k_dim = facts.known_shape(x)[-2 if node["attrs"].get("transpose_x") else -1]
             flops = 2.0 * facts.numel((n, 0)) * max(k_dim, 1)
-            if weights:
-                walk.gemms.append((weights[0], max(facts.known_shape((n, 0))[-1], 1), max(k_dim, 1)))
+            weight = next((facts.weight_of[v] for v in (x, y) if v in facts.weight_of), None)
+            if weight:
+                walk.gemms.append((weight, max(facts.known_shape((n, 0))[-1], 1), max(k_dim, 1)))
                 walk.flops_weight += flops
-                walk.flops_by_weight[weights[0]] = walk.flops_by_weight.get(weights[0], 0.0) + flops
-                if weights[0] in roles.column:
+                walk.flops_by_weight[weight] = walk.flops_by_weight.get(weight, 0.0) + flops
+                if weight in roles.column:
                     inside.add((n, 0))
                     column_inputs.update(acts)
-                elif weights[0] in roles.row:
+                elif weight in roles.row:
                     walk.allreduce_fwd += facts.numel((n, 0))
                     walk.allreduce_fwd_count += 1
-                elif any(v in inside for v in acts):
+                    walk.gathered_bwd.update(v for v in acts if v not in split)
+                elif split:
                     inside.add((n, 0))
             else:
                 walk.flops_activation += flops
                 walk.attention_matmuls += 1
-                if any(v in inside for v in acts):
+                if split:
                     inside.add((n, 0))
+                else:
+                    walk.flops_activation_whole += flops
                 scores = not any(v in quadratic for v in acts)
                 if scores:
                     quadratic.add((n, 0))
@@ -287,12 +323,15 @@ def walk_nodes(
             walk.flops_by_weight[weights[0]] = walk.flops_by_weight.get(weights[0], 0.0) + flops
         elif op == "pd_op.flash_attn" and 0 in inputs and 1 in inputs:
             seq_k = facts.known_shape(inputs[1])[1]
-            walk.flops_activation += 4.0 * facts.numel(inputs[0]) * max(seq_k, 1)
-            if any(v in inside for v in acts):
+            flops = 4.0 * facts.numel(inputs[0]) * max(seq_k, 1)
+            walk.flops_activation += flops
+            if split:
                 inside.update((n, r) for r in range(len(node["shapes"])))
+            else:
+                walk.flops_activation_whole += flops
         else:
             for r in range(len(node["shapes"])):
-                if any(v in inside for v in acts):
+                if split:
                     inside.add((n, r))
                 if any(v in quadratic and facts.numel(v) == facts.numel((n, r)) for v in acts):
                     quadratic.add((n, r))
@@ -312,7 +351,7 @@ def walk_nodes(
                 if not fusion.flash:  # a flash kernel keeps no scores
                     walk.saved[value] = "inside_seq"
             else:
-                walk.saved.setdefault(value, "inside" if value in inside else "outside")
+                walk.saved.setdefault(value, "inside" if split_for(n, [value]) else "outside")
     for ops in regions.values():
         _fused_region(facts, ops, inside, quadratic, vocab, walk)
     walk.allreduce_bwd = float(sum(facts.numel(v) for v in column_inputs))
@@ -320,9 +359,13 @@ def walk_nodes(
     return walk
 
 
-def _fused_layer(layer: str, fused: frozenset[str]) -> str:
-    """The fused layer ``layer`` is (or lies inside), or ''."""
-    return next((f for f in fused if layer == f or layer.startswith(f + ".")), "")
+def _within(layer: str, layers: frozenset[str]) -> str:
+    """The layer of ``layers`` that ``layer`` is (or lies inside), or ''.
+
+    >>> _within("h.0.attn.c_attn", frozenset({"h.0.attn.c_attn"})), _within("h.0.attn", frozenset({"h.0.attn.c_attn"}))
+    ('h.0.attn.c_attn', '')
+    """
+    return next((f for f in layers if layer == f or layer.startswith(f + ".")), "")
 
 
 def _fused_region(
@@ -407,6 +450,11 @@ def block_cost(
         allreduce_bwd_per_token=walk.allreduce_bwd / tokens,
         allreduce_fwd_count=walk.allreduce_fwd_count,
         allreduce_bwd_count=walk.allreduce_bwd_count,
+        gather_fwd_per_token=sum(facts.numel(v) for v in walk.gathered_fwd) / tokens,
+        gather_bwd_per_token=sum(facts.numel(v) for v in walk.gathered_bwd) / tokens,
+        gather_fwd_count=len(walk.gathered_fwd),
+        gather_bwd_count=len(walk.gathered_bwd),
+        core_whole=walk.flops_activation_whole / walk.flops_activation if walk.flops_activation else 0.0,
         output_per_token=max(outputs, default=0) / tokens,
         gemms=tuple(
             Gemm(n, k, "column" if w in roles.column else "row" if w in roles.row else "none") for w, n, k in walk.gemms
@@ -426,10 +474,14 @@ def traced_tokens(analysis: ModelAnalysis) -> tuple[int, int]:
     return batch * seq, seq
 
 
-def model_cost(analysis: ModelAnalysis, kernels: Kernels | None = None) -> ModelCost:
+def model_cost(
+    analysis: ModelAnalysis, kernels: Kernels | None = None, local: frozenset[str] = frozenset()
+) -> ModelCost:
     """The cost description of an analysed model (see the module docstring), with ``kernels``
     (the plan's: flash or eager attention, fused norms; None: as traced) priced as the target
-    runs them (:class:`Fusion`).
+    runs them (:class:`Fusion`), and the sub-layers in ``local`` as local views: their fused
+    projections not gathered (:func:`~autodist.planner.recognise.reshards.gathered_linears`),
+    so their cores run on 1/mp of the heads; every other fused projection is gathered.
 
     Example::
 
@@ -440,10 +492,10 @@ def model_cost(analysis: ModelAnalysis, kernels: Kernels | None = None) -> Model
     from autodist.planner.recognise.analysis import experts_whole
 
     fusion = fusion_of(analysis, kernels)
-    cost = _model_cost(analysis, fusion)
+    cost = _model_cost(analysis, fusion, local)
     whole = experts_whole(analysis)
     if any(len(a.linears) != len(b.linears) for a, b in zip(analysis.blocks, whole.blocks)):
-        cost = replace(cost, under_ep=_model_cost(whole, fusion))  # some MoE layer has split projections
+        cost = replace(cost, under_ep=_model_cost(whole, fusion, local))  # some MoE layer has split projections
     return cost
 
 
@@ -459,7 +511,9 @@ def fusion_of(analysis: ModelAnalysis, kernels: Kernels | None) -> Fusion:
     return Fusion(flash=kernels.attention == "flash", layers=norms)
 
 
-def _model_cost(analysis: ModelAnalysis, fusion: Fusion) -> ModelCost:
+def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) -> ModelCost:
+    from autodist.planner.recognise.reshards import gathered_linears
+
     facts = GraphFacts(analysis.graph)
     tokens, seq = traced_tokens(analysis)
     numel = {fqn: math.prod(shape) for fqn, (shape, _dtype) in analysis.params.items()}
@@ -467,7 +521,7 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion) -> ModelCost:
     in_blocks: set[int] = set()
     block_params: set[str] = set()
     for info in analysis.blocks:
-        roles = _roles(info.linears)
+        roles = replace(_roles(info.linears), gathered=frozenset(lin.layer for lin in gathered_linears(info, local)))
         mine = {fqn: n for fqn, n in numel.items() if fqn.startswith(info.layer + ".")}
         block_params.update(mine)
         in_blocks.update(info.nodes)
@@ -636,32 +690,18 @@ def _edges(
 
 
 def implicit_collectives(analysis: ModelAnalysis, mp: int, dtype_bytes: int) -> Implicit:
-    """The communication the placements force at tensor-parallel degree ``mp``, for the plan
-    as emitted: its ``reshard`` hooks gather each column-split fused projection's output once
-    (``planned_*``), and Paddle's SPMD rules add what is left (``implicit_comm`` replayed with those
-    hooks: the plan's ``implicit_comm`` entries). Bytes one rank sends, forward and backward, per
-    traced token. The one replay both the search's prices and the plan's list come from."""
+    """The communication Paddle's SPMD rules add at tensor-parallel degree ``mp`` for the plan as
+    emitted, beyond its own hooks (``implicit_comm`` replayed with the ``reshard`` hooks that gather
+    each column-split fused projection's output, which the blocks' costs price: :func:`walk_nodes`):
+    bytes one rank sends, forward and backward, per traced token, and the plan's ``implicit_comm``
+    entries. The one replay both the search's prices and the plan's list come from. A local view
+    runs outside Paddle's rules: replayed as gathered, its layers add nothing here either."""
     from autodist.planner.recognise.reshards import implicit_comm, reshard_hooks  # the SPMD-rule replay
 
     tokens, _ = traced_tokens(analysis)
-    hooks = reshard_hooks(analysis, mp)
-    found = implicit_comm(analysis, mp, dtype_bytes=dtype_bytes, hooks=hooks)
-    gathered = [_gather_bytes(analysis, hook.layer, mp, dtype_bytes) for hook in hooks]
+    found = implicit_comm(analysis, mp, dtype_bytes=dtype_bytes, hooks=reshard_hooks(analysis, mp))
     return Implicit(
         sent_per_token=sum(c.bytes_per_step for c in found) / tokens,
         count=len(found),
-        planned_per_token=sum(gathered) / tokens,
-        planned_count=len(gathered),
         entries=tuple(found),
     )
-
-
-def _gather_bytes(analysis: ModelAnalysis, layer: str, mp: int, dtype_bytes: int) -> int:
-    """Bytes one rank sends to all-gather ``layer``'s output over mp (forward), plus the
-    reduce-scatter of its gradient (backward): ring collectives, (mp - 1) / mp of the tensor each."""
-    graph = analysis.graph
-    output = max((n for n in graph.nodes if graph.nodes[n]["layer"] == layer), default=None)
-    if output is None or not graph.nodes[output]["shapes"] or graph.nodes[output]["shapes"][0] is None:
-        return 0
-    numel = math.prod(max(d, 1) for d in graph.nodes[output]["shapes"][0])
-    return 2 * (numel * dtype_bytes * (mp - 1) // mp)

@@ -39,6 +39,7 @@ from autodist.schemas.describe import strategy_text
 from autodist.schemas import Candidate, DeviceProfile, Kernels, Rejected, Strategy
 from autodist.schemas.plan import Schedule, ShardingStage
 from autodist.schemas.experts import expert_limit, runs_moe_locally
+from autodist.schemas.local_view import runs_local_views
 from autodist.schemas.vocabulary import training_bytes
 from autodist.schemas.schedules import PIPELINING_SCHEDULES, block_stages, schedule_problems
 
@@ -121,7 +122,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
             "(docs/paddle-notes.md), so no plan of this model can train; write it with matmul and transposes"
         )
     setup = _setup(cost, request)
-    table = StageTable(cost)
+    tables: dict[frozenset[str], StageTable] = {}
     width = training_bytes(setup.dtype)
     scored: list[_Scored] = []
     rejected: list[Rejected] = []
@@ -141,7 +142,10 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
                 closest = closest or (math.inf, strategy, problem)
                 continue
             evaluated += 1
-            breakdown = estimate(table, strategy, setup, priced.implicit(mp, width, runs_moe_locally(strategy)))
+            local = priced.assumed_local(strategy)
+            if local not in tables:
+                tables[local] = StageTable(priced.cost_with(local))
+            breakdown = estimate(tables[local], strategy, setup, priced.implicit(mp, width, runs_moe_locally(strategy)))
             total = breakdown.estimate.memory.total
             if total <= setup.usable_memory:
                 scored.append(
@@ -180,28 +184,58 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
 
 @dataclass
 class PricedModel:
-    """The cost stage's result: the model's cost description and its implicit communication."""
+    """The cost stage's result: the model's cost description and its implicit communication.
 
-    cost: ModelCost
+    How a local-view candidate (an attention sub-layer with a fused ``q|k|v``) is priced: the
+    search runs before any local view is proven (proving runs the sub-layers, so it is done for
+    the chosen strategy only: planner/local_view.py), so it prices every candidate in
+    ``local_views`` as a local view under each strategy where local views run
+    (:meth:`assumed_local`) and as gathered elsewhere. When a proof fails, the planner drops that
+    sub-layer from ``local_views`` and searches again (``driver.plan_analysed``): it is priced
+    gathered under every strategy from then on (proofs are per mp degree; a failure at one is
+    taken for all), and the plan's estimate is what runs.
+    """
+
+    cost: ModelCost  # every fused projection gathered
     #: ``(mp, dtype bytes, moe_local) -> Implicit``: what Paddle's SPMD rules add at that mp degree
     #: (None at mp 1); with ``moe_local`` for the MoE layers held whole (``runs_moe_locally``).
     implicit: Callable[[int, int, bool], Implicit | None]
     #: The kernels ``cost`` prices (flash or eager attention, fused norms).
     kernels: Kernels = field(default_factory=Kernels)
+    #: The sub-layers that may run as local views (``reshards.local_view_layers``; empty when
+    #: local views are off).
+    local_views: frozenset[str] = frozenset()
+    #: ``layers -> ModelCost``: the model with ``layers`` run as local views, the other fused
+    #: projections gathered (``graph_cost.model_cost``'s ``local``); None: ``cost`` for any.
+    priced_with: Callable[[frozenset[str]], ModelCost] | None = None
+
+    def assumed_local(self, strategy: Strategy) -> frozenset[str]:
+        """The sub-layers the search prices as local views under ``strategy``: every candidate
+        where local views run (:func:`~autodist.schemas.local_view.runs_local_views`), else none."""
+        return self.local_views if runs_local_views(strategy) else frozenset()
+
+    def cost_with(self, local: frozenset[str]) -> ModelCost:
+        """The model with the sub-layers ``local`` run as local views."""
+        return self.priced_with(local) if local and self.priced_with else self.cost
 
 
-def price(analysis: ModelAnalysis, kernels: Kernels | None = None) -> PricedModel:
+def price(analysis: ModelAnalysis, kernels: Kernels | None = None, local_view: bool = False) -> PricedModel:
     """The cost stage: the analysed graph as a :class:`ModelCost` with ``kernels`` (None: as
     traced; :func:`kernels_for` says what a request runs), and its implicit communication.
+    ``local_view``: the attention sub-layers that may run on local tensors are priced so where
+    local views run (:class:`PricedModel`); the planner proves them only with the model at hand
+    (the driver's ``local_view``), so off by default.
 
     Replaying Paddle's SPMD rules costs tens of ms per call, so it runs once per mp degree and
     dtype, lazily. Sequence parallelism does not change it (the blocks' interior is the same,
-    see spmd.py).
+    see spmd.py). So is each set of local views priced, once.
     """
     from autodist.planner.cost.graph_cost import implicit_collectives, model_cost
     from autodist.planner.recognise.analysis import experts_whole
+    from autodist.planner.recognise.reshards import local_view_layers
 
     cache: dict[tuple[int, int, bool], Implicit] = {}
+    costs: dict[frozenset[str], ModelCost] = {}
 
     def implicit(mp: int, width: int, moe_local: bool = False) -> Implicit | None:
         if mp == 1:
@@ -211,7 +245,18 @@ def price(analysis: ModelAnalysis, kernels: Kernels | None = None) -> PricedMode
             cache[key] = implicit_collectives(experts_whole(analysis) if moe_local else analysis, mp, width)
         return cache[key]
 
-    return PricedModel(cost=model_cost(analysis, kernels), implicit=implicit, kernels=kernels or Kernels())
+    def priced_with(local: frozenset[str]) -> ModelCost:
+        if local not in costs:
+            costs[local] = model_cost(analysis, kernels, local)
+        return costs[local]
+
+    return PricedModel(
+        cost=priced_with(frozenset()),
+        implicit=implicit,
+        kernels=kernels or Kernels(),
+        local_views=local_view_layers(analysis) if local_view else frozenset(),
+        priced_with=priced_with,
+    )
 
 
 def kernels_for(analysis: ModelAnalysis, request: SearchRequest) -> Kernels:

@@ -19,7 +19,12 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   with sequence parallelism, which the ring model prices the same) on the mp group's link,
   exposed: Megatron-LM's and Paddle's tensor-parallel layers call the collective and wait for
   it before the next matmul (Shoeybi et al. 2019, sec. 3; Paddle's ``mp_ops._mp_allreduce``);
-  Paddle has no compute/communication overlap for them that a plan could ask for. With the
+  Paddle has no compute/communication overlap for them that a plan could ask for. A fused
+  projection the plan gathers adds an all-gather of its output forward and one of the row
+  projection's input gradient backward, exposed, and the attention core after it runs whole on
+  every rank (:func:`~autodist.planner.cost.blocks.core_share`); a local view runs its core on
+  1/mp of the heads with the all-reduces alone (:class:`~autodist.planner.cost.search.PricedModel`).
+  With the
   vocabulary split over mp, the column-parallel LM head's input gradient is all-reduced too, and
   the token lookup all-gathers its whole table in every forward and again in its backward
   (Paddle 3.3.1's ``embedding`` rule wants the table replicated; its output is then replicated,
@@ -88,7 +93,7 @@ from autodist.schemas.plan import Recompute
 
 from autodist.schemas.schedules import block_stages
 
-from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, Moved, Saved
+from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, Moved, Saved, core_share
 from autodist.planner.cost.comm import (
     Link,
     all_gather_bytes,
@@ -145,14 +150,12 @@ class Setup(Job):
 @dataclass(frozen=True)
 class Implicit:
     """Collectives Paddle inserts by itself: bytes one rank sends per token of a micro-batch
-    (forward and backward), in ``count`` collectives each way; and the plan's own ``reshard``
-    hooks that gather fused projections instead (``planned_*``: priced as mp communication).
+    (forward and backward), in ``count`` collectives each way (the gathers of the plan's own
+    ``reshard`` hooks are the blocks', :attr:`BlockCost.gather_fwd_per_token`).
     ``entries``: what Paddle inserts, as the plan's ``implicit_comm`` lists it."""
 
     sent_per_token: float = 0.0
     count: int = 0
-    planned_per_token: float = 0.0
-    planned_count: int = 0
     entries: tuple = ()
 
 
@@ -189,6 +192,10 @@ class StageTable:
         "allreduce_bwd_per_token",
         "allreduce_fwd_count",
         "allreduce_bwd_count",
+        "gather_fwd_per_token",
+        "gather_bwd_per_token",
+        "gather_fwd_count",
+        "gather_bwd_count",
     )
 
     def __init__(self, cost: ModelCost):
@@ -200,6 +207,9 @@ class StageTable:
             for part in ("floats", "masks"):
                 values = (getattr(getattr(b, name), part) for b in cost.blocks)
                 self._prefix[f"{name}.{part}"] = [0.0, *accumulate(values)]
+        for part in ("floats", "masks"):  # the scores of cores that run whole on every mp rank
+            values = (getattr(b.saved_inside_seq, part) * b.core_whole for b in cost.blocks)
+            self._prefix[f"saved_whole_seq.{part}"] = [0.0, *accumulate(values)]
 
     def total(self, name: str, start: int, stop: int) -> float:
         prefix = self._prefix[name]
@@ -297,12 +307,13 @@ class _Context:
         device = self.setup.device
         return flops / (device.peak_flops[self.setup.dtype] * device.matmul_efficiency) if flops > 0 else 0.0
 
-    def moved_time(self, moved: Moved) -> float:
-        """Seconds the memory-bound ops of one micro-batch take in the forward pass."""
+    def moved_time(self, moved: Moved, core: float | None = None) -> float:
+        """Seconds the memory-bound ops of one micro-batch take in the forward pass; ``core``: the
+        part of the attention-score shaped elements this rank moves (:func:`core_share`; 1/mp)."""
         per_token = (
             moved.outside / self.act_div
             + moved.inside / self.strategy.mp
-            + moved.inside_seq * self.setup.seq_len / self.strategy.mp
+            + moved.inside_seq * self.setup.seq_len * (1 / self.strategy.mp if core is None else core)
             + moved.vocab / self.vocab_div
         )
         device = self.setup.device
@@ -475,28 +486,31 @@ def _stage_compute(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) 
 
 
 def _stage_mp_comm(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) -> tuple[float, float, float]:
-    """Tensor-parallel all-reduces (forward again under full recompute) and implicit collectives:
-    (seconds, bytes sent, of which implicit)."""
-    mp, tokens, width = ctx.strategy.mp, ctx.tokens, ctx.width
+    """Tensor-parallel all-reduces and the gathers of fused projections (forward again under full
+    recompute) and implicit collectives: (seconds, bytes sent, of which implicit)."""
+    mp, tokens, width, table = ctx.strategy.mp, ctx.tokens, ctx.width, ctx.table
     mp_link = ctx.link(mp, 1)
     collectives = [_allreduces(ctx, "fwd", start, stop, edges), _allreduces(ctx, "bwd", start, stop, edges)]
+    gathers = [
+        (table.total(f"gather_{d}_per_token", start, stop), table.total(f"gather_{d}_count", start, stop))
+        for d in ("fwd", "bwd")
+    ]
     if ctx.setup.recompute == "full":
         collectives.append(collectives[0])
+        gathers.append(gathers[0])
     mp_s = sum(all_reduce_time(n * tokens * width, mp, mp_link, count) for n, count in collectives)
     mp_bytes = sum(all_reduce_bytes(n * tokens * width, mp) for n, _ in collectives)
+    mp_s += sum(all_gather_time(n * tokens * width, mp, mp_link, round(count)) for n, count in gathers)
+    mp_bytes += sum(all_gather_bytes(n * tokens * width, mp) for n, _ in gathers)
     for seconds, sent, _ in _lookup_gathers(ctx, edges):
         mp_s, mp_bytes = mp_s + seconds, mp_bytes + sent
     implicit_bytes = 0.0
     if ctx.implicit and mp > 1 and ctx.cost.blocks:
         share = (stop - start) / len(ctx.cost.blocks)  # the implicit collectives sit in the blocks
         implicit_bytes = ctx.implicit.sent_per_token * tokens * share
-        hooked_bytes = ctx.implicit.planned_per_token * tokens * share  # the plan's own gathers
-        count = ctx.implicit.count + ctx.implicit.planned_count
         mp_s += (
-            share * count * 2 * (mp - 1) * mp_link.step_latency(mp)
-            + (implicit_bytes + hooked_bytes) / mp_link.bandwidth
+            share * ctx.implicit.count * 2 * (mp - 1) * mp_link.step_latency(mp) + implicit_bytes / mp_link.bandwidth
         )
-        mp_bytes += hooked_bytes
     return mp_s, mp_bytes, implicit_bytes
 
 
@@ -610,29 +624,29 @@ def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float, float
     redo (it saves no scores); its backward recomputes the scores, one of its two matmuls: half
     its forward again (FlashAttention-2's backward: 2.5x the forward's FLOPs, Dao 2023, sec. 3.2).
     """
-    mp, seq = ctx.strategy.mp, ctx.setup.seq_len
+    mp, seq, share = ctx.strategy.mp, ctx.setup.seq_len, core_share(block, ctx.strategy.mp)
     shaped = sum(2.0 * g.n * g.k for g in block.gemms)
     linear_s = sum(ctx.gemm_time(g) for g in block.gemms) + ctx.roof_time(
         (block.flops_per_token - shaped) / mp * ctx.tokens
     )
-    core_flops = block.flops_per_token_seq * seq * ctx.tokens / mp
+    core_flops = block.flops_per_token_seq * seq * ctx.tokens * share
     moved_s = ctx.moved_time(replace(block.moved, inside_seq=0.0))
     if block.fused_attention:
         device = ctx.setup.device
-        io_bytes = block.attention_io_per_token * ctx.tokens / mp * ctx.width
+        io_bytes = block.attention_io_per_token * ctx.tokens * share * ctx.width
         cores = max(block.attention_matmuls // 2, 1)
         core_s = max(ctx.roof_time(core_flops), memory_time(io_bytes, device)) + cores * fixed_op_time(device)
         return linear_s + core_s + moved_s, 0.0, ctx.roof_time(core_flops) / 2
     if block.attention_matmuls and core_flops > 0:
         # One batched matmul per traced attention matmul, (seq x seq) by the head dim, over the
         # micro-batch's sequences x this rank's heads.
-        batch = max(ctx.tokens / seq, 1) * max(block.num_heads // mp, 1)
+        batch = max(ctx.tokens / seq, 1) * max(block.num_heads * share, 1)
         per_matmul = core_flops / block.attention_matmuls
         head_dim = per_matmul / (2.0 * seq * seq * batch)
         core_s = block.attention_matmuls * matmul_time(seq, seq, head_dim, ctx.setup.device, ctx.setup.dtype, batch)
     else:
         core_s = ctx.roof_time(core_flops)
-    core_s += ctx.moved_time(Moved(inside_seq=block.moved.inside_seq))
+    core_s += ctx.moved_time(Moved(inside_seq=block.moved.inside_seq), share)
     return linear_s + core_s + moved_s, core_s, 0.0
 
 
@@ -756,8 +770,11 @@ def _stage_activation_bytes(
         return sum(b.output_per_token for b in table.cost.blocks[start:stop]) * width / act_div
     total = table.saved("saved_outside", start, stop).bytes(width) / act_div
     total += table.saved("saved_inside", start, stop).bytes(width) / mp
-    if recompute == "none":
-        total += table.saved("saved_inside_seq", start, stop).bytes(width) * seq / mp
+    if recompute == "none":  # the scores: of whole cores whole, of the rest 1/mp (core_share)
+        scores, whole = (
+            table.saved(name, start, stop).bytes(width) for name in ("saved_inside_seq", "saved_whole_seq")
+        )
+        total += (whole + (scores - whole) / mp) * seq
     return total
 
 
@@ -766,5 +783,5 @@ def _block_activation_bytes(block: BlockCost, mp: int, act_div: int, seq: int, w
     return (
         block.saved_outside.bytes(width) / act_div
         + block.saved_inside.bytes(width) / mp
-        + block.saved_inside_seq.bytes(width) * seq / mp
+        + block.saved_inside_seq.bytes(width) * seq * core_share(block, mp)
     )

@@ -24,6 +24,7 @@ from autodist.schemas.vocabulary import DTYPE_BYTES
 from autodist.planner.recognise.analysis import BlockInfo, LinearUse, ModelAnalysis
 from autodist.planner.ops import LAYOUT_OPS
 from autodist.planner.recognise.match import constant_nodes, short_op
+from autodist.planner.recognise.roles import SubLayer
 from autodist.planner.recognise.spmd import Dist, Replay, Reshard, is_planned
 
 
@@ -151,7 +152,9 @@ def implicit_comm(
     return found
 
 
-def reshard_hooks(analysis: ModelAnalysis, mp: int, mesh_axes: Sequence[str] = ("mp",)) -> list[schemas.Hook]:
+def reshard_hooks(
+    analysis: ModelAnalysis, mp: int, mesh_axes: Sequence[str] = ("mp",), local: frozenset[str] = frozenset()
+) -> list[schemas.Hook]:
     """Post-hooks that reshard each column-split *fused* projection's output to Replicate over mp.
 
     Why: with ``q|k|v`` or ``gate|up`` split by columns, the forward works (Paddle all-gathers
@@ -161,7 +164,8 @@ def reshard_hooks(analysis: ModelAnalysis, mp: int, mesh_axes: Sequence[str] = (
     projection trains to the same losses as one device, keeps the projection's weight and FLOPs
     split, and replaces the several gathers the segment split would trigger with one.
     ``mesh_axes`` are the plan's mesh axes (``pp``, ``dp``, ``mp``): the batch stays split on
-    ``dp``, everything else is whole.
+    ``dp``, everything else is whole. ``local``: the sub-layers that run as local views, whose
+    fused projections are not gathered (:func:`gathered_linears`).
     """
     if mp <= 1:
         return []
@@ -176,14 +180,41 @@ def reshard_hooks(analysis: ModelAnalysis, mp: int, mesh_axes: Sequence[str] = (
             "so the segment split and the backward see whole tensors",
         )
         for block in analysis.blocks
-        for lin in gathered_linears(block)
+        for lin in gathered_linears(block, local)
     ]
 
 
-def gathered_linears(block: BlockInfo) -> list[LinearUse]:
+def gathered_linears(block: BlockInfo, local: frozenset[str] = frozenset()) -> list[LinearUse]:
     """The projections of ``block`` whose outputs :func:`reshard_hooks` gathers: the
-    column-split fused ones (their outputs are whole again for the ops after them)."""
-    return [lin for lin in block.linears if lin.role == "column" and lin.fused > 1]
+    column-split fused ones (their outputs are whole again for the ops after them), but for those
+    under a sub-layer in ``local``, which runs as a local view (:func:`local_view_candidates`)."""
+    return [
+        lin
+        for lin in block.linears
+        if lin.role == "column" and lin.fused > 1 and not any(lin.layer.startswith(view + ".") for view in local)
+    ]
+
+
+def local_view_candidates(block: BlockInfo) -> list[tuple[str, SubLayer]]:
+    """``(layer, sub-layer)`` for each sub-layer of ``block`` (attention or MLP) that may run as a
+    local view (Megatron's way, on local tensors; planner/local_view.py proves it for a plan): one
+    with a column-split fused projection (``q|k|v``, ``gate|up``: else gathered), every column
+    split, the row projection contracting them, all the projections of one layer (``layer``)."""
+    found = []
+    for sub in block.sublayers:
+        if not any(c.fused > 1 for c in sub.columns):
+            continue
+        if any(c.role != "column" or c.split_dim is None for c in sub.columns) or sub.row.role != "row":
+            continue
+        parents = {p.layer.rpartition(".")[0] for p in sub.projections}
+        if len(parents) == 1:
+            found.append((parents.pop(), sub))
+    return found
+
+
+def local_view_layers(analysis: ModelAnalysis) -> frozenset[str]:
+    """Every sub-layer of the model that may run as a local view (:func:`local_view_candidates`)."""
+    return frozenset(layer for block in analysis.blocks for layer, _ in local_view_candidates(block))
 
 
 def vocab_parallel_problems(analysis: ModelAnalysis, split: dict[str, int], mp: int) -> dict[str, list[str]]:
