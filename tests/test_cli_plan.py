@@ -53,6 +53,25 @@ def test_explain_prints_the_ranking_on_stderr(tmp_path):
     assert len(result.stderr.splitlines()) > 3
 
 
+def test_explain_says_how_each_block_kinds_sub_layers_run(tmp_path):
+    """GPT-2 as HF writes it (tests/models/zoo/gpt2_hf.py: a fused c_attn, c_fc and c_proj MLP) at
+    mp2: its attention runs as a local view (proven), or gathered with --no-local-view; its MLP is
+    split either way. At mp1 nothing splits, and nothing is said."""
+    gpt2 = ROOT / "tests" / "models" / "zoo" / "gpt2_hf.py"
+    lines = {}
+    for flag in ("--local-view", "--no-local-view"):
+        result = run(gpt2, "--devices", 2, "--mp", 2, "--explain", "-q", flag, "-o", tmp_path / "p.json")
+        assert result.exit_code == 0, result.output
+        lines[flag] = result.stderr.splitlines()
+    heading = "sub-layers over mp=2, by block kind (as the estimate prices them):"
+    for flag, attention in (("--local-view", "local view"), ("--no-local-view", "gathered")):
+        at = lines[flag].index(heading)
+        assert lines[flag][at + 1] == f"  gpt_block x2: attention(qkv) {attention}; mlp(fc_in) split"
+    one = run(gpt2, "--devices", 1, "--explain", "-q", "-o", tmp_path / "p.json")
+    assert one.exit_code == 0, one.output
+    assert not any(line.startswith("sub-layers over") for line in one.stderr.splitlines())
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

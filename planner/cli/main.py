@@ -275,9 +275,11 @@ def plan(
         load_plan(data)  # checked as save_plan checks a file
         click.echo(data.decode(), nl=False)
     if explain:
-        from autodist.planner.review.explain import explain_table
+        from autodist.planner.review.explain import explain_table, sublayer_lines
 
         click.echo(explain_table(made.result), err=True)
+        for line in sublayer_lines(made.analysis, made.plan):
+            click.echo(printable(line), err=True)
     if not quiet:
         from autodist.planner.review.format import collapse
 

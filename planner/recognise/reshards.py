@@ -13,7 +13,8 @@ Example::
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+import os
+from typing import Literal, Sequence
 
 import networkx as nx
 import paddle
@@ -215,6 +216,47 @@ def local_view_candidates(block: BlockInfo) -> list[tuple[str, SubLayer]]:
 def local_view_layers(analysis: ModelAnalysis) -> frozenset[str]:
     """Every sub-layer of the model that may run as a local view (:func:`local_view_candidates`)."""
     return frozenset(layer for block in analysis.blocks for layer, _ in local_view_candidates(block))
+
+
+#: How a sub-layer runs under tensor parallelism (:func:`sublayer_modes`).
+SubLayerMode = Literal["local view", "gathered", "split", "replicated"]
+
+
+def sublayer_modes(block: BlockInfo, local: frozenset[str]) -> list[tuple[str, SubLayer, SubLayerMode]]:
+    """``(layer, sub-layer, mode)`` for each sub-layer of ``block`` at mp > 1, ``local`` the
+    sub-layers run as local views: ``local view`` (each rank runs it at 1/mp width on plain
+    tensors, its output summed by one all-reduce), ``gathered`` (a fused projection's output
+    gathered by the plan's hook, :func:`gathered_linears`: what follows runs whole on every
+    rank), ``split`` (global view, Megatron's placements: the core on 1/mp of the heads or
+    features) or ``replicated`` (no projection split: whole on every rank). What ``--explain``
+    says; the cost model prices the same rule through :func:`gathered_linears` (a core is whole
+    when what it reads is whole).
+
+    >>> from autodist.planner.recognise.roles import Projection, SubLayer
+    >>> qkv = Projection("h.0.attn.c_attn", "h.0.attn.c_attn.weight", None, "column", 1, fused=3, name="qkv")
+    >>> out = Projection("h.0.attn.c_proj", "h.0.attn.c_proj.weight", None, "row", 0, name="o")
+    >>> block = BlockInfo("h.0", "gpt_block", frozenset(), [qkv, out], [], 2, 2, 4, 8, 0,
+    ...                   sublayers=[SubLayer("attention", (qkv,), out, 2, 2, 4)])
+    >>> [mode for _, _, mode in sublayer_modes(block, frozenset())], sublayer_modes(block, frozenset({"h.0.attn"}))[0][2]
+    (['gathered'], 'local view')
+    """
+    gathered = {lin.layer for lin in gathered_linears(block, local)}
+    split = {lin.layer for lin in block.linears if lin.role != "replicate" and lin.split_dim is not None}
+    found: list[tuple[str, SubLayer, SubLayerMode]] = []
+    for sub in block.sublayers:
+        name = ".".join(os.path.commonprefix([p.layer.split(".")[:-1] for p in sub.projections]))
+        layers = {p.layer for p in sub.projections}
+        mode: SubLayerMode = (
+            "local view"
+            if name in local
+            else "gathered"
+            if layers & gathered
+            else "split"
+            if layers & split
+            else "replicated"
+        )
+        found.append((name, sub, mode))
+    return found
 
 
 def vocab_parallel_problems(analysis: ModelAnalysis, split: dict[str, int], mp: int) -> dict[str, list[str]]:

@@ -22,10 +22,15 @@ numbers are left out here, they move with the cost model)::
 
 from __future__ import annotations
 
+from collections import Counter
+
 from autodist.planner.cost.search import SearchResult
+from autodist.planner.recognise.analysis import ModelAnalysis, experts_whole
+from autodist.planner.recognise.reshards import sublayer_modes
 from autodist.planner.review.format import human_bytes, human_count, human_seconds
 from autodist.schemas.describe import strategy_text
-from autodist.schemas import Candidate
+from autodist.schemas.experts import runs_moe_locally
+from autodist.schemas import Candidate, Plan
 
 #: The table's columns: heading, and whether its cells are numbers (right-aligned). Sizes, times
 #: and counts are written as ``autodist-plan show`` writes them (binary units: MiB, GiB).
@@ -87,6 +92,45 @@ def explain_table(result: SearchResult) -> str:
         lines.append("rejected:")
         lines.extend(f"  {strategy_text(r.strategy, 'short')}: {r.reason}" for r in result.rejected)
     return "\n".join(lines)
+
+
+def sublayer_lines(analysis: ModelAnalysis, plan: Plan) -> list[str]:
+    """How the plan runs each block kind's sub-layers over mp
+    (:func:`~autodist.planner.recognise.reshards.sublayer_modes`, the rule the estimate prices),
+    one line per block kind; nothing at mp 1. A sub-layer that runs one way in some blocks and
+    another way in others says how many of each.
+
+    >>> sublayer_lines(analysis, plan)[1]     # GPT-2 at mp2      # doctest: +SKIP
+    '  gpt_block x2: attention(qkv) local view; mlp(fc_in) split'
+    """
+    if plan.strategy.mp == 1:
+        return []
+    if runs_moe_locally(plan.strategy):  # the MoE layers run whole, as the plan places them
+        analysis = experts_whole(analysis)
+    local = frozenset(view.layer for view in plan.local_view)
+    kinds: dict[str, list[list[str]]] = {}  # kind -> each block's sub-layers' modes
+    described: dict[str, list[str]] = {}
+    for block in analysis.blocks:
+        modes = sublayer_modes(block, local)
+        kinds.setdefault(block.kind, []).append([mode for _, _, mode in modes])
+        described.setdefault(block.kind, [sub.description for _, sub, _ in modes])
+    lines = [f"sub-layers over mp={plan.strategy.mp}, by block kind (as the estimate prices them):"]
+    for kind, blocks in kinds.items():
+        parts = []
+        for i, description in enumerate(described[kind]):
+            counts = Counter(modes[i] for modes in blocks if i < len(modes))
+            if len(counts) == 1:
+                parts.append(f"{description} {next(iter(counts))}")
+            else:
+                parts.append(f"{description} " + ", ".join(f"{mode} in {n}" for mode, n in counts.items()))
+        lines.append(f"  {kind} x{len(blocks)}: {'; '.join(parts)}")
+    lines.append(
+        "  local view: each rank runs it on local tensors at 1/mp width, one all-reduce of its output forward "
+        "and of its input gradient backward; gathered: its fused projection's output all-gathered, the rest "
+        "whole on every rank, its input gradient gathered back; split: global view, Megatron's placements; "
+        "replicated: whole on every rank"
+    )
+    return lines
 
 
 def aligned(rows: list[list[str]], right: list[bool]) -> list[str]:
