@@ -56,6 +56,7 @@ from autodist.schemas.plan import (
     SequenceParallelEnd,
     StageHandoff,
     Strategy,
+    VocabLookup,
 )
 
 __all__ = [
@@ -94,6 +95,7 @@ __all__ = [
     "SequenceParallelEnd",
     "StageHandoff",
     "Strategy",
+    "VocabLookup",
     "check_plan",
     "dtype_name",
     "dump_plan",

@@ -40,8 +40,9 @@ def own_order(size: int, segments: int, mp: int) -> list[int]:
 
 
 def runs_local_views(strategy: Strategy) -> bool:
-    """Whether local views run under ``strategy``: tensor parallelism, with or without data
-    parallelism, and nothing else (the planner's rule and the applier's check).
+    """Whether local views and vocabulary-parallel lookups (``Plan.vocab_lookup``) run under
+    ``strategy``: tensor parallelism, with or without data parallelism, and nothing else (the
+    planner's rule, the cost model's and the applier's check).
 
     >>> runs_local_views(Strategy(dp=2, mp=2)), runs_local_views(Strategy(mp=2, pp=2))
     (True, False)

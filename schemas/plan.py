@@ -354,6 +354,20 @@ class LocalView(Base):
     verified: Text = ""
 
 
+class VocabLookup(Base):
+    """A token lookup in a vocabulary-split table run on local tensors, as Megatron-LM's
+    ``VocabParallelEmbedding`` does, instead of through Paddle's ``embedding`` rule (which
+    all-gathers the whole table before every lookup and again in its backward): each rank looks
+    up the ids that fall in its rows of the table, the others answer zero, and one all-reduce over
+    mp sums the ranks' outputs. Its backward needs no collective for the table: each rank's
+    gradient lands on its own rows."""
+
+    #: The ``nn.Embedding`` layer whose forward runs so (its own forward, not overridden).
+    layer: Fqn
+    #: Its table, ``[vocab, hidden]``: placed ``S(0)`` on mp (its ``ParamPlan``).
+    weight: Fqn
+
+
 class DataPlan(Base):
     """How the dataloader is split: over ``shard_axes`` of the first (inputs) and last (labels)
     stage meshes."""
@@ -487,6 +501,9 @@ class Plan(Base, kw_only=True):
     #: Sub-layers that run on local tensors (:class:`LocalView`); every other sub-layer runs in
     #: the global view.
     local_view: list[LocalView] = []
+    #: Token lookups in a vocabulary-split table that run on local tensors (:class:`VocabLookup`);
+    #: every other lookup runs in the global view.
+    vocab_lookup: list[VocabLookup] = []
     #: Layers whose forward is recomputed in backward (``strategy.recompute``), in model order.
     recompute: list[Fqn] = []
     implicit_comm: list[ImplicitComm] = []
