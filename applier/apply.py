@@ -69,6 +69,7 @@ from autodist.applier.recompute import wrap_recompute
 from autodist.applier.shard import shard_parameters
 from autodist.applier.store_host import warm_up_store_host
 from autodist.applier.validate import plan_problems
+from autodist.applier.vocab_lookup import wrap_vocab_lookups
 
 #: The plan each model ``apply_plan`` returned was distributed by (``save_checkpoint`` records it).
 _APPLIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -150,6 +151,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     sharded = shard_parameters(model, plan, frozenset(dropped_parameters(plan, dist.get_rank())))
     register_hooks(model, plan, reshard_fn)
     LocalViews(plan).wrap(model)  # sub-layers that run on local tensors (local_view.py)
+    wrap_vocab_lookups(model, plan)  # token lookups in a vocabulary-split table, Megatron's way (vocab_lookup.py)
     groups = None
     if runs_moe_locally(plan):  # expert parallelism, or the MoE layers of plain dp (experts.py)
         groups = ExpertGroups(plan, dist.get_rank())

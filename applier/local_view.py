@@ -130,7 +130,7 @@ def mp_line(plan: Plan, rank: int) -> dist.ProcessMesh:
     return dist.ProcessMesh(line, dim_names=["mp"])
 
 
-def _param_local(param: paddle.Tensor) -> paddle.Tensor:
+def param_local(param: paddle.Tensor) -> paddle.Tensor:
     """A parameter's local value for this call. Its gradient comes back Partial on every axis
     the parameter is replicated on but mp (dp: each rank's gradient covers its own rows of the
     batch; the optimizer sums it, as for any data-parallel gradient)."""
@@ -165,14 +165,14 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
             if not x.is_dist():
                 raise RuntimeError(f"local view: {view.layer} got a plain tensor, not a DistTensor, as its input")
             placed.append(x)
-            return _CopyToRanks.apply(_local(x), mesh)
+            return _CopyToRanks.apply(local_value(x), mesh)
 
         args, kwargs = map_first_input(args, kwargs, first)
-        args, kwargs = map_tensors(args, _local), map_tensors(kwargs, _local)
+        args, kwargs = map_tensors(args, local_value), map_tensors(kwargs, local_value)
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in attributes]
         try:
             for sub, key, param, fqn in slots:
-                local = _param_local(param)
+                local = param_local(param)
                 sub._parameters[key] = _Scaled.apply(local, 1.0 / mp) if fqn in summed else local
             for owner, name, value in attributes:
                 setattr(owner, name, value)
@@ -189,13 +189,13 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
                 "the plan proved it returning one"
             )
         hidden, index = found
-        whole = dtensor_from_local(_SumOverRanks.apply(hidden, mesh), placed[0].process_mesh, placed[0].placements)
+        whole = dtensor_from_local(SumOverRanks.apply(hidden, mesh), placed[0].process_mesh, placed[0].placements)
         return whole if index is None else type(output)([whole, *output[1:]])
 
     layer.forward = run
 
 
-def _local(x: paddle.Tensor) -> paddle.Tensor:
+def local_value(x: paddle.Tensor) -> paddle.Tensor:
     """This rank's value of an input (a DistTensor replicated over mp: the whole activation)."""
     return dtensor_to_local(x, x.process_mesh, x.placements) if x.is_dist() else x
 
@@ -213,7 +213,7 @@ class _CopyToRanks(PyLayer):
         return sum_over(grad, ctx.mesh)
 
 
-class _SumOverRanks(PyLayer):
+class SumOverRanks(PyLayer):
     """The ranks' partial outputs summed; its backward hands each rank the whole gradient."""
 
     @staticmethod
@@ -238,19 +238,26 @@ class _Scaled(PyLayer):
         return grad
 
 
+def strategy_problems(field: str, plan: Plan) -> list[str]:
+    """Why the plan's ``field`` (local views, vocabulary lookups) cannot run on local tensors under
+    its strategy: anything beyond tensor and data parallelism
+    (:func:`~autodist.schemas.local_view.runs_local_views`)."""
+    if runs_local_views(plan.strategy):
+        return []
+    return [
+        f"{field}: runs under tensor and data parallelism alone (no pipeline, sequence parallelism, ZeRO, "
+        f"recompute or micro-batches); this plan has {strategy_text(plan.strategy)}, recompute "
+        f"{plan.strategy.recompute!r}"
+    ]
+
+
 def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     """Why ``plan.local_view`` cannot run on ``model``: a sub-layer, parameter or attribute the
     model lacks or has otherwise, a weight whose placement is not its split, or a strategy beyond
     tensor and data parallelism (:func:`~autodist.schemas.local_view.runs_local_views`)."""
     if not plan.local_view:
         return []
-    problems = []
-    if not runs_local_views(plan.strategy):
-        problems.append(
-            "local_view: runs under tensor and data parallelism alone (no pipeline, sequence parallelism, ZeRO, "
-            f"recompute or micro-batches); this plan has {strategy_text(plan.strategy)}, recompute "
-            f"{plan.strategy.recompute!r}"
-        )
+    problems = strategy_problems("local_view", plan)
     layers = dict(model.named_sublayers())
     params = {fqn for fqn, _ in model.named_parameters()}
     mp = plan.strategy.mp

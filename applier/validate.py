@@ -29,6 +29,7 @@ from autodist.applier.optimizer import optimizer_problems
 from autodist.applier.pipeline import pipeline_problems
 from autodist.applier.recompute import recompute_problems
 from autodist.applier.shard import parameter_owners
+from autodist.applier.vocab_lookup import vocab_lookup_problems
 
 #: How many names a message lists before it says "and N more".
 _MAX_NAMES = 8
@@ -54,6 +55,7 @@ def plan_problems(
         + data_problems(plan, dataloader)
         + pipeline_problems(model, plan, loss_fn)
         + local_view_problems(model, plan)
+        + vocab_lookup_problems(model, plan)
     )
 
 
