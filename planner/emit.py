@@ -60,9 +60,11 @@ from autodist.schemas import (
     Plan,
     Provenance,
     Strategy,
+    VocabLookup,
 )
 
 from autodist.schemas.experts import runs_moe_locally
+from autodist.schemas.local_view import runs_local_views
 from autodist.schemas.schedules import block_stages
 
 from autodist.planner.ops import SEQUENCE_MIXING_OPS
@@ -94,6 +96,7 @@ def build_plan(
     mesh = build_mesh(strategy)
     notes: list[str] = []
     params = _param_plans(analysis, strategy, mesh.axes, notes)
+    vocab_lookup = _vocab_lookups(analysis, strategy, params, notes)
     stages = block_stages(len(analysis.blocks), strategy.pp, strategy.virtual_stages)
     hooks = _stage_handoffs(analysis, stages) + _expert_hooks(analysis, strategy)
     local = frozenset(view.layer for view in local_view)
@@ -134,6 +137,7 @@ def build_plan(
         ],
         hooks=hooks,
         local_view=local_view,
+        vocab_lookup=vocab_lookup,
         recompute=recompute,
         data=DataPlan(
             shard_axes=["dp"] if strategy.dp > 1 else [],
@@ -277,6 +281,29 @@ def _vocab_splits(analysis: ModelAnalysis, mp: int, notes: list[str]) -> dict[st
                 f"SPMD rules ({'; '.join(problems)}); replicated"
             )
     return wanted
+
+
+def _vocab_lookups(
+    analysis: ModelAnalysis, strategy: Strategy, params: dict[str, ParamPlan], notes: list[str]
+) -> list[VocabLookup]:
+    """The token lookup run on local tensors, Megatron's way, when its table is split over the
+    vocabulary (``S(0)`` on mp): where its layer can (:func:`.analysis.local_lookup`) and the
+    strategy runs local tensors (:func:`~autodist.schemas.local_view.runs_local_views`, the cost
+    model's rule too). Elsewhere Paddle's rule gathers the whole table at every lookup, and a
+    note says why it stays so."""
+    table = analysis.embedding
+    if table is None or params[table].style != "VocabParallelEmbedding":
+        return []
+    why = analysis.local_lookup_refusal or (
+        "" if runs_local_views(strategy) else "it runs on local tensors under tensor and data parallelism alone"
+    )
+    if analysis.local_lookup is None or why:
+        notes.append(
+            f"embedding {table}: split over the vocabulary, looked up in the global view, which all-gathers "
+            f"the whole table in every forward and backward ({why})"
+        )
+        return []
+    return [VocabLookup(layer=analysis.local_lookup, weight=table)]
 
 
 def _linear_placements(

@@ -315,12 +315,13 @@ def test_gathers_and_whole_cores_are_priced_as_they_run():
     assert again.estimate.comm_bytes.mp == 2 * 4_608_000 + 1_536_000
 
 
-def test_a_vocabulary_split_lookup_all_gathers_its_table_and_does_not_all_reduce_its_output():
+def test_a_vocabulary_split_lookup_in_the_global_view_all_gathers_its_table_and_does_not_all_reduce_its_output():
     # Paddle 3.3.1 gathers a row-split embedding table whole before the lookup (its SPMD rule wants
     # it replicated) and again for embedding_grad, and leaves the output replicated
-    # (docs/paddle-notes.md, "SPMD rules").
+    # (docs/paddle-notes.md, "SPMD rules"): where the lookup's layer cannot run it locally, or (the
+    # edge below can: lookup_output) where the strategy runs no local tensors (2 micro-batches).
     vocab, hidden, seq = 1000, 64, 128
-    first = EdgeCost(params_vocab=vocab * hidden, lookup_table=vocab * hidden, param_tensors=1)
+    first = EdgeCost(params_vocab=vocab * hidden, lookup_table=vocab * hidden, lookup_output=hidden, param_tensors=1)
     block = BlockCost(layer="b", flops_per_token=1e6)
     model = ModelCost(blocks=(block,), hidden_size=hidden, vocab_size=vocab, first=first, traced_seq=seq)
     setup = Setup(device=H100, devices_per_node=2, nodes=1, seq_len=seq, global_batch=4, dtype="bf16")
@@ -340,6 +341,30 @@ def test_a_vocabulary_split_lookup_all_gathers_its_table_and_does_not_all_reduce
     for strategy, cost in ((Strategy(micro_batches=2), model), (Strategy(mp=2, micro_batches=2), odd)):
         plain = estimate(StageTable(cost), strategy, setup).estimate
         assert plain.comm_bytes.mp == 0 and plain.memory.activations == 0
+
+
+def test_a_vocabulary_split_lookup_on_local_tensors_all_reduces_its_output_once():
+    # plan.vocab_lookup (Megatron's way, applier/vocab_lookup.py): each rank looks up its own rows
+    # and one all-reduce sums the outputs in the forward; the backward communicates nothing for the
+    # table, and no rank holds it whole.
+    vocab, hidden, seq = 1000, 64, 128
+    first = EdgeCost(params_vocab=vocab * hidden, lookup_table=vocab * hidden, lookup_output=hidden, param_tensors=1)
+    block = BlockCost(layer="b", flops_per_token=1e6)
+    model = ModelCost(blocks=(block,), hidden_size=hidden, vocab_size=vocab, first=first, traced_seq=seq)
+    setup = Setup(device=H100, devices_per_node=2, nodes=1, seq_len=seq, global_batch=4, dtype="bf16")
+    result = estimate(StageTable(model), Strategy(mp=2), setup)
+    link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
+    # One micro-batch of 4 sequences x 128 tokens = 512 tokens, by 64 features, 2 bytes: 65,536 B.
+    # Ring all-reduce over 2 ranks: 2 (p - 1) = 2 latencies + 2 (p - 1) / p x 65,536 B = 65,536 B
+    # over the link; it sends those 65,536 B. No gather: no table bytes, nothing held whole.
+    output = 4 * 128 * 64 * 2
+    assert all_reduce_time(output, 2, link) == pytest.approx(2 * link.latency_s + output / link.bandwidth)
+    assert result.mp_comm_s == pytest.approx(2 * link.latency_s + 65_536 / link.bandwidth)
+    assert result.estimate.comm_bytes.mp == 65_536
+    assert result.estimate.memory.activations == 0
+    # the same edge whose layer cannot look up locally gathers the table twice (128,000 B each)
+    gathered = estimate(StageTable(replace(model, first=replace(first, lookup_output=0))), Strategy(mp=2), setup)
+    assert gathered.estimate.comm_bytes.mp == 2 * 64_000
 
 
 # -- VPP -----------------------------------------------------------------------------------------------

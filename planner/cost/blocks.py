@@ -154,7 +154,9 @@ class EdgeCost:
     divides by mp (vocabulary-parallel embedding, column-parallel head); otherwise every mp rank
     holds and computes them whole. So split, the token lookup's table (``lookup_table``
     elements, the whole table's) is all-gathered over mp before each lookup and again in its
-    backward, and held whole, with its whole gradient, on every mp rank
+    backward, and held whole, with its whole gradient, on every mp rank; or, where the plan runs
+    the lookup on local tensors (its layer can: ``lookup_output``, the output's elements per
+    token; and the strategy does), its output is all-reduced once instead
     (:func:`autodist.planner.cost.comm.vocab_lookup_collective`); the column-parallel head's input
     gradient is all-reduced (``allreduce_bwd_per_token``).
     """
@@ -166,6 +168,7 @@ class EdgeCost:
     saved_whole: Saved = field(default_factory=Saved)  # per token, whole on every mp rank
     saved_vocab: Saved = field(default_factory=Saved)  # per token, logits: split with the vocab
     lookup_table: int = 0  # elements of the table the token lookup reads (the embedding side)
+    lookup_output: int = 0  # hidden width of its output when its layer can look up locally
     allreduce_bwd_per_token: float = 0.0  # with vocabulary parallelism only
     param_tensors: int = 0
     gemms: tuple[Gemm, ...] = ()

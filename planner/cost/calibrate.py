@@ -139,8 +139,9 @@ def plan_messages(plan, most: int = 3) -> dict[str, tuple[tuple[str, ...], list[
     local size; over ``mp`` the partial outputs of the row-parallel linears (all-reduce; with
     sequence parallelism a reduce-scatter and an all-gather, which the ring prices as one
     all-reduce), tokens of a micro-batch by output features, the column-parallel LM head's input
-    gradient (all-reduce, tokens by input features), and the vocabulary-split embedding's whole
-    table, which the token lookup gathers
+    gradient (all-reduce, tokens by input features), and the vocabulary-split embedding's lookup:
+    its output (all-reduce, tokens by hidden) where the plan looks it up on local tensors
+    (``plan.vocab_lookup``), else its whole table, which the lookup gathers
     (:func:`autodist.planner.cost.comm.vocab_lookup_collective`). Each collective an axis names
     is measured at each of its sizes. At most ``most`` sizes an axis (the smallest, the median
     and the largest), each at most :data:`MAX_MESSAGE_BYTES`.
@@ -152,14 +153,16 @@ def plan_messages(plan, most: int = 3) -> dict[str, tuple[tuple[str, ...], list[
     width = training_bytes(plan.provenance.arguments.get("dtype", "bf16"))
     sizes: dict[str, set[int]] = {"dp": set(), "mp": set()}
     mp_names: set[str] = set()
-    for param in plan.params.values():
+    for fqn, param in plan.params.items():
         local = local_shape(param.shape, param.placements, plan.mesh.shape)
         sizes["dp"].add(math.prod(local) * width)
         split = next((int(p[2:-1]) for p in param.placements if p.startswith("S(")), None)
         if split is None or len(param.shape) != 2:
             continue
         if param.style == "VocabParallelEmbedding":
-            lookup = vocab_lookup_collective(math.prod(param.shape), width)
+            looked_up_locally = any(lookup.weight == fqn for lookup in plan.vocab_lookup)
+            output = plan_tokens(plan) * param.shape[1] if looked_up_locally else 0
+            lookup = vocab_lookup_collective(math.prod(param.shape), output, width)
             sizes["mp"].add(int(lookup.nbytes))
             mp_names.add(lookup.name)
         if param.style == "RowWiseParallel" or param.style == "ColWiseParallelHead" or param.tied_to:

@@ -94,28 +94,39 @@ def all_gather_bytes(nbytes: float, p: int) -> float:
 
 
 class LookupCollective(NamedTuple):
-    """A collective a token lookup runs: its name (as calibrate measures it), its message (bytes,
-    the gathered size) and how many times each micro-batch runs it."""
+    """A collective a token lookup runs: its name (as calibrate measures it), its message (bytes),
+    how many times each micro-batch runs it, and the bytes the lookup holds for its backward
+    beyond its output (a gathered table and its whole gradient)."""
 
     name: str
     nbytes: float
     per_micro_batch: int
+    working: float
 
 
-def vocab_lookup_collective(table_elements: float, width: int) -> LookupCollective:
+def vocab_lookup_collective(table_elements: float, output_elements: float, width: int) -> LookupCollective:
     """What a token lookup in a vocabulary-split table costs: the one owner for the step time and
-    calibrate's ``plan_messages``. Under Paddle 3.3.1 the ``embedding`` SPMD rule asks for the
-    table replicated, so a table split on its vocabulary over mp is all-gathered whole
-    (``SToRReshard`` -> ``AllGather``) before each lookup, whose output is replicated (no
-    all-reduce after it), and again in its backward, for ``embedding_grad`` (the saved table is
-    the split one); the whole gradient is then sliced to this rank's rows, no communication
-    (docs/paddle-notes.md, "SPMD rules"). ``table_elements``: the whole table's, ``width``: bytes
-    per element in the training dtype.
+    calibrate's ``plan_messages``. ``table_elements``: the whole table's; ``output_elements``: the
+    lookup's output on one rank for one micro-batch (tokens x hidden) when the plan runs it on
+    local tensors (``plan.vocab_lookup``), else 0; ``width``: bytes per element in the training
+    dtype.
 
-    >>> vocab_lookup_collective(1000 * 64, 2)   # a [1000, 64] table in bf16
-    LookupCollective(name='all_gather', nbytes=128000, per_micro_batch=2)
+    Run on local tensors (Megatron's way, applier/vocab_lookup.py), each rank looks up its own
+    rows and one all-reduce of the output sums the ranks' answers in the forward; the backward
+    needs no collective for the table, and no rank holds it whole. Run in Paddle 3.3.1's global
+    view, the ``embedding`` SPMD rule asks for the table replicated, so it is all-gathered whole
+    (``SToRReshard`` -> ``AllGather``) before each lookup, whose output is replicated, and again
+    in its backward for ``embedding_grad`` (the saved table is the split one); the gathered table
+    and its whole gradient are held for the backward (docs/paddle-notes.md, "SPMD rules").
+
+    >>> vocab_lookup_collective(1000 * 64, 0, 2)          # a [1000, 64] table in bf16, global view
+    LookupCollective(name='all_gather', nbytes=128000, per_micro_batch=2, working=256000)
+    >>> vocab_lookup_collective(1000 * 64, 512 * 64, 2)   # the same looked up locally, 512 tokens
+    LookupCollective(name='all_reduce', nbytes=65536, per_micro_batch=1, working=0.0)
     """
-    return LookupCollective("all_gather", table_elements * width, 2)
+    if output_elements:
+        return LookupCollective("all_reduce", output_elements * width, 1, 0.0)
+    return LookupCollective("all_gather", table_elements * width, 2, 2 * table_elements * width)
 
 
 def group_within_node(size: int, stride: int, devices_per_node: int) -> bool:

@@ -674,6 +674,8 @@ def _edges(
     hidden = analysis.blocks[0].hidden_size if analysis.blocks else 0
     if analysis.embedding:
         edges["first"]["lookup_table"] = numel.get(analysis.embedding, 0)  # gathered when vocab-split
+        if analysis.local_lookup is not None:  # or looked up locally (plan.vocab_lookup)
+            edges["first"]["lookup_output"] = analysis.params[analysis.embedding][0][1]
     if head:
         traced_head = head in walks["last"].flops_by_weight or head in walks["first"].flops_by_weight
         if not traced_head:

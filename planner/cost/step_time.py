@@ -28,9 +28,11 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   vocabulary split over mp, the column-parallel LM head's input gradient is all-reduced too, and
   the token lookup all-gathers its whole table in every forward and again in its backward
   (Paddle 3.3.1's ``embedding`` rule wants the table replicated; its output is then replicated,
-  not all-reduced: :func:`autodist.planner.cost.comm.vocab_lookup_collective`), exposed; the
-  gathered table and its whole gradient count once in the stage's memory (the parameter and its
-  optimizer states stay split);
+  not all-reduced), exposed, the gathered table and its whole gradient counting once in the
+  stage's memory (the parameter and its optimizer states stay split); or, where the plan looks
+  it up on local tensors (``plan.vocab_lookup``, Megatron's way), its output is all-reduced
+  once in the forward instead, and nothing is gathered
+  (:func:`autodist.planner.cost.comm.vocab_lookup_collective`);
 - pipeline: a send of the block output forward and of its gradient backward per stage boundary,
   exposed. 1F1B takes (m + pp - 1) slots of the slowest stage, a bubble of (pp - 1)/m;
   VPP (interleaved 1F1B, ``strategy.virtual_stages`` = v model chunks per rank) shrinks the bubble to
@@ -108,6 +110,7 @@ from autodist.planner.cost.comm import (
 from autodist.planner.cost.compute import fixed_op_time, matmul_time, memory_time
 from autodist.planner.cost.memory import StateBytes, model_state_bytes
 from autodist.schemas.experts import runs_moe_locally
+from autodist.schemas.local_view import runs_local_views
 from autodist.schemas.vocabulary import TrainingDType, training_bytes
 
 #: Model chunks per rank the search tries for VPP (the plan's ``virtual_stages``; issue #13).
@@ -502,7 +505,7 @@ def _stage_mp_comm(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) 
     mp_bytes = sum(all_reduce_bytes(n * tokens * width, mp) for n, _ in collectives)
     mp_s += sum(all_gather_time(n * tokens * width, mp, mp_link, round(count)) for n, count in gathers)
     mp_bytes += sum(all_gather_bytes(n * tokens * width, mp) for n, _ in gathers)
-    for seconds, sent, _ in _lookup_gathers(ctx, edges):
+    for seconds, sent, _ in _lookups(ctx, edges):
         mp_s, mp_bytes = mp_s + seconds, mp_bytes + sent
     implicit_bytes = 0.0
     if ctx.implicit and mp > 1 and ctx.cost.blocks:
@@ -597,11 +600,11 @@ def _stage_memory(
     working = 0.0
     if setup.recompute == "full" and table.largest_block is not None and stop > start:
         working = tokens * _block_activation_bytes(table.largest_block, mp, ctx.act_div, seq, width)
-    # A vocabulary-split table gathered for the lookup's backward: whole on every mp rank with its
-    # whole gradient, before that is sliced to this rank's rows. Counted once, at the peak: an
+    # A vocabulary-split table gathered for the lookup's backward (not when looked up locally):
+    # whole on every mp rank with its whole gradient, before that is sliced to this rank's rows. Counted once, at the peak: an
     # upper bound (the embedding's backward runs when most of its micro-batch's activations are
     # freed).
-    working += sum(2 * message for _, _, message in _lookup_gathers(ctx, edges))
+    working += sum(held for _, _, held in _lookups(ctx, edges))
     if ep > 1 and moe:  # the MoE layer's own saved tensors hold the ep group's tokens
         router = [(ep - 1) * b.saved_router.bytes(width) for b in moe]
         if setup.recompute == "full":  # rebuilt one block at a time
@@ -653,7 +656,7 @@ def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float, float
 def _allreduces(ctx: _Context, direction: str, start: int, stop: int, edges: list[EdgeCost]) -> tuple[float, int]:
     """(elements per token, collectives) all-reduced over mp in one direction on a stage: the
     blocks', and backward the column-parallel head's input gradient (the vocabulary-split
-    lookup's output is not all-reduced: :func:`_lookup_gathers`)."""
+    lookup's output, when all-reduced: :func:`_lookups`)."""
     elements = ctx.table.total(f"allreduce_{direction}_per_token", start, stop)
     count = int(ctx.table.total(f"allreduce_{direction}_count", start, stop))
     if ctx.vocab_div > 1 and direction == "bwd":
@@ -667,19 +670,24 @@ def _allreduces(ctx: _Context, direction: str, start: int, stop: int, edges: lis
 _COLLECTIVES = {"all_gather": (all_gather_time, all_gather_bytes), "all_reduce": (all_reduce_time, all_reduce_bytes)}
 
 
-def _lookup_gathers(ctx: _Context, edges: list[EdgeCost]) -> list[tuple[float, float, float]]:
+def _lookups(ctx: _Context, edges: list[EdgeCost]) -> list[tuple[float, float, float]]:
     """The collectives the token lookups of a stage's ``edges`` run over mp per micro-batch when
-    the vocabulary is split, as :func:`autodist.planner.cost.comm.vocab_lookup_collective` says
-    (the whole table all-gathered in the forward and again in the backward; full recompute does
-    not redo the edges): ``[(seconds, bytes one rank sends, message bytes)]``, exposed."""
+    the vocabulary is split, as :func:`autodist.planner.cost.comm.vocab_lookup_collective` says:
+    one all-reduce of the output where the plan looks up on local tensors (the layer can and the
+    strategy runs them, :func:`~autodist.schemas.local_view.runs_local_views`, emit's rule too),
+    else the whole table all-gathered in the forward and again in the backward (full recompute
+    does not redo the edges): ``[(seconds, bytes one rank sends, bytes held for the backward)]``,
+    exposed."""
     if ctx.vocab_div == 1:
         return []
     mp, link, out = ctx.strategy.mp, ctx.link(ctx.strategy.mp, 1), []
+    local = runs_local_views(ctx.strategy)
     for edge in edges:
         if edge.lookup_table:
-            name, message, times = vocab_lookup_collective(edge.lookup_table, ctx.width)
+            output = ctx.tokens * edge.lookup_output if local else 0
+            name, message, times, working = vocab_lookup_collective(edge.lookup_table, output, ctx.width)
             time_of, sent = _COLLECTIVES[name]
-            out.append((time_of(times * message, mp, link, times), sent(times * message, mp), message))
+            out.append((time_of(times * message, mp, link, times), sent(times * message, mp), working))
     return out
 
 

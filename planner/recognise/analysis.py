@@ -97,6 +97,11 @@ class ModelAnalysis:
     #: when the lookup is one op of a layer doing more (the model's forward). Sequence parallelism
     #: starts after it.
     embedding_layer: str | None = None
+    #: The ``nn.Embedding`` layer whose forward can run the token lookup on local tensors when its
+    #: table is split over the vocabulary (``plan.vocab_lookup``, Megatron's way), or None; and,
+    #: when None, why not (:func:`local_lookup`).
+    local_lookup: str | None = None
+    local_lookup_refusal: str = ""
 
 
 def analyze(
@@ -131,6 +136,7 @@ def analyze(
     unmatched = sorted({fqn.rpartition(".")[0] for fqn in params if fqn not in covered})
     specs = _input_specs(graph)
     shape = specs[0].shape if specs else [1, 1]
+    served, refusal = local_lookup(model, lookup)
     return ModelAnalysis(
         class_name=type(model).__name__,
         graph=graph,
@@ -154,6 +160,8 @@ def analyze(
         read_by=read_by(graph, model),
         vocab_dim=lookup.vocab_dim if lookup else 0,
         embedding_layer=lookup.layer if lookup else None,
+        local_lookup=served,
+        local_lookup_refusal=refusal,
     )
 
 
@@ -413,6 +421,30 @@ class TokenLookup:
     table: str
     vocab_dim: int
     layer: str | None
+
+
+def local_lookup(model: paddle.nn.Layer, lookup: TokenLookup | None) -> tuple[str | None, str]:
+    """The layer that can run the token lookup on local tensors, ``(layer, "")``, or why none can,
+    ``(None, why)``: an ``nn.Embedding`` running its own forward (a subclass that
+    overrides it, a scaled embedding, does more than the lookup) on the table as it is (not read
+    transposed), with neither ``max_norm``, ``sparse`` nor ``scale_grad_by_freq``. The applier
+    replaces that forward (applier/vocab_lookup.py), so the lookup must be all it does."""
+    if lookup is None:
+        return None, "no token lookup"
+    layer = dict(model.named_sublayers()).get(lookup.layer) if lookup.layer is not None else None
+    if lookup.layer is None:
+        why = "the lookup is one op of a layer that does more"
+    elif layer is None:
+        why = f"{lookup.layer} is not a layer of the model"
+    elif not isinstance(layer, paddle.nn.Embedding) or type(layer).forward is not paddle.nn.Embedding.forward:
+        why = f"{lookup.layer} is a {type(layer).__name__}, not an nn.Embedding running its own forward"
+    elif lookup.vocab_dim != 0 or layer.weight is not dict(model.named_parameters()).get(lookup.table):
+        why = f"{lookup.layer} does not look up in {lookup.table} as it is"
+    elif layer._max_norm or layer._sparse or layer._scale_grad_by_freq:
+        why = f"{lookup.layer} has max_norm, sparse or scale_grad_by_freq"
+    else:
+        return lookup.layer, ""
+    return None, why
 
 
 def _embeddings(

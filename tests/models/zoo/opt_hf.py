@@ -5,7 +5,8 @@ scores (``self.q_proj(h) * self.scaling``), heads are merged into the batch by a
 helper and the scores are ``bmm`` over ``[bsz * heads, tgt, src]``; the learned positions are
 looked up at ``position + 2`` (OPT's offset), from a cumulative sum of the attention mask; the
 MLP is ``fc1``/``fc2`` directly in the decoder layer (no MLP sub-layer); the LM head is tied to
-the token embedding by sharing its Parameter.
+the token embedding by sharing its Parameter; the token embedding has a ``padding_idx``
+(HF's ``config.pad_token_id``, 1): that row looks up zeros and gets no gradient.
 """
 
 import paddle
@@ -13,6 +14,7 @@ import paddle.nn.functional as F
 from paddle import nn
 
 VOCAB, HIDDEN, HEADS, FFN, LAYERS, POSITIONS = 64, 32, 4, 64, 2, 16
+PAD = 1  # OPTConfig.pad_token_id
 
 
 class OPTLearnedPositionalEmbedding(nn.Embedding):
@@ -87,7 +89,7 @@ class OPTDecoderLayer(nn.Layer):
 class OPTDecoder(nn.Layer):
     def __init__(self):
         super().__init__()
-        self.embed_tokens = nn.Embedding(VOCAB, HIDDEN)
+        self.embed_tokens = nn.Embedding(VOCAB, HIDDEN, padding_idx=PAD)
         self.embed_positions = OPTLearnedPositionalEmbedding(POSITIONS, HIDDEN)
         self.layers = nn.LayerList([OPTDecoderLayer() for _ in range(LAYERS)])
         self.final_layer_norm = nn.LayerNorm(HIDDEN)
