@@ -26,6 +26,8 @@ from autodist.applier.validate import plan_problems
 from autodist.applier.vocab_lookup import vocab_lookup_problems
 from autodist.planner.cost.search import SearchRequest
 from autodist.planner.driver import load, plan_target
+from autodist.planner.review.check import check_plan_for_target
+from autodist.planner.review.show import show_text
 from autodist.schemas import Plan, VocabLookup, save_plan
 from harness.cases import Trained, check_against_reference
 from harness.jobs import Job, TrainRun
@@ -117,6 +119,13 @@ def test_apply_plan_refuses_a_lookup_the_model_cannot_run_locally(plans):
     assert "vocab_lookup ln_f: the model's layer is LayerNorm" in "\n".join(
         plan_problems(model, None, None, edited(layer="ln_f"), world_size=2)
     )
+    # autodist-plan check says so too, and shows the lookup
+    assert check_plan_for_target(plan, WORKLOADS["gpt"].planner_target, trace=False) == []
+    assert check_plan_for_target(edited(layer="ln_f"), WORKLOADS["gpt"].planner_target, trace=False) == [
+        "vocab_lookup ln_f: the model's layer is LayerNorm, not an nn.Embedding running its own forward"
+    ]
+    assert "vocab lookup: these lookups run on local tensors" in show_text(plan)
+    assert "  wte  wte.weight" in show_text(plan)
     pipelined = msgspec.structs.replace(plan, strategy=msgspec.structs.replace(plan.strategy, micro_batches=2))
     assert any("tensor and data parallelism alone" in p for p in vocab_lookup_problems(model, pipelined))
 

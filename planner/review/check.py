@@ -3,10 +3,11 @@
 The checks, cheapest first: every planned parameter exists with the planned shape and dtype
 and no parameter is unplanned (the applier's own fingerprint); the parameter fingerprint; the model-side checks
 ``apply_plan`` runs itself (tied parameters, hook sites: ``structure_problems``; a local view's
-weights and attributes), each local view proven again by running it (planner/local_view.py); and,
-unless told not to trace, the structure of the traced forward (``graph_fingerprint``), which
-catches a changed forward even when no parameter changed. The model is traced with the plan's own
-input specs, so only a change of the model makes a plan stale.
+weights and attributes; a vocabulary lookup's nn.Embedding), each local view proven again by
+running it (planner/local_view.py); and, unless told not to trace, the structure of the traced
+forward (``graph_fingerprint``), which catches a changed forward even when no parameter changed.
+The model is traced with the plan's own input specs, so only a change of the model makes a plan
+stale.
 
 Example::
 
@@ -48,6 +49,10 @@ def check_plan_for_target(plan: Plan, target: str, trace: bool = True, progress:
             "the parameter fingerprint differs from the plan's (the plan was edited or made by another version)"
         )
     reasons += structure_problems(loaded.model, plan)  # what apply_plan refuses for this model, the same way
+    if plan.vocab_lookup:
+        from autodist.applier.vocab_lookup import vocab_lookup_problems
+
+        reasons += vocab_lookup_problems(loaded.model, plan)
     if (
         plan.local_view and not reasons
     ):  # the views' weights and attributes as apply_plan checks them, then proven again

@@ -122,6 +122,7 @@ def show_data(plan: Plan, top: int = TOP_ALTERNATIVES) -> dict[str, Any]:
         ],
         "experts": expert_holding(plan),
         "local_view": to(plan.local_view),
+        "vocab_lookup": to(plan.vocab_lookup),
         "recompute": [row.pattern for row in collapse(dict.fromkeys(plan.recompute, 0))],
         "data": to(plan.data),
         "implicit_comm": to(plan.implicit_comm),
@@ -245,6 +246,7 @@ def show_text(plan: Plan, top: int = TOP_ALTERNATIVES) -> str:
         + _placement_lines(plan)
         + _hook_lines(plan)
         + _local_view_lines(plan)
+        + _vocab_lookup_lines(plan)
         + _recompute_lines(plan)
         + [
             "",
@@ -354,6 +356,14 @@ def _local_view_lines(plan: Plan) -> list[str]:
         count = f"  ×{len(row.members)}" if len(row.members) > 1 else ""
         out.append(f"  {row.pattern}  {row.value}{count}")
     return out
+
+
+def _vocab_lookup_lines(plan: Plan) -> list[str]:
+    """Each token lookup run on local tensors (``plan.vocab_lookup``)."""
+    if not plan.vocab_lookup:
+        return []
+    out = ["", "vocab lookup: these lookups run on local tensors (own rows looked up, output summed over mp)"]
+    return out + [f"  {lookup.layer}  {lookup.weight}" for lookup in plan.vocab_lookup]
 
 
 def _recompute_lines(plan: Plan) -> list[str]:
