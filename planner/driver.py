@@ -113,7 +113,8 @@ def plan_model(
     ``rules``: ``{layer glob: "colwise" | "rowwise" | "replicate"}`` merged into the analysis
     (:mod:`autodist.planner.recognise.rules`) and recorded in the provenance.
     ``local_view``: run the sub-layers (attention, MLP) with a fused column projection on local
-    tensors where the planner proves it (:mod:`autodist.planner.local_view`).
+    tensors where the planner proves it (:mod:`autodist.planner.local_view`), and a vocabulary-split
+    token lookup where its layer can (``plan.vocab_lookup``).
     Raises :class:`~autodist.planner.errors.PlannerError` for anything the user can fix.
     """
     progress = progress or _QUIET
@@ -136,7 +137,7 @@ def plan_analysed(
     """Stages 5-7 for an analysed model: cost, search, emit (:func:`plan_model` without the
     tracing, for callers that plan one model for several requests). ``rules`` change
     ``analysis`` (its blocks' roles). ``local_view`` (with the ``model``, whose sub-layers are
-    run to prove it): as :func:`plan_model`."""
+    run to prove it): as :func:`plan_model`; off, the token lookup stays in the global view too."""
     from autodist.planner.cost.search import check_fixed_degrees, kernels_for, price, search
     from autodist.planner.emit import build_plan
 
@@ -146,6 +147,8 @@ def plan_analysed(
 
         rules = apply_rules(analysis, rules)
         arguments = {**arguments, "rules": canonical_rules(rules)}
+    if not local_view:  # --no-local-view: nothing runs on local tensors, the token lookup neither
+        analysis = replace(analysis, local_lookup=None, local_lookup_refusal="local tensors are off: --no-local-view")
     local_view = local_view and model is not None  # a view is proven by running the model's sub-layer
     with progress.step("pricing the model"):
         priced = price(analysis, kernels_for(analysis, request), local_view)

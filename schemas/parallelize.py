@@ -126,6 +126,11 @@ def parallelize_config(plan: Plan) -> ParallelizeConfig:
             "tensors by apply_plan's own wrapper): dist.parallelize has no key for it (re-plan with "
             "--no-local-view)"
         )
+    if plan.vocab_lookup:
+        problems.append(
+            f"a token lookup on local tensors ({plan.vocab_lookup[0].layer}, run by apply_plan's own wrapper): "
+            "dist.parallelize has no key for it (re-plan with --no-local-view)"
+        )
     if plan.strategy.virtual_stages > 1:
         problems.append(
             f"VPP with {plan.strategy.virtual_stages} chunks per stage: pp_config takes one split point "

@@ -209,9 +209,12 @@ def test_a_dist_parallelize_config_refuses_local_views(local_plan):
     the model's own layout and run the sub-layer on DistTensors without its gather: refused."""
     from autodist.schemas.parallelize import ExportError, parallelize_config
 
-    with pytest.raises(ExportError, match=r"local views \(2 sub-layers, transformer.h.0.attn first"):
+    with pytest.raises(ExportError, match=r"local views \(2 sub-layers, transformer.h.0.attn first") as refused:
         parallelize_config(local_plan)
+    assert "a token lookup on local tensors (transformer.wte," in str(refused.value)
     gathered = plan_target(GPT2, None, _request(), {"target": GPT2}, local_view=False).plan
+    assert not gathered.local_view and not gathered.vocab_lookup  # --no-local-view: the lookup too
+    assert any("local tensors are off: --no-local-view" in note for note in gathered.notes), gathered.notes
     assert parallelize_config(gathered).entries
 
 

@@ -15,8 +15,8 @@ placement and hook becomes, as for ``autodist-plan export --to paddle-paralleliz
     trainer.train()
 
 What the Trainer's mode cannot express is refused in one message naming it: a pipeline (the
-mode asserts ``pipeline_model_parallel_size == 1``), expert parallelism, local views (``apply_plan``
-runs them; plan with ``--no-local-view``), sequence parallelism
+mode asserts ``pipeline_model_parallel_size == 1``), expert parallelism, local views and token
+lookups on local tensors (``apply_plan`` runs them; plan with ``--no-local-view``), sequence parallelism
 (Paddle's plans for it read positional inputs; PaddleFormers passes keywords), the plan's recompute
 (the Trainer has its own ``recompute`` argument), arguments that build another mesh, accumulate
 another number of micro-batches or read another batch. Two things the Trainer does on its own,
