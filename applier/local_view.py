@@ -42,12 +42,12 @@ import paddle.distributed as dist
 from paddle.autograd import PyLayer
 from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_local
 
-from autodist.schemas import LocalView, LocalWeight, Plan
+from autodist.schemas import CallInput, LocalView, LocalWeight, Plan
 from autodist.schemas.describe import strategy_text
-from autodist.schemas.local_view import hidden_output, local_order, own_order, runs_local_views
+from autodist.schemas.local_view import attribute_owner, hidden_output, local_order, own_order, runs_local_views
 
 from autodist.applier.clip import sum_over
-from autodist.applier.hooks import map_first_input, map_tensors
+from autodist.applier.hooks import map_first_input
 from autodist.applier.mesh import mesh_ids
 
 
@@ -151,7 +151,7 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
         for key, param in sub._parameters.items()
         if param is not None
     ]
-    attributes = [(layers[a.layer], a.name, a.local) for a in view.attributes]
+    attributes = [(*attribute_owner(layers[a.layer], a.name), a.local) for a in view.attributes]
     forward = layer.forward
 
     @functools.wraps(forward)
@@ -168,7 +168,7 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
             return _CopyToRanks.apply(local_value(x), mesh)
 
         args, kwargs = map_first_input(args, kwargs, first)
-        args, kwargs = map_tensors(args, local_value), map_tensors(kwargs, local_value)
+        args, kwargs = _called_as_proven(view, args, kwargs, placed[0])
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in attributes]
         try:
             for sub, key, param, fqn in slots:
@@ -182,17 +182,78 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
                 sub._parameters[key] = param
             for owner, name, value in saved:
                 setattr(owner, name, value)
-        found = hidden_output(output)
+        found = hidden_output(output, view.dropped_outputs)
         if found is None or not isinstance(found[0], paddle.Tensor):
             raise RuntimeError(
                 f"local view: {view.layer} returned {type(output).__name__} with more than one tensor; "
-                "the plan proved it returning one"
+                f"the plan proved it returning one (and None for items {view.dropped_outputs})"
             )
         hidden, index = found
         whole = dtensor_from_local(SumOverRanks.apply(hidden, mesh), placed[0].process_mesh, placed[0].placements)
-        return whole if index is None else type(output)([whole, *output[1:]])
+        # the dropped items (per-head, each rank's heads only) are None: a reader fails, never reads a part
+        return whole if index is None else type(output)([whole, *(None for _ in output[1:])])
 
     layer.forward = run
+
+
+def _called_as_proven(view: LocalView, args: tuple, kwargs: dict, hidden: paddle.Tensor) -> tuple[tuple, dict]:
+    """The call's other arguments as this rank's values, after checking the call is the one the
+    plan proved (``view.call``, by position and keyword; an empty call is the hidden input alone):
+    the same literals, tensors where it had tensors. Each tensor carries no gradient and is taken
+    whole over mp (:func:`_replicated_local`); the hidden input is already local."""
+    call = view.call or [CallInput(role="hidden")]
+    positional = [c for c in call if not c.keyword]
+    keywords = {c.keyword: c for c in call if c.keyword}
+    if len(args) != len(positional) or set(kwargs) != set(keywords):
+        raise RuntimeError(
+            f"local view: {view.layer} called with {len(args)} positional arguments and keywords {sorted(kwargs)}; "
+            f"the plan proved it with {len(positional)} and {sorted(keywords)}"
+        )
+
+    def local(value: Any, recorded: CallInput, name: str) -> Any:
+        if recorded.role == "hidden":
+            return value
+        if recorded.role == "literal":
+            if isinstance(value, paddle.Tensor) or value != recorded.value or type(value) is not type(recorded.value):
+                raise RuntimeError(
+                    f"local view: {view.layer} got {name}={value!r}; the plan proved it with {recorded.value!r}"
+                )
+            return value
+        if recorded.role in ("tuple", "list"):
+            if not isinstance(value, (tuple, list)) or len(value) != len(recorded.items):
+                raise RuntimeError(
+                    f"local view: {view.layer} got {name} of {type(value).__name__}; "
+                    f"the plan proved a {recorded.role} of {len(recorded.items)}"
+                )
+            items = zip(value, recorded.items)
+            return type(value)(local(v, item, f"{name}[{i}]") for i, (v, item) in enumerate(items))
+        if not isinstance(value, paddle.Tensor):
+            raise RuntimeError(f"local view: {view.layer} got {name}={value!r}; the plan proved it with a tensor")
+        return _replicated_local(value, hidden, recorded.batch, f"{view.layer} input {name}")
+
+    args = tuple(local(v, c, f"argument {i}") for i, (v, c) in enumerate(zip(args, positional)))
+    return args, {k: local(v, keywords[k], k) for k, v in kwargs.items()}
+
+
+def _replicated_local(x: paddle.Tensor, hidden: paddle.Tensor, batch: bool, what: str) -> paddle.Tensor:
+    """This rank's value of an input other than the hidden one: whole over mp (every rank reads
+    what the global run reads), and along a ``batch`` dim 0 the rows the hidden input's local
+    value holds (its dp shard). A DistTensor placed otherwise is resharded so (a plain tensor is
+    the same whole value on every rank: sliced, or taken as it is). It must carry no gradient:
+    each rank's would be its heads' share only, which the proof did not cover."""
+    if not x.stop_gradient:
+        raise RuntimeError(f"local view: {what} carries a gradient; the plan proved it with inputs that carry none")
+    mesh = hidden.process_mesh
+    placements = [
+        p if batch and isinstance(p, dist.Shard) and p.get_dim() == 0 else dist.Replicate() for p in hidden.placements
+    ]
+    if not x.is_dist():
+        if all(isinstance(p, dist.Replicate) for p in placements):
+            return x
+        x = dist.shard_tensor(x, mesh, placements)
+    elif x.process_mesh != mesh or list(x.placements) != placements:
+        x = dist.reshard(x, mesh, placements)
+    return local_value(x)
 
 
 def local_value(x: paddle.Tensor) -> paddle.Tensor:
@@ -283,8 +344,11 @@ def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
                     f"its local view needs {want} in {weight.segments} segments of {mp} slices"
                 )
         for attribute in view.attributes:
-            owner = layers.get(attribute.layer) if attribute.layer != view.layer else layers[view.layer]
-            value = getattr(owner, attribute.name, None) if owner is not None else None
+            layer = layers.get(attribute.layer)
+            try:
+                value = getattr(*attribute_owner(layer, attribute.name)) if layer is not None else None
+            except AttributeError:
+                value = None
             if type(value) is not int or value != attribute.whole:
                 problems.append(
                     f"local_view {view.layer}: {attribute.layer}.{attribute.name} should be the integer "

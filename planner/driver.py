@@ -161,7 +161,7 @@ def plan_analysed(
 
         while True:
             with progress.step("proving local views"):
-                views = local_views(analysis, model, result.best.strategy)
+                views = local_views(analysis, model, result.best.strategy, traced.program.layer_calls)
             # The search priced every candidate as a local view (PricedModel); one whose proof
             # failed runs gathered, so it is priced gathered and the search runs again without it.
             unproven = priced.assumed_local(result.best.strategy) - {view.layer for view in views[0]}

@@ -27,17 +27,21 @@ Example::
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import paddle
 
-from autodist.schemas import LocalAttribute, LocalView, LocalWeight, Plan, Strategy
-from autodist.schemas.local_view import hidden_output, local_order, own_order, runs_local_views
+from autodist.schemas.plan import DTYPE_BYTES, DType
+from autodist.schemas import CallInput, LocalAttribute, LocalView, LocalWeight, Plan, Strategy
+from autodist.schemas.local_view import attribute_owner, hidden_output, local_order, own_order, runs_local_views
 
 from autodist.planner.recognise.analysis import ModelAnalysis
 from autodist.planner.recognise.reshards import local_view_candidates
 from autodist.planner.recognise.roles import SubLayer
+from autodist.planner.trace import LayerCall, Opaque, TracedTensor
 
 #: Equal within: the local runs reassembled against the global run, float32.
 RTOL, ATOL = 1e-4, 1e-5
@@ -79,12 +83,13 @@ def candidates(analysis: ModelAnalysis) -> list[Candidate]:
 
 
 def local_views(
-    analysis: ModelAnalysis, model: paddle.nn.Layer, strategy: Strategy
+    analysis: ModelAnalysis, model: paddle.nn.Layer, strategy: Strategy, calls: dict[str, list[LayerCall]]
 ) -> tuple[list[LocalView], list[str]]:
     """The proven local views of ``model``'s candidate sub-layers under ``strategy``, and one note
-    per candidate that stays gathered, with the reason. Sub-layers of one class with the same
-    weights' shapes and attribute values are proven once. Only under tensor (and data)
-    parallelism alone (:func:`~autodist.schemas.local_view.runs_local_views`)."""
+    per candidate that stays gathered, with the reason. Each is proven called as the trace called
+    it (``calls``: :func:`call_inputs`). Sub-layers of one class with the same weights' shapes,
+    attribute values and call are proven once. Only under tensor (and data) parallelism alone
+    (:func:`~autodist.schemas.local_view.runs_local_views`)."""
     mp = strategy.mp
     found = candidates(analysis)
     if not found or mp == 1:
@@ -97,6 +102,7 @@ def local_views(
         ]
     layers = dict(model.named_sublayers())
     params = dict(analysis.params)
+    specs = [s.shape for s in analysis.input_specs]
     views: list[LocalView] = []
     unproven: dict[str, str] = {}
     proven: dict[tuple, str | NotProven] = {}
@@ -105,23 +111,36 @@ def local_views(
         if layer is None:
             unproven[candidate.layer] = "not a layer of the model"
             continue
+        try:
+            call, dropped = call_inputs(calls.get(candidate.layer, []))
+        except NotProven as exc:
+            unproven[candidate.layer] = str(exc)
+            continue
         attributes = size_attributes(layer, candidate, params, mp)
-        view = LocalView(layer=candidate.layer, weights=list(candidate.weights), attributes=attributes)
-        key = (
-            type(layer).__qualname__,
-            tuple((w.param.removeprefix(candidate.layer), tuple(params[w.param][0])) for w in view.weights),
-            tuple((a.layer.removeprefix(candidate.layer), a.name, a.whole) for a in attributes),
-        )
-        if key not in proven:
-            try:
-                proven[key] = verify(layer, view, params, mp, _input_shape(analysis, candidate, params))
-            except NotProven as exc:  # said once per sub-layer kind, its names relative to the sub-layer
-                proven[key] = NotProven(str(exc).replace(candidate.layer + ".", ""))
-        outcome = proven[key]
-        if isinstance(outcome, NotProven):
-            unproven[candidate.layer] = str(outcome)
-        else:
-            views.append(LocalView(layer=view.layer, weights=view.weights, attributes=attributes, verified=outcome))
+        outcomes: list[str | NotProven] = []
+        for weights in _layouts(candidate):
+            view = LocalView(
+                layer=candidate.layer, weights=weights, attributes=attributes, call=call, dropped_outputs=dropped
+            )
+            key = (
+                type(layer).__qualname__,
+                tuple((w.param.removeprefix(candidate.layer), tuple(params[w.param][0]), w.segments) for w in weights),
+                tuple((a.layer.removeprefix(candidate.layer), a.name, a.whole) for a in attributes),
+                msgspec.json.encode(call),
+                tuple(dropped),
+            )
+            if key not in proven:
+                try:
+                    proven[key] = verify(layer, view, params, mp, proof_shape(view, specs, params))
+                except NotProven as exc:  # said once per sub-layer kind, its names relative to the sub-layer
+                    proven[key] = NotProven(str(exc).replace(candidate.layer + ".", ""))
+            outcome = proven[key]
+            outcomes.append(outcome)
+            if not isinstance(outcome, NotProven):
+                views.append(msgspec.structs.replace(view, verified=outcome))
+                break
+        else:  # the recognised layout's reason is told: the other is only tried after it
+            unproven[candidate.layer] = str(outcomes[0])
     by_reason: dict[str, list[str]] = {}
     for layer_name, reason in unproven.items():
         by_reason.setdefault(reason, []).append(layer_name)
@@ -133,6 +152,93 @@ def local_views(
     return views, notes
 
 
+def _layouts(candidate: Candidate) -> list[list[LocalWeight]]:
+    """The fused weights' layouts to prove, in order: their segments as recognised
+    (``q_r|k_r|v_r``), then, when that differs, each fused weight whole-head contiguous
+    (``segments`` 1: GPT-NeoX lays ``query_key_value`` out head by head, ``[q_h k_h v_h]`` for each
+    head, so a rank's contiguous slice holds its heads' q, k and v). The proof decides."""
+    recognised = list(candidate.weights)
+    contiguous = [msgspec.structs.replace(w, segments=1) for w in recognised]
+    return [recognised] if contiguous == recognised else [recognised, contiguous]
+
+
+def call_inputs(calls: list[LayerCall]) -> tuple[list[CallInput], list[int]]:
+    """How the trace called a sub-layer (the plan's ``LocalView.call``) and which items of its
+    output a local view returns as None (``dropped_outputs``): the tensors beside the hidden
+    state that nothing outside the call read. Raises :class:`NotProven` for a call a proof cannot
+    make or a local view cannot serve: no call, calls with different arguments, an argument that
+    is an object (a cache) or carries a gradient besides the hidden input (each rank's gradient
+    of it would be its heads' share), an extra output read after the call (a rank holds only its
+    heads' part of it)."""
+    if not calls:
+        raise NotProven("the trace did not call it")
+    first = calls[0]
+    hidden = _first_tensor(first)
+    if hidden is None:
+        raise NotProven("it takes no tensor input")
+    recorded = [_call_input(value, "", hidden, top=True) for value in first.args] + [
+        _call_input(value, keyword, hidden, top=True) for keyword, value in first.kwargs.items()
+    ]
+    if any(_first_tensor(call) != hidden or call.args != first.args or call.kwargs != first.kwargs for call in calls):
+        raise NotProven(f"the trace calls it {len(calls)} times with different arguments")
+    dropped = set()
+    for call in calls:
+        if call.outputs[0] not in ("read", "unread"):
+            raise NotProven("its forward returns no tensor first")
+        for i, read in enumerate(call.outputs[1:], start=1):
+            if read == "read":
+                raise NotProven(
+                    f"item {i} of its output, a tensor beside the hidden state, is read after it "
+                    "(a local view would hold only each rank's heads of it)"
+                )
+            if read == "other":
+                raise NotProven(f"item {i} of its output is neither a tensor nor None")
+            if read == "unread":
+                dropped.add(i)
+    return recorded, sorted(dropped)
+
+
+def _first_tensor(call: LayerCall) -> TracedTensor | None:
+    """The hidden input: the first positional tensor, else the first keyword one (the applier's
+    ``map_first_input``)."""
+    for value in (*call.args, *call.kwargs.values()):
+        if isinstance(value, TracedTensor):
+            return value
+    return None
+
+
+def _call_input(value, keyword: str, hidden: TracedTensor, top: bool = False) -> CallInput:
+    """One argument as the plan records it, its role decided here (:class:`CallInput`)."""
+    if isinstance(value, TracedTensor):
+        name = keyword or "a positional argument"
+        if value.dtype not in DTYPE_BYTES:
+            raise NotProven(f"its input {name} is a {value.dtype} tensor")
+        dtype = typing.cast(DType, value.dtype)
+        if top and value is hidden:
+            return CallInput(role="hidden", keyword=keyword, shape=list(value.shape), dtype=dtype, batch=True)
+        if not value.stop_gradient:
+            raise NotProven(
+                f"its input {name} carries a gradient (each rank's gradient of it would be its heads' share only)"
+            )
+        seq = hidden.shape[1] if len(hidden.shape) > 1 else None
+        role: typing.Literal["positions", "mask", "tensor"]
+        if value.dtype.startswith(("int", "uint")):
+            role = "positions"
+        elif len(value.shape) >= 2 and value.shape[-2:] == (seq, seq):
+            role = "mask"
+        else:
+            role = "tensor"
+        batch = len(value.shape) > 0 and value.shape[0] == hidden.shape[0]
+        return CallInput(role=role, keyword=keyword, shape=list(value.shape), dtype=dtype, batch=batch)
+    if isinstance(value, (tuple, list)):
+        items = [_call_input(item, "", hidden) for item in value]
+        return CallInput(role="tuple" if isinstance(value, tuple) else "list", keyword=keyword, items=items)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return CallInput(role="literal", keyword=keyword, value=value)
+    what = value.type_name if isinstance(value, Opaque) else type(value).__name__
+    raise NotProven(f"its argument {keyword or '(positional)'} is a {what}, which a proof cannot make")
+
+
 def _counted(found: list[Candidate]) -> str:
     """``12 attention sub-layer(s)``, ``2 attention and 2 mlp sub-layer(s)``."""
     kinds = [c.sublayer.kind for c in found]
@@ -141,15 +247,19 @@ def _counted(found: list[Candidate]) -> str:
 
 def size_attributes(layer: paddle.nn.Layer, candidate: Candidate, params: dict, mp: int) -> list[LocalAttribute]:
     """The integer attributes of the sub-layer and its column projections whose values are a
-    head count or a width that splits over ``mp`` (at 1/mp of their value), not the head dim.
-    The widths are the heads' and each column's, whole and per segment (an MLP's
-    ``intermediate_size`` is its gate|up column's segment; it has no heads, whose sizes are 0
-    and drop out). Tried and verified as a whole by :func:`verify`."""
+    head count or a width that splits over ``mp`` (at 1/mp of their value), not the head dim;
+    and the head counts of the objects the sub-layer holds (HF Phi-3 reads
+    ``self.config.num_attention_heads``; only head counts there: a config's widths, such as its
+    ``hidden_size``, are read whole by the rest of the model). The widths are the heads' and each
+    column's, whole and per segment (an MLP's ``intermediate_size`` is its gate|up column's
+    segment; it has no heads, whose sizes are 0 and drop out). Tried and verified as a whole by
+    :func:`verify`."""
     sub = candidate.sublayer
     widths = {sub.num_heads, sub.num_kv_heads, sub.num_heads * sub.head_dim, sub.num_kv_heads * sub.head_dim}
     for column in sub.columns:
         width = params[column.weight][0][column.split_dim]
         widths |= {width, width // column.fused}
+    heads = {h for h in (sub.num_heads, sub.num_kv_heads) if h > 0 and h % mp == 0}
     widths = {w for w in widths if w > 0 and w % mp == 0 and w != sub.head_dim}
     owners = [("", layer)] + [
         (name, sublayer)
@@ -161,18 +271,50 @@ def size_attributes(layer: paddle.nn.Layer, candidate: Candidate, params: dict, 
     ]
     found = []
     for name, owner in owners:
-        for attribute, value in sorted(vars(owner).items()):
-            if type(value) is int and value in widths and attribute.isidentifier() and attribute.isascii():
-                path = f"{candidate.layer}.{name}" if name else candidate.layer
+        path = f"{candidate.layer}.{name}" if name else candidate.layer
+        for attribute, value in _int_attributes(vars(owner)):
+            if value in widths:
                 found.append(LocalAttribute(layer=path, name=attribute, whole=value, local=value // mp))
+    for held, value in sorted(vars(layer).items()):
+        if _holds_sizes(held, value):
+            public = {n: getattr(value, n, None) for n in dir(value) if not n.startswith("_")}
+            for attribute, size in _int_attributes(public):
+                if size in heads:
+                    found.append(
+                        LocalAttribute(layer=candidate.layer, name=f"{held}.{attribute}", whole=size, local=size // mp)
+                    )
     return found
 
 
-def _input_shape(analysis: ModelAnalysis, candidate: Candidate, params: dict) -> list[int]:
-    """``[batch, seq, width]`` for the verification (:func:`input_shape`)."""
-    column = candidate.sublayer.columns[0]
-    dim = column.split_dim if column.split_dim is not None else 1
-    return input_shape([s.shape for s in analysis.input_specs], params[column.weight][0], dim)
+def _int_attributes(values: dict) -> list[tuple[str, int]]:
+    """The integer attributes among ``values`` (an owner's, by name), sorted by name."""
+    return [
+        (name, value)
+        for name, value in sorted(values.items())
+        if type(value) is int and name.isidentifier() and name.isascii()
+    ]
+
+
+def _holds_sizes(name: str, value: object) -> bool:
+    """An object the layer holds that may hold its sizes (a config): not a layer, tensor,
+    container or plain value."""
+    plain = (paddle.nn.Layer, paddle.Tensor, int, float, str, bool, tuple, list, dict, set, type(None))
+    return (
+        name.isidentifier() and name.isascii() and not name.startswith("_")
+        and not isinstance(value, plain) and not callable(value)
+    )  # fmt: skip
+
+
+def proof_shape(view: LocalView, spec_shapes: list[list[int]], params: dict) -> list[int]:
+    """``[batch, seq, width]`` for the verification: the traced hidden input's, at most 2 by 8
+    (its other inputs shrink with it, :func:`_arguments`), or, for a view recorded without its
+    call, :func:`input_shape` from the input specs."""
+    hidden = next((c for c in view.call if c.role == "hidden"), None)
+    if hidden is not None and len(hidden.shape) == 3:
+        batch, seq, width = hidden.shape
+        return [min(batch, 2), min(seq, 8), width]
+    first = next(w for w in view.weights if w.dim is not None)
+    return input_shape(spec_shapes, params[first.param][0], first.dim or 0)
 
 
 def input_shape(spec_shapes: list[list[int]], column_shape: list[int], column_dim: int) -> list[int]:
@@ -194,12 +336,11 @@ def reverify(plan: Plan, model: paddle.nn.Layer) -> list[str]:
     reasons = []
     for view in plan.local_view:
         layer = layers.get(view.layer)
-        first = next((w for w in view.weights if w.dim is not None and w.param in params), None)
-        if layer is None or first is None or first.dim is None:
+        if layer is None or not any(w.dim is not None and w.param in params for w in view.weights):
             reasons.append(f"local view {view.layer}: no such layer with a split weight in the model")
             continue
         try:
-            verify(layer, view, params, plan.strategy.mp, input_shape(specs, params[first.param][0], first.dim))
+            verify(layer, view, params, plan.strategy.mp, proof_shape(view, specs, params))
         except NotProven as exc:
             reasons.append(f"local view {view.layer} no longer holds: {exc}")
     return reasons
@@ -208,7 +349,17 @@ def reverify(plan: Plan, model: paddle.nn.Layer) -> list[str]:
 def verify(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, input_shape: list[int]) -> str:
     """Run ``layer`` with random weights whole and as each of the ``mp`` ranks of ``view``; raise
     :class:`NotProven` naming the first difference. Returns how it was proven. The layer is left
-    as it was (parameters, size attributes, train/eval modes)."""
+    as it was (parameters, size attributes, train/eval modes).
+
+    It is called as ``view.call`` records (:func:`_arguments`): the hidden input random at
+    ``input_shape``, the other inputs at the same batch and sequence. Their values need not be the
+    model's: what is proven is that the ranks' summed local runs equal the global run for the
+    inputs given, and every input but the hidden one is replicated over mp (not split by heads)
+    and carries no gradient, so each rank reads the same value the global run reads, whatever
+    it is. They are chosen to exercise the forward as training does: a mask is the causal one
+    (no row masked whole), position ids are ``arange`` of the sequence (in range of any table
+    they index). Outputs beside the hidden state in ``view.dropped_outputs`` are not compared:
+    the local view returns None for them."""
     rng = np.random.default_rng(0)
     slots = _slots(layer, view)
     listed = {w.param for w in view.weights}
@@ -223,17 +374,18 @@ def verify(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, input
         )
     whole = {fqn: rng.normal(0.0, 0.2, params[fqn][0]).astype("float32") for fqn in listed}
     x = rng.normal(0.0, 1.0, input_shape).astype("float32")
+    arguments = _arguments(view.call, input_shape, rng)
     # The layer itself runs (a lazily built one cannot be copied), in eval mode (no dropout: the
     # runs must see the same values); its parameters, attributes and modes are restored after.
     modes = [(sub, sub.training) for sub in layer.sublayers(include_self=True)]
     layer.eval()
     try:
-        out, grads, x_grad, cotangent = _run(layer, slots, whole, x, None, rng)
+        out, grads, x_grad, cotangent = _run(layer, slots, whole, x, arguments, view.dropped_outputs, None, rng)
         outs, local_grads, x_grads = [], [], []
         for rank in range(mp):
             local = {w.param: _local(whole[w.param], w, rank, mp) for w in view.weights}
             with _attributes(layer, view):
-                o, g, xg, _ = _run(layer, slots, local, x, cotangent, rng)
+                o, g, xg, _ = _run(layer, slots, local, x, arguments, view.dropped_outputs, cotangent, rng)
             outs.append(o)
             local_grads.append(g)
             x_grads.append(xg)
@@ -252,10 +404,61 @@ def verify(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, input
             _reassembled(weight, [g[weight.param] for g in local_grads], mp),
             grads[weight.param],
         )
+    called = f", called with {_described_call(view.call)}" if len(view.call) > 1 else ""
     return (
-        f"{mp} local runs (random weights, input {input_shape}) summed and reassembled equal the global run, "
-        f"forward and backward, within rtol {RTOL} and atol {ATOL}"
+        f"{mp} local runs (random weights, input {input_shape}{called}) summed and reassembled equal the global "
+        f"run, forward and backward, within rtol {RTOL} and atol {ATOL}"
     )
+
+
+class _Hidden:
+    """Where the hidden input goes in :func:`_arguments`' call (each run makes its own)."""
+
+
+def _arguments(call: list[CallInput], shape: list[int], rng) -> tuple[tuple, dict]:
+    """The proof's ``(args, kwargs)`` for ``call`` (:func:`verify` says why these values): numpy
+    arrays for tensors, at the proof's batch and sequence (``shape``'s first two dims) where the
+    trace had the hidden input's; the hidden input as :class:`_Hidden`. An empty call: the
+    hidden input alone."""
+    if not call:
+        return (_Hidden,), {}
+    traced = next(c.shape for c in call if c.role == "hidden")
+    seq = traced[1] if len(traced) > 1 else None
+
+    def shrunk(c: CallInput) -> list[int]:
+        dims = [shape[1] if d == seq else d for d in c.shape]
+        return [shape[0], *dims[1:]] if c.batch and dims else dims
+
+    def value(c: CallInput):
+        if c.role == "hidden":
+            return _Hidden
+        if c.role == "literal":
+            return c.value
+        if c.role in ("tuple", "list"):
+            items = [value(item) for item in c.items]
+            return tuple(items) if c.role == "tuple" else items
+        dims = shrunk(c)
+        if c.role == "positions":
+            return np.ascontiguousarray(np.broadcast_to(np.arange(dims[-1] if dims else 1), dims)).astype(c.dtype)
+        if c.role == "mask":
+            visible = np.tril(np.ones(dims[-2:], bool))
+            mask = visible if c.dtype == "bool" else np.where(visible, 0.0, np.finfo("float32").min)
+            return np.ascontiguousarray(np.broadcast_to(mask, dims)).astype("bool" if c.dtype == "bool" else "float32")
+        return rng.normal(0.0, 1.0, dims).astype("float32")
+
+    args = tuple(value(c) for c in call if not c.keyword)
+    return args, {c.keyword: value(c) for c in call if c.keyword}
+
+
+def _described_call(call: list[CallInput]) -> str:
+    """``hidden, attention_mask=mask [2, 1, 8, 8], position_ids=positions [1, 8]`` (the traced shapes)."""
+
+    def one(c: CallInput) -> str:
+        if c.role in ("tuple", "list"):
+            return "(" + ", ".join(one(item) for item in c.items) + ")"
+        return repr(c.value) if c.role == "literal" else c.role if c.role == "hidden" else f"{c.role} {c.shape}"
+
+    return ", ".join(f"{c.keyword}={one(c)}" if c.keyword else one(c) for c in call)
 
 
 def _slots(layer: paddle.nn.Layer, view: LocalView) -> list[tuple[str, paddle.nn.Layer, str]]:
@@ -267,15 +470,27 @@ def _slots(layer: paddle.nn.Layer, view: LocalView) -> list[tuple[str, paddle.nn
     ]
 
 
-def _run(layer, slots, values: dict, x: np.ndarray, cotangent, rng):
-    """One forward and backward of ``layer`` with ``values`` as its parameters (plain leaf tensors)."""
+def _run(layer, slots, values: dict, x: np.ndarray, arguments: tuple[tuple, dict], dropped, cotangent, rng):
+    """One forward and backward of ``layer`` with ``values`` as its parameters (plain leaf
+    tensors), called with ``arguments`` (:func:`_arguments`) and ``x`` as the hidden input."""
     leaves = {fqn: paddle.to_tensor(values[fqn], stop_gradient=False) for fqn, _, _ in slots}
     saved = [(sub, key, sub._parameters[key]) for _, sub, key in slots]
+    inp = paddle.to_tensor(x, stop_gradient=False)
+
+    def tensors(value):
+        if value is _Hidden:
+            return inp
+        if isinstance(value, np.ndarray):
+            return paddle.to_tensor(value)
+        if isinstance(value, (tuple, list)):
+            return type(value)(tensors(item) for item in value)
+        return value
+
     try:
         for fqn, sub, key in slots:
             sub._parameters[key] = leaves[fqn]
-        inp = paddle.to_tensor(x, stop_gradient=False)
-        found = hidden_output(layer(inp))
+        args, kwargs = arguments
+        found = hidden_output(layer(*tensors(args), **{k: tensors(v) for k, v in kwargs.items()}), dropped)
         if found is None or not isinstance(found[0], paddle.Tensor):
             raise NotProven("its forward returns more than one tensor (a cache or attention weights)")
         out = found[0]
@@ -331,7 +546,7 @@ class _attributes:
             (f"{view.layer}.{name}" if name else view.layer): sub
             for name, sub in layer.named_sublayers(include_self=True)
         }
-        self.items = [(layers[a.layer], a.name, a.local) for a in view.attributes]
+        self.items = [(*attribute_owner(layers[a.layer], a.name), a.local) for a in view.attributes]
         self.saved: list = []
 
     def __enter__(self):

@@ -37,6 +37,7 @@ import paddle
 from autodist.planner.dense_selection import every_selection_taken
 from autodist.planner.errors import PlannerError
 from autodist.planner.kernels import eager_path, recorded_calls
+from autodist.schemas import dtype_name
 
 
 @dataclass
@@ -56,6 +57,39 @@ class TracedProgram:
     kernel_ops: dict[int, str] = field(default_factory=dict)
     #: Fused kernels the model selects -> why (a call the trace saw, a config flag).
     selected_kernels: dict[str, str] = field(default_factory=dict)
+    #: Layer FQN -> how the trace called it, call by call (:class:`LayerCall`).
+    layer_calls: dict[str, list[LayerCall]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TracedTensor:
+    """A tensor argument as the trace saw it: its shape, dtype and whether it carries a gradient
+    (no values: the trace runs under static graph, the model under ``LazyGuard``)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    stop_gradient: bool
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """An argument that is neither a tensor nor a plain value (a cache object, a config), by type name."""
+
+    type_name: str
+
+
+@dataclass(frozen=True)
+class LayerCall:
+    """One call of a layer in the trace. ``args`` and ``kwargs`` as passed, each tensor a
+    :class:`TracedTensor`, an unknown object an :class:`Opaque`, None/bool/int/float/str and
+    tuples, lists and dicts of them as they were. ``outputs``: per item of what the call returned
+    (each item of a tuple or list, else the one value): ``"none"``, ``"read"`` (a tensor an op
+    outside the call reads: a consumer, or the program's output), ``"unread"`` (a tensor nothing
+    outside the call reads: HF's ``hidden_states, _ = self.self_attn(...)``) or ``"other"``."""
+
+    args: tuple
+    kwargs: dict
+    outputs: tuple[str, ...]
 
 
 def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
@@ -210,14 +244,16 @@ def _children_by_size(model: paddle.nn.Layer) -> list[tuple[str, paddle.nn.Layer
 
 
 class _OpRangeRecorder:
-    """Forward hooks that record, per layer call, the ops it added to the program being built."""
+    """Forward hooks that record, per layer call, the ops it added to the program being built,
+    and how it was called (:class:`LayerCall`, made by :meth:`layer_calls` once the program is whole)."""
 
     def __init__(self, root: paddle.nn.Layer, prefix: str):
         self.calls: list[tuple[str, list]] = []  # (layer FQN, its ops), in post-hook order
-        self._starts: list[int] = []
+        self._starts: list[tuple[int, tuple, dict]] = []
+        self._returned: list[tuple[str, tuple, dict, list, object]] = []  # (FQN, args, kwargs, ops, output)
         self._handles = []
         for name, layer in root.named_sublayers(prefix=prefix):
-            self._handles.append(layer.register_forward_pre_hook(self._pre))
+            self._handles.append(layer.register_forward_pre_hook(self._pre, with_kwargs=True))
             self._handles.append(layer.register_forward_post_hook(self._make_post(name)))
 
     @staticmethod
@@ -226,20 +262,55 @@ class _OpRangeRecorder:
 
         return default_main_program().global_block().ops
 
-    def _pre(self, layer, inputs):
-        self._starts.append(len(self._block_ops()))
+    def _pre(self, layer, args, kwargs):
+        self._starts.append((len(self._block_ops()), _described(args), _described(kwargs)))
 
     def _make_post(self, fqn: str):
         def post(layer, inputs, outputs):
-            start = self._starts.pop()
+            start, args, kwargs = self._starts.pop()
             # Op objects, not indices: they survive whatever dy2static does to the list later.
-            self.calls.append((fqn, self._block_ops()[start:]))
+            ops = self._block_ops()[start:]
+            self.calls.append((fqn, ops))
+            self._returned.append((fqn, args, kwargs, ops, outputs))
 
         return post
+
+    def layer_calls(self) -> dict[str, list[LayerCall]]:
+        """Every call, by layer, with what reads its outputs: only known once the program is
+        built (the readers come after the call). Drops the outputs it held."""
+        found: dict[str, list[LayerCall]] = {}
+        for fqn, args, kwargs, ops, output in self._returned:
+            own = set(ops)
+            items = output if isinstance(output, (tuple, list)) else (output,)
+            found.setdefault(fqn, []).append(LayerCall(args, kwargs, tuple(_read(item, own) for item in items)))
+        self._returned = []
+        return found
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+
+def _described(value):
+    """``value`` with each tensor a :class:`TracedTensor` and each unknown object an :class:`Opaque`."""
+    if isinstance(value, (paddle.pir.Value, paddle.Tensor)):
+        return TracedTensor(tuple(value.shape), dtype_name(value.dtype), bool(value.stop_gradient))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return (tuple if isinstance(value, tuple) else list)(_described(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _described(item) for key, item in value.items()}
+    return Opaque(type(value).__name__)
+
+
+def _read(item, own: set) -> str:
+    """What reads one item of a call's output (:class:`LayerCall` ``outputs``)."""
+    if item is None:
+        return "none"
+    if not isinstance(item, paddle.pir.Value):
+        return "other"
+    return "read" if any(user not in own for user in item.all_used_ops()) else "unread"
 
 
 def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str]) -> TracedProgram:
@@ -271,6 +342,7 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
         param_fqns=param_fqns,
         untraced_layers=untraced,
         kernel_ops={index[op]: kernel for kernel, call_ops in calls for op in call_ops if op in index},
+        layer_calls=recorder.layer_calls(),
     )
 
 

@@ -57,17 +57,35 @@ def runs_local_views(strategy: Strategy) -> bool:
     )
 
 
-def hidden_output(output: object) -> tuple[object, int | None] | None:
+def attribute_owner(layer: object, name: str) -> tuple[object, str]:
+    """The object holding attribute ``name`` of ``layer`` (a ``LocalAttribute`` name: ``num_heads``
+    is the layer's own, ``config.num_attention_heads`` its config's) and the attribute's own name.
+    Raises AttributeError when the layer holds no such object.
+
+    >>> class Config: heads = 4
+    >>> class Layer: config = Config()
+    >>> owner, leaf = attribute_owner(Layer(), "config.heads"); type(owner).__name__, leaf
+    ('Config', 'heads')
+    """
+    held, _, leaf = name.rpartition(".")
+    return (getattr(layer, held) if held else layer), leaf
+
+
+def hidden_output(output: object, dropped: list[int] | tuple[int, ...] = ()) -> tuple[object, int | None] | None:
     """Where the hidden state is in what a sub-layer returns: ``(tensor, None)`` for one tensor,
     ``(tensor, 0)`` for a tuple or list whose first item is it and whose other items are all
-    None (HF's ``(attn_output, present)`` without a cache); None for anything else, which a local
-    view cannot hand back (a cache or attention weights hold only the rank's heads).
+    None or ``dropped`` (the positions a local view returns as None: HF's ``(attn_output,
+    attn_weights)`` when nothing reads the weights); None for anything else, which a local view
+    cannot hand back (a cache or attention weights hold only the rank's heads).
 
     >>> hidden_output(("h", None)), hidden_output("h"), hidden_output(("h", "cache"))
     (('h', 0), ('h', None), None)
+    >>> hidden_output(("h", "weights"), dropped=[1])
+    ('h', 0)
     """
     if isinstance(output, (tuple, list)):
-        if output and all(item is None for item in output[1:]) and output[0] is not None:
+        others = [item for i, item in enumerate(output) if i > 0 and i not in dropped]
+        if output and all(item is None for item in others) and output[0] is not None:
             return output[0], 0
         return None
     return output, None

@@ -56,6 +56,10 @@ Fqn = Annotated[str, _whole(rf"{_SEGMENT}(?:\.{_SEGMENT})*")]
 LayerFqn = Annotated[str, _whole(rf"(?:{_SEGMENT}(?:\.{_SEGMENT})*)?")]
 #: A Python identifier in ASCII: class names, input names.
 Identifier = Annotated[str, _whole(_IDENTIFIER)]
+#: A keyword argument's name, or ``""`` for a positional one.
+KeywordName = Annotated[str, _whole(rf"(?:{_IDENTIFIER})?")]
+#: An attribute of a layer, or of an object it holds, one level down: ``num_heads``, ``config.num_attention_heads``.
+AttributePath = Annotated[str, _whole(rf"{_IDENTIFIER}(?:\.{_IDENTIFIER})?")]
 #: Free text (reasons, notes, versions): anything but control characters (C0, DEL, C1).
 Text = Annotated[str, _whole(r"[^\x00-\x1f\x7f-\x9f]*")]
 Sha256 = Annotated[str, _whole(r"[0-9a-f]{64}")]
@@ -67,6 +71,8 @@ PATTERN_MEANINGS = {
         (Fqn, "a name: ASCII identifiers and indices joined by dots, e.g. layers.0.mlp.weight"),
         (LayerFqn, 'a layer name (ASCII identifiers and indices joined by dots) or "" for the model'),
         (Identifier, "an ASCII identifier"),
+        (KeywordName, 'an ASCII identifier or "" (a positional argument)'),
+        (AttributePath, "an attribute: an ASCII identifier, or two joined by a dot (config.num_heads)"),
         (Text, "text without control characters"),
         (Sha256, "64 lowercase hex digits"),
     ]
@@ -332,12 +338,43 @@ class LocalWeight(Base):
 
 class LocalAttribute(Base):
     """An integer attribute the sub-layer's forward reads a size from (``self.num_heads``,
-    ``self.split_size``, a projection's ``nf``), set to ``local`` for the duration of the call."""
+    ``self.split_size``, a projection's ``nf``, or a head count of an object the layer holds:
+    ``self.config.num_attention_heads``, named ``config.num_attention_heads``), set to ``local``
+    for the duration of the call."""
 
     layer: Fqn
-    name: Identifier
+    name: AttributePath
     whole: PositiveInt
     local: PositiveInt
+
+
+class CallInput(Base):
+    """One argument of a local-view sub-layer's call, as the planner's trace saw it; the proof
+    calls the sub-layer with the same ones (:func:`autodist.planner.local_view.verify`) and the
+    applier takes each rank's value of it by its ``role``:
+
+    - ``hidden``: the first tensor input, the activation the view takes whole on every rank
+      (random in the proof);
+    - ``mask``: a bool or float tensor whose last two dims are the sequence's (an attention mask;
+      the causal mask in the proof), ``positions``: an integer tensor (``arange`` of the
+      sequence in the proof), ``tensor``: any other (random in the proof). Each is replicated over
+      mp and carries no gradient;
+    - ``literal``: ``value`` (None, a bool, a number, a string), passed as the trace passed it;
+    - ``tuple`` / ``list``: its ``items`` (HF's ``position_embeddings=(cos, sin)``).
+    """
+
+    role: Literal["hidden", "mask", "positions", "tensor", "literal", "tuple", "list"]
+    #: The keyword it is passed by; "" for a positional argument (the call's positional ones come
+    #: first, in order).
+    keyword: KeywordName = ""
+    #: A tensor's traced shape (the plan's input specs' batch and sequence).
+    shape: list[NonNegativeInt] = []
+    dtype: DType | Literal[""] = ""
+    #: A tensor's dim 0 is the batch (the hidden input's, as traced): each rank takes its rows
+    #: as the hidden input's local value holds them.
+    batch: bool = False
+    value: None | bool | int | float | Text = None
+    items: list[CallInput] = []
 
 
 class LocalView(Base):
@@ -350,6 +387,13 @@ class LocalView(Base):
     layer: Fqn
     weights: list[LocalWeight]
     attributes: list[LocalAttribute] = []
+    #: How it is called (the trace's call, proven with these arguments); [] for the hidden
+    #: input alone. A call otherwise (another keyword, a tensor for a literal) is refused at run time.
+    call: list[CallInput] = []
+    #: Positions of items of its output tuple beside the hidden state (item 0) that a local view
+    #: returns as None: per-head values such as eager attention's weights, which hold only a
+    #: rank's heads, and which nothing read in the trace (HF: ``hidden_states, _ = self.self_attn(...)``).
+    dropped_outputs: list[PositiveInt] = []
     #: How the planner proved it: the local runs reassembled against the global run.
     verified: Text = ""
 

@@ -21,15 +21,19 @@ pytestmark = pytest.mark.multiprocess
 
 #: Zoo workloads that do not train under DistTensors on the CPU wheel, with the reason.
 SKIP = {
-    # Phi-3's rotary concatenates back the empty slice q[..., rotary_dim:] (partial_rotary_factor 1):
+    # Phi-3's rotary concatenates back the empty slice q[..., rotary_dim:] (partial_rotary_factor 1);
+    # its attention takes a DynamicCache, so no local view of it is proven (zoo_phi3_hf's is):
     "zoo_pf_phi3": "SIGSEGV in the backward of a zero-width slice of a DistTensor (paddle-notes)",
-    "zoo_phi3_hf": "SIGSEGV in the backward of a zero-width slice of a DistTensor (paddle-notes)",
     # its training path (`if self.training`) indexes hidden states with a tensor of token ids:
     "zoo_pf_gpt_oss": "ValueError: Tensor in indexing only support DenseTensor (a DistTensor indexed by a tensor)",
     # paddle.einsum raises PreconditionNotMet on DistTensor inputs (paddle-notes): no mp2 plan is made
     "zoo_gshard_fairscale": "its MoE layer dispatches by einsum, which runs on local tensors only (test_local_only_ops)",
     "zoo_switch_transformers_hf": "NotImplementedError: a DistTensor indexed by a boolean mask (paddle-notes)",
 }
+#: Zoo workloads planned with local views (the planner's default; the others keep the gathered
+#: layout the tables of test_zoo describe): HF Phi-3's gathered plan segfaults as above, while
+#: under a local view its attention, rotary included, runs on plain tensors.
+LOCAL_VIEWS = {"zoo_phi3_hf"}
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 AT_FOUR = ["zoo_bert_postnorm", "zoo_gpt2_hf", "zoo_llama_meta", "zoo_t5"]
 CONFIGS = [(name, 1) for name in ZOO] + [(name, 2) for name in AT_FOUR]
@@ -55,7 +59,7 @@ def trained(tmp_path_factory, reference_runs):
             sequence_parallel=False,
             global_batch_size=BATCH,
         )  # the harness's loader batch
-        made = plan_target(target, None, request, {"target": target})
+        made = plan_target(target, None, request, {"target": target}, local_view=workload in LOCAL_VIEWS)
         path = workdir / f"{run_name(workload, dp)}.json"
         save_plan(made.plan, path)
         plans[run_name(workload, dp)] = made.plan

@@ -242,7 +242,8 @@ EXPECTED = {
         "transformer.word_embeddings.weight": COL_B,
     },
     # HF GPT-NeoX: q, k, v interleaved per head in query_key_value, scores by baddbmm over merged
-    # batch x heads; the fused column is gathered after the projection (the core runs whole).
+    # batch x heads; the fused column is gathered after the projection (the core runs whole), or,
+    # by default, the attention is a local view (tests/test_local_view.py): the same placements.
     f"{ZOO}/gpt_neox_hf.py": {
         **fused("gpt_neox.layers.*.attention", "query_key_value", bias=True),
         "gpt_neox.layers.*.attention.dense.weight": ROW,
