@@ -74,6 +74,7 @@ from autodist.planner.recognise.analysis import (
     experts_whole,
     params_before_blocks,
     params_read_on_both_sides,
+    with_local_views,
 )
 from autodist.planner.cost.search import SearchRequest, SearchResult
 from autodist.planner.recognise.reshards import reshard_hooks, vocab_parallel_problems
@@ -88,9 +89,12 @@ def build_plan(
 ) -> Plan:
     """The complete plan for ``analysis`` run with ``result.best``'s strategy. ``views``: the
     proven local views and the notes on those that are not (:func:`.local_view.local_views`);
-    a local-view sub-layer's fused projections get no gather hook."""
+    a local-view sub-layer's fused projections get no gather hook, and one whose split only ops
+    with no SPMD rule stop is split (:func:`.recognise.analysis.with_local_views`)."""
     local_view, view_notes = views or ([], [])
     strategy = result.best.strategy
+    local = frozenset(view.layer for view in local_view)
+    analysis = with_local_views(analysis, local)  # a stopped sub-layer proven local is split
     if runs_moe_locally(strategy):  # each MoE layer runs whole: no mp placement or reshard hook inside it
         analysis = experts_whole(analysis)
     mesh = build_mesh(strategy)
@@ -99,7 +103,6 @@ def build_plan(
     vocab_lookup = _vocab_lookups(analysis, strategy, params, notes)
     stages = block_stages(len(analysis.blocks), strategy.pp, strategy.virtual_stages)
     hooks = _stage_handoffs(analysis, stages) + _expert_hooks(analysis, strategy)
-    local = frozenset(view.layer for view in local_view)
     fused_gathers = reshard_hooks(analysis, strategy.mp, mesh.axes, local)
     notes += view_notes
     if local_view:

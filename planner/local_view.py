@@ -6,7 +6,9 @@ Today a sub-layer with a fused column projection (an attention's ``q|k|v``, an M
 follows it (the attention core, the gated activation) then runs whole on every rank. Instead, the
 sub-layer can run on local tensors, Megatron's way: each rank runs the model's own forward at 1/mp
 width on its slice of each segment (``q_r|k_r|v_r``, ``gate_r|up_r``), with the size attributes
-it reads set to local values, and the ranks' outputs are summed.
+it reads set to local values, and the ranks' outputs are summed. So can a sub-layer whose split
+only ops with no SPMD rule stop (``as_complex``, ``masked_fill``: ``BlockInfo.stopped``), which
+the global view leaves replicated: proven, the plan splits it.
 
 Nothing is assumed about the forward: the planner *proves* each such sub-layer by running it. A
 copy with random weights runs once whole (the global run) and ``mp`` times as each rank would
@@ -35,6 +37,7 @@ import numpy as np
 import paddle
 
 from autodist.schemas.plan import DTYPE_BYTES, DType
+from autodist.schemas.vocabulary import FLOAT_DTYPES
 from autodist.schemas import CallInput, LocalAttribute, LocalView, LocalWeight, Plan, Strategy
 from autodist.schemas.local_view import attribute_owner, hidden_output, local_order, own_order, runs_local_views
 
@@ -57,11 +60,18 @@ class NotProven(Exception):
 
 @dataclass(frozen=True)
 class Candidate:
-    """A sub-layer (attention or MLP) whose fused column is gathered today, and its weights' local views."""
+    """A sub-layer (attention or MLP) whose fused column is gathered today, or whose split ops with
+    no SPMD rule stop, and its weights' local views."""
 
     layer: str
     sublayer: SubLayer
     weights: tuple[LocalWeight, ...]
+
+    @property
+    def otherwise(self) -> str:
+        """How it runs when not a local view: ``fused projection gathered`` or ``replicated: ...``."""
+        op = self.sublayer.stopped_by
+        return f"replicated: Paddle has no SPMD rule for {op}" if op else "fused projection gathered"
 
 
 def candidates(analysis: ModelAnalysis) -> list[Candidate]:
@@ -95,26 +105,32 @@ def local_views(
     if not found or mp == 1:
         return [], []
     if not runs_local_views(strategy):
+        fused = [c for c in found if not c.sublayer.stopped_by]
+        stopped = [c for c in found if c.sublayer.stopped_by]
         return [], [
-            f"local view: {_counted(found)} with a fused projection stay global (gathered): "
-            "local views run under tensor and data parallelism alone (no pipeline, sequence parallelism, ZeRO, "
-            "recompute or micro-batches)"
+            f"local view: {_counted(group)} {how}: local views run under tensor and data parallelism alone "
+            "(no pipeline, sequence parallelism, ZeRO, recompute or micro-batches)"
+            for group, how in (
+                (fused, "with a fused projection stay global (gathered)"),
+                (stopped, "whose split ops with no SPMD rule stop stay replicated"),
+            )
+            if group
         ]
     layers = dict(model.named_sublayers())
     params = dict(analysis.params)
     specs = [s.shape for s in analysis.input_specs]
     views: list[LocalView] = []
-    unproven: dict[str, str] = {}
+    unproven: dict[str, tuple[str, str]] = {}  # layer: (how it runs instead, why)
     proven: dict[tuple, str | NotProven] = {}
     for candidate in found:
         layer = layers.get(candidate.layer)
         if layer is None:
-            unproven[candidate.layer] = "not a layer of the model"
+            unproven[candidate.layer] = (candidate.otherwise, "not a layer of the model")
             continue
         try:
             call, dropped = call_inputs(calls.get(candidate.layer, []))
         except NotProven as exc:
-            unproven[candidate.layer] = str(exc)
+            unproven[candidate.layer] = (candidate.otherwise, str(exc))
             continue
         attributes = size_attributes(layer, candidate, params, mp)
         outcomes: list[str | NotProven] = []
@@ -140,14 +156,14 @@ def local_views(
                 views.append(msgspec.structs.replace(view, verified=outcome))
                 break
         else:  # the recognised layout's reason is told: the other is only tried after it
-            unproven[candidate.layer] = str(outcomes[0])
-    by_reason: dict[str, list[str]] = {}
+            unproven[candidate.layer] = (candidate.otherwise, str(outcomes[0]))
+    by_reason: dict[tuple[str, str], list[str]] = {}
     for layer_name, reason in unproven.items():
         by_reason.setdefault(reason, []).append(layer_name)
     notes = [
         f"local view: {names[0]}{f' and {len(names) - 1} more like it' if len(names) > 1 else ''} "
-        f"stay{'s' if len(names) == 1 else ''} global (fused projection gathered): {reason}"
-        for reason, names in by_reason.items()
+        f"stay{'s' if len(names) == 1 else ''} global ({otherwise}): {reason}"
+        for (otherwise, reason), names in by_reason.items()
     ]
     return views, notes
 
@@ -216,7 +232,7 @@ def _call_input(value, keyword: str, hidden: TracedTensor, top: bool = False) ->
         dtype = typing.cast(DType, value.dtype)
         if top and value is hidden:
             return CallInput(role="hidden", keyword=keyword, shape=list(value.shape), dtype=dtype, batch=True)
-        if not value.stop_gradient:
+        if not value.stop_gradient and value.dtype in FLOAT_DTYPES:  # an integer or bool tensor has no gradient
             raise NotProven(
                 f"its input {name} carries a gradient (each rank's gradient of it would be its heads' share only)"
             )

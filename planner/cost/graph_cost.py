@@ -481,7 +481,8 @@ def model_cost(
     (the plan's: flash or eager attention, fused norms; None: as traced) priced as the target
     runs them (:class:`Fusion`), and the sub-layers in ``local`` as local views: their fused
     projections not gathered (:func:`~autodist.planner.recognise.reshards.gathered_linears`),
-    so their cores run on 1/mp of the heads; every other fused projection is gathered.
+    so their cores run on 1/mp of the heads; every other fused projection is gathered. A
+    stopped sub-layer (``BlockInfo.stopped``) is split as a local view, else replicated.
 
     Example::
 
@@ -489,8 +490,9 @@ def model_cost(
         >>> len(cost.blocks), cost.vocab_size                  # doctest: +SKIP
         (32, 32000)
     """
-    from autodist.planner.recognise.analysis import experts_whole
+    from autodist.planner.recognise.analysis import experts_whole, with_local_views
 
+    analysis = with_local_views(analysis, local)
     fusion = fusion_of(analysis, kernels)
     cost = _model_cost(analysis, fusion, local)
     whole = experts_whole(analysis)

@@ -63,6 +63,9 @@ class BlockInfo:
     sublayers: list[SubLayer] = field(default_factory=list)
     token_mixing: str | None = None  # a projection over the token axis (MLP-Mixer): no sequence parallelism
     experts: Experts | None = None  # an MoE's experts: what expert parallelism spreads over dp
+    #: Sub-layers whose split only ops with no SPMD rule stop (``SubLayer.stopped_by``): not in
+    #: ``sublayers``/``linears`` (replicated) unless run as local views (:func:`with_local_views`).
+    stopped: list[SubLayer] = field(default_factory=list)
 
 
 @dataclass
@@ -117,7 +120,7 @@ def analyze(
     notes: list[str] = []
     recognised = recogniser.recognise(graph, [b for b in repeated_layers(model) if block_nodes(graph, b)], params)
     first_use = _first_uses(graph)
-    blocks = [_block_info(graph, r, params, first_use) for r in recognised if r.roles.sublayers]
+    blocks = [_block_info(graph, r, params, first_use) for r in recognised if r.roles.sublayers or r.roles.stopped]
     routing = frozenset(fqn for b in blocks if b.experts for fqn in params if b.experts.routes(fqn))
     refusals = not_recognised(recognised, routing)
     notes += refusals
@@ -130,6 +133,7 @@ def analyze(
     final_norm = [graph.nodes[g]["param"] for m in outer.values() for _, g in m.nodes_where(op=PARAM, norm=True)]
     lm_head = _lm_head(graph, outer, vocab, in_blocks) or _untraced_lm_head(model, traced, vocab)
     covered = {p for b in blocks for lin in b.linears for p in (lin.weight, lin.bias) if p}
+    covered |= {p for b in blocks for s in b.stopped for lin in s.projections for p in (lin.weight, lin.bias) if p}
     covered |= {p for b in blocks for p in b.norms} | set(final_norm) | set(other_embeddings)
     covered |= routing | ({embedding} if embedding else set())
     covered |= {p for p in (lm_head.weight, lm_head.bias) if p} if lm_head else set()
@@ -304,10 +308,7 @@ def read_by(graph: nx.DiGraph, model: paddle.nn.Layer) -> dict[str, list[str]]:
 
 def _block_info(graph: nx.DiGraph, found: RecognisedBlock, params, first_use: dict[str, int]) -> BlockInfo:
     subs = found.roles.sublayers
-    attention = next((s for s in subs if s.kind == "attention"), None)
-    mlp = next((s for s in subs if s.kind == "mlp"), None)
-    linears = sorted((p for s in subs for p in s.projections), key=lambda p: first_use.get(p.weight, -1))
-    biases = {p.bias for p in linears}
+    biases = {p.bias for s in subs + found.roles.stopped for p in s.projections}
     prefix = found.layer + "."
     norms = sorted(
         (
@@ -323,22 +324,48 @@ def _block_info(graph: nx.DiGraph, found: RecognisedBlock, params, first_use: di
         if v not in found.nodes and graph.nodes[u]["shapes"][d["result"]]
     ]
     hidden = outputs[-1][-1] if outputs else 0
-    return BlockInfo(
-        found.layer,
-        block_kind(subs),
-        found.nodes,
-        linears,
-        norms,
-        attention.num_heads if attention else 0,
-        attention.num_kv_heads if attention else 0,
-        attention.head_dim if attention else 0,
-        hidden,
-        mlp.intermediate_size if mlp else 0,
-        "+".join(s.description for s in subs),
-        list(subs),
-        token_mixing_projection(graph, found.nodes, [p.weight for p in linears]),
-        find_experts(graph, found.nodes, found.layer, list(subs), params),
+    block = BlockInfo(found.layer, "", found.nodes, [], norms, 0, 0, 0, hidden, 0, stopped=list(found.roles.stopped))
+    block = _with_sublayers(block, list(subs), first_use)
+    block.token_mixing = token_mixing_projection(graph, found.nodes, [p.weight for p in block.linears])
+    block.experts = find_experts(graph, found.nodes, found.layer, list(subs), params)
+    return block
+
+
+def _with_sublayers(block: BlockInfo, subs: list[SubLayer], first_use: dict[str, int]) -> BlockInfo:
+    """``block`` with the sub-layers ``subs`` and what follows from them: its linears in program
+    order, its kind, description, heads and MLP width."""
+    attention = next((s for s in subs if s.kind == "attention"), None)
+    mlp = next((s for s in subs if s.kind == "mlp"), None)
+    return replace(
+        block,
+        kind=block_kind(subs),
+        linears=sorted((p for s in subs for p in s.projections), key=lambda p: first_use.get(p.weight, -1)),
+        num_heads=attention.num_heads if attention else 0,
+        num_kv_heads=attention.num_kv_heads if attention else 0,
+        head_dim=attention.head_dim if attention else 0,
+        intermediate_size=mlp.intermediate_size if mlp else 0,
+        description="+".join(s.description for s in subs),
+        sublayers=subs,
     )
+
+
+def with_local_views(analysis: ModelAnalysis, local: frozenset[str]) -> ModelAnalysis:
+    """``analysis`` as a plan runs it with the sub-layers ``local`` as local views: each block's
+    stopped sub-layers among them (``BlockInfo.stopped``) join its sub-layers, their projections
+    split as Megatron splits them (the proof ran them so); the other stopped ones stay
+    replicated. The cost model prices and emit places this one analysis."""
+    if not any(sub.owner in local for block in analysis.blocks for sub in block.stopped):
+        return analysis
+    first_use = _first_uses(analysis.graph)
+    blocks = []
+    for block in analysis.blocks:
+        running = [sub for sub in block.stopped if sub.owner in local]
+        if running:
+            order = {p.weight: first_use.get(p.weight, -1) for s in block.sublayers + running for p in s.projections}
+            subs = sorted(block.sublayers + running, key=lambda s: min(order[p.weight] for p in s.projections))
+            block = _with_sublayers(block, subs, first_use)
+        blocks.append(block)
+    return replace(analysis, blocks=blocks)
 
 
 def block_kind(subs: list[SubLayer]) -> str:
@@ -373,17 +400,22 @@ def not_recognised(recognised: list[RecognisedBlock], routing: frozenset[str] = 
     naming the layer it was first seen in, e.g. ``layers.*.mlp.down_proj: op layer_norm (first
     seen in layers.0.mlp.norm) stops the split before this projection; ...``. Not for an MoE
     layer's routing (``routing``: its parameters), whole by design."""
-    seen: dict[tuple[str, str], str] = {}
+    seen: dict[tuple[str, str], tuple[str, bool]] = {}
     for found in recognised:
         glob = found.layer.rpartition(".")[0] + ".*" if "." in found.layer else "*"
         for refusal in found.roles.refusals:
             if any(fqn.startswith(refusal.row + ".") for fqn in routing):
                 continue
-            seen.setdefault((glob + refusal.row[len(found.layer) :], refusal.op), refusal.layer)
+            seen.setdefault((glob + refusal.row[len(found.layer) :], refusal.op), (refusal.layer, refusal.local_view))
     return [
         f"{kind}: op {op} (first seen in {first}) stops the tensor-parallel split before this projection; "
-        "it and the projections feeding it stay replicated"
-        for (kind, op), first in seen.items()
+        + (
+            f"Paddle has no SPMD rule for {op}: the sub-layer runs as a local view where the planner proves one, "
+            "else it and the projections feeding it stay replicated"
+            if local_view
+            else "it and the projections feeding it stay replicated"
+        )
+        for (kind, op), (first, local_view) in seen.items()
     ]
 
 

@@ -199,17 +199,15 @@ def gathered_linears(block: BlockInfo, local: frozenset[str] = frozenset()) -> l
 def local_view_candidates(block: BlockInfo) -> list[tuple[str, SubLayer]]:
     """``(layer, sub-layer)`` for each sub-layer of ``block`` (attention or MLP) that may run as a
     local view (Megatron's way, on local tensors; planner/local_view.py proves it for a plan): one
-    with a column-split fused projection (``q|k|v``, ``gate|up``: else gathered), every column
-    split, the row projection contracting them, all the projections of one layer (``layer``)."""
+    with a column-split fused projection (``q|k|v``, ``gate|up``: else gathered) or whose split
+    only ops with no SPMD rule stop (``block.stopped``: else replicated), every column split, the
+    row projection contracting them, all the projections of one layer (``layer``)."""
     found = []
-    for sub in block.sublayers:
-        if not any(c.fused > 1 for c in sub.columns):
-            continue
+    for sub in [s for s in block.sublayers if any(c.fused > 1 for c in s.columns)] + block.stopped:
         if any(c.role != "column" or c.split_dim is None for c in sub.columns) or sub.row.role != "row":
             continue
-        parents = {p.layer.rpartition(".")[0] for p in sub.projections}
-        if len(parents) == 1:
-            found.append((parents.pop(), sub))
+        if sub.owner is not None:
+            found.append((sub.owner, sub))
     return found
 
 

@@ -18,7 +18,13 @@ found from the dataflow of its compute view (:func:`~.match.compute_view`):
    Multi-query and grouped-query attention with KV heads that do not divide over the replay's
    two ranks (one KV head) keep their K/V projections whole on every rank, as Megatron and HF
    do: only Q is split by columns, and the replay checks that the attention core keeps Q's head
-   split against the whole K/V (Paddle slices the replicated K/V locally, no communication).
+   split against the whole K/V (Paddle slices the replicated K/V locally, no communication);
+4. a candidate refused *only* at ops Paddle has no SPMD rule for (``as_complex`` rotary,
+   ``masked_fill``, ``tril``: :attr:`.spmd.Replay.ruleless`) is named as in 3 all the same, but
+   kept apart (``stopped``, its projections replicated): nothing says such an op needs whole
+   inputs, only that Paddle's global view gathers them. It may run as a *local view* (each rank
+   the model's own forward on its heads, planner/local_view.py), which the planner proves by
+   running it before a plan splits it. Its refusal stays, marked ``local_view``, for the note.
 
 Whatever layout glues the sub-layers together (pre-norm, post-norm, parallel residual,
 sandwich norms, cross-attention, an MoE's experts) needs no pattern: each sub-layer is accepted
@@ -78,10 +84,20 @@ class SubLayer:
     num_kv_heads: int = 0
     head_dim: int = 0
     intermediate_size: int = 0
+    #: The op with no SPMD rule that stops its split in Paddle's global view (``as_complex``): the
+    #: sub-layer is split only as a proven local view (module docstring, 4); "" for one split as is.
+    stopped_by: str = ""
 
     @property
     def projections(self) -> tuple[Projection, ...]:
         return (*self.columns, self.row)
+
+    @property
+    def owner(self) -> str | None:
+        """The layer holding all its projections (``layers.0.self_attn``), None when they are
+        not the children of one layer."""
+        parents = {p.layer.rpartition(".")[0] for p in self.projections}
+        return parents.pop() if len(parents) == 1 else None
 
     @property
     def description(self) -> str:
@@ -96,6 +112,7 @@ class Refusal:
     row: str  # the row candidate's layer
     op: str
     layer: str  # the layer of that op
+    local_view: bool = False  # the op has no SPMD rule: a local view may split it (BlockRoles.stopped)
 
 
 @dataclass
@@ -103,6 +120,9 @@ class BlockRoles:
     sublayers: list[SubLayer] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
     replays: int = 0
+    #: Sub-layers stopped only by ops with no SPMD rule (``SubLayer.stopped_by``): replicated
+    #: in the global view, split as local views where proven.
+    stopped: list[SubLayer] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -158,16 +178,20 @@ def _moved(first: RecognisedBlock, layer: str, nodes: frozenset[int], params) ->
     def move_projection(p: Projection) -> Projection:
         return replace(p, layer=move(p.layer), weight=move(p.weight), bias=None if p.bias is None else move(p.bias))
 
-    subs = [
-        replace(s, columns=tuple(move_projection(c) for c in s.columns), row=move_projection(s.row))
-        for s in first.roles.sublayers
-    ]
+    def move_sublayers(found: list[SubLayer]) -> list[SubLayer]:
+        return [
+            replace(s, columns=tuple(move_projection(c) for c in s.columns), row=move_projection(s.row)) for s in found
+        ]
+
+    subs, stopped = move_sublayers(first.roles.sublayers), move_sublayers(first.roles.stopped)
     if any(
-        p.weight not in params or (p.bias is not None and p.bias not in params) for s in subs for p in s.projections
+        p.weight not in params or (p.bias is not None and p.bias not in params)
+        for s in subs + stopped
+        for p in s.projections
     ):
         return None
     refusals = [replace(r, row=move(r.row), layer=move(r.layer)) for r in first.roles.refusals]
-    return RecognisedBlock(layer, nodes, BlockRoles(subs, refusals))
+    return RecognisedBlock(layer, nodes, BlockRoles(subs, refusals, stopped=stopped))
 
 
 @dataclass(frozen=True)
@@ -195,7 +219,7 @@ def recognise_block(
     result = BlockRoles()
     placed: dict[str, Dist] = {}
     gathered: set[str] = set()
-    baseline = _implicit(graph, nodes, placed, mesh, constants, gathered)
+    baseline, _ = _implicit(graph, nodes, placed, mesh, constants, gathered)
     result.replays += 1
     assigned: set[int] = set()
     # Rows are tried last first: a group nested in the columns of another (multi-head latent
@@ -220,28 +244,41 @@ def recognise_block(
             )
             continue
         trial = {**placed, **_dists(params, columns, row)}
-        problems = _implicit(graph, nodes, trial, mesh, constants, gathered | fused)
+        problems, ruleless = _implicit(graph, nodes, trial, mesh, constants, gathered | fused)
         result.replays += 1
         if set(problems) - set(baseline):
-            extra, problems = _try_gathers(
-                graph, nodes, trial, mesh, constants, gathered | fused, columns, baseline, problems, result
+            extra, (problems, ruleless) = _try_gathers(
+                graph, nodes, trial, mesh, constants, gathered | fused, columns, baseline, problems, ruleless, result
             )
             sub = _mark_fused(sub, extra)
             fused |= extra
-        if set(problems) - set(baseline):
-            first = min(set(problems) - set(baseline))
-            result.refusals.append(
-                Refusal(_owner(row.fqn), short_op(graph.nodes[first[0]]["op"]), graph.nodes[first[0]]["layer"])
-            )
+        new = set(problems) - set(baseline)
+        if new:
+            first = graph.nodes[min(new)[0]]
+            refusal = Refusal(_owner(row.fqn), short_op(first["op"]), first["layer"])
+            if {node for node, _ in new} <= ruleless:  # only ops with no rule: a local view may split it
+                result.stopped.append(replace(sub, stopped_by=refusal.op))
+            result.refusals.append(refusal)
             continue
         placed, baseline = trial, problems
         gathered |= fused
         assigned |= {row.node} | {c.node for c in group}
         result.sublayers.append(sub)
     result.sublayers.reverse()  # program order
+    result.stopped.reverse()
     # a projection refused as a row but split in another group needs no note
     split = {p.layer for s in result.sublayers for p in s.projections}
     result.refusals = [r for r in result.refusals if r.row not in split]
+    # a stopped group sharing a projection with a split group or an earlier stopped one is no
+    # local view: one placement per projection
+    stopped, taken = [], set(split)
+    for sub in result.stopped:
+        if not taken & {p.layer for p in sub.projections}:
+            stopped.append(sub)
+            taken |= {p.layer for p in sub.projections}
+    result.stopped = stopped
+    local = {sub.row.layer for sub in stopped}
+    result.refusals = [replace(r, local_view=r.row in local) for r in result.refusals]
     return result
 
 
@@ -414,10 +451,11 @@ def _dists(params, columns: list[_Linear], row: _Linear) -> dict[str, Dist]:
 # -- the SPMD check ---------------------------------------------------------------------------------------
 
 
-def _implicit(graph, nodes, weights, mesh, constants, gathered) -> list[tuple[int, int]]:
+def _implicit(graph, nodes, weights, mesh, constants, gathered) -> tuple[list[tuple[int, int]], set[int]]:
     """(node, operand) of every communication Paddle would add on its own; ``(node, -1)`` for
     a value that leaves the block split (the next block and the layers after the blocks expect
-    whole values: a split has to end inside the block that starts it)."""
+    whole values: a split has to end inside the block that starts it). And the replay's ops with
+    no SPMD rule (:attr:`.spmd.Replay.ruleless`)."""
     replay = Replay(graph, nodes, weights, mesh, constants, frozenset(gathered))
     problems = {(r.node, r.operand) for r in replay.run() if r.collective is not None and not is_planned(graph, r)}
     for (node, result), dist in replay.values.items():
@@ -427,21 +465,22 @@ def _implicit(graph, nodes, weights, mesh, constants, gathered) -> list[tuple[in
             continue
         if any(d == 0 for d in dist.dims) or (dist.partial and not _from_projection(graph, dist)):
             problems.add((node, -1))
-    return sorted(problems)
+    return sorted(problems), replay.ruleless
 
 
 def _from_projection(graph: nx.DiGraph, dist: Dist) -> bool:
     return dist.partial_source is not None and short_op(graph.nodes[dist.partial_source]["op"]) in PROJECTION_OPS
 
 
-def _try_gathers(graph, nodes, weights, mesh, constants, gathered, columns, baseline, problems, result):
+def _try_gathers(graph, nodes, weights, mesh, constants, gathered, columns, baseline, problems, ruleless, result):
     """A column whose output is cut into segments (fused ``q|k|v``, ``gate|up``) where the split
     reaches the cut: gather its output with a post-hook, as the plan will, and replay.
-    ``(gathered layers, problems)``; nothing gathered when no problem is such a cut."""
+    ``(gathered layers, (problems, ruleless))`` (:func:`_implicit`); nothing gathered when no
+    problem is such a cut."""
     new = {node for node, _ in set(problems) - set(baseline)}
     fused = [c for c in columns if _hookable(graph, c) and _segment_cuts(graph, nodes, c.node) & new]
     if not fused:
-        return set(), problems
+        return set(), (problems, ruleless)
     chosen = {_owner(c.fqn) for c in fused}
     result.replays += 1
     return chosen, _implicit(graph, nodes, weights, mesh, constants, gathered | chosen)

@@ -166,6 +166,10 @@ class Replay:
         self.graph, self.nodes, self.weights, self.mesh, self.constants = graph, nodes, weights, mesh, constants
         self.values: dict[tuple[int, int], Dist | list[Dist]] = {}
         self.reshards: list[Reshard] = []
+        #: The ops replayed with no SPMD rule at all (:meth:`_unknown` for want of one, not a rule
+        #: refusing its arguments): Paddle gathers their inputs in the global view, but nothing
+        #: says the op needs them whole; on local tensors (a local view) it may run per head.
+        self.ruleless: set[int] = set()
         # a post-hook resharding a layer's output to Replicate acts after the layer's last op
         self.gathered_outputs = {
             max(n for n in nodes if graph.nodes[n]["layer"] == layer)
@@ -224,6 +228,7 @@ class Replay:
         elif op in _RULE_ARGS:
             self._rule(node, op, operands)
         else:
+            self.ruleless.add(node)
             self._unknown(node, operands)
 
     def _set(self, node: int, dists: list[Dist]) -> None:
