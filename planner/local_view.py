@@ -460,6 +460,8 @@ def _arguments(call: list[CallInput], shape: list[int], rng) -> tuple[tuple, dic
             visible = np.tril(np.ones(dims[-2:], bool))
             mask = visible if c.dtype == "bool" else np.where(visible, 0.0, np.finfo("float32").min)
             return np.ascontiguousarray(np.broadcast_to(mask, dims)).astype("bool" if c.dtype == "bool" else "float32")
+        if c.dtype.startswith("complex"):
+            return (rng.normal(0.0, 1.0, dims) + 1j * rng.normal(0.0, 1.0, dims)).astype(c.dtype)
         return rng.normal(0.0, 1.0, dims).astype("float32")
 
     args = tuple(value(c) for c in call if not c.keyword)

@@ -28,6 +28,7 @@ import inspect
 import math
 import traceback
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,13 +246,17 @@ def _children_by_size(model: paddle.nn.Layer) -> list[tuple[str, paddle.nn.Layer
 
 class _OpRangeRecorder:
     """Forward hooks that record, per layer call, the ops it added to the program being built,
-    and how it was called (:class:`LayerCall`, made by :meth:`layer_calls` once the program is whole)."""
+    and how it was called (:class:`LayerCall`, made by :meth:`layer_calls` once the program is whole).
+    A layer's ``forward`` called directly (``self.attention.forward(h, freqs_cis, mask)``, as
+    Mistral's reference code does) runs no hooks: :meth:`direct_forwards` records how it was
+    called, its ops staying its caller's."""
 
     def __init__(self, root: paddle.nn.Layer, prefix: str):
         self.calls: list[tuple[str, list]] = []  # (layer FQN, its ops), in post-hook order
         self._starts: list[tuple[int, tuple, dict]] = []
         self._returned: list[tuple[str, tuple, dict, list, object]] = []  # (FQN, args, kwargs, ops, output)
         self._handles = []
+        self._names = {id(layer): name for name, layer in root.named_sublayers(prefix=prefix)}
         for name, layer in root.named_sublayers(prefix=prefix):
             self._handles.append(layer.register_forward_pre_hook(self._pre, with_kwargs=True))
             self._handles.append(layer.register_forward_post_hook(self._make_post(name)))
@@ -274,6 +279,36 @@ class _OpRangeRecorder:
             self._returned.append((fqn, args, kwargs, ops, outputs))
 
         return post
+
+    @contextmanager
+    def direct_forwards(self) -> Iterator[None]:
+        """For the ``with`` body (a dy2static trace): record each call of a sub-layer's bound
+        ``forward`` made from converted code (dy2static routes it through
+        ``paddle.jit.dy2static.Call``) as :meth:`layer_calls` records a hooked call."""
+        import paddle.jit.dy2static as jst
+
+        convert = jst.Call
+
+        def call(func):
+            converted = convert(func)
+            owner = getattr(func, "__self__", None)
+            name = self._names.get(id(owner)) if isinstance(owner, paddle.nn.Layer) else None
+            if name is None or getattr(func, "__name__", "") != "forward":
+                return converted
+
+            def recorded(*args, **kwargs):
+                start = len(self._block_ops())
+                out = converted(*args, **kwargs)
+                self._returned.append((name, _described(args), _described(kwargs), self._block_ops()[start:], out))
+                return out
+
+            return recorded
+
+        jst.Call = call
+        try:
+            yield
+        finally:
+            jst.Call = convert
 
     def layer_calls(self) -> dict[str, list[LayerCall]]:
         """Every call, by layer, with what reads its outputs: only known once the program is
@@ -322,6 +357,7 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
             _no_residue(),
             every_selection_taken(),
             recorded_calls(_OpRangeRecorder._block_ops) as calls,
+            recorder.direct_forwards(),
             warnings.catch_warnings(),
         ):
             # dy2static warns about tensor methods it stubs out ("Tensor do not have 'place'

@@ -58,10 +58,13 @@ def local_shape(shape: list[int], placements: list[str], mesh_shape: list[int]) 
     return local
 
 
-DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"]
-#: Bytes per element of each tensor dtype (plan memory sums, checkpoint files, traced values).
+DType = Literal[
+    "float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool", "complex64"
+]  # fmt: skip
+#: Bytes per element of each tensor dtype (plan memory sums, checkpoint files, traced values; a
+#: ``complex64`` one: a rotary table a local view is called with, Mistral's ``freqs_cis``).
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1,
-               "uint8": 1, "bool": 1}  # fmt: skip
+               "uint8": 1, "bool": 1, "complex64": 8}  # fmt: skip
 #: The floating-point tensor dtypes (activations and weights, not masks or indices).
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 #: The training dtypes the planner prices (``--dtype``), as tensor dtypes.
@@ -72,7 +75,7 @@ INPUT_DTYPES = ("int64", "int32", "float32", "float16", "bfloat16", "float64", "
 
 
 def as_dtype(name: str) -> DType:
-    """``name`` as a plan's tensor dtype; ValueError for a dtype plans do not know (``complex64``).
+    """``name`` as a plan's tensor dtype; ValueError for a dtype plans do not know (``complex128``).
 
     >>> as_dtype("bfloat16")
     'bfloat16'
