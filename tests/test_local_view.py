@@ -489,29 +489,47 @@ def test_attentions_taking_masks_and_positions_train_like_one_device_as_local_vi
 
 
 MISTRAL = "tests/models/zoo/mixtral_mistral_ref.py"
+XLM = "tests/models/zoo/xlm_hf.py"
+#: target -> (workload, its attentions, their row projection, the heads' width on one rank, the
+#: call's (role, dtype)), read from the models: Mistral's ModelArgs 4 heads x 8, called with the
+#: complex freqs_cis and the additive mask; XLM's 32-wide attention over 4 heads, called with its
+#: bool causal mask.
+STOPPED = {
+    MISTRAL: (
+        "zoo_mixtral_mistral_ref",
+        "layers.{}.attention",
+        "wo",
+        4 * 8 // 2,
+        [("hidden", "float32"), ("tensor", "complex64"), ("mask", "float32")],
+    ),
+    XLM: ("zoo_xlm_hf", "transformer.attentions.{}", "out_lin", 32 // 2, [("hidden", "float32"), ("mask", "bool")]),
+}
 
 
 @pytest.mark.multiprocess
-def test_an_attention_paddle_cannot_keep_split_trains_like_one_device_as_a_local_view(tmp_path, reference_runs):
-    """Mistral's reference attention rotates q and k by complex multiplication (``as_complex``,
-    which has no SPMD rule: Paddle's global view would gather the heads there): planned at mp2,
-    its q/k/v are split by columns and ``wo`` by rows only as a local view, proven called with
-    the complex ``freqs_cis`` and the additive mask. On 2 gloo ranks: losses and parameters as
-    one device, each rank's ``wo`` reading half of the 4 heads x 8 (ModelArgs)."""
-    plan = plan_target(MISTRAL, None, _request(), {"target": MISTRAL}, local_view=True).plan
-    views = {view.layer: view for view in plan.local_view}
-    assert sorted(views) == ["layers.0.attention", "layers.1.attention"]
-    assert [(c.role, c.dtype) for c in views["layers.0.attention"].call] == [
-        ("hidden", "float32"),
-        ("tensor", "complex64"),
-        ("mask", "float32"),
-    ]
-    path = tmp_path / "mistral_local_view.json"
-    save_plan(plan, path)
-    run = TrainRun("mistral_attention_local_view", "zoo_mixtral_mistral_ref", plan=str(path))
-    outputs = train_distributed([run], 2, tmp_path / "world", timeout_s=600.0)
-    reference_runs.prepare([run])
-    check_against_reference(Trained(run, plan, outputs[run.name]), reference_runs)
-    for output in outputs[run.name]:
-        widths = output["linear_input_widths"]
-        assert [widths[f"layers.{i}.attention.wo"] for i in (0, 1)] == [[4 * 8 // 2]] * 2, widths
+def test_attentions_paddle_cannot_keep_split_train_like_one_device_as_local_views(tmp_path, reference_runs):
+    """Mistral's reference attention rotates q and k by complex multiplication (``as_complex``),
+    XLM's masks its scores by ``masked_fill``: neither op has an SPMD rule (Paddle's global view
+    would gather the heads there). Planned at mp2, their q/k/v are split by columns and the
+    output projection by rows only as local views, proven called as the trace called them. On 2
+    gloo ranks: losses and parameters as one device, each rank's output projection reading half
+    of the heads' width."""
+    runs, plans = [], {}
+    for target, (workload, layer, _, _, call) in STOPPED.items():
+        plan = plan_target(target, None, _request(), {"target": target}, local_view=True).plan
+        views = {view.layer: view for view in plan.local_view}
+        assert sorted(views) == [layer.format(i) for i in (0, 1)]
+        assert [(c.role, c.dtype) for c in views[layer.format(0)].call] == call
+        path = tmp_path / f"{workload}_local_view.json"
+        save_plan(plan, path)
+        run = TrainRun(f"{workload}_local_view", workload, plan=str(path))
+        runs.append(run)
+        plans[run.name] = (plan, STOPPED[target])
+    outputs = train_distributed(runs, 2, tmp_path / "world", timeout_s=600.0)
+    reference_runs.prepare(runs)
+    for run in runs:
+        plan, (_, layer, row, width, _) = plans[run.name]
+        check_against_reference(Trained(run, plan, outputs[run.name]), reference_runs)
+        for output in outputs[run.name]:
+            widths = output["linear_input_widths"]
+            assert [widths[f"{layer.format(i)}.{row}"] for i in (0, 1)] == [[width]] * 2, widths
