@@ -6,8 +6,9 @@ the first step.
   strategies that run the MoE layers on local tensors (dp or ep, without ZeRO, pp or sequence
   parallelism) are planned; before, ``--mp 2`` gave a plan whose first step raised
   ``PreconditionNotMet: Arg must be a vector of TensorDistAttr``;
-- anywhere else (attention written with einsum, as lucidrains' x-transformers writes it): no
-  plan can train, and planning says so;
+- anywhere else (attention written with einsum, as lucidrains' x-transformers writes it): only
+  as a local view (the sub-layer run on plain tensors, mp > 1 with tensor and data parallelism
+  alone); without local views no plan can train, and planning says so;
 - but an einsum on constants and buffers alone (HF Falcon's rotary table, ``einsum("i,j->ij", t,
   self.inv_freq)`` with ``t`` an ``arange``) never sees a distributed tensor, so it refuses
   nothing (issue #22, item 3); before, Falcon was refused whatever the strategy.
@@ -91,9 +92,27 @@ class EinsumTransformer(nn.Layer):
         return self.to_logits(x)
 
 
-def test_einsum_outside_an_moe_layer_is_one_error_naming_its_layer():
+def test_an_einsum_attention_runs_as_a_local_view_and_is_split_so():
+    """einsum has no SPMD rule: the attention is named with Megatron's roles (its scores and mix
+    are einsums) and proven as a local view, where einsum runs on plain tensors. A strategy
+    under which local views do not run (mp 1: DistTensors over dp) is rejected, naming einsum."""
+    planned = plan(EinsumTransformer(), ["tokens:int64:2x8"], devices=2, device="h100-sxm")
+    assert (planned.strategy.mp, [v.layer for v in planned.local_view]) == (2, ["layers.0.attn", "layers.1.attn"])
+    axis = planned.mesh.axes.index("mp")
+    placements = {f: p.placements[axis] for f, p in planned.params.items() if f.startswith("layers.0.attn.")}
+    assert placements == {
+        **{f"layers.0.attn.to_{n}.weight": "S(1)" for n in "qkv"},
+        "layers.0.attn.to_out.weight": "S(0)",
+    }
+    assert any(
+        "einsum in layers.0.attn runs on distributed tensors here" in r.reason and r.strategy.mp == 1
+        for r in planned.alternatives.rejected
+    ), planned.alternatives.rejected
+
+
+def test_einsum_outside_an_moe_layer_without_local_views_is_one_error_naming_its_layer():
     with pytest.raises(PlannerError) as refused:
-        plan(EinsumTransformer(), ["tokens:int64:2x8"], devices=2, device="h100-sxm")
+        plan(EinsumTransformer(), ["tokens:int64:2x8"], devices=2, device="h100-sxm", local_view=False)
     assert str(refused.value) == (
         "einsum in layers.0.attn: Paddle 3.3 does not run it on the distributed tensors apply_plan trains "
         "with (docs/paddle-notes.md), so no plan of this model can train; write it with matmul and transposes"

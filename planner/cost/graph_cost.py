@@ -558,7 +558,7 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) 
         traced_seq=analysis.seq_len if analysis.seq_len > 0 else seq,
         notes=tuple(notes),
         token_mixing=next((b.token_mixing for b in analysis.blocks if b.token_mixing), None),
-        **_local_only(analysis),
+        **_local_only(analysis, local),
     )
 
 
@@ -571,17 +571,19 @@ def _kv_split(info) -> bool:
     return any(lin.role == "column" and lin.name in ("k", "v") for lin in info.linears)
 
 
-def _local_only(analysis: ModelAnalysis) -> dict:
+def _local_only(analysis: ModelAnalysis, local: frozenset[str]) -> dict:
     """The first op Paddle cannot run on distributed tensors outside the MoE layers, and the
     first inside one (the :class:`ModelCost` fields ``local_only`` and ``local_only_in_moe``).
     One computing on constants and buffers alone (a rotary table, ``einsum("i,j->ij",
-    arange(seq), self.inv_freq)``) never sees a distributed tensor: it is not counted."""
+    arange(seq), self.inv_freq)``) never sees a distributed tensor: it is not counted, nor is
+    one inside a sub-layer of ``local``, which runs on plain tensors (a local view)."""
     moe_layers = tuple(b.experts.layer.rpartition(".")[0] + "." for b in analysis.blocks if b.experts)
+    views = tuple(layer + "." for layer in local)
     found: dict[str, str] = {}
     plain = plain_nodes(analysis.graph)
     for node, data in sorted(analysis.graph.nodes(data=True)):
         op = short_op(data["op"])
-        if op in LOCAL_ONLY_OPS and node not in plain:
+        if op in LOCAL_ONLY_OPS and node not in plain and not (data["layer"] + ".").startswith(views):
             field_name = "local_only_in_moe" if (data["layer"] + ".").startswith(moe_layers) else "local_only"
             where = data["layer"] or "the model's top level (its own forward)"  # the root layer's name is ''
             found.setdefault(field_name, f"{op} in {where}")

@@ -116,9 +116,10 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
     """
     priced = _priced(model, request)
     cost = priced.cost
-    if cost.local_only:
+    unrunnable = priced.cost_with(priced.local_views).local_only  # not even inside a local view
+    if unrunnable:
         raise PlannerError(
-            f"{cost.local_only}: Paddle 3.3 does not run it on the distributed tensors apply_plan trains with "
+            f"{unrunnable}: Paddle 3.3 does not run it on the distributed tensors apply_plan trains with "
             "(docs/paddle-notes.md), so no plan of this model can train; write it with matmul and transposes"
         )
     setup = _setup(cost, request)
@@ -137,12 +138,12 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         closest: tuple[float, Strategy, str] | None = None
         feasible_before = len(scored)
         for strategy in _variants(cost, setup, request, dp, mp, pp):
-            problem = _variant_problem(setup, request, strategy, cost)
+            local = priced.assumed_local(strategy)
+            problem = _variant_problem(setup, request, strategy, priced.cost_with(local if mp > 1 else frozenset()))
             if problem:
                 closest = closest or (math.inf, strategy, problem)
                 continue
             evaluated += 1
-            local = priced.assumed_local(strategy)
             if local not in tables:
                 tables[local] = StageTable(priced.cost_with(local))
             breakdown = estimate(tables[local], strategy, setup, priced.implicit(mp, width, runs_moe_locally(strategy)))
@@ -509,6 +510,11 @@ def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, c
         return unsupported
     if strategy.dp % strategy.ep:
         return f"ep={strategy.ep} does not divide dp={strategy.dp} (experts spread over dp ranks)"
+    if cost.local_only:  # inside sub-layers that may run as local views, but not under this strategy
+        return (
+            f"{cost.local_only} runs on distributed tensors here, which Paddle 3.3 cannot do: its sub-layer runs on "
+            "local tensors only as a local view (mp > 1 with tensor and data parallelism alone)"
+        )
     if cost.local_only_in_moe and not runs_moe_locally(strategy):
         return (
             f"{cost.local_only_in_moe} runs on distributed tensors here, which Paddle 3.3 cannot do: the MoE "

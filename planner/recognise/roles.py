@@ -52,6 +52,9 @@ from autodist.planner.ops import CUT_OPS, FUSED_ATTENTION_OPS, LAYOUT_OPS, SEGME
 from autodist.planner.recognise.spmd import Dist, Replay, is_planned
 
 PROJECTION_OPS = frozenset({"matmul", "addmm"})
+#: The products of two activations an attention scores and mixes by (``q @ k.T``, or
+#: ``einsum("bhid,bhjd->bhij", q, k)`` as lucidrains' x-transformers writes it).
+PRODUCT_OPS = frozenset({"matmul", "einsum"})
 #: The tensor-parallel degree the SPMD replay checks a candidate group at.
 REPLAY_MP = 2
 
@@ -519,7 +522,7 @@ def _sublayer(graph, view, nodes, columns: list[_Linear], row: _Linear, params) 
     and row, an MLP otherwise; a column whose pieces take different roles (q, k and v; gate and
     up) is a fused projection."""
     region = set().union(*(nx.descendants(view, c.node) for c in columns)) & nx.ancestors(view, row.node)
-    scores = [n for n in sorted(region) if view.nodes[n]["op"] == "matmul" and not _has_param(view, n)]
+    scores = [n for n in sorted(region) if view.nodes[n]["op"] in PRODUCT_OPS and not _has_param(view, n)]
     fused_ops = [n for n in sorted(region) if view.nodes[n]["op"] in FUSED_ATTENTION_OPS]
     softmax = any(view.nodes[n]["op"] == "softmax" for n in region)
     out_features = {c.node: params[c.fqn][0][split_dim("column", c.operand, c.transposed)] for c in columns}
@@ -569,14 +572,14 @@ def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> Su
         }
     else:
         core = scores[0]
-        q_shape = graph.nodes[_operand(graph, core, 0)]["shapes"][0]
+        q_shape = graph.nodes[_product_input(graph, core, 0)]["shapes"][0]
         num_heads, head_dim = graph.nodes[core]["shapes"][0][-3], q_shape[-1]
         context = next((n for n in scores[1:] if nx.has_path(view, core, n)), None)
         roles = {
             c.node: "".join(
                 n
                 for n, target, o in (("q", core, 0), ("k", core, 1), ("v", context, 1))
-                if target is not None and _reaches(view, c.node, target, o)
+                if target is not None and _feeds(graph, view, c.node, target, o)
             )
             for c in columns
         }
@@ -605,6 +608,23 @@ def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> Su
 
 def _operand(graph: nx.DiGraph, node: int, operand: int) -> int:
     return next(p for p in graph.predecessors(node) if graph.edges[p, node]["operand"] == operand)
+
+
+def _product_input(graph: nx.DiGraph, product: int, index: int) -> int:
+    """The node of a product's ``index``-th tensor: a matmul's operand, an einsum's item of the
+    one list it takes (a ``builtin.combine``)."""
+    if short_op(graph.nodes[product]["op"]) == "einsum":
+        return _operand(graph, _operand(graph, product, 0), index)
+    return _operand(graph, product, index)
+
+
+def _feeds(graph: nx.DiGraph, view: nx.DiGraph, source: int, product: int, index: int) -> bool:
+    """``source``'s value reaches the ``index``-th tensor of ``product`` (:func:`_reaches`; an
+    einsum's tensors are items of one operand, told apart in the graph)."""
+    if short_op(graph.nodes[product]["op"]) == "einsum":
+        node = _product_input(graph, product, index)
+        return node == source or nx.has_path(graph, source, node)
+    return _reaches(view, source, product, index)
 
 
 def _mlp_names(graph, view, nodes, columns, region) -> dict[int, str]:
