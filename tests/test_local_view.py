@@ -470,19 +470,27 @@ def test_attentions_taking_masks_and_positions_train_like_one_device_as_local_vi
     parameters as one device, each rank's output projection reading half of the heads' width
     (Phi-3's gathered plan does not train at all: Paddle's slice_grad of its rotary's empty slice
     of a DistTensor segfaults, docs/paddle-notes.md; under the local view it runs on plain tensors)."""
-    runs, plans = [], {}
-    for target, workload in ((NEOX, "zoo_gpt_neox_hf"), (PHI3, "zoo_phi3_hf")):
-        plan = plan_target(target, None, _request(), {"target": target}, local_view=True).plan
+    cases = {"zoo_gpt_neox_hf": NEOX, "zoo_phi3_hf": PHI3}
+    plans = {w: plan_target(t, None, _request(), {"target": t}, local_view=True).plan for w, t in cases.items()}
+    rows = {w: (CALLED[t][0], *CALLED[t][3:]) for w, t in cases.items()}  # (layer, row, width)
+    _train_at_half_width(plans, rows, tmp_path, reference_runs)
+
+
+def _train_at_half_width(plans: dict, rows: dict, tmp_path, reference_runs) -> None:
+    """Train each workload of ``plans`` (its local-view plan at mp2) on 2 gloo ranks, all in one
+    launch: losses and parameters as one device, and the row projection of each sub-layer
+    (``rows[workload]``: the sub-layers' name pattern, the row's name, its input width on one
+    rank) reading that width."""
+    runs = []
+    for workload, plan in plans.items():
         path = tmp_path / f"{workload}_local_view.json"
         save_plan(plan, path)
-        run = TrainRun(f"{workload}_local_view", workload, plan=str(path))
-        runs.append(run)
-        plans[run.name] = (plan, CALLED[target])
+        runs.append(TrainRun(f"{workload}_local_view", workload, plan=str(path)))
     outputs = train_distributed(runs, 2, tmp_path / "world", timeout_s=600.0)
     reference_runs.prepare(runs)
     for run in runs:
-        plan, (layer, _, _, row, width) = plans[run.name]
-        check_against_reference(Trained(run, plan, outputs[run.name]), reference_runs)
+        layer, row, width = rows[run.workload]
+        check_against_reference(Trained(run, plans[run.workload], outputs[run.name]), reference_runs)
         for output in outputs[run.name]:
             widths = output["linear_input_widths"]
             assert [widths[f"{layer.format(i)}.{row}"] for i in (0, 1)] == [[width]] * 2, widths
@@ -514,22 +522,11 @@ def test_attentions_paddle_cannot_keep_split_train_like_one_device_as_local_view
     output projection by rows only as local views, proven called as the trace called them. On 2
     gloo ranks: losses and parameters as one device, each rank's output projection reading half
     of the heads' width."""
-    runs, plans = [], {}
+    plans = {}
     for target, (workload, layer, _, _, call) in STOPPED.items():
         plan = plan_target(target, None, _request(), {"target": target}, local_view=True).plan
         views = {view.layer: view for view in plan.local_view}
         assert sorted(views) == [layer.format(i) for i in (0, 1)]
         assert [(c.role, c.dtype) for c in views[layer.format(0)].call] == call
-        path = tmp_path / f"{workload}_local_view.json"
-        save_plan(plan, path)
-        run = TrainRun(f"{workload}_local_view", workload, plan=str(path))
-        runs.append(run)
-        plans[run.name] = (plan, STOPPED[target])
-    outputs = train_distributed(runs, 2, tmp_path / "world", timeout_s=600.0)
-    reference_runs.prepare(runs)
-    for run in runs:
-        plan, (_, layer, row, width, _) = plans[run.name]
-        check_against_reference(Trained(run, plan, outputs[run.name]), reference_runs)
-        for output in outputs[run.name]:
-            widths = output["linear_input_widths"]
-            assert [widths[f"{layer.format(i)}.{row}"] for i in (0, 1)] == [[width]] * 2, widths
+        plans[workload] = plan
+    _train_at_half_width(plans, {workload: rows for workload, *rows, _ in STOPPED.values()}, tmp_path, reference_runs)
