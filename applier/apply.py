@@ -184,9 +184,11 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     # The first communication (Paddle's store, for readable.py) unless a pipeline's came first:
     # every rank must have applied the plan, or all raise here instead of waiting there.
     agreement.settle()
-    # A loss read on rank 0 only (readable.py). The MoE layers' collectives hold Python's lock
-    # while they wait, so a rank in one could not answer a reader: values are posted instead.
-    make_outputs_readable(model, agreement.key, post=groups is not None, timeout_s=read_timeout_s)
+    # A loss read on rank 0 only (readable.py). The collectives the applier issues from Python
+    # (MoE layers, local views, local token lookups) hold Python's lock while they wait, so a rank
+    # in one could not answer a reader: values are posted instead.
+    post = groups is not None or bool(plan.local_view or plan.vocab_lookup)
+    make_outputs_readable(model, agreement.key, post=post, timeout_s=read_timeout_s)
     _APPLIED[model] = plan
     return model, optimizer, dataloader
 

@@ -35,11 +35,14 @@ same way (over their store key): one a stranger wrote into Paddle's store is ref
 The cost. Reading on no rank costs no communication at all: noting a value is a local
 reference and a dictionary entry (:func:`stats` counts values noted, reads and values fetched,
 and ``tests/loops/test_readable.py`` checks that two steps no rank reads fetch, serve and post
-nothing on any rank). One exception, a plan with expert hooks (expert parallelism, or an MoE
-model under plain dp: applier/experts.py): its MoE layers' collectives are ``dist.reshard`` calls
-from Python, and Paddle holds Python's GIL while such a call waits for the
+nothing on any rank). One exception, a plan whose forward runs collectives the applier issues
+from Python: expert hooks (expert parallelism, or an MoE model under plain dp: applier/experts.py),
+local views and local token lookups (applier/local_view.py, applier/vocab_lookup.py). Those are
+``dist.reshard`` calls, and Paddle holds Python's GIL while such a call waits for the
 other ranks (measured: docs/paddle-notes.md, "Reading a value on some ranks"), so a rank waiting
-there for the reader could not answer it from its thread. Whenever the plan has expert hooks,
+there for the reader could not answer it from its thread (seen: every rank reading an evaluation
+loss under dp2 x mp2 with a local lookup, rank 0 already in the next batch's lookup, its mp peer
+still waiting for rank 0's part: both timed out in gloo). Under such a plan
 each value is therefore *posted* to the store as it is made: one small store message per noted scalar (one a step
 for the Mixtral-style model's loss in tests/loops/test_readable.py), signed (an HMAC of a
 hundred bytes), and on a GPU the device-to-host copy of it.

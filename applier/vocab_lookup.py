@@ -5,7 +5,8 @@ its vocabulary (``S(0)`` on mp) all-gathers the whole table in every forward and
 backward (docs/paddle-notes.md, "SPMD rules"). For an ``nn.Embedding`` the plan lists, each rank
 instead runs its forward on local tensors, as Megatron-LM does:
 
-- the ids (a DistTensor replicated over mp) as this rank's local value; those outside its rows
+- the ids (a DistTensor replicated over mp, or a plain tensor: an evaluation loader's, the same
+  on every rank) as this rank's local value; those outside its rows
   ``[start, start + rows)`` of the table are masked, the others shifted to ``id - start``
   (masked ids look up row 0, whose answer is then zeroed);
 - ``F.embedding`` on the rank's own rows of the table (:func:`~.local_view.param_local`: the
@@ -15,7 +16,8 @@ instead runs its forward on local tensors, as Megatron-LM does:
   does; one in another rank's rows is masked here and answered (zero) there;
 - the ranks' answers summed over the mp line (one all-reduce, :class:`~.local_view.SumOverRanks`,
   whose backward hands each rank the whole output gradient), handed back as a DistTensor placed
-  as the ids are, which is where Paddle's global lookup places its output.
+  as the ids are (plain ids: replicated on the table's mesh), which is where Paddle's global
+  lookup places its output.
 
 Nothing in the backward communicates for the table, and no rank ever holds it whole. A table the
 LM head reads too (tied) still trains right: the head reads the distributed parameter in the global
@@ -57,17 +59,19 @@ def _wrap(layer: paddle.nn.Embedding, lookup: VocabLookup, line: dist.ProcessMes
     @functools.wraps(layer.forward)
     def run(*args: paddle.Tensor, **kwargs: paddle.Tensor) -> paddle.Tensor:
         (x,) = (*args, *kwargs.values())  # nn.Embedding's forward takes one tensor, as x or input
-        if not x.is_dist() or any(
-            not isinstance(p, dist.Replicate) for name, p in zip(x.process_mesh.dim_names, x.placements) if name == "mp"
-        ):
-            raise RuntimeError(
-                f"vocab_lookup: {lookup.layer} wants its ids as a DistTensor replicated over mp, got "
-                f"{x.placements if x.is_dist() else 'a plain tensor'}"
-            )
+        if x.is_dist():
+            if any(
+                not isinstance(p, dist.Replicate) for n, p in zip(x.process_mesh.dim_names, x.placements) if n == "mp"
+            ):
+                raise RuntimeError(f"vocab_lookup: {lookup.layer} wants its ids replicated over mp, got {x.placements}")
+            ids, mesh, placements = local_value(x), x.process_mesh, x.placements
+        else:  # ids from a loader apply_plan did not wrap (an evaluation's): the same on every
+            # rank, and answered replicated on the table's mesh, as Paddle's global lookup does
+            ids, mesh = x, layer.weight.process_mesh
+            placements = [dist.Replicate() for _ in mesh.dim_names]
         table = param_local(layer.weight)
         rows = table.shape[0]
         start = position * rows
-        ids = local_value(x)
         inside = (ids >= start) & (ids < start + rows)
         shifted = paddle.where(inside, ids - start, paddle.zeros_like(ids))
         pad = layer._padding_idx
@@ -76,7 +80,7 @@ def _wrap(layer: paddle.nn.Embedding, lookup: VocabLookup, line: dist.ProcessMes
         local_pad = pad - start if pad is not None and start <= pad < start + rows else None
         found = F.embedding(shifted, table, padding_idx=local_pad)
         found = found * inside.unsqueeze(-1).astype(found.dtype)
-        return dtensor_from_local(SumOverRanks.apply(found, line), x.process_mesh, x.placements)
+        return dtensor_from_local(SumOverRanks.apply(found, line), mesh, placements)
 
     layer.forward = run
 

@@ -361,7 +361,8 @@ def test_with_mp_the_attention_is_split_and_everything_under_the_moe_layer_whole
             sharding_stage=0,
             device=H100,
         )
-        return plan_target(target, None, request, {"target": target})
+        # local_view: the token lookup runs on local tensors (as autodist-plan's default does)
+        return plan_target(target, None, request, {"target": target}, local_view=True)
 
     # pure mp keeps the MoE layers as DistTensors (runs_moe_locally): the experts split over mp
     made, plain, local = plan(2), plan(1, dp=1), plan(1)

@@ -4,8 +4,9 @@ single-device value, and reading on no rank costs no communication (applier/read
 On the old code the rank-0 read under dp2 aborts both ranks in gloo
 (``op.preamble.length <= op.nbytes``). One launch per plan, where the loss is Partial over dp:
 dp2, ZeRO-1 (TEST-ONLY reduce-scatter stand-in) and dp2 ep2 (the Mixtral-style MoE model of
-tests/models/zoo). Elsewhere: dp2 x mp2 and mp2 (the loss replicated there) by loop (a), which
-logs on rank 0 only; pipelines by loop (f) and test_apply_single's pipeline test."""
+tests/models/zoo), and dp2 x mp2, whose token lookup runs on local tensors (values posted, as
+under ep). Elsewhere: mp2 (the loss replicated there) by loop (a), which logs on rank 0
+only; pipelines by loop (f) and test_apply_single's pipeline test."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from loop_runs import run_script
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.mark.parametrize(("model", "plan"), [("gpt", "dp2"), ("gpt", "zero1"), ("mixtral", "ep2")])
+@pytest.mark.parametrize(("model", "plan"), [("gpt", "dp2"), ("gpt", "zero1"), ("mixtral", "ep2"), ("gpt", "dp2mp2")])
 def test_a_loss_read_on_some_ranks_only(model, plan, loop_plans, single_device, tmp_path):
     ranks, path = loop_plans(model, plan)
     one = single_device("read_anywhere.py", "--model", model)
@@ -34,8 +35,9 @@ def test_a_loss_read_on_some_ranks_only(model, plan, loop_plans, single_device, 
     # Two steps in which no rank read: nothing fetched, nothing served, on any rank.
     for rank, record in enumerate(seen):
         assert record["unread"]["fetched"] == 0 and record["unread"]["served"] == 0, (rank, record["unread"])
-        # Under ep every value is posted as it is made (the MoE collectives hold the GIL).
-        assert (record["unread"]["posted"] > 0) == (plan == "ep2"), (rank, record["unread"])
+        # Under ep and with a local token lookup (dp2 x mp2) every value is posted as it is made
+        # (the collectives the applier runs from Python hold the GIL).
+        assert (record["unread"]["posted"] > 0) == (plan in ("ep2", "dp2mp2")), (rank, record["unread"])
         assert record["unread"]["noted"] > 0, "the losses were not noted: the test would prove nothing"
     # The reads: rank 0 fetched from its dp peer (once per value: repeated reads are cached).
     assert seen[0]["after"]["fetched"] == 2
