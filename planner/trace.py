@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import traceback
@@ -86,7 +87,9 @@ class LayerCall:
     tuples, lists and dicts of them as they were. ``outputs``: per item of what the call returned
     (each item of a tuple or list, else the one value): ``"none"``, ``"read"`` (a tensor an op
     outside the call reads: a consumer, or the program's output), ``"unread"`` (a tensor nothing
-    outside the call reads: HF's ``hidden_states, _ = self.self_attn(...)``) or ``"other"``."""
+    outside the call reads: HF's ``hidden_states, _ = self.self_attn(...)``; also a tuple, list or
+    dataclass of tensors and None none of which is read: x-transformers' ``Intermediates``) or
+    ``"other"``."""
 
     args: tuple
     kwargs: dict
@@ -340,12 +343,23 @@ def _described(value):
 
 
 def _read(item, own: set) -> str:
-    """What reads one item of a call's output (:class:`LayerCall` ``outputs``)."""
+    """What reads one item of a call's output (:class:`LayerCall` ``outputs``). An item holding
+    tensors and None alone (a tuple, a list, a dataclass: x-transformers' ``Intermediates``) is
+    read when one of its tensors is, unread when none is."""
     if item is None:
         return "none"
-    if not isinstance(item, paddle.pir.Value):
+    if isinstance(item, paddle.pir.Value):
+        return "read" if any(user not in own for user in item.all_used_ops()) else "unread"
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        held = [getattr(item, f.name) for f in dataclasses.fields(item)]
+    elif isinstance(item, (tuple, list)):
+        held = list(item)
+    else:
         return "other"
-    return "read" if any(user not in own for user in item.all_used_ops()) else "unread"
+    reads = {_read(value, own) for value in held}
+    if not reads or not reads <= {"none", "read", "unread"}:
+        return "other"
+    return "read" if "read" in reads else "unread"
 
 
 def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str]) -> TracedProgram:

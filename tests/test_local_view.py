@@ -472,15 +472,15 @@ def test_attentions_taking_masks_and_positions_train_like_one_device_as_local_vi
     of a DistTensor segfaults, docs/paddle-notes.md; under the local view it runs on plain tensors)."""
     cases = {"zoo_gpt_neox_hf": NEOX, "zoo_phi3_hf": PHI3}
     plans = {w: plan_target(t, None, _request(), {"target": t}, local_view=True).plan for w, t in cases.items()}
-    rows = {w: (CALLED[t][0], *CALLED[t][3:]) for w, t in cases.items()}  # (layer, row, width)
+    rows = {w: ([CALLED[t][0].format(i) for i in (0, 1)], *CALLED[t][3:]) for w, t in cases.items()}
     _train_at_half_width(plans, rows, tmp_path, reference_runs)
 
 
 def _train_at_half_width(plans: dict, rows: dict, tmp_path, reference_runs) -> None:
     """Train each workload of ``plans`` (its local-view plan at mp2) on 2 gloo ranks, all in one
     launch: losses and parameters as one device, and the row projection of each sub-layer
-    (``rows[workload]``: the sub-layers' name pattern, the row's name, its input width on one
-    rank) reading that width."""
+    (``rows[workload]``: the sub-layers, the row's name, its input width on one rank) reading
+    that width."""
     runs = []
     for workload, plan in plans.items():
         path = tmp_path / f"{workload}_local_view.json"
@@ -489,44 +489,61 @@ def _train_at_half_width(plans: dict, rows: dict, tmp_path, reference_runs) -> N
     outputs = train_distributed(runs, 2, tmp_path / "world", timeout_s=600.0)
     reference_runs.prepare(runs)
     for run in runs:
-        layer, row, width = rows[run.workload]
+        layers, row, width = rows[run.workload]
         check_against_reference(Trained(run, plans[run.workload], outputs[run.name]), reference_runs)
         for output in outputs[run.name]:
             widths = output["linear_input_widths"]
-            assert [widths[f"{layer.format(i)}.{row}"] for i in (0, 1)] == [[width]] * 2, widths
+            assert [widths[f"{layer}.{row}"] for layer in layers] == [[width]] * len(layers), widths
 
 
 MISTRAL = "tests/models/zoo/mixtral_mistral_ref.py"
 XLM = "tests/models/zoo/xlm_hf.py"
+X_TRANSFORMERS = "tests/models/zoo/x_transformers.py"
 #: target -> (workload, its attentions, their row projection, the heads' width on one rank, the
 #: call's (role, dtype)), read from the models: Mistral's ModelArgs 4 heads x 8, called with the
 #: complex freqs_cis and the additive mask; XLM's 32-wide attention over 4 heads, called with its
-#: bool causal mask.
+#: bool causal mask; x-transformers' Decoder(dim=32, heads=4, attn_dim_head=8), its attentions
+#: every other layer, called with mask=None and return_intermediates=True (the Intermediates it
+#: returns, read by nothing, dropped).
 STOPPED = {
     MISTRAL: (
         "zoo_mixtral_mistral_ref",
-        "layers.{}.attention",
+        ["layers.0.attention", "layers.1.attention"],
         "wo",
         4 * 8 // 2,
         [("hidden", "float32"), ("tensor", "complex64"), ("mask", "float32")],
     ),
-    XLM: ("zoo_xlm_hf", "transformer.attentions.{}", "out_lin", 32 // 2, [("hidden", "float32"), ("mask", "bool")]),
+    XLM: (
+        "zoo_xlm_hf",
+        ["transformer.attentions.0", "transformer.attentions.1"],
+        "out_lin",
+        32 // 2,
+        [("hidden", "float32"), ("mask", "bool")],
+    ),
+    X_TRANSFORMERS: (
+        "zoo_x_transformers",
+        ["attn_layers.layers.0.1", "attn_layers.layers.2.1"],
+        "to_out",
+        4 * 8 // 2,
+        [("hidden", "float32"), ("literal", ""), ("literal", "")],
+    ),
 }
 
 
 @pytest.mark.multiprocess
 def test_attentions_paddle_cannot_keep_split_train_like_one_device_as_local_views(tmp_path, reference_runs):
     """Mistral's reference attention rotates q and k by complex multiplication (``as_complex``),
-    XLM's masks its scores by ``masked_fill``: neither op has an SPMD rule (Paddle's global view
-    would gather the heads there). Planned at mp2, their q/k/v are split by columns and the
+    XLM's masks its scores by ``masked_fill``, x-transformers' scores and mixes by ``einsum``:
+    none of these ops has an SPMD rule (Paddle's global view would gather the heads there, and
+    does not run einsum at all). Planned at mp2, their q/k/v are split by columns and the
     output projection by rows only as local views, proven called as the trace called them. On 2
     gloo ranks: losses and parameters as one device, each rank's output projection reading half
     of the heads' width."""
     plans = {}
-    for target, (workload, layer, _, _, call) in STOPPED.items():
+    for target, (workload, layers, _, _, call) in STOPPED.items():
         plan = plan_target(target, None, _request(), {"target": target}, local_view=True).plan
         views = {view.layer: view for view in plan.local_view}
-        assert sorted(views) == [layer.format(i) for i in (0, 1)]
-        assert [(c.role, c.dtype) for c in views[layer.format(0)].call] == call
+        assert sorted(views) == layers
+        assert [(c.role, c.dtype) for c in views[layers[0]].call] == call
         plans[workload] = plan
     _train_at_half_width(plans, {workload: rows for workload, *rows, _ in STOPPED.values()}, tmp_path, reference_runs)

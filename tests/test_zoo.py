@@ -111,6 +111,13 @@ EXPECTED = {
         "tok_embeddings.weight": COL_B,
         "output.weight": COL,
     },
+    # einsum runs on local tensors only: the attention is split as a local view (LOCAL_VIEWS); the
+    # layers alternate attention (layers 0, 2) and feed-forward (1, 3), each [norms, block, residual]
+    f"{ZOO}/x_transformers.py": {
+        **attention("attn_layers.layers.*.1", "to_q", "to_k", "to_v", "to_out"),
+        **mlp("attn_layers.layers.*.1.ff", ("0.0",), "2", bias=True),
+        "to_logits.weight": COL,
+    },
     # masked_fill has no SPMD rule: the attention is split as a local view (LOCAL_VIEWS)
     f"{ZOO}/xlm_hf.py": {
         **attention("transformer.attentions.*", "q_lin", "k_lin", "v_lin", "out_lin", bias=True, o_bias=True),
@@ -341,8 +348,9 @@ PLANNED_AT = {
 
 #: Models planned with local views (the planner's default; the tests' plan_target has them off,
 #: so the other tables describe the global view): Mistral's attention, whose as_complex rotary
-#: has no SPMD rule, and XLM's, masked by masked_fill (no rule either), are split only as local views.
-LOCAL_VIEWS = {f"{ZOO}/mixtral_mistral_ref.py", f"{ZOO}/xlm_hf.py"}
+#: has no SPMD rule, XLM's, masked by masked_fill (no rule either), and x-transformers', scored by
+#: einsum (which runs on local tensors only), are split only as local views.
+LOCAL_VIEWS = {f"{ZOO}/mixtral_mistral_ref.py", f"{ZOO}/xlm_hf.py", f"{ZOO}/x_transformers.py"}
 
 
 @functools.cache
