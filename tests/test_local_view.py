@@ -8,11 +8,14 @@ and a fused ``gate|up`` one (Phi-3's ``gate_up_proj``, ERNIE 4.5's ``up_gate_pro
   the default plan runs all 4 on every rank); the same at dp2 x mp2 on 4 ranks.
 - A fused ``gate|up`` MLP is a local view too, its gather gone; applied on 2 gloo ranks it trains
   like one device with each rank's ``down_proj`` reading half of the intermediate features.
+- At dp2 x mp2 on 4 ranks, Phi-3 (a batch-shaped mask, positions, a fused gate|up MLP), XLM
+  (masked_fill) and ERNIE 4.5 (a fused up|gate MLP) train like one device too, each attention
+  taking its dp rows of the mask.
 - Checkpoints keep the model's own layout: saved under the local view, resumed under the gathered
   plan and on one device, and the other way round, each like one uninterrupted device.
 
-Launches: mp2 (2 ranks), dp2 x mp2 (4), the MLP's mp2 (2), the savers (2), the loaders (2, and 1
-with the references).
+Launches: mp2 (2 ranks), dp2 x mp2 (4, twice: GPT-2; Phi-3, XLM and ERNIE 4.5), the MLP's mp2
+(2), the savers (2), the loaders (2, and 1 with the references).
 """
 
 from __future__ import annotations
@@ -476,17 +479,18 @@ def test_attentions_taking_masks_and_positions_train_like_one_device_as_local_vi
     _train_at_half_width(plans, rows, tmp_path, reference_runs)
 
 
-def _train_at_half_width(plans: dict, rows: dict, tmp_path, reference_runs) -> None:
-    """Train each workload of ``plans`` (its local-view plan at mp2) on 2 gloo ranks, all in one
-    launch: losses and parameters as one device, and the row projection of each sub-layer
-    (``rows[workload]``: the sub-layers, the row's name, its input width on one rank) reading
-    that width."""
+def _train_at_half_width(plans: dict, rows: dict, tmp_path, reference_runs, dp: int = 1) -> None:
+    """Train each workload of ``plans`` (its local-view plan at dp x mp2) on ``2 * dp`` gloo
+    ranks, all in one launch: losses and parameters as one device, and the row projection of each
+    sub-layer (``rows[workload]``: the sub-layers, the row's name, its input width on one rank)
+    reading that width."""
     runs = []
     for workload, plan in plans.items():
+        assert (plan.strategy.dp, plan.strategy.mp) == (dp, 2)
         path = tmp_path / f"{workload}_local_view.json"
         save_plan(plan, path)
         runs.append(TrainRun(f"{workload}_local_view", workload, plan=str(path)))
-    outputs = train_distributed(runs, 2, tmp_path / "world", timeout_s=600.0)
+    outputs = train_distributed(runs, 2 * dp, tmp_path / "world", timeout_s=600.0)
     reference_runs.prepare(runs)
     for run in runs:
         layers, row, width = rows[run.workload]
@@ -547,3 +551,56 @@ def test_attentions_paddle_cannot_keep_split_train_like_one_device_as_local_view
         assert [(c.role, c.dtype) for c in views[layers[0]].call] == call
         plans[workload] = plan
     _train_at_half_width(plans, {workload: rows for workload, *rows, _ in STOPPED.values()}, tmp_path, reference_runs)
+
+
+#: workload -> (its local views, the call inputs cut to the rank's dp rows, the sub-layers whose row
+#: projection is checked, that projection, its input width on one rank), read from the models:
+#: Phi-3's attention is called with create_causal_mask's ``[batch, 1, q, kv]`` mask (the batch's
+#: rows) and ``position_ids`` ``[1, seq]`` (not), its MLP a fused gate|up (64 x 2 features); XLM's
+#: attention with get_masks' ``[bs, slen, slen]`` bool mask, scored by masked_fill; ERNIE 4.5's
+#: MLP a fused up|gate reading ``self.intermediate_size`` (64).
+DP_MP = {
+    "zoo_phi3_hf": (
+        [f"model.layers.{i}.{sub}" for i in (0, 1) for sub in ("mlp", "self_attn")],
+        {"attention_mask"},
+        ["model.layers.0.self_attn", "model.layers.1.self_attn"],
+        "o_proj",
+        64 // 2,
+    ),
+    "zoo_xlm_hf": (
+        ["transformer.attentions.0", "transformer.attentions.1"],
+        {"argument 1"},
+        ["transformer.attentions.0", "transformer.attentions.1"],
+        "out_lin",
+        32 // 2,
+    ),
+    "zoo_pf_ernie45": (
+        ["model.layers.0.mlp", "model.layers.1.mlp"],
+        set(),
+        ["model.layers.0.mlp", "model.layers.1.mlp"],
+        "down_proj",
+        ERNIE_INTERMEDIATE // 2,
+    ),
+}
+
+
+@pytest.mark.multiprocess
+def test_local_views_with_batch_inputs_train_like_one_device_at_dp2_mp2(tmp_path, reference_runs):
+    """Phi-3 (an attention taking a batch-shaped mask and positions, and a fused gate|up MLP),
+    XLM (masked_fill, which has no SPMD rule) and ERNIE 4.5 (a fused up|gate MLP) planned at
+    dp2 x mp2 as local views, trained on 4 gloo ranks in one launch: each rank's attention takes
+    its dp rows of the batch-shaped mask (whole, it would not broadcast against the rank's scores),
+    its row projection reads half of the width, and losses and parameters match one device."""
+    plans = {}
+    for workload, (layers, batched, *_) in DP_MP.items():
+        target = WORKLOADS[workload].planner_target
+        plan = plan_target(target, None, _request(dp=2), {"target": target}, local_view=True).plan
+        assert sorted(v.layer for v in plan.local_view) == layers
+        calls = [view.call for view in plan.local_view]
+        cut = {
+            c.keyword or f"argument {i}" for call in calls for i, c in enumerate(call) if c.batch and c.role != "hidden"
+        }
+        assert cut == batched, calls
+        plans[workload] = plan
+    rows = {workload: tuple(rows) for workload, (_, _, *rows) in DP_MP.items()}
+    _train_at_half_width(plans, rows, tmp_path, reference_runs, dp=2)
