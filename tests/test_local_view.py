@@ -11,11 +11,12 @@ and a fused ``gate|up`` one (Phi-3's ``gate_up_proj``, ERNIE 4.5's ``up_gate_pro
 - At dp2 x mp2 on 4 ranks, Phi-3 (a batch-shaped mask, positions, a fused gate|up MLP), XLM
   (masked_fill) and ERNIE 4.5 (a fused up|gate MLP) train like one device too, each attention
   taking its dp rows of the mask.
-- Checkpoints keep the model's own layout: saved under the local view, resumed under the gathered
-  plan and on one device, and the other way round, each like one uninterrupted device.
+- Checkpoints keep the model's own layout, for GPT-2's q|k|v and ERNIE 4.5's up|gate: saved under
+  the local view, resumed under the gathered plan and on one device, and the other way round, each
+  like one uninterrupted device.
 
 Launches: mp2 (2 ranks), dp2 x mp2 (4, twice: GPT-2; Phi-3, XLM and ERNIE 4.5), the MLP's mp2
-(2), the savers (2), the loaders (2, and 1 with the references).
+(2), for each of GPT-2 and ERNIE 4.5 the savers (2) and the loaders (2, and 1 with the references).
 """
 
 from __future__ import annotations
@@ -248,16 +249,26 @@ def test_apply_plan_refuses_a_view_the_model_does_not_match(local_plan):
     assert any("tensor and data parallelism alone" in p for p in local_view_problems(model, pipelined))
 
 
-@pytest.fixture(scope="module")
-def round_trips(local_plan, tmp_path_factory, reference_runs):
+#: Fused weights whose checkpoints round trip: workload -> its segments (GPT-2's c_attn q|k|v,
+#: ERNIE 4.5's up_gate_proj up|gate).
+ROUND_TRIPS = {"zoo_gpt2_hf": 3, "zoo_pf_ernie45": 2}
+
+
+@pytest.fixture(scope="module", params=sorted(ROUND_TRIPS))
+def round_trips(request, tmp_path_factory, reference_runs):
     """AdamW, 2 steps saved under the local-view plan and under the default (gathered) one, each
     resumed for 1 step under the other and the local-view one on one device."""
-    workdir = tmp_path_factory.mktemp("local_view_checkpoints")
-    gathered = plan_target(GPT2, None, _request(), {"target": GPT2}, local_view=False).plan
+    workload = request.param
+    target = WORKLOADS[workload].planner_target
+    workdir = tmp_path_factory.mktemp(f"{workload}_checkpoints")
+    local_plan = plan_target(target, None, _request(), {"target": target}, local_view=True).plan
+    fused = {w.segments for view in local_plan.local_view for w in view.weights} - {1}
+    assert fused == {ROUND_TRIPS[workload]}, local_plan.local_view
+    gathered = plan_target(target, None, _request(), {"target": target}, local_view=False).plan
     plans = {"local": str(workdir / "local.json"), "gathered": str(workdir / "gathered.json")}
     save_plan(local_plan, plans["local"])
     save_plan(gathered, plans["gathered"])
-    common = dict(workload="zoo_gpt2_hf", optimizer="adamw")
+    common = dict(workload=workload, optimizer="adamw")
     saves = [
         (TrainRun(f"save_{k}", plan=plans[k], steps=2, save_checkpoint=str(workdir / f"ckpt_{k}"), **common), 2)
         for k in plans
