@@ -128,23 +128,28 @@ _KERNEL_CALLS = {
 
 @contextmanager
 def _eval_mode(model: paddle.nn.Layer):
-    """``model.eval()`` for the ``with`` body; each layer's own ``training`` flag back on exit.
+    """``model.eval()`` for the ``with`` body; each layer's attributes as they were on exit: its
+    own ``training`` flag, and whatever its forward set while traced (HF Falcon's rotary layer
+    caches its cos/sin table in its first forward: left so, it would hold the trace's static
+    values, which no later eager run, such as a local view's proof, can compute with).
 
     >>> net = paddle.nn.Sequential(paddle.nn.Dropout(0.5), paddle.nn.Linear(2, 2))
     >>> _ = net[0].eval()
     >>> with _eval_mode(net):
     ...     net.training, net[1].training
+    ...     net[1].cached = "static"
     (False, False)
-    >>> net.training, net[0].training, net[1].training
-    (True, False, True)
+    >>> net.training, net[0].training, net[1].training, hasattr(net[1], "cached")
+    (True, False, True, False)
     """
-    modes = [(layer, layer.training) for _, layer in model.named_sublayers(include_self=True)]
+    saved = [(layer, dict(vars(layer))) for _, layer in model.named_sublayers(include_self=True)]
     model.eval()
     try:
         yield
     finally:
-        for layer, training in modes:
-            layer.training = training
+        for layer, attributes in saved:
+            vars(layer).clear()
+            vars(layer).update(attributes)
 
 
 def _trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:

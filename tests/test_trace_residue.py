@@ -58,3 +58,16 @@ def test_tracing_again_and_again_keeps_no_call_stacks_and_no_names():
     assert live_stacks() == stacks  # on main: 3 x (one stack per op of the trace and its startup program)
     assert name_tree_size() == names  # on main: a Net_1, Net_2, Net_3 subtree each time
     assert traceback.extract_stack()[-1].name == "test_tracing_again_and_again_keeps_no_call_stacks_and_no_names"
+
+
+def test_a_trace_leaves_the_models_attributes_as_they_were():
+    """HF Falcon's rotary layer caches its cos/sin table in its first forward
+    (tests/models/zoo/falcon_hf.py, ``cos_sin``): the trace's forward would leave static values
+    there, which the local view's proof (an eager run after the trace) cannot compute with."""
+    from models.zoo import falcon_hf
+
+    model = falcon_hf.build_model()
+    rotary = model.transformer.h[0].self_attention.maybe_rotary
+    trace_model(model, falcon_hf.input_spec())
+    assert rotary.seq_len_cached == -1 and rotary.cos_cached is None and rotary.sin_cached is None
+    assert model(paddle.randint(0, falcon_hf.VOCAB, [2, 8])).shape == [2, 8, falcon_hf.VOCAB]
