@@ -44,7 +44,15 @@ from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_
 
 from autodist.schemas import CallInput, LocalView, LocalWeight, Plan
 from autodist.schemas.describe import strategy_text
-from autodist.schemas.local_view import attribute_owner, hidden_output, local_order, own_order, runs_local_views
+from autodist.schemas.local_view import (
+    attribute_owner,
+    hidden_output,
+    local_order,
+    own_order,
+    rank_positions,
+    reordered,
+    runs_local_views,
+)
 
 from autodist.applier.clip import sum_over
 from autodist.applier.hooks import map_first_input
@@ -65,18 +73,18 @@ class LocalViews:
         """``value`` (a parameter in the model's own layout) with a fused weight's segments
         reordered rank by rank (schemas.local_view), ready for an ordinary ``S(dim)`` shard."""
         weight = self.weights.get(fqn)
-        if weight is None or weight.segments == 1 or weight.dim is None:
+        if weight is None or weight.dim is None or not reordered(weight):
             return value
-        order = local_order(value.shape[weight.dim], weight.segments, self.mp)
+        order = local_order(weight, value.shape[weight.dim], self.mp)
         return paddle.index_select(value, paddle.to_tensor(order, dtype="int64"), axis=weight.dim)
 
     def own_layout(self, fqn: str, whole: np.ndarray) -> np.ndarray:
         """The inverse of :meth:`to_local_layout` on a whole value (what a reader of the
         parameters, or a checkpoint, wants: the model's own layout)."""
         weight = self.weights.get(fqn)
-        if weight is None or weight.segments == 1 or weight.dim is None:
+        if weight is None or weight.dim is None or not reordered(weight):
             return whole
-        return np.take(whole, own_order(whole.shape[weight.dim], weight.segments, self.mp), axis=weight.dim)
+        return np.take(whole, own_order(weight, whole.shape[weight.dim], self.mp), axis=weight.dim)
 
     def own_boxes(
         self, fqn: str, offset: list[int], shape: list[int], whole: list[int]
@@ -91,11 +99,11 @@ class LocalViews:
         """
         weight = self.weights.get(fqn)
         planned = self.plan.params[fqn].shape if self.plan is not None and fqn in self.plan.params else None
-        # not a fused weight, or a state of another shape (an optimizer's beta powers)
-        if weight is None or weight.segments == 1 or weight.dim is None or list(whole) != planned:
+        # not a reordered weight, or a state of another shape (an optimizer's beta powers)
+        if weight is None or weight.dim is None or not reordered(weight) or list(whole) != planned:
             return [(list(offset), list(shape), 0)]
         dim = weight.dim
-        order = local_order(whole[dim], weight.segments, self.mp)[offset[dim] : offset[dim] + shape[dim]]
+        order = local_order(weight, whole[dim], self.mp)[offset[dim] : offset[dim] + shape[dim]]
         boxes = []
         start = 0
         for i in range(1, len(order) + 1):  # runs of consecutive positions of the model's layout
@@ -130,20 +138,39 @@ def mp_line(plan: Plan, rank: int) -> dist.ProcessMesh:
     return dist.ProcessMesh(line, dim_names=["mp"])
 
 
-def param_local(param: paddle.Tensor) -> paddle.Tensor:
+def param_local(param: paddle.Tensor, shared_over_mp: bool = False) -> paddle.Tensor:
     """A parameter's local value for this call. Its gradient comes back Partial on every axis
     the parameter is replicated on but mp (dp: each rank's gradient covers its own rows of the
-    batch; the optimizer sums it, as for any data-parallel gradient)."""
+    batch; the optimizer sums it, as for any data-parallel gradient), and on mp too when
+    ``shared_over_mp`` (a weight held whole whose columns each rank takes: each rank's gradient
+    is its share)."""
     mesh = param.process_mesh
     backward = [
-        p if name == "mp" or not isinstance(p, dist.Replicate) else dist.Partial()
+        p if (name == "mp" and not shared_over_mp) or not isinstance(p, dist.Replicate) else dist.Partial()
         for name, p in zip(mesh.dim_names, param.placements)
     ]
     return dtensor_to_local(param, mesh, backward)
 
 
+def _call_value(param: paddle.Tensor, weight: LocalWeight | None, mp: int, rank: int) -> paddle.Tensor:
+    """Mp rank ``rank``'s value of a parameter for the call: its local shard (a reordered fused
+    weight's is already ``q_r|k_r|v_r``); 1/mp of a summed bias; of a weight held whole with
+    segments computed whole (``replicated``: a multi-query ``q|k|v``), its columns ``q_r|k|v``
+    (:func:`~autodist.schemas.local_view.rank_positions`). The last one's gradient is each rank's
+    share, landing on the columns it took (its slice of q, its heads' part of K's and V's), so
+    summed over mp (Partial, summed by the optimizer) it is the whole gradient: the proof's
+    reassembly (planner/local_view.py ``_reassembled``)."""
+    if weight is not None and weight.replicated and weight.dim is not None:
+        local = param_local(param, shared_over_mp=True)
+        positions = rank_positions(weight, local.shape[weight.dim], mp, rank)
+        return paddle.index_select(local, paddle.to_tensor(positions, dtype="int64"), axis=weight.dim)
+    local = param_local(param)
+    return _Scaled.apply(local, 1.0 / mp) if weight is not None and weight.summed else local
+
+
 def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.ProcessMesh, mp: int) -> None:
-    summed = {w.param for w in view.weights if w.summed}
+    weights = {w.param: w for w in view.weights}
+    rank = mesh.process_ids.index(dist.get_rank())
     prefix = view.layer + "."
     slots = [
         (sub, key, param, f"{prefix}{name}.{key}" if name else f"{prefix}{key}")
@@ -172,8 +199,7 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in attributes]
         try:
             for sub, key, param, fqn in slots:
-                local = param_local(param)
-                sub._parameters[key] = _Scaled.apply(local, 1.0 / mp) if fqn in summed else local
+                sub._parameters[key] = _call_value(param, weights.get(fqn), mp, rank)
             for owner, name, value in attributes:
                 setattr(owner, name, value)
             output = forward(*args, **kwargs)
@@ -335,13 +361,13 @@ def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
             if weight.param not in listed or planned is None or not weight.param.startswith(view.layer + "."):
                 problems.append(f"local_view {view.layer}: {weight.param} is not a planned parameter of it")
                 continue
-            want = "R" if weight.dim is None else f"S({weight.dim})"
+            want = "R" if weight.dim is None or weight.replicated else f"S({weight.dim})"
             got = planned.placements[plan.mesh.axes.index("mp")] if "mp" in plan.mesh.axes else "R"
-            size = planned.shape[weight.dim] if weight.dim is not None and weight.dim < len(planned.shape) else 0
-            if got != want or (weight.dim is not None and size % (weight.segments * mp)):
+            if got != want or not _splits(weight, planned.shape, mp):
                 problems.append(
                     f"local_view {view.layer}: {weight.param} is placed {got} with shape {planned.shape}; "
-                    f"its local view needs {want} in {weight.segments} segments of {mp} slices"
+                    f"its local view needs {want} in {weight.segments} segments "
+                    f"of sizes {weight.sizes or 'equal'} (whole: {weight.replicated}) split over {mp} ranks"
                 )
         for attribute in view.attributes:
             layer = layers.get(attribute.layer)
@@ -355,3 +381,17 @@ def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
                     f"{attribute.whole}, the model has {value!r}"
                 )
     return problems
+
+
+def _splits(weight: LocalWeight, shape: list[int], mp: int) -> bool:
+    """Whether ``weight``'s segments (of a parameter of ``shape``) lie along its dim and split
+    over ``mp`` as listed (:func:`~autodist.schemas.local_view.rank_positions`)."""
+    if weight.dim is None:
+        return True
+    if weight.dim >= len(shape):
+        return False
+    try:
+        rank_positions(weight, shape[weight.dim], mp, 0)
+    except ValueError:
+        return False
+    return True

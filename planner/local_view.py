@@ -39,11 +39,17 @@ import paddle
 from autodist.schemas.plan import DTYPE_BYTES, DType
 from autodist.schemas.vocabulary import FLOAT_DTYPES
 from autodist.schemas import CallInput, LocalAttribute, LocalView, LocalWeight, Plan, Strategy
-from autodist.schemas.local_view import attribute_owner, hidden_output, local_order, own_order, runs_local_views
+from autodist.schemas.local_view import (
+    attribute_owner,
+    hidden_output,
+    rank_positions,
+    runs_local_views,
+    segment_sizes,
+)
 
 from autodist.planner.recognise.analysis import ModelAnalysis
 from autodist.planner.recognise.reshards import local_view_candidates
-from autodist.planner.recognise.roles import SubLayer
+from autodist.planner.recognise.roles import Projection, SubLayer
 from autodist.planner.trace import LayerCall, Opaque, TracedTensor
 
 #: Equal within: the local runs reassembled against the global run, float32.
@@ -74,22 +80,40 @@ class Candidate:
         return f"replicated: Paddle has no SPMD rule for {op}" if op else "fused projection gathered"
 
 
-def candidates(analysis: ModelAnalysis) -> list[Candidate]:
-    """The sub-layers that may run as local views
+def candidates(analysis: ModelAnalysis, mp: int) -> list[Candidate]:
+    """The sub-layers that may run as local views at ``mp``
     (:func:`~autodist.planner.recognise.reshards.local_view_candidates`), with their weights' views."""
     found = []
     for block in analysis.blocks:
         for layer, sub in local_view_candidates(block):
             weights = []
             for column in sub.columns:
-                weights.append(LocalWeight(param=column.weight, dim=column.split_dim, segments=column.fused))
+                assert column.split_dim is not None  # local_view_candidates: every column split
+                fused = _fused(sub, column, analysis.params[column.weight][0][column.split_dim], mp)
+                weights.append(LocalWeight(param=column.weight, dim=column.split_dim, **fused))
                 if column.bias:
-                    weights.append(LocalWeight(param=column.bias, dim=0, segments=column.fused))
+                    weights.append(LocalWeight(param=column.bias, dim=0, **fused))
             weights.append(LocalWeight(param=sub.row.weight, dim=sub.row.split_dim))
             if sub.row.bias:
                 weights.append(LocalWeight(param=sub.row.bias, summed=True))
             found.append(Candidate(layer, sub, tuple(weights)))
     return found
+
+
+def _fused(sub: SubLayer, column: Projection, width: int, mp: int) -> dict:
+    """How a column's segments lie (``LocalWeight`` fields): ``column.fused`` equal ones, or, for
+    an attention's ``q|k|v`` of ``width`` with fewer KV heads than query heads (multi-query,
+    grouped), q of all the heads then k and v of the KV heads, those two replicated when the KV
+    heads do not split over ``mp`` (Megatron's way: each rank's query heads against the whole
+    K and V). The proof decides whether the model lays it out so."""
+    kv, heads, head_dim = sub.num_kv_heads, sub.num_heads, sub.head_dim
+    if sub.kind != "attention" or column.fused != 3 or not 0 < kv < heads or width != (heads + 2 * kv) * head_dim:
+        return {"segments": column.fused}
+    return {
+        "segments": 3,
+        "sizes": [heads * head_dim, kv * head_dim, kv * head_dim],
+        "replicated": [1, 2] if kv % mp else [],
+    }
 
 
 def local_views(
@@ -101,7 +125,7 @@ def local_views(
     attribute values and call are proven once. Only under tensor (and data) parallelism alone
     (:func:`~autodist.schemas.local_view.runs_local_views`)."""
     mp = strategy.mp
-    found = candidates(analysis)
+    found = candidates(analysis, mp)
     if not found or mp == 1:
         return [], []
     if not runs_local_views(strategy):
@@ -129,10 +153,10 @@ def local_views(
             continue
         try:
             call, dropped = call_inputs(calls.get(candidate.layer, []))
-        except NotProven as exc:
+            attributes = size_attributes(layer, candidate, params, mp)
+        except (NotProven, ValueError) as exc:  # ValueError: a fused width whose segments do not split over mp
             unproven[candidate.layer] = (candidate.otherwise, str(exc))
             continue
-        attributes = size_attributes(layer, candidate, params, mp)
         outcomes: list[str | NotProven] = []
         for weights in _layouts(candidate):
             view = LocalView(
@@ -140,7 +164,13 @@ def local_views(
             )
             key = (
                 type(layer).__qualname__,
-                tuple((w.param.removeprefix(candidate.layer), tuple(params[w.param][0]), w.segments) for w in weights),
+                tuple(
+                    (
+                        msgspec.json.encode(msgspec.structs.replace(w, param=w.param.removeprefix(candidate.layer))),
+                        tuple(params[w.param][0]),
+                    )
+                    for w in weights
+                ),
                 tuple((a.layer.removeprefix(candidate.layer), a.name, a.whole) for a in attributes),
                 msgspec.json.encode(call),
                 tuple(dropped),
@@ -174,7 +204,7 @@ def _layouts(candidate: Candidate) -> list[list[LocalWeight]]:
     (``segments`` 1: GPT-NeoX lays ``query_key_value`` out head by head, ``[q_h k_h v_h]`` for each
     head, so a rank's contiguous slice holds its heads' q, k and v). The proof decides."""
     recognised = list(candidate.weights)
-    contiguous = [msgspec.structs.replace(w, segments=1) for w in recognised]
+    contiguous = [msgspec.structs.replace(w, segments=1, sizes=[], replicated=[]) for w in recognised]
     return [recognised] if contiguous == recognised else [recognised, contiguous]
 
 
@@ -263,7 +293,8 @@ def _counted(found: list[Candidate]) -> str:
 
 def size_attributes(layer: paddle.nn.Layer, candidate: Candidate, params: dict, mp: int) -> list[LocalAttribute]:
     """The integer attributes of the sub-layer and its column projections whose values are a
-    head count or a width that splits over ``mp`` (at 1/mp of their value), not the head dim;
+    head count or a width that splits over ``mp`` (at 1/mp of their value; a fused column's whole
+    width at what a rank computes with, its K and V whole in a multi-query one), not the head dim;
     and the head counts of the objects the sub-layer holds (HF Phi-3 reads
     ``self.config.num_attention_heads``; only head counts there: a config's widths, such as its
     ``hidden_size``, are read whole by the rest of the model). The widths are the heads' and each
@@ -272,9 +303,13 @@ def size_attributes(layer: paddle.nn.Layer, candidate: Candidate, params: dict, 
     :func:`verify`."""
     sub = candidate.sublayer
     widths = {sub.num_heads, sub.num_kv_heads, sub.num_heads * sub.head_dim, sub.num_kv_heads * sub.head_dim}
+    local: dict[int, int] = {}  # a fused column's whole width: what a rank computes with
     for column in sub.columns:
+        weight = next(w for w in candidate.weights if w.param == column.weight)
         width = params[column.weight][0][column.split_dim]
-        widths |= {width, width // column.fused}
+        sizes = segment_sizes(weight, width)
+        widths |= {width, *(size for s, size in enumerate(sizes) if s not in weight.replicated)}
+        local[width] = len(rank_positions(weight, width, mp, 0))
     heads = {h for h in (sub.num_heads, sub.num_kv_heads) if h > 0 and h % mp == 0}
     widths = {w for w in widths if w > 0 and w % mp == 0 and w != sub.head_dim}
     owners = [("", layer)] + [
@@ -290,7 +325,9 @@ def size_attributes(layer: paddle.nn.Layer, candidate: Candidate, params: dict, 
         path = f"{candidate.layer}.{name}" if name else candidate.layer
         for attribute, value in _int_attributes(vars(owner)):
             if value in widths:
-                found.append(LocalAttribute(layer=path, name=attribute, whole=value, local=value // mp))
+                found.append(
+                    LocalAttribute(layer=path, name=attribute, whole=value, local=local.get(value, value // mp))
+                )
     for held, value in sorted(vars(layer).items()):
         if _holds_sizes(held, value):
             public = {n: getattr(value, n, None) for n in dir(value) if not n.startswith("_")}
@@ -417,7 +454,7 @@ def verify(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, input
     for weight in view.weights:
         _compare(
             f"gradient of {weight.param}",
-            _reassembled(weight, [g[weight.param] for g in local_grads], mp),
+            _reassembled(weight, [g[weight.param] for g in local_grads], mp, grads[weight.param].shape),
             grads[weight.param],
         )
     called = f", called with {_described_call(view.call)}" if len(view.call) > 1 else ""
@@ -527,24 +564,27 @@ def _numpy(grad, shape) -> np.ndarray:
 
 
 def _local(whole: np.ndarray, weight: LocalWeight, rank: int, mp: int) -> np.ndarray:
-    """Rank ``rank``'s value of a weight: its slice of each segment, or 1/mp of a summed bias."""
+    """Rank ``rank``'s value of a weight: its columns (:func:`rank_positions`: its slice of each
+    split segment, the whole of each replicated one), or 1/mp of a summed bias."""
     if weight.summed:
         return whole / mp
     if weight.dim is None:
         return whole
-    size = whole.shape[weight.dim]
-    order = local_order(size, weight.segments, mp)
-    width = size // mp
-    return np.take(whole, order[rank * width : (rank + 1) * width], axis=weight.dim)
+    return np.take(whole, rank_positions(weight, whole.shape[weight.dim], mp, rank), axis=weight.dim)
 
 
-def _reassembled(weight: LocalWeight, grads: list[np.ndarray], mp: int) -> np.ndarray:
-    """The whole gradient from the ranks' (the applier's: slices in the model's own layout; a
+def _reassembled(weight: LocalWeight, grads: list[np.ndarray], mp: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The whole gradient (of ``shape``) from the ranks', as the applier makes it: each rank's
+    added at the columns it computed with (:func:`rank_positions`) and summed over the ranks, so
+    a split segment's slices land side by side and a replicated segment's shares add up (a
     summed bias's gradient is the whole one on each rank, the first rank's is compared)."""
     if weight.summed or weight.dim is None:
         return grads[0]
-    joined = np.concatenate(grads, axis=weight.dim)
-    return np.take(joined, own_order(joined.shape[weight.dim], weight.segments, mp), axis=weight.dim)
+    whole = np.zeros(shape, grads[0].dtype)
+    moved = np.moveaxis(whole, weight.dim, 0)  # a view: adding into it adds into ``whole``
+    for rank, grad in enumerate(grads):
+        np.add.at(moved, rank_positions(weight, shape[weight.dim], mp, rank), np.moveaxis(grad, weight.dim, 0))
+    return whole
 
 
 def _compare(what: str, got: np.ndarray, want: np.ndarray) -> None:

@@ -8,31 +8,76 @@ distributed parameter holds those slices rank after rank along the split dim, so
 the model's own, :func:`own_order` the way back (a checkpoint and a reader of the parameters want
 the model's own layout).
 
-    >>> local_order(6, segments=3, mp=2)      # q0 k0 v0 | q1 k1 v1, each segment 2 wide
+    >>> from autodist.schemas import LocalWeight
+    >>> qkv = LocalWeight(param="attn.qkv.weight", dim=1, segments=3)
+    >>> local_order(qkv, 6, mp=2)      # q0 k0 v0 | q1 k1 v1, each segment 2 wide
     [0, 2, 4, 1, 3, 5]
-    >>> [local_order(6, 3, 2)[i] for i in own_order(6, 3, 2)]
+    >>> [local_order(qkv, 6, 2)[i] for i in own_order(qkv, 6, 2)]
     [0, 1, 2, 3, 4, 5]
+
+Segments may differ in size (``LocalWeight.sizes``), and some may be computed with whole on
+every rank (``LocalWeight.replicated``: a multi-query ``q|k|v``'s one K and V head). Such a weight
+is held replicated over mp in the model's own layout, not reordered (:func:`reordered`); each
+rank takes its columns, :func:`rank_positions`, for the call:
+
+    >>> mqa = LocalWeight(param="attn.qkv.weight", dim=1, segments=3, sizes=[4, 1, 1], replicated=[1, 2])
+    >>> rank_positions(mqa, 6, mp=2, rank=1)      # q's second half, then k and v whole
+    [2, 3, 4, 5]
 """
 
 from __future__ import annotations
 
-from autodist.schemas.plan import Strategy
+from autodist.schemas.plan import LocalWeight, Strategy
 
 
-def local_order(size: int, segments: int, mp: int) -> list[int]:
+def segment_sizes(weight: LocalWeight, size: int) -> list[int]:
+    """The sizes of ``weight``'s segments along its dim of ``size``: ``weight.sizes``, else
+    ``segments`` equal ones. Raises ValueError when they do not make up ``size``."""
+    sizes = list(weight.sizes) or [size // weight.segments] * weight.segments
+    if len(sizes) != weight.segments or sum(sizes) != size or any(s >= weight.segments for s in weight.replicated):
+        raise ValueError(
+            f"{weight.param}: a dim of {size} is not {weight.segments} segments of sizes {weight.sizes or 'equal'} "
+            f"(replicated {weight.replicated})"
+        )
+    return sizes
+
+
+def rank_positions(weight: LocalWeight, size: int, mp: int, rank: int) -> list[int]:
+    """The positions of the model's own layout (along ``weight.dim``, of ``size``) that rank
+    ``rank`` computes with, in the order its call sees them: of each segment in turn, its
+    ``rank``-th slice, or the whole segment when ``replicated``. Raises ValueError when a split
+    segment does not divide by ``mp``."""
+    positions: list[int] = []
+    start = 0
+    for s, segment in enumerate(segment_sizes(weight, size)):
+        if s in weight.replicated:
+            positions += range(start, start + segment)
+        elif segment % mp:
+            raise ValueError(f"{weight.param}: a segment of {segment} does not split into {mp} equal slices")
+        else:
+            width = segment // mp
+            positions += range(start + rank * width, start + (rank + 1) * width)
+        start += segment
+    return positions
+
+
+def reordered(weight: LocalWeight) -> bool:
+    """Whether the distributed parameter of ``weight`` holds the ranks' slices rank after rank
+    (:func:`local_order`), not the model's own layout: a fused weight (along its dim) split over
+    mp; one with ``replicated`` segments is held whole in the model's own layout."""
+    return weight.segments > 1 and not weight.replicated
+
+
+def local_order(weight: LocalWeight, size: int, mp: int) -> list[int]:
     """Position ``p`` of the ranks' layout holds element ``local_order(...)[p]`` of the model's own
-    layout (``segments`` equal segments along a dim of ``size``; each divides by ``mp``)."""
-    if size % (segments * mp):
-        raise ValueError(f"a dim of {size} does not split into {segments} segments of {mp} equal slices")
-    segment = size // segments
-    width = segment // mp
-    return [s * segment + r * width + j for r in range(mp) for s in range(segments) for j in range(width)]
+    layout (along ``weight.dim``, of ``size``): :func:`rank_positions` of each rank in turn."""
+    return [p for rank in range(mp) for p in rank_positions(weight, size, mp, rank)]
 
 
-def own_order(size: int, segments: int, mp: int) -> list[int]:
+def own_order(weight: LocalWeight, size: int, mp: int) -> list[int]:
     """The inverse of :func:`local_order`: position ``i`` of the model's own layout is element
     ``own_order(...)[i]`` of the ranks' layout."""
-    order = local_order(size, segments, mp)
+    order = local_order(weight, size, mp)
     inverse = [0] * size
     for position, element in enumerate(order):
         inverse[element] = position

@@ -323,14 +323,23 @@ class LocalWeight(Base):
     computes with."""
 
     param: Fqn
-    #: The weight dim split over mp (its ``ParamPlan`` placement on mp is ``S(dim)``); None: whole
-    #: on every rank.
+    #: The weight dim split over mp (its ``ParamPlan`` placement on mp is ``S(dim)``, ``R`` with
+    #: ``replicated`` segments); None: whole on every rank.
     dim: NonNegativeInt | None = None
-    #: Equal projections fused along ``dim`` (3 for ``q|k|v``): rank ``r`` computes with the
-    #: ``r``-th slice of *each* segment, in segment order (``q_r|k_r|v_r``), the layout the model's
-    #: own split expects at 1/mp width. The distributed parameter holds the ranks' slices one
-    #: after another along ``dim``, so its shard on rank ``r`` is exactly that.
+    #: Projections fused along ``dim`` (3 for ``q|k|v``): rank ``r`` computes with the ``r``-th
+    #: slice of *each* segment, in segment order (``q_r|k_r|v_r``), the layout the model's own
+    #: split expects at 1/mp width. The distributed parameter holds the ranks' slices one after
+    #: another along ``dim``, so its shard on rank ``r`` is exactly that.
     segments: PositiveInt = 1
+    #: The segments' sizes along ``dim`` when they differ (Falcon's multi-query ``q|k|v``:
+    #: ``[heads * head_dim, head_dim, head_dim]``); [] for ``segments`` equal ones.
+    sizes: list[PositiveInt] = []
+    #: The segments every rank computes with whole instead of its slice, by position (``[1, 2]``:
+    #: a multi-query projection's k and v, one KV head shared by all the query heads, Megatron's
+    #: way). A weight with any is held replicated over mp in the model's own layout (its
+    #: ``ParamPlan`` placement on mp is ``R``): each rank takes its columns for the call
+    #: (``q_r|k|v``), and its gradient, each rank's share, is summed over mp.
+    replicated: list[NonNegativeInt] = []
     #: Added once into the sub-layer's output (the row projection's bias): each rank adds 1/mp of
     #: it, so the ranks' partial outputs sum to the whole; its gradient is the whole one on every rank.
     summed: bool = False

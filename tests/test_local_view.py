@@ -11,12 +11,15 @@ and a fused ``gate|up`` one (Phi-3's ``gate_up_proj``, ERNIE 4.5's ``up_gate_pro
 - At dp2 x mp2 on 4 ranks, Phi-3 (a batch-shaped mask, positions, a fused gate|up MLP), XLM
   (masked_fill) and ERNIE 4.5 (a fused up|gate MLP) train like one device too, each attention
   taking its dp rows of the mask.
-- Checkpoints keep the model's own layout, for GPT-2's q|k|v and ERNIE 4.5's up|gate: saved under
-  the local view, resumed under the gathered plan and on one device, and the other way round, each
-  like one uninterrupted device.
+- HF Falcon's fused multi-query ``query_key_value`` (one K/V head) is Megatron's local view
+  ``q_r|k|v``, its weight held whole over mp: at mp2 and dp2 x mp2 it trains like one device.
+- Checkpoints keep the model's own layout, for GPT-2's q|k|v, ERNIE 4.5's up|gate (held rank by
+  rank) and Falcon's multi-query q|k|v (held whole): saved under the local view, resumed under the
+  gathered plan and on one device, and the other way round, each like one uninterrupted device.
 
 Launches: mp2 (2 ranks), dp2 x mp2 (4, twice: GPT-2; Phi-3, XLM and ERNIE 4.5), the MLP's mp2
-(2), for each of GPT-2 and ERNIE 4.5 the savers (2) and the loaders (2, and 1 with the references).
+(2), Falcon's mp2 (2) and dp2 x mp2 (4), for each of GPT-2, ERNIE 4.5 and Falcon the savers (2)
+and the loaders (2, and 1 with the references).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from harness.workloads import BATCH, WORKLOADS
 GPT2 = "tests/models/zoo/gpt2_hf.py"
 HEADS = 4  # tests/models/zoo/gpt2_hf.py N_HEAD
 PHI3 = "tests/models/zoo/phi3_hf.py"
+FALCON = "tests/models/zoo/falcon_hf.py"
 ERNIE_INTERMEDIATE = 64  # tests/models/paddleformers_models.py _TINY intermediate_size
 
 
@@ -250,8 +254,8 @@ def test_apply_plan_refuses_a_view_the_model_does_not_match(local_plan):
 
 
 #: Fused weights whose checkpoints round trip: workload -> its segments (GPT-2's c_attn q|k|v,
-#: ERNIE 4.5's up_gate_proj up|gate).
-ROUND_TRIPS = {"zoo_gpt2_hf": 3, "zoo_pf_ernie45": 2}
+#: ERNIE 4.5's up_gate_proj up|gate, Falcon's multi-query query_key_value q|k|v, held whole).
+ROUND_TRIPS = {"zoo_gpt2_hf": 3, "zoo_pf_ernie45": 2, "zoo_falcon_hf": 3}
 
 
 @pytest.fixture(scope="module", params=sorted(ROUND_TRIPS))
@@ -615,3 +619,20 @@ def test_local_views_with_batch_inputs_train_like_one_device_at_dp2_mp2(tmp_path
         plans[workload] = plan
     rows = {workload: tuple(rows) for workload, (_, _, *rows) in DP_MP.items()}
     _train_at_half_width(plans, rows, tmp_path, reference_runs, dp=2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("dp", [1, 2])
+def test_a_fused_multi_query_attention_trains_like_one_device_with_k_and_v_whole(dp, tmp_path, reference_runs):
+    """HF Falcon's ``query_key_value`` (q of 4 heads, then one K and one V head) as Megatron's
+    local view at dp x mp2: the weight held whole over mp, each rank computing with its 2 query
+    heads' columns and the whole K and V, the K and V columns' gradient summed over mp. On
+    ``2 * dp`` gloo ranks: losses and parameters as one device, each rank's ``dense`` reading the
+    2 heads' 16 features (tests/models/zoo/falcon_hf.py: 4 heads of 8)."""
+    plan = plan_target(FALCON, None, _request(dp=dp), {"target": FALCON}, local_view=True).plan
+    layers = [f"transformer.h.{i}.self_attention" for i in (0, 1)]
+    assert [view.layer for view in plan.local_view] == layers
+    assert [w.replicated for w in plan.local_view[0].weights] == [[1, 2], []]
+    _train_at_half_width(
+        {"zoo_falcon_hf": plan}, {"zoo_falcon_hf": (layers, "dense", 4 * 8 // 2)}, tmp_path, reference_runs, dp=dp
+    )

@@ -8,12 +8,15 @@ could not exist at all (one head does not divide over two ranks).
 
 tests/test_zoo.py holds the model's placements and tests/test_train_zoo.py trains it at mp2 on two
 gloo ranks to the single-device losses and parameters; here: the roles, what Paddle's SPMD rules
-make of the attention core under them, what the cost model charges, and mp4.
+make of the attention core under them, what the cost model charges, and mp4. Falcon fuses its
+multi-query q | k | v in one projection: gathered in the global view, and, as a local view,
+Megatron's ``q_r|k|v`` with the weight held whole (its training: tests/test_local_view.py).
 """
 
 from __future__ import annotations
 
 import paddle
+import pytest
 
 from autodist.planner.cost.graph_cost import model_cost
 from autodist.planner.cost.search import SearchRequest
@@ -117,3 +120,71 @@ def test_a_fused_multi_query_projection_is_gathered_and_its_kv_head_constrains_n
     assert [h.layer for h in made.plan.hooks if h.action == "reshard"] == [
         f"transformer.h.{i}.self_attention.query_key_value" for i in range(2)
     ]
+
+
+FALCON_ATTENTION = "transformer.h.{}.self_attention"
+#: Read from tests/models/zoo/falcon_hf.py: HIDDEN 32 over HEADS 4 of HEAD_DIM 8, one KV head;
+#: query_key_value's [32, 32 + 2 * 8] weight holds q of the 4 heads, then k, then v.
+FALCON_Q, FALCON_KV = 4 * 8, 8
+
+
+def _falcon_local_plan():
+    request = SearchRequest(devices_per_node=2, mp=2, pp=1, sequence_parallel=False)
+    return plan_target(FALCON, None, request, {"target": FALCON}, local_view=True).plan
+
+
+def test_a_fused_multi_query_attention_is_a_local_view_with_k_and_v_whole():
+    """Megatron's layout for Falcon's fused multi-query ``query_key_value``: each rank computes
+    with its 2 query heads' columns and the one K and V head whole (``q_r|k|v``), so the weight
+    is held replicated over mp; the heads' counts and widths the forward reads are halved, the
+    fused projection's gather is gone, and the note says what the estimate leaves out."""
+    plan = _falcon_local_plan()
+    views = {view.layer: view for view in plan.local_view}
+    assert sorted(views) == [FALCON_ATTENTION.format(i) for i in (0, 1)]
+    view = views[FALCON_ATTENTION.format(0)]
+    weights = {
+        w.param.removeprefix(view.layer + "."): (w.dim, w.segments, w.sizes, w.replicated, w.summed)
+        for w in view.weights
+    }
+    assert weights == {
+        "query_key_value.weight": (1, 3, [FALCON_Q, FALCON_KV, FALCON_KV], [1, 2], False),
+        "dense.weight": (0, 1, [], [], False),
+    }
+    assert {(a.name, a.whole, a.local) for a in view.attributes} == {
+        ("num_heads", 4, 2),
+        ("hidden_size", 32, 16),
+        ("split_size", 32, 16),
+    }
+    assert "equal the global run" in view.verified
+    axis = plan.mesh.axes.index("mp")
+    assert plan.params[f"{view.layer}.query_key_value.weight"].placements[axis] == "R"
+    assert plan.params[f"{view.layer}.dense.weight"].placements[axis] == "S(0)"
+    assert [h for h in plan.hooks if h.action == "reshard"] == []
+    held = [note for note in plan.notes if "held whole on every mp rank" in note]
+    # 2 layers' [32, 48] weights, each rank holding all of it where the estimate counts half
+    assert len(held) == 1 and f"{2 * 32 * 48 // 2} elements a rank short" in held[0], plan.notes
+
+
+def test_the_multi_query_proof_fails_for_another_layout():
+    """The proof decides: Falcon's attention with three equal segments (GPT-2's ``q_r|k_r|v_r``)
+    cannot run (each rank's 24 columns are no whole heads); with 32 columns a rank but the wrong
+    ones (the first and last 8 whole, half of the 32 between), it runs and computes something else."""
+    import msgspec
+
+    from autodist.planner.driver import load
+    from autodist.planner.local_view import NotProven, verify
+
+    plan = _falcon_local_plan()
+    view = plan.local_view[0]
+    layer = dict(load(FALCON).model.named_sublayers())[view.layer]
+    params = {fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}
+    qkv = view.weights[0]
+
+    def with_qkv(**fields):
+        return msgspec.structs.replace(view, weights=[msgspec.structs.replace(qkv, **fields), *view.weights[1:]])
+
+    with pytest.raises(NotProven, match="running it failed: ValueError"):
+        verify(layer, with_qkv(sizes=[], replicated=[]), params, 2, [2, 8, 32])
+    with pytest.raises(NotProven, match="output differs from the global run's"):
+        verify(layer, with_qkv(sizes=[FALCON_KV, FALCON_Q, FALCON_KV], replicated=[0, 2]), params, 2, [2, 8, 32])
+    assert "equal the global run" in verify(layer, view, params, 2, [2, 8, 32])

@@ -248,8 +248,9 @@ EXPECTED = {
         "model.embed_tokens.weight": COL_B,
     },
     # multi-query attention fused in one query_key_value (q | k | v, one KV head): split by columns
-    # and gathered like every fused projection; its rotary table is an einsum of an arange and a
-    # buffer; the head reads the word embeddings' table
+    # and gathered like every fused projection (as a local view, the default, it is held whole:
+    # tests/test_multi_query.py); its rotary table is an einsum of an arange and a buffer; the
+    # head reads the word embeddings' table
     f"{ZOO}/falcon_hf.py": {
         **fused("transformer.h.*.self_attention", "query_key_value"),
         "transformer.h.*.self_attention.dense.weight": ROW,

@@ -332,8 +332,9 @@ def _hook_lines(plan: Plan) -> list[str]:
 
 
 def _local_view_lines(plan: Plan) -> list[str]:
-    """Each local-view sub-layer: its fused weights' segments and the attributes set for the
-    call, names relative to the sub-layer (``c_attn.nf 96->48``), collapsed over the blocks."""
+    """Each local-view sub-layer: its fused weights' segments (their sizes when unequal, those
+    computed whole on every rank) and the attributes set for the call, names relative to the
+    sub-layer (``c_attn.nf 96->48``), collapsed over the blocks."""
     if not plan.local_view:
         return []
 
@@ -344,6 +345,8 @@ def _local_view_lines(plan: Plan) -> list[str]:
         view.layer: "; ".join(
             [
                 f"{relative(w.param, view.layer)} {w.segments} segments"
+                + (f" {w.sizes}" if w.sizes else "")
+                + (f", {w.replicated} whole on every rank" if w.replicated else "")
                 for w in view.weights
                 if w.segments > 1 and not w.param.endswith(".bias")
             ]
