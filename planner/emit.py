@@ -212,7 +212,8 @@ def _held_whole(
     """``params`` with each local-view weight whose segments some rank computes with whole
     (``LocalWeight.replicated``: a multi-query ``q|k|v``'s K and V) replicated over mp, in the
     model's own layout: each rank takes its columns for the call (applier/local_view.py). The
-    search priced it split (it runs before any proof): one note says by how much its memory is low."""
+    search priced it split (it runs before any proof): one note says by how much its memory is low
+    and that its gradient's all-reduce over mp is not priced."""
     held = [w.param for view in local_view for w in view.weights if w.replicated]
     uncounted = 0
     for fqn in held:
@@ -226,7 +227,7 @@ def _held_whole(
             f"local view: {len(held)} fused weight(s) with K and V computed whole ({held[0]} first) are held whole "
             "on every mp rank (Megatron's multi-query layout: each rank's query heads against the whole K and V); "
             f"the estimate prices them split, {uncounted} elements a rank short in its parameter, gradient and "
-            "optimizer memory"
+            "optimizer memory, and without the all-reduce over mp of their whole gradient each step"
         )
     return params
 
