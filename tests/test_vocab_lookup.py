@@ -8,16 +8,20 @@ table in every forward and backward.
 - Trained on 2 gloo ranks (mp2) and 4 (dp2 x mp2), untied (tests/models/gpt.py), tied by name
   with a ``padding_idx`` (the zoo's OPT) and tied by a function call (nanoGPT): losses and
   parameters as on one device.
-- The gathers are gone: Paddle logs every input it reshards before a kernel
-  (``GLOG_vmodule=data_transform=4``); the split table is resharded 2 times a step (forward and
-  backward) under the global lookup, never under the local one.
+- The gathers are gone: under the global lookup ``F.embedding`` is handed the split DistTensor
+  table, which Paddle's rule gathers whole in the forward and again in the backward (measured
+  with ``GLOG_vmodule=data_transform=4``: docs/paddle-notes.md); under the local one, each rank's
+  rows as a plain tensor. A probe of ``F.embedding`` in jobs that run the lookups alone shows
+  which (the log is not the probe: with it on, Paddle aborted now and then with "double free or
+  corruption", depending on the environment, never without it).
 
-Launches: mp2 with the log (2 ranks), the global lookup with the log (2), dp2 x mp2 (4), references (1).
+Launches: mp2 (2 ranks), the global lookup (2), dp2 x mp2 (4), references (1); the probed lookups
+(2 x 2 ranks).
 """
 
 from __future__ import annotations
 
-import re
+import json
 
 import msgspec
 import pytest
@@ -31,6 +35,7 @@ from autodist.planner.review.show import show_text
 from autodist.schemas import Plan, VocabLookup, save_plan
 from harness.cases import Trained, check_against_reference
 from harness.jobs import Job, TrainRun
+from harness.launcher import launch_ranks
 from harness.runner import read_outputs, start_job
 from harness.workloads import BATCH, WORKLOADS
 
@@ -130,31 +135,52 @@ def test_apply_plan_refuses_a_lookup_the_model_cannot_run_locally(plans):
     assert any("tensor and data parallelism alone" in p for p in vocab_lookup_problems(model, pipelined))
 
 
-#: The log line of an input resharded before a kernel (docs/paddle-notes.md, "SPMD rules").
-RESHARDED_INPUT = re.compile(
-    r"Reshard input: \S+ reshard from \{Global Shape: (\d+), (\d+), Local Shape: (\d+), (\d+),"
-)
-
-
-def _table_reshards(stderr: str, shape: list[int]) -> int:
-    """How many times a rank's log shows the table of ``shape``, split in half over its rows,
-    resharded as a kernel's input."""
-    split = [str(shape[0]), str(shape[1]), str(shape[0] // 2), str(shape[1])]
-    return sum(1 for found in RESHARDED_INPUT.findall(stderr) if list(found) == split)
-
-
-def _job(runs: list[TrainRun], world: int, workdir, logged: bool) -> tuple[dict[str, list[dict]], list[str]]:
-    """Train ``runs`` in one job; their outputs, and each rank's stderr (Paddle's reshard log when ``logged``)."""
+def _job(runs: list[TrainRun], world: int, workdir) -> dict[str, list[dict]]:
+    """Train ``runs`` in one job; their outputs."""
     job = Job(out_dir=str(workdir / "out"), train=runs)
-    env = {"GLOG_vmodule": "data_transform=4"} if logged else {}
-    result = start_job(job, world, workdir, timeout_s=600.0, extra_env=env)
+    start_job(job, world, workdir, timeout_s=600.0).raise_for_failure()
+    return {run.name: read_outputs(job.out_dir, run.name, world) for run in runs}
+
+
+#: A rank that applies each plan given to its model and runs the lookup alone, forward and
+#: backward, for STEPS steps, recording the table every ``F.embedding`` call is handed (a
+#: DistTensor, which Paddle's rule gathers whole, or a plain tensor of this rank's rows); prints
+#: them as one JSON line: ``python -c LOOKUPS workload plan layer [workload plan layer ...]``.
+LOOKUPS = f"""
+import json, sys
+import paddle, paddle.distributed as dist
+import paddle.nn.functional as F
+from autodist import apply_plan
+from harness.workloads import WORKLOADS
+tables, embedding = [], F.embedding
+def recording(x, weight, *args, **kwargs):
+    tables.append([weight.is_dist(), list(weight._local_shape if weight.is_dist() else weight.shape)])
+    return embedding(x, weight, *args, **kwargs)
+F.embedding = recording
+args = sys.argv[1:]
+for workload, plan, layer in zip(args[0::3], args[1::3], args[2::3]):
+    model, _, _ = apply_plan(WORKLOADS[workload].build(seed=0), None, None, plan)
+    lookup = dict(model.named_sublayers())[layer]
+    for step in range({STEPS}):
+        ids = paddle.randint(0, lookup.weight.shape[0], [4, 8])
+        ids = dist.shard_tensor(ids, lookup.weight.process_mesh, [dist.Replicate()])
+        lookup(ids).sum().backward()
+print(json.dumps(tables))
+"""
+
+
+def _looked_up_tables(triples: list[tuple[str, str, str]], workdir) -> list[list]:
+    """Each rank's ``[is a DistTensor, local shape]`` per lookup of a 2-rank :data:`LOOKUPS` job."""
+    args = [part for triple in triples for part in triple]
+    result = launch_ranks(2, ["-c", LOOKUPS, *args], workdir)
     result.raise_for_failure()
-    return {run.name: read_outputs(job.out_dir, run.name, world) for run in runs}, [p.stderr for p in result.processes]
+    return [json.loads(p.stdout.strip().splitlines()[-1]) for p in result.processes]
 
 
 @pytest.fixture(scope="module")
 def trained(plans, tmp_path_factory, reference_runs):
-    """Every model at mp2 (logged) and dp2 x mp2; gpt at mp2 with the global lookup (logged)."""
+    """Every model at mp2 and dp2 x mp2; gpt at mp2 with the global lookup; each model's lookup
+    alone, probed (:data:`LOOKUPS`), under its local plan and (gpt) the global one."""
     workdir = tmp_path_factory.mktemp("vocab_lookup")
     runs: dict[int, list[TrainRun]] = {1: [], 2: []}
     for (workload, dp), plan in plans.items():
@@ -164,12 +190,15 @@ def trained(plans, tmp_path_factory, reference_runs):
     global_path = workdir / "gpt_global.json"
     save_plan(msgspec.structs.replace(plans["gpt", 1], vocab_lookup=[]), global_path)
     global_run = TrainRun("gpt_global_lookup", "gpt", plan=str(global_path), steps=STEPS)
-    outputs, logs = _job(runs[1], 2, workdir / "mp2", logged=True)
-    four, _ = _job(runs[2], 4, workdir / "dp2_mp2", logged=False)
-    global_outputs, global_logs = _job([global_run], 2, workdir / "global", logged=True)
-    outputs |= four | global_outputs
+    outputs = _job(runs[1], 2, workdir / "mp2") | _job(runs[2], 4, workdir / "dp2_mp2")
+    outputs |= _job([global_run], 2, workdir / "global")
+    local = [(run.workload, run.plan, plans[run.workload, 1].vocab_lookup[0].layer) for run in runs[1]]
+    tables = {
+        "local": _looked_up_tables(local, workdir / "probed_local"),
+        "global": _looked_up_tables([("gpt", str(global_path), "wte")], workdir / "probed_global"),
+    }
     reference_runs.prepare(runs[1] + runs[2])
-    return {run.name: run for run in runs[1] + runs[2]}, outputs, {"local": logs, "global": global_logs}
+    return {run.name: run for run in runs[1] + runs[2]}, outputs, tables
 
 
 @pytest.mark.multiprocess
@@ -183,14 +212,16 @@ def test_a_local_lookup_trains_like_one_device(trained, plans, reference_runs, w
 
 @pytest.mark.multiprocess
 def test_the_table_is_gathered_by_the_global_lookup_and_never_by_the_local_one(trained, plans):
-    _, outputs, logs = trained
-    # the global lookup trains the same (it is today's path), and its log shows the gathers
+    """The global lookup hands F.embedding the split DistTensor table, which Paddle's rule gathers
+    whole, forward and backward (measured with GLOG_vmodule=data_transform=4: 2 reshards of the
+    [64, 32] table a step; docs/paddle-notes.md, "SPMD rules"); the local one hands it each rank's
+    32 rows as a plain tensor, which no rule sees. (The log itself is not this test's probe: with
+    it on, Paddle aborted now and then with "double free or corruption" or "corrupted size",
+    depending on the environment, never without it.)"""
+    _, outputs, tables = trained
+    # the global lookup trains the same (it is today's path)
     assert outputs["gpt_global_lookup"][0]["losses"] == pytest.approx(outputs["gpt_dp1_mp2"][0]["losses"], rel=1e-5)
-    gpt_table = plans["gpt", 1].params["wte.weight"].shape
-    assert [_table_reshards(log, gpt_table) for log in logs["global"]] == [2 * STEPS] * 2
-    tables = {
-        workload: plans[workload, 1].params[plans[workload, 1].vocab_lookup[0].weight].shape for workload in MODELS
-    }
-    for workload, shape in tables.items():
-        assert [_table_reshards(log, shape) for log in logs["local"]] == [0, 0], workload
-    assert all("Reshard input" in log for log in logs["local"])  # the log was on (other inputs are resharded)
+    assert tables["global"] == [[[True, [32, 32]]] * STEPS] * 2
+    shapes = [plans[w, 1].params[plans[w, 1].vocab_lookup[0].weight].shape for w in MODELS]
+    local = [[False, [rows // 2, width]] for rows, width in shapes for _ in range(STEPS)]
+    assert tables["local"] == [local, local]
