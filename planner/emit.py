@@ -99,7 +99,7 @@ def build_plan(
         analysis = experts_whole(analysis)
     mesh = build_mesh(strategy)
     notes: list[str] = []
-    params = _held_whole(_param_plans(analysis, strategy, mesh.axes, notes), local_view, mesh.axes, strategy.mp, notes)
+    params = _held_whole(_param_plans(analysis, strategy, mesh.axes, notes), local_view, mesh.axes, notes)
     vocab_lookup = _vocab_lookups(analysis, strategy, params, notes)
     stages = block_stages(len(analysis.blocks), strategy.pp, strategy.virtual_stages)
     hooks = _stage_handoffs(analysis, stages) + _expert_hooks(analysis, strategy)
@@ -207,27 +207,24 @@ def build_mesh(strategy: Strategy) -> Mesh:
 
 
 def _held_whole(
-    params: dict[str, ParamPlan], local_view: list[LocalView], axes: Sequence[str], mp: int, notes: list[str]
+    params: dict[str, ParamPlan], local_view: list[LocalView], axes: Sequence[str], notes: list[str]
 ) -> dict[str, ParamPlan]:
     """``params`` with each local-view weight whose segments some rank computes with whole
     (``LocalWeight.replicated``: a multi-query ``q|k|v``'s K and V) replicated over mp, in the
     model's own layout: each rank takes its columns for the call (applier/local_view.py). The
-    search priced it split (it runs before any proof): one note says by how much its memory is low
-    and that its gradient's all-reduce over mp is not priced."""
+    estimate prices it so (the cost model reads the same rule,
+    :func:`~autodist.planner.local_view.multi_query_weights`): one note says so."""
     held = [w.param for view in local_view for w in view.weights if w.replicated]
-    uncounted = 0
     for fqn in held:
         planned = params[fqn]
         placements = ["R" if axis == "mp" else p for axis, p in zip(axes, planned.placements)]
         params[fqn] = msgspec.structs.replace(planned, placements=placements, style="Replicate")
-        elements = math.prod(planned.shape)
-        uncounted += elements - elements // mp
     if held:
         notes.append(
             f"local view: {len(held)} fused weight(s) with K and V computed whole ({held[0]} first) are held whole "
-            "on every mp rank (Megatron's multi-query layout: each rank's query heads against the whole K and V); "
-            f"the estimate prices them split, {uncounted} elements a rank short in its parameter, gradient and "
-            "optimizer memory, and without the all-reduce over mp of their whole gradient each step"
+            "on every mp rank (Megatron's multi-query layout: each rank's query heads against the whole K and V), "
+            "priced so: their whole parameter, gradient and optimizer memory on each mp rank, and an all-reduce "
+            "over mp of their whole gradient each step"
         )
     return params
 

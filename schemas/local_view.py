@@ -61,6 +61,19 @@ def rank_positions(weight: LocalWeight, size: int, mp: int, rank: int) -> list[i
     return positions
 
 
+def kv_replicated(num_kv_heads: int, mp: int) -> bool:
+    """Whether a multi-query (grouped) attention's fused ``q|k|v`` run as a local view computes
+    its K and V whole on every one of ``mp`` ranks (``LocalWeight.replicated``), so that the
+    weight is held whole, its gradient summed over mp: when its KV heads do not split over mp.
+    The one rule the planner's layout (planner/local_view.py), hence emit's placement, and the
+    cost model's price of such a weight (step_time.py) read.
+
+    >>> kv_replicated(1, 2), kv_replicated(2, 2), kv_replicated(2, 4)
+    (True, False, True)
+    """
+    return num_kv_heads % mp != 0
+
+
 def reordered(weight: LocalWeight) -> bool:
     """Whether the distributed parameter of ``weight`` holds the ranks' slices rank after rank
     (:func:`local_order`), not the model's own layout: a fused weight (along its dim) split over

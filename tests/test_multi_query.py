@@ -137,7 +137,7 @@ def test_a_fused_multi_query_attention_is_a_local_view_with_k_and_v_whole():
     """Megatron's layout for Falcon's fused multi-query ``query_key_value``: each rank computes
     with its 2 query heads' columns and the one K and V head whole (``q_r|k|v``), so the weight
     is held replicated over mp; the heads' counts and widths the forward reads are halved, the
-    fused projection's gather is gone, and the note says what the estimate leaves out."""
+    fused projection's gather is gone, and the note says the estimate prices it so."""
     plan = _falcon_local_plan()
     views = {view.layer: view for view in plan.local_view}
     assert sorted(views) == [FALCON_ATTENTION.format(i) for i in (0, 1)]
@@ -161,8 +161,42 @@ def test_a_fused_multi_query_attention_is_a_local_view_with_k_and_v_whole():
     assert plan.params[f"{view.layer}.dense.weight"].placements[axis] == "S(0)"
     assert [h for h in plan.hooks if h.action == "reshard"] == []
     held = [note for note in plan.notes if "held whole on every mp rank" in note]
-    # 2 layers' [32, 48] weights, each rank holding all of it where the estimate counts half
-    assert len(held) == 1 and f"{2 * 32 * 48 // 2} elements a rank short" in held[0], plan.notes
+    assert len(held) == 1 and "priced so" in held[0] and "not priced" not in held[0], plan.notes
+
+
+def test_a_multi_query_weight_held_whole_is_priced_whole():
+    """Falcon's local-view plan at mp2 (dp1, one micro-batch, bf16, Adam) priced as it runs
+    against the same plan priced with its fused weights split (``multi_query_params`` emptied,
+    the price before). Worked out by hand from tests/models/zoo/falcon_hf.py: each of the 2
+    layers' ``query_key_value`` weights is [HIDDEN 32, 32 + 2 x HEAD_DIM 8] = 32 x 48 = 1536
+    elements, no bias; 3072 in all. Held whole, a rank holds 3072 of them where split it held
+    1536: 1536 elements more, 1536 x 2 bytes = 3072 more of parameters, as many of gradients,
+    1536 x 12 (fp32 master copy, momentum, variance) = 18432 more of optimizer states. Their
+    gradient, each rank's share, is all-reduced over mp once a step: 3072 x 2 = 6144 bytes, each
+    of the 2 ranks sending 2 x (2 - 1) / 2 of them, 6144 more mp bytes. No dp: nothing more there."""
+    from dataclasses import replace
+
+    from autodist.planner.cost.search import kernels_for, price, search
+
+    request = SearchRequest(devices_per_node=2, mp=2, pp=1, sequence_parallel=False, sharding_stage=0, micro_batches=1)
+    made = plan_target(FALCON, None, request, {"target": FALCON}, local_view=True)
+    assert len(made.plan.local_view) == 2
+    priced = price(made.analysis, kernels_for(made.analysis, request), local_view=True)
+
+    def split(local):
+        cost = priced.cost_with(local)
+        return replace(cost, blocks=tuple(replace(b, multi_query_params=()) for b in cost.blocks))
+
+    whole, as_split = (search(p, request).best for p in (priced, replace(priced, priced_with=split)))
+    assert whole.strategy == as_split.strategy == made.plan.strategy
+    assert whole.estimate == made.plan.estimate  # the plan's estimate is this price
+    got, before = whole.estimate, as_split.estimate
+    assert got.memory.params - before.memory.params == 1536 * 2
+    assert got.memory.grads - before.memory.grads == 1536 * 2
+    assert got.memory.optimizer - before.memory.optimizer == 1536 * 12
+    assert got.comm_bytes.mp - before.comm_bytes.mp == 3072 * 2
+    assert got.comm_bytes.dp == before.comm_bytes.dp == 0
+    assert got.step_time_s > before.step_time_s
 
 
 def test_the_multi_query_proof_fails_for_another_layout():

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autodist.schemas.local_view import kv_replicated
+
 
 @dataclass(frozen=True)
 class Saved:
@@ -88,6 +90,11 @@ class BlockCost:
     kv_split: bool = True
     params_split: int = 0  # elements divided over mp (column/row-parallel weights and biases)
     params_whole: int = 0  # elements every mp rank holds whole (norms, row-parallel biases)
+    #: Elements of each fused multi-query ``q|k|v`` weight (or bias) of the block's local-view
+    #: sub-layers (part of ``params_split``): at an mp its ``num_kv_heads`` do not divide
+    #: (:func:`~autodist.schemas.local_view.kv_replicated`) each is held whole on every mp rank,
+    #: its gradient all-reduced over mp each step (:func:`multi_query_whole`).
+    multi_query_params: tuple[int, ...] = ()
     flops_per_token: float = 0.0  # proportional to b*s (matmuls with a weight)
     flops_per_token_seq: float = 0.0  # times b*s^2 (matmuls of two activations: attention)
     saved_outside: Saved = field(default_factory=Saved)  # per token, outside the mp region
@@ -144,6 +151,17 @@ def core_share(block: BlockCost, mp: int) -> float:
     (0.25, 1.0)
     """
     return block.core_whole + (1.0 - block.core_whole) / mp
+
+
+def multi_query_whole(block: BlockCost, mp: int) -> tuple[int, ...]:
+    """The elements of each of ``block``'s fused multi-query weights held whole on every one of
+    ``mp`` ranks (``BlockCost.multi_query_params`` where their KV heads do not split over mp).
+
+    >>> block = BlockCost(layer="h.0", num_kv_heads=1, multi_query_params=(1536,))
+    >>> multi_query_whole(block, 2), multi_query_whole(block, 1)
+    ((1536,), ())
+    """
+    return block.multi_query_params if kv_replicated(block.num_kv_heads, mp) else ()
 
 
 @dataclass(frozen=True)

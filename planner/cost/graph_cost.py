@@ -514,6 +514,7 @@ def fusion_of(analysis: ModelAnalysis, kernels: Kernels | None) -> Fusion:
 
 
 def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) -> ModelCost:
+    from autodist.planner.local_view import multi_query_weights
     from autodist.planner.recognise.reshards import gathered_linears
 
     facts = GraphFacts(analysis.graph)
@@ -542,6 +543,7 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) 
                 num_kv_heads=info.num_kv_heads,
                 kv_split=_kv_split(info),
                 intermediate_size=info.intermediate_size,
+                multi_query_params=tuple(numel[w] for w in multi_query_weights(info, analysis.params, local)),
                 **moe,
             )
         )

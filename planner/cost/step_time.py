@@ -23,7 +23,11 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   projection the plan gathers adds an all-gather of its output forward and one of the row
   projection's input gradient backward, exposed, and the attention core after it runs whole on
   every rank (:func:`~autodist.planner.cost.blocks.core_share`); a local view runs its core on
-  1/mp of the heads with the all-reduces alone (:class:`~autodist.planner.cost.search.PricedModel`).
+  1/mp of the heads with the all-reduces alone (:class:`~autodist.planner.cost.search.PricedModel`);
+  its fused multi-query ``q|k|v`` weight, where the KV heads do not split over mp, is held whole
+  on every mp rank (its parameter, gradient and optimizer state) and its gradient, each rank's
+  share, is all-reduced over mp once a step, overlapped with the last micro-batch's backward as
+  the data-parallel gradient all-reduce is (:func:`_mp_grad_sync`).
   With the
   vocabulary split over mp, the column-parallel LM head's input gradient is all-reduced too, and
   the token lookup all-gathers its whole table in every forward and again in its backward
@@ -95,7 +99,16 @@ from autodist.schemas.plan import Recompute
 
 from autodist.schemas.schedules import block_stages
 
-from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, Moved, Saved, core_share
+from autodist.planner.cost.blocks import (
+    BlockCost,
+    EdgeCost,
+    Gemm,
+    ModelCost,
+    Moved,
+    Saved,
+    core_share,
+    multi_query_whole,
+)
 from autodist.planner.cost.comm import (
     Link,
     all_gather_bytes,
@@ -354,6 +367,10 @@ class _Stage:
     ep_s: float = 0.0  # expert parallelism's gathers and sums
     ep_bytes: float = 0.0
     moe_grads: _MoeGrads | None = None  # under expert parallelism
+    #: Fused multi-query weights held whole on every mp rank (:func:`multi_query_whole`): their
+    #: elements (part of ``params``) and tensors, whose gradients are all-reduced over mp.
+    mp_grad_params: float = 0.0
+    mp_grad_tensors: int = 0
 
     def optimizer_s(self, device: DeviceProfile) -> float:
         """The optimizer step: every state read and written once (memory-bound), one update
@@ -376,17 +393,20 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
     ctx = _Context(table, strategy, setup, implicit)
     pp, m = strategy.pp, strategy.micro_batches
     ranges = stage_ranges(len(table.cost.blocks), pp) if table.cost.blocks else [(0, 0)] * pp
-    priced: dict[tuple, tuple[_Stage, tuple[float, float]]] = {}  # stages that cost the same, once
-    stages, dp = [], []
+    # stages that cost the same, once: (stage, its dp and its mp gradient sync)
+    priced: dict[tuple, tuple[_Stage, tuple[float, float], tuple[float, float]]] = {}
+    stages, dp, mp_grads = [], [], []
     for k, (start, stop) in enumerate(ranges):
         key = (table.signature(start, stop), k == 0, k == pp - 1)
         if key not in priced:
             stage = _stage(ctx, k, start, stop)
-            priced[key] = (stage, _dp_sync(ctx, stage, stop - start))
+            priced[key] = (stage, _dp_sync(ctx, stage, stop - start), _mp_grad_sync(ctx, stage, stop - start))
         stages.append(priced[key][0])
         dp.append(priced[key][1])
+        mp_grads.append(priced[key][2])
     pipeline_s, bubble_s = _pipeline_time(strategy, [s.time_s for s in stages])
     dp_s = max(t for t, _ in dp)
+    mp_grad_s = max(t for t, _ in mp_grads)
     optimizer_s = max(s.optimizer_s(setup.device) for s in stages)
     if strategy.schedule == "sequential":
         # The sequential schedule runs the whole model on every rank (stage hand-off hooks, no
@@ -396,7 +416,7 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
         optimizer_s = max(
             s.optimizer_s(setup.device) + (tensors - s.param_tensors) * fixed_op_time(setup.device) for s in stages
         )
-    step = pipeline_s + dp_s + optimizer_s
+    step = pipeline_s + dp_s + mp_grad_s + optimizer_s
     # 1F1B: stage k holds the activations of min(pp - k, m) micro-batches; otherwise of one.
     in_flight = [min(pp - k, m) if strategy.schedule in ("1F1B", "VPP") else 1 for k in range(pp)]
     activations = [n * s.activations_per_micro_batch + s.activations_working for n, s in zip(in_flight, stages)]
@@ -416,7 +436,7 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
             total=round(peak.states.total + peak_activations),
         ),
         comm_bytes=CommEstimate(
-            mp=round(m * max(s.mp_bytes for s in stages)),
+            mp=round(m * max(s.mp_bytes for s in stages) + max(b for _, b in mp_grads)),
             dp=round(max(b for _, b in dp)),
             pp=round(m * max(s.p2p_bytes for s in stages)),
             ep=round(m * max(s.ep_bytes for s in stages)),
@@ -426,7 +446,7 @@ def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Impl
     return Breakdown(
         est,
         compute_s=m * max(s.compute_s for s in stages),
-        mp_comm_s=m * max(s.mp_s for s in stages),
+        mp_comm_s=m * max(s.mp_s for s in stages) + mp_grad_s,
         dp_comm_s=dp_s,
         pp_comm_s=m * max(s.p2p_s for s in stages),
         bubble_s=bubble_s,
@@ -445,7 +465,8 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     experts = _stage_experts(ctx, start, stop)
     forward_s += experts.shared_s
     backward_s += (3 if ctx.setup.recompute == "full" else 2) * experts.shared_s
-    params, states, activations, working, tensors = _stage_memory(ctx, start, stop, edges, experts)
+    whole = [n for b in ctx.cost.blocks[start:stop] for n in multi_query_whole(b, ctx.strategy.mp)]
+    params, states, activations, working, tensors = _stage_memory(ctx, start, stop, edges, experts, sum(whole))
     return _Stage(
         forward_s + backward_s,
         backward_s,
@@ -462,6 +483,8 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
         ep_s=experts.ep_s,
         ep_bytes=experts.ep_bytes,
         moe_grads=experts.moe_grads,
+        mp_grad_params=sum(whole),
+        mp_grad_tensors=len(whole),
     )
 
 
@@ -580,15 +603,17 @@ def _stage_experts(ctx: _Context, start: int, stop: int) -> _StageExperts:
 
 
 def _stage_memory(
-    ctx: _Context, start: int, stop: int, edges: list[EdgeCost], experts: _StageExperts
+    ctx: _Context, start: int, stop: int, edges: list[EdgeCost], experts: _StageExperts, held_whole: float = 0.0
 ) -> tuple[float, StateBytes, float, float, int]:
     """Memory: model states under ZeRO, activations per micro-batch in flight: (parameter
     elements per rank, their states, activation bytes per micro-batch, working bytes alive
-    once, parameter tensors)."""
+    once, parameter tensors). ``held_whole``: elements of split parameters each mp rank holds
+    whole (fused multi-query weights, :func:`multi_query_whole`)."""
     table, strategy, setup = ctx.table, ctx.strategy, ctx.setup
     mp, seq, tokens, width, ep, moe = strategy.mp, setup.seq_len, ctx.tokens, ctx.width, strategy.ep, experts.moe
     params = (
-        table.total("params_split", start, stop) / mp
+        (table.total("params_split", start, stop) - held_whole) / mp
+        + held_whole
         + table.total("params_whole", start, stop)
         - experts.expert_params
         + sum(e.params_vocab / ctx.vocab_div + e.params_whole for e in edges)
@@ -747,6 +772,22 @@ def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, floa
         + overlapped(gather + reduce, backward_s, chunks)
     )
     return exposed, (1 + 2 * m) * all_gather_bytes(state_bytes, dp)
+
+
+def _mp_grad_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, float]:
+    """(exposed seconds, bytes sent) of one stage's gradient all-reduce over mp per step: the
+    fused multi-query weights each mp rank holds whole (``stage.mp_grad_params``), whose
+    gradients come back Partial over mp (each rank's share) and are summed before the optimizer
+    step. Priced as :func:`_dp_sync` prices the data-parallel one (ZeRO 0, the only stage local
+    views run under): one collective per parameter on the mp link, overlapped with the last
+    micro-batch's backward, one piece per block.
+    """
+    if not stage.mp_grad_params:
+        return 0.0, 0.0
+    mp, grads = ctx.strategy.mp, stage.mp_grad_params * ctx.width
+    backward_s = stage.backward_s if ctx.setup.device.comm_overlap else 0.0
+    seconds = all_reduce_time(grads, mp, ctx.link(mp, 1), max(stage.mp_grad_tensors, 1))
+    return overlapped(seconds, backward_s, max(num_blocks, 1)), all_reduce_bytes(grads, mp)
 
 
 def _dp_sync_with_experts(
