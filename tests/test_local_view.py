@@ -36,9 +36,10 @@ from autodist.planner.review.show import show_text
 from autodist.schemas import LocalAttribute, save_plan
 from harness.cases import Trained, check_against_reference
 from harness.jobs import TrainRun
+from harness.planning import gloo_mp2_request
 from harness.compare import assert_resumed_like_one_device
 from harness.runner import train_by_world, train_distributed
-from harness.workloads import BATCH, WORKLOADS
+from harness.workloads import WORKLOADS
 
 GPT2 = "tests/models/zoo/gpt2_hf.py"
 HEADS = 4  # tests/models/zoo/gpt2_hf.py N_HEAD
@@ -48,16 +49,7 @@ ERNIE_INTERMEDIATE = 64  # tests/models/paddleformers_models.py _TINY intermedia
 
 
 def _request(dp: int = 1, recompute: str = "none") -> SearchRequest:
-    return SearchRequest(
-        devices_per_node=2 * dp,
-        dp=dp,
-        mp=2,
-        pp=1,
-        sharding_stage=0,
-        sequence_parallel=False,
-        global_batch_size=BATCH,
-        recompute=recompute,
-    )
+    return gloo_mp2_request(dp, recompute=recompute)
 
 
 @pytest.fixture(scope="module")

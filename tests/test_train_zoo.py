@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from autodist.planner.cost.search import SearchRequest
-from harness.planning import plan_target
+from harness.planning import gloo_mp2_request, plan_target
 from autodist.schemas import save_plan
 from harness.cases import Trained, check_against_reference
 from harness.jobs import TrainRun
 from harness.runner import train_distributed
-from harness.workloads import BATCH, WORKLOADS
+from harness.workloads import WORKLOADS
 
 pytestmark = pytest.mark.multiprocess
 
@@ -52,15 +51,7 @@ def trained(tmp_path_factory, reference_runs):
     plans = {}
     for workload, dp in CONFIGS:
         target = WORKLOADS[workload].planner_target
-        request = SearchRequest(
-            devices_per_node=2 * dp,
-            dp=dp,
-            mp=2,
-            pp=1,
-            sharding_stage=0,
-            sequence_parallel=False,
-            global_batch_size=BATCH,
-        )  # the harness's loader batch
+        request = gloo_mp2_request(dp)
         made = plan_target(target, None, request, {"target": target}, local_view=workload in LOCAL_VIEWS)
         path = workdir / f"{run_name(workload, dp)}.json"
         save_plan(made.plan, path)

@@ -36,8 +36,9 @@ from autodist.schemas import Plan, VocabLookup, save_plan
 from harness.cases import Trained, check_against_reference
 from harness.jobs import Job, TrainRun
 from harness.launcher import launch_ranks
+from harness.planning import gloo_mp2_request
 from harness.runner import read_outputs, start_job
-from harness.workloads import BATCH, WORKLOADS
+from harness.workloads import WORKLOADS
 
 #: Untied, tied by name (with a padding_idx), tied by a function call.
 MODELS = ["gpt", "zoo_opt_hf", "zoo_nanogpt"]
@@ -45,16 +46,7 @@ STEPS = 3
 
 
 def _request(dp: int = 1, micro_batches: int = 1) -> SearchRequest:
-    return SearchRequest(
-        devices_per_node=2 * dp,
-        dp=dp,
-        mp=2,
-        pp=1,
-        sharding_stage=0,
-        sequence_parallel=False,
-        micro_batches=micro_batches,
-        global_batch_size=BATCH,
-    )
+    return gloo_mp2_request(dp, micro_batches=micro_batches)
 
 
 def _plan(workload: str, dp: int = 1, micro_batches: int = 1) -> Plan:

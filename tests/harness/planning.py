@@ -25,6 +25,7 @@ from unittest import mock
 from click.testing import CliRunner
 
 from autodist.planner import driver
+from autodist.planner.cost.search import SearchRequest
 
 
 #: The driver's own, kept before :func:`plan_command` patches ``driver.plan_target`` with ours.
@@ -77,3 +78,21 @@ def plan_command(
         done = CliRunner().invoke(cli, command)
     assert done.exit_code == 0, f"autodist-plan {' '.join(command)}: {done.exception!r}\n{done.output[-3000:]}"
     return output
+
+
+def gloo_mp2_request(dp: int = 1, **extra) -> SearchRequest:
+    """dp x mp2 on one node of ``2 * dp`` devices as the CPU's gloo backend runs it (no sequence
+    parallelism, no ZeRO, no pipeline), for the harness's loader batch; ``extra``: any other
+    field (``recompute``, ``micro_batches``)."""
+    from harness.workloads import BATCH
+
+    return SearchRequest(
+        devices_per_node=2 * dp,
+        dp=dp,
+        mp=2,
+        pp=1,
+        sharding_stage=0,
+        sequence_parallel=False,
+        global_batch_size=BATCH,
+        **extra,
+    )
