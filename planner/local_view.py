@@ -42,15 +42,14 @@ from autodist.schemas import CallInput, LocalAttribute, LocalView, LocalWeight, 
 from autodist.schemas.local_view import (
     attribute_owner,
     hidden_output,
-    kv_replicated,
     rank_positions,
     runs_local_views,
     segment_sizes,
 )
 
-from autodist.planner.recognise.analysis import BlockInfo, ModelAnalysis
-from autodist.planner.recognise.reshards import local_view_candidates
-from autodist.planner.recognise.roles import Projection, SubLayer
+from autodist.planner.recognise.analysis import ModelAnalysis
+from autodist.planner.recognise.reshards import local_view_candidates, local_weights
+from autodist.planner.recognise.roles import SubLayer
 from autodist.planner.trace import LayerCall, Opaque, TracedTensor
 
 #: Equal within: the local runs reassembled against the global run, float32.
@@ -85,58 +84,10 @@ def candidates(analysis: ModelAnalysis, mp: int) -> list[Candidate]:
     """The sub-layers that may run as local views at ``mp``
     (:func:`~autodist.planner.recognise.reshards.local_view_candidates`), with their weights' views."""
     return [
-        Candidate(layer, sub, _weights(sub, analysis.params, mp))
+        Candidate(layer, sub, local_weights(sub, analysis.params, mp))
         for block in analysis.blocks
         for layer, sub in local_view_candidates(block)
     ]
-
-
-def multi_query_weights(block: BlockInfo, params: dict, local: frozenset[str]) -> list[str]:
-    """The fused multi-query ``q|k|v`` weights (and biases) of ``block``'s sub-layers in ``local``
-    (their ``LocalWeight.sizes`` unequal, whatever mp): at an mp their KV heads do not divide
-    (:func:`~autodist.schemas.local_view.kv_replicated`) their K and V segments are replicated
-    and each is held whole on every mp rank (emit), its gradient summed over mp; the cost model
-    prices them so (graph_cost: ``BlockCost.multi_query_params``)."""
-    return [
-        w.param
-        for layer, sub in local_view_candidates(block)
-        if layer in local
-        for w in _weights(sub, params, 1)
-        if w.sizes
-    ]
-
-
-def _weights(sub: SubLayer, params: dict, mp: int) -> tuple[LocalWeight, ...]:
-    """A candidate sub-layer's weights' views at ``mp``: its columns (fused as :func:`_fused`
-    says, biases alike), its row projection, its row bias summed."""
-    weights = []
-    for column in sub.columns:
-        assert column.split_dim is not None  # local_view_candidates: every column split
-        fused = _fused(sub, column, params[column.weight][0][column.split_dim], mp)
-        weights.append(LocalWeight(param=column.weight, dim=column.split_dim, **fused))
-        if column.bias:
-            weights.append(LocalWeight(param=column.bias, dim=0, **fused))
-    weights.append(LocalWeight(param=sub.row.weight, dim=sub.row.split_dim))
-    if sub.row.bias:
-        weights.append(LocalWeight(param=sub.row.bias, summed=True))
-    return tuple(weights)
-
-
-def _fused(sub: SubLayer, column: Projection, width: int, mp: int) -> dict:
-    """How a column's segments lie (``LocalWeight`` fields): ``column.fused`` equal ones, or, for
-    an attention's ``q|k|v`` of ``width`` with fewer KV heads than query heads (multi-query,
-    grouped), q of all the heads then k and v of the KV heads, those two replicated when the KV
-    heads do not split over ``mp`` (:func:`~autodist.schemas.local_view.kv_replicated`;
-    Megatron's way: each rank's query heads against the whole K and V). The proof decides
-    whether the model lays it out so."""
-    kv, heads, head_dim = sub.num_kv_heads, sub.num_heads, sub.head_dim
-    if sub.kind != "attention" or column.fused != 3 or not 0 < kv < heads or width != (heads + 2 * kv) * head_dim:
-        return {"segments": column.fused}
-    return {
-        "segments": 3,
-        "sizes": [heads * head_dim, kv * head_dim, kv * head_dim],
-        "replicated": [1, 2] if kv_replicated(kv, mp) else [],
-    }
 
 
 def local_views(

@@ -514,8 +514,7 @@ def fusion_of(analysis: ModelAnalysis, kernels: Kernels | None) -> Fusion:
 
 
 def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) -> ModelCost:
-    from autodist.planner.local_view import multi_query_weights
-    from autodist.planner.recognise.reshards import gathered_linears
+    from autodist.planner.recognise.reshards import gathered_linears, multi_query_weights
 
     facts = GraphFacts(analysis.graph)
     tokens, seq = traced_tokens(analysis)
