@@ -244,7 +244,7 @@ def _call_input(value, keyword: str, hidden: TracedTensor, top: bool = False) ->
         role: typing.Literal["positions", "mask", "tensor"]
         if value.dtype.startswith(("int", "uint")):
             role = "positions"
-        elif len(value.shape) >= 2 and value.shape[-2:] == (seq, seq):
+        elif value.dtype == "bool" or (seq is not None and list(value.shape).count(seq) >= 2):  # selector; seq x seq
             role = "mask"
         else:
             role = "tensor"
@@ -468,7 +468,13 @@ def _arguments(call: list[CallInput], shape: list[int], rng) -> tuple[tuple, dic
         if c.role == "positions":
             return np.ascontiguousarray(np.broadcast_to(np.arange(dims[-1] if dims else 1), dims)).astype(c.dtype)
         if c.role == "mask":
-            visible = np.tril(np.ones(dims[-2:], bool))
+            # causal over its last two sequence dims wherever they lie ([b, 1, q, k], or GPT-BigCode's
+            # [1, q, 1, k] with the heads beside the query); all visible without two of them
+            at = [i for i, d in enumerate(c.shape) if d == seq][-2:]
+            visible = np.ones([dims[i] if i in at else 1 for i in range(len(dims))], bool)
+            if len(at) == 2:
+                causal = np.tril(np.ones((dims[at[0]], dims[at[1]]), bool))
+                visible = causal.reshape(visible.shape)
             mask = visible if c.dtype == "bool" else np.where(visible, 0.0, np.finfo("float32").min)
             return np.ascontiguousarray(np.broadcast_to(mask, dims)).astype("bool" if c.dtype == "bool" else "float32")
         if c.dtype.startswith("complex"):

@@ -276,6 +276,18 @@ EXPECTED = {
         "model.decoder.embed_tokens.weight": COL_B,
         "model.decoder.embed_positions.weight": REP,
     },
+    # HF GPT-BigCode (StarCoder): multi-query attention fused in one c_attn cut in two (q | k,v),
+    # scores by baddbmm with the heads folded beside the query: Megatron splits the fused column by
+    # columns and c_proj by rows, c_fc by columns, the MLP's c_proj by rows; the tied token table
+    # by vocabulary rows; learned positions whole.
+    f"{ZOO}/gpt_bigcode_hf.py": {
+        **fused("transformer.h.*.attn", "c_attn", bias=True),
+        "transformer.h.*.attn.c_proj.weight": ROW,
+        "transformer.h.*.attn.c_proj.bias": REP,
+        **mlp("transformer.h.*.mlp", ("c_fc",), "c_proj", bias=True),
+        "transformer.wte.weight": COL_B,
+        "transformer.wpe.weight": REP,
+    },
     # HF Phi-3: q|k|v fused in qkv_proj (cut by slicing at a width read from the config) and
     # gate|up fused in gate_up_proj (cut by chunk): each fused column split by columns, o_proj and
     # down_proj by rows, as Megatron splits its fused QKV and its SwiGLU fc1; the untied head by
