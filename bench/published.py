@@ -28,6 +28,15 @@ calls ``F.scaled_dot_product_attention``, priced as flash attention on the h100 
   any fit: the validation set): MPT models with PyTorch FSDP FULL_SHARD (ZeRO-3), sequence 2048, the rows at 2048;
   published MFU (model FLOPs with attention, no recompute) converted to step time.
 
+Tensor parallelism is priced as these systems run it, not as autodist's applier would run the
+row's strategy: the GPT's fused q|k|v attention as a local view (each mp rank its own heads, the
+core at 1/mp, Megatron's two all-reduces: ``model_cost(..., local_view_layers(analysis))``) and
+the vocabulary-split token lookup on local tensors (one all-reduce of its output:
+``estimate(..., local_views=True)``), under every strategy. apply_plan runs local views only
+under plain dp x mp (``runs_local_views``: no pipeline, micro-batches, recompute, ZeRO or
+sequence parallelism), so priced as autodist would train these rows, the attention would be
+gathered (its core whole on every mp rank) and the table all-gathered twice per micro-batch.
+
 Run: ``.venv/bin/python bench/published.py [--fit] [--markdown]``. Nothing asserts on it.
 """
 
@@ -200,15 +209,21 @@ def mosaic_rows() -> list[Row]:
 
 def gpt_cost(hidden: int, heads: int, vocab: int, seq: int, sdpa: bool, device):
     """The ModelCost of a GPT block at these sizes, traced with two layers under LazyGuard, with
-    the kernels the model selects that ``device`` runs (flash attention for ``sdpa`` on a GPU)."""
+    the kernels the model selects that ``device`` runs (flash attention for ``sdpa`` on a GPU),
+    and its attention as the published systems run it: a local view (each mp rank its own heads,
+    Megatron's two all-reduces; ``reshards.local_view_layers``), whatever autodist's applier runs
+    under the row's strategy (see the module docstring)."""
     from autodist.planner.cost.graph_cost import model_cost
     from autodist.planner.kernels import choose_kernels
+    from autodist.planner.recognise.reshards import local_view_layers
 
     analysis = gpt_analysis(hidden, heads, vocab, seq, sdpa)
     kernels = choose_kernels(analysis.graph.graph["selected_kernels"], device)
     key = (hidden, heads, vocab, seq, sdpa, kernels.attention, tuple(kernels.fused))
     if key not in _COSTS:
-        _COSTS[key] = model_cost(analysis, kernels)
+        local = local_view_layers(analysis)
+        assert local, "the GPT's fused qkv attention is a local-view candidate"
+        _COSTS[key] = model_cost(analysis, kernels, local)
     return _COSTS[key]
 
 
@@ -286,7 +301,7 @@ def price(row: Row, device, sdpa: bool, exposed: bool = False) -> float:
         global_batch=row.global_batch,
         recompute=row.recompute,
     )
-    return estimate(StageTable(cost), strategy, setup).estimate.step_time_s
+    return estimate(StageTable(cost), strategy, setup, local_views=True).estimate.step_time_s
 
 
 def table(rows: list[Row], device, sdpa: bool, markdown: bool) -> list[float]:

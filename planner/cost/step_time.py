@@ -273,6 +273,8 @@ class _Context:
     strategy: Strategy
     setup: Setup
     implicit: Implicit | None
+    #: Whether the token lookups run on local tensors (:func:`_lookups`).
+    local_views: bool = False
 
     @property
     def cost(self) -> ModelCost:
@@ -382,15 +384,27 @@ class _Stage:
         return self.compute_s + self.mp_s + self.p2p_s + self.ep_s
 
 
-def estimate(table: StageTable, strategy: Strategy, setup: Setup, implicit: Implicit | None = None) -> Breakdown:
+def estimate(
+    table: StageTable,
+    strategy: Strategy,
+    setup: Setup,
+    implicit: Implicit | None = None,
+    *,
+    local_views: bool | None = None,
+) -> Breakdown:
     """Price one strategy. ``implicit``: the collectives Paddle inserts on its own for these
-    placements (from the analysis), per micro-batch, for the whole model.
+    placements (from the analysis), per micro-batch, for the whole model. ``local_views``:
+    whether the token lookups run on local tensors (:func:`_lookups`); None, as apply_plan runs
+    them under ``strategy`` (:func:`~autodist.schemas.local_view.runs_local_views`). Which
+    sub-layers run as local views is the ``table``'s model's (``PricedModel.cost_with``).
+    bench/published.py passes True: Megatron-LM looks up locally under every strategy.
 
     Example: see ``tests/test_cost_formulas.py`` and :func:`autodist.planner.cost.search.search`.
     """
     if runs_moe_locally(strategy):  # the MoE layers run whole on every mp rank
         table = table.under_ep
-    ctx = _Context(table, strategy, setup, implicit)
+    local = runs_local_views(strategy) if local_views is None else local_views
+    ctx = _Context(table, strategy, setup, implicit, local)
     pp, m = strategy.pp, strategy.micro_batches
     ranges = stage_ranges(len(table.cost.blocks), pp) if table.cost.blocks else [(0, 0)] * pp
     # stages that cost the same, once: (stage, its dp and its mp gradient sync)
@@ -699,14 +713,15 @@ def _lookups(ctx: _Context, edges: list[EdgeCost]) -> list[tuple[float, float, f
     """The collectives the token lookups of a stage's ``edges`` run over mp per micro-batch when
     the vocabulary is split, as :func:`autodist.planner.cost.comm.vocab_lookup_collective` says:
     one all-reduce of the output where the plan looks up on local tensors (the layer can and the
-    strategy runs them, :func:`~autodist.schemas.local_view.runs_local_views`, emit's rule too),
+    strategy runs them, :func:`~autodist.schemas.local_view.runs_local_views`, emit's rule too;
+    ``ctx.local_views``),
     else the whole table all-gathered in the forward and again in the backward (full recompute
     does not redo the edges): ``[(seconds, bytes one rank sends, bytes held for the backward)]``,
     exposed."""
     if ctx.vocab_div == 1:
         return []
     mp, link, out = ctx.strategy.mp, ctx.link(ctx.strategy.mp, 1), []
-    local = runs_local_views(ctx.strategy)
+    local = ctx.local_views
     for edge in edges:
         if edge.lookup_table:
             output = ctx.tokens * edge.lookup_output if local else 0
