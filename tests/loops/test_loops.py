@@ -6,21 +6,23 @@ plan is given), log on rank 0 only, and match the single-device run of the same 
 Each script is self-contained, as a user's is: they repeat their data, logging and saving lines
 on purpose (``duplicates`` lists them), and share nothing with the harness's training code.
 
+Every script runs under dp2, mp2 and dp2 x mp2 (2 and 4 gloo ranks), except where a plan does
+not apply to it:
+
+- (a) also resumes under mp2 from the dp2 run's step-3 checkpoint (2 -> 2 ranks; other plan
+  pairs are ``tests/test_checkpoint_replan.py``'s);
+- (c) runs AMP O1 and O2 under each plan;
+- (e) DistributedBatchSampler works under dp2, where its parts are the dp parts, and is refused
+  in one line under mp2 and dp2 x mp2, where they are not;
+- (f) the tie by function call runs pp2 1F1B, the plan it is about (2 ranks; gloo's batched
+  P2P replaced by the TEST-ONLY blocking stand-in, cpu_stand_ins.py): the script uses the
+  README's pipeline lines (``model.step``), which only a pipeline plan has. Rank 0 holds the
+  first stage and logs the losses the last stage computed. (Its tie under mp2 is
+  ``tests/test_tied_by_call.py``'s.) An MoE model under ep2 is ``test_readable.py``'s loop.
+
 Launches are the cost (2 cores): each script x plan runs once, plans are made once per session
 (in the test process, each model traced once), and the single-device runs of every script are
-made once per session, together in one process (one_device.py). Combinations left out, because
-they add nothing here:
-
-- (a) runs every plan, and resumes under mp2 from the dp2 run's step-3 checkpoint (2 -> 2
-  ranks; other plan pairs are ``tests/test_checkpoint_replan.py``'s);
-- (b) accumulation runs dp2 x mp2 only (its dp part is what the accumulation touches, its mp
-  part what (a) covers); (c) AMP runs O1 under dp2 and O2 under dp2 x mp2;
-- (d) the PaddleFormers Llama runs dp2, where its own ``labels=`` loss is split over the ranks
-  (its mp2 and dp2 x mp2 numerics are test_train_paddleformers');
-- (e) DistributedBatchSampler runs dp2 (it works) and dp2 x mp2 (refused in one line);
-- (f) the tie by function call runs pp2 1F1B only, the plan it is about (2 ranks; gloo's batched
-  P2P replaced by the TEST-ONLY blocking stand-in, cpu_stand_ins.py). Rank 0 holds the first
-  stage and logs the losses the last stage computed.
+made once per session, together in one process (one_device.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ import pytest
 from loop_runs import ZERO_GRADIENT, assert_same_training, launch_script, run_script
 
 pytestmark = pytest.mark.multiprocess
+
+#: The plans every script runs under, where they apply (2, 2 and 4 ranks).
+PLANS = ["dp2", "mp2", "dp2mp2"]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +51,7 @@ def adamw_runs(loop_plans, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("plan", ["dp2", "mp2", "dp2mp2"])
+@pytest.mark.parametrize("plan", PLANS)
 def test_adamw_warmup_cosine_clip_eval_checkpoints(plan, adamw_runs, single_device):
     run = adamw_runs(plan)
     reference = single_device("adamw_schedule.py")
@@ -66,22 +71,25 @@ def test_adamw_resumes_under_another_plan(adamw_runs, loop_plans, single_device,
     assert_same_training(resumed, reference, keys=(), exempt=ZERO_GRADIENT)
 
 
-def test_manual_gradient_accumulation(loop_plans, single_device, tmp_path):
-    ranks, path = loop_plans("gpt", "dp2mp2")
+@pytest.mark.parametrize("plan", PLANS)
+def test_manual_gradient_accumulation(plan, loop_plans, single_device, tmp_path):
+    ranks, path = loop_plans("gpt", plan)
     run = run_script("accumulate.py", tmp_path, ranks, path)
     assert_same_training(run, single_device("accumulate.py"), exempt=ZERO_GRADIENT)
     assert sorted(run.log["losses"]) == ["1", "2"]
 
 
-@pytest.mark.parametrize(("level", "plan"), [("O1", "dp2"), ("O2", "dp2mp2")])
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("level", ["O1", "O2"])
 def test_amp_auto_cast_grad_scaler_and_decorate(level, plan, loop_plans, single_device, tmp_path):
     ranks, path = loop_plans("gpt", plan)
     run = run_script("amp.py", tmp_path, ranks, path, "--level", level)
     assert_same_training(run, single_device("amp.py", "--level", level), exempt=ZERO_GRADIENT)
 
 
-def test_paddleformers_model_returns_its_own_loss(loop_plans, single_device, tmp_path):
-    ranks, path = loop_plans("llama", "dp2")
+@pytest.mark.parametrize("plan", PLANS)
+def test_paddleformers_model_returns_its_own_loss(plan, loop_plans, single_device, tmp_path):
+    ranks, path = loop_plans("llama", plan)
     run = run_script("paddleformers_labels.py", tmp_path, ranks, path)
     assert_same_training(run, single_device("paddleformers_labels.py"))
 
@@ -92,16 +100,18 @@ def test_a_distributed_batch_sampler_over_the_dp_ranks_just_works(loop_plans, si
     assert_same_training(run, single_device("distributed_sampler.py"), exempt=ZERO_GRADIENT)
 
 
-def test_a_distributed_batch_sampler_over_every_rank_is_refused_in_one_line(loop_plans, tmp_path):
-    """Under dp2 x mp2 the script's sampler splits the data 4 ways, so the two mp ranks of a dp
-    group would read different samples (it trained silently wrong before: step 1 4.630 vs 4.508)."""
-    ranks, path = loop_plans("gpt", "dp2mp2")
+@pytest.mark.parametrize(("plan", "dp"), [("mp2", 1), ("dp2mp2", 2)])
+def test_a_distributed_batch_sampler_over_every_rank_is_refused_in_one_line(plan, dp, loop_plans, tmp_path):
+    """Under mp2 (dp2 x mp2) the script's sampler splits the data 2 (4) ways, so the mp ranks of a
+    dp group would read different samples (under dp2 x mp2 it trained silently wrong before: step
+    1 4.630 vs 4.508)."""
+    ranks, path = loop_plans("gpt", plan)
     job = launch_script("distributed_sampler.py", tmp_path, ranks, path)
     assert all(p.returncode == 1 for p in job.processes), job.report()
     for rank, process in enumerate(job.processes):
         assert (
             f"rank {rank} failed validation: dataloader: its DistributedBatchSampler gives this rank part {rank} "
-            "of 4, but the plan reads each batch in dp=2 parts" in process.stderr
+            f"of {ranks}, but the plan reads each batch in dp={dp} parts" in process.stderr
         )
         assert "use paddle.io.BatchSampler(dataset, batch_size=4) and apply_plan splits it" in process.stderr
 
