@@ -22,7 +22,9 @@ calls ``F.scaled_dot_product_attention``, priced as flash attention on the h100 
   tensor-, data- and pipeline-parallel communication with compute (``--tp-comm-overlap``,
   ``--overlap-grad-reduce``, ``--overlap-param-gather``), which the planner does not model (it
   prices Paddle, which exposes them): priced with that communication hidden, i.e. free links
-  (the planner's own estimate, communication exposed, is printed beside it). ``--fit`` fits the
+  (the planner's own estimate, communication exposed, is printed beside it). Free links leave
+  the profile's ``overlap_compute_loss`` nothing to act on: what the runs' hidden communication
+  costs their compute lands in the fit. ``--fit`` fits the
   h100-sxm profile's matmul efficiency on these rows.
 - MosaicML llm-foundry (scripts/train/benchmarking/README.md, "H100 80GB BF16"; not used for
   any fit: the validation set): MPT models with PyTorch FSDP FULL_SHARD (ZeRO-3), sequence 2048, the rows at 2048;

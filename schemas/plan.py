@@ -153,6 +153,12 @@ class DeviceProfile(Base):
     #: Whether collectives run beside compute (NCCL on its own stream); gloo on CPU blocks the
     #: thread that computes, so nothing overlaps.
     comm_overlap: bool = True
+    #: Fraction of compute speed lost while a collective runs beside it (0 to 1): NCCL's kernels
+    #: hold SMs (one CTA per channel) and memory bandwidth, so communication hidden under compute
+    #: still slows it (``step_time.overlapped``). The named GPU profiles: NCCL's channels over
+    #: the GPU's SMs (planner/cost/hardware.py); 1 where nothing overlaps (``comm_overlap``
+    #: false means 1 whatever this says); 0 by default, communication hidden for free.
+    overlap_compute_loss: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
     #: Whether the device runs the fused kernels a model selects (flash attention for
     #: ``F.scaled_dot_product_attention``, fused RMSNorm): the GPUs; a CPU runs what the planner
     #: traced (matmul / softmax / matmul).

@@ -197,16 +197,54 @@ def test_overlap_hides_all_but_one_piece_while_compute_is_longer():
     assert overlapped(0.0, 5.0, 4) == 0.0
 
 
+def test_hidden_communication_costs_the_compute_it_slows():
+    # loss 0.2: compute runs at 0.8 x its speed while a collective runs beside it. A piece of c s
+    # of communication beside k s of compute takes max(c, k + 0.2 c): exposes max(c - k, 0.2 c).
+    from autodist.planner.cost.step_time import overlapped
+
+    # The link keeps up: 4 pieces of 0.25 s beside 4 of 2.5 s. The first piece exposed (0.25 s),
+    # each of the other three slows its compute by 0.2 x 0.25 = 0.05 s: 0.25 + 0.15 = 0.4 s.
+    assert overlapped(1.0, 10.0, 4, loss=0.2) == pytest.approx(0.4)
+    # It does not: 4 pieces of 2.5 s beside 4 of 1 s. The compute, slowed to 1.25 s, finishes
+    # inside each 2.5 s piece, which exposes 2.5 - 1 = 1.5 s as without the loss: 2.5 + 4.5 = 7 s.
+    assert overlapped(10.0, 4.0, 4, loss=0.2) == pytest.approx(7.0)
+    # Just: 1.1 s pieces beside 1 s of compute, slowed to 1 + 0.2 x 1.1 = 1.22 s > 1.1 s: the
+    # slowed compute is the longer, 0.22 s exposed a piece (not 0.1): 1.1 + 3 x 0.22 = 1.76 s.
+    assert overlapped(4.4, 4.0, 4, loss=0.2) == pytest.approx(1.76)
+    # Loss 1 hides nothing (gloo: the collective holds the thread that computes).
+    assert overlapped(1.0, 10.0, 4, loss=1.0) == pytest.approx(1.0)
+
+
+def test_without_comm_overlap_the_loss_is_all_of_it_whatever_the_profile_says():
+    from autodist.planner.cost.compute import overlap_loss
+
+    block = BlockCost(layer="b", params_whole=10**8, param_tensors=1, flops_per_token=3e9)
+    model = ModelCost(blocks=(block,) * 4, hidden_size=1, traced_batch=1, traced_seq=1024)
+
+    def step(**figures):
+        device = _device(intra_node_bandwidth=100e9, intra_node_latency_s=5e-6, **figures)
+        setup = Setup(device=device, devices_per_node=8, nodes=1, seq_len=1024, global_batch=8)
+        return estimate(StageTable(model), Strategy(dp=8, sharding_stage=0), setup).estimate.step_time_s
+
+    assert overlap_loss(_device(comm_overlap=False, overlap_compute_loss=0.3)) == 1.0
+    assert step(comm_overlap=False, overlap_compute_loss=0.3) == pytest.approx(step(overlap_compute_loss=1.0))
+    assert step(overlap_compute_loss=0.3) < step(overlap_compute_loss=1.0)
+    assert (PROFILES["h100-sxm"].overlap_compute_loss, PROFILES["a100-80g"].overlap_compute_loss) == (0.24, 0.30)
+    assert PROFILES["cpu"].overlap_compute_loss == 1.0 and not PROFILES["cpu"].comm_overlap
+
+
 def _dp_model(layers: int, params_per_block: int, flops_per_token: float) -> ModelCost:
     block = BlockCost(layer="b", params_whole=params_per_block, param_tensors=1, flops_per_token=flops_per_token)
     return ModelCost(blocks=(block,) * layers, hidden_size=1, traced_batch=1, traced_seq=1024)
 
 
-def _dp_times(zero: int, flops_per_token: float, m: int = 1):
+def _dp_times(zero: int, flops_per_token: float, m: int = 1, loss: float = 0.0):
     """(exposed dp seconds, forward s, backward s per micro-batch, one block's all-gather s) for
-    dp8 over 4 blocks of 1e8 bf16 parameters on one H100 node."""
+    dp8 over 4 blocks of 1e8 bf16 parameters on one H100 node, ``loss`` of compute speed lost
+    beside a collective (0: hidden communication costs nothing)."""
     model = _dp_model(4, 10**8, flops_per_token)
-    setup = Setup(device=H100, devices_per_node=8, nodes=1, seq_len=1024, global_batch=8 * m)
+    device = msgspec.structs.replace(H100, overlap_compute_loss=loss)
+    setup = Setup(device=device, devices_per_node=8, nodes=1, seq_len=1024, global_batch=8 * m)
     result = estimate(StageTable(model), Strategy(dp=8, sharding_stage=zero, micro_batches=m), setup)
     rate = H100.peak_flops["bf16"] * H100.matmul_efficiency
     forward = 4 * flops_per_token * 1024 / rate
@@ -234,6 +272,27 @@ def test_zero3_gathers_hide_behind_the_previous_block_except_the_first():
     # Two micro-batches: the gathers happen in each one's forward and backward.
     exposed2, *_ = _dp_times(3, 1e9, m=2)
     assert exposed2 == pytest.approx(exposed + 2 * gather)
+
+
+def test_zero3_hidden_gathers_cost_the_h100s_loss_of_compute():
+    # The same ZeRO-3 step with H100's 0.24: each piece hidden behind compute (the link keeps up)
+    # slows that compute by 0.24 x the piece. Hidden: forward 3 of the 4 gathers, backward 3/4 of
+    # the 4 gathers and the reduce-scatter; the step rises by exactly 0.24 x that.
+    loss = H100.overlap_compute_loss
+    assert loss == 0.24
+    free, forward, _, gather = _dp_times(3, 1e9)
+    slowed, *_ = _dp_times(3, 1e9, loss=loss)
+    reduce = reduce_scatter_time(8e8, 8, Link(H100.intra_node_bandwidth, H100.intra_node_latency_s), 4)
+    assert gather * (1 + loss) < forward / 4  # every piece hides
+    hidden = 3 * gather + 3 / 4 * (4 * gather + reduce)
+    assert slowed - free == pytest.approx(loss * hidden)
+    model = _dp_model(4, 10**8, 1e9)
+    setup = Setup(device=H100, devices_per_node=8, nodes=1, seq_len=1024, global_batch=8)
+    step = estimate(StageTable(model), Strategy(dp=8, sharding_stage=3), setup).estimate.step_time_s
+    free_device = msgspec.structs.replace(H100, overlap_compute_loss=0.0)
+    free_setup = replace(setup, device=free_device)
+    free_step = estimate(StageTable(model), Strategy(dp=8, sharding_stage=3), free_setup).estimate.step_time_s
+    assert step - free_step == pytest.approx(loss * hidden)
 
 
 def test_zero3_gathers_are_exposed_when_compute_is_short():

@@ -69,6 +69,19 @@ def fixed_op_time(device: DeviceProfile) -> float:
     return device.op_overhead_s + device.dispatch_overhead_s
 
 
+def overlap_loss(device: DeviceProfile) -> float:
+    """The fraction of compute speed lost while a collective runs beside it, as the estimate
+    prices it (:func:`autodist.planner.cost.step_time.overlapped`): the device's
+    ``overlap_compute_loss`` where collectives run beside compute, 1 where they block the
+    thread that computes (``comm_overlap`` false: gloo on CPU), so that nothing hides.
+
+    >>> from autodist.planner.cost.hardware import PROFILES
+    >>> overlap_loss(PROFILES["h100-sxm"]), overlap_loss(PROFILES["cpu"])
+    (0.24, 1.0)
+    """
+    return device.overlap_compute_loss if device.comm_overlap else 1.0
+
+
 def memory_time(nbytes: float, device: DeviceProfile) -> float:
     """Seconds to move ``nbytes`` through device memory (0 when the bandwidth is unknown).
 

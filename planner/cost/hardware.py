@@ -23,6 +23,18 @@ calibrate`` measures both on the user's own devices, and with ``--model`` the
 ``dispatch_overhead_us`` a real training step shows (0 in the named profiles: on a GPU the host
 dispatches ahead of the kernels, so it hides behind them).
 
+``overlap_compute_loss`` is the fraction of compute speed lost while a collective runs beside
+it (``step_time.overlapped``: communication hidden under compute still costs this much of it).
+On the GPUs, NCCL's share of the SMs: a collective's kernel runs one CTA (thread block) per
+channel (NCCL's docs, ``NCCL_MAX_NCHANNELS``: fewer channels, fewer CUDA blocks, "hence the
+impact on GPU computing resources"), at most ``MAXCHANNELS`` of them, 32 in NCCL 2.18-2.24
+(``src/include/devcomm.h``, later ``device.h``; the default ``maxCTAs``; 64 since 2.25), the
+versions of the runs in docs/benchmarks.md; a large collective uses them all, and the GEMM
+beside it runs on the other SMs: 32 / 132 = 0.24 on H100 and H200 (132 SMs), 32 / 108 = 0.30
+on A100 (108 SMs). An upper bound on the SMs, and a lower one on the loss where the collective
+also takes memory bandwidth; not fitted on any published run. On the ``cpu`` profile 1: gloo
+runs each collective on the thread that computes (``comm_overlap`` false), so nothing overlaps.
+
 Example::
 
     >>> resolve_device("h100-sxm").peak_flops["bf16"]
@@ -96,6 +108,7 @@ _CLUSTER_KEYS = {
     "matmul_efficiency": (1.0, "fraction of peak FLOP/s large matmuls sustain"),
     "op_overhead_us": (US, "fixed cost of every op (launch, dispatch), microseconds"),
     "dispatch_overhead_us": (US, "framework time per op a real training step adds (calibrate --model), microseconds"),
+    "overlap_compute_loss": (1.0, "fraction of compute speed lost while a collective runs beside it"),
 }
 #: Keys a file without ``base`` may leave out (the plan format has defaults), and their fields.
 _OPTIONAL_FIELDS = {
@@ -105,11 +118,20 @@ _OPTIONAL_FIELDS = {
     "matmul_efficiency": "matmul_efficiency",
     "op_overhead_us": "op_overhead_s",
     "dispatch_overhead_us": "dispatch_overhead_s",
+    "overlap_compute_loss": "overlap_compute_loss",
 }
 #: Keys that may be 0 (no fixed cost is a fixed cost); every other figure must be positive.
 _ZERO_OK = frozenset(
-    {"op_overhead_us", "dispatch_overhead_us", "intra_node_latency_per_rank_us", "inter_node_latency_per_rank_us"}
+    {
+        "op_overhead_us",
+        "dispatch_overhead_us",
+        "intra_node_latency_per_rank_us",
+        "inter_node_latency_per_rank_us",
+        "overlap_compute_loss",
+    }
 )
+#: Keys that are fractions: at most 1.
+_FRACTIONS = frozenset({"matmul_efficiency", "overlap_compute_loss"})
 
 
 def resolve_device(name: str | None = None, cluster_file: str | None = None) -> DeviceProfile:
@@ -248,11 +270,12 @@ def device_profile(tables: dict, path: str) -> DeviceProfile:
         raw = device[key]
         value = _si_value(raw, unit)
         lowest_ok = value >= 0 if key in _ZERO_OK else value >= MIN_FIGURE * unit
-        if not (lowest_ok and value <= (1.0 if key == "matmul_efficiency" else MAX_FIGURE)):
+        most = 1.0 if key in _FRACTIONS else MAX_FIGURE
+        if not (lowest_ok and value <= most):
             least = "0" if key in _ZERO_OK else f"{MIN_FIGURE:g}"
             raise PlannerError(
                 f"{path}: [device].{key} must be a positive, finite number ({meaning}, at least {least} and at most "
-                f"{(1.0 if key == 'matmul_efficiency' else MAX_FIGURE / unit):g}), "
+                f"{most / unit:g}), "
                 f"got {printable(repr(raw))}"
             )
         values[key] = raw * unit

@@ -53,9 +53,13 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   previous block computes (prefetching, Zhao et al., "PyTorch FSDP", VLDB 2023, sec. 3.3.2;
   Rajbhandari et al., ZeRO, SC 2020, sec. 7.2.2), so only the first block's gather is exposed
   when the link keeps up; in the last backward the gathers and the gradient reduce-scatter
-  share the link. A device whose collectives block its compute (``comm_overlap`` false: gloo
-  on CPU) overlaps nothing. Each parameter is its own collective (Paddle reshards every gradient on its
-  own; ``count`` latencies), the bytes are those of all of them;
+  share the link. Hidden communication is not free: while a collective runs, the compute
+  beside it loses the device's ``overlap_compute_loss`` of its speed (NCCL's kernels hold SMs;
+  planner/cost/hardware.py), so each hidden piece costs that fraction of itself. A device whose
+  collectives block its compute (``comm_overlap`` false: gloo on CPU) overlaps nothing: a loss
+  of 1 (:func:`~autodist.planner.cost.compute.overlap_loss`). Each parameter is its own
+  collective (Paddle reshards every gradient on its own; ``count`` latencies), the bytes are
+  those of all of them;
 - expert parallelism (``strategy.ep``, the plan's ``expert_dispatch`` / ``expert_combine`` hooks:
   Megatron-LM's "allgather" token dispatcher), over ep ranks neighbouring on the dp axis, per MoE
   layer and micro-batch, with B the bytes of its input on one rank (tokens x hidden): the forward
@@ -120,7 +124,7 @@ from autodist.planner.cost.comm import (
     reduce_scatter_time,
     vocab_lookup_collective,
 )
-from autodist.planner.cost.compute import fixed_op_time, matmul_time, memory_time
+from autodist.planner.cost.compute import fixed_op_time, matmul_time, memory_time, overlap_loss
 from autodist.planner.cost.memory import StateBytes, model_state_bytes
 from autodist.schemas.experts import runs_moe_locally
 from autodist.schemas.local_view import runs_local_views
@@ -300,6 +304,12 @@ class _Context:
 
     def link(self, size: int, stride: int) -> Link:
         return group_link(size, stride, self.setup.devices_per_node, self.setup.device)
+
+    def overlapped(self, comm_s: float, compute_s: float, chunks: int) -> float:
+        """:func:`overlapped` with the device's loss of compute speed beside a collective
+        (:func:`~autodist.planner.cost.compute.overlap_loss`: 1 where collectives block compute,
+        so that every collective waits for the compute and the other way round)."""
+        return overlapped(comm_s, compute_s, chunks, overlap_loss(self.setup.device))
 
     @cached_property
     def _block_times(self) -> dict[BlockCost, tuple[float, float, float]]:
@@ -744,20 +754,35 @@ def _pipeline_time(strategy: Strategy, stage_times: list[float]) -> tuple[float,
     return total, total - m * slowest
 
 
-def overlapped(comm_s: float, compute_s: float, chunks: int) -> float:
+def overlapped(comm_s: float, compute_s: float, chunks: int, loss: float = 0.0) -> float:
     """Exposed seconds of ``comm_s`` of communication run in ``chunks`` equal pieces against
     ``compute_s`` of compute in as many pieces, each piece of communication overlapping one of
     compute (a two-stage pipeline: a gather ahead of the block that needs it, a bucket's
-    reduction after the block that made it). One piece is always exposed; the others hide
-    while compute is the longer stage.
+    reduction after the block that made it). One piece is always exposed. ``loss``: the
+    fraction of compute speed lost while a collective runs beside it (the device's,
+    :func:`~autodist.planner.cost.compute.overlap_loss`: NCCL's kernels hold SMs). A piece of
+    ``c`` seconds of communication beside ``k`` of compute: compute runs at ``1 - loss`` for
+    ``c``, then at full speed, so the pair takes ``max(c, k + loss c)``: each of the ``n - 1``
+    overlapped pieces exposes ``max(c - k, loss c)`` (a link that keeps up still costs
+    ``loss c``; one that does not exposes ``c - k``, or ``loss c`` while the slowed compute
+    outlasts it). With ``loss`` 1 nothing hides, as where collectives block compute.
 
     >>> overlapped(1.0, 10.0, 4), overlapped(10.0, 4.0, 4)   # 4 x 2.5 + 1 = 11 = 4 + 7
     (0.25, 7.0)
+    >>> round(overlapped(1.0, 10.0, 4, loss=0.24), 6)    # keeps up: 0.25 + 3 x 0.24 x 0.25
+    0.43
+    >>> round(overlapped(10.0, 4.0, 4, loss=0.24), 6)    # link-bound: 2.5 + 3 x (2.5 - 1), as without loss
+    7.0
+    >>> round(overlapped(4.4, 4.0, 4, loss=0.24), 6)     # 1.1 beside 1: 1.1 + 3 x max(0.1, 0.264)
+    1.892
+    >>> overlapped(1.0, 10.0, 4, loss=1.0)               # nothing hides
+    1.0
     """
     if comm_s <= 0:
         return 0.0
     n = max(chunks, 1)
-    return (comm_s + (n - 1) * max(0.0, comm_s - compute_s)) / n
+    c, k = comm_s / n, compute_s / n
+    return c + (n - 1) * max(c - k, loss * c)
 
 
 def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, float]:
@@ -765,26 +790,24 @@ def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, floa
     dp, zero, m = ctx.strategy.dp, ctx.strategy.sharding_stage, ctx.strategy.micro_batches
     link = ctx.link(dp, ctx.strategy.mp)
     state_bytes = stage.params * ctx.width
-    # Without overlap (gloo on CPU) every collective waits for the compute and the other way round.
-    backward_s = stage.backward_s if ctx.setup.device.comm_overlap else 0.0
-    forward_s = stage.compute_s - stage.backward_s if ctx.setup.device.comm_overlap else 0.0
+    backward_s, forward_s = stage.backward_s, stage.compute_s - stage.backward_s
     chunks, count = max(num_blocks, 1), max(stage.param_tensors, 1)  # one collective per parameter
     if zero == 0 and stage.moe_grads:
         return _dp_sync_with_experts(ctx, stage, stage.moe_grads, backward_s, chunks)
     if zero == 0:
-        return overlapped(all_reduce_time(state_bytes, dp, link, count), backward_s, chunks), all_reduce_bytes(
+        return ctx.overlapped(all_reduce_time(state_bytes, dp, link, count), backward_s, chunks), all_reduce_bytes(
             state_bytes, dp
         )
     reduce = reduce_scatter_time(state_bytes, dp, link, count)
     if zero < 3:
         # Updated parameters are gathered after the optimizer step: nothing left to hide behind.
         after = all_gather_time(state_bytes, dp, link, count)
-        return overlapped(reduce, backward_s, chunks) + after, 2 * all_gather_bytes(state_bytes, dp)
+        return ctx.overlapped(reduce, backward_s, chunks) + after, 2 * all_gather_bytes(state_bytes, dp)
     gather = all_gather_time(state_bytes, dp, link, count)  # block by block
     exposed = (
-        m * overlapped(gather, forward_s, chunks)
-        + (m - 1) * overlapped(gather, backward_s, chunks)
-        + overlapped(gather + reduce, backward_s, chunks)
+        m * ctx.overlapped(gather, forward_s, chunks)
+        + (m - 1) * ctx.overlapped(gather, backward_s, chunks)
+        + ctx.overlapped(gather + reduce, backward_s, chunks)
     )
     return exposed, (1 + 2 * m) * all_gather_bytes(state_bytes, dp)
 
@@ -800,9 +823,8 @@ def _mp_grad_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float,
     if not stage.mp_grad_params:
         return 0.0, 0.0
     mp, grads = ctx.strategy.mp, stage.mp_grad_params * ctx.width
-    backward_s = stage.backward_s if ctx.setup.device.comm_overlap else 0.0
     seconds = all_reduce_time(grads, mp, ctx.link(mp, 1), max(stage.mp_grad_tensors, 1))
-    return overlapped(seconds, backward_s, max(num_blocks, 1)), all_reduce_bytes(grads, mp)
+    return ctx.overlapped(seconds, stage.backward_s, max(num_blocks, 1)), all_reduce_bytes(grads, mp)
 
 
 def _dp_sync_with_experts(
@@ -818,7 +840,7 @@ def _dp_sync_with_experts(
     rest_count = max(stage.param_tensors - moe.router_tensors - moe.expert_tensors, 1)
     router, experts = moe.router_params * width, moe.expert_params * width
     exposed = (
-        overlapped(all_reduce_time(rest, dp, link, rest_count), backward_s, chunks)
+        ctx.overlapped(all_reduce_time(rest, dp, link, rest_count), backward_s, chunks)
         + all_reduce_time(router, dp, link, moe.router_tensors)
         + all_reduce_time(experts, replicas, ctx.link(replicas, mp * ep), moe.expert_tensors)
     )
