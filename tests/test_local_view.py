@@ -17,12 +17,19 @@ and a fused ``gate|up`` one (Phi-3's ``gate_up_proj``, ERNIE 4.5's ``up_gate_pro
   rank) and Falcon's multi-query q|k|v (held whole): saved under the local view, resumed under the
   gathered plan and on one device, and the other way round, each like one uninterrupted device.
 
-Launches: mp2 (2 ranks), dp2 x mp2 (4, twice: GPT-2; Phi-3, XLM and ERNIE 4.5), the MLP's mp2
-(2), Falcon's mp2 (2) and dp2 x mp2 (4), for each of GPT-2, ERNIE 4.5 and Falcon the savers (2)
-and the loaders (2, and 1 with the references).
+Launches: every training above is made by one module fixture (``trained``), batched into one job
+per world size and checkpoint phase: every mp2 training with the round trips' savers (2 ranks)
+and every dp2 x mp2 training (4), then the loaders (2) and the single-device resumes with every
+single-device reference (1). Four launches, where the tests starting their own jobs made 22: on a
+2-core machine each launch costs every rank several seconds of start-up (it imports Paddle), more
+than the few steps it trains. A job that fails fails every test reading it, each with the failed
+ranks' stderr. Planning is pure (same model, same request, same plan): each plan is made once
+(:func:`_planned`).
 """
 
 from __future__ import annotations
+
+import functools
 
 import msgspec
 import pytest
@@ -33,12 +40,12 @@ from autodist.applier.local_view import local_view_problems
 from autodist.planner.local_view import NotProven, verify
 from autodist.planner.review.check import check_plan_for_target
 from autodist.planner.review.show import show_text
-from autodist.schemas import LocalAttribute, save_plan
+from autodist.schemas import LocalAttribute, Plan, save_plan
 from harness.cases import Trained, check_against_reference
 from harness.jobs import TrainRun
 from harness.planning import gloo_mp2_request
 from harness.compare import assert_resumed_like_one_device
-from harness.runner import train_by_world, train_distributed
+from harness.runner import train_by_world
 from harness.workloads import WORKLOADS
 
 GPT2 = "tests/models/zoo/gpt2_hf.py"
@@ -52,14 +59,26 @@ def _request(dp: int = 1, recompute: str = "none") -> SearchRequest:
     return gloo_mp2_request(dp, recompute=recompute)
 
 
+def _planned(target: str, dp: int = 1, local_view: bool = True) -> Plan:
+    """``target`` planned at dp x mp2, with or without local views. Planning is pure (the same
+    model and request give the same plan) and this module asks for most plans more than once:
+    each is made once and shared, so it is never edited in place (``msgspec.structs.replace``)."""
+    return _plan_once(target, dp, local_view)  # one cache key however the call spells its arguments
+
+
+@functools.cache
+def _plan_once(target: str, dp: int, local_view: bool) -> Plan:
+    return plan_target(target, None, _request(dp), {"target": target}, local_view=local_view).plan
+
+
 @pytest.fixture(scope="module")
 def local_plan():
-    return plan_target(GPT2, None, _request(), {"target": GPT2}, local_view=True).plan
+    return _planned(GPT2)
 
 
 @pytest.fixture(scope="module")
 def dp_plan():
-    return plan_target(GPT2, None, _request(dp=2), {"target": GPT2}, local_view=True).plan
+    return _planned(GPT2, dp=2)
 
 
 def test_planner_records_a_proven_local_view(local_plan):
@@ -97,7 +116,7 @@ def test_the_estimate_prices_what_runs(local_plan):
     lookup in the global view: the [64, 32] table all-gathered twice (each rank sending half:
     2 x 64 x 32 x 2 / 2 = 4096 bytes) instead of one all-reduce of the 32 x 32 output (each
     rank sending 2 x (2 - 1) / 2 of it: 2048 bytes), 2048 bytes more."""
-    gathered = plan_target(GPT2, None, _request(), {"target": GPT2}, local_view=False).plan
+    gathered = _planned(GPT2, local_view=False)
     local, whole = local_plan.estimate, gathered.estimate
     assert whole.comm_bytes.mp - local.comm_bytes.mp == 2 * (48 + 16) * 32 * 2 + 2048
     assert local.memory.activations < whole.memory.activations and local.step_time_s < whole.step_time_s
@@ -105,7 +124,7 @@ def test_the_estimate_prices_what_runs(local_plan):
 
 
 def test_no_local_view_still_gathers_the_fused_projection():
-    plan = plan_target(GPT2, None, _request(), {"target": GPT2}, local_view=False).plan
+    plan = _planned(GPT2, local_view=False)
     assert plan.local_view == []
     assert {h.layer for h in plan.hooks if h.action == "reshard"} >= {"transformer.h.0.attn.c_attn"}
 
@@ -140,24 +159,128 @@ def test_verification_fails_loudly_on_a_sabotaged_attribute(local_plan):
     assert "equal the global run" in verify(layer, view, params, 2, [2, 8, 32])
 
 
+#: Every local-view training of this module, ``(workload, dp)``, its plan made at dp x mp2 (with
+#: the tests that read it); GPT-2's mp2 plan is trained a second time, its model built lazily.
+TRAININGS = [
+    # test_local_view_trains_like_one_device_with_half_the_heads
+    ("zoo_gpt2_hf", 1),
+    ("zoo_gpt2_hf", 2),
+    # test_a_fused_mlp_local_view_trains_like_one_device_at_half_the_width
+    ("zoo_pf_ernie45", 1),
+    # test_attentions_taking_masks_and_positions_train_like_one_device_as_local_views
+    ("zoo_gpt_neox_hf", 1),
+    ("zoo_phi3_hf", 1),
+    # test_attentions_paddle_cannot_keep_split_train_like_one_device_as_local_views
+    ("zoo_mixtral_mistral_ref", 1),
+    ("zoo_xlm_hf", 1),
+    ("zoo_x_transformers", 1),
+    # test_local_views_with_batch_inputs_train_like_one_device_at_dp2_mp2
+    ("zoo_phi3_hf", 2),
+    ("zoo_xlm_hf", 2),
+    ("zoo_pf_ernie45", 2),
+    # test_a_fused_multi_query_attention_trains_like_one_device_with_k_and_v_whole
+    ("zoo_falcon_hf", 1),
+    ("zoo_falcon_hf", 2),
+]
+LAZY = "zoo_gpt2_hf_dp1_local_view_lazy"
+#: Fused weights whose checkpoints round trip: workload -> its segments (GPT-2's c_attn q|k|v,
+#: ERNIE 4.5's up_gate_proj up|gate, Falcon's multi-query query_key_value q|k|v, held whole).
+ROUND_TRIPS = {"zoo_gpt2_hf": 3, "zoo_pf_ernie45": 2, "zoo_falcon_hf": 3}
+
+
+def _name(workload: str, dp: int) -> str:
+    return f"{workload}_dp{dp}_local_view"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, reference_runs):
+    """Every training of this module, ``(plans, runs, outputs)`` by run name, in one launch per
+    world size (see the module's docstring): the :data:`TRAININGS`, and for each of
+    :data:`ROUND_TRIPS` AdamW, 2 steps saved under the local-view plan and under the default
+    (gathered) one, each resumed for 1 step under the other and the local-view one on one device.
+    The savers train beside the mp2 trainings; the loaders need their checkpoints, so they start
+    a second pair of jobs, the one-process one also making every single-device reference."""
+    workdir = tmp_path_factory.mktemp("local_view")
+    plans: dict[str, Plan] = {}
+    first: list[tuple[TrainRun, int]] = []
+    for workload, dp in TRAININGS:
+        plans[_name(workload, dp)] = _planned(WORKLOADS[workload].planner_target, dp)
+        path = workdir / f"{_name(workload, dp)}.json"
+        save_plan(plans[_name(workload, dp)], path)
+        first.append((TrainRun(_name(workload, dp), workload, plan=str(path)), 2 * dp))
+    # built under autodist.LazyGuard: apply_plan initialises the fused weights, then lays them out
+    plans[LAZY] = plans[_name("zoo_gpt2_hf", 1)]
+    first.append(
+        (TrainRun(LAZY, "zoo_gpt2_hf", plan=str(workdir / f"{_name('zoo_gpt2_hf', 1)}.json"), build="autodist_lazy"), 2)
+    )
+    loads: list[tuple[TrainRun, int]] = []
+    for workload in sorted(ROUND_TRIPS):
+        target = WORKLOADS[workload].planner_target
+        paths, checkpoints = {}, {}
+        for layout in ("local", "gathered"):
+            plans[f"{workload}_save_{layout}"] = _planned(target, local_view=layout == "local")
+            paths[layout] = str(workdir / f"{workload}_{layout}.json")
+            save_plan(plans[f"{workload}_save_{layout}"], paths[layout])
+            checkpoints[layout] = str(workdir / f"{workload}_ckpt_{layout}")
+        common = dict(workload=workload, optimizer="adamw")
+        first += [
+            (TrainRun(f"{workload}_save_{k}", plan=paths[k], steps=2, save_checkpoint=checkpoints[k], **common), 2)
+            for k in paths
+        ]
+        resume = dict(steps=1, first_step=2, **common)
+        plans[f"{workload}_gathered_from_local"] = plans[f"{workload}_save_gathered"]
+        plans[f"{workload}_local_from_gathered"] = plans[f"{workload}_save_local"]
+        loads += [
+            (
+                TrainRun(
+                    f"{workload}_gathered_from_local",
+                    plan=paths["gathered"],
+                    load_checkpoint=checkpoints["local"],
+                    **resume,
+                ),
+                2,
+            ),
+            (
+                TrainRun(
+                    f"{workload}_local_from_gathered",
+                    plan=paths["local"],
+                    load_checkpoint=checkpoints["gathered"],
+                    **resume,
+                ),
+                2,
+            ),
+            (
+                TrainRun(
+                    f"{workload}_single_from_local", method="single", load_checkpoint=checkpoints["local"], **resume
+                ),
+                1,
+            ),
+        ]
+    outputs = train_by_world(first, workdir / "first", timeout_s=600.0)
+    everything = [run for run, _ in first + loads]
+    outputs.update(train_by_world(loads, workdir / "resumed", timeout_s=600.0, references=(reference_runs, everything)))
+    return plans, {run.name: run for run in everything}, outputs
+
+
+def _trained(trained, name: str) -> Trained:
+    plans, runs, outputs = trained
+    return Trained(runs[name], plans[name], outputs[name])
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("dp", [1, 2])
-def test_local_view_trains_like_one_device_with_half_the_heads(dp, local_plan, dp_plan, tmp_path, reference_runs):
+def test_local_view_trains_like_one_device_with_half_the_heads(dp, local_plan, dp_plan, trained, reference_runs):
     """mp2 on 2 ranks, dp2 x mp2 on 4: losses and parameters as on one device, and every rank's
     attention scores hold 2 of the 4 heads (the gathered layout of the default plan: all 4)."""
     plan = local_plan if dp == 1 else dp_plan
     assert (plan.strategy.dp, plan.strategy.mp) == (dp, 2)
-    path = tmp_path / "gpt2_local_view.json"
-    save_plan(plan, path)
-    runs = [TrainRun(f"gpt2_local_view_dp{dp}", "zoo_gpt2_hf", plan=str(path))]
-    if dp == 1:  # and built under autodist.LazyGuard: apply_plan initialises the fused weights, then lays them out
-        runs.append(TrainRun("gpt2_local_view_lazy", "zoo_gpt2_hf", plan=str(path), build="autodist_lazy"))
+    names = [_name("zoo_gpt2_hf", dp)] + [LAZY] * (dp == 1)
     assert WORKLOADS["zoo_gpt2_hf"].planner_target.endswith("gpt2_hf.py")
-    outputs = train_distributed(runs, 2 * dp, tmp_path / "world", timeout_s=600.0)
-    reference_runs.prepare(runs)
-    for run in runs:
-        check_against_reference(Trained(run, plan, outputs[run.name]), reference_runs)
-        for output in outputs[run.name]:
+    for name in names:
+        run = _trained(trained, name)
+        assert run.plan is plan
+        check_against_reference(run, reference_runs)
+        for output in run.outputs:
             heads = {shape[1] for shape in output["score_shapes"]}
             assert output["score_shapes"] and heads == {HEADS // 2}, output["score_shapes"]
 
@@ -166,9 +289,9 @@ def test_a_fused_gate_up_mlp_runs_as_a_local_view_without_its_gather():
     """Phi-3's MLP (``gate_up_proj`` cut by ``chunk(2)``) is proven like an attention: each rank
     holds ``gate_r|up_r`` and its rows of ``down_proj``; no size attribute to localise (``chunk``
     halves whatever it gets). Its gather hook, there in the gathered plan, is gone."""
-    gathered = plan_target(PHI3, None, _request(), {"target": PHI3}, local_view=False).plan
+    gathered = _planned(PHI3, local_view=False)
     assert {h.layer for h in gathered.hooks if h.action == "reshard"} >= {"model.layers.0.mlp.gate_up_proj"}
-    plan = plan_target(PHI3, None, _request(), {"target": PHI3}, local_view=True).plan
+    plan = _planned(PHI3)
     views = {view.layer: view for view in plan.local_view}
     assert {"model.layers.0.mlp", "model.layers.1.mlp"} <= set(views)
     view = views["model.layers.0.mlp"]
@@ -179,23 +302,17 @@ def test_a_fused_gate_up_mlp_runs_as_a_local_view_without_its_gather():
 
 
 @pytest.mark.multiprocess
-def test_a_fused_mlp_local_view_trains_like_one_device_at_half_the_width(tmp_path, reference_runs):
+def test_a_fused_mlp_local_view_trains_like_one_device_at_half_the_width(trained, reference_runs):
     """ERNIE 4.5 (PaddleFormers), whose MLP reads ``self.intermediate_size``: localised to half,
     each rank's ``down_proj`` reads 32 of the 64 intermediate features (the gathered layout: all
     64 on every rank), and training matches one device."""
-    target = WORKLOADS["zoo_pf_ernie45"].planner_target
-    plan = plan_target(target, None, _request(), {"target": target}, local_view=True).plan
-    views = {view.layer: view for view in plan.local_view}
+    run = _trained(trained, _name("zoo_pf_ernie45", 1))
+    views = {view.layer: view for view in run.plan.local_view}
     assert sorted(views) == ["model.layers.0.mlp", "model.layers.1.mlp"]
     attributes = [(a.name, a.whole, a.local) for a in views["model.layers.0.mlp"].attributes]
     assert attributes == [("intermediate_size", ERNIE_INTERMEDIATE, ERNIE_INTERMEDIATE // 2)]
-    path = tmp_path / "ernie45_local_view.json"
-    save_plan(plan, path)
-    run = TrainRun("ernie45_mlp_local_view", "zoo_pf_ernie45", plan=str(path))
-    outputs = train_distributed([run], 2, tmp_path / "world", timeout_s=600.0)
-    reference_runs.prepare([run])
-    check_against_reference(Trained(run, plan, outputs[run.name]), reference_runs)
-    for output in outputs[run.name]:
+    check_against_reference(run, reference_runs)
+    for output in run.outputs:
         widths = output["linear_input_widths"]
         assert [widths[f"model.layers.{i}.mlp.down_proj"] for i in (0, 1)] == [[ERNIE_INTERMEDIATE // 2]] * 2, widths
 
@@ -208,7 +325,7 @@ def test_a_dist_parallelize_config_refuses_local_views(local_plan):
     with pytest.raises(ExportError, match=r"local views \(2 sub-layers, transformer.h.0.attn first") as refused:
         parallelize_config(local_plan)
     assert "a token lookup on local tensors (transformer.wte," in str(refused.value)
-    gathered = plan_target(GPT2, None, _request(), {"target": GPT2}, local_view=False).plan
+    gathered = _planned(GPT2, local_view=False)
     assert not gathered.local_view and not gathered.vocab_lookup  # --no-local-view: the lookup too
     assert any("local tensors are off: --no-local-view" in note for note in gathered.notes), gathered.notes
     assert parallelize_config(gathered).entries
@@ -245,52 +362,6 @@ def test_apply_plan_refuses_a_view_the_model_does_not_match(local_plan):
     assert any("tensor and data parallelism alone" in p for p in local_view_problems(model, pipelined))
 
 
-#: Fused weights whose checkpoints round trip: workload -> its segments (GPT-2's c_attn q|k|v,
-#: ERNIE 4.5's up_gate_proj up|gate, Falcon's multi-query query_key_value q|k|v, held whole).
-ROUND_TRIPS = {"zoo_gpt2_hf": 3, "zoo_pf_ernie45": 2, "zoo_falcon_hf": 3}
-
-
-@pytest.fixture(scope="module", params=sorted(ROUND_TRIPS))
-def round_trips(request, tmp_path_factory, reference_runs):
-    """AdamW, 2 steps saved under the local-view plan and under the default (gathered) one, each
-    resumed for 1 step under the other and the local-view one on one device."""
-    workload = request.param
-    target = WORKLOADS[workload].planner_target
-    workdir = tmp_path_factory.mktemp(f"{workload}_checkpoints")
-    local_plan = plan_target(target, None, _request(), {"target": target}, local_view=True).plan
-    fused = {w.segments for view in local_plan.local_view for w in view.weights} - {1}
-    assert fused == {ROUND_TRIPS[workload]}, local_plan.local_view
-    gathered = plan_target(target, None, _request(), {"target": target}, local_view=False).plan
-    plans = {"local": str(workdir / "local.json"), "gathered": str(workdir / "gathered.json")}
-    save_plan(local_plan, plans["local"])
-    save_plan(gathered, plans["gathered"])
-    common = dict(workload=workload, optimizer="adamw")
-    saves = [
-        (TrainRun(f"save_{k}", plan=plans[k], steps=2, save_checkpoint=str(workdir / f"ckpt_{k}"), **common), 2)
-        for k in plans
-    ]
-    resume = dict(steps=1, first_step=2, **common)
-    loads = [
-        (
-            TrainRun(
-                "gathered_from_local", plan=plans["gathered"], load_checkpoint=str(workdir / "ckpt_local"), **resume
-            ),
-            2,
-        ),
-        (
-            TrainRun(
-                "local_from_gathered", plan=plans["local"], load_checkpoint=str(workdir / "ckpt_gathered"), **resume
-            ),
-            2,
-        ),
-        (TrainRun("single_from_local", method="single", load_checkpoint=str(workdir / "ckpt_local"), **resume), 1),
-    ]
-    outputs = train_by_world(saves, workdir / "save")
-    outputs.update(train_by_world(loads, workdir / "load", references=(reference_runs, [r for r, _ in saves + loads])))
-    runs = {run.name: run for run, _ in saves + loads}
-    return {"local": local_plan, "gathered": gathered}, outputs, runs
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "saver, resumer, plan",
@@ -300,12 +371,20 @@ def round_trips(request, tmp_path_factory, reference_runs):
         ("save_local", "single_from_local", None),
     ],
 )
+@pytest.mark.parametrize("workload", sorted(ROUND_TRIPS))
 def test_a_local_view_checkpoint_round_trips_in_the_models_own_layout(
-    round_trips, reference_runs, saver, resumer, plan
+    trained, reference_runs, workload, saver, resumer, plan
 ):
-    """Saved under one layout, resumed under the other or on one device: like one uninterrupted device."""
-    plans, outputs, runs = round_trips
-    assert_resumed_like_one_device(reference_runs, runs, outputs, saver, resumer, plans[plan] if plan else None)
+    """Saved under one layout, resumed under the other or on one device: like one uninterrupted
+    device (AdamW, 2 steps saved, 1 resumed: the ``trained`` fixture)."""
+    plans, runs, outputs = trained
+    local = plans[f"{workload}_save_local"]
+    fused = {w.segments for view in local.local_view for w in view.weights} - {1}
+    assert fused == {ROUND_TRIPS[workload]}, local.local_view
+    resumed_under = plans[f"{workload}_save_{plan}"] if plan else None
+    assert_resumed_like_one_device(
+        reference_runs, runs, outputs, f"{workload}_{saver}", f"{workload}_{resumer}", resumed_under
+    )
 
 
 def test_a_forward_that_reads_widths_from_its_input_stays_gathered_with_one_note():
@@ -397,7 +476,7 @@ def test_an_attention_taking_a_mask_and_positions_is_a_local_view(target):
     called as the trace called them, the weights returned as None (nothing reads them), the
     fused column's gather gone."""
     layer, roles, segments, _, _ = CALLED[target]
-    plan = plan_target(target, None, _request(), {"target": target}, local_view=True).plan
+    plan = _planned(target)
     views = {view.layer: view for view in plan.local_view}
     assert {layer.format(i) for i in (0, 1)} <= set(views), sorted(views)
     view = views[layer.format(0)]
@@ -414,7 +493,7 @@ def test_an_attention_taking_a_mask_and_positions_is_a_local_view(target):
 def test_phi3_attention_localises_the_head_counts_its_config_holds():
     """HF Phi-3 cuts q at ``self.config.num_attention_heads * self.head_dim``: the config's head
     counts are localised with the layer's own; without the config's, the proof fails."""
-    plan = plan_target(PHI3, None, _request(), {"target": PHI3}, local_view=True).plan
+    plan = _planned(PHI3)
     view = next(v for v in plan.local_view if v.layer == "model.layers.0.self_attn")
     assert {(a.name, a.whole, a.local) for a in view.attributes} == {
         ("num_key_value_heads", 4, 2),
@@ -475,34 +554,26 @@ def test_a_local_view_refuses_a_call_other_than_the_proven_one():
 
 
 @pytest.mark.multiprocess
-def test_attentions_taking_masks_and_positions_train_like_one_device_as_local_views(tmp_path, reference_runs):
+def test_attentions_taking_masks_and_positions_train_like_one_device_as_local_views(trained, reference_runs):
     """GPT-NeoX and Phi-3 at mp2 on 2 gloo ranks, their attentions local views: losses and
     parameters as one device, each rank's output projection reading half of the heads' width
     (Phi-3's gathered plan does not train at all: Paddle's slice_grad of its rotary's empty slice
     of a DistTensor segfaults, docs/paddle-notes.md; under the local view it runs on plain tensors)."""
     cases = {"zoo_gpt_neox_hf": NEOX, "zoo_phi3_hf": PHI3}
-    plans = {w: plan_target(t, None, _request(), {"target": t}, local_view=True).plan for w, t in cases.items()}
     rows = {w: ([CALLED[t][0].format(i) for i in (0, 1)], *CALLED[t][3:]) for w, t in cases.items()}
-    _train_at_half_width(plans, rows, tmp_path, reference_runs)
+    _trained_at_half_width(trained, rows, reference_runs)
 
 
-def _train_at_half_width(plans: dict, rows: dict, tmp_path, reference_runs, dp: int = 1) -> None:
-    """Train each workload of ``plans`` (its local-view plan at dp x mp2) on ``2 * dp`` gloo
-    ranks, all in one launch: losses and parameters as one device, and the row projection of each
-    sub-layer (``rows[workload]``: the sub-layers, the row's name, its input width on one rank)
-    reading that width."""
-    runs = []
-    for workload, plan in plans.items():
-        assert (plan.strategy.dp, plan.strategy.mp) == (dp, 2)
-        path = tmp_path / f"{workload}_local_view.json"
-        save_plan(plan, path)
-        runs.append(TrainRun(f"{workload}_local_view", workload, plan=str(path)))
-    outputs = train_distributed(runs, 2 * dp, tmp_path / "world", timeout_s=600.0)
-    reference_runs.prepare(runs)
-    for run in runs:
-        layers, row, width = rows[run.workload]
-        check_against_reference(Trained(run, plans[run.workload], outputs[run.name]), reference_runs)
-        for output in outputs[run.name]:
+def _trained_at_half_width(trained, rows: dict, reference_runs, dp: int = 1) -> None:
+    """Each workload of ``rows``, its local-view plan at dp x mp2 trained on ``2 * dp`` gloo
+    ranks (by the ``trained`` fixture): losses and parameters as one device, and the row
+    projection of each sub-layer (``rows[workload]``: the sub-layers, the row's name, its input
+    width on one rank) reading that width."""
+    for workload, (layers, row, width) in rows.items():
+        run = _trained(trained, _name(workload, dp))
+        assert (run.plan.strategy.dp, run.plan.strategy.mp) == (dp, 2)
+        check_against_reference(run, reference_runs)
+        for output in run.outputs:
             widths = output["linear_input_widths"]
             assert [widths[f"{layer}.{row}"] for layer in layers] == [[width]] * len(layers), widths
 
@@ -542,7 +613,7 @@ STOPPED = {
 
 
 @pytest.mark.multiprocess
-def test_attentions_paddle_cannot_keep_split_train_like_one_device_as_local_views(tmp_path, reference_runs):
+def test_attentions_paddle_cannot_keep_split_train_like_one_device_as_local_views(trained, reference_runs):
     """Mistral's reference attention rotates q and k by complex multiplication (``as_complex``),
     XLM's masks its scores by ``masked_fill``, x-transformers' scores and mixes by ``einsum``:
     none of these ops has an SPMD rule (Paddle's global view would gather the heads there, and
@@ -550,14 +621,12 @@ def test_attentions_paddle_cannot_keep_split_train_like_one_device_as_local_view
     output projection by rows only as local views, proven called as the trace called them. On 2
     gloo ranks: losses and parameters as one device, each rank's output projection reading half
     of the heads' width."""
-    plans = {}
-    for target, (workload, layers, _, _, call) in STOPPED.items():
-        plan = plan_target(target, None, _request(), {"target": target}, local_view=True).plan
-        views = {view.layer: view for view in plan.local_view}
+    plans = trained[0]
+    for workload, layers, _, _, call in STOPPED.values():
+        views = {view.layer: view for view in plans[_name(workload, 1)].local_view}
         assert sorted(views) == layers
         assert [(c.role, c.dtype) for c in views[layers[0]].call] == call
-        plans[workload] = plan
-    _train_at_half_width(plans, {workload: rows for workload, *rows, _ in STOPPED.values()}, tmp_path, reference_runs)
+    _trained_at_half_width(trained, {workload: rows for workload, *rows, _ in STOPPED.values()}, reference_runs)
 
 
 #: workload -> (its local views, the call inputs cut to the rank's dp rows, the sub-layers whose row
@@ -592,39 +661,34 @@ DP_MP = {
 
 
 @pytest.mark.multiprocess
-def test_local_views_with_batch_inputs_train_like_one_device_at_dp2_mp2(tmp_path, reference_runs):
+def test_local_views_with_batch_inputs_train_like_one_device_at_dp2_mp2(trained, reference_runs):
     """Phi-3 (an attention taking a batch-shaped mask and positions, and a fused gate|up MLP),
     XLM (masked_fill, which has no SPMD rule) and ERNIE 4.5 (a fused up|gate MLP) planned at
-    dp2 x mp2 as local views, trained on 4 gloo ranks in one launch: each rank's attention takes
+    dp2 x mp2 as local views, trained on 4 gloo ranks: each rank's attention takes
     its dp rows of the batch-shaped mask (whole, it would not broadcast against the rank's scores),
     its row projection reads half of the width, and losses and parameters match one device."""
-    plans = {}
     for workload, (layers, batched, *_) in DP_MP.items():
-        target = WORKLOADS[workload].planner_target
-        plan = plan_target(target, None, _request(dp=2), {"target": target}, local_view=True).plan
+        plan = trained[0][_name(workload, 2)]
         assert sorted(v.layer for v in plan.local_view) == layers
         calls = [view.call for view in plan.local_view]
         cut = {
             c.keyword or f"argument {i}" for call in calls for i, c in enumerate(call) if c.batch and c.role != "hidden"
         }
         assert cut == batched, calls
-        plans[workload] = plan
     rows = {workload: tuple(rows) for workload, (_, _, *rows) in DP_MP.items()}
-    _train_at_half_width(plans, rows, tmp_path, reference_runs, dp=2)
+    _trained_at_half_width(trained, rows, reference_runs, dp=2)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("dp", [1, 2])
-def test_a_fused_multi_query_attention_trains_like_one_device_with_k_and_v_whole(dp, tmp_path, reference_runs):
+def test_a_fused_multi_query_attention_trains_like_one_device_with_k_and_v_whole(dp, trained, reference_runs):
     """HF Falcon's ``query_key_value`` (q of 4 heads, then one K and one V head) as Megatron's
     local view at dp x mp2: the weight held whole over mp, each rank computing with its 2 query
     heads' columns and the whole K and V, the K and V columns' gradient summed over mp. On
     ``2 * dp`` gloo ranks: losses and parameters as one device, each rank's ``dense`` reading the
     2 heads' 16 features (tests/models/zoo/falcon_hf.py: 4 heads of 8)."""
-    plan = plan_target(FALCON, None, _request(dp=dp), {"target": FALCON}, local_view=True).plan
+    plan = trained[0][_name("zoo_falcon_hf", dp)]
     layers = [f"transformer.h.{i}.self_attention" for i in (0, 1)]
     assert [view.layer for view in plan.local_view] == layers
     assert [w.replicated for w in plan.local_view[0].weights] == [[1, 2], []]
-    _train_at_half_width(
-        {"zoo_falcon_hf": plan}, {"zoo_falcon_hf": (layers, "dense", 4 * 8 // 2)}, tmp_path, reference_runs, dp=dp
-    )
+    _trained_at_half_width(trained, {"zoo_falcon_hf": (layers, "dense", 4 * 8 // 2)}, reference_runs, dp=dp)
