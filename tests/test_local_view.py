@@ -303,9 +303,10 @@ def test_a_fused_gate_up_mlp_runs_as_a_local_view_without_its_gather():
 
 @pytest.mark.multiprocess
 def test_a_fused_mlp_local_view_trains_like_one_device_at_half_the_width(trained, reference_runs):
-    """ERNIE 4.5 (PaddleFormers), whose MLP reads ``self.intermediate_size``: localised to half,
-    each rank's ``down_proj`` reads 32 of the 64 intermediate features (the gathered layout: all
-    64 on every rank), and training matches one device."""
+    """ERNIE 4.5 (PaddleFormers), whose MLP holds ``self.intermediate_size``: localised to half
+    (PaddleFormers 1.2's ``MLP.forward`` never reads it: ``chunk`` halves whatever it gets), each
+    rank's ``down_proj`` reads 32 of the 64 intermediate features (the gathered layout: all 64 on
+    every rank), and training matches one device."""
     run = _trained(trained, _name("zoo_pf_ernie45", 1))
     views = {view.layer: view for view in run.plan.local_view}
     assert sorted(views) == ["model.layers.0.mlp", "model.layers.1.mlp"]
@@ -634,7 +635,7 @@ def test_attentions_paddle_cannot_keep_split_train_like_one_device_as_local_view
 #: Phi-3's attention is called with create_causal_mask's ``[batch, 1, q, kv]`` mask (the batch's
 #: rows) and ``position_ids`` ``[1, seq]`` (not), its MLP a fused gate|up (64 x 2 features); XLM's
 #: attention with get_masks' ``[bs, slen, slen]`` bool mask, scored by masked_fill; ERNIE 4.5's
-#: MLP a fused up|gate reading ``self.intermediate_size`` (64).
+#: MLP a fused up|gate, ``self.intermediate_size`` 64.
 DP_MP = {
     "zoo_phi3_hf": (
         [f"model.layers.{i}.{sub}" for i in (0, 1) for sub in ("mlp", "self_attn")],
