@@ -181,6 +181,8 @@ def test_calibrate_on_two_gloo_ranks_reports_what_gloo_lacks(tmp_path):
     text = out.read_text()
     assert "intra_all_reduce_2ranks" in text and "intra_send_recv_2ranks" in text
     assert "reduce_scatter (intra-node)" in text  # gloo has none: reported, not replaced
+    # gloo cannot run a collective beside a matmul: the cpu profile's 1 kept, and said
+    assert profile.overlap_compute_loss == 1.0 and "overlap_compute_loss: this backend (gloo)" in text
 
 
 def test_dispatch_fit_solves_priced_equals_measured():
@@ -211,6 +213,39 @@ def test_dispatch_overhead_round_trips_and_named_profiles_have_none(tmp_path):
     path.write_text(cluster_toml(device, measured, []))
     assert "dispatch_overhead_us" not in device and load_cluster_file(str(path)).dispatch_overhead_s == 0.0
     assert all(profile.dispatch_overhead_s == 0.0 for profile in PROFILES.values())
+
+
+def test_the_overlap_loss_is_measured_where_collectives_run_beside_compute_and_said_where_not(tmp_path):
+    from autodist.planner.cost.calibrate import overlap_loss_from, overlap_probe, overlap_unmeasurable
+
+    # 20 matmuls: 40 ms alone, 50 ms beside the all-reduces: a fifth of the speed lost.
+    measured = Measurements(overlap=(4096, 2048, 2048, 16 << 20, 0.040, 0.050))
+    device = fitted_device(measured, PROFILES["h100-sxm"], "bf16", "lab", comm_overlap=True)
+    assert device["overlap_compute_loss"] == pytest.approx(0.2)
+    path = tmp_path / "cluster.toml"
+    path.write_text(cluster_toml(device, measured, []))
+    assert load_cluster_file(str(path)).overlap_compute_loss == pytest.approx(0.2)
+    assert "overlap = [4096, 2048, 2048, 16777216, 0.04, 0.05]" in path.read_text()
+    # clamped to [0, 0.99]: faster beside than alone is noise
+    assert overlap_loss_from(0.05, 0.04) == 0.0 and overlap_loss_from(0.04, 40.0) == 0.99
+    # gloo runs a collective on the thread that computes: nothing to time, the base's figure kept
+    assert "gloo" in overlap_unmeasurable(False, 2) and "one rank" in overlap_unmeasurable(True, 1)
+    assert overlap_unmeasurable(True, 2) == ""
+    kept = fitted_device(Measurements(), PROFILES["cpu"], "fp32", "lab", comm_overlap=False)
+    assert kept["overlap_compute_loss"] == PROFILES["cpu"].overlap_compute_loss == 1.0
+    # the plan's largest matmul (its tokens capped as measure_matmuls caps them: 4e10 FLOPs for
+    # three) and data-parallel message (dp4 x mp2: the [4000, 2048] bf16 embedding)
+    plan = load_plan(REPO / "plans" / "llama_docstring" / "plan_8dev.json")
+    assert (1024, 2048, 4000) in plan_gemm_shapes(plan)
+    assert overlap_probe(plan, plan_gemm_shapes(plan)) == ((int(4e10 / 3 / (2 * 2048 * 4000)), 2048, 4000), 16384000)
+    # a cluster file's figure is a fraction
+    from autodist.planner.errors import PlannerError
+
+    path.write_text('[device]\nbase = "h100-sxm"\noverlap_compute_loss = 1.5\n')
+    with pytest.raises(PlannerError, match="overlap_compute_loss must be .*at most 1\\)"):
+        load_cluster_file(str(path))
+    path.write_text('[device]\nbase = "h100-sxm"\noverlap_compute_loss = 0\n')
+    assert load_cluster_file(str(path)).overlap_compute_loss == 0.0
 
 
 TINY_LLAMA = {
@@ -332,6 +367,22 @@ def test_calibrate_says_it_cannot_time_the_schedule_gloo_lacks_and_fits_the_rest
     assert "training_step_s" not in tables["measured"] and "dispatch_overhead_us" not in tables["device"]
     assert any("1F1B schedule" in m for m in tables["measured"]["missing"])
     assert tables["device"]["op_overhead_us"] > 0 and tables["measured"]["matmuls"]  # the rest is fitted
+
+
+@pytest.mark.gpu
+@pytest.mark.multiprocess
+def test_calibrate_measures_the_overlap_loss_on_gpus(tmp_path):
+    """On 2 GPUs (NCCL) the matmul is timed alone and beside asynchronous all-reduces, and the
+    loss written is what those timings give, below 1."""
+    import tomllib
+
+    out = launched_calibrate(tmp_path, 2, dict(os.environ))
+    tables = tomllib.loads(out.read_text())
+    m, n, k, nbytes, alone, beside = tables["measured"]["overlap"]
+    assert (m, n, k) == (1024, 1024, 1024) and nbytes == 16 << 20 and alone > 0 and beside > 0
+    loss = tables["device"]["overlap_compute_loss"]
+    assert 0 <= loss < 1 and loss == pytest.approx(max(0.0, 1 - alone / beside), abs=1e-5)
+    assert not any("overlap_compute_loss" in m for m in tables["measured"]["missing"])
 
 
 @pytest.mark.gpu

@@ -110,6 +110,13 @@ def calibrate(
             ]
     if len(nodes) < 2:
         notes.append("one node: the inter-node link is not measured (the base profile's figures are kept)")
+    cannot_overlap = cal.overlap_unmeasurable(on_gpu, world)
+    if cannot_overlap:
+        measured.missing.append(cannot_overlap)
+    else:  # beside the plan's data-parallel gradients where it has a dp group, else the node's
+        shape, nbytes = cal.overlap_probe(plan, shapes)
+        group = next((g for g, ranks in groups.get("dp", []) if rank in ranks), groups["intra"][rank // local][0])
+        measured.overlap = (*shape, nbytes, *cal.measure_overlap(shape, dtype, nbytes, group))
     cannot = untimeable(plan, _running_backend()) if model_target else ""
     if cannot:  # said once, in the file and on stderr; the rest is fitted all the same
         measured.missing.append(cannot)

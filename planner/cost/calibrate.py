@@ -20,6 +20,15 @@
   What the backend lacks (gloo has no reduce-scatter on CPU) is reported as missing, never
   replaced by something else.
 
+- the compute a collective costs while it runs beside a matmul (``overlap_compute_loss``, the
+  estimate's :func:`~autodist.planner.cost.step_time.overlapped`): on GPUs (NCCL), a matmul at
+  the plan's largest per-rank shape timed on its own stream alone and while all-reduces of the
+  plan's largest data-parallel message run asynchronously on NCCL's
+  (:func:`measure_overlap`), loss = 1 - alone / beside (:func:`overlap_loss_from`). Not on
+  gloo: it runs each collective on the thread that computes (``comm_overlap`` false), so no
+  matmul can run beside one; the base profile's figure is kept and the file says why
+  (:func:`overlap_unmeasurable`);
+
 - with ``--model``, real training steps of the user's model under the plan (``apply_plan``, the
   traced inputs at random, forward, the mean of the first output as the loss, backward, AdamW),
   timed on every rank at once as training runs them; the framework's time per op that the
@@ -64,6 +73,11 @@ TRAINING_STEPS = 5
 #: Largest matmul step measured (FLOPs, forward and backward): keeps a calibration on a slow
 #: device to seconds; a larger plan shape is measured with fewer tokens (rows).
 MAX_MATMUL_FLOPS = 4e10
+#: Matmuls timed back to back, alone and beside collectives, for ``overlap_compute_loss``.
+OVERLAP_MATMULS = 20
+#: The largest loss a measurement may give: at 1 the matmul would stop while a collective runs,
+#: which a GPU beside NCCL never does; so high a value is a broken timing, and the loss stays < 1.
+MAX_OVERLAP_LOSS = 0.99
 
 
 @dataclass
@@ -77,6 +91,9 @@ class Measurements:
     missing: list[str] = field(default_factory=list)
     training_step: float | None = None  # seconds, the median real step with --model
     priced_step: float | None = None  # seconds, the plan priced with the fitted figures, td = 0
+    #: (m, n, k, collective bytes, s alone, s beside): :data:`OVERLAP_MATMULS` matmuls of one
+    #: shape alone and beside all-reduces of that size (:func:`measure_overlap`); None: not measured.
+    overlap: tuple[int, int, int, int, float, float] | None = None
 
 
 def fit_line(points: list[tuple[float, float]], relative: bool = False) -> tuple[float, float]:
@@ -275,6 +292,95 @@ def measure_training_step(model, plan, input_specs: list, steps: int = TRAINING_
     return statistics.median(b - a for a, b in zip(ends, ends[1:]))
 
 
+def overlap_loss_from(alone_s: float, beside_s: float) -> float:
+    """The fraction of compute speed lost beside a collective, from the same matmuls timed alone
+    and beside it: ``1 - alone / beside``, clamped to [0, :data:`MAX_OVERLAP_LOSS`] (faster
+    beside than alone is noise: 0).
+
+    >>> round(overlap_loss_from(1.0, 1.25), 9), overlap_loss_from(1.0, 0.9), overlap_loss_from(1.0, 1e9)
+    (0.2, 0.0, 0.99)
+    """
+    if alone_s <= 0 or beside_s <= 0:
+        return 0.0
+    return min(max(0.0, 1.0 - alone_s / beside_s), MAX_OVERLAP_LOSS)
+
+
+def overlap_unmeasurable(comm_overlap: bool, world: int) -> str:
+    """Why ``overlap_compute_loss`` cannot be measured here, or '': on gloo (``comm_overlap``
+    false) a collective runs on the thread that computes, so no matmul runs beside it, and the
+    estimate prices every collective exposed whatever the figure says
+    (:func:`~autodist.planner.cost.compute.overlap_loss`); on one rank there is no collective.
+
+    >>> overlap_unmeasurable(True, 8), overlap_unmeasurable(True, 1)[:40]
+    ('', 'overlap_compute_loss: one rank, no colle')
+    """
+    if not comm_overlap:
+        return (
+            "overlap_compute_loss: this backend (gloo) runs each collective on the thread that computes, "
+            "so no matmul runs beside one to time; the base profile's figure is kept (every collective is "
+            "priced exposed here: comm_overlap = false)"
+        )
+    if world < 2:
+        return "overlap_compute_loss: one rank, no collective to run beside a matmul; the base profile's figure is kept"
+    return ""
+
+
+def overlap_probe(plan, shapes: list[tuple[int, int, int]]) -> tuple[tuple[int, int, int], int]:
+    """``(matmul shape, collective bytes)`` for :func:`measure_overlap`: the plan's largest
+    per-rank matmul (``shapes``, its tokens capped as :func:`measure_matmuls` caps them) and its
+    largest data-parallel message (:func:`plan_messages`: the gradients, the collectives the
+    estimate overlaps with compute); without a dp axis, or a plan, the largest of
+    :data:`COLLECTIVE_BYTES`.
+
+    >>> overlap_probe(None, [(64, 64, 64), (1024, 1024, 1024)])
+    ((1024, 1024, 1024), 16777216)
+    """
+    m, n, k = max(shapes, key=lambda s: s[0] * s[1] * s[2])
+    shape = (max(1, min(m, int(MAX_MATMUL_FLOPS / 3 / (2.0 * n * k)))), n, k)
+    messages = plan_messages(plan).get("dp") if plan is not None else None
+    return shape, max(messages[1]) if messages else max(COLLECTIVE_BYTES)
+
+
+def measure_overlap(shape: tuple[int, int, int], dtype: str, nbytes: int, group) -> tuple[float, float]:
+    """``(seconds alone, seconds beside)`` of :data:`OVERLAP_MATMULS` matmuls of ``shape`` on
+    this rank's GPU, alone and while all-reduces of ``nbytes`` run on ``group`` (every member
+    calls this at once). The all-reduces are issued asynchronously (``sync_op=False``: NCCL's
+    own stream), enough of them back to back to outlast the matmuls, then the matmuls, timed
+    on the compute stream alone (its synchronize, not the device's). GPUs only: on gloo the
+    asynchronous call runs the collective on the calling thread (:func:`overlap_unmeasurable`).
+    Not run on the machine this was written on, which has no GPU (docs/benchmarks.md)."""
+    import paddle
+    import paddle.distributed as dist
+
+    m, n, k = shape
+    x, w = _tensor([m, k], dtype, None), _tensor([k, n], dtype, None)
+    payload = paddle.rand([max(1, nbytes // 4)], dtype="float32")
+    stream = paddle.device.current_stream()
+
+    def matmuls() -> float:
+        stream.synchronize()
+        start = time.perf_counter()
+        for _ in range(OVERLAP_MATMULS):
+            x.matmul(w)
+        stream.synchronize()
+        return time.perf_counter() - start
+
+    matmuls()  # warm-up
+    alone = statistics.median(matmuls() for _ in range(3))
+    one = timed(lambda: dist.all_reduce(payload, group=group), _sync, repeats=3)
+    count = math.ceil(alone / max(one, 1e-9)) + 2
+    beside = []
+    for _ in range(3):
+        dist.barrier(group=group)
+        tasks = [dist.all_reduce(payload, group=group, sync_op=False) for _ in range(count)]
+        beside.append(matmuls())
+        for task in tasks:
+            task.wait()
+        _sync()
+    dist.barrier(group=group)
+    return alone, statistics.median(beside)
+
+
 def fit_dispatch(measured_s: float, priced: Callable[[float], float], most_s: float = 1.0) -> float:
     """The framework's time per op, ``td`` seconds, at which the priced step equals the measured
     one. ``priced(td)``: the plan's step priced with that time per op, which grows with it (every
@@ -465,6 +571,10 @@ def fitted_device(
         values["op_overhead_us"] = overhead * 1e6
     if dispatch_s is not None:
         values["dispatch_overhead_us"] = dispatch_s * 1e6
+    # measured, or the base's, written all the same: the file says which (overlap_unmeasurable)
+    values["overlap_compute_loss"] = (
+        overlap_loss_from(*measured.overlap[4:]) if measured.overlap is not None else base.overlap_compute_loss
+    )
     if measured.memory:
         values["memory_bandwidth_gb_s"] = max(b / s for b, s in measured.memory) / 1e9
     for scope in ("intra", "inter"):
@@ -509,6 +619,12 @@ def cluster_toml(device: dict, measured: Measurements, notes: list[str]) -> str:
         ]
         if measured.priced_step is not None:
             lines.append(f"priced_step_s = {measured.priced_step:.6g}")
+    if measured.overlap is not None:
+        m, n, k, nbytes, alone, beside = measured.overlap
+        lines += [
+            f"# overlap: [m, n, k, all-reduce bytes, seconds of {OVERLAP_MATMULS} matmuls alone, beside the all-reduces]",
+            f"overlap = [{m}, {n}, {k}, {nbytes}, {alone:.6g}, {beside:.6g}]",
+        ]
     lines.append(f"missing = [{', '.join(_toml(m) for m in measured.missing)}]")
     return "\n".join(lines) + "\n"
 

@@ -34,6 +34,7 @@ beside it runs on the other SMs: 32 / 132 = 0.24 on H100 and H200 (132 SMs), 32 
 on A100 (108 SMs). An upper bound on the SMs, and a lower one on the loss where the collective
 also takes memory bandwidth; not fitted on any published run. On the ``cpu`` profile 1: gloo
 runs each collective on the thread that computes (``comm_overlap`` false), so nothing overlaps.
+``autodist-plan calibrate`` measures it on GPUs (a matmul alone and beside NCCL all-reduces).
 
 Example::
 
