@@ -11,17 +11,21 @@ table in every forward and backward.
 - The gathers are gone: under the global lookup ``F.embedding`` is handed the split DistTensor
   table, which Paddle's rule gathers whole in the forward and again in the backward (measured
   with ``GLOG_vmodule=data_transform=4``: docs/paddle-notes.md); under the local one, each rank's
-  rows as a plain tensor. A probe of ``F.embedding`` in jobs that run the lookups alone shows
-  which (the log is not the probe: with it on, Paddle aborted now and then with "double free or
-  corruption", depending on the environment, never without it).
+  rows as a plain tensor. A probe of ``F.embedding`` that runs the lookups alone, after the
+  2-rank trainings in the same processes, shows which (the log is not the probe: with it on,
+  Paddle aborted now and then with "double free or corruption", depending on the environment,
+  never without it).
 
-Launches: mp2 (2 ranks), the global lookup (2), dp2 x mp2 (4), references (1); the probed lookups
-(2 x 2 ranks).
+Launches: one per world size, made by one module fixture (``trained``): the mp2 trainings, the
+global lookup's and the probe in one (2 ranks), dp2 x mp2 (4), the single-device references (1).
+The tests made 6 (the global lookup and each probe apart): on a 2-core machine each costs every
+rank several seconds of start-up (it imports Paddle), more than the 3 steps it trains.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -37,7 +41,7 @@ from harness.cases import Trained, check_against_reference
 from harness.jobs import Job, TrainRun
 from harness.launcher import launch_ranks
 from harness.planning import gloo_mp2_request
-from harness.runner import read_outputs, start_job
+from harness.runner import read_outputs, train_by_world
 from harness.workloads import WORKLOADS
 
 #: Untied, tied by name (with a padding_idx), tied by a function call.
@@ -127,52 +131,58 @@ def test_apply_plan_refuses_a_lookup_the_model_cannot_run_locally(plans):
     assert any("tensor and data parallelism alone" in p for p in vocab_lookup_problems(model, pipelined))
 
 
-def _job(runs: list[TrainRun], world: int, workdir) -> dict[str, list[dict]]:
-    """Train ``runs`` in one job; their outputs."""
-    job = Job(out_dir=str(workdir / "out"), train=runs)
-    start_job(job, world, workdir, timeout_s=600.0).raise_for_failure()
-    return {run.name: read_outputs(job.out_dir, run.name, world) for run in runs}
-
-
-#: A rank that applies each plan given to its model and runs the lookup alone, forward and
-#: backward, for STEPS steps, recording the table every ``F.embedding`` call is handed (a
-#: DistTensor, which Paddle's rule gathers whole, or a plain tensor of this rank's rows); prints
-#: them as one JSON line: ``python -c LOOKUPS workload plan layer [workload plan layer ...]``.
+#: A rank that trains a job (``harness.rank_main``), then applies each plan given to its model and
+#: runs the lookup alone, forward and backward, for STEPS steps, recording the table every
+#: ``F.embedding`` call is handed (a DistTensor, which Paddle's rule gathers whole, or a plain
+#: tensor of this rank's rows), lookup by lookup, in ``looked_up.rank<R>.json`` beside the job's
+#: outputs: ``python -c LOOKUPS job.json workload plan layer [workload plan layer ...]``.
 LOOKUPS = f"""
 import json, sys
+from pathlib import Path
 import paddle, paddle.distributed as dist
 import paddle.nn.functional as F
 from autodist import apply_plan
+from harness.jobs import Job
+from harness.rank_main import main, rank_and_world
 from harness.workloads import WORKLOADS
+main(sys.argv[1])
 tables, embedding = [], F.embedding
 def recording(x, weight, *args, **kwargs):
-    tables.append([weight.is_dist(), list(weight._local_shape if weight.is_dist() else weight.shape)])
+    tables[-1].append([weight.is_dist(), list(weight._local_shape if weight.is_dist() else weight.shape)])
     return embedding(x, weight, *args, **kwargs)
 F.embedding = recording
-args = sys.argv[1:]
+args = sys.argv[2:]
 for workload, plan, layer in zip(args[0::3], args[1::3], args[2::3]):
+    tables.append([])
     model, _, _ = apply_plan(WORKLOADS[workload].build(seed=0), None, None, plan)
     lookup = dict(model.named_sublayers())[layer]
     for step in range({STEPS}):
         ids = paddle.randint(0, lookup.weight.shape[0], [4, 8])
         ids = dist.shard_tensor(ids, lookup.weight.process_mesh, [dist.Replicate()])
         lookup(ids).sum().backward()
-print(json.dumps(tables))
+Path(Job.load(sys.argv[1]).out_dir, f"looked_up.rank{{rank_and_world()[0]}}.json").write_text(json.dumps(tables))
 """
 
 
-def _looked_up_tables(triples: list[tuple[str, str, str]], workdir) -> list[list]:
-    """Each rank's ``[is a DistTensor, local shape]`` per lookup of a 2-rank :data:`LOOKUPS` job."""
-    args = [part for triple in triples for part in triple]
-    result = launch_ranks(2, ["-c", LOOKUPS, *args], workdir)
-    result.raise_for_failure()
-    return [json.loads(p.stdout.strip().splitlines()[-1]) for p in result.processes]
+def _trained_and_probed(
+    runs: list[TrainRun], probed: list[tuple[str, str, str]], workdir: Path
+) -> tuple[dict[str, list[dict]], list[list[list]]]:
+    """Train ``runs`` on 2 ranks, then probe the ``(workload, plan, layer)`` lookups (:data:`LOOKUPS`),
+    in one launch: the runs' outputs, and each rank's ``[is a DistTensor, local shape]`` per call,
+    lookup by lookup."""
+    job = Job(out_dir=str(workdir / "out"), train=runs)
+    Path(job.out_dir).mkdir(parents=True)
+    args = [part for triple in probed for part in triple]
+    launch_ranks(2, ["-c", LOOKUPS, str(job.save(workdir / "job.json")), *args], workdir, 600.0).raise_for_failure()
+    tables = [json.loads((Path(job.out_dir) / f"looked_up.rank{r}.json").read_text()) for r in range(2)]
+    return {run.name: read_outputs(job.out_dir, run.name, 2) for run in runs}, tables
 
 
 @pytest.fixture(scope="module")
 def trained(plans, tmp_path_factory, reference_runs):
     """Every model at mp2 and dp2 x mp2; gpt at mp2 with the global lookup; each model's lookup
-    alone, probed (:data:`LOOKUPS`), under its local plan and (gpt) the global one."""
+    alone, probed (:data:`LOOKUPS`), under its local plan and (gpt) the global one. One launch
+    per world size: the mp2 trainings with the probe, dp2 x mp2, and the references."""
     workdir = tmp_path_factory.mktemp("vocab_lookup")
     runs: dict[int, list[TrainRun]] = {1: [], 2: []}
     for (workload, dp), plan in plans.items():
@@ -182,14 +192,15 @@ def trained(plans, tmp_path_factory, reference_runs):
     global_path = workdir / "gpt_global.json"
     save_plan(msgspec.structs.replace(plans["gpt", 1], vocab_lookup=[]), global_path)
     global_run = TrainRun("gpt_global_lookup", "gpt", plan=str(global_path), steps=STEPS)
-    outputs = _job(runs[1], 2, workdir / "mp2") | _job(runs[2], 4, workdir / "dp2_mp2")
-    outputs |= _job([global_run], 2, workdir / "global")
-    local = [(run.workload, run.plan, plans[run.workload, 1].vocab_lookup[0].layer) for run in runs[1]]
+    local = [(run.workload, str(run.plan), plans[run.workload, 1].vocab_lookup[0].layer) for run in runs[1]]
+    outputs, probed = _trained_and_probed([*runs[1], global_run], [*local, ("gpt", str(global_path), "wte")], workdir)
+    outputs |= train_by_world(
+        [(run, 4) for run in runs[2]], workdir / "dp2_mp2", 600.0, references=(reference_runs, runs[1] + runs[2])
+    )
     tables = {
-        "local": _looked_up_tables(local, workdir / "probed_local"),
-        "global": _looked_up_tables([("gpt", str(global_path), "wte")], workdir / "probed_global"),
+        "local": [[call for lookup in rank[:-1] for call in lookup] for rank in probed],
+        "global": [rank[-1] for rank in probed],
     }
-    reference_runs.prepare(runs[1] + runs[2])
     return {run.name: run for run in runs[1] + runs[2]}, outputs, tables
 
 
