@@ -369,6 +369,35 @@ def test_calibrate_says_it_cannot_time_the_schedule_gloo_lacks_and_fits_the_rest
     assert tables["device"]["op_overhead_us"] > 0 and tables["measured"]["matmuls"]  # the rest is fitted
 
 
+@pytest.mark.multiprocess
+def test_the_timed_training_steps_of_a_1f1b_plan_run_its_own_schedule_test_only_stand_in(tmp_path):
+    """The CPU proof of the ``gpu`` test below (TEST-ONLY stand-in: gloo's missing batched P2P
+    replaced by blocking send/recv, harness/calibrate_schedule_rank.py): on 2 gloo ranks,
+    calibrate's ``measure_training_step`` for the pp2 1F1B plan steps apply_plan's schedule
+    (``PipelineModel.step``) once per loader batch, warm-up included, each call over the plan's
+    2 micro-batches, and returns a median step on every rank. The seconds are not checked (the
+    stand-in's, and the machine is shared)."""
+    import json
+
+    from harness.launcher import launch_ranks
+
+    from autodist.planner.cost.calibrate import TRAINING_STEPS
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **TINY_LLAMA}
+    plan = _pipeline_plan(tmp_path, env)
+    model = str(REPO / "plans" / "llama_docstring" / "model.py")
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    script = str(Path(__file__).parent / "harness" / "calibrate_schedule_rank.py")
+    job = launch_ranks(
+        2, [script, model, str(plan), str(tmp_path / "rank{rank}.json")], tmp_path / "ranks", 300, TINY_LLAMA
+    )
+    job.raise_for_failure()
+    for out in outs:
+        timed = json.loads(out.read_text())
+        assert timed["micro_batches_per_call"] == [2] * (TRAINING_STEPS + 1), timed
+        assert timed["seconds"] > 0
+
+
 @pytest.mark.gpu
 @pytest.mark.multiprocess
 def test_calibrate_measures_the_overlap_loss_on_gpus(tmp_path):
