@@ -13,6 +13,9 @@ and a fused ``gate|up`` one (Phi-3's ``gate_up_proj``, ERNIE 4.5's ``up_gate_pro
   taking its dp rows of the mask.
 - HF Falcon's fused multi-query ``query_key_value`` (one K/V head) is Megatron's local view
   ``q_r|k|v``, its weight held whole over mp: at mp2 and dp2 x mp2 it trains like one device.
+- HF OPT (``bmm`` over merged batch x heads) and HF GPT-BigCode (``baddbmm`` of the query folded
+  beside its heads against one K/V head, ``c_attn`` held whole as Falcon's) train like one device
+  as local views at mp2.
 - Checkpoints keep the model's own layout, for GPT-2's q|k|v, ERNIE 4.5's up|gate (held rank by
   rank) and Falcon's multi-query q|k|v (held whole): saved under the local view, resumed under the
   gathered plan and on one device, and the other way round, each like one uninterrupted device.
@@ -181,6 +184,9 @@ TRAININGS = [
     # test_a_fused_multi_query_attention_trains_like_one_device_with_k_and_v_whole
     ("zoo_falcon_hf", 1),
     ("zoo_falcon_hf", 2),
+    # test_attentions_scored_by_batched_products_train_like_one_device_as_local_views
+    ("zoo_opt_hf", 1),
+    ("zoo_gpt_bigcode_hf", 1),
 ]
 LAZY = "zoo_gpt2_hf_dp1_local_view_lazy"
 #: Fused weights whose checkpoints round trip: workload -> its segments (GPT-2's c_attn q|k|v,
@@ -693,3 +699,27 @@ def test_a_fused_multi_query_attention_trains_like_one_device_with_k_and_v_whole
     assert [view.layer for view in plan.local_view] == layers
     assert [w.replicated for w in plan.local_view[0].weights] == [[1, 2], []]
     _trained_at_half_width(trained, {"zoo_falcon_hf": (layers, "dense", 4 * 8 // 2)}, reference_runs, dp=dp)
+
+
+@pytest.mark.multiprocess
+def test_attentions_scored_by_batched_products_train_like_one_device_as_local_views(trained, reference_runs):
+    """HF OPT scores and mixes by ``bmm`` over ``[bsz * heads, tgt, head_dim]``; HF GPT-BigCode by
+    ``baddbmm`` and ``bmm`` of the query reshaped to ``[batch, q_len * heads, head_dim]`` against
+    its one K/V head, fused with q in ``c_attn``. Both are attentions of 4 heads of 8 and, at mp2,
+    local views: OPT's q/k/v split by columns, BigCode's ``c_attn`` held whole (each rank its 2
+    query heads' columns and the whole K and V, as Falcon's). On 2 gloo ranks: losses and
+    parameters as one device, each rank's output projection reading the 2 heads' 16 features."""
+    plans = trained[0]
+    rows = {
+        "zoo_opt_hf": ([f"model.decoder.layers.{i}.self_attn" for i in (0, 1)], "out_proj", 4 * 8 // 2),
+        "zoo_gpt_bigcode_hf": ([f"transformer.h.{i}.attn" for i in (0, 1)], "c_proj", 4 * 8 // 2),
+    }
+    for workload, (layers, _, _) in rows.items():
+        assert [view.layer for view in plans[_name(workload, 1)].local_view] == layers
+    assert [w.replicated for w in plans[_name("zoo_gpt_bigcode_hf", 1)].local_view[0].weights] == [
+        [1, 2],
+        [1, 2],
+        [],
+        [],
+    ]
+    _trained_at_half_width(trained, rows, reference_runs)

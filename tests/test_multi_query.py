@@ -222,3 +222,50 @@ def test_the_multi_query_proof_fails_for_another_layout():
     with pytest.raises(NotProven, match="output differs from the global run's"):
         verify(layer, with_qkv(sizes=[FALCON_KV, FALCON_Q, FALCON_KV], replicated=[0, 2]), params, 2, [2, 8, 32])
     assert "equal the global run" in verify(layer, view, params, 2, [2, 8, 32])
+
+
+BIGCODE = "tests/models/zoo/gpt_bigcode_hf.py"
+BIGCODE_ATTENTION = "transformer.h.{}.attn"
+#: Read from tests/models/zoo/gpt_bigcode_hf.py: N_EMBD 32 over N_HEAD 4 of head_dim 8, one KV
+#: head (multi_query); c_attn's [32, 32 + 2 * 8] weight (and its bias) holds q of the 4 heads, then
+#: k, then v, cut by ``split([embed_dim, 2 * kv_dim])`` and ``split([head_dim, head_dim])``.
+BIGCODE_Q, BIGCODE_KV = 4 * 8, 8
+
+
+def test_gpt_bigcode_s_fused_multi_query_attention_is_a_local_view_with_k_and_v_whole():
+    """HF GPT-BigCode scores by ``baddbmm`` with the heads folded beside the query
+    (``[batch, q_len * heads, head_dim]`` against the one key) and mixes by ``bmm``: an attention
+    of 4 query heads and 1 KV head, its ``c_attn`` a 3-segment fused column, and as a local view
+    Megatron's ``q_r|k|v`` as for Falcon: each rank its 2 query heads' columns (and bias) with
+    the one K and V head whole, the weight held whole over mp, ``c_proj`` split by rows, no
+    gather. Before, the attention was an MLP (``fc_in`` fused in two, no heads) and its local view
+    failed to run (``Sum of Attr(num_or_sections) must be equal to the input's``): the plan
+    gathered ``c_attn``."""
+    request = SearchRequest(devices_per_node=2, mp=2, pp=1, sequence_parallel=False)
+    made = plan_target(BIGCODE, None, request, {"target": BIGCODE}, local_view=True)
+    block = made.analysis.blocks[0]
+    assert (block.num_heads, block.num_kv_heads) == (4, 1)
+    assert not model_cost(made.analysis).blocks[0].kv_split
+    plan = made.plan
+    views = {view.layer: view for view in plan.local_view}
+    assert sorted(views) == [BIGCODE_ATTENTION.format(i) for i in (0, 1)]
+    view = views[BIGCODE_ATTENTION.format(0)]
+    weights = {
+        w.param.removeprefix(view.layer + "."): (w.dim, w.segments, w.sizes, w.replicated, w.summed)
+        for w in view.weights
+    }
+    segments = [BIGCODE_Q, BIGCODE_KV, BIGCODE_KV]
+    assert weights == {
+        "c_attn.weight": (1, 3, segments, [1, 2], False),
+        "c_attn.bias": (0, 3, segments, [1, 2], False),
+        "c_proj.weight": (0, 1, [], [], False),
+        "c_proj.bias": (None, 1, [], [], True),
+    }
+    assert {(a.name, a.whole, a.local) for a in view.attributes} == {("num_heads", 4, 2), ("embed_dim", 32, 16)}
+    assert "equal the global run" in view.verified
+    axis = plan.mesh.axes.index("mp")
+    placements = {n: plan.params[f"{view.layer}.{n}"].placements[axis] for n in weights}
+    assert placements == {"c_attn.weight": "R", "c_attn.bias": "R", "c_proj.weight": "S(0)", "c_proj.bias": "R"}
+    assert [h for h in plan.hooks if h.action == "reshard"] == []
+    held = [note for note in plan.notes if "held whole on every mp rank" in note]
+    assert len(held) == 1 and "priced so" in held[0], plan.notes

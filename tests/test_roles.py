@@ -75,3 +75,63 @@ def test_an_unknown_kernel_between_projections_is_refused_with_its_name():
     (block,) = BlockRecogniser().recognise(graph, ["layers.0"], params)
     assert block.roles.sublayers == []
     assert [(r.row, r.op) for r in block.roles.refusals] == [("layers.0.attn.o", "some_custom_attention")]
+
+
+ZOO = "tests/models/zoo"
+#: Attentions scored and mixed by batched products, read from the zoo files: target -> (the
+#: attention, heads, KV heads, head dim, its projections as (layer, name, role, weight dim split)).
+#: HF OPT: q_proj, k_proj, v_proj and out_proj over 4 heads of 8, ``bmm`` over merged
+#: ``[bsz * heads, tgt, head_dim]`` for the scores and the context. fairscale's (GShard's)
+#: MultiheadAttention: the same over sequence-first ``[T, B * heads, d]``. HF GPT-BigCode:
+#: ``c_attn`` is q of 4 heads of 8, then one K and one V head (multi-query), the scores a
+#: ``baddbmm(empty, q, k)`` of the query reshaped to ``[batch, q_len * heads, head_dim]`` against
+#: the one key, the context a ``bmm``. HF GPT-NeoX: q, k, v of 4 heads interleaved head by head in
+#: ``query_key_value``, scores by ``baddbmm`` over ``[batch * heads, q, head_size]``, context by
+#: ``matmul``. Paddle ``Linear`` weights are ``[in, out]``: columns split dim 1, rows dim 0.
+BATCHED_PRODUCTS = {
+    f"{ZOO}/opt_hf.py": (
+        "model.decoder.layers.0.self_attn",
+        (4, 4, 8),
+        [("q_proj", "q", "column", 1), ("k_proj", "k", "column", 1), ("v_proj", "v", "column", 1)]
+        + [("out_proj", "o", "row", 0)],
+    ),
+    f"{ZOO}/gshard_fairscale.py": (
+        "decoder.layers.0.self_attn",
+        (4, 4, 8),
+        [("q_proj", "q", "column", 1), ("k_proj", "k", "column", 1), ("v_proj", "v", "column", 1)]
+        + [("out_proj", "o", "row", 0)],
+    ),
+    f"{ZOO}/gpt_bigcode_hf.py": (
+        "transformer.h.0.attn",
+        (4, 1, 8),
+        [("c_attn", "qkv", "column", 1), ("c_proj", "o", "row", 0)],
+    ),
+    f"{ZOO}/gpt_neox_hf.py": (
+        "gpt_neox.layers.0.attention",
+        (4, 4, 8),
+        [("query_key_value", "qkv", "column", 1), ("dense", "o", "row", 0)],
+    ),
+}
+
+
+@pytest.mark.parametrize("target", list(BATCHED_PRODUCTS))
+def test_an_attention_scored_by_batched_products_is_an_attention_with_its_heads(target):
+    """``bmm`` and ``baddbmm`` (whose first operand is the tensor it adds) are products of two
+    activations like ``matmul``, and the heads are the scores' elements over (query tokens x keys)
+    whether the scores are ``[batch * heads, q, k]`` or ``[batch, q * heads, k]``. Before, OPT's,
+    GShard's and GPT-BigCode's attentions were MLPs with no heads (``in0``, ``in1``, ``in2`` /
+    ``fc_in``), and GPT-NeoX's fused column was ``qk`` (the ``matmul`` of the context taken for
+    the scores)."""
+    from autodist.planner.cost.search import SearchRequest
+    from harness.planning import plan_target
+
+    layer, sizes, projections = BATCHED_PRODUCTS[target]
+    request = SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1)  # GShard plans only with dp (einsum)
+    attention = plan_target(target, None, request, {"target": target}).analysis.blocks[0].sublayers[0]
+    assert attention.kind == "attention"
+    assert (attention.num_heads, attention.num_kv_heads, attention.head_dim) == sizes
+    assert [(p.layer, p.name, p.role, p.split_dim) for p in attention.projections] == [
+        (f"{layer}.{name}", *rest) for name, *rest in projections
+    ]
+    fused = [p.fused for p in attention.columns if p.name == "qkv"]
+    assert fused in ([], [3])

@@ -14,7 +14,8 @@ found from the dataflow of its compute view (:func:`~.match.compute_view`):
    segments (a fused ``q|k|v`` or ``gate|up``) is accepted with a post-hook gathering its
    output, as the plan does for fused projections;
 3. an accepted group is an *attention* when a softmax (or a fused attention op) lies between
-   columns and row, else an *MLP*; heads, KV heads and head size come from the traced shapes.
+   columns and row, else an *MLP*; heads (:func:`head_count`), KV heads and head size come from
+   the traced shapes.
    Multi-query and grouped-query attention with KV heads that do not divide over the replay's
    two ranks (one KV head) keep their K/V projections whole on every rank, as Megatron and HF
    do: only Q is split by columns, and the replay checks that the attention core keeps Q's head
@@ -52,9 +53,20 @@ from autodist.planner.ops import CUT_OPS, FUSED_ATTENTION_OPS, LAYOUT_OPS, SEGME
 from autodist.planner.recognise.spmd import Dist, Replay, is_planned
 
 PROJECTION_OPS = frozenset({"matmul", "addmm"})
-#: The products of two activations an attention scores and mixes by (``q @ k.T``, or
-#: ``einsum("bhid,bhjd->bhij", q, k)`` as lucidrains' x-transformers writes it).
-PRODUCT_OPS = frozenset({"matmul", "einsum"})
+#: The products of two activations an attention scores and mixes by, each with the operand slots
+#: of its two factors: ``q @ k.T`` (``matmul``: also ``paddle.mm`` and ``@``), ``paddle.bmm`` over
+#: merged ``[batch * heads, seq, head_dim]`` tensors (HF OPT), ``paddle.baddbmm(input, q, k.T)``
+#: and its 2-D ``addmm``, which add their first operand to the product (HF GPT-NeoX, GPT-BigCode);
+#: None for ``einsum("bhid,bhjd->bhij", q, k)`` (lucidrains' x-transformers), whose factors are the
+#: items of the one list it takes.
+PRODUCT_FACTORS: dict[str, tuple[int, int] | None] = {
+    "matmul": (0, 1),
+    "bmm": (0, 1),
+    "baddbmm": (1, 2),
+    "addmm": (1, 2),
+    "einsum": None,
+}
+PRODUCT_OPS = frozenset(PRODUCT_FACTORS)
 #: The tensor-parallel degree the SPMD replay checks a candidate group at.
 REPLAY_MP = 2
 
@@ -573,7 +585,9 @@ def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> Su
     else:
         core = scores[0]
         q_shape = graph.nodes[_product_input(graph, core, 0)]["shapes"][0]
-        num_heads, head_dim = graph.nodes[core]["shapes"][0][-3], q_shape[-1]
+        # the row projection's output has the query's tokens (rows), whatever the columns read
+        num_heads = head_count(graph.nodes[core]["shapes"][0], graph.nodes[row.node]["shapes"][0])
+        head_dim = q_shape[-1]
         context = next((n for n in scores[1:] if nx.has_path(view, core, n)), None)
         roles = {
             c.node: "".join(
@@ -606,25 +620,52 @@ def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> Su
     return SubLayer("attention", projections, o, num_heads=num_heads, num_kv_heads=kv_heads, head_dim=head_dim)
 
 
+def head_count(scores: list[int], tokens: list[int]) -> int:
+    """The heads of an attention whose scores (the product of q and k) have shape ``scores``, the
+    query's tokens being the rows of ``tokens`` (all dims but the last: the row projection's
+    output, ``[batch, seq, hidden]`` or ``[batch * seq, hidden]``). Each head scores each query
+    token against each key, so the heads are the scores' elements over (tokens x keys, the last
+    dim), however the heads are laid out: on their own dim, merged with the batch
+    (``paddle.bmm`` over ``[batch * heads, q, k]``, HF OPT, GPT-NeoX) or with the query
+    (``[batch, q * heads, k]``, HF GPT-BigCode's multi-query ``baddbmm``). A dynamic dim (-1: the
+    batch, the sequence) counts as 1 on both sides.
+
+    >>> head_count([2, 4, 8, 16], [2, 8, 32])  # [batch, heads, q, k]
+    4
+    >>> head_count([2 * 4, 8, 16], [2, 8, 32]), head_count([2, 8 * 4, 16], [2 * 8, 32])
+    (4, 4)
+    >>> head_count([-1, 4, 8, 16], [-1, 8, 32]), head_count([2, 4, -1, -1], [2, -1, 32])
+    (4, 4)
+    """
+
+    def known(dims: list[int]) -> int:
+        return math.prod(d for d in dims if d != -1)
+
+    return known(scores) // (known(tokens[:-1]) * known(scores[-1:]))
+
+
 def _operand(graph: nx.DiGraph, node: int, operand: int) -> int:
     return next(p for p in graph.predecessors(node) if graph.edges[p, node]["operand"] == operand)
 
 
 def _product_input(graph: nx.DiGraph, product: int, index: int) -> int:
-    """The node of a product's ``index``-th tensor: a matmul's operand, an einsum's item of the
-    one list it takes (a ``builtin.combine``)."""
-    if short_op(graph.nodes[product]["op"]) == "einsum":
+    """The node of a product's ``index``-th factor (:data:`PRODUCT_FACTORS`): a matmul's
+    operand, ``baddbmm``'s after the tensor it adds, an einsum's item of the one list it takes (a
+    ``builtin.combine``)."""
+    slots = PRODUCT_FACTORS[short_op(graph.nodes[product]["op"])]
+    if slots is None:
         return _operand(graph, _operand(graph, product, 0), index)
-    return _operand(graph, product, index)
+    return _operand(graph, product, slots[index])
 
 
 def _feeds(graph: nx.DiGraph, view: nx.DiGraph, source: int, product: int, index: int) -> bool:
-    """``source``'s value reaches the ``index``-th tensor of ``product`` (:func:`_reaches`; an
-    einsum's tensors are items of one operand, told apart in the graph)."""
-    if short_op(graph.nodes[product]["op"]) == "einsum":
+    """``source``'s value reaches the ``index``-th factor of ``product`` (:func:`_reaches`; an
+    einsum's factors are items of one operand, told apart in the graph)."""
+    slots = PRODUCT_FACTORS[short_op(graph.nodes[product]["op"])]
+    if slots is None:
         node = _product_input(graph, product, index)
         return node == source or nx.has_path(graph, source, node)
-    return _reaches(view, source, product, index)
+    return _reaches(view, source, product, slots[index])
 
 
 def _mlp_names(graph, view, nodes, columns, region) -> dict[int, str]:
