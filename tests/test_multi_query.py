@@ -128,6 +128,14 @@ FALCON_ATTENTION = "transformer.h.{}.self_attention"
 FALCON_Q, FALCON_KV = 4 * 8, 8
 
 
+def _weight_layout(view) -> dict:
+    """``{weight name in the sub-layer: (dim, segments, sizes, replicated segments, summed)}``."""
+    return {
+        w.param.removeprefix(view.layer + "."): (w.dim, w.segments, w.sizes, w.replicated, w.summed)
+        for w in view.weights
+    }
+
+
 def _falcon_local_plan():
     request = SearchRequest(devices_per_node=2, mp=2, pp=1, sequence_parallel=False)
     return plan_target(FALCON, None, request, {"target": FALCON}, local_view=True).plan
@@ -142,10 +150,7 @@ def test_a_fused_multi_query_attention_is_a_local_view_with_k_and_v_whole():
     views = {view.layer: view for view in plan.local_view}
     assert sorted(views) == [FALCON_ATTENTION.format(i) for i in (0, 1)]
     view = views[FALCON_ATTENTION.format(0)]
-    weights = {
-        w.param.removeprefix(view.layer + "."): (w.dim, w.segments, w.sizes, w.replicated, w.summed)
-        for w in view.weights
-    }
+    weights = _weight_layout(view)
     assert weights == {
         "query_key_value.weight": (1, 3, [FALCON_Q, FALCON_KV, FALCON_KV], [1, 2], False),
         "dense.weight": (0, 1, [], [], False),
@@ -250,10 +255,7 @@ def test_gpt_bigcode_s_fused_multi_query_attention_is_a_local_view_with_k_and_v_
     views = {view.layer: view for view in plan.local_view}
     assert sorted(views) == [BIGCODE_ATTENTION.format(i) for i in (0, 1)]
     view = views[BIGCODE_ATTENTION.format(0)]
-    weights = {
-        w.param.removeprefix(view.layer + "."): (w.dim, w.segments, w.sizes, w.replicated, w.summed)
-        for w in view.weights
-    }
+    weights = _weight_layout(view)
     segments = [BIGCODE_Q, BIGCODE_KV, BIGCODE_KV]
     assert weights == {
         "c_attn.weight": (1, 3, segments, [1, 2], False),
