@@ -188,7 +188,7 @@ def test_eager_core_price_by_hand():
     # bytes 2 A (S D + D S + S S) = 768 -> 768 ns; plus 1 us: 1.768 us. The scale and the
     # softmax move 4 A S x 8 tokens x 2 bytes = 1024 bytes: 1.024 us.
     matmul = max(2 * S * S * D * A / 1e12, WIDTH * A * (S * D + D * S + S * S) / 1e9) + 1e-6
-    forward, selective, rescore = ctx.block_forward(ctx.cost.blocks[0])
+    forward, selective, rescore = ctx.block_forward(0)  # the first block
     assert forward == pytest.approx(2 * matmul + 4 * A * S * TOKENS * WIDTH / 1e9)
     assert forward == pytest.approx(4.560e-6)
     assert selective == forward and rescore == 0.0  # selective recompute runs all of it again
@@ -198,7 +198,7 @@ def test_flash_core_price_by_hand():
     ctx, _, _ = priced(core(fused=True))
     # One kernel: 4 H S x 8 tokens = 4096 FLOPs (4.096 ns) against q, k, v and the output read
     # and written once: 4 H x 8 tokens x 2 bytes = 1024 bytes (1.024 us): memory-bound; plus 1 us.
-    forward, selective, rescore = ctx.block_forward(ctx.cost.blocks[0])
+    forward, selective, rescore = ctx.block_forward(0)  # the first block
     assert forward == pytest.approx(max(4 * H * S * TOKENS / 1e12, 4 * H * TOKENS * WIDTH / 1e9) + 1e-6)
     assert forward == pytest.approx(2.024e-6)
     assert selective == 0.0  # nothing saved to recompute

@@ -220,8 +220,13 @@ class StageTable:
 
     def __init__(self, cost: ModelCost):
         self.cost = cost
+        # Blocks that cost the same (equal but for their name) share a kind: the index of the
+        # first of them. A strategy prices each kind once; the kinds are found here, once for
+        # every strategy the search prices (comparing whole BlockCosts is not cheap).
+        first: dict[BlockCost, int] = {}
+        self.kind = [first.setdefault(replace(b, layer=""), i) for i, b in enumerate(cost.blocks)]
         # Most models repeat one block: then a stage's costs depend only on how many it holds.
-        self.uniform = len({replace(b, layer="") for b in cost.blocks}) <= 1
+        self.uniform = len(first) <= 1
         self._prefix = {name: [0.0, *accumulate(getattr(b, name) for b in cost.blocks)] for name in self._FIELDS}
         for name in ("saved_outside", "saved_inside", "saved_inside_seq"):
             for part in ("floats", "masks"):
@@ -312,17 +317,17 @@ class _Context:
         return overlapped(comm_s, compute_s, chunks, overlap_loss(self.setup.device))
 
     @cached_property
-    def _block_times(self) -> dict[BlockCost, tuple[float, float, float]]:
+    def _block_times(self) -> dict[int, tuple[float, float, float]]:
         return {}
 
-    def block_forward(self, block: BlockCost) -> tuple[float, float, float]:
-        """(forward seconds of one block per micro-batch, of which the attention core selective
-        recompute runs again, and what its backward recomputes whatever the mode: a flash core's
-        scores)."""
-        key = replace(block, layer="")
-        if key not in self._block_times:
-            self._block_times[key] = _block_forward(self, block)
-        return self._block_times[key]
+    def block_forward(self, index: int) -> tuple[float, float, float]:
+        """(forward seconds of block ``index`` per micro-batch, of which the attention core
+        selective recompute runs again, and what its backward recomputes whatever the mode: a
+        flash core's scores); priced once per kind of block (:attr:`StageTable.kind`)."""
+        kind = self.table.kind[index]
+        if kind not in self._block_times:
+            self._block_times[kind] = _block_forward(self, self.table.cost.blocks[kind])
+        return self._block_times[kind]
 
     def gemm_time(self, gemm: Gemm) -> float:
         mp, vocab = self.strategy.mp, self.vocab_div
@@ -517,8 +522,8 @@ def _stage_compute(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) 
     (seconds of the stage's blocks and ``edges`` per micro-batch: forward, backward)."""
     table, tokens = ctx.table, ctx.tokens
     forward_s = attention_s = rescore_s = 0.0
-    for block in table.cost.blocks[start:stop] if not table.uniform else table.cost.blocks[start : start + 1]:
-        block_s, block_attention_s, block_rescore_s = ctx.block_forward(block)
+    for index in range(start, stop if not table.uniform else min(stop, start + 1)):
+        block_s, block_attention_s, block_rescore_s = ctx.block_forward(index)
         times = 1 if not table.uniform else stop - start
         forward_s, attention_s = forward_s + times * block_s, attention_s + times * block_attention_s
         rescore_s += times * block_rescore_s
