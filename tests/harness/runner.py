@@ -56,7 +56,8 @@ def train_distributed(
     """Train every run in turn in one ``nranks``-rank job; ``{run name: [rank 0 output, ...]}``.
     A failed or hung job raises AssertionError with the failed ranks' stderr."""
     job = Job(out_dir=str(workdir / "out"), train=list(runs))
-    start_job(job, nranks, workdir, timeout_s, nodes, backend).raise_for_failure()
+    retry = {"retry_rendezvous": True} if nodes == 1 else {}  # a run must succeed: see launch_ranks
+    start_job(job, nranks, workdir, timeout_s, nodes, backend, **retry).raise_for_failure()
     return {run.name: read_outputs(job.out_dir, run.name, nranks) for run in runs}
 
 

@@ -83,21 +83,28 @@ def loop_plans(tmp_path_factory) -> Plans:
 
 
 def launch_script(
-    script: str, out: Path, ranks: int = 1, plan: Path | None = None, *args: str, stand_ins: bool = False
+    script: str,
+    out: Path,
+    ranks: int = 1,
+    plan: Path | None = None,
+    *args: str,
+    stand_ins: bool = False,
+    retry_rendezvous: bool = False,
 ):
     """Run ``scripts/<script>`` on ``ranks`` gloo ranks (one plain process without a plan);
-    the harness's JobResult. ``stand_ins``: through cpu_stand_ins.py (TEST-ONLY batched P2P)."""
+    the harness's JobResult. ``stand_ins``: through cpu_stand_ins.py (TEST-ONLY batched P2P);
+    ``retry_rendezvous``: see harness.launcher.launch_ranks."""
     argv = [str(SCRIPTS / script), "--out", str(out), *args] + (["--plan", str(plan)] if plan else [])
     if stand_ins:
         argv = ["-m", "loops.cpu_stand_ins", *argv]
-    return launch_ranks(ranks, argv, out / "ranks", timeout_s=300)
+    return launch_ranks(ranks, argv, out / "ranks", timeout_s=300, retry_rendezvous=retry_rendezvous)
 
 
 def run_script(
     script: str, out: Path, ranks: int = 1, plan: Path | None = None, *args: str, stand_ins: bool = False
 ) -> Run:
     """:func:`launch_script`, which must succeed on every rank."""
-    job = launch_script(script, out, ranks, plan, *args, stand_ins=stand_ins)
+    job = launch_script(script, out, ranks, plan, *args, stand_ins=stand_ins, retry_rendezvous=True)
     job.raise_for_failure()
     return Run(out, [p.stdout for p in job.processes])
 
