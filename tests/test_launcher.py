@@ -9,10 +9,11 @@ from harness.launcher import _GLOO_ABORT, JobResult, ProcessResult, launch_ranks
 #: A rank that aborts as gloo does at its rendezvous the first time the job starts (it leaves a
 #: mark in the job's folder), and succeeds the next time.
 FLAKY_RANK = f"""
-import os, pathlib, sys
+import os, pathlib, resource, sys
 mark = pathlib.Path(sys.argv[1]) / f"started.rank{{os.environ['PADDLE_TRAINER_ID']}}"
 if not mark.exists():
     mark.touch()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # aborts as gloo does, leaving no core file
     sys.stderr.write({_GLOO_ABORT + "IoException'"!r} + "\\n  what():  pair.cc:784] connect: Connection refused\\n")
     sys.stderr.flush()
     os.abort()
