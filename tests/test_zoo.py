@@ -280,6 +280,17 @@ EXPECTED = {
     # scores by baddbmm with the heads folded beside the query: Megatron splits the fused column by
     # columns and c_proj by rows, c_fc by columns, the MLP's c_proj by rows; the tied token table
     # by vocabulary rows; learned positions whole.
+    # HF BLOOM (planned blind at mp2): ALiBi added by baddbmm's first operand, q, k, v interleaved
+    # per head in query_key_value; Megatron's placements (the fused column gathered: its attention
+    # adds the residual inside, an input carrying a gradient, so it is not a local view), the
+    # tied word embeddings by vocabulary rows, every LayerNorm whole
+    f"{ZOO}/bloom_hf.py": {
+        **fused("transformer.h.*.self_attention", "query_key_value", bias=True),
+        "transformer.h.*.self_attention.dense.weight": ROW,
+        "transformer.h.*.self_attention.dense.bias": REP,
+        **mlp("transformer.h.*.mlp", ("dense_h_to_4h",), "dense_4h_to_h", bias=True),
+        "transformer.word_embeddings.weight": COL_B,
+    },
     f"{ZOO}/gpt_bigcode_hf.py": {
         **fused("transformer.h.*.attn", "c_attn", bias=True),
         "transformer.h.*.attn.c_proj.weight": ROW,
