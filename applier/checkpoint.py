@@ -7,8 +7,9 @@ so the checkpoint does not depend on the plan: a dp2 checkpoint loads under mp2,
 single-device one into a distributed run, a distributed one into one process, and
 :func:`export_checkpoint` writes one full ``paddle.save`` state dict. Paddle's own
 ``dist.load_state_dict`` cannot do this on CPU: its resharding calls ``.cuda()``
-(docs/paddle-notes.md, "Checkpoints"). Loading needs no collective at all; the folder must be
-on a file system every rank sees. Under expert parallelism, where a rank holds only its experts,
+(docs/paddle-notes.md, "Checkpoints"). Loading moves no tensor data between ranks (one
+all-gather of the problems the ranks found, so that a problem on one stops all); the folder
+must be on a file system every rank sees. Under expert parallelism, where a rank holds only its experts,
 each expert is written whole by the lowest rank holding it and loaded only where it is held
 (docs/checkpoints.md, "Expert parallelism"); under a pipeline schedule each rank saves and
 loads its stage's parameters by their names in the whole model (docs/checkpoints.md, "Pipelines").
@@ -36,6 +37,7 @@ import mmap
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,7 @@ from autodist.schemas.checkpoint import (
     open_inside,
     read_checkpoint,
     saved_tensors,
+    shard_digest,
 )
 from autodist.schemas.vocabulary import DTYPE_BYTES, as_dtype
 
@@ -78,6 +81,16 @@ from autodist.applier.pipeline import PipelineModel
 MASTER_WEIGHT = "master_weight"
 _DATA_PREFIX = "data-"
 _TMP_SUFFIX = ".tmp"
+#: A shard's checksum until its writer has hashed the bytes it wrote (like ``data-pending``).
+_PENDING_DIGEST = "0" * 64
+#: What an optimizer state of each kind holds, checked at load: Adam's and AdamW's powers of
+#: their betas lie in (0, 1], and their second moments are not negative. A learning rate is
+#: checked by applier/scheduler_state.py.
+_STATE_RANGES: dict[str, tuple[float, float]] = {
+    "beta1_pow_acc": (0.0, 1.0),
+    "beta2_pow_acc": (0.0, 1.0),
+    "moment2": (0.0, math.inf),
+}
 
 
 def save_checkpoint(
@@ -130,13 +143,20 @@ def save_checkpoint(
     meta.data = _DATA_PREFIX + proposals[0][1]
     decode_checkpoint(encode_checkpoint(meta), path)  # never commit what could not be read back
 
-    # 2. Every rank writes and fsyncs its own file; a failure anywhere is raised everywhere.
+    # 2. Every rank writes and fsyncs its own file and hashes what it wrote; a failure anywhere
+    #    is raised everywhere. Every rank then holds every shard's checksum.
+    digests: dict[tuple[str, int], str] = {}
     try:
-        _write_pieces(path / meta.data, pieces)
+        digests = _write_pieces(path / meta.data, pieces)
         status = None
     except Exception as exc:  # any failure must reach the other ranks, not leave them waiting
         status = f"rank {rank} could not write its shards: {getattr(exc, 'strerror', None) or exc}"
-    _raise_first([s for s in _agree(world, status) if s], path)
+    written = _agree(world, (status, digests))
+    _raise_first([s for s, _ in written if s], path)
+    everyones = {where: digest for _, theirs in written for where, digest in theirs.items()}
+    for tensor in saved_tensors(meta).values():
+        for shard in tensor.shards:
+            shard.sha256 = everyones[(shard.file, shard.byte_offset)]
 
     # 3. Rank 0 commits (replaces checkpoint.json); every rank returns once it has.
     status = None
@@ -177,10 +197,22 @@ def load_checkpoint(
     if optimizer is not None or scheduler is not None:  # not when loading only the model (evaluation)
         problems += _scheduler_problems(scheduler, meta)
     with _ShardFiles(path, meta) as files:
-        _raise_first(problems + files.problems, path)
+        problems += files.problems
         targets = {f"param/{fqn}": p for fqn, p in _held_parameters(model).items()}
-        if optimizer is not None and meta.optimizer is not None:
-            targets.update(_prepared_states(model, optimizer, meta, path))
+        undo = _nothing
+        if not problems:
+            try:
+                if optimizer is not None and meta.optimizer is not None:
+                    states, undo = _prepared_states(model, optimizer, meta, path)
+                    targets.update(states)
+                problems += files.content_problems(meta, sorted(targets))
+            except CheckpointError as exc:
+                problems.append(exc.problem)
+        if applied_plan(model) is not None:  # applied on every rank: a problem any rank finds stops them all
+            problems = list(dict.fromkeys(p for found in _agree(dist.get_world_size(), problems) for p in found))
+        if problems:
+            undo()
+            _raise_first(problems, path)
         saved = saved_tensors(meta)
         for name in sorted(targets):
             _fill(targets[name], saved[name], files, name.split("/")[1], LocalViews(applied_plan(model)))
@@ -202,7 +234,7 @@ def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> dict[s
     meta = read_checkpoint(path)
     state = {}
     with _ShardFiles(path, meta) as files:
-        _raise_first(files.problems, path)
+        _raise_first(files.problems or files.content_problems(meta, [f"param/{fqn}" for fqn in meta.params]), path)
         for fqn, saved in sorted(meta.params.items()):
             tensor = paddle.zeros(saved.shape, dtype=saved.dtype)
             tensor.set_value(_read_box(saved, ([0] * len(saved.shape), list(saved.shape)), files))
@@ -288,7 +320,8 @@ def _describe(
     mine: dict,
 ) -> tuple[Checkpoint, list]:
     """The metadata of a save from the ``layouts`` of every tensor (the same on every rank),
-    and this rank's pieces ``[(local tensor, Shard)]`` in the order they are written."""
+    and this rank's pieces ``[(local tensor, tensor name, dtype, Shard)]`` in the order they
+    are written. Checksums and the data folder are filled in once known."""
     sizes: dict[str, int] = {}
     saved, pieces = {}, []
     for name in sorted(layouts):
@@ -296,11 +329,11 @@ def _describe(
         shards = []
         for writer, offset, shape in layout.pieces:
             file = f"rank{writer}.bin"
-            shard = Shard(file=file, byte_offset=sizes.get(file, 0), offset=offset, shape=shape)
+            shard = Shard(file=file, byte_offset=sizes.get(file, 0), offset=offset, shape=shape, sha256=_PENDING_DIGEST)
             sizes[file] = shard.byte_offset + math.prod(shape) * DTYPE_BYTES[layout.dtype]
             shards.append(shard)
             if writer == rank:
-                pieces.append((mine[(name, tuple(offset))], shard))
+                pieces.append((mine[(name, tuple(offset))], name, layout.dtype, shard))
         saved[name] = SavedTensor(shape=layout.shape, dtype=as_dtype(layout.dtype), shards=shards)
     table = _parameter_table(model)
     states: dict[str, dict[str, SavedTensor]] = {}
@@ -481,16 +514,21 @@ def _is_ours(name: str) -> bool:
     return name.startswith(_DATA_PREFIX) or (name.startswith(f".{METADATA_FILE}.") and name.endswith(_TMP_SUFFIX))
 
 
-def _write_pieces(folder: Path, mine: list) -> None:
-    """Write this rank's pieces, one after another, into ``rank<R>.bin``; fsync it."""
+def _write_pieces(folder: Path, mine: list) -> dict[tuple[str, int], str]:
+    """Write this rank's pieces, one after another, into ``rank<R>.bin``; fsync it. Returns
+    each piece's checksum by ``(file, byte offset)`` (:func:`~autodist.schemas.checkpoint.shard_digest`)."""
     folder.mkdir(parents=True, exist_ok=True)
+    digests: dict[tuple[str, int], str] = {}
     if not mine:
-        return
-    with open(folder / mine[0][1].file, "wb") as f:
-        for local, _ in mine:
-            f.write(np.ascontiguousarray(local.numpy()).tobytes())
+        return digests
+    with open(folder / mine[0][3].file, "wb") as f:
+        for local, name, dtype, shard in mine:
+            data = np.ascontiguousarray(local.numpy()).reshape(-1).view(np.uint8).data
+            digests[(shard.file, shard.byte_offset)] = shard_digest(name, dtype, shard, data)
+            f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    return digests
 
 
 def _commit(path: Path, meta: Checkpoint) -> None:
@@ -611,10 +649,13 @@ def _scheduler_problems(scheduler, meta: Checkpoint) -> list[str]:
     return [] if saved is None else scheduler_state.problems(scheduler, saved)
 
 
-def _prepared_states(model, optimizer, meta: Checkpoint, path: Path) -> dict[str, paddle.Tensor]:
+def _prepared_states(
+    model, optimizer, meta: Checkpoint, path: Path
+) -> tuple[dict[str, paddle.Tensor], Callable[[], None]]:
     """Create (and, under ZeRO, shard) the optimizer's states for every parameter the
     checkpoint has states for, so they can be filled; check they are the saved kinds, shapes
-    and dtypes. On a mismatch the optimizer's states are put back as they were."""
+    and dtypes. Returns them, and a function that puts the optimizer's states back as they were
+    (called here on a mismatch, by the caller on a later problem)."""
     saved_optimizer = meta.optimizer
     assert saved_optimizer is not None  # (called for a checkpoint with optimizer states only)
     inner = _inner(optimizer)
@@ -638,15 +679,23 @@ def _prepared_states(model, optimizer, meta: Checkpoint, path: Path) -> dict[str
             got = ([int(d) for d in have[kind].shape], dtype_name(have[kind].dtype))
             if got != (saved.shape, saved.dtype):
                 problems.append(f"{fqn}: {kind} saved as {saved.shape} {saved.dtype}, here {got[0]} {got[1]}")
-    if problems:
+
+    def undo() -> None:
         inner._accumulators.clear()
         inner._accumulators.update(before[0])
         inner._already_create_accumulator = before[1]
         if hasattr(inner, "_master_weights"):
             inner._master_weights = before[2]
+
+    if problems:
+        undo()
         _raise_first(problems, path)
     return {f"optimizer/{fqn}/{kind}": t for fqn, kinds in states.items() for kind, t in kinds.items()
-            if fqn in wanted}  # fmt: skip
+            if fqn in wanted}, undo  # fmt: skip
+
+
+def _nothing() -> None:
+    """Nothing to undo."""
 
 
 # -- reading --------------------------------------------------------------------------------------------
@@ -687,9 +736,14 @@ class _ShardFiles:
         except CheckpointError as exc:
             self.problems.append(f"{data}/{exc.problem}")
             return
-        found = None if fd is None else os.fstat(fd).st_size
+        status = None if fd is None else os.fstat(fd)
+        found = None if status is None else status.st_size
         try:
-            if found is None or found < size:
+            if status is not None and status.st_nlink > 1:
+                self.problems.append(
+                    f"{data}/{file} has {status.st_nlink} hard links: a checkpoint's shard files must be its own"
+                )
+            elif found is None or found < size:
                 self.problems.append(f"{data}/{file} is missing or shorter than {size} bytes (found {found})")
             elif found and fd is not None:
                 self.maps[file] = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8)
@@ -705,11 +759,44 @@ class _ShardFiles:
     def __exit__(self, *exc: object) -> None:
         self.maps.clear()
 
+    def content_problems(self, meta: Checkpoint, names: list[str]) -> list[str]:
+        """The tensors ``names`` (:func:`~autodist.schemas.checkpoint.saved_tensors`' keys)
+        against their bytes: each shard's checksum (metadata older than checksums has none to
+        check), and optimizer states outside what their kind holds (:data:`_STATE_RANGES`).
+        Every byte of those tensors is read once."""
+        saved = saved_tensors(meta)
+        problems = []
+        for name in names:
+            tensor = saved[name]
+            for shard in tensor.shards:
+                data = self.maps[shard.file][shard.byte_offset : shard.byte_offset + _nbytes(shard, tensor.dtype)].data
+                if shard.sha256 is not None and shard_digest(name, tensor.dtype, shard, data) != shard.sha256:
+                    problems.append(
+                        f"{name}: the bytes of its shard at {shard.offset} ({meta.data}/{shard.file}, byte "
+                        f"{shard.byte_offset}) do not match its sha256: the checkpoint was changed or corrupted"
+                    )
+                    break
+                low, high = _STATE_RANGES.get(
+                    name.rsplit("/", 1)[-1] if name.startswith("optimizer/") else "", (None, None)
+                )
+                values = self.array(shard, tensor.dtype)
+                if (
+                    low is not None
+                    and tensor.dtype in ("float16", "float32", "float64")
+                    and values.size
+                    and not (low <= values.min() and values.max() <= high)
+                ):
+                    problems.append(f"{name}: holds values outside [{low}, {high}], which no optimizer step makes")
+                    break
+        return problems
+
     def array(self, shard: Shard, dtype: str) -> np.ndarray:
-        np_dtype = _numpy_dtype(dtype)
-        nbytes = math.prod(shard.shape) * np_dtype.itemsize
-        raw = self.maps[shard.file][shard.byte_offset : shard.byte_offset + nbytes]
-        return raw.view(np_dtype).reshape(shard.shape)
+        raw = self.maps[shard.file][shard.byte_offset : shard.byte_offset + _nbytes(shard, dtype)]
+        return raw.view(_numpy_dtype(dtype)).reshape(shard.shape)
+
+
+def _nbytes(shard: Shard, dtype: str) -> int:
+    return math.prod(shard.shape) * DTYPE_BYTES[dtype]
 
 
 def _numpy_dtype(dtype: str) -> np.dtype:

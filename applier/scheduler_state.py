@@ -52,6 +52,11 @@ from autodist.schemas.checkpoint import (
 #: (docs/paddle-notes.md, "Checkpoints"); they are saved in the state beside Paddle's keys.
 LEFT_OUT: dict[type, tuple[str, ...]] = {paddle.optimizer.lr.CosineAnnealingWarmRestarts: ("T_cur", "T_i")}
 
+#: The largest learning rate a checkpoint may hold (``last_lr``, which every Paddle scheduler's
+#: state has): far above any that trains (LARS runs at about 30), far below one that turns every
+#: parameter into inf or NaN at the next step (a state edited to 1e308 did).
+MAX_LR = 1e3
+
 #: The warning Paddle's ``LinearWarmup.set_state_dict`` gives on every load of a nested state.
 _NESTED_LOAD_WARNING = "There are some unused values in state_dict"
 
@@ -96,7 +101,7 @@ def problems(scheduler: LRScheduler, saved: SavedScheduler) -> list[str]:
         live = saved_scheduler(scheduler)
     except CheckpointError as exc:
         return [exc.problem]
-    found = scheduler_problems(saved) + _differences(live, saved, "LR scheduler")
+    found = scheduler_problems(saved) + _differences(live, saved, "LR scheduler") + _lr_problems(saved)
     if found:
         return found
     trial = _copy(scheduler)
@@ -109,6 +114,21 @@ def problems(scheduler: LRScheduler, saved: SavedScheduler) -> list[str]:
         said = " ".join(str(exc).split())  # one line, whatever the scheduler's code says
         return [f"the saved LR scheduler state fails its first step(): {type(exc).__name__}: {said:.200}"]
     return []
+
+
+def _lr_problems(saved: SavedScheduler, where: str = "LR scheduler") -> list[str]:
+    """A saved learning rate (``last_lr``) beyond ±:data:`MAX_LR`, in ``saved`` or a scheduler it wraps.
+
+    >>> _lr_problems(SavedScheduler(class_name="StepDecay", state={"last_epoch": 3, "last_lr": 1e308}))
+    ["LR scheduler StepDecay's saved last_lr 1e+308 is beyond ±1000.0, no learning rate a training uses"]
+    """
+    lr = saved.state.get("last_lr")
+    found = [] if not isinstance(lr, (int, float)) or abs(lr) <= MAX_LR else [
+        f"{where} {saved.class_name}'s saved last_lr {lr:.3g} is beyond ±{MAX_LR}, no learning rate a training uses"
+    ]  # fmt: skip
+    for key, inner in sorted(saved.nested.items()):
+        found += _lr_problems(inner, f"{where} {saved.class_name}.{key}")
+    return found
 
 
 def restore(scheduler: LRScheduler, saved: SavedScheduler) -> None:

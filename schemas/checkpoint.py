@@ -13,7 +13,14 @@ model's parameter fingerprint, the plan (fingerprint, mesh, strategy) and the LR
 
 Like plans, checkpoint metadata is untrusted input: decoded by msgspec with unknown fields
 rejected, file names restricted to plain names (no path can leave the folder), and every
-tensor's shards checked to tile it exactly before any byte is read.
+tensor's shards checked to tile it exactly, and each file's bytes to be its shards' and no
+two shards' at once, before any byte is read. Each shard carries a checksum of its bytes bound
+to its tensor's name and place (:func:`shard_digest`), checked before anything is loaded.
+
+What that holds against (docs/checkpoints.md, "Integrity"): corruption and careless or
+mistaken edits, such as bytes overwritten, two tensors' entries or offsets swapped, one shard
+pointed at another's bytes. It does not hold against someone who edits the metadata on purpose
+and recomputes the checksums: the metadata is not signed.
 
 Example::
 
@@ -25,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import errno
+import hashlib
 import math
 import os
 import stat
@@ -37,14 +45,17 @@ import msgspec
 
 from autodist.schemas.errors import printable
 from autodist.schemas.inputs import InputFileError, read_input_file
-from autodist.schemas.io import constraint_in_words, rename_mesh_axes
+from autodist.schemas.io import constraint_in_words, duplicate_key, rename_mesh_axes
 from autodist.schemas.plan import Base, Fqn, Identifier, Mesh, NonNegativeInt, PositiveInt, Sha256, Strategy
 from autodist.schemas.vocabulary import DTYPE_BYTES, DType
 
 CHECKPOINT_FORMAT: Final = "autodist.checkpoint"
-#: Version 2: the saved plan's mesh names its axes ``axes`` (version 1: ``dim_names``); version 1
-#: metadata still reads (:func:`upgrade_checkpoint`).
-CHECKPOINT_VERSION = 2
+#: Version 3: every shard carries :func:`shard_digest` of its bytes. Version 2: the saved plan's
+#: mesh names its axes ``axes`` (version 1: ``dim_names``). Metadata of versions 1 and 2 still
+#: reads (:func:`upgrade_checkpoint`), without checksums to check.
+CHECKPOINT_VERSION: Final = 3
+#: The first version whose shards all carry a checksum.
+CHECKSUM_VERSION = 3
 #: The metadata file inside a checkpoint folder.
 METADATA_FILE = "checkpoint.json"
 
@@ -80,12 +91,14 @@ class CheckpointError(ValueError):
 
 
 class Shard(Base):
-    """One piece of a tensor: its place in the full tensor and where its bytes are."""
+    """One piece of a tensor: its place in the full tensor, where its bytes are, and their
+    checksum (:func:`shard_digest`; None in metadata older than :data:`CHECKSUM_VERSION`)."""
 
     file: FileName
     byte_offset: NonNegativeInt
     offset: list[NonNegativeInt]
     shape: list[NonNegativeInt]
+    sha256: Sha256 | None = None
 
 
 class SavedTensor(Base):
@@ -134,7 +147,7 @@ class SavedScheduler(Base):
 # mypy cannot follow autodist.schemas.plan.Base (an Any to it), so it refuses kw_only here.
 class Checkpoint(Base, kw_only=True):  # type: ignore[call-arg]
     format: Literal["autodist.checkpoint"] = CHECKPOINT_FORMAT
-    version: int = CHECKPOINT_VERSION
+    version: Literal[1, 2, 3] = CHECKPOINT_VERSION
     step: NonNegativeInt
     #: Ranks of the run that saved it.
     world_size: PositiveInt
@@ -229,8 +242,7 @@ def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Ch
     the 2-core test machine)."""
     try:
         header = msgspec.json.decode(data, type=_Header)
-        if header.version == 1:
-            raw = msgspec.json.decode(data)
+        raw = msgspec.json.decode(data) if header.version == 1 else None
     except msgspec.DecodeError as exc:
         if isinstance(exc, msgspec.ValidationError):  # not a JSON object
             header = _Header()
@@ -242,6 +254,9 @@ def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Ch
         raise CheckpointError(
             f'{METADATA_FILE}: "format" is not "{CHECKPOINT_FORMAT}": not an autodist checkpoint', path
         )
+    duplicate = duplicate_key(data, raw)
+    if duplicate:
+        raise CheckpointError(f"{METADATA_FILE}: {duplicate}", path)
     version = header.version
     if isinstance(version, int) and not isinstance(version, bool) and version > CHECKPOINT_VERSION:
         raise CheckpointError(
@@ -249,7 +264,7 @@ def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Ch
             path,
         )
     try:
-        if version == 1:
+        if raw is not None:  # version 1
             meta = msgspec.convert(upgrade_checkpoint(raw), Checkpoint)
         else:
             meta = msgspec.json.decode(data, type=Checkpoint)
@@ -265,8 +280,9 @@ def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Ch
 
 
 def upgrade_checkpoint(raw: dict) -> dict:
-    """Decoded metadata of version 1 as version 2 writes it (the input is not changed): the
-    saved plan's ``mesh.dim_names`` is called ``mesh.axes``.
+    """Decoded metadata of version 1 as version 2 wrote it (the input is not changed): the
+    saved plan's ``mesh.dim_names`` is called ``mesh.axes``. (Version 3 only adds checksums,
+    which neither older version has.)
 
     >>> old = {"version": 1, "plan": {"mesh": {"dim_names": ["dp"], "shape": [2], "process_ids": [0, 1]}}}
     >>> upgrade_checkpoint(old)["plan"]["mesh"]
@@ -274,7 +290,7 @@ def upgrade_checkpoint(raw: dict) -> dict:
     """
     if raw.get("version") != 1:
         return raw
-    raw = dict(raw, version=CHECKPOINT_VERSION)
+    raw = dict(raw, version=2)
     plan = raw.get("plan")
     if isinstance(plan, dict) and isinstance(plan.get("mesh"), dict):
         raw["plan"] = dict(plan, mesh=rename_mesh_axes(plan["mesh"]))
@@ -347,21 +363,58 @@ def state_value_problem(value: Any, in_list: bool = False) -> str | None:
 
 
 def layout_problems(meta: Checkpoint) -> list[str]:
-    """Shards that do not tile their tensor, or whose bytes lie outside their file."""
+    """Shards that do not tile their tensor, whose bytes lie outside their file or are another
+    shard's too; a shard of version 3 metadata without its checksum."""
     problems = []
+    spans: dict[str, list[tuple[int, int, str]]] = {}  # file: (first byte, end, tensor)
     for name, tensor in sorted(saved_tensors(meta).items()):
         tiling = tiling_problem(tensor.shape, [(s.offset, s.shape) for s in tensor.shards])
         if tiling:
             problems.append(f"{name}: {tiling}")
         for shard in tensor.shards:
             end = shard.byte_offset + math.prod(shard.shape) * DTYPE_BYTES[tensor.dtype]
+            if shard.sha256 is None and meta.version >= CHECKSUM_VERSION:
+                problems.append(f"{name}: a shard has no sha256 (version {meta.version} metadata must have one)")
             if shard.file not in meta.files:
                 problems.append(f"{name}: shard file {shard.file!r} is not listed in files")
             elif end > meta.files[shard.file]:
                 problems.append(
                     f"{name}: a shard ends at byte {end} of {shard.file!r}, which has {meta.files[shard.file]}"
                 )
+            spans.setdefault(shard.file, []).append((shard.byte_offset, end, name))
+    for file, found in sorted(spans.items()):
+        problems += _span_problems(file, sorted(found))
     return problems
+
+
+def _span_problems(file: str, spans: list[tuple[int, int, str]]) -> list[str]:
+    """Shards of one file, sorted by first byte, that share bytes: each shard's bytes are
+    written once, after the one before, so two reading the same bytes (an alias) is an edit.
+
+    >>> _span_problems("rank0.bin", [(0, 8, "param/a"), (0, 8, "param/b")])
+    ["param/b: its bytes 0..8 in 'rank0.bin' are also param/a's"]
+    """
+    at, last = 0, ""
+    for start, end, name in spans:
+        if start < at:
+            return [f"{name}: its bytes {start}..{end} in {file!r} are also {last}'s"]
+        at, last = end, name
+    return []
+
+
+def shard_digest(name: str, dtype: str, shard: Shard, data: bytes | memoryview) -> str:
+    """The checksum a shard carries: sha256 of what it is (its tensor's name as
+    :func:`saved_tensors` keys it, the dtype, its offset and shape in the full tensor), then its
+    bytes. Bound to the name and place, so bytes that moved to another tensor or another place
+    of the same tensor (swapped entries, swapped offsets) do not match either.
+
+    >>> shard = Shard(file="rank0.bin", byte_offset=0, offset=[0], shape=[1])
+    >>> shard_digest("param/w", "float32", shard, bytes(4)) == shard_digest("param/v", "float32", shard, bytes(4))
+    False
+    """
+    digest = hashlib.sha256(f"{name}\0{dtype}\0{shard.offset}\0{shard.shape}\0".encode())
+    digest.update(data)
+    return digest.hexdigest()
 
 
 def tiling_problem(shape: list[int], boxes: list[tuple[list[int], list[int]]]) -> str | None:

@@ -203,7 +203,7 @@ def _decode(data: bytes, name: str) -> Plan:
         raise PlanError(f"not valid JSON ({exc})", source=name) from None
     except RecursionError:
         raise PlanError("not a plan: JSON nested too deeply", source=name) from None
-    duplicate = _duplicate_key(data, raw)
+    duplicate = duplicate_key(data, raw)
     if duplicate:
         raise PlanError(duplicate, source=name)
     if not isinstance(raw, dict):
@@ -278,10 +278,15 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict:
     return dict(pairs)
 
 
-def _duplicate_key(data: bytes, raw: Any) -> str | None:
-    """A problem naming the first object key given twice, or None. JSON lets a reader keep the
-    last of two equal keys, so two plans that differ could read (and ``diff``) as the same one:
-    a plan must not hold any. (msgspec keeps the last silently; Python's json reports pairs.)"""
+def duplicate_key(data: bytes, raw: Any) -> str | None:
+    """A problem naming the first object key given twice in the JSON ``data`` (``raw``: as
+    decoded, to name where), or None. JSON lets a reader keep the last of two equal keys, so two
+    plans (or checkpoints' metadata) that differ could read as the same one: neither may hold
+    any. (msgspec keeps the last silently; Python's json reports pairs.)
+
+    >>> duplicate_key(b'{"step": 1, "step": 2}', {"step": 2})
+    '$: the key "step" appears more than once (JSON readers would keep only one)'
+    """
     try:
         json.loads(data, object_pairs_hook=_refuse_duplicates)
     except _DuplicateKey as dup:

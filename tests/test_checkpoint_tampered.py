@@ -23,7 +23,7 @@ from harness.workloads import WORKLOADS, make_loader, make_optimizer, train
 import autodist.schemas.checkpoint
 from autodist import CheckpointError, load_checkpoint, save_checkpoint
 from autodist.planner.cli import cli
-from autodist.schemas.checkpoint import METADATA_FILE, read_checkpoint
+from autodist.schemas.checkpoint import METADATA_FILE, Shard, read_checkpoint, shard_digest
 
 WORKLOAD = WORKLOADS["zoo_nanogpt"]
 QKV = "transformer.h.0.attn.c_attn.weight"
@@ -74,12 +74,23 @@ def refused(target, path, expect: str) -> str:
     return message
 
 
-def copy_with(saved, tmp_path, edit):
-    """A copy of the saved checkpoint whose metadata ``edit`` changed."""
+def copy_with(saved, tmp_path, edit, rehash: bool = False):
+    """A copy of the saved checkpoint whose metadata ``edit`` changed; with ``rehash``, every
+    shard's checksum made anew for what the metadata now says (as if another run saved it)."""
     path = tmp_path / "ckpt"
     shutil.copytree(saved, path)
     raw = json.loads((path / METADATA_FILE).read_text())
     edit(raw)
+    if rehash:
+        data = {file: (path / raw["data"] / file).read_bytes() for file in raw["files"]}
+        tensors = {f"param/{fqn}": t for fqn, t in raw["params"].items()}
+        tensors.update({f"optimizer/{fqn}/{kind}": t for fqn, kinds in raw["optimizer"]["states"].items()
+                        for kind, t in kinds.items()})  # fmt: skip
+        for name, tensor in tensors.items():
+            for one in tensor["shards"]:
+                shard = Shard(**one)
+                size = int(np.prod(shard.shape)) * np.dtype(tensor["dtype"]).itemsize
+                one["sha256"] = shard_digest(name, tensor["dtype"], shard, data[shard.file][shard.byte_offset :][:size])
     (path / METADATA_FILE).write_text(json.dumps(raw))
     return path
 
@@ -107,7 +118,10 @@ def test_the_saved_checkpoint_loads(saved, target):
             lambda raw: raw["params"][QKV].update(dtype="float16"),
             f"e.g. '{QKV}' (saved [32, 96] float16, here [32, 96] float32)",
         ),
-        (lambda raw: raw["params"].update(extra=raw["params"][QKV]), "1 only in the checkpoint, e.g. 'extra'"),
+        (
+            lambda raw: raw["params"].update(extra=raw["params"][QKV]),
+            f"param/{QKV}: its bytes 218488..230776 in 'rank0.bin' are also param/extra's",
+        ),
         (
             lambda raw: transpose(raw["optimizer"]["states"][QKV]["moment1"]),
             f"{QKV}: moment1 saved as [96, 32] float32, here [32, 96] float32",
@@ -142,9 +156,10 @@ def test_the_saved_checkpoint_loads(saved, target):
     ],
 )
 def test_a_tensor_that_does_not_match_the_model_is_refused_with_nothing_changed(saved, target, tmp_path, edit, expect):
-    """Before: the transposed qkv loaded silently to wrong values; the removed entry raised
+    """Checksums made anew, as another model's checkpoint would have them. Before: the transposed
+    qkv loaded silently to wrong values; the removed entry raised
     KeyError after part of the model was overwritten; the dtype change raised AssertionError."""
-    refused(target, copy_with(saved, tmp_path, edit), expect)
+    refused(target, copy_with(saved, tmp_path, edit, rehash=True), expect)
 
 
 # -- files: only inside the checkpoint folder -------------------------------------------------------
@@ -221,3 +236,129 @@ def test_every_parameter_is_checked_even_when_the_fingerprint_matches(saved, tar
     assert read_checkpoint(path).model == read_checkpoint(saved).model
     refused(target, path, "of another shape or dtype")
     np.testing.assert_equal(len(read_checkpoint(path).params), len(list(target[0].parameters())))
+
+
+# -- integrity: edits that keep every shape, caught by the shards' checksums -----------------------------
+# Before checksums, each of these loaded silently into wrong values (an outside audit's nine cases).
+
+SAME_SHAPE = ("transformer.h.0.ln_1.weight", "transformer.h.0.ln_2.weight")
+
+
+def swap(a: dict, b: dict, *keys: str) -> None:
+    for key in keys:
+        a[key], b[key] = b[key], a[key]
+
+
+def rows_split(raw: dict, name: str, path) -> None:
+    """``name``'s one shard as two row shards over the same bytes, each with the checksum a
+    save would give it: a legitimate layout (a save under mp2 writes rows so)."""
+    tensor = raw["params"][name]
+    (one,) = tensor["shards"]
+    rows, cols = tensor["shape"]
+    data = (path / raw["data"] / one["file"]).read_bytes()
+    half = rows // 2 * cols * 4
+    shards = []
+    for i, (start, count) in enumerate([(0, rows // 2), (rows // 2, rows - rows // 2)]):
+        shard = Shard(
+            file=one["file"], byte_offset=one["byte_offset"] + i * half, offset=[start, 0], shape=[count, cols]
+        )
+        shard.sha256 = shard_digest(
+            f"param/{name}", "float32", shard, data[shard.byte_offset : shard.byte_offset + count * cols * 4]
+        )
+        shards.append({f: getattr(shard, f) for f in shard.__struct_fields__})
+    tensor["shards"] = shards
+
+
+def test_a_legitimate_row_split_loads(saved, target, tmp_path):
+    """The row split the cases below tamper with loads, to the saved values."""
+    path = copy_with(saved, tmp_path, lambda raw: rows_split(raw, QKV, saved))
+    load_checkpoint(target[0], target[1], path)
+    np.testing.assert_array_equal(
+        dict(target[0].named_parameters())[QKV].numpy(), trained(1, 2)[0].state_dict()[QKV].numpy()
+    )
+
+
+@pytest.mark.parametrize(
+    "edit, expect",
+    [
+        (
+            lambda raw, _: swap(*(raw["params"][n]["shards"][0] for n in SAME_SHAPE), "byte_offset"),
+            f"param/{SAME_SHAPE[0]}: the bytes of its shard at [0] (",
+        ),
+        (
+            lambda raw, _: raw["params"][SAME_SHAPE[0]]["shards"][0].update(
+                byte_offset=raw["params"][SAME_SHAPE[1]]["shards"][0]["byte_offset"]
+            ),
+            f"param/{SAME_SHAPE[1]}: its bytes",
+        ),
+        (
+            lambda raw, saved: (
+                rows_split(raw, QKV, saved),
+                raw["params"][QKV]["shards"][1].update(byte_offset=raw["params"][QKV]["shards"][0]["byte_offset"]),
+            ),
+            f"param/{QKV}: its bytes",
+        ),
+        (
+            lambda raw, _: swap(
+                raw["optimizer"]["states"][QKV]["moment1"], raw["optimizer"]["states"][QKV]["moment2"], "shards"
+            ),
+            "do not match its sha256: the checkpoint was changed or corrupted",
+        ),
+        (
+            lambda raw, saved: (rows_split(raw, QKV, saved), swap(*raw["params"][QKV]["shards"], "offset")),
+            f"param/{QKV}: the bytes of its shard at [16, 0] (",
+        ),
+    ],
+    ids=["same-shape-offsets-swapped", "aliased", "all-shards-one-place", "moments-swapped", "row-offsets-swapped"],
+)
+def test_an_edit_that_keeps_every_shape_is_refused_with_nothing_changed(saved, target, tmp_path, edit, expect):
+    refused(target, copy_with(saved, tmp_path, lambda raw: edit(raw, saved)), expect)
+
+
+def test_overwritten_bytes_are_refused(saved, target, tmp_path):
+    path = copy_with(saved, tmp_path, lambda raw: None)
+    meta = read_checkpoint(path)
+    shard = meta.params[QKV].shards[0]
+    with open(path / meta.data / shard.file, "r+b") as f:
+        f.seek(shard.byte_offset + 40)
+        f.write(b"\x00\x00\x80\x7f")
+    refused(target, path, f"param/{QKV}: the bytes of its shard at [0, 0] ({meta.data}/rank0.bin, byte")
+
+
+def test_a_shard_file_hard_linked_elsewhere_is_refused(saved, target, tmp_path):
+    path = copy_with(saved, tmp_path, lambda raw: None)
+    data = read_checkpoint(path).data
+    os.link(path / data / "rank0.bin", tmp_path / "outside.bin")
+    refused(target, path, f"{data}/rank0.bin has 2 hard links: a checkpoint's shard files must be its own")
+
+
+def test_a_learning_rate_of_1e308_is_refused(saved, target, tmp_path):
+    """Before: accepted, and the next step made every parameter NaN."""
+    path = copy_with(saved, tmp_path, lambda raw: raw["scheduler"]["state"].update(last_lr=1e308))
+    refused(target, path, "LR scheduler StepDecay's saved last_lr 1e+308 is beyond ±1000.0")
+
+
+def test_an_optimizer_state_out_of_its_range_is_refused(saved, target, tmp_path):
+    """A beta power above 1 (checksum recomputed, as a careless tool that rewrites a state would)."""
+    path = copy_with(saved, tmp_path, lambda raw: None)
+    meta = read_checkpoint(path)
+    saved_state = meta.optimizer.states[QKV]["beta1_pow_acc"]
+    shard = saved_state.shards[0]
+    file = path / meta.data / shard.file
+    data = bytearray(file.read_bytes())
+    data[shard.byte_offset : shard.byte_offset + 4] = np.float32(1.5).tobytes()
+    file.write_bytes(bytes(data))
+    digest = shard_digest(
+        f"optimizer/{QKV}/beta1_pow_acc", "float32", shard, data[shard.byte_offset : shard.byte_offset + 4]
+    )
+    raw = json.loads((path / METADATA_FILE).read_text())
+    raw["optimizer"]["states"][QKV]["beta1_pow_acc"]["shards"][0]["sha256"] = digest
+    (path / METADATA_FILE).write_text(json.dumps(raw))
+    refused(target, path, f"optimizer/{QKV}/beta1_pow_acc: holds values outside [0.0, 1.0]")
+
+
+def test_duplicate_keys_in_the_metadata_are_refused(saved, target, tmp_path):
+    path = copy_with(saved, tmp_path, lambda raw: None)
+    text = (path / METADATA_FILE).read_text()
+    (path / METADATA_FILE).write_text(text.replace('"step":', '"step": 0, "step":', 1))
+    refused(target, path, 'the key "step" appears more than once')

@@ -240,7 +240,7 @@ def break_the_save_half_way(fault: str) -> None:
 
     def half_then_break(folder, mine):
         folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / mine[0][1].file, "wb") as f:
+        with open(folder / mine[0][-1].file, "wb") as f:
             data = mine[0][0].numpy().tobytes()
             f.write(data[: len(data) // 2])
             f.flush()
