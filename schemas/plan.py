@@ -44,8 +44,13 @@ _SEGMENT = rf"(?:{_IDENTIFIER}|[0-9]+)"
 #: A placement on one mesh axis: ``"R"`` replicate, ``"P"`` partial (pending sum), ``"S(k)"``
 #: shard tensor dim ``k``. Short strings keep plans readable and diffs small.
 Placement = Annotated[str, _whole(PLACEMENT_PATTERN)]
-PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+#: The largest integer a plan or checkpoint may hold: exact in every JSON reader (a double's
+#: 53 bits), far above any count or size (a 401-digit integer crashed ``show``, ``diff`` and ``render``).
+MAX_INT = 2**53
+PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=MAX_INT)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
+#: A traced dim: a size, or ``-1`` for a dynamic one.
+Dim = Annotated[int, msgspec.Meta(ge=-1, le=MAX_INT)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 #: A parameter or layer FQN: ASCII identifiers and indices joined by dots
 #: (``layers.0.mlp.up_proj.weight``). Plans are untrusted input: a name with quotes, spaces,
@@ -102,7 +107,7 @@ class InputSpec(Base):
 
     name: Identifier
     dtype: DType
-    shape: list[int]
+    shape: list[Dim]
 
 
 class ModelInfo(Base):

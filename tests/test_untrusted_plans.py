@@ -315,3 +315,28 @@ def test_review_formatting_takes_only_ascii_digits_for_indices():
     assert "llama.layers.².self_attn.q_proj.weight" in show_text(odd)
     assert diff_plans(plan, odd)
     export_parallelize(odd)
+
+
+@pytest.mark.parametrize("field", ["num_parameters", "input_specs"])
+def test_an_absurd_integer_is_refused_at_load_and_by_every_review_command(field, tmp_path):
+    """A 401-digit integer: before, show, diff and render crashed with a traceback."""
+    from click.testing import CliRunner
+
+    from autodist.planner.cli.review import diff, render, show
+
+    data = json.loads(dump_plan(layered_plan(layers=2, dp=1, mp=2)))
+    if field == "num_parameters":
+        data["model"]["num_parameters"] = int("9" * 401)
+    else:
+        data["model"]["input_specs"] = [{"name": "input_ids", "dtype": "int64", "shape": [4, int("9" * 401)]}]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        PlanError, match=r"\$\.model\.(num_parameters|input_specs\[0\]\.shape\[1\]).*<= 9007199254740992"
+    ):
+        load_plan(path)
+    for command, args in ((show, [path]), (diff, [path, path]), (render, [path, "-o", tmp_path / "p.svg"])):
+        result = CliRunner().invoke(command, [str(a) for a in args])
+        assert result.exit_code == 2 and result.output.startswith("error: ") and result.output.count("\n") == 1, (
+            result.output
+        )
