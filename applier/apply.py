@@ -132,7 +132,7 @@ def apply_plan(
         plan_digest = digest(dump_plan(loaded))
         problems = plan_problems(model, optimizer, dataloader, loaded, world_size=world, loss_fn=loss_fn)
         if world > 1:  # one rank communicates nothing
-            problems = lacking(loaded.strategy, running_backend(), stand_ins) + problems
+            problems = lacking(loaded, running_backend(), stand_ins) + problems
     except PlanError as err:  # still meet the other ranks: they must stop too
         plan_digest, problems = "", err.problems
     model_digest = parameter_fingerprint(parameter_table(model.named_parameters()))

@@ -9,10 +9,11 @@ A caller that supplies an operation itself says so (``apply_plan(..., stand_ins=
 test harness's TEST-ONLY detours (tests/harness/cpu_substitutes.py) do reduce-scatter and
 all-to-all through Replicate and batched P2P as blocking send/recv.
 
-    >>> from autodist.schemas.plan import Strategy
-    >>> lacking(Strategy(dp=2, sharding_stage=1), "gloo", stand_ins=())  # doctest: +ELLIPSIS
-    ['$.strategy: ZeRO stage 1 needs reduce-scatter, which the gloo backend lacks (its CPU kernel ...']
-    >>> lacking(Strategy(dp=2, sharding_stage=1), "gloo", stand_ins=("reduce_scatter",))
+    >>> from autodist.schemas import load_plan
+    >>> plan = load_plan("plans/gpt/plan_2x8dev_mp4.json")       # dp4 x mp4 with sequence parallelism
+    >>> [line.split(",")[0] for line in lacking(plan, "gloo", stand_ins=())]
+    ['$.strategy: sequence parallelism needs reduce-scatter', '$.strategy: sequence parallelism needs all-to-all']
+    >>> lacking(plan, "gloo", stand_ins=("reduce_scatter", "all_to_all"))
     []
 """
 
@@ -23,8 +24,8 @@ from typing import Collection
 
 import paddle
 
-from autodist.schemas import Strategy
-from autodist.schemas.backend import LACKS, OPERATIONS, needs_missing
+from autodist.schemas import Plan
+from autodist.schemas.backend import LACKS, OPERATIONS, refusals
 
 
 def running_backend() -> str:
@@ -36,18 +37,10 @@ def running_backend() -> str:
     return name
 
 
-def lacking(strategy: Strategy, backend: str, stand_ins: Collection[str]) -> list[str]:
-    """Why ``backend`` cannot run ``strategy`` (one line per operation), empty when it can."""
+def lacking(plan: Plan, backend: str, stand_ins: Collection[str]) -> list[str]:
+    """Why ``backend`` cannot run ``plan`` (:func:`~autodist.schemas.backend.refusals`), empty when it can."""
     unknown = sorted(set(stand_ins) - set(OPERATIONS))
     problems = [f"stand_ins: unknown operation(s) {unknown}; known: {', '.join(OPERATIONS)}"] if unknown else []
-    lacks = LACKS.get(backend, {})
-    features: dict[str, list[str]] = {}
-    for feature, operation in needs_missing(strategy, set(lacks) - set(stand_ins)):
-        features.setdefault(operation, []).append(feature)
-    for operation, names in features.items():
-        problems.append(
-            f"$.strategy: {' and '.join(dict.fromkeys(names))} needs {OPERATIONS[operation]}, which the {backend} "
-            f"backend lacks ({lacks[operation]}); re-plan for this machine (autodist-plan --device cpu) "
-            "or run on GPUs"
-        )
-    return problems
+    missing = {operation: why for operation, why in LACKS.get(backend, {}).items() if operation not in stand_ins}
+    fix = "re-plan for this machine (autodist-plan --device cpu) or run on GPUs"
+    return problems + refusals(plan.strategy, list(plan.mesh.axes), plan.hooks, missing, f"the {backend} backend", fix)

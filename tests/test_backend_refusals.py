@@ -16,7 +16,9 @@ import sys
 
 import pytest
 
-from autodist.schemas import dump_plan
+import msgspec
+
+from autodist.schemas import Reshard, dump_plan
 from harness.jobs import BadPlanCase
 from harness.launcher import REPO_ROOT
 from harness.plans import tensor_parallel_plan
@@ -36,6 +38,10 @@ ZERO2 = (
 SEQUENCE_PARALLEL = (
     "$.strategy: sequence parallelism needs reduce-scatter, which the gloo backend lacks",
     "$.strategy: sequence parallelism needs all-to-all, which the gloo backend lacks",
+)
+HAND_EDITED_HOOK = (
+    "$.hooks[0]: a reshard of layers.0.self_attn.o_proj's output to ['S(1)'] needs reduce-scatter or all-to-all, "
+    "which the gloo backend lacks"
 )
 ONE_F_ONE_B = (
     "$.strategy: the 1F1B schedule needs batched P2P (batch_isend_irecv), which the gloo backend lacks "
@@ -67,6 +73,17 @@ def refusals(tmp_path_factory):
         "1F1B": (planned(workdir, "1F1B", "--pp=2", "--schedule=1F1B", "--micro-batches=2"), [ONE_F_ONE_B]),
         "zero2": (dump_plan(tensor_parallel_plan(model, dp=2, sharding_stage=2)), [ZERO2]),
         "sequence_parallel": (dump_plan(tensor_parallel_plan(model, mp=2, sequence_parallel=True)), SEQUENCE_PARALLEL),
+        # A row projection's partial output resharded to a split by hand: reduce-scatter at step 1
+        # (before: NotImplementedError on both ranks, after every check had passed).
+        "hand_edited_hook": (
+            dump_plan(
+                msgspec.structs.replace(
+                    tensor_parallel_plan(model, mp=2),
+                    hooks=[Reshard(layer="layers.0.self_attn.o_proj", when="post", placements=["S(1)"])],
+                )
+            ),
+            [HAND_EDITED_HOOK],
+        ),
     }
     cases = []
     for name, (plan, expected) in plans.items():
@@ -80,7 +97,7 @@ def refusals(tmp_path_factory):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", ["sequential", "1F1B", "zero2", "sequence_parallel"])
+@pytest.mark.parametrize("name", ["sequential", "1F1B", "zero2", "sequence_parallel", "hand_edited_hook"])
 def test_every_rank_refuses_what_gloo_cannot_run(refusals, name):
     expected, results = refusals[name]
     for rank, result in enumerate(results):

@@ -223,3 +223,30 @@ def test_renamed_parameter_is_paired(planned):
     assert parameter_reasons(plan, table) == [
         "1 planned parameter(s) renamed? (same shape and dtype): head.weight -> out.weight"
     ]
+
+
+def test_check_refuses_a_hook_the_plans_device_cannot_run(planned):
+    """A reshard hand-edited to split a tensor over mp, in a plan for a device whose backend lacks
+    reduce-scatter and all-to-all (gloo's gaps): before, `check` said valid, and both ranks failed
+    with NotImplementedError at the first step. `check` now says what apply_plan refuses."""
+    from test_show import DEVICE
+
+    from autodist.schemas import load_plan
+
+    model, plan_path = planned
+    plan = load_plan(plan_path)
+    gloo_like = msgspec.structs.replace(DEVICE, name="gloo-like", unsupported=["reduce_scatter", "all_to_all"])
+    plan = msgspec.structs.replace(
+        plan,
+        cluster=msgspec.structs.replace(plan.cluster, devices_per_node=2, device=gloo_like),
+        mesh=Mesh(axes=["mp"], shape=[2], process_ids=[0, 1]),
+        strategy=Strategy(mp=2),
+        hooks=[Reshard(layer="layers.0", when="post", placements=["S(1)"])],
+    )
+    save_plan(plan, plan_path)
+    result = run_check(plan_path, model, "--no-trace")
+    assert result.exit_code == 1, result.output
+    assert (
+        "$.hooks[0]: a reshard of layers.0's output to ['S(1)'] needs reduce-scatter or all-to-all, which "
+        "gloo-like's backend lacks" in result.output
+    ), result.output

@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 from autodist.schemas import Plan, parameter_diff, parameter_fingerprint, parameter_table
+from autodist.schemas.backend import refusals
 
 from autodist.planner.progress import Progress
 from autodist.planner.review.format import collapse
@@ -49,6 +50,7 @@ def check_plan_for_target(plan: Plan, target: str, trace: bool = True, progress:
             "the parameter fingerprint differs from the plan's (the plan was edited or made by another version)"
         )
     reasons += structure_problems(loaded.model, plan)  # what apply_plan refuses for this model, the same way
+    reasons += device_reasons(plan)
     if plan.vocab_lookup:
         from autodist.applier.vocab_lookup import vocab_lookup_problems
 
@@ -63,6 +65,20 @@ def check_plan_for_target(plan: Plan, target: str, trace: bool = True, progress:
     if trace:
         reasons += graph_reasons(plan, loaded, progress)
     return reasons
+
+
+def device_reasons(plan: Plan) -> list[str]:
+    """What the plan's own device cannot run (its profile's ``unsupported``: gloo's gaps for
+    ``cpu``), in apply_plan's words (:func:`~autodist.schemas.backend.refusals`): a strategy or a
+    hook edited by hand after planning.
+
+    >>> from autodist.schemas import load_plan
+    >>> device_reasons(load_plan("plans/gpt/plan_2x8dev_mp4.json"))     # an H100 plan: its backend has everything
+    []
+    """
+    device = plan.cluster.device
+    missing = dict.fromkeys(device.unsupported, "")
+    return refusals(plan.strategy, list(plan.mesh.axes), plan.hooks, missing, f"{device.name}'s backend", "re-plan")
 
 
 def parameter_reasons(plan: Plan, table: dict[str, tuple[list[int], str]]) -> list[str]:
