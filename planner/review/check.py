@@ -77,7 +77,7 @@ def device_reasons(plan: Plan) -> list[str]:
     []
     """
     device = plan.cluster.device
-    missing = dict.fromkeys(device.unsupported, "")
+    missing: dict[str, str] = dict.fromkeys(device.unsupported, "")
     return refusals(plan.strategy, list(plan.mesh.axes), plan.hooks, missing, f"{device.name}'s backend", "re-plan")
 
 
