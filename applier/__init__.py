@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["apply_plan", "LazyGuard", "save_checkpoint", "load_checkpoint", "export_checkpoint"]
+__all__ = ["apply_plan", "LazyGuard", "save_checkpoint", "load_checkpoint", "export_checkpoint", "close"]
 
 
 def __getattr__(name: str) -> Any:
@@ -28,6 +28,10 @@ def __getattr__(name: str) -> Any:
         from autodist.applier.lazy import LazyGuard
 
         return LazyGuard
+    if name == "close":
+        from autodist.applier.readable import close
+
+        return close
     if name in ("save_checkpoint", "load_checkpoint", "export_checkpoint"):
         from autodist.applier import checkpoint
 

@@ -63,8 +63,9 @@ from autodist.applier.local_view import LocalViews
 from autodist.applier.mesh import mesh_ids
 from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, shard_optimizer
 from autodist.applier.pipeline import PipelineModel, build_pipeline, uses_schedule
+from autodist.applier.readable import Settings as ReadSettings
 from autodist.applier.readable import install as make_outputs_readable
-from autodist.applier.readable import read_timeout
+from autodist.applier.readable import settings as read_settings
 from autodist.applier.recompute import wrap_recompute
 from autodist.applier.shard import shard_parameters
 from autodist.applier.store_host import warm_up_store_host
@@ -125,7 +126,7 @@ def apply_plan(
     # hanging up, also when the plan is refused and every rank leaves at once (store_host.py).
     if world > 1:
         warm_up_store_host(dist.get_rank())
-    read_timeout_s = read_timeout()  # a bad AUTODIST_READ_TIMEOUT: one PlanError, nothing touched
+    read = read_settings()  # a bad AUTODIST_READ_TIMEOUT or AUTODIST_READABLE: one PlanError, nothing touched
     loaded: Plan | None = None
     try:
         loaded = load_plan(plan)
@@ -142,10 +143,10 @@ def apply_plan(
     # Each rank applies the plan on its own; a rank that fails tells the others, and all settle
     # before the first communication (agree.py), so none waits in one its peer never joins.
     with applying(agreement):
-        return _apply(model, optimizer, dataloader, loaded, loss_fn, reshard_fn, agreement, read_timeout_s)
+        return _apply(model, optimizer, dataloader, loaded, loss_fn, reshard_fn, agreement, read)
 
 
-def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreement: Agreement, read_timeout_s: float):
+def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreement: Agreement, read: ReadSettings):
     """``apply_plan`` once every rank agreed on ``plan``: no communication until ``agreement`` settles."""
     # Expert parallelism drops the experts other ranks hold before anything is sharded.
     sharded = shard_parameters(model, plan, frozenset(dropped_parameters(plan, dist.get_rank())))
@@ -181,14 +182,14 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
         dataloader = shard_loader(dataloader, plan)
         if accumulates(plan):
             dataloader = MicroBatchLoader(dataloader, plan.strategy.micro_batches)
-    # The first communication (Paddle's store, for readable.py) unless a pipeline's came first:
+    # The first communication (Paddle's store, for readable/) unless a pipeline's came first:
     # every rank must have applied the plan, or all raise here instead of waiting there.
     agreement.settle()
-    # A loss read on rank 0 only (readable.py). The collectives the applier issues from Python
+    # A loss read on rank 0 only (readable/). The collectives the applier issues from Python
     # (MoE layers, local views, local token lookups) hold Python's lock while they wait, so a rank
     # in one could not answer a reader: values are posted instead.
     post = groups is not None or bool(plan.local_view or plan.vocab_lookup)
-    make_outputs_readable(model, agreement.key, post=post, timeout_s=read_timeout_s)
+    make_outputs_readable(model, agreement.key, post=post, read=read)
     _APPLIED[model] = plan
     return model, optimizer, dataloader
 

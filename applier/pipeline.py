@@ -350,7 +350,7 @@ class PipelineModel(paddle.nn.Layer):
     ``parameters()`` are this rank's stage parameters only. ``step(*inputs, target=labels)``
     runs forward and backward of all micro-batches and returns the per-micro-batch losses: on
     the last stage the tensors, on the other stages :class:`~autodist.applier.readable.RemoteLoss`
-    handles that fetch them from the last stage when read (readable.py); follow it with
+    handles that fetch them from the last stage when read (readable/); follow it with
     ``optimizer.step()``. Calling the
     model directly is not supported: a schedule has no single-rank forward.
     """

@@ -1,4 +1,4 @@
-"""What readable.py's wrappers cost per Tensor call (applier/readable.py, "The cost").
+"""What the readable losses' wrappers cost per Tensor call (applier/readable/, "The cost").
 
 ``apply_plan`` wraps Paddle's scalar reductions (``_C_ops.mean``, ``mean_all``, ``sum``), a few
 Tensor arithmetic methods (``+ - * /``, ``detach``, ``astype``, ...) and the reads (``float``,
@@ -55,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     from models.gpt import build_model
 
-    from autodist.applier import readable
+    from autodist.applier.readable import patching
 
     a, b = paddle.rand([4, 8]), paddle.rand([4, 8])
     ops = {
@@ -70,18 +70,13 @@ def main() -> None:
     tokens, labels = paddle.randint(0, 64, [4, 8]), paddle.randint(0, 64, [4, 8])
     # Alternate unwrapped and wrapped rounds, keeping each one's best, so that a busy machine
     # slows both alike.
-    originals = {name: getattr(paddle.Tensor, name) for name in (*readable._READS, *readable._ARITHMETIC)}
-    reductions = {name: getattr(paddle._C_ops, name) for name in readable._REDUCTIONS}
     before, after = dict.fromkeys(ops, float("inf")), dict.fromkeys(ops, float("inf"))
     step_before = step_after = float("inf")
     for _ in range(args.rounds):
-        for name, fn in originals.items():
-            setattr(paddle.Tensor, name, fn)
-        for name, fn in reductions.items():
-            setattr(paddle._C_ops, name, fn)
+        patching.unpatch()
         before = {name: min(before[name], per_call_us(fn, args.calls)) for name, fn in ops.items()}
         step_before = min(step_before, step_ms(model, tokens, labels))
-        readable._patch()
+        patching.patch()
         after = {name: min(after[name], per_call_us(fn, args.calls)) for name, fn in ops.items()}
         step_after = min(step_after, step_ms(model, tokens, labels))
 

@@ -423,7 +423,7 @@ losses = []
 with blocking_p2p():
     for _ in range(2):
         x, y = next(iter(loader))  # inputs on the first stage's mesh, labels on the last's
-        losses.append([float(l) for l in model.step(x, target=y)])  # on every rank (readable.py)
+        losses.append([float(l) for l in model.step(x, target=y)])  # on every rank (applier/readable/)
         opt.step()
         opt.clear_grad()
 me = dist.get_rank()

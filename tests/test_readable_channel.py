@@ -1,8 +1,8 @@
-"""readable.py's side channel against a stranger, in one process: only the job's ranks can ask or
-answer, every wait ends at one deadline, a flood gets no threads (applier/readable.py,
+"""The readable losses' side channel against a stranger, in one process: only the job's ranks can
+ask or answer, every wait ends at one deadline, a flood gets no threads (applier/readable/,
 applier/signed.py).
 
-A rank's server and a reader are two ``_Notes`` of this process with the job's key, talking over
+A rank's server and a reader are two ``Notes`` of this process with the job's key, talking over
 loopback exactly as two ranks do; the stranger is this test, which knows the port and the
 protocol but not the key. The real 2-rank job is tests/loops/test_readable_strangers.py.
 """
@@ -17,27 +17,30 @@ import time
 import numpy as np
 import pytest
 
-import autodist.applier.readable as readable
-from autodist.applier.readable import ReadError, _Notes
+from autodist.applier.readable import ReadError
+from autodist.applier.readable.notes import Notes
+from autodist.applier.readable.store import post_value
+import autodist.applier.readable.transport as transport
+from autodist.applier.readable.transport import fetch, serve
 
 KEY, OTHER_JOB = b"k" * 32, b"o" * 32
 VALUE_KEY = ("value", 1, 0)
 TIMEOUT_S = 1.5
 
 
-def _serving(key: bytes = KEY, timeout_s: float = TIMEOUT_S) -> tuple[_Notes, tuple[str, int]]:
+def _serving(key: bytes = KEY, timeout_s: float = TIMEOUT_S) -> tuple[Notes, tuple[str, int]]:
     """A rank's notes holding 1.5 under VALUE_KEY, its server thread on a loopback port."""
-    notes = _Notes(1, 2, key, timeout_s)
+    notes = Notes(1, 2, key, timeout_s)
     notes.calls = 1
     with notes.changed:
-        notes._keep(VALUE_KEY, {"read": lambda: np.array(1.5, "float32"), "op": "mean"})
+        notes.keep(VALUE_KEY, {"read": lambda: np.array(1.5, "float32"), "op": "mean"})
     listener = socket.create_server(("127.0.0.1", 0))
-    threading.Thread(target=notes.serve, args=(listener,), daemon=True).start()
+    threading.Thread(target=serve, args=(notes, listener, threading.Event()), daemon=True).start()
     return notes, listener.getsockname()
 
 
-def _reader(address: tuple[str, int], key: bytes = KEY, timeout_s: float = TIMEOUT_S) -> _Notes:
-    notes = _Notes(0, 2, key, timeout_s)
+def _reader(address: tuple[str, int], key: bytes = KEY, timeout_s: float = TIMEOUT_S) -> Notes:
+    notes = Notes(0, 2, key, timeout_s)
     notes.addresses[1] = address
     return notes
 
@@ -54,12 +57,12 @@ def _ask_unsigned(address, request: bytes) -> bytes:
 
 def test_a_rank_reads_and_a_stranger_cannot():
     server, address = _serving()
-    assert float(_reader(address).fetch(1, VALUE_KEY, "mean")) == 1.5
+    assert float(fetch(_reader(address), 1, VALUE_KEY, "mean")) == 1.5
     for request in (b'{"key": ["value", 1, 0]}\n', b"0" * 64 + b' {"key": ["value", 1, 0], "nonce": "00"}\n'):
         got = _ask_unsigned(address, request)
         assert b"hex" not in got and b"1.5" not in got, got  # the greeting only, then hung up on
     with pytest.raises(ReadError, match="did not greet as a rank of this job"):
-        _reader(address, key=OTHER_JOB).fetch(1, VALUE_KEY, "mean")  # another job's rank
+        fetch(_reader(address, key=OTHER_JOB), 1, VALUE_KEY, "mean")  # another job's rank
     assert server.counts["served"] == 1
 
 
@@ -93,7 +96,7 @@ def test_a_recorded_answer_is_not_taken():
             recorded.extend(answer)
             conn.sendall(answer)
 
-    assert float(_reader(_fake_rank(relay)).fetch(1, VALUE_KEY, "mean")) == 1.5  # relaying is harmless
+    assert float(fetch(_reader(_fake_rank(relay)), 1, VALUE_KEY, "mean")) == 1.5  # relaying is harmless
 
     def replay(conn):
         with conn:
@@ -101,7 +104,7 @@ def test_a_recorded_answer_is_not_taken():
             conn.recv(65536)
 
     with pytest.raises(ReadError, match="something other than its signed answer"):
-        _reader(_fake_rank(replay)).fetch(1, VALUE_KEY, "mean")
+        fetch(_reader(_fake_rank(replay)), 1, VALUE_KEY, "mean")
     assert b"hex" in recorded, "the relay recorded no answer: the test would prove nothing"
 
 
@@ -125,7 +128,7 @@ def test_a_stranger_cannot_make_a_reader_wait_past_its_timeout():
     for behave in (silent, trickle):
         start = time.monotonic()
         with pytest.raises(ReadError, match="did not greet"):
-            _reader(_fake_rank(behave)).fetch(1, VALUE_KEY, "mean")
+            fetch(_reader(_fake_rank(behave)), 1, VALUE_KEY, "mean")
         assert time.monotonic() - start < TIMEOUT_S + 1.0, behave.__name__
 
 
@@ -147,7 +150,7 @@ def test_a_flood_of_connections_gets_no_threads_and_reads_go_on():
     try:
         assert threading.active_count() <= before + 1, f"{threading.active_count() - before} threads more"
         start = time.monotonic()
-        assert float(_reader(address).fetch(1, VALUE_KEY, "mean")) == 1.5
+        assert float(fetch(_reader(address), 1, VALUE_KEY, "mean")) == 1.5
         assert time.monotonic() - start < 1.0
     finally:
         for conn in conns:
@@ -157,13 +160,13 @@ def test_a_flood_of_connections_gets_no_threads_and_reads_go_on():
 def test_answering_threads_are_bounded(monkeypatch):
     """Signed requests for values not made yet each wait in a thread, at most MAX_ANSWERING:
     one more gets an error at once; then the waiting ones end at the timeout."""
-    monkeypatch.setattr(readable, "MAX_ANSWERING", 2)
+    monkeypatch.setattr(transport, "MAX_ANSWERING", 2)
     _, address = _serving(timeout_s=1.0)
     errors: list[str] = []
 
     def read_later():
         try:
-            _reader(address, timeout_s=3.0).fetch(1, ("value", 5, 0), "mean")
+            fetch(_reader(address, timeout_s=3.0), 1, ("value", 5, 0), "mean")
         except ReadError as err:
             errors.append(str(err))
 
@@ -173,7 +176,7 @@ def test_answering_threads_are_bounded(monkeypatch):
     time.sleep(0.3)
     start = time.monotonic()
     with pytest.raises(ReadError, match="is answering 2 reads already"):
-        _reader(address).fetch(1, ("value", 5, 0), "mean")
+        fetch(_reader(address), 1, ("value", 5, 0), "mean")
     assert time.monotonic() - start < 0.5
     for thread in waiting:
         thread.join(timeout=5)
@@ -181,7 +184,7 @@ def test_answering_threads_are_bounded(monkeypatch):
 
 
 class _Store:
-    """Paddle's store as readable.py uses it for posted values: set and get by key."""
+    """Paddle's store as applier/readable/ uses it for posted values: set and get by key."""
 
     def __init__(self):
         self.data: dict[str, bytes] = {}
@@ -200,11 +203,11 @@ class _Store:
 def test_a_peer_that_posted_no_address_is_a_read_error():
     """A peer that never posted its address (died in apply_plan): the read ends at its
     deadline, not in the store's own wait (900 s, holding the GIL)."""
-    reader = _Notes(0, 2, KEY, TIMEOUT_S)
+    reader = Notes(0, 2, KEY, TIMEOUT_S)
     reader.store = _Store()
     start = time.monotonic()
     with pytest.raises(ReadError, match="rank 1 posted no address within"):
-        reader.fetch(1, VALUE_KEY, "mean")
+        fetch(reader, 1, VALUE_KEY, "mean")
     assert time.monotonic() - start < TIMEOUT_S + 1.0
 
 
@@ -212,15 +215,36 @@ def test_posted_values_are_signed():
     """Under expert parallelism values go through Paddle's store, which anyone can write:
     a value a stranger wrote there is refused, the rank's own is read."""
     store = _Store()
-    rank = _Notes(1, 2, KEY, TIMEOUT_S)
-    rank.store, rank.post, rank.calls = store, True, 1
+    rank = Notes(1, 2, KEY, TIMEOUT_S)
+    rank.store, rank.calls = store, 1
+    rank.post = lambda key, value: post_value(rank, key, value)
     with rank.changed:
-        rank._keep(VALUE_KEY, {"read": lambda: np.array(2.5, "float32"), "op": "mean"})
-    reader = _Notes(0, 2, KEY, TIMEOUT_S)
-    reader.store, reader.post = store, True
-    assert float(reader.fetch(1, VALUE_KEY, "mean")) == 2.5
-    (slot,) = store.data
+        rank.keep(VALUE_KEY, {"read": lambda: np.array(2.5, "float32"), "op": "mean"})
+    reader = Notes(0, 2, KEY, TIMEOUT_S)
+    reader.store, reader.post = store, lambda key, value: None  # post mode: reads what was posted
+    assert float(fetch(reader, 1, VALUE_KEY, "mean")) == 2.5
+    (slot,) = [key for key in store.data if not key.endswith("/posted")]  # the value, beside its counter
     forged = {"key": list(VALUE_KEY), "op": "mean", "dtype": "float32", "shape": [], "hex": "00002040"}
     store.data[slot] = json.dumps(forged).encode()
     with pytest.raises(ReadError, match="not signed with the job's key"):
-        reader.fetch(1, VALUE_KEY, "mean")
+        fetch(reader, 1, VALUE_KEY, "mean")
+
+
+class _PaddleLikeStore(_Store):
+    """A store whose get of a key nobody set waits, as Paddle's does (its 900 s)."""
+
+    def get(self, key: str) -> bytes:
+        while key not in self.data:
+            time.sleep(0.05)
+        return self.data[key]
+
+
+def test_a_posted_value_never_posted_is_a_read_error_at_its_deadline():
+    """Post mode (expert hooks, local views and lookups): before, the read waited in the store's
+    own get past AUTODIST_READ_TIMEOUT (with 10 s, still blocked at 120 s)."""
+    reader = Notes(0, 2, KEY, TIMEOUT_S)
+    reader.store, reader.post = _PaddleLikeStore(), lambda key, value: None
+    start = time.monotonic()
+    with pytest.raises(ReadError, match=r"rank 1 did not make value \('value', 1, 0\) within 2 s"):
+        fetch(reader, 1, VALUE_KEY, "mean")
+    assert time.monotonic() - start < TIMEOUT_S + 1.0

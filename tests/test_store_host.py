@@ -50,7 +50,7 @@ HANG_UPS = ("Remote peer closed the connection", "ECONNRESET")
 def test_apply_plan_runs_the_stores_hang_up_log_lines_on_rank_0_before_the_end(tmp_path, dp, store):
     """Also when the plan is refused (a dp4 plan on 2 ranks): every rank then leaves at once.
     And when the script made no store: Paddle makes it at the first collective, which apply_plan
-    makes (readable.py), after its first warm-up found nothing to connect to. (A refused plan
+    makes (applier/readable/), after its first warm-up found nothing to connect to. (A refused plan
     with no store made has no store to crash.)"""
     job = launch_ranks(2, ["-c", RANK, str(dp), store], workdir=tmp_path, timeout_s=120, extra_env={"GLOG_v": "5"})
     job.raise_for_failure()

@@ -277,7 +277,7 @@ def train_pipeline(model, optimizer, schedule, loader, steps: int) -> list[float
         if step == steps:
             break
         micro = model.step(inputs, target=labels)
-        micro = micro if model.holds_last else []  # the other stages' are read from it (readable.py)
+        micro = micro if model.holds_last else []  # the other stages' are read from it (applier/readable/)
         optimizer.step()
         optimizer.clear_grad()
         if schedule is not None:

@@ -1,5 +1,5 @@
 """Issue 21 item 1: a loss read on some ranks only (``if rank == 0: print(float(loss))``) has the
-single-device value, and reading on no rank costs no communication (applier/readable.py).
+single-device value, and reading on no rank costs no communication (applier/readable/); ``autodist.close()`` undoes it all.
 
 On the old code the rank-0 read under dp2 aborts both ranks in gloo
 (``op.preamble.length <= op.nbytes``). One launch per plan, where the loss is Partial over dp:
@@ -41,3 +41,22 @@ def test_a_loss_read_on_some_ranks_only(model, plan, loop_plans, single_device, 
         assert record["unread"]["noted"] > 0, "the losses were not noted: the test would prove nothing"
     # The reads: rank 0 fetched from its dp peer (once per value: repeated reads are cached).
     assert seen[0]["after"]["fetched"] == 2
+    # autodist.close() on every rank after the last read: every patch undone (issue 32 item 9).
+    for rank, record in enumerate(seen):
+        assert record["closed"]["wrapped_before"] == 27, (rank, record["closed"])
+        assert record["closed"]["still_wrapped"] == [] and record["closed"]["threads"] == [], (rank, record["closed"])
+        assert record["closed"]["excepthook_restored"], (rank, record["closed"])
+
+
+def test_the_readable_losses_switched_off(loop_plans, single_device, tmp_path):
+    """``AUTODIST_READABLE=0``: nothing is patched and no thread starts; every rank reads the
+    loss, as Paddle reads it (a collective), to the single-device value."""
+    ranks, path = loop_plans("gpt", "dp2")
+    one = single_device("read_anywhere.py", "--model", "gpt")
+    run_script("read_anywhere.py", tmp_path / "off", ranks, path, "--model", "gpt", "--readable-off")
+    reference = json.loads((one.out / "rank0.json").read_text())["reads"]
+    for rank in range(ranks):
+        record = json.loads((tmp_path / "off" / f"rank{rank}.json").read_text())
+        assert record["reads"]["item"] == pytest.approx(reference["item"], rel=1e-5), rank
+        assert record["after"] == {"noted": 0, "posted": 0, "reads": 0, "fetched": 0, "served": 0}, rank
+        assert record["closed"]["wrapped_before"] == 0 and record["closed"]["threads"] == [], rank

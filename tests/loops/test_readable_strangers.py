@@ -1,4 +1,4 @@
-"""A stranger against a real dp2 job's readable side channel (applier/readable.py): it cannot
+"""A stranger against a real dp2 job's readable side channel (applier/readable/): it cannot
 read a value, a flood of its connections grows no threads or memory in the rank, malformed
 requests do not break later reads, and the job ends on time.
 

@@ -37,10 +37,12 @@ def main() -> None:
     model, opt, loader = autodist.apply_plan(model, opt, loader, args.plan)
 
     from autodist.applier import readable
+    from autodist.applier.readable.notes import current
+    from autodist.applier.readable.store import address
 
     losses = [F.cross_entropy(model(x).reshape([-1, VOCAB]), y.reshape([-1])) for x, y in loader]
     seen = {"locals": [float(loss._local_value().numpy()) for loss in losses]}
-    host, port = readable._NOTES.address(rank)
+    host, port = address(current(), rank, time.monotonic() + 60)
     with open(os.path.join(args.out, f"ready{rank}.json"), "w") as f:
         json.dump({"pid": os.getpid(), "host": host, "port": port}, f)
     if rank == 1 and args.rank_1_dies:

@@ -23,10 +23,17 @@ def main() -> None:
     parser.add_argument("--plan")
     parser.add_argument("--out", required=True)
     parser.add_argument("--model", choices=["gpt", "mixtral"], default="gpt")
+    parser.add_argument("--readable-off", action="store_true", help="AUTODIST_READABLE=0: every rank reads")
     args = parser.parse_args()
+    if args.readable_off:
+        os.environ["AUTODIST_READABLE"] = "0"
     if args.plan:
         dist.init_parallel_env()
     rank = dist.get_rank()
+
+    def reads(on_rank: int) -> bool:  # with the readable losses off, a read is Paddle's collective
+        return args.readable_off or rank == on_rank
+
     paddle.seed(2024)
     model = {"gpt": gpt, "mixtral": mixtral_moe}[args.model].build_model()
     opt = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters())
@@ -41,26 +48,46 @@ def main() -> None:
     seen: dict = {"reads": {}}
     for step, (input_ids, labels) in enumerate(loader, start=1):
         loss = F.cross_entropy(model(input_ids).reshape([-1, VOCAB]), labels.reshape([-1]))
-        if step == 3 and rank == 0:  # before backward
+        if step == 3 and reads(0):  # before backward
             seen["reads"]["float_before_backward"] = float(loss)
         loss.backward()
         opt.step()
         opt.clear_grad()
         if step == 2:  # nobody has read anything yet
             seen["unread"] = stats()
-        if step == 3 and rank == 0:
+        if step == 3 and reads(0):
             seen["reads"]["item"] = loss.item()
             seen["reads"]["numpy"] = float(loss.numpy())
             seen["reads"]["format"] = float(f"{loss:.6f}")
             seen["reads"]["print"] = str(loss)
             print(f"step {step} loss {loss}")
-        if step == 3 and rank == 1:
+        if step == 3 and reads(1):
             seen["reads"]["rank_1_alone"] = float(loss)
-    if rank == 0:
+    if reads(0):
         seen["reads"]["last"] = float(loss)  # the others may have left the loop already
     seen["after"] = stats()
+    seen["closed"] = closed()
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)
+
+
+def closed() -> dict:
+    """``autodist.close()`` on every rank: what apply_plan set up in the process is undone
+    (Paddle's own Tensor methods and reductions back, the server thread gone, the excepthook
+    Python's again)."""
+    import sys
+    import threading
+
+    from autodist.applier.readable import patching
+
+    paddles_own = {(owner, name): getattr(owner, name).__wrapped__ for owner, name in patching.patched()}
+    autodist.close()
+    return {
+        "wrapped_before": len(paddles_own),
+        "still_wrapped": [name for (owner, name), own in paddles_own.items() if getattr(owner, name) is not own],
+        "threads": [t.name for t in threading.enumerate() if t.name == "autodist-readable"],
+        "excepthook_restored": sys.excepthook is sys.__excepthook__,
+    }
 
 
 if __name__ == "__main__":
