@@ -40,7 +40,7 @@ import networkx as nx
 
 from autodist.schemas.vocabulary import expert_number
 
-from autodist.planner.recognise.match import short_op
+from autodist.planner.ops import short_op
 from autodist.planner.recognise.roles import SubLayer
 
 
