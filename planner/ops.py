@@ -1,5 +1,5 @@
 """The op catalogue: every Paddle op the planner's stages treat specially, in one table
-(:data:`CATALOGUE`), at the bottom of the planner (it imports nothing of it).
+(:data:`CATALOGUE`), at the bottom of the planner (it imports nothing).
 
 Each entry (:class:`Op`) says once what the recognition, the cost model and the SPMD replay read:
 
@@ -13,9 +13,9 @@ Each entry (:class:`Op`) says once what the recognition, the cost model and the 
 - its FLOPs rule (:meth:`Op.flops`; products from :attr:`Product.contracted`);
 - its bytes rule: what its backward keeps (``saved``, ``cross``, ``output_for``: see
   ``graph_cost.GraphFacts.saved_by``) and whether it moves data of its own (``moves``);
-- its SPMD behaviour where the replay has one: ``traits`` ``pass_through``, ``unary``,
-  ``arithmetic``, ``like``, ``expand``, ``local_only``, the ``reduction`` role (the sets below are read by ``recognise/spmd.py``,
-  whose rule arguments live there, keyed by these names);
+- its SPMD behaviour where the replay has one: the traits ``pass_through``, ``unary``,
+  ``arithmetic``, ``like``, ``expand``, ``local_only`` and the ``reduction`` role (the sets below
+  ``recognise/spmd.py`` reads; Paddle's rules' arguments live there, keyed by these names);
 - the sets the recognition contracts or cuts by (``layout``, ``cut``, ``reshape``, ``select``).
 
 The named sets (:data:`LAYOUT_OPS`, :data:`PRODUCT_OPS`, ...) are views of the catalogue, not
