@@ -9,7 +9,7 @@ Each entry (:class:`Op`) says once what the recognition, the cost model and the 
   ``fused_attention`` kernel, an ``elementwise`` or ``normalisation`` op, a ``loss``, a
   ``layout`` op (moves, reshapes, picks or re-types data), a ``fill`` of an operand's shape, a
   ``constant``, a ``source`` (``arange``), the program's ``input``, a ``shape``, an ``embedding``,
-  a ``reduction``;
+  a ``reduction``, a ``selection`` (an MoE router's ``topk``);
 - its FLOPs rule (:meth:`Op.flops`; products from :attr:`Product.contracted`);
 - its bytes rule: what its backward keeps (``saved``, ``cross``, ``output_for``: see
   ``graph_cost.GraphFacts.saved_by``) and whether it moves data of its own (``moves``);
@@ -52,6 +52,7 @@ Role = Literal[
     "shape",
     "embedding",
     "reduction",
+    "selection",
 ]
 #: The short name of ``builtin.parameter`` (a trainable parameter or a buffer).
 PARAM = "param"
@@ -235,6 +236,7 @@ CATALOGUE: dict[str, Op] = {
     "cross_entropy_with_softmax": Op("loss", saved=_RESULT),
     "embedding": Op("embedding"),
     **_entries(["mean", "sum"], "reduction"),
+    **_entries(["topk", "argmax"], "selection"),
     # -- layout: the same values, cut from autograd or not (dropout is the identity in the
     # eval-mode trace the planner makes; ``share_data`` is ``Tensor.detach()``) ...
     **_entries(["scale", "contiguous", "share_data"], "layout", *_LAYOUT, "pass_through"),
@@ -328,6 +330,8 @@ WEIGHT_VIEW_OPS = _named("weight_view")
 EXPAND_OPS = _named("expand")
 #: Reductions over some dims (``mean``, ``sum``).
 REDUCTION_OPS = _of_role("reduction")
+#: Ops picking the largest entries along an axis (an MoE router choosing experts).
+SELECTION_OPS = _of_role("selection")
 #: Ops reading a tensor's shape (a Python int when the model runs).
 SHAPE_OPS = _of_role("shape")
 #: Ops whose result depends on their input's shape only, never its values: constants for a
