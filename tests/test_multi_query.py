@@ -20,7 +20,8 @@ import pytest
 
 from autodist.planner.cost.graph_cost import model_cost
 from autodist.planner.cost.search import SearchRequest
-from autodist.planner.recognise.match import constant_nodes, short_op
+from autodist.planner.recognise.match import constant_nodes
+from autodist.planner.ops import short_op
 from autodist.planner.recognise.reshards import implicit_comm, weight_dists
 from autodist.planner.recognise.spmd import Replay
 from harness.planning import plan_target

@@ -2,13 +2,15 @@
 
 Nothing here knows an architecture. Per block (the node set the matcher assigned to it):
 
-- FLOPs: every ``pd_op.matmul`` costs 2 x (output elements) x (contracted dim). A matmul with a
-  weight scales with the tokens (b*s); one of two activations (attention scores, scores x V)
-  with b*s^2. Convolutions and fused attention ops are counted too; elementwise ops are not
-  (they are memory-bound and small next to the matmuls).
+- FLOPs: every product of two factors (the op catalogue's ``product`` role, planner/ops.py:
+  ``matmul``, ``addmm``, ``bmm``, ``baddbmm``, ``einsum``) costs 2 x (output elements) x
+  (elements contracted). A product with a weight scales with the tokens (b*s); one of two
+  activations (attention scores, scores x V) with b*s^2. Convolutions and fused attention ops
+  are counted too, by their catalogue rules; elementwise ops are not (they are memory-bound and
+  small next to the matmuls).
 - Saved activations: what each op's backward kernel reads (``matmul_grad(x, y)``,
   ``softmax_grad(out)``, ``gelu_grad(x)``, ``dropout_grad(mask)``, ``layer_norm_grad(x, mean,
-  var)`` ... see ``_SAVED``), each tensor counted once however many ops read it, parameters
+  var)`` ... the catalogue's bytes rules), each tensor counted once however many ops read it, parameters
   and constants excluded. Floating-point tensors are counted in elements (priced at the
   training dtype), boolean/uint8 masks at one byte.
 - Per-rank matmul shapes: each matmul with a weight as a :class:`Gemm` (n, k and how mp splits
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import networkx as nx
 
@@ -46,8 +48,8 @@ from autodist.schemas.vocabulary import FLOAT_DTYPES
 
 from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, Moved, Saved
 from autodist.planner.cost.step_time import Implicit
-from autodist.planner.recognise.match import plain_nodes, short_op
-from autodist.planner.ops import LOCAL_ONLY_OPS, UNTIMED_OPS, WEIGHT_VIEW_OPS
+from autodist.planner.recognise.match import plain_nodes
+from autodist.planner.ops import LOCAL_ONLY_OPS, WEIGHT_VIEW_OPS, Op, op, short_op
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
@@ -55,50 +57,6 @@ if TYPE_CHECKING:
 
 Value = tuple[int, int]  # (producing node, result index)
 
-#: op -> (operand indices, result indices) its backward kernel keeps, whatever needs grad.
-_SAVED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
-    "pd_op.softmax": ((), (0,)),
-    "pd_op.exp": ((), (0,)),
-    "pd_op.sigmoid": ((), (0,)),
-    "pd_op.tanh": ((), (0,)),
-    "pd_op.rsqrt": ((), (0,)),
-    "pd_op.sqrt": ((), (0,)),
-    "pd_op.relu": ((), (0,)),
-    "pd_op.dropout": ((), (1,)),  # the mask
-    "pd_op.gelu": ((0,), ()),
-    "pd_op.silu": ((0,), (0,)),
-    "pd_op.swiglu": ((0, 1), ()),
-    "pd_op.pow": ((0,), ()),
-    "pd_op.square": ((0,), ()),
-    "pd_op.log": ((0,), ()),
-    "pd_op.sin": ((0,), ()),
-    "pd_op.cos": ((0,), ()),
-    "pd_op.where": ((0,), ()),  # the condition; x and y only for their shapes
-    "pd_op.layer_norm": ((0,), (1, 2)),  # x, mean, variance
-    "pd_op.conv2d": ((0,), ()),
-    "pd_op.rms_norm": ((0,), ()),
-    "pd_op.flash_attn": ((0, 1, 2), (0, 1)),  # q, k, v, out, softmax_lse
-    "pd_op.cross_entropy_with_softmax": ((), (0,)),
-}
-#: Binary ops whose backward for one operand reads the other (z = x*y: dx = dz*y, dy = dz*x).
-_CROSS_SAVED = frozenset({"pd_op.matmul", "pd_op.addmm", "pd_op.multiply", "pd_op.divide"})
-#: The products priced by FLOPs: op -> the operands multiplied (``addmm(b, x, w)`` = b + x @ w,
-#: HF's ``Conv1D``; its bias is added in the same kernel).
-_PRODUCTS = {"pd_op.matmul": (0, 1), "pd_op.addmm": (1, 2)}
-#: Ops that move no data of their own: views, constants, graph plumbing (and the matmul-like ops
-#: priced by FLOPs).
-_NOT_MEMORY_BOUND = UNTIMED_OPS | {
-    "pd_op.reshape",
-    "pd_op.squeeze",
-    "pd_op.unsqueeze",
-    "pd_op.flatten",
-    "pd_op.shape",
-    "pd_op.shape64",
-    "pd_op.assign",
-    *_PRODUCTS,
-    "pd_op.conv2d",
-    "pd_op.flash_attn",
-}
 _MASK_DTYPES = frozenset({"bool", "uint8", "int8"})
 
 
@@ -134,7 +92,7 @@ class GraphFacts:
                     self.needs_grad.add((n, 0))
                 continue
             sources = list(self.inputs[n].values())
-            if node["op"] in WEIGHT_VIEW_OPS and len(sources) == 1 and sources[0] in self.weight_of:
+            if short_op(node["op"]) in WEIGHT_VIEW_OPS and len(sources) == 1 and sources[0] in self.weight_of:
                 self.weight_of[(n, 0)] = self.weight_of[sources[0]]
             if any(v in self.needs_grad for v in sources):
                 for r, dtype in enumerate(node["dtypes"]):
@@ -163,24 +121,38 @@ class GraphFacts:
     def is_activation(self, value: Value) -> bool:
         return value not in self.weight_of and self.graph.nodes[value[0]]["op"] != "builtin.parameter"
 
+    def factors(self, n: int) -> tuple[Value, Value] | None:
+        """The two values node ``n`` multiplies, when it is a product of two (the catalogue's
+        :class:`~autodist.planner.ops.Product`: an einsum's are the items of its one list)."""
+        product = op(self.graph.nodes[n]["op"]).product
+        if product is None:
+            return None
+        inputs = self.inputs[n]
+        if product.factors is None:
+            listed = inputs.get(0)
+            inputs = self.inputs[listed[0]] if listed is not None else {}
+            return (inputs[0], inputs[1]) if sorted(inputs) == [0, 1] else None
+        x, y = (inputs.get(i) for i in product.factors)
+        return (x, y) if x is not None and y is not None else None
+
     def saved_by(self, n: int) -> list[Value]:
-        """The activations node ``n``'s backward keeps (empty when nothing it reads needs grad)."""
-        op = self.graph.nodes[n]["op"]
+        """The activations node ``n``'s backward keeps (empty when nothing it reads needs grad),
+        by its catalogue entry's bytes rule (:class:`~autodist.planner.ops.Op`)."""
+        entry = op(self.graph.nodes[n]["op"])
         inputs = self.inputs[n]
         if not any(v in self.needs_grad for v in inputs.values()):
             return []
         saved: list[Value] = []
-        if op in _CROSS_SAVED:
-            for i, value in inputs.items():
-                others = [v for j, v in inputs.items() if j != i]
-                if any(v in self.needs_grad for v in others):
+        if entry.cross:  # each operand (a product's each factor) for the other's gradient
+            operands = dict(enumerate(self.factors(n) or ())) if entry.product else inputs
+            for i, value in operands.items():
+                if any(v in self.needs_grad for j, v in operands.items() if j != i):
                     saved.append(value)
-            if op == "pd_op.divide" and inputs.get(1) in self.needs_grad:
+            if entry.output_for is not None and inputs.get(entry.output_for) in self.needs_grad:
                 saved.append((n, 0))
-        elif op in _SAVED:
-            operands, results = _SAVED[op]
-            saved += [inputs[i] for i in operands if i in inputs]
-            saved += [(n, r) for r in results]
+        kept_operands, kept_results = entry.saved
+        saved += [inputs[i] for i in kept_operands if i in inputs]
+        saved += [(n, r) for r in kept_results]
         return [v for v in saved if self.is_activation(v) and self.numel(v) > 0]
 
 
@@ -238,7 +210,8 @@ def walk_nodes(
 ) -> _Walk:
     """FLOPs, saved tensors, matmul shapes, memory traffic and mp collectives of ``nodes`` (in
     topological order). ``vocab``: values whose last dim is this count as logits-shaped;
-    ``fusion``: the kernels priced fused (:class:`Fusion`).
+    ``fusion``: the kernels priced fused (:class:`Fusion`). Each op is priced by the handler of
+    its role in the op catalogue (:class:`_Walker`).
 
     A value of a layer in ``roles.gathered`` leaves it whole (all-gathered once): what reads it
     outside that layer runs whole on every mp rank, an attention core too (its FLOPs in
@@ -246,117 +219,192 @@ def walk_nodes(
     split over mp, all-gathered in the backward (Paddle 3.3.1's ``matmul_grad`` with the input
     replicated and the weight ``Shard(0)``; the gather hook's own backward is a slice, measured
     with ``GLOG_v=4`` on 2 gloo ranks, docs/paddle-notes.md)."""
-    roles = roles or Roles(frozenset(), frozenset(), frozenset())
-    wanted = set(nodes)
-    graph = facts.graph
-    inside: set[Value] = set()  # in the tensor-parallel region
-    in_gathered = {n: _within(graph.nodes[n]["layer"], roles.gathered) for n in wanted} if roles.gathered else {}
+    return _Walker(facts, nodes, roles or Roles(frozenset(), frozenset(), frozenset()), vocab, fusion).run()
 
-    def split_for(n: int, values: list[Value]) -> list[Value]:
-        """The values split over mp as node ``n`` reads them: inside, and not leaving a gathered layer."""
+
+class _Walker:
+    """One pass of :func:`walk_nodes`: the facts it gathers as it goes (which values are split
+    over mp, which are attention-score shaped) and one handler per op role of the catalogue
+    (:data:`~autodist.planner.ops.CATALOGUE`): products, convolutions, fused attention kernels,
+    and every other op by the memory it moves. A handler returns whether the op's backward keeps
+    tensors of its own (an op inside a flash kernel keeps none)."""
+
+    def __init__(self, facts: GraphFacts, nodes: Iterable[int], roles: Roles, vocab: int | None, fusion: Fusion):
+        self.facts, self.roles, self.vocab, self.fusion = facts, roles, vocab, fusion
+        self.nodes = sorted(set(nodes), key=facts.position.__getitem__)
+        layers = {n: facts.graph.nodes[n]["layer"] for n in self.nodes}
+        #: Node -> the gathered layer it lies in ('' for none), and the fused layer it lies in.
+        self.in_gathered = {n: _within(layers[n], roles.gathered) for n in self.nodes} if roles.gathered else {}
+        self.fused_layer = {n: _within(layers[n], fusion.layers) for n in self.nodes} if fusion.layers else {}
+        self.walk = _Walk()
+        self.inside: set[Value] = set()  # in the tensor-parallel region
+        self.quadratic: set[Value] = set()  # attention-score shaped (b * s * s)
+        self.column_inputs: set[Value] = set()
+        self.regions: dict[str, list[int]] = {}  # fused layer -> its ops, priced after the walk
+
+    def run(self) -> _Walk:
+        for n in self.nodes:
+            self._step(n)
+        for ops in self.regions.values():
+            _fused_region(self.facts, ops, self.inside, self.quadratic, self.vocab, self.walk)
+        self.walk.allreduce_bwd = float(sum(self.facts.numel(v) for v in self.column_inputs))
+        self.walk.allreduce_bwd_count = len(self.column_inputs)
+        return self.walk
+
+    def split_for(self, n: int, values: Iterable[Value]) -> list[Value]:
+        """The values split over mp as node ``n`` reads them: inside, and not leaving a gathered
+        layer (one leaving it is all-gathered once, :attr:`_Walk.gathered_fwd`)."""
         found = []
         for v in values:
-            if v in inside and in_gathered.get(v[0]) and in_gathered.get(v[0]) != in_gathered.get(n):
-                walk.gathered_fwd.add(v)
-            elif v in inside:
+            if (
+                v in self.inside
+                and self.in_gathered.get(v[0])
+                and self.in_gathered.get(v[0]) != self.in_gathered.get(n)
+            ):
+                self.walk.gathered_fwd.add(v)
+            elif v in self.inside:
                 found.append(v)
         return found
 
-    quadratic: set[Value] = set()  # attention-score shaped (b * s * s)
-    walk = _Walk()
-    column_inputs: set[Value] = set()
-    fused_layer = {n: _within(graph.nodes[n]["layer"], fusion.layers) for n in wanted} if fusion.layers else {}
-    regions: dict[str, list[int]] = {}  # fused layer -> its ops, priced after the walk
-    for n in sorted(wanted, key=facts.position.__getitem__):
-        node = graph.nodes[n]
-        op = node["op"]
-        inputs = facts.inputs[n]
-        acts = [v for v in inputs.values() if facts.is_activation(v)]
-        weights = [facts.weight_of[v] for v in inputs.values() if v in facts.weight_of]
-        split = split_for(n, acts)
-        if fused_layer.get(n) and op not in _PRODUCTS:
-            regions.setdefault(fused_layer[n], []).append(n)
-            if split:
-                inside.update((n, r) for r in range(len(node["shapes"])))
-            continue
-        if op in _PRODUCTS:
-            x, y = (inputs.get(i) for i in _PRODUCTS[op])
-            if x is None or y is None:
-                continue
-            k_dim = facts.known_shape(x)[-2 if node["attrs"].get("transpose_x") else -1]
-            flops = 2.0 * facts.numel((n, 0)) * max(k_dim, 1)
-            weight = next((facts.weight_of[v] for v in (x, y) if v in facts.weight_of), None)
-            if weight:
-                walk.gemms.append((weight, max(facts.known_shape((n, 0))[-1], 1), max(k_dim, 1)))
-                walk.flops_weight += flops
-                walk.flops_by_weight[weight] = walk.flops_by_weight.get(weight, 0.0) + flops
-                if weight in roles.column:
-                    inside.add((n, 0))
-                    column_inputs.update(acts)
-                elif weight in roles.row:
-                    walk.allreduce_fwd += facts.numel((n, 0))
-                    walk.allreduce_fwd_count += 1
-                    walk.gathered_bwd.update(v for v in acts if v not in split)
-                elif split:
-                    inside.add((n, 0))
-            else:
-                walk.flops_activation += flops
-                walk.attention_matmuls += 1
-                if split:
-                    inside.add((n, 0))
+    def _step(self, n: int) -> None:
+        entry = op(self.facts.graph.nodes[n]["op"])
+        if self.fused_layer.get(n) and entry.role != "product":
+            self.regions.setdefault(self.fused_layer[n], []).append(n)
+            if self._split(n):
+                self._mark_inside(n)
+            return
+        if _HANDLERS.get(entry.role, _Walker._memory)(self, n, entry):
+            for value in self.facts.saved_by(n):
+                if value in self.quadratic:
+                    if not self.fusion.flash:  # a flash kernel keeps no scores
+                        self.walk.saved[value] = "inside_seq"
                 else:
-                    walk.flops_activation_whole += flops
-                scores = not any(v in quadratic for v in acts)
-                if scores:
-                    quadratic.add((n, 0))
-                if fusion.flash:  # q and k in (scores), or v in and the output out (context)
-                    io = [v for v in inputs.values() if v not in quadratic] + ([] if scores else [(n, 0)])
-                    walk.attention_io += sum(facts.numel(v) for v in io)
-                    if scores:  # the log-sum-exp per row of scores, saved for the backward
-                        where = "inside" if (n, 0) in inside else "outside"
-                        rows = facts.numel((n, 0)) / max(facts.known_shape((n, 0))[-1], 1)
-                        walk.lse[where] = walk.lse.get(where, 0.0) + rows
-        elif op == "pd_op.conv2d" and weights:
-            # Each output element: one multiply-add per input channel (of its group) x kernel tap.
-            flops = 2.0 * facts.numel((n, 0)) * math.prod(facts.known_shape(inputs[1])[1:])
-            walk.flops_weight += flops
-            walk.flops_by_weight[weights[0]] = walk.flops_by_weight.get(weights[0], 0.0) + flops
-        elif op == "pd_op.flash_attn" and 0 in inputs and 1 in inputs:
-            seq_k = facts.known_shape(inputs[1])[1]
-            flops = 4.0 * facts.numel(inputs[0]) * max(seq_k, 1)
-            walk.flops_activation += flops
-            if split:
-                inside.update((n, r) for r in range(len(node["shapes"])))
-            else:
-                walk.flops_activation_whole += flops
+                    self.walk.saved.setdefault(value, "inside" if self.split_for(n, [value]) else "outside")
+
+    def _activations(self, n: int) -> list[Value]:
+        return [v for v in self.facts.inputs[n].values() if self.facts.is_activation(v)]
+
+    def _split(self, n: int) -> list[Value]:
+        return self.split_for(n, self._activations(n))
+
+    def _mark_inside(self, n: int) -> None:
+        self.inside.update((n, r) for r in range(len(self.facts.graph.nodes[n]["shapes"])))
+
+    def _product(self, n: int, entry: Op) -> bool:
+        """A product of two factors (any spelling: ``matmul``, ``bmm``, ``baddbmm``, ``einsum``):
+        a linear's when one factor is a weight, else an attention core's (scores or context)."""
+        facts = self.facts
+        factors = facts.factors(n)
+        if factors is None or entry.product is None:  # a one-operand einsum: priced by what it moves
+            return self._memory(n, entry)
+        attrs, out = facts.graph.nodes[n]["attrs"], facts.known_shape((n, 0))
+        shapes = [facts.known_shape(v) for v in factors]
+        flops = entry.flops(attrs, shapes, out)
+        acts = [v for v in factors if facts.is_activation(v)]
+        split = self.split_for(n, acts)
+        weight = next((facts.weight_of[v] for v in factors if v in facts.weight_of), None)
+        if weight is None:
+            self._core(n, factors, flops, acts, split)
+            return True
+        contracted = max(entry.product.contracted(attrs, *shapes), 1)
+        walk = self.walk
+        walk.gemms.append((weight, max(out[-1], 1), contracted))
+        walk.flops_weight += flops
+        walk.flops_by_weight[weight] = walk.flops_by_weight.get(weight, 0.0) + flops
+        if weight in self.roles.column:
+            self.inside.add((n, 0))
+            self.column_inputs.update(acts)
+        elif weight in self.roles.row:
+            walk.allreduce_fwd += facts.numel((n, 0))
+            walk.allreduce_fwd_count += 1
+            walk.gathered_bwd.update(v for v in acts if v not in split)
+        elif split:
+            self.inside.add((n, 0))
+        return True
+
+    def _core(self, n: int, factors: tuple[Value, Value], flops: float, acts: list[Value], split: list[Value]) -> None:
+        """A product of two activations: an attention's scores (its factors not score-shaped) or
+        its context (the probabilities times V)."""
+        facts, walk = self.facts, self.walk
+        walk.flops_activation += flops
+        walk.attention_matmuls += 1
+        if split:
+            self.inside.add((n, 0))
         else:
-            for r in range(len(node["shapes"])):
-                if split:
-                    inside.add((n, r))
-                if any(v in quadratic and facts.numel(v) == facts.numel((n, r)) for v in acts):
-                    quadratic.add((n, r))
-            if fusion.flash and (node.get("kernel") == "attention" or any(v in quadratic for v in acts)):
-                continue  # inside a fused attention core: no memory pass, op or saved tensor of its own
-            if not op.startswith("builtin.") and op not in UNTIMED_OPS:
-                walk.moved["ops"] = walk.moved.get("ops", 0) + 1  # every op pays the fixed cost
-            if op not in _NOT_MEMORY_BOUND and not op.startswith("builtin.") and node["shapes"]:
-                where = _moved_where(facts, (n, 0), inside, quadratic, vocab)
-                elements = sum(facts.numel(v) for v in inputs.values() if facts.dtype(v) in FLOAT_DTYPES)
-                elements += sum(
-                    facts.numel((n, r)) for r in range(len(node["shapes"])) if facts.dtype((n, r)) in FLOAT_DTYPES
-                )
-                walk.moved[where] = walk.moved.get(where, 0.0) + elements
-        for value in facts.saved_by(n):
-            if value in quadratic:
-                if not fusion.flash:  # a flash kernel keeps no scores
-                    walk.saved[value] = "inside_seq"
-            else:
-                walk.saved.setdefault(value, "inside" if split_for(n, [value]) else "outside")
-    for ops in regions.values():
-        _fused_region(facts, ops, inside, quadratic, vocab, walk)
-    walk.allreduce_bwd = float(sum(facts.numel(v) for v in column_inputs))
-    walk.allreduce_bwd_count = len(column_inputs)
-    return walk
+            walk.flops_activation_whole += flops
+        scores = not any(v in self.quadratic for v in acts)
+        if scores:
+            self.quadratic.add((n, 0))
+        if self.fusion.flash:  # q and k in (scores), or v in and the output out (context)
+            io = [v for v in factors if v not in self.quadratic] + ([] if scores else [(n, 0)])
+            walk.attention_io += sum(facts.numel(v) for v in io)
+            if scores:  # the log-sum-exp per row of scores, saved for the backward
+                where = "inside" if (n, 0) in self.inside else "outside"
+                rows = facts.numel((n, 0)) / max(facts.known_shape((n, 0))[-1], 1)
+                walk.lse[where] = walk.lse.get(where, 0.0) + rows
+
+    def _convolution(self, n: int, entry: Op) -> bool:
+        facts = self.facts
+        weights = [facts.weight_of[v] for v in facts.inputs[n].values() if v in facts.weight_of]
+        if not weights:
+            return self._memory(n, entry)
+        self._split(n)  # a value leaving a gathered layer is gathered for a convolution too
+        flops = entry.flops(facts.graph.nodes[n]["attrs"], self._operand_shapes(n), facts.known_shape((n, 0)))
+        self.walk.flops_weight += flops
+        self.walk.flops_by_weight[weights[0]] = self.walk.flops_by_weight.get(weights[0], 0.0) + flops
+        return True
+
+    def _fused_attention(self, n: int, entry: Op) -> bool:
+        """An attention core in one kernel (q, k, v in)."""
+        inputs = self.facts.inputs[n]
+        if 0 not in inputs or 1 not in inputs:
+            return self._memory(n, entry)
+        flops = entry.flops(self.facts.graph.nodes[n]["attrs"], self._operand_shapes(n), self.facts.known_shape((n, 0)))
+        self.walk.flops_activation += flops
+        if self._split(n):
+            self._mark_inside(n)
+        else:
+            self.walk.flops_activation_whole += flops
+        return True
+
+    def _operand_shapes(self, n: int) -> list[list[int]]:
+        inputs = self.facts.inputs[n]
+        return [(self.facts.shape(inputs[i]) or []) if i in inputs else [] for i in range(max(inputs, default=-1) + 1)]
+
+    def _memory(self, n: int, entry: Op) -> bool:
+        """Any other op: it keeps its input's mp split and score shape, pays one op's fixed cost
+        and moves the floats it reads and writes, unless it lies in a flash attention kernel."""
+        facts, walk = self.facts, self.walk
+        node = facts.graph.nodes[n]
+        acts = self._activations(n)
+        split = self.split_for(n, acts)
+        for r in range(len(node["shapes"])):
+            if split:
+                self.inside.add((n, r))
+            if any(v in self.quadratic and facts.numel(v) == facts.numel((n, r)) for v in acts):
+                self.quadratic.add((n, r))
+        if self.fusion.flash and (node.get("kernel") == "attention" or any(v in self.quadratic for v in acts)):
+            return False  # inside a fused attention core: no memory pass, op or saved tensor of its own
+        if node["op"].startswith("builtin.") or "untimed" in entry.traits:
+            return True
+        walk.moved["ops"] = walk.moved.get("ops", 0) + 1  # every op pays the fixed cost
+        if entry.moves and node["shapes"]:
+            where = _moved_where(facts, (n, 0), self.inside, self.quadratic, self.vocab)
+            inputs = facts.inputs[n].values()
+            elements = sum(facts.numel(v) for v in inputs if facts.dtype(v) in FLOAT_DTYPES)
+            elements += sum(
+                facts.numel((n, r)) for r in range(len(node["shapes"])) if facts.dtype((n, r)) in FLOAT_DTYPES
+            )
+            walk.moved[where] = walk.moved.get(where, 0.0) + elements
+        return True
+
+
+#: The walk's handler of each op role (:class:`_Walker`); every other role moves memory.
+_HANDLERS: dict[str, Callable[[_Walker, int, Op], bool]] = {
+    "product": _Walker._product,
+    "convolution": _Walker._convolution,
+    "fused_attention": _Walker._fused_attention,
+}
 
 
 def _within(layer: str, layers: frozenset[str]) -> str:

@@ -27,7 +27,8 @@ from autodist import schemas
 
 from autodist.planner.graph import graph_fingerprint
 from autodist.planner.recognise.experts import Experts, find_experts
-from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes, short_op
+from autodist.planner.ops import RESHAPE_OPS, short_op
+from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes
 from autodist.planner.recognise.patterns import PARAM, layer_patterns
 from autodist.planner.recognise.roles import (
     BlockRecogniser,
@@ -439,11 +440,6 @@ def _outer_layers(graph: nx.DiGraph, in_blocks: frozenset[int]) -> dict[str, Mat
     return found
 
 
-#: Ops that lay token ids out anew without changing them: ``input_ids.reshape([-1, seq])`` (HF
-#: GPT-2's ``input_ids.view(-1, input_shape[-1])``), ``flatten``, ``squeeze``, ``unsqueeze``.
-ID_LAYOUT_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze"})
-
-
 @dataclass(frozen=True)
 class TokenLookup:
     """The token embedding: its ``table`` (a parameter FQN), the table's ``vocab_dim`` (1 when
@@ -483,7 +479,7 @@ def _embeddings(
     graph: nx.DiGraph, outer: dict[str, Match], in_blocks: frozenset[int]
 ) -> tuple[TokenLookup | None, list[str]]:
     """The token embedding (the lookup of a model input, as given or laid out anew by
-    :data:`ID_LAYOUT_OPS`) and any other embedding layers' tables.
+    :data:`RESHAPE_OPS`) and any other embedding layers' tables.
 
     Whose table it reads does not matter: a layer of its own (``nn.Embedding``), or an
     ``F.embedding(ids, table)`` inside a layer that does more, with a table another layer owns,
@@ -540,8 +536,8 @@ def _found_inside(graph: nx.DiGraph, in_blocks: frozenset[int], kinds) -> list[M
 
 
 def _model_input(graph: nx.DiGraph, node: int) -> bool:
-    """``node`` is a model input, or one through :data:`ID_LAYOUT_OPS` only."""
-    while short_op(graph.nodes[node]["op"]) in ID_LAYOUT_OPS:
+    """``node`` is a model input, or one through :data:`RESHAPE_OPS` only."""
+    while short_op(graph.nodes[node]["op"]) in RESHAPE_OPS:
         source = next((p for p in graph.predecessors(node) if graph.edges[p, node]["operand"] == 0), None)
         if source is None:
             return False

@@ -40,7 +40,7 @@ import networkx as nx
 
 from autodist.schemas.vocabulary import expert_number
 
-from autodist.planner.recognise.match import short_op
+from autodist.planner.ops import SELECTION_OPS, short_op
 from autodist.planner.recognise.roles import SubLayer
 
 
@@ -121,7 +121,7 @@ def experts_per_token(graph: nx.DiGraph, nodes: frozenset[int], moe_layer: str, 
     selections = {
         n
         for n in nodes
-        if short_op(graph.nodes[n]["op"]) in ("topk", "argmax") and _inside_or_above(graph.nodes[n]["layer"], moe_layer)
+        if short_op(graph.nodes[n]["op"]) in SELECTION_OPS and _inside_or_above(graph.nodes[n]["layer"], moe_layer)
     }
     picked = 0
     for node in sorted(selections):

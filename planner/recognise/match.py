@@ -34,23 +34,8 @@ from typing import Iterable, Sequence
 import networkx as nx
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
-from autodist.planner.ops import ELEMENTWISE_OPS, LAYOUT_OPS, LIKE_OPS
-from autodist.planner.recognise.patterns import PARAM, PORT, Pattern, compute_histogram, layer_patterns
-
-INPUT_OPS = frozenset({"data"})
-#: Ops whose result depends on their input's shape only, never its values: constants for a
-#: traced program with static shapes (``triu(full_like(scores))`` is a fixed causal mask).
-SHAPE_ONLY_OPS = LIKE_OPS | {"shape", "shape64"}
-
-
-def short_op(op: str) -> str:
-    """``pd_op.matmul`` -> ``matmul``; in-place ``add_`` -> ``add``; builtins keep their prefix,
-    except ``builtin.parameter`` -> ``param``."""
-    if op == "builtin.parameter":
-        return PARAM
-    if op.startswith("pd_op."):
-        op = op[len("pd_op.") :]
-    return op.rstrip("_")
+from autodist.planner.ops import ELEMENTWISE_OPS, INPUT_OPS, LAYOUT_OPS, PARAM, SHAPE_ONLY_OPS, SHAPE_OPS, short_op
+from autodist.planner.recognise.patterns import PORT, Pattern, compute_histogram, layer_patterns
 
 
 def constant_nodes(graph: nx.DiGraph) -> frozenset[int]:
@@ -97,7 +82,7 @@ def plain_nodes(graph: nx.DiGraph) -> frozenset[int]:
         op = short_op(data["op"])
         if op in INPUT_OPS or (op == PARAM and data["param"] is not None):
             continue
-        if op in ("shape", "shape64") or all(p in plain for p in graph.predecessors(node)):
+        if op in SHAPE_OPS or all(p in plain for p in graph.predecessors(node)):
             plain.add(node)
     return frozenset(plain)
 

@@ -25,8 +25,8 @@ from autodist.schemas.local_view import kv_replicated
 from autodist.schemas.vocabulary import DTYPE_BYTES
 
 from autodist.planner.recognise.analysis import BlockInfo, LinearUse, ModelAnalysis
-from autodist.planner.ops import LAYOUT_OPS
-from autodist.planner.recognise.match import constant_nodes, short_op
+from autodist.planner.ops import LAYOUT_OPS, short_op
+from autodist.planner.recognise.match import constant_nodes
 from autodist.planner.recognise.roles import Projection, SubLayer
 from autodist.planner.recognise.spmd import Dist, Replay, Reshard, is_planned
 

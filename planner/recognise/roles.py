@@ -48,25 +48,22 @@ from typing import Literal, overload
 import networkx as nx
 import paddle
 
-from autodist.planner.recognise.match import PARAM, block_nodes, compute_view, constant_nodes, short_op
-from autodist.planner.ops import CUT_OPS, FUSED_ATTENTION_OPS, LAYOUT_OPS, SEGMENT_OPS
+from autodist.planner.recognise.match import block_nodes, compute_view, constant_nodes
+from autodist.planner.ops import (
+    CUT_OPS,
+    FUSED_ATTENTION_OPS,
+    LAYOUT_OPS,
+    LINEAR_OPS,
+    PARAM,
+    PRODUCT_OPS,
+    SEGMENT_OPS,
+    WEIGHT_VIEW_OPS,
+    Product,
+    op,
+    short_op,
+)
 from autodist.planner.recognise.spmd import Dist, Replay, is_planned
 
-PROJECTION_OPS = frozenset({"matmul", "addmm"})
-#: The products of two activations an attention scores and mixes by, each with the operand slots
-#: of its two factors: ``q @ k.T`` (``matmul``: also ``paddle.mm`` and ``@``), ``paddle.bmm`` over
-#: merged ``[batch * heads, seq, head_dim]`` tensors (HF OPT), ``paddle.baddbmm(input, q, k.T)``
-#: and its 2-D ``addmm``, which add their first operand to the product (HF GPT-NeoX, GPT-BigCode);
-#: None for ``einsum("bhid,bhjd->bhij", q, k)`` (lucidrains' x-transformers), whose factors are the
-#: items of the one list it takes.
-PRODUCT_FACTORS: dict[str, tuple[int, int] | None] = {
-    "matmul": (0, 1),
-    "bmm": (0, 1),
-    "baddbmm": (1, 2),
-    "addmm": (1, 2),
-    "einsum": None,
-}
-PRODUCT_OPS = frozenset(PRODUCT_FACTORS)
 #: The tensor-parallel degree the SPMD replay checks a candidate group at.
 REPLAY_MP = 2
 
@@ -304,7 +301,7 @@ def _linears(graph: nx.DiGraph, view: nx.DiGraph, params) -> list[_Linear]:
     """Projections in program order: a matmul/addmm one of whose operands is a 2-D parameter."""
     found = []
     for node in sorted(view):
-        if view.nodes[node]["op"] not in PROJECTION_OPS:
+        if view.nodes[node]["op"] not in LINEAR_OPS:
             continue
         weights = [
             p
@@ -315,15 +312,15 @@ def _linears(graph: nx.DiGraph, view: nx.DiGraph, params) -> list[_Linear]:
             continue
         weight = weights[0]
         operand, transposed = weight_use(graph, weight, node)
-        if short_op(graph.nodes[node]["op"]) == "addmm":
-            operand = 1 if operand == 2 else 0
         found.append(_Linear(node, weight, view.nodes[weight]["param"], operand, transposed, _bias(graph, view, node)))
     return found
 
 
 def weight_use(graph: nx.DiGraph, weight: int, matmul: int) -> tuple[int, bool]:
-    """``(operand, transposed)``: which matmul operand the weight feeds and whether it arrives
-    transposed (``transpose_x/y`` and 2-D ``transpose`` ops on the way combined)."""
+    """``(operand, transposed)``: which factor of the product the weight is (0 left, 1 right:
+    ``addmm(bias, x, W)``'s ``W`` is 1), or which operand of another op (an embedding's lookup),
+    and whether it arrives transposed (the product's transpose flags and 2-D ``transpose`` ops on
+    the way combined)."""
     path = nx.shortest_path(graph, weight, matmul)
     flips = sum(
         1
@@ -331,9 +328,11 @@ def weight_use(graph: nx.DiGraph, weight: int, matmul: int) -> tuple[int, bool]:
         if short_op(graph.nodes[n]["op"]) == "transpose" and graph.nodes[n]["attrs"].get("perm") == [1, 0]
     )
     operand = graph.edges[path[-2], matmul]["operand"]
-    attrs = graph.nodes[matmul]["attrs"]
-    if short_op(graph.nodes[matmul]["op"]) == "matmul":  # addmm has no transpose flags
-        flips += bool(attrs.get("transpose_y" if operand == 1 else "transpose_x"))
+    product = op(graph.nodes[matmul]["op"]).product
+    if product is not None and product.factors is not None:
+        operand = product.factors.index(operand)
+        if product.transposes is not None:
+            flips += bool(graph.nodes[matmul]["attrs"].get(product.transposes[operand]))
     return operand, bool(flips % 2)
 
 
@@ -356,7 +355,8 @@ def split_dim(role: str, operand: int, transposed: bool) -> int | None:
 
 
 def projection_uses(graph: nx.DiGraph) -> dict[str, tuple[int, int]]:
-    """``{weight FQN: (parameter node, first matmul/addmm it reaches through transposes/casts)}``,
+    """``{weight FQN: (parameter node, first linear product it reaches through
+    :data:`~autodist.planner.ops.WEIGHT_VIEW_OPS`)}``,
     computed once per graph."""
     if graph not in _USES:
         _USES[graph] = _projection_uses(graph)
@@ -377,10 +377,10 @@ def _projection_uses(graph: nx.DiGraph) -> dict[str, tuple[int, int]]:
             if nxt in seen:
                 continue
             seen.add(nxt)
-            if short_op(graph.nodes[nxt]["op"]) in PROJECTION_OPS:
+            if short_op(graph.nodes[nxt]["op"]) in LINEAR_OPS:
                 uses[data["param"]] = (node, nxt)
                 break
-            if short_op(graph.nodes[nxt]["op"]) in ("transpose", "cast"):
+            if short_op(graph.nodes[nxt]["op"]) in WEIGHT_VIEW_OPS:
                 frontier = sorted(frontier + list(graph.successors(nxt)))
     return uses
 
@@ -404,7 +404,9 @@ def token_mixing_projection(graph: nx.DiGraph, nodes: frozenset[int], weights: l
             continue
         weight_node, matmul = uses[weight]
         operand, transposed = weight_use(graph, weight_node, matmul)
-        x_operand = (1 - operand) if short_op(graph.nodes[matmul]["op"]) == "matmul" else 1
+        slots = _factors(graph, matmul)
+        assert slots is not None, "a linear's factors are its operands"
+        x_operand = slots[1 - operand]
         x = next((p for p in graph.predecessors(matmul) if graph.edges[p, matmul]["operand"] == x_operand), None)
         shape = graph.nodes[x]["shapes"][graph.edges[x, matmul]["result"]] if x is not None else None
         if block_rows is not None and rows(shape) is not None and rows(shape) != block_rows and operand == 1:
@@ -484,7 +486,7 @@ def _implicit(graph, nodes, weights, mesh, constants, gathered) -> tuple[list[tu
 
 
 def _from_projection(graph: nx.DiGraph, dist: Dist) -> bool:
-    return dist.partial_source is not None and short_op(graph.nodes[dist.partial_source]["op"]) in PROJECTION_OPS
+    return dist.partial_source is not None and short_op(graph.nodes[dist.partial_source]["op"]) in LINEAR_OPS
 
 
 def _try_gathers(graph, nodes, weights, mesh, constants, gathered, columns, baseline, problems, ruleless, result):
@@ -648,11 +650,19 @@ def _operand(graph: nx.DiGraph, node: int, operand: int) -> int:
     return next(p for p in graph.predecessors(node) if graph.edges[p, node]["operand"] == operand)
 
 
+def _factors(graph: nx.DiGraph, product: int) -> tuple[int, int] | None:
+    """A product's factors' operand slots (:attr:`~autodist.planner.ops.Product.factors`: None
+    for an einsum, whose factors are items of one operand)."""
+    found = op(graph.nodes[product]["op"]).product
+    assert isinstance(found, Product), f"{graph.nodes[product]['op']} is no product"
+    return found.factors
+
+
 def _product_input(graph: nx.DiGraph, product: int, index: int) -> int:
-    """The node of a product's ``index``-th factor (:data:`PRODUCT_FACTORS`): a matmul's
-    operand, ``baddbmm``'s after the tensor it adds, an einsum's item of the one list it takes (a
+    """The node of a product's ``index``-th factor (:func:`_factors`): a matmul's operand,
+    ``baddbmm``'s after the tensor it adds, an einsum's item of the one list it takes (a
     ``builtin.combine``)."""
-    slots = PRODUCT_FACTORS[short_op(graph.nodes[product]["op"])]
+    slots = _factors(graph, product)
     if slots is None:
         return _operand(graph, _operand(graph, product, 0), index)
     return _operand(graph, product, slots[index])
@@ -661,7 +671,7 @@ def _product_input(graph: nx.DiGraph, product: int, index: int) -> int:
 def _feeds(graph: nx.DiGraph, view: nx.DiGraph, source: int, product: int, index: int) -> bool:
     """``source``'s value reaches the ``index``-th factor of ``product`` (:func:`_reaches`; an
     einsum's factors are items of one operand, told apart in the graph)."""
-    slots = PRODUCT_FACTORS[short_op(graph.nodes[product]["op"])]
+    slots = _factors(graph, product)
     if slots is None:
         node = _product_input(graph, product, index)
         return node == source or nx.has_path(graph, source, node)

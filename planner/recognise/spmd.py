@@ -28,8 +28,17 @@ from paddle.base import core
 from paddle.distributed.auto_parallel.static.dist_attribute import DistTensorSpec, TensorDistAttr
 
 
-from autodist.planner.recognise.match import short_op
-from autodist.planner.ops import ARITHMETIC_OPS, FUSED_ATTENTION_OPS, LIKE_OPS, PASS_THROUGH_OPS, UNARY_OPS
+from autodist.planner.ops import (
+    ARITHMETIC_OPS,
+    EXPAND_OPS,
+    FUSED_ATTENTION_OPS,
+    LIKE_OPS,
+    LINEAR_OPS,
+    PASS_THROUGH_OPS,
+    REDUCTION_OPS,
+    UNARY_OPS,
+    short_op,
+)
 
 
 @dataclass(frozen=True)
@@ -215,9 +224,9 @@ class Replay:
             self._set(node, [replace(d, shape=tuple(s)) for d, s in zip(first, shapes)])
         elif op in PASS_THROUGH_OPS and len(operands) == 1 and isinstance(first, Dist):
             self._set(node, [replace(first, shape=tuple(shapes[0]))])
-        elif op == "mean" or op == "sum":
+        elif op in REDUCTION_OPS:
             self._reduce(node, operands[0])
-        elif op in ("expand", "repeat_interleave"):
+        elif op in EXPAND_OPS:
             self._expand(node, operands[0])
         elif op == "addmm":
             self._addmm(node, operands)
@@ -367,4 +376,4 @@ class Replay:
 def is_planned(graph: nx.DiGraph, r: Reshard) -> bool:
     """A row-parallel matmul's partial output being summed is the row linear's own all-reduce."""
     source = r.before.partial_source
-    return r.before.partial and source is not None and short_op(graph.nodes[source]["op"]) in ("matmul", "addmm")
+    return r.before.partial and source is not None and short_op(graph.nodes[source]["op"]) in LINEAR_OPS

@@ -25,8 +25,8 @@ from typing import Mapping
 
 import networkx as nx
 
-#: Pattern node op for a trainable parameter (the view's ``builtin.parameter`` with an FQN).
-PARAM = "param"
+from autodist.planner.ops import PARAM  # a pattern node for a trainable parameter (the view's, with an FQN)
+
 #: Pattern node op for a value produced outside the pattern.
 PORT = "port"
 
