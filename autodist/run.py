@@ -1,0 +1,259 @@
+"""``autodist-run``: a training job that goes on when the cluster changes (one machine).
+
+It launches the user's unchanged script with ``python -m paddle.distributed.launch`` under the
+plan of a *family* (plans for several device counts, made ahead of time and kept in git), for
+the devices it has. When a rank dies, Paddle's launcher stops the others at once (measured:
+within 2 s, no rank left in a collective); the supervisor reads which rank failed from the
+launcher's own report, drops that rank's device, takes the family's plan for the devices left
+(the largest count a plan fits: 3 of 4 devices for a model whose heads split only by 2 run 2),
+and launches again. The script resumes from its last complete checkpoint, as it already can:
+checkpoints load under any plan, and every plan keeps the global batch, so the job trains
+exactly as one device would, whatever it shrank to. With ``--grow``, a lost device is taken
+back once the smaller job has committed a newer checkpoint: the job is stopped there and
+launched again on every device.
+
+    autodist-run --nproc-per-node 4 --plans plans/family --checkpoint ckpt \\
+        train.py --plan {plan} --ckpt ckpt
+
+``{plan}`` in the script's arguments becomes the chosen plan's path (``AUTODIST_PLAN`` holds it
+too). The script resumes the way docs/checkpoints.md shows (``load_checkpoint`` when the
+checkpoint exists, then skipping the batches it already trained on). One line per event goes
+to stderr (a rank lost, re-planned to dp2, resumed at step 6, grown back), and a summary at the
+end: the launches, the time lost (what interrupted launches ran after their last checkpoint)
+and the steps trained again.
+
+What is tested here is one machine (gloo, CPU ranks as devices). On several machines, Paddle's
+launcher has its own elastic mode for membership (docs/workflow.md, "When the cluster changes").
+
+Example::
+
+    >>> family = Family.read("plans/llama_docstring")             # plan_2dev.json, plan_4dev.json, ...
+    >>> family.sizes
+    [2, 4, 8]
+    >>> family.largest(3)[0]     # 3 devices left: the family's largest plan that fits runs 2
+    2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autodist.schemas import PlanError, load_plan
+from autodist.schemas.checkpoint import METADATA_FILE, CheckpointError, read_checkpoint
+from autodist.schemas.describe import strategy_text
+
+#: The launcher's report of a rank that failed (Paddle 3.3's ``controllers/controller.py``):
+#: ``Container rank 1 status failed cmd [...] code -9 log ...``.
+_FAILED_RANK = re.compile(r"Container rank (\d+) status failed .* code (-?\d+)")
+#: How often the supervisor looks at the job and the checkpoint.
+POLL_S = 0.2
+#: After SIGTERM, how long a stopped job gets before it is killed.
+STOP_GRACE_S = 10.0
+
+
+class RunError(RuntimeError):
+    """The job cannot go on (no plan fits the devices left, too many restarts); one line."""
+
+
+@dataclass
+class Family:
+    """Plans of one model for several device counts, by world size (the plan's mesh)."""
+
+    plans: dict[int, Path]
+
+    @classmethod
+    def read(cls, folder: str | os.PathLike) -> Family:
+        """Every plan (``*.json``) in ``folder``; two for one device count is an error."""
+        plans: dict[int, Path] = {}
+        for path in sorted(Path(folder).glob("*.json")):
+            try:
+                plan = load_plan(path)
+            except PlanError:
+                continue  # not a plan (a README, a config)
+            size = len(plan.mesh.process_ids)
+            if size in plans:
+                raise RunError(f"{folder}: {plans[size].name} and {path.name} are both plans for {size} devices")
+            plans[size] = path
+        if not plans:
+            raise RunError(f"{folder}: no plan in it (make one per device count with autodist-plan --devices N)")
+        return cls(plans)
+
+    @property
+    def sizes(self) -> list[int]:
+        return sorted(self.plans)
+
+    def largest(self, devices: int) -> tuple[int, Path]:
+        """The plan for the most devices that fit in ``devices``."""
+        fits = [size for size in self.sizes if size <= devices]
+        if not fits:
+            raise RunError(f"no plan of the family fits {devices} device(s): it has plans for {self.sizes}")
+        return fits[-1], self.plans[fits[-1]]
+
+
+@dataclass
+class Launch:
+    """One launch of the job, as the summary counts it."""
+
+    devices: list[int]
+    plan: Path
+    resumed_at: int | None  # the checkpoint's step it started from (None: from the start)
+    started: float
+    ended: float = 0.0
+    outcome: str = ""  # "finished", "lost rank N", "stopped to grow"
+    last_checkpoint: tuple[int | None, float] = (None, 0.0)  # (step, when it was first seen)
+
+
+@dataclass
+class Supervisor:
+    """Launch, watch, re-plan, launch again. ``devices``: the device ids this node may use
+    (on CPU, slots 0..N-1: only their number matters)."""
+
+    script: list[str]
+    family: Family
+    devices: list[int]
+    checkpoint: Path | None
+    grow: bool = False
+    max_restarts: int = 3
+    log_dir: Path = Path("log")
+    say: Callable[[str], None] = lambda line: print(f"autodist-run: {line}", file=sys.stderr, flush=True)
+    launches: list[Launch] = field(default_factory=list)
+
+    def run(self) -> int:
+        healthy, lost = list(self.devices), []
+        while True:
+            size, plan_path = self.family.largest(len(healthy))
+            if size < len(healthy):
+                self.say(
+                    f"{len(healthy)} devices, but the family's largest plan that fits is for {size}: running {size}"
+                )
+            launch = Launch(healthy[:size], plan_path, self._checkpoint_step(), time.monotonic())
+            self.launches.append(launch)
+            strategy = strategy_text(load_plan(plan_path).strategy, "short")
+            resumed = f", resuming at step {launch.resumed_at}" if launch.resumed_at is not None else ""
+            self.say(f"launch {len(self.launches)}: {size} ranks under {plan_path.name} ({strategy}){resumed}")
+            failed, grown = self._watch(launch, bool(self.grow and lost))
+            launch.ended = time.monotonic()
+            if grown:
+                launch.outcome = "stopped to grow"
+                self.say(f"checkpoint at step {launch.last_checkpoint[0]}: taking back device(s) {lost}")
+                healthy, lost = sorted(healthy + lost), []
+                continue
+            if failed is None:
+                launch.outcome = "finished"
+                self._summary()
+                return 0
+            culprits = [launch.devices[rank] for rank, _ in failed if rank < len(launch.devices)]
+            launch.outcome = "lost " + ", ".join(f"rank {rank} (exit code {code})" for rank, code in failed)
+            self.say(f"{launch.outcome}: dropping device(s) {culprits}")
+            if not culprits:  # the launcher said nothing we can read: no device to blame
+                self._summary()
+                raise RunError(f"launch {len(self.launches)} failed without naming a rank: see {self.log_dir}")
+            if len(self.launches) > self.max_restarts:
+                self._summary()
+                raise RunError(f"{self.max_restarts} restarts used up (--max-restarts)")
+            healthy = [d for d in healthy if d not in culprits]
+            lost += culprits
+
+    def _watch(self, launch: Launch, may_grow: bool) -> tuple[list[tuple[int, int]] | None, bool]:
+        """Run ``launch`` until it ends: ``(failed ranks and codes, or None, stopped to grow)``."""
+        log = self.log_dir / f"launch{len(self.launches)}"
+        log.mkdir(parents=True, exist_ok=True)
+        plan = str(launch.plan.resolve())
+        args = [a.replace("{plan}", plan) for a in self.script]
+        command = [
+            sys.executable, "-m", "paddle.distributed.launch",
+            "--nproc_per_node", str(len(launch.devices)),
+            "--log_dir", str(log),
+            *args,
+        ]  # fmt: skip
+        env = {**os.environ, "AUTODIST_PLAN": plan}
+        with open(log / "launcher.out", "w") as out:
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            try:
+                while proc.poll() is None:
+                    step = self._checkpoint_step()
+                    if step != launch.last_checkpoint[0]:
+                        launch.last_checkpoint = (step, time.monotonic())
+                    if may_grow and step is not None and launch.resumed_at is not None and step > launch.resumed_at:
+                        _stop(proc)
+                        return None, True
+                    time.sleep(POLL_S)
+            finally:
+                if proc.poll() is None:
+                    _stop(proc)
+        if proc.returncode == 0:
+            return None, False
+        report = (log / "launcher.out").read_text(errors="replace")
+        return [(int(rank), int(code)) for rank, code in _FAILED_RANK.findall(report)], False
+
+    def _checkpoint_step(self) -> int | None:
+        if self.checkpoint is None or not (self.checkpoint / METADATA_FILE).exists():
+            return None
+        try:
+            return read_checkpoint(self.checkpoint).step
+        except CheckpointError:
+            return None
+
+    def _summary(self) -> None:
+        interrupted = [launch for launch in self.launches if launch.outcome != "finished"]
+        lost_s = sum(launch.ended - max(launch.started, launch.last_checkpoint[1]) for launch in interrupted)
+        resumed = [launch.resumed_at for launch in self.launches[1:] if launch.resumed_at is not None]
+        self.say(
+            f"summary: {len(self.launches)} launch(es) on "
+            + " -> ".join(str(len(launch.devices)) for launch in self.launches)
+            + f" devices; {lost_s:.1f} s of work lost (run after the last checkpoint of interrupted launches);"
+            + f" resumed at steps {resumed}"
+        )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a launch and everything it started (its own session): SIGTERM, then SIGKILL."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="autodist-run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, required=True, help="devices on this node")
+    parser.add_argument("--plans", required=True, help="folder of plans for several device counts (the family)")
+    parser.add_argument("--checkpoint", help="the checkpoint folder the script saves to (to resume and to grow)")
+    parser.add_argument("--grow", action="store_true", help="take lost devices back at the next checkpoint")
+    parser.add_argument("--max-restarts", type=int, default=3)
+    parser.add_argument("--log-dir", default="log", help="each launch's logs go to LOG_DIR/launchN")
+    parser.add_argument("script", nargs=argparse.REMAINDER, help="the training script and its arguments")
+    args = parser.parse_args(argv)
+    if not args.script:
+        parser.error("give the training script to run")
+    try:
+        supervisor = Supervisor(
+            script=args.script,
+            family=Family.read(args.plans),
+            devices=list(range(args.nproc_per_node)),
+            checkpoint=Path(args.checkpoint) if args.checkpoint else None,
+            grow=args.grow,
+            max_restarts=args.max_restarts,
+            log_dir=Path(args.log_dir),
+        )
+        return supervisor.run()
+    except RunError as err:
+        print(f"autodist-run: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
