@@ -18,7 +18,8 @@ hand-off hooks) — an ordinary loop; inputs and labels arrive as DistTensors::
         opt.clear_grad()
         scheduler.step()                # if any: the rebuilt optimizer shares your LR scheduler object
 
-Use the returned objects only: the old optimizer still points at the replaced parameters.
+Use the returned objects only: the old optimizer still points at the replaced parameters, and its
+``step()`` raises, naming apply_plan's return value (optimizer.retire).
 The loop stays the same when the plan accumulates gradients (``micro_batches > 1``, no
 pipeline): the loader then yields micro-batches and ``opt.step()`` updates once per batch
 (accumulate.py).
@@ -61,7 +62,7 @@ from autodist.applier.experts import (
 from autodist.applier.hooks import ReshardFn, register_hooks
 from autodist.applier.local_view import LocalViews
 from autodist.applier.mesh import mesh_ids
-from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, shard_optimizer
+from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, retire, shard_optimizer
 from autodist.applier.pipeline import PipelineModel, build_pipeline, uses_schedule
 from autodist.applier.readable import install as make_outputs_readable
 from autodist.applier.readable import read_timeout
@@ -168,6 +169,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
         mine = {id(p) for p in model.parameters()}
         new_param = {id(old): new for old, new in sharded.pairs if id(new) in mine}
         rebuilt = rebuild_optimizer(optimizer, new_param)
+        retire(optimizer)  # the user's own object: its step() would train the replaced parameters
         optimizer = _clip_over_ranks(shard_optimizer(rebuilt, plan), rebuilt, model, plan, groups)
         if groups is not None:  # summed before every update (and its clip), so after all micro-batches
             optimizer = ExpertGradSync(optimizer, model, plan, groups)
