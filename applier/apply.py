@@ -67,6 +67,7 @@ from autodist.applier.pipeline import PipelineModel, build_pipeline, uses_schedu
 from autodist.applier.readable import install as make_outputs_readable
 from autodist.applier.readable import read_timeout
 from autodist.applier.recompute import wrap_recompute
+from autodist.applier.replicas import equalise
 from autodist.applier.shard import shard_parameters
 from autodist.applier.store_host import warm_up_store_host
 from autodist.applier.validate import plan_problems
@@ -148,6 +149,7 @@ def apply_plan(
 
 def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreement: Agreement, read_timeout_s: float):
     """``apply_plan`` once every rank agreed on ``plan``: no communication until ``agreement`` settles."""
+    buffers = [buffer for _, buffer in model.named_buffers()]  # the user's layer's (a pipeline replaces model)
     # Expert parallelism drops the experts other ranks hold before anything is sharded.
     sharded = shard_parameters(model, plan, frozenset(dropped_parameters(plan, dist.get_rank())))
     register_hooks(model, plan, reshard_fn)
@@ -183,9 +185,11 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
         dataloader = shard_loader(dataloader, plan)
         if accumulates(plan):
             dataloader = MicroBatchLoader(dataloader, plan.strategy.micro_batches)
-    # The first communication (Paddle's store, for readable.py) unless a pipeline's came first:
+    # The first communication (copying replicas, below) unless a pipeline's came first:
     # every rank must have applied the plan, or all raise here instead of waiting there.
     agreement.settle()
+    # Ranks seeded apart (seed + rank) built different models: what several hold starts as the first's.
+    equalise(plan, sharded.held, buffers, dist.get_rank())
     # A loss read on rank 0 only (readable.py). The collectives the applier issues from Python
     # (MoE layers, local views, local token lookups) hold Python's lock while they wait, so a rank
     # in one could not answer a reader: values are posted instead.
