@@ -89,6 +89,15 @@ def equalise(plan: Plan, held: dict[str, paddle.Tensor], buffers: list[paddle.Te
             _copy_from_first(batches[group], list(group), rank)
 
 
+def equalise_dense(model: paddle.nn.Layer, rank: int, world: int) -> None:
+    """Give every parameter and buffer of ``model``, not yet distributed, rank 0's value: for a
+    framework that shards the model later itself (PaddleFormers' Trainer, whose ``train()``
+    slices each rank's own dense tensors). Call on every rank of a ``world`` > 1 (it communicates)."""
+    tensors = [p for _, p in model.named_parameters()] + [b for _, b in model.named_buffers()]
+    with paddle.no_grad():
+        _copy_from_first(tensors, list(range(world)), rank)
+
+
 def _copy_from_first(tensors: list[paddle.Tensor], group: list[int], rank: int) -> None:
     """Overwrite ``tensors`` with their values on ``group[0]``, unless every rank of ``group``
     holds the same bytes already (the usual case: every rank seeded alike): one small sum of the
