@@ -1,4 +1,4 @@
-"""``apply_plan``: validate, shard, hook, rebuild the optimizer, split the loader.
+"""``apply_plan``: validate, shard, hook, rebuild the optimizer, split the loader, equalise replicas.
 
 The user's training loop, for each schedule of the plan (the README copies this):
 
@@ -109,6 +109,11 @@ def apply_plan(
     ``agree_timeout_s`` seconds (default ``AUTODIST_AGREE_TIMEOUT`` or 300) is named in it.
     A rank that raises or dies later, while applying the plan, is named too: every other rank
     raises a ``PlanError`` before its first communication (the failed rank its own error).
+
+    Once every rank has applied the plan, each value several ranks hold takes the first
+    holder's (ranks seeded apart built different models; replicas.py). A loader whose dataset
+    Paddle would pad over dp is refused with the rest (data.py), and the optimizer passed in
+    refuses ``step()`` from then on: it holds the replaced parameters.
 
     Returns ``(model, optimizer, dataloader)``: the same model object with distributed
     parameters (for a schedule, a :class:`~autodist.applier.pipeline.PipelineModel` of this
