@@ -1,4 +1,4 @@
-"""``apply_plan``: validate, shard, hook, rebuild the optimizer, split the loader.
+"""``apply_plan``: validate, shard, hook, rebuild the optimizer, split the loader, equalise replicas.
 
 The user's training loop, for each schedule of the plan (the README copies this):
 
@@ -18,7 +18,8 @@ hand-off hooks) — an ordinary loop; inputs and labels arrive as DistTensors::
         opt.clear_grad()
         scheduler.step()                # if any: the rebuilt optimizer shares your LR scheduler object
 
-Use the returned objects only: the old optimizer still points at the replaced parameters.
+Use the returned objects only: the old optimizer still points at the replaced parameters, and its
+``step()`` raises, naming apply_plan's return value (optimizer.retire).
 The loop stays the same when the plan accumulates gradients (``micro_batches > 1``, no
 pipeline): the loader then yields micro-batches and ``opt.step()`` updates once per batch
 (accumulate.py).
@@ -61,12 +62,13 @@ from autodist.applier.experts import (
 from autodist.applier.hooks import ReshardFn, register_hooks
 from autodist.applier.local_view import LocalViews
 from autodist.applier.mesh import mesh_ids
-from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, shard_optimizer
+from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, retire, shard_optimizer
 from autodist.applier.pipeline import PipelineModel, build_pipeline, uses_schedule
 from autodist.applier.readable import Settings as ReadSettings
 from autodist.applier.readable import install as make_outputs_readable
 from autodist.applier.readable import settings as read_settings
 from autodist.applier.recompute import wrap_recompute
+from autodist.applier.replicas import equalise
 from autodist.applier.shard import shard_parameters
 from autodist.applier.store_host import warm_up_store_host
 from autodist.applier.validate import plan_problems
@@ -109,6 +111,11 @@ def apply_plan(
     A rank that raises or dies later, while applying the plan, is named too: every other rank
     raises a ``PlanError`` before its first communication (the failed rank its own error).
 
+    Once every rank has applied the plan, each value several ranks hold takes the first
+    holder's (ranks seeded apart built different models; replicas.py). A loader whose dataset
+    Paddle would pad over dp is refused with the rest (data.py), and the optimizer passed in
+    refuses ``step()`` from then on: it holds the replaced parameters.
+
     Returns ``(model, optimizer, dataloader)``: the same model object with distributed
     parameters (for a schedule, a :class:`~autodist.applier.pipeline.PipelineModel` of this
     rank's stage), a rebuilt optimizer holding exactly the new parameters (wrapped by
@@ -148,6 +155,7 @@ def apply_plan(
 
 def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreement: Agreement, read: ReadSettings):
     """``apply_plan`` once every rank agreed on ``plan``: no communication until ``agreement`` settles."""
+    buffers = [buffer for _, buffer in model.named_buffers()]  # the user's layer's (a pipeline replaces model)
     # Expert parallelism drops the experts other ranks hold before anything is sharded.
     sharded = shard_parameters(model, plan, frozenset(dropped_parameters(plan, dist.get_rank())))
     register_hooks(model, plan, reshard_fn)
@@ -169,6 +177,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
         mine = {id(p) for p in model.parameters()}
         new_param = {id(old): new for old, new in sharded.pairs if id(new) in mine}
         rebuilt = rebuild_optimizer(optimizer, new_param)
+        retire(optimizer)  # the user's own object: its step() would train the replaced parameters
         optimizer = _clip_over_ranks(shard_optimizer(rebuilt, plan), rebuilt, model, plan, groups)
         if groups is not None:  # summed before every update (and its clip), so after all micro-batches
             optimizer = ExpertGradSync(optimizer, model, plan, groups)
@@ -182,9 +191,11 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
         dataloader = shard_loader(dataloader, plan)
         if accumulates(plan):
             dataloader = MicroBatchLoader(dataloader, plan.strategy.micro_batches)
-    # The first communication (Paddle's store, for readable/) unless a pipeline's came first:
+    # The first communication (copying replicas, below) unless a pipeline's came first:
     # every rank must have applied the plan, or all raise here instead of waiting there.
     agreement.settle()
+    # Ranks seeded apart (seed + rank) built different models: what several hold starts as the first's.
+    equalise(plan, sharded.held, buffers, dist.get_rank())
     # A loss read on rank 0 only (readable/). The collectives the applier issues from Python
     # (MoE layers, local views, local token lookups) hold Python's lock while they wait, so a rank
     # in one could not answer a reader: values are posted instead.

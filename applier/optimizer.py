@@ -144,6 +144,30 @@ def rebuild_optimizer(optimizer: paddle.optimizer.Optimizer, new_param: dict[int
     return type(optimizer)(parameters=params, **rebuild_arguments(optimizer))
 
 
+def retire(optimizer: paddle.optimizer.Optimizer) -> None:
+    """Make the user's optimizer, which ``apply_plan`` replaced, refuse to update. It still holds
+    the model's old dense parameters, which the model no longer uses: its ``step()`` would run
+    and train nothing (a script that calls ``apply_plan(model, opt, loader, plan)`` without
+    taking what it returns). ``clear_grad()`` and reading its state still work.
+
+    Example::
+
+        >>> retire(opt)          # doctest: +SKIP
+        >>> opt.step()           # doctest: +SKIP
+        Traceback (most recent call last):
+        ValueError: this optimizer was replaced by apply_plan ...
+    """
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise ValueError(
+            "this optimizer was replaced by apply_plan and holds the model's old parameters, so it would "
+            "train nothing: use the optimizer apply_plan returns, model, opt, loader = apply_plan(model, opt, "
+            "loader, plan)"
+        )
+
+    optimizer.step = optimizer.minimize = refuse
+
+
 def shard_optimizer(optimizer: Any, plan: Plan) -> Any:
     """``dist.shard_optimizer`` with the plan's sharding stage over ``dp``. Stage 0 wraps too
     (it places the states like their parameters and handles global-norm clipping across

@@ -21,6 +21,7 @@ import paddle.distributed as dist
 from autodist.schemas import Plan, parameter_diff, parameter_fingerprint, parameter_table
 
 from autodist.applier.accumulate import accumulation_problems
+from autodist.applier.data import uneven_problem
 from autodist.applier.experts import expert_problems, expert_structure_problems
 from autodist.applier.layout import rank_coords
 from autodist.applier.local_view import local_view_problems
@@ -172,7 +173,8 @@ def data_problems(plan: Plan, dataloader: Any) -> list[str]:
 def batch_problems(plan: Plan, dataloader: paddle.io.DataLoader) -> list[str]:
     """The loader's batch against the plan's: what it yields per optimizer step, over all ranks,
     must be the plan's global batch (when the plan records one) and divide over dp x
-    micro-batches. A ``DistributedBatchSampler`` is already split: its batch is per dp rank."""
+    micro-batches, and so must its last batch, unless dropped (data.uneven_problem). A
+    ``DistributedBatchSampler`` is already split: its batch is per dp rank."""
     sampler = dataloader.batch_sampler
     size = getattr(sampler, "batch_size", None)
     if not size:
@@ -199,7 +201,17 @@ def batch_problems(plan: Plan, dataloader: paddle.io.DataLoader) -> list[str]:
         ]
     if total % (dp * m):
         return [f"dataloader: a batch of {described} samples does not divide over dp={dp} x {m} micro-batches"]
-    return []
+    if split or not hasattr(dataloader.dataset, "__len__"):
+        return []  # split by the user's own sampler, or a length known only while it runs (checked then)
+    problem = uneven_problem(
+        len(dataloader.dataset),
+        total,
+        dp=dp,
+        micro_batches=m,
+        drop_last=sampler.drop_last,
+        shuffle=getattr(sampler, "shuffle", False),
+    )
+    return [problem] if problem else []
 
 
 def _dp_index(plan: Plan, rank: int) -> int:

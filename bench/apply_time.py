@@ -37,6 +37,7 @@ PHASES = {
     "hooks and recompute": ("register_hooks", "wrap_recompute"),
     "optimizer": ("rebuild_optimizer", "shard_optimizer"),
     "loader": ("shard_loader",),
+    "copy replicas (first rank's values)": ("equalise",),
     "readable outputs": ("make_outputs_readable",),
 }
 

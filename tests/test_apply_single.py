@@ -178,6 +178,20 @@ def test_optimizer_holds_exactly_the_new_parameters():
         assert not np.array_equal(p.numpy(), b), f"{fqn} did not train"
 
 
+def test_the_optimizer_apply_plan_replaced_refuses_to_step():
+    """``apply_plan(model, opt, loader, plan)`` without taking its return value: the user's
+    optimizer holds the replaced parameters, so its step() would train nothing (measured: exit 0,
+    the model never trained); it raises instead, naming the return value."""
+    model = build_tied()
+    opt = paddle.optimizer.AdamW(0.1, parameters=model.parameters())
+    apply_plan(model, opt, None, one_rank_plan(model))
+    lm_loss(model(paddle.to_tensor([[1, 2, 3]])), paddle.to_tensor([[2, 3, 4]])).backward()
+    for update in (opt.step, lambda: opt.minimize(None)):
+        with pytest.raises(ValueError, match=r"use the optimizer apply_plan returns, model, opt, loader = apply_plan"):
+            update()
+    opt.clear_grad()  # still works: the loop's other lines are harmless
+
+
 def test_parameter_groups_keep_their_settings():
     model = build_tied()
     groups = [

@@ -12,6 +12,7 @@ from harness.workloads import WORKLOADS, make_loader
 from models.gpt import build_model as build_gpt
 
 from autodist.applier import apply_plan
+from autodist.applier.data import shard_loader, uneven_problem
 from autodist.schemas import Reshard, ParamPlan, PlanError, Strategy, dump_plan
 
 
@@ -367,6 +368,60 @@ def test_a_loader_split_over_other_ranks_than_the_dp_groups_is_refused_in_one_li
         "dp=2 parts (the ranks of one dp group, this one's is part 0, must read the same samples): use "
         "paddle.io.BatchSampler(dataset, batch_size=2) and apply_plan splits it"
     )
+
+
+#: Paddle's sampler pads the dataset to a multiple of dp: what each refusal says of it.
+PADDED = "samples do not split over dp=2: Paddle's shard_dataloader would pad them to"
+
+
+@pytest.mark.parametrize(
+    ("samples", "drop_last", "shuffle", "micro_batches", "problem"),
+    [
+        (61, False, False, 1, f"61 {PADDED} 62 with repeats of the first samples and train on those; give the "
+         "DataLoader drop_last=True"),
+        # the repeat completes the last batch, which drop_last then keeps
+        (63, True, False, 1, f"63 {PADDED} 64 with repeats of the first samples and train on those; use "
+         "paddle.io.Subset(dataset, range(56))"),
+        # shuffled, the repeat lands in any batch
+        (61, True, True, 1, f"61 {PADDED} 62 with repeats of the first samples and train on those; use "
+         "paddle.io.Subset(dataset, range(56))"),
+        (62, False, False, 2, "62 samples in batches of 8 end with a batch of 6, which does not split into dp=2 x 2 "
+         "micro-batches; give the DataLoader drop_last=True"),
+        (61, True, False, 1, None),  # the repeat falls in the dropped last batch
+        (60, False, False, 1, None),  # a last batch of 4: 2 rows a rank, each rank's mean over its equal share
+        (60, False, True, 2, None),
+    ],
+)  # fmt: skip
+def test_a_last_batch_paddle_would_pad_is_refused_naming_the_fix(samples, drop_last, shuffle, micro_batches, problem):
+    """61 samples at batch 8 end with 5 under dp2: Paddle's sampler pads them with sample 0 again
+    (measured on 2 gloo ranks: the last loss differed from one device's, with no error)."""
+    found = uneven_problem(samples, 8, dp=2, micro_batches=micro_batches, drop_last=drop_last, shuffle=shuffle)
+    assert found == (problem and f"dataloader: {problem}")
+
+
+def test_apply_plan_refuses_a_loader_it_would_pad_and_so_does_each_epoch(setup):
+    model, optimizer, _ = setup
+    plan = tensor_parallel_plan(model, dp=2)
+    plan.data.global_batch_size = 8
+
+    class Tokens(paddle.io.Dataset):
+        def __init__(self, samples):
+            self.samples = samples
+
+        def __len__(self):
+            return self.samples
+
+        def __getitem__(self, i):
+            return np.full([4], i, dtype="int64")
+
+    dataset = Tokens(61)
+    problems = rejected(model, optimizer, paddle.io.DataLoader(dataset, batch_size=8), plan).problems
+    assert problems[-1].startswith("dataloader: 61 samples do not split over dp=2")
+    dataset.samples = 64
+    loader = shard_loader(paddle.io.DataLoader(dataset, batch_size=8), plan)  # as apply_plan splits it
+    dataset.samples = 61  # the length changed after apply_plan checked it
+    with pytest.raises(ValueError, match="61 samples do not split over dp=2: .* give the DataLoader drop_last=True"):
+        iter(loader)
 
 
 def test_a_batch_that_does_not_split_over_dp_and_micro_batches_is_refused_in_the_plan():

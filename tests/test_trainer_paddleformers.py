@@ -75,12 +75,15 @@ def _dataset():
     ]
 
 
-def _build(family: str):
+def _build(family: str, seeded_per_rank: bool = False):
+    """``family``'s tiny model from seed 1234; ``seeded_per_rank``: from ``paddle.seed(1234 + rank)``.
+    (PaddleFormers' ``set_seed(1234)`` gives every rank the global seed 1234 in the Trainer's auto
+    mode, measured: it seeds dp ranks apart only under fleet's hybrid groups, loop (g)'s case.)"""
     import paddle
 
     from models.paddleformers_models import build_gemma3, build_llama
 
-    paddle.seed(1234)
+    paddle.seed(1234 + (paddle.distributed.get_rank() if seeded_per_rank else 0))
     return {"llama": build_llama, "gemma3": build_gemma3}[family]()
 
 
@@ -94,7 +97,7 @@ def _arguments(out_dir: str, **extra):
     )  # fmt: skip
 
 
-def _train(family: str, out_dir: str, plan: str | None) -> dict:
+def _train(family: str, out_dir: str, plan: str | None, seeded_per_rank: bool = False) -> dict:
     """Train ``family`` with the Trainer (under ``plan``, or plain); losses and local parameter bytes."""
     import numpy as np
     import paddle
@@ -119,7 +122,8 @@ def _train(family: str, out_dir: str, plan: str | None) -> dict:
         arguments = _arguments(out_dir, **extra)  # fleet.init: the hybrid groups
     finally:
         paddle.distributed.new_group = new_group
-    trainer = Trainer(model=_build(family), args=arguments, train_dataset=_dataset(), callbacks=[RecordLoss()])
+    model = _build(family, seeded_per_rank)
+    trainer = Trainer(model=model, args=arguments, train_dataset=_dataset(), callbacks=[RecordLoss()])
     if plan:
         if not paddle.is_compiled_with_cuda():
             assert load_plan(plan).strategy.sharding_stage == 0, "the fully_shard stand-in is for plans without ZeRO"
@@ -153,7 +157,7 @@ def rank_main(job_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     results = {}
     for run in job["runs"]:
-        results[run["name"]] = _train(run["family"], job["out"], run.get("plan"))
+        results[run["name"]] = _train(run["family"], job["out"], run.get("plan"), run.get("seeded_per_rank", False))
     if job.get("mismatch"):
         results["mismatch"] = _mismatch("llama", job["out"], job["mismatch"])
     Path(job["out"], f"rank{dist.get_rank()}.json").write_text(json.dumps(results))
@@ -216,6 +220,15 @@ def _train_world(workdir: Path, world: int, reference: dict) -> dict:
         for dp, mp, zero in layouts
     ]
     mismatch = plans["llama", 1, 2, 0] if world == 2 else None
+    if world == 2:  # the dp2 plan again, each rank's model built from its own seed (replicas.py)
+        runs.append(
+            {
+                "name": "llama_seeded_per_rank",
+                "family": "llama",
+                "plan": plans["llama", 2, 1, 0],
+                "seeded_per_rank": True,
+            }
+        )
     return {"reference": reference, "plans": plans, "ranks": _launch(world, workdir / "ranks", runs, mismatch)}
 
 
@@ -279,6 +292,17 @@ def test_trainer_under_plan_loses_what_the_plain_trainer_loses(request, family, 
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_model_built_from_seed_plus_rank_trains_as_the_plain_trainer(trained_two):
+    """Rank 1 built its model from seed 1235: install gives every rank rank 0's values before
+    ``train()`` shards them (without it the dp2 run's losses left the plain Trainer's)."""
+    reference = trained_two["reference"]["llama"]["losses"]
+    for rank, result in enumerate(trained_two["ranks"]):
+        losses = result["llama_seeded_per_rank"]["losses"]
+        assert len(losses) == STEPS and max(abs(a - b) for a, b in zip(losses, reference)) <= TOLERANCE, (rank, losses)
+
+
 def test_arguments_that_build_another_mesh_are_refused_naming_the_difference(trained_two):
     for result in trained_two["ranks"]:
         refused = result["mismatch"]

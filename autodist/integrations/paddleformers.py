@@ -147,9 +147,12 @@ def install(trainer: Any, plan: Plan | str | Path) -> Any:
     """Put ``trainer`` (a constructed PaddleFormers ``Trainer``) under ``plan``: check the plan
     against its arguments, mesh and model, then set ``trainer.auto_dist_config``; ``train()``
     applies it. Raises :class:`~autodist.schemas.PlanError` naming every difference, with the
-    Trainer and its model untouched. Returns the Trainer."""
+    Trainer and its model untouched. Then every rank's model takes rank 0's values (a script that
+    called ``set_seed`` before building it built one model per dp rank; replicas.py). Returns the
+    Trainer."""
     import paddle.distributed as dist
 
+    from autodist.applier.replicas import equalise_dense
     from autodist.applier.validate import parameter_problems, tie_problems
 
     plan, source = _load(plan)
@@ -163,6 +166,8 @@ def install(trainer: Any, plan: Plan | str | Path) -> Any:
     _raise_if(problems, source)
     config = _parallelize_config(plan, source)
     trainer_config = _trainer_config(plan, config)
+    if dist.get_world_size() > 1:  # ranks seeded apart (set_seed: seed + dp rank) start from rank 0's model
+        equalise_dense(trainer.model, dist.get_rank(), dist.get_world_size())
     _shard_model_parameters(trainer.model, plan, config)
     trainer.auto_dist_config = trainer_config
     return trainer

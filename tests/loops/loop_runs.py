@@ -118,6 +118,8 @@ ONE_DEVICE_RUNS = [
     ("paddleformers_labels.py",),
     ("distributed_sampler.py",),
     ("tied_pipeline.py",),
+    ("seeded_per_rank.py", "--seed", "paddle"),
+    ("seeded_per_rank.py", "--seed", "paddleformers"),
     ("read_anywhere.py", "--model", "gpt"),
     ("read_anywhere.py", "--model", "mixtral"),
 ]

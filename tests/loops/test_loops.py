@@ -14,6 +14,11 @@ not apply to it:
 - (c) runs AMP O1 and O2 under each plan;
 - (e) DistributedBatchSampler works under dp2, where its parts are the dp parts, and is refused
   in one line under mp2 and dp2 x mp2, where they are not;
+- (g) habits that trained silently wrong before, under dp2 only (the plan where each is seen):
+  ranks seeded apart before the build (``paddle.seed(seed + rank)``, PaddleFormers' ``set_seed``)
+  train as one device, and so does an eval loader with a short last batch read as it is; a train
+  loader Paddle would pad, and a script that drops ``apply_plan``'s return value, end before
+  training with one error on every rank;
 - (f) the tie by function call runs pp2 1F1B, the plan it is about (2 ranks; gloo's batched
   P2P replaced by the TEST-ONLY blocking stand-in, cpu_stand_ins.py): the script uses the
   README's pipeline lines (``model.step``), which only a pipeline plan has. Rank 0 holds the
@@ -26,6 +31,8 @@ made once per session, together in one process (one_device.py).
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -129,3 +136,59 @@ def test_a_tie_by_function_call_trains_under_1f1b_and_rank_0_logs_the_loss(tied_
 
 def test_a_tie_by_function_call_under_1f1b_ends_with_the_single_device_parameters(tied_pp2, single_device):
     assert_same_training(tied_pp2, single_device("tied_pipeline.py"), keys=())
+
+
+@pytest.mark.parametrize("seed", ["paddle", "paddleformers"])
+def test_ranks_seeded_apart_before_the_build_train_as_one_device(seed, loop_plans, single_device, tmp_path):
+    """Each rank built its own model (seeded 2024 + rank; PaddleFormers' set_seed after
+    fleet.init does the same per dp rank): apply_plan copies rank 0's replicated parameters to
+    rank 1 (replicas.py). Without that the dp2 run logged 4.53270 at step 1 against 4.50802 on one
+    device, on both ranks alike. The eval loader's last batch of 3 reads as on one device."""
+    ranks, path = loop_plans("gpt", "dp2")
+    run = run_script("seeded_per_rank.py", tmp_path, ranks, path, "--seed", seed)
+    assert_same_training(
+        run, single_device("seeded_per_rank.py", "--seed", seed), keys=("losses", "eval"), exempt=ZERO_GRADIENT
+    )
+    assert sorted(run.log["eval"]) == ["1", "2"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--samples", "13"],
+            "dataloader: 13 samples do not split over dp=2: Paddle's shard_dataloader would pad them to 14 with "
+            "repeats of the first samples and train on those; give the DataLoader drop_last=True",
+        ),
+        (
+            ["--discard-return"],
+            "ValueError: this optimizer was replaced by apply_plan and holds the model's old parameters, so it would "
+            "train nothing: use the optimizer apply_plan returns, model, opt, loader = apply_plan(model, opt, loader, "
+            "plan)",
+        ),
+    ],
+    ids=["last_batch_padded", "return_value_dropped"],
+)
+def test_a_habit_that_would_train_wrong_ends_before_training_on_every_rank(args, message, loop_plans, tmp_path):
+    ranks, path = loop_plans("gpt", "dp2")
+    job = launch_script("seeded_per_rank.py", tmp_path, ranks, path, *args)
+    assert all(p.returncode == 1 for p in job.processes), job.report()
+    for process in job.processes:
+        assert message in process.stderr, process.stderr[-2000:]
+        assert "step 1" not in process.stdout
+
+
+def test_under_dp2_x_mp2_each_mp_piece_is_copied_over_its_dp_replicas(loop_plans, tmp_path):
+    """Seeded 2024 + rank, an mp2 run starts from rank 0's replicated parameters and each rank's
+    own mp piece (a piece one rank holds is its own draw, as in Megatron). Under dp2 x mp2 (mesh
+    [[0, 1], [2, 3]]) ranks 2 and 3 drew yet other values; copied from the first rank of each
+    piece's dp replicas, ranks 0 and 1, the model is the mp2 run's, and trains alike."""
+    ranks, path = loop_plans("gpt", "dp2mp2")
+    plan = json.loads(path.read_text())["mesh"]
+    assert (plan["axes"], plan["shape"], plan["process_ids"]) == (["dp", "mp"], [2, 2], [0, 1, 2, 3])
+    # Whole eval batches: a dense batch of 3 under dp2 x mp2 stops in the attention's reshape (Paddle
+    # splits it over dp there: "local_shape[0] is 3 and shard mesh dims is 2"), loudly.
+    args = ("--seed", "paddle", "--eval-samples", "8")
+    dp2mp2 = run_script("seeded_per_rank.py", tmp_path / "dp2mp2", ranks, path, *args)
+    mp2 = run_script("seeded_per_rank.py", tmp_path / "mp2", *loop_plans("gpt", "mp2"), *args)
+    assert_same_training(dp2mp2, mp2, keys=("losses", "eval"), exempt=ZERO_GRADIENT)
