@@ -68,7 +68,7 @@ from autodist.applier.readable import Settings as ReadSettings
 from autodist.applier.readable import install as make_outputs_readable
 from autodist.applier.readable import settings as read_settings
 from autodist.applier.recompute import wrap_recompute
-from autodist.applier.replicas import equalise
+from autodist.applier.replicas import equalise, equalise_random
 from autodist.applier.shard import shard_parameters
 from autodist.applier.store_host import warm_up_store_host
 from autodist.applier.validate import plan_problems
@@ -196,6 +196,8 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     agreement.settle()
     # Ranks seeded apart (seed + rank) built different models: what several hold starts as the first's.
     equalise(plan, sharded.held, buffers, dist.get_rank())
+    # ... and their random streams as the first rank's: a dropout draws alike on every rank.
+    equalise_random(sorted(int(r) for r in mesh_ids(plan).flat), dist.get_rank())
     # A loss read on rank 0 only (readable/). The collectives the applier issues from Python
     # (MoE layers, local views, local token lookups) hold Python's lock while they wait, so a rank
     # in one could not answer a reader: values are posted instead.

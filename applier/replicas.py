@@ -98,6 +98,35 @@ def equalise_dense(model: paddle.nn.Layer, rank: int, world: int) -> None:
         _copy_from_first(tensors, list(range(world)), rank)
 
 
+#: Room for one random generator's state (Paddle's ``GeneratorState.__getstate__``: device,
+#: seed, offset and the Mersenne Twister's state as text, about 7,000 characters on CPU).
+_STATE_ROOM = 1 << 14
+
+
+def equalise_random(group: list[int], rank: int) -> None:
+    """Every rank of ``group`` takes ``group[0]``'s random state (``paddle.get_rng_state``): from
+    here on, dropout and every other random op draw the same numbers on every rank, whatever each
+    was seeded with (docs/internals.md, "Randomness"). Call on every rank of ``group`` (it
+    communicates, unless the ranks' states are equal already: one digest sum then)."""
+    states = paddle.get_rng_state()
+    packed = np.zeros([len(states), _STATE_ROOM], dtype=np.int64)
+    for row, state in zip(packed, states):
+        device, seed, offset, text = state.__getstate__()
+        if len(text) + 4 > _STATE_ROOM:
+            raise RuntimeError(f"a random generator's state of {len(text)} characters: more than {_STATE_ROOM - 4}")
+        row[: 4 + len(text)] = [device, seed, offset, len(text), *text]
+    shared = paddle.to_tensor(packed)
+    with paddle.no_grad():
+        _copy_from_first([shared], group, rank)
+    restored = []
+    for row in shared.numpy():
+        device, seed, offset, size = (int(v) for v in row[:4])
+        state = type(states[0]).__new__(type(states[0]))
+        state.__setstate__((device, seed, offset, [int(v) for v in row[4 : 4 + size]]))
+        restored.append(state)
+    paddle.set_rng_state(restored)
+
+
 def _copy_from_first(tensors: list[paddle.Tensor], group: list[int], rank: int) -> None:
     """Overwrite ``tensors`` with their values on ``group[0]``, unless every rank of ``group``
     holds the same bytes already (the usual case: every rank seeded alike): one small sum of the
