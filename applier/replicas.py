@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from typing import Any
 
 import numpy as np
 import paddle
@@ -121,7 +122,8 @@ def equalise_random(group: list[int], rank: int) -> None:
     restored = []
     for row in shared.numpy():
         device, seed, offset, size = (int(v) for v in row[:4])
-        state = type(states[0]).__new__(type(states[0]))
+        kind: Any = type(states[0])  # Paddle's GeneratorState (pybind11: no stub for its constructor)
+        state = kind.__new__(kind)
         state.__setstate__((device, seed, offset, [int(v) for v in row[4 : 4 + size]]))
         restored.append(state)
     paddle.set_rng_state(restored)
