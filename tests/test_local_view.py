@@ -96,11 +96,11 @@ def test_planner_records_a_proven_local_view(local_plan):
         "c_proj.bias": (None, 1, True),
     }
     attributes = {(a.layer.rpartition("h.0.")[2], a.name): (a.whole, a.local) for a in view.attributes}
-    # the row projection's ``nf`` (the whole output width, 32 too) is not localised
+    # the row projection's ``nf`` (the whole output width, 32 too) is not localised, nor is
+    # ``embed_dim`` (32 too), which the forward never reads: the proof finds what it reads
     assert attributes == {
         ("attn", "num_heads"): (4, 2),
         ("attn", "split_size"): (32, 16),
-        ("attn", "embed_dim"): (32, 16),
         ("attn.c_attn", "nf"): (96, 48),
     }
     assert "equal the global run" in view.verified
@@ -469,7 +469,7 @@ CALLED = {
     # unpacked as hidden_states, self_attn_weights (never read); q|k|v in three blocks
     PHI3: (
         "model.layers.{}.self_attn",
-        [("hidden", "hidden_states"), ("mask", "attention_mask"), ("positions", "position_ids")],
+        [("hidden", "hidden_states"), ("tensor", "attention_mask"), ("positions", "position_ids")],
         {"qkv_proj.weight": 3},
         "o_proj",
         64 // 2,
@@ -499,13 +499,13 @@ def test_an_attention_taking_a_mask_and_positions_is_a_local_view(target):
 
 def test_phi3_attention_localises_the_head_counts_its_config_holds():
     """HF Phi-3 cuts q at ``self.config.num_attention_heads * self.head_dim``: the config's head
-    counts are localised with the layer's own; without the config's, the proof fails."""
+    count is localised with the layer's own KV head count (the config's, which the forward never
+    reads, is left alone); without the config's, the proof fails."""
     plan = _planned(PHI3)
     view = next(v for v in plan.local_view if v.layer == "model.layers.0.self_attn")
     assert {(a.name, a.whole, a.local) for a in view.attributes} == {
         ("num_key_value_heads", 4, 2),
         ("config.num_attention_heads", 4, 2),
-        ("config.num_key_value_heads", 4, 2),
     }
     model = load(PHI3).model
     layer = dict(model.named_sublayers())[view.layer]
@@ -600,7 +600,7 @@ STOPPED = {
         ["layers.0.attention", "layers.1.attention"],
         "wo",
         4 * 8 // 2,
-        [("hidden", "float32"), ("tensor", "complex64"), ("mask", "float32")],
+        [("hidden", "float32"), ("tensor", "complex64"), ("tensor", "float32")],
     ),
     XLM: (
         "zoo_xlm_hf",
