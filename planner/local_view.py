@@ -65,6 +65,9 @@ RTOL, ATOL = 1e-4, 1e-5
 #: on the planning machine at once (about five float32 copies: ~1.3 GB at this bound). A larger
 #: sub-layer keeps the gather, with a note.
 MAX_PROOF_ELEMENTS = 2**26
+#: The most tokens (batch x sequence) a proof runs at the traced shapes, for a forward that runs
+#: at no other (sizes written into it): a sequence of at most 256, scores of a few MB for 64 heads.
+MAX_TRACED_PROOF_TOKENS = 256
 
 
 class NotProven(Exception):
@@ -479,8 +482,9 @@ class _Proof:
     @classmethod
     def made(cls, layer, view: LocalView, params: dict, mp: int, batch_seq: tuple[int, int]) -> _Proof:
         """The proof whose global run runs: at ``batch_seq`` (the traced batch and sequence scaled
-        to it by the first of :func:`_readings` that runs), else at the traced ones (a forward
-        that runs only at them: sizes written into it). :class:`NotProven` when neither runs."""
+        to it by the first of :func:`_readings` that runs), else at the traced ones, when they are
+        at most :data:`MAX_TRACED_PROOF_TOKENS` (a forward that runs only at them: sizes written
+        into it). :class:`NotProven` when none runs."""
         listed = {w.param for w in view.weights}
         others = sorted(fqn for fqn, _, _ in _slots(layer, view) if fqn not in listed)
         if others:
@@ -494,8 +498,9 @@ class _Proof:
         hidden = next((c.shape for c in view.call if c.role == "hidden"), None)
         width = _width(view, params) if hidden is None else hidden[-1]
         tries: list[tuple[tuple[int, int], dict]] = [(batch_seq, r) for r in _readings(view.call, batch_seq)]
-        if hidden is not None and len(hidden) == 3 and (hidden[0], hidden[1]) != tuple(batch_seq):
-            tries.append(((hidden[0], hidden[1]), {}))
+        traced = (hidden[0], hidden[1]) if hidden is not None and len(hidden) == 3 else batch_seq
+        if traced != tuple(batch_seq) and math.prod(traced) <= MAX_TRACED_PROOF_TOKENS:
+            tries.append((traced, {}))
         first: NotProven | None = None
         for (batch, seq), reading in tries:
             try:
