@@ -191,6 +191,7 @@ TRAININGS = [
     ("zoo_internlm2_hf", 1),
     ("zoo_persimmon_hf", 1),
     ("zoo_chatglm3_hf", 1),
+    ("zoo_baichuan_hf", 1),
 ]
 LAZY = "zoo_gpt2_hf_dp1_local_view_lazy"
 #: Fused weights whose checkpoints round trip: workload -> its segments (GPT-2's c_attn q|k|v,
@@ -739,10 +740,12 @@ def test_attentions_scored_by_batched_products_train_like_one_device_as_local_vi
 #: over 2 KV groups (``num_key_value_groups`` 2 stays whole), Persimmon 4 heads of 8 with a
 #: rotary width of 4 (``rotary_ndims`` stays whole), ChatGLM3 4 heads of 8 over 2 groups, its
 #: scores by ``baddbmm`` in the child ``core_attention``, whose ``hidden_size_per_partition`` is
-#: halved and whose ``coeff`` (2 in layer 2) stays whole.
+#: halved and whose ``coeff`` (2 in layer 2) stays whole; Baichuan 7B 4 heads of 8 packed in
+#: ``W_pack``, its ``hidden_size`` (32, the model's width too) halved.
 FOUND = {
     "zoo_internlm2_hf": ([f"model.layers.{i}.attention" for i in (0, 1)], "wo", 4 * 8 // 2, True),
     "zoo_persimmon_hf": ([f"model.layers.{i}.self_attn" for i in (0, 1)], "dense", 4 * 8 // 2, True),
+    "zoo_baichuan_hf": ([f"model.layers.{i}.self_attn" for i in (0, 1)], "o_proj", 4 * 8 // 2, True),
     "zoo_chatglm3_hf": (
         [f"transformer.encoder.layers.{i}.self_attention" for i in (0, 1)],
         "dense",
@@ -755,11 +758,12 @@ FOUND = {
 @pytest.mark.multiprocess
 def test_attentions_whose_sizes_the_proof_finds_train_like_one_device_as_local_views(trained, reference_runs):
     """InternLM2 (a KV-group count equal to the KV heads), Persimmon (a rotary width equal to the
-    heads) and ChatGLM3 (sizes held by a child core attention, a layer number equal to the KV
-    groups) planned at mp2, their attentions local views with the sizes the proof found
-    (tests/test_local_view_sizes.py): on 2 gloo ranks, losses and parameters as one device, each
-    rank's output projection reading half of the heads' width and, where the scores are a 4-D
-    matmul, each rank's scores holding 2 of the 4 heads."""
+    heads), ChatGLM3 (sizes held by a child core attention, a layer number equal to the KV
+    groups) and Baichuan 7B (``W_pack`` cut by ``unflatten``) planned at mp2, their attentions
+    local views with the sizes the proof found (tests/test_local_view_sizes.py): on 2 gloo ranks,
+    losses and parameters as one device, each rank's output projection reading half of the
+    heads' width and, where the scores are a 4-D matmul, each rank's scores holding 2 of the 4
+    heads."""
     plans = trained[0]
     for workload, (layers, _, _, scored) in FOUND.items():
         assert [v.layer for v in plans[_name(workload, 1)].local_view if v.layer in layers] == layers

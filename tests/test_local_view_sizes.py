@@ -90,6 +90,7 @@ def test_the_proof_finds_which_attributes_to_localise(target):
 LOCAL_VIEW_ZOO = [
     f"{ZOO}/{name}.py"
     for name in (
+        "baichuan_hf",
         "chatglm3_hf",
         "falcon_hf",
         "gpt2_hf",

@@ -336,6 +336,16 @@ EXPECTED = {
         "model.embed_tokens.weight": COL_B,
         "lm_head.weight": COL,
     },
+    # Baichuan 7B's remote code: q|k|v packed in W_pack, cut by unflatten and indexing; Megatron's
+    # placements (W_pack by columns, gathered; as a local view the same)
+    f"{ZOO}/baichuan_hf.py": {
+        **fused("model.layers.*.self_attn", "W_pack"),
+        "model.layers.*.self_attn.o_proj.weight": ROW,
+        **mlp("model.layers.*.mlp"),
+        "model.layers.*.*layernorm.weight": REP,
+        "model.embed_tokens.weight": COL_B,
+        "lm_head.weight": COL,
+    },
     # THUDM's ChatGLM3 (sequence first): grouped q|k|v fused in query_key_value, the scores in a
     # child CoreAttention masked by masked_fill (no SPMD rule): a local view (LOCAL_VIEWS); the
     # swiglu MLP's fused gate|up by columns, dense_4h_to_h by rows
