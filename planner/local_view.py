@@ -14,10 +14,16 @@ Nothing is assumed about the forward: the planner *proves* each such sub-layer b
 copy with random weights runs once whole (the global run) and ``mp`` times as each rank would
 (its slices, its attribute values); the summed outputs and the reassembled gradients (weights
 and input, for a random output gradient) must equal the global run's within float tolerance.
-The attributes to localise are read off the sub-layer: every integer attribute of it or of its
-column projections whose value is a head count or a width the local run divides, such as an
-MLP's ``intermediate_size`` (never the head dim, never the row projection's, whose output stays
-whole). A sub-layer that cannot be proven keeps the gather hook, with the reason in one note.
+
+Which integer attributes to localise is found by the proof too (:func:`discover`): the global
+run records which integer attributes its forward reads (of the sub-layer, of every child of it,
+of every config-like object they hold), those that split over mp are the candidates, and sets of
+them are proven in turn, the first that holds kept. Values only order the tries (a set of those
+equal to a head count or a width first), so a KV-group count or a rotary width that happens to
+equal a head count is left whole once the proof refuses it localised. The proof runs at a batch
+and sequence of its own (:func:`proof_sizes`: small primes no size of the sub-layer equals), not
+at the user's input spec, so the decision is the same whatever spec the model was traced at.
+A sub-layer that cannot be proven keeps the gather hook, with the reason in one note.
 
 Example::
 
@@ -28,6 +34,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 import typing
 from dataclasses import dataclass
@@ -58,6 +65,9 @@ RTOL, ATOL = 1e-4, 1e-5
 #: on the planning machine at once (about five float32 copies: ~1.3 GB at this bound). A larger
 #: sub-layer keeps the gather, with a note.
 MAX_PROOF_ELEMENTS = 2**26
+#: The most tokens (batch x sequence) a proof runs at the traced shapes, for a forward that runs
+#: at no other (sizes written into it): a sequence of at most 256, scores of a few MB for 64 heads.
+MAX_TRACED_PROOF_TOKENS = 256
 
 
 class NotProven(Exception):
@@ -116,10 +126,9 @@ def local_views(
         ]
     layers = dict(model.named_sublayers())
     params = dict(analysis.params)
-    specs = [s.shape for s in analysis.input_specs]
     views: list[LocalView] = []
     unproven: dict[str, tuple[str, str]] = {}  # layer: (how it runs instead, why)
-    proven: dict[tuple, str | NotProven] = {}
+    proven: dict[tuple, LocalView | NotProven] = {}  # by sub-layer kind, names relative to the sub-layer
     for candidate in found:
         layer = layers.get(candidate.layer)
         if layer is None:
@@ -127,40 +136,22 @@ def local_views(
             continue
         try:
             call, dropped = call_inputs(calls.get(candidate.layer, []))
-            attributes = size_attributes(layer, candidate, params, mp)
+            plausible = plausible_sizes(candidate, params, mp)
         except (NotProven, ValueError) as exc:  # ValueError: a fused width whose segments do not split over mp
             unproven[candidate.layer] = (candidate.otherwise, str(exc))
             continue
-        outcomes: list[str | NotProven] = []
-        for weights in _layouts(candidate):
-            view = LocalView(
-                layer=candidate.layer, weights=weights, attributes=attributes, call=call, dropped_outputs=dropped
-            )
-            key = (
-                type(layer).__qualname__,
-                tuple(
-                    (
-                        msgspec.json.encode(msgspec.structs.replace(w, param=w.param.removeprefix(candidate.layer))),
-                        tuple(params[w.param][0]),
-                    )
-                    for w in weights
-                ),
-                tuple((a.layer.removeprefix(candidate.layer), a.name, a.whole) for a in attributes),
-                msgspec.json.encode(call),
-                tuple(dropped),
-            )
-            if key not in proven:
-                try:
-                    proven[key] = verify(layer, view, params, mp, proof_shape(view, specs, params))
-                except NotProven as exc:  # said once per sub-layer kind, its names relative to the sub-layer
-                    proven[key] = NotProven(str(exc).replace(candidate.layer + ".", ""))
-            outcome = proven[key]
-            outcomes.append(outcome)
-            if not isinstance(outcome, NotProven):
-                views.append(msgspec.structs.replace(view, verified=outcome))
-                break
-        else:  # the recognised layout's reason is told: the other is only tried after it
-            unproven[candidate.layer] = (candidate.otherwise, str(outcomes[0]))
+        view = LocalView(layer=candidate.layer, weights=list(candidate.weights), call=call, dropped_outputs=dropped)
+        key = _kind(layer, view, params, mp)
+        if key not in proven:
+            try:
+                proven[key] = _relative(discover(layer, view, params, mp, plausible, _layouts(candidate)), "")
+            except NotProven as exc:  # said once per sub-layer kind, its names relative to the sub-layer
+                proven[key] = NotProven(str(exc).replace(candidate.layer + ".", ""))
+        outcome = proven[key]
+        if isinstance(outcome, NotProven):
+            unproven[candidate.layer] = (candidate.otherwise, str(outcome))
+        else:
+            views.append(_relative(outcome, candidate.layer))
     by_reason: dict[tuple[str, str], list[str]] = {}
     for layer_name, reason in unproven.items():
         by_reason.setdefault(reason, []).append(layer_name)
@@ -170,6 +161,39 @@ def local_views(
         for (otherwise, reason), names in by_reason.items()
     ]
     return views, notes
+
+
+def _kind(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int) -> tuple:
+    """What a proof of ``view`` depends on, its names relative to the sub-layer: the class, the
+    weights (views and shapes), the call, and every integer attribute the proof may localise."""
+    return (
+        type(layer).__qualname__,
+        tuple(
+            (
+                msgspec.json.encode(msgspec.structs.replace(w, param=w.param.removeprefix(view.layer))),
+                tuple(params[w.param][0]),
+            )
+            for w in view.weights
+        ),
+        msgspec.json.encode(view.call),
+        tuple(view.dropped_outputs),
+        tuple((a.layer.removeprefix(view.layer), a.name, a.whole) for a in _integer_attributes(layer, view.layer, mp)),
+    )
+
+
+def _relative(view: LocalView, layer: str) -> LocalView:
+    """``view`` moved to sub-layer ``layer`` ("": its names made relative to its own layer)."""
+    old = view.layer
+
+    def moved(name: str) -> str:
+        return layer + name.removeprefix(old)
+
+    return msgspec.structs.replace(
+        view,
+        layer=layer,
+        weights=[msgspec.structs.replace(w, param=moved(w.param)) for w in view.weights],
+        attributes=[msgspec.structs.replace(a, layer=moved(a.layer)) for a in view.attributes],
+    )
 
 
 def _layouts(candidate: Candidate) -> list[list[LocalWeight]]:
@@ -240,11 +264,10 @@ def _call_input(value, keyword: str, hidden: TracedTensor, top: bool = False) ->
             raise NotProven(
                 f"its input {name} carries a gradient (each rank's gradient of it would be its heads' share only)"
             )
-        seq = hidden.shape[1] if len(hidden.shape) > 1 else None
         role: typing.Literal["positions", "mask", "tensor"]
         if value.dtype.startswith(("int", "uint")):
             role = "positions"
-        elif value.dtype == "bool" or (seq is not None and list(value.shape).count(seq) >= 2):  # selector; seq x seq
+        elif value.dtype == "bool":  # a selector: the proof fills it causal, never a float (:class:`_Proof`)
             role = "mask"
         else:
             role = "tensor"
@@ -265,61 +288,55 @@ def _counted(found: list[Candidate]) -> str:
     return " and ".join(f"{kinds.count(kind)} {kind}" for kind in sorted(set(kinds))) + " sub-layer(s)"
 
 
-def size_attributes(layer: paddle.nn.Layer, candidate: Candidate, params: dict, mp: int) -> list[LocalAttribute]:
-    """The integer attributes of the sub-layer and its column projections whose values are a
-    head count or a width that splits over ``mp`` (at 1/mp of their value; a fused column's whole
-    width at what a rank computes with, its K and V whole in a multi-query one), not the head dim;
-    and the head counts of the objects the sub-layer holds (HF Phi-3 reads
-    ``self.config.num_attention_heads``; only head counts there: a config's widths, such as its
-    ``hidden_size``, are read whole by the rest of the model). The widths are the heads' and each
-    column's, whole and per segment (an MLP's ``intermediate_size`` is its gate|up column's
-    segment; it has no heads, whose sizes are 0 and drop out). Tried and verified as a whole by
-    :func:`verify`."""
+def plausible_sizes(candidate: Candidate, params: dict, mp: int) -> dict[int, int]:
+    """The sizes an attribute holding them most plausibly needs localised, each with its local
+    value: the head counts, the heads' widths and each column's width, whole and per segment, that
+    split over ``mp`` (an MLP's ``intermediate_size`` is its gate|up column's segment; it has no
+    heads, whose sizes are 0 and drop out), never the head dim. A fused column's whole width maps to
+    what a rank computes with (its K and V whole in a multi-query one), any other size to 1/mp of
+    it. These values only order the attribute sets :func:`discover` proves: the proof decides.
+    Raises ValueError for a fused width whose segments do not split over ``mp``."""
     sub = candidate.sublayer
     widths = {sub.num_heads, sub.num_kv_heads, sub.num_heads * sub.head_dim, sub.num_kv_heads * sub.head_dim}
-    local: dict[int, int] = {}  # a fused column's whole width: what a rank computes with
+    local: dict[int, int] = {}
     for column in sub.columns:
         weight = next(w for w in candidate.weights if w.param == column.weight)
         width = params[column.weight][0][column.split_dim]
         sizes = segment_sizes(weight, width)
         widths |= {width, *(size for s, size in enumerate(sizes) if s not in weight.replicated)}
         local[width] = len(rank_positions(weight, width, mp, 0))
-    heads = {h for h in (sub.num_heads, sub.num_kv_heads) if h > 0 and h % mp == 0}
-    widths = {w for w in widths if w > 0 and w % mp == 0 and w != sub.head_dim}
-    owners = [("", layer)] + [
-        (name, sublayer)
-        for name, sublayer in layer.named_sublayers()
-        if any(
-            f"{candidate.layer}.{name}" == c.layer or c.layer.startswith(f"{candidate.layer}.{name}.")
-            for c in sub.columns
-        )
-    ]
-    found = []
-    for name, owner in owners:
-        path = f"{candidate.layer}.{name}" if name else candidate.layer
-        for attribute, value in _int_attributes(vars(owner)):
-            if value in widths:
-                found.append(
-                    LocalAttribute(layer=path, name=attribute, whole=value, local=local.get(value, value // mp))
-                )
-    for held, value in sorted(vars(layer).items()):
-        if _holds_sizes(held, value):
-            public = {n: getattr(value, n, None) for n in dir(value) if not n.startswith("_")}
-            for attribute, size in _int_attributes(public):
-                if size in heads:
-                    found.append(
-                        LocalAttribute(layer=candidate.layer, name=f"{held}.{attribute}", whole=size, local=size // mp)
-                    )
+    return {w: local.get(w, w // mp) for w in sorted(widths) if w > 0 and w % mp == 0 and w != sub.head_dim}
+
+
+def _owners(layer: paddle.nn.Layer, path: str) -> list[tuple[str, str, object]]:
+    """``(layer path, attribute prefix, object)`` for every object whose integer attributes a
+    sub-layer's forward may read sizes from: the sub-layer, each child of it, and each config-like
+    object one of them holds (``config.``; one shared by several is listed once, under the first)."""
+    found: list[tuple[str, str, object]] = []
+    seen: set[int] = set()
+    for name, sub in layer.named_sublayers(include_self=True):
+        where = f"{path}.{name}" if name else path
+        for prefix, owner in [("", sub)] + [
+            (f"{held}.", value) for held, value in sorted(vars(sub).items()) if _holds_sizes(held, value)
+        ]:
+            if id(owner) not in seen:
+                seen.add(id(owner))
+                found.append((where, prefix, owner))
     return found
 
 
-def _int_attributes(values: dict) -> list[tuple[str, int]]:
-    """The integer attributes among ``values`` (an owner's, by name), sorted by name."""
-    return [
-        (name, value)
-        for name, value in sorted(values.items())
-        if type(value) is int and name.isidentifier() and name.isascii()
-    ]
+def _integer_attributes(layer: paddle.nn.Layer, path: str, mp: int) -> list[LocalAttribute]:
+    """Every positive integer attribute of :func:`_owners` that splits over ``mp``, at 1/mp (a
+    layer's own, ``vars``; a config's public ones, its class's too), sorted by owner and name."""
+    found = []
+    for where, prefix, owner in _owners(layer, path):
+        values = (
+            vars(owner) if not prefix else {n: getattr(owner, n, None) for n in dir(owner) if not n.startswith("_")}
+        )
+        for name, value in sorted(values.items()):
+            if type(value) is int and value > 0 and value % mp == 0 and name.isidentifier() and name.isascii():
+                found.append(LocalAttribute(layer=where, name=prefix + name, whole=value, local=value // mp))
+    return found
 
 
 def _holds_sizes(name: str, value: object) -> bool:
@@ -332,26 +349,78 @@ def _holds_sizes(name: str, value: object) -> bool:
     )  # fmt: skip
 
 
-def proof_shape(view: LocalView, spec_shapes: list[list[int]], params: dict) -> list[int]:
-    """``[batch, seq, width]`` for the verification: the traced hidden input's, at most 2 by 8
-    (its other inputs shrink with it, :func:`_arguments`), or, for a view recorded without its
-    call, :func:`input_shape` from the input specs."""
-    hidden = next((c for c in view.call if c.role == "hidden"), None)
-    if hidden is not None and len(hidden.shape) == 3:
-        batch, seq, width = hidden.shape
-        return [min(batch, 2), min(seq, 8), width]
-    first = next(w for w in view.weights if w.dim is not None)
-    return input_shape(spec_shapes, params[first.param][0], first.dim or 0)
+#: The most attribute sets :func:`discover` proves for one sub-layer kind: the plausible set, then
+#: every set differing from it in one attribute, then in two (a sub-layer reads a handful of sizes:
+#: two coincidences, a KV-group count and a rotary width equal to a head count, are covered). Each
+#: try runs the sub-layer ``mp`` times at the proof's small sizes (a few milliseconds each), and a
+#: wrong set mostly fails at once (a reshape that cannot run), so the bound keeps a refused
+#: sub-layer's cost at a fraction of a second.
+MAX_ATTRIBUTE_SETS = 64
+#: The most readings of which dims of the call's other inputs follow the traced batch and sequence
+#: (:func:`_readings`); only the global run, once each, judges them.
+MAX_READINGS = 16
 
 
-def input_shape(spec_shapes: list[list[int]], column_shape: list[int], column_dim: int) -> list[int]:
-    """``[batch, seq, width]``: the traced batch (at most 2) and sequence (at most 8), the column
-    projection's input width (the dim of its weight other than the split one)."""
-    width = column_shape[1 - column_dim] if len(column_shape) == 2 else column_shape[-1]
-    spec = spec_shapes[0] if spec_shapes else []
-    batch = spec[0] if len(spec) > 0 and spec[0] > 0 else 2
-    seq = spec[1] if len(spec) > 1 and spec[1] > 0 else 4
-    return [min(batch, 2), min(seq, 8), width]
+def discover(
+    layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, plausible: dict[int, int], layouts: list
+) -> LocalView:
+    """``view`` proven, with the weights' layout (of ``layouts``, in order) and the size
+    attributes (:data:`MAX_ATTRIBUTE_SETS` sets at most, ordered by ``plausible``) the first proof
+    that holds takes, and how it was proven; :class:`NotProven` with the reason of the first
+    layout's most plausible set when none holds."""
+    first: NotProven | None = None
+    for weights in layouts:
+        proof = _Proof.made(
+            layer, msgspec.structs.replace(view, weights=weights), params, mp, proof_sizes(layer, view, params, mp)
+        )
+        candidates = [
+            msgspec.structs.replace(a, local=plausible.get(a.whole, a.local))
+            for a in _integer_attributes(layer, view.layer, mp)
+            if (a.layer, a.name) in proof.read
+        ]
+        for attributes in _attribute_sets(candidates, plausible):
+            try:
+                verified = proof.check(attributes)
+            except NotProven as exc:
+                first = first or exc
+                continue
+            return msgspec.structs.replace(proof.view, attributes=attributes, verified=verified)
+    assert first is not None
+    raise first
+
+
+def _attribute_sets(candidates: list[LocalAttribute], plausible: dict[int, int]) -> list[list[LocalAttribute]]:
+    """The sets of ``candidates`` to localise, in the order :func:`discover` proves them: those whose
+    value is ``plausible``, then each set differing from it in one candidate, then in two, at most
+    :data:`MAX_ATTRIBUTE_SETS`.
+
+    >>> a, b, c = (LocalAttribute(layer="attn", name=n, whole=w, local=w // 2) for n, w in [("h", 4), ("g", 2), ("d", 8)])
+    >>> [[x.name for x in s] for s in _attribute_sets([a, b, c], {4: 2, 2: 1})][:5]
+    [['h', 'g'], ['g'], ['h'], ['h', 'g', 'd'], []]
+    """
+    start = frozenset(i for i, a in enumerate(candidates) if a.whole in plausible)
+    flips = [()] + [(i,) for i in range(len(candidates))] + list(itertools.combinations(range(len(candidates)), 2))
+    sets = [start.symmetric_difference(flip) for flip in flips][:MAX_ATTRIBUTE_SETS]
+    return [[candidates[i] for i in sorted(chosen)] for chosen in sets]
+
+
+def proof_sizes(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int) -> tuple[int, int]:
+    """The batch and sequence a proof runs at: the two smallest primes from 3 that no size of the
+    sub-layer (a dim of its weights, an integer attribute of :func:`_owners`, either at 1/mp)
+    equals, so no reshape or broadcast can take one for another. Read from the model alone, never
+    from the input spec: the proof, hence the plan, is the same whatever shapes the model was
+    traced at.
+
+    >>> layer = paddle.nn.Layer(); layer.num_heads = 3
+    >>> view = LocalView(layer="attn", weights=[LocalWeight(param="attn.qkv.weight", dim=1)])
+    >>> proof_sizes(layer, view, {"attn.qkv.weight": ([10, 14], "float32")}, mp=2)  # not 3, 5, 7
+    (11, 13)
+    """
+    sizes = {d for w in view.weights for d in params[w.param][0]}
+    sizes |= {a.whole for a in _integer_attributes(layer, view.layer, 1)}
+    sizes |= {s // mp for s in sizes}
+    primes = (n for n in itertools.count(3) if all(n % k for k in range(2, n)) and n not in sizes)
+    return next(primes), next(primes)
 
 
 def reverify(plan: Plan, model: paddle.nn.Layer) -> list[str]:
@@ -359,7 +428,6 @@ def reverify(plan: Plan, model: paddle.nn.Layer) -> list[str]:
     now; one reason per view that no longer holds."""
     layers = dict(model.named_sublayers())
     params = {fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}
-    specs = [s.shape for s in plan.model.input_specs]
     reasons = []
     for view in plan.local_view:
         layer = layers.get(view.layer)
@@ -367,94 +435,183 @@ def reverify(plan: Plan, model: paddle.nn.Layer) -> list[str]:
             reasons.append(f"local view {view.layer}: no such layer with a split weight in the model")
             continue
         try:
-            verify(layer, view, params, plan.strategy.mp, proof_shape(view, specs, params))
+            _Proof.made(
+                layer, view, params, plan.strategy.mp, proof_sizes(layer, view, params, plan.strategy.mp)
+            ).check(view.attributes)
         except NotProven as exc:
             reasons.append(f"local view {view.layer} no longer holds: {exc}")
     return reasons
 
 
 def verify(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, input_shape: list[int]) -> str:
-    """Run ``layer`` with random weights whole and as each of the ``mp`` ranks of ``view``; raise
+    """Run ``layer`` with random weights whole and as each of the ``mp`` ranks of ``view`` (its
+    attributes localised), the hidden input at ``input_shape``'s batch and sequence; raise
     :class:`NotProven` naming the first difference. Returns how it was proven. The layer is left
-    as it was (parameters, size attributes, train/eval modes).
+    as it was (parameters, size attributes, train/eval modes)."""
+    return _Proof.made(layer, view, params, mp, (input_shape[0], input_shape[1])).check(view.attributes)
 
-    It is called as ``view.call`` records (:func:`_arguments`): the hidden input random at
-    ``input_shape``, the other inputs at the same batch and sequence. Their values need not be the
-    model's: what is proven is that the ranks' summed local runs equal the global run for the
-    inputs given, and every input but the hidden one is replicated over mp (not split by heads)
-    and carries no gradient, so each rank reads the same value the global run reads, whatever
-    it is. They are chosen to exercise the forward as training does: a mask is the causal one
-    (no row masked whole), position ids are ``arange`` of the sequence (in range of any table
-    they index). Outputs beside the hidden state in ``view.dropped_outputs`` are not compared:
-    the local view returns None for them."""
-    rng = np.random.default_rng(0)
-    slots = _slots(layer, view)
-    listed = {w.param for w in view.weights}
-    others = sorted(fqn for fqn, _, _ in slots if fqn not in listed)
-    if others:
-        raise NotProven(f"its parameters {others} are not projections' weights")
-    elements = sum(math.prod(params[fqn][0]) for fqn in listed)
-    if elements > MAX_PROOF_ELEMENTS:
-        raise NotProven(
-            f"its weights ({elements} elements) are too large to prove on the planning machine "
-            f"(at most {MAX_PROOF_ELEMENTS}, planner/local_view.py MAX_PROOF_ELEMENTS)"
-        )
-    whole = {fqn: rng.normal(0.0, 0.2, params[fqn][0]).astype("float32") for fqn in listed}
-    x = rng.normal(0.0, 1.0, input_shape).astype("float32")
-    arguments = _arguments(view.call, input_shape, rng)
-    # The layer itself runs (a lazily built one cannot be copied), in eval mode (no dropout: the
-    # runs must see the same values); its parameters, attributes and modes are restored after.
-    modes = [(sub, sub.training) for sub in layer.sublayers(include_self=True)]
-    layer.eval()
-    try:
-        out, grads, x_grad, cotangent = _run(layer, slots, whole, x, arguments, view.dropped_outputs, None, rng)
+
+class _Proof:
+    """One sub-layer's proof at one batch and sequence: its global run, made once (recording the
+    integer attributes its forward reads, :attr:`read`), against which :meth:`check` proves the
+    ranks' local runs for a set of attributes.
+
+    It is called as ``view.call`` records (:func:`_arguments`): the hidden input random, the other
+    inputs at the proof's batch and sequence. Their values need not be the model's: what is proven
+    is that the ranks' summed local runs equal the global run for the inputs given, and every
+    input but the hidden one is replicated over mp (not split by heads) and carries no gradient,
+    so each rank reads the same value the global run reads, whatever it is. They are chosen to
+    run the forward as training does, without telling what an input is for from its shape: a
+    float tensor (an additive mask, a rotary table) random, never ``-inf``; a bool one (a
+    selector) causal over the two dims that follow the sequence, so no row is masked whole;
+    integer ones (position ids) ``arange`` of the sequence (in range of any table they index).
+    Outputs beside the hidden state in ``view.dropped_outputs`` are not compared: the local view
+    returns None for them."""
+
+    def __init__(self, layer, view: LocalView, params: dict, mp: int, shape: list[int], reading: dict):
+        self.layer, self.view, self.mp, self.shape, self.reading = layer, view, mp, shape, reading
+        self.rng = np.random.default_rng(0)
+        self.slots = _slots(layer, view)
+        self.whole = {w.param: self.rng.normal(0.0, 0.2, params[w.param][0]).astype("float32") for w in view.weights}
+        self.x = self.rng.normal(0.0, 1.0, shape).astype("float32")
+        self.arguments = _arguments(view.call, shape, reading, self.rng)
+        self.cotangent = None  # the global run's random output gradient, given to every local run
+        with _Reads(_owners(layer, view.layer)) as self.read:
+            self.out, self.grads, self.x_grad, self.cotangent = self._run(self.whole)
+
+    @classmethod
+    def made(cls, layer, view: LocalView, params: dict, mp: int, batch_seq: tuple[int, int]) -> _Proof:
+        """The proof whose global run runs: at ``batch_seq`` (the traced batch and sequence scaled
+        to it by the first of :func:`_readings` that runs), else at the traced ones, when they are
+        at most :data:`MAX_TRACED_PROOF_TOKENS` (a forward that runs only at them: sizes written
+        into it). :class:`NotProven` when none runs."""
+        listed = {w.param for w in view.weights}
+        others = sorted(fqn for fqn, _, _ in _slots(layer, view) if fqn not in listed)
+        if others:
+            raise NotProven(f"its parameters {others} are not projections' weights")
+        elements = sum(math.prod(params[fqn][0]) for fqn in listed)
+        if elements > MAX_PROOF_ELEMENTS:
+            raise NotProven(
+                f"its weights ({elements} elements) are too large to prove on the planning machine "
+                f"(at most {MAX_PROOF_ELEMENTS}, planner/local_view.py MAX_PROOF_ELEMENTS)"
+            )
+        hidden = next((c.shape for c in view.call if c.role == "hidden"), None)
+        width = _width(view, params) if hidden is None else hidden[-1]
+        tries: list[tuple[tuple[int, int], dict]] = [(batch_seq, r) for r in _readings(view.call, batch_seq)]
+        traced = (hidden[0], hidden[1]) if hidden is not None and len(hidden) == 3 else batch_seq
+        if traced != tuple(batch_seq) and math.prod(traced) <= MAX_TRACED_PROOF_TOKENS:
+            tries.append((traced, {}))
+        first: NotProven | None = None
+        for (batch, seq), reading in tries:
+            try:
+                return cls(layer, view, params, mp, [batch, seq, width], reading)
+            except NotProven as exc:
+                first = first or exc
+        assert first is not None
+        raise first
+
+    def check(self, attributes: list[LocalAttribute]) -> str:
+        view = msgspec.structs.replace(self.view, attributes=attributes)
         outs, local_grads, x_grads = [], [], []
-        for rank in range(mp):
-            local = {w.param: _local(whole[w.param], w, rank, mp) for w in view.weights}
-            with _attributes(layer, view):
-                o, g, xg, _ = _run(layer, slots, local, x, arguments, view.dropped_outputs, cotangent, rng)
+        for rank in range(self.mp):
+            local = {w.param: _local(self.whole[w.param], w, rank, self.mp) for w in view.weights}
+            with _attributes(self.layer, view):
+                o, g, xg, _ = self._run(local)
             outs.append(o)
             local_grads.append(g)
             x_grads.append(xg)
-    except NotProven:
-        raise
-    except Exception as exc:
-        raise NotProven(f"running it failed: {type(exc).__name__}: {_first_line(exc)}") from None
-    finally:
-        for sub, training in modes:
-            sub.training = training
-    _compare("output", sum(outs), out)
-    _compare("input gradient", sum(x_grads), x_grad)
-    for weight in view.weights:
-        _compare(
-            f"gradient of {weight.param}",
-            _reassembled(weight, [g[weight.param] for g in local_grads], mp, grads[weight.param].shape),
-            grads[weight.param],
+        _compare("output", sum(outs), self.out)
+        _compare("input gradient", sum(x_grads), self.x_grad)
+        for weight in view.weights:
+            _compare(
+                f"gradient of {weight.param}",
+                _reassembled(weight, [g[weight.param] for g in local_grads], self.mp, self.grads[weight.param].shape),
+                self.grads[weight.param],
+            )
+        called = f", called with {_described_call(view.call, self.reading)}" if len(view.call) > 1 else ""
+        return (
+            f"{self.mp} local runs (random weights, input {self.shape}{called}) summed and reassembled equal the "
+            f"global run, forward and backward, within rtol {RTOL} and atol {ATOL}"
         )
-    called = f", called with {_described_call(view.call)}" if len(view.call) > 1 else ""
-    return (
-        f"{mp} local runs (random weights, input {input_shape}{called}) summed and reassembled equal the global "
-        f"run, forward and backward, within rtol {RTOL} and atol {ATOL}"
-    )
+
+    def _run(self, values: dict):
+        """One forward and backward (:func:`_run`) in eval mode (no dropout: the runs must see the
+        same values); the layer's train/eval modes restored after."""
+        modes = [(sub, sub.training) for sub in self.layer.sublayers(include_self=True)]
+        self.layer.eval()
+        try:
+            return _run(
+                self.layer,
+                self.slots,
+                values,
+                self.x,
+                self.arguments,
+                self.view.dropped_outputs,
+                self.cotangent,
+                self.rng,
+            )
+        except NotProven:
+            raise
+        except Exception as exc:
+            raise NotProven(f"running it failed: {type(exc).__name__}: {_first_line(exc)}") from None
+        finally:
+            for sub, training in modes:
+                sub.training = training
+
+
+def _width(view: LocalView, params: dict) -> int:
+    """The hidden input's width for a view recorded without its call: its first split column's
+    input width (the dim of its weight other than the split one)."""
+    first = next(w for w in view.weights if w.dim is not None)
+    shape = params[first.param][0]
+    return shape[1 - (first.dim or 0)] if len(shape) == 2 else shape[-1]
 
 
 class _Hidden:
     """Where the hidden input goes in :func:`_arguments`' call (each run makes its own)."""
 
 
-def _arguments(call: list[CallInput], shape: list[int], rng) -> tuple[tuple, dict]:
-    """The proof's ``(args, kwargs)`` for ``call`` (:func:`verify` says why these values): numpy
-    arrays for tensors, at the proof's batch and sequence (``shape``'s first two dims) where the
-    trace had the hidden input's; the hidden input as :class:`_Hidden`. An empty call: the
-    hidden input alone."""
+def _readings(call: list[CallInput], batch_seq: tuple[int, int]) -> list[dict[int, list[int | None]]]:
+    """Which dims of the call's other tensors follow the hidden input's traced batch and sequence
+    (``{id of its CallInput: [the proof's size per dim, None where it keeps its own]}``), in the
+    order :meth:`_Proof.made` tries them: a dim equal to the traced sequence may be one that only
+    equals it (a rotary table's head dim at a sequence as long), so every choice of such dims is a
+    reading, most dims following first; dim 0 of a ``batch`` tensor follows the batch.
+    At most :data:`MAX_READINGS`."""
+    hidden = next((c.shape for c in call if c.role == "hidden"), None)
+    if hidden is None or len(hidden) < 2:
+        return [{}]
+    seq = hidden[1]
+    tensors = [c for c in _flat(call) if c.role in ("mask", "positions", "tensor")]
+    choices = []
+    for c in tensors:
+        at = [i for i, d in enumerate(c.shape) if d == seq and not (i == 0 and c.batch)]
+        subsets = [s for k in range(len(at), -1, -1) for s in itertools.combinations(at, k)]
+        choices.append([(c, frozenset(s)) for s in subsets])
+    readings: list[dict[int, list[int | None]]] = []
+    for combination in itertools.islice(itertools.product(*choices), MAX_READINGS):
+        readings.append(
+            {
+                id(c): [
+                    batch_seq[0] if i == 0 and c.batch else batch_seq[1] if i in following else None
+                    for i in range(len(c.shape))
+                ]
+                for c, following in combination
+            }
+        )
+    return readings
+
+
+def _flat(call: list[CallInput]) -> list[CallInput]:
+    return [x for c in call for x in ([c] if c.role not in ("tuple", "list") else _flat(c.items))]
+
+
+def _arguments(call: list[CallInput], shape: list[int], reading: dict, rng) -> tuple[tuple, dict]:
+    """The proof's ``(args, kwargs)`` for ``call`` (:class:`_Proof` says why these values): numpy
+    arrays for tensors, at the proof's batch and sequence where ``reading`` says (traced shapes
+    elsewhere); the hidden input as :class:`_Hidden`. An empty call: the hidden input alone."""
     if not call:
         return (_Hidden,), {}
-    traced = next(c.shape for c in call if c.role == "hidden")
-    seq = traced[1] if len(traced) > 1 else None
-
-    def shrunk(c: CallInput) -> list[int]:
-        dims = [shape[1] if d == seq else d for d in c.shape]
-        return [shape[0], *dims[1:]] if c.batch and dims else dims
 
     def value(c: CallInput):
         if c.role == "hidden":
@@ -464,19 +621,18 @@ def _arguments(call: list[CallInput], shape: list[int], rng) -> tuple[tuple, dic
         if c.role in ("tuple", "list"):
             items = [value(item) for item in c.items]
             return tuple(items) if c.role == "tuple" else items
-        dims = shrunk(c)
+        sizes = reading.get(id(c), [None] * len(c.shape))
+        dims = [size or d for size, d in zip(sizes, c.shape)]
         if c.role == "positions":
             return np.ascontiguousarray(np.broadcast_to(np.arange(dims[-1] if dims else 1), dims)).astype(c.dtype)
         if c.role == "mask":
-            # causal over its last two sequence dims wherever they lie ([b, 1, q, k], or GPT-BigCode's
-            # [1, q, 1, k] with the heads beside the query); all visible without two of them
-            at = [i for i, d in enumerate(c.shape) if d == seq][-2:]
+            # causal over the last two dims that follow the sequence wherever they lie ([b, 1, q, k],
+            # or GPT-BigCode's [1, q, 1, k] with the heads beside the query); all visible without two
+            at = [i for i, size in enumerate(sizes) if size is not None and not (i == 0 and c.batch)][-2:]
             visible = np.ones([dims[i] if i in at else 1 for i in range(len(dims))], bool)
             if len(at) == 2:
-                causal = np.tril(np.ones((dims[at[0]], dims[at[1]]), bool))
-                visible = causal.reshape(visible.shape)
-            mask = visible if c.dtype == "bool" else np.where(visible, 0.0, np.finfo("float32").min)
-            return np.ascontiguousarray(np.broadcast_to(mask, dims)).astype("bool" if c.dtype == "bool" else "float32")
+                visible = np.tril(np.ones((dims[at[0]], dims[at[1]]), bool)).reshape(visible.shape)
+            return np.ascontiguousarray(np.broadcast_to(visible, dims))
         if c.dtype.startswith("complex"):
             return (rng.normal(0.0, 1.0, dims) + 1j * rng.normal(0.0, 1.0, dims)).astype(c.dtype)
         return rng.normal(0.0, 1.0, dims).astype("float32")
@@ -485,13 +641,69 @@ def _arguments(call: list[CallInput], shape: list[int], rng) -> tuple[tuple, dic
     return args, {c.keyword: value(c) for c in call if c.keyword}
 
 
-def _described_call(call: list[CallInput]) -> str:
-    """``hidden, attention_mask=mask [2, 1, 8, 8], position_ids=positions [1, 8]`` (the traced shapes)."""
+class _Reads:
+    """The integer attributes a run reads of ``owners`` (:func:`_owners`), as ``(layer path,
+    attribute name)``: inside the ``with`` block each owner's class is a subclass of its own whose
+    ``__getattribute__`` notes them (an object whose class cannot be swapped counts as reading
+    all of its integer attributes)."""
+
+    def __init__(self, owners: list[tuple[str, str, object]]):
+        self.owners = owners
+        self.read: set[tuple[str, str]] = set()
+        self.swapped: list[tuple[object, type]] = []
+
+    def __enter__(self) -> set[tuple[str, str]]:
+        for where, prefix, owner in self.owners:
+            own = type(owner)
+            try:
+                owner.__class__ = _recording(own)
+            except TypeError:
+                self.read |= {(where, prefix + n) for n in dir(owner) if type(getattr(owner, n, None)) is int}
+                continue
+            self.swapped.append((owner, own))
+            _NOTED[id(owner)] = (where, prefix, self.read)
+        return self.read
+
+    def __exit__(self, *exc) -> None:
+        for owner, own in self.swapped:
+            owner.__class__ = own
+            _NOTED.pop(id(owner), None)
+
+
+#: While :class:`_Reads` records: an owner's id -> (its layer path, attribute prefix, the reads).
+_NOTED: dict[int, tuple[str, str, set]] = {}
+
+
+def _recording(own: type) -> type:
+    """A subclass of ``own`` that notes each integer attribute read (:class:`_Reads`), made once."""
+    if own in _RECORDING:
+        return _RECORDING[own]
+
+    def __getattribute__(self, name):
+        value = own.__getattribute__(self, name)
+        noted = _NOTED.get(id(self))
+        if noted is not None and type(value) is int:
+            noted[2].add((noted[0], noted[1] + name))
+        return value
+
+    made = type(own.__name__, (own,), {"__getattribute__": __getattribute__, "__module__": own.__module__})
+    return _RECORDING.setdefault(own, made)
+
+
+_RECORDING: dict[type, type] = {}
+
+
+def _described_call(call: list[CallInput], reading: dict) -> str:
+    """``hidden, attention_mask=tensor [3, 1, 5, 5], position_ids=positions [1, 5]`` (the shapes
+    the proof gave them: :func:`_readings`)."""
 
     def one(c: CallInput) -> str:
         if c.role in ("tuple", "list"):
             return "(" + ", ".join(one(item) for item in c.items) + ")"
-        return repr(c.value) if c.role == "literal" else c.role if c.role == "hidden" else f"{c.role} {c.shape}"
+        if c.role in ("hidden", "literal"):
+            return c.role if c.role == "hidden" else repr(c.value)
+        sizes = reading.get(id(c), [None] * len(c.shape))
+        return f"{c.role} {[size or d for size, d in zip(sizes, c.shape)]}"
 
     return ", ".join(f"{c.keyword}={one(c)}" if c.keyword else one(c) for c in call)
 

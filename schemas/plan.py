@@ -358,9 +358,10 @@ class LocalWeight(Base):
 
 class LocalAttribute(Base):
     """An integer attribute the sub-layer's forward reads a size from (``self.num_heads``,
-    ``self.split_size``, a projection's ``nf``, or a head count of an object the layer holds:
-    ``self.config.num_attention_heads``, named ``config.num_attention_heads``), set to ``local``
-    for the duration of the call."""
+    ``self.split_size``, a projection's ``nf``, a child core attention's width, or one of an
+    object the layer holds: ``self.config.num_attention_heads``, named
+    ``config.num_attention_heads``), set to ``local`` for the duration of the call: those the
+    planner's proof needs localised (planner/local_view.py ``discover``)."""
 
     layer: Fqn
     name: AttributePath
@@ -375,9 +376,9 @@ class CallInput(Base):
 
     - ``hidden``: the first tensor input, the activation the view takes whole on every rank
       (random in the proof);
-    - ``mask``: a bool or float tensor whose last two dims are the sequence's (an attention mask;
-      the causal mask in the proof), ``positions``: an integer tensor (``arange`` of the
-      sequence in the proof), ``tensor``: any other (random in the proof). Each is replicated over
+    - ``mask``: a bool tensor (a selector; causal in the proof), ``positions``: an integer tensor
+      (``arange`` of the sequence in the proof), ``tensor``: a float or complex one, whatever it
+      is for, an additive mask or a rotary table (random in the proof). Each is replicated over
       mp and carries no gradient;
     - ``literal``: ``value`` (None, a bool, a number, a string), passed as the trace passed it;
     - ``tuple`` / ``list``: its ``items`` (HF's ``position_embeddings=(cos, sin)``).

@@ -96,11 +96,11 @@ def test_planner_records_a_proven_local_view(local_plan):
         "c_proj.bias": (None, 1, True),
     }
     attributes = {(a.layer.rpartition("h.0.")[2], a.name): (a.whole, a.local) for a in view.attributes}
-    # the row projection's ``nf`` (the whole output width, 32 too) is not localised
+    # the row projection's ``nf`` (the whole output width, 32 too) is not localised, nor is
+    # ``embed_dim`` (32 too), which the forward never reads: the proof finds what it reads
     assert attributes == {
         ("attn", "num_heads"): (4, 2),
         ("attn", "split_size"): (32, 16),
-        ("attn", "embed_dim"): (32, 16),
         ("attn.c_attn", "nf"): (96, 48),
     }
     assert "equal the global run" in view.verified
@@ -187,6 +187,11 @@ TRAININGS = [
     # test_attentions_scored_by_batched_products_train_like_one_device_as_local_views
     ("zoo_opt_hf", 1),
     ("zoo_gpt_bigcode_hf", 1),
+    # test_attentions_whose_sizes_the_proof_finds_train_like_one_device_as_local_views
+    ("zoo_internlm2_hf", 1),
+    ("zoo_persimmon_hf", 1),
+    ("zoo_chatglm3_hf", 1),
+    ("zoo_baichuan_hf", 1),
 ]
 LAZY = "zoo_gpt2_hf_dp1_local_view_lazy"
 #: Fused weights whose checkpoints round trip: workload -> its segments (GPT-2's c_attn q|k|v,
@@ -309,19 +314,23 @@ def test_a_fused_gate_up_mlp_runs_as_a_local_view_without_its_gather():
 
 @pytest.mark.multiprocess
 def test_a_fused_mlp_local_view_trains_like_one_device_at_half_the_width(trained, reference_runs):
-    """ERNIE 4.5 (PaddleFormers), whose MLP holds ``self.intermediate_size``: localised to half
-    (PaddleFormers 1.2's ``MLP.forward`` never reads it: ``chunk`` halves whatever it gets), each
-    rank's ``down_proj`` reads 32 of the 64 intermediate features (the gathered layout: all 64 on
-    every rank), and training matches one device."""
+    """ERNIE 4.5 (PaddleFormers), whose MLP holds ``self.intermediate_size`` but never reads it
+    (``chunk`` halves whatever it gets): not localised, each rank's ``down_proj`` reads 32 of the
+    64 intermediate features (the gathered layout: all 64 on every rank), and training matches one
+    device. Its attention (``qkv_proj`` laid out KV group by KV group, cut by a reshape reading
+    ``num_key_value_groups``, 2 as its KV heads, which stays whole) is a local view too, each
+    rank's ``o_proj`` reading its 2 heads' 16 features."""
     run = _trained(trained, _name("zoo_pf_ernie45", 1))
     views = {view.layer: view for view in run.plan.local_view}
-    assert sorted(views) == ["model.layers.0.mlp", "model.layers.1.mlp"]
-    attributes = [(a.name, a.whole, a.local) for a in views["model.layers.0.mlp"].attributes]
-    assert attributes == [("intermediate_size", ERNIE_INTERMEDIATE, ERNIE_INTERMEDIATE // 2)]
+    assert sorted(views) == [f"model.layers.{i}.{sub}" for i in (0, 1) for sub in ("mlp", "self_attn")]
+    assert views["model.layers.0.mlp"].attributes == []
+    attention = [(a.name, a.whole, a.local) for a in views["model.layers.0.self_attn"].attributes]
+    assert attention == [("num_heads", 4, 2), ("num_key_value_heads", 2, 1)]
     check_against_reference(run, reference_runs)
     for output in run.outputs:
         widths = output["linear_input_widths"]
         assert [widths[f"model.layers.{i}.mlp.down_proj"] for i in (0, 1)] == [[ERNIE_INTERMEDIATE // 2]] * 2, widths
+        assert [widths[f"model.layers.{i}.self_attn.o_proj"] for i in (0, 1)] == [[4 * 8 // 2]] * 2, widths
 
 
 def test_a_dist_parallelize_config_refuses_local_views(local_plan):
@@ -469,7 +478,7 @@ CALLED = {
     # unpacked as hidden_states, self_attn_weights (never read); q|k|v in three blocks
     PHI3: (
         "model.layers.{}.self_attn",
-        [("hidden", "hidden_states"), ("mask", "attention_mask"), ("positions", "position_ids")],
+        [("hidden", "hidden_states"), ("tensor", "attention_mask"), ("positions", "position_ids")],
         {"qkv_proj.weight": 3},
         "o_proj",
         64 // 2,
@@ -499,13 +508,13 @@ def test_an_attention_taking_a_mask_and_positions_is_a_local_view(target):
 
 def test_phi3_attention_localises_the_head_counts_its_config_holds():
     """HF Phi-3 cuts q at ``self.config.num_attention_heads * self.head_dim``: the config's head
-    counts are localised with the layer's own; without the config's, the proof fails."""
+    count is localised with the layer's own KV head count (the config's, which the forward never
+    reads, is left alone); without the config's, the proof fails."""
     plan = _planned(PHI3)
     view = next(v for v in plan.local_view if v.layer == "model.layers.0.self_attn")
     assert {(a.name, a.whole, a.local) for a in view.attributes} == {
         ("num_key_value_heads", 4, 2),
         ("config.num_attention_heads", 4, 2),
-        ("config.num_key_value_heads", 4, 2),
     }
     model = load(PHI3).model
     layer = dict(model.named_sublayers())[view.layer]
@@ -600,7 +609,7 @@ STOPPED = {
         ["layers.0.attention", "layers.1.attention"],
         "wo",
         4 * 8 // 2,
-        [("hidden", "float32"), ("tensor", "complex64"), ("mask", "float32")],
+        [("hidden", "float32"), ("tensor", "complex64"), ("tensor", "float32")],
     ),
     XLM: (
         "zoo_xlm_hf",
@@ -641,7 +650,8 @@ def test_attentions_paddle_cannot_keep_split_train_like_one_device_as_local_view
 #: Phi-3's attention is called with create_causal_mask's ``[batch, 1, q, kv]`` mask (the batch's
 #: rows) and ``position_ids`` ``[1, seq]`` (not), its MLP a fused gate|up (64 x 2 features); XLM's
 #: attention with get_masks' ``[bs, slen, slen]`` bool mask, scored by masked_fill; ERNIE 4.5's
-#: MLP a fused up|gate, ``self.intermediate_size`` 64.
+#: MLP a fused up|gate, ``self.intermediate_size`` 64, its attention called with a ``[batch, 1, q,
+#: kv]`` mask.
 DP_MP = {
     "zoo_phi3_hf": (
         [f"model.layers.{i}.{sub}" for i in (0, 1) for sub in ("mlp", "self_attn")],
@@ -658,8 +668,8 @@ DP_MP = {
         32 // 2,
     ),
     "zoo_pf_ernie45": (
-        ["model.layers.0.mlp", "model.layers.1.mlp"],
-        set(),
+        [f"model.layers.{i}.{sub}" for i in (0, 1) for sub in ("mlp", "self_attn")],
+        {"attention_mask"},
         ["model.layers.0.mlp", "model.layers.1.mlp"],
         "down_proj",
         ERNIE_INTERMEDIATE // 2,
@@ -723,3 +733,42 @@ def test_attentions_scored_by_batched_products_train_like_one_device_as_local_vi
         [],
     ]
     _trained_at_half_width(trained, rows, reference_runs)
+
+
+#: workload -> (its attentions, their row projection, its input width on one rank, whether its
+#: scores are a 4-D paddle.matmul the run records), read from the models: InternLM2 4 heads of 8
+#: over 2 KV groups (``num_key_value_groups`` 2 stays whole), Persimmon 4 heads of 8 with a
+#: rotary width of 4 (``rotary_ndims`` stays whole), ChatGLM3 4 heads of 8 over 2 groups, its
+#: scores by ``baddbmm`` in the child ``core_attention``, whose ``hidden_size_per_partition`` is
+#: halved and whose ``coeff`` (2 in layer 2) stays whole; Baichuan 7B 4 heads of 8 packed in
+#: ``W_pack``, its ``hidden_size`` (32, the model's width too) halved.
+FOUND = {
+    "zoo_internlm2_hf": ([f"model.layers.{i}.attention" for i in (0, 1)], "wo", 4 * 8 // 2, True),
+    "zoo_persimmon_hf": ([f"model.layers.{i}.self_attn" for i in (0, 1)], "dense", 4 * 8 // 2, True),
+    "zoo_baichuan_hf": ([f"model.layers.{i}.self_attn" for i in (0, 1)], "o_proj", 4 * 8 // 2, True),
+    "zoo_chatglm3_hf": (
+        [f"transformer.encoder.layers.{i}.self_attention" for i in (0, 1)],
+        "dense",
+        4 * 8 // 2,
+        False,
+    ),
+}
+
+
+@pytest.mark.multiprocess
+def test_attentions_whose_sizes_the_proof_finds_train_like_one_device_as_local_views(trained, reference_runs):
+    """InternLM2 (a KV-group count equal to the KV heads), Persimmon (a rotary width equal to the
+    heads), ChatGLM3 (sizes held by a child core attention, a layer number equal to the KV
+    groups) and Baichuan 7B (``W_pack`` cut by ``unflatten``) planned at mp2, their attentions
+    local views with the sizes the proof found (tests/test_local_view_sizes.py): on 2 gloo ranks,
+    losses and parameters as one device, each rank's output projection reading half of the
+    heads' width and, where the scores are a 4-D matmul, each rank's scores holding 2 of the 4
+    heads."""
+    plans = trained[0]
+    for workload, (layers, _, _, scored) in FOUND.items():
+        assert [v.layer for v in plans[_name(workload, 1)].local_view if v.layer in layers] == layers
+        if scored:
+            for output in _trained(trained, _name(workload, 1)).outputs:
+                heads = {shape[1] for shape in output["score_shapes"]}
+                assert output["score_shapes"] and heads == {HEADS // 2}, output["score_shapes"]
+    _trained_at_half_width(trained, {w: rows[:3] for w, rows in FOUND.items()}, reference_runs)

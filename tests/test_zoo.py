@@ -313,6 +313,50 @@ EXPECTED = {
         "model.embed_tokens.weight": COL_B,
         "lm_head.weight": COL,
     },
+    # InternLM2's remote code: grouped-query q|k|v fused in wqkv, laid out KV group by KV group
+    # ([q_1 q_2 k v] per group) and cut by rearrange; a local view (LOCAL_VIEWS): Megatron's
+    # placements, each rank holding whole KV groups (wqkv by columns, wo by rows)
+    f"{ZOO}/internlm2_hf.py": {
+        **fused("model.layers.*.attention", "wqkv"),
+        "model.layers.*.attention.wo.weight": ROW,
+        **mlp("model.layers.*.feed_forward", ("w1", "w3"), "w2"),
+        "model.layers.*.*_norm.weight": REP,
+        "model.tok_embeddings.weight": COL_B,
+        "output.weight": COL,
+    },
+    # HF Persimmon: q, k, v interleaved per head in query_key_value, partial rotary on 4 of each
+    # head's 8 features; its squared-ReLU MLP (elementwise_pow, no SPMD rule) and the attention
+    # split as local views (LOCAL_VIEWS)
+    f"{ZOO}/persimmon_hf.py": {
+        **fused("model.layers.*.self_attn", "query_key_value", bias=True),
+        "model.layers.*.self_attn.dense.weight": ROW,
+        "model.layers.*.self_attn.dense.bias": REP,
+        **mlp("model.layers.*.mlp", ("dense_h_to_4h",), "dense_4h_to_h", bias=True),
+        "model.layers.*.*layernorm.*": REP,
+        "model.embed_tokens.weight": COL_B,
+        "lm_head.weight": COL,
+    },
+    # Baichuan 7B's remote code: q|k|v packed in W_pack, cut by unflatten and indexing; Megatron's
+    # placements (W_pack by columns, gathered; as a local view the same)
+    f"{ZOO}/baichuan_hf.py": {
+        **fused("model.layers.*.self_attn", "W_pack"),
+        "model.layers.*.self_attn.o_proj.weight": ROW,
+        **mlp("model.layers.*.mlp"),
+        "model.layers.*.*layernorm.weight": REP,
+        "model.embed_tokens.weight": COL_B,
+        "lm_head.weight": COL,
+    },
+    # THUDM's ChatGLM3 (sequence first): grouped q|k|v fused in query_key_value, the scores in a
+    # child CoreAttention masked by masked_fill (no SPMD rule): a local view (LOCAL_VIEWS); the
+    # swiglu MLP's fused gate|up by columns, dense_4h_to_h by rows
+    f"{ZOO}/chatglm3_hf.py": {
+        **fused("transformer.encoder.layers.*.self_attention", "query_key_value", bias=True),
+        "transformer.encoder.layers.*.self_attention.dense.weight": ROW,
+        **mlp("transformer.encoder.layers.*.mlp", ("dense_h_to_4h",), "dense_4h_to_h"),
+        "transformer.encoder.*layernorm.weight": REP,
+        "transformer.embedding.word_embeddings.weight": COL_B,
+        "transformer.output_layer.weight": COL,
+    },
     f"{PF}:build_gpt_oss": {
         **attention("model.layers.*.self_attn", bias=True, o_bias=True),
         "model.layers.*.mlp.router.weight": REP,
@@ -367,14 +411,25 @@ PLANNED_AT = {
     # at these sizes the search prefers sequence parallelism with the attention replicated (local
     # views do not run under it): its two all-reduces cost more than the 4 small heads' compute
     f"{ZOO}/xlm_hf.py": {"sequence_parallel": False},
+    # the same for Persimmon, whose squared-ReLU MLP is split only as a local view
+    f"{ZOO}/persimmon_hf.py": {"sequence_parallel": False},
 }
 
 
 #: Models planned with local views (the planner's default; the tests' plan_target has them off,
 #: so the other tables describe the global view): Mistral's attention, whose as_complex rotary
-#: has no SPMD rule, XLM's, masked by masked_fill (no rule either), and x-transformers', scored by
-#: einsum (which runs on local tensors only), are split only as local views.
-LOCAL_VIEWS = {f"{ZOO}/mixtral_mistral_ref.py", f"{ZOO}/xlm_hf.py", f"{ZOO}/x_transformers.py"}
+#: has no SPMD rule, XLM's, masked by masked_fill (no rule either), x-transformers', scored by
+#: einsum (which runs on local tensors only), Persimmon's squared-ReLU MLP and ChatGLM3's
+#: masked_fill attention are split only as local views; InternLM2's and Persimmon's fused
+#: attentions are planned as their local views too.
+LOCAL_VIEWS = {
+    f"{ZOO}/mixtral_mistral_ref.py",
+    f"{ZOO}/xlm_hf.py",
+    f"{ZOO}/x_transformers.py",
+    f"{ZOO}/internlm2_hf.py",
+    f"{ZOO}/persimmon_hf.py",
+    f"{ZOO}/chatglm3_hf.py",
+}
 
 
 @functools.cache
