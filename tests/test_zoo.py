@@ -67,6 +67,15 @@ EXPECTED = {
         "head.weight": COL,
         "head.bias": COL_B,
     },
+    f"{ZOO}/sam_encoder.py": {
+        # its attention reads B, H, W with paddle.shape: the trace knows those sizes only at run
+        # time, so no SPMD rule says the heads stay split through its reshape and flatten
+        **{f"blocks.*.attn.{n}.{p}": REP for n in ("qkv", "proj") for p in ("weight", "bias")},
+        **mlp("blocks.*.mlp", ("lin1",), "lin2", bias=True),
+        "head.weight": REP,
+        "patch_embed.proj.weight": REP,
+        "pos_embed": REP,
+    },
     f"{ZOO}/vit.py": {
         **fused("blocks.*.attn", "qkv", bias=True),
         "blocks.*.attn.proj.weight": ROW,
