@@ -170,9 +170,34 @@ def plan_analysed(
             priced = replace(priced, local_views=priced.local_views - unproven)
             with progress.step("searching again, the unproven local views gathered"):
                 result = search(priced, request)
+    _refuse_crashes(analysis, model, {view.layer for view in views[0]} if views else set())
     with progress.step("writing the plan"):
         plan = build_plan(analysis, result, request, arguments, views)
     return PlannedModel(plan=plan, analysis=analysis, result=result, traced=traced.program)
+
+
+def _refuse_crashes(analysis: ModelAnalysis, model: paddle.nn.Layer | None, local: set[str]) -> None:
+    """Refuse, in one line, a model with an op Paddle cannot run on the distributed tensors
+    apply_plan gives it (:mod:`~autodist.planner.recognise.crashes`) outside the sub-layers that
+    run on local tensors (``local``): naming the sub-layer, its forward's source line and the
+    rewrite."""
+    from autodist.planner.errors import PlannerError
+    from autodist.planner.recognise.crashes import distributed_crashes
+    from autodist.planner.trace import forward_source
+
+    crashes = [c for c in distributed_crashes(analysis.graph) if not any(_inside(c.layer, v) for v in local)]
+    if crashes:
+        first = crashes[0]
+        where = forward_source(model, first.layer) if model is not None else ""
+        raise PlannerError(
+            f"{first.layer or 'the model'}{f' ({where})' if where else ''} takes {first.idiom}, and it would run "
+            f"on them under any plan (only a local view runs on plain tensors, and none was proven there); "
+            f"{first.rewrite}"
+        )
+
+
+def _inside(layer: str, outer: str) -> bool:
+    return layer == outer or layer.startswith(outer + ".")
 
 
 def plan_target(

@@ -564,3 +564,22 @@ def _place_buffers_with_their_consumer(ops, op_layers, index, param_fqns) -> Non
         consumers = sorted(index[user] for user in op.result(0).all_used_ops() if user in index)
         if consumers:
             op_layers[i] = op_layers[consumers[0]]
+
+
+def forward_source(model: paddle.nn.Layer, fqn: str) -> str:
+    """Where the sub-layer ``fqn`` of ``model`` has its ``forward``: ``Class.forward at file:line``,
+    or "" when Python cannot say (a built-in, a layer that is gone).
+
+    >>> forward_source(paddle.nn.Sequential(paddle.nn.Linear(2, 2)), "0")  # doctest: +ELLIPSIS
+    'Linear.forward at .../paddle/nn/layer/common.py:...'
+    """
+    layer = dict(model.named_sublayers(include_self=True)).get(fqn)
+    if layer is None:
+        return ""
+    forward = inspect.unwrap(type(layer).forward)
+    try:
+        line = inspect.getsourcelines(forward)[1]
+        path = inspect.getsourcefile(forward)
+    except (OSError, TypeError):
+        return ""
+    return f"{type(layer).__name__}.forward at {path}:{line}"

@@ -86,3 +86,17 @@ def test_a_none_batch_in_the_input_spec_refuses_the_proof_with_a_reason(tmp_path
     assert_plan_or_one_error(done, out)
     assert done.returncode == 0
     assert "has a size known only at run time ([-1, 17, 32] in the trace" in out.read_text()
+
+
+def test_a_zero_width_slice_on_distributed_tensors_is_refused_in_one_line_naming_the_forward(tmp_path):
+    """PaddleFormers' Phi-3 (partial_rotary_factor 1) concatenates back ``q[..., rotary_dim:]``,
+    empty; its backward segfaults on every rank on distributed tensors (docs/paddle-notes.md). Its
+    attention takes a cache object, so no local view of it is proven: refused before any plan,
+    naming the attention's forward (file:line) and the rewrite. The plan used to be written and
+    the training died with SIGSEGV (tests/test_train_zoo.py skipped it)."""
+    done, out = plan_command(tmp_path, "tests/models/paddleformers_models.py:build_phi3", "-q")
+    assert_plan_or_one_error(done, out)
+    assert done.returncode == 2
+    assert "model.layers.0.self_attn (Phi3Attention.forward at " in done.stderr
+    assert "paddleformers/transformers/phi3/modeling.py:" in done.stderr
+    assert "zero-width slice ([2, 4, 8, 0])" in done.stderr and "rotate q and k whole" in done.stderr

@@ -231,11 +231,7 @@ EXPECTED = {
         "*.relative_attention_bias.weight": REP,
     },
     f"{PF}:build_llama": {**attention("model.layers.*.self_attn"), **mlp("model.layers.*.mlp")},
-    f"{PF}:build_phi3": {
-        **fused("model.layers.*.self_attn", "qkv_proj"),
-        "model.layers.*.self_attn.o_proj.weight": ROW,
-        **mlp("model.layers.*.mlp", ("gate_up_proj",)),
-    },
+    f"{PF}:build_phi3": {},  # refused (REFUSED below)
     f"{PF}:build_gemma3": {
         **fused("model.layers.*.self_attn", "qkv_proj"),
         "model.layers.*.self_attn.o_proj.weight": ROW,
@@ -383,7 +379,13 @@ PLANNED_AT = {
 #: so the other tables describe the global view): Mistral's attention, whose as_complex rotary
 #: has no SPMD rule, XLM's, masked by masked_fill (no rule either), and x-transformers', scored by
 #: einsum (which runs on local tensors only), are split only as local views.
-LOCAL_VIEWS = {f"{ZOO}/mixtral_mistral_ref.py", f"{ZOO}/xlm_hf.py", f"{ZOO}/x_transformers.py"}
+LOCAL_VIEWS = {f"{ZOO}/mixtral_mistral_ref.py", f"{ZOO}/xlm_hf.py", f"{ZOO}/x_transformers.py", f"{ZOO}/phi3_hf.py"}
+
+#: Models the planner refuses, with what the one line says: PaddleFormers' Phi-3 takes the empty
+#: slice q[..., rotary_dim:] (partial_rotary_factor 1), whose backward segfaults on distributed
+#: tensors, and its attention takes a cache object, so no local view of it is proven (HF Phi-3's
+#: is, and runs on plain tensors: planned with local views above).
+REFUSED = {f"{PF}:build_phi3": "model.layers.0.self_attn (Phi3Attention.forward at "}
 
 
 @functools.cache
@@ -418,11 +420,22 @@ def test_every_zoo_model_has_its_expected_placements():
 
 @pytest.mark.parametrize(
     "target",
-    [pytest.param(t, marks=pytest.mark.xfail(reason=NOT_YET[t], strict=True)) if t in NOT_YET else t for t in EXPECTED],
+    [
+        pytest.param(t, marks=pytest.mark.xfail(reason=NOT_YET[t], strict=True)) if t in NOT_YET else t
+        for t in EXPECTED
+        if t not in REFUSED
+    ],
 )
 def test_zoo_model_gets_the_placements_a_reader_expects(target):
     problems = mismatches(EXPECTED[target], mp_placements(target))
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("target", list(REFUSED))
+def test_zoo_model_that_would_crash_paddle_is_refused_naming_the_line(target):
+    with pytest.raises(PlannerError, match="zero-width slice") as refused:
+        mp_plan(target)
+    assert REFUSED[target] in str(refused.value) and "rotate q and k whole" in str(refused.value)
 
 
 @pytest.mark.parametrize("target", list(EXPERTS))
