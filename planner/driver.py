@@ -28,7 +28,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
@@ -65,6 +65,9 @@ class PlannedModel:
     analysis: ModelAnalysis
     result: SearchResult
     traced: TracedProgram
+    #: Each sub-layer kind the plan keeps gathered or replicated: why, where in the model's code,
+    #: and the smallest rewrite where one is known (:func:`_kept_whole`; warnings and ``--explain``).
+    kept_whole: list[str] = field(default_factory=list)
 
 
 def load(target: str, input_specs: Sequence[str] | None = None, progress: Progress | None = None) -> LoadedModel:
@@ -173,7 +176,43 @@ def plan_analysed(
     _refuse_crashes(analysis, model, {view.layer for view in views[0]} if views else set())
     with progress.step("writing the plan"):
         plan = build_plan(analysis, result, request, arguments, views)
-    return PlannedModel(plan=plan, analysis=analysis, result=result, traced=traced.program)
+    kept = _kept_whole(
+        analysis, model, plan.strategy.mp, views[1] if views else [], {view.layer for view in plan.local_view}
+    )
+    return PlannedModel(plan=plan, analysis=analysis, result=result, traced=traced.program, kept_whole=kept)
+
+
+def _kept_whole(
+    analysis: ModelAnalysis, model: paddle.nn.Layer | None, mp: int, view_notes: list[str], local: set[str]
+) -> list[str]:
+    """One line per sub-layer kind that stays gathered or replicated: the planner's reason (what
+    stopped the split, or why its local view was not proven), the forward of the sub-layer the
+    reason names (``Class.forward at file:line``), and the smallest rewrite where one is known:
+    by the op that stopped the split (:data:`~autodist.planner.recognise.spmd.REWRITES`), or
+    reading sizes the trace does not know (an op of that layer with a -1 size)."""
+    from autodist.planner.local_view import candidates
+    from autodist.planner.recognise.spmd import REWRITES, RUN_TIME_SIZES, dynamic
+    from autodist.planner.trace import forward_source
+
+    def located(note: str, layer: str | None, rewrite: str) -> str:
+        where = forward_source(model, layer) if model is not None and layer is not None else ""
+        return note + (f"; model code: {where}" if where else "") + (f"; to split it: {rewrite}" if rewrite else "")
+
+    def run_time_sizes(layer: str) -> bool:
+        graph = analysis.graph
+        return any(dynamic(graph.nodes[n]["shapes"] or []) for n in graph if graph.nodes[n]["layer"] == layer)
+
+    lines = []
+    views_ran = bool(view_notes or local)  # then each candidate's note says how it runs, and why
+    for note, (layer, op, local_view) in analysis.refusals.items():
+        if not (local_view and views_ran):
+            lines.append(located(note, layer, RUN_TIME_SIZES if run_time_sizes(layer) else REWRITES.get(op, "")))
+    unproven = [c for c in candidates(analysis, mp) if c.layer not in local] if mp > 1 else []
+    for note in view_notes:  # a candidate stopped by an op with no rule keeps that op's rewrite
+        found = next((c for c in unproven if note.startswith(f"local view: {c.layer} ")), None)
+        stopped_by = found.sublayer.stopped_by if found else ""
+        lines.append(located(note, found.layer if found else None, REWRITES.get(stopped_by, "")))
+    return lines
 
 
 def _refuse_crashes(analysis: ModelAnalysis, model: paddle.nn.Layer | None, local: set[str]) -> None:

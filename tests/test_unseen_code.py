@@ -100,3 +100,50 @@ def test_a_zero_width_slice_on_distributed_tensors_is_refused_in_one_line_naming
     assert "model.layers.0.self_attn (Phi3Attention.forward at " in done.stderr
     assert "paddleformers/transformers/phi3/modeling.py:" in done.stderr
     assert "zero-width slice ([2, 4, 8, 0])" in done.stderr and "rotate q and k whole" in done.stderr
+
+
+def _forward_line(path, cls: str) -> int:
+    """The line of ``def forward`` in class ``cls`` of the file at ``path``."""
+    lines = path.read_text().splitlines()
+    start = lines.index(f"class {cls}(nn.Layer):")
+    return next(i for i, line in enumerate(lines[start:], start + 1) if line.strip().startswith("def forward("))
+
+
+def test_what_stays_replicated_is_warned_and_explained_with_the_line_and_the_rewrite(tmp_path):
+    """SAM's attention stays replicated (its sizes come from paddle.shape): one warning, and one
+    line under --explain, each naming the attention's forward (file:line) and the rewrite."""
+    done, out = plan_command(tmp_path, SAM, "--explain")
+    assert done.returncode == 0, done.stderr[-2000:]
+    where = f"model code: Attention.forward at {SAM}:{_forward_line(SAM, 'Attention')}"
+    rewrite = "to split it: read the sizes with x.shape (Python ints under a fixed input spec) instead of paddle.shape"
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: blocks.*.attn")]
+    assert len(warnings) == 1 and where in warnings[0] and rewrite in warnings[0], done.stderr
+    explained = done.stderr.split("why these stay gathered or replicated, and what to change:\n", 1)[1]
+    assert explained.startswith("  blocks.*.attn.proj: ") and where in explained.splitlines()[0], explained
+    assert rewrite in explained.splitlines()[0]
+
+
+def test_an_unproven_local_view_stopped_by_masked_fill_names_the_where_rewrite():
+    """An attention scored by masked_fill (no SPMD rule in Paddle), whose local view cannot be
+    proven (its head count is a module constant): the warning gives the proof's reason, the
+    forward and the rewrite that keeps the heads split in Paddle's global view."""
+    from test_mask_spellings import B, D, S, Encoder, ModuleConstantHeads
+
+    import paddle
+
+    from autodist.planner.cost.search import SearchRequest
+    from autodist.planner.driver import plan_model
+
+    model = Encoder("expand_as+masked_fill", True)
+    for i, layer in enumerate(model.layers):
+        model.layers[i] = ModuleConstantHeads(layer.spelling)
+    spec = [paddle.static.InputSpec([B, S, D], "float32", "x"), paddle.static.InputSpec([B, S], "int64", "mask")]
+    request = SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1, sequence_parallel=False)
+    kept = plan_model(model, spec, request, {"target": "Encoder"}).kept_whole
+    assert len(kept) == 1, kept
+    assert kept[0].startswith("local view: layers.0 and 1 more like it stay global (replicated")
+    assert "; model code: ModuleConstantHeads.forward at " in kept[0]
+    assert kept[0].endswith(
+        "; to split it: "
+        + "write paddle.where(mask, paddle.full_like(scores, value), scores), which keeps the heads split"
+    )

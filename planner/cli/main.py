@@ -281,12 +281,16 @@ def plan(
         click.echo(explain_table(made.result), err=True)
         for line in sublayer_lines(made.analysis, made.plan):
             click.echo(printable(line), err=True)
+        if made.kept_whole:
+            click.echo("why these stay gathered or replicated, and what to change:", err=True)
+        for line in made.kept_whole:
+            click.echo(printable(f"  {line}"), err=True)
     if not quiet:
         from autodist.planner.review.format import collapse
 
         # one line per kind of layer (indices collapsed), not one per layer
-        for note in made.analysis.refusals:
-            click.echo(printable(f"warning: {note}"), err=True)
+        for line in made.kept_whole:
+            click.echo(printable(f"warning: {line}"), err=True)
         for row in collapse(dict.fromkeys(made.analysis.unmatched, 0)):
             click.echo(
                 printable(f"warning: layer {row.pattern}: no pattern matched it; its parameters stay replicated"),

@@ -157,6 +157,21 @@ _RULE_ARGS: dict[str, tuple[str, Callable[[dict], list]]] = {
 SIZE_RULES = frozenset({"reshape", "flatten"})
 
 
+#: The smallest change to a model's code that lets Paddle keep a split through an op that stops
+#: it, by op (docs/paddle-notes.md, "Masks", "SPMD rules"); :data:`RUN_TIME_SIZES` for an op whose
+#: sizes the trace does not know.
+REWRITES = {
+    "masked_fill": "write paddle.where(mask, paddle.full_like(scores, value), scores), which keeps the heads split",
+    "tril": "build the causal mask with paddle.triu(paddle.full_like(scores, -inf), 1), which keeps the heads split",
+    "as_complex": "rotate with cos and sin on real tensors (rotate_half) instead of complex multiplication",
+    "einsum": "write the contraction with matmul (Paddle runs einsum on local tensors only)",
+}
+RUN_TIME_SIZES = (
+    "read the sizes with x.shape (Python ints under a fixed input spec) instead of paddle.shape, "
+    "and give the input spec fixed sizes"
+)
+
+
 def dynamic(shapes: Sequence[Sequence[int] | None]) -> bool:
     """Whether any of ``shapes`` holds a size known only at run time (-1 in the trace).
 
