@@ -147,3 +147,25 @@ def test_an_unproven_local_view_stopped_by_masked_fill_names_the_where_rewrite()
         "; to split it: "
         + "write paddle.where(mask, paddle.full_like(scores, value), scores), which keeps the heads split"
     )
+
+
+def test_a_failure_inside_the_planner_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    """Whatever breaks inside the planner on a model it has not seen (here the recognition stage,
+    made to fail), the command says so in one ``error:`` line naming the exception and where it was
+    raised, exit 2, no plan written."""
+    from click.testing import CliRunner
+
+    from autodist.planner import driver
+    from autodist.planner.cli import cli
+
+    def broken(*args, **kwargs):
+        raise IndexError("list index out of range\nsecond line")
+
+    monkeypatch.setattr(driver, "analyse", broken)
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(cli, [str(SAM), "--devices", "2", "-q", "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(
+        f"error: planning {SAM} failed inside the planner: IndexError: list index out of range (raised at "
+    ), result.stderr
+    assert "test_unseen_code.py:" in result.stderr and not out.exists()
