@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
     from autodist.planner.trace import TracedProgram
     from autodist.schemas import Plan
-    from autodist.schemas.plan import Recompute, Schedule, ShardingStage
+    from autodist.schemas.plan import LocalView, Recompute, Schedule, ShardingStage, Strategy
     from autodist.schemas.vocabulary import TrainingDType
 
 from autodist.planner.progress import Progress
@@ -173,7 +173,7 @@ def plan_analysed(
             priced = replace(priced, local_views=priced.local_views - unproven)
             with progress.step("searching again, the unproven local views gathered"):
                 result = search(priced, request)
-    _refuse_crashes(analysis, model, {view.layer for view in views[0]} if views else set())
+    _refuse_crashes(analysis, model, views, result.best.strategy)
     with progress.step("writing the plan"):
         plan = build_plan(analysis, result, request, arguments, views)
     kept = _kept_whole(
@@ -215,23 +215,50 @@ def _kept_whole(
     return lines
 
 
-def _refuse_crashes(analysis: ModelAnalysis, model: paddle.nn.Layer | None, local: set[str]) -> None:
+def _refuse_crashes(
+    analysis: ModelAnalysis,
+    model: paddle.nn.Layer | None,
+    views: tuple[list[LocalView], list[str]] | None,
+    strategy: Strategy,
+) -> None:
     """Refuse, in one line, a model with an op Paddle cannot run on the distributed tensors
     apply_plan gives it (:mod:`~autodist.planner.recognise.crashes`) outside the sub-layers that
-    run on local tensors (``local``): naming the sub-layer, its forward's source line and the
-    rewrite."""
+    run on local tensors (``views``: those proven under ``strategy``, and the notes of those that
+    were not; None with local views off): naming the sub-layer, its forward's source line and the rewrite; and why its local
+    view was not proven, or, where ``strategy`` runs none, the strategies that do."""
     from autodist.planner.errors import PlannerError
     from autodist.planner.recognise.crashes import distributed_crashes
+    from autodist.planner.recognise.reshards import local_view_candidates
     from autodist.planner.trace import forward_source
+    from autodist.schemas.local_view import runs_local_views
 
-    crashes = [c for c in distributed_crashes(analysis.graph) if not any(_inside(c.layer, v) for v in local)]
+    proven, notes = views or ([], [])
+    crashes = [c for c in distributed_crashes(analysis.graph) if not any(_inside(c.layer, v.layer) for v in proven)]
     if crashes:
         first = crashes[0]
         where = forward_source(model, first.layer) if model is not None else ""
+        owners = [
+            layer for b in analysis.blocks for layer, _ in local_view_candidates(b) if _inside(first.layer, layer)
+        ]
+        why = next((n for n in notes for owner in owners if n.startswith(f"local view: {owner} ")), "")
+        if not owners:
+            otherwise = "no sub-layer around it can run as a local view, on plain tensors, so"
+        elif views is None:
+            otherwise = (
+                "its sub-layer can run on plain tensors only as a local view, which --no-local-view turns off, or"
+            )
+        elif not runs_local_views(strategy):
+            otherwise = (
+                "its sub-layer can run on plain tensors only as a local view, which runs under tensor and data "
+                "parallelism alone (give --mp, no pipeline, sequence parallelism, ZeRO, recompute or "
+                "micro-batches), or"
+            )
+        else:  # the reason, as local_views notes it: "local view: <layer> stays global (<how>): <reason>"
+            reason = f" ({why.split(': ', 2)[-1]})" if why else ""
+            otherwise = f"no local view of it was proven{reason}, so"
         raise PlannerError(
-            f"{first.layer or 'the model'}{f' ({where})' if where else ''} takes {first.idiom}, and it would run "
-            f"on them under any plan (only a local view runs on plain tensors, and none was proven there); "
-            f"{first.rewrite}"
+            f"{first.layer or 'the model'}{f' ({where})' if where else ''} takes {first.idiom}, and every "
+            f"plan makes its inputs distributed: {otherwise} {first.rewrite}"
         )
 
 

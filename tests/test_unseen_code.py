@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from harness.cli import ROOT
 
 SAM = ROOT / "tests" / "models" / "zoo" / "sam_encoder.py"
@@ -100,6 +102,7 @@ def test_a_zero_width_slice_on_distributed_tensors_is_refused_in_one_line_naming
     assert "model.layers.0.self_attn (Phi3Attention.forward at " in done.stderr
     assert "paddleformers/transformers/phi3/modeling.py:" in done.stderr
     assert "zero-width slice ([2, 4, 8, 0])" in done.stderr and "rotate q and k whole" in done.stderr
+    assert "no local view of it was proven (its argument past_key_values is a DynamicCache" in done.stderr
 
 
 def _forward_line(path, cls: str) -> int:
@@ -169,3 +172,18 @@ def test_a_failure_inside_the_planner_is_one_line_not_a_traceback(tmp_path, monk
         f"error: planning {SAM} failed inside the planner: IndexError: list index out of range (raised at "
     ), result.stderr
     assert "test_unseen_code.py:" in result.stderr and not out.exists()
+
+
+def test_a_zero_width_slice_a_local_view_could_hold_names_the_strategies_that_run_it():
+    """HF Phi-3 (tests/models/zoo/phi3_hf.py) has the same empty slice; its attention is proven as
+    a local view at mp2 and trains (tests/test_train_zoo.py). On one device no local view runs:
+    refused, saying which strategies run one."""
+    from autodist.planner.cost.search import SearchRequest
+    from autodist.planner.errors import PlannerError
+    from harness.planning import plan_target
+
+    target = "tests/models/zoo/phi3_hf.py"
+    assert plan_target(target, None, SearchRequest(devices_per_node=2, mp=2), {}, local_view=True).plan.local_view
+    with pytest.raises(PlannerError, match=r"zero-width slice \(\[2, 4, 16, 0\]\)") as refused:
+        plan_target(target, None, SearchRequest(devices_per_node=1), {}, local_view=True)
+    assert "only as a local view, which runs under tensor and data parallelism alone (give --mp" in str(refused.value)

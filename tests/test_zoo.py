@@ -436,6 +436,7 @@ def test_zoo_model_that_would_crash_paddle_is_refused_naming_the_line(target):
     with pytest.raises(PlannerError, match="zero-width slice") as refused:
         mp_plan(target)
     assert REFUSED[target] in str(refused.value) and "rotate q and k whole" in str(refused.value)
+    assert "only as a local view, which --no-local-view turns off" in str(refused.value)  # planned without
 
 
 @pytest.mark.parametrize("target", list(EXPERTS))
