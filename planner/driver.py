@@ -224,8 +224,8 @@ def _refuse_crashes(
     """Refuse, in one line, a model with an op Paddle cannot run on the distributed tensors
     apply_plan gives it (:mod:`~autodist.planner.recognise.crashes`) outside the sub-layers that
     run on local tensors (``views``: those proven under ``strategy``, and the notes of those that
-    were not; None with local views off): naming the sub-layer, its forward's source line and the rewrite; and why its local
-    view was not proven, or, where ``strategy`` runs none, the strategies that do."""
+    were not; None with local views off): naming the sub-layer, its forward's source line and the
+    rewrite, and why no local view holds it (not proven, off, or not run by ``strategy``)."""
     from autodist.planner.errors import PlannerError
     from autodist.planner.recognise.crashes import distributed_crashes
     from autodist.planner.recognise.reshards import local_view_candidates
