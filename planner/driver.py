@@ -28,7 +28,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
     from autodist.planner.trace import TracedProgram
     from autodist.schemas import Plan
-    from autodist.schemas.plan import Recompute, Schedule, ShardingStage
+    from autodist.schemas.plan import LocalView, Recompute, Schedule, ShardingStage, Strategy
     from autodist.schemas.vocabulary import TrainingDType
 
 from autodist.planner.progress import Progress
@@ -65,6 +65,9 @@ class PlannedModel:
     analysis: ModelAnalysis
     result: SearchResult
     traced: TracedProgram
+    #: Each sub-layer kind the plan keeps gathered or replicated: why, where in the model's code,
+    #: and the smallest rewrite where one is known (:func:`_kept_whole`; warnings and ``--explain``).
+    kept_whole: list[str] = field(default_factory=list)
 
 
 def load(target: str, input_specs: Sequence[str] | None = None, progress: Progress | None = None) -> LoadedModel:
@@ -170,9 +173,97 @@ def plan_analysed(
             priced = replace(priced, local_views=priced.local_views - unproven)
             with progress.step("searching again, the unproven local views gathered"):
                 result = search(priced, request)
+    _refuse_crashes(analysis, model, views, result.best.strategy)
     with progress.step("writing the plan"):
         plan = build_plan(analysis, result, request, arguments, views)
-    return PlannedModel(plan=plan, analysis=analysis, result=result, traced=traced.program)
+    kept = _kept_whole(
+        analysis, model, plan.strategy.mp, views[1] if views else [], {view.layer for view in plan.local_view}
+    )
+    return PlannedModel(plan=plan, analysis=analysis, result=result, traced=traced.program, kept_whole=kept)
+
+
+def _kept_whole(
+    analysis: ModelAnalysis, model: paddle.nn.Layer | None, mp: int, view_notes: list[str], local: set[str]
+) -> list[str]:
+    """One line per sub-layer kind that stays gathered or replicated: the planner's reason (what
+    stopped the split, or why its local view was not proven), the forward of the sub-layer the
+    reason names (``Class.forward at file:line``), and the smallest rewrite where one is known:
+    by the op that stopped the split (:data:`~autodist.planner.recognise.spmd.REWRITES`), or
+    reading sizes the trace does not know (an op of that layer with a -1 size)."""
+    from autodist.planner.local_view import candidates
+    from autodist.planner.recognise.spmd import REWRITES, RUN_TIME_SIZES, dynamic
+    from autodist.planner.trace import forward_source
+
+    def located(note: str, layer: str | None, rewrite: str) -> str:
+        where = forward_source(model, layer) if model is not None and layer is not None else ""
+        return note + (f"; model code: {where}" if where else "") + (f"; to split it: {rewrite}" if rewrite else "")
+
+    def run_time_sizes(layer: str) -> bool:
+        graph = analysis.graph
+        return any(dynamic(graph.nodes[n]["shapes"] or []) for n in graph if graph.nodes[n]["layer"] == layer)
+
+    lines = []
+    views_ran = bool(view_notes or local)  # then each candidate's note says how it runs, and why
+    for note, (layer, op, local_view) in analysis.refusals.items():
+        if not (local_view and views_ran):
+            lines.append(located(note, layer, RUN_TIME_SIZES if run_time_sizes(layer) else REWRITES.get(op, "")))
+    unproven = [c for c in candidates(analysis, mp) if c.layer not in local] if mp > 1 else []
+    for note in view_notes:  # a candidate stopped by an op with no rule keeps that op's rewrite
+        found = next((c for c in unproven if note.startswith(f"local view: {c.layer} ")), None)
+        stopped_by = found.sublayer.stopped_by if found else ""
+        lines.append(located(note, found.layer if found else None, REWRITES.get(stopped_by, "")))
+    return lines
+
+
+def _refuse_crashes(
+    analysis: ModelAnalysis,
+    model: paddle.nn.Layer | None,
+    views: tuple[list[LocalView], list[str]] | None,
+    strategy: Strategy,
+) -> None:
+    """Refuse, in one line, a model with an op Paddle cannot run on the distributed tensors
+    apply_plan gives it (:mod:`~autodist.planner.recognise.crashes`) outside the sub-layers that
+    run on local tensors (``views``: those proven under ``strategy``, and the notes of those that
+    were not; None with local views off): naming the sub-layer, its forward's source line and the
+    rewrite, and why no local view holds it (not proven, off, or not run by ``strategy``)."""
+    from autodist.planner.errors import PlannerError
+    from autodist.planner.recognise.crashes import distributed_crashes
+    from autodist.planner.recognise.reshards import local_view_candidates
+    from autodist.planner.trace import forward_source
+    from autodist.schemas.local_view import runs_local_views
+
+    proven, notes = views or ([], [])
+    crashes = [c for c in distributed_crashes(analysis.graph) if not any(_inside(c.layer, v.layer) for v in proven)]
+    if crashes:
+        first = crashes[0]
+        where = forward_source(model, first.layer) if model is not None else ""
+        owners = [
+            layer for b in analysis.blocks for layer, _ in local_view_candidates(b) if _inside(first.layer, layer)
+        ]
+        why = next((n for n in notes for owner in owners if n.startswith(f"local view: {owner} ")), "")
+        if not owners:
+            otherwise = "no sub-layer around it can run as a local view, on plain tensors, so"
+        elif views is None:
+            otherwise = (
+                "its sub-layer can run on plain tensors only as a local view, which --no-local-view turns off, or"
+            )
+        elif not runs_local_views(strategy):
+            otherwise = (
+                "its sub-layer can run on plain tensors only as a local view, which runs under tensor and data "
+                "parallelism alone (give --mp, no pipeline, sequence parallelism, ZeRO, recompute or "
+                "micro-batches), or"
+            )
+        else:  # the reason, as local_views notes it: "local view: <layer> stays global (<how>): <reason>"
+            reason = f" ({why.split(': ', 2)[-1]})" if why else ""
+            otherwise = f"no local view of it was proven{reason}, so"
+        raise PlannerError(
+            f"{first.layer or 'the model'}{f' ({where})' if where else ''} takes {first.idiom}, and every "
+            f"plan makes its inputs distributed: {otherwise} {first.rewrite}"
+        )
+
+
+def _inside(layer: str, outer: str) -> bool:
+    return layer == outer or layer.startswith(outer + ".")
 
 
 def plan_target(

@@ -57,6 +57,7 @@ from autodist.schemas.local_view import (
 from autodist.planner.recognise.analysis import ModelAnalysis
 from autodist.planner.recognise.reshards import local_view_candidates, local_weights
 from autodist.planner.recognise.roles import SubLayer
+from autodist.planner.recognise.spmd import dynamic
 from autodist.planner.trace import LayerCall, Opaque, TracedTensor
 
 #: Equal within: the local runs reassembled against the global run, float32.
@@ -257,6 +258,11 @@ def _call_input(value, keyword: str, hidden: TracedTensor, top: bool = False) ->
         name = keyword or "a positional argument"
         if value.dtype not in DTYPE_BYTES:
             raise NotProven(f"its input {name} is a {value.dtype} tensor")
+        if dynamic([value.shape]):  # a proof runs at fixed sizes
+            raise NotProven(
+                f"its input {keyword or '(positional)'} has a size known only at run time ({list(value.shape)} in "
+                "the trace: a None in the input spec or a size read with paddle.shape); give the input spec fixed sizes"
+            )
         dtype = typing.cast(DType, value.dtype)
         if top and value is hidden:
             return CallInput(role="hidden", keyword=keyword, shape=list(value.shape), dtype=dtype, batch=True)

@@ -564,3 +564,29 @@ def _place_buffers_with_their_consumer(ops, op_layers, index, param_fqns) -> Non
         consumers = sorted(index[user] for user in op.result(0).all_used_ops() if user in index)
         if consumers:
             op_layers[i] = op_layers[consumers[0]]
+
+
+def forward_source(model: paddle.nn.Layer, fqn: str) -> str:
+    """Where the code of sub-layer ``fqn`` of ``model`` is: ``Class.forward at file:line`` of it,
+    or of its nearest enclosing layer whose class is not Paddle's own (an op of a ``Linear`` is
+    written in the forward that calls it); "" when Python cannot say.
+
+    >>> class Net(paddle.nn.Layer):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc = paddle.nn.Linear(2, 2)
+    >>> forward_source(Net(), "fc")  # doctest: +ELLIPSIS
+    'Net.forward at ...'
+    """
+    layers = dict(model.named_sublayers(include_self=True))
+    path = fqn.split(".") if fqn else []
+    for depth in range(len(path), -1, -1):
+        layer = layers.get(".".join(path[:depth]))
+        if layer is None or type(layer).__module__.split(".")[0] == "paddle":
+            continue
+        forward = inspect.unwrap(type(layer).forward)
+        try:
+            return f"{type(layer).__name__}.forward at {inspect.getsourcefile(forward)}:{inspect.getsourcelines(forward)[1]}"
+        except (OSError, TypeError):
+            return ""
+    return ""

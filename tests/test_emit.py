@@ -204,18 +204,18 @@ def test_fused_qkv_gets_a_gather_hook_with_one_placement_per_mesh_axis():
 @pytest.mark.slow
 def test_sequence_parallel_fused_gathers_follow_the_layout_they_see():
     made = plan_target(
-        f"{MODELS / 'paddleformers_models.py'}:build_phi3",
+        f"{MODELS / 'paddleformers_models.py'}:build_gemma3",
         ["input_ids:int64:2x8"],
         SearchRequest(devices_per_node=4, dp=2, mp=2, pp=1, sequence_parallel=True),
-        {"target": "phi3"},
+        {"target": "gemma3"},
     )
     gathers = {h.layer: h.placements for h in made.plan.hooks if h.action == "reshard" and h.layer.endswith("_proj")}
     # Attention runs on [b, s, h] (batch dim 0 over dp), the MLP on [s, b, h] (batch dim 1).
     assert gathers == {
         "model.layers.0.self_attn.qkv_proj": ["S(0)", "R"],
         "model.layers.1.self_attn.qkv_proj": ["S(0)", "R"],
-        "model.layers.0.mlp.gate_up_proj": ["S(1)", "R"],
-        "model.layers.1.mlp.gate_up_proj": ["S(1)", "R"],
+        "model.layers.0.mlp.up_gate_proj": ["S(1)", "R"],
+        "model.layers.1.mlp.up_gate_proj": ["S(1)", "R"],
     }
     assert check_plan(made.plan) == []
 

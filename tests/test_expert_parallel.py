@@ -298,7 +298,7 @@ def test_an_moe_layers_routing_is_whole_by_design_and_not_reported_as_unrecognis
     made = plan_target(target, None, SearchRequest(devices_per_node=2, mp=2, device=H100), {"target": target})
     layers = [layer.format(i) for layer in routing for i in range(2)]
     assert all(made.plan.params[f"{layer}.weight"].placements == ["R"] for layer in layers)
-    said = made.analysis.refusals + made.analysis.unmatched + made.plan.notes
+    said = [*made.analysis.refusals, *made.analysis.unmatched, *made.plan.notes]
     assert not [line for line in said for layer in routing if layer.format("*") in line or layer.format(0) in line]
 
 

@@ -119,7 +119,8 @@ def test_cli_warns_once_per_layer_kind(target, tmp_path):
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert warnings == [
         "warning: blocks.*.fc2: op layer_norm (first seen in blocks.0.norm) stops the tensor-parallel split "
-        "before this projection; it and the projections feeding it stay replicated",
+        "before this projection; it and the projections feeding it stay replicated; model code: Block.forward "
+        f"at {target}:12",
         "warning: layer blocks.*.fc1: no pattern matched it; its parameters stay replicated",
         "warning: layer blocks.*.fc2: no pattern matched it; its parameters stay replicated",
     ]

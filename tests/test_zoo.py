@@ -67,6 +67,15 @@ EXPECTED = {
         "head.weight": COL,
         "head.bias": COL_B,
     },
+    f"{ZOO}/sam_encoder.py": {
+        # its attention reads B, H, W with paddle.shape: the trace knows those sizes only at run
+        # time, so no SPMD rule says the heads stay split through its reshape and flatten
+        **{f"blocks.*.attn.{n}.{p}": REP for n in ("qkv", "proj") for p in ("weight", "bias")},
+        **mlp("blocks.*.mlp", ("lin1",), "lin2", bias=True),
+        "head.weight": REP,
+        "patch_embed.proj.weight": REP,
+        "pos_embed": REP,
+    },
     f"{ZOO}/vit.py": {
         **fused("blocks.*.attn", "qkv", bias=True),
         "blocks.*.attn.proj.weight": ROW,
@@ -222,11 +231,7 @@ EXPECTED = {
         "*.relative_attention_bias.weight": REP,
     },
     f"{PF}:build_llama": {**attention("model.layers.*.self_attn"), **mlp("model.layers.*.mlp")},
-    f"{PF}:build_phi3": {
-        **fused("model.layers.*.self_attn", "qkv_proj"),
-        "model.layers.*.self_attn.o_proj.weight": ROW,
-        **mlp("model.layers.*.mlp", ("gate_up_proj",)),
-    },
+    f"{PF}:build_phi3": {},  # refused (REFUSED below)
     f"{PF}:build_gemma3": {
         **fused("model.layers.*.self_attn", "qkv_proj"),
         "model.layers.*.self_attn.o_proj.weight": ROW,
@@ -421,7 +426,8 @@ PLANNED_AT = {
 #: has no SPMD rule, XLM's, masked by masked_fill (no rule either), x-transformers', scored by
 #: einsum (which runs on local tensors only), Persimmon's squared-ReLU MLP and ChatGLM3's
 #: masked_fill attention are split only as local views; InternLM2's and Persimmon's fused
-#: attentions are planned as their local views too.
+#: attentions are planned as their local views too, and so is HF Phi-3's (its empty rotary slice
+#: runs on plain tensors there).
 LOCAL_VIEWS = {
     f"{ZOO}/mixtral_mistral_ref.py",
     f"{ZOO}/xlm_hf.py",
@@ -429,7 +435,14 @@ LOCAL_VIEWS = {
     f"{ZOO}/internlm2_hf.py",
     f"{ZOO}/persimmon_hf.py",
     f"{ZOO}/chatglm3_hf.py",
+    f"{ZOO}/phi3_hf.py",
 }
+
+#: Models the planner refuses, with what the one line says: PaddleFormers' Phi-3 takes the empty
+#: slice q[..., rotary_dim:] (partial_rotary_factor 1), whose backward segfaults on distributed
+#: tensors, and its attention takes a cache object, so no local view of it is proven (HF Phi-3's
+#: is, and runs on plain tensors: planned with local views above).
+REFUSED = {f"{PF}:build_phi3": "model.layers.0.self_attn (Phi3Attention.forward at "}
 
 
 @functools.cache
@@ -464,11 +477,23 @@ def test_every_zoo_model_has_its_expected_placements():
 
 @pytest.mark.parametrize(
     "target",
-    [pytest.param(t, marks=pytest.mark.xfail(reason=NOT_YET[t], strict=True)) if t in NOT_YET else t for t in EXPECTED],
+    [
+        pytest.param(t, marks=pytest.mark.xfail(reason=NOT_YET[t], strict=True)) if t in NOT_YET else t
+        for t in EXPECTED
+        if t not in REFUSED
+    ],
 )
 def test_zoo_model_gets_the_placements_a_reader_expects(target):
     problems = mismatches(EXPECTED[target], mp_placements(target))
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("target", list(REFUSED))
+def test_zoo_model_that_would_crash_paddle_is_refused_naming_the_line(target):
+    with pytest.raises(PlannerError, match="zero-width slice") as refused:
+        mp_plan(target)
+    assert REFUSED[target] in str(refused.value) and "rotate q and k whole" in str(refused.value)
+    assert "only as a local view, which --no-local-view turns off" in str(refused.value)  # planned without
 
 
 @pytest.mark.parametrize("target", list(EXPERTS))

@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import traceback
 from typing import Callable
 
 import click
@@ -64,3 +65,22 @@ def one_line_errors(command: Callable) -> Callable:
             raise OneLineError(str(err)) from None
 
     return wrapper
+
+
+def unexpected(err: Exception, target: str) -> OneLineError:
+    """A failure inside the planner that is no fault of the user's input (a bug, or Paddle failing
+    in a way the planner does not know yet), as one line instead of a traceback: what failed and
+    the innermost place it was raised, for a report.
+
+    >>> try:
+    ...     {}["x"]
+    ... except KeyError as err:
+    ...     print(unexpected(err, "model.py").message)  # doctest: +ELLIPSIS
+    planning model.py failed inside the planner: KeyError: 'x' (raised at ...); please report it with the model
+    """
+    frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+    at = f" (raised at {frame.filename}:{frame.lineno})" if frame else ""
+    text = (str(err).strip().splitlines() or [""])[0]
+    return OneLineError(
+        f"planning {target} failed inside the planner: {type(err).__name__}: {text}{at}; please report it with the model"
+    )

@@ -28,7 +28,7 @@ import click
 from autodist.schemas import PlanError, dump_plan, load_plan, plan_json_schema, printable, save_plan
 
 from autodist.planner.errors import PlannerError
-from autodist.planner.cli.errors import OneLineError, one_line_errors
+from autodist.planner.cli.errors import OneLineError, one_line_errors, unexpected
 from autodist.planner.cli.calibrate import calibrate
 from autodist.planner.quiet import held_stderr, silence_library_noise
 from autodist.planner.cli.review import REVIEW_COMMANDS, check_output, write_output
@@ -260,15 +260,20 @@ def plan(
             **options,
         )
         rules = load_rules(rules_file) if rules_file else None
-        made = plan_target(
-            target,
-            list(input_specs) or None,
-            request,
-            planner_arguments(ctx),
-            Progress(quiet=quiet),
-            rules=rules,
-            local_view=local_view,
-        )
+        try:
+            made = plan_target(
+                target,
+                list(input_specs) or None,
+                request,
+                planner_arguments(ctx),
+                Progress(quiet=quiet),
+                rules=rules,
+                local_view=local_view,
+            )
+        except (PlannerError, PlanError):
+            raise
+        except Exception as err:  # never a traceback: one line saying what failed, and where
+            raise unexpected(err, target) from None
     if output:
         save_plan(made.plan, output)
     else:
@@ -281,12 +286,16 @@ def plan(
         click.echo(explain_table(made.result), err=True)
         for line in sublayer_lines(made.analysis, made.plan):
             click.echo(printable(line), err=True)
+        if made.kept_whole:
+            click.echo("why these stay gathered or replicated, and what to change:", err=True)
+        for line in made.kept_whole:
+            click.echo(printable(f"  {line}"), err=True)
     if not quiet:
         from autodist.planner.review.format import collapse
 
         # one line per kind of layer (indices collapsed), not one per layer
-        for note in made.analysis.refusals:
-            click.echo(printable(f"warning: {note}"), err=True)
+        for line in made.kept_whole:
+            click.echo(printable(f"warning: {line}"), err=True)
         for row in collapse(dict.fromkeys(made.analysis.unmatched, 0)):
             click.echo(
                 printable(f"warning: layer {row.pattern}: no pattern matched it; its parameters stay replicated"),

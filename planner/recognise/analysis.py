@@ -89,8 +89,10 @@ class ModelAnalysis:
     param_fingerprint: str
     graph_fingerprint: str
     recognised: list[RecognisedBlock] = field(default_factory=list, repr=False)
-    #: What stopped a split, one line per layer kind and op (:func:`not_recognised`; also in ``notes``).
-    refusals: list[str] = field(default_factory=list)
+    #: What stopped a split, one line per layer kind and op (:func:`not_recognised`; also in ``notes``),
+    #: each with the layer the op was first seen in, the op, and whether a local view may split it
+    #: (the op has no SPMD rule).
+    refusals: dict[str, tuple[str, str, bool]] = field(default_factory=dict)
     #: Ties by function call (:func:`read_by`): ``{parameter FQN: the other layers reading it}``.
     read_by: dict[str, list[str]] = field(default_factory=dict)
     #: The token embedding table's vocabulary dim: 0 for a ``[vocab, hidden]`` table, 1 for one the
@@ -124,7 +126,7 @@ def analyze(
     blocks = [_block_info(graph, r, params, first_use) for r in recognised if r.roles.sublayers or r.roles.stopped]
     routing = frozenset(fqn for b in blocks if b.experts for fqn in params if b.experts.routes(fqn))
     refusals = not_recognised(recognised, routing)
-    notes += refusals
+    notes += list(refusals)
     in_blocks = frozenset().union(*(r.nodes for r in recognised))
     outer = _outer_layers(graph, in_blocks)
     lookup, other_embeddings = _embeddings(graph, outer, in_blocks)
@@ -396,11 +398,13 @@ def _first_uses(graph: nx.DiGraph) -> dict[str, int]:
     return uses
 
 
-def not_recognised(recognised: list[RecognisedBlock], routing: frozenset[str] = frozenset()) -> list[str]:
+def not_recognised(
+    recognised: list[RecognisedBlock], routing: frozenset[str] = frozenset()
+) -> dict[str, tuple[str, str, bool]]:
     """One note per distinct layer kind and op that stopped a split (the block index as ``*``),
     naming the layer it was first seen in, e.g. ``layers.*.mlp.down_proj: op layer_norm (first
-    seen in layers.0.mlp.norm) stops the split before this projection; ...``. Not for an MoE
-    layer's routing (``routing``: its parameters), whole by design."""
+    seen in layers.0.mlp.norm) stops the split before this projection; ...``, with that layer, the
+    op and whether a local view may split it. Not for an MoE layer's routing (``routing``: its parameters), whole by design."""
     seen: dict[tuple[str, str], tuple[str, bool]] = {}
     for found in recognised:
         glob = found.layer.rpartition(".")[0] + ".*" if "." in found.layer else "*"
@@ -408,16 +412,16 @@ def not_recognised(recognised: list[RecognisedBlock], routing: frozenset[str] = 
             if any(fqn.startswith(refusal.row + ".") for fqn in routing):
                 continue
             seen.setdefault((glob + refusal.row[len(found.layer) :], refusal.op), (refusal.layer, refusal.local_view))
-    return [
+    return {
         f"{kind}: op {op} (first seen in {first}) stops the tensor-parallel split before this projection; "
         + (
             f"Paddle has no SPMD rule for {op}: the sub-layer runs as a local view where the planner proves one, "
             "else it and the projections feeding it stay replicated"
             if local_view
             else "it and the projections feeding it stay replicated"
-        )
+        ): (first, op, local_view)
         for (kind, op), (first, local_view) in seen.items()
-    ]
+    }
 
 
 # -- layers outside blocks ---------------------------------------------------------------------------------

@@ -160,6 +160,36 @@ _RULE_ARGS: dict[str, tuple[str, Callable[[dict], list]]] = {
 }
 
 
+#: Rules that work from the product of a value's sizes (a reshape's dim transforms). Given a size
+#: the trace does not know (-1: a None in the input spec, a size read with ``paddle.shape``) their
+#: answer is meaningless, and ``flatten``'s crashes the process (docs/paddle-notes.md, "SPMD rules").
+SIZE_RULES = frozenset({"reshape", "flatten"})
+
+
+#: The smallest change to a model's code that lets Paddle keep a split through an op that stops
+#: it, by op (docs/paddle-notes.md, "Masks", "SPMD rules"); :data:`RUN_TIME_SIZES` for an op whose
+#: sizes the trace does not know.
+REWRITES = {
+    "masked_fill": "write paddle.where(mask, paddle.full_like(scores, value), scores), which keeps the heads split",
+    "tril": "build the causal mask with paddle.triu(paddle.full_like(scores, -inf), 1), which keeps the heads split",
+    "as_complex": "rotate with cos and sin on real tensors (rotate_half) instead of complex multiplication",
+    "einsum": "write the contraction with matmul (Paddle runs einsum on local tensors only)",
+}
+RUN_TIME_SIZES = (
+    "read the sizes with x.shape (Python ints under a fixed input spec) instead of paddle.shape, "
+    "and give the input spec fixed sizes"
+)
+
+
+def dynamic(shapes: Sequence[Sequence[int] | None]) -> bool:
+    """Whether any of ``shapes`` holds a size known only at run time (-1 in the trace).
+
+    >>> dynamic([[2, -1, 48], None]), dynamic([[2, 12, 48]])
+    (True, False)
+    """
+    return any(size < 0 for shape in shapes if shape for size in shape)
+
+
 class Replay:
     """One block's forward, op by op, with each value's :class:`Dist`."""
 
@@ -262,6 +292,10 @@ class Replay:
             # 3.3): assume the worst instead
             self._unknown(node, operands)
             return
+        inputs_flat = [t for v in tensors for t in (v if isinstance(v, list) else [v])]
+        if rule_name in SIZE_RULES and dynamic([t.shape for t in inputs_flat] + list(data["shapes"])):
+            self._unknown(node, operands)  # whole inputs assumed, as for an op with no rule known
+            return
         specs = [[_spec(self.mesh, t) for t in v] if isinstance(v, list) else _spec(self.mesh, v) for v in tensors]
         try:
             inputs, outputs = core.get_phi_spmd_rule(rule_name).infer_forward(*specs, *extra(data))
@@ -277,7 +311,6 @@ class Replay:
                 self._need(node, operand, before, _from_attr(needed, before.shape, node))
         # a partial sum passed on (a reshape of a row projection's output, its product with a
         # routing weight) is still the row projection's: its origin is kept
-        inputs_flat = [t for v in tensors for t in (v if isinstance(v, list) else [v])]
         origin = next((t.partial_source for t in inputs_flat if t.partial), node)
         if data["shapes"] == [None]:  # a vector result (split, unbind): builtin.split sets the shapes
             flat = [o for out in outputs for o in (out if isinstance(out, list) else [out])]
