@@ -88,7 +88,7 @@ def test_a_rank_lost_then_grown_back_trains_as_one_device(tmp_path, loop_plans, 
     seed = random.randrange(1 << 16)
     kill_at = random.Random(seed).randint(4, 8)
     print(f"rank 1 killed after step {kill_at} (seed {seed})")
-    done, _ = supervised(tmp_path, loop_plans, "--kill-at", str(kill_at), grow=True)
+    done, _ = supervised(tmp_path, loop_plans, "--kill-at", str(kill_at), "--seconds-per-step", "0.3", grow=True)
     assert done.returncode == 0, done.stderr[-4000:]
     said = done.stderr
     assert "launch 1: 4 ranks under gpt_dp2mp2.json" in said, said

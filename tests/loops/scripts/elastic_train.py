@@ -5,13 +5,15 @@ about the supervisor but ``--plan {plan}``.
 
 TEST-ONLY faults, on the first launch only (a marker file says it happened): ``--kill-at STEP``
 makes rank ``--kill-rank`` die of SIGKILL right after that step, or with ``--kill-in-save``
-half-way through writing that step's checkpoint."""
+half-way through writing that step's checkpoint; ``--seconds-per-step`` stands in for the time a
+real step takes (a tiny model's steps are over before the supervisor looks)."""
 
 import argparse
 import itertools
 import json
 import os
 import signal
+import time
 
 import numpy as np
 import paddle
@@ -34,6 +36,7 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int)
     parser.add_argument("--kill-rank", type=int, default=1)
     parser.add_argument("--kill-in-save", action="store_true")
+    parser.add_argument("--seconds-per-step", type=float, default=0.0)
     args = parser.parse_args()
     if args.plan:
         dist.init_parallel_env()
@@ -54,6 +57,7 @@ def main() -> None:
         loss.backward()
         opt.step()
         opt.clear_grad()
+        time.sleep(args.seconds_per_step)  # TEST-ONLY: a real step's time, so the supervisor sees each checkpoint
         if rank == 0:
             with open(os.path.join(args.out, "losses.jsonl"), "a") as f:
                 f.write(json.dumps({"step": step, "loss": float(loss), "ranks": dist.get_world_size()}) + "\n")
