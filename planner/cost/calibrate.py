@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from autodist.planner.cost.comm import vocab_lookup_collective
-from autodist.schemas.vocabulary import TRAINING_DTYPES, local_shape, training_bytes
+from autodist.schemas.vocabulary import TRAINING_DTYPES, local_shape, shard_dim, training_bytes
 
 #: Message sizes for the collectives (bytes): latency-bound to bandwidth-bound.
 COLLECTIVE_BYTES = (4 * 1024, 256 * 1024, 4 * 1024 * 1024, 16 * 1024 * 1024)
@@ -173,7 +173,7 @@ def plan_messages(plan, most: int = 3) -> dict[str, tuple[tuple[str, ...], list[
     for fqn, param in plan.params.items():
         local = local_shape(param.shape, param.placements, plan.mesh.shape)
         sizes["dp"].add(math.prod(local) * width)
-        split = next((int(p[2:-1]) for p in param.placements if p.startswith("S(")), None)
+        split = next((dim for p in param.placements if (dim := shard_dim(p)) is not None), None)
         if split is None or len(param.shape) != 2:
             continue
         if param.style == "VocabParallelEmbedding":
