@@ -62,13 +62,15 @@ from autodist.planner.errors import PlannerError
 def calibrate(
     plan_file: str | None, output: str, base: str | None, dtype: str | None, name: str | None, model_target: str | None
 ) -> None:
-    """Measure matmuls, memory and collectives here and write a fitted cluster.toml."""
+    """Measure matmuls, memory and collectives here and write a fitted cluster.toml: in order,
+    the matmuls and memory, the collectives (:func:`_measure_collectives`), the overlap of
+    compute and communication (:func:`_measure_overlap`), the plan's own training step
+    (:func:`_measure_step`); then rank 0 fits and writes (:func:`_write_fitted`)."""
     check_output(output)  # before measuring, not after
     import paddle
     import paddle.distributed as dist
 
     from autodist.planner.cost import calibrate as cal
-    from autodist.planner.cost.hardware import device_profile
 
     profile, dtype, on_gpu = machine_defaults(base, dtype)
     plan, plan_shapes = _checked_plan(plan_file, model_target)
@@ -85,52 +87,90 @@ def calibrate(
     )
     notes = [f"{world} rank(s), {len(nodes)} node(s) of {local}; matmuls in {dtype}; paddle {paddle.__version__}"]
     if world > 1:
-        dist.barrier()
-        mine = {"intra": rank // local, "inter": rank % local}
-        messages = cal.plan_messages(plan) if plan is not None else {}
-        for scope, members in groups.items():
-            group, ranks = members[mine[scope]] if scope in mine else next(m for m in members if rank in m[1])
-            if len(ranks) > 1:
-                where = scope if scope in mine else "intra" if len({r // local for r in ranks}) == 1 else "inter"
-                cal.measure_collectives(group, ranks, where, rank, measured)
-                if scope in messages:  # and what the plan's collectives move on this axis
-                    only, sizes = messages[scope]
-                    cal.measure_collectives(group, ranks, where, rank, measured, sizes, only)
-            dist.barrier()
-        axes = [scope for scope in groups if scope not in mine]
-        if axes:
-            notes.append(
-                "also measured on the plan's own groups, each axis's groups at once as training runs them: "
-                + "; ".join(f"{axis} {[ranks for _, ranks in groups[axis]]}" for axis in axes)
-            )
-            notes += [
-                f"the plan's own messages over {axis}: {', '.join(only)} of {', '.join(map(str, sizes))} bytes"
-                for axis, (only, sizes) in messages.items()
-                if axis in axes
-            ]
+        notes += _measure_collectives(plan, groups, rank, local, measured)
     if len(nodes) < 2:
         notes.append("one node: the inter-node link is not measured (the base profile's figures are kept)")
+    _measure_overlap(plan, shapes, dtype, on_gpu, groups, rank, world, local, measured)
+    if model_target:
+        _measure_step(model_target, plan, world, measured)
+    if rank == 0:
+        _write_fitted(output, measured, notes, profile, dtype, name, on_gpu, model_target, plan)
+
+
+def _measure_collectives(plan, groups: dict, rank: int, local: int, measured) -> list[str]:
+    """Time the collectives inside and across nodes, then on each of the plan's own groups at
+    the plan's own message sizes; the notes saying which groups."""
+    import paddle.distributed as dist
+
+    from autodist.planner.cost import calibrate as cal
+
+    dist.barrier()
+    mine = {"intra": rank // local, "inter": rank % local}
+    messages = cal.plan_messages(plan) if plan is not None else {}
+    for scope, members in groups.items():
+        group, ranks = members[mine[scope]] if scope in mine else next(m for m in members if rank in m[1])
+        if len(ranks) > 1:
+            where = scope if scope in mine else "intra" if len({r // local for r in ranks}) == 1 else "inter"
+            cal.measure_collectives(group, ranks, where, rank, measured)
+            if scope in messages:  # and what the plan's collectives move on this axis
+                only, sizes = messages[scope]
+                cal.measure_collectives(group, ranks, where, rank, measured, sizes, only)
+        dist.barrier()
+    axes = [scope for scope in groups if scope not in mine]
+    if not axes:
+        return []
+    return [
+        "also measured on the plan's own groups, each axis's groups at once as training runs them: "
+        + "; ".join(f"{axis} {[ranks for _, ranks in groups[axis]]}" for axis in axes)
+    ] + [
+        f"the plan's own messages over {axis}: {', '.join(only)} of {', '.join(map(str, sizes))} bytes"
+        for axis, (only, sizes) in messages.items()
+        if axis in axes
+    ]
+
+
+def _measure_overlap(plan, shapes, dtype: str, on_gpu: bool, groups: dict, rank: int, world: int, local: int, measured):
+    """A matmul beside asynchronous all-reduces (on GPUs; gloo's cannot overlap, which is said):
+    beside the plan's data-parallel gradients where it has a dp group, else the node's."""
+    from autodist.planner.cost import calibrate as cal
+
     cannot_overlap = cal.overlap_unmeasurable(on_gpu, world)
     if cannot_overlap:
         measured.missing.append(cannot_overlap)
-    else:  # beside the plan's data-parallel gradients where it has a dp group, else the node's
-        shape, nbytes = cal.overlap_probe(plan, shapes)
-        group = next((g for g, ranks in groups.get("dp", []) if rank in ranks), groups["intra"][rank // local][0])
-        measured.overlap = (*shape, nbytes, *cal.measure_overlap(shape, dtype, nbytes, group))
-    cannot = untimeable(plan, _running_backend()) if model_target else ""
-    if cannot:  # said once, in the file and on stderr; the rest is fitted all the same
-        measured.missing.append(cannot)
-    elif model_target:
-        from autodist.planner.driver import load
-
-        loaded = load(model_target, _plan_input_specs(plan))
-        if world > 1:
-            dist.barrier()
-        measured.training_step = _timed_by_the_model(
-            model_target, lambda: cal.measure_training_step(loaded.model, plan, loaded.input_specs)
-        )
-    if rank != 0:
         return
+    shape, nbytes = cal.overlap_probe(plan, shapes)
+    group = next((g for g, ranks in groups.get("dp", []) if rank in ranks), groups["intra"][rank // local][0])
+    measured.overlap = (*shape, nbytes, *cal.measure_overlap(shape, dtype, nbytes, group))
+
+
+def _measure_step(model_target: str, plan, world: int, measured) -> None:
+    """A few real training steps of the plan under its own schedule, unless this backend cannot
+    time them (said once, in the file and on stderr; the rest is fitted all the same)."""
+    import paddle.distributed as dist
+
+    from autodist.planner.cost import calibrate as cal
+    from autodist.planner.driver import load
+
+    cannot = untimeable(plan, _running_backend())
+    if cannot:
+        measured.missing.append(cannot)
+        return
+    loaded = load(model_target, _plan_input_specs(plan))
+    if world > 1:
+        dist.barrier()
+    measured.training_step = _timed_by_the_model(
+        model_target, lambda: cal.measure_training_step(loaded.model, plan, loaded.input_specs)
+    )
+
+
+def _write_fitted(
+    output: str, measured, notes: list[str], profile, dtype: str, name: str | None, on_gpu: bool, model_target, plan
+) -> None:
+    """Fit the device to what was measured and write it (rank 0): with a model, the plan priced
+    on the fitted device first, then its ``dispatch_overhead_us`` fitted to the measured step."""
+    from autodist.planner.cost import calibrate as cal
+    from autodist.planner.cost.hardware import device_profile
+
     name = name or f"{profile.name}-measured"
     device = cal.fitted_device(measured, profile, dtype, name, comm_overlap=on_gpu)
     text = cal.cluster_toml(device, measured, notes + [f"not measured: {m}" for m in measured.missing])
