@@ -102,6 +102,19 @@ def stranger(target, *args):
         assert not thread.is_alive(), "the stranger did not stop"
 
 
+def listen_on(stop: threading.Event, port: int, answer) -> None:
+    """Hold ``port`` as a stranger: ``answer(connection, stop)`` each connection, then close it."""
+    with socket.create_server(("127.0.0.1", port)) as listener:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                answer(conn, stop)
+
+
 def connect(port: int, stop: threading.Event) -> socket.socket | None:
     """A connection to ``port`` once something listens there (None when told to stop)."""
     while not stop.is_set():
@@ -313,24 +326,16 @@ def test_a_greeting_sent_one_byte_at_a_time_does_not_stretch_the_timeout(job):
     today each byte restarts rank 1's wait (a 3 s timeout waited about 20 s); now rank 1 gives
     up on it after one deadline and raises."""
 
-    def trickle(stop):
-        with socket.create_server(("127.0.0.1", job.port)) as listener:
-            listener.settimeout(0.1)
-            while not stop.is_set():
-                try:
-                    conn, _ = listener.accept()
-                except TimeoutError:
-                    continue
-                with conn:
-                    for byte in b"autodist agreement\n" + b" " * 200:
-                        if stop.wait(0.9):
-                            return
-                        try:
-                            conn.sendall(bytes([byte]))
-                        except OSError:
-                            break
+    def trickle(conn, stop):
+        for byte in b"autodist agreement\n" + b" " * 200:
+            if stop.wait(0.9):
+                return
+            try:
+                conn.sendall(bytes([byte]))
+            except OSError:
+                return
 
-    with stranger(trickle):
+    with stranger(listen_on, job.port, trickle):
         time.sleep(0.2)
         job.start(1, PLAN_A)
         result = job.result(1)
@@ -408,20 +413,12 @@ def test_a_stranger_greeting_under_another_key_is_not_taken_for_rank_0(job):
     from autodist.applier.agree import PROTOCOL
     from autodist.applier.signed import greeting
 
-    def impostor(stop):
-        with socket.create_server(("127.0.0.1", job.port)) as listener:
-            listener.settimeout(0.1)
-            while not stop.is_set():
-                try:
-                    conn, _ = listener.accept()
-                except TimeoutError:
-                    continue
-                with conn:
-                    conn.sendall(greeting(b"k" * 32, PROTOCOL, b"n" * 16))
-                    stop.wait(0.2)
+    def impostor(conn, stop):
+        conn.sendall(greeting(b"k" * 32, PROTOCOL, b"n" * 16))
+        stop.wait(0.2)
 
     job.start(0, PLAN_A, AUTODIST_AGREE_TIMEOUT="3", AUTODIST_AGREE_PORT=str(free_ports(1)[0]))
-    with stranger(impostor):
+    with stranger(listen_on, job.port, impostor):
         job.start(1, PLAN_A, AUTODIST_AGREE_TIMEOUT="3")
         one = job.result(1)
     assert one["error"] == "PlanError" and "something other than this job's rank 0 listens" in one["message"], one
