@@ -170,6 +170,8 @@ def plan_analysed(
             priced = replace(priced, local_views=priced.local_views - unproven)
             with progress.step("searching again, the unproven local views gathered"):
                 result = search(priced, request)
+    if result.setup is not None:  # the dtype priced: the request's, else the model's (provenance says which)
+        arguments = {**arguments, "dtype": result.setup.dtype}
     with progress.step("writing the plan"):
         plan = build_plan(analysis, result, request, arguments, views)
     return PlannedModel(plan=plan, analysis=analysis, result=result, traced=traced.program)
@@ -208,7 +210,7 @@ def plan(
     global_batch_size: int | None = None,
     micro_batch_size: int | None = None,
     seq_len: int | None = None,
-    dtype: TrainingDType = "bf16",
+    dtype: TrainingDType | None = None,
     optimizer: str = "adam",
     recompute: Recompute = "none",
     rules: dict[str, str] | None = None,

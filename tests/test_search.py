@@ -132,7 +132,7 @@ def test_impossible_request_names_the_memory_it_would_need(llama_3b8):
 @pytest.mark.slow
 @pytest.mark.parametrize(("devices_per_node", "nodes"), [(n, 1) for n in range(1, 17)] + [(8, 2), (8, 4), (8, 16)])
 def test_every_device_count_gets_a_valid_plan(llama_3b8, devices_per_node, nodes):
-    request = SearchRequest(devices_per_node=devices_per_node, nodes=nodes, device=H100)
+    request = SearchRequest(devices_per_node=devices_per_node, nodes=nodes, device=H100, dtype="bf16")  # AMP
     result = search(llama_3b8, request)
     assert_valid(result, request, heads=32, blocks=32)
     times = [c.estimate.step_time_s for c in [result.best, *result.accepted]]

@@ -180,7 +180,12 @@ def cli() -> None:
 )
 @click.option("--micro-batch-size", type=int, help="Samples per micro-batch per rank.")
 @click.option("--seq-len", type=int, help="Sequence length to price (default: the input spec's).")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option(
+    "--dtype",
+    type=click.Choice(["bf16", "fp16", "fp32"]),
+    help="What to train in (default: the model's parameters' dtype; bf16 or fp16 with fp32 parameters: "
+    "mixed precision).",
+)
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
 @click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True)
 @click.option(

@@ -282,8 +282,9 @@ def _setup(cost: ModelCost, request: SearchRequest) -> Setup:
         raise PlannerError(
             f"--nproc-per-node and --nnodes must be at least 1, got {request.devices_per_node} and {request.nodes}"
         )
+    dtype = request.dtype or cost.dtype  # left out: the model's own (mixed precision only when asked)
     try:
-        check_training_setup(request.dtype, request.optimizer)
+        check_training_setup(dtype, request.optimizer)
     except ValueError as err:
         raise PlannerError(str(err)) from None
     if request.recompute not in RECOMPUTE_MODES:
@@ -329,7 +330,7 @@ def _setup(cost: ModelCost, request: SearchRequest) -> Setup:
         nodes=request.nodes,
         seq_len=request.seq_len or cost.traced_seq,
         global_batch=global_batch,
-        dtype=request.dtype,
+        dtype=dtype,
         optimizer=request.optimizer,
         recompute=request.recompute,
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Mapping
 
 from autodist.schemas import Plan
+from autodist.schemas.vocabulary import FLOAT_DTYPES, TRAINING_DTYPES
 from autodist.schemas import printable as printable  # the one escaping function (PlanError uses it too)
 
 #: The widest a name column gets in text output; longer names end in an ellipsis (``--json``
@@ -165,6 +166,22 @@ def human_count(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f}{unit}"
     return f"{n:.0f}"
+
+
+def dtype_text(plan: Plan) -> str:
+    """What the plan's estimate is priced in (``provenance.arguments["dtype"]``: ``--dtype``, else
+    the model's parameters' dtype), and over which parameters when that differs (mixed precision).
+
+    >>> dtype_text(load_plan("plans/gpt/plan_1x8dev.json"))   # doctest: +SKIP
+    'fp32'
+    """
+    dtype = plan.provenance.arguments.get("dtype")
+    if dtype not in TRAINING_DTYPES:
+        return "not recorded"
+    held = sorted({p.dtype for p in plan.params.values() if p.dtype in FLOAT_DTYPES})
+    if held in ([], [TRAINING_DTYPES[dtype]]):
+        return dtype
+    return f"{dtype} (mixed precision: {', '.join(held)} parameters)"
 
 
 def mesh_text(plan: Plan) -> str:

@@ -23,6 +23,7 @@ from autodist.schemas import Plan, shard_dim
 
 from autodist.planner.review.format import (
     abridged,
+    dtype_text,
     human_bytes,
     index_ranges,
     mesh_grid,
@@ -129,7 +130,13 @@ def render_svg(plan: Plan) -> str:
         font_weight="bold",
     )
     y += 20
-    svg.text("subtitle", MARGIN, y, f"{strategy_text(plan.strategy)}; mesh {mesh_text(plan)}", size=12)
+    svg.text(
+        "subtitle",
+        MARGIN,
+        y,
+        f"{strategy_text(plan.strategy)}; dtype {dtype_text(plan)}; mesh {mesh_text(plan)}",
+        size=12,
+    )
     y = _mesh(svg, plan, y + 24)
     y = _stages(svg, plan, y + 24)
     y = _memory(svg, plan, y + 24)

@@ -25,6 +25,7 @@ from autodist.planner.review.format import (
     abridged,
     clip,
     collapse,
+    dtype_text,
     human_bytes,
     human_count,
     human_seconds,
@@ -104,6 +105,7 @@ def show_data(plan: Plan, top: int = TOP_ALTERNATIVES) -> dict[str, Any]:
         "cluster": to(plan.cluster),
         "mesh": {"axes": list(plan.mesh.axes), "shape": list(plan.mesh.shape), "grid": mesh_grid(plan)},
         "strategy": to(plan.strategy),
+        "dtype": dtype_text(plan),
         "stages": stage_summary(plan),
         "placements": [
             {"pattern": row.pattern, "placements": list(row.value[0]), "style": row.value[1], "count": len(row.members)}
@@ -272,6 +274,7 @@ def _header_lines(plan: Plan) -> list[str]:
         f"cluster   {c.nodes} node{'s' if c.nodes > 1 else ''} × {c.devices_per_node} {c.device.name} "
         f"= {world} devices, {human_bytes(c.device.memory_bytes)} each",
         f"strategy  {strategy_text(plan.strategy)}",
+        f"dtype     {dtype_text(plan)}",
         f"mesh      {mesh_text(plan)}",
     ]
     return out + ["          " + line for line in mesh_lines(plan)]
