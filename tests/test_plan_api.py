@@ -86,5 +86,5 @@ def test_plan_from_python_takes_input_spec_strings_and_reports_bad_degrees(monke
     plan = autodist.plan(model, ["input_ids:int64:2x8"], devices=2, device="cpu")
     assert plan.model.input_specs[0].shape == [2, 8]
     assert plan.provenance.arguments["input_specs"] == "input_ids:int64:2x8"
-    with pytest.raises(PlannerError, match="--mp 3 does not divide the 4 attention heads"):
+    with pytest.raises(PlannerError, match="--mp 3 does not divide the 4 heads of "):
         autodist.plan(model, ["input_ids:int64:2x8"], devices=3, mp=3)

@@ -143,7 +143,7 @@ def test_every_device_count_gets_a_valid_plan(llama_3b8, devices_per_node, nodes
 def test_six_devices_reject_mp3_and_mp6_with_the_reason(llama_3b8):
     result = search(llama_3b8, SearchRequest(devices_per_node=6, device=H100))
     reasons = {(r.strategy.mp, r.strategy.pp): r.reason for r in result.rejected}
-    assert reasons[(3, 1)] == "mp=3 does not divide the 32 attention heads of layers.0"
+    assert reasons[(3, 1)] == "mp=3 does not divide the 32 heads of layers.0-31"
     assert "mp=6 does not divide" in reasons[(6, 1)]
 
 

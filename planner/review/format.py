@@ -24,6 +24,7 @@ from typing import Any, Hashable, Iterable, Mapping
 from autodist.schemas import Plan
 from autodist.schemas.vocabulary import FLOAT_DTYPES, TRAINING_DTYPES
 from autodist.schemas import printable as printable  # the one escaping function (PlanError uses it too)
+from autodist.schemas.describe import index_ranges as index_ranges  # the one way to say runs of indices
 
 #: The widest a name column gets in text output; longer names end in an ellipsis (``--json``
 #: output keeps them whole).
@@ -103,17 +104,6 @@ def collapse(values: Mapping[str, Hashable], explicit: bool = False, universe: I
         for value, group in groups.items():
             rows.extend(Collapsed(p, value, tuple(m)) for p, m in _index_patterns(group, members, explicit))
     return sorted(rows, key=lambda row: natural_key(row.members[0]))
-
-
-def index_ranges(indices: list[int]) -> str:
-    """``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``."""
-    spans: list[list[int]] = []
-    for i in sorted(set(indices)):
-        if spans and i == spans[-1][1] + 1:
-            spans[-1][1] = i
-        else:
-            spans.append([i, i])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _index_patterns(group: list[str], members: list[str], explicit: bool) -> list[tuple[str, list[str]]]:

@@ -13,7 +13,6 @@ Example::
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from typing import Any
 
@@ -169,12 +168,11 @@ def implicit_rows(plan: Plan) -> list[tuple[Collapsed, int]]:
 
 
 def rejected_reasons(plan: Plan) -> dict[str, int]:
-    """How many rejected candidates share each reason, with numbers blurred (``mp=4`` -> ``mp=N``),
-    most common first, so twenty near-identical reasons read as one."""
+    """How many rejected candidates share each reason, word for word (its numbers are what a
+    reviewer acts on: ``mp=3 does not divide the 4 heads of blocks.0-11``), most common first."""
     counts: dict[str, int] = {}
     for rejected in plan.alternatives.rejected:
-        reason = re.sub(r"\d+(\.\d+)?", "N", rejected.reason)
-        counts[reason] = counts.get(reason, 0) + 1
+        counts[rejected.reason] = counts.get(rejected.reason, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
