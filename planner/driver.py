@@ -229,7 +229,7 @@ def plan(
     ``attention`` is ``--attention``: ``auto``, ``flash`` or ``eager``; ``local_view`` is
     ``--local-view/--no-local-view``).
     The plan equals the command's for the same model, but for ``provenance.arguments.target``,
-    which names the model's class instead of a file. Raises ``PlannerError`` for anything the
+    which names the model's class (``module:Class``) instead of a file. Raises ``PlannerError`` for anything the
     caller can fix. Save the plan with :func:`autodist.save_plan`. As quiet as the command: what
     Paddle and networkx print while planning is dropped (:mod:`autodist.planner.quiet`); what the
     model prints is kept.
@@ -278,7 +278,7 @@ def plan(
     )
     # Provenance in the command's words (its option names, its value spelling).
     given = {
-        "target": f"<{type(model).__name__} object>",
+        "target": f"{type(model).__module__}:{type(model).__qualname__}",  # the class, as a TARGET spells it
         "devices": devices,
         "nodes": nodes,
         "device_name": device,

@@ -71,7 +71,7 @@ def test_a_script_plans_its_model_and_gets_the_commands_plan(tmp_path, monkeypat
     )
     assert result.exit_code == 0, result.output
     python_plan, cli_plan = json.loads(from_python.read_text()), json.loads(from_cli.read_text())
-    assert python_plan["provenance"]["arguments"].pop("target") == "<Model object>"
+    assert python_plan["provenance"]["arguments"].pop("target") == "model:Model"  # the script's module, its class
     assert cli_plan["provenance"]["arguments"].pop("target") == str(DOCSTRING)
     assert python_plan == cli_plan
     assert python_plan["strategy"]["mp"] == 2 and python_plan["cluster"]["nodes"] == 2
