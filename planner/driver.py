@@ -267,7 +267,7 @@ def plan(
         attention=attention,
     )
     devices, nodes = cluster_shape(cluster, devices, nodes)
-    profile, device_note = planned_device(device, cluster)
+    profile, device_note = planned_device(device, cluster, devices)
     request = SearchRequest(
         devices_per_node=devices,
         nodes=nodes,

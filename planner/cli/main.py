@@ -255,7 +255,7 @@ def plan(
         devices, nodes = cluster_shape(cluster_file, options.pop("devices"), options.pop("nodes"))
         ctx.params.update(devices=devices, nodes=nodes)  # the provenance records what was planned for
         ep = expert_degree(options.pop("ep"))
-        profile, device_note = planned_device(device_name, cluster_file)  # a note when it is this machine's
+        profile, device_note = planned_device(device_name, cluster_file, devices)  # a note when it is this machine's
         request = SearchRequest(
             devices_per_node=devices,
             nodes=nodes,
