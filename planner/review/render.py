@@ -1,5 +1,6 @@
 """A plan as a picture (plain SVG, no dependency): the mesh, the pipeline stages with their blocks,
-and a bar per rank of estimated memory by kind against the device's memory.
+and a bar per rank of estimated memory by kind, scaled to the largest rank (the device's memory an
+outline where a rank reaches it).
 
 The plan's memory estimate is for the most loaded rank. Each rank's bar scales the parameter,
 gradient and optimizer parts by that rank's share of the planned parameter elements (computed
