@@ -40,10 +40,11 @@ replayed from another connection, another round or another job, fails the check 
 A rank sends nothing until rank 0's greeting checks out (a stranger on the port is hung up on
 and named at the deadline; a greeting that shows rank 0 signing with another
 ``AUTODIST_AGREE_SECRET`` is an error at once, told to rank 0 under its key file's key on the
-same machine: :func:`_another_secret`, :func:`_secret_notice`), and rank 0 keeps only connections that send a signed record within
-2 s, at most 16 at a time (the oldest goes first, also when descriptors run out), so a flood of
-connections costs a bounded amount of memory and CPU. The signed lines, the greeting and that
-bounded reception are signed.py's, shared with readable.py's side channel.
+same machine: :func:`_another_secret`, :func:`_secret_notice`), and rank 0 keeps only
+connections that send a signed record within 2 s, at most 16 at a time (the oldest goes first,
+also when descriptors run out), so a flood of connections costs a bounded amount of memory and
+CPU. The signed lines, the greeting and that bounded reception are signed.py's, shared with
+readable.py's side channel.
 
 The last step of each round is what makes the verdict reach every rank. Rank 0 raising is the
 job failing: ``paddle.distributed.launch`` stops all other ranks within about a second of the
@@ -407,7 +408,7 @@ def _parse_hello(payload: bytes, world: int) -> tuple[int, bytes, Record] | str:
 def _secret_notice(file_key: bytes, nonce: bytes, line: bytes, world: int) -> str | None:
     """The problem a rank on this machine reports with a line signed under rank 0's key file's
     key (only this user's processes can read it): that it signs with another secret
-    (:func:`_tell_rank_0`); None for any other line."""
+    (:func:`_refuse_another_secret`); None for any other line."""
     payload = unseal(file_key, PROTOCOL, "another key", nonce, line)
     if payload is None:
         return None
