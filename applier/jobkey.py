@@ -46,7 +46,7 @@ from pathlib import Path
 from autodist.schemas import PlanError
 
 SECRET_ENV = "AUTODIST_AGREE_SECRET"
-#: A key file is 64 hex digits; anything larger is not one of ours.
+#: A key file is 64 hex digits (and " secret" when rank 0 has one); anything larger is not one of ours.
 _KEY_FILE_MAX_BYTES = 256
 
 
