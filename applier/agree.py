@@ -567,8 +567,9 @@ def _join(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
     conn, nonce, key, found = _connect(host, port, master_address(), deadline, record)
     if conn is None:
         why = {
+            # a rank 0 with another secret is named at its first greeting (_refuse_another_secret)
             "stranger": f"something other than this job's rank 0 listens on {host}:{port}: another program (set "
-            f"{PORT_ENV} to a free port on every rank), or a rank 0 with another {SECRET_ENV}",
+            f"{PORT_ENV} to a free port on every rank)",
             "nothing": f"nothing listens on {host}:{port}; dead, stuck, or another plan?",
             "no key": f"it wrote no key to {key_file(master_address())}; dead, stuck, or another TMPDIR (every rank "
             f"needs the same, or set {SECRET_ENV})",
