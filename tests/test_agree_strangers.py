@@ -400,6 +400,21 @@ def test_a_secret_set_unlike_is_named_on_both_ranks_within_seconds(job, secrets,
         assert result["seconds"] < RANK_LIMIT_S, result
 
 
+def test_a_rank_that_cannot_read_rank_0s_key_file_names_another_secret_at_its_greeting(job, tmp_path):
+    """As across machines (here: another TMPDIR), rank 1 cannot read rank 0's key file: rank 0's
+    greeting at the endpoint the launch names for it, under another key, is all it has. It raises
+    at once, naming the variable; rank 0, told nothing it could trust, names rank 1 at its deadline."""
+    job.start(0, PLAN_A, AUTODIST_AGREE_SECRET="one")
+    job.start(1, PLAN_A, AUTODIST_AGREE_SECRET="two", TMPDIR=str(tmp_path))
+    one = job.result(1)
+    assert one["error"] == "PlanError" and one["seconds"] < TIMEOUT_S / 2, one
+    assert (
+        "rank 0's messages are not signed with this rank's key: is AUTODIST_AGREE_SECRET set alike on every node"
+        in one["message"]
+    ), one
+    assert "ranks 1 of 2 did not reach the agreement step" in job.result(0)["message"]
+
+
 def test_ranks_with_the_same_secret_meet(job):
     job.start(0, PLAN_A, AUTODIST_AGREE_SECRET="one")
     job.start(1, PLAN_B, AUTODIST_AGREE_SECRET="one")
