@@ -38,10 +38,13 @@ Every message is signed with an HMAC under the job's key (jobkey.py) over both n
 round, so only the job's ranks take part: a record or verdict from any other process, or one
 replayed from another connection, another round or another job, fails the check and is dropped.
 A rank sends nothing until rank 0's greeting checks out (a stranger on the port is hung up on
-and named at the deadline), and rank 0 keeps only connections that send a signed record within
-2 s, at most 16 at a time (the oldest goes first, also when descriptors run out), so a flood of
-connections costs a bounded amount of memory and CPU. The signed lines, the greeting and that
-bounded reception are signed.py's, shared with readable.py's side channel.
+and named at the deadline; a greeting that shows rank 0 signing with another
+``AUTODIST_AGREE_SECRET`` is an error at once, told to rank 0 under its key file's key on the
+same machine: :func:`_another_secret`, :func:`_secret_notice`), and rank 0 keeps only
+connections that send a signed record within 2 s, at most 16 at a time (the oldest goes first,
+also when descriptors run out), so a flood of connections costs a bounded amount of memory and
+CPU. The signed lines, the greeting and that bounded reception are signed.py's, shared with
+readable.py's side channel.
 
 The last step of each round is what makes the verdict reach every rank. Rank 0 raising is the
 job failing: ``paddle.distributed.launch`` stops all other ranks within about a second of the
@@ -89,14 +92,24 @@ from dataclasses import asdict, dataclass, field, replace
 from autodist.applier.signed import (
     NONCE_BYTES,
     Reception,
-    greeted,
+    read_greeting,
     read_line,
     receive_line,
     seal,
+    signed_greeting,
     strict_json,
     unseal,
 )
-from autodist.applier.jobkey import SECRET_ENV, key_file, new_key, read_key, remove_key
+from autodist.applier.jobkey import (
+    SECRET_ENV,
+    has_secret,
+    key_file,
+    mismatch,
+    new_key,
+    rank0_key_file,
+    read_key,
+    remove_key,
+)
 from autodist.schemas import PlanError
 
 #: Seconds a rank waits for the others; generous, since ranks reach apply_plan at different
@@ -209,10 +222,18 @@ class Agreement:
     """The ranks' connections, kept open from the agreement until they settle."""
 
     def __init__(
-        self, key: bytes, rank: int, world: int, timeout_s: float, source: str, links: list[_Link], key_file=None
+        self,
+        key: bytes,
+        rank: int,
+        world: int,
+        timeout_s: float,
+        source: str,
+        links: list[_Link],
+        key_file=None,
+        file_key: bytes | None = None,
     ):
         self.key, self.rank, self.world, self.timeout_s, self.source = key, rank, world, timeout_s, source
-        self.links, self.key_file = links, key_file
+        self.links, self.key_file, self.file_key = links, key_file, file_key
         self.settled = False
 
     def settle(self, failure: BaseException | None = None) -> None:
@@ -243,7 +264,7 @@ class Agreement:
     def close(self) -> None:
         for link in self.links:
             link.conn.close()
-        remove_key(self.key_file, self.key)
+        remove_key(self.key_file, self.file_key)
         self.key_file = None
 
 
@@ -270,11 +291,11 @@ def _describe(exc: BaseException) -> str:
 
 def _host(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
     host, port = master_endpoint()
-    key, key_file = new_key(master_address())
+    key, key_file, file_key = new_key(master_address())
     try:
         listener = _listen(os.environ.get(BIND_ENV) or host, port)
     except OSError as err:
-        remove_key(key_file, key)
+        remove_key(key_file, file_key)
         hint = (
             f"{host} is not an address of this machine; set {BIND_ENV} to one (0.0.0.0: all interfaces)"
             if err.errno == errno.EADDRNOTAVAIL
@@ -285,10 +306,11 @@ def _host(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
             source=record.plan_source,
         ) from None
     came: dict[int, tuple[_Link, Record]] = {}
-    agreement = Agreement(key, 0, world, timeout_s, record.plan_source, [], key_file)
+    agreement = Agreement(key, 0, world, timeout_s, record.plan_source, [], key_file, file_key)
     try:
         with listener, selectors.DefaultSelector() as selector:
-            malformed = _gather(listener, selector, key, came, world, call, time.monotonic() + timeout_s)
+            keys = (key, file_key)
+            malformed = _gather(listener, selector, keys, came, world, call, time.monotonic() + timeout_s)
             listener.close()  # a later call's ranks must not reach this one
             agreement.links = [link for link, _ in came.values()]
             records = sorted([record, *(r for _, r in came.values())], key=lambda r: r.rank)
@@ -318,10 +340,15 @@ def _listen(host: str, port: int) -> socket.socket:
     return listener
 
 
-def _gather(listener, selector, key: bytes, came: dict, world: int, call: int, deadline: float) -> list[str]:
+def _gather(
+    listener, selector, keys: tuple[bytes, bytes | None], came: dict, world: int, call: int, deadline: float
+) -> list[str]:
     """Accept connections and read signed records into ``came`` (``{rank: (link, record)}``)
-    until all ``world - 1`` ranks came or ``deadline`` passed. Returns the problems of records
-    that were signed with the job's key but malformed (each counts as a rank that came)."""
+    until all ``world - 1`` ranks came or ``deadline`` passed. ``keys``: the job's key and the
+    key file's (None: none written). Returns the problems of records that were signed with the
+    job's key but malformed, and of ranks that told, signed with the key file's key, that they
+    sign with another key (:func:`_secret_notice`); each counts as a rank that came."""
+    key, file_key = keys
     reception = Reception(listener, selector, key, PROTOCOL, MAX_MESSAGE_BYTES)
     malformed: list[str] = []
     try:
@@ -335,6 +362,9 @@ def _gather(listener, selector, key: bytes, came: dict, world: int, call: int, d
                 payload = unseal(key, PROTOCOL, "record", greeted.nonce, line) if line else None
                 if payload is None:  # closed, or not signed with the job's key: not one of its ranks
                     conn.close()
+                    notice = _secret_notice(file_key, greeted.nonce, line, world) if file_key and line else None
+                    if notice:  # but a rank on this machine, signing with another secret, said so
+                        malformed.append(notice)
                     continue
                 hello = _parse_hello(payload, world)
                 if isinstance(hello, str):
@@ -373,6 +403,23 @@ def _parse_hello(payload: bytes, world: int) -> tuple[int, bytes, Record] | str:
             f"agreement: a rank sent a malformed record ({_describe(err)}); do all ranks run the same autodist version?"
         )
     return call, nonce, record
+
+
+def _secret_notice(file_key: bytes, nonce: bytes, line: bytes, world: int) -> str | None:
+    """The problem a rank on this machine reports with a line signed under rank 0's key file's
+    key (only this user's processes can read it): that it signs with another secret
+    (:func:`_refuse_another_secret`); None for any other line."""
+    payload = unseal(file_key, PROTOCOL, "another key", nonce, line)
+    if payload is None:
+        return None
+    try:
+        notice = strict_json(payload)
+        rank, theirs = notice["rank"], notice["secret"]
+    except Exception:
+        return None
+    if type(rank) is not int or not 0 < rank < world or type(theirs) is not bool:
+        return None
+    return f"agreement: {mismatch(f'rank {rank}', has_secret(), theirs)}"
 
 
 def _missing(came: dict, world: int) -> list[int]:
@@ -517,11 +564,12 @@ def _ranks(ranks: list[int]) -> str:
 def _join(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
     host, port = master_endpoint()
     deadline = time.monotonic() + timeout_s
-    conn, nonce, key, found = _connect(host, port, master_address(), deadline)
+    conn, nonce, key, found = _connect(host, port, master_address(), deadline, record)
     if conn is None:
         why = {
+            # a rank 0 with another secret is named at its first greeting (_refuse_another_secret)
             "stranger": f"something other than this job's rank 0 listens on {host}:{port}: another program (set "
-            f"{PORT_ENV} to a free port on every rank), or a rank 0 with another {SECRET_ENV}",
+            f"{PORT_ENV} to a free port on every rank)",
             "nothing": f"nothing listens on {host}:{port}; dead, stuck, or another plan?",
             "no key": f"it wrote no key to {key_file(master_address())}; dead, stuck, or another TMPDIR (every rank "
             f"needs the same, or set {SECRET_ENV})",
@@ -569,13 +617,14 @@ def _exchange(agreement: Agreement, message: bytes, round_: int) -> list[str]:
     return verdict
 
 
-def _connect(host: str, port: int, master: str, deadline: float):
+def _connect(host: str, port: int, master: str, deadline: float, record: Record):
     """``(connection, rank 0's nonce, key, "")``: a connection to rank 0 whose greeting is
     signed with the job's key, retried while refused (rank 0 not listening yet) or not greeted,
     until ``deadline``. ``(None, None, None, what was found)`` when none came: "stranger" (a
     greeting that does not check out) if that was ever met -- it says more than the refusals
-    after it, as rank 0 with another key leaves at about the time this rank gives up --, else
-    "nothing" (refused) or "no key" (rank 0's key file never appeared)."""
+    after it --, else "nothing" (refused) or "no key" (rank 0's key file never appeared).
+    A greeting that shows rank 0 signing with another secret (:func:`_another_secret`) is a
+    ``PlanError`` at once, after telling rank 0 where it can."""
     wait, found = RETRY_MIN_S, "no key"
     while True:
         key = read_key(master)  # None until rank 0 wrote it (it does before it listens)
@@ -583,9 +632,11 @@ def _connect(host: str, port: int, master: str, deadline: float):
         if key is not None:
             try:
                 conn = socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic())))
-                nonce = greeted(conn, key, PROTOCOL, min(time.monotonic() + GREETING_WAIT_S, deadline))
-                if nonce is not None:
-                    return conn, nonce, key, ""
+                heard = read_greeting(conn, PROTOCOL, min(time.monotonic() + GREETING_WAIT_S, deadline))
+                if heard is not None and signed_greeting(heard, key, PROTOCOL):
+                    return conn, heard[0], key, ""
+                if heard is not None:
+                    _refuse_another_secret(conn, master, key, heard, record)
                 found = "stranger"
             except OSError:  # refused: not listening (yet, or any more)
                 found = "stranger" if found == "stranger" else "nothing"
@@ -595,6 +646,47 @@ def _connect(host: str, port: int, master: str, deadline: float):
             return None, None, None, found
         time.sleep(wait)
         wait = min(2 * wait, RETRY_MAX_S)
+
+
+def _refuse_another_secret(
+    conn: socket.socket, master: str, key: bytes, heard: tuple[bytes, bytes], record: Record
+) -> None:
+    """Raise, naming the secret, when rank 0's greeting ``heard`` shows it signs with another
+    secret (:func:`_another_secret`); first tell rank 0 so where this rank can (its key file's
+    key): rank 0 reads it as this rank's record and need not wait for the timeout."""
+    another = _another_secret(master, key, heard)
+    if another is None:
+        return
+    theirs, file_key = another
+    if file_key:
+        notice = json.dumps({"rank": record.rank, "secret": has_secret()}).encode()
+        _send_quietly(conn, seal(file_key, PROTOCOL, "another key", heard[0], notice))
+    conn.close()
+    raise PlanError(f"agreement: {mismatch('rank 0', has_secret(), theirs)}", source=record.plan_source)
+
+
+def _another_secret(master: str, key: bytes, heard: tuple[bytes, bytes]) -> tuple[bool | None, bytes | None] | None:
+    """What a greeting of this protocol at rank 0's agreement endpoint (as the job's launch names
+    it), not signed under this rank's ``key``, shows: ``(whether rank 0 has AUTODIST_AGREE_SECRET
+    (None: not known), the key to tell rank 0 with: its key file's on this machine, else None)``
+    when rank 0 signs with another secret; None when it shows nothing of the kind (another program
+    on the port, or a key file this rank read before rank 0 replaced it: try again)."""
+    mine = has_secret()
+    found = rank0_key_file(master)
+    if found is None:  # rank 0 on another machine: its greeting under another key is all there is
+        return (None, None) if mine else None
+    file_key, theirs = found
+    if not theirs and (mine == theirs or not signed_greeting(heard, file_key, PROTOCOL)):
+        return None  # neither has a secret (an old key file), or not rank 0's greeting
+    return theirs, file_key
+
+
+def _send_quietly(conn: socket.socket, data: bytes) -> None:
+    """Send ``data`` if ``conn`` takes it; a peer that left needs it no more."""
+    try:
+        conn.sendall(data)
+    except OSError:
+        pass
 
 
 def _await_verdict(conn: socket.socket, key: bytes, context: bytes, deadline: float, timeout_s: float) -> list[str]:

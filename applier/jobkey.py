@@ -18,6 +18,12 @@ A job across machines without ``AUTODIST_AGREE_SECRET`` is refused with a ``Plan
 the variable: there is no secret to share, and an agreement anyone can join would protect
 nothing.
 
+Rank 0 writes the key file also when it has a secret, with a random key of its own that says so
+(``<hex> secret``): that key lets no one join (the agreement is signed with the secret's key),
+but a rank on the same machine whose secret differs (set on one rank, unset or another on the
+other) can tell rank 0 so, signed, at the first greeting, instead of both waiting out the
+timeout (:func:`mismatch`, agree.py).
+
 Example::
 
     >>> import os
@@ -40,7 +46,7 @@ from pathlib import Path
 from autodist.schemas import PlanError
 
 SECRET_ENV = "AUTODIST_AGREE_SECRET"
-#: A key file is 64 hex digits; anything larger is not one of ours.
+#: A key file is 64 hex digits (and " secret" when rank 0 has one); anything larger is not one of ours.
 _KEY_FILE_MAX_BYTES = 256
 
 
@@ -52,25 +58,42 @@ def read_key(master: str) -> bytes | None:
         return _from_secret(secret)
     _require_one_host()
     try:
-        return _read_key_file(key_file(master))
+        found = _read_key_file(key_file(master))
     except OSError:  # not written yet (or not a plain file): rank 0 writes it before it listens
         return None
+    return found[0] if found else None
 
 
-def new_key(master: str) -> tuple[bytes, Path | None]:
+def has_secret() -> bool:
+    """Whether this rank has ``AUTODIST_AGREE_SECRET``."""
+    return bool(os.environ.get(SECRET_ENV))
+
+
+def new_key(master: str) -> tuple[bytes, Path | None, bytes | None]:
     """The job's key as rank 0 makes it: from ``AUTODIST_AGREE_SECRET``, else a fresh random
-    key written to the job's key file. Returns ``(key, file to remove when done, or None)``."""
+    key. Returns ``(key, the key file to remove when done, the file's key)``: the file holds the
+    key itself when there is no secret; with one, a random key that only tells another secret
+    (the file is then written where it can be, or not at all: ``(key, None, None)``)."""
     secret = os.environ.get(SECRET_ENV)
     if secret:
-        return _from_secret(secret), None
+        try:
+            path, file_key = _write_key_file(master, secret=True)
+        except PlanError:  # no private folder here: ranks with another secret wait for the timeout
+            return _from_secret(secret), None, None
+        return _from_secret(secret), path, file_key
     _require_one_host()
+    path, key = _write_key_file(master, secret=False)
+    return key, path, key
+
+
+def _write_key_file(master: str, secret: bool) -> tuple[Path, bytes]:
     path = key_file(master)
     key = secrets.token_bytes(32)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            os.write(fd, key.hex().encode())
+            os.write(fd, key.hex().encode() + (b" secret" if secret else b""))
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -79,15 +102,46 @@ def new_key(master: str) -> tuple[bytes, Path | None]:
             f"agreement: cannot write the job's key to {path}: {err.strerror or err}; set {SECRET_ENV}",
             source="environment",
         ) from None
-    return key, path
+    return path, key
 
 
-def remove_key(path: Path | None, key: bytes) -> None:
-    """Remove rank 0's key file, unless a later agreement already replaced it."""
+def rank0_key_file(master: str) -> tuple[bytes, bool] | None:
+    """What rank 0 wrote for the job at ``master`` on this machine: ``(the file's key, whether rank
+    0 has a secret)``; None when there is no such file here (rank 0 on another machine, or not
+    there yet)."""
+    try:
+        return _read_key_file(key_file(master))
+    except (OSError, PlanError):
+        return None
+
+
+def mismatch(peer: str, mine: bool, theirs: bool | None) -> str:
+    """Why ``peer`` (``"rank 0"``, ``"rank 3"``) signs with another key than this rank, in one
+    line naming the variable; ``mine``, ``theirs``: whether this rank and the peer have
+    ``AUTODIST_AGREE_SECRET`` (``theirs`` None: not known, only that its messages do not check
+    out under this rank's key).
+
+    >>> print(mismatch("rank 1", True, False))  # doctest: +NORMALIZE_WHITESPACE
+    rank 1's messages are not signed with this rank's key: AUTODIST_AGREE_SECRET is set on this rank
+    and unset on rank 1; set it to the same text on every node
+    """
+    if theirs is None:
+        why = f"is {SECRET_ENV} set alike on every node (set on one, unset or another on the other?)"
+    elif mine and theirs:
+        why = f"its {SECRET_ENV} differs from this rank's"
+    else:
+        where = ("this rank", peer) if mine else (peer, "this rank")
+        why = f"{SECRET_ENV} is set on {where[0]} and unset on {where[1]}"
+    return f"{peer}'s messages are not signed with this rank's key: {why}; set it to the same text on every node"
+
+
+def remove_key(path: Path | None, key: bytes | None) -> None:
+    """Remove rank 0's key file (whose key is ``key``), unless a later agreement already replaced it."""
     if path is None:
         return
     try:
-        if _read_key_file(path) == key:
+        found = _read_key_file(path)
+        if found is not None and found[0] == key:
             path.unlink()
     except OSError:
         pass
@@ -134,8 +188,9 @@ def key_file(master: str) -> Path:
     return folder / f"agree-{re.sub(r'[^A-Za-z0-9.-]', '_', master)}.key"
 
 
-def _read_key_file(path: Path) -> bytes | None:
-    """The key in ``path``; None when it is not a key file of ours (wrong type, owner or content)."""
+def _read_key_file(path: Path) -> tuple[bytes, bool] | None:
+    """``(the key in path, whether rank 0 has a secret)``; None when it is not a key file of ours
+    (wrong type, owner or content)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         info = os.fstat(fd)
@@ -144,7 +199,9 @@ def _read_key_file(path: Path) -> bytes | None:
         text = os.read(fd, _KEY_FILE_MAX_BYTES)
     finally:
         os.close(fd)
+    hex_key, _, mark = text.partition(b" ")
     try:
-        return bytes.fromhex(text.decode("ascii"))
+        key = bytes.fromhex(hex_key.decode("ascii"))
     except ValueError:
         return None
+    return (key, True) if mark == b"secret" else (key, False) if not mark else None

@@ -80,6 +80,13 @@ def greeting_bytes(protocol: bytes) -> int:
 def greeted(conn: socket.socket, key: bytes, protocol: bytes, deadline: float) -> bytes | None:
     """The listening side's nonce, when ``conn`` starts with its signed greeting before
     ``deadline``: one deadline for the whole greeting, however the bytes trickle in."""
+    heard = read_greeting(conn, protocol, deadline)
+    return heard[0] if heard and signed_greeting(heard, key, protocol) else None
+
+
+def read_greeting(conn: socket.socket, protocol: bytes, deadline: float) -> tuple[bytes, bytes] | None:
+    """``(nonce, the greeting's bytes)`` when ``conn`` starts with a greeting of ``protocol``'s
+    form before ``deadline``, not yet checked (:func:`signed_greeting` checks it under a key)."""
     size = greeting_bytes(protocol)
     received = b""
     while len(received) < size:
@@ -94,13 +101,19 @@ def greeted(conn: socket.socket, key: bytes, protocol: bytes, deadline: float) -
         if not chunk:
             return None
         received += chunk
-    head, _, rest = received.rstrip(b"\n").rpartition(b" ")
+    head, _, _ = received.rstrip(b"\n").rpartition(b" ")
     name, _, nonce_hex = head.rpartition(b" ")
     try:
         nonce = bytes.fromhex(nonce_hex.decode("ascii"))
     except ValueError:
         return None
-    return nonce if name == protocol and hmac.compare_digest(received, greeting(key, protocol, nonce)) else None
+    return (nonce, received) if name == protocol and len(nonce) == NONCE_BYTES else None
+
+
+def signed_greeting(heard: tuple[bytes, bytes], key: bytes, protocol: bytes) -> bool:
+    """Whether a greeting :func:`read_greeting` heard was signed under ``key``."""
+    nonce, received = heard
+    return hmac.compare_digest(received, greeting(key, protocol, nonce))
 
 
 def strict_json(payload: bytes):

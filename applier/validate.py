@@ -19,6 +19,7 @@ import paddle
 import paddle.distributed as dist
 
 from autodist.schemas import Plan, parameter_diff, parameter_fingerprint, parameter_table
+from autodist.schemas.fingerprint import ParameterDiff
 
 from autodist.applier.accumulate import accumulation_problems
 from autodist.applier.data import uneven_problem
@@ -74,7 +75,9 @@ def world_problems(plan: Plan, world_size: int) -> list[str]:
 def parameter_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     """The model's parameters against the plan's: names, shapes, dtypes, fingerprint, ties."""
     actual = parameter_table(model.named_parameters())
-    problems = _table_differences(plan, actual)
+    tied = {t for p in plan.params.values() for t in p.tied_to}
+    diff = parameter_diff({fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}, actual, tied)
+    problems = _table_differences(diff)
     fingerprint = parameter_fingerprint(actual)
     if not problems and fingerprint != plan.model.param_fingerprint:
         problems.append(
@@ -83,11 +86,8 @@ def parameter_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
             "the plan was edited by hand or made by another planner; re-plan this model"
         )
     if problems:
-        problems.insert(
-            0,
-            f"model: this is not the model the plan was made for ({plan.model.class_name}, "
-            f"{len(plan.params)} parameters; this {type(model).__name__} has {len(actual)})",
-        )
+        made = (plan.model.class_name, len(plan.params), plan.provenance.arguments.get("target", ""))
+        problems.insert(0, _not_this_model(made, type(model).__name__, diff))
     already = [fqn for fqn, p in model.named_parameters() if p.is_dist()]
     if already:
         problems.append(
@@ -96,10 +96,38 @@ def parameter_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     return problems
 
 
-def _table_differences(plan: Plan, actual: dict) -> list[str]:
+def _not_this_model(made: tuple[str, int, str], class_name: str, diff: ParameterDiff) -> str:
+    """The first line of a parameter mismatch: what differs, counted, and how to re-plan.
+    ``made``: the plan's class name, number of planned parameters and target.
+
+    >>> diff = ParameterDiff(removed=[], added=[], renamed=[], resized=[("w", [8], [4])], retyped=[])
+    >>> print(_not_this_model(("TinyLM", 21, "model.py"), "TinyLM", diff))  # doctest: +NORMALIZE_WHITESPACE
+    model: this is not the model the plan was made for: another TinyLM, its parameters differ from the 21
+    planned (1 resized); re-plan this model: autodist-plan model.py ... (with its sizes), or autodist.plan(model, ...)
+    """
+    counted = [
+        f"{len(items)} {word}"
+        for items, word in (
+            (diff.resized, "resized"),
+            (diff.retyped, "of another dtype"),
+            (diff.renamed, "renamed"),
+            (diff.removed, "missing"),
+            (diff.added, "added"),
+        )
+        if items
+    ]
+    planned, count, target = made
+    which = f"a {class_name}, not a {planned}" if class_name != planned else f"another {class_name}"
+    again = f"autodist-plan {target} ... (with its sizes), or " if target and not target.startswith("<") else ""
+    what = ", ".join(counted) or "same names, shapes and dtypes, another fingerprint"
+    return (
+        f"model: this is not the model the plan was made for: {which}, its parameters differ from the {count} "
+        f"planned ({what}); re-plan this model: {again}autodist.plan(model, ...)"
+    )
+
+
+def _table_differences(diff: ParameterDiff) -> list[str]:
     """The parameter diff (:func:`~autodist.schemas.parameter_diff`) name by name, as JSON paths."""
-    tied = {t for p in plan.params.values() for t in p.tied_to}
-    diff = parameter_diff({fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}, actual, tied)
     problems = [
         f'$.params["{old}"]: not in the model; renamed to "{new}"? (same shape and dtype)' for old, new in diff.renamed
     ]

@@ -51,7 +51,10 @@ def main() -> None:
     program = trace_model(model, module.input_spec())
     analysis = analyze(program, build_graph(program), model)
     base = dict(
-        devices_per_node=DEVICES_PER_NODE, nodes=NODES, global_batch_size=module.BATCH_SIZE * NODES * DEVICES_PER_NODE
+        devices_per_node=DEVICES_PER_NODE,
+        nodes=NODES,
+        global_batch_size=module.BATCH_SIZE * NODES * DEVICES_PER_NODE,
+        dtype="bf16",  # mixed precision on H100, as docs/benchmarks.md prices it (the model's own: fp32)
     )
     chosen = search(analysis, SearchRequest(**base))
     print(

@@ -174,6 +174,8 @@ def plan_analysed(
             with progress.step("searching again, the unproven local views gathered"):
                 result = search(priced, request)
     _refuse_crashes(analysis, model, views, result.best.strategy)
+    if result.setup is not None:  # the dtype priced: the request's, else the model's (provenance says which)
+        arguments = {**arguments, "dtype": result.setup.dtype}
     with progress.step("writing the plan"):
         plan = build_plan(analysis, result, request, arguments, views)
     kept = _kept_whole(
@@ -299,7 +301,7 @@ def plan(
     global_batch_size: int | None = None,
     micro_batch_size: int | None = None,
     seq_len: int | None = None,
-    dtype: TrainingDType = "bf16",
+    dtype: TrainingDType | None = None,
     optimizer: str = "adam",
     recompute: Recompute = "none",
     rules: dict[str, str] | None = None,
@@ -318,7 +320,7 @@ def plan(
     ``attention`` is ``--attention``: ``auto``, ``flash`` or ``eager``; ``local_view`` is
     ``--local-view/--no-local-view``).
     The plan equals the command's for the same model, but for ``provenance.arguments.target``,
-    which names the model's class instead of a file. Raises ``PlannerError`` for anything the
+    which names the model's class (``module:Class``) instead of a file. Raises ``PlannerError`` for anything the
     caller can fix. Save the plan with :func:`autodist.save_plan`. As quiet as the command: what
     Paddle and networkx print while planning is dropped (:mod:`autodist.planner.quiet`); what the
     model prints is kept.
@@ -356,7 +358,7 @@ def plan(
         attention=attention,
     )
     devices, nodes = cluster_shape(cluster, devices, nodes)
-    profile, device_note = planned_device(device, cluster)
+    profile, device_note = planned_device(device, cluster, devices)
     request = SearchRequest(
         devices_per_node=devices,
         nodes=nodes,
@@ -367,7 +369,7 @@ def plan(
     )
     # Provenance in the command's words (its option names, its value spelling).
     given = {
-        "target": f"<{type(model).__name__} object>",
+        "target": f"{type(model).__module__}:{type(model).__qualname__}",  # the class, as a TARGET spells it
         "devices": devices,
         "nodes": nodes,
         "device_name": device,

@@ -1,7 +1,8 @@
 """A strategy in words, said the same way by the planner's search, its commands and benches.
 
 Low-level vocabulary like the placements (:mod:`autodist.schemas.vocabulary`): the search names
-rejected strategies with it, the review commands show plans with it.
+rejected strategies with it, the review commands show plans with it; and runs of layers
+(``blocks.0-11``), which the search's reasons and the review commands name alike.
 """
 
 from __future__ import annotations
@@ -56,3 +57,33 @@ def strategy_text(strategy: Strategy, form: Literal["long", "short"] = "long") -
     if form == "long":
         return ", ".join(long for long, _ in words)
     return " ".join(short for _, short in words if short)
+
+
+def index_ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``."""
+    spans: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def layers_text(layers: list[str]) -> str:
+    """Layers that differ in one index only, named at once; others listed.
+
+    >>> layers_text([f"blocks.{i}" for i in range(12)]), layers_text(["h.0", "h.2", "h.3"])
+    ('blocks.0-11', 'h.0,2-3')
+    >>> layers_text(["encoder.0", "decoder.0"]), layers_text(["h.0", "h.0.mlp"])
+    ('encoder.0, decoder.0', 'h.0, h.0.mlp')
+    """
+    split = [layer.split(".") for layer in layers]
+    if len(layers) > 1 and len({len(parts) for parts in split}) == 1:
+        varying = {i for parts in split for i, part in enumerate(parts) if part != split[0][i]}
+        i = min(varying, default=0)
+        if len(varying) == 1 and all(parts[i].isascii() and parts[i].isdigit() for parts in split):
+            parts = list(split[0])
+            parts[i] = index_ranges([int(p[i]) for p in split])
+            return ".".join(parts)
+    return ", ".join(layers)

@@ -85,6 +85,16 @@ def as_dtype(name: str) -> DType:
     return typing.cast(DType, name)
 
 
+def training_dtype(tensor_dtype: str) -> TrainingDType | None:
+    """The training dtype ``--dtype`` names for a tensor dtype, or None (``float64``, integers).
+
+    >>> training_dtype("float32"), training_dtype("float64")
+    ('fp32', None)
+    """
+    names = {tensor: name for name, tensor in TRAINING_DTYPES.items()}
+    return typing.cast(TrainingDType, names[tensor_dtype]) if tensor_dtype in names else None
+
+
 def training_bytes(dtype: str) -> int:
     """Bytes per element of a training dtype as ``--dtype`` names it (``bf16``: 2)."""
     return DTYPE_BYTES[TRAINING_DTYPES[dtype]]

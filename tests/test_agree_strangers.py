@@ -102,6 +102,19 @@ def stranger(target, *args):
         assert not thread.is_alive(), "the stranger did not stop"
 
 
+def listen_on(stop: threading.Event, port: int, answer) -> None:
+    """Hold ``port`` as a stranger: ``answer(connection, stop)`` each connection, then close it."""
+    with socket.create_server(("127.0.0.1", port)) as listener:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                answer(conn, stop)
+
+
 def connect(port: int, stop: threading.Event) -> socket.socket | None:
     """A connection to ``port`` once something listens there (None when told to stop)."""
     while not stop.is_set():
@@ -313,24 +326,16 @@ def test_a_greeting_sent_one_byte_at_a_time_does_not_stretch_the_timeout(job):
     today each byte restarts rank 1's wait (a 3 s timeout waited about 20 s); now rank 1 gives
     up on it after one deadline and raises."""
 
-    def trickle(stop):
-        with socket.create_server(("127.0.0.1", job.port)) as listener:
-            listener.settimeout(0.1)
-            while not stop.is_set():
-                try:
-                    conn, _ = listener.accept()
-                except TimeoutError:
-                    continue
-                with conn:
-                    for byte in b"autodist agreement\n" + b" " * 200:
-                        if stop.wait(0.9):
-                            return
-                        try:
-                            conn.sendall(bytes([byte]))
-                        except OSError:
-                            break
+    def trickle(conn, stop):
+        for byte in b"autodist agreement\n" + b" " * 200:
+            if stop.wait(0.9):
+                return
+            try:
+                conn.sendall(bytes([byte]))
+            except OSError:
+                return
 
-    with stranger(trickle):
+    with stranger(listen_on, job.port, trickle):
         time.sleep(0.2)
         job.start(1, PLAN_A)
         result = job.result(1)
@@ -368,27 +373,71 @@ def test_the_job_key_file_is_private_and_removed(job, tmp_path):
     assert list(folder.iterdir()) == []
 
 
-def test_ranks_with_another_secret_do_not_meet_and_ranks_with_the_same_do(job):
+@pytest.mark.parametrize(
+    "secrets, said",
+    [
+        (("s3cret", None), "AUTODIST_AGREE_SECRET is set on {0} and unset on {1}"),
+        ((None, "s3cret"), "AUTODIST_AGREE_SECRET is set on {1} and unset on {0}"),
+        (("one", "two"), "its AUTODIST_AGREE_SECRET differs from this rank's"),
+    ],
+    ids=["rank-0-only", "rank-1-only", "different"],
+)
+def test_a_secret_set_unlike_is_named_on_both_ranks_within_seconds(job, secrets, said):
+    """AUTODIST_AGREE_SECRET set on one rank only (or unlike on both), under the default timeout
+    (300 s): rank 1 sees it in rank 0's greeting and tells rank 0, signed under rank 0's key file
+    (only this user can read it); both raise at once, each naming the variable and the other rank.
+    They once waited the whole timeout, rank 0 then blaming rank 1 for not arriving."""
+    for rank, secret in enumerate(secrets):
+        job.start(rank, PLAN_A, AUTODIST_AGREE_TIMEOUT="", **({"AUTODIST_AGREE_SECRET": secret} if secret else {}))
+    for rank, other in ((0, 1), (1, 0)):
+        result = job.result(rank, returncode=0)
+        assert result["error"] == "PlanError", result
+        assert f"rank {other}'s messages are not signed with this rank's key" in result["message"], result
+        assert (
+            said.format(*(("this rank", f"rank {other}") if rank == 0 else (f"rank {other}", "this rank")))
+            in (result["message"])
+        ), result
+        assert result["seconds"] < RANK_LIMIT_S, result
+
+
+def test_a_rank_that_cannot_read_rank_0s_key_file_names_another_secret_at_its_greeting(job, tmp_path):
+    """As across machines (here: another TMPDIR), rank 1 cannot read rank 0's key file: rank 0's
+    greeting at the endpoint the launch names for it, under another key, is all it has. It raises
+    at once, naming the variable; rank 0, told nothing it could trust, names rank 1 at its deadline."""
     job.start(0, PLAN_A, AUTODIST_AGREE_SECRET="one")
-    job.start(1, PLAN_A, AUTODIST_AGREE_SECRET="two")
-    zero, one = job.result(0), job.result(1)
-    assert zero["error"] == "PlanError" and "ranks 1 of 2 did not reach" in zero["message"], zero
-    assert one["error"] == "PlanError" and "a rank 0 with another AUTODIST_AGREE_SECRET" in one["message"], one
+    job.start(1, PLAN_A, AUTODIST_AGREE_SECRET="two", TMPDIR=str(tmp_path))
+    one = job.result(1)
+    assert one["error"] == "PlanError" and one["seconds"] < TIMEOUT_S / 2, one
+    assert (
+        "rank 0's messages are not signed with this rank's key: is AUTODIST_AGREE_SECRET set alike on every node"
+        in one["message"]
+    ), one
+    assert "ranks 1 of 2 did not reach the agreement step" in job.result(0)["message"]
+
+
+def test_ranks_with_the_same_secret_meet(job):
     job.start(0, PLAN_A, AUTODIST_AGREE_SECRET="one")
     job.start(1, PLAN_B, AUTODIST_AGREE_SECRET="one")
     assert_both_refuse_the_plans(job)
 
 
-def test_a_rank_0_with_another_secret_is_named_after_it_left(job):
-    """Rank 0 (another secret) gives up at 2 s; rank 1 keeps trying to 8 s and finds nothing
-    listening after it. It must still name what it met (it once said "nothing listens", the
-    last thing it saw, when the two deadlines fell close together)."""
-    job.start(0, PLAN_A, AUTODIST_AGREE_SECRET="one", AUTODIST_AGREE_TIMEOUT="2")
-    job.start(1, PLAN_A, AUTODIST_AGREE_SECRET="two")
-    assert "ranks 1 of 2 did not reach" in job.result(0)["message"]
-    one = job.result(1)
-    assert one["error"] == "PlanError" and "a rank 0 with another AUTODIST_AGREE_SECRET" in one["message"], one
-    assert one["seconds"] > 4, one
+def test_a_stranger_greeting_under_another_key_is_not_taken_for_rank_0(job):
+    """Without secrets, something on the agreement port greets in the protocol's form but not
+    under rank 0's key file's key: rank 1 does not take it for rank 0 with another secret (it
+    proves nothing) and names a stranger at the deadline."""
+    from autodist.applier.agree import PROTOCOL
+    from autodist.applier.signed import greeting
+
+    def impostor(conn, stop):
+        conn.sendall(greeting(b"k" * 32, PROTOCOL, b"n" * 16))
+        stop.wait(0.2)
+
+    job.start(0, PLAN_A, AUTODIST_AGREE_TIMEOUT="3", AUTODIST_AGREE_PORT=str(free_ports(1)[0]))
+    with stranger(listen_on, job.port, impostor):
+        job.start(1, PLAN_A, AUTODIST_AGREE_TIMEOUT="3")
+        one = job.result(1)
+    assert one["error"] == "PlanError" and "something other than this job's rank 0 listens" in one["message"], one
+    assert job.result(0)["error"] == "PlanError"
 
 
 @pytest.mark.parametrize("victim", [0, 1])

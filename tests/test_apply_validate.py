@@ -63,9 +63,29 @@ def rejected(model, optimizer, loader, plan, **kwargs) -> PlanError:
 def test_plan_for_another_model_names_the_difference(setup):
     model, optimizer, loader = setup
     err = rejected(model, optimizer, loader, tensor_parallel_plan(build_gpt()))
-    assert "not the model the plan was made for (GPTModel" in str(err)
+    assert "not the model the plan was made for: a Model, not a GPTModel, its parameters differ" in str(err)
     assert 'parameters removed (planned, not in the model): "blocks.0.attn.' in str(err)
     assert 'parameters added (in the model, not planned): "embed_tokens.weight"' in str(err)
+
+
+def test_a_model_of_other_sizes_is_told_what_differs_and_how_to_re_plan(setup):
+    """The same class at another intermediate size: the first line counts what differs (once
+    "(Model, 21 parameters; this Model has 21)", which named nothing) and how to re-plan."""
+    from harness.workloads import DOCSTRING_LLAMA_CONFIG, load_model_file
+
+    model, optimizer, loader = setup
+    other = load_model_file("plans/llama_docstring/model.py", "llama_docstring_model").build_model(
+        **{**DOCSTRING_LLAMA_CONFIG, "intermediate_size": 72}
+    )
+    plan = tensor_parallel_plan(other)
+    plan.provenance.arguments["target"] = "plans/llama_docstring/model.py"
+    err = rejected(model, optimizer, loader, plan)
+    assert str(err).splitlines()[1] == (
+        f"  - model: this is not the model the plan was made for: another Model, its parameters differ from the "
+        f"{len(plan.params)} planned (6 resized); re-plan this model: autodist-plan plans/llama_docstring/model.py "
+        "... (with its sizes), or autodist.plan(model, ...)"
+    )
+    assert '$.params["layers.0.mlp.up_proj.weight"].shape: planned [32, 72] but the model has [32, 64]' in str(err)
 
 
 def test_plan_for_eight_ranks_on_one(setup):

@@ -61,15 +61,15 @@ def test_gemm_shapes_are_per_rank_as_the_plan_splits_them():
 
 
 def test_the_plans_own_messages_are_what_the_cost_model_prices():
-    plan = load_plan(REPO / "plans" / "llama_docstring" / "plan_8dev.json")  # dp4 x mp2, ZeRO 3, bf16
+    plan = load_plan(REPO / "plans" / "llama_docstring" / "plan_8dev.json")  # dp4 x mp2, fp32 (its parameters')
     messages = plan_messages(plan)
     # mp: the row-parallel outputs (o_proj, down_proj) and the head's input gradient, [4 x 1024 tokens
-    # over dp4, 2048] in bf16, all-reduced; the vocabulary-split embedding's whole [8000, 2048] table,
+    # over dp4, 2048] in fp32, all-reduced; the vocabulary-split embedding's whole [8000, 2048] table,
     # which the lookup all-gathers (as the step time prices it: comm.vocab_lookup_collective)
-    assert messages["mp"] == (("all_gather", "all_reduce"), [1024 * 2048 * 2, 8000 * 2048 * 2])
+    assert messages["mp"] == (("all_gather", "all_reduce"), [1024 * 2048 * 4, 8000 * 2048 * 4])
     # dp: one gradient per parameter, its local size: a norm [2048]; q/k/v/o [2048, 1024] and the MLP
     # [2048, 2048] per mp rank, the median of the four sizes; the vocabulary-split embedding [4000, 2048]
-    assert messages["dp"] == (("reduce_scatter", "all_gather"), [2048 * 2, 2048 * 2048 * 2, 4000 * 2048 * 2])
+    assert messages["dp"] == (("reduce_scatter", "all_gather"), [2048 * 4, 2048 * 2048 * 4, 4000 * 2048 * 4])
 
 
 def test_fit_recovers_a_known_rate_and_fixed_cost():
@@ -234,10 +234,13 @@ def test_the_overlap_loss_is_measured_where_collectives_run_beside_compute_and_s
     kept = fitted_device(Measurements(), PROFILES["cpu"], "fp32", "lab", comm_overlap=False)
     assert kept["overlap_compute_loss"] == PROFILES["cpu"].overlap_compute_loss == 1.0
     # the plan's largest matmul (its tokens capped as measure_matmuls caps them: 4e10 FLOPs for
-    # three) and data-parallel message (dp4 x mp2: the [4000, 2048] bf16 embedding)
+    # three) and data-parallel message (dp4 x mp2: the [4000, 2048] fp32 embedding)
     plan = load_plan(REPO / "plans" / "llama_docstring" / "plan_8dev.json")
     assert (1024, 2048, 4000) in plan_gemm_shapes(plan)
-    assert overlap_probe(plan, plan_gemm_shapes(plan)) == ((int(4e10 / 3 / (2 * 2048 * 4000)), 2048, 4000), 16384000)
+    assert overlap_probe(plan, plan_gemm_shapes(plan)) == (
+        (int(4e10 / 3 / (2 * 2048 * 4000)), 2048, 4000),
+        4000 * 2048 * 4,
+    )
     # a cluster file's figure is a fraction
     from autodist.planner.errors import PlannerError
 

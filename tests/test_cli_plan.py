@@ -76,7 +76,7 @@ def test_explain_says_how_each_block_kinds_sub_layers_run(tmp_path):
     "args, message",
     [
         (["--devices", 4, "--dp", 3, "--mp", 2], "devices"),
-        (["--devices", 3, "--mp", 3], "--mp 3 does not divide the 4 attention heads of layers.0"),
+        (["--devices", 3, "--mp", 3], "--mp 3 does not divide the 4 heads of layers.0-1"),
         (["--devices", 4, "--pp", 4], "--pp 4 is more than the 2 blocks"),
         (
             ["--input-spec", "input_ids:int64:64"],

@@ -117,3 +117,53 @@ def test_a_rank_killed_during_apply_plan_stops_the_others(tmp_path, victim):
     ), result
     assert result["seconds"] < STOP_WITHIN_S, result
     assert result["untouched"]
+
+
+#: One rank of a real job that applies a plan (no harness around apply_plan: its PlanError is the
+#: process's non-zero exit, as in a user's script).
+APPLYING_RANK = """
+import sys
+import paddle.distributed as dist
+from autodist.applier import apply_plan
+from harness.workloads import WORKLOADS
+dist.init_parallel_env()
+apply_plan(WORKLOADS[sys.argv[1]].build(seed=0), None, None, sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("holder", [0, 1])
+def test_a_secret_on_one_rank_only_stops_both_within_seconds(tmp_path, holder):
+    """AUTODIST_AGREE_SECRET on one rank only, the default timeout (300 s): both ranks exit
+    non-zero within 30 s, each naming the variable and where it is set. Both once waited the
+    whole timeout, and rank 0 then told to set AUTODIST_AGREE_TIMEOUT."""
+    import subprocess
+    import sys
+    import time
+
+    from harness.launcher import AGREE_PORT_ENV, TESTS_DIR, free_ports, rank_env
+
+    plan = write(tmp_path / "mp2.json", dump_plan(tensor_parallel_plan(WORKLOADS[WORKLOAD].build(seed=0), mp=NRANKS)))
+    *ports, agree_port = free_ports(NRANKS + 1)
+    endpoints = [f"127.0.0.1:{port}" for port in ports]
+    start, procs = time.monotonic(), []
+    for rank in range(NRANKS):
+        env = rank_env(rank, endpoints, {AGREE_PORT_ENV: str(agree_port)})
+        for name in ("AUTODIST_AGREE_SECRET", "AUTODIST_AGREE_TIMEOUT"):
+            env.pop(name, None)
+        if rank == holder:
+            env["AUTODIST_AGREE_SECRET"] = "set on this rank only"
+        command = [sys.executable, "-c", APPLYING_RANK, WORKLOAD, plan]
+        procs.append(subprocess.Popen(command, cwd=TESTS_DIR, env=env, stderr=subprocess.PIPE, text=True))
+    try:
+        errors = [proc.communicate(timeout=120)[1] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    took = time.monotonic() - start
+    for rank, (proc, err) in enumerate(zip(procs, errors)):
+        other = f"rank {1 - rank}"
+        where = ("this rank", other) if rank == holder else (other, "this rank")
+        assert proc.returncode not in (0, None), f"rank {rank} went on:\n{err[-2000:]}"
+        assert f"{other}'s messages are not signed with this rank's key" in err, err[-2000:]
+        assert f"AUTODIST_AGREE_SECRET is set on {where[0]} and unset on {where[1]}" in err, err[-2000:]
+    assert took < 30, f"{took:.1f} s"

@@ -65,7 +65,7 @@ def test_dp2_mp2_placements(tiny):
     assert plan.data.shard_axes == ["dp"] and (plan.data.input_stage, plan.data.label_stage) == (0, 0)
     assert [b.layer for b in plan.blocks] == ["layers.0", "layers.1"]
     assert not any(h.action == "stage_handoff" for h in plan.hooks)
-    assert plan.provenance.arguments == {"target": "model.py"}
+    assert plan.provenance.arguments == {"target": "model.py", "dtype": "fp32"}  # the priced dtype: the model's
     assert plan.model.class_name == "Model" and plan.model.input_specs[0].shape == [4, 16]
 
 
@@ -254,7 +254,7 @@ def test_a_view_that_fails_its_proof_is_priced_gathered_in_the_written_plan():
     gradient held (2 x 4096 bytes)."""
     from autodist.planner.cost.search import kernels_for, price, search
 
-    request = SearchRequest(devices_per_node=4, mp=2, pp=1, sequence_parallel=False, sharding_stage=0)
+    request = SearchRequest(devices_per_node=4, mp=2, pp=1, sequence_parallel=False, sharding_stage=0, dtype="bf16")
     made = plan_target(str(MODELS / "gpt.py"), None, request, {"target": "gpt"}, local_view=True)
     assert made.plan.local_view == [] and any("stay global" in note for note in made.plan.notes)
     without = plan_target(str(MODELS / "gpt.py"), None, request, {"target": "gpt"}, local_view=False).plan

@@ -132,3 +132,26 @@ def test_this_machines_device_is_probed_once_and_its_note_comes_with_it(monkeypa
     profile, note = hardware.planned_device()
     assert profile == PROFILES["h100-sxm"] and "has no profile: assumed h100-sxm" in note and len(probes) == 1
     assert hardware.planned_device("a100-80g") == (PROFILES["a100-80g"], "") and len(probes) == 1
+
+
+def test_a_cpu_plan_takes_this_machines_memory_shared_by_its_ranks():
+    """The cpu profile's 16 GB is a placeholder (it said "14.9 GiB each" on a 23 GiB machine): a
+    plan for the cpu device takes this machine's memory (MemTotal, or a container's limit) over
+    the ranks of a node, and says so; the profile itself and named GPUs stay as published."""
+    from pathlib import Path
+
+    from autodist.planner.cost.hardware import planned_device
+
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    total = int(meminfo["MemTotal"].split()[0]) * 1024
+    limit = Path("/sys/fs/cgroup/memory.max")
+    if limit.exists() and limit.read_text().strip().isdigit():
+        total = min(total, int(limit.read_text()))
+    profile, note = planned_device("cpu", None, 3)
+    assert profile.memory_bytes == total // 3
+    assert note == (
+        f"memory: this machine's {total / 2**30:.1f} GiB shared by the 3 rank(s) of a node, "
+        f"{total // 3 / 2**30:.1f} GiB each"
+    )
+    assert planned_device("cpu")[0] == PROFILES["cpu"]
+    assert planned_device("h100-sxm", None, 3)[0] == PROFILES["h100-sxm"]

@@ -112,17 +112,17 @@ def test_planner_records_a_proven_local_view(local_plan):
 
 
 def test_the_estimate_prices_what_runs(local_plan):
-    """GPT-2 (h = 32, 4 heads, 2 layers) at mp2, 4 x 8 = 32 tokens a step, bf16. Gathered, each
-    layer all-gathers c_attn's output (3 x 32 elements a token) forward and c_proj's input
-    gradient (32) backward, each rank sending half: 2 x (48 + 16) x 32 tokens x 2 bytes = 8192
-    bytes more over mp than the local view, whose cores run on half the heads (less memory and
-    time). The Megatron all-reduces are the same in both. --no-local-view also leaves the token
-    lookup in the global view: the [64, 32] table all-gathered twice (each rank sending half:
-    2 x 64 x 32 x 2 / 2 = 4096 bytes) instead of one all-reduce of the 32 x 32 output (each
-    rank sending 2 x (2 - 1) / 2 of it: 2048 bytes), 2048 bytes more."""
+    """GPT-2 (h = 32, 4 heads, 2 layers) at mp2, 4 x 8 = 32 tokens a step, fp32 (its parameters').
+    Gathered, each layer all-gathers c_attn's output (3 x 32 elements a token) forward and
+    c_proj's input gradient (32) backward, each rank sending half: 2 x (48 + 16) x 32 tokens x 4
+    bytes = 16384 bytes more over mp than the local view, whose cores run on half the heads (less
+    memory and time). The Megatron all-reduces are the same in both. --no-local-view also leaves
+    the token lookup in the global view: the [64, 32] table all-gathered twice (each rank sending
+    half: 2 x 64 x 32 x 4 / 2 = 8192 bytes) instead of one all-reduce of the 32 x 32 output (each
+    rank sending 2 x (2 - 1) / 2 of it: 4096 bytes), 4096 bytes more."""
     gathered = _planned(GPT2, local_view=False)
     local, whole = local_plan.estimate, gathered.estimate
-    assert whole.comm_bytes.mp - local.comm_bytes.mp == 2 * (48 + 16) * 32 * 2 + 2048
+    assert whole.comm_bytes.mp - local.comm_bytes.mp == 2 * (48 + 16) * 32 * 4 + 4096
     assert local.memory.activations < whole.memory.activations and local.step_time_s < whole.step_time_s
     assert local.memory.params == whole.memory.params
 

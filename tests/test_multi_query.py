@@ -181,7 +181,9 @@ def test_a_multi_query_weight_held_whole_is_priced_whole():
 
     from autodist.planner.cost.search import kernels_for, price, search
 
-    request = SearchRequest(devices_per_node=2, mp=2, pp=1, sequence_parallel=False, sharding_stage=0, micro_batches=1)
+    request = SearchRequest(
+        devices_per_node=2, mp=2, pp=1, sequence_parallel=False, sharding_stage=0, micro_batches=1, dtype="bf16"
+    )
     made = plan_target(FALCON, None, request, {"target": FALCON}, local_view=True)
     assert len(made.plan.local_view) == 2
     priced = price(made.analysis, kernels_for(made.analysis, request), local_view=True)

@@ -71,7 +71,7 @@ def test_a_script_plans_its_model_and_gets_the_commands_plan(tmp_path, monkeypat
     )
     assert result.exit_code == 0, result.output
     python_plan, cli_plan = json.loads(from_python.read_text()), json.loads(from_cli.read_text())
-    assert python_plan["provenance"]["arguments"].pop("target") == "<Model object>"
+    assert python_plan["provenance"]["arguments"].pop("target") == "model:Model"  # the script's module, its class
     assert cli_plan["provenance"]["arguments"].pop("target") == str(DOCSTRING)
     assert python_plan == cli_plan
     assert python_plan["strategy"]["mp"] == 2 and python_plan["cluster"]["nodes"] == 2
@@ -86,5 +86,5 @@ def test_plan_from_python_takes_input_spec_strings_and_reports_bad_degrees(monke
     plan = autodist.plan(model, ["input_ids:int64:2x8"], devices=2, device="cpu")
     assert plan.model.input_specs[0].shape == [2, 8]
     assert plan.provenance.arguments["input_specs"] == "input_ids:int64:2x8"
-    with pytest.raises(PlannerError, match="--mp 3 does not divide the 4 attention heads"):
+    with pytest.raises(PlannerError, match="--mp 3 does not divide the 4 heads of "):
         autodist.plan(model, ["input_ids:int64:2x8"], devices=3, mp=3)

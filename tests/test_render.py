@@ -112,3 +112,18 @@ def test_converts_to_png(tmp_path):
     pytest.skip(
         "no working SVG to PNG converter (rsvg-convert or ImageMagick convert)" + (f": {tried}" if tried else "")
     )
+
+
+def test_a_small_models_bars_are_scaled_to_its_largest_rank():
+    """Kilobytes against a 16 GiB device once drew bars 0 wide; the largest rank's bar now spans
+    the bar width and the heading says the scale (no outline: no rank reaches the device)."""
+    plan = with_memory(layered_plan(layers=8, dp=2, mp=2, pp=2), params=400, grads=400, optimizer=800, activations=100)
+    root = ET.fromstring(render_svg(plan))
+    spans: dict[str, float] = {}
+    for bar in elements(root, "memory"):
+        spans[bar.get("y")] = spans.get(bar.get("y"), 0.0) + float(bar.get("width"))  # one row per group
+    assert max(spans.values()) == pytest.approx(900 - 2 * 20 - 150 - 70)  # render.py's bar width
+    assert min(spans.values()) > 100, spans
+    assert elements(root, "device-memory") == []
+    heading = next(e.text for e in elements(root, "heading") if e.text.startswith("estimated memory"))
+    assert heading == "estimated memory per rank (device: 16.0 GiB; bars to the largest rank's 1.7 KiB)"

@@ -132,7 +132,7 @@ def test_impossible_request_names_the_memory_it_would_need(llama_3b8):
 @pytest.mark.slow
 @pytest.mark.parametrize(("devices_per_node", "nodes"), [(n, 1) for n in range(1, 17)] + [(8, 2), (8, 4), (8, 16)])
 def test_every_device_count_gets_a_valid_plan(llama_3b8, devices_per_node, nodes):
-    request = SearchRequest(devices_per_node=devices_per_node, nodes=nodes, device=H100)
+    request = SearchRequest(devices_per_node=devices_per_node, nodes=nodes, device=H100, dtype="bf16")  # AMP
     result = search(llama_3b8, request)
     assert_valid(result, request, heads=32, blocks=32)
     times = [c.estimate.step_time_s for c in [result.best, *result.accepted]]
@@ -143,7 +143,7 @@ def test_every_device_count_gets_a_valid_plan(llama_3b8, devices_per_node, nodes
 def test_six_devices_reject_mp3_and_mp6_with_the_reason(llama_3b8):
     result = search(llama_3b8, SearchRequest(devices_per_node=6, device=H100))
     reasons = {(r.strategy.mp, r.strategy.pp): r.reason for r in result.rejected}
-    assert reasons[(3, 1)] == "mp=3 does not divide the 32 attention heads of layers.0"
+    assert reasons[(3, 1)] == "mp=3 does not divide the 32 heads of layers.0-31"
     assert "mp=6 does not divide" in reasons[(6, 1)]
 
 

@@ -233,3 +233,20 @@ def test_vpp_says_how_many_chunks_each_stage_runs():
     plan = layered_plan(layers=4, pp=2)
     plan.strategy = msgspec.structs.replace(plan.strategy, schedule="VPP", micro_batches=2, virtual_stages=2)
     assert "schedule VPP (2 chunks per stage)" in show_text(plan)
+
+
+def test_rejected_reasons_keep_their_numbers_and_name_the_run_of_blocks(tmp_path):
+    """Twelve blocks of 4 heads on 6 devices: mp=3 and mp=6 are rejected, each reason word for
+    word (once ``mp=N does not divide the N attention heads of blocks.N``), with how many
+    meshes it rejected and every block it is about."""
+    from harness.planning import plan_command
+
+    sizes = dict(num_layers=12, hidden_size=40, num_heads=4, vocab_size=96, intermediate_size=72)
+    env = {f"LLAMA_DOCSTRING_{k.upper()}": str(v) for k, v in sizes.items()}
+    arguments = ["--devices", "6", "--device", "h100-sxm", "--input-spec", "input_ids:int64:6x16"]
+    plan = load_plan(plan_command("plans/llama_docstring/model.py", arguments, tmp_path / "plan.json", env))
+    lines = [line for line in show_text(plan).splitlines() if "rejected ×" in line]
+    assert lines == [
+        "  rejected ×2: mp=3 does not divide the 4 heads of layers.0-11",
+        "  rejected ×1: mp=6 does not divide the 4 heads of layers.0-11",
+    ]

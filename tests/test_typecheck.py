@@ -40,7 +40,7 @@ def test_mypy_names_each_wrong_call_across_packages():
         f'{WRONG_CALLS}:11: error: Argument "moe" to "expert_limit" has incompatible type "str"; expected "bool"  '
         "[arg-type]",
         f'{WRONG_CALLS}:12: error: Argument "dtype" to "SearchRequest" has incompatible type "Literal[\'int8\']"; '
-        "expected \"Literal['bf16', 'fp16', 'fp32']\"  [arg-type]",
+        "expected \"Literal['bf16', 'fp16', 'fp32'] | None\"  [arg-type]",
         f'{WRONG_CALLS}:13: error: Argument 1 to "to_paddle_placement" has incompatible type "list[str]"; '
         'expected "str"  [arg-type]',
     ]

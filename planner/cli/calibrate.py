@@ -341,7 +341,7 @@ def _plan_pricer(model_target: str, plan, device):
         schedule=None if s.schedule == "none" else s.schedule,
         global_batch_size=plan.data.global_batch_size or None,
         seq_len=int(arguments["seq_len"]) if "seq_len" in arguments else None,
-        dtype=arguments.get("dtype", "bf16"),
+        dtype=arguments.get("dtype"),  # not recorded: the model's
         optimizer=arguments.get("optimizer", "adam"),
         recompute=s.recompute,
         ep=s.ep,

@@ -180,7 +180,12 @@ def cli() -> None:
 )
 @click.option("--micro-batch-size", type=int, help="Samples per micro-batch per rank.")
 @click.option("--seq-len", type=int, help="Sequence length to price (default: the input spec's).")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option(
+    "--dtype",
+    type=click.Choice(["bf16", "fp16", "fp32"]),
+    help="What to train in (default: the model's parameters' dtype; bf16 or fp16 with fp32 parameters: "
+    "mixed precision).",
+)
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
 @click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True)
 @click.option(
@@ -250,7 +255,7 @@ def plan(
         devices, nodes = cluster_shape(cluster_file, options.pop("devices"), options.pop("nodes"))
         ctx.params.update(devices=devices, nodes=nodes)  # the provenance records what was planned for
         ep = expert_degree(options.pop("ep"))
-        profile, device_note = planned_device(device_name, cluster_file)  # a note when it is this machine's
+        profile, device_note = planned_device(device_name, cluster_file, devices)  # a note when it is this machine's
         request = SearchRequest(
             devices_per_node=devices,
             nodes=nodes,

@@ -160,7 +160,7 @@ def export(plan: str, target: str, output: str | None) -> None:
 @one_line_errors
 def render(plan: str, output: str | None) -> None:
     """Draw PLAN as an SVG picture: the mesh, the pipeline stages with their blocks, and each
-    rank's estimated memory by kind against the device's memory.
+    rank's estimated memory by kind, scaled to the largest rank, with the plan's dtype.
 
     \b
     Example:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autodist.schemas.local_view import kv_replicated
+from autodist.schemas.vocabulary import TrainingDType
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,9 @@ class ModelCost:
     #: no all-reduce; :func:`autodist.planner.recognise.analysis.experts_whole`). None: the same
     #: as this one (no MoE layer split over mp).
     under_ep: ModelCost | None = None
+    #: The dtype its parameters are in, what it trains in unless ``--dtype`` says otherwise (AMP);
+    #: a cost written by hand, without a model: bf16.
+    dtype: TrainingDType = "bf16"
 
     @property
     def has_experts(self) -> bool:

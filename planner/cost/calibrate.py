@@ -163,11 +163,11 @@ def plan_messages(plan, most: int = 3) -> dict[str, tuple[tuple[str, ...], list[
     is measured at each of its sizes. At most ``most`` sizes an axis (the smallest, the median
     and the largest), each at most :data:`MAX_MESSAGE_BYTES`.
 
-    >>> plan = load_plan_for_doctest("plans/llama_docstring/plan_8dev.json")   # dp4 x mp2, bf16
-    >>> plan_messages(plan)["mp"]   # 1024 tokens by 2048 features; the [8000, 2048] table; 2 bytes each
-    (('all_gather', 'all_reduce'), [4194304, 32768000])
+    >>> plan = load_plan_for_doctest("plans/llama_docstring/plan_8dev.json")   # dp4 x mp2, fp32
+    >>> plan_messages(plan)["mp"]   # 1024 tokens by 2048 features; the [8000, 2048] table; 4 bytes each
+    (('all_gather', 'all_reduce'), [8388608, 65536000])
     """
-    width = training_bytes(plan.provenance.arguments.get("dtype", "bf16"))
+    width = training_bytes(plan.provenance.arguments.get("dtype", "bf16"))  # not recorded: the old default
     sizes: dict[str, set[int]] = {"dp": set(), "mp": set()}
     mp_names: set[str] = set()
     for fqn, param in plan.params.items():

@@ -44,12 +44,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import networkx as nx
 
-from autodist.schemas.vocabulary import FLOAT_DTYPES
+from autodist.schemas.vocabulary import FLOAT_DTYPES, TrainingDType, training_dtype
 
 from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, Moved, Saved
 from autodist.planner.cost.step_time import Implicit
 from autodist.planner.recognise.match import plain_nodes
-from autodist.planner.ops import LOCAL_ONLY_OPS, WEIGHT_VIEW_OPS, Op, op, short_op
+from autodist.planner.errors import PlannerError
+from autodist.planner.ops import LOCAL_ONLY_OPS, UNTIMED_OPS, WEIGHT_VIEW_OPS, Op, op, short_op
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
@@ -607,8 +608,30 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) 
         traced_seq=analysis.seq_len if analysis.seq_len > 0 else seq,
         notes=tuple(notes),
         token_mixing=next((b.token_mixing for b in analysis.blocks if b.token_mixing), None),
+        dtype=parameter_dtype(analysis.params),
         **_local_only(analysis, local),
     )
+
+
+def parameter_dtype(params: dict[str, tuple[list[int], str]]) -> TrainingDType:
+    """The training dtype of a model's floating-point parameters (``{FQN: (shape, dtype)}``): the
+    one most of their elements are in. What the planner prices unless ``--dtype`` asks for mixed
+    precision. A ``PlannerError`` when that is a dtype it does not price (``float64``).
+
+    >>> parameter_dtype({"w": ([4, 8], "float32"), "ids": ([4], "int64")})
+    'fp32'
+    """
+    elements: dict[str, int] = {}
+    for shape, dtype in params.values():
+        if dtype in FLOAT_DTYPES:
+            elements[dtype] = elements.get(dtype, 0) + math.prod(shape)
+    if not elements:
+        return "fp32"  # no floating-point parameter: nothing to price in another width
+    most = max(sorted(elements), key=lambda dtype: elements[dtype])
+    found = training_dtype(most)
+    if found is None:
+        raise PlannerError(f"the model's parameters are {most}, which the planner does not price; give --dtype")
+    return found
 
 
 def _kv_split(info) -> bool:

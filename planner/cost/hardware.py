@@ -44,7 +44,10 @@ Example::
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+from msgspec.structs import replace
 
 from autodist.planner.errors import PlannerError
 from autodist.schemas import DeviceProfile, Strategy, printable
@@ -152,14 +155,45 @@ def resolve_device(name: str | None = None, cluster_file: str | None = None) -> 
     return planned_device(name, cluster_file)[0]
 
 
-def planned_device(name: str | None = None, cluster_file: str | None = None) -> tuple[DeviceProfile, str]:
+def planned_device(
+    name: str | None = None, cluster_file: str | None = None, devices_per_node: int | None = None
+) -> tuple[DeviceProfile, str]:
     """``(profile, note)``: :func:`resolve_device`'s profile and, when neither a name nor a cluster
     file is given, what the plan's notes say about the machine's own device (:func:`default_device`,
     probed once); the note is '' when the caller named the device.
 
+    With ``devices_per_node`` (a plan's: the command and :func:`autodist.plan`), the ``cpu``
+    profile's memory is this machine's, shared by that many ranks (:func:`this_machines_memory`),
+    and the note says so: a CPU plan is for machines like the one it is made on, and records
+    the figure, so the plan file stays what it was wherever it is read.
+
     >>> planned_device("h200")[0].name, planned_device("h200")[1]
     ('h200', '')
     """
+    profile, note = _named_or_default(name, cluster_file)
+    if devices_per_node is None or cluster_file is not None or profile.name != "cpu":
+        return profile, note
+    total = this_machines_memory()
+    share = total // max(devices_per_node, 1)
+    said = (
+        f"memory: this machine's {total / 2**30:.1f} GiB shared by the {devices_per_node} rank(s) of a node, "
+        f"{share / 2**30:.1f} GiB each"
+    )
+    return replace(profile, memory_bytes=share), "; ".join(filter(None, [note, said]))
+
+
+def this_machines_memory() -> int:
+    """Bytes of memory this machine gives its processes: its physical memory, or less where a
+    control group (a container) limits it (cgroup v2 ``memory.max``)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() else total
+
+
+def _named_or_default(name: str | None, cluster_file: str | None) -> tuple[DeviceProfile, str]:
     if name is not None and cluster_file is not None:
         raise PlannerError("give either --device or --cluster, not both")
     if cluster_file is not None:

@@ -35,7 +35,7 @@ from autodist.planner.cost.step_time import (
     estimate,
 )
 from autodist.planner.errors import PlannerError
-from autodist.schemas.describe import strategy_text
+from autodist.schemas.describe import layers_text, strategy_text
 from autodist.schemas import Candidate, DeviceProfile, Kernels, Rejected, Strategy
 from autodist.schemas.plan import Schedule, ShardingStage
 from autodist.schemas.experts import expert_limit, runs_moe_locally
@@ -282,8 +282,9 @@ def _setup(cost: ModelCost, request: SearchRequest) -> Setup:
         raise PlannerError(
             f"--nproc-per-node and --nnodes must be at least 1, got {request.devices_per_node} and {request.nodes}"
         )
+    dtype = request.dtype or cost.dtype  # left out: the model's own (mixed precision only when asked)
     try:
-        check_training_setup(request.dtype, request.optimizer)
+        check_training_setup(dtype, request.optimizer)
     except ValueError as err:
         raise PlannerError(str(err)) from None
     if request.recompute not in RECOMPUTE_MODES:
@@ -329,7 +330,7 @@ def _setup(cost: ModelCost, request: SearchRequest) -> Setup:
         nodes=request.nodes,
         seq_len=request.seq_len or cost.traced_seq,
         global_batch=global_batch,
-        dtype=request.dtype,
+        dtype=dtype,
         optimizer=request.optimizer,
         recompute=request.recompute,
     )
@@ -385,14 +386,14 @@ def degree_problem(cost: ModelCost, axis: str, degree: int, label: str) -> str:
     if axis == "mp":
         if not blocks:
             return f"{label}: no transformer block was recognised, so there is nothing to split over mp"
-        shapes: dict[tuple[int, int, int], str] = {}
-        for block in blocks:  # one check per distinct block shape, named by its first block
+        shapes: dict[tuple[int, int, int], list[str]] = {}
+        for block in blocks:  # one check per distinct block shape, naming every block of that shape
             kv_heads = block.num_kv_heads if block.kv_split else 0  # whole K/V: no constraint
-            shapes.setdefault((block.num_heads, kv_heads, block.intermediate_size), block.layer)
-        for (heads, kv_heads, intermediate), layer in shapes.items():
-            for what, size in (("attention heads", heads), ("KV heads", kv_heads), ("intermediate size", intermediate)):
+            shapes.setdefault((block.num_heads, kv_heads, block.intermediate_size), []).append(block.layer)
+        for (heads, kv_heads, intermediate), layers in shapes.items():
+            for what, size in (("heads", heads), ("KV heads", kv_heads), ("intermediate features", intermediate)):
                 if size and size % degree:
-                    return f"{label} does not divide the {size} {what} of {layer}"
+                    return f"{label} does not divide the {size} {what} of {layers_text(layers)}"
     if axis == "pp" and degree > len(blocks):
         return f"{label} is more than the {len(blocks)} blocks of the model (each stage needs at least one block)"
     return ""

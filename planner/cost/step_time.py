@@ -145,7 +145,9 @@ class Job:
 
     devices_per_node: int = 1
     nodes: int = 1
-    dtype: TrainingDType = "bf16"
+    #: What it trains in: ``bf16`` or ``fp16`` with fp32 parameters is mixed precision (AMP);
+    #: None: the model's parameters' dtype (``ModelCost.dtype``).
+    dtype: TrainingDType | None = None
     optimizer: str = "adam"
     recompute: Recompute = "none"
 
@@ -161,6 +163,8 @@ class Setup(Job):
     device: DeviceProfile
     seq_len: int
     global_batch: int
+    #: The request's, or the model's (``ModelCost.dtype``); one made by hand, for a what-if: bf16.
+    dtype: TrainingDType = "bf16"
 
     @property
     def usable_memory(self) -> float:

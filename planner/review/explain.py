@@ -64,7 +64,7 @@ def explain_table(result: SearchResult) -> str:
         s = result.setup
         lines.append(
             f"device {s.device.name} x {s.world} ({s.nodes} node(s) x {s.devices_per_node}), "
-            f"global batch {s.global_batch} x seq {s.seq_len}, {s.dtype}, {s.optimizer}, "
+            f"global batch {s.global_batch} x seq {s.seq_len}, dtype {s.dtype}, {s.optimizer}, "
             f"recompute {s.recompute}; {result.evaluated} strategies priced"
         )
     rows = [[heading for heading, _ in _COLUMNS]]

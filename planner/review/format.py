@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Mapping
 
 from autodist.schemas import Plan
+from autodist.schemas.vocabulary import FLOAT_DTYPES, TRAINING_DTYPES
 from autodist.schemas import printable as printable  # the one escaping function (PlanError uses it too)
+from autodist.schemas.describe import index_ranges as index_ranges  # the one way to say runs of indices
 
 #: The widest a name column gets in text output; longer names end in an ellipsis (``--json``
 #: output keeps them whole).
@@ -104,17 +106,6 @@ def collapse(values: Mapping[str, Hashable], explicit: bool = False, universe: I
     return sorted(rows, key=lambda row: natural_key(row.members[0]))
 
 
-def index_ranges(indices: list[int]) -> str:
-    """``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``."""
-    spans: list[list[int]] = []
-    for i in sorted(set(indices)):
-        if spans and i == spans[-1][1] + 1:
-            spans[-1][1] = i
-        else:
-            spans.append([i, i])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
-
-
 def _index_patterns(group: list[str], members: list[str], explicit: bool) -> list[tuple[str, list[str]]]:
     """Name ``group`` (a subset of ``members``, all of one wildcard pattern) with index sets,
     or FQN by FQN when no single pattern names exactly the group."""
@@ -165,6 +156,22 @@ def human_count(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f}{unit}"
     return f"{n:.0f}"
+
+
+def dtype_text(plan: Plan) -> str:
+    """What the plan's estimate is priced in (``provenance.arguments["dtype"]``: ``--dtype``, else
+    the model's parameters' dtype), and over which parameters when that differs (mixed precision).
+
+    >>> dtype_text(load_plan("plans/gpt/plan_1x8dev.json"))   # doctest: +SKIP
+    'fp32'
+    """
+    dtype = plan.provenance.arguments.get("dtype")
+    if dtype not in TRAINING_DTYPES:
+        return "not recorded"
+    held = sorted({p.dtype for p in plan.params.values() if p.dtype in FLOAT_DTYPES})
+    if held in ([], [TRAINING_DTYPES[dtype]]):
+        return dtype
+    return f"{dtype} (mixed precision: {', '.join(held)} parameters)"
 
 
 def mesh_text(plan: Plan) -> str:

@@ -1,5 +1,6 @@
 """A plan as a picture (plain SVG, no dependency): the mesh, the pipeline stages with their blocks,
-and a bar per rank of estimated memory by kind against the device's memory.
+and a bar per rank of estimated memory by kind, scaled to the largest rank (the device's memory an
+outline where a rank reaches it).
 
 The plan's memory estimate is for the most loaded rank. Each rank's bar scales the parameter,
 gradient and optimizer parts by that rank's share of the planned parameter elements (computed
@@ -23,6 +24,7 @@ from autodist.schemas import Plan, shard_dim
 
 from autodist.planner.review.format import (
     abridged,
+    dtype_text,
     human_bytes,
     index_ranges,
     mesh_grid,
@@ -129,7 +131,13 @@ def render_svg(plan: Plan) -> str:
         font_weight="bold",
     )
     y += 20
-    svg.text("subtitle", MARGIN, y, f"{strategy_text(plan.strategy)}; mesh {mesh_text(plan)}", size=12)
+    svg.text(
+        "subtitle",
+        MARGIN,
+        y,
+        f"{strategy_text(plan.strategy)}; dtype {dtype_text(plan)}; mesh {mesh_text(plan)}",
+        size=12,
+    )
     y = _mesh(svg, plan, y + 24)
     y = _stages(svg, plan, y + 24)
     y = _memory(svg, plan, y + 24)
@@ -239,9 +247,22 @@ def _stages(svg: _Svg, plan: Plan, y: float) -> float:
 
 
 def _memory(svg: _Svg, plan: Plan, y: float) -> float:
+    """A bar per group of identical ranks, scaled to the largest rank (a small model's bars drawn
+    against a large device's memory would have no width); the device's memory is an outline where
+    a rank reaches it, else said in the heading."""
     device = plan.cluster.device.memory_bytes
+    groups: dict[tuple, list[int]] = {}
+    for rank, mem in zip(plan.mesh.process_ids, rank_memory(plan)):
+        groups.setdefault(tuple(round(mem[k]) for k, _ in MEMORY_KINDS), []).append(rank)
+    largest = max(sum(key) for key in groups) or 1
     svg.text(
-        "heading", MARGIN, y, f"estimated memory per rank (device: {human_bytes(device)})", size=14, font_weight="bold"
+        "heading",
+        MARGIN,
+        y,
+        f"estimated memory per rank (device: {human_bytes(device)}"
+        + (f"; bars to the largest rank's {human_bytes(largest)})" if largest < device else ")"),
+        size=14,
+        font_weight="bold",
     )
     y += 8
     legend_x = MARGIN
@@ -254,16 +275,12 @@ def _memory(svg: _Svg, plan: Plan, y: float) -> float:
         MARGIN,
         y + 32,
         "params, grads and optimizer scaled by each rank's share of the planned parameters; activations as "
-        "estimated for the most loaded rank; the outline is the device's memory",
+        "estimated for the most loaded rank; the outline is the device's memory, where a rank reaches it",
         size=10,
         fill="#555",
     )
     y += 44
     bar_width = WIDTH - 2 * MARGIN - LABEL_WIDTH - 70
-    groups: dict[tuple, list[int]] = {}
-    for rank, mem in zip(plan.mesh.process_ids, rank_memory(plan)):
-        groups.setdefault(tuple(round(mem[k]) for k, _ in MEMORY_KINDS), []).append(rank)
-    largest = max([device] + [sum(key) for key in groups])
     scale = bar_width / largest
     for key, ranks in sorted(groups.items(), key=lambda kv: min(kv[1])):
         label = f"rank{'s' if len(ranks) > 1 else ''} {index_ranges(ranks)}"
@@ -283,17 +300,18 @@ def _memory(svg: _Svg, plan: Plan, y: float) -> float:
             )
             x += value * scale
         total = sum(key)
-        svg.rect(
-            "device-memory",
-            MARGIN + LABEL_WIDTH,
-            y - 1,
-            device * scale,
-            BAR_HEIGHT + 2,
-            "none",
-            title=f"device memory {human_bytes(device)}",
-            stroke="#d62728" if total > device else "#333",
-            stroke_width="1",
-        )
+        if largest >= device:
+            svg.rect(
+                "device-memory",
+                MARGIN + LABEL_WIDTH,
+                y - 1,
+                device * scale,
+                BAR_HEIGHT + 2,
+                "none",
+                title=f"device memory {human_bytes(device)}",
+                stroke="#d62728" if total > device else "#333",
+                stroke_width="1",
+            )
         svg.text(
             "bar-total",
             MARGIN + LABEL_WIDTH + bar_width + 6,

@@ -13,7 +13,6 @@ Example::
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from typing import Any
 
@@ -25,6 +24,7 @@ from autodist.planner.review.format import (
     abridged,
     clip,
     collapse,
+    dtype_text,
     human_bytes,
     human_count,
     human_seconds,
@@ -104,6 +104,7 @@ def show_data(plan: Plan, top: int = TOP_ALTERNATIVES) -> dict[str, Any]:
         "cluster": to(plan.cluster),
         "mesh": {"axes": list(plan.mesh.axes), "shape": list(plan.mesh.shape), "grid": mesh_grid(plan)},
         "strategy": to(plan.strategy),
+        "dtype": dtype_text(plan),
         "stages": stage_summary(plan),
         "placements": [
             {"pattern": row.pattern, "placements": list(row.value[0]), "style": row.value[1], "count": len(row.members)}
@@ -167,12 +168,11 @@ def implicit_rows(plan: Plan) -> list[tuple[Collapsed, int]]:
 
 
 def rejected_reasons(plan: Plan) -> dict[str, int]:
-    """How many rejected candidates share each reason, with numbers blurred (``mp=4`` -> ``mp=N``),
-    most common first, so twenty near-identical reasons read as one."""
+    """How many rejected candidates share each reason, word for word (its numbers are what a
+    reviewer acts on: ``mp=3 does not divide the 4 heads of blocks.0-11``), most common first."""
     counts: dict[str, int] = {}
     for rejected in plan.alternatives.rejected:
-        reason = re.sub(r"\d+(\.\d+)?", "N", rejected.reason)
-        counts[reason] = counts.get(reason, 0) + 1
+        counts[rejected.reason] = counts.get(rejected.reason, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
@@ -272,6 +272,7 @@ def _header_lines(plan: Plan) -> list[str]:
         f"cluster   {c.nodes} node{'s' if c.nodes > 1 else ''} × {c.devices_per_node} {c.device.name} "
         f"= {world} devices, {human_bytes(c.device.memory_bytes)} each",
         f"strategy  {strategy_text(plan.strategy)}",
+        f"dtype     {dtype_text(plan)}",
         f"mesh      {mesh_text(plan)}",
     ]
     return out + ["          " + line for line in mesh_lines(plan)]

@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 
-from autodist.applier.agree import Record, agree, applying
+from autodist.applier.agree import Record, agree, applying, timeout_from
 from autodist.schemas import PlanError
 
 MODEL_DIGEST = "c" * 64
@@ -62,7 +62,8 @@ def main(plan_digest: str, after: str | None) -> None:
 
 
 def _timeout() -> float:
-    return float(os.environ["AUTODIST_AGREE_TIMEOUT"])
+    """As apply_plan takes it: ``AUTODIST_AGREE_TIMEOUT``, else the default (300 s)."""
+    return timeout_from(None)
 
 
 if __name__ == "__main__":
