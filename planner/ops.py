@@ -244,8 +244,11 @@ CATALOGUE: dict[str, Op] = {
     "dropout": Op("layout", saved=((), (1,)), traits=frozenset({*_LAYOUT, "pass_through"})),  # keeps its mask
     "assign": Op("layout", moves=False, traits=frozenset({*_LAYOUT, "pass_through", "weight_view"})),
     # ... reshaped (no data moved) ...
-    "reshape": Op("layout", moves=False, traits=frozenset({*_LAYOUT, "reshape", "segment", "weight_view"})),
-    **_entries(["squeeze", "unsqueeze", "flatten"], "layout", *_LAYOUT, "reshape", moves=False),
+    "reshape": Op(
+        "layout", moves=False, traits=frozenset({*_LAYOUT, "reshape", "segment", "weight_view", "size_rule"})
+    ),
+    **_entries(["squeeze", "unsqueeze"], "layout", *_LAYOUT, "reshape", moves=False),
+    "flatten": Op("layout", moves=False, traits=frozenset({*_LAYOUT, "reshape", "size_rule"})),
     # ... cut into pieces (a fused q|k|v or gate|up into its projections) ...
     **_entries(["slice", "strided_slice", "split", "split_with_num", "unbind"], "layout", *_LAYOUT, "cut", "segment"),
     "chunk": Op("layout", traits=frozenset({"cut", "segment"})),
@@ -306,6 +309,10 @@ LAYOUT_OPS = _named("layout")
 #: Ops changing a tensor's shape, not its elements or their order (token ids laid out anew:
 #: ``input_ids.reshape([-1, seq])``, HF GPT-2's ``input_ids.view(-1, input_shape[-1])``).
 RESHAPE_OPS = _named("reshape")
+#: Ops whose SPMD rule works from the product of a value's sizes (a reshape's dim transforms):
+#: meaningless for a size the trace does not know, and ``flatten``'s crashes the process then
+#: (docs/paddle-notes.md, "SPMD rules"; recognise/spmd.py asks neither about such sizes).
+SIZE_RULE_OPS = _named("size_rule")
 #: Ops making a new tensor of their operand's shape (``full_like(scores, -inf)``).
 LIKE_OPS = _named("like")
 #: Ops that cut a tensor into pieces (a fused q|k|v or gate|up into its projections).

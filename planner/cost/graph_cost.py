@@ -50,7 +50,7 @@ from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, M
 from autodist.planner.cost.step_time import Implicit
 from autodist.planner.recognise.match import plain_nodes
 from autodist.planner.errors import PlannerError
-from autodist.planner.ops import LOCAL_ONLY_OPS, UNTIMED_OPS, WEIGHT_VIEW_OPS, Op, op, short_op
+from autodist.planner.ops import LOCAL_ONLY_OPS, WEIGHT_VIEW_OPS, Op, op, short_op
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis

@@ -36,6 +36,7 @@ from autodist.planner.ops import (
     LINEAR_OPS,
     PASS_THROUGH_OPS,
     REDUCTION_OPS,
+    SIZE_RULE_OPS,
     UNARY_OPS,
     short_op,
 )
@@ -158,12 +159,6 @@ _RULE_ARGS: dict[str, tuple[str, Callable[[dict], list]]] = {
     **{op: ("elementwise_unary", lambda d: []) for op in UNARY_OPS},
     **{op: (op, lambda d: []) for op in sorted(ARITHMETIC_OPS)},
 }
-
-
-#: Rules that work from the product of a value's sizes (a reshape's dim transforms). Given a size
-#: the trace does not know (-1: a None in the input spec, a size read with ``paddle.shape``) their
-#: answer is meaningless, and ``flatten``'s crashes the process (docs/paddle-notes.md, "SPMD rules").
-SIZE_RULES = frozenset({"reshape", "flatten"})
 
 
 #: The smallest change to a model's code that lets Paddle keep a split through an op that stops
@@ -293,7 +288,7 @@ class Replay:
             self._unknown(node, operands)
             return
         inputs_flat = [t for v in tensors for t in (v if isinstance(v, list) else [v])]
-        if rule_name in SIZE_RULES and dynamic([t.shape for t in inputs_flat] + list(data["shapes"])):
+        if rule_name in SIZE_RULE_OPS and dynamic([t.shape for t in inputs_flat] + list(data["shapes"])):
             self._unknown(node, operands)  # whole inputs assumed, as for an op with no rule known
             return
         specs = [[_spec(self.mesh, t) for t in v] if isinstance(v, list) else _spec(self.mesh, v) for v in tensors]
