@@ -128,7 +128,7 @@ class Supervisor:
     launches: list[Launch] = field(default_factory=list)
 
     def run(self) -> int:
-        healthy, lost = list(self.devices), []
+        healthy, lost = list(self.devices), list[int]()
         while True:
             size, plan_path = self.family.largest(len(healthy))
             if size < len(healthy):

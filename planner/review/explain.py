@@ -11,7 +11,7 @@ numbers are left out here, they move with the cost model)::
     ...                   output_per_token=4096)
     >>> cost = ModelCost(blocks=(block,) * 4, hidden_size=4096, traced_batch=32, traced_seq=1024)
     >>> print(explain_table(search(cost, SearchRequest(devices_per_node=8))))  # doctest: +ELLIPSIS
-    device h100-sxm x 8 (1 node(s) x 8), global batch 32 x seq 1024, bf16, adam, recompute none; ... priced
+    device h100-sxm x 8 (1 node(s) x 8), global batch 32 x seq 1024, dtype bf16, adam, recompute none; ... priced
      #  strategy ... step  tokens/s  MFU ... activations  mp comm ... implicit comm
      1  dp...
     where the time of #1 goes (per step): compute ...

@@ -1,0 +1,1 @@
+../../autodist/run.py
