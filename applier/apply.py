@@ -172,6 +172,15 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
         model = build_pipeline(
             model, plan, loss_fn, dist.ProcessMesh(mesh_ids(plan).tolist(), plan.mesh.axes), sharded.copies
         )
+    # The first communication (copying replicas, below) unless a pipeline's came first: every rank
+    # must have applied the plan, or all raise here instead of waiting there. Before the optimizer
+    # is sharded: under ZeRO 3 that splits every parameter over dp, and a rank seeded apart would
+    # keep its own slice of its own draw.
+    agreement.settle()
+    # Ranks seeded apart (seed + rank) built different models: what several hold starts as the first's.
+    equalise(plan, sharded.held, buffers, dist.get_rank())
+    # ... and their random streams as the first rank's: a dropout draws alike on every rank.
+    equalise_random(sorted(int(r) for r in mesh_ids(plan).flat), dist.get_rank())
     if optimizer is not None:
         # Only parameters the returned model holds: a pipeline stage drops the other stages'.
         mine = {id(p) for p in model.parameters()}
@@ -191,13 +200,6 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
         dataloader = shard_loader(dataloader, plan)
         if accumulates(plan):
             dataloader = MicroBatchLoader(dataloader, plan.strategy.micro_batches)
-    # The first communication (copying replicas, below) unless a pipeline's came first:
-    # every rank must have applied the plan, or all raise here instead of waiting there.
-    agreement.settle()
-    # Ranks seeded apart (seed + rank) built different models: what several hold starts as the first's.
-    equalise(plan, sharded.held, buffers, dist.get_rank())
-    # ... and their random streams as the first rank's: a dropout draws alike on every rank.
-    equalise_random(sorted(int(r) for r in mesh_ids(plan).flat), dist.get_rank())
     # A loss read on rank 0 only (readable/). The collectives the applier issues from Python
     # (MoE layers, local views, local token lookups) hold Python's lock while they wait, so a rank
     # in one could not answer a reader: values are posted instead.
