@@ -101,6 +101,20 @@ EXPECTED = {
         **mlp("layers.*.feed_forward", ("w1", "w3"), "w2"),
         "output.weight": COL,
     },
+    # its rotary cache registers its buffers again in forward (a longer sequence than cached)
+    f"{ZOO}/llama_growing_rope_hf.py": {
+        **attention("model.layers.*.self_attn"),
+        **mlp("model.layers.*.mlp"),
+        "lm_head.weight": COL,
+    },
+    # its model's method build_alibi_bias calls the module function build_alibi_bias
+    f"{ZOO}/mpt_alibi.py": {
+        **fused("transformer.blocks.*.attn", "Wqkv"),
+        "transformer.blocks.*.attn.out_proj.weight": ROW,
+        **mlp("transformer.blocks.*.ffn", ("up_proj",), "down_proj"),
+        "transformer.norm_f.weight": REP,
+        "lm_head.weight": COL,
+    },
     f"{ZOO}/qwen2_sdpa.py": {
         **attention("model.layers.*.self_attn", bias=True),
         **mlp("model.layers.*.mlp"),
