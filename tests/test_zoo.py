@@ -115,6 +115,18 @@ EXPECTED = {
         "transformer.norm_f.weight": REP,
         "lm_head.weight": COL,
     },
+    # unpatchify by einsum("nhwpqc->nchpwq") in its own forward: a permutation, run on local values
+    f"{ZOO}/dit.py": {
+        **fused("blocks.*.attn", "qkv", bias=True),
+        "blocks.*.attn.proj.weight": ROW,
+        "blocks.*.attn.proj.bias": REP,
+        **mlp("blocks.*.mlp", ("fc1",), "fc2", bias=True),
+        "blocks.*.adaLN_modulation.1.weight": REP,
+        "final_layer.linear.weight": REP,
+        "final_layer.adaLN_modulation.1.weight": REP,
+        "t_embedder.mlp.*.weight": REP,
+        "x_embedder.proj.weight": REP,
+    },
     f"{ZOO}/qwen2_sdpa.py": {
         **attention("model.layers.*.self_attn", bias=True),
         **mlp("model.layers.*.mlp"),
