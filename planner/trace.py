@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import dis
 import inspect
 import math
 import traceback
@@ -564,14 +565,18 @@ def _shadows_its_global(func) -> bool:
     ...     @staticmethod
     ...     def helper(x):
     ...         return helper(x)
-    >>> _shadows_its_global(Net.helper), _shadows_its_global(helper)
-    (True, False)
+    >>> class Other:
+    ...     def helper(self, x):
+    ...         return x.helper()
+    >>> _shadows_its_global(Net.helper), _shadows_its_global(helper), _shadows_its_global(Other().helper)
+    (True, False, False)
     """
     function = getattr(func, "__func__", func)
     code, namespace = getattr(function, "__code__", None), getattr(function, "__globals__", None)
-    if code is None or namespace is None or code.co_name not in code.co_names:
+    if code is None or namespace is None or namespace.get(code.co_name, function) is function:
         return False
-    return code.co_name in namespace and namespace[code.co_name] is not function
+    # a global read, not an attribute of that name (``x.reshape`` in a method ``reshape``)
+    return any(i.opname == "LOAD_GLOBAL" and i.argval == code.co_name for i in dis.get_instructions(code))
 
 
 def _attribute_ops(ops: list, calls: list[tuple[str, list]], param_fqns: dict[str, str], prefix: str) -> list[str]:
