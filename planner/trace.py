@@ -405,12 +405,15 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
 
 @contextmanager
 def _buffers_registered_while_traced():
-    """For the ``with`` body (a trace): a buffer a forward registers again from a traced value
-    (HuggingFace's rotary ``_set_cos_sin_cache``, called when a longer sequence comes, registers
-    its cos/sin cache anew) is read back as that value, as the eager forward reads the tensor it
-    registers. Paddle's ``register_buffer`` takes tensors only and refuses the trace's values, so
-    the value is kept as the layer's attribute instead (its own ``__dict__`` entry, read before
-    the buffers); :func:`_eval_mode` drops it afterwards with whatever else the trace set.
+    """For the ``with`` body (a trace): a buffer a forward sets anew from a traced value is read
+    back as that value, as the eager forward reads the tensor it sets. Rotary caches that grow
+    on demand do so: HuggingFace's ``_set_cos_sin_cache``, called when a longer sequence comes,
+    registers its cos/sin cache again, or assigns it (``self.cos_cached = ...``). Paddle's
+    ``register_buffer`` takes tensors only and refuses the trace's values, and an assignment
+    writes the value into the buffer in place, which fails at another shape; so the value is
+    kept as the layer's attribute instead (its own ``__dict__`` entry, read before the buffers).
+    An assignment of the buffer's own shape is left to Paddle. :func:`_eval_mode` drops what the
+    trace set afterwards.
 
     >>> layer = paddle.nn.Linear(2, 2)
     >>> with _buffers_registered_while_traced():
@@ -418,19 +421,28 @@ def _buffers_registered_while_traced():
     >>> list(layer.cache.shape), "cache" in vars(layer)
     ([2], False)
     """
-    register = paddle.nn.Layer.register_buffer
+    register, assign = paddle.nn.Layer.register_buffer, paddle.nn.Layer.__setattr__
 
     def register_buffer(layer, name, tensor, persistable=True):
         if isinstance(tensor, paddle.pir.Value):
             vars(layer)[name] = tensor
         else:
+            vars(layer).pop(name, None)  # a value this trace set for it would hide the tensor
             register(layer, name, tensor, persistable)
 
-    paddle.nn.Layer.register_buffer = register_buffer
+    def setattr_(layer, name, value):
+        buffer = vars(layer).get("_buffers", {}).get(name)
+        if isinstance(value, paddle.pir.Value) and buffer is not None:
+            if name in vars(layer) or list(buffer.shape) != list(value.shape):  # set by this trace, or cannot be
+                vars(layer)[name] = value
+                return
+        assign(layer, name, value)
+
+    paddle.nn.Layer.register_buffer, paddle.nn.Layer.__setattr__ = register_buffer, setattr_
     try:
         yield
     finally:
-        paddle.nn.Layer.register_buffer = register
+        paddle.nn.Layer.register_buffer, paddle.nn.Layer.__setattr__ = register, assign
 
 
 #: What :func:`_no_residue` hands Paddle for every op's creation call stack: one empty stack.
