@@ -35,7 +35,8 @@ def run_permutations_locally() -> None:
 
 def _einsum(equation, *operands, **kwargs):
     order = einsum_permutation(equation) if isinstance(equation, str) else None
-    if order is None or len(operands) != 1 or kwargs or not operands[0].is_dist():
+    eager_dist = len(operands) == 1 and isinstance(operands[0], paddle.Tensor) and operands[0].is_dist()
+    if order is None or kwargs or not eager_dist:  # a traced value (a static program) goes to Paddle too
         return _PADDLE_EINSUM(equation, *operands, **kwargs)
     (x,) = operands
     local = _PADDLE_EINSUM(equation, dtensor_to_local(x, x.process_mesh, x.placements))
