@@ -65,6 +65,7 @@ from autodist.applier.mesh import mesh_ids
 from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, retire, shard_optimizer
 from autodist.applier.pipeline import PipelineModel, build_pipeline, uses_schedule
 from autodist.applier.readable import Settings as ReadSettings
+from autodist.applier.einsum import run_permutations_locally
 from autodist.applier.readable import install as make_outputs_readable
 from autodist.applier.readable import settings as read_settings
 from autodist.applier.recompute import wrap_recompute
@@ -161,6 +162,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     register_hooks(model, plan, reshard_fn)
     LocalViews(plan).wrap(model)  # sub-layers that run on local tensors (local_view.py)
     wrap_vocab_lookups(model, plan)  # token lookups in a vocabulary-split table, Megatron's way (vocab_lookup.py)
+    run_permutations_locally()  # an einsum that only reorders dims, on local values (einsum.py)
     groups = None
     if runs_moe_locally(plan):  # expert parallelism, or the MoE layers of plain dp (experts.py)
         groups = ExpertGroups(plan, dist.get_rank())

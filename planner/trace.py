@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import dis
 import inspect
 import math
 import traceback
@@ -373,6 +374,7 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
     try:
         with (
             _dy2static_caches(),
+            _buffers_registered_while_traced(),
             _no_residue(),
             every_selection_taken(),
             recorded_calls(_OpRangeRecorder._block_ops) as calls,
@@ -399,6 +401,48 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
         kernel_ops={index[op]: kernel for kernel, call_ops in calls for op in call_ops if op in index},
         layer_calls=recorder.layer_calls(),
     )
+
+
+@contextmanager
+def _buffers_registered_while_traced():
+    """For the ``with`` body (a trace): a buffer a forward sets anew from a traced value is read
+    back as that value, as the eager forward reads the tensor it sets. Rotary caches that grow
+    on demand do so: HuggingFace's ``_set_cos_sin_cache``, called when a longer sequence comes,
+    registers its cos/sin cache again, or assigns it (``self.cos_cached = ...``). Paddle's
+    ``register_buffer`` takes tensors only and refuses the trace's values, and an assignment
+    writes the value into the buffer in place, which fails at another shape; so the value is
+    kept as the layer's attribute instead (its own ``__dict__`` entry, read before the buffers).
+    An assignment of the buffer's own shape is left to Paddle. :func:`_eval_mode` drops what the
+    trace set afterwards.
+
+    >>> layer = paddle.nn.Linear(2, 2)
+    >>> with _buffers_registered_while_traced():
+    ...     layer.register_buffer("cache", paddle.ones([2]))
+    >>> list(layer.cache.shape), "cache" in vars(layer)
+    ([2], False)
+    """
+    register, assign = paddle.nn.Layer.register_buffer, paddle.nn.Layer.__setattr__
+
+    def register_buffer(layer, name, tensor, persistable=True):
+        if isinstance(tensor, paddle.pir.Value):
+            vars(layer)[name] = tensor
+        else:
+            vars(layer).pop(name, None)  # a value this trace set for it would hide the tensor
+            register(layer, name, tensor, persistable)
+
+    def setattr_(layer, name, value):
+        buffer = vars(layer).get("_buffers", {}).get(name)
+        if isinstance(value, paddle.pir.Value) and buffer is not None:
+            if name in vars(layer) or list(buffer.shape) != list(value.shape):  # set by this trace, or cannot be
+                vars(layer)[name] = value
+                return
+        assign(layer, name, value)
+
+    paddle.nn.Layer.register_buffer, paddle.nn.Layer.__setattr__ = register_buffer, setattr_
+    try:
+        yield
+    finally:
+        paddle.nn.Layer.register_buffer, paddle.nn.Layer.__setattr__ = register, assign
 
 
 #: What :func:`_no_residue` hands Paddle for every op's creation call stack: one empty stack.
@@ -459,6 +503,11 @@ def _dy2static_caches():
        (from ``config.get(...)`` in the LM head) is the ``RecursionError`` that kept
        ``LlamaForCausalLM`` from tracing whole (docs/paddle-notes.md, "Tracing"). Such a method
        runs as plain Python instead (:func:`_super_misconverted`).
+    4. dy2static defines a converted function under its own name in the module it generates, so
+       a method that calls the module-level function of the same name (``self.rotate_half(x)``
+       whose body is ``return rotate_half(x)``) calls itself instead: a ``RecursionError`` for a
+       static method, a missing argument for a bound one. Such a method runs as plain Python too
+       (:func:`_shadows_its_global`).
     """
     from paddle.jit.dy2static import convert_call_func
     from paddle.jit.dy2static.program_translator import _FUNCTION_CACHE
@@ -476,7 +525,7 @@ def _dy2static_caches():
         return converted[function]
 
     def remembered_is_unsupported(func):
-        if _super_misconverted(func):
+        if _super_misconverted(func) or _shadows_its_global(func):
             return True
         # A layer is judged by its class's forward, a method by its function.
         key = type(func) if isinstance(func, paddle.nn.Layer) else (type(func), getattr(func, "__func__", func))
@@ -516,6 +565,30 @@ def _super_misconverted(func) -> bool:
         return False
     defining = function.__closure__[code.co_freevars.index("__class__")].cell_contents
     return type(instance) is not defining
+
+
+def _shadows_its_global(func) -> bool:
+    """Whether function or method ``func`` reads a module-level name equal to its own name that
+    is bound to another object: dy2static's converted copy would read itself there.
+
+    >>> def helper(x):
+    ...     return x
+    >>> class Net:
+    ...     @staticmethod
+    ...     def helper(x):
+    ...         return helper(x)
+    >>> class Other:
+    ...     def helper(self, x):
+    ...         return x.helper()
+    >>> _shadows_its_global(Net.helper), _shadows_its_global(helper), _shadows_its_global(Other().helper)
+    (True, False, False)
+    """
+    function = getattr(func, "__func__", func)
+    code, namespace = getattr(function, "__code__", None), getattr(function, "__globals__", None)
+    if code is None or namespace is None or namespace.get(code.co_name, function) is function:
+        return False
+    # a global read, not an attribute of that name (``x.reshape`` in a method ``reshape``)
+    return any(i.opname == "LOAD_GLOBAL" and i.argval == code.co_name for i in dis.get_instructions(code))
 
 
 def _attribute_ops(ops: list, calls: list[tuple[str, list]], param_fqns: dict[str, str], prefix: str) -> list[str]:

@@ -152,3 +152,28 @@ def test_an_einsum_on_a_model_input_still_refuses():
         PlannerError, match=r"^einsum in the model's top level \(its own forward\): Paddle 3.3 does not run it"
     ):
         plan(PositionEinsum(), ["tokens:int64:2x8", "position_ids:int64:2x8"], devices=2, device="h100-sxm")
+
+
+def test_an_einsum_that_only_reorders_dims_runs_on_local_values_and_keeps_its_split():
+    """DiT's unpatchify, ``einsum("nhwpqc->nchpwq")`` in the model's own forward: apply_plan runs
+    it on each rank's local value, its split dim moved with it and its gradient back the same way
+    (the zoo's dit.py trains at mp2 on two ranks to the single-device losses,
+    tests/test_train_zoo.py); an einsum that contracts still goes to Paddle, which refuses it."""
+    import paddle.distributed as dist
+
+    from autodist.applier.einsum import run_permutations_locally
+
+    mesh = dist.ProcessMesh([0], dim_names=["mp"])
+    whole = paddle.rand([2, 3, 5])
+    x = dist.shard_tensor(whole, mesh, [dist.Shard(1)])
+    x.stop_gradient = False
+    run_permutations_locally()
+    y = paddle.einsum("abc->cab", x)
+    assert y.is_dist() and y.placements == [dist.Shard(2)]
+    assert paddle.equal_all(y._local_value(), whole.transpose([2, 0, 1])).item()
+    (y * paddle.arange(30, dtype="float32").reshape([5, 2, 3])).sum().backward()
+    assert paddle.equal_all(
+        x.grad._local_value(), paddle.arange(30, dtype="float32").reshape([5, 2, 3]).transpose([1, 2, 0])
+    ).item()
+    with pytest.raises(Exception, match="TensorDistAttr"):
+        paddle.einsum("abc,cd->abd", x, paddle.rand([5, 4]))

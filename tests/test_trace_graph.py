@@ -223,3 +223,32 @@ def test_traced_in_eval_mode_and_each_layers_mode_restored():
     dropouts = [op.attrs() for op in traced.ops if op.name() == "pd_op.dropout"]
     assert dropouts and all(a["is_test"] and a["mode"] == "upscale_in_train" for a in dropouts)
     assert (net.training, net[0].training, net[1].training, net[2].training) == (True, True, True, False)
+
+
+class GrowingCache(paddle.nn.Layer):
+    """A cache buffer that grows when a longer input comes, assigned (``self.cache = ...``) rather
+    than registered again (the zoo's llama_growing_rope_hf registers it again)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = paddle.nn.Linear(8, 8)
+        self.register_buffer("cache", paddle.ones([4]), persistable=False)
+        self.cached = 4
+
+    def forward(self, x):
+        n = x.shape[0]
+        if n > self.cached:
+            self.cached = n
+            self.cache = paddle.arange(n, dtype="float32")
+        return self.proj(x) * self.cache[:n].unsqueeze(-1)
+
+
+def test_a_buffer_set_anew_in_forward_is_traced_as_the_value_it_gets():
+    """Paddle writes a traced value assigned to a buffer into it in place, which fails at another
+    shape; the trace reads the new value instead, and the layer is as it was afterwards."""
+    model = GrowingCache()
+    traced = trace_model(model, [paddle.static.InputSpec([6, 8], "float32", "x")])
+    assert traced.traced_layer == "" and not traced.fallback_reason
+    ranges = [op for op in traced.ops if op.name() == "pd_op.arange"]
+    assert [list(op.result(0).shape) for op in ranges] == [[6]]
+    assert list(model.cache.shape) == [4] and model.cached == 4 and "cache" not in vars(model)

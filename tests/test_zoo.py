@@ -101,6 +101,32 @@ EXPECTED = {
         **mlp("layers.*.feed_forward", ("w1", "w3"), "w2"),
         "output.weight": COL,
     },
+    # its rotary cache registers its buffers again in forward (a longer sequence than cached)
+    f"{ZOO}/llama_growing_rope_hf.py": {
+        **attention("model.layers.*.self_attn"),
+        **mlp("model.layers.*.mlp"),
+        "lm_head.weight": COL,
+    },
+    # its model's method build_alibi_bias calls the module function build_alibi_bias
+    f"{ZOO}/mpt_alibi.py": {
+        **fused("transformer.blocks.*.attn", "Wqkv"),
+        "transformer.blocks.*.attn.out_proj.weight": ROW,
+        **mlp("transformer.blocks.*.ffn", ("up_proj",), "down_proj"),
+        "transformer.norm_f.weight": REP,
+        "lm_head.weight": COL,
+    },
+    # unpatchify by einsum("nhwpqc->nchpwq") in its own forward: a permutation, run on local values
+    f"{ZOO}/dit.py": {
+        **fused("blocks.*.attn", "qkv", bias=True),
+        "blocks.*.attn.proj.weight": ROW,
+        "blocks.*.attn.proj.bias": REP,
+        **mlp("blocks.*.mlp", ("fc1",), "fc2", bias=True),
+        "blocks.*.adaLN_modulation.1.weight": REP,
+        "final_layer.linear.weight": REP,
+        "final_layer.adaLN_modulation.1.weight": REP,
+        "t_embedder.mlp.*.weight": REP,
+        "x_embedder.proj.weight": REP,
+    },
     f"{ZOO}/qwen2_sdpa.py": {
         **attention("model.layers.*.self_attn", bias=True),
         **mlp("model.layers.*.mlp"),

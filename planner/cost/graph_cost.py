@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import networkx as nx
 
+from autodist.schemas.einsum import einsum_permutation
 from autodist.schemas.vocabulary import FLOAT_DTYPES, TrainingDType, training_dtype
 
 from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, Moved, Saved
@@ -648,13 +649,17 @@ def _local_only(analysis: ModelAnalysis, local: frozenset[str]) -> dict:
     first inside one (the :class:`ModelCost` fields ``local_only`` and ``local_only_in_moe``).
     One computing on constants and buffers alone (a rotary table, ``einsum("i,j->ij",
     arange(seq), self.inv_freq)``) never sees a distributed tensor: it is not counted, nor is
-    one inside a sub-layer of ``local``, which runs on plain tensors (a local view)."""
+    one inside a sub-layer of ``local``, which runs on plain tensors (a local view), nor an
+    einsum that only reorders its operand's dims (DiT's ``unpatchify``), which the applier runs
+    on local values wherever it is (:mod:`autodist.schemas.einsum`)."""
     moe_layers = tuple(b.experts.layer.rpartition(".")[0] + "." for b in analysis.blocks if b.experts)
     views = tuple(layer + "." for layer in local)
     found: dict[str, str] = {}
     plain = plain_nodes(analysis.graph)
     for node, data in sorted(analysis.graph.nodes(data=True)):
         op = short_op(data["op"])
+        if op == "einsum" and einsum_permutation(data["attrs"].get("equation", "")) is not None:
+            continue
         if op in LOCAL_ONLY_OPS and node not in plain and not (data["layer"] + ".").startswith(views):
             field_name = "local_only_in_moe" if (data["layer"] + ".").startswith(moe_layers) else "local_only"
             where = data["layer"] or "the model's top level (its own forward)"  # the root layer's name is ''
