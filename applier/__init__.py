@@ -29,7 +29,7 @@ def __getattr__(name: str) -> Any:
 
         return LazyGuard
     if name == "close":
-        from autodist.applier.readable import close
+        from autodist.applier.apply import close
 
         return close
     if name in ("save_checkpoint", "load_checkpoint", "export_checkpoint"):

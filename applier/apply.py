@@ -65,6 +65,8 @@ from autodist.applier.mesh import mesh_ids
 from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, retire, shard_optimizer
 from autodist.applier.pipeline import PipelineModel, build_pipeline, uses_schedule
 from autodist.applier.readable import Settings as ReadSettings
+from autodist.applier.readable import close as close_readable
+from autodist.applier.einsum import restore as restore_einsum
 from autodist.applier.einsum import run_permutations_locally
 from autodist.applier.readable import install as make_outputs_readable
 from autodist.applier.readable import settings as read_settings
@@ -225,6 +227,22 @@ def _clip_over_ranks(optimizer, rebuilt, model, plan: Plan, groups: ExpertGroups
         not_counted=model.tied_copies if pipelined else (),
         pipeline=model.pipeline_mesh if pipelined else None,
     )
+
+
+def close(model: paddle.nn.Layer | None = None) -> None:
+    """Undo what apply_plan changed in this process beyond the model (for ``model``, or for every
+    applied model): the readable losses' wrappers, server thread and exit wait (readable/), once
+    no applied model needs them, and ``paddle.einsum``'s local permutations (einsum.py). The
+    models stay distributed. Call it on every rank.
+
+    Example::
+
+        >>> model, opt, loader = apply_plan(model, opt, loader, "plan.json")   # doctest: +SKIP
+        >>> autodist.close()                                                    # doctest: +SKIP
+    """
+    close_readable(model)
+    if model is None or not _APPLIED or set(_APPLIED) <= {model}:
+        restore_einsum()
 
 
 def applied_plan(model: paddle.nn.Layer) -> Plan | None:

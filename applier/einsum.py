@@ -29,8 +29,17 @@ _PADDLE_EINSUM = paddle.einsum
 
 def run_permutations_locally() -> None:
     """Make ``paddle.einsum`` run a permutation of a distributed tensor on its local value (once
-    per process; calling again changes nothing)."""
+    per process; calling again changes nothing). :func:`restore` undoes it."""
     paddle.einsum = _einsum
+
+
+def restore() -> None:
+    """Paddle's own ``einsum`` back (``autodist.close``).
+
+    >>> run_permutations_locally(); restore(); paddle.einsum is _PADDLE_EINSUM
+    True
+    """
+    paddle.einsum = _PADDLE_EINSUM
 
 
 def _einsum(equation, *operands, **kwargs):

@@ -47,7 +47,7 @@ takes its allocator's smallest block).
 Owned, and optional. What this sets up in the process (the wrapped Paddle methods:
 patching.py; the server thread and its port: transport.py; the store keys and the wait at
 exit: store.py) belongs to the models apply_plan returned: :func:`close` (``autodist.close``)
-undoes all of it once no applied model needs it (Paddle's own methods back, the server stopped,
+(``autodist.applier.apply.close``) undoes all of it once no applied model needs it (Paddle's own methods back, the server stopped,
 the exit wait and excepthook removed), and so does the end of the process. ``AUTODIST_READABLE=0``
 turns it off before anything is set up: nothing is patched, no thread starts, and a ``Partial``
 loss is read as Paddle reads it, which needs every rank of its group to read it (for scripts

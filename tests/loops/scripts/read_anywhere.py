@@ -16,6 +16,7 @@ from models.zoo import mixtral_moe
 import autodist
 
 VOCAB, BATCH, SEQ = 64, 4, 8
+PADDLES_EINSUM = paddle.einsum  # apply_plan runs dim permutations of distributed tensors locally until close()
 
 
 def main() -> None:
@@ -87,6 +88,7 @@ def closed() -> dict:
         "still_wrapped": [name for (owner, name), own in paddles_own.items() if getattr(owner, name) is not own],
         "threads": [t.name for t in threading.enumerate() if t.name == "autodist-readable"],
         "excepthook_restored": sys.excepthook is sys.__excepthook__,
+        "einsum_restored": paddle.einsum is PADDLES_EINSUM,
     }
 
 
