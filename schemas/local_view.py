@@ -99,20 +99,51 @@ def own_order(weight: LocalWeight, size: int, mp: int) -> list[int]:
 
 def runs_local_views(strategy: Strategy) -> bool:
     """Whether local views and vocabulary-parallel lookups (``Plan.vocab_lookup``) run under
-    ``strategy``: tensor parallelism, with or without data parallelism, and nothing else (the
-    planner's rule, the cost model's and the applier's check).
+    ``strategy`` (the planner's rule, the cost model's and the applier's check): tensor
+    parallelism, composed as Megatron-LM composes it with
 
-    >>> runs_local_views(Strategy(dp=2, mp=2)), runs_local_views(Strategy(mp=2, pp=2))
-    (True, False)
+    - data parallelism, and ZeRO stage 1 over it: the local views' gradients come back Partial
+      over dp like any data-parallel gradient, and the optimizer states follow the parameters'
+      (rank-by-rank) layout, split over dp;
+    - gradient accumulation over micro-batches (no pipeline): each micro-batch's forward and
+      backward runs the local views, the gradients add up;
+    - full recompute: a recomputed block runs its local views again in its backward, their
+      forward all-reduce too.
+
+    Not (yet) with a pipeline, sequence parallelism (the views take the activation whole), ZeRO
+    stages 2 and 3 (stage 3 splits the parameters over dp, which a view would read as its
+    weights), or selective recompute (it recomputes the attention sub-layer itself, all-reduce
+    included, which the cost model does not price).
+
+    >>> runs_local_views(Strategy(dp=2, mp=2, sharding_stage=1, micro_batches=2, recompute="full"))
+    True
+    >>> runs_local_views(Strategy(mp=2, pp=2)), runs_local_views(Strategy(dp=2, mp=2, sharding_stage=3))
+    (False, False)
     """
     return (
         strategy.mp > 1
         and strategy.pp == 1
         and not strategy.sequence_parallel
-        and strategy.sharding_stage == 0
-        and strategy.recompute == "none"
-        and strategy.micro_batches == 1
+        and strategy.sharding_stage <= 1
+        and strategy.recompute in ("none", "full")
     )
+
+
+def local_views_refused(strategy: Strategy) -> str:
+    """What of ``strategy`` local views do not run under (:func:`runs_local_views`), in words:
+    the one sentence the planner's notes and the applier's refusal say; empty when they run.
+
+    >>> local_views_refused(Strategy(mp=2, pp=2, recompute="selective"))
+    'a pipeline, selective recompute'
+    """
+    refused = [
+        (strategy.mp == 1, "no tensor parallelism"),
+        (strategy.pp > 1, "a pipeline"),
+        (strategy.sequence_parallel, "sequence parallelism"),
+        (strategy.sharding_stage > 1, f"ZeRO stage {strategy.sharding_stage}"),
+        (strategy.recompute not in ("none", "full"), f"{strategy.recompute} recompute"),
+    ]
+    return ", ".join(why for applies, why in refused if applies)
 
 
 def attribute_owner(layer: object, name: str) -> tuple[object, str]:
