@@ -246,6 +246,9 @@ LAZY = "zoo_gpt2_hf_dp1_local_view_lazy"
 #: Fused weights whose checkpoints round trip: workload -> its segments (GPT-2's c_attn q|k|v,
 #: ERNIE 4.5's up_gate_proj up|gate, Falcon's multi-query query_key_value q|k|v, held whole).
 ROUND_TRIPS = {"zoo_gpt2_hf": 3, "zoo_pf_ernie45": 2, "zoo_falcon_hf": 3}
+#: Checkpoints saved under the dp2 x mp2 ZeRO 1 local-view plan (AdamW's moments of the local
+#: slices split over dp) and resumed on one device.
+ZERO1_ROUND_TRIPS = ("zoo_falcon_hf", "zoo_gpt2_hf")
 
 
 #: Trainings whose local views compose with more strategies, ``(workload, dp, COMPOSED key)``
@@ -327,6 +330,26 @@ def trained(tmp_path_factory, reference_runs):
                 1,
             ),
         ]
+    for workload in ZERO1_ROUND_TRIPS:
+        name, checkpoint = _name(workload, 2, "zero1"), str(workdir / f"{workload}_ckpt_zero1")
+        plans[f"{name}_save"] = plans[name]
+        first.append(
+            (
+                TrainRun(
+                    f"{name}_save",
+                    workload,
+                    plan=str(workdir / f"{name}.json"),
+                    steps=2,
+                    save_checkpoint=checkpoint,
+                    **COMPOSED["zero1"][1],
+                ),
+                4,
+            )
+        )
+        single = TrainRun(
+            f"{name}_single", workload, "adamw", method="single", steps=1, first_step=2, load_checkpoint=checkpoint
+        )
+        loads.append((single, 1))
     outputs = train_by_world(first, workdir / "first", timeout_s=600.0)
     everything = [run for run, _ in first + loads]
     outputs.update(train_by_world(loads, workdir / "resumed", timeout_s=600.0, references=(reference_runs, everything)))
@@ -457,6 +480,18 @@ def test_a_local_view_checkpoint_round_trips_in_the_models_own_layout(
     assert_resumed_like_one_device(
         reference_runs, runs, outputs, f"{workload}_{saver}", f"{workload}_{resumer}", resumed_under
     )
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("workload", ZERO1_ROUND_TRIPS)
+def test_a_zero1_local_view_checkpoint_resumes_on_one_device(trained, reference_runs, workload):
+    """Saved under the dp2 x mp2 ZeRO 1 plan with local views (GPT-2's q|k|v held rank by rank,
+    Falcon's multi-query one held whole; AdamW's moments split over dp on top), resumed on one
+    device: like one uninterrupted device (2 steps saved, 1 resumed)."""
+    plans, runs, outputs = trained
+    name = _name(workload, 2, "zero1")
+    assert plans[f"{name}_save"].strategy.sharding_stage == 1 and plans[f"{name}_save"].local_view
+    assert_resumed_like_one_device(reference_runs, runs, outputs, f"{name}_save", f"{name}_single")
 
 
 def test_a_forward_that_reads_widths_from_its_input_stays_gathered_with_one_note():
