@@ -108,21 +108,26 @@ def runs_local_views(strategy: Strategy) -> bool:
     - gradient accumulation over micro-batches (no pipeline): each micro-batch's forward and
       backward runs the local views, the gradients add up;
     - full recompute: a recomputed block runs its local views again in its backward, their
-      forward all-reduce too.
+      forward all-reduce too;
+    - the 1F1B pipeline schedule: each stage's chunk runs the model's own forward, its views
+      and (first stage) its token lookup on the stage's mp ranks; a tied table's last-stage copy
+      is read in the global view and its gradient summed with the first stage's.
 
-    Not (yet) with a pipeline, sequence parallelism (the views take the activation whole), ZeRO
-    stages 2 and 3 (stage 3 splits the parameters over dp, which a view would read as its
-    weights), or selective recompute (it recomputes the attention sub-layer itself, all-reduce
-    included, which the cost model does not price).
+    Not (yet) with the VPP or sequential schedule, sequence parallelism (the views take the
+    activation whole), ZeRO stages 2 and 3 (stage 3 splits the parameters over dp, which a view
+    would read as its weights), or selective recompute (it recomputes the attention sub-layer
+    itself, all-reduce included, which the cost model does not price).
 
     >>> runs_local_views(Strategy(dp=2, mp=2, sharding_stage=1, micro_batches=2, recompute="full"))
     True
-    >>> runs_local_views(Strategy(mp=2, pp=2)), runs_local_views(Strategy(dp=2, mp=2, sharding_stage=3))
+    >>> runs_local_views(Strategy(mp=2, pp=2, micro_batches=2, schedule="1F1B"))
+    True
+    >>> runs_local_views(Strategy(mp=2, pp=2, schedule="VPP")), runs_local_views(Strategy(dp=2, mp=2, sharding_stage=3))
     (False, False)
     """
     return (
         strategy.mp > 1
-        and strategy.pp == 1
+        and (strategy.pp == 1 or strategy.schedule == "1F1B")
         and not strategy.sequence_parallel
         and strategy.sharding_stage <= 1
         and strategy.recompute in ("none", "full")
@@ -133,12 +138,12 @@ def local_views_refused(strategy: Strategy) -> str:
     """What of ``strategy`` local views do not run under (:func:`runs_local_views`), in words:
     the one sentence the planner's notes and the applier's refusal say; empty when they run.
 
-    >>> local_views_refused(Strategy(mp=2, pp=2, recompute="selective"))
-    'a pipeline, selective recompute'
+    >>> local_views_refused(Strategy(mp=2, pp=2, schedule="VPP", recompute="selective"))
+    'a pipeline schedule other than 1F1B (VPP), selective recompute'
     """
     refused = [
         (strategy.mp == 1, "no tensor parallelism"),
-        (strategy.pp > 1, "a pipeline"),
+        (strategy.pp > 1 and strategy.schedule != "1F1B", f"a pipeline schedule other than 1F1B ({strategy.schedule})"),
         (strategy.sequence_parallel, "sequence parallelism"),
         (strategy.sharding_stage > 1, f"ZeRO stage {strategy.sharding_stage}"),
         (strategy.recompute not in ("none", "full"), f"{strategy.recompute} recompute"),
