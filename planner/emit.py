@@ -224,7 +224,7 @@ def _held_whole(
             f"local view: {len(held)} fused weight(s) with K and V computed whole ({held[0]} first) are held whole "
             "on every mp rank (Megatron's multi-query layout: each rank's query heads against the whole K and V), "
             "priced so: their whole parameter, gradient and optimizer memory on each mp rank, and an all-reduce "
-            "over mp of their whole gradient each step"
+            "over mp of their whole gradient in each micro-batch's backward"
         )
     return params
 
