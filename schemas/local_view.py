@@ -125,18 +125,13 @@ def runs_local_views(strategy: Strategy) -> bool:
     >>> runs_local_views(Strategy(mp=2, pp=2, schedule="VPP")), runs_local_views(Strategy(dp=2, mp=2, sharding_stage=3))
     (False, False)
     """
-    return (
-        strategy.mp > 1
-        and (strategy.pp == 1 or strategy.schedule == "1F1B")
-        and not strategy.sequence_parallel
-        and strategy.sharding_stage <= 1
-        and strategy.recompute in ("none", "full")
-    )
+    return not local_views_refused(strategy)
 
 
 def local_views_refused(strategy: Strategy) -> str:
-    """What of ``strategy`` local views do not run under (:func:`runs_local_views`), in words:
-    the one sentence the planner's notes and the applier's refusal say; empty when they run.
+    """What of ``strategy`` local views do not run under, in words (empty when they run): the
+    one list of :func:`runs_local_views`'s conditions, which the planner's notes and the
+    applier's refusal say.
 
     >>> local_views_refused(Strategy(mp=2, pp=2, schedule="VPP", recompute="selective"))
     'a pipeline schedule other than 1F1B (VPP), selective recompute'
