@@ -102,9 +102,9 @@ def runs_local_views(strategy: Strategy) -> bool:
     ``strategy`` (the planner's rule, the cost model's and the applier's check): tensor
     parallelism, composed as Megatron-LM composes it with
 
-    - data parallelism, and ZeRO stage 1 over it: the local views' gradients come back Partial
-      over dp like any data-parallel gradient, and the optimizer states follow the parameters'
-      (rank-by-rank) layout, split over dp;
+    - data parallelism, and ZeRO stage 1 or 2 over it: the local views' gradients come back
+      Partial over dp like any data-parallel gradient, and the optimizer states follow the
+      parameters' (rank-by-rank) layout, split over dp;
     - gradient accumulation over micro-batches (no pipeline): each micro-batch's forward and
       backward runs the local views, the gradients add up;
     - full recompute: a recomputed block runs its local views again in its backward, their
@@ -114,7 +114,7 @@ def runs_local_views(strategy: Strategy) -> bool:
       is read in the global view and its gradient summed with the first stage's.
 
     Not (yet) with the VPP or sequential schedule, sequence parallelism (the views take the
-    activation whole), ZeRO stages 2 and 3 (stage 3 splits the parameters over dp, which a view
+    activation whole), ZeRO stage 3 (it splits the parameters over dp, which a view
     would read as its weights), or selective recompute (it recomputes the attention sub-layer
     itself, all-reduce included, which the cost model does not price).
 
@@ -140,7 +140,7 @@ def local_views_refused(strategy: Strategy) -> str:
         (strategy.mp == 1, "no tensor parallelism"),
         (strategy.pp > 1 and strategy.schedule != "1F1B", f"a pipeline schedule other than 1F1B ({strategy.schedule})"),
         (strategy.sequence_parallel, "sequence parallelism"),
-        (strategy.sharding_stage > 1, f"ZeRO stage {strategy.sharding_stage}"),
+        (strategy.sharding_stage > 2, f"ZeRO stage {strategy.sharding_stage}"),
         (strategy.recompute not in ("none", "full"), f"{strategy.recompute} recompute"),
     ]
     return ", ".join(why for applies, why in refused if applies)

@@ -66,6 +66,7 @@ COMPOSED: dict[str, tuple[dict, dict]] = {
     "m2": ({"micro_batches": 2}, {}),
     "recompute_full": ({"recompute": "full"}, {}),
     "zero1": ({"sharding_stage": 1}, {"optimizer": "adamw", "reshard": "via_replicate"}),
+    "zero2": ({"sharding_stage": 2}, {"optimizer": "adamw", "reshard": "via_replicate"}),
     "zero1_m2_recompute_full": (
         {"sharding_stage": 1, "micro_batches": 2, "recompute": "full"},
         {"optimizer": "adamw", "reshard": "via_replicate"},
@@ -162,11 +163,11 @@ def test_local_view_with_data_parallelism_and_not_with_selective_recompute(dp_pl
     assert any("local views do not run with selective recompute" in note for note in plan.notes), plan.notes
 
 
-def test_the_plan_records_local_views_under_accumulation_zero1_and_full_recompute():
+def test_the_plan_records_local_views_under_accumulation_zero_and_full_recompute():
     """Emit lists the proven views and the local lookup under each strategy they compose with,
     with full recompute listing the blocks (which then run their views again in the backward)."""
-    for composed in ("m2", "recompute_full", "zero1_m2_recompute_full"):
-        dp = 2 if "zero1" in composed else 1
+    for composed in ("m2", "recompute_full", "zero2", "zero1_m2_recompute_full"):
+        dp = 2 if "zero" in composed else 1
         plan = _planned(GPT2, dp, composed=composed)
         assert [view.layer for view in plan.local_view] == ["transformer.h.0.attn", "transformer.h.1.attn"], composed
         assert [lookup.layer for lookup in plan.vocab_lookup] == ["transformer.wte"]
@@ -214,8 +215,9 @@ def test_local_views_in_a_1f1b_pipeline_train_like_one_device(tmp_path, referenc
 def test_the_search_chooses_local_views_with_zero1_and_accumulation_where_memory_is_short():
     """GPT-2 at dp2 x mp2, 16 sequences a step, ZeRO stage and micro-batches left to the search,
     on a device one byte short of the plain plan's memory (ZeRO 0, one micro-batch): the search
-    chooses ZeRO 1 (local views run under it, priced with their cores on half of the heads, where
-    ZeRO 2 and 3 gather); with ZeRO 0 asked, 2 micro-batches. Each plan runs its attentions as
+    chooses ZeRO 2 (local views run under it, priced with their cores on half of the heads, where
+    ZeRO 3 gathers; ZeRO 1 is priced as fast, with more memory); with ZeRO 0 asked, 2
+    micro-batches. Each plan runs its attentions as
     local views and its lookup on local tensors."""
     from autodist.planner.cost.step_time import MEMORY_USABLE
 
@@ -229,11 +231,11 @@ def test_the_search_chooses_local_views_with_zero1_and_accumulation_where_memory
 
     plain = chosen(micro_batches=1)
     assert (plain.strategy.sharding_stage, plain.strategy.micro_batches) == (0, 1) and plain.local_view
-    zero1 = chosen(sharding_stage=None, micro_batches=None, device=short_of(plain))
-    assert (zero1.strategy.sharding_stage, zero1.strategy.micro_batches) == (1, 1)
+    zero = chosen(sharding_stage=None, micro_batches=None, device=short_of(plain))
+    assert (zero.strategy.sharding_stage, zero.strategy.micro_batches) == (2, 1)
     accumulating = chosen(micro_batches=None, device=short_of(plain))
     assert (accumulating.strategy.sharding_stage, accumulating.strategy.micro_batches) == (0, 2)
-    for plan in (zero1, accumulating):
+    for plan in (zero, accumulating):
         assert len(plan.local_view) == 2 and len(plan.vocab_lookup) == 1
 
 
@@ -296,12 +298,12 @@ ZERO1_ROUND_TRIPS = ("zoo_falcon_hf", "zoo_gpt2_hf")
 
 
 #: Trainings whose local views compose with more strategies, ``(workload, dp, COMPOSED key)``
-#: (test_local_views_compose_with_accumulation_zero1_and_recompute): GPT-2's fused q|k|v and
+#: (test_local_views_compose_with_accumulation_zero_and_recompute): GPT-2's fused q|k|v and
 #: Falcon's multi-query one (K and V whole on every mp rank).
 COMPOSED_TRAININGS = [
     (workload, dp, composed)
     for workload in ("zoo_gpt2_hf", "zoo_falcon_hf")
-    for dp, composed in ((1, "m2"), (1, "recompute_full"), (2, "zero1"), (2, "zero1_m2_recompute_full"))
+    for dp, composed in ((1, "m2"), (1, "recompute_full"), (2, "zero1"), (2, "zero2"), (2, "zero1_m2_recompute_full"))
 ]
 
 
@@ -870,10 +872,10 @@ def test_attentions_scored_by_batched_products_train_like_one_device_as_local_vi
 
 
 @pytest.mark.multiprocess
-def test_local_views_compose_with_accumulation_zero1_and_recompute(trained, reference_runs):
+def test_local_views_compose_with_accumulation_zero_and_recompute(trained, reference_runs):
     """GPT-2 (a fused q|k|v held rank by rank) and Falcon (a multi-query q|k|v held whole) with
     their attentions as local views and the token lookup on local tensors, as Megatron composes
-    them: 2 micro-batches of accumulation at mp2, full recompute at mp2, ZeRO stage 1 at dp2 x mp2
+    them: 2 micro-batches of accumulation at mp2, full recompute at mp2, ZeRO stages 1 and 2 at dp2 x mp2
     (AdamW's moments of the local slices split over dp), and all three at once at dp2 x mp2. On
     gloo ranks: losses and parameters as one device, each rank's attention on 2 of the 4 heads
     (GPT-2's scores; Falcon's ``dense`` reading the 2 heads' 16 features). GPT-2's attention runs

@@ -4,7 +4,7 @@ table in every forward and backward.
 
 - The planner lists the lookup where its table is split over the vocabulary and its layer is an
   ``nn.Embedding`` running its own forward, under the strategies local views run under (tensor
-  and data parallelism, ZeRO 1, accumulation, full recompute); elsewhere the
+  and data parallelism, ZeRO 1 and 2, accumulation, full recompute, 1F1B); elsewhere the
   gather stays and a note says why. apply_plan refuses a listed lookup the model cannot run so.
 - Trained on 2 gloo ranks (mp2) and 4 (dp2 x mp2), untied (tests/models/gpt.py), tied by name
   with a ``padding_idx`` (the zoo's OPT) and tied by a function call (nanoGPT): losses and
