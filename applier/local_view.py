@@ -48,10 +48,10 @@ from autodist.schemas.local_view import (
     attribute_owner,
     hidden_output,
     local_order,
+    local_views_refused,
     own_order,
     rank_positions,
     reordered,
-    runs_local_views,
 )
 
 from autodist.applier.clip import sum_over
@@ -121,7 +121,7 @@ class LocalViews:
         layers = dict(model.named_sublayers())
         line = mp_line(self.plan, dist.get_rank())
         for view in self.plan.local_view:
-            _wrap(layers[view.layer], view, layers, line, self.mp)
+            _wrap(layers[view.layer], view, layers, line)
 
 
 def mp_line(plan: Plan, rank: int) -> dist.ProcessMesh:
@@ -138,37 +138,39 @@ def mp_line(plan: Plan, rank: int) -> dist.ProcessMesh:
     return dist.ProcessMesh(line, dim_names=["mp"])
 
 
-def param_local(param: paddle.Tensor, shared_over_mp: bool = False) -> paddle.Tensor:
+def param_local(param: paddle.Tensor) -> paddle.Tensor:
     """A parameter's local value for this call. Its gradient comes back Partial on every axis
     the parameter is replicated on but mp (dp: each rank's gradient covers its own rows of the
-    batch; the optimizer sums it, as for any data-parallel gradient), and on mp too when
-    ``shared_over_mp`` (a weight held whole whose columns each rank takes: each rank's gradient
-    is its share)."""
+    batch; the optimizer sums it, as for any data-parallel gradient, and ZeRO's gradient hook
+    reshards that one Partial axis to the rank's dp shard)."""
     mesh = param.process_mesh
     backward = [
-        p if (name == "mp" and not shared_over_mp) or not isinstance(p, dist.Replicate) else dist.Partial()
+        p if name == "mp" or not isinstance(p, dist.Replicate) else dist.Partial()
         for name, p in zip(mesh.dim_names, param.placements)
     ]
     return dtensor_to_local(param, mesh, backward)
 
 
-def _call_value(param: paddle.Tensor, weight: LocalWeight | None, mp: int, rank: int) -> paddle.Tensor:
-    """Mp rank ``rank``'s value of a parameter for the call: its local shard (a reordered fused
-    weight's is already ``q_r|k_r|v_r``); 1/mp of a summed bias; of a weight held whole with
-    segments computed whole (``replicated``: a multi-query ``q|k|v``), its columns ``q_r|k|v``
-    (:func:`~autodist.schemas.local_view.rank_positions`). The last one's gradient is each rank's
-    share, landing on the columns it took (its slice of q, its heads' part of K's and V's), so
-    summed over mp (Partial, summed by the optimizer) it is the whole gradient: the proof's
-    reassembly (planner/local_view.py ``_reassembled``)."""
+def _call_value(param: paddle.Tensor, weight: LocalWeight | None, line: dist.ProcessMesh, rank: int) -> paddle.Tensor:
+    """Mp rank ``rank``'s value of a parameter for the call (``line``: the ranks along mp): its
+    local shard (a reordered fused weight's is already ``q_r|k_r|v_r``); 1/mp of a summed bias; of
+    a weight held whole with segments computed whole (``replicated``: a multi-query ``q|k|v``),
+    its columns ``q_r|k|v`` (:func:`~autodist.schemas.local_view.rank_positions`). The last one's
+    gradient is each rank's share, landing on the columns it took (its slice of q, its heads' part
+    of K's and V's): summed over the mp line in the backward (:class:`_CopyToRanks`, the proof's
+    reassembly, planner/local_view.py ``_reassembled``), it re-enters whole over mp, Partial over
+    dp only, like any data-parallel gradient (Paddle's ZeRO hook reshards one Partial axis; with
+    two it shards the gradient over mp and the update splits the weight)."""
+    mp = len(line.process_ids)
     if weight is not None and weight.replicated and weight.dim is not None:
-        local = param_local(param, shared_over_mp=True)
+        local = _CopyToRanks.apply(param_local(param), line)
         positions = rank_positions(weight, local.shape[weight.dim], mp, rank)
         return paddle.index_select(local, paddle.to_tensor(positions, dtype="int64"), axis=weight.dim)
     local = param_local(param)
     return _Scaled.apply(local, 1.0 / mp) if weight is not None and weight.summed else local
 
 
-def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.ProcessMesh, mp: int) -> None:
+def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.ProcessMesh) -> None:
     weights = {w.param: w for w in view.weights}
     rank = mesh.process_ids.index(dist.get_rank())
     prefix = view.layer + "."
@@ -199,7 +201,7 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in attributes]
         try:
             for sub, key, param, fqn in slots:
-                sub._parameters[key] = _call_value(param, weights.get(fqn), mp, rank)
+                sub._parameters[key] = _call_value(param, weights.get(fqn), mesh, rank)
             for owner, name, value in attributes:
                 setattr(owner, name, value)
             output = forward(*args, **kwargs)
@@ -327,21 +329,20 @@ class _Scaled(PyLayer):
 
 def strategy_problems(field: str, plan: Plan) -> list[str]:
     """Why the plan's ``field`` (local views, vocabulary lookups) cannot run on local tensors under
-    its strategy: anything beyond tensor and data parallelism
-    (:func:`~autodist.schemas.local_view.runs_local_views`)."""
-    if runs_local_views(plan.strategy):
+    its strategy (:func:`~autodist.schemas.local_view.runs_local_views`)."""
+    refused = local_views_refused(plan.strategy)
+    if not refused:
         return []
     return [
-        f"{field}: runs under tensor and data parallelism alone (no pipeline, sequence parallelism, ZeRO, "
-        f"recompute or micro-batches); this plan has {strategy_text(plan.strategy)}, recompute "
-        f"{plan.strategy.recompute!r}"
+        f"{field}: does not run on local tensors with {refused}; this plan has {strategy_text(plan.strategy)}, "
+        f"recompute {plan.strategy.recompute!r}"
     ]
 
 
 def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     """Why ``plan.local_view`` cannot run on ``model``: a sub-layer, parameter or attribute the
-    model lacks or has otherwise, a weight whose placement is not its split, or a strategy beyond
-    tensor and data parallelism (:func:`~autodist.schemas.local_view.runs_local_views`)."""
+    model lacks or has otherwise, a weight whose placement is not its split, or a strategy local
+    views do not run under (:func:`~autodist.schemas.local_view.runs_local_views`)."""
     if not plan.local_view:
         return []
     problems = strategy_problems("local_view", plan)

@@ -64,7 +64,7 @@ from autodist.schemas import (
 )
 
 from autodist.schemas.experts import runs_moe_locally
-from autodist.schemas.local_view import runs_local_views
+from autodist.schemas.local_view import local_views_refused
 from autodist.schemas.schedules import block_stages
 
 from autodist.planner.ops import SEQUENCE_MIXING_OPS
@@ -224,7 +224,7 @@ def _held_whole(
             f"local view: {len(held)} fused weight(s) with K and V computed whole ({held[0]} first) are held whole "
             "on every mp rank (Megatron's multi-query layout: each rank's query heads against the whole K and V), "
             "priced so: their whole parameter, gradient and optimizer memory on each mp rank, and an all-reduce "
-            "over mp of their whole gradient each step"
+            "over mp of their whole gradient in each micro-batch's backward"
         )
     return params
 
@@ -320,9 +320,8 @@ def _vocab_lookups(
     table = analysis.embedding
     if table is None or params[table].style != "VocabParallelEmbedding":
         return []
-    why = analysis.local_lookup_refusal or (
-        "" if runs_local_views(strategy) else "it runs on local tensors under tensor and data parallelism alone"
-    )
+    refused = local_views_refused(strategy)
+    why = analysis.local_lookup_refusal or (f"it does not run on local tensors with {refused}" if refused else "")
     if analysis.local_lookup is None or why:
         notes.append(
             f"embedding {table}: split over the vocabulary, looked up in the global view, which all-gathers "

@@ -49,8 +49,8 @@ from autodist.schemas import CallInput, LocalAttribute, LocalView, LocalWeight, 
 from autodist.schemas.local_view import (
     attribute_owner,
     hidden_output,
+    local_views_refused,
     rank_positions,
-    runs_local_views,
     segment_sizes,
 )
 
@@ -107,18 +107,18 @@ def local_views(
     """The proven local views of ``model``'s candidate sub-layers under ``strategy``, and one note
     per candidate that stays gathered, with the reason. Each is proven called as the trace called
     it (``calls``: :func:`call_inputs`). Sub-layers of one class with the same weights' shapes,
-    attribute values and call are proven once. Only under tensor (and data) parallelism alone
+    attribute values and call are proven once. Only where the strategy runs local views
     (:func:`~autodist.schemas.local_view.runs_local_views`)."""
     mp = strategy.mp
     found = candidates(analysis, mp)
     if not found or mp == 1:
         return [], []
-    if not runs_local_views(strategy):
+    refused = local_views_refused(strategy)
+    if refused:
         fused = [c for c in found if not c.sublayer.stopped_by]
         stopped = [c for c in found if c.sublayer.stopped_by]
         return [], [
-            f"local view: {_counted(group)} {how}: local views run under tensor and data parallelism alone "
-            "(no pipeline, sequence parallelism, ZeRO, recompute or micro-batches)"
+            f"local view: {_counted(group)} {how}: local views do not run with {refused}"
             for group, how in (
                 (fused, "with a fused projection stay global (gathered)"),
                 (stopped, "whose split ops with no SPMD rule stop stay replicated"),

@@ -7,8 +7,8 @@ the first step.
   parallelism) are planned; before, ``--mp 2`` gave a plan whose first step raised
   ``PreconditionNotMet: Arg must be a vector of TensorDistAttr``;
 - anywhere else (attention written with einsum, as lucidrains' x-transformers writes it): only
-  as a local view (the sub-layer run on plain tensors, mp > 1 with tensor and data parallelism
-  alone); without local views no plan can train, and planning says so;
+  as a local view (the sub-layer run on plain tensors, mp > 1 under the strategies local views
+  run under, schemas/local_view.py); without local views no plan can train, and planning says so;
 - but an einsum on constants and buffers alone (HF Falcon's rotary table, ``einsum("i,j->ij", t,
   self.inv_freq)`` with ``t`` an ``arange``) never sees a distributed tensor, so it refuses
   nothing (issue #22, item 3); before, Falcon was refused whatever the strategy.

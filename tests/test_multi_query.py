@@ -175,8 +175,9 @@ def test_a_multi_query_weight_held_whole_is_priced_whole():
     elements, no bias; 3072 in all. Held whole, a rank holds 3072 of them where split it held
     1536: 1536 elements more, 1536 x 2 bytes = 3072 more of parameters, as many of gradients,
     1536 x 12 (fp32 master copy, momentum, variance) = 18432 more of optimizer states. Their
-    gradient, each rank's share, is all-reduced over mp once a step: 3072 x 2 = 6144 bytes, each
-    of the 2 ranks sending 2 x (2 - 1) / 2 of them, 6144 more mp bytes. No dp: nothing more there."""
+    gradient, each rank's share, is all-reduced over mp in each micro-batch's backward: 3072 x 2 =
+    6144 bytes, each of the 2 ranks sending 2 x (2 - 1) / 2 of them, 6144 more mp bytes, twice as
+    many with 2 micro-batches. No dp: nothing more there."""
     from dataclasses import replace
 
     from autodist.planner.cost.search import kernels_for, price, search
@@ -202,6 +203,9 @@ def test_a_multi_query_weight_held_whole_is_priced_whole():
     assert got.comm_bytes.mp - before.comm_bytes.mp == 3072 * 2
     assert got.comm_bytes.dp == before.comm_bytes.dp == 0
     assert got.step_time_s > before.step_time_s
+    accumulating = replace(request, micro_batches=2)
+    got, before = (search(p, accumulating).best.estimate for p in (priced, replace(priced, priced_with=split)))
+    assert got.comm_bytes.mp - before.comm_bytes.mp == 2 * 3072 * 2
 
 
 def test_the_multi_query_proof_fails_for_another_layout():

@@ -3,7 +3,8 @@ applier/vocab_lookup.py), instead of Paddle 3.3.1's global lookup, which all-gat
 table in every forward and backward.
 
 - The planner lists the lookup where its table is split over the vocabulary and its layer is an
-  ``nn.Embedding`` running its own forward, under tensor and data parallelism; elsewhere the
+  ``nn.Embedding`` running its own forward, under the strategies local views run under (tensor
+  and data parallelism, ZeRO 1 and 2, accumulation, full recompute, 1F1B); elsewhere the
   gather stays and a note says why. apply_plan refuses a listed lookup the model cannot run so.
 - Trained on 2 gloo ranks (mp2) and 4 (dp2 x mp2), untied (tests/models/gpt.py), tied by name
   with a ``padding_idx`` (the zoo's OPT) and tied by a function call (nanoGPT): losses and
@@ -49,13 +50,13 @@ MODELS = ["gpt", "zoo_opt_hf", "zoo_nanogpt"]
 STEPS = 3
 
 
-def _request(dp: int = 1, micro_batches: int = 1) -> SearchRequest:
-    return gloo_mp2_request(dp, micro_batches=micro_batches)
+def _request(dp: int = 1, **extra) -> SearchRequest:
+    return gloo_mp2_request(dp, **extra)
 
 
-def _plan(workload: str, dp: int = 1, micro_batches: int = 1) -> Plan:
+def _plan(workload: str, dp: int = 1, **extra) -> Plan:
     target = WORKLOADS[workload].planner_target
-    return plan_target(target, None, _request(dp, micro_batches), {"target": target}).plan
+    return plan_target(target, None, _request(dp, **extra), {"target": target}).plan
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +79,16 @@ def test_the_planner_lists_the_lookup_of_a_vocabulary_split_table(plans):
 
 
 def test_where_the_lookup_cannot_run_locally_the_gather_stays_with_a_note():
-    # one micro-batch too many for local tensors (as for local views)
-    accumulating = _plan("gpt", micro_batches=2)
-    assert accumulating.vocab_lookup == []
+    # a strategy local tensors do not run under (as for local views): selective recompute
+    selective = _plan("gpt", recompute="selective")
+    assert selective.vocab_lookup == []
     assert (
         "embedding wte.weight: split over the vocabulary, looked up in the global view, which all-gathers the "
-        "whole table in every forward and backward (it runs on local tensors under tensor and data parallelism alone)"
-    ) in accumulating.notes
+        "whole table in every forward and backward (it does not run on local tensors with selective recompute)"
+    ) in selective.notes
+    # with 2 micro-batches of accumulation, ZeRO 1 and full recompute it looks up locally
+    composed = _plan("gpt", dp=2, micro_batches=2, sharding_stage=1, recompute="full")
+    assert composed.vocab_lookup == [VocabLookup(layer="wte", weight="wte.weight")]
     # a lookup that is one op of a layer doing more: F.embedding(idx, self.lm_head.weight.T)
     target = "tests/models/tied_by_call.py:build_embedding_from_head"
     inside = plan_target(target, None, _request(), {"target": target}).plan
@@ -127,8 +131,8 @@ def test_apply_plan_refuses_a_lookup_the_model_cannot_run_locally(plans):
     ]
     assert "vocab lookup: these lookups run on local tensors" in show_text(plan)
     assert "  wte  wte.weight" in show_text(plan)
-    pipelined = msgspec.structs.replace(plan, strategy=msgspec.structs.replace(plan.strategy, micro_batches=2))
-    assert any("tensor and data parallelism alone" in p for p in vocab_lookup_problems(model, pipelined))
+    pipelined = msgspec.structs.replace(plan, strategy=msgspec.structs.replace(plan.strategy, pp=2))
+    assert any("does not run on local tensors with a pipeline" in p for p in vocab_lookup_problems(model, pipelined))
 
 
 #: A rank that trains a job (``harness.rank_main``), then applies each plan given to its model and

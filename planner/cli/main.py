@@ -202,7 +202,8 @@ def cli() -> None:
     show_default=True,
     help="Run sub-layers with a fused q|k|v or gate|up projection on local tensors (Megatron's layout: "
     "heads or intermediate features split, one all-reduce) where the planner proves it by running them, "
-    "under tensor and data parallelism, and a vocabulary-split token lookup Megatron's way; "
+    "under tensor and data parallelism (with ZeRO 1/2, micro-batches, full recompute, 1F1B), and a vocabulary-split "
+    "token lookup Megatron's way; "
     "--no-local-view gathers the projection's output and lets Paddle gather the table instead.",
 )
 @click.option(

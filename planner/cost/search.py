@@ -39,7 +39,7 @@ from autodist.schemas.describe import layers_text, strategy_text
 from autodist.schemas import Candidate, DeviceProfile, Kernels, Rejected, Strategy
 from autodist.schemas.plan import Schedule, ShardingStage
 from autodist.schemas.experts import expert_limit, runs_moe_locally
-from autodist.schemas.local_view import runs_local_views
+from autodist.schemas.local_view import local_views_refused, runs_local_views
 from autodist.schemas.vocabulary import training_bytes
 from autodist.schemas.schedules import PIPELINING_SCHEDULES, block_stages, schedule_problems
 
@@ -514,7 +514,7 @@ def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, c
     if cost.local_only:  # inside sub-layers that may run as local views, but not under this strategy
         return (
             f"{cost.local_only} runs on distributed tensors here, which Paddle 3.3 cannot do: its sub-layer runs on "
-            "local tensors only as a local view (mp > 1 with tensor and data parallelism alone)"
+            f"local tensors only as a local view, and local views do not run here ({local_views_refused(strategy)})"
         )
     if cost.local_only_in_moe and not runs_moe_locally(strategy):
         return (

@@ -26,8 +26,8 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   1/mp of the heads with the all-reduces alone (:class:`~autodist.planner.cost.search.PricedModel`);
   its fused multi-query ``q|k|v`` weight, where the KV heads do not split over mp, is held whole
   on every mp rank (its parameter, gradient and optimizer state) and its gradient, each rank's
-  share, is all-reduced over mp once a step, overlapped with the last micro-batch's backward as
-  the data-parallel gradient all-reduce is (:func:`_mp_grad_sync`).
+  share, is all-reduced over mp in every micro-batch's backward, overlapped with it
+  (:func:`_mp_grad_sync`).
   With the
   vocabulary split over mp, the column-parallel LM head's input gradient is all-reduced too, and
   the token lookup all-gathers its whole table in every forward and again in its backward
@@ -822,18 +822,18 @@ def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, floa
 
 
 def _mp_grad_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, float]:
-    """(exposed seconds, bytes sent) of one stage's gradient all-reduce over mp per step: the
+    """(exposed seconds, bytes sent) of one stage's gradient all-reduces over mp per step: the
     fused multi-query weights each mp rank holds whole (``stage.mp_grad_params``), whose
-    gradients come back Partial over mp (each rank's share) and are summed before the optimizer
-    step. Priced as :func:`_dp_sync` prices the data-parallel one (ZeRO 0, the only stage local
-    views run under): one collective per parameter on the mp link, overlapped with the last
-    micro-batch's backward, one piece per block.
+    gradients each rank computes its share of, summed over mp in the backward of every
+    micro-batch (applier/local_view.py ``_call_value``: they then enter the optimizer, and
+    ZeRO's gradient hook, Partial over dp alone). One collective per parameter on the mp link
+    per micro-batch, overlapped with that micro-batch's backward, one piece per block.
     """
     if not stage.mp_grad_params:
         return 0.0, 0.0
-    mp, grads = ctx.strategy.mp, stage.mp_grad_params * ctx.width
+    mp, grads, m = ctx.strategy.mp, stage.mp_grad_params * ctx.width, ctx.strategy.micro_batches
     seconds = all_reduce_time(grads, mp, ctx.link(mp, 1), max(stage.mp_grad_tensors, 1))
-    return ctx.overlapped(seconds, stage.backward_s, max(num_blocks, 1)), all_reduce_bytes(grads, mp)
+    return m * ctx.overlapped(seconds, stage.backward_s, max(num_blocks, 1)), m * all_reduce_bytes(grads, mp)
 
 
 def _dp_sync_with_experts(

@@ -115,8 +115,10 @@ def layout_differences(plan, rank_output: dict) -> list[str]:
     Each parameter must be a distributed tensor whose local shard has the planned shape (full
     shape divided by the mesh axes that shard it); ZeRO stage 3 may split it further over dp.
     With a ZeRO stage, every AdamW moment (the bulk of optimizer memory; the scalar ``beta_pow``
-    accumulators cannot be split) must be split over dp. Guards against a run that
-    matches only because nothing was distributed.
+    accumulators cannot be split) must be split over dp, but for a 1-D one already split over
+    another axis (a column bias over mp): Paddle 3.3.1 splits a tensor along one dim only
+    (``sharding.get_placement_with_sharding``), so it stays whole over dp. Guards against a run
+    that matches only because nothing was distributed.
     """
     sizes = dict(zip(plan.mesh.axes, plan.mesh.shape))
     dp_index = plan.mesh.axes.index("dp") if "dp" in sizes else None
@@ -145,6 +147,9 @@ def layout_differences(plan, rank_output: dict) -> list[str]:
     if stage:
         moments = {n: s for n, s in rank_output["optimizer_states"].items() if n.startswith("moment")}
         for name, state in sorted(moments.items()):
+            split_elsewhere = any(_shard_dim(p) is not None for p in state["placements"] or [])
+            if split_elsewhere and len(state["local_shape"]) == 1:
+                continue
             if state["placements"] is None or _shard_dim(state["placements"][dp_index]) is None:
                 problems.append(
                     f"rank {rank}: ZeRO stage {stage} but optimizer state {name} is not split over dp: {state}"

@@ -82,17 +82,10 @@ def plan_command(
 
 def gloo_mp2_request(dp: int = 1, **extra) -> SearchRequest:
     """dp x mp2 on one node of ``2 * dp`` devices as the CPU's gloo backend runs it (no sequence
-    parallelism, no ZeRO, no pipeline), for the harness's loader batch; ``extra``: any other
-    field (``recompute``, ``micro_batches``)."""
+    parallelism, no pipeline, no ZeRO unless asked: gloo runs it through the harness's stand-in),
+    for the harness's loader batch; ``extra``: any other field (``recompute``, ``micro_batches``,
+    ``sharding_stage``)."""
     from harness.workloads import BATCH
 
-    return SearchRequest(
-        devices_per_node=2 * dp,
-        dp=dp,
-        mp=2,
-        pp=1,
-        sharding_stage=0,
-        sequence_parallel=False,
-        global_batch_size=BATCH,
-        **extra,
-    )
+    fields = dict(devices_per_node=2 * dp, dp=dp, mp=2, pp=1, sharding_stage=0, sequence_parallel=False)
+    return SearchRequest(**{**fields, "global_batch_size": BATCH, **extra})

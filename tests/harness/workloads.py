@@ -169,16 +169,18 @@ def without_dropout(model: paddle.nn.Layer) -> paddle.nn.Layer:
 
 
 def _no_pipeline(model: paddle.nn.Layer):
-    """The zoo trains with tensor and data parallelism only: a pipeline loss is never called."""
+    """A zoo model without ``logits_loss`` trains without a pipeline schedule: its pipeline loss
+    is never called."""
 
     def refuse(logits, labels):
-        raise ValueError("the zoo workloads train with tensor and data parallelism only (no pipeline loss)")
+        raise ValueError("this zoo workload has no logits_loss: it trains without a pipeline schedule")
 
     return refuse
 
 
 def _zoo_workload(name: str) -> Workload:
-    """A model of tests/models/zoo/ with its own ``loss(model, tokens, labels)``."""
+    """A model of tests/models/zoo/ with its own ``loss(model, tokens, labels)`` (and, to train
+    under a pipeline schedule, ``logits_loss(logits, labels)``)."""
     relpath = f"tests/models/zoo/{name}.py"
     module = load_model_file(relpath, f"zoo_{name}")
     return Workload(
@@ -188,7 +190,7 @@ def _zoo_workload(name: str) -> Workload:
         loss=module.loss,
         planner_target=relpath,
         planner_env={},
-        pipeline_loss=_no_pipeline,
+        pipeline_loss=(lambda model: module.logits_loss) if hasattr(module, "logits_loss") else _no_pipeline,
     )
 
 
