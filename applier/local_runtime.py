@@ -36,16 +36,23 @@ from autodist.schemas import Plan, PlanError, load_plan
 from autodist.schemas.parallelize import local_parameters
 
 from autodist.applier.local_view import LocalViews, local_view_problems
-from autodist.applier.mesh import stage_mesh, stage_placements
+from autodist.applier.mesh import stage_mesh, stage_placements, to_paddle_placement
 from autodist.applier.shard import Slot, parameter_owners
 from autodist.applier.vocab_lookup import vocab_lookup_problems, wrap_vocab_lookups
 
 
-def apply_local_views(model: paddle.nn.Layer, plan: Plan | str | Path) -> paddle.nn.Layer:
+def apply_local_views(
+    model: paddle.nn.Layer, plan: Plan | str | Path, mesh: dist.ProcessMesh | None = None
+) -> paddle.nn.Layer:
     """Shard the parameters of ``plan``'s local views and local token lookups and run those
     sub-layers on local tensors, on ``model`` in place (returned). A plan with neither leaves
     the model as it is. Raises :class:`~autodist.schemas.PlanError` naming every problem,
-    with the model unchanged."""
+    with the model unchanged.
+
+    ``mesh``: where the rest of the model lives, when that is not the plan's mesh but one over
+    the same ranks with more axes (the PaddleFormers Trainer's keeps axes of size one that the
+    plan leaves out; Paddle wants one mesh for all of an op's inputs): the parameters take the
+    plan's placement on each axis the plan names, ``Replicate`` on the others."""
     source = "plan" if isinstance(plan, Plan) else str(plan)
     plan = plan if isinstance(plan, Plan) else load_plan(plan)
     if not plan.local_view and not plan.vocab_lookup:
@@ -68,7 +75,12 @@ def apply_local_views(model: paddle.nn.Layer, plan: Plan | str | Path) -> paddle
         old, fqn = _held(slots), next(f for f in names if id_of[f] == param_id)
         old.set_value(views.to_local_layout(fqn, old))
         planned = plan.params[fqn]
-        new = dist.shard_tensor(old, stage_mesh(plan, planned.stage), stage_placements(plan, planned.placements))
+        if mesh is None:
+            new = dist.shard_tensor(old, stage_mesh(plan, planned.stage), stage_placements(plan, planned.placements))
+        else:
+            by_axis = dict(zip(plan.mesh.axes, planned.placements))
+            placements = [to_paddle_placement(by_axis.get(name, "R")) for name in mesh.dim_names]
+            new = dist.shard_tensor(old, mesh, placements)
         for slot in slots:
             slot.layer._parameters[slot.key] = new
     views.wrap(model)
