@@ -372,6 +372,26 @@ def rank_main(plan_path: str, config_path: str, out_dir: str) -> None:
 
 # -- a default plan (local views, a local lookup) exported trains like one device ----------------------------
 
+
+def test_apply_local_views_refuses_another_model_in_one_error_and_changes_nothing():
+    """GPT-2's plan on the docstring Llama: one PlanError naming the missing layers, and not one
+    parameter of the model distributed or forward replaced."""
+    from harness.planning import gloo_mp2_request
+    from harness.workloads import WORKLOADS
+
+    import autodist
+    from autodist.planner.driver import plan_target
+    from autodist.schemas import PlanError
+
+    target = WORKLOADS["zoo_gpt2_hf"].planner_target
+    plan = plan_target(target, None, gloo_mp2_request(1), {"target": target}).plan
+    model = WORKLOADS["docstring_llama"].build(0)
+    with pytest.raises(PlanError, match="local_view: the model has no layer transformer.h.0.attn"):
+        autodist.apply_local_views(model, plan)
+    assert not any(p.is_dist() for p in model.parameters())
+    assert not any("forward" in vars(layer) for _, layer in model.named_sublayers())
+
+
 TRAIN_STEPS = 3
 
 
