@@ -439,9 +439,11 @@ def test_an_exported_local_view_plan_trains_like_one_device(tmp_path, dp):
     assert [lookup.layer for lookup in plan.vocab_lookup] == ["transformer.wte"]
     plan_path = tmp_path / "plan.json"
     save_plan(plan, plan_path)
-    config = tmp_path / "parallel_config.py"
-    config.write_text(export_parallelize(plan, str(plan_path)))
+    config = tmp_path / "parallel_config.py"  # the command as docs/workflow.md prints it
+    result = CliRunner().invoke(export, [str(plan_path), "--to", "paddle-parallelize", "-o", str(config)])
+    assert result.exit_code == 0, result.output
     assert "autodist.apply_local_views(model, PLAN_FILE)" in config.read_text()
+    assert f"PLAN_FILE = {str(plan_path)!r}" in config.read_text()  # the path as given, read at run time
     out = tmp_path / "out"
     out.mkdir()
     job = launch_ranks(2 * dp, [__file__, "train", workload.name, str(config), str(out)], tmp_path, timeout_s=300)
