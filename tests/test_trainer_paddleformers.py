@@ -160,10 +160,19 @@ def rank_main(job_path: str) -> None:
 
     job = json.loads(Path(job_path).read_text())
     results = {}
+    from autodist.schemas import PlanError
+
     for run in job["runs"]:
         out = str(Path(job["out"], run["name"]))
         resume = str(Path(job["out"], run["resume"])) if run.get("resume") else None
-        results[run["name"]] = _train(run["family"], out, run.get("plan"), run.get("seeded_per_rank", False), resume)
+        try:
+            results[run["name"]] = _train(
+                run["family"], out, run.get("plan"), run.get("seeded_per_rank", False), resume
+            )
+        except PlanError as err:
+            if not run.get("refused"):
+                raise
+            results[run["name"]] = {"error": str(err)}
     if job.get("mismatch"):
         results["mismatch"] = _mismatch("llama", job["out"], job["mismatch"])
     Path(job["out"], f"rank{dist.get_rank()}.json").write_text(json.dumps(results))
@@ -242,6 +251,17 @@ def _train_world(workdir: Path, world: int, reference: dict) -> dict:
             runs.append(
                 {"name": f"{family}_resumed", "family": family, "plan": plans[family, 1, 2, 0], "resume": saved}
             )
+        # Gemma3's fused up_gate_proj, saved rank by rank under mp2, resumed under dp2: refused
+        saved = "gemma3_dp1_mp2_zero0/checkpoint-1"
+        runs.append(
+            {
+                "name": "gemma3_resumed_dp2",
+                "family": "gemma3",
+                "plan": plans["gemma3", 2, 1, 0],
+                "resume": saved,
+                "refused": True,
+            }
+        )
     return {"reference": reference, "plans": plans, "ranks": _launch(world, workdir / "ranks", runs, mismatch)}
 
 
@@ -330,6 +350,18 @@ def test_the_trainers_checkpoint_under_a_plan_resumes_as_the_plain_trainer(train
         losses = result[f"{family}_resumed"]["losses"]
         assert len(losses) == STEPS - 1, (rank, losses)
         assert max(abs(a - b) for a, b in zip(losses, reference[1:])) <= TOLERANCE, (rank, losses, reference)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_checkpoint_holding_fused_weights_rank_by_rank_resumes_under_its_plan_only(trained_two):
+    """Gemma3's mp2 checkpoint holds its fused ``up_gate_proj`` rank by rank (its local view):
+    resumed under the dp2 plan, which holds it in the model's own order, it is refused before
+    training, naming the weight, instead of training permuted columns."""
+    for result in trained_two["ranks"]:
+        error = result["gemma3_resumed_dp2"].get("error")
+        assert error is not None and "in another column order than this plan runs them in" in error, error
+        assert "model.layers.0.mlp.up_gate_proj.weight first" in error, error
 
 
 def load_plan_of(trained: dict, family: str):

@@ -34,10 +34,12 @@ Tested with PaddleFormers 1.2. Nothing here is imported by ``import autodist``.
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
 from autodist.schemas import Plan, PlanError, load_plan
+from autodist.schemas.local_view import local_order, reordered
 from autodist.schemas.parallelize import (
     HELPER_STYLES,
     ExportError,
@@ -181,7 +183,7 @@ def install(trainer: Any, plan: Plan | str | Path) -> Any:
     # before train()'s dist.parallelize, which leaves them alone then; on the mesh it lays out on
     apply_local_views(trainer.model, plan, _parallelize_mesh(trainer.global_mesh))
     _shard_model_parameters(trainer.model, plan, config)
-    _plan_shards_over_dp(trainer)
+    _plan_shards_over_dp(trainer, plan)
     trainer.auto_dist_config = trainer_config
     return trainer
 
@@ -195,18 +197,38 @@ def _parallelize_mesh(mesh: Any) -> Any:
     return mesh.get_mesh_with_dim("pp", 0) if "pp" in mesh.dim_names else mesh
 
 
-def _plan_shards_over_dp(trainer: Any) -> None:
+def _plan_shards_over_dp(trainer: Any, plan: Plan) -> None:
     """``trainer.train`` without PaddleFormers' ``fully_shard``: it shards the model over dp
     (FSDP) whatever ``auto_dist_config`` says, so a plan without ZeRO would not be what runs (and
     on CPU it fails: its fused path takes gpu, npu and xpu only). The plan's ZeRO stage is
     ``dp_config.sharding_level``, which the Trainer's ``parallelize_optimizer`` applies. Only
-    this trainer's ``train`` calls, and only while they run; the module's function is put back."""
+    this trainer's ``train`` calls, and only while they run; the module's function is put back.
+    A checkpoint to resume from must hold the fused weights in this plan's layout
+    (:func:`_layout_problems`), checked before anything trains."""
     import paddleformers.trainer.trainer as trainer_module
+    from paddleformers.trainer import TrainerCallback
+    from paddleformers.trainer.trainer_utils import get_last_checkpoint
 
     train = trainer.train
+    layout = _held_layout(plan)
+
+    class RecordLayout(TrainerCallback):
+        """Writes :data:`LAYOUT_FILE` into each checkpoint the Trainer saves (rank 0)."""
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            import paddle.distributed as dist
+
+            if dist.get_rank() == 0:
+                folder = Path(args.output_dir, f"checkpoint-{state.global_step}")
+                (folder / LAYOUT_FILE).write_text(json.dumps(layout, sort_keys=True))
 
     @functools.wraps(train)
     def train_as_planned(*args: Any, **kwargs: Any) -> Any:
+        resume = kwargs.get("resume_from_checkpoint", args[0] if args else None)
+        if resume is True:
+            resume = get_last_checkpoint(trainer.args.output_dir)
+        if resume:
+            _raise_if(_layout_problems(layout, Path(resume)), str(resume))
         own = trainer_module.fully_shard
         trainer_module.fully_shard = _as_planned
         try:
@@ -214,7 +236,39 @@ def _plan_shards_over_dp(trainer: Any) -> None:
         finally:
             trainer_module.fully_shard = own
 
+    trainer.add_callback(RecordLayout())
     trainer.train = train_as_planned
+
+
+#: The file in a Trainer checkpoint saying in which column order it holds each fused weight.
+LAYOUT_FILE = "autodist_layout.json"
+
+
+def _held_layout(plan: Plan) -> dict[str, list[int]]:
+    """The fused weights the model holds rank by rank under ``plan`` (its local views'), each as
+    the model's own column positions in the order held (:func:`~autodist.schemas.local_view.local_order`).
+    The Trainer saves them so; every other parameter is saved in the model's own layout."""
+    return {
+        w.param: local_order(w, plan.params[w.param].shape[w.dim], plan.strategy.mp)
+        for view in plan.local_view
+        for w in view.weights
+        if w.dim is not None and reordered(w)
+    }
+
+
+def _layout_problems(layout: dict[str, list[int]], checkpoint: Path) -> list[str]:
+    """Whether ``checkpoint`` holds the fused weights in ``layout``'s order (one without
+    :data:`LAYOUT_FILE` holds them in the model's own layout: a plain Trainer's, or a plan's
+    without reordered weights). Resuming another order would train permuted columns silently."""
+    path = checkpoint / LAYOUT_FILE
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    differ = sorted(name for name in set(saved) | set(layout) if saved.get(name) != layout.get(name))
+    if not differ:
+        return []
+    return [
+        f"the checkpoint holds {len(differ)} fused weights ({differ[0]} first) in another column order than this "
+        "plan runs them in (local views lay them out rank by rank); resume it under the plan it was saved under"
+    ]
 
 
 def _as_planned(model: Any, *args: Any, **kwargs: Any) -> Any:
