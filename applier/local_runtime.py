@@ -14,6 +14,9 @@ apply_plan's own installers (:mod:`~autodist.applier.local_view`,
   leave a parameter that is already distributed alone, so call this *before* it;
 - their forwards are replaced on the instance, as ``apply_plan`` replaces them.
 
+Unlike ``apply_plan`` it does not copy rank 0's values or random state to the other ranks: seed
+every rank alike (a dropout inside a local view must draw the same mask on every mp rank).
+
 Nothing is changed when the plan does not fit the model: the problems are one
 :class:`~autodist.schemas.PlanError`. Call it on every rank, with the plan's mesh set up by
 the launcher (``python -m paddle.distributed.launch``).
