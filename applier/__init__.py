@@ -16,7 +16,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["apply_plan", "LazyGuard", "save_checkpoint", "load_checkpoint", "export_checkpoint", "close"]
+__all__ = [
+    "apply_plan",
+    "apply_local_views",
+    "LazyGuard",
+    "save_checkpoint",
+    "load_checkpoint",
+    "export_checkpoint",
+    "close",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,6 +32,10 @@ def __getattr__(name: str) -> Any:
         from autodist.applier.apply import apply_plan
 
         return apply_plan
+    if name == "apply_local_views":
+        from autodist.applier.local_runtime import apply_local_views
+
+        return apply_local_views
     if name == "LazyGuard":
         from autodist.applier.lazy import LazyGuard
 

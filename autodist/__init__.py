@@ -23,11 +23,14 @@ from typing import Any
 
 __version__ = "0.1.0"
 __all__ = [
-    "apply_plan", "LazyGuard", "save_checkpoint", "load_checkpoint", "export_checkpoint", "CheckpointError", "close",
+    "apply_plan", "apply_local_views", "LazyGuard", "save_checkpoint", "load_checkpoint", "export_checkpoint",
+    "CheckpointError", "close",
     "plan", "load_plan", "save_plan", "PlanError", "__version__",
 ]  # fmt: skip
 
-_APPLIER = ("apply_plan", "LazyGuard", "save_checkpoint", "load_checkpoint", "export_checkpoint", "close")
+_APPLIER = (
+    "apply_plan", "apply_local_views", "LazyGuard", "save_checkpoint", "load_checkpoint", "export_checkpoint", "close",
+)  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

@@ -23,8 +23,13 @@ decides what is written:
   ``PrepareLayerInput/Output`` around Paddle's own ``c_split``/``c_concat``), its reshard hooks
   ``PrepareLayerInput/Output`` of a small reshard function: :class:`Style` names them.
 
+- Local views and local token lookups (``plan.local_view``, ``plan.vocab_lookup``) have no key:
+  their parameters get no entry, and ``autodist.apply_local_views(model, plan)``, called before
+  ``dist.parallelize``, shards them and installs those sub-layers
+  (:attr:`ParallelizeConfig.local_layers`; ``applier/local_runtime.py``).
+
 Anything the config cannot express exactly (a placement no style produces, expert parallelism,
-local views, a VPP schedule) is an :class:`ExportError` listing every such thing, never a silently different
+a VPP schedule) is an :class:`ExportError` listing every such thing, never a silently different
 config. Imports nothing but the standard library and the plan types.
 
 Example::
@@ -109,28 +114,23 @@ class ParallelizeConfig:
     #: The model's own parameters (no dot in the name), which ``dist.parallelize`` does not
     #: visit: name -> (stage, placements without the pp axis).
     model_params: dict[str, tuple[int, list[str]]]
+    #: The sub-layers that run on local tensors (``plan.local_view``, ``plan.vocab_lookup``),
+    #: for which ``dist.parallelize`` has no key: ``autodist.apply_local_views(model, plan)``
+    #: shards their parameters and installs them, before ``dist.parallelize`` runs. Their
+    #: parameters have no entry here.
+    local_layers: list[str]
 
 
 def parallelize_config(plan: Plan) -> ParallelizeConfig:
     """``plan`` in ``dist.parallelize`` words; :class:`ExportError` naming every parameter,
     hook or strategy it cannot express."""
     problems: list[str] = []
-    entries = _param_entries(plan, problems) + _hook_entries(plan)
+    local_params = set(local_parameters(plan))
+    entries = _param_entries(plan, local_params, problems) + _hook_entries(plan)
     if plan.strategy.sharding_stage and "dp" not in plan.mesh.axes:
         problems.append(f"ZeRO stage {plan.strategy.sharding_stage} without a dp mesh axis")
     if plan.strategy.ep > 1:
         problems.append(f"expert parallelism (ep={plan.strategy.ep}): dist.parallelize has no key for it")
-    if plan.local_view:
-        problems.append(
-            f"local views ({len(plan.local_view)} sub-layers, {plan.local_view[0].layer} first, run on local "
-            "tensors by apply_plan's own wrapper): dist.parallelize has no key for it (re-plan with "
-            "--no-local-view)"
-        )
-    if plan.vocab_lookup:
-        problems.append(
-            f"a token lookup on local tensors ({plan.vocab_lookup[0].layer}, run by apply_plan's own wrapper): "
-            "dist.parallelize has no key for it (re-plan with --no-local-view)"
-        )
     if plan.strategy.virtual_stages > 1:
         problems.append(
             f"VPP with {plan.strategy.virtual_stages} chunks per stage: pp_config takes one split point "
@@ -144,8 +144,17 @@ def parallelize_config(plan: Plan) -> ParallelizeConfig:
         tensor_attrs=_tensor_attrs(plan),
         sharding_level=int(plan.strategy.sharding_stage) if "dp" in plan.mesh.axes else None,
         split_points=_split_points(plan),
-        model_params=_model_params(plan),
+        model_params={name: p for name, p in _model_params(plan).items() if name not in local_params},
+        local_layers=[view.layer for view in plan.local_view] + [lookup.layer for lookup in plan.vocab_lookup],
     )
+
+
+def local_parameters(plan: Plan) -> list[str]:
+    """The parameters the plan's local views and local token lookups hold, in plan order: those
+    ``autodist.apply_local_views`` shards itself, and the config leaves out."""
+    names = [w.param for view in plan.local_view for w in view.weights]
+    names += [lookup.weight for lookup in plan.vocab_lookup]
+    return list(dict.fromkeys(names))
 
 
 # -- parameters -> ColWise / RowWise entries ----------------------------------------------------------
@@ -163,10 +172,13 @@ def _style_of(shape: list[int], placement: str) -> str | None:
     raise ValueError(placement)
 
 
-def _param_entries(plan: Plan, problems: list[str]) -> list[ConfigEntry]:
+def _param_entries(plan: Plan, local_params: set[str], problems: list[str]) -> list[ConfigEntry]:
+    """ColWise/RowWise entries of every planned parameter but ``local_params`` (apply_local_views' own)."""
     names = plan.mesh.axes
     styles: dict[str, dict[str, str | None]] = defaultdict(dict)  # layer -> attr -> style
     for fqn, param in plan.params.items():
+        if fqn in local_params:
+            continue
         for dim, placement in zip(names, param.placements):
             if dim != "mp" and placement != "R":
                 problems.append(f"{fqn}: {placement} on {dim} (dist.parallelize shards parameters over mp only)")

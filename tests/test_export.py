@@ -2,8 +2,14 @@
 parameters out exactly as the plan says (checked with real Paddle, in one process, and against
 ``apply_plan`` on 4 ranks).
 
-This file is also the rank program of the multi-process test:
-``python tests/test_export.py PLAN CONFIG OUT_DIR``.
+A default plan, whose attentions and token lookup run on local tensors (``plan.local_view``,
+``plan.vocab_lookup``), exports too: the module calls ``autodist.apply_local_views`` for what
+``dist.parallelize`` has no key for, and trains HF GPT-2 at dp1 x mp2 and dp2 x mp2 on gloo ranks
+to the single-device losses.
+
+This file is also the rank program of the multi-process tests:
+``python tests/test_export.py PLAN CONFIG OUT_DIR`` (layouts) and
+``python tests/test_export.py train WORKLOAD CONFIG OUT_DIR`` (training).
 """
 
 from __future__ import annotations
@@ -364,6 +370,108 @@ def rank_main(plan_path: str, config_path: str, out_dir: str) -> None:
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
 
 
+# -- a default plan (local views, a local lookup) exported trains like one device ----------------------------
+
+
+def test_apply_local_views_refuses_another_model_in_one_error_and_changes_nothing():
+    """GPT-2's plan on the docstring Llama: one PlanError naming the missing layers, and not one
+    parameter of the model distributed or forward replaced."""
+    from harness.planning import gloo_mp2_request
+    from harness.workloads import WORKLOADS
+
+    import autodist
+    from autodist.planner.driver import plan_target
+    from autodist.schemas import PlanError
+
+    target = WORKLOADS["zoo_gpt2_hf"].planner_target
+    plan = plan_target(target, None, gloo_mp2_request(1), {"target": target}).plan
+    model = WORKLOADS["docstring_llama"].build(0)
+    with pytest.raises(PlanError, match="local_view: the model has no layer transformer.h.0.attn"):
+        autodist.apply_local_views(model, plan)
+    assert not any(p.is_dist() for p in model.parameters())
+    assert not any("forward" in vars(layer) for _, layer in model.named_sublayers())
+
+
+TRAIN_STEPS = 3
+
+
+def _trained_exported(workload_name: str, config_path: str, out_dir: str) -> None:
+    """On every rank: ``workload_name``'s model laid out by the exported module, trained by a plain
+    loop (the optimizer made over the parallelized model, each batch placed on the mesh split
+    over dp); write the losses and each parameter's local shape."""
+    import paddle
+    import paddle.distributed as dist
+    from harness.workloads import WORKLOADS, make_loader, train
+
+    module = runpy.run_path(config_path)
+    workload = WORKLOADS[workload_name]
+    model, _ = module["parallelize"](workload.build(0), None)
+    optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+    mesh = module["MESH"]
+    batch = [dist.Shard(0) if name == "dp" else dist.Replicate() for name in mesh.dim_names]
+    loader = [
+        (dist.shard_tensor(inputs, mesh, batch), dist.shard_tensor(labels, mesh, batch))
+        for inputs, labels in make_loader(workload, steps=TRAIN_STEPS, seed=0)
+    ]
+    losses = train(workload, model, optimizer, None, loader, TRAIN_STEPS)
+    local = {fqn: list(p._local_value().shape if p.is_dist() else p.shape) for fqn, p in model.named_parameters()}
+    Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps({"losses": losses, "local": local}))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("dp", [1, 2])
+def test_an_exported_local_view_plan_trains_like_one_device(tmp_path, dp):
+    """HF GPT-2's default plan at dp x mp2: both attentions run on local tensors and the token
+    lookup in the vocabulary-split table too; exported, it trains to one device's losses (1e-5).
+    Without ``apply_local_views`` the exported config would refuse the plan (it used to)."""
+    import paddle
+    from harness.launcher import launch_ranks
+    from harness.planning import gloo_mp2_request
+    from harness.workloads import WORKLOADS, make_loader, train
+
+    from autodist.planner.driver import plan_target
+
+    workload = WORKLOADS["zoo_gpt2_hf"]
+    target = workload.planner_target
+    plan = plan_target(target, None, gloo_mp2_request(dp), {"target": target}).plan
+    assert [v.layer for v in plan.local_view] == ["transformer.h.0.attn", "transformer.h.1.attn"]
+    assert [lookup.layer for lookup in plan.vocab_lookup] == ["transformer.wte"]
+    plan_path = tmp_path / "plan.json"
+    save_plan(plan, plan_path)
+    config = tmp_path / "parallel_config.py"  # the command as docs/workflow.md prints it
+    result = CliRunner().invoke(export, [str(plan_path), "--to", "paddle-parallelize", "-o", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "autodist.apply_local_views(model, PLAN_FILE)" in config.read_text()
+    assert f"PLAN_FILE = {str(plan_path)!r}" in config.read_text()  # the path as given, read at run time
+    out = tmp_path / "out"
+    out.mkdir()
+    job = launch_ranks(2 * dp, [__file__, "train", workload.name, str(config), str(out)], tmp_path, timeout_s=300)
+    job.raise_for_failure()
+
+    model = workload.build(0)
+    optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+    reference = train(workload, model, optimizer, None, make_loader(workload, steps=TRAIN_STEPS, seed=0), TRAIN_STEPS)
+    for rank in range(2 * dp):
+        result = json.loads((out / f"rank{rank}.json").read_text())
+        losses = result["losses"]
+        assert len(losses) == TRAIN_STEPS, (rank, losses)
+        assert max(abs(a - b) for a, b in zip(losses, reference)) <= 1e-5, (rank, losses, reference)
+        # what ran is the plan: the fused q|k|v, its output row and the table each rank's half
+        for fqn in (
+            "transformer.h.0.attn.c_attn.weight",
+            "transformer.h.0.attn.c_proj.weight",
+            "transformer.wte.weight",
+        ):
+            whole = plan.params[fqn].shape
+            split = plan.params[fqn].placements[plan.mesh.axes.index("mp")]
+            dim = int(split[2])
+            assert result["local"][fqn] == [n // 2 if d == dim else n for d, n in enumerate(whole)], (rank, fqn)
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
-    rank_main(*sys.argv[1:4])
+    if sys.argv[1] == "train":
+        _trained_exported(*sys.argv[2:5])
+    else:
+        rank_main(*sys.argv[1:4])

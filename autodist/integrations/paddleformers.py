@@ -8,20 +8,24 @@ sets that attribute from the plan (:mod:`autodist.schemas.parallelize` decides w
 placement and hook becomes, as for ``autodist-plan export --to paddle-parallelize``)::
 
     from autodist.integrations.paddleformers import install, trainer_arguments
-    args = TrainingArguments(output_dir="out", enable_auto_parallel=True,
-                             **trainer_arguments("plan.json"), ...)
+    args = TrainingArguments(output_dir="out", **trainer_arguments("plan.json"), ...)
     trainer = Trainer(model=model, args=args, train_dataset=..., data_collator=...)
     install(trainer, "plan.json")      # refuses, naming why, before anything is changed
     trainer.train()
 
+What the config has no key for, ``install`` does itself: the plan's local views and token
+lookups on local tensors (``autodist.apply_local_views``, apply_plan's own installers) and the
+model's own parameters. The plan's ZeRO stage is what shards over dp (``dp_config``, which
+``parallelize_optimizer`` applies): ``Trainer.train``'s own ``fully_shard(model, mesh=...)``, FSDP
+over dp whatever the config says (and whose fused path runs on GPU, NPU and XPU only), is skipped
+for the trainer ``install`` put under a plan.
+
 What the Trainer's mode cannot express is refused in one message naming it: a pipeline (the
-mode asserts ``pipeline_model_parallel_size == 1``), expert parallelism, local views and token
-lookups on local tensors (``apply_plan`` runs them; plan with ``--no-local-view``), sequence parallelism
+mode asserts ``pipeline_model_parallel_size == 1``), expert parallelism, sequence parallelism
 (Paddle's plans for it read positional inputs; PaddleFormers passes keywords), the plan's recompute
-(the Trainer has its own ``recompute`` argument), arguments that build another mesh, accumulate
-another number of micro-batches or read another batch. Two things the Trainer does on its own,
-whatever the config: ``Trainer.train`` calls ``fully_shard(model, mesh=...)`` (FSDP over the dp
-axis; its fused path runs on GPU, NPU and XPU only), and in auto mode the data loader is
+(the Trainer has its own ``recompute`` argument), a token lookup on local tensors in a table tied
+to the LM head under dp > 1, arguments that build another mesh, accumulate
+another number of micro-batches or read another batch. In auto mode the data loader is
 ``dist.shard_dataloader``'s, unshuffled (docs/workflow.md, "PaddleFormers Trainer").
 
 Tested with PaddleFormers 1.2. Nothing here is imported by ``import autodist``.
@@ -29,10 +33,13 @@ Tested with PaddleFormers 1.2. Nothing here is imported by ``import autodist``.
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 from typing import Any
 
 from autodist.schemas import Plan, PlanError, load_plan
+from autodist.schemas.local_view import local_order, reordered
 from autodist.schemas.parallelize import (
     HELPER_STYLES,
     ExportError,
@@ -148,12 +155,16 @@ def install(trainer: Any, plan: Plan | str | Path) -> Any:
     against its arguments, mesh and model, then set ``trainer.auto_dist_config``; ``train()``
     applies it. Raises :class:`~autodist.schemas.PlanError` naming every difference, with the
     Trainer and its model untouched. Then every rank's model takes rank 0's values (a script that
-    called ``set_seed`` before building it built one model per dp rank; replicas.py). Returns the
-    Trainer."""
+    called ``set_seed`` before building it built one model per dp rank; replicas.py), the plan's
+    local views and local token lookups are installed (``apply_local_views``), and ``train()``
+    runs without its own ``fully_shard`` (:func:`_plan_shards_over_dp`). Returns the Trainer."""
     import paddle.distributed as dist
 
+    from autodist.applier.local_runtime import apply_local_views
+    from autodist.applier.local_view import local_view_problems
     from autodist.applier.replicas import equalise_dense
     from autodist.applier.validate import parameter_problems, tie_problems
+    from autodist.applier.vocab_lookup import vocab_lookup_problems
 
     plan, source = _load(plan)
     problems = _unsupported(plan)
@@ -163,17 +174,106 @@ def install(trainer: Any, plan: Plan | str | Path) -> Any:
         if not problems:
             problems = _mesh_problems(plan, getattr(trainer, "global_mesh", None))
         problems += parameter_problems(trainer.model, plan) + tie_problems(trainer.model, plan)
+        problems += local_view_problems(trainer.model, plan) + vocab_lookup_problems(trainer.model, plan)
     _raise_if(problems, source)
     config = _parallelize_config(plan, source)
     trainer_config = _trainer_config(plan, config)
     if dist.get_world_size() > 1:  # ranks seeded apart (set_seed: seed + dp rank) start from rank 0's model
         equalise_dense(trainer.model, dist.get_rank(), dist.get_world_size())
+    # before train()'s dist.parallelize, which leaves them alone then; on the mesh it lays out on
+    apply_local_views(trainer.model, plan, _parallelize_mesh(trainer.global_mesh))
     _shard_model_parameters(trainer.model, plan, config)
+    _plan_shards_over_dp(trainer, plan)
     trainer.auto_dist_config = trainer_config
     return trainer
 
 
 # -- internals ------------------------------------------------------------------------------------
+
+
+def _parallelize_mesh(mesh: Any) -> Any:
+    """The mesh ``dist.parallelize`` lays the Trainer's model out on: its global mesh without
+    the pp axis (Paddle's ``ParallelModel.get_mesh``; the Trainer runs no pipeline)."""
+    return mesh.get_mesh_with_dim("pp", 0) if "pp" in mesh.dim_names else mesh
+
+
+def _plan_shards_over_dp(trainer: Any, plan: Plan) -> None:
+    """``trainer.train`` without PaddleFormers' ``fully_shard``: it shards the model over dp
+    (FSDP) whatever ``auto_dist_config`` says, so a plan without ZeRO would not be what runs (and
+    on CPU it fails: its fused path takes gpu, npu and xpu only). The plan's ZeRO stage is
+    ``dp_config.sharding_level``, which the Trainer's ``parallelize_optimizer`` applies. Only
+    this trainer's ``train`` calls, and only while they run; the module's function is put back.
+    A checkpoint to resume from must hold the fused weights in this plan's layout
+    (:func:`_layout_problems`), checked before anything trains."""
+    import paddleformers.trainer.trainer as trainer_module
+    from paddleformers.trainer import TrainerCallback
+    from paddleformers.trainer.trainer_utils import get_last_checkpoint
+
+    train = trainer.train
+    layout = _held_layout(plan)
+
+    class RecordLayout(TrainerCallback):
+        """Writes :data:`LAYOUT_FILE` into each checkpoint the Trainer saves (rank 0)."""
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            import paddle.distributed as dist
+
+            if dist.get_rank() == 0:
+                folder = Path(args.output_dir, f"checkpoint-{state.global_step}")
+                (folder / LAYOUT_FILE).write_text(json.dumps(layout, sort_keys=True))
+
+    @functools.wraps(train)
+    def train_as_planned(*args: Any, **kwargs: Any) -> Any:
+        resume = kwargs.get("resume_from_checkpoint", args[0] if args else None)
+        if resume is True:
+            resume = get_last_checkpoint(trainer.args.output_dir)
+        if resume:
+            _raise_if(_layout_problems(layout, Path(resume)), str(resume))
+        own = trainer_module.fully_shard
+        trainer_module.fully_shard = _as_planned
+        try:
+            return train(*args, **kwargs)
+        finally:
+            trainer_module.fully_shard = own
+
+    trainer.add_callback(RecordLayout())
+    trainer.train = train_as_planned
+
+
+#: The file in a Trainer checkpoint saying in which column order it holds each fused weight.
+LAYOUT_FILE = "autodist_layout.json"
+
+
+def _held_layout(plan: Plan) -> dict[str, list[int]]:
+    """The fused weights the model holds rank by rank under ``plan`` (its local views'), each as
+    the model's own column positions in the order held (:func:`~autodist.schemas.local_view.local_order`).
+    The Trainer saves them so; every other parameter is saved in the model's own layout."""
+    return {
+        w.param: local_order(w, plan.params[w.param].shape[w.dim], plan.strategy.mp)
+        for view in plan.local_view
+        for w in view.weights
+        if w.dim is not None and reordered(w)
+    }
+
+
+def _layout_problems(layout: dict[str, list[int]], checkpoint: Path) -> list[str]:
+    """Whether ``checkpoint`` holds the fused weights in ``layout``'s order (one without
+    :data:`LAYOUT_FILE` holds them in the model's own layout: a plain Trainer's, or a plan's
+    without reordered weights). Resuming another order would train permuted columns silently."""
+    path = checkpoint / LAYOUT_FILE
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    differ = sorted(name for name in set(saved) | set(layout) if saved.get(name) != layout.get(name))
+    if not differ:
+        return []
+    return [
+        f"the checkpoint holds {len(differ)} fused weights ({differ[0]} first) in another column order than this "
+        "plan runs them in (local views lay them out rank by rank); resume it under the plan it was saved under"
+    ]
+
+
+def _as_planned(model: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fully_shard``'s stand-in under a plan: the model as ``dist.parallelize`` laid it out."""
+    return model
 
 
 def _load(plan: Plan | str | Path) -> tuple[Plan, str]:
@@ -208,6 +308,15 @@ def _unsupported(plan: Plan) -> list[str]:
             "PaddleFormers calls its attention with keywords only (IndexError in c_concat; docs/paddle-notes.md); "
             "re-plan with --no-sequence-parallel"
         )
+    for lookup in plan.vocab_lookup:
+        tied = plan.params[lookup.weight].tied_to
+        if tied and s.dp > 1:
+            problems.append(
+                f"a token lookup on local tensors ({lookup.layer}) in a table tied to {', '.join(tied)}, at dp{s.dp}: "
+                "under the Trainer's data parallelism the two gradients do not add up to one device's (measured: "
+                "Llama at dp2 x mp2 left the plain Trainer's losses by 1.7e-3 at step 3; untied, it trains); "
+                "re-plan with --no-local-view"
+            )
     if s.recompute != "none" and plan.recompute:
         problems.append(
             f"recompute ({s.recompute}, {len(plan.recompute)} layers): the Trainer's config has no key for it; "

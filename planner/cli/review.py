@@ -151,7 +151,8 @@ def export(plan: str, target: str, output: str | None) -> None:
     """
     check_output(output)
     loaded = load_plan(plan)
-    write_output(EXPORTERS[target](loaded, Path(plan).name), output)
+    # the path as given: a module for a plan with local views reads it at run time (apply_local_views)
+    write_output(EXPORTERS[target](loaded, plan), output)
 
 
 @click.command(context_settings=_SETTINGS)

@@ -6,7 +6,10 @@ and ``parallelize(model, optimizer)``. What each placement and hook becomes is d
 this module collapses its per-layer entries into Paddle's regular-expression keys and writes the
 module text.
 
-Anything the config cannot express exactly (a placement no style produces, a key that would
+A plan's local views and local token lookups, which ``dist.parallelize`` has no key for, are
+installed by the module's ``parallelize`` through ``autodist.apply_local_views(model, PLAN_FILE)``
+before ``dist.parallelize`` runs (so the module needs autodist and the plan file at run time).
+Anything else the config cannot express exactly (a placement no style produces, a key that would
 name other layers too) is an error, never a silently different config.
 
 Plans are untrusted input: the module holds the plan's names only as literals (``repr`` of a
@@ -28,6 +31,7 @@ from autodist.schemas.parallelize import (
     HELPER_STYLES,
     ConfigEntry,
     ExportError,
+    ParallelizeConfig,
     Style,
     paddle_key,
     paddle_key_matches,
@@ -50,7 +54,7 @@ def export_parallelize(plan: Plan, source: str = "plan.json") -> str:
     if problems:
         raise ExportError("; ".join(problems))
     own = {name: (stage, _placements_source(p)) for name, (stage, p) in config.model_params.items()}
-    return _module_source(plan, source, mp_plan, config.split_points, own)
+    return _module_source(plan, source, mp_plan, config, own)
 
 
 def _style_source(style: Style) -> str:
@@ -171,12 +175,17 @@ def reshard_output(placements):
 
 
 def _module_source(
-    plan: Plan, source: str, mp_plan: dict[str, tuple[str, ...]], splits: list[str], own: dict[str, tuple[int, str]]
+    plan: Plan,
+    source: str,
+    mp_plan: dict[str, tuple[str, ...]],
+    config: ParallelizeConfig,
+    own: dict[str, tuple[int, str]],
 ) -> str:
     """The module text. Every value taken from the plan is written as a literal (``repr`` of a
     string, escaped regular expressions as keys): plans are untrusted input, and no plan text
     ever becomes code, not even inside the docstring."""
     s = plan.strategy
+    splits, local = config.split_points, config.local_layers
     lines = [
         '"""dist.parallelize config equivalent to an autodist plan (PLAN_FILE, for a MODEL_CLASS).',
         "",
@@ -191,11 +200,22 @@ def _module_source(
             else []
         ),
         "",
+        *(
+            [
+                f"{len(local)} sub-layers run on local tensors (Megatron's tensor parallelism), for which",
+                "dist.parallelize has no key: autodist.apply_local_views installs them from PLAN_FILE",
+                "(read from the working directory, on every rank) before dist.parallelize lays out the rest.",
+                "",
+            ]
+            if local
+            else []
+        ),
         "Use on every rank, in place of apply_plan:",
         "",
         "    model, optimizer = parallelize(model, optimizer)",
         '"""',
         "",
+        *(["import autodist"] if local else []),
         "import paddle.distributed as dist",
     ]
     used = " ".join(p for plans in mp_plan.values() for p in plans)
@@ -247,6 +267,11 @@ def _module_source(
         "def parallelize(model, optimizer=None):",
         '    """Set the mesh and parallelize ``model`` (and ``optimizer``) as the plan says."""',
         "    dist.auto_parallel.set_mesh(MESH)",
+        *(
+            ["    autodist.apply_local_views(model, PLAN_FILE)  # the sub-layers on local tensors, first"]
+            if local
+            else []
+        ),
     ]
     if own:
         lines += [
