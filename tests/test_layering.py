@@ -34,7 +34,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("planner.driver",),  # the stages in order: load, trace, analyse, search, emit
     ("planner.review",),  # show, diff, check, export, render, explain: read plans, re-run stages
     ("planner.cli",),  # autodist-plan
-    ("autodist", "autodist.integrations", "autodist.run"),  # the public API (lazy), framework integrations, autodist-run
+    (
+        "autodist",
+        "autodist.integrations",
+        "autodist.run",
+    ),  # the public API (lazy), framework integrations, autodist-run
 ]
 
 #: Units that are a package's ``__init__`` alone: the modules under them have layers of their own.
