@@ -469,18 +469,25 @@ def test_a_fused_mlp_local_view_trains_like_one_device_at_half_the_width(trained
         assert [widths[f"model.layers.{i}.self_attn.o_proj"] for i in (0, 1)] == [[4 * 8 // 2]] * 2, widths
 
 
-def test_a_dist_parallelize_config_refuses_local_views(local_plan):
+def test_a_dist_parallelize_config_leaves_local_views_to_autodist(local_plan):
     """``dist.parallelize`` (the export, PaddleFormers' Trainer) would shard the fused weights in
-    the model's own layout and run the sub-layer on DistTensors without its gather: refused."""
-    from autodist.schemas.parallelize import ExportError, parallelize_config
+    the model's own layout and run the sub-layer on DistTensors without its gather: its config
+    leaves the local views' and the local lookup's parameters out, and names their layers for
+    ``autodist.apply_local_views`` (tests/test_export.py trains such an export)."""
+    from autodist.schemas.parallelize import local_parameters, parallelize_config
 
-    with pytest.raises(ExportError, match=r"local views \(2 sub-layers, transformer.h.0.attn first") as refused:
-        parallelize_config(local_plan)
-    assert "a token lookup on local tensors (transformer.wte," in str(refused.value)
+    config = parallelize_config(local_plan)
+    assert config.local_layers[:1] == ["transformer.h.0.attn"] and "transformer.wte" in config.local_layers
+    local = set(local_parameters(local_plan))
+    assert "transformer.wte.weight" in local and any(name.endswith("attn.c_attn.weight") for name in local)
+    local_layers = {name.rsplit(".", 1)[0] for name in local}
+    assert not [entry.key for entry in config.entries if entry.key in local_layers]
+    gathered_keys = {entry.key for entry in parallelize_config(_planned(GPT2, local_view=False)).entries}
+    assert "transformer.h.0.attn.c_attn" in gathered_keys  # without local views the config holds it
     gathered = _planned(GPT2, local_view=False)
     assert not gathered.local_view and not gathered.vocab_lookup  # --no-local-view: the lookup too
     assert any("local tensors are off: --no-local-view" in note for note in gathered.notes), gathered.notes
-    assert parallelize_config(gathered).entries
+    assert parallelize_config(gathered).entries and not parallelize_config(gathered).local_layers
 
 
 def _with_attribute(plan, name: str, **changed):
