@@ -203,15 +203,16 @@ EXPECTED = {
         **mlp("model.layers.*.mlp.shared_expert"),
         "lm_head.weight": COL,
     },
-    # HF's DeepSeek-V3 (Moonlight-like: one expert group): multi-head latent attention, whose
-    # heads start at q_proj and kv_b_proj; kv_a_proj_with_mqa's output is cut into the latent and
-    # the rotary key shared by all heads: a fused column as docs/recognition.md defines it (gathered after
-    # its layer); experts behind `if token_indices.numel() > 0`, and a shared expert
+    # HF's DeepSeek-V3 (Moonlight-like: one expert group): multi-head latent attention as Megatron
+    # splits it: the heads start at q_proj and kv_b_proj (columns by heads), o_proj is the row;
+    # kv_a_proj_with_mqa (the latent kv_b_proj projects up, and the rotary key shared by all
+    # heads) and the norm on the latent stay whole on every rank; experts behind
+    # `if token_indices.numel() > 0`, and a shared expert
     f"{ZOO}/deepseek_v3_hf.py": {
         "model.layers.*.self_attn.q_proj.weight": COL,
         "model.layers.*.self_attn.kv_b_proj.weight": COL,
         "model.layers.*.self_attn.o_proj.weight": ROW,
-        **fused("model.layers.*.self_attn", "kv_a_proj_with_mqa"),
+        "model.layers.*.self_attn.kv_a_proj_with_mqa.weight": REP,
         "model.layers.*.self_attn.kv_a_layernorm.weight": REP,
         **mlp("model.layers.0.mlp"),
         "model.layers.1.mlp.gate.weight": REP,

@@ -19,7 +19,12 @@ found from the dataflow of its compute view (:func:`~.match.compute_view`):
    Multi-query and grouped-query attention with KV heads that do not divide over the replay's
    two ranks (one KV head) keep their K/V projections whole on every rank, as Megatron and HF
    do: only Q is split by columns, and the replay checks that the attention core keeps Q's head
-   split against the whole K/V (Paddle slices the replicated K/V locally, no communication);
+   split against the whole K/V (Paddle slices the replicated K/V locally, no communication).
+   A column whose output another column of the group contracts (multi-head latent attention's
+   ``kv_a_proj_with_mqa``, whose latent ``kv_b_proj`` projects up to the heads) stays whole the
+   same way, as Megatron keeps it: split by columns, the up-projection would need its output
+   gathered. The up-projection is split by heads, and its cut into each head's key and value
+   gathers nothing: the replay decides (:func:`_latent_projections`);
 4. a candidate refused *only* at ops Paddle has no SPMD rule for (``as_complex`` rotary,
    ``masked_fill``, ``tril``: :attr:`.spmd.Replay.ruleless`) is named as in 3 all the same, but
    kept apart (``stopped``, its projections replicated): nothing says such an op needs whole
@@ -541,7 +546,7 @@ def _sublayer(graph, view, nodes, columns: list[_Linear], row: _Linear, params) 
     softmax = any(view.nodes[n]["op"] == "softmax" for n in region)
     out_features = {c.node: params[c.fqn][0][split_dim("column", c.operand, c.transposed)] for c in columns}
     if (softmax and scores) or fused_ops:
-        return _attention(graph, view, columns, row, out_features, scores, fused_ops)
+        return _attention(graph, view, nodes, columns, row, out_features, scores, fused_ops)
     names = _mlp_names(graph, view, nodes, columns, region)
     projections = tuple(
         _projection(c, "column", names[c.node], 2 if names[c.node] == "gate_up" else 1) for c in columns
@@ -575,7 +580,7 @@ def _reaches(view: nx.DiGraph, source: int, target: int, operand: int) -> bool:
     )
 
 
-def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> SubLayer:
+def _attention(graph, view, nodes, columns, row, out_features, scores, fused_ops) -> SubLayer:
     if fused_ops:
         core = fused_ops[0]
         q_shape = graph.nodes[_operand(graph, core, 0)]["shapes"][0]
@@ -599,10 +604,16 @@ def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> Su
             )
             for c in columns
         }
+    latent = _latent_projections(view, columns)
     kv_heads = num_heads
     for c in columns:
         name = roles[c.node]
-        if name in ("k", "v", "kv"):
+        if c.node in latent:
+            continue
+        width = _head_width(graph, nodes, c) if _up_projection(view, c, latent) else None
+        if width:
+            kv_heads = out_features[c.node] // width
+        elif name in ("k", "v", "kv"):
             kv_heads = out_features[c.node] // (head_dim * len(name))
         elif name == "qkv":
             kv_heads = (out_features[c.node] - num_heads * head_dim) // (2 * head_dim)
@@ -612,14 +623,35 @@ def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> Su
     projections = tuple(
         _projection(
             c,
-            "replicate" if whole_kv and roles[c.node] in ("k", "v", "kv") else "column",
+            "replicate" if c.node in latent or (whole_kv and roles[c.node] in ("k", "v", "kv")) else "column",
             roles[c.node] or "q",
-            max(len(roles[c.node]), 1),
+            1 if _up_projection(view, c, latent) else max(len(roles[c.node]), 1),
         )
         for c in columns
     )
     o = _projection(row, "row", "o", 1)
     return SubLayer("attention", projections, o, num_heads=num_heads, num_kv_heads=kv_heads, head_dim=head_dim)
+
+
+def _latent_projections(view: nx.DiGraph, columns: list[_Linear]) -> set[int]:
+    """The columns whose output another column of the group contracts (multi-head latent
+    attention's ``kv_a_proj_with_mqa``, whose latent ``kv_b_proj`` projects up to the heads):
+    split by columns, that column would need the latent gathered first, so they stay whole on
+    every rank, as Megatron keeps them (the norm between them runs whole on the small latent)."""
+    return {c.node for c in columns if any(o is not c and nx.has_path(view, c.node, o.node) for o in columns)}
+
+
+def _up_projection(view: nx.DiGraph, column: _Linear, latent: set[int]) -> bool:
+    """``column`` projects a latent (:func:`_latent_projections`) up to the heads."""
+    return column.node not in latent and any(nx.has_path(view, a, column.node) for a in latent)
+
+
+def _head_width(graph: nx.DiGraph, nodes: frozenset[int], column: _Linear) -> int | None:
+    """The features an up-projection gives each head: the last dim its output is reshaped to
+    before it is cut into the head's pieces (``kv_b_proj``'s ``k_nope | v`` per head); None when
+    its output is not cut."""
+    cuts = sorted(_segment_cuts(graph, nodes, column.node, CUT_OPS))
+    return graph.nodes[_operand(graph, cuts[0], 0)]["shapes"][0][-1] if cuts else None
 
 
 def head_count(scores: list[int], tokens: list[int]) -> int:
