@@ -220,6 +220,16 @@ EXPECTED = {
         **mlp("model.layers.1.mlp.shared_experts"),
         "lm_head.weight": COL,
     },
+    # HF's OLMo2: q/k RMSNorm over the whole projection width (before the heads' reshape), split
+    # with q_proj and k_proj by heads: each rank's share of the mean of squares is summed over mp
+    # by Paddle itself (one small all-reduce per token, the plan's implicit_comm); the norms'
+    # weights stay whole (Paddle slices them locally)
+    f"{ZOO}/olmo2_hf.py": {
+        **attention("model.layers.*.self_attn"),
+        "model.layers.*.self_attn.[qk]_norm.weight": REP,
+        **mlp("model.layers.*.mlp"),
+        "lm_head.weight": COL,
+    },
     # HF's Switch Transformers: T5 with a top-1 (argmax) sparse feed-forward every other layer,
     # experts in a LayerDict (expert_0, ...) run by boolean masks over a nonzero(...).tolist()
     f"{ZOO}/switch_transformers_hf.py": {

@@ -67,7 +67,7 @@ from autodist.planner.ops import (
     op,
     short_op,
 )
-from autodist.planner.recognise.spmd import Dist, Replay, is_planned
+from autodist.planner.recognise.spmd import Dist, Replay, is_planned, is_statistic
 
 #: The tensor-parallel degree the SPMD replay checks a candidate group at.
 REPLAY_MP = 2
@@ -479,7 +479,11 @@ def _implicit(graph, nodes, weights, mesh, constants, gathered) -> tuple[list[tu
     whole values: a split has to end inside the block that starts it). And the replay's ops with
     no SPMD rule (:attr:`.spmd.Replay.ruleless`)."""
     replay = Replay(graph, nodes, weights, mesh, constants, frozenset(gathered))
-    problems = {(r.node, r.operand) for r in replay.run() if r.collective is not None and not is_planned(graph, r)}
+    problems = {
+        (r.node, r.operand)
+        for r in replay.run()
+        if r.collective is not None and not is_planned(graph, r) and not is_statistic(graph, r)
+    }
     for (node, result), dist in replay.values.items():
         if isinstance(dist, list) or not any(
             v not in nodes and graph.edges[node, v]["result"] == result for v in graph.successors(node)
