@@ -125,14 +125,35 @@ def test_the_cost_model_prices_the_latent_whole_and_no_gather():
     assert bytes_[1] - bytes_[0] == pytest.approx(layers * gather)
 
 
+QUERY_LATENT = f"{TARGET}:build_with_query_latent"
+
+
+def test_a_query_through_its_own_latent_keeps_its_down_projection_whole():
+    """DeepSeek-V3's own shape: ``q_a_proj`` -> ``q_a_layernorm`` -> ``q_b_proj``. The attention's
+    columns are the projections feeding ``o_proj`` without another between (``q_b_proj``,
+    ``kv_a_proj_with_mqa``, ``kv_b_proj``): ``q_b_proj`` is split by heads, and ``q_a_proj``,
+    which feeds only it, takes no tensor-parallel role (whole on every rank, priced so)."""
+    request = SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1, sequence_parallel=False)
+    made = plan_target(QUERY_LATENT, None, request, {"target": QUERY_LATENT})
+    attention = made.analysis.blocks[0].sublayers[0]
+    roles = {p.layer.rpartition(".")[2]: p.role for p in attention.projections}
+    assert roles == {"q_b_proj": "column", "kv_a_proj_with_mqa": "replicate", "kv_b_proj": "column", "o_proj": "row"}
+    assert all(not lin.layer.endswith("q_a_proj") for lin in made.analysis.blocks[0].linears)
+    assert implicit_comm(made.analysis, mp=2) == []
+
+
 @pytest.mark.multiprocess
-def test_it_trains_on_two_ranks_like_one_device(tmp_path, reference_runs):
-    workload = "zoo_deepseek_v3_hf"
-    made = plan_target(TARGET, None, gloo_mp2_request(1), {"target": TARGET})
-    assert made.plan.params[f"{ATTENTION.format(1)}.kv_a_proj_with_mqa.weight"].placements == ["R"]
-    path = tmp_path / "mla.json"
-    save_plan(made.plan, path)
-    run = TrainRun("mla_dp1_mp2", workload, plan=str(path))
-    outputs = train_distributed([run], 2, tmp_path / "job", timeout_s=600.0)
-    reference_runs.prepare([run])
-    check_against_reference(Trained(run, made.plan, outputs[run.name]), reference_runs)
+def test_both_train_on_two_ranks_like_one_device(tmp_path, reference_runs):
+    """Moonlight's shape and DeepSeek-V3's (the query through a latent), in one 2-rank job."""
+    runs, plans = [], {}
+    for workload, target in (("zoo_deepseek_v3_hf", TARGET), ("zoo_deepseek_v3_hf_with_query_latent", QUERY_LATENT)):
+        plan = plan_target(target, None, gloo_mp2_request(1), {"target": target}).plan
+        assert plan.params[f"{ATTENTION.format(1)}.kv_a_proj_with_mqa.weight"].placements == ["R"]
+        path = tmp_path / f"{workload}.json"
+        save_plan(plan, path)
+        runs.append(TrainRun(f"{workload}_dp1_mp2", workload, plan=str(path)))
+        plans[runs[-1].name] = plan
+    outputs = train_distributed(runs, 2, tmp_path / "job", timeout_s=600.0)
+    reference_runs.prepare(runs)
+    for run in runs:
+        check_against_reference(Trained(run, plans[run.name], outputs[run.name]), reference_runs)

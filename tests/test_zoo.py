@@ -20,7 +20,7 @@ from autodist.planner.cost.search import SearchRequest
 from harness.planning import plan_target
 from autodist.planner.errors import PlannerError
 from autodist.schemas import Plan
-from harness.workloads import ZOO_FILES, ZOO_PADDLEFORMERS
+from harness.workloads import ZOO_FILES, ZOO_PADDLEFORMERS, ZOO_VARIANTS
 
 COL, COL_B, ROW, REP = "S(1)", "S(0)", "S(0)", "R"
 
@@ -219,6 +219,17 @@ EXPECTED = {
         **mlp("model.layers.1.mlp.experts.*"),
         **mlp("model.layers.1.mlp.shared_experts"),
         "lm_head.weight": COL,
+    },
+    # the same with DeepSeek-V3's own query latent: q_a_proj -> q_a_layernorm -> q_b_proj, the
+    # down-projection and its norm whole on every rank, q_b_proj split by heads
+    f"{ZOO}/deepseek_v3_hf.py:build_with_query_latent": {
+        "model.layers.*.self_attn.q_a_proj.weight": REP,
+        "model.layers.*.self_attn.q_a_layernorm.weight": REP,
+        "model.layers.*.self_attn.q_b_proj.weight": COL,
+        "model.layers.*.self_attn.kv_b_proj.weight": COL,
+        "model.layers.*.self_attn.o_proj.weight": ROW,
+        "model.layers.*.self_attn.kv_a_proj_with_mqa.weight": REP,
+        "model.layers.*.self_attn.kv_a_layernorm.weight": REP,
     },
     # HF's OLMo2: q/k RMSNorm over the whole projection width (before the heads' reshape), split
     # with q_proj and k_proj by heads: each rank's share of the mean of squares is summed over mp
@@ -483,6 +494,7 @@ def test_every_zoo_model_has_its_expected_placements():
     """A model is added to the zoo by its file alone (the workloads list the folder); without
     placements here it would be trained but its plan never checked."""
     zoo = {f"{ZOO}/{name}.py" for name in ZOO_FILES} | {f"{PF}:{factory}" for factory in ZOO_PADDLEFORMERS}
+    zoo |= {f"{ZOO}/{file}.py:{factory}" for file, _, factory in (v.partition(":") for v in ZOO_VARIANTS)}
     assert sorted(zoo - set(EXPECTED)) == [] and sorted(set(EXPECTED) - zoo) == []
 
 
