@@ -10,7 +10,9 @@ found from the dataflow of its compute view (:func:`~.match.compute_view`):
 2. the candidate is replayed through Paddle's SPMD rules (:mod:`.spmd`) with the columns split
    on their output features and the row split on its input features. It is accepted only if
    the split travels from the columns to the row without any communication Paddle would add
-   on its own (the row's all-reduce is the one asked for). A column whose output is cut into
+   on its own (the row's all-reduce is the one asked for; Paddle's own sum of a statistic over
+   the split features, a whole-width q/k norm's mean of squares, is accepted and priced as
+   Paddle's: :func:`.spmd.is_statistic`). A column whose output is cut into
    segments (a fused ``q|k|v`` or ``gate|up``) is accepted with a post-hook gathering its
    output, as the plan does for fused projections;
 3. an accepted group is an *attention* when a softmax (or a fused attention op) lies between
