@@ -55,6 +55,7 @@ def test_the_down_projection_is_whole_the_up_projection_and_q_by_heads_o_by_rows
     assert (attention.kind, attention.num_heads, attention.num_kv_heads) == ("attention", HEADS, HEADS)
     roles = {p.layer.rpartition(".")[2]: p.role for p in attention.projections}
     assert roles == {"q_proj": "column", "kv_a_proj_with_mqa": "replicate", "kv_b_proj": "column", "o_proj": "row"}
+    assert attention.description == "attention(q|latent|kv)"
     assert [h for h in made.plan.hooks if h.action == "reshard"] == []  # nothing gathered
     assert implicit_comm(made.analysis, mp=2) == []
 

@@ -78,9 +78,10 @@ REPLAY_MP = 2
 @dataclass(frozen=True)
 class Projection:
     """One projection of a sub-layer: its layer, weight and bias FQNs, ``role`` (``column`` /
-    ``row``, or ``replicate`` for a multi-query attention's K/V kept whole), the weight dim split
+    ``row``, or ``replicate`` for a multi-query attention's K/V or a latent kept whole), the weight dim split
     for it (None when whole), how many projections are ``fused`` into it, and its ``name`` in the
-    sub-layer (q, k, v, qkv, o / gate, up, gate_up, fc_in, down, fc_out)."""
+    sub-layer (q, k, v, qkv, o, latent: a latent attention's down-projection / gate, up, gate_up,
+    fc_in, down, fc_out)."""
 
     layer: str
     weight: str
@@ -630,7 +631,7 @@ def _attention(graph, view, nodes, columns, row, out_features, scores, fused_ops
         _projection(
             c,
             "replicate" if c.node in latent or (whole_kv and roles[c.node] in ("k", "v", "kv")) else "column",
-            roles[c.node] or "q",
+            "latent" if c.node in latent else roles[c.node] or "q",
             1 if _up_projection(view, c, latent) else max(len(roles[c.node]), 1),
         )
         for c in columns
