@@ -20,7 +20,7 @@ from autodist.planner.cost.search import SearchRequest
 from harness.planning import plan_target
 from autodist.planner.errors import PlannerError
 from autodist.schemas import Plan
-from harness.workloads import ZOO_FILES, ZOO_PADDLEFORMERS
+from harness.workloads import ZOO_FILES, ZOO_PADDLEFORMERS, ZOO_VARIANTS
 
 COL, COL_B, ROW, REP = "S(1)", "S(0)", "S(0)", "R"
 
@@ -229,20 +229,42 @@ EXPECTED = {
         **mlp("model.layers.*.mlp.shared_expert"),
         "lm_head.weight": COL,
     },
-    # HF's DeepSeek-V3 (Moonlight-like: one expert group): multi-head latent attention, whose
-    # heads start at q_proj and kv_b_proj; kv_a_proj_with_mqa's output is cut into the latent and
-    # the rotary key shared by all heads: a fused column as docs/recognition.md defines it (gathered after
-    # its layer); experts behind `if token_indices.numel() > 0`, and a shared expert
+    # HF's DeepSeek-V3 (Moonlight-like: one expert group): multi-head latent attention as Megatron
+    # splits it: the heads start at q_proj and kv_b_proj (columns by heads), o_proj is the row;
+    # kv_a_proj_with_mqa (the latent kv_b_proj projects up, and the rotary key shared by all
+    # heads) and the norm on the latent stay whole on every rank; experts behind
+    # `if token_indices.numel() > 0`, and a shared expert
     f"{ZOO}/deepseek_v3_hf.py": {
         "model.layers.*.self_attn.q_proj.weight": COL,
         "model.layers.*.self_attn.kv_b_proj.weight": COL,
         "model.layers.*.self_attn.o_proj.weight": ROW,
-        **fused("model.layers.*.self_attn", "kv_a_proj_with_mqa"),
+        "model.layers.*.self_attn.kv_a_proj_with_mqa.weight": REP,
         "model.layers.*.self_attn.kv_a_layernorm.weight": REP,
         **mlp("model.layers.0.mlp"),
         "model.layers.1.mlp.gate.weight": REP,
         **mlp("model.layers.1.mlp.experts.*"),
         **mlp("model.layers.1.mlp.shared_experts"),
+        "lm_head.weight": COL,
+    },
+    # the same with DeepSeek-V3's own query latent: q_a_proj -> q_a_layernorm -> q_b_proj, the
+    # down-projection and its norm whole on every rank, q_b_proj split by heads
+    f"{ZOO}/deepseek_v3_hf.py:build_with_query_latent": {
+        "model.layers.*.self_attn.q_a_proj.weight": REP,
+        "model.layers.*.self_attn.q_a_layernorm.weight": REP,
+        "model.layers.*.self_attn.q_b_proj.weight": COL,
+        "model.layers.*.self_attn.kv_b_proj.weight": COL,
+        "model.layers.*.self_attn.o_proj.weight": ROW,
+        "model.layers.*.self_attn.kv_a_proj_with_mqa.weight": REP,
+        "model.layers.*.self_attn.kv_a_layernorm.weight": REP,
+    },
+    # HF's OLMo2: q/k RMSNorm over the whole projection width (before the heads' reshape), split
+    # with q_proj and k_proj by heads: each rank's share of the mean of squares is summed over mp
+    # by Paddle itself (one small all-reduce per token, the plan's implicit_comm); the norms'
+    # weights stay whole (Paddle slices them locally)
+    f"{ZOO}/olmo2_hf.py": {
+        **attention("model.layers.*.self_attn"),
+        "model.layers.*.self_attn.[qk]_norm.weight": REP,
+        **mlp("model.layers.*.mlp"),
         "lm_head.weight": COL,
     },
     # HF's Switch Transformers: T5 with a top-1 (argmax) sparse feed-forward every other layer,
@@ -498,6 +520,7 @@ def test_every_zoo_model_has_its_expected_placements():
     """A model is added to the zoo by its file alone (the workloads list the folder); without
     placements here it would be trained but its plan never checked."""
     zoo = {f"{ZOO}/{name}.py" for name in ZOO_FILES} | {f"{PF}:{factory}" for factory in ZOO_PADDLEFORMERS}
+    zoo |= {f"{ZOO}/{file}.py:{factory}" for file, _, factory in (v.partition(":") for v in ZOO_VARIANTS)}
     assert sorted(zoo - set(EXPECTED)) == [] and sorted(set(EXPECTED) - zoo) == []
 
 

@@ -640,8 +640,10 @@ def _kv_split(info) -> bool:
     multi-query attention's K/V projections are whole on every rank (priced whole: their weights
     in ``params_whole``, their matmuls unsplit, their outputs outside the mp region), nor after a
     fused ``qkv`` / ``kv`` projection, whose output the plan gathers right after it
-    (reshards.reshard_hooks; only its weight's features need to divide)."""
-    return any(lin.role == "column" and lin.name in ("k", "v") for lin in info.linears)
+    (reshards.reshard_hooks; only its weight's features need to divide). A ``kv`` column not
+    fused (multi-head latent attention's up-projection, cut into each head's key and value)
+    gives them split by heads."""
+    return any(lin.role == "column" and lin.fused == 1 and lin.name in ("k", "v", "kv") for lin in info.linears)
 
 
 def _local_only(analysis: ModelAnalysis, local: frozenset[str]) -> dict:

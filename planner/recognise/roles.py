@@ -10,7 +10,9 @@ found from the dataflow of its compute view (:func:`~.match.compute_view`):
 2. the candidate is replayed through Paddle's SPMD rules (:mod:`.spmd`) with the columns split
    on their output features and the row split on its input features. It is accepted only if
    the split travels from the columns to the row without any communication Paddle would add
-   on its own (the row's all-reduce is the one asked for). A column whose output is cut into
+   on its own (the row's all-reduce is the one asked for; Paddle's own sum of a statistic over
+   the split features, a whole-width q/k norm's mean of squares, is accepted and priced as
+   Paddle's: :func:`.spmd.is_statistic`). A column whose output is cut into
    segments (a fused ``q|k|v`` or ``gate|up``) is accepted with a post-hook gathering its
    output, as the plan does for fused projections;
 3. an accepted group is an *attention* when a softmax (or a fused attention op) lies between
@@ -19,7 +21,12 @@ found from the dataflow of its compute view (:func:`~.match.compute_view`):
    Multi-query and grouped-query attention with KV heads that do not divide over the replay's
    two ranks (one KV head) keep their K/V projections whole on every rank, as Megatron and HF
    do: only Q is split by columns, and the replay checks that the attention core keeps Q's head
-   split against the whole K/V (Paddle slices the replicated K/V locally, no communication);
+   split against the whole K/V (Paddle slices the replicated K/V locally, no communication).
+   A column whose output another column of the group contracts (multi-head latent attention's
+   ``kv_a_proj_with_mqa``, whose latent ``kv_b_proj`` projects up to the heads) stays whole the
+   same way, as Megatron keeps it: split by columns, the up-projection would need its output
+   gathered. The up-projection is split by heads, and its cut into each head's key and value
+   gathers nothing: the replay decides (:func:`_latent_projections`);
 4. a candidate refused *only* at ops Paddle has no SPMD rule for (``as_complex`` rotary,
    ``masked_fill``, ``tril``: :attr:`.spmd.Replay.ruleless`) is named as in 3 all the same, but
    kept apart (``stopped``, its projections replicated): nothing says such an op needs whole
@@ -62,7 +69,7 @@ from autodist.planner.ops import (
     op,
     short_op,
 )
-from autodist.planner.recognise.spmd import Dist, Replay, is_planned
+from autodist.planner.recognise.spmd import Dist, Replay, is_planned, is_statistic
 
 #: The tensor-parallel degree the SPMD replay checks a candidate group at.
 REPLAY_MP = 2
@@ -71,9 +78,10 @@ REPLAY_MP = 2
 @dataclass(frozen=True)
 class Projection:
     """One projection of a sub-layer: its layer, weight and bias FQNs, ``role`` (``column`` /
-    ``row``, or ``replicate`` for a multi-query attention's K/V kept whole), the weight dim split
+    ``row``, or ``replicate`` for a multi-query attention's K/V or a latent kept whole), the weight dim split
     for it (None when whole), how many projections are ``fused`` into it, and its ``name`` in the
-    sub-layer (q, k, v, qkv, o / gate, up, gate_up, fc_in, down, fc_out)."""
+    sub-layer (q, k, v, qkv, o, latent: a latent attention's down-projection / gate, up, gate_up,
+    fc_in, down, fc_out)."""
 
     layer: str
     weight: str
@@ -474,7 +482,11 @@ def _implicit(graph, nodes, weights, mesh, constants, gathered) -> tuple[list[tu
     whole values: a split has to end inside the block that starts it). And the replay's ops with
     no SPMD rule (:attr:`.spmd.Replay.ruleless`)."""
     replay = Replay(graph, nodes, weights, mesh, constants, frozenset(gathered))
-    problems = {(r.node, r.operand) for r in replay.run() if r.collective is not None and not is_planned(graph, r)}
+    problems = {
+        (r.node, r.operand)
+        for r in replay.run()
+        if r.collective is not None and not is_planned(graph, r) and not is_statistic(graph, r)
+    }
     for (node, result), dist in replay.values.items():
         if isinstance(dist, list) or not any(
             v not in nodes and graph.edges[node, v]["result"] == result for v in graph.successors(node)
@@ -541,7 +553,7 @@ def _sublayer(graph, view, nodes, columns: list[_Linear], row: _Linear, params) 
     softmax = any(view.nodes[n]["op"] == "softmax" for n in region)
     out_features = {c.node: params[c.fqn][0][split_dim("column", c.operand, c.transposed)] for c in columns}
     if (softmax and scores) or fused_ops:
-        return _attention(graph, view, columns, row, out_features, scores, fused_ops)
+        return _attention(graph, view, nodes, columns, row, out_features, scores, fused_ops)
     names = _mlp_names(graph, view, nodes, columns, region)
     projections = tuple(
         _projection(c, "column", names[c.node], 2 if names[c.node] == "gate_up" else 1) for c in columns
@@ -575,7 +587,7 @@ def _reaches(view: nx.DiGraph, source: int, target: int, operand: int) -> bool:
     )
 
 
-def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> SubLayer:
+def _attention(graph, view, nodes, columns, row, out_features, scores, fused_ops) -> SubLayer:
     if fused_ops:
         core = fused_ops[0]
         q_shape = graph.nodes[_operand(graph, core, 0)]["shapes"][0]
@@ -599,10 +611,16 @@ def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> Su
             )
             for c in columns
         }
+    latent = _latent_projections(view, columns)
     kv_heads = num_heads
     for c in columns:
         name = roles[c.node]
-        if name in ("k", "v", "kv"):
+        if c.node in latent:
+            continue
+        width = _head_width(graph, nodes, c) if _up_projection(view, c, latent) else None
+        if width:
+            kv_heads = out_features[c.node] // width
+        elif name in ("k", "v", "kv"):
             kv_heads = out_features[c.node] // (head_dim * len(name))
         elif name == "qkv":
             kv_heads = (out_features[c.node] - num_heads * head_dim) // (2 * head_dim)
@@ -612,14 +630,35 @@ def _attention(graph, view, columns, row, out_features, scores, fused_ops) -> Su
     projections = tuple(
         _projection(
             c,
-            "replicate" if whole_kv and roles[c.node] in ("k", "v", "kv") else "column",
-            roles[c.node] or "q",
-            max(len(roles[c.node]), 1),
+            "replicate" if c.node in latent or (whole_kv and roles[c.node] in ("k", "v", "kv")) else "column",
+            "latent" if c.node in latent else roles[c.node] or "q",
+            1 if _up_projection(view, c, latent) else max(len(roles[c.node]), 1),
         )
         for c in columns
     )
     o = _projection(row, "row", "o", 1)
     return SubLayer("attention", projections, o, num_heads=num_heads, num_kv_heads=kv_heads, head_dim=head_dim)
+
+
+def _latent_projections(view: nx.DiGraph, columns: list[_Linear]) -> set[int]:
+    """The columns whose output another column of the group contracts (multi-head latent
+    attention's ``kv_a_proj_with_mqa``, whose latent ``kv_b_proj`` projects up to the heads):
+    split by columns, that column would need the latent gathered first, so they stay whole on
+    every rank, as Megatron keeps them (the norm between them runs whole on the small latent)."""
+    return {c.node for c in columns if any(o is not c and nx.has_path(view, c.node, o.node) for o in columns)}
+
+
+def _up_projection(view: nx.DiGraph, column: _Linear, latent: set[int]) -> bool:
+    """``column`` projects a latent (:func:`_latent_projections`) up to the heads."""
+    return column.node not in latent and any(nx.has_path(view, a, column.node) for a in latent)
+
+
+def _head_width(graph: nx.DiGraph, nodes: frozenset[int], column: _Linear) -> int | None:
+    """The features an up-projection gives each head: the last dim its output is reshaped to
+    before it is cut into the head's pieces (``kv_b_proj``'s ``k_nope | v`` per head); None when
+    its output is not cut."""
+    cuts = sorted(_segment_cuts(graph, nodes, column.node, CUT_OPS))
+    return graph.nodes[_operand(graph, cuts[0], 0)]["shapes"][0][-1] if cuts else None
 
 
 def head_count(scores: list[int], tokens: list[int]) -> int:

@@ -401,6 +401,23 @@ class Replay:
         self._set(node, [Dist.replicated(s or []) for s in self.graph.nodes[node]["shapes"]])
 
 
+def is_statistic(graph: nx.DiGraph, r: Reshard) -> bool:
+    """A mean or sum over split features (a whole-width norm's mean of squares: OLMo2's
+    ``q_norm`` over ``q_proj``'s output) leaves each rank a share of the statistic, which Paddle
+    all-reduces by itself before it is used: one small sum per token that keeps the features
+    split, priced as Paddle's own collective (:func:`.reshards.implicit_comm`). Measured on 2
+    gloo ranks: the norm's output and every gradient match one device's (docs/paddle-notes.md).
+
+    A row projection's partial output is no statistic (:func:`is_planned`)."""
+    source = r.before.partial_source
+    return (
+        r.before.partial
+        and r.after.is_replicated
+        and source is not None
+        and short_op(graph.nodes[source]["op"]) in REDUCTION_OPS
+    )
+
+
 def is_planned(graph: nx.DiGraph, r: Reshard) -> bool:
     """A row-parallel matmul's partial output being summed is the row linear's own all-reduce."""
     source = r.before.partial_source

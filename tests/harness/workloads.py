@@ -180,15 +180,19 @@ def _no_pipeline(model: paddle.nn.Layer):
 
 def _zoo_workload(name: str) -> Workload:
     """A model of tests/models/zoo/ with its own ``loss(model, tokens, labels)`` (and, to train
-    under a pipeline schedule, ``logits_loss(logits, labels)``)."""
-    relpath = f"tests/models/zoo/{name}.py"
-    module = load_model_file(relpath, f"zoo_{name}")
+    under a pipeline schedule, ``logits_loss(logits, labels)``): ``file`` builds with its
+    ``build_model``, ``file:factory`` with another factory of the file (a variant,
+    :data:`ZOO_VARIANTS`)."""
+    file, _, factory = name.partition(":")
+    relpath = f"tests/models/zoo/{file}.py"
+    module = load_model_file(relpath, f"zoo_{file}")
+    build = getattr(module, factory or "build_model")
     return Workload(
-        name=f"zoo_{name}",
+        name=f"zoo_{file}" + (f"_{factory.removeprefix('build_')}" if factory else ""),
         vocab_size=module.VOCAB,
-        build_unseeded=lambda: without_dropout(module.build_model()),
+        build_unseeded=lambda: without_dropout(build()),
         loss=module.loss,
-        planner_target=relpath,
+        planner_target=relpath + (f":{factory}" if factory else ""),
         planner_env={},
         pipeline_loss=(lambda model: module.logits_loss) if hasattr(module, "logits_loss") else _no_pipeline,
     )
@@ -245,9 +249,18 @@ WORKLOADS.update({w.name: w for w in map(_tied_by_call, TIED_BY_CALL)})
 ZOO_FILES = tuple(
     sorted(path.stem for path in (REPO_ROOT / "tests/models/zoo").glob("*.py") if path.stem != "__init__")
 )
+#: Zoo models built by another factory of their file (``file:factory``): DeepSeek-V3's query
+#: through a latent (``zoo_deepseek_v3_hf_with_query_latent``).
+ZOO_VARIANTS = ("deepseek_v3_hf:build_with_query_latent",)
 ZOO_PADDLEFORMERS = ("build_llama", "build_phi3", "build_gemma3", "build_ernie45", "build_gpt_oss")
 WORKLOADS.update(
-    {w.name: w for w in [*map(_zoo_workload, ZOO_FILES), *map(_paddleformers_workload, ZOO_PADDLEFORMERS)]}
+    {
+        w.name: w
+        for w in [
+            *map(_zoo_workload, ZOO_FILES + ZOO_VARIANTS),
+            *map(_paddleformers_workload, ZOO_PADDLEFORMERS),
+        ]
+    }
 )
 
 

@@ -432,6 +432,17 @@ def build_model():
     return DeepseekV3ForCausalLM(DeepseekV3Config())
 
 
+class DeepseekV3QueryLatentConfig(DeepseekV3Config):
+    """DeepSeek-V3's own shape (Moonlight has none): the query through a latent too, ``q_a_proj``
+    -> ``q_a_layernorm`` -> ``q_b_proj``, of a rank no other size equals."""
+
+    q_lora_rank = 24
+
+
+def build_with_query_latent():
+    return DeepseekV3ForCausalLM(DeepseekV3QueryLatentConfig())
+
+
 def input_spec():
     return [paddle.static.InputSpec([2, 8], "int64", "input_ids")]
 
