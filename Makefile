@@ -60,6 +60,7 @@ bench: install
 	$(PY) bench/apply_time.py --markdown
 	$(PY) bench/lazy_init.py --markdown
 	$(PY) bench/checkpoint_time.py --markdown
+	$(PY) bench/checkpoint_checksums.py --markdown
 	$(PY) bench/recompute_memory.py --markdown
 	$(PY) bench/local_view.py --markdown
 	$(PY) bench/pipeline_schedule.py
