@@ -127,6 +127,14 @@ EXPECTED = {
         "t_embedder.mlp.*.weight": REP,
         "x_embedder.proj.weight": REP,
     },
+    # StableLM 2, planned blind (grouped-query, biased q/k/v, partial rotary by slicing): Megatron's
+    f"{ZOO}/stablelm_hf.py": {
+        **attention("model.layers.*.self_attn", bias=True),
+        **mlp("model.layers.*.mlp"),
+        "model.layers.*.input_layernorm.*": REP,
+        "model.embed_tokens.weight": ROW,  # vocabulary rows (VocabParallelEmbedding)
+        "lm_head.weight": COL,
+    },
     f"{ZOO}/qwen2_sdpa.py": {
         **attention("model.layers.*.self_attn", bias=True),
         **mlp("model.layers.*.mlp"),
