@@ -22,8 +22,11 @@ closing, and every rank raises (the failed one its own error, the others a ``Pla
 it) instead of waiting in a collective its peer never joins.
 
 The exchange is a plain TCP conversation, one line each way (docs/paddle-notes.md, "The
-agreement step"). Rank 0 listens on the job's master address, port + 1 (or
-``AUTODIST_AGREE_PORT``; the address ``AUTODIST_AGREE_BIND``); every other rank connects::
+agreement step"). Rank 0 listens on the job's master address (or ``AUTODIST_AGREE_BIND``), on a
+port the system picks free (or ``AUTODIST_AGREE_PORT``, for a firewall), and tells the others
+where: on one machine in its key file, with the key (jobkey.py); across machines it posts the port,
+signed, in Paddle's store (:class:`_Rank0Port`). No port of the job's is assumed free (the master's
+port + 1, the old default, was now and then another job's). Every other rank connects::
 
     rank r > 0                                rank 0
     connect (retry while refused)  ---->  accept, until all world - 1 records or the deadline
@@ -60,10 +63,12 @@ polls, except a rank that arrives before rank 0 listens (or wrote its key), whic
 2 ms, doubling up to 50 ms, and a rank 0 out of descriptors with no stranger to drop, which
 stops accepting for 50 ms (signed.py).
 
-Paddle's own stores are not used, though exchanging through one would need no listener of our
-own: its global store blocks, holding the GIL, until every rank connects -- the hang this step
-exists to prevent -- and its ``core.TCPStore`` has waits without deadlines and aborts the
-process in some failures (docs/paddle-notes.md). Neither authenticates anyone either.
+Paddle's own stores carry nothing of the exchange but that port, across machines only, though
+exchanging through one would need no listener of our own: its global store blocks, holding the
+GIL, until every rank connects -- the hang this step exists to prevent, so across machines a rank
+stuck before ``apply_plan`` holds the others in the store's making, as ``init_parallel_env``
+would -- and its ``core.TCPStore`` has waits without deadlines and aborts the process in some
+failures (docs/paddle-notes.md). Neither authenticates anyone either.
 
 Example::
 
@@ -106,10 +111,12 @@ from autodist.applier.jobkey import (
     key_file,
     mismatch,
     new_key,
+    one_host,
     rank0_key_file,
     read_key,
     remove_key,
 )
+from autodist.applier.store_host import global_store, master_address, post, wait_posted
 from autodist.schemas import PlanError
 
 #: Seconds a rank waits for the others; generous, since ranks reach apply_plan at different
@@ -290,21 +297,27 @@ def _describe(exc: BaseException) -> str:
 
 
 def _host(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
-    host, port = master_endpoint()
-    key, key_file, file_key = new_key(master_address())
+    host, port = master_host(), fixed_port()
     try:
-        listener = _listen(os.environ.get(BIND_ENV) or host, port)
+        listener = _listen(os.environ.get(BIND_ENV) or host, port or 0)
     except OSError as err:
-        remove_key(key_file, file_key)
         hint = (
             f"{host} is not an address of this machine; set {BIND_ENV} to one (0.0.0.0: all interfaces)"
             if err.errno == errno.EADDRNOTAVAIL
-            else f"set {PORT_ENV} to a free port on every rank"
+            else f"set {PORT_ENV} to a free port on every rank, or unset it (a port the system picks)"
         )
         raise PlanError(
-            f"agreement: rank 0 cannot listen on port {port} ({err.strerror or err}); {hint}",
+            f"agreement: rank 0 cannot listen on port {port or 'any'} ({err.strerror or err}); {hint}",
             source=record.plan_source,
         ) from None
+    try:
+        key, key_file, file_key = new_key(master_address(), listener.getsockname()[1])
+        if not port and not one_host():  # the ranks on other machines learn the port from the store
+            sealed = seal(key, PROTOCOL, "port", _store_name(call).encode(), str(listener.getsockname()[1]).encode())
+            post(global_store(0), _store_name(call), sealed)
+    except BaseException:
+        listener.close()
+        raise
     came: dict[int, tuple[_Link, Record]] = {}
     agreement = Agreement(key, 0, world, timeout_s, record.plan_source, [], key_file, file_key)
     try:
@@ -562,17 +575,18 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def _join(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
-    host, port = master_endpoint()
+    host = master_host()
     deadline = time.monotonic() + timeout_s
-    conn, nonce, key, found = _connect(host, port, master_address(), deadline, record)
+    conn, nonce, key, found = _connect(host, _Rank0Port(record.rank, call), master_address(), deadline, record)
     if conn is None:
         why = {
             # a rank 0 with another secret is named at its first greeting (_refuse_another_secret)
-            "stranger": f"something other than this job's rank 0 listens on {host}:{port}: another program (set "
-            f"{PORT_ENV} to a free port on every rank)",
-            "nothing": f"nothing listens on {host}:{port}; dead, stuck, or another plan?",
+            "stranger": f"something other than this job's rank 0 listens on {host}:{fixed_port()}: another program "
+            f"(set {PORT_ENV} to a free port on every rank, or unset it)",
+            "nothing": f"nothing listens on {host}; dead, stuck, or another plan?",
             "no key": f"it wrote no key to {key_file(master_address())}; dead, stuck, or another TMPDIR (every rank "
             f"needs the same, or set {SECRET_ENV})",
+            "no port": f"it posted no signed agreement port in the job's store; dead, stuck, or another {SECRET_ENV}?",
         }[found]
         raise PlanError(
             f"agreement: rank 0 did not reach the agreement step within {timeout_s:g} s ({why}); "
@@ -617,19 +631,23 @@ def _exchange(agreement: Agreement, message: bytes, round_: int) -> list[str]:
     return verdict
 
 
-def _connect(host: str, port: int, master: str, deadline: float, record: Record):
+def _connect(host: str, ports: _Rank0Port, master: str, deadline: float, record: Record):
     """``(connection, rank 0's nonce, key, "")``: a connection to rank 0 whose greeting is
     signed with the job's key, retried while refused (rank 0 not listening yet) or not greeted,
     until ``deadline``. ``(None, None, None, what was found)`` when none came: "stranger" (a
     greeting that does not check out) if that was ever met -- it says more than the refusals
-    after it --, else "nothing" (refused) or "no key" (rank 0's key file never appeared).
+    after it --, else "nothing" (refused), "no key" (rank 0's key file never appeared) or
+    "no port" (rank 0 posted no port in the store).
     A greeting that shows rank 0 signing with another secret (:func:`_another_secret`) is a
     ``PlanError`` at once, after telling rank 0 where it can."""
     wait, found = RETRY_MIN_S, "no key"
     while True:
-        key = read_key(master)  # None until rank 0 wrote it (it does before it listens)
+        key = read_key(master)  # None until rank 0 wrote it (it does once it listens)
+        port = ports.find(master, key, deadline) if key is not None else None
+        if key is not None and port is None:
+            found = "no port" if not one_host() else found
         conn = None
-        if key is not None:
+        if key is not None and port is not None:
             try:
                 conn = socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic())))
                 heard = read_greeting(conn, PROTOCOL, min(time.monotonic() + GREETING_WAIT_S, deadline))
@@ -675,7 +693,7 @@ def _another_secret(master: str, key: bytes, heard: tuple[bytes, bytes]) -> tupl
     found = rank0_key_file(master)
     if found is None:  # rank 0 on another machine: its greeting under another key is all there is
         return (None, None) if mine else None
-    file_key, theirs = found
+    file_key, theirs = found.key, found.secret
     if not theirs and (mine == theirs or not signed_greeting(heard, file_key, PROTOCOL)):
         return None  # neither has a secret (an old key file), or not rank 0's greeting
     return theirs, file_key
@@ -716,15 +734,8 @@ def _lost(exc: Exception) -> str:
 # -- where rank 0 listens ---------------------------------------------------------------------------
 
 
-def master_address() -> str:
-    """The job's master endpoint ``host:port``: ``PADDLE_MASTER`` (set by Paddle's launcher) or
-    else the first of ``PADDLE_TRAINER_ENDPOINTS``, as Paddle's own store finds its master."""
-    return os.environ.get("PADDLE_MASTER") or os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
-
-
-def master_endpoint() -> tuple[str, int]:
-    """Rank 0's host and the agreement port: the master's host (:func:`master_address`); the port is
-    ``AUTODIST_AGREE_PORT`` or the master's port + 1."""
+def master_host() -> str:
+    """Rank 0's host: the job's master's (:func:`~autodist.applier.store_host.master_address`)."""
     host, _, port = master_address().rpartition(":")
     if not host or not port.isdigit():
         raise PlanError(
@@ -732,5 +743,55 @@ def master_endpoint() -> tuple[str, int]:
             "start the job with paddle.distributed.launch or set them",
             source="environment",
         )
-    agree_port = os.environ.get(PORT_ENV)
-    return host, int(agree_port) if agree_port and agree_port.isdigit() else int(port) + 1
+    return host
+
+
+def fixed_port() -> int | None:
+    """``AUTODIST_AGREE_PORT`` when set (a port every rank's firewall lets through), else None:
+    rank 0 listens on a port the system picks free and tells the others where (:class:`_Rank0Port`).
+
+    >>> os.environ[PORT_ENV] = "70000"
+    >>> fixed_port()
+    Traceback (most recent call last):
+    ...
+    autodist.schemas.errors.PlanError: environment: invalid plan: AUTODIST_AGREE_PORT='70000': expected a port, 1 to 65535
+    >>> del os.environ[PORT_ENV]
+    """
+    text = os.environ.get(PORT_ENV)
+    if not text:
+        return None
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise PlanError(f"{PORT_ENV}={text!r}: expected a port, 1 to 65535", source="environment")
+    return int(text)
+
+
+def _store_name(call: int) -> str:
+    return f"autodist/agree/{call}/port"
+
+
+@dataclass
+class _Rank0Port:
+    """Where a rank > 0 finds the port rank 0's agreement listens on: ``AUTODIST_AGREE_PORT``;
+    else, on one machine, rank 0's key file (jobkey.py); else the job's store, where rank 0
+    posted it signed (the store is made here if the script has not: as ``init_parallel_env``
+    does, it waits until every rank joined it)."""
+
+    rank: int
+    call: int
+
+    def find(self, master: str, key: bytes, deadline: float) -> int | None:
+        """The port, or None when rank 0 has not said it yet (or not under ``key``)."""
+        port = fixed_port()
+        if port:
+            return port
+        if one_host():
+            found = rank0_key_file(master)
+            return found.port if found else None
+        name = _store_name(self.call)
+        sealed = wait_posted(global_store(self.rank), name, deadline)
+        if sealed is None:
+            return None
+        text = unseal(key, PROTOCOL, "port", name.encode(), sealed)
+        if text is None:  # only rank 0 posts there: it signs with another secret
+            raise PlanError(f"agreement: {mismatch('rank 0', has_secret(), None)}", source="environment")
+        return int(text) if text.isdigit() and 0 < int(text) < 65536 else None

@@ -10,16 +10,17 @@ address, all guessable), so the key comes from one of:
   to each rank);
 - else, when every rank runs on one machine (all of ``PADDLE_TRAINER_ENDPOINTS`` on one host):
   a random key rank 0 writes, for each agreement, into a folder only this user can open
-  (``$TMPDIR/autodist-<uid>``, mode 0700), named after the job's master endpoint; the other
-  ranks read it there. Other users' processes cannot; this user's own processes can, as they can
-  read the ranks' memory anyway.
+  (``$TMPDIR/autodist-<uid>``, mode 0700), named after the job's master endpoint, with the port
+  the agreement listens on (one the system picked free); the other ranks read both there.
+  Other users' processes cannot; this user's own processes can, as they can read the ranks'
+  memory anyway.
 
 A job across machines without ``AUTODIST_AGREE_SECRET`` is refused with a ``PlanError`` naming
 the variable: there is no secret to share, and an agreement anyone can join would protect
 nothing.
 
 Rank 0 writes the key file also when it has a secret, with a random key of its own that says so
-(``<hex> secret``): that key lets no one join (the agreement is signed with the secret's key),
+(``<hex> <port> secret``): that key lets no one join (the agreement is signed with the secret's key),
 but a rank on the same machine whose secret differs (set on one rank, unset or another on the
 other) can tell rank 0 so, signed, at the first greeting, instead of both waiting out the
 timeout (:func:`mismatch`, agree.py).
@@ -30,6 +31,8 @@ Example::
     >>> os.environ["AUTODIST_AGREE_SECRET"] = "s3cret"
     >>> len(read_key("127.0.0.1:6170"))
     32
+    >>> one_host()   # nothing says where the ranks run (no PADDLE_TRAINER_ENDPOINTS)
+    False
     >>> del os.environ["AUTODIST_AGREE_SECRET"]  # the example's secret is not the process's
 """
 
@@ -42,12 +45,23 @@ import secrets
 import stat
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 from autodist.schemas import PlanError
 
 SECRET_ENV = "AUTODIST_AGREE_SECRET"
-#: A key file is 64 hex digits (and " secret" when rank 0 has one); anything larger is not one of ours.
+#: A key file is 64 hex digits, the port (and " secret" when rank 0 has one); anything larger is not one of ours.
 _KEY_FILE_MAX_BYTES = 256
+
+
+class KeyFile(NamedTuple):
+    """What rank 0 wrote for one agreement on this machine."""
+
+    key: bytes
+    #: Whether rank 0 has ``AUTODIST_AGREE_SECRET`` (then ``key`` only tells another secret).
+    secret: bool
+    #: The port rank 0's agreement listens on.
+    port: int
 
 
 def read_key(master: str) -> bytes | None:
@@ -61,7 +75,7 @@ def read_key(master: str) -> bytes | None:
         found = _read_key_file(key_file(master))
     except OSError:  # not written yet (or not a plain file): rank 0 writes it before it listens
         return None
-    return found[0] if found else None
+    return found.key if found else None
 
 
 def has_secret() -> bool:
@@ -69,31 +83,32 @@ def has_secret() -> bool:
     return bool(os.environ.get(SECRET_ENV))
 
 
-def new_key(master: str) -> tuple[bytes, Path | None, bytes | None]:
-    """The job's key as rank 0 makes it: from ``AUTODIST_AGREE_SECRET``, else a fresh random
-    key. Returns ``(key, the key file to remove when done, the file's key)``: the file holds the
-    key itself when there is no secret; with one, a random key that only tells another secret
-    (the file is then written where it can be, or not at all: ``(key, None, None)``)."""
+def new_key(master: str, port: int) -> tuple[bytes, Path | None, bytes | None]:
+    """The job's key as rank 0 makes it, its agreement listening on ``port``: from
+    ``AUTODIST_AGREE_SECRET``, else a fresh random key. Returns ``(key, the key file to remove
+    when done, the file's key)``: the file holds the key itself when there is no secret; with
+    one, a random key that only tells another secret (the file is then written where it can be,
+    or not at all: ``(key, None, None)``). Either way the file holds ``port``."""
     secret = os.environ.get(SECRET_ENV)
     if secret:
         try:
-            path, file_key = _write_key_file(master, secret=True)
+            path, file_key = _write_key_file(master, port, secret=True)
         except PlanError:  # no private folder here: ranks with another secret wait for the timeout
             return _from_secret(secret), None, None
         return _from_secret(secret), path, file_key
     _require_one_host()
-    path, key = _write_key_file(master, secret=False)
+    path, key = _write_key_file(master, port, secret=False)
     return key, path, key
 
 
-def _write_key_file(master: str, secret: bool) -> tuple[Path, bytes]:
+def _write_key_file(master: str, port: int, secret: bool) -> tuple[Path, bytes]:
     path = key_file(master)
     key = secrets.token_bytes(32)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            os.write(fd, key.hex().encode() + (b" secret" if secret else b""))
+            os.write(fd, f"{key.hex()} {port}".encode() + (b" secret" if secret else b""))
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -105,10 +120,9 @@ def _write_key_file(master: str, secret: bool) -> tuple[Path, bytes]:
     return path, key
 
 
-def rank0_key_file(master: str) -> tuple[bytes, bool] | None:
-    """What rank 0 wrote for the job at ``master`` on this machine: ``(the file's key, whether rank
-    0 has a secret)``; None when there is no such file here (rank 0 on another machine, or not
-    there yet)."""
+def rank0_key_file(master: str) -> KeyFile | None:
+    """What rank 0 wrote for the job at ``master`` on this machine; None when there is no such
+    file here (rank 0 on another machine, or not there yet)."""
     try:
         return _read_key_file(key_file(master))
     except (OSError, PlanError):
@@ -141,7 +155,7 @@ def remove_key(path: Path | None, key: bytes | None) -> None:
         return
     try:
         found = _read_key_file(path)
-        if found is not None and found[0] == key:
+        if found is not None and found.key == key:
             path.unlink()
     except OSError:
         pass
@@ -151,13 +165,22 @@ def _from_secret(secret: str) -> bytes:
     return hashlib.sha256(b"autodist agreement key\0" + secret.encode()).digest()
 
 
-def _require_one_host() -> None:
-    """Refuse, naming :data:`SECRET_ENV`, unless ``PADDLE_TRAINER_ENDPOINTS`` puts every rank on
-    one host (then the ranks share this machine's key file)."""
+def _hosts() -> set[str]:
     endpoints = [e for e in os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if e]
-    hosts = {e.rpartition(":")[0] for e in endpoints}
-    if len(hosts) == 1:
+    return {e.rpartition(":")[0] for e in endpoints}
+
+
+def one_host() -> bool:
+    """Whether ``PADDLE_TRAINER_ENDPOINTS`` puts every rank on one host (then the ranks share
+    this machine's key file)."""
+    return len(_hosts()) == 1
+
+
+def _require_one_host() -> None:
+    """Refuse, naming :data:`SECRET_ENV`, unless every rank runs on one host (:func:`one_host`)."""
+    if one_host():
         return
+    hosts = _hosts()
     where = (
         "the job's ranks run on several machines (PADDLE_TRAINER_ENDPOINTS)"
         if hosts
@@ -188,9 +211,8 @@ def key_file(master: str) -> Path:
     return folder / f"agree-{re.sub(r'[^A-Za-z0-9.-]', '_', master)}.key"
 
 
-def _read_key_file(path: Path) -> tuple[bytes, bool] | None:
-    """``(the key in path, whether rank 0 has a secret)``; None when it is not a key file of ours
-    (wrong type, owner or content)."""
+def _read_key_file(path: Path) -> KeyFile | None:
+    """What ``path`` holds; None when it is not a key file of ours (wrong type, owner or content)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         info = os.fstat(fd)
@@ -199,9 +221,11 @@ def _read_key_file(path: Path) -> tuple[bytes, bool] | None:
         text = os.read(fd, _KEY_FILE_MAX_BYTES)
     finally:
         os.close(fd)
-    hex_key, _, mark = text.partition(b" ")
+    hex_key, port, *mark = text.split(b" ") if text.count(b" ") in (1, 2) else [b"", b""]
     try:
         key = bytes.fromhex(hex_key.decode("ascii"))
     except ValueError:
         return None
-    return (key, True) if mark == b"secret" else (key, False) if not mark else None
+    if not key or not port.isdigit() or not 0 < int(port) < 65536 or mark not in ([], [b"secret"]):
+        return None
+    return KeyFile(key, bool(mark), int(port))

@@ -298,7 +298,7 @@ def test_without_a_secret_the_key_file_needs_every_rank_on_one_named_host(monkey
     monkeypatch.setenv("PADDLE_MASTER", "127.0.0.1:6170")
     monkeypatch.delenv("PADDLE_TRAINER_ENDPOINTS", raising=False)
     with pytest.raises(PlanError) as unset:
-        jobkey.new_key("127.0.0.1:6170")
+        jobkey.new_key("127.0.0.1:6170", 6171)
     assert "PADDLE_TRAINER_ENDPOINTS is not set, so nothing says the job's ranks run on one machine" in str(unset.value)
     assert "several machines" not in str(unset.value) and "AUTODIST_AGREE_SECRET" in str(unset.value)
     monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "10.0.0.1:6170,10.0.0.2:6170")
