@@ -10,14 +10,14 @@ The jobs are real: two processes each, the job's ``PADDLE_*`` environment, the a
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
 import autodist.applier.jobkey as jobkey
 from autodist.applier.agree import Record, agree
 from autodist.schemas import PlanError
-from harness.launcher import free_ports, launch_ranks
+from harness.agree_rank import hold_silently, launch_agreement
+from harness.launcher import free_ports
 
 pytestmark = pytest.mark.multiprocess
 
@@ -25,39 +25,13 @@ PLAN = "a" * 64
 LAUNCHES = 20
 
 
-def _taken(port: int) -> socket.socket | None:
-    """A listener on ``port`` that never answers (None if someone else already holds it)."""
-    holder = socket.socket()
-    try:
-        holder.bind(("127.0.0.1", port))
-    except OSError:
-        holder.close()
-        return None
-    holder.listen()
-    return holder
-
-
 def test_back_to_back_jobs_agree_while_the_master_port_plus_one_is_taken(tmp_path):
     """20 two-rank jobs one after another, each with its master's port + 1 held by a silent
     listener: every rank of every job agrees. With the old default (that port) each job failed
     at once: "rank 0 cannot listen on port ... (Address already in use)"."""
     for launch in range(LAUNCHES):
-        (master,) = free_ports(1)
-        holder = _taken(master + 1)
-        try:
-            job = launch_ranks(
-                2,
-                ["-m", "harness.agree_rank", PLAN],
-                tmp_path / str(launch),
-                timeout_s=60,
-                extra_env={"PADDLE_MASTER": f"127.0.0.1:{master}", "AUTODIST_AGREE_TIMEOUT": "30"},
-            )
-        finally:
-            if holder is not None:
-                holder.close()
-        job.raise_for_failure()
-        results = [json.loads(p.stdout.strip().splitlines()[-1]) for p in job.processes]
-        assert [(r["rank"], r["error"], r["message"]) for r in results] == [(0, None, ""), (1, None, "")], launch
+        agreed, _, report = launch_agreement(tmp_path / str(launch))
+        assert agreed, f"launch {launch}: {report}"
 
 
 @pytest.mark.parametrize("port", ["70000", "0", "http"])
@@ -85,7 +59,7 @@ def _two_hosts(tmp_path, secrets: tuple[str, str]):
 
     master, other = free_ports(2)
     endpoints = [f"127.0.0.1:{master}", f"127.0.0.2:{other}"]
-    holder = _taken(master + 1)
+    holder = hold_silently(master + 1)
     procs = []
     try:
         for rank in range(2):

@@ -18,11 +18,14 @@ import json
 import os
 import resource
 import signal
+import socket
 import sys
 import time
+from pathlib import Path
 
 from autodist.applier.agree import Record, agree, applying, timeout_from
 from autodist.schemas import PlanError
+from harness.launcher import free_ports, launch_ranks
 
 MODEL_DIGEST = "c" * 64
 
@@ -59,6 +62,41 @@ def main(plan_digest: str, after: str | None) -> None:
         "cpu_s": usage.ru_utime + usage.ru_stime,
     }
     print(json.dumps(result), flush=True)
+
+
+def launch_agreement(workdir: Path) -> tuple[bool, bool, str]:
+    """Run a 2-rank job of this module on loopback, the master's port + 1 (the agreement's old
+    default) held by a silent listener when free: ``(both ranks agreed, whether that port was held,
+    the report of a failure)``. tests/test_agree_port.py and bench/agree_launches.py run it."""
+    (master,) = free_ports(1)
+    holder = hold_silently(master + 1)
+    try:
+        job = launch_ranks(
+            2,
+            ["-m", "harness.agree_rank", "a" * 64],
+            workdir,
+            timeout_s=60,
+            extra_env={"PADDLE_MASTER": f"127.0.0.1:{master}", "AUTODIST_AGREE_TIMEOUT": "30"},
+        )
+    finally:
+        if holder is not None:
+            holder.close()
+    lines = [p.stdout.strip().splitlines() for p in job.processes]
+    results = [json.loads(out[-1]) if out else None for out in lines]
+    agreed = job.ok and all(r is not None and r["error"] is None for r in results)
+    return agreed, holder is not None, "" if agreed else f"{job.report()}\n{results}"
+
+
+def hold_silently(port: int) -> socket.socket | None:
+    """A listener on ``port`` that never answers (None if someone else already holds it)."""
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", port))
+    except OSError:
+        holder.close()
+        return None
+    holder.listen()
+    return holder
 
 
 def _timeout() -> float:
