@@ -597,7 +597,10 @@ def _join(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
     link = _Link(conn, 0, nonce + mine)
     agreement = Agreement(key, record.rank, world, timeout_s, record.plan_source, [link])
     hello = json.dumps({"call": call, "nonce": mine.hex(), "record": asdict(record)}).encode()
-    verdict = _exchange(agreement, seal(key, PROTOCOL, "record", nonce, hello), 0)
+    # Rank 0 decides by its own deadline, at most timeout_s after it listened: one deadline for the
+    # whole step, however long finding rank 0 took (a greeting replayed by another process once
+    # made a rank wait about twice the timeout).
+    verdict = _exchange(agreement, seal(key, PROTOCOL, "record", nonce, hello), 0, deadline + VERDICT_GRACE_S)
     if verdict:
         agreement.close()
         raise PlanError(verdict, source=record.plan_source)
@@ -608,19 +611,18 @@ def _settle_join(agreement: Agreement, mine: list[str]) -> list[str]:
     """A rank > 0's side of :meth:`Agreement.settle`: its report, then rank 0's verdict."""
     (link,) = agreement.links
     report = seal(agreement.key, PROTOCOL, "report", link.context(1), json.dumps({"problems": mine}).encode())
-    return _exchange(agreement, report, 1)
+    # Rank 0 decides by its own deadline, at most timeout_s after this rank's report can reach it.
+    return _exchange(agreement, report, 1, time.monotonic() + agreement.timeout_s + VERDICT_GRACE_S)
 
 
-def _exchange(agreement: Agreement, message: bytes, round_: int) -> list[str]:
-    """Send ``message`` to rank 0, wait for its verdict of this round and acknowledge it."""
+def _exchange(agreement: Agreement, message: bytes, round_: int, deadline: float) -> list[str]:
+    """Send ``message`` to rank 0, wait for its verdict of this round until ``deadline`` and acknowledge it."""
     (link,) = agreement.links
-    timeout_s = agreement.timeout_s
+    waited = deadline - time.monotonic()
     try:
-        link.conn.settimeout(timeout_s)
+        link.conn.settimeout(max(0.001, waited))
         link.conn.sendall(message)
-        # Rank 0 decides by its own deadline, which is at most timeout_s after it listened.
-        deadline = time.monotonic() + timeout_s + VERDICT_GRACE_S
-        verdict = _await_verdict(link.conn, agreement.key, link.context(round_), deadline, timeout_s)
+        verdict = _await_verdict(link.conn, agreement.key, link.context(round_), deadline, waited)
     except OSError as exc:  # reset or broken: rank 0 is gone
         verdict = [_lost(exc)]
     try:
@@ -711,7 +713,7 @@ def _await_verdict(conn: socket.socket, key: bytes, context: bytes, deadline: fl
     """Rank 0's signed verdict on ``conn``: the problems every rank raises (empty: all agree)."""
     line = receive_line(conn, deadline, MAX_MESSAGE_BYTES)
     if line is None:
-        return [f"agreement: rank 0 gave no verdict within {timeout_s:g} s (stuck?)"]
+        return [f"agreement: rank 0 gave no verdict within {timeout_s:.0f} s (stuck, or not rank 0?)"]
     if not line:
         return [_lost(ConnectionError("connection closed"))]
     try:

@@ -462,3 +462,26 @@ def test_a_rank_frozen_after_the_agreement_is_named_at_the_timeout(job):
     assert zero["error"] == "PlanError", zero
     assert f"rank 1 did not finish applying the plan within {TIMEOUT_S:g} s" in zero["message"], zero
     assert one["error"] == "PlanError" and one["message"] == zero["message"], one
+
+
+def test_a_greeting_replayed_late_ends_rank_1s_wait_at_its_deadline(job):
+    """A stranger holds the agreement port and, just before rank 1's deadline T, replays a
+    greeting rank 0 sent in an earlier job under the same secret (the same bytes: a greeting is
+    the key's signature over its nonce). Rank 1 takes it, sends its record and waits for a verdict
+    that never comes: it stops by T + the verdict grace (+ 2 s), as its message says. It once
+    waited again T + grace from the replay, about 2T + 10 s in all, while saying "within T"."""
+    from autodist.applier.agree import PROTOCOL, VERDICT_GRACE_S
+    from autodist.applier.jobkey import _from_secret
+    from autodist.applier.signed import greeting
+
+    earlier = greeting(_from_secret("one"), PROTOCOL, b"e" * 16)
+
+    def replay(stop):
+        stop.wait(TIMEOUT_S - 2)
+        listen_on(stop, job.port, lambda conn, stop: (conn.sendall(earlier), stop.wait(3 * TIMEOUT_S)))
+
+    with stranger(replay):
+        job.start(1, PLAN_A, AUTODIST_AGREE_SECRET="one")
+        one = job.result(1)
+    assert one["error"] == "PlanError" and "rank 0 gave no verdict within" in one["message"], one
+    assert one["seconds"] < TIMEOUT_S + VERDICT_GRACE_S + 2, one
