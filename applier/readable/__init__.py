@@ -76,7 +76,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 import paddle
@@ -255,7 +255,7 @@ def _failing(*args: Any) -> None:
     (_OPEN.excepthook if _OPEN is not None else sys.__excepthook__)(*args)
 
 
-def _exiting(code: Any = None) -> None:
+def _exiting(code: str | int | None = None) -> NoReturn:
     """sys.exit while open: an exit with an error (any code but None and 0) is this rank
     failing, as an uncaught exception is (:func:`_failing`); then the sys.exit it replaced.
     (``raise SystemExit(1)`` itself, or a ``sys.exit`` bound before apply_plan, is not seen: at
@@ -263,9 +263,9 @@ def _exiting(code: Any = None) -> None:
     global _FAILED
     if code not in (None, 0):
         _FAILED = True
-    if _OPEN is None:
-        raise SystemExit(code)
-    _OPEN.exit(code)
+    if _OPEN is not None:
+        _OPEN.exit(code)
+    raise SystemExit(code)  # what sys.exit does, should the one replaced have returned
 
 
 def stats() -> dict[str, int]:
