@@ -10,7 +10,8 @@ address, all guessable), so the key comes from one of:
   to each rank);
 - else, when every rank runs on one machine (all of ``PADDLE_TRAINER_ENDPOINTS`` on one host):
   a random key rank 0 writes, for each agreement, into a folder only this user can open
-  (``$TMPDIR/autodist-<uid>``, mode 0700), named after the job's master endpoint, with the port
+  (``$TMPDIR/autodist-<uid>``, mode 0700; ``~/.cache/autodist/keys`` when another user holds
+  that name), named after the job's master endpoint, with the port
   the agreement listens on (one the system picked free); the other ranks read both there.
   Other users' processes cannot; this user's own processes can, as they can read the ranks'
   memory anyway.
@@ -44,6 +45,7 @@ import re
 import secrets
 import stat
 import tempfile
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -194,21 +196,41 @@ def _require_one_host() -> None:
 
 
 def key_file(master: str) -> Path:
-    """Where rank 0 writes the key of the job whose master is ``master`` (when no secret is
-    set): in this user's private folder, made if missing."""
-    folder = Path(tempfile.gettempdir()) / f"autodist-{os.getuid()}"
-    try:
-        folder.mkdir(mode=0o700, exist_ok=True)
-        info = os.lstat(folder)
-    except OSError as err:
-        raise PlanError(f"agreement: cannot make {folder} for the job's key: {err.strerror}", "environment") from None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PlanError(
-            f"agreement: {folder} is not a folder only this user can open (it holds the job's key); remove it, "
-            f"or set {SECRET_ENV}",
-            source="environment",
+    """Where rank 0 writes the key of the job whose master is ``master``: in this user's private
+    folder (:func:`key_folders`, the first that is one), made if missing. A folder in the way
+    that is not private (another user made ``$TMPDIR/autodist-<uid>`` first, or it is open to
+    others) is skipped with a warning naming it: every rank of this user skips it alike."""
+    skipped = []
+    for folder in key_folders():
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            info = os.lstat(folder)
+        except OSError as err:
+            skipped.append(f"{folder} ({err.strerror})")
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077:
+            if skipped:
+                warnings.warn(f"autodist: the job's key goes to {folder}; skipped {', '.join(skipped)}", stacklevel=2)
+            return folder / f"agree-{re.sub(r'[^A-Za-z0-9.-]', '_', master)}.key"
+        owner = (
+            "another user's"
+            if info.st_uid != os.getuid()
+            else "open to others"
+            if info.st_mode & 0o077
+            else "not a folder"
         )
-    return folder / f"agree-{re.sub(r'[^A-Za-z0-9.-]', '_', master)}.key"
+        skipped.append(f"{folder} ({owner})")
+    raise PlanError(
+        f"agreement: no folder only this user can open for the job's key: {'; '.join(skipped)}; remove one, "
+        f"or set {SECRET_ENV}",
+        source="environment",
+    )
+
+
+def key_folders() -> list[Path]:
+    """Where the key file may go, in order: ``$TMPDIR/autodist-<uid>``, then
+    ``~/.cache/autodist/keys`` (when the first is another user's)."""
+    return [Path(tempfile.gettempdir()) / f"autodist-{os.getuid()}", Path.home() / ".cache" / "autodist" / "keys"]
 
 
 def _read_key_file(path: Path) -> KeyFile | None:

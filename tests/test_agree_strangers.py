@@ -485,3 +485,29 @@ def test_a_greeting_replayed_late_ends_rank_1s_wait_at_its_deadline(job):
         one = job.result(1)
     assert one["error"] == "PlanError" and "rank 0 gave no verdict within" in one["message"], one
     assert one["seconds"] < TIMEOUT_S + VERDICT_GRACE_S + 2, one
+
+
+@pytest.mark.parametrize("squatter", ["open to others", "another user's"])
+def test_a_key_folder_someone_else_made_first_is_skipped_with_a_warning(job, tmp_path, squatter):
+    """``$TMPDIR/autodist-<uid>`` exists but is not private (another local user made it first, or
+    it is open to others): both ranks skip it alike, warning, and meet through
+    ``~/.cache/autodist/keys``. It once stopped every job without a secret."""
+    if squatter == "another user's" and os.getuid() != 0:
+        pytest.skip("making a folder another user's needs root")
+    squatted = tmp_path / f"autodist-{os.getuid()}"
+    squatted.mkdir(mode=0o755)
+    squatted.chmod(0o755)
+    if squatter == "another user's":
+        os.chown(squatted, 65534, 65534)
+        squatted.chmod(0o700)
+    home = tmp_path / "home"
+    env = {"TMPDIR": str(tmp_path), "HOME": str(home), "PYTHONWARNINGS": "default"}
+    job.start(0, PLAN_A, **env)
+    job.start(1, PLAN_A, **env)
+    stderr = []
+    for rank in (0, 1):
+        out, err = job.procs[rank].communicate(timeout=RANK_LIMIT_S)
+        assert json.loads(out.strip().splitlines()[-1])["error"] is None, (out, err)
+        stderr.append(err)
+    assert f"skipped {squatted} ({squatter})" in stderr[0], stderr[0]
+    assert (home / ".cache" / "autodist" / "keys").stat().st_mode & 0o777 == 0o700

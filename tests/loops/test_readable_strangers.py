@@ -173,3 +173,25 @@ def test_a_rank_leaving_through_sys_exit_with_an_error_does_not_wait_at_exit(loo
     assert not job.is_alive(), "the job did not end"
     assert gone - exiting < 2 + 2, f"rank 1 exited {gone - exiting:.1f} s after sys.exit(3)"
     assert result["job"].processes[1].returncode == 3, result["job"].report()
+
+
+def test_a_stranger_cannot_overwrite_a_ranks_posted_address():
+    """Rank 1 posts where its side channel listens in Paddle's store (a real one, in this
+    process); a stranger on the store -- it takes requests from anyone -- writes its own address
+    over it: rank 0 refuses that address instead of sending its requests there."""
+    from paddle.base import core
+
+    from autodist.applier.readable.notes import Notes
+    from autodist.applier.readable.store import PREFIX, address, post_address
+    from harness.launcher import free_ports
+
+    (port,) = free_ports(1)
+    store = core.TCPStore("127.0.0.1", port, True, 1, 30)
+    rank1, rank0 = Notes(1, 2, b"k" * 32, 5.0), Notes(0, 2, b"k" * 32, 5.0)
+    rank1.store = rank0.store = store
+    post_address(rank1, "127.0.0.1", 4242)
+    assert address(rank0, 1, time.monotonic() + 5) == ("127.0.0.1", 4242)
+    rank0.addresses.clear()
+    store.set(f"{PREFIX}1", b"127.0.0.1:9")  # the stranger's
+    said = address(rank0, 1, time.monotonic() + 5)
+    assert said == "rank 1's posted address is not signed with the job's key (another process?)", said
