@@ -107,6 +107,7 @@ from autodist.applier.signed import (
 )
 from autodist.applier.jobkey import (
     SECRET_ENV,
+    SECRET_FILE_ENV,
     has_secret,
     key_file,
     mismatch,
@@ -585,7 +586,7 @@ def _join(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
             f"(set {PORT_ENV} to a free port on every rank, or unset it)",
             "nothing": f"nothing listens on {host}; dead, stuck, or another plan?",
             "no key": f"it wrote no key to {key_file(master_address())}; dead, stuck, or another TMPDIR (every rank "
-            f"needs the same, or set {SECRET_ENV})",
+            f"needs the same, or set {SECRET_FILE_ENV})",
             "no port": f"it posted no signed agreement port in the job's store; dead, stuck, or another {SECRET_ENV}?",
         }[found]
         raise PlanError(

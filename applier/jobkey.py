@@ -5,9 +5,12 @@ process that does not hold it can neither take part nor pass for rank 0. Paddle'
 gives the ranks nothing secret (its environment is the job's layout: ranks, endpoints, master
 address, all guessable), so the key comes from one of:
 
-- ``AUTODIST_AGREE_SECRET``, when set: the same text on every rank (for a job across machines,
-  export it on every node before ``paddle.distributed.launch``, which passes its environment on
-  to each rank);
+- ``AUTODIST_AGREE_SECRET_FILE``, when set: a file of this user's, mode 0600, holding the same
+  random text on every node (at least :data:`MIN_SECRET_BITS` bits of it; export the variable on
+  every node before ``paddle.distributed.launch``, which passes its environment on to each rank
+  -- and writes it into ./log, readable by every local user: the file's path is harmless there,
+  a secret is not). ``AUTODIST_AGREE_SECRET`` (the text itself) still works, with a warning
+  saying so;
 - else, when every rank runs on one machine (all of ``PADDLE_TRAINER_ENDPOINTS`` on one host):
   a random key rank 0 writes, for each agreement, into a folder only this user can open
   (``$TMPDIR/autodist-<uid>``, mode 0700; ``~/.cache/autodist/keys`` when another user holds
@@ -16,7 +19,7 @@ address, all guessable), so the key comes from one of:
   Other users' processes cannot; this user's own processes can, as they can read the ranks'
   memory anyway.
 
-A job across machines without ``AUTODIST_AGREE_SECRET`` is refused with a ``PlanError`` naming
+A job across machines without a secret is refused with a ``PlanError`` naming
 the variable: there is no secret to share, and an agreement anyone can join would protect
 nothing.
 
@@ -28,18 +31,22 @@ timeout (:func:`mismatch`, agree.py).
 
 Example::
 
-    >>> import os
-    >>> os.environ["AUTODIST_AGREE_SECRET"] = "s3cret"
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "secret")   # mkdtemp: a folder only this user opens
+    >>> with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+    ...     _ = f.write("0123456789abcdef" * 4)               # secrets.token_hex(32) makes one
+    >>> os.environ["AUTODIST_AGREE_SECRET_FILE"] = path
     >>> len(read_key("127.0.0.1:6170"))
     32
     >>> one_host()   # nothing says where the ranks run (no PADDLE_TRAINER_ENDPOINTS)
     False
-    >>> del os.environ["AUTODIST_AGREE_SECRET"]  # the example's secret is not the process's
+    >>> del os.environ["AUTODIST_AGREE_SECRET_FILE"]  # the example's secret is not the process's
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import secrets
@@ -52,6 +59,11 @@ from typing import NamedTuple
 from autodist.schemas import PlanError
 
 SECRET_ENV = "AUTODIST_AGREE_SECRET"
+#: A file holding the secret: what the README asks for (the launcher logs its environment, not files).
+SECRET_FILE_ENV = "AUTODIST_AGREE_SECRET_FILE"
+#: The least entropy a secret may have, as :func:`secret_bits` estimates it.
+MIN_SECRET_BITS = 96
+_SECRET_FILE_MAX_BYTES = 4096
 #: A key file is 64 hex digits, the port (and " secret" when rank 0 has one); anything larger is not one of ours.
 _KEY_FILE_MAX_BYTES = 256
 
@@ -69,7 +81,7 @@ class KeyFile(NamedTuple):
 def read_key(master: str) -> bytes | None:
     """The job's key as a rank > 0 finds it: from ``AUTODIST_AGREE_SECRET``, else rank 0's key
     file for the job at ``master`` (None while rank 0 has not written it yet)."""
-    secret = os.environ.get(SECRET_ENV)
+    secret = _secret()
     if secret:
         return _from_secret(secret)
     _require_one_host()
@@ -81,8 +93,85 @@ def read_key(master: str) -> bytes | None:
 
 
 def has_secret() -> bool:
-    """Whether this rank has ``AUTODIST_AGREE_SECRET``."""
-    return bool(os.environ.get(SECRET_ENV))
+    """Whether this rank is given a secret (``AUTODIST_AGREE_SECRET_FILE`` or ``AUTODIST_AGREE_SECRET``)."""
+    return bool(os.environ.get(SECRET_FILE_ENV) or os.environ.get(SECRET_ENV))
+
+
+def _secret() -> str | None:
+    """The job's secret: the text of ``AUTODIST_AGREE_SECRET_FILE`` (a regular file of this user's,
+    mode 0600 or stricter), else ``AUTODIST_AGREE_SECRET`` with a warning (Paddle's launcher
+    writes its whole environment into ./log, readable by all); None when neither is set. A file
+    not this user's alone, both set, or a weak secret (:func:`secret_bits` below
+    :data:`MIN_SECRET_BITS`) is one ``PlanError``."""
+    path, text = os.environ.get(SECRET_FILE_ENV), os.environ.get(SECRET_ENV)
+    if path and text:
+        raise PlanError(f"both {SECRET_FILE_ENV} and {SECRET_ENV} are set: unset {SECRET_ENV}", source="environment")
+    if path:
+        text, where = _read_secret_file(path), f"{SECRET_FILE_ENV}={path}"
+    elif text:
+        where = SECRET_ENV
+        warnings.warn(
+            f"autodist: {SECRET_ENV} is in the environment, which python -m paddle.distributed.launch writes into "
+            f"./log (backup_env.*.json, envlog.*, mode 0644) where any local user can read it: put the secret in a "
+            f"file only you can read and set {SECRET_FILE_ENV} to it instead (README, Security)",
+            stacklevel=3,
+        )
+    else:
+        return None
+    bits = secret_bits(text)
+    if bits < MIN_SECRET_BITS:
+        raise PlanError(
+            f"{where}: the secret is weak (about {bits:.0f} bits, at least {MIN_SECRET_BITS} needed); make one with "
+            f"`python -c 'import secrets; print(secrets.token_hex(32))'`",
+            source="environment",
+        )
+    return text
+
+
+def _read_secret_file(path: str) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        raise PlanError(f"{SECRET_FILE_ENV}={path}: {err.strerror}", source="environment") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise PlanError(
+                f"{SECRET_FILE_ENV}={path}: not a file only this user can read (owner uid {info.st_uid}, mode "
+                f"{stat.S_IMODE(info.st_mode):o}); `chmod 600 {path}` as its owner",
+                source="environment",
+            )
+        data = os.read(fd, _SECRET_FILE_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > _SECRET_FILE_MAX_BYTES:
+        raise PlanError(f"{SECRET_FILE_ENV}={path}: larger than {_SECRET_FILE_MAX_BYTES} bytes", source="environment")
+    return data.decode("utf-8", "replace").strip()
+
+
+def secret_bits(secret: str) -> float:
+    """A generous estimate of the secret's entropy in bits: its length times the lesser of the
+    bits per character of its alphabet (hex digits, or the character classes it uses) and of its
+    characters' own frequencies (so repeats count little).
+
+    >>> round(secret_bits("0123456789abcdef" * 4))
+    256
+    >>> round(secret_bits("s3cret"))
+    16
+    >>> secret_bits("a" * 40)
+    0.0
+    """
+    if not secret:
+        return 0.0
+    if all(c in "0123456789abcdefABCDEF" for c in secret):
+        alphabet = 16
+    else:
+        classes = [str.islower, str.isupper, str.isdigit]
+        alphabet = sum(n for test, n in zip(classes, (26, 26, 10)) if any(test(c) for c in secret))
+        alphabet += 33 if any(not (c.islower() or c.isupper() or c.isdigit()) for c in secret) else 0
+    counts = [secret.count(c) for c in set(secret)]
+    frequency = max(0.0, -sum(n / len(secret) * math.log2(n / len(secret)) for n in counts))
+    return len(secret) * min(math.log2(alphabet), frequency)
 
 
 def new_key(master: str, port: int) -> tuple[bytes, Path | None, bytes | None]:
@@ -91,7 +180,7 @@ def new_key(master: str, port: int) -> tuple[bytes, Path | None, bytes | None]:
     when done, the file's key)``: the file holds the key itself when there is no secret; with
     one, a random key that only tells another secret (the file is then written where it can be,
     or not at all: ``(key, None, None)``). Either way the file holds ``port``."""
-    secret = os.environ.get(SECRET_ENV)
+    secret = _secret()
     if secret:
         try:
             path, file_key = _write_key_file(master, port, secret=True)
@@ -116,7 +205,7 @@ def _write_key_file(master: str, port: int, secret: bool) -> tuple[Path, bytes]:
         os.replace(tmp, path)
     except OSError as err:
         raise PlanError(
-            f"agreement: cannot write the job's key to {path}: {err.strerror or err}; set {SECRET_ENV}",
+            f"agreement: cannot write the job's key to {path}: {err.strerror or err}; set {SECRET_FILE_ENV}",
             source="environment",
         ) from None
     return path, key
@@ -189,8 +278,9 @@ def _require_one_host() -> None:
         else "PADDLE_TRAINER_ENDPOINTS is not set, so nothing says the job's ranks run on one machine"
     )
     raise PlanError(
-        f"agreement: {where}, so they share no secret: set {SECRET_ENV} to the same random text on every node "
-        f"(e.g. the output of `python -c 'import secrets; print(secrets.token_hex(32))'`)",
+        f"agreement: {where}, so they share no secret: set {SECRET_FILE_ENV} to a file only you can read, holding "
+        f"the same random text on every node (`umask 077; python -c 'import secrets; print(secrets.token_hex(32))' "
+        f"> FILE`, README: Security)",
         source="environment",
     )
 
@@ -222,7 +312,7 @@ def key_file(master: str) -> Path:
         skipped.append(f"{folder} ({owner})")
     raise PlanError(
         f"agreement: no folder only this user can open for the job's key: {'; '.join(skipped)}; remove one, "
-        f"or set {SECRET_ENV}",
+        f"or set {SECRET_FILE_ENV}",
         source="environment",
     )
 

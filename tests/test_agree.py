@@ -79,7 +79,7 @@ def two_rank_env(monkeypatch):
     return agree_port
 
 
-SECRET = "the job's secret"
+SECRET = "5e3c8a9d0b7f14e2a6c1d9f3b8e0a4c7"  # strong enough (jobkey.MIN_SECRET_BITS)
 KEY = jobkey._from_secret(SECRET)
 
 
@@ -117,7 +117,10 @@ def test_ranks_on_several_machines_need_the_job_secret(two_rank_env, monkeypatch
     monkeypatch.delenv("AUTODIST_AGREE_SECRET")
     monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "127.0.0.1:6170,10.0.0.2:6170")
     for rank in (0, 1):
-        with pytest.raises(PlanError, match="set AUTODIST_AGREE_SECRET to the same random text on every node"):
+        with pytest.raises(
+            PlanError,
+            match="set AUTODIST_AGREE_SECRET_FILE to a file only you can read, holding the same random text on every node",
+        ):
             agree(Record(rank, "plan.json", PLAN_A, MODEL_A), rank=rank, world=2, timeout_s=1)
 
 

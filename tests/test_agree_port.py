@@ -93,14 +93,14 @@ def _two_hosts(tmp_path, secrets: tuple[str, str]):
 
 
 def test_across_machines_rank_0_posts_its_port_in_the_jobs_store(tmp_path):
-    results = _two_hosts(tmp_path, ("one secret", "one secret"))
+    results = _two_hosts(tmp_path, ("a1b2c3d4e5f60798" * 2, "a1b2c3d4e5f60798" * 2))
     assert [(r["rank"], r["error"]) for r in results] == [(0, None), (1, None)], results
 
 
 def test_across_machines_another_secret_is_named_at_the_posted_port(tmp_path):
     """Rank 1 signs with another secret: it cannot check rank 0's posted port and says so at once
     (not at the 40 s timeout)."""
-    results = _two_hosts(tmp_path, ("one secret", "another secret"))
+    results = _two_hosts(tmp_path, ("a1b2c3d4e5f60798" * 2, "f0e1d2c3b4a59687" * 2))
     rank1 = results[1]
     assert rank1["error"] == "PlanError" and "AUTODIST_AGREE_SECRET set alike on every node" in rank1["message"]
     assert rank1["seconds"] < 30

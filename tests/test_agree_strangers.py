@@ -30,6 +30,8 @@ from harness.launcher import TESTS_DIR, base_env, free_ports
 pytestmark = pytest.mark.multiprocess
 
 PLAN_A, PLAN_B = "a" * 64, "b" * 64
+#: Two secrets strong enough for jobkey.MIN_SECRET_BITS.
+ONE, TWO = "9b1d4f7a2c8e0536" * 2, "4c2e6a8f0d1b3957" * 2
 #: The agreement timeout of these jobs: short, so a test that fails fails in seconds, but long
 #: enough for two ranks started one after the other to meet on a loaded machine (at 3 s, with
 #: two pytest workers and other jobs on the 2 cores, rank 1 once found rank 0 gone).
@@ -376,9 +378,9 @@ def test_the_job_key_file_is_private_and_removed(job, tmp_path):
 @pytest.mark.parametrize(
     "secrets, said",
     [
-        (("s3cret", None), "AUTODIST_AGREE_SECRET is set on {0} and unset on {1}"),
-        ((None, "s3cret"), "AUTODIST_AGREE_SECRET is set on {1} and unset on {0}"),
-        (("one", "two"), "its AUTODIST_AGREE_SECRET differs from this rank's"),
+        ((ONE, None), "AUTODIST_AGREE_SECRET is set on {0} and unset on {1}"),
+        ((None, ONE), "AUTODIST_AGREE_SECRET is set on {1} and unset on {0}"),
+        ((ONE, TWO), "its AUTODIST_AGREE_SECRET differs from this rank's"),
     ],
     ids=["rank-0-only", "rank-1-only", "different"],
 )
@@ -404,8 +406,8 @@ def test_a_rank_that_cannot_read_rank_0s_key_file_names_another_secret_at_its_gr
     """As across machines (here: another TMPDIR), rank 1 cannot read rank 0's key file: rank 0's
     greeting at the endpoint the launch names for it, under another key, is all it has. It raises
     at once, naming the variable; rank 0, told nothing it could trust, names rank 1 at its deadline."""
-    job.start(0, PLAN_A, AUTODIST_AGREE_SECRET="one")
-    job.start(1, PLAN_A, AUTODIST_AGREE_SECRET="two", TMPDIR=str(tmp_path))
+    job.start(0, PLAN_A, AUTODIST_AGREE_SECRET=ONE)
+    job.start(1, PLAN_A, AUTODIST_AGREE_SECRET=TWO, TMPDIR=str(tmp_path))
     one = job.result(1)
     assert one["error"] == "PlanError" and one["seconds"] < TIMEOUT_S / 2, one
     assert (
@@ -416,8 +418,8 @@ def test_a_rank_that_cannot_read_rank_0s_key_file_names_another_secret_at_its_gr
 
 
 def test_ranks_with_the_same_secret_meet(job):
-    job.start(0, PLAN_A, AUTODIST_AGREE_SECRET="one")
-    job.start(1, PLAN_B, AUTODIST_AGREE_SECRET="one")
+    job.start(0, PLAN_A, AUTODIST_AGREE_SECRET=ONE)
+    job.start(1, PLAN_B, AUTODIST_AGREE_SECRET=ONE)
     assert_both_refuse_the_plans(job)
 
 
@@ -474,14 +476,14 @@ def test_a_greeting_replayed_late_ends_rank_1s_wait_at_its_deadline(job):
     from autodist.applier.jobkey import _from_secret
     from autodist.applier.signed import greeting
 
-    earlier = greeting(_from_secret("one"), PROTOCOL, b"e" * 16)
+    earlier = greeting(_from_secret(ONE), PROTOCOL, b"e" * 16)
 
     def replay(stop):
         stop.wait(TIMEOUT_S - 2)
         listen_on(stop, job.port, lambda conn, stop: (conn.sendall(earlier), stop.wait(3 * TIMEOUT_S)))
 
     with stranger(replay):
-        job.start(1, PLAN_A, AUTODIST_AGREE_SECRET="one")
+        job.start(1, PLAN_A, AUTODIST_AGREE_SECRET=ONE)
         one = job.result(1)
     assert one["error"] == "PlanError" and "rank 0 gave no verdict within" in one["message"], one
     assert one["seconds"] < TIMEOUT_S + VERDICT_GRACE_S + 2, one
