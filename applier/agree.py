@@ -40,6 +40,12 @@ port + 1, the old default, was now and then another job's). Every other rank con
 Every message is signed with an HMAC under the job's key (jobkey.py) over both nonces and the
 round, so only the job's ranks take part: a record or verdict from any other process, or one
 replayed from another connection, another round or another job, fails the check and is dropped.
+Rank 0's first verdict also carries the job nonce, fresh at each agreement: what the ranks sign
+after the agreement (the readable losses' answers, addresses and posted values) is under
+:attr:`Agreement.job_key`, the job's key bound to it, so nothing recorded in one job is accepted
+in another, even under the same secret. (A greeting is the key's signature over its own nonce: an
+earlier job's, replayed under the same secret, is taken -- but brings no verdict, and the rank
+ends at its deadline.)
 A rank sends nothing until rank 0's greeting checks out (a stranger on the port is hung up on
 and named at the deadline; a greeting that shows rank 0 signing with another
 ``AUTODIST_AGREE_SECRET`` is an error at once, told to rank 0 under its key file's key on the
@@ -83,6 +89,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import itertools
 import json
 import os
@@ -243,6 +250,22 @@ class Agreement:
         self.key, self.rank, self.world, self.timeout_s, self.source = key, rank, world, timeout_s, source
         self.links, self.key_file, self.file_key = links, key_file, file_key
         self.settled = False
+        #: The job nonce: fresh at every agreement, drawn by rank 0 and sent with its signed
+        #: verdict (b"" on one rank). Everything signed after the agreement is under :attr:`job_key`.
+        self.job = b""
+
+    @property
+    def job_key(self) -> bytes:
+        """The job's key bound to this run (:attr:`job`): what the readable losses sign with, so a
+        value, address or answer recorded in another job -- even under the same secret -- checks
+        out in no other.
+
+        >>> a, b = Agreement(b"k" * 32, 0, 1, 1.0, "plan.json", []), Agreement(b"k" * 32, 0, 1, 1.0, "plan.json", [])
+        >>> a.job, b.job = b"1" * 16, b"2" * 16
+        >>> a.job_key == b.job_key
+        False
+        """
+        return hmac.new(self.key, b"autodist job\0" + self.job, hashlib.sha256).digest()
 
     def settle(self, failure: BaseException | None = None) -> None:
         """Meet the other ranks once this rank applied the plan (``failure``: or failed to).
@@ -321,6 +344,7 @@ def _host(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
         raise
     came: dict[int, tuple[_Link, Record]] = {}
     agreement = Agreement(key, 0, world, timeout_s, record.plan_source, [], key_file, file_key)
+    agreement.job = secrets.token_bytes(NONCE_BYTES)
     try:
         with listener, selectors.DefaultSelector() as selector:
             keys = (key, file_key)
@@ -329,7 +353,7 @@ def _host(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
             agreement.links = [link for link, _ in came.values()]
             records = sorted([record, *(r for _, r in came.values())], key=lambda r: r.rank)
             verdict = verdict_problems(records, _missing(came, world), world, timeout_s) + malformed
-            _deliver(selector, key, agreement.links, 0, verdict, time.monotonic() + timeout_s)
+            _deliver(selector, agreement, 0, verdict, time.monotonic() + timeout_s)
     except BaseException:
         agreement.links = [link for link, _ in came.values()]
         agreement.close()
@@ -440,10 +464,11 @@ def _missing(came: dict, world: int) -> list[int]:
     return [r for r in range(1, world) if r not in came]
 
 
-def _deliver(selector, key: bytes, links: list[_Link], round_: int, verdict: list[str], deadline: float) -> None:
-    """Send every linked rank the verdict, then wait until each acknowledged it, its connection
-    closed (it died: nothing more to wait for), or ``deadline`` passed (frozen)."""
-    payload = json.dumps({"verdict": verdict}).encode()
+def _deliver(selector, agreement: Agreement, round_: int, verdict: list[str], deadline: float) -> None:
+    """Send every linked rank the verdict (and the job nonce), then wait until each acknowledged
+    it, its connection closed (it died: nothing more to wait for), or ``deadline`` passed (frozen)."""
+    key, links = agreement.key, agreement.links
+    payload = json.dumps({"verdict": verdict, "job": agreement.job.hex()}).encode()
     waiting: list[_Link] = []
     for link in links:
         try:
@@ -503,7 +528,7 @@ def _settle_host(agreement: Agreement, mine: list[str]) -> list[str]:
                 verdict.append(f"rank {link.rank} lost its connection to rank 0 while applying the plan (died?)")
             else:
                 verdict.extend(reports[link.rank] or [])
-        _deliver(selector, agreement.key, agreement.links, 1, verdict, time.monotonic() + agreement.timeout_s)
+        _deliver(selector, agreement, 1, verdict, time.monotonic() + agreement.timeout_s)
     return verdict
 
 
@@ -617,13 +642,15 @@ def _settle_join(agreement: Agreement, mine: list[str]) -> list[str]:
 
 
 def _exchange(agreement: Agreement, message: bytes, round_: int, deadline: float) -> list[str]:
-    """Send ``message`` to rank 0, wait for its verdict of this round until ``deadline`` and acknowledge it."""
+    """Send ``message`` to rank 0, wait for its verdict of this round until ``deadline`` and
+    acknowledge it; the first round's verdict also gives the job nonce (``agreement.job``)."""
     (link,) = agreement.links
     waited = deadline - time.monotonic()
     try:
         link.conn.settimeout(max(0.001, waited))
         link.conn.sendall(message)
-        verdict = _await_verdict(link.conn, agreement.key, link.context(round_), deadline, waited)
+        verdict, job = _await_verdict(link.conn, agreement.key, link.context(round_), deadline, waited)
+        agreement.job = job if round_ == 0 else agreement.job
     except OSError as exc:  # reset or broken: rank 0 is gone
         verdict = [_lost(exc)]
     try:
@@ -710,23 +737,27 @@ def _send_quietly(conn: socket.socket, data: bytes) -> None:
         pass
 
 
-def _await_verdict(conn: socket.socket, key: bytes, context: bytes, deadline: float, timeout_s: float) -> list[str]:
-    """Rank 0's signed verdict on ``conn``: the problems every rank raises (empty: all agree)."""
+def _await_verdict(
+    conn: socket.socket, key: bytes, context: bytes, deadline: float, timeout_s: float
+) -> tuple[list[str], bytes]:
+    """Rank 0's signed verdict on ``conn``: ``(the problems every rank raises (empty: all agree),
+    the job nonce it came with)``."""
     line = receive_line(conn, deadline, MAX_MESSAGE_BYTES)
     if line is None:
-        return [f"agreement: rank 0 gave no verdict within {timeout_s:.0f} s (stuck, or not rank 0?)"]
+        return [f"agreement: rank 0 gave no verdict within {timeout_s:.0f} s (stuck, or not rank 0?)"], b""
     if not line:
-        return [_lost(ConnectionError("connection closed"))]
+        return [_lost(ConnectionError("connection closed"))], b""
     try:
-        verdict = strict_json(unseal(key, PROTOCOL, "verdict", context, line) or b"")["verdict"]
-        if isinstance(verdict, list) and all(isinstance(p, str) for p in verdict):
-            return verdict
+        message = strict_json(unseal(key, PROTOCOL, "verdict", context, line) or b"")
+        verdict, job = message["verdict"], bytes.fromhex(message["job"])
+        if isinstance(verdict, list) and all(isinstance(p, str) for p in verdict) and len(job) == NONCE_BYTES:
+            return verdict, job
     except Exception:
         pass
     return [
         "agreement: the connection to rank 0 carried something other than its signed verdict (another "
         f"program on the port, or tampered with?); set {PORT_ENV} to a free port on every rank"
-    ]
+    ], b""
 
 
 def _lost(exc: Exception) -> str:

@@ -14,6 +14,7 @@ it has open, as a rank of a job short of descriptors.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -37,10 +38,11 @@ def main(plan_digest: str, after: str | None) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + int(spare), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     rank, world = int(os.environ["PADDLE_TRAINER_ID"]), int(os.environ["PADDLE_TRAINERS_NUM"])
     start = time.monotonic()
-    error, message, agreed = None, "", None
+    error, message, agreed, job = None, "", None, None
     try:
         agreement = agree(Record(rank, "plan.json", plan_digest, MODEL_DIGEST), rank, world, timeout_s=_timeout())
         agreed = time.monotonic()
+        job = hashlib.sha256(agreement.job_key).hexdigest()[:16]
         with applying(agreement):
             if after == "fail":
                 raise RuntimeError("TEST-ONLY: this rank failed while sharding")
@@ -53,6 +55,8 @@ def main(plan_digest: str, after: str | None) -> None:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     result = {
         "rank": rank,
+        # A fingerprint of the key this run signs with after the agreement (never the key itself).
+        "job": job,
         "error": error,
         "message": message,
         "seconds": time.monotonic() - start,
