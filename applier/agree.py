@@ -22,8 +22,11 @@ closing, and every rank raises (the failed one its own error, the others a ``Pla
 it) instead of waiting in a collective its peer never joins.
 
 The exchange is a plain TCP conversation, one line each way (docs/paddle-notes.md, "The
-agreement step"). Rank 0 listens on the job's master address, port + 1 (or
-``AUTODIST_AGREE_PORT``; the address ``AUTODIST_AGREE_BIND``); every other rank connects::
+agreement step"). Rank 0 listens on the job's master address (or ``AUTODIST_AGREE_BIND``), on a
+port the system picks free (or ``AUTODIST_AGREE_PORT``, for a firewall), and tells the others
+where: on one machine in its key file, with the key (jobkey.py); across machines it posts the port,
+signed, in Paddle's store (:class:`_Rank0Port`). No port of the job's is assumed free (the master's
+port + 1, the old default, was now and then another job's). Every other rank connects::
 
     rank r > 0                                rank 0
     connect (retry while refused)  ---->  accept, until all world - 1 records or the deadline
@@ -37,6 +40,12 @@ agreement step"). Rank 0 listens on the job's master address, port + 1 (or
 Every message is signed with an HMAC under the job's key (jobkey.py) over both nonces and the
 round, so only the job's ranks take part: a record or verdict from any other process, or one
 replayed from another connection, another round or another job, fails the check and is dropped.
+Rank 0's first verdict also carries the job nonce, fresh at each agreement: what the ranks sign
+after the agreement (the readable losses' answers, addresses and posted values) is under
+:attr:`Agreement.job_key`, the job's key bound to it, so nothing recorded in one job is accepted
+in another, even under the same secret. (A greeting is the key's signature over its own nonce: an
+earlier job's, replayed under the same secret, is taken -- but brings no verdict, and the rank
+ends at its deadline.)
 A rank sends nothing until rank 0's greeting checks out (a stranger on the port is hung up on
 and named at the deadline; a greeting that shows rank 0 signing with another
 ``AUTODIST_AGREE_SECRET`` is an error at once, told to rank 0 under its key file's key on the
@@ -60,10 +69,12 @@ polls, except a rank that arrives before rank 0 listens (or wrote its key), whic
 2 ms, doubling up to 50 ms, and a rank 0 out of descriptors with no stranger to drop, which
 stops accepting for 50 ms (signed.py).
 
-Paddle's own stores are not used, though exchanging through one would need no listener of our
-own: its global store blocks, holding the GIL, until every rank connects -- the hang this step
-exists to prevent -- and its ``core.TCPStore`` has waits without deadlines and aborts the
-process in some failures (docs/paddle-notes.md). Neither authenticates anyone either.
+Paddle's own stores carry nothing of the exchange but that port, across machines only, though
+exchanging through one would need no listener of our own: its global store blocks, holding the
+GIL, until every rank connects -- the hang this step exists to prevent, so across machines a rank
+stuck before ``apply_plan`` holds the others in the store's making, as ``init_parallel_env``
+would -- and its ``core.TCPStore`` has waits without deadlines and aborts the process in some
+failures (docs/paddle-notes.md). Neither authenticates anyone either.
 
 Example::
 
@@ -78,6 +89,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import itertools
 import json
 import os
@@ -102,14 +114,17 @@ from autodist.applier.signed import (
 )
 from autodist.applier.jobkey import (
     SECRET_ENV,
+    SECRET_FILE_ENV,
     has_secret,
     key_file,
     mismatch,
     new_key,
+    one_host,
     rank0_key_file,
     read_key,
     remove_key,
 )
+from autodist.applier.store_host import global_store, master_address, post, wait_posted
 from autodist.schemas import PlanError
 
 #: Seconds a rank waits for the others; generous, since ranks reach apply_plan at different
@@ -235,6 +250,22 @@ class Agreement:
         self.key, self.rank, self.world, self.timeout_s, self.source = key, rank, world, timeout_s, source
         self.links, self.key_file, self.file_key = links, key_file, file_key
         self.settled = False
+        #: The job nonce: fresh at every agreement, drawn by rank 0 and sent with its signed
+        #: verdict (b"" on one rank). Everything signed after the agreement is under :attr:`job_key`.
+        self.job = b""
+
+    @property
+    def job_key(self) -> bytes:
+        """The job's key bound to this run (:attr:`job`): what the readable losses sign with, so a
+        value, address or answer recorded in another job -- even under the same secret -- checks
+        out in no other.
+
+        >>> a, b = Agreement(b"k" * 32, 0, 1, 1.0, "plan.json", []), Agreement(b"k" * 32, 0, 1, 1.0, "plan.json", [])
+        >>> a.job, b.job = b"1" * 16, b"2" * 16
+        >>> a.job_key == b.job_key
+        False
+        """
+        return hmac.new(self.key, b"autodist job\0" + self.job, hashlib.sha256).digest()
 
     def settle(self, failure: BaseException | None = None) -> None:
         """Meet the other ranks once this rank applied the plan (``failure``: or failed to).
@@ -290,23 +321,30 @@ def _describe(exc: BaseException) -> str:
 
 
 def _host(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
-    host, port = master_endpoint()
-    key, key_file, file_key = new_key(master_address())
+    host, port = master_host(), fixed_port()
     try:
-        listener = _listen(os.environ.get(BIND_ENV) or host, port)
+        listener = _listen(os.environ.get(BIND_ENV) or host, port or 0)
     except OSError as err:
-        remove_key(key_file, file_key)
         hint = (
             f"{host} is not an address of this machine; set {BIND_ENV} to one (0.0.0.0: all interfaces)"
             if err.errno == errno.EADDRNOTAVAIL
-            else f"set {PORT_ENV} to a free port on every rank"
+            else f"set {PORT_ENV} to a free port on every rank, or unset it (a port the system picks)"
         )
         raise PlanError(
-            f"agreement: rank 0 cannot listen on port {port} ({err.strerror or err}); {hint}",
+            f"agreement: rank 0 cannot listen on port {port or 'any'} ({err.strerror or err}); {hint}",
             source=record.plan_source,
         ) from None
+    try:
+        key, key_file, file_key = new_key(master_address(), listener.getsockname()[1])
+        if not port and not one_host():  # the ranks on other machines learn the port from the store
+            sealed = seal(key, PROTOCOL, "port", _store_name(call).encode(), str(listener.getsockname()[1]).encode())
+            post(global_store(0), _store_name(call), sealed)
+    except BaseException:
+        listener.close()
+        raise
     came: dict[int, tuple[_Link, Record]] = {}
     agreement = Agreement(key, 0, world, timeout_s, record.plan_source, [], key_file, file_key)
+    agreement.job = secrets.token_bytes(NONCE_BYTES)
     try:
         with listener, selectors.DefaultSelector() as selector:
             keys = (key, file_key)
@@ -315,7 +353,7 @@ def _host(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
             agreement.links = [link for link, _ in came.values()]
             records = sorted([record, *(r for _, r in came.values())], key=lambda r: r.rank)
             verdict = verdict_problems(records, _missing(came, world), world, timeout_s) + malformed
-            _deliver(selector, key, agreement.links, 0, verdict, time.monotonic() + timeout_s)
+            _deliver(selector, agreement, 0, verdict, time.monotonic() + timeout_s)
     except BaseException:
         agreement.links = [link for link, _ in came.values()]
         agreement.close()
@@ -426,10 +464,11 @@ def _missing(came: dict, world: int) -> list[int]:
     return [r for r in range(1, world) if r not in came]
 
 
-def _deliver(selector, key: bytes, links: list[_Link], round_: int, verdict: list[str], deadline: float) -> None:
-    """Send every linked rank the verdict, then wait until each acknowledged it, its connection
-    closed (it died: nothing more to wait for), or ``deadline`` passed (frozen)."""
-    payload = json.dumps({"verdict": verdict}).encode()
+def _deliver(selector, agreement: Agreement, round_: int, verdict: list[str], deadline: float) -> None:
+    """Send every linked rank the verdict (and the job nonce), then wait until each acknowledged
+    it, its connection closed (it died: nothing more to wait for), or ``deadline`` passed (frozen)."""
+    key, links = agreement.key, agreement.links
+    payload = json.dumps({"verdict": verdict, "job": agreement.job.hex()}).encode()
     waiting: list[_Link] = []
     for link in links:
         try:
@@ -489,7 +528,7 @@ def _settle_host(agreement: Agreement, mine: list[str]) -> list[str]:
                 verdict.append(f"rank {link.rank} lost its connection to rank 0 while applying the plan (died?)")
             else:
                 verdict.extend(reports[link.rank] or [])
-        _deliver(selector, agreement.key, agreement.links, 1, verdict, time.monotonic() + agreement.timeout_s)
+        _deliver(selector, agreement, 1, verdict, time.monotonic() + agreement.timeout_s)
     return verdict
 
 
@@ -562,17 +601,18 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def _join(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
-    host, port = master_endpoint()
+    host = master_host()
     deadline = time.monotonic() + timeout_s
-    conn, nonce, key, found = _connect(host, port, master_address(), deadline, record)
+    conn, nonce, key, found = _connect(host, _Rank0Port(record.rank, call), master_address(), deadline, record)
     if conn is None:
         why = {
             # a rank 0 with another secret is named at its first greeting (_refuse_another_secret)
-            "stranger": f"something other than this job's rank 0 listens on {host}:{port}: another program (set "
-            f"{PORT_ENV} to a free port on every rank)",
-            "nothing": f"nothing listens on {host}:{port}; dead, stuck, or another plan?",
+            "stranger": f"something other than this job's rank 0 listens on {host}:{fixed_port()}: another program "
+            f"(set {PORT_ENV} to a free port on every rank, or unset it)",
+            "nothing": f"nothing listens on {host}; dead, stuck, or another plan?",
             "no key": f"it wrote no key to {key_file(master_address())}; dead, stuck, or another TMPDIR (every rank "
-            f"needs the same, or set {SECRET_ENV})",
+            f"needs the same, or set {SECRET_FILE_ENV})",
+            "no port": f"it posted no signed agreement port in the job's store; dead, stuck, or another {SECRET_ENV}?",
         }[found]
         raise PlanError(
             f"agreement: rank 0 did not reach the agreement step within {timeout_s:g} s ({why}); "
@@ -583,7 +623,10 @@ def _join(record: Record, world: int, call: int, timeout_s: float) -> Agreement:
     link = _Link(conn, 0, nonce + mine)
     agreement = Agreement(key, record.rank, world, timeout_s, record.plan_source, [link])
     hello = json.dumps({"call": call, "nonce": mine.hex(), "record": asdict(record)}).encode()
-    verdict = _exchange(agreement, seal(key, PROTOCOL, "record", nonce, hello), 0)
+    # Rank 0 decides by its own deadline, at most timeout_s after it listened: one deadline for the
+    # whole step, however long finding rank 0 took (a greeting replayed by another process once
+    # made a rank wait about twice the timeout).
+    verdict = _exchange(agreement, seal(key, PROTOCOL, "record", nonce, hello), 0, deadline + VERDICT_GRACE_S)
     if verdict:
         agreement.close()
         raise PlanError(verdict, source=record.plan_source)
@@ -594,19 +637,20 @@ def _settle_join(agreement: Agreement, mine: list[str]) -> list[str]:
     """A rank > 0's side of :meth:`Agreement.settle`: its report, then rank 0's verdict."""
     (link,) = agreement.links
     report = seal(agreement.key, PROTOCOL, "report", link.context(1), json.dumps({"problems": mine}).encode())
-    return _exchange(agreement, report, 1)
+    # Rank 0 decides by its own deadline, at most timeout_s after this rank's report can reach it.
+    return _exchange(agreement, report, 1, time.monotonic() + agreement.timeout_s + VERDICT_GRACE_S)
 
 
-def _exchange(agreement: Agreement, message: bytes, round_: int) -> list[str]:
-    """Send ``message`` to rank 0, wait for its verdict of this round and acknowledge it."""
+def _exchange(agreement: Agreement, message: bytes, round_: int, deadline: float) -> list[str]:
+    """Send ``message`` to rank 0, wait for its verdict of this round until ``deadline`` and
+    acknowledge it; the first round's verdict also gives the job nonce (``agreement.job``)."""
     (link,) = agreement.links
-    timeout_s = agreement.timeout_s
+    waited = deadline - time.monotonic()
     try:
-        link.conn.settimeout(timeout_s)
+        link.conn.settimeout(max(0.001, waited))
         link.conn.sendall(message)
-        # Rank 0 decides by its own deadline, which is at most timeout_s after it listened.
-        deadline = time.monotonic() + timeout_s + VERDICT_GRACE_S
-        verdict = _await_verdict(link.conn, agreement.key, link.context(round_), deadline, timeout_s)
+        verdict, job = _await_verdict(link.conn, agreement.key, link.context(round_), deadline, waited)
+        agreement.job = job if round_ == 0 else agreement.job
     except OSError as exc:  # reset or broken: rank 0 is gone
         verdict = [_lost(exc)]
     try:
@@ -617,19 +661,23 @@ def _exchange(agreement: Agreement, message: bytes, round_: int) -> list[str]:
     return verdict
 
 
-def _connect(host: str, port: int, master: str, deadline: float, record: Record):
+def _connect(host: str, ports: _Rank0Port, master: str, deadline: float, record: Record):
     """``(connection, rank 0's nonce, key, "")``: a connection to rank 0 whose greeting is
     signed with the job's key, retried while refused (rank 0 not listening yet) or not greeted,
     until ``deadline``. ``(None, None, None, what was found)`` when none came: "stranger" (a
     greeting that does not check out) if that was ever met -- it says more than the refusals
-    after it --, else "nothing" (refused) or "no key" (rank 0's key file never appeared).
+    after it --, else "nothing" (refused), "no key" (rank 0's key file never appeared) or
+    "no port" (rank 0 posted no port in the store).
     A greeting that shows rank 0 signing with another secret (:func:`_another_secret`) is a
     ``PlanError`` at once, after telling rank 0 where it can."""
     wait, found = RETRY_MIN_S, "no key"
     while True:
-        key = read_key(master)  # None until rank 0 wrote it (it does before it listens)
+        key = read_key(master)  # None until rank 0 wrote it (it does once it listens)
+        port = ports.find(master, key, deadline) if key is not None else None
+        if key is not None and port is None:
+            found = "no port" if not one_host() else found
         conn = None
-        if key is not None:
+        if key is not None and port is not None:
             try:
                 conn = socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic())))
                 heard = read_greeting(conn, PROTOCOL, min(time.monotonic() + GREETING_WAIT_S, deadline))
@@ -675,7 +723,7 @@ def _another_secret(master: str, key: bytes, heard: tuple[bytes, bytes]) -> tupl
     found = rank0_key_file(master)
     if found is None:  # rank 0 on another machine: its greeting under another key is all there is
         return (None, None) if mine else None
-    file_key, theirs = found
+    file_key, theirs = found.key, found.secret
     if not theirs and (mine == theirs or not signed_greeting(heard, file_key, PROTOCOL)):
         return None  # neither has a secret (an old key file), or not rank 0's greeting
     return theirs, file_key
@@ -689,23 +737,27 @@ def _send_quietly(conn: socket.socket, data: bytes) -> None:
         pass
 
 
-def _await_verdict(conn: socket.socket, key: bytes, context: bytes, deadline: float, timeout_s: float) -> list[str]:
-    """Rank 0's signed verdict on ``conn``: the problems every rank raises (empty: all agree)."""
+def _await_verdict(
+    conn: socket.socket, key: bytes, context: bytes, deadline: float, timeout_s: float
+) -> tuple[list[str], bytes]:
+    """Rank 0's signed verdict on ``conn``: ``(the problems every rank raises (empty: all agree),
+    the job nonce it came with)``."""
     line = receive_line(conn, deadline, MAX_MESSAGE_BYTES)
     if line is None:
-        return [f"agreement: rank 0 gave no verdict within {timeout_s:g} s (stuck?)"]
+        return [f"agreement: rank 0 gave no verdict within {timeout_s:.0f} s (stuck, or not rank 0?)"], b""
     if not line:
-        return [_lost(ConnectionError("connection closed"))]
+        return [_lost(ConnectionError("connection closed"))], b""
     try:
-        verdict = strict_json(unseal(key, PROTOCOL, "verdict", context, line) or b"")["verdict"]
-        if isinstance(verdict, list) and all(isinstance(p, str) for p in verdict):
-            return verdict
+        message = strict_json(unseal(key, PROTOCOL, "verdict", context, line) or b"")
+        verdict, job = message["verdict"], bytes.fromhex(message["job"])
+        if isinstance(verdict, list) and all(isinstance(p, str) for p in verdict) and len(job) == NONCE_BYTES:
+            return verdict, job
     except Exception:
         pass
     return [
         "agreement: the connection to rank 0 carried something other than its signed verdict (another "
         f"program on the port, or tampered with?); set {PORT_ENV} to a free port on every rank"
-    ]
+    ], b""
 
 
 def _lost(exc: Exception) -> str:
@@ -716,15 +768,8 @@ def _lost(exc: Exception) -> str:
 # -- where rank 0 listens ---------------------------------------------------------------------------
 
 
-def master_address() -> str:
-    """The job's master endpoint ``host:port``: ``PADDLE_MASTER`` (set by Paddle's launcher) or
-    else the first of ``PADDLE_TRAINER_ENDPOINTS``, as Paddle's own store finds its master."""
-    return os.environ.get("PADDLE_MASTER") or os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
-
-
-def master_endpoint() -> tuple[str, int]:
-    """Rank 0's host and the agreement port: the master's host (:func:`master_address`); the port is
-    ``AUTODIST_AGREE_PORT`` or the master's port + 1."""
+def master_host() -> str:
+    """Rank 0's host: the job's master's (:func:`~autodist.applier.store_host.master_address`)."""
     host, _, port = master_address().rpartition(":")
     if not host or not port.isdigit():
         raise PlanError(
@@ -732,5 +777,55 @@ def master_endpoint() -> tuple[str, int]:
             "start the job with paddle.distributed.launch or set them",
             source="environment",
         )
-    agree_port = os.environ.get(PORT_ENV)
-    return host, int(agree_port) if agree_port and agree_port.isdigit() else int(port) + 1
+    return host
+
+
+def fixed_port() -> int | None:
+    """``AUTODIST_AGREE_PORT`` when set (a port every rank's firewall lets through), else None:
+    rank 0 listens on a port the system picks free and tells the others where (:class:`_Rank0Port`).
+
+    >>> os.environ[PORT_ENV] = "70000"
+    >>> fixed_port()
+    Traceback (most recent call last):
+    ...
+    autodist.schemas.errors.PlanError: environment: invalid plan: AUTODIST_AGREE_PORT='70000': expected a port, 1 to 65535
+    >>> del os.environ[PORT_ENV]
+    """
+    text = os.environ.get(PORT_ENV)
+    if not text:
+        return None
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise PlanError(f"{PORT_ENV}={text!r}: expected a port, 1 to 65535", source="environment")
+    return int(text)
+
+
+def _store_name(call: int) -> str:
+    return f"autodist/agree/{call}/port"
+
+
+@dataclass
+class _Rank0Port:
+    """Where a rank > 0 finds the port rank 0's agreement listens on: ``AUTODIST_AGREE_PORT``;
+    else, on one machine, rank 0's key file (jobkey.py); else the job's store, where rank 0
+    posted it signed (the store is made here if the script has not: as ``init_parallel_env``
+    does, it waits until every rank joined it)."""
+
+    rank: int
+    call: int
+
+    def find(self, master: str, key: bytes, deadline: float) -> int | None:
+        """The port, or None when rank 0 has not said it yet (or not under ``key``)."""
+        port = fixed_port()
+        if port:
+            return port
+        if one_host():
+            found = rank0_key_file(master)
+            return found.port if found else None
+        name = _store_name(self.call)
+        sealed = wait_posted(global_store(self.rank), name, deadline)
+        if sealed is None:
+            return None
+        text = unseal(key, PROTOCOL, "port", name.encode(), sealed)
+        if text is None:  # only rank 0 posts there: it signs with another secret
+            raise PlanError(f"agreement: {mismatch('rank 0', has_secret(), None)}", source="environment")
+        return int(text) if text.isdigit() and 0 < int(text) < 65536 else None

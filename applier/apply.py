@@ -208,7 +208,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     # (MoE layers, local views, local token lookups) hold Python's lock while they wait, so a rank
     # in one could not answer a reader: values are posted instead.
     post = groups is not None or bool(plan.local_view or plan.vocab_lookup)
-    make_outputs_readable(model, agreement.key, post=post, read=read)
+    make_outputs_readable(model, agreement.job_key, post=post, read=read)  # bound to this run (agree.py)
     _APPLIED[model] = plan
     return model, optimizer, dataloader
 

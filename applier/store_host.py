@@ -23,20 +23,30 @@ again where it makes the store itself (:func:`global_store`, before its first co
 
     >>> warm_up_store_host(rank=1)   # nothing to do anywhere but on the store's host, rank 0
     False
+
+What else goes through the store is here too: where the job's master is (:func:`master_address`),
+and a value one rank posts and another waits for until a deadline (:func:`post`, :func:`wait_posted`;
+Paddle's ``store.get`` of a key nobody set waits the store's own timeout, 900 s, holding Python's
+lock, so nothing calls it before a counter, ``store.add(key, 0)``, which returns at once, says the
+key is set).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
+import time
 from typing import Any
-
-import paddle
-
-from autodist.applier.agree import master_address
 
 #: ``SO_LINGER`` on, zero seconds: ``close`` sends a reset instead of the end of the stream.
 _RESET_ON_CLOSE = struct.pack("ii", 1, 0)
+
+
+def master_address() -> str:
+    """The job's master endpoint ``host:port``: ``PADDLE_MASTER`` (set by Paddle's launcher) or
+    else the first of ``PADDLE_TRAINER_ENDPOINTS``, as Paddle's own store finds its master."""
+    return os.environ.get("PADDLE_MASTER") or os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
 
 
 #: Whether this process's store thread has had its hang-up lines run (once is enough).
@@ -68,6 +78,24 @@ def warm_up_store_host(rank: int, timeout_s: float = 5.0) -> bool:
 def global_store(rank: int) -> Any:
     """Paddle's global TCP store (made here if the script has not: every rank must call this,
     as rank 0's waits for the others to connect), warmed up on rank 0."""
+    import paddle  # here: the agreement imports this module, and needs Paddle only across machines
+
     store = paddle.base.core.create_or_get_global_tcp_store()
     warm_up_store_host(rank)
     return store
+
+
+def post(store: Any, name: str, value: bytes) -> None:
+    """Set ``name`` to ``value`` in ``store``, then count it (:func:`wait_posted` waits on that)."""
+    store.set(name, value)
+    store.add(f"{name}/posted", 1)
+
+
+def wait_posted(store: Any, name: str, deadline: float, poll_s: float = 0.01) -> bytes | None:
+    """The value posted under ``name`` (:func:`post`), waiting for it until ``deadline``; None
+    when none came by then."""
+    while store.add(f"{name}/posted", 0) < 1:  # before then, the store's get would wait 900 s
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(poll_s)
+    return bytes(store.get(name))

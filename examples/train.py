@@ -3,7 +3,7 @@
 On a GPU cluster (one launch per node)::
 
     autodist-plan model.py --nnodes 2 --nproc-per-node 8 -o plan.json      # once, offline, on any machine
-    export AUTODIST_AGREE_SECRET=$JOB_SECRET                        # the same on every node (README, Security)
+    export AUTODIST_AGREE_SECRET_FILE=~/.autodist/agree.secret     # mode 0600, the same on every node (README, Security)
     python -m paddle.distributed.launch --nnodes 2 --nproc_per_node 8 --master HOST:PORT \\
         examples/train.py --model model.py --plan plan.json --steps 1000 --lazy
 

@@ -79,7 +79,7 @@ def two_rank_env(monkeypatch):
     return agree_port
 
 
-SECRET = "the job's secret"
+SECRET = "5e3c8a9d0b7f14e2a6c1d9f3b8e0a4c7"  # strong enough (jobkey.MIN_SECRET_BITS)
 KEY = jobkey._from_secret(SECRET)
 
 
@@ -117,7 +117,10 @@ def test_ranks_on_several_machines_need_the_job_secret(two_rank_env, monkeypatch
     monkeypatch.delenv("AUTODIST_AGREE_SECRET")
     monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "127.0.0.1:6170,10.0.0.2:6170")
     for rank in (0, 1):
-        with pytest.raises(PlanError, match="set AUTODIST_AGREE_SECRET to the same random text on every node"):
+        with pytest.raises(
+            PlanError,
+            match="set AUTODIST_AGREE_SECRET_FILE to a file only you can read, holding the same random text on every node",
+        ):
             agree(Record(rank, "plan.json", PLAN_A, MODEL_A), rank=rank, world=2, timeout_s=1)
 
 
@@ -267,13 +270,15 @@ def test_an_ack_and_the_next_report_in_one_read_are_both_heard(two_rank_env):
             nonces = _hello(conn, Record(1, "plan.json", PLAN_A, MODEL_A))
             stream = conn.makefile("rb")
             first = nonces + (0).to_bytes(4, "big")
-            assert signed.unseal(KEY, agree_module.PROTOCOL, "verdict", first, stream.readline()) == b'{"verdict": []}'
+            verdict = json.loads(signed.unseal(KEY, agree_module.PROTOCOL, "verdict", first, stream.readline()) or b"")
+            assert verdict["verdict"] == [] and len(bytes.fromhex(verdict["job"])) == 16  # and the job nonce
             second = nonces + (1).to_bytes(4, "big")
             conn.sendall(
                 signed.seal(KEY, agree_module.PROTOCOL, "ack", first, b"{}")
                 + signed.seal(KEY, agree_module.PROTOCOL, "report", second, b'{"problems": []}')
             )
-            assert signed.unseal(KEY, agree_module.PROTOCOL, "verdict", second, stream.readline()) == b'{"verdict": []}'
+            again = json.loads(signed.unseal(KEY, agree_module.PROTOCOL, "verdict", second, stream.readline()) or b"")
+            assert again == verdict
 
     thread = threading.Thread(target=fast_rank_1)
     thread.start()
@@ -298,7 +303,7 @@ def test_without_a_secret_the_key_file_needs_every_rank_on_one_named_host(monkey
     monkeypatch.setenv("PADDLE_MASTER", "127.0.0.1:6170")
     monkeypatch.delenv("PADDLE_TRAINER_ENDPOINTS", raising=False)
     with pytest.raises(PlanError) as unset:
-        jobkey.new_key("127.0.0.1:6170")
+        jobkey.new_key("127.0.0.1:6170", 6171)
     assert "PADDLE_TRAINER_ENDPOINTS is not set, so nothing says the job's ranks run on one machine" in str(unset.value)
     assert "several machines" not in str(unset.value) and "AUTODIST_AGREE_SECRET" in str(unset.value)
     monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "10.0.0.1:6170,10.0.0.2:6170")

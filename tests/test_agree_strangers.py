@@ -30,6 +30,8 @@ from harness.launcher import TESTS_DIR, base_env, free_ports
 pytestmark = pytest.mark.multiprocess
 
 PLAN_A, PLAN_B = "a" * 64, "b" * 64
+#: Two secrets strong enough for jobkey.MIN_SECRET_BITS.
+ONE, TWO = "9b1d4f7a2c8e0536" * 2, "4c2e6a8f0d1b3957" * 2
 #: The agreement timeout of these jobs: short, so a test that fails fails in seconds, but long
 #: enough for two ranks started one after the other to meet on a loaded machine (at 3 s, with
 #: two pytest workers and other jobs on the 2 cores, rank 1 once found rank 0 gone).
@@ -376,9 +378,9 @@ def test_the_job_key_file_is_private_and_removed(job, tmp_path):
 @pytest.mark.parametrize(
     "secrets, said",
     [
-        (("s3cret", None), "AUTODIST_AGREE_SECRET is set on {0} and unset on {1}"),
-        ((None, "s3cret"), "AUTODIST_AGREE_SECRET is set on {1} and unset on {0}"),
-        (("one", "two"), "its AUTODIST_AGREE_SECRET differs from this rank's"),
+        ((ONE, None), "AUTODIST_AGREE_SECRET is set on {0} and unset on {1}"),
+        ((None, ONE), "AUTODIST_AGREE_SECRET is set on {1} and unset on {0}"),
+        ((ONE, TWO), "its AUTODIST_AGREE_SECRET differs from this rank's"),
     ],
     ids=["rank-0-only", "rank-1-only", "different"],
 )
@@ -404,8 +406,8 @@ def test_a_rank_that_cannot_read_rank_0s_key_file_names_another_secret_at_its_gr
     """As across machines (here: another TMPDIR), rank 1 cannot read rank 0's key file: rank 0's
     greeting at the endpoint the launch names for it, under another key, is all it has. It raises
     at once, naming the variable; rank 0, told nothing it could trust, names rank 1 at its deadline."""
-    job.start(0, PLAN_A, AUTODIST_AGREE_SECRET="one")
-    job.start(1, PLAN_A, AUTODIST_AGREE_SECRET="two", TMPDIR=str(tmp_path))
+    job.start(0, PLAN_A, AUTODIST_AGREE_SECRET=ONE)
+    job.start(1, PLAN_A, AUTODIST_AGREE_SECRET=TWO, TMPDIR=str(tmp_path))
     one = job.result(1)
     assert one["error"] == "PlanError" and one["seconds"] < TIMEOUT_S / 2, one
     assert (
@@ -416,8 +418,8 @@ def test_a_rank_that_cannot_read_rank_0s_key_file_names_another_secret_at_its_gr
 
 
 def test_ranks_with_the_same_secret_meet(job):
-    job.start(0, PLAN_A, AUTODIST_AGREE_SECRET="one")
-    job.start(1, PLAN_B, AUTODIST_AGREE_SECRET="one")
+    job.start(0, PLAN_A, AUTODIST_AGREE_SECRET=ONE)
+    job.start(1, PLAN_B, AUTODIST_AGREE_SECRET=ONE)
     assert_both_refuse_the_plans(job)
 
 
@@ -462,3 +464,52 @@ def test_a_rank_frozen_after_the_agreement_is_named_at_the_timeout(job):
     assert zero["error"] == "PlanError", zero
     assert f"rank 1 did not finish applying the plan within {TIMEOUT_S:g} s" in zero["message"], zero
     assert one["error"] == "PlanError" and one["message"] == zero["message"], one
+
+
+def test_a_greeting_replayed_late_ends_rank_1s_wait_at_its_deadline(job):
+    """A stranger holds the agreement port and, just before rank 1's deadline T, replays a
+    greeting rank 0 sent in an earlier job under the same secret (the same bytes: a greeting is
+    the key's signature over its nonce). Rank 1 takes it, sends its record and waits for a verdict
+    that never comes: it stops by T + the verdict grace (+ 2 s), as its message says. It once
+    waited again T + grace from the replay, about 2T + 10 s in all, while saying "within T"."""
+    from autodist.applier.agree import PROTOCOL, VERDICT_GRACE_S
+    from autodist.applier.jobkey import _from_secret
+    from autodist.applier.signed import greeting
+
+    earlier = greeting(_from_secret(ONE), PROTOCOL, b"e" * 16)
+
+    def replay(stop):
+        stop.wait(TIMEOUT_S - 2)
+        listen_on(stop, job.port, lambda conn, stop: (conn.sendall(earlier), stop.wait(3 * TIMEOUT_S)))
+
+    with stranger(replay):
+        job.start(1, PLAN_A, AUTODIST_AGREE_SECRET=ONE)
+        one = job.result(1)
+    assert one["error"] == "PlanError" and "rank 0 gave no verdict within" in one["message"], one
+    assert one["seconds"] < TIMEOUT_S + VERDICT_GRACE_S + 2, one
+
+
+@pytest.mark.parametrize("squatter", ["open to others", "another user's"])
+def test_a_key_folder_someone_else_made_first_is_skipped_with_a_warning(job, tmp_path, squatter):
+    """``$TMPDIR/autodist-<uid>`` exists but is not private (another local user made it first, or
+    it is open to others): both ranks skip it alike, warning, and meet through
+    ``~/.cache/autodist/keys``. It once stopped every job without a secret."""
+    if squatter == "another user's" and os.getuid() != 0:
+        pytest.skip("making a folder another user's needs root")
+    squatted = tmp_path / f"autodist-{os.getuid()}"
+    squatted.mkdir(mode=0o755)
+    squatted.chmod(0o755)
+    if squatter == "another user's":
+        os.chown(squatted, 65534, 65534)
+        squatted.chmod(0o700)
+    home = tmp_path / "home"
+    env = {"TMPDIR": str(tmp_path), "HOME": str(home), "PYTHONWARNINGS": "default"}
+    job.start(0, PLAN_A, **env)
+    job.start(1, PLAN_A, **env)
+    stderr = []
+    for rank in (0, 1):
+        out, err = job.procs[rank].communicate(timeout=RANK_LIMIT_S)
+        assert json.loads(out.strip().splitlines()[-1])["error"] is None, (out, err)
+        stderr.append(err)
+    assert f"skipped {squatted} ({squatter})" in stderr[0], stderr[0]
+    assert (home / ".cache" / "autodist" / "keys").stat().st_mode & 0o777 == 0o700

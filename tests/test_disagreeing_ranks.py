@@ -151,7 +151,7 @@ def test_a_secret_on_one_rank_only_stops_both_within_seconds(tmp_path, holder):
         for name in ("AUTODIST_AGREE_SECRET", "AUTODIST_AGREE_TIMEOUT"):
             env.pop(name, None)
         if rank == holder:
-            env["AUTODIST_AGREE_SECRET"] = "set on this rank only"
+            env["AUTODIST_AGREE_SECRET"] = "3e7a9c1f5b2d8064" * 2  # strong enough (jobkey.MIN_SECRET_BITS)
         command = [sys.executable, "-c", APPLYING_RANK, WORKLOAD, plan]
         procs.append(subprocess.Popen(command, cwd=TESTS_DIR, env=env, stderr=subprocess.PIPE, text=True))
     try:

@@ -76,7 +76,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 import paddle
@@ -136,6 +136,8 @@ class _Open:
     stop: threading.Event
     thread: threading.Thread
     excepthook: Callable
+    #: sys.exit as it was (a script's ``sys.exit(1)`` reaches no excepthook: :func:`_exiting` sees it).
+    exit: Callable
     models: dict[int, Any] = field(default_factory=dict)  # id(model): its forward pre-hook's handle
     #: How many times this process opened them before: the ranks' counters at the end are per opening.
     generation: int = 0
@@ -174,9 +176,9 @@ def install(model: paddle.nn.Layer, key: bytes, post: bool = False, read: Settin
         set_current(notes)
         patching.patch()
         atexit.register(_at_exit)
-        _OPEN = _Open(notes, stop, thread, excepthook=sys.excepthook, generation=_OPENED)
+        _OPEN = _Open(notes, stop, thread, excepthook=sys.excepthook, exit=sys.exit, generation=_OPENED)
         _OPENED += 1
-        sys.excepthook = _failing
+        sys.excepthook, sys.exit = _failing, _exiting
     if post and _OPEN.notes.post is None:
         _OPEN.notes.post = partial(post_value, _OPEN.notes)
     counted = model.register_forward_pre_hook(lambda layer, args: _OPEN.notes.model_called() if _OPEN else None)
@@ -223,6 +225,8 @@ def _shut() -> None:
     patching.unpatch()
     if sys.excepthook is _failing:
         sys.excepthook = opened.excepthook
+    if sys.exit is _exiting:
+        sys.exit = opened.exit
     atexit.unregister(_at_exit)
     opened.stop.set()
     opened.thread.join(timeout=5.0)
@@ -235,8 +239,9 @@ def _shut() -> None:
 
 def _at_exit() -> None:
     """The end of the job: stay until every rank is exiting (store.wait_for_peers), so a rank
-    reading the last loss finds its peers, unless this rank is failing (an uncaught exception:
-    nobody will read); then undo everything."""
+    reading the last loss finds its peers, unless this rank is failing (an uncaught exception,
+    or ``sys.exit`` with an error: nobody will read, and a launcher stops the job once this
+    rank's exit code says so); then undo everything."""
     if _OPEN is not None and not _FAILED:
         wait_for_peers(_OPEN.notes, f"exit{_OPEN.generation}")
     _shut()
@@ -248,6 +253,19 @@ def _failing(*args: Any) -> None:
     global _FAILED
     _FAILED = True
     (_OPEN.excepthook if _OPEN is not None else sys.__excepthook__)(*args)
+
+
+def _exiting(code: str | int | None = None) -> NoReturn:
+    """sys.exit while open: an exit with an error (any code but None and 0) is this rank
+    failing, as an uncaught exception is (:func:`_failing`); then the sys.exit it replaced.
+    (``raise SystemExit(1)`` itself, or a ``sys.exit`` bound before apply_plan, is not seen: at
+    exit Python keeps its code from the handlers.)"""
+    global _FAILED
+    if code not in (None, 0):
+        _FAILED = True
+    if _OPEN is not None:
+        _OPEN.exit(code)
+    raise SystemExit(code)  # what sys.exit does, should the one replaced have returned
 
 
 def stats() -> dict[str, int]:

@@ -1,9 +1,9 @@
 """What the readable losses keep in Paddle's TCP store: each rank's side-channel address, the
 values a post-mode plan posts as it makes them, and the counters of ranks leaving at the end.
 
-Paddle's ``store.get`` of a key nobody set waits the store's own timeout (900 s) holding
-Python's lock, so nothing here calls it before a counter (``store.add(key, 0)``, which returns
-at once) says the key is set: every wait ends at its own deadline.
+Every value here is signed under the job's key over its store key, so one a stranger writes into
+the store is refused; each is read only once posted (store_host.py's :func:`wait_posted`: Paddle's
+``store.get`` of a key nobody set waits 900 s), so every wait ends at its own deadline.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import time
 
 from autodist.applier.signed import seal, unseal
+from autodist.applier.store_host import post, wait_posted
 
 from autodist.applier.readable.notes import PROTOCOL, Key, Notes, parse_reply
 
@@ -19,21 +20,24 @@ PREFIX = "autodist/readable/"
 
 
 def post_address(notes: Notes, host: str, port: int) -> None:
-    """Say where this rank's side channel listens (then count it: :func:`address` waits on that)."""
-    notes.store.set(f"{PREFIX}{notes.rank}", f"{host}:{port}".encode())
-    notes.store.add(f"{PREFIX}{notes.rank}/posted", 1)
+    """Say where this rank's side channel listens, signed over its store key (:func:`address`
+    refuses one a stranger wrote there)."""
+    where = f"{PREFIX}{notes.rank}"
+    post(notes.store, where, seal(notes.key, PROTOCOL, "address", where.encode(), f"{host}:{port}".encode()))
 
 
 def address(notes: Notes, peer: int, deadline: float) -> tuple[str, int] | str:
     """Where ``peer``'s side channel listens, as it posted, waiting for the post until
     ``deadline``; or why not (a string)."""
     if peer not in notes.addresses:
-        while notes.store.add(f"{PREFIX}{peer}/posted", 0) < 1:
-            if time.monotonic() > deadline:
-                return f"rank {peer} posted no address within {notes.timeout_s:g} s (it never finished apply_plan, or died)"
-            time.sleep(0.01)
-        text = notes.store.get(f"{PREFIX}{peer}")
-        host, _, port = bytes(text[:300]).decode("ascii", "replace").rpartition(":")
+        where = f"{PREFIX}{peer}"
+        sealed = wait_posted(notes.store, where, deadline)
+        if sealed is None:
+            return f"rank {peer} posted no address within {notes.timeout_s:g} s (it never finished apply_plan, or died)"
+        text = unseal(notes.key, PROTOCOL, "address", where.encode(), sealed[:400])
+        if text is None:
+            return f"rank {peer}'s posted address is not signed with the job's key (another process?)"
+        host, _, port = text.decode("ascii", "replace").rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             return f"rank {peer}'s posted address is not host:port"
         notes.addresses[peer] = (host, int(port))
@@ -56,8 +60,7 @@ def post_value(notes: Notes, key: Key, value: dict) -> None:
     stranger writes into the store is refused (:func:`posted`)."""
     where = slot(notes.rank, key)
     body = json.dumps({"key": list(key), **value}).encode()
-    notes.store.set(where, seal(notes.key, PROTOCOL, "posted", where.encode(), body))
-    notes.store.add(f"{where}/posted", 1)
+    post(notes.store, where, seal(notes.key, PROTOCOL, "posted", where.encode(), body))
 
 
 def posted(notes: Notes, peer: int, key: Key) -> dict:
@@ -66,12 +69,11 @@ def posted(notes: Notes, peer: int, key: Key) -> dict:
     deadline = time.monotonic() + notes.timeout_s
     where = slot(peer, key)
     late = {"error": f"rank {peer} did not make value {key} within {notes.timeout_s:.0f} s"}
-    while notes.store.add(f"{where}/posted", 0) < 1:  # before then, the store's get would wait 900 s
-        if time.monotonic() > deadline:
-            return late
-        time.sleep(0.005)
+    sealed = wait_posted(notes.store, where, deadline, poll_s=0.005)
+    if sealed is None:
+        return late
     while True:
-        reply = parse_reply(unseal(notes.key, PROTOCOL, "posted", where.encode(), bytes(notes.store.get(where))))
+        reply = parse_reply(unseal(notes.key, PROTOCOL, "posted", where.encode(), sealed))
         if reply is None or not isinstance(reply.get("key"), list):
             return {"error": f"rank {peer}'s posted value {key} is not signed with the job's key (another process?)"}
         made = tuple(reply.pop("key"))
@@ -82,6 +84,7 @@ def posted(notes: Notes, peer: int, key: Key) -> dict:
         if time.monotonic() > deadline:
             return late
         time.sleep(0.005)
+        sealed = bytes(notes.store.get(where))
 
 
 def arrive(notes: Notes, name: str, deadline: float, wait: bool) -> None:

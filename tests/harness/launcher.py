@@ -37,9 +37,8 @@ RANK_START_DELAY_S = 0.5
 #: fail on *every* rank) before they are killed as hung.
 FAILURE_GRACE_S = 15.0
 STDERR_TAIL_CHARS = 4000
-#: apply_plan's agreement port (applier/agree.py) is the master port + 1 unless this is set,
-#: and nothing checks that one is free: each job gets one picked free with its other ports, so
-#: concurrent jobs on this machine (other tests, other checkouts) do not meet there by chance.
+#: apply_plan's agreement port (applier/agree.py) when set; the jobs here leave it unset, as users
+#: do (rank 0 then listens on a port the system picks free); the stranger tests set it.
 AGREE_PORT_ENV = "AUTODIST_AGREE_PORT"
 
 
@@ -149,10 +148,8 @@ def launch_ranks(
     if nranks == 1:
         envs = [base_env(extra_env)]
     else:
-        *ports, agree_port = free_ports(nranks + 1)
-        endpoints = [f"127.0.0.1:{p}" for p in ports]
-        job_env = {AGREE_PORT_ENV: str(agree_port), **(extra_env or {})}
-        envs = [rank_env(r, endpoints, job_env, backend) for r in range(nranks)]
+        endpoints = [f"127.0.0.1:{p}" for p in free_ports(nranks)]
+        envs = [rank_env(r, endpoints, extra_env, backend) for r in range(nranks)]
     commands = [[sys.executable, *args] for _ in range(nranks)]
     job = _run_all([f"rank {r}" for r in range(nranks)], commands, envs, workdir, timeout_s, failure_grace_s)
     if retry_rendezvous and lost_at_rendezvous(job):
@@ -201,7 +198,7 @@ def launch_nodes(
     launcher writes its ranks' logs
     under ``workdir/log_node<N>``; they are appended to the node's stderr here.
     """
-    master_port, agree_port = free_ports(2)
+    (master_port,) = free_ports(1)
     commands, names = [], []
     for node in range(nnodes):
         names.append(f"node {node}")
@@ -216,7 +213,7 @@ def launch_nodes(
                 *args,
             ]
         )  # fmt: skip
-    job = _run_all(names, commands, [base_env({AGREE_PORT_ENV: str(agree_port)}) for _ in commands], workdir, timeout_s)
+    job = _run_all(names, commands, [base_env() for _ in commands], workdir, timeout_s)
     for node, proc in enumerate(job.processes):
         for log in sorted((workdir / f"log_node{node}").glob("workerlog.*")):
             proc.stderr += f"\n[{log.name}]\n" + log.read_text(errors="replace")

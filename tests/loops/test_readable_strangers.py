@@ -45,6 +45,14 @@ def _threads_and_rss(pid: int) -> tuple[int, int]:
     return int(fields["Threads"]), int(fields["VmRSS"].split()[0]) * 1024
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
 def _plain_request(address) -> bytes:
     """What the stranger gets for a plain request for the first loss: all until hung up on."""
     received = b""
@@ -139,3 +147,51 @@ def test_a_dead_peer_is_a_read_error_and_no_hang_at_exit(loop_plans, tmp_path):
     assert "rank 1" in rank0["error"] and "did not answer" in rank0["error"], rank0
     assert rank0["seconds"] < timeout_s, "the read of a dead rank's value waited"
     assert ended - rank0["done"] < timeout_s + 5, f"rank 0 exited {ended - rank0['done']:.1f} s after its work"
+
+
+def test_a_rank_leaving_through_sys_exit_with_an_error_does_not_wait_at_exit(loop_plans, tmp_path):
+    """Rank 1 calls ``sys.exit(3)`` while rank 0 is still at work (waiting for "go"): rank 1's
+    process is gone within seconds, not held at exit for its peers until the read timeout (60 s
+    here). SystemExit reaches no excepthook, so it once waited as a rank that finished does."""
+    ranks, plan = loop_plans("gpt", "dp2")
+    argv = [str(SCRIPTS / "probed_by_stranger.py"), "--out", str(tmp_path), "--plan", str(plan), "--rank-1-exits"]
+    result: dict = {}
+    extra_env = {"AUTODIST_READ_TIMEOUT": "60"}
+    job = threading.Thread(
+        target=lambda: result.update(job=launch_ranks(ranks, argv, tmp_path / "ranks", 240, extra_env)), daemon=True
+    )
+    job.start()
+    try:
+        pid = _wait_for(tmp_path / "ready1.json", job)["pid"]
+        exiting = _wait_for(tmp_path / "exiting1.json", job)["at"]
+        while _running(pid) and time.time() < exiting + 30:
+            time.sleep(0.05)
+        gone = time.time()
+    finally:
+        (tmp_path / "go").touch()
+        job.join(timeout=260)
+    assert not job.is_alive(), "the job did not end"
+    assert gone - exiting < 2 + 2, f"rank 1 exited {gone - exiting:.1f} s after sys.exit(3)"
+    assert result["job"].processes[1].returncode == 3, result["job"].report()
+
+
+def test_a_stranger_cannot_overwrite_a_ranks_posted_address():
+    """Rank 1 posts where its side channel listens in Paddle's store (a real one, in this
+    process); a stranger on the store -- it takes requests from anyone -- writes its own address
+    over it: rank 0 refuses that address instead of sending its requests there."""
+    from paddle.base import core
+
+    from autodist.applier.readable.notes import Notes
+    from autodist.applier.readable.store import PREFIX, address, post_address
+    from harness.launcher import free_ports
+
+    (port,) = free_ports(1)
+    store = core.TCPStore("127.0.0.1", port, True, 1, 30)
+    rank1, rank0 = Notes(1, 2, b"k" * 32, 5.0), Notes(0, 2, b"k" * 32, 5.0)
+    rank1.store = rank0.store = store
+    post_address(rank1, "127.0.0.1", 4242)
+    assert address(rank0, 1, time.monotonic() + 5) == ("127.0.0.1", 4242)
+    rank0.addresses.clear()
+    store.set(f"{PREFIX}1", b"127.0.0.1:9")  # the stranger's
+    said = address(rank0, 1, time.monotonic() + 5)
+    assert said == "rank 1's posted address is not signed with the job's key (another process?)", said

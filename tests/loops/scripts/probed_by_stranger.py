@@ -2,11 +2,13 @@
 says where its readable side channel listens (what ``ss -tlnp`` would tell the stranger) and
 waits until the stranger is done; then rank 0 reads that loss and the next one, fetched from
 rank 1 over the side channel, and every rank exits. ``--rank-1-dies``: rank 1 ends at once
-instead, as a killed rank does (no exit handlers), and rank 0 reads, then exits."""
+instead, as a killed rank does (no exit handlers), and rank 0 reads, then exits. ``--rank-1-exits``:
+rank 1 leaves through ``sys.exit(3)`` instead, as a script does on an error, noting when first."""
 
 import argparse
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -25,6 +27,7 @@ def main() -> None:
     parser.add_argument("--plan", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--rank-1-dies", action="store_true")
+    parser.add_argument("--rank-1-exits", action="store_true")
     args = parser.parse_args()
     dist.init_parallel_env()
     rank = dist.get_rank()
@@ -47,6 +50,10 @@ def main() -> None:
         json.dump({"pid": os.getpid(), "host": host, "port": port}, f)
     if rank == 1 and args.rank_1_dies:
         os._exit(0)
+    if rank == 1 and args.rank_1_exits:
+        with open(os.path.join(args.out, "exiting1.json"), "w") as f:
+            json.dump({"at": time.time()}, f)
+        sys.exit(3)
     go = os.path.join(args.out, "go")
     deadline = time.monotonic() + 120
     while not os.path.exists(go) and time.monotonic() < deadline:
