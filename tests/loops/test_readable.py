@@ -45,7 +45,8 @@ def test_a_loss_read_on_some_ranks_only(model, plan, loop_plans, single_device, 
     for rank, record in enumerate(seen):
         assert record["closed"]["wrapped_before"] == 27, (rank, record["closed"])
         assert record["closed"]["still_wrapped"] == [] and record["closed"]["threads"] == [], (rank, record["closed"])
-        assert record["closed"]["excepthook_restored"] and record["closed"]["einsum_restored"], (rank, record["closed"])
+        closed = record["closed"]
+        assert closed["excepthook_restored"] and closed["einsum_restored"] and closed["exit_restored"], (rank, closed)
 
 
 def test_the_readable_losses_switched_off(loop_plans, single_device, tmp_path):
