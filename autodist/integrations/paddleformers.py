@@ -163,9 +163,12 @@ def install(trainer: Any, plan: Plan | str | Path) -> Any:
     from autodist.applier.local_runtime import apply_local_views
     from autodist.applier.local_view import local_view_problems
     from autodist.applier.replicas import equalise_dense
+    from autodist.applier.store_host import warm_up_store_host
     from autodist.applier.validate import parameter_problems, tie_problems
     from autodist.applier.vocab_lookup import vocab_lookup_problems
 
+    if dist.get_world_size() > 1:  # rank 0 hosts Paddle's store: its exit must survive the peers hanging up
+        warm_up_store_host(dist.get_rank())
     plan, source = _load(plan)
     problems = _unsupported(plan)
     if not problems:
