@@ -76,36 +76,19 @@ def replica_groups(plan: Plan) -> dict[str, list[list[int]]]:
 def equalise(plan: Plan, held: dict[str, paddle.Tensor], buffers: list[paddle.Tensor], rank: int) -> None:
     """Give every parameter this rank ``held`` (planned name -> the tensor holding its value here)
     the value of the first rank of its :func:`replica_groups` group, and every buffer rank 0's.
-    Call on every rank, after the ranks have applied the plan (it communicates)."""
+    Call on every rank, after the ranks have applied the plan (it communicates) and before the
+    optimizer is sharded (ZeRO 3 splits every parameter over dp then, beyond the plan's placements)."""
     batches: dict[tuple[int, ...], list[paddle.Tensor]] = {}
     for fqn, groups in sorted(replica_groups(plan).items()):
         for ranks in groups:
             if rank in ranks and fqn in held:
-                ranks = _same_piece(plan, held[fqn], ranks, rank)
-                if len(ranks) > 1:
-                    batches.setdefault(tuple(ranks), []).append(held[fqn]._local_value())
+                batches.setdefault(tuple(ranks), []).append(held[fqn]._local_value())
     world = tuple(sorted(int(r) for r in mesh_ids(plan).flat))
     if len(world) > 1 and buffers:
         batches.setdefault(world, []).extend(buffers)
     with paddle.no_grad():
         for group in sorted(batches):  # one order on every rank: no two ranks wait on each other
             _copy_from_first(batches[group], list(group), rank)
-
-
-def _same_piece(plan: Plan, tensor: paddle.Tensor, ranks: list[int], rank: int) -> list[int]:
-    """The ranks of ``ranks`` that hold the same piece of ``tensor`` as ``rank`` does now: also
-    split along the mesh axes the run splits it over beyond the plan's placements (ZeRO 3
-    splits every parameter over dp when the optimizer is sharded, the plan still says R there)."""
-    if not tensor.is_dist():
-        return ranks
-    axes = list(plan.mesh.axes)
-    names = tensor.process_mesh.dim_names
-    split = [axes.index(names[i]) for i, p in enumerate(tensor.placements) if p.is_shard() and names[i] in axes]
-    if not split:
-        return ranks
-    ids = mesh_ids(plan)
-    where = {int(ids[coords]): tuple(coords[a] for a in split) for coords in np.ndindex(*ids.shape)}
-    return [r for r in ranks if where[r] == where[rank]]
 
 
 def equalise_dense(model: paddle.nn.Layer, rank: int, world: int) -> None:

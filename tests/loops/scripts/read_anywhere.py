@@ -78,7 +78,6 @@ def closed() -> dict:
     """``autodist.close()`` on every rank: what apply_plan set up in the process is undone
     (Paddle's own Tensor methods and reductions back, the server thread gone, the excepthook
     Python's again)."""
-    import sys
     import threading
 
     from autodist.applier.readable import patching
