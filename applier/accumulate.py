@@ -49,16 +49,6 @@ def accumulates(plan: Plan) -> bool:
     return plan.strategy.micro_batches > 1 and plan.strategy.schedule == "none"
 
 
-def accumulation_problems(plan: Plan) -> list[str]:
-    """Why the plan's micro-batches cannot be applied (empty when they can)."""
-    if plan.strategy.micro_batches > 1 and plan.strategy.schedule == "sequential":
-        return [
-            f"$.strategy.micro_batches: {plan.strategy.micro_batches} with the 'sequential' schedule: apply_plan "
-            "accumulates micro-batches only without a pipeline; re-plan with --micro-batches 1 or a 1F1B schedule"
-        ]
-    return []
-
-
 def split_batch(batch: Any, count: int) -> list[Any]:
     """``batch`` (a tensor, or a list, tuple or dict of them) as ``count`` micro-batches along
     dim 0. A distributed tensor is split on each rank's local part and keeps its mesh and

@@ -25,7 +25,8 @@ from typing import Collection
 import paddle
 
 from autodist.schemas import Plan
-from autodist.schemas.backend import LACKS, OPERATIONS, refusals
+from autodist.schemas.backend import refusals
+from autodist.schemas.parallel_dims import LACKS, OPERATIONS
 
 
 def running_backend() -> str:

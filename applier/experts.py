@@ -50,7 +50,8 @@ from paddle.autograd import PyLayer
 from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_local
 
 from autodist.schemas import ExpertDispatch, Plan
-from autodist.schemas.experts import ep_index, expert_limit, held_experts
+from autodist.schemas.experts import ep_index, held_experts
+from autodist.schemas.parallel_dims import expert_limit
 from autodist.schemas.vocabulary import expert_number
 
 from autodist.applier.clip import sum_over
@@ -148,13 +149,13 @@ def expert_structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
 def runs_moe_locally(plan: Plan) -> bool:
     """Whether the plan runs its MoE layers between an expert dispatch and combine (the plan's
     hooks say it): under expert parallelism, and (ep 1) under the data parallelism the planner
-    gives MoE models (``autodist.schemas.experts.runs_moe_locally`` says why)."""
+    gives MoE models (``autodist.schemas.parallel_dims.runs_moe_locally`` says why)."""
     return any(isinstance(hook, ExpertDispatch) for hook in plan.hooks)
 
 
 def expert_problems(plan: Plan) -> list[str]:
     """Strategies expert parallelism (and MoE layers run locally) do not run with yet
-    (:func:`~autodist.schemas.experts.expert_limit`, the rule the planner and check_plan use)."""
+    (:func:`~autodist.schemas.parallel_dims.expert_limit`, the rule the planner and check_plan use)."""
     if not runs_moe_locally(plan):
         return []
     problem = expert_limit(plan.strategy, moe=True, hooks=True)

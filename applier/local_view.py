@@ -48,11 +48,11 @@ from autodist.schemas.local_view import (
     attribute_owner,
     hidden_output,
     local_order,
-    local_views_refused,
     own_order,
     rank_positions,
     reordered,
 )
+from autodist.schemas.parallel_dims import local_views_refused
 
 from autodist.applier.clip import sum_over
 from autodist.applier.hooks import map_first_input
@@ -329,7 +329,7 @@ class _Scaled(PyLayer):
 
 def strategy_problems(field: str, plan: Plan) -> list[str]:
     """Why the plan's ``field`` (local views, vocabulary lookups) cannot run on local tensors under
-    its strategy (:func:`~autodist.schemas.local_view.runs_local_views`)."""
+    its strategy (:func:`~autodist.schemas.parallel_dims.runs_local_views`)."""
     refused = local_views_refused(plan.strategy)
     if not refused:
         return []
@@ -342,7 +342,7 @@ def strategy_problems(field: str, plan: Plan) -> list[str]:
 def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     """Why ``plan.local_view`` cannot run on ``model``: a sub-layer, parameter or attribute the
     model lacks or has otherwise, a weight whose placement is not its split, or a strategy local
-    views do not run under (:func:`~autodist.schemas.local_view.runs_local_views`)."""
+    views do not run under (:func:`~autodist.schemas.parallel_dims.runs_local_views`)."""
     if not plan.local_view:
         return []
     problems = strategy_problems("local_view", plan)

@@ -19,9 +19,9 @@ import paddle
 import paddle.distributed as dist
 
 from autodist.schemas import Plan, parameter_diff, parameter_fingerprint, parameter_table
+from autodist.schemas.checks import check_combination
 from autodist.schemas.fingerprint import ParameterDiff
 
-from autodist.applier.accumulate import accumulation_problems
 from autodist.applier.data import uneven_problem
 from autodist.applier.experts import expert_problems, expert_structure_problems
 from autodist.applier.layout import rank_coords
@@ -144,12 +144,12 @@ def _table_differences(diff: ParameterDiff) -> list[str]:
 
 def structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     """What the model must have for ``plan`` whatever the job (no world, optimizer or loader):
-    the planned ties, hook sites, accumulation and recompute. ``autodist-plan check`` runs exactly these too, so a
+    the planned ties, hook sites, the strategy's combination and recompute. ``autodist-plan check`` runs exactly these too, so a
     plan it calls valid is not refused here for its model."""
     return (
         tie_problems(model, plan)
         + hook_problems(model, plan)
-        + accumulation_problems(plan)
+        + check_combination(plan)
         + recompute_problems(model, plan)
         + expert_structure_problems(model, plan)
     )

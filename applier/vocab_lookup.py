@@ -89,7 +89,7 @@ def vocab_lookup_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     """Why ``plan.vocab_lookup`` cannot run on ``model``: a layer that is not an ``nn.Embedding``
     running its own forward on the listed table (with neither ``max_norm``, ``sparse`` nor
     ``scale_grad_by_freq``), a table not placed ``S(0)`` on mp, or a strategy local views do not
-    run under (:func:`~autodist.schemas.local_view.runs_local_views`)."""
+    run under (:func:`~autodist.schemas.parallel_dims.runs_local_views`)."""
     if not plan.vocab_lookup:
         return []
     problems = strategy_problems("vocab_lookup", plan)

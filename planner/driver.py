@@ -232,7 +232,7 @@ def _refuse_crashes(
     from autodist.planner.recognise.crashes import distributed_crashes
     from autodist.planner.recognise.reshards import local_view_candidates
     from autodist.planner.trace import forward_source
-    from autodist.schemas.local_view import runs_local_views
+    from autodist.schemas.parallel_dims import runs_local_views
 
     proven, notes = views or ([], [])
     crashes = [c for c in distributed_crashes(analysis.graph) if not any(_inside(c.layer, v.layer) for v in proven)]

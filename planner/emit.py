@@ -14,7 +14,7 @@ What goes where:
   (MLP), ``sequence_parallel_end`` after the final norm — the hooks ``to_distributed`` installs;
 - recompute: every block (``full``) or each block's attention sub-layer (``selective``);
 - expert parallelism (``ep > 1``), and data parallelism of an MoE model without it (ep 1: the
-  MoE layers then run on each rank's own tokens, see ``schemas.experts.runs_moe_locally``): an ``expert_dispatch``
+  MoE layers then run on each rank's own tokens, see ``schemas.parallel_dims.runs_moe_locally``): an ``expert_dispatch``
   pre-hook and an ``expert_combine`` post-hook on each MoE layer (the parent of a block's
   experts container); every parameter under that layer whole on each rank (all ``R``, on mp
   too: with ep > 1 and mp > 1 every mp rank runs the MoE layer whole, no reshard hook inside it),
@@ -63,8 +63,8 @@ from autodist.schemas import (
     VocabLookup,
 )
 
-from autodist.schemas.experts import runs_moe_locally
-from autodist.schemas.local_view import local_views_refused
+from autodist.schemas.parallel_dims import runs_moe_locally
+from autodist.schemas.parallel_dims import local_views_refused
 from autodist.schemas.schedules import block_stages
 
 from autodist.planner.ops import SEQUENCE_MIXING_OPS
@@ -314,7 +314,7 @@ def _vocab_lookups(
 ) -> list[VocabLookup]:
     """The token lookup run on local tensors, Megatron's way, when its table is split over the
     vocabulary (``S(0)`` on mp): where its layer can (:func:`.analysis.local_lookup`) and the
-    strategy runs local tensors (:func:`~autodist.schemas.local_view.runs_local_views`, the cost
+    strategy runs local tensors (:func:`~autodist.schemas.parallel_dims.runs_local_views`, the cost
     model's rule too). Elsewhere Paddle's rule gathers the whole table at every lookup, and a
     note says why it stays so."""
     table = analysis.embedding

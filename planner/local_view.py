@@ -49,10 +49,10 @@ from autodist.schemas import CallInput, LocalAttribute, LocalView, LocalWeight, 
 from autodist.schemas.local_view import (
     attribute_owner,
     hidden_output,
-    local_views_refused,
     rank_positions,
     segment_sizes,
 )
+from autodist.schemas.parallel_dims import local_views_refused
 
 from autodist.planner.recognise.analysis import ModelAnalysis
 from autodist.planner.recognise.reshards import local_view_candidates, local_weights
@@ -108,7 +108,7 @@ def local_views(
     per candidate that stays gathered, with the reason. Each is proven called as the trace called
     it (``calls``: :func:`call_inputs`). Sub-layers of one class with the same weights' shapes,
     attribute values and call are proven once. Only where the strategy runs local views
-    (:func:`~autodist.schemas.local_view.runs_local_views`)."""
+    (:func:`~autodist.schemas.parallel_dims.runs_local_views`)."""
     mp = strategy.mp
     found = candidates(analysis, mp)
     if not found or mp == 1:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from autodist.schemas.experts import expert_limit
+from autodist.schemas.parallel_dims import combination_problems, expert_limit
 from autodist.schemas.plan import ExpertCombine, ExpertDispatch, Plan, Reshard, StageHandoff
 from autodist.schemas.vocabulary import MESH_AXES, shard_dim  # noqa: F401 (shard_dim re-exported)
 
@@ -39,8 +39,6 @@ def check_mesh(plan: Plan) -> list[str]:
         degree = getattr(strategy, axis)
         if sizes.get(axis, 1) != degree:
             problems.append(f"$.strategy.{axis}: {degree} but the mesh's {axis} axis has size {sizes.get(axis, 1)}")
-    if strategy.dp % strategy.ep:
-        problems.append(f"$.strategy.ep: {strategy.ep} does not divide dp={strategy.dp} (experts spread over dp ranks)")
     if strategy.ep > 1:
         counts = {b.num_experts for b in plan.blocks if b.experts}
         if not counts:
@@ -148,10 +146,19 @@ def check_stage_agreement(plan: Plan) -> list[str]:
     return problems
 
 
+def check_combination(plan: Plan) -> list[str]:
+    """Strategies no runtime builds (:func:`~autodist.schemas.parallel_dims.combination_problems`):
+    ``check_plan``'s and ``apply_plan``'s refusal of a plan built in Python or edited by hand."""
+    tied = any(p.tied_to for p in plan.params.values())
+    moe = any(b.experts for b in plan.blocks)
+    return [f"$.strategy: {p}" for p in combination_problems(plan.strategy, moe=moe, tied=tied)]
+
+
 def check_plan(plan: Plan) -> list[str]:
     """Every cross-field problem of ``plan``; empty when it is consistent."""
     return (
         check_mesh(plan)
+        + check_combination(plan)
         + check_params(plan)
         + check_stages_and_hooks(plan)
         + check_stage_agreement(plan)
@@ -171,7 +178,7 @@ def check_experts(plan: Plan) -> list[str]:
     docs/recognition.md, "Experts"), so a plan that leaves them to run as DistTensors there (with
     ZeRO, a pipeline or sequence parallelism, which apply_plan does not run around the hooks) is
     refused; so is sequence parallelism for a model with experts at any dp (it splits the MoE
-    layers' tokens over mp). The strategy's part is :func:`~autodist.schemas.experts.expert_limit`,
+    layers' tokens over mp). The strategy's part is :func:`~autodist.schemas.parallel_dims.expert_limit`,
     the rule the planner's search and the applier use."""
     ep, problems = plan.strategy.ep, []
     dispatch = {h.layer: (i, h) for i, h in enumerate(plan.hooks) if isinstance(h, ExpertDispatch)}

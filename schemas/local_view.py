@@ -27,7 +27,7 @@ rank takes its columns, :func:`rank_positions`, for the call:
 
 from __future__ import annotations
 
-from autodist.schemas.plan import LocalWeight, Strategy
+from autodist.schemas.plan import LocalWeight
 
 
 def segment_sizes(weight: LocalWeight, size: int) -> list[int]:
@@ -95,55 +95,6 @@ def own_order(weight: LocalWeight, size: int, mp: int) -> list[int]:
     for position, element in enumerate(order):
         inverse[element] = position
     return inverse
-
-
-def runs_local_views(strategy: Strategy) -> bool:
-    """Whether local views and vocabulary-parallel lookups (``Plan.vocab_lookup``) run under
-    ``strategy`` (the planner's rule, the cost model's and the applier's check): tensor
-    parallelism, composed as Megatron-LM composes it with
-
-    - data parallelism, and ZeRO stage 1 or 2 over it: the local views' gradients come back
-      Partial over dp like any data-parallel gradient, and the optimizer states follow the
-      parameters' (rank-by-rank) layout, split over dp;
-    - gradient accumulation over micro-batches (no pipeline): each micro-batch's forward and
-      backward runs the local views, the gradients add up;
-    - full recompute: a recomputed block runs its local views again in its backward, their
-      forward all-reduce too;
-    - the 1F1B pipeline schedule: each stage's chunk runs the model's own forward, its views
-      and (first stage) its token lookup on the stage's mp ranks; a tied table's last-stage copy
-      is read in the global view and its gradient summed with the first stage's.
-
-    Not (yet) with the VPP or sequential schedule, sequence parallelism (the views take the
-    activation whole), ZeRO stage 3 (it splits the parameters over dp, which a view
-    would read as its weights), or selective recompute (it recomputes the attention sub-layer
-    itself, all-reduce included, which the cost model does not price).
-
-    >>> runs_local_views(Strategy(dp=2, mp=2, sharding_stage=1, micro_batches=2, recompute="full"))
-    True
-    >>> runs_local_views(Strategy(mp=2, pp=2, micro_batches=2, schedule="1F1B"))
-    True
-    >>> runs_local_views(Strategy(mp=2, pp=2, schedule="VPP")), runs_local_views(Strategy(dp=2, mp=2, sharding_stage=3))
-    (False, False)
-    """
-    return not local_views_refused(strategy)
-
-
-def local_views_refused(strategy: Strategy) -> str:
-    """What of ``strategy`` local views do not run under, in words (empty when they run): the
-    one list of :func:`runs_local_views`'s conditions, which the planner's notes and the
-    applier's refusal say.
-
-    >>> local_views_refused(Strategy(mp=2, pp=2, schedule="VPP", recompute="selective"))
-    'a pipeline schedule other than 1F1B (VPP), selective recompute'
-    """
-    refused = [
-        (strategy.mp == 1, "no tensor parallelism"),
-        (strategy.pp > 1 and strategy.schedule != "1F1B", f"a pipeline schedule other than 1F1B ({strategy.schedule})"),
-        (strategy.sequence_parallel, "sequence parallelism"),
-        (strategy.sharding_stage > 2, f"ZeRO stage {strategy.sharding_stage}"),
-        (strategy.recompute not in ("none", "full"), f"{strategy.recompute} recompute"),
-    ]
-    return ", ".join(why for applies, why in refused if applies)
 
 
 def attribute_owner(layer: object, name: str) -> tuple[object, str]:

@@ -47,6 +47,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from autodist.schemas.checks import shard_dim
+from autodist.schemas.parallel_dims import runtime_refusals
 from autodist.schemas.plan import Plan, Reshard, StageHandoff
 
 #: Paddle's sequence-parallel plan for each set of hooks one layer carries.
@@ -129,13 +130,7 @@ def parallelize_config(plan: Plan) -> ParallelizeConfig:
     entries = _param_entries(plan, local_params, problems) + _hook_entries(plan)
     if plan.strategy.sharding_stage and "dp" not in plan.mesh.axes:
         problems.append(f"ZeRO stage {plan.strategy.sharding_stage} without a dp mesh axis")
-    if plan.strategy.ep > 1:
-        problems.append(f"expert parallelism (ep={plan.strategy.ep}): dist.parallelize has no key for it")
-    if plan.strategy.virtual_stages > 1:
-        problems.append(
-            f"VPP with {plan.strategy.virtual_stages} chunks per stage: pp_config takes one split point "
-            "per stage boundary (re-plan with --schedule 1F1B to export)"
-        )
+    problems += runtime_refusals(plan.strategy, "dist.parallelize")
     if problems:
         raise ExportError("; ".join(problems))
     return ParallelizeConfig(

@@ -85,6 +85,10 @@ PATTERN_MEANINGS = {
 
 #: Where a parameter's placements came from. The names follow Paddle's intermediate API
 #: (``paddle.distributed.ColWiseParallel`` ...), plus the two kinds that have no style there.
+#: The collectives a backend may lack, by name (a device profile's ``unsupported``; what each is in
+#: words, and which strategies need it: schemas/parallel_dims.py).
+BackendOperation = Literal["reduce_scatter", "all_to_all", "cross_mesh_reshard", "batched_p2p"]
+
 ParallelStyle = Literal[
     "Replicate",  # untouched by tensor parallelism (norms, unmatched layers, dp-only plans)
     "ColWiseParallel",  # output features split over mp
@@ -143,8 +147,8 @@ class DeviceProfile(Base):
     intra_node_latency_per_rank_s: NonNegativeFloat = 0.0
     inter_node_latency_per_rank_s: NonNegativeFloat = 0.0
     #: What this device's collective backend cannot do (gloo on Paddle 3.3.1's CPU wheel lacks
-    #: all four: schemas/backend.py); the search rejects strategies that need them, with the reason.
-    unsupported: list[Literal["reduce_scatter", "all_to_all", "cross_mesh_reshard", "batched_p2p"]] = []
+    #: all four: schemas/parallel_dims.py); the search rejects strategies that need them, with the reason.
+    unsupported: list[BackendOperation] = []
     #: Device memory bandwidth, bytes/s (0: unknown; memory-bound ops are then not priced).
     memory_bandwidth: NonNegativeFloat = 0.0
     #: Fraction of peak FLOP/s large matmuls sustain, and a fixed cost of every op in seconds

@@ -379,7 +379,7 @@ def test_a_vocabulary_split_lookup_in_the_global_view_all_gathers_its_table_and_
     # it replicated) and again for embedding_grad, and leaves the output replicated
     # (docs/paddle-notes.md, "SPMD rules"): where the lookup's layer cannot run it locally, or (the
     # edge below can: lookup_output) where the strategy runs no local tensors (2 micro-batches
-    # under selective recompute, schemas/local_view.runs_local_views; the setup's recompute, which
+    # under selective recompute, schemas/parallel_dims.runs_local_views; the setup's recompute, which
     # prices the repeated forward, is left "none" so that only the lookup differs).
     vocab, hidden, seq = 1000, 64, 128
     first = EdgeCost(params_vocab=vocab * hidden, lookup_table=vocab * hidden, lookup_output=hidden, param_tensors=1)

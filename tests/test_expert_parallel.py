@@ -406,7 +406,7 @@ def test_a_plan_without_ep_reads_as_ep_1_and_a_bad_ep_is_named():
     assert old.strategy.ep == 1 and check_plan(old) == []
     data["strategy"]["ep"] = 3
     problems = check_plan(msgspec.convert(data, type(old)))
-    assert "$.strategy.ep: 3 does not divide dp=2 (experts spread over dp ranks)" in problems
+    assert "$.strategy: ep=3 does not divide dp=2 (experts spread over dp ranks)" in problems
     assert "$.strategy.ep: 3 does not divide the 4 experts of a block" in problems
 
 

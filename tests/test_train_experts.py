@@ -61,7 +61,7 @@ CONFIGS = [
     ("dp2_ep2_sgd_lazy", 2, 2, "sgd", 1, "autodist_lazy", 1),
     ("dp4_ep2_adamw", 4, 2, "adamw", 1, "eager", 1),
     # Data parallelism without ep: the MoE layers run on each rank's own tokens between the same
-    # hooks (schemas/experts.py runs_moe_locally); without them Qwen3-MoE drifts from step 0
+    # hooks (schemas/parallel_dims.py runs_moe_locally); without them Qwen3-MoE drifts from step 0
     # (4.6956 vs 4.5455 at dp2, 4.6956 vs 4.5455 at dp2 x mp2: Paddle indexes its dp-split expert
     # mask wrongly) and Switch raises.
     ("dp2_ep1_sgd_clip", 2, 1, "sgd_clip", 1, "eager", 1),

@@ -435,7 +435,7 @@ def test_what_the_trainer_cannot_express_is_refused_in_one_message():
         refused.value
     )
     assert "expert parallelism (ep=2): the Trainer's dist.parallelize config has no key for it" in str(refused.value)
-    assert f"recompute (full, {len(layers)} layers): the Trainer's config has no key for it" in str(refused.value)
+    assert "recompute (full): the Trainer's config has no key for it" in str(refused.value)
 
 
 def test_a_tied_local_lookup_under_data_parallelism_is_refused_before_the_job(tmp_path):

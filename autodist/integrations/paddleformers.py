@@ -40,6 +40,7 @@ from typing import Any
 
 from autodist.schemas import Plan, PlanError, load_plan
 from autodist.schemas.local_view import local_order, reordered
+from autodist.schemas.parallel_dims import runtime_refusals
 from autodist.schemas.parallelize import (
     HELPER_STYLES,
     ExportError,
@@ -297,20 +298,7 @@ def _degrees(dp: int, mp: int) -> str:
 def _unsupported(plan: Plan) -> list[str]:
     """What ``plan`` holds that the Trainer's auto-parallel mode cannot express."""
     s = plan.strategy
-    problems = []
-    if s.pp > 1:
-        problems.append(
-            f"a pipeline (pp={s.pp}, schedule {s.schedule}): PaddleFormers' auto-parallel Trainer runs none "
-            "(it asserts pipeline_model_parallel_size == 1); re-plan with --pp 1, or use apply_plan in your own loop"
-        )
-    if s.ep > 1:
-        problems.append(f"expert parallelism (ep={s.ep}): the Trainer's dist.parallelize config has no key for it")
-    if s.sequence_parallel:
-        problems.append(
-            "sequence parallelism: Paddle's SequenceParallel plans read a layer's first positional input, and "
-            "PaddleFormers calls its attention with keywords only (IndexError in c_concat; docs/paddle-notes.md); "
-            "re-plan with --no-sequence-parallel"
-        )
+    problems = runtime_refusals(s, "trainer")
     for lookup in plan.vocab_lookup:
         tied = plan.params[lookup.weight].tied_to
         if tied and s.dp > 1:
@@ -320,11 +308,6 @@ def _unsupported(plan: Plan) -> list[str]:
                 "Llama at dp2 x mp2 left the plain Trainer's losses by 1.7e-3 at step 3; untied, it trains); "
                 "re-plan with --no-local-view"
             )
-    if s.recompute != "none" and plan.recompute:
-        problems.append(
-            f"recompute ({s.recompute}, {len(plan.recompute)} layers): the Trainer's config has no key for it; "
-            "re-plan with --recompute none and set TrainingArguments(recompute=...)"
-        )
     return problems
 
 

@@ -240,7 +240,7 @@ def untimeable(plan, backend: str) -> str:
     >>> untimeable(Plan(), "nccl")
     ''
     """
-    from autodist.schemas.backend import LACKS, OPERATIONS, needs_missing
+    from autodist.schemas.parallel_dims import LACKS, OPERATIONS, needs_missing
 
     lacks = LACKS.get(backend, {})
     problems = [

@@ -51,7 +51,7 @@ from msgspec.structs import replace
 
 from autodist.planner.errors import PlannerError
 from autodist.schemas import DeviceProfile, Strategy, printable
-from autodist.schemas.backend import OPERATIONS, needs_missing
+from autodist.schemas.parallel_dims import OPERATIONS, needs_missing
 from autodist.schemas.inputs import InputFileError, load_toml
 
 GB = 10**9
@@ -424,7 +424,7 @@ def _profile_values(profile: DeviceProfile) -> dict[str, float]:
 
 def backend_problem(device: DeviceProfile, strategy: Strategy) -> str:
     """Why ``device``'s collective backend cannot run ``strategy``, or '' (what needs what:
-    :func:`autodist.schemas.backend.needs_missing`, which apply_plan refuses by too).
+    :func:`autodist.schemas.parallel_dims.needs_missing`, which apply_plan refuses by too).
 
     Expert parallelism needs nothing here: its dispatch and combine are an all-gather and an
     all-reduce, which every backend has (docs/recognition.md, "Experts").

@@ -38,8 +38,13 @@ from autodist.planner.errors import PlannerError
 from autodist.schemas.describe import layers_text, strategy_text
 from autodist.schemas import Candidate, DeviceProfile, Kernels, Rejected, Strategy
 from autodist.schemas.plan import Schedule, ShardingStage
-from autodist.schemas.experts import expert_limit, runs_moe_locally
-from autodist.schemas.local_view import local_views_refused, runs_local_views
+from autodist.schemas.parallel_dims import (
+    combination_problems,
+    expert_limit,
+    local_views_refused,
+    runs_local_views,
+    runs_moe_locally,
+)
 from autodist.schemas.vocabulary import training_bytes
 from autodist.schemas.schedules import PIPELINING_SCHEDULES, block_stages, schedule_problems
 
@@ -212,7 +217,7 @@ class PricedModel:
 
     def assumed_local(self, strategy: Strategy) -> frozenset[str]:
         """The sub-layers the search prices as local views under ``strategy``: every candidate
-        where local views run (:func:`~autodist.schemas.local_view.runs_local_views`), else none."""
+        where local views run (:func:`~autodist.schemas.parallel_dims.runs_local_views`), else none."""
         return self.local_views if runs_local_views(strategy) else frozenset()
 
     def cost_with(self, local: frozenset[str]) -> ModelCost:
@@ -507,10 +512,9 @@ def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, c
     """Why one variant of a feasible mesh cannot work (before pricing it), or ''."""
     num_blocks, tied = len(cost.blocks), bool(cost.tied_vocab_params)
     unsupported = backend_problem(setup.device, strategy) or expert_limit(strategy, moe=cost.has_experts)
-    if unsupported:
-        return unsupported
-    if strategy.dp % strategy.ep:
-        return f"ep={strategy.ep} does not divide dp={strategy.dp} (experts spread over dp ranks)"
+    combination = combination_problems(strategy, moe=cost.has_experts, tied=tied)
+    if unsupported or combination:
+        return unsupported or combination[0]
     if cost.local_only:  # inside sub-layers that may run as local views, but not under this strategy
         return (
             f"{cost.local_only} runs on distributed tensors here, which Paddle 3.3 cannot do: its sub-layer runs on "
@@ -530,18 +534,9 @@ def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, c
             f"{request.micro_batch_size} x micro-batches"
         )
 
-    if strategy.schedule == "sequential" and strategy.micro_batches > 1:
-        return "apply_plan accumulates micro-batches only without a pipeline; the sequential schedule takes 1"
     stages = block_stages(num_blocks, strategy.pp, strategy.virtual_stages)
     problems = schedule_problems(strategy.schedule, strategy.pp, strategy.micro_batches, stages)
-    if problems:
-        return "; ".join(problems)
-    if strategy.schedule == "sequential" and tied:
-        return (
-            "the embedding and the LM head share one weight: across stages only 1F1B or VPP keep its "
-            "two copies equal (sequential does not)"
-        )
-    return ""
+    return "; ".join(problems)
 
 
 def _rank_key(strategy: Strategy, breakdown: Breakdown) -> tuple:

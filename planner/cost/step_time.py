@@ -126,8 +126,8 @@ from autodist.planner.cost.comm import (
 )
 from autodist.planner.cost.compute import fixed_op_time, matmul_time, memory_time, overlap_loss
 from autodist.planner.cost.memory import StateBytes, model_state_bytes
-from autodist.schemas.experts import runs_moe_locally
-from autodist.schemas.local_view import runs_local_views
+from autodist.schemas.parallel_dims import runs_moe_locally
+from autodist.schemas.parallel_dims import runs_local_views
 from autodist.schemas.vocabulary import TrainingDType, training_bytes
 
 #: Model chunks per rank the search tries for VPP (the plan's ``virtual_stages``; issue #13).
@@ -414,7 +414,7 @@ def estimate(
     """Price one strategy. ``implicit``: the collectives Paddle inserts on its own for these
     placements (from the analysis), per micro-batch, for the whole model. ``local_views``:
     whether the token lookups run on local tensors (:func:`_lookups`); None, as apply_plan runs
-    them under ``strategy`` (:func:`~autodist.schemas.local_view.runs_local_views`). Which
+    them under ``strategy`` (:func:`~autodist.schemas.parallel_dims.runs_local_views`). Which
     sub-layers run as local views is the ``table``'s model's (``PricedModel.cost_with``).
     bench/published.py passes True: Megatron-LM looks up locally under every strategy.
 
@@ -732,7 +732,7 @@ def _lookups(ctx: _Context, edges: list[EdgeCost]) -> list[tuple[float, float, f
     """The collectives the token lookups of a stage's ``edges`` run over mp per micro-batch when
     the vocabulary is split, as :func:`autodist.planner.cost.comm.vocab_lookup_collective` says:
     one all-reduce of the output where the plan looks up on local tensors (the layer can and the
-    strategy runs them, :func:`~autodist.schemas.local_view.runs_local_views`, emit's rule too;
+    strategy runs them, :func:`~autodist.schemas.parallel_dims.runs_local_views`, emit's rule too;
     ``ctx.local_views``),
     else the whole table all-gathered in the forward and again in the backward (full recompute
     does not redo the edges): ``[(seconds, bytes one rank sends, bytes held for the backward)]``,

@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 from autodist.schemas import Plan, parameter_diff, parameter_fingerprint, parameter_table
+from autodist.schemas.plan import BackendOperation
 from autodist.schemas.backend import refusals
 
 from autodist.planner.progress import Progress
@@ -77,7 +78,7 @@ def device_reasons(plan: Plan) -> list[str]:
     []
     """
     device = plan.cluster.device
-    missing: dict[str, str] = dict.fromkeys(device.unsupported, "")
+    missing: dict[BackendOperation, str] = dict.fromkeys(device.unsupported, "")
     return refusals(plan.strategy, list(plan.mesh.axes), plan.hooks, missing, f"{device.name}'s backend", "re-plan")
 
 

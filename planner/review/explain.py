@@ -29,7 +29,7 @@ from autodist.planner.recognise.analysis import ModelAnalysis, experts_whole
 from autodist.planner.recognise.reshards import sublayer_modes
 from autodist.planner.review.format import human_bytes, human_count, human_seconds
 from autodist.schemas.describe import strategy_text
-from autodist.schemas.experts import runs_moe_locally
+from autodist.schemas.parallel_dims import runs_moe_locally
 from autodist.schemas import Candidate, Plan
 
 #: The table's columns: heading, and whether its cells are numbers (right-aligned). Sizes, times

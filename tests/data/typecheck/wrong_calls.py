@@ -4,7 +4,7 @@ each one (the line numbers are in the test)."""
 from autodist.applier.mesh import to_paddle_placement
 from autodist.planner.cost.search import SearchRequest
 from autodist.schemas import Strategy
-from autodist.schemas.experts import expert_limit
+from autodist.schemas.parallel_dims import expert_limit
 from autodist.schemas.vocabulary import local_shape
 
 local_shape([8, 6], "S(1)", [2])  # placements are a list, one per mesh axis
