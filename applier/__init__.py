@@ -33,11 +33,11 @@ def __getattr__(name: str) -> Any:
 
         return apply_plan
     if name == "apply_local_views":
-        from autodist.applier.local_runtime import apply_local_views
+        from autodist.applier.modes.exported_views import apply_local_views
 
         return apply_local_views
     if name == "LazyGuard":
-        from autodist.applier.lazy import LazyGuard
+        from autodist.applier.placement.lazy import LazyGuard
 
         return LazyGuard
     if name == "close":
@@ -45,7 +45,7 @@ def __getattr__(name: str) -> Any:
 
         return close
     if name in ("save_checkpoint", "load_checkpoint", "export_checkpoint"):
-        from autodist.applier import checkpoint
+        from autodist.applier.checkpoint import save_load
 
-        return getattr(checkpoint, name)
+        return getattr(save_load, name)
     raise AttributeError(f"module 'autodist.applier' has no attribute {name!r}")

@@ -46,12 +46,17 @@ import paddle.distributed as dist
 
 from autodist.schemas import Plan, PlanError, dump_plan, load_plan, parameter_fingerprint, parameter_table
 
-from autodist.applier.accumulate import AccumulatingOptimizer, MicroBatchLoader, accumulates, step_scheduler_per_update
-from autodist.applier.agree import Agreement, Record, agree, applying, digest, timeout_from
-from autodist.applier.backend import lacking, running_backend
-from autodist.applier.data import shard_loader
-from autodist.applier.clip import clip_over_ranks
-from autodist.applier.experts import (
+from autodist.applier.modes.accumulate import (
+    AccumulatingOptimizer,
+    MicroBatchLoader,
+    accumulates,
+    step_scheduler_per_update,
+)
+from autodist.applier.ranks.agree import Agreement, Record, agree, applying, digest, timeout_from
+from autodist.applier.placement.backend import lacking, running_backend
+from autodist.applier.placement.data import shard_loader
+from autodist.applier.placement.clip import clip_over_ranks
+from autodist.applier.modes.expert_dispatch import (
     ExpertGradSync,
     ExpertGroups,
     dropped_parameters,
@@ -59,23 +64,23 @@ from autodist.applier.experts import (
     runs_moe_locally,
     spread_experts,
 )
-from autodist.applier.hooks import ReshardFn, register_hooks
-from autodist.applier.local_view import LocalViews
-from autodist.applier.mesh import mesh_ids
-from autodist.applier.optimizer import optimizer_parameters, rebuild_optimizer, retire, shard_optimizer
-from autodist.applier.pipeline import PipelineModel, build_pipeline, uses_schedule
-from autodist.applier.readable import Settings as ReadSettings
-from autodist.applier.readable import close as close_readable
-from autodist.applier.einsum import restore as restore_einsum
-from autodist.applier.einsum import run_permutations_locally
-from autodist.applier.readable import install as make_outputs_readable
-from autodist.applier.readable import settings as read_settings
-from autodist.applier.recompute import wrap_recompute
-from autodist.applier.replicas import equalise, equalise_random
-from autodist.applier.shard import shard_parameters
-from autodist.applier.store_host import warm_up_store_host
-from autodist.applier.validate import plan_problems
-from autodist.applier.vocab_lookup import wrap_vocab_lookups
+from autodist.applier.placement.hooks import ReshardFn, register_hooks
+from autodist.applier.modes.local_calls import LocalViews
+from autodist.applier.placement.mesh import mesh_ids
+from autodist.applier.placement.optimizer import optimizer_parameters, rebuild_optimizer, retire, shard_optimizer
+from autodist.applier.modes.pipeline import PipelineModel, build_pipeline, uses_schedule
+from autodist.applier.ranks.readable import Settings as ReadSettings
+from autodist.applier.ranks.readable import close as close_readable
+from autodist.applier.modes.local_einsum import restore as restore_einsum
+from autodist.applier.modes.local_einsum import run_permutations_locally
+from autodist.applier.ranks.readable import install as make_outputs_readable
+from autodist.applier.ranks.readable import settings as read_settings
+from autodist.applier.modes.recompute import wrap_recompute
+from autodist.applier.placement.replicas import equalise, equalise_random
+from autodist.applier.placement.shard import shard_parameters
+from autodist.applier.ranks.store_host import warm_up_store_host
+from autodist.applier.placement.validate import plan_problems
+from autodist.applier.modes.vocab_lookup import wrap_vocab_lookups
 
 #: The plan each model ``apply_plan`` returned was distributed by (``save_checkpoint`` records it).
 _APPLIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -120,7 +125,7 @@ def apply_plan(
     refuses ``step()`` from then on: it holds the replaced parameters.
 
     Returns ``(model, optimizer, dataloader)``: the same model object with distributed
-    parameters (for a schedule, a :class:`~autodist.applier.pipeline.PipelineModel` of this
+    parameters (for a schedule, a :class:`~autodist.applier.modes.pipeline.PipelineModel` of this
     rank's stage), a rebuilt optimizer holding exactly the new parameters (wrapped by
     ``dist.shard_optimizer``), and a ``dist.ShardDataloader``. When the plan has
     ``micro_batches > 1`` and no pipeline schedule, the loader yields micro-batches and the

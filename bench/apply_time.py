@@ -9,7 +9,7 @@ best apply_plan time / to_distributed time (target <= 5 %). Where apply_plan's t
 timed by phase (the functions apply_plan calls, wrapped in this process only): ``agree`` is the
 meeting of the ranks, so it holds the wait for the slowest rank; the rank that waited least
 (the last to arrive) shows apply_plan's own cost. ``settle`` is their second meeting, once each
-rank applied the plan (applier/agree.py), so it holds the wait for the slowest to shard.
+rank applied the plan (applier/ranks/agree.py), so it holds the wait for the slowest to shard.
 
 Run: ``make bench`` or ``.venv/bin/python bench/apply_time.py [--layers 4] [--hidden 256] [--markdown]``.
 The numbers go to docs/benchmarks.md by hand, with the machine they came from.

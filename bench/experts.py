@@ -16,7 +16,7 @@ the first backward, AdamW states after the first step: each tensor's local value
 peak of Paddle's host allocator over the steps (``core.host_memory_stat_peak_value``: every
 tensor alive at once, activations included), its peak RSS above its RSS before the build, the
 median step time (the first step left out) and the losses. Under ep it also counts what the
-expert hooks' collectives carry per step (bytes at each of ``applier/experts.py``'s gathers and
+expert hooks' collectives carry per step (bytes at each of ``applier/modes/expert_dispatch.py``'s gathers and
 sums, sent per rank by the ring formulas the planner prices; their gradient sums before the
 update are dp traffic and left out) and the time spent in them.
 
@@ -129,7 +129,7 @@ def distribute(job: dict, model, optimizer, loader):
 
 
 class ExpertTraffic:
-    """BENCH-ONLY instrument: wraps ``applier/experts.py``'s all-gather (``_gather``) and
+    """BENCH-ONLY instrument: wraps ``applier/modes/expert_dispatch.py``'s all-gather (``_gather``) and
     all-reduce (``_sum``) to add up the bytes each call sends from this rank, by the ring
     formulas the planner prices ((n - 1) x the local tensor for a gather over n ranks,
     2 (n - 1) / n x the tensor for a sum), and the seconds spent in them (waiting for the peers
@@ -137,7 +137,7 @@ class ExpertTraffic:
     traffic, which the plan prices under ``dp``) are not counted."""
 
     def __init__(self):
-        import autodist.applier.experts as experts
+        import autodist.applier.modes.expert_dispatch as experts
 
         self.bytes, self.seconds, self.syncing = 0, 0.0, False
         gather, total, sync = experts._gather, experts._sum, experts.ExpertGradSync.step

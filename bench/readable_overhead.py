@@ -1,4 +1,4 @@
-"""What the readable losses' wrappers cost per Tensor call (applier/readable/, "The cost").
+"""What the readable losses' wrappers cost per Tensor call (applier/ranks/readable/, "The cost").
 
 ``apply_plan`` wraps Paddle's scalar reductions (``_C_ops.mean``, ``mean_all``, ``sum``), a few
 Tensor arithmetic methods (``+ - * /``, ``detach``, ``astype``, ...) and the reads (``float``,
@@ -55,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     from models.gpt import build_model
 
-    from autodist.applier.readable import patching
+    from autodist.applier.ranks.readable import patching
 
     a, b = paddle.rand([4, 8]), paddle.rand([4, 8])
     ops = {

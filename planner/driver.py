@@ -116,7 +116,7 @@ def plan_model(
     ``rules``: ``{layer glob: "colwise" | "rowwise" | "replicate"}`` merged into the analysis
     (:mod:`autodist.planner.recognise.rules`) and recorded in the provenance.
     ``local_view``: run the sub-layers (attention, MLP) with a fused column projection on local
-    tensors where the planner proves it (:mod:`autodist.planner.local_view`), and a vocabulary-split
+    tensors where the planner proves it (:mod:`autodist.planner.local_view_proof`), and a vocabulary-split
     token lookup where its layer can (``plan.vocab_lookup``).
     Raises :class:`~autodist.planner.errors.PlannerError` for anything the user can fix.
     """
@@ -160,7 +160,7 @@ def plan_analysed(
         result = search(priced, request)
     views = None
     if local_view and model is not None:
-        from autodist.planner.local_view import local_views
+        from autodist.planner.local_view_proof import local_views
 
         while True:
             with progress.step("proving local views"):
@@ -192,7 +192,7 @@ def _kept_whole(
     reason names (``Class.forward at file:line``), and the smallest rewrite where one is known:
     by the op that stopped the split (:data:`~autodist.planner.recognise.spmd.REWRITES`), or
     reading sizes the trace does not know (an op of that layer with a -1 size)."""
-    from autodist.planner.local_view import candidates
+    from autodist.planner.local_view_proof import candidates
     from autodist.planner.recognise.spmd import REWRITES, RUN_TIME_SIZES, dynamic
     from autodist.planner.trace import forward_source
 

@@ -211,7 +211,7 @@ def _held_whole(
 ) -> dict[str, ParamPlan]:
     """``params`` with each local-view weight whose segments some rank computes with whole
     (``LocalWeight.replicated``: a multi-query ``q|k|v``'s K and V) replicated over mp, in the
-    model's own layout: each rank takes its columns for the call (applier/local_view.py). The
+    model's own layout: each rank takes its columns for the call (applier/modes/local_calls.py). The
     estimate prices it so (the cost model reads the same rule,
     :func:`~autodist.planner.recognise.reshards.multi_query_weights`): one note says so."""
     held = [w.param for view in local_view for w in view.weights if w.replicated]

@@ -1,5 +1,5 @@
 """A plan refused for the collectives its backend lacks, in one set of words: ``apply_plan`` for
-the running backend (applier/backend.py) and ``check`` for the plan's own device. What a strategy
+the running backend (applier/placement/backend.py) and ``check`` for the plan's own device. What a strategy
 needs and what Paddle 3.3.1's backends lack is schemas/parallel_dims.py's; this adds what a plan's
 reshard hooks may need, for hooks edited by hand.
 """

@@ -135,7 +135,7 @@ class SavedOptimizer(Base):
 
 class SavedScheduler(Base):
     """An LR scheduler's state: its ``state_dict()`` (and what Paddle leaves out of it, see
-    applier/scheduler_state.py), with the state of a scheduler it wraps (``LinearWarmup``'s
+    applier/checkpoint/scheduler_state.py), with the state of a scheduler it wraps (``LinearWarmup``'s
     ``LinearWarmup_LR``) in ``nested`` under the same key."""
 
     class_name: Identifier

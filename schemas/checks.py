@@ -149,7 +149,7 @@ def check_stage_agreement(plan: Plan) -> list[str]:
 def check_combination(plan: Plan) -> list[str]:
     """Strategies no runtime builds (:func:`~autodist.schemas.parallel_dims.combination_problems`):
     ``check_plan``'s and ``apply_plan``'s refusal of a plan built in Python or edited by hand."""
-    tied = any(p.tied_to for p in plan.params.values())
+    tied = any(p.tied_stages for p in plan.params.values())
     moe = any(b.experts for b in plan.blocks)
     return [f"$.strategy: {p}" for p in combination_problems(plan.strategy, moe=moe, tied=tied)]
 

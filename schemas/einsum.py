@@ -5,7 +5,7 @@ whole, at its new position, and a partial sum stays a partial sum: each rank's p
 is the einsum of its piece of the input. Paddle 3.3 runs no ``einsum`` on distributed tensors
 (docs/paddle-notes.md); the planner counts such an einsum as runnable
 (``cost/graph_cost._local_only``) because the applier runs it on local values
-(``applier/einsum.py``), both by :func:`einsum_permutation`.
+(``applier/modes/local_einsum.py``), both by :func:`einsum_permutation`.
 
     >>> einsum_permutation("nhwpqc->nchpwq")   # output dim i is input dim order[i]
     (0, 5, 1, 3, 2, 4)

@@ -65,7 +65,7 @@ def kv_replicated(num_kv_heads: int, mp: int) -> bool:
     """Whether a multi-query (grouped) attention's fused ``q|k|v`` run as a local view computes
     its K and V whole on every one of ``mp`` ranks (``LocalWeight.replicated``), so that the
     weight is held whole, its gradient summed over mp: when its KV heads do not split over mp.
-    The one rule the planner's layout (planner/local_view.py), hence emit's placement, and the
+    The one rule the planner's layout (planner/local_view_proof.py), hence emit's placement, and the
     cost model's price of such a weight (step_time.py) read.
 
     >>> kv_replicated(1, 2), kv_replicated(2, 2), kv_replicated(2, 4)

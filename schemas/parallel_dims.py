@@ -29,6 +29,7 @@ from collections.abc import Collection
 from typing import Literal
 
 from autodist.schemas.plan import BackendOperation, Strategy
+from autodist.schemas.schedules import PIPELINING_SCHEDULES
 
 #: The operations a backend may lack, in words.
 OPERATIONS: dict[BackendOperation, str] = {
@@ -212,17 +213,18 @@ def local_views_refused(strategy: Strategy) -> str:
 
 
 def combination_problems(strategy: Strategy, moe: bool = False, tied: bool = False) -> list[str]:
-    """Why no runtime builds ``strategy`` for a model (``moe``: with experts; ``tied``: an embedding
-    and LM head sharing one weight), beyond :func:`expert_limit`: one sentence each, the planner's
-    reason to leave a strategy out and ``apply_plan``'s refusal.
+    """Why no runtime builds ``strategy`` for a model (``moe``: with experts; ``tied``: a weight
+    shared by layers a pipeline may put on two stages, an embedding and its LM head), beyond
+    :func:`expert_limit`: one sentence each, the planner's reason to leave a strategy out and
+    ``apply_plan``'s refusal.
 
     >>> combination_problems(Strategy(dp=2, ep=4))
     ['ep=4 does not divide dp=2 (experts spread over dp ranks)']
     >>> combination_problems(Strategy(pp=2, schedule="sequential", micro_batches=2), tied=True)  # doctest: +NORMALIZE_WHITESPACE
     ['micro_batches=2 with the sequential schedule: apply_plan accumulates micro-batches only without a pipeline;
       re-plan with --micro-batches 1 or a 1F1B schedule',
-     'the embedding and the LM head share one weight: across stages only 1F1B or VPP keep its two copies equal
-      (sequential does not)']
+     "a weight tied across stages needs the 1F1B or VPP schedule, which sums its copies' gradients
+      (the plan's is sequential)"]
     """
     problems = []
     if strategy.dp % strategy.ep:
@@ -232,10 +234,10 @@ def combination_problems(strategy: Strategy, moe: bool = False, tied: bool = Fal
             f"micro_batches={strategy.micro_batches} with the sequential schedule: apply_plan accumulates "
             "micro-batches only without a pipeline; re-plan with --micro-batches 1 or a 1F1B schedule"
         )
-    if strategy.schedule == "sequential" and strategy.pp > 1 and tied:
+    if tied and strategy.pp > 1 and strategy.schedule not in PIPELINING_SCHEDULES:
         problems.append(
-            "the embedding and the LM head share one weight: across stages only 1F1B or VPP keep its "
-            "two copies equal (sequential does not)"
+            "a weight tied across stages needs the 1F1B or VPP schedule, which sums its copies' gradients "
+            f"(the plan's is {strategy.schedule})"
         )
     return problems
 

@@ -26,7 +26,7 @@ decides what is written:
 - Local views and local token lookups (``plan.local_view``, ``plan.vocab_lookup``) have no key:
   their parameters get no entry, and ``autodist.apply_local_views(model, plan)``, called before
   ``dist.parallelize``, shards them and installs those sub-layers
-  (:attr:`ParallelizeConfig.local_layers`; ``applier/local_runtime.py``).
+  (:attr:`ParallelizeConfig.local_layers`; ``applier/modes/exported_views.py``).
 
 Anything the config cannot express exactly (a placement no style produces, expert parallelism,
 a VPP schedule) is an :class:`ExportError` listing every such thing, never a silently different

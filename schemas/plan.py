@@ -365,7 +365,7 @@ class LocalAttribute(Base):
     ``self.split_size``, a projection's ``nf``, a child core attention's width, or one of an
     object the layer holds: ``self.config.num_attention_heads``, named
     ``config.num_attention_heads``), set to ``local`` for the duration of the call: those the
-    planner's proof needs localised (planner/local_view.py ``discover``)."""
+    planner's proof needs localised (planner/local_view_proof.py ``discover``)."""
 
     layer: Fqn
     name: AttributePath
@@ -375,7 +375,7 @@ class LocalAttribute(Base):
 
 class CallInput(Base):
     """One argument of a local-view sub-layer's call, as the planner's trace saw it; the proof
-    calls the sub-layer with the same ones (:func:`autodist.planner.local_view.verify`) and the
+    calls the sub-layer with the same ones (:func:`autodist.planner.local_view_proof.verify`) and the
     applier takes each rank's value of it by its ``role``:
 
     - ``hidden``: the first tensor input, the activation the view takes whole on every rank

@@ -11,8 +11,8 @@ from harness.plans import tensor_parallel_plan
 from harness.workloads import WORKLOADS, make_loader, make_optimizer, train
 
 from autodist.applier import apply_plan
-from autodist.applier.accumulate import split_batch
-from autodist.applier.validate import plan_problems
+from autodist.applier.modes.accumulate import split_batch
+from autodist.applier.placement.validate import plan_problems
 
 
 def test_split_batch_keeps_structure_and_order():

@@ -17,10 +17,10 @@ from dataclasses import asdict
 
 import pytest
 
-import autodist.applier.agree as agree_module
-import autodist.applier.signed as signed
-import autodist.applier.jobkey as jobkey
-from autodist.applier.agree import Record, agree, timeout_from, verdict_problems
+import autodist.applier.ranks.agree as agree_module
+import autodist.applier.ranks.signed as signed
+import autodist.applier.ranks.jobkey as jobkey
+from autodist.applier.ranks.agree import Record, agree, timeout_from, verdict_problems
 from autodist.schemas import PlanError
 from harness.launcher import free_ports
 

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-import autodist.applier.jobkey as jobkey
-from autodist.applier.agree import Record, agree
+import autodist.applier.ranks.jobkey as jobkey
+from autodist.applier.ranks.agree import Record, agree
 from autodist.schemas import PlanError
 from harness.agree_rank import hold_silently, launch_agreement
 from harness.launcher import free_ports

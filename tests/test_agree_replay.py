@@ -15,11 +15,11 @@ import time
 
 import pytest
 
-from autodist.applier.agree import PROTOCOL, Record, agree
-from autodist.applier.jobkey import SECRET_FILE_ENV, _from_secret
-from autodist.applier.readable.notes import Notes
-from autodist.applier.readable.store import post_value, posted, slot
-from autodist.applier.signed import greeting, seal
+from autodist.applier.ranks.agree import PROTOCOL, Record, agree
+from autodist.applier.ranks.jobkey import SECRET_FILE_ENV, _from_secret
+from autodist.applier.ranks.readable.notes import Notes
+from autodist.applier.ranks.readable.store import post_value, posted, slot
+from autodist.applier.ranks.signed import greeting, seal
 from autodist.schemas import PlanError
 from harness.launcher import free_ports, launch_ranks
 
@@ -60,7 +60,7 @@ def test_a_value_posted_in_an_earlier_job_is_refused(tmp_path):
     into this job's store at the same slot (same secret, same slot name): rank 0 refuses it."""
     from paddle.base import core
 
-    from autodist.applier.agree import Agreement
+    from autodist.applier.ranks.agree import Agreement
 
     earlier, now = (
         Agreement(_from_secret(SECRET), 0, 2, 1.0, "plan.json", []),
@@ -87,7 +87,7 @@ def test_a_greeting_and_a_record_from_an_earlier_job_are_refused(tmp_path, secre
     import socket
     import threading
 
-    from autodist.applier.signed import read_greeting
+    from autodist.applier.ranks.signed import read_greeting
 
     p0, p1, agree_port = free_ports(3)
     monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", f"127.0.0.1:{p0},127.0.0.1:{p1}")
@@ -126,7 +126,7 @@ def test_a_greeting_and_a_record_from_an_earlier_job_are_refused(tmp_path, secre
             except OSError:
                 time.sleep(0.01)
 
-    import autodist.applier.agree as agree_module
+    import autodist.applier.ranks.agree as agree_module
     import itertools
 
     monkeypatch.setattr(agree_module, "_CALLS", itertools.count())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import autodist.applier.jobkey as jobkey
+import autodist.applier.ranks.jobkey as jobkey
 from autodist.schemas import PlanError
 from harness.launcher import TESTS_DIR, base_env, free_ports
 

@@ -4,7 +4,7 @@ Each test starts two ranks, each its own process with the job's environment runn
 agreement exactly as ``apply_plan`` does (harness/agree_rank.py: the agreement without Paddle,
 so a job takes a fraction of a second), and this test process plays a stranger on the same
 machine that knows everything a plan file and ``ss -tln`` tell: the ports, the protocol, rank 0's
-plan digest. It does not have the job's key (applier/jobkey.py: here, the default, a key rank 0
+plan digest. It does not have the job's key (applier/ranks/jobkey.py: here, the default, a key rank 0
 writes where only this user can read it; the stranger simply does not read it).
 
 Every rank runs under a hard timeout and is killed at the end of its test, whatever happened.
@@ -23,8 +23,8 @@ from contextlib import ExitStack, contextmanager
 
 import pytest
 
-from autodist.applier.agree import MAX_MESSAGE_BYTES
-from autodist.applier.signed import MAX_PENDING
+from autodist.applier.ranks.agree import MAX_MESSAGE_BYTES
+from autodist.applier.ranks.signed import MAX_PENDING
 from harness.launcher import TESTS_DIR, base_env, free_ports
 
 pytestmark = pytest.mark.multiprocess
@@ -427,8 +427,8 @@ def test_a_stranger_greeting_under_another_key_is_not_taken_for_rank_0(job):
     """Without secrets, something on the agreement port greets in the protocol's form but not
     under rank 0's key file's key: rank 1 does not take it for rank 0 with another secret (it
     proves nothing) and names a stranger at the deadline."""
-    from autodist.applier.agree import PROTOCOL
-    from autodist.applier.signed import greeting
+    from autodist.applier.ranks.agree import PROTOCOL
+    from autodist.applier.ranks.signed import greeting
 
     def impostor(conn, stop):
         conn.sendall(greeting(b"k" * 32, PROTOCOL, b"n" * 16))
@@ -472,9 +472,9 @@ def test_a_greeting_replayed_late_ends_rank_1s_wait_at_its_deadline(job):
     the key's signature over its nonce). Rank 1 takes it, sends its record and waits for a verdict
     that never comes: it stops by T + the verdict grace (+ 2 s), as its message says. It once
     waited again T + grace from the replay, about 2T + 10 s in all, while saying "within T"."""
-    from autodist.applier.agree import PROTOCOL, VERDICT_GRACE_S
-    from autodist.applier.jobkey import _from_secret
-    from autodist.applier.signed import greeting
+    from autodist.applier.ranks.agree import PROTOCOL, VERDICT_GRACE_S
+    from autodist.applier.ranks.jobkey import _from_secret
+    from autodist.applier.ranks.signed import greeting
 
     earlier = greeting(_from_secret(ONE), PROTOCOL, b"e" * 16)
 

@@ -14,7 +14,7 @@ from harness.plans import tensor_parallel_plan
 from harness.workloads import WORKLOADS, make_loader
 
 from autodist.applier import apply_plan
-from autodist.applier.hooks import register_hooks
+from autodist.applier.placement.hooks import register_hooks
 from harness.memory import local_parameter_bytes, planned_local_bytes
 from autodist.schemas import Reshard, SequenceParallelBegin, SequenceParallelEnd, StageHandoff, Strategy
 
@@ -320,7 +320,7 @@ def test_stage_handoff_targets_the_next_stage_mesh():
     """Plumbing only: a real hand-off is a cross-mesh reshard, which segfaults on Paddle's CPU
     wheel (docs/paddle-notes.md, "Collectives on the CPU wheel"), so the reshard_fn records its arguments and
     stops the forward."""
-    from autodist.applier.shard import shard_parameters
+    from autodist.applier.placement.shard import shard_parameters
 
     model = build_tied()
     plan = pipeline_plan(model, lambda fqn: int(fqn.startswith("proj")))
@@ -342,7 +342,7 @@ def test_stage_handoff_targets_the_next_stage_mesh():
 def test_other_stages_parameters_hold_no_memory_here(lazy):
     """Rank 0 of a pp2 plan: stage-1 parameters go onto mesh [1] and take no memory on this
     rank, whether the model was built eagerly or under LazyGuard."""
-    from autodist.applier.shard import shard_parameters
+    from autodist.applier.placement.shard import shard_parameters
 
     if lazy:
         with paddle.LazyGuard():
@@ -396,7 +396,7 @@ def test_lazy_model_on_four_ranks_allocates_only_its_shards(tmp_path):
 def test_pipeline_chunks_follow_the_children_stages():
     """Without blocks in the plan, 1F1B and VPP cut a Sequential where the children's planned
     stage changes; a child without parameters (ReLU) stays with the run before it."""
-    from autodist.applier.pipeline import chunk_units, pipeline_problems, stage_units
+    from autodist.applier.modes.pipeline import chunk_units, pipeline_problems, stage_units
 
     model = paddle.nn.Sequential(*[paddle.nn.Linear(4, 4) if i != 2 else paddle.nn.ReLU() for i in range(6)])
     stages = {"0": 0, "1": 0, "3": 1, "4": 0, "5": 1}
@@ -437,7 +437,7 @@ losses = []
 with blocking_p2p():
     for _ in range(2):
         x, y = next(iter(loader))  # inputs on the first stage's mesh, labels on the last's
-        losses.append([float(l) for l in model.step(x, target=y)])  # on every rank (applier/readable/)
+        losses.append([float(l) for l in model.step(x, target=y)])  # on every rank (applier/ranks/readable/)
         opt.step()
         opt.clear_grad()
 me = dist.get_rank()

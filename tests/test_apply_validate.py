@@ -12,7 +12,7 @@ from harness.workloads import WORKLOADS, make_loader
 from models.gpt import build_model as build_gpt
 
 from autodist.applier import apply_plan
-from autodist.applier.data import shard_loader, uneven_problem
+from autodist.applier.placement.data import shard_loader, uneven_problem
 from autodist.schemas import Reshard, ParamPlan, PlanError, Strategy, dump_plan
 
 
@@ -266,7 +266,7 @@ def test_weight_tied_across_stages_needs_a_pipelining_schedule():
     weight = plan.params["0.weight"]
     plan.params["0.weight"] = msgspec.structs.replace(weight, tied_to=["3.weight"], tied_stages={"3.weight": 1})
     err = rejected(model, None, None, plan)
-    assert '$.params["0.weight"].tied_stages: a weight tied across stages needs the 1F1B or VPP schedule' in str(err)
+    assert "$.strategy: a weight tied across stages needs the 1F1B or VPP schedule" in str(err)
 
 
 def sequential():

@@ -195,7 +195,7 @@ def test_checked_in_plan_is_valid_for_its_model():
 )
 def test_check_refuses_what_apply_plan_refuses(planned, change, reason):
     """`check` said "valid" for plans apply_plan then refused: both run the same checks."""
-    from autodist.applier.validate import plan_problems
+    from autodist.applier.placement.validate import plan_problems
     from autodist.schemas import load_plan
 
     model, plan_path = planned

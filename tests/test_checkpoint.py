@@ -24,10 +24,10 @@ from harness.plans import tensor_parallel_plan
 from harness.runner import read_outputs, start_job
 from harness.workloads import DOCSTRING_LLAMA_CONFIG, WORKLOADS, load_model_file, make_loader, make_optimizer, train
 
-import autodist.applier.layout
+import autodist.applier.placement.layout
 import autodist.schemas.checkpoint
 from autodist import CheckpointError, apply_plan, export_checkpoint, load_checkpoint, save_checkpoint
-from autodist.applier.checkpoint import MASTER_WEIGHT
+from autodist.applier.checkpoint.save_load import MASTER_WEIGHT
 from autodist.schemas import dump_plan
 from autodist.schemas.checkpoint import METADATA_FILE, read_checkpoint, tiling_problem
 
@@ -319,14 +319,16 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_loadable(tmp_path
 # -- pieces of the format ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", [autodist.applier.layout, autodist.schemas.checkpoint], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [autodist.applier.placement.layout, autodist.schemas.checkpoint], ids=lambda m: m.__name__
+)
 def test_docstring_examples(module):
     failed, _ = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert failed == 0
 
 
 def test_uneven_splits_tile_the_tensor():
-    from autodist.applier.layout import distinct_shards
+    from autodist.applier.placement.layout import distinct_shards
 
     ids = np.arange(4).reshape(1, 4)
     shards = distinct_shards([10, 3], ids, [None, 0])

@@ -4,7 +4,7 @@ under plan B, trains 1 more step, and the losses and parameters equal 3 uninterr
 single-device steps (1e-5); every parameter is laid out as plan B says (under ep, each rank
 holds only its experts).
 
-Under expert parallelism a rank holds only its experts (applier/experts.py), so a checkpoint
+Under expert parallelism a rank holds only its experts (applier/modes/expert_dispatch.py), so a checkpoint
 written under ep must still describe every expert, each written whole by one rank that holds
 it, and loading must fill the experts a rank holds and skip the ones it dropped. The ep plans
 are the planner's (``--ep 2``), as tests/test_train_experts.py makes them.

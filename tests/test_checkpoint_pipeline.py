@@ -28,7 +28,7 @@ from autodist.schemas.checkpoint import read_checkpoint
 WORKLOAD = "paddleformers_llama"
 SAVED_AT = 2
 #: AdamW with weight decay, a step schedule and global-norm clipping (the clip autodist takes
-#: over under a pipeline, applier/clip.py; tests/test_clip_pipeline.py).
+#: over under a pipeline, applier/placement/clip.py; tests/test_clip_pipeline.py).
 OPTIMIZER = "adamw"
 PP2 = Config(pp=2, schedule="1F1B", micro_batches=2, p2p="blocking", plan_source="planner")
 

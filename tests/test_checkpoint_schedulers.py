@@ -206,7 +206,7 @@ def test_a_bad_scheduler_state_is_refused_at_load_with_nothing_changed(tmp_path,
 def test_checking_a_state_steps_a_copy_never_the_live_schedulers():
     """load_checkpoint tries one step() with the saved state before loading it; the scheduler
     and the one it wraps are untouched by that trial (attributes and their lists, dicts)."""
-    from autodist.applier.scheduler_state import problems, saved_scheduler
+    from autodist.applier.checkpoint.scheduler_state import problems, saved_scheduler
 
     live, other = make_scheduler("LinearWarmup(CyclicLR)"), make_scheduler("LinearWarmup(CyclicLR)")
     step(live, 0)
@@ -300,7 +300,7 @@ def test_what_cannot_be_saved_is_refused_by_apply_plan_before_training(make, exp
 def test_rmsprop_is_refused_under_a_plan_that_splits_parameters_and_accepted_under_dp():
     """Paddle's rmsprop_ kernel fails at the first step on a split parameter (mp2; measured in
     test_checkpoint_optimizers.py's launch before this refusal): refused before training."""
-    from autodist.applier.optimizer import optimizer_problems
+    from autodist.applier.placement.optimizer import optimizer_problems
 
     model = WORKLOADS["docstring_llama"].build(0)
     optimizer = paddle.optimizer.RMSProp(0.01, parameters=model.parameters())
@@ -312,7 +312,7 @@ def test_rmsprop_is_refused_under_a_plan_that_splits_parameters_and_accepted_und
 def test_every_scheduler_passes_apply_plans_check(tmp_path):
     model = WORKLOADS["docstring_llama"].build(0)
     for case in CASES:
-        from autodist.applier.optimizer import unsaveable
+        from autodist.applier.placement.optimizer import unsaveable
 
         optimizer = paddle.optimizer.AdamW(make_scheduler(case), parameters=model.parameters())
         assert unsaveable(optimizer) == [], case

@@ -405,7 +405,7 @@ def test_a_vocabulary_split_lookup_in_the_global_view_all_gathers_its_table_and_
 
 
 def test_a_vocabulary_split_lookup_on_local_tensors_all_reduces_its_output_once():
-    # plan.vocab_lookup (Megatron's way, applier/vocab_lookup.py): each rank looks up its own rows
+    # plan.vocab_lookup (Megatron's way, applier/modes/vocab_lookup.py): each rank looks up its own rows
     # and one all-reduce sums the outputs in the forward; the backward communicates nothing for the
     # table, and no rank holds it whole.
     vocab, hidden, seq = 1000, 64, 128

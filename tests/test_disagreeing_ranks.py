@@ -1,7 +1,7 @@
 """Ranks that disagree or die: every rank stops with the same PlanError, none hangs.
 
 Each rank's own checks pass in the disagreement cases below (each plan is valid for the model
-it meets), so only the agreement step in ``apply_plan`` (applier/agree.py) can catch them;
+it meets), so only the agreement step in ``apply_plan`` (applier/ranks/agree.py) can catch them;
 without it the job hangs in a collective, dies after a backend timeout naming nothing, or trains
 something else on one rank. Ranks are started by hand (no supervising launcher), and a rank
 killed inside ``apply_plan`` must not leave the others waiting.

@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from autodist.applier.experts import ExpertLayout, dropped_parameters, expert_holders, held_experts
-from autodist.applier.replicas import replica_groups
-from autodist.applier.validate import plan_problems
+from autodist.applier.modes.expert_dispatch import ExpertLayout, dropped_parameters, expert_holders, held_experts
+from autodist.applier.placement.replicas import replica_groups
+from autodist.applier.placement.validate import plan_problems
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest
 from harness.planning import plan_target

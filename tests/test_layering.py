@@ -30,7 +30,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("planner.graph",),  # the traced program as a graph
     ("planner.recognise",),  # blocks, roles, experts, SPMD rules on the graph
     ("planner.cost",),  # pricing and searching strategies
-    ("planner.emit", "planner.local_view"),  # the plan from the analysis and the chosen strategy; local views proven
+    (
+        "planner.emit",
+        "planner.local_view_proof",
+    ),  # the plan from the analysis and the chosen strategy; local views proven
     ("planner.driver",),  # the stages in order: load, trace, analyse, search, emit
     ("planner.review",),  # show, diff, check, export, render, explain: read plans, re-run stages
     ("planner.cli",),  # autodist-plan

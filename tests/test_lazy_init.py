@@ -1,5 +1,5 @@
 """A model built under a LazyGuard starts, after apply_plan, from the values an eager build with
-the same seed has (applier/lazy.py): each parameter is drawn whole, in creation order, from the
+the same seed has (applier/placement/lazy.py): each parameter is drawn whole, in creation order, from the
 global generator, then sharded.
 
 The reference is always the eager build itself, never autodist's output: the same factory, the
@@ -18,7 +18,8 @@ from harness.plans import tensor_parallel_plan, write_plan
 from harness.workloads import WORKLOADS
 
 import autodist
-from autodist.applier import apply_plan, lazy
+from autodist.applier import apply_plan
+from autodist.applier.placement import lazy
 
 SEED = 11
 

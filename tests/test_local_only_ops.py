@@ -161,7 +161,7 @@ def test_an_einsum_that_only_reorders_dims_runs_on_local_values_and_keeps_its_sp
     tests/test_train_zoo.py); an einsum that contracts still goes to Paddle, which refuses it."""
     import paddle.distributed as dist
 
-    from autodist.applier.einsum import run_permutations_locally
+    from autodist.applier.modes.local_einsum import run_permutations_locally
 
     mesh = dist.ProcessMesh([0], dim_names=["mp"])
     whole = paddle.rand([2, 3, 5])

@@ -39,8 +39,8 @@ import pytest
 
 from autodist.planner.cost.search import SearchRequest
 from autodist.planner.driver import load, plan_target
-from autodist.applier.local_view import local_view_problems
-from autodist.planner.local_view import NotProven, verify
+from autodist.applier.modes.local_calls import local_view_problems
+from autodist.planner.local_view_proof import NotProven, verify
 from autodist.planner.errors import PlannerError
 from autodist.planner.review.check import check_plan_for_target
 from autodist.planner.review.show import show_text
@@ -587,7 +587,7 @@ def test_verification_leaves_the_layer_as_it_was(local_plan):
 
 
 def test_a_sub_layer_too_large_to_prove_keeps_the_gather(monkeypatch):
-    import autodist.planner.local_view as local_view
+    import autodist.planner.local_view_proof as local_view
 
     monkeypatch.setattr(local_view, "MAX_PROOF_ELEMENTS", 1000)  # GPT-2's attention weights: 4224
     plan = plan_target(GPT2, None, _request(), {"target": GPT2}).plan
@@ -707,7 +707,7 @@ def test_an_extra_output_read_after_the_call_keeps_the_gather():
 def test_a_local_view_refuses_a_call_other_than_the_proven_one():
     """The applier checks each call against the plan's: another keyword, or a literal changed
     (HF's ``output_attentions=True`` would read the per-head weights), is refused."""
-    from autodist.applier.local_view import _called_as_proven
+    from autodist.applier.modes.local_calls import _called_as_proven
     from autodist.schemas import CallInput, LocalView
 
     view = LocalView(

@@ -23,7 +23,7 @@ import msgspec
 import pytest
 
 from autodist.planner.driver import load
-from autodist.planner.local_view import NotProven, verify
+from autodist.planner.local_view_proof import NotProven, verify
 from autodist.schemas import LocalAttribute, Plan
 from harness.planning import gloo_mp2_request, plan_target
 
@@ -126,7 +126,7 @@ def _decisions(plan: Plan) -> list:
 
 @pytest.mark.parametrize("target", LOCAL_VIEW_ZOO)
 def test_local_view_decisions_do_not_depend_on_the_input_spec(target):
-    """The proof runs at a batch and sequence of its own (planner/local_view.py proof_sizes), so
+    """The proof runs at a batch and sequence of its own (planner/local_view_proof.py proof_sizes), so
     the same model traced at other shapes gets the same local views."""
     specs = ["input_ids:int64:4x16", "input_ids:int64:6x12", *MORE_SPECS.get(target, [])]
     decided = [_decisions(_planned(target, spec)) for spec in specs]

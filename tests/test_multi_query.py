@@ -215,7 +215,7 @@ def test_the_multi_query_proof_fails_for_another_layout():
     import msgspec
 
     from autodist.planner.driver import load
-    from autodist.planner.local_view import NotProven, verify
+    from autodist.planner.local_view_proof import NotProven, verify
 
     plan = _falcon_local_plan()
     view = plan.local_view[0]

@@ -1,6 +1,6 @@
 """The readable losses' side channel against a stranger, in one process: only the job's ranks can
-ask or answer, every wait ends at one deadline, a flood gets no threads (applier/readable/,
-applier/signed.py).
+ask or answer, every wait ends at one deadline, a flood gets no threads (applier/ranks/readable/,
+applier/ranks/signed.py).
 
 A rank's server and a reader are two ``Notes`` of this process with the job's key, talking over
 loopback exactly as two ranks do; the stranger is this test, which knows the port and the
@@ -17,11 +17,11 @@ import time
 import numpy as np
 import pytest
 
-from autodist.applier.readable import ReadError
-from autodist.applier.readable.notes import Notes
-from autodist.applier.readable.store import post_value
-import autodist.applier.readable.transport as transport
-from autodist.applier.readable.transport import fetch, serve
+from autodist.applier.ranks.readable import ReadError
+from autodist.applier.ranks.readable.notes import Notes
+from autodist.applier.ranks.readable.store import post_value
+import autodist.applier.ranks.readable.transport as transport
+from autodist.applier.ranks.readable.transport import fetch, serve
 
 KEY, OTHER_JOB = b"k" * 32, b"o" * 32
 VALUE_KEY = ("value", 1, 0)
@@ -184,7 +184,7 @@ def test_answering_threads_are_bounded(monkeypatch):
 
 
 class _Store:
-    """Paddle's store as applier/readable/ uses it for posted values: set and get by key."""
+    """Paddle's store as applier/ranks/readable/ uses it for posted values: set and get by key."""
 
     def __init__(self):
         self.data: dict[str, bytes] = {}

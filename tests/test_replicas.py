@@ -1,4 +1,4 @@
-"""Which ranks hold the same piece of each parameter (applier/replicas.py), the groups apply_plan
+"""Which ranks hold the same piece of each parameter (applier/placement/replicas.py), the groups apply_plan
 copies the first rank's values over. Runs of it: tests/loops/test_loops.py, loop (g)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from harness.plans import tensor_parallel_plan
 from harness.workloads import WORKLOADS
 
-from autodist.applier.replicas import replica_groups
+from autodist.applier.placement.replicas import replica_groups
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Rank 0 hosts Paddle's TCP store and must survive its peers hanging up at the end of a job
-(applier/store_host.py): the store's thread logs each hang-up, and glog sets up a log line's
+(applier/ranks/store_host.py): the store's thread logs each hang-up, and glog sets up a log line's
 call site under a lock that rank 0's C++ teardown destroys. ``apply_plan`` makes those call
 sites run once, on rank 0, while the job is alive.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from harness.launcher import free_ports, launch_ranks
 
-from autodist.applier.store_host import warm_up_store_host
+from autodist.applier.ranks.store_host import warm_up_store_host
 
 #: Rank 0 marks the moment it is done; its peer hangs up on the store only later (it sleeps
 #: longer). With GLOG_v=5 the store's thread logs every hang-up it reads, so rank 0's stderr
@@ -50,7 +50,7 @@ HANG_UPS = ("Remote peer closed the connection", "ECONNRESET")
 def test_apply_plan_runs_the_stores_hang_up_log_lines_on_rank_0_before_the_end(tmp_path, dp, store):
     """Also when the plan is refused (a dp4 plan on 2 ranks): every rank then leaves at once.
     And when the script made no store: Paddle makes it at the first collective, which apply_plan
-    makes (applier/readable/), after its first warm-up found nothing to connect to. (A refused plan
+    makes (applier/ranks/readable/), after its first warm-up found nothing to connect to. (A refused plan
     with no store made has no store to crash.)"""
     job = launch_ranks(2, ["-c", RANK, str(dp), store], workdir=tmp_path, timeout_s=120, extra_env={"GLOG_v": "5"})
     job.raise_for_failure()

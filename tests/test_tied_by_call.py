@@ -88,7 +88,7 @@ def test_sequential_is_never_chosen_for_a_tie_by_call():
     runs) pp2 is refused, with the reason, instead of falling back to sequential."""
     with pytest.raises(PlannerError) as refused:
         _plan("tests/models/tied_by_call.py:build_embedding_from_head", pp=2, micro_batches=1, global_batch_size=4)
-    assert "share one weight: across stages only 1F1B or VPP keep its two copies equal" in refused.value.detail
+    assert "a weight tied across stages needs the 1F1B or VPP schedule" in refused.value.detail
 
 
 ONE_F_ONE_B = Config(pp=2, schedule="1F1B", micro_batches=2, p2p="blocking", plan_source="planner")

@@ -1,5 +1,5 @@
 """Vocabulary-parallel token lookups run on local tensors, Megatron's way (``plan.vocab_lookup``,
-applier/vocab_lookup.py), instead of Paddle 3.3.1's global lookup, which all-gathers the whole
+applier/modes/vocab_lookup.py), instead of Paddle 3.3.1's global lookup, which all-gathers the whole
 table in every forward and backward.
 
 - The planner lists the lookup where its table is split over the vocabulary and its layer is an
@@ -31,8 +31,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from autodist.applier.validate import plan_problems
-from autodist.applier.vocab_lookup import vocab_lookup_problems
+from autodist.applier.placement.validate import plan_problems
+from autodist.applier.modes.vocab_lookup import vocab_lookup_problems
 from autodist.planner.cost.search import SearchRequest
 from autodist.planner.driver import load, plan_target
 from autodist.planner.review.check import check_plan_for_target

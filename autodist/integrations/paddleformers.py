@@ -161,12 +161,12 @@ def install(trainer: Any, plan: Plan | str | Path) -> Any:
     runs without its own ``fully_shard`` (:func:`_plan_shards_over_dp`). Returns the Trainer."""
     import paddle.distributed as dist
 
-    from autodist.applier.local_runtime import apply_local_views
-    from autodist.applier.local_view import local_view_problems
-    from autodist.applier.replicas import equalise_dense
-    from autodist.applier.store_host import warm_up_store_host
-    from autodist.applier.validate import parameter_problems, tie_problems
-    from autodist.applier.vocab_lookup import vocab_lookup_problems
+    from autodist.applier.modes.exported_views import apply_local_views
+    from autodist.applier.modes.local_calls import local_view_problems
+    from autodist.applier.placement.replicas import equalise_dense
+    from autodist.applier.ranks.store_host import warm_up_store_host
+    from autodist.applier.placement.validate import parameter_problems, tie_problems
+    from autodist.applier.modes.vocab_lookup import vocab_lookup_problems
 
     if dist.get_world_size() > 1:  # rank 0 hosts Paddle's store: its exit must survive the peers hanging up
         warm_up_store_host(dist.get_rank())
@@ -390,7 +390,7 @@ def _on_mesh(placements: dict[str, str], process_mesh: Any, tensor: Any) -> list
     Trainer's activations carry each dp rank's own batch as a tensor Replicate over dp, so the
     plan's ``S(0)`` over dp would keep half of that rank's batch (Gemma3 at dp2 x mp2: first loss
     0.135 off the plain Trainer's; tests/test_trainer_paddleformers.py)."""
-    from autodist.applier.mesh import to_paddle_placement
+    from autodist.applier.placement.mesh import to_paddle_placement
 
     own = list(tensor.placements) if tensor.is_dist() and tensor.process_mesh == process_mesh else None
     return [
@@ -404,7 +404,7 @@ def _shard_model_parameters(model: Any, plan: Plan, config: ParallelizeConfig) -
     sharded as the plan says on the mesh (a plan here has no pp axis)."""
     import paddle.distributed as dist
 
-    from autodist.applier.mesh import stage_mesh, to_paddle_placement
+    from autodist.applier.placement.mesh import stage_mesh, to_paddle_placement
 
     for name, (_, placements) in config.model_params.items():
         paddle_placements = [to_paddle_placement(p) for p in placements]

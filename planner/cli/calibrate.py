@@ -251,8 +251,8 @@ def untimeable(plan, backend: str) -> str:
 
 
 def _running_backend() -> str:
-    """The collectives backend this job runs on (``apply_plan``'s rule: applier/backend.py)."""
-    from autodist.applier.backend import running_backend
+    """The collectives backend this job runs on (``apply_plan``'s rule: applier/placement/backend.py)."""
+    from autodist.applier.placement.backend import running_backend
 
     return running_backend()
 

@@ -111,7 +111,7 @@ def vocab_lookup_collective(table_elements: float, output_elements: float, width
     local tensors (``plan.vocab_lookup``), else 0; ``width``: bytes per element in the training
     dtype.
 
-    Run on local tensors (Megatron's way, applier/vocab_lookup.py), each rank looks up its own
+    Run on local tensors (Megatron's way, applier/modes/vocab_lookup.py), each rank looks up its own
     rows and one all-reduce of the output sums the ranks' answers in the forward; the backward
     needs no collective for the table, and no rank holds it whole. Run in Paddle 3.3.1's global
     view, the ``embedding`` SPMD rule asks for the table replicated, so it is all-gathered whole

@@ -194,7 +194,7 @@ class PricedModel:
 
     How a local-view candidate (an attention sub-layer with a fused ``q|k|v``) is priced: the
     search runs before any local view is proven (proving runs the sub-layers, so it is done for
-    the chosen strategy only: planner/local_view.py), so it prices every candidate in
+    the chosen strategy only: planner/local_view_proof.py), so it prices every candidate in
     ``local_views`` as a local view under each strategy where local views run
     (:meth:`assumed_local`) and as gathered elsewhere. When a proof fails, the planner drops that
     sub-layer from ``local_views`` and searches again (``driver.plan_analysed``): it is priced

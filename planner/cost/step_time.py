@@ -825,7 +825,7 @@ def _mp_grad_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float,
     """(exposed seconds, bytes sent) of one stage's gradient all-reduces over mp per step: the
     fused multi-query weights each mp rank holds whole (``stage.mp_grad_params``), whose
     gradients each rank computes its share of, summed over mp in the backward of every
-    micro-batch (applier/local_view.py ``_call_value``: they then enter the optimizer, and
+    micro-batch (applier/modes/local_calls.py ``_call_value``: they then enter the optimizer, and
     ZeRO's gradient hook, Partial over dp alone). One collective per parameter on the mp link
     per micro-batch, overlapped with that micro-batch's backward, one piece per block.
     """

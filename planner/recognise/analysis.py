@@ -26,7 +26,7 @@ import paddle
 from autodist import schemas
 
 from autodist.planner.graph import graph_fingerprint
-from autodist.planner.recognise.experts import Experts, find_experts
+from autodist.planner.recognise.expert_blocks import Experts, find_experts
 from autodist.planner.ops import RESHAPE_OPS, short_op
 from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes
 from autodist.planner.recognise.patterns import PARAM, layer_patterns
@@ -460,7 +460,7 @@ def local_lookup(model: paddle.nn.Layer, lookup: TokenLookup | None) -> tuple[st
     ``(None, why)``: an ``nn.Embedding`` running its own forward (a subclass that
     overrides it, a scaled embedding, does more than the lookup) on the table as it is (not read
     transposed), with neither ``max_norm``, ``sparse`` nor ``scale_grad_by_freq``. The applier
-    replaces that forward (applier/vocab_lookup.py), so the lookup must be all it does."""
+    replaces that forward (applier/modes/vocab_lookup.py), so the lookup must be all it does."""
     if lookup is None:
         return None, "no token lookup"
     layer = dict(model.named_sublayers()).get(lookup.layer) if lookup.layer is not None else None

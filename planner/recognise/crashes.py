@@ -2,7 +2,7 @@
 
 apply_plan makes a model's inputs and parameters distributed tensors, so every op downstream of
 them runs on DistTensors, replicated or split alike, unless its sub-layer runs as a local view
-(on plain tensors, :mod:`autodist.planner.local_view`). Values computed from constants and
+(on plain tensors, :mod:`autodist.planner.local_view_proof`). Values computed from constants and
 buffers alone stay plain (:func:`~autodist.planner.recognise.match.plain_nodes`).
 
 - A zero-width ``slice`` (``q[..., rotary_dim:]`` at ``rotary_dim == head_dim``, Phi-3's and

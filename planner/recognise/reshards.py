@@ -200,7 +200,7 @@ def gathered_linears(block: BlockInfo, local: frozenset[str] = frozenset()) -> l
 
 def local_view_candidates(block: BlockInfo) -> list[tuple[str, SubLayer]]:
     """``(layer, sub-layer)`` for each sub-layer of ``block`` (attention or MLP) that may run as a
-    local view (Megatron's way, on local tensors; planner/local_view.py proves it for a plan): one
+    local view (Megatron's way, on local tensors; planner/local_view_proof.py proves it for a plan): one
     with a column-split fused projection (``q|k|v``, ``gate|up``: else gathered) or whose split
     only ops with no SPMD rule stop (``block.stopped``: else replicated), every column split, the
     row projection contracting them, all the projections of one layer (``layer``)."""

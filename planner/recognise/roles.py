@@ -31,7 +31,7 @@ found from the dataflow of its compute view (:func:`~.match.compute_view`):
    ``masked_fill``, ``tril``: :attr:`.spmd.Replay.ruleless`) is named as in 3 all the same, but
    kept apart (``stopped``, its projections replicated): nothing says such an op needs whole
    inputs, only that Paddle's global view gathers them. It may run as a *local view* (each rank
-   the model's own forward on its heads, planner/local_view.py), which the planner proves by
+   the model's own forward on its heads, planner/local_view_proof.py), which the planner proves by
    running it before a plan splits it. Its refusal stays, marked ``local_view``, for the note.
 
 Whatever layout glues the sub-layers together (pre-norm, post-norm, parallel residual,

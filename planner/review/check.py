@@ -4,7 +4,7 @@ The checks, cheapest first: every planned parameter exists with the planned shap
 and no parameter is unplanned (the applier's own fingerprint); the parameter fingerprint; the model-side checks
 ``apply_plan`` runs itself (tied parameters, hook sites: ``structure_problems``; a local view's
 weights and attributes; a vocabulary lookup's nn.Embedding), each local view proven again by
-running it (planner/local_view.py); and, unless told not to trace, the structure of the traced
+running it (planner/local_view_proof.py); and, unless told not to trace, the structure of the traced
 forward (``graph_fingerprint``), which catches a changed forward even when no parameter changed.
 The model is traced with the plan's own input specs, so only a change of the model makes a plan
 stale.
@@ -39,7 +39,7 @@ def check_plan_for_target(plan: Plan, target: str, trace: bool = True, progress:
 
     Raises the planner's ``PlannerError`` when the target cannot be loaded or traced.
     """
-    from autodist.applier.validate import structure_problems
+    from autodist.applier.placement.validate import structure_problems
     from autodist.planner import driver
 
     progress = progress or Progress(quiet=True)
@@ -53,14 +53,14 @@ def check_plan_for_target(plan: Plan, target: str, trace: bool = True, progress:
     reasons += structure_problems(loaded.model, plan)  # what apply_plan refuses for this model, the same way
     reasons += device_reasons(plan)
     if plan.vocab_lookup:
-        from autodist.applier.vocab_lookup import vocab_lookup_problems
+        from autodist.applier.modes.vocab_lookup import vocab_lookup_problems
 
         reasons += vocab_lookup_problems(loaded.model, plan)
     if (
         plan.local_view and not reasons
     ):  # the views' weights and attributes as apply_plan checks them, then proven again
-        from autodist.applier.local_view import local_view_problems
-        from autodist.planner.local_view import reverify
+        from autodist.applier.modes.local_calls import local_view_problems
+        from autodist.planner.local_view_proof import reverify
 
         reasons += local_view_problems(loaded.model, plan) or reverify(plan, loaded.model)
     if trace:

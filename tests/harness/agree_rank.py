@@ -1,6 +1,6 @@
 """One rank of an agreement-only job: ``python -m harness.agree_rank PLAN_DIGEST [fail|die|freeze]``.
 
-Runs the agreement step of ``apply_plan`` (applier/agree.py) as it runs there -- its own process,
+Runs the agreement step of ``apply_plan`` (applier/ranks/agree.py) as it runs there -- its own process,
 the job's ``PADDLE_*`` environment, real sockets -- but without Paddle, so a job of two starts in
 a fraction of a second: what tests/test_agree_strangers.py puts strangers up against. The rank
 brings a record with the given plan digest; after the agreement, while "applying" the plan, it
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from autodist.applier.agree import Record, agree, applying, timeout_from
+from autodist.applier.ranks.agree import Record, agree, applying, timeout_from
 from autodist.schemas import PlanError
 from harness.launcher import free_ports, launch_ranks
 

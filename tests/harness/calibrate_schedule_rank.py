@@ -20,7 +20,7 @@ import paddle.distributed as dist
 from harness.cpu_substitutes import blocking_p2p
 
 import autodist.applier
-from autodist.applier.pipeline import PipelineModel
+from autodist.applier.modes.pipeline import PipelineModel
 from autodist.planner import driver
 from autodist.planner.cost import calibrate
 from autodist.schemas import load_plan

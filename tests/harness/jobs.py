@@ -51,7 +51,7 @@ class TrainRun:
     #: "paddle": the pipeline schedules' own ``batch_isend_irecv``. "blocking": the TEST-ONLY
     #: CPU stand-in :func:`harness.cpu_substitutes.blocking_p2p` (gloo times out on Paddle's).
     p2p: str = "paddle"
-    #: One of BUILDS: a lazily built model is initialised by apply_plan (applier/lazy.py).
+    #: One of BUILDS: a lazily built model is initialised by apply_plan (applier/placement/lazy.py).
     build: str = "eager"
 
     def __post_init__(self):

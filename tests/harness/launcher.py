@@ -37,7 +37,7 @@ RANK_START_DELAY_S = 0.5
 #: fail on *every* rank) before they are killed as hung.
 FAILURE_GRACE_S = 15.0
 STDERR_TAIL_CHARS = 4000
-#: apply_plan's agreement port (applier/agree.py) when set; the jobs here leave it unset, as users
+#: apply_plan's agreement port (applier/ranks/agree.py) when set; the jobs here leave it unset, as users
 #: do (rank 0 then listens on a port the system picks free); the stranger tests set it.
 AGREE_PORT_ENV = "AUTODIST_AGREE_PORT"
 

@@ -74,10 +74,10 @@ def distribute(run: TrainRun, model, optimizer, loader, world: int):
 
 def own_layout_of(run: TrainRun):
     """``(fqn, whole value) -> value`` in the model's own layout: a local-view plan holds fused
-    weights segment by segment, rank by rank (autodist.applier.local_view)."""
+    weights segment by segment, rank by rank (autodist.applier.modes.local_calls)."""
     if run.method != "autodist" or run.plan is None:
         return lambda fqn, value: value
-    from autodist.applier.local_view import LocalViews
+    from autodist.applier.modes.local_calls import LocalViews
     from autodist.schemas import load_plan
 
     return LocalViews(load_plan(run.plan)).own_layout
@@ -170,7 +170,7 @@ def run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
 
 
 def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
-    from autodist.applier.pipeline import PipelineModel
+    from autodist.applier.modes.pipeline import PipelineModel
 
     workload = WORKLOADS[run.workload]
     # A resumed run starts from other weights: only the checkpoint can make them right.
@@ -236,7 +236,7 @@ def break_the_save_half_way(fault: str) -> None:
     as a rank of a killed job) or fail the write (``"no_space"``, as a full disk)."""
     import errno
 
-    import autodist.applier.checkpoint as checkpoint
+    import autodist.applier.checkpoint.save_load as checkpoint
 
     def half_then_break(folder, mine):
         folder.mkdir(parents=True, exist_ok=True)
@@ -277,7 +277,7 @@ def train_pipeline(model, optimizer, schedule, loader, steps: int) -> list[float
         if step == steps:
             break
         micro = model.step(inputs, target=labels)
-        micro = micro if model.holds_last else []  # the other stages' are read from it (applier/readable/)
+        micro = micro if model.holds_last else []  # the other stages' are read from it (applier/ranks/readable/)
         optimizer.step()
         optimizer.clear_grad()
         if schedule is not None:
@@ -355,7 +355,7 @@ LATE_READ_S = 12.0
 def read_the_verdict_late() -> None:
     """TEST-ONLY: this rank, having sent its record, sleeps ``LATE_READ_S`` before it reads the
     verdict, as a rank descheduled on a loaded machine would."""
-    import autodist.applier.agree as agree_module
+    import autodist.applier.ranks.agree as agree_module
 
     await_verdict = agree_module._await_verdict
 

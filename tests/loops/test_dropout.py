@@ -3,7 +3,7 @@
 nanoGPT with dropout (0.1 on the embeddings, the attention probabilities and both residuals),
 each rank seeded ``2024 + rank`` before the build (and, for contrast, seeded alike), trained 10
 steps under mp2 and dp2 x mp2 (scripts/dropout_seeded.py). apply_plan gives every rank the
-first rank's random state (applier/replicas.py, ``equalise_random``), so:
+first rank's random state (applier/placement/replicas.py, ``equalise_random``), so:
 
 - every parameter the plan replicates over some ranks is bit for bit the same on all of them
   after 10 steps. Before, a dropout on a replicated activation drew another mask on each rank,
@@ -20,7 +20,7 @@ import json
 import pytest
 from loop_runs import run_script
 
-from autodist.applier.replicas import replica_groups
+from autodist.applier.placement.replicas import replica_groups
 from autodist.schemas import load_plan
 
 pytestmark = pytest.mark.multiprocess

@@ -1,5 +1,5 @@
 """Issue 21 item 1: a loss read on some ranks only (``if rank == 0: print(float(loss))``) has the
-single-device value, and reading on no rank costs no communication (applier/readable/); ``autodist.close()`` undoes it all.
+single-device value, and reading on no rank costs no communication (applier/ranks/readable/); ``autodist.close()`` undoes it all.
 
 On the old code the rank-0 read under dp2 aborts both ranks in gloo
 (``op.preamble.length <= op.nbytes``). One launch per plan, where the loss is Partial over dp:

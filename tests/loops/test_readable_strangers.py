@@ -1,4 +1,4 @@
-"""A stranger against a real dp2 job's readable side channel (applier/readable/): it cannot
+"""A stranger against a real dp2 job's readable side channel (applier/ranks/readable/): it cannot
 read a value, a flood of its connections grows no threads or memory in the rank, malformed
 requests do not break later reads, and the job ends on time.
 
@@ -181,8 +181,8 @@ def test_a_stranger_cannot_overwrite_a_ranks_posted_address():
     over it: rank 0 refuses that address instead of sending its requests there."""
     from paddle.base import core
 
-    from autodist.applier.readable.notes import Notes
-    from autodist.applier.readable.store import PREFIX, address, post_address
+    from autodist.applier.ranks.readable.notes import Notes
+    from autodist.applier.ranks.readable.store import PREFIX, address, post_address
     from harness.launcher import free_ports
 
     (port,) = free_ports(1)

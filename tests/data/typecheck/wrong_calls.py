@@ -1,7 +1,7 @@
 """Calls across the packages with the wrong types, for tests/test_typecheck.py: mypy must name
 each one (the line numbers are in the test)."""
 
-from autodist.applier.mesh import to_paddle_placement
+from autodist.applier.placement.mesh import to_paddle_placement
 from autodist.planner.cost.search import SearchRequest
 from autodist.schemas import Strategy
 from autodist.schemas.parallel_dims import expert_limit

@@ -81,7 +81,7 @@ def first_time(out: str) -> bool:
 
 def die_half_way_through_the_save() -> None:
     """TEST-ONLY: this rank writes half of its first piece of the checkpoint, then dies."""
-    import autodist.applier.checkpoint as checkpoint
+    import autodist.applier.checkpoint.save_load as checkpoint
 
     def half_then_die(folder, mine):
         if not mine:  # this rank writes no piece: it dies where it would have written

@@ -39,9 +39,9 @@ def main() -> None:
     loader = paddle.io.DataLoader(dataset, batch_size=BATCH, shuffle=False, drop_last=True)
     model, opt, loader = autodist.apply_plan(model, opt, loader, args.plan)
 
-    from autodist.applier import readable
-    from autodist.applier.readable.notes import current
-    from autodist.applier.readable.store import address
+    from autodist.applier.ranks import readable
+    from autodist.applier.ranks.readable.notes import current
+    from autodist.applier.ranks.readable.store import address
 
     losses = [F.cross_entropy(model(x).reshape([-1, VOCAB]), y.reshape([-1])) for x, y in loader]
     seen = {"locals": [float(loss._local_value().numpy()) for loss in losses]}

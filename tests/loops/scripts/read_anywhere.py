@@ -1,6 +1,6 @@
 """Item 1 of issue 21: the loss read on some ranks only — rank 0 alone, rank 1 alone — in every
 way people read it, under any plan; and read nowhere for two steps first (what that cost is
-recorded: ``autodist.applier.readable.stats()``)."""
+recorded: ``autodist.applier.ranks.readable.stats()``)."""
 
 import argparse
 import json
@@ -46,7 +46,7 @@ def main() -> None:
     if args.plan:
         model, opt, loader = autodist.apply_plan(model, opt, loader, args.plan)
 
-    from autodist.applier.readable import stats
+    from autodist.applier.ranks.readable import stats
 
     seen: dict = {"reads": {}}
     for step, (input_ids, labels) in enumerate(loader, start=1):
@@ -80,7 +80,7 @@ def closed() -> dict:
     Python's again)."""
     import threading
 
-    from autodist.applier.readable import patching
+    from autodist.applier.ranks.readable import patching
 
     paddles_own = {(owner, name): getattr(owner, name).__wrapped__ for owner, name in patching.patched()}
     autodist.close()

@@ -5,8 +5,8 @@ lays the rest of the model out with Paddle's own ``dist.parallelize`` (the modul
 ``dist.parallelize`` has no key for a sub-layer that runs on local tensors (``plan.local_view``:
 a fused ``q|k|v`` or ``gate|up`` run at 1/mp width, Megatron's way) or for a token lookup in a
 vocabulary-split table (``plan.vocab_lookup``). This installs exactly those, with
-apply_plan's own installers (:mod:`~autodist.applier.local_view`,
-:mod:`~autodist.applier.vocab_lookup`):
+apply_plan's own installers (:mod:`~autodist.applier.modes.local_calls`,
+:mod:`~autodist.applier.modes.vocab_lookup`):
 
 - every parameter they hold is sharded here as the plan places it (a fused weight first laid out
   rank by rank, ``q_0|k_0|v_0|q_1|k_1|v_1``), and put back in every slot that held it (a tied LM
@@ -38,10 +38,10 @@ import paddle.distributed as dist
 from autodist.schemas import Plan, PlanError, load_plan
 from autodist.schemas.parallelize import local_parameters
 
-from autodist.applier.local_view import LocalViews, local_view_problems
-from autodist.applier.mesh import stage_mesh, stage_placements, to_paddle_placement
-from autodist.applier.shard import Slot, parameter_owners
-from autodist.applier.vocab_lookup import vocab_lookup_problems, wrap_vocab_lookups
+from autodist.applier.modes.local_calls import LocalViews, local_view_problems
+from autodist.applier.placement.mesh import stage_mesh, stage_placements, to_paddle_placement
+from autodist.applier.placement.shard import Slot, parameter_owners
+from autodist.applier.modes.vocab_lookup import vocab_lookup_problems, wrap_vocab_lookups
 
 
 def apply_local_views(

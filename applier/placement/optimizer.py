@@ -25,8 +25,8 @@ import paddle.distributed as dist
 from autodist.schemas import Plan
 from autodist.schemas.vocabulary import shard_dim
 
-from autodist.applier import scheduler_state
-from autodist.applier.mesh import stage_mesh
+from autodist.applier.checkpoint import scheduler_state
+from autodist.applier.placement.mesh import stage_mesh
 
 #: Optimizer classes ``dist.shard_optimizer`` accepts (Paddle 3.3.1, api.py _ShardOptimizer).
 SHARDABLE = (paddle.optimizer.AdamW, paddle.optimizer.SGD)

@@ -25,7 +25,7 @@ build drew itself (a random buffer), and a generator that moved between the buil
 Example::
 
     >>> import paddle, autodist
-    >>> from autodist.applier.lazy import created_in_order, materialise
+    >>> from autodist.applier.placement.lazy import created_in_order, materialise
     >>> _ = paddle.seed(1)
     >>> eager = paddle.nn.Linear(2, 2).weight.numpy()
     >>> _ = paddle.seed(1)

@@ -22,7 +22,7 @@ A lazily built model is drawn from each rank's generator (lazy.py), so it is cop
 
 The ranks of a group first compare a digest of what they hold (one sum of a few integers); only
 a group whose ranks differ is copied, by a sum over the group's one-axis mesh to which all but
-the first rank give zeros (:func:`~autodist.applier.clip.sum_over`, through ``dist.reshard``:
+the first rank give zeros (:func:`~autodist.applier.placement.clip.sum_over`, through ``dist.reshard``:
 ``dist.new_group`` is unreliable on gloo), one per dtype, every tensor of the group packed into
 it. The digest saves the copy when every rank seeded alike (docs/benchmarks.md, "Applying a
 plan": 1.25 s of copying for a 25 M-parameter model on 4 CPU ranks).
@@ -47,9 +47,9 @@ import paddle.distributed as dist
 from autodist.schemas import Plan
 from autodist.schemas.vocabulary import shard_dim
 
-from autodist.applier.clip import sum_over
-from autodist.applier.experts import expert_holders
-from autodist.applier.mesh import mesh_ids
+from autodist.applier.placement.clip import sum_over
+from autodist.applier.modes.expert_dispatch import expert_holders
+from autodist.applier.placement.mesh import mesh_ids
 
 
 def replica_groups(plan: Plan) -> dict[str, list[list[int]]]:

@@ -39,7 +39,7 @@ from paddle.distributed.auto_parallel.api import dtensor_from_local
 
 from autodist.schemas import Plan, VocabLookup
 
-from autodist.applier.local_view import SumOverRanks, local_value, mp_line, param_local, strategy_problems
+from autodist.applier.modes.local_calls import SumOverRanks, local_value, mp_line, param_local, strategy_problems
 
 
 def wrap_vocab_lookups(model: paddle.nn.Layer, plan: Plan) -> None:

@@ -101,7 +101,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
-from autodist.applier.signed import (
+from autodist.applier.ranks.signed import (
     NONCE_BYTES,
     Reception,
     read_greeting,
@@ -112,7 +112,7 @@ from autodist.applier.signed import (
     strict_json,
     unseal,
 )
-from autodist.applier.jobkey import (
+from autodist.applier.ranks.jobkey import (
     SECRET_ENV,
     SECRET_FILE_ENV,
     has_secret,
@@ -124,7 +124,7 @@ from autodist.applier.jobkey import (
     read_key,
     remove_key,
 )
-from autodist.applier.store_host import global_store, master_address, post, wait_posted
+from autodist.applier.ranks.store_host import global_store, master_address, post, wait_posted
 from autodist.schemas import PlanError
 
 #: Seconds a rank waits for the others; generous, since ranks reach apply_plan at different
@@ -769,7 +769,7 @@ def _lost(exc: Exception) -> str:
 
 
 def master_host() -> str:
-    """Rank 0's host: the job's master's (:func:`~autodist.applier.store_host.master_address`)."""
+    """Rank 0's host: the job's master's (:func:`~autodist.applier.ranks.store_host.master_address`)."""
     host, _, port = master_address().rpartition(":")
     if not host or not port.isdigit():
         raise PlanError(

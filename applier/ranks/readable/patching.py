@@ -26,10 +26,10 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from autodist.applier.layout import rank_coords
+from autodist.applier.placement.layout import rank_coords
 
-from autodist.applier.readable.notes import KEEP, ReadError, current
-from autodist.applier.readable.transport import fetch
+from autodist.applier.ranks.readable.notes import KEEP, ReadError, current
+from autodist.applier.ranks.readable.transport import fetch
 
 #: The reductions a loss ends in, looked up in ``paddle._C_ops`` by Paddle at each call.
 REDUCTIONS = ("mean", "mean_all", "sum")

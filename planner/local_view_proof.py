@@ -1,5 +1,5 @@
 """Local-view tensor parallelism, proven at plan time (``plan.local_view``; the applier's
-``applier/local_view.py`` runs it).
+``applier/modes/local_calls.py`` runs it).
 
 Today a sub-layer with a fused column projection (an attention's ``q|k|v``, an MLP's
 ``gate|up``) gets a ``post reshard -> R`` hook on that projection (recognise/reshards.py): what
@@ -499,7 +499,7 @@ class _Proof:
         if elements > MAX_PROOF_ELEMENTS:
             raise NotProven(
                 f"its weights ({elements} elements) are too large to prove on the planning machine "
-                f"(at most {MAX_PROOF_ELEMENTS}, planner/local_view.py MAX_PROOF_ELEMENTS)"
+                f"(at most {MAX_PROOF_ELEMENTS}, planner/local_view_proof.py MAX_PROOF_ELEMENTS)"
             )
         hidden = next((c.shape for c in view.call if c.role == "hidden"), None)
         width = _width(view, params) if hidden is None else hidden[-1]

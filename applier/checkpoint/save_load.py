@@ -67,15 +67,15 @@ from autodist.schemas.checkpoint import (
 )
 from autodist.schemas.vocabulary import DTYPE_BYTES, as_dtype
 
-from autodist.applier import scheduler_state
-from autodist.applier.accumulate import AccumulatingOptimizer
+from autodist.applier.checkpoint import scheduler_state
+from autodist.applier.modes.accumulate import AccumulatingOptimizer
 from autodist.applier.apply import applied_plan
-from autodist.applier.local_view import LocalViews
-from autodist.applier.clip import GlobalNormClip
-from autodist.applier.experts import ExpertGradSync, dropped_parameters, expert_holders
-from autodist.applier.layout import assemble, distinct_shards, rank_coords, shard_box
-from autodist.applier.optimizer import optimizer_parameters, state_elsewhere
-from autodist.applier.pipeline import PipelineModel
+from autodist.applier.modes.local_calls import LocalViews
+from autodist.applier.placement.clip import GlobalNormClip
+from autodist.applier.modes.expert_dispatch import ExpertGradSync, dropped_parameters, expert_holders
+from autodist.applier.placement.layout import assemble, distinct_shards, rank_coords, shard_box
+from autodist.applier.placement.optimizer import optimizer_parameters, state_elsewhere
+from autodist.applier.modes.pipeline import PipelineModel
 
 #: The state kind of an optimizer's fp32 master copy of a low-precision parameter.
 MASTER_WEIGHT = "master_weight"
@@ -85,7 +85,7 @@ _TMP_SUFFIX = ".tmp"
 _PENDING_DIGEST = "0" * 64
 #: What an optimizer state of each kind holds, checked at load: Adam's and AdamW's powers of
 #: their betas lie in (0, 1], and their second moments are not negative. A learning rate is
-#: checked by applier/scheduler_state.py.
+#: checked by applier/checkpoint/scheduler_state.py.
 _STATE_RANGES: dict[str, tuple[float, float]] = {
     "beta1_pow_acc": (0.0, 1.0),
     "beta2_pow_acc": (0.0, 1.0),
@@ -268,7 +268,7 @@ def _layouts(
 ) -> tuple[dict[str, _Layout], dict[tuple[str, tuple[int, ...]], paddle.Tensor]]:
     """The layout of every tensor this rank holds (``param/<fqn>``, ``optimizer/<fqn>/<kind>``)
     and the local values of the pieces it writes, by ``(name, offset)``. An expert's tensors are written whole by the
-    lowest rank holding it (:func:`~autodist.applier.experts.expert_holders`): its placements
+    lowest rank holding it (:func:`~autodist.applier.modes.expert_dispatch.expert_holders`): its placements
     say Replicate although the ranks of an ep group hold different experts."""
     plan = applied_plan(model)
     # A local-view plan holds fused weights (and their optimizer states) rank by rank: their
@@ -380,7 +380,7 @@ def _parameter_table(model) -> dict[str, tuple[list[int], str]]:
 
 def _held_parameters(model) -> dict[str, paddle.Tensor]:
     """``{FQN: parameter}`` of the parameters this rank holds, by the user's model's names: a
-    pipeline's :class:`~autodist.applier.pipeline.PipelineModel` holds its stage's chunks, whose
+    pipeline's :class:`~autodist.applier.modes.pipeline.PipelineModel` holds its stage's chunks, whose
     own names (``chunks.0.owned.3``) depend on the plan, so its parameters are named as in the
     whole model it was built from."""
     whole = _whole_model(model)
@@ -398,7 +398,7 @@ def _held_parameters(model) -> dict[str, paddle.Tensor]:
 def _tied_copies(model) -> dict[str, str]:
     """``{name: tied parameter}`` of the last pipeline stage's copies of a tied weight held under
     another name (``lm_head.weight`` for ``model.embed_tokens.weight``, ``ParamPlan.tied_stages``)
-    in a :class:`~autodist.applier.pipeline.PipelineModel`: the copies hold the same values (the
+    in a :class:`~autodist.applier.modes.pipeline.PipelineModel`: the copies hold the same values (the
     schedule sums the pair's gradients), so a checkpoint names the tensor once, by the original,
     as the model itself does."""
     plan = applied_plan(model)

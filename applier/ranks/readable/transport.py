@@ -23,10 +23,19 @@ import time
 
 import numpy as np
 
-from autodist.applier.signed import NONCE_BYTES, Pending, Reception, greeted, receive_line, seal, strict_json, unseal
+from autodist.applier.ranks.signed import (
+    NONCE_BYTES,
+    Pending,
+    Reception,
+    greeted,
+    receive_line,
+    seal,
+    strict_json,
+    unseal,
+)
 
-from autodist.applier.readable.notes import PROTOCOL, Key, Notes, ReadError, parse_reply, reply
-from autodist.applier.readable.store import address, posted
+from autodist.applier.ranks.readable.notes import PROTOCOL, Key, Notes, ReadError, parse_reply, reply
+from autodist.applier.ranks.readable.store import address, posted
 
 #: The longest request or answer accepted (an answer is one scalar: a few hundred bytes).
 MAX_MESSAGE_BYTES = 1 << 16

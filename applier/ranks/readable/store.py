@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import time
 
-from autodist.applier.signed import seal, unseal
-from autodist.applier.store_host import post, wait_posted
+from autodist.applier.ranks.signed import seal, unseal
+from autodist.applier.ranks.store_host import post, wait_posted
 
-from autodist.applier.readable.notes import PROTOCOL, Key, Notes, parse_reply
+from autodist.applier.ranks.readable.notes import PROTOCOL, Key, Notes, parse_reply
 
 PREFIX = "autodist/readable/"
 

@@ -22,16 +22,16 @@ from autodist.schemas import Plan, parameter_diff, parameter_fingerprint, parame
 from autodist.schemas.checks import check_combination
 from autodist.schemas.fingerprint import ParameterDiff
 
-from autodist.applier.data import uneven_problem
-from autodist.applier.experts import expert_problems, expert_structure_problems
-from autodist.applier.layout import rank_coords
-from autodist.applier.local_view import local_view_problems
-from autodist.applier.mesh import mesh_ids
-from autodist.applier.optimizer import optimizer_problems
-from autodist.applier.pipeline import pipeline_problems
-from autodist.applier.recompute import recompute_problems
-from autodist.applier.shard import parameter_owners
-from autodist.applier.vocab_lookup import vocab_lookup_problems
+from autodist.applier.placement.data import uneven_problem
+from autodist.applier.modes.expert_dispatch import expert_problems, expert_structure_problems
+from autodist.applier.placement.layout import rank_coords
+from autodist.applier.modes.local_calls import local_view_problems
+from autodist.applier.placement.mesh import mesh_ids
+from autodist.applier.placement.optimizer import optimizer_problems
+from autodist.applier.modes.pipeline import pipeline_problems
+from autodist.applier.modes.recompute import recompute_problems
+from autodist.applier.placement.shard import parameter_owners
+from autodist.applier.modes.vocab_lookup import vocab_lookup_problems
 
 #: How many names a message lists before it says "and N more".
 _MAX_NAMES = 8

@@ -40,7 +40,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed.auto_parallel.api import dtensor_from_local
 
-from autodist.applier.optimizer import optimizer_parameters
+from autodist.applier.placement.optimizer import optimizer_parameters
 
 
 def sum_over(x: paddle.Tensor, mesh: dist.ProcessMesh | None) -> paddle.Tensor:

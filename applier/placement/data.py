@@ -29,7 +29,7 @@ from paddle.distributed.auto_parallel.api import ShardDataloader
 
 from autodist.schemas import Plan
 
-from autodist.applier.mesh import stage_mesh
+from autodist.applier.placement.mesh import stage_mesh
 
 
 def uneven_problem(

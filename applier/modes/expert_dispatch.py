@@ -54,10 +54,10 @@ from autodist.schemas.experts import ep_index, held_experts
 from autodist.schemas.parallel_dims import expert_limit
 from autodist.schemas.vocabulary import expert_number
 
-from autodist.applier.clip import sum_over
-from autodist.applier.hooks import first_tensor, map_first_input, map_tensors
-from autodist.applier.mesh import mesh_ids, stage_mesh
-from autodist.applier.shard import parameter_owners
+from autodist.applier.placement.clip import sum_over
+from autodist.applier.placement.hooks import first_tensor, map_first_input, map_tensors
+from autodist.applier.placement.mesh import mesh_ids, stage_mesh
+from autodist.applier.placement.shard import parameter_owners
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def expert_problems(plan: Plan) -> list[str]:
 def spread_experts(model: paddle.nn.Layer, plan: Plan, groups: ExpertGroups) -> None:
     """Turn the experts this rank does not hold (and the shared experts, but on the first rank of
     each ep group) into zero answers and wrap each MoE layer in its dispatch and combine
-    (:meth:`_MoeLayer.wrap`). Call after :func:`~autodist.applier.shard.shard_parameters` (with
+    (:meth:`_MoeLayer.wrap`). Call after :func:`~autodist.applier.placement.shard.shard_parameters` (with
     :func:`dropped_parameters` left out)."""
     layers = dict(model.named_sublayers())
     moe_layers = {}
@@ -211,7 +211,7 @@ class ExpertGroups:
 class ExpertGradSync:
     """Before each update, sums the MoE layers' gradients over the ranks that share them (module
     docstring); anything else is the wrapped optimizer's. Clipping by global norm, which must
-    count each rank's own experts as part of the ep group's, is :mod:`autodist.applier.clip`'s
+    count each rank's own experts as part of the ep group's, is :mod:`autodist.applier.placement.clip`'s
     (``apply_plan`` wraps it inside this, so it clips the summed gradients)."""
 
     def __init__(self, optimizer: Any, model: paddle.nn.Layer, plan: Plan, groups: ExpertGroups):

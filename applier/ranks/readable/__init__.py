@@ -27,8 +27,8 @@ The cost. Reading on no rank costs no communication at all: noting a value is a 
 reference and a dictionary entry (:func:`stats` counts values noted, reads and values fetched,
 and ``tests/loops/test_readable.py`` checks that two steps no rank reads fetch, serve and post
 nothing on any rank). One exception, a plan whose forward runs collectives the applier issues
-from Python: expert hooks (expert parallelism, or an MoE model under plain dp: applier/experts.py),
-local views and local token lookups (applier/local_view.py, applier/vocab_lookup.py). Those are
+from Python: expert hooks (expert parallelism, or an MoE model under plain dp: applier/modes/expert_dispatch.py),
+local views and local token lookups (applier/modes/local_calls.py, applier/modes/vocab_lookup.py). Those are
 ``dist.reshard`` calls, and Paddle holds Python's GIL while such a call waits for the
 other ranks (measured: docs/paddle-notes.md, "Reading a value on some ranks"), so a rank waiting
 there for the reader could not answer it from its thread (seen: every rank reading an evaluation
@@ -84,13 +84,13 @@ import paddle.distributed as dist
 
 from autodist.schemas import PlanError
 
-from autodist.applier.agree import seconds_from
-from autodist.applier.store_host import global_store
+from autodist.applier.ranks.agree import seconds_from
+from autodist.applier.ranks.store_host import global_store
 
-from autodist.applier.readable import patching
-from autodist.applier.readable.notes import DEFAULT_TIMEOUT_S, Key, Notes, ReadError, current, set_current
-from autodist.applier.readable.store import post_address, post_value, wait_for_peers
-from autodist.applier.readable.transport import fetch, serve
+from autodist.applier.ranks.readable import patching
+from autodist.applier.ranks.readable.notes import DEFAULT_TIMEOUT_S, Key, Notes, ReadError, current, set_current
+from autodist.applier.ranks.readable.store import post_address, post_value, wait_for_peers
+from autodist.applier.ranks.readable.transport import fetch, serve
 
 __all__ = ["ReadError", "RemoteLoss", "close", "install", "pipeline_losses", "settings", "stats"]
 

@@ -121,7 +121,7 @@ def reply(entry: dict) -> dict:
 def parse_reply(payload: bytes | None) -> dict | None:
     """A signed reply's payload: ``{"error": text}`` or a value (:func:`reply`, with the key it
     was posted under when posted); None if it is neither."""
-    from autodist.applier.signed import strict_json
+    from autodist.applier.ranks.signed import strict_json
 
     if payload is None:
         return None
@@ -140,7 +140,7 @@ def parse_reply(payload: bytes | None) -> dict | None:
     return answer if all(type(n) is int and 0 <= n for n in shape) else None
 
 
-#: This process's notes while its readable losses are open (``autodist.applier.readable.install``).
+#: This process's notes while its readable losses are open (``autodist.applier.ranks.readable.install``).
 _CURRENT: Notes | None = None
 
 

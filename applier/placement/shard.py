@@ -30,9 +30,9 @@ import paddle.distributed as dist
 
 from autodist.schemas import Plan
 
-from autodist.applier import lazy
-from autodist.applier.local_view import LocalViews
-from autodist.applier.mesh import stage_mesh, stage_placements
+from autodist.applier.placement import lazy
+from autodist.applier.modes.local_calls import LocalViews
+from autodist.applier.placement.mesh import stage_mesh, stage_placements
 
 
 class Slot(NamedTuple):

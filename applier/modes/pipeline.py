@@ -69,10 +69,10 @@ import paddle.distributed as dist
 from autodist.schemas import Plan
 from autodist.schemas.schedules import PIPELINING_SCHEDULES, chunk_stages, schedule_problems
 
-from autodist.applier.hooks import first_tensor, map_first_input
-from autodist.applier.mesh import pp_group_ranks, stage_of_rank
-from autodist.applier.readable import pipeline_losses
-from autodist.applier.shard import parameter_owners
+from autodist.applier.placement.hooks import first_tensor, map_first_input
+from autodist.applier.placement.mesh import pp_group_ranks, stage_of_rank
+from autodist.applier.ranks.readable import pipeline_losses
+from autodist.applier.placement.shard import parameter_owners
 
 
 def uses_schedule(plan: Plan) -> bool:
@@ -136,14 +136,9 @@ def name_stages(plan: Plan) -> dict[str, int]:
 
 def pipeline_problems(model: paddle.nn.Layer, plan: Plan, loss_fn: Callable | None) -> list[str]:
     """Why the plan's schedule cannot run on ``model`` (empty when it can, and for plans
-    without a pipelining schedule unless they tie weights across stages)."""
-    tied = sorted(fqn for fqn, p in plan.params.items() if p.tied_stages)
-    if not uses_schedule(plan):
-        return [
-            f'$.params["{fqn}"].tied_stages: a weight tied across stages needs the 1F1B or VPP schedule, '
-            f"which sums its copies' gradients (the plan's is {plan.strategy.schedule})"
-            for fqn in tied
-        ]
+    without a pipelining schedule)."""
+    if not uses_schedule(plan):  # a table tied across stages without one: check_combination's
+        return []
     schedule, pp = plan.strategy.schedule, plan.strategy.pp
     problems = (
         []
@@ -349,7 +344,7 @@ class PipelineModel(paddle.nn.Layer):
 
     ``parameters()`` are this rank's stage parameters only. ``step(*inputs, target=labels)``
     runs forward and backward of all micro-batches and returns the per-micro-batch losses: on
-    the last stage the tensors, on the other stages :class:`~autodist.applier.readable.RemoteLoss`
+    the last stage the tensors, on the other stages :class:`~autodist.applier.ranks.readable.RemoteLoss`
     handles that fetch them from the last stage when read (readable/); follow it with
     ``optimizer.step()``. Calling the
     model directly is not supported: a schedule has no single-rank forward.

@@ -19,7 +19,7 @@ Megatron-LM's tensor parallelism:
   as the input was.
 
 Checkpoints hold the model's own layout: :meth:`LocalViews.own_boxes` says which boxes of it a
-rank's piece of a fused weight holds (applier/checkpoint.py saves and reads those).
+rank's piece of a fused weight holds (applier/checkpoint/save_load.py saves and reads those).
 
 The scores, softmax and context therefore run on each rank's heads only, a gated activation on
 each rank's intermediate features only. The forward is replaced on the instance (as experts.py
@@ -54,9 +54,9 @@ from autodist.schemas.local_view import (
 )
 from autodist.schemas.parallel_dims import local_views_refused
 
-from autodist.applier.clip import sum_over
-from autodist.applier.hooks import map_first_input
-from autodist.applier.mesh import mesh_ids
+from autodist.applier.placement.clip import sum_over
+from autodist.applier.placement.hooks import map_first_input
+from autodist.applier.placement.mesh import mesh_ids
 
 
 class LocalViews:
@@ -158,7 +158,7 @@ def _call_value(param: paddle.Tensor, weight: LocalWeight | None, line: dist.Pro
     its columns ``q_r|k|v`` (:func:`~autodist.schemas.local_view.rank_positions`). The last one's
     gradient is each rank's share, landing on the columns it took (its slice of q, its heads' part
     of K's and V's): summed over the mp line in the backward (:class:`_CopyToRanks`, the proof's
-    reassembly, planner/local_view.py ``_reassembled``), it re-enters whole over mp, Partial over
+    reassembly, planner/local_view_proof.py ``_reassembled``), it re-enters whole over mp, Partial over
     dp only, like any data-parallel gradient (Paddle's ZeRO hook reshards one Partial axis; with
     two it shards the gradient over mp and the update splits the weight)."""
     mp = len(line.process_ids)

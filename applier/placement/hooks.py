@@ -31,7 +31,7 @@ import paddle.distributed as dist
 from autodist.schemas import ExpertCombine, ExpertDispatch, Hook, Plan, Reshard, StageHandoff
 from autodist.schemas.schedules import PIPELINING_SCHEDULES
 
-from autodist.applier.mesh import stage_mesh, stage_placements
+from autodist.applier.placement.mesh import stage_mesh, stage_placements
 
 #: ``reshard_fn(tensor, mesh, placements) -> tensor``, the signature of ``dist.reshard``.
 ReshardFn = Callable[[paddle.Tensor, dist.ProcessMesh, list], paddle.Tensor]

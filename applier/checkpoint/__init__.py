@@ -1,0 +1,2 @@
+"""Checkpoints that load under any plan: sharded tensors with checksums (save_load) and the schedulers'
+state (scheduler_state)."""
