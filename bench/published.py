@@ -217,6 +217,7 @@ def gpt_cost(hidden: int, heads: int, vocab: int, seq: int, sdpa: bool, device):
     Megatron's two all-reduces; ``reshards.local_view_layers``), whatever autodist's applier runs
     under the row's strategy (see the module docstring)."""
     from autodist.planner.cost.graph_cost import model_cost
+    from autodist.planner.cost.strategy_analysis import AnalysisFor, RunsAs
     from autodist.planner.kernels import choose_kernels
     from autodist.planner.recognise.reshards import local_view_layers
 
@@ -226,7 +227,7 @@ def gpt_cost(hidden: int, heads: int, vocab: int, seq: int, sdpa: bool, device):
     if key not in _COSTS:
         local = local_view_layers(analysis)
         assert local, "the GPT's fused qkv attention is a local-view candidate"
-        _COSTS[key] = model_cost(analysis, kernels, local)
+        _COSTS[key] = model_cost(AnalysisFor(analysis)(RunsAs(local)), kernels, local)
     return _COSTS[key]
 
 

@@ -71,9 +71,10 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   exposed: the routers' over dp, the experts' over the dp/ep ranks holding the same experts (the
   rest of the model's as above). The MoE layer's own saved activations (router, gathers,
   combine: not the experts') are for ep x the tokens. With mp > 1 the MoE layer is not split
-  over mp: every mp rank of an ep group runs it whole on the group's tokens (the model's
-  ``under_ep`` cost: its experts' parameters, FLOPs and activations undivided by mp, no mp
-  all-reduce for its MLPs; the ep group's ranks are mp apart on the dp axis). Not priced: the
+  over mp: every mp rank of an ep group runs it whole on the group's tokens (the table's model
+  is the analysis as the strategy runs it, planner/cost/strategy_analysis.py: its experts'
+  parameters, FLOPs and activations undivided by mp, no mp all-reduce for its MLPs; the ep
+  group's ranks are mp apart on the dp axis). Not priced: the
   router's compute on ep x the tokens (one small matmul and memory-bound ops). The shared
   experts run on the first rank of each ep group alone, on ep x the tokens: the stage's compute
   is that rank's, (ep - 1) x their FLOPs more at the compute roof, forward and backward (not
@@ -252,11 +253,6 @@ class StageTable:
         return Saved(self.total(f"{name}.floats", start, stop), self.total(f"{name}.masks", start, stop))
 
     @cached_property
-    def under_ep(self) -> StageTable:
-        """The table of the model as expert parallelism runs it (:attr:`ModelCost.under_ep`)."""
-        return StageTable(self.cost.under_ep) if self.cost.under_ep is not None else self
-
-    @cached_property
     def largest_block(self) -> BlockCost | None:
         return max(self.cost.blocks, key=lambda b: (b.saved_outside + b.saved_inside).floats, default=None)
 
@@ -414,14 +410,13 @@ def estimate(
     """Price one strategy. ``implicit``: the collectives Paddle inserts on its own for these
     placements (from the analysis), per micro-batch, for the whole model. ``local_views``:
     whether the token lookups run on local tensors (:func:`_lookups`); None, as apply_plan runs
-    them under ``strategy`` (:func:`~autodist.schemas.local_view.runs_local_views`). Which
-    sub-layers run as local views is the ``table``'s model's (``PricedModel.cost_with``).
+    them under ``strategy`` (:func:`~autodist.schemas.local_view.runs_local_views`). ``table``
+    holds the model as ``strategy`` runs it (``PricedModel.cost_for``): which sub-layers run as
+    local views, whether the MoE layers run whole on every mp rank.
     bench/published.py passes True: Megatron-LM looks up locally under every strategy.
 
     Example: see ``tests/test_cost_formulas.py`` and :func:`autodist.planner.cost.search.search`.
     """
-    if runs_moe_locally(strategy):  # the MoE layers run whole on every mp rank
-        table = table.under_ep
     local = runs_local_views(strategy) if local_views is None else local_views
     ctx = _Context(table, strategy, setup, implicit, local)
     pp, m = strategy.pp, strategy.micro_batches
