@@ -166,6 +166,11 @@ class Setup(Job):
     global_batch: int
     #: The request's, or the model's (``ModelCost.dtype``); one made by hand, for a what-if: bf16.
     dtype: TrainingDType = "bf16"
+    #: The dtype the data-parallel gradient sums run in (all-reduce, ZeRO's reduce-scatter); None:
+    #: ``dtype``, as Paddle sums them (the gradient is in the parameter's dtype). PyTorch FSDP's
+    #: ``MixedPrecision(reduce_dtype=torch.float32)`` (Composer's default ``mixed_precision``)
+    #: sums bf16 gradients in fp32: twice the bytes of the gradients it reduces.
+    grad_reduce_dtype: TrainingDType | None = None
 
     @property
     def usable_memory(self) -> float:
@@ -292,6 +297,11 @@ class _Context:
     @cached_property
     def width(self) -> int:
         return training_bytes(self.setup.dtype)
+
+    @cached_property
+    def grad_width(self) -> int:
+        """Bytes per element of a gradient summed over dp (:attr:`Setup.grad_reduce_dtype`)."""
+        return training_bytes(self.setup.grad_reduce_dtype or self.setup.dtype)
 
     @cached_property
     def tokens(self) -> int:
@@ -793,27 +803,28 @@ def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, floa
     """(exposed seconds, bytes sent) of one stage's data-parallel synchronisation per step."""
     dp, zero, m = ctx.strategy.dp, ctx.strategy.sharding_stage, ctx.strategy.micro_batches
     link = ctx.link(dp, ctx.strategy.mp)
-    state_bytes = stage.params * ctx.width
+    state_bytes, grad_bytes = stage.params * ctx.width, stage.params * ctx.grad_width
     backward_s, forward_s = stage.backward_s, stage.compute_s - stage.backward_s
     chunks, count = max(num_blocks, 1), max(stage.param_tensors, 1)  # one collective per parameter
     if zero == 0 and stage.moe_grads:
         return _dp_sync_with_experts(ctx, stage, stage.moe_grads, backward_s, chunks)
     if zero == 0:
-        return ctx.overlapped(all_reduce_time(state_bytes, dp, link, count), backward_s, chunks), all_reduce_bytes(
-            state_bytes, dp
+        return ctx.overlapped(all_reduce_time(grad_bytes, dp, link, count), backward_s, chunks), all_reduce_bytes(
+            grad_bytes, dp
         )
-    reduce = reduce_scatter_time(state_bytes, dp, link, count)
+    reduce = reduce_scatter_time(grad_bytes, dp, link, count)
+    reduced = all_gather_bytes(grad_bytes, dp)  # a reduce-scatter sends what an all-gather does
     if zero < 3:
         # Updated parameters are gathered after the optimizer step: nothing left to hide behind.
         after = all_gather_time(state_bytes, dp, link, count)
-        return ctx.overlapped(reduce, backward_s, chunks) + after, 2 * all_gather_bytes(state_bytes, dp)
+        return ctx.overlapped(reduce, backward_s, chunks) + after, all_gather_bytes(state_bytes, dp) + reduced
     gather = all_gather_time(state_bytes, dp, link, count)  # block by block
     exposed = (
         m * ctx.overlapped(gather, forward_s, chunks)
         + (m - 1) * ctx.overlapped(gather, backward_s, chunks)
         + ctx.overlapped(gather + reduce, backward_s, chunks)
     )
-    return exposed, (1 + 2 * m) * all_gather_bytes(state_bytes, dp)
+    return exposed, 2 * m * all_gather_bytes(state_bytes, dp) + reduced
 
 
 def _mp_grad_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, float]:
@@ -838,7 +849,7 @@ def _dp_sync_with_experts(
     gradients outside the MoE layers all-reduced over dp during the backward as usual; the MoE
     layers' summed by apply_plan after it, exposed: the routers' over dp, the held experts' over
     the dp / ep ranks holding the same experts (one each ep-th dp rank: stride mp x ep)."""
-    dp, ep, mp, width = ctx.strategy.dp, ctx.strategy.ep, ctx.strategy.mp, ctx.width
+    dp, ep, mp, width = ctx.strategy.dp, ctx.strategy.ep, ctx.strategy.mp, ctx.grad_width
     link, replicas = ctx.link(dp, mp), dp // ep
     rest = (stage.params - moe.router_params - moe.expert_params) * width
     rest_count = max(stage.param_tensors - moe.router_tensors - moe.expert_tensors, 1)
