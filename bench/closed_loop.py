@@ -29,12 +29,13 @@ HELD_OUT = {"dp4": ["--dp", "4", "--mp", "1"], "mp4": ["--dp", "1", "--mp", "4"]
 TIMEOUT_S = 600
 
 
-def run_quietly(command: list[str]) -> None:
-    """Run ``command`` from the repository root with the demo's environment, output discarded; raise on failure."""
+def run_quietly(command: list[str], sizes: dict[str, int] | None = None) -> None:
+    """Run ``command`` from the repository root with the demo's environment (the model at
+    ``sizes``, default the demo's), output discarded; raise on failure."""
     subprocess.run(
         command,
         cwd=REPO,
-        env=environment(),
+        env=environment(sizes),
         check=True,
         timeout=TIMEOUT_S,
         stdout=subprocess.DEVNULL,

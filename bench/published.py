@@ -9,7 +9,8 @@ calls ``F.scaled_dot_product_attention``, priced as flash attention on the h100 
 - Megatron-LM (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
   Using Megatron-LM", SC 2021, table 1; also the Megatron-LM README): GPT, vocabulary 51200,
   sequence 2048, A100 80 GB (Selene: DGX A100, 8 HDR InfiniBand NICs per node), full activation
-  recompute, published teraFLOP/s per GPU counted with the paper's formula
+  recompute, micro-batches, schedule and DDP as the paper's script ran them (:func:`megatron_rows`),
+  published teraFLOP/s per GPU counted with the paper's formula
   96 B s l h^2 (1 + s / 6h + V / 16 l h) (which includes the recompute). The first six rows,
   the ones within 1024 GPUs. ``--fit`` fits the A100 profiles' matmul efficiency on these rows
   (the ``matmul_efficiency`` of devices/a100-*.toml).
@@ -28,7 +29,9 @@ calls ``F.scaled_dot_product_attention``, priced as flash attention on the h100 
   h100-sxm profile's matmul efficiency on these rows.
 - MosaicML llm-foundry (scripts/train/benchmarking/README.md, "H100 80GB BF16"; not used for
   any fit: the validation set): MPT models with PyTorch FSDP FULL_SHARD (ZeRO-3), sequence 2048, the rows at 2048;
-  published MFU (model FLOPs with attention, no recompute) converted to step time.
+  published MFU (model FLOPs with attention, no recompute) converted to step time. Every row's
+  "MP Mode" is Composer's ``DEFAULT`` mixed precision: bf16 parameters, gradients reduced in fp32
+  (``Setup.grad_reduce_dtype``).
 
 Tensor parallelism is priced as these systems run it, not as autodist's applier would run the
 row's strategy: the GPT's fused q|k|v attention as a local view (each mp rank its own heads, the
@@ -77,29 +80,41 @@ class Row:
     published: str = ""  # the figure as published
     sequence_parallel: bool = False
     comm_hidden: bool = False  # the run overlapped all its communication with compute (see price)
+    virtual_stages: int = 1  # model chunks per rank of an interleaved (VPP) schedule
+    grads_after_backward: bool = False  # the data-parallel all-reduce runs after the backward, not beside it
+    grad_reduce: str | None = None  # the dtype its gradients are summed in over dp; None: bf16, as trained
 
 
 def megatron_rows() -> list[Row]:
-    """Table 1, rows 1-6 (params, heads, hidden, layers, TP, PP, GPUs, batch, TFLOP/s per GPU).
+    """Table 1, rows 1-6 (params, heads, hidden, layers, TP, PP, GPUs, batch, TFLOP/s per GPU),
+    run as the paper's own scripts run them (``examples/sc21/run_table_1.sh`` in NVIDIA/Megatron-LM:
+    micro-batch size, model chunks per rank, DDP implementation; the table gives none of them):
 
-    The table does not give the micro-batch size; the paper's pipeline experiments (sec. 5.3-5.5)
-    use micro-batches of 1 to 8 sequences: priced here with 1 (the pipeline rows run 1F1B, the
-    schedule the paper's weak-scaling runs used apart from the interleaved experiments of sec. 5.4).
+    - micro-batches of 16, 16, 16, 8, 4 and 2 sequences (``MBS``);
+    - the 76.1B row interleaved, 5 of each stage's 15 layers per chunk (``--num-layers-per-virtual-
+      pipeline-stage 5``: 3 chunks per rank, priced as VPP), the 39.1B row 1F1B;
+    - the rows without a pipeline with PyTorch's DDP (``DDP=torch``: the gradient all-reduce in
+      buckets beside the backward, as the planner prices it), the pipeline rows with Megatron's own
+      (``DDP=local``: ``allreduce_gradients`` after the whole backward, exposed).
     """
     table = [
-        ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
-        ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
-        ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142),
-        ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
-        ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
-        ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
+        ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137, 16, 1),
+        ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138, 16, 1),
+        ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142, 16, 1),
+        ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135, 8, 1),
+        ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138, 4, 1),
+        ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 3),
     ]
     s, v = 2048, 51200
 
     def flops(h: int, layers: int) -> float:  # the paper's formula, per sequence, layer and h^2
         return 96 * s * (1 + s / (6 * h) + v / (16 * layers * h))
 
-    return [_megatron_row(row, s, v, flops) for row in table]
+    rows = []
+    for *row, micro_batch, chunks in table:
+        made = _megatron_row(tuple(row), s, v, flops, micro_batch=micro_batch, virtual_stages=chunks)
+        rows.append(replace(made, schedule="VPP" if chunks > 1 else made.schedule, grads_after_backward=made.pp > 1))
+    return rows
 
 
 def megatron_h100_rows() -> list[Row]:
@@ -205,6 +220,7 @@ def mosaic_rows() -> list[Row]:
                 schedule="none",
                 published_s=flops / (gpus * 989e12 * mfu / 100),
                 published=f"MFU {mfu} %",
+                grad_reduce="fp32",  # the README's "MP Mode" DEFAULT: Composer's FSDP reduce_dtype fp32
             )
         )
     return rows
@@ -217,6 +233,7 @@ def gpt_cost(hidden: int, heads: int, vocab: int, seq: int, sdpa: bool, device):
     Megatron's two all-reduces; ``reshards.local_view_layers``), whatever autodist's applier runs
     under the row's strategy (see the module docstring)."""
     from autodist.planner.cost.graph_cost import model_cost
+    from autodist.planner.cost.strategy_analysis import AnalysisFor, RunsAs
     from autodist.planner.kernels import choose_kernels
     from autodist.planner.recognise.reshards import local_view_layers
 
@@ -226,7 +243,7 @@ def gpt_cost(hidden: int, heads: int, vocab: int, seq: int, sdpa: bool, device):
     if key not in _COSTS:
         local = local_view_layers(analysis)
         assert local, "the GPT's fused qkv attention is a local-view candidate"
-        _COSTS[key] = model_cost(analysis, kernels, local)
+        _COSTS[key] = model_cost(AnalysisFor(analysis)(RunsAs(local)), kernels, local)
     return _COSTS[key]
 
 
@@ -283,6 +300,8 @@ def price(row: Row, device, sdpa: bool, exposed: bool = False) -> float:
 
     if row.comm_hidden and not exposed:
         device = free_links(device)
+    if row.grads_after_backward:  # nothing runs beside the all-reduce (the rows' only overlapped collective)
+        device = with_figures(device, comm_overlap=False)
 
     cost = gpt_cost(row.hidden, row.heads, row.vocab, row.seq, sdpa, device)
     cost = replace(cost, blocks=(cost.blocks[0],) * row.layers)
@@ -293,6 +312,7 @@ def price(row: Row, device, sdpa: bool, exposed: bool = False) -> float:
         pp=row.pp,
         sharding_stage=row.zero,
         schedule=row.schedule,
+        virtual_stages=row.virtual_stages,
         micro_batches=row.global_batch // (dp * row.micro_batch),
         sequence_parallel=row.sequence_parallel,
     )
@@ -303,6 +323,7 @@ def price(row: Row, device, sdpa: bool, exposed: bool = False) -> float:
         seq_len=row.seq,
         global_batch=row.global_batch,
         recompute=row.recompute,
+        grad_reduce_dtype=row.grad_reduce,
     )
     return estimate(StageTable(cost), strategy, setup, local_views=True).estimate.step_time_s
 

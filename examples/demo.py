@@ -36,9 +36,10 @@ RANKS, STEPS, RTOL = 4, 5, 1e-5
 STEP_TIMEOUT_S = 300
 
 
-def environment() -> dict[str, str]:
+def environment(sizes: dict[str, int] | None = None) -> dict[str, str]:
+    """The demo's environment: the docstring Llama at ``sizes`` (default :data:`TINY`)."""
     env = dict(os.environ)
-    env.update({f"LLAMA_DOCSTRING_{k}": str(v) for k, v in TINY.items()})
+    env.update({f"LLAMA_DOCSTRING_{k}": str(v) for k, v in (sizes or TINY).items()})
     env.setdefault("OMP_NUM_THREADS", "1")  # 4 ranks on a 2-core machine
     return env
 

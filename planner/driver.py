@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import networkx as nx
     import paddle
 
-    from autodist.planner.cost.search import SearchRequest, SearchResult
+    from autodist.planner.cost.search import PricedModel, SearchRequest, SearchResult
     from autodist.planner.load import LoadedModel
     from autodist.planner.recognise.analysis import ModelAnalysis
     from autodist.planner.trace import TracedProgram
@@ -65,6 +65,8 @@ class PlannedModel:
     analysis: ModelAnalysis
     result: SearchResult
     traced: TracedProgram
+    #: The cost stage's result: the model priced, and analysed, under each way a strategy runs it.
+    priced: PricedModel | None = None
     #: Each sub-layer kind the plan keeps gathered or replicated: why, where in the model's code,
     #: and the smallest rewrite where one is known (:func:`_kept_whole`; warnings and ``--explain``).
     kept_whole: list[str] = field(default_factory=list)
@@ -176,12 +178,15 @@ def plan_analysed(
     _refuse_crashes(analysis, model, views, result.best.strategy)
     if result.setup is not None:  # the dtype priced: the request's, else the model's (provenance says which)
         arguments = {**arguments, "dtype": result.setup.dtype}
-    with progress.step("writing the plan"):
-        plan = build_plan(analysis, result, request, arguments, views)
+    proven = frozenset(view.layer for view in views[0]) if views else frozenset()
+    with progress.step("writing the plan"):  # the analysis the search priced the strategy with
+        plan = build_plan(priced.analysis_of(result.best.strategy, proven), result, request, arguments, views)
     kept = _kept_whole(
         analysis, model, plan.strategy.mp, views[1] if views else [], {view.layer for view in plan.local_view}
     )
-    return PlannedModel(plan=plan, analysis=analysis, result=result, traced=traced.program, kept_whole=kept)
+    return PlannedModel(
+        plan=plan, analysis=analysis, result=result, traced=traced.program, priced=priced, kept_whole=kept
+    )
 
 
 def _kept_whole(

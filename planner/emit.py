@@ -23,7 +23,9 @@ What goes where:
 
 Example::
 
-    >>> plan = build_plan(analysis, search(analysis, request), request, {"target": "model.py"})  # doctest: +SKIP
+    >>> priced = price(analysis)                                                     # doctest: +SKIP
+    >>> result = search(priced, request)                                             # doctest: +SKIP
+    >>> plan = build_plan(priced.analysis_of(result.best.strategy), result, request, {"target": "model.py"})  # doctest: +SKIP
     >>> plan.params["layers.0.self_attn.q_proj.weight"].placements  # doctest: +SKIP
     ['R', 'S(1)']
 """
@@ -71,10 +73,8 @@ from autodist.planner.ops import SEQUENCE_MIXING_OPS
 from autodist.planner.recognise.analysis import (
     LinearUse,
     ModelAnalysis,
-    experts_whole,
     params_before_blocks,
     params_read_on_both_sides,
-    with_local_views,
 )
 from autodist.planner.cost.search import SearchRequest, SearchResult
 from autodist.planner.recognise.reshards import reshard_hooks, vocab_parallel_problems
@@ -87,16 +87,15 @@ def build_plan(
     arguments: dict[str, str],
     views: tuple[list[LocalView], list[str]] | None = None,
 ) -> Plan:
-    """The complete plan for ``analysis`` run with ``result.best``'s strategy. ``views``: the
+    """The complete plan for ``result.best``'s strategy, from ``analysis``: the analysis as that
+    strategy runs it, the one the search priced (``PricedModel.analysis_of``,
+    planner/cost/strategy_analysis.py: a stopped sub-layer proven local split, each MoE layer
+    whole where it runs locally, so no mp placement or reshard hook inside it). ``views``: the
     proven local views and the notes on those that are not (:func:`.local_view.local_views`);
-    a local-view sub-layer's fused projections get no gather hook, and one whose split only ops
-    with no SPMD rule stop is split (:func:`.recognise.analysis.with_local_views`)."""
+    a local-view sub-layer's fused projections get no gather hook."""
     local_view, view_notes = views or ([], [])
     strategy = result.best.strategy
     local = frozenset(view.layer for view in local_view)
-    analysis = with_local_views(analysis, local)  # a stopped sub-layer proven local is split
-    if runs_moe_locally(strategy):  # each MoE layer runs whole: no mp placement or reshard hook inside it
-        analysis = experts_whole(analysis)
     mesh = build_mesh(strategy)
     notes: list[str] = []
     params = _held_whole(_param_plans(analysis, strategy, mesh.axes, notes), local_view, mesh.axes, notes)

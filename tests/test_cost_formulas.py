@@ -312,6 +312,20 @@ def test_zero12_gather_updated_parameters_after_the_step():
     assert exposed == pytest.approx(reduce / 4 + gather)
 
 
+def test_gradients_summed_in_fp32_send_twice_the_bytes_of_bf16_ones_the_parameters_not():
+    # ZeRO-3 over dp8, 4 blocks of 1e8 parameters, almost no compute (all exposed): the
+    # reduce-scatter of the gradients in fp32 (FSDP's reduce_dtype, Composer's default) sends
+    # 4 bytes an element where bf16 sends 2; the parameters' all-gathers stay bf16
+    model = _dp_model(4, 10**8, 1e3)
+    strategy = Strategy(dp=8, sharding_stage=3)
+    setup = Setup(device=H100, devices_per_node=8, nodes=1, seq_len=1024, global_batch=8)
+    bf16, fp32 = (estimate(StageTable(model), strategy, replace(setup, grad_reduce_dtype=d)) for d in (None, "fp32"))
+    link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
+    assert fp32.estimate.comm_bytes.dp - bf16.estimate.comm_bytes.dp == 7 / 8 * 4e8 * (4 - 2)
+    extra = reduce_scatter_time(16e8, 8, link, 4) - reduce_scatter_time(8e8, 8, link, 4)
+    assert fp32.dp_comm_s - bf16.dp_comm_s == pytest.approx(extra)  # the last block's, exposed whole
+
+
 def test_tensor_parallel_all_reduces_are_exposed():
     block = BlockCost(
         layer="b",

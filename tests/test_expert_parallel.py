@@ -17,6 +17,7 @@ from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest, expert_problem, search
 from autodist.schemas.describe import strategy_text
 from autodist.planner.cost.step_time import Setup, StageTable, estimate
+from autodist.planner.recognise.analysis import experts_whole
 from harness.planning import plan_target
 from autodist.planner.errors import PlannerError
 from autodist.schemas import ExpertCombine, ExpertDispatch, Strategy, check_plan, dump_plan, load_plan
@@ -81,7 +82,7 @@ def test_an_all_gather_and_an_all_reduce_per_moe_layer_each_way_of_the_ep_groups
 def test_with_mp_the_moe_layer_runs_whole_on_each_mp_rank_of_the_ep_group():
     # Two blocks of 1000 hidden written by hand, as the trace gives them: at mp 2 without ep the
     # attention and the experts' MLPs are both split (an all-reduce of 1000 elements per token
-    # each way for each); under ep (``under_ep``) the MoE layer runs whole on every mp rank: its
+    # each way for each); under ep (the analysis as ep runs it) the MoE layer runs whole on every mp rank: its
     # experts' 4M elements are whole (then 1 / ep of them held), its MLPs have no all-reduce,
     # only the attention's is left.
     def block(experts_split: bool) -> BlockCost:
@@ -105,11 +106,10 @@ def test_with_mp_the_moe_layer_runs_whole_on_each_mp_rank_of_the_ep_group():
         )
 
     whole = ModelCost(blocks=(block(False),) * 2, hidden_size=1000, traced_batch=8, traced_seq=128)
-    model = ModelCost(blocks=(block(True),) * 2, hidden_size=1000, traced_batch=8, traced_seq=128, under_ep=whole)
-    table = StageTable(model)
+    model = ModelCost(blocks=(block(True),) * 2, hidden_size=1000, traced_batch=8, traced_seq=128)
     # (ZeRO-1 keeps the MoE layers as DistTensors at ep 1: runs_moe_locally; params are not split by it)
-    split = estimate(table, Strategy(dp=4, mp=2, sharding_stage=1), setup())
-    spread = estimate(table, Strategy(dp=4, mp=2, ep=2), setup())
+    split = estimate(StageTable(model), Strategy(dp=4, mp=2, sharding_stage=1), setup())
+    spread = estimate(StageTable(whole), Strategy(dp=4, mp=2, ep=2), setup())  # the model as ep runs it
     tokens, width = 2 * 128, 2  # two samples of 128 per dp rank, bf16
     # a ring all-reduce over mp 2 sends 2 (2-1)/2 of the tensor: once per 1000 elements per token
     assert split.estimate.comm_bytes.mp == 2 * 2 * 2000 * tokens * width * 1
@@ -385,10 +385,9 @@ def test_with_mp_the_attention_is_split_and_everything_under_the_moe_layer_whole
     assert not [h for h in made.plan.hooks if h.layer.startswith(layers) and type(h).__name__ == "Reshard"]
     # priced so: the experts' MLPs leave the mp all-reduces (pure mp's rank sees twice the tokens:
     # its attention alone would send twice made's bytes), each rank holds half the experts whole
-    costs = model_cost(made.analysis)
-    assert costs.under_ep is not None
-    assert all(b.params_whole >= b.expert_params for b in costs.under_ep.blocks)
-    assert [b.shared_flops_per_token for b in costs.under_ep.blocks] == [shared_flops] * 2
+    under_ep = model_cost(experts_whole(made.analysis))
+    assert all(b.params_whole >= b.expert_params for b in under_ep.blocks)
+    assert [b.shared_flops_per_token for b in under_ep.blocks] == [shared_flops] * 2
     # (the token lookup's all-reduce too: both look up on local tensors, its output by the tokens)
     assert made.plan.vocab_lookup and plain.plan.vocab_lookup
     assert made.plan.strategy.micro_batches == plain.plan.strategy.micro_batches == 1

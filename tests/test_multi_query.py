@@ -189,11 +189,11 @@ def test_a_multi_query_weight_held_whole_is_priced_whole():
     assert len(made.plan.local_view) == 2
     priced = price(made.analysis, kernels_for(made.analysis, request), local_view=True)
 
-    def split(local):
-        cost = priced.cost_with(local)
+    def split(runs):
+        cost = priced.cost_of(runs)
         return replace(cost, blocks=tuple(replace(b, multi_query_params=()) for b in cost.blocks))
 
-    whole, as_split = (search(p, request).best for p in (priced, replace(priced, priced_with=split)))
+    whole, as_split = (search(p, request).best for p in (priced, replace(priced, cost_as=split)))
     assert whole.strategy == as_split.strategy == made.plan.strategy
     assert whole.estimate == made.plan.estimate  # the plan's estimate is this price
     got, before = whole.estimate, as_split.estimate
@@ -204,7 +204,7 @@ def test_a_multi_query_weight_held_whole_is_priced_whole():
     assert got.comm_bytes.dp == before.comm_bytes.dp == 0
     assert got.step_time_s > before.step_time_s
     accumulating = replace(request, micro_batches=2)
-    got, before = (search(p, accumulating).best.estimate for p in (priced, replace(priced, priced_with=split)))
+    got, before = (search(p, accumulating).best.estimate for p in (priced, replace(priced, cost_as=split)))
     assert got.comm_bytes.mp - before.comm_bytes.mp == 2 * 3072 * 2
 
 

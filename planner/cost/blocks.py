@@ -219,11 +219,6 @@ class ModelCost:
     local_only: str | None = None
     local_only_in_moe: str | None = None
     notes: tuple[str, ...] = ()
-    #: The model as expert parallelism runs it (ep > 1), when that differs: each MoE layer whole
-    #: on every mp rank (its projections take no tensor-parallel role: no split weights or FLOPs,
-    #: no all-reduce; :func:`autodist.planner.recognise.analysis.experts_whole`). None: the same
-    #: as this one (no MoE layer split over mp).
-    under_ep: ModelCost | None = None
     #: The dtype its parameters are in, what it trains in unless ``--dtype`` says otherwise (AMP);
     #: a cost written by hand, without a model: bf16.
     dtype: TrainingDType = "bf16"

@@ -527,12 +527,13 @@ def traced_tokens(analysis: ModelAnalysis) -> tuple[int, int]:
 def model_cost(
     analysis: ModelAnalysis, kernels: Kernels | None = None, local: frozenset[str] = frozenset()
 ) -> ModelCost:
-    """The cost description of an analysed model (see the module docstring), with ``kernels``
+    """The cost description of an analysed model (see the module docstring), as a strategy runs
+    it: ``analysis`` is the analysis under that strategy (:mod:`.strategy_analysis`: its stopped
+    sub-layers in ``local`` split, its MoE layers whole where they run so), with ``kernels``
     (the plan's: flash or eager attention, fused norms; None: as traced) priced as the target
     runs them (:class:`Fusion`), and the sub-layers in ``local`` as local views: their fused
     projections not gathered (:func:`~autodist.planner.recognise.reshards.gathered_linears`),
-    so their cores run on 1/mp of the heads; every other fused projection is gathered. A
-    stopped sub-layer (``BlockInfo.stopped``) is split as a local view, else replicated.
+    so their cores run on 1/mp of the heads; every other fused projection is gathered.
 
     Example::
 
@@ -540,15 +541,7 @@ def model_cost(
         >>> len(cost.blocks), cost.vocab_size                  # doctest: +SKIP
         (32, 32000)
     """
-    from autodist.planner.recognise.analysis import experts_whole, with_local_views
-
-    analysis = with_local_views(analysis, local)
-    fusion = fusion_of(analysis, kernels)
-    cost = _model_cost(analysis, fusion, local)
-    whole = experts_whole(analysis)
-    if any(len(a.linears) != len(b.linears) for a, b in zip(analysis.blocks, whole.blocks)):
-        cost = replace(cost, under_ep=_model_cost(whole, fusion, local))  # some MoE layer has split projections
-    return cost
+    return _model_cost(analysis, fusion_of(analysis, kernels), local)
 
 
 def fusion_of(analysis: ModelAnalysis, kernels: Kernels | None) -> Fusion:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from autodist.planner.cost.blocks import ModelCost
 from autodist.planner.cost.hardware import FALLBACK_DEVICE, PROFILES, backend_problem, pipeline_problem
 from autodist.planner.cost.memory import check_training_setup
+from autodist.planner.cost.strategy_analysis import AnalysisFor, RunsAs
 from autodist.planner.cost.step_time import (
     MEMORY_USABLE,
     RECOMPUTE_MODES,
@@ -42,7 +43,6 @@ from autodist.schemas.parallel_dims import (
     combination_problems,
     expert_limit,
     local_views_refused,
-    runs_local_views,
     runs_moe_locally,
 )
 from autodist.schemas.vocabulary import training_bytes
@@ -121,14 +121,14 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
     """
     priced = _priced(model, request)
     cost = priced.cost
-    unrunnable = priced.cost_with(priced.local_views).local_only  # not even inside a local view
+    unrunnable = priced.cost_of(RunsAs(local=priced.local_views)).local_only  # not even inside a local view
     if unrunnable:
         raise PlannerError(
             f"{unrunnable}: Paddle 3.3 does not run it on the distributed tensors apply_plan trains with "
             "(docs/paddle-notes.md), so no plan of this model can train; write it with matmul and transposes"
         )
     setup = _setup(cost, request)
-    tables: dict[frozenset[str], StageTable] = {}
+    tables: dict[RunsAs, StageTable] = {}
     width = training_bytes(setup.dtype)
     scored: list[_Scored] = []
     rejected: list[Rejected] = []
@@ -143,15 +143,15 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         closest: tuple[float, Strategy, str] | None = None
         feasible_before = len(scored)
         for strategy in _variants(cost, setup, request, dp, mp, pp):
-            local = priced.assumed_local(strategy)
-            problem = _variant_problem(setup, request, strategy, priced.cost_with(local if mp > 1 else frozenset()))
+            runs = priced.runs_as(strategy)
+            problem = _variant_problem(setup, request, strategy, priced.cost_of(runs))
             if problem:
                 closest = closest or (math.inf, strategy, problem)
                 continue
             evaluated += 1
-            if local not in tables:
-                tables[local] = StageTable(priced.cost_with(local))
-            breakdown = estimate(tables[local], strategy, setup, priced.implicit(mp, width, runs_moe_locally(strategy)))
+            if runs not in tables:
+                tables[runs] = StageTable(priced.cost_of(runs))
+            breakdown = estimate(tables[runs], strategy, setup, priced.implicit_as(mp, width, runs))
             total = breakdown.estimate.memory.total
             if total <= setup.usable_memory:
                 scored.append(
@@ -181,7 +181,7 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
         + _expert_notes(cost, request),
         evaluated=evaluated,
         kernels=priced.kernels,
-        implicit_comm=list(getattr(priced.implicit(best.mp, width, runs_moe_locally(best)), "entries", ())),
+        implicit_comm=list(getattr(priced.implicit_as(best.mp, width, priced.runs_as(best)), "entries", ())),
     )
 
 
@@ -190,39 +190,53 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
 
 @dataclass
 class PricedModel:
-    """The cost stage's result: the model's cost description and its implicit communication.
+    """The cost stage's result: the model's cost description and its implicit communication,
+    under each way a strategy runs the model (:class:`~.strategy_analysis.RunsAs`).
 
     How a local-view candidate (an attention sub-layer with a fused ``q|k|v``) is priced: the
     search runs before any local view is proven (proving runs the sub-layers, so it is done for
     the chosen strategy only: planner/local_view_proof.py), so it prices every candidate in
     ``local_views`` as a local view under each strategy where local views run
-    (:meth:`assumed_local`) and as gathered elsewhere. When a proof fails, the planner drops that
+    (:meth:`runs_as`) and as gathered elsewhere. When a proof fails, the planner drops that
     sub-layer from ``local_views`` and searches again (``driver.plan_analysed``): it is priced
     gathered under every strategy from then on (proofs are per mp degree; a failure at one is
     taken for all), and the plan's estimate is what runs.
     """
 
-    cost: ModelCost  # every fused projection gathered
-    #: ``(mp, dtype bytes, moe_local) -> Implicit``: what Paddle's SPMD rules add at that mp degree
-    #: (None at mp 1); with ``moe_local`` for the MoE layers held whole (``runs_moe_locally``).
-    implicit: Callable[[int, int, bool], Implicit | None]
+    cost: ModelCost  # the model as traced: every fused projection gathered, no MoE layer whole
+    #: ``runs -> ModelCost``: the model as a strategy that runs it so runs it (priced once each);
+    #: None: ``cost`` for any (a cost written by hand).
+    cost_as: Callable[[RunsAs], ModelCost] | None = None
+    #: ``(mp, dtype bytes, runs) -> Implicit``: what Paddle's SPMD rules add at that mp degree
+    #: (None at mp 1, or without an analysis).
+    implicit_as: Callable[[int, int, RunsAs], Implicit | None] = lambda mp, width, runs: None
+    #: The analysis under each way of running (None: a cost written by hand).
+    analysis_for: AnalysisFor | None = None
     #: The kernels ``cost`` prices (flash or eager attention, fused norms).
     kernels: Kernels = field(default_factory=Kernels)
     #: The sub-layers that may run as local views (``reshards.local_view_layers``; empty when
     #: local views are off).
     local_views: frozenset[str] = frozenset()
-    #: ``layers -> ModelCost``: the model with ``layers`` run as local views, the other fused
-    #: projections gathered (``graph_cost.model_cost``'s ``local``); None: ``cost`` for any.
-    priced_with: Callable[[frozenset[str]], ModelCost] | None = None
+
+    def runs_as(self, strategy: Strategy, local: frozenset[str] | None = None) -> RunsAs:
+        """How ``strategy`` runs the model: every candidate in ``local_views`` (or the sub-layers
+        ``local``, the proven ones) as a local view where local views run
+        (:func:`~autodist.schemas.parallel_dims.runs_local_views`), else none."""
+        views = self.local_views if local is None else local
+        return self.analysis_for.runs_as(strategy, views) if self.analysis_for else RunsAs()
 
     def assumed_local(self, strategy: Strategy) -> frozenset[str]:
-        """The sub-layers the search prices as local views under ``strategy``: every candidate
-        where local views run (:func:`~autodist.schemas.parallel_dims.runs_local_views`), else none."""
-        return self.local_views if runs_local_views(strategy) else frozenset()
+        """The sub-layers the search prices as local views under ``strategy``."""
+        return self.runs_as(strategy).local
 
-    def cost_with(self, local: frozenset[str]) -> ModelCost:
-        """The model with the sub-layers ``local`` run as local views."""
-        return self.priced_with(local) if local and self.priced_with else self.cost
+    def cost_of(self, runs: RunsAs) -> ModelCost:
+        """The model as a strategy that runs it so runs it."""
+        return self.cost_as(runs) if self.cost_as else self.cost
+
+    def analysis_of(self, strategy: Strategy, local: frozenset[str] | None = None) -> ModelAnalysis:
+        """The analysis ``strategy`` runs (with the proven local views ``local``): what emit places."""
+        assert self.analysis_for is not None, "a cost written by hand has no analysis"
+        return self.analysis_for(self.runs_as(strategy, local))
 
 
 def price(analysis: ModelAnalysis, kernels: Kernels | None = None, local_view: bool = False) -> PricedModel:
@@ -232,36 +246,40 @@ def price(analysis: ModelAnalysis, kernels: Kernels | None = None, local_view: b
     local views run (:class:`PricedModel`); the planner proves them only with the model at hand
     (the driver's ``local_view``), so off by default.
 
-    Replaying Paddle's SPMD rules costs tens of ms per call, so it runs once per mp degree and
-    dtype, lazily. Sequence parallelism does not change it (the blocks' interior is the same,
-    see spmd.py). So is each set of local views priced, once.
+    Each way of running the model (:class:`~.strategy_analysis.RunsAs`) is analysed once
+    (:class:`~.strategy_analysis.AnalysisFor`) and priced once, on first use. Replaying Paddle's
+    SPMD rules costs tens of ms per call, so it runs once per mp degree, dtype and way of running
+    the MoE layers, lazily, on the analysis without local views (a local view runs on plain
+    tensors, outside the rules). Sequence parallelism does not change it (the blocks' interior
+    is the same, see spmd.py).
     """
     from autodist.planner.cost.graph_cost import implicit_collectives, model_cost
-    from autodist.planner.recognise.analysis import experts_whole
     from autodist.planner.recognise.reshards import local_view_layers
 
-    cache: dict[tuple[int, int, bool], Implicit] = {}
-    costs: dict[frozenset[str], ModelCost] = {}
+    analysis_for = AnalysisFor(analysis)
+    implicit: dict[tuple[int, int, bool], Implicit] = {}
+    costs: dict[RunsAs, ModelCost] = {}
 
-    def implicit(mp: int, width: int, moe_local: bool = False) -> Implicit | None:
+    def implicit_as(mp: int, width: int, runs: RunsAs) -> Implicit | None:
         if mp == 1:
             return None
-        key = (mp, width, moe_local)
-        if key not in cache:
-            cache[key] = implicit_collectives(experts_whole(analysis) if moe_local else analysis, mp, width)
-        return cache[key]
+        key = (mp, width, runs.moe_whole)
+        if key not in implicit:
+            implicit[key] = implicit_collectives(analysis_for(RunsAs(moe_whole=runs.moe_whole)), mp, width)
+        return implicit[key]
 
-    def priced_with(local: frozenset[str]) -> ModelCost:
-        if local not in costs:
-            costs[local] = model_cost(analysis, kernels, local)
-        return costs[local]
+    def cost_as(runs: RunsAs) -> ModelCost:
+        if runs not in costs:
+            costs[runs] = model_cost(analysis_for(runs), kernels, runs.local)
+        return costs[runs]
 
     return PricedModel(
-        cost=priced_with(frozenset()),
-        implicit=implicit,
+        cost=cost_as(RunsAs()),
+        cost_as=cost_as,
+        implicit_as=implicit_as,
+        analysis_for=analysis_for,
         kernels=kernels or Kernels(),
         local_views=local_view_layers(analysis) if local_view else frozenset(),
-        priced_with=priced_with,
     )
 
 
@@ -277,7 +295,7 @@ def _priced(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReque
     if isinstance(model, PricedModel):
         return model
     if isinstance(model, ModelCost):
-        return PricedModel(cost=model, implicit=lambda mp, width, ep: None)
+        return PricedModel(cost=model)
     return price(model, kernels_for(model, request))
 
 

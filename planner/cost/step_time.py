@@ -71,9 +71,10 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   exposed: the routers' over dp, the experts' over the dp/ep ranks holding the same experts (the
   rest of the model's as above). The MoE layer's own saved activations (router, gathers,
   combine: not the experts') are for ep x the tokens. With mp > 1 the MoE layer is not split
-  over mp: every mp rank of an ep group runs it whole on the group's tokens (the model's
-  ``under_ep`` cost: its experts' parameters, FLOPs and activations undivided by mp, no mp
-  all-reduce for its MLPs; the ep group's ranks are mp apart on the dp axis). Not priced: the
+  over mp: every mp rank of an ep group runs it whole on the group's tokens (the table's model
+  is the analysis as the strategy runs it, planner/cost/strategy_analysis.py: its experts'
+  parameters, FLOPs and activations undivided by mp, no mp all-reduce for its MLPs; the ep
+  group's ranks are mp apart on the dp axis). Not priced: the
   router's compute on ep x the tokens (one small matmul and memory-bound ops). The shared
   experts run on the first rank of each ep group alone, on ep x the tokens: the stage's compute
   is that rank's, (ep - 1) x their FLOPs more at the compute roof, forward and backward (not
@@ -165,6 +166,11 @@ class Setup(Job):
     global_batch: int
     #: The request's, or the model's (``ModelCost.dtype``); one made by hand, for a what-if: bf16.
     dtype: TrainingDType = "bf16"
+    #: The dtype the data-parallel gradient sums run in (all-reduce, ZeRO's reduce-scatter); None:
+    #: ``dtype``, as Paddle sums them (the gradient is in the parameter's dtype). PyTorch FSDP's
+    #: ``MixedPrecision(reduce_dtype=torch.float32)`` (Composer's default ``mixed_precision``)
+    #: sums bf16 gradients in fp32: twice the bytes of the gradients it reduces.
+    grad_reduce_dtype: TrainingDType | None = None
 
     @property
     def usable_memory(self) -> float:
@@ -252,11 +258,6 @@ class StageTable:
         return Saved(self.total(f"{name}.floats", start, stop), self.total(f"{name}.masks", start, stop))
 
     @cached_property
-    def under_ep(self) -> StageTable:
-        """The table of the model as expert parallelism runs it (:attr:`ModelCost.under_ep`)."""
-        return StageTable(self.cost.under_ep) if self.cost.under_ep is not None else self
-
-    @cached_property
     def largest_block(self) -> BlockCost | None:
         return max(self.cost.blocks, key=lambda b: (b.saved_outside + b.saved_inside).floats, default=None)
 
@@ -296,6 +297,11 @@ class _Context:
     @cached_property
     def width(self) -> int:
         return training_bytes(self.setup.dtype)
+
+    @cached_property
+    def grad_width(self) -> int:
+        """Bytes per element of a gradient summed over dp (:attr:`Setup.grad_reduce_dtype`)."""
+        return training_bytes(self.setup.grad_reduce_dtype or self.setup.dtype)
 
     @cached_property
     def tokens(self) -> int:
@@ -414,14 +420,13 @@ def estimate(
     """Price one strategy. ``implicit``: the collectives Paddle inserts on its own for these
     placements (from the analysis), per micro-batch, for the whole model. ``local_views``:
     whether the token lookups run on local tensors (:func:`_lookups`); None, as apply_plan runs
-    them under ``strategy`` (:func:`~autodist.schemas.parallel_dims.runs_local_views`). Which
-    sub-layers run as local views is the ``table``'s model's (``PricedModel.cost_with``).
+    them under ``strategy`` (:func:`~autodist.schemas.parallel_dims.runs_local_views`). ``table``
+    holds the model as ``strategy`` runs it (``PricedModel.cost_for``): which sub-layers run as
+    local views, whether the MoE layers run whole on every mp rank.
     bench/published.py passes True: Megatron-LM looks up locally under every strategy.
 
     Example: see ``tests/test_cost_formulas.py`` and :func:`autodist.planner.cost.search.search`.
     """
-    if runs_moe_locally(strategy):  # the MoE layers run whole on every mp rank
-        table = table.under_ep
     local = runs_local_views(strategy) if local_views is None else local_views
     ctx = _Context(table, strategy, setup, implicit, local)
     pp, m = strategy.pp, strategy.micro_batches
@@ -798,27 +803,28 @@ def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, floa
     """(exposed seconds, bytes sent) of one stage's data-parallel synchronisation per step."""
     dp, zero, m = ctx.strategy.dp, ctx.strategy.sharding_stage, ctx.strategy.micro_batches
     link = ctx.link(dp, ctx.strategy.mp)
-    state_bytes = stage.params * ctx.width
+    state_bytes, grad_bytes = stage.params * ctx.width, stage.params * ctx.grad_width
     backward_s, forward_s = stage.backward_s, stage.compute_s - stage.backward_s
     chunks, count = max(num_blocks, 1), max(stage.param_tensors, 1)  # one collective per parameter
     if zero == 0 and stage.moe_grads:
         return _dp_sync_with_experts(ctx, stage, stage.moe_grads, backward_s, chunks)
     if zero == 0:
-        return ctx.overlapped(all_reduce_time(state_bytes, dp, link, count), backward_s, chunks), all_reduce_bytes(
-            state_bytes, dp
+        return ctx.overlapped(all_reduce_time(grad_bytes, dp, link, count), backward_s, chunks), all_reduce_bytes(
+            grad_bytes, dp
         )
-    reduce = reduce_scatter_time(state_bytes, dp, link, count)
+    reduce = reduce_scatter_time(grad_bytes, dp, link, count)
+    reduced = all_gather_bytes(grad_bytes, dp)  # a reduce-scatter sends what an all-gather does
     if zero < 3:
         # Updated parameters are gathered after the optimizer step: nothing left to hide behind.
         after = all_gather_time(state_bytes, dp, link, count)
-        return ctx.overlapped(reduce, backward_s, chunks) + after, 2 * all_gather_bytes(state_bytes, dp)
+        return ctx.overlapped(reduce, backward_s, chunks) + after, all_gather_bytes(state_bytes, dp) + reduced
     gather = all_gather_time(state_bytes, dp, link, count)  # block by block
     exposed = (
         m * ctx.overlapped(gather, forward_s, chunks)
         + (m - 1) * ctx.overlapped(gather, backward_s, chunks)
         + ctx.overlapped(gather + reduce, backward_s, chunks)
     )
-    return exposed, (1 + 2 * m) * all_gather_bytes(state_bytes, dp)
+    return exposed, 2 * m * all_gather_bytes(state_bytes, dp) + reduced
 
 
 def _mp_grad_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, float]:
@@ -843,7 +849,7 @@ def _dp_sync_with_experts(
     gradients outside the MoE layers all-reduced over dp during the backward as usual; the MoE
     layers' summed by apply_plan after it, exposed: the routers' over dp, the held experts' over
     the dp / ep ranks holding the same experts (one each ep-th dp rank: stride mp x ep)."""
-    dp, ep, mp, width = ctx.strategy.dp, ctx.strategy.ep, ctx.strategy.mp, ctx.width
+    dp, ep, mp, width = ctx.strategy.dp, ctx.strategy.ep, ctx.strategy.mp, ctx.grad_width
     link, replicas = ctx.link(dp, mp), dp // ep
     rest = (stage.params - moe.router_params - moe.expert_params) * width
     rest_count = max(stage.param_tensors - moe.router_tensors - moe.expert_tensors, 1)

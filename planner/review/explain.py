@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections import Counter
 
 from autodist.planner.cost.search import SearchResult
-from autodist.planner.recognise.analysis import ModelAnalysis, experts_whole
+from autodist.planner.cost.strategy_analysis import AnalysisFor
+from autodist.planner.recognise.analysis import ModelAnalysis
 from autodist.planner.recognise.reshards import sublayer_modes
 from autodist.planner.review.format import human_bytes, human_count, human_seconds
 from autodist.schemas.describe import strategy_text
-from autodist.schemas.parallel_dims import runs_moe_locally
 from autodist.schemas import Candidate, Plan
 
 #: The table's columns: heading, and whether its cells are numbers (right-aligned). Sizes, times
@@ -105,9 +105,9 @@ def sublayer_lines(analysis: ModelAnalysis, plan: Plan) -> list[str]:
     """
     if plan.strategy.mp == 1:
         return []
-    if runs_moe_locally(plan.strategy):  # the MoE layers run whole, as the plan places them
-        analysis = experts_whole(analysis)
     local = frozenset(view.layer for view in plan.local_view)
+    for_plan = AnalysisFor(analysis)  # the analysis as the plan's strategy runs it, as emit placed it
+    analysis = for_plan(for_plan.runs_as(plan.strategy, local))
     kinds: dict[str, list[list[str]]] = {}  # kind -> each block's sub-layers' modes
     described: dict[str, list[str]] = {}
     for block in analysis.blocks:
