@@ -16,11 +16,13 @@ launched again on every device.
         train.py --plan {plan} --ckpt ckpt
 
 ``{plan}`` in the script's arguments becomes the chosen plan's path (``AUTODIST_PLAN`` holds it
-too). The script resumes the way docs/checkpoints.md shows (``load_checkpoint`` when the
-checkpoint exists, then skipping the batches it already trained on). One line per event goes
-to stderr (a rank lost, re-planned to dp2, resumed at step 6, grown back), and a summary at the
-end: the launches, the time lost (what interrupted launches ran after their last checkpoint)
-and the steps trained again.
+too). The script resumes the way docs/checkpoints.md shows (``load_checkpoint(..., loader=loader)``
+when the checkpoint exists: the loader starts at the first batch not trained on). One line per event goes
+to stderr (a rank lost, how far its launch got past the last checkpoint, re-planned to dp2,
+resumed at step 6, grown back), and a summary at the end: the launches, the time lost (what
+interrupted launches ran after their last checkpoint) and the steps trained again (what they
+finished after it: rank 0's loader reports each step finished, when the next batch is asked for
+or a checkpoint saved with ``loader=``, in ``AUTODIST_RUN_PROGRESS``).
 
 What is tested here is one machine (gloo, CPU ranks as devices). On several machines, Paddle's
 launcher has its own elastic mode for membership (docs/workflow.md, "When the cluster changes").
@@ -48,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autodist.schemas import PlanError, load_plan
-from autodist.schemas.checkpoint import METADATA_FILE, CheckpointError, read_checkpoint
+from autodist.schemas.checkpoint import METADATA_FILE, PROGRESS_ENV, CheckpointError, read_checkpoint
 from autodist.schemas.describe import strategy_text
 
 #: The launcher's report of a rank that failed (Paddle 3.3's ``controllers/controller.py``):
@@ -110,6 +112,16 @@ class Launch:
     ended: float = 0.0
     outcome: str = ""  # "finished", "lost rank N", "stopped to grow"
     last_checkpoint: tuple[int | None, float] = (None, 0.0)  # (step, when it was first seen)
+    #: Steps it finished after the checkpoint the next launch resumes from: trained again.
+    recomputed: int = 0
+
+    def reached(self, progress: Path) -> int | None:
+        """The last step this launch finished, from rank 0's loader's report (None: no report)."""
+        try:
+            done = int(progress.read_text())
+        except (OSError, ValueError):
+            return None
+        return (self.resumed_at or 0) + done
 
 
 @dataclass
@@ -142,6 +154,8 @@ class Supervisor:
             self.say(f"launch {len(self.launches)}: {size} ranks under {plan_path.name} ({strategy}){resumed}")
             failed, grown = self._watch(launch, bool(self.grow and lost))
             launch.ended = time.monotonic()
+            if failed or grown:
+                self._count_recomputed(launch)
             if grown:
                 launch.outcome = "stopped to grow"
                 self.say(f"checkpoint at step {launch.last_checkpoint[0]}: taking back device(s) {lost}")
@@ -165,7 +179,7 @@ class Supervisor:
 
     def _watch(self, launch: Launch, may_grow: bool) -> tuple[list[tuple[int, int]] | None, bool]:
         """Run ``launch`` until it ends: ``(failed ranks and codes, or None, stopped to grow)``."""
-        log = self.log_dir / f"launch{len(self.launches)}"
+        log = self._launch_dir(len(self.launches))
         log.mkdir(parents=True, exist_ok=True)
         plan = str(launch.plan.resolve())
         args = [a.replace("{plan}", plan) for a in self.script]
@@ -175,7 +189,7 @@ class Supervisor:
             "--log_dir", str(log),
             *args,
         ]  # fmt: skip
-        env = {**os.environ, "AUTODIST_PLAN": plan}
+        env = {**os.environ, "AUTODIST_PLAN": plan, PROGRESS_ENV: str((log / "progress").resolve())}
         with open(log / "launcher.out", "w") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             try:
@@ -195,6 +209,22 @@ class Supervisor:
         report = (log / "launcher.out").read_text(errors="replace")
         return [(int(rank), int(code)) for rank, code in _FAILED_RANK.findall(report)], False
 
+    def _count_recomputed(self, launch: Launch) -> None:
+        """Say how far the interrupted ``launch`` got past the checkpoint the next one resumes from."""
+        reached = launch.reached(self._launch_dir(len(self.launches)) / "progress")
+        checkpoint = self._checkpoint_step() or 0
+        if reached is None:
+            self.say(f"launch {len(self.launches)}: its loader reported no step; steps trained again not known")
+            return
+        launch.recomputed = max(0, reached - checkpoint)
+        self.say(
+            f"launch {len(self.launches)} reached step {reached}, its last checkpoint is at step {checkpoint}: "
+            f"{launch.recomputed} step(s) to train again"
+        )
+
+    def _launch_dir(self, number: int) -> Path:
+        return self.log_dir / f"launch{number}"
+
     def _checkpoint_step(self) -> int | None:
         if self.checkpoint is None or not (self.checkpoint / METADATA_FILE).exists():
             return None
@@ -211,7 +241,7 @@ class Supervisor:
             f"summary: {len(self.launches)} launch(es) on "
             + " -> ".join(str(len(launch.devices)) for launch in self.launches)
             + f" devices; {lost_s:.1f} s of work lost (run after the last checkpoint of interrupted launches);"
-            + f" resumed at steps {resumed}"
+            + f" {sum(launch.recomputed for launch in interrupted)} step(s) trained again; resumed at steps {resumed}"
         )
 
 
