@@ -24,8 +24,11 @@ interrupted launches ran after their last checkpoint) and the steps trained agai
 finished after it: rank 0's loader reports each step finished, when the next batch is asked for
 or a checkpoint saved with ``loader=``, in ``AUTODIST_RUN_PROGRESS``).
 
-What is tested here is one machine (gloo, CPU ranks as devices). On several machines, Paddle's
-launcher has its own elastic mode for membership (docs/workflow.md, "When the cluster changes").
+On several machines (``--nnodes N`` or ``MIN:MAX``, ``--master``), membership is Paddle's
+launcher's, its elastic mode for a range (:func:`several_nodes`); each rank runs the script under
+the family's plan for the job's world size (:func:`as_rank`). What is tested here is one machine
+(gloo, CPU ranks as devices; two launchers on loopback as two nodes), not the elastic mode
+(docs/workflow.md, "On several machines").
 
 Example::
 
@@ -257,9 +260,75 @@ def _stop(proc: subprocess.Popen) -> None:
         pass
 
 
+def several_nodes(
+    nnodes: str, master: str | None, job_id: str, family: Path, nproc: int, max_restarts: int, log_dir: Path,
+    script: list[str],
+) -> list[str]:  # fmt: skip
+    """The command that runs ``script`` on this node of a job on several machines: Paddle's
+    launcher keeps the membership (``--nnodes MIN:MAX`` with ``--master etcd://...``: its elastic
+    mode, which restarts every rank when a node leaves or joins) and starts :func:`as_rank` on
+    each rank, which runs the script under the family's plan for the job's world size.
+
+    >>> several_nodes("2:4", "10.0.0.1:2379", "job", Path("plans"), 1, 3, Path("log"), ["train.py"])
+    Traceback (most recent call last):
+    ...
+    autodist.run.RunError: --nnodes 2:4 needs --master etcd://HOST:PORT: Paddle's launcher keeps an elastic job's members in etcd
+    """
+    low, _, high = nnodes.partition(":")
+    if not (low.isdigit() and (high or low).isdigit() and 0 < int(low) <= int(high or low)):
+        raise RunError(f"--nnodes {nnodes}: expected N or MIN:MAX, 1 <= MIN <= MAX")
+    elastic = bool(high)
+    if elastic and not (master or "").startswith("etcd://"):
+        raise RunError(
+            f"--nnodes {nnodes} needs --master etcd://HOST:PORT: Paddle's launcher keeps an elastic job's members in etcd"
+        )
+    if not master:
+        raise RunError(f"--nnodes {nnodes} needs --master: node 0's HOST:PORT (or etcd://HOST:PORT)")
+    sizes = Family.read(family).sizes
+    missing = [n * nproc for n in range(int(low), int(high or low) + 1) if n * nproc not in sizes]
+    if missing:
+        raise RunError(
+            f"the family has no plan for {missing} devices (--nnodes {nnodes} x --nproc-per-node {nproc}), only for "
+            f"{sizes}: every rank of a node count runs, so make a plan for each (autodist-plan --devices N)"
+        )
+    return [
+        sys.executable, "-m", "paddle.distributed.launch", "--master", master, "--nnodes", nnodes,
+        "--nproc_per_node", str(nproc), "--job_id", job_id, "--log_dir", str(log_dir),
+        *(["--elastic_level", "1", "--max_restart", str(max_restarts)] if elastic else []),
+        str(Path(__file__).resolve()), AS_RANK, str(family.resolve()), *script,
+    ]  # fmt: skip
+
+
+def as_rank(family: str, script: list[str]) -> int:
+    """On each rank of a job on several machines: run ``script`` (this process becomes it)
+    under the family's plan for the job's world size, ``{plan}`` in its arguments replaced."""
+    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    plans = Family.read(family).plans
+    if world not in plans:
+        print(
+            f"autodist-run: error: no plan in {family} for {world} devices (plans for {sorted(plans)})", file=sys.stderr
+        )
+        return 2
+    plan = str(plans[world].resolve())
+    os.environ["AUTODIST_PLAN"] = plan
+    os.execv(sys.executable, [sys.executable, "-u", *(a.replace("{plan}", plan) for a in script)])
+
+
+#: The first argument of :func:`as_rank`'s command line (Paddle's launcher runs a script's path).
+AS_RANK = "--as-rank"
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [AS_RANK] and len(argv) > 2:
+        return as_rank(argv[1], argv[2:])
     parser = argparse.ArgumentParser(prog="autodist-run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, required=True, help="devices on this node")
+    parser.add_argument(
+        "--nnodes", default="1", help="machines: N, or MIN:MAX for Paddle's elastic mode (with --master etcd://...)"
+    )
+    parser.add_argument("--master", help="with --nnodes: node 0's HOST:PORT, or etcd://HOST:PORT (elastic)")
+    parser.add_argument("--job-id", default="autodist", help="with --nnodes: the job's name in the launcher's master")
     parser.add_argument("--plans", required=True, help="folder of plans for several device counts (the family)")
     parser.add_argument("--checkpoint", help="the checkpoint folder the script saves to (to resume and to grow)")
     parser.add_argument("--grow", action="store_true", help="take lost devices back at the next checkpoint")
@@ -270,6 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.script:
         parser.error("give the training script to run")
     try:
+        if args.nnodes != "1":
+            command = several_nodes(
+                args.nnodes, args.master, args.job_id, Path(args.plans), args.nproc_per_node, args.max_restarts,
+                Path(args.log_dir), args.script,
+            )  # fmt: skip
+            print(f"autodist-run: on {args.nnodes} nodes through paddle.distributed.launch", file=sys.stderr)
+            return subprocess.call(command)
         supervisor = Supervisor(
             script=args.script,
             family=Family.read(args.plans),

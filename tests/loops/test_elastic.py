@@ -165,3 +165,67 @@ def test_a_shuffled_loader_resumes_at_the_batch_it_stood_at(tmp_path, loop_plans
         "elastic_train.py", uninterrupted, 2, loop_plans("gpt", "mp2")[1], *shuffled, "--ckpt", str(tmp_path / "c2")
     )
     assert_same_training(tmp_path / "run", uninterrupted)
+
+
+def test_two_nodes_on_loopback_run_as_one_job_through_paddles_launcher(tmp_path, loop_plans, one_device):
+    """Two ``autodist-run --nnodes 2 --master 127.0.0.1:PORT`` processes stand for two machines,
+    one rank each: Paddle's launcher makes them one job (its own rendezvous, not ours), each rank
+    takes the family's plan for the job's 2 devices, and the job trains as one device. Elastic
+    membership (``--nnodes MIN:MAX``) needs an etcd server, which this machine does not have: not
+    run here."""
+    from harness.launcher import free_ports
+
+    family = make_family(tmp_path, loop_plans, "mp2")
+    out = tmp_path / "run"
+    out.mkdir()
+    (master,) = free_ports(1)
+    script = [
+        str(SCRIPTS / "elastic_train.py"),
+        "--plan",
+        "{plan}",
+        "--ckpt",
+        str(tmp_path / "ckpt"),
+        "--out",
+        str(out),
+    ]
+    nodes = [
+        subprocess.Popen(
+            [
+                *AUTODIST_RUN,
+                "--nproc-per-node",
+                "1",
+                "--nnodes",
+                "2",
+                "--master",
+                f"127.0.0.1:{master}",
+                "--plans",
+                str(family),
+                "--log-dir",
+                str(tmp_path / f"log{node}"),
+                *script,
+            ],
+            cwd=tmp_path,
+            env=base_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for node in (0, 1)
+    ]
+    try:
+        ends = [node.communicate(timeout=TIMEOUT_S) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    for node, (_, err) in zip(nodes, ends):
+        assert node.returncode == 0, err[-4000:]
+    assert {ranks for _, ranks in losses(out).values()} == {2}
+    assert_same_training(out, one_device)
+
+
+def test_a_node_count_the_family_has_no_plan_for_is_refused_before_launching(tmp_path, loop_plans):
+    family = make_family(tmp_path, loop_plans, "mp2")
+    command = [*AUTODIST_RUN, "--nproc-per-node", "1", "--nnodes", "3", "--master", "127.0.0.1:1"]
+    done = subprocess.run([*command, "--plans", str(family), "train.py"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "the family has no plan for [3] devices" in done.stderr, done.stderr
