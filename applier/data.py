@@ -105,8 +105,8 @@ class EvenDataloader(ShardDataloader):
                 f"{len(self)}: another dataset or batch size, so the position would name other samples"
             )
         if (saved.shuffle_seed is None) != (_seed(sampler) is None):
-            said = "shuffled" if saved.shuffle_seed is not None else "not shuffled"
-            return f"the checkpoint's loader was {said} and this one is not: give the DataLoader the same shuffle"
+            was, now = ("shuffled", "not") if saved.shuffle_seed is not None else ("not shuffled", "shuffled")
+            return f"the checkpoint's loader was {was}, this one is {now}: give the DataLoader the same shuffle"
         return None
 
     def resume(self, saved: SavedLoader) -> None:

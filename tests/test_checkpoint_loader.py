@@ -59,6 +59,9 @@ def test_what_cannot_resume_is_refused_in_one_line_with_nothing_loaded(tmp_path)
     read(loader, 0, 2)
     save_checkpoint(model, optimizer, tmp_path / "without", step=2)
     save_checkpoint(model, optimizer, tmp_path / "with", step=2, loader=loader)
+    _, _, in_order = applied(False)
+    read(in_order, 0, 2)
+    save_checkpoint(model, optimizer, tmp_path / "in-order", step=2, loader=in_order)
     plain = paddle.io.DataLoader(TokenDataset(WORKLOAD.vocab_size, SAMPLES, 2024), batch_size=BATCH, shuffle=True)
     with pytest.raises(CheckpointError, match="not the loader apply_plan returned") as refused:
         save_checkpoint(model, optimizer, tmp_path / "plain", step=2, loader=plain)
@@ -69,7 +72,8 @@ def test_what_cannot_resume_is_refused_in_one_line_with_nothing_loaded(tmp_path)
     cases = [
         ("without", loader, "saved without loader="),
         ("with", applied(True, samples=SAMPLES + BATCH)[2], "stood at batch 2 of 6 a pass, this loader has 7"),
-        ("with", applied(False)[2], "the checkpoint's loader was shuffled and this one is not"),
+        ("with", applied(False)[2], "the checkpoint's loader was shuffled, this one is not"),
+        ("in-order", loader, "the checkpoint's loader was not shuffled, this one is shuffled"),
         ("with", plain, "not the loader apply_plan returned"),
     ]
     for folder, other, said in cases:
