@@ -16,14 +16,19 @@ launched again on every device.
         train.py --plan {plan} --ckpt ckpt
 
 ``{plan}`` in the script's arguments becomes the chosen plan's path (``AUTODIST_PLAN`` holds it
-too). The script resumes the way docs/checkpoints.md shows (``load_checkpoint`` when the
-checkpoint exists, then skipping the batches it already trained on). One line per event goes
-to stderr (a rank lost, re-planned to dp2, resumed at step 6, grown back), and a summary at the
-end: the launches, the time lost (what interrupted launches ran after their last checkpoint)
-and the steps trained again.
+too). The script resumes the way docs/checkpoints.md shows (``load_checkpoint(..., loader=loader)``
+when the checkpoint exists: the loader starts at the first batch not trained on). One line per event goes
+to stderr (a rank lost, how far its launch got past the last checkpoint, re-planned to dp2,
+resumed at step 6, grown back), and a summary at the end: the launches, the time lost (what
+interrupted launches ran after their last checkpoint) and the steps trained again (what they
+finished after it: rank 0's loader reports each step finished, when the next batch is asked for
+or a checkpoint saved with ``loader=``, in ``AUTODIST_RUN_PROGRESS``).
 
-What is tested here is one machine (gloo, CPU ranks as devices). On several machines, Paddle's
-launcher has its own elastic mode for membership (docs/workflow.md, "When the cluster changes").
+On several machines (``--nnodes N`` or ``MIN:MAX``, ``--master``), membership is Paddle's
+launcher's, its elastic mode for a range (:func:`several_nodes`); each rank runs the script under
+the family's plan for the job's world size (:func:`as_rank`). What is tested here is one machine
+(gloo, CPU ranks as devices; two launchers on loopback as two nodes), not the elastic mode
+(docs/workflow.md, "On several machines").
 
 Example::
 
@@ -48,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autodist.schemas import PlanError, load_plan
-from autodist.schemas.checkpoint import METADATA_FILE, CheckpointError, read_checkpoint
+from autodist.schemas.checkpoint import METADATA_FILE, PROGRESS_ENV, CheckpointError, read_checkpoint
 from autodist.schemas.describe import strategy_text
 
 #: The launcher's report of a rank that failed (Paddle 3.3's ``controllers/controller.py``):
@@ -110,6 +115,16 @@ class Launch:
     ended: float = 0.0
     outcome: str = ""  # "finished", "lost rank N", "stopped to grow"
     last_checkpoint: tuple[int | None, float] = (None, 0.0)  # (step, when it was first seen)
+    #: Steps it finished after the checkpoint the next launch resumes from: trained again.
+    recomputed: int = 0
+
+    def reached(self, progress: Path) -> int | None:
+        """The last step this launch finished, from rank 0's loader's report (None: no report)."""
+        try:
+            done = int(progress.read_text())
+        except (OSError, ValueError):
+            return None
+        return (self.resumed_at or 0) + done
 
 
 @dataclass
@@ -142,6 +157,8 @@ class Supervisor:
             self.say(f"launch {len(self.launches)}: {size} ranks under {plan_path.name} ({strategy}){resumed}")
             failed, grown = self._watch(launch, bool(self.grow and lost))
             launch.ended = time.monotonic()
+            if failed or grown:
+                self._count_recomputed(launch)
             if grown:
                 launch.outcome = "stopped to grow"
                 self.say(f"checkpoint at step {launch.last_checkpoint[0]}: taking back device(s) {lost}")
@@ -165,7 +182,7 @@ class Supervisor:
 
     def _watch(self, launch: Launch, may_grow: bool) -> tuple[list[tuple[int, int]] | None, bool]:
         """Run ``launch`` until it ends: ``(failed ranks and codes, or None, stopped to grow)``."""
-        log = self.log_dir / f"launch{len(self.launches)}"
+        log = self._launch_dir(len(self.launches))
         log.mkdir(parents=True, exist_ok=True)
         plan = str(launch.plan.resolve())
         args = [a.replace("{plan}", plan) for a in self.script]
@@ -175,7 +192,7 @@ class Supervisor:
             "--log_dir", str(log),
             *args,
         ]  # fmt: skip
-        env = {**os.environ, "AUTODIST_PLAN": plan}
+        env = {**os.environ, "AUTODIST_PLAN": plan, PROGRESS_ENV: str((log / "progress").resolve())}
         with open(log / "launcher.out", "w") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             try:
@@ -195,6 +212,22 @@ class Supervisor:
         report = (log / "launcher.out").read_text(errors="replace")
         return [(int(rank), int(code)) for rank, code in _FAILED_RANK.findall(report)], False
 
+    def _count_recomputed(self, launch: Launch) -> None:
+        """Say how far the interrupted ``launch`` got past the checkpoint the next one resumes from."""
+        reached = launch.reached(self._launch_dir(len(self.launches)) / "progress")
+        checkpoint = self._checkpoint_step() or 0
+        if reached is None:
+            self.say(f"launch {len(self.launches)}: its loader reported no step; steps trained again not known")
+            return
+        launch.recomputed = max(0, reached - checkpoint)
+        self.say(
+            f"launch {len(self.launches)} reached step {reached}, its last checkpoint is at step {checkpoint}: "
+            f"{launch.recomputed} step(s) to train again"
+        )
+
+    def _launch_dir(self, number: int) -> Path:
+        return self.log_dir / f"launch{number}"
+
     def _checkpoint_step(self) -> int | None:
         if self.checkpoint is None or not (self.checkpoint / METADATA_FILE).exists():
             return None
@@ -211,7 +244,7 @@ class Supervisor:
             f"summary: {len(self.launches)} launch(es) on "
             + " -> ".join(str(len(launch.devices)) for launch in self.launches)
             + f" devices; {lost_s:.1f} s of work lost (run after the last checkpoint of interrupted launches);"
-            + f" resumed at steps {resumed}"
+            + f" {sum(launch.recomputed for launch in interrupted)} step(s) trained again; resumed at steps {resumed}"
         )
 
 
@@ -227,9 +260,75 @@ def _stop(proc: subprocess.Popen) -> None:
         pass
 
 
+def several_nodes(
+    nnodes: str, master: str | None, job_id: str, family: Path, nproc: int, max_restarts: int, log_dir: Path,
+    script: list[str],
+) -> list[str]:  # fmt: skip
+    """The command that runs ``script`` on this node of a job on several machines: Paddle's
+    launcher keeps the membership (``--nnodes MIN:MAX`` with ``--master etcd://...``: its elastic
+    mode, which restarts every rank when a node leaves or joins) and starts :func:`as_rank` on
+    each rank, which runs the script under the family's plan for the job's world size.
+
+    >>> several_nodes("2:4", "10.0.0.1:2379", "job", Path("plans"), 1, 3, Path("log"), ["train.py"])
+    Traceback (most recent call last):
+    ...
+    autodist.run.RunError: --nnodes 2:4 needs --master etcd://HOST:PORT: Paddle's launcher keeps an elastic job's members in etcd
+    """
+    low, _, high = nnodes.partition(":")
+    if not (low.isdigit() and (high or low).isdigit() and 0 < int(low) <= int(high or low)):
+        raise RunError(f"--nnodes {nnodes}: expected N or MIN:MAX, 1 <= MIN <= MAX")
+    elastic = bool(high)
+    if elastic and not (master or "").startswith("etcd://"):
+        raise RunError(
+            f"--nnodes {nnodes} needs --master etcd://HOST:PORT: Paddle's launcher keeps an elastic job's members in etcd"
+        )
+    if not master:
+        raise RunError(f"--nnodes {nnodes} needs --master: node 0's HOST:PORT (or etcd://HOST:PORT)")
+    sizes = Family.read(family).sizes
+    missing = [n * nproc for n in range(int(low), int(high or low) + 1) if n * nproc not in sizes]
+    if missing:
+        raise RunError(
+            f"the family has no plan for {missing} devices (--nnodes {nnodes} x --nproc-per-node {nproc}), only for "
+            f"{sizes}: every rank of a node count runs, so make a plan for each (autodist-plan --devices N)"
+        )
+    return [
+        sys.executable, "-m", "paddle.distributed.launch", "--master", master, "--nnodes", nnodes,
+        "--nproc_per_node", str(nproc), "--job_id", job_id, "--log_dir", str(log_dir),
+        *(["--elastic_level", "1", "--max_restart", str(max_restarts)] if elastic else []),
+        str(Path(__file__).resolve()), AS_RANK, str(family.resolve()), *script,
+    ]  # fmt: skip
+
+
+def as_rank(family: str, script: list[str]) -> int:
+    """On each rank of a job on several machines: run ``script`` (this process becomes it)
+    under the family's plan for the job's world size, ``{plan}`` in its arguments replaced."""
+    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    plans = Family.read(family).plans
+    if world not in plans:
+        print(
+            f"autodist-run: error: no plan in {family} for {world} devices (plans for {sorted(plans)})", file=sys.stderr
+        )
+        return 2
+    plan = str(plans[world].resolve())
+    os.environ["AUTODIST_PLAN"] = plan
+    os.execv(sys.executable, [sys.executable, "-u", *(a.replace("{plan}", plan) for a in script)])
+
+
+#: The first argument of :func:`as_rank`'s command line (Paddle's launcher runs a script's path).
+AS_RANK = "--as-rank"
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [AS_RANK] and len(argv) > 2:
+        return as_rank(argv[1], argv[2:])
     parser = argparse.ArgumentParser(prog="autodist-run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, required=True, help="devices on this node")
+    parser.add_argument(
+        "--nnodes", default="1", help="machines: N, or MIN:MAX for Paddle's elastic mode (with --master etcd://...)"
+    )
+    parser.add_argument("--master", help="with --nnodes: node 0's HOST:PORT, or etcd://HOST:PORT (elastic)")
+    parser.add_argument("--job-id", default="autodist", help="with --nnodes: the job's name in the launcher's master")
     parser.add_argument("--plans", required=True, help="folder of plans for several device counts (the family)")
     parser.add_argument("--checkpoint", help="the checkpoint folder the script saves to (to resume and to grow)")
     parser.add_argument("--grow", action="store_true", help="take lost devices back at the next checkpoint")
@@ -240,6 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.script:
         parser.error("give the training script to run")
     try:
+        if args.nnodes != "1":
+            command = several_nodes(
+                args.nnodes, args.master, args.job_id, Path(args.plans), args.nproc_per_node, args.max_restarts,
+                Path(args.log_dir), args.script,
+            )  # fmt: skip
+            print(f"autodist-run: on {args.nnodes} nodes through paddle.distributed.launch", file=sys.stderr)
+            return subprocess.call(command)
         supervisor = Supervisor(
             script=args.script,
             family=Family.read(args.plans),

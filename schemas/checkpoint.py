@@ -50,10 +50,11 @@ from autodist.schemas.plan import Base, Fqn, Identifier, Mesh, NonNegativeInt, P
 from autodist.schemas.vocabulary import DTYPE_BYTES, DType
 
 CHECKPOINT_FORMAT: Final = "autodist.checkpoint"
-#: Version 3: every shard carries :func:`shard_digest` of its bytes. Version 2: the saved plan's
+#: Version 4: the position of the loader saved with it (optional). Version 3: every shard carries
+#: :func:`shard_digest` of its bytes. Version 2: the saved plan's
 #: mesh names its axes ``axes`` (version 1: ``dim_names``). Metadata of versions 1 and 2 still
 #: reads (:func:`upgrade_checkpoint`), without checksums to check.
-CHECKPOINT_VERSION: Final = 3
+CHECKPOINT_VERSION: Final = 4
 #: The first version whose shards all carry a checksum.
 CHECKSUM_VERSION = 3
 #: The metadata file inside a checkpoint folder.
@@ -144,10 +145,29 @@ class SavedScheduler(Base):
     nested: dict[Identifier, SavedScheduler] = {}
 
 
+class SavedLoader(Base):
+    """Where the loader ``apply_plan`` returned stood at the save: ``step`` global batches of
+    pass ``epoch`` (from 0) were trained; its order is Paddle's ``DistributedBatchSampler``'s,
+    a function of ``shuffle_seed`` alone (the sampler's epoch; None: not shuffled), so it is the
+    same under every plan (applier/placement/data.py)."""
+
+    epoch: NonNegativeInt
+    step: NonNegativeInt
+    #: Global batches in a pass when it was saved: a loader of another length is refused at load.
+    batches: NonNegativeInt
+    shuffle_seed: NonNegativeInt | None = None
+
+
+#: A file where rank 0's loader (applier/placement/data.py) keeps how many of the batches it handed out in
+#: this process were trained (it counts one when the next batch is asked for or a checkpoint
+#: saved); autodist-run sets it for each launch, to say how many steps a failure cost.
+PROGRESS_ENV: Final = "AUTODIST_RUN_PROGRESS"
+
+
 # mypy cannot follow autodist.schemas.plan.Base (an Any to it), so it refuses kw_only here.
 class Checkpoint(Base, kw_only=True):  # type: ignore[call-arg]
     format: Literal["autodist.checkpoint"] = CHECKPOINT_FORMAT
-    version: Literal[1, 2, 3] = CHECKPOINT_VERSION
+    version: Literal[1, 2, 3, 4] = CHECKPOINT_VERSION
     step: NonNegativeInt
     #: Ranks of the run that saved it.
     world_size: PositiveInt
@@ -157,6 +177,8 @@ class Checkpoint(Base, kw_only=True):  # type: ignore[call-arg]
     params: dict[Fqn, SavedTensor]
     optimizer: SavedOptimizer | None = None
     scheduler: SavedScheduler | None = None
+    #: None when saved without ``loader=`` (and before version 4).
+    loader: SavedLoader | None = None
     #: The folder holding the shard files, and each file's size in bytes.
     data: FileName
     files: dict[FileName, NonNegativeInt] = {}
@@ -282,7 +304,7 @@ def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Ch
 def upgrade_checkpoint(raw: dict) -> dict:
     """Decoded metadata of version 1 as version 2 wrote it (the input is not changed): the
     saved plan's ``mesh.dim_names`` is called ``mesh.axes``. (Version 3 only adds checksums,
-    which neither older version has.)
+    which neither older version has; version 4 the loader's position, which is optional.)
 
     >>> old = {"version": 1, "plan": {"mesh": {"dim_names": ["dp"], "shape": [2], "process_ids": [0, 1]}}}
     >>> upgrade_checkpoint(old)["plan"]["mesh"]

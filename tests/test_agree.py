@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import socket
 import tempfile
 import threading
@@ -139,17 +140,19 @@ def test_losing_rank_0_mid_agreement_is_a_plan_error_at_once(two_rank_env):
 
 def _read_first_line_and_close(listener: socket.socket) -> None:
     conn, _ = listener.accept()
-    conn.sendall(signed.greeting(KEY, agree_module.PROTOCOL, b"n" * 16))
     with conn, conn.makefile("rb") as stream:
+        challenge = bytes.fromhex(stream.readline().split()[-1].decode())
+        conn.sendall(signed.greeting(KEY, agree_module.PROTOCOL, b"n" * 16, challenge))
         assert b'"record"' in stream.readline()
 
 
 def _hello(conn: socket.socket, record: Record, call: object = 0) -> bytes:
     """Rank ``record.rank``'s first message on ``conn``, past rank 0's greeting, signed with the
     job's key; returns the nonces every later message is signed over."""
+    challenge = signed.send_challenge(conn, agree_module.PROTOCOL)
     greeting = conn.recv(signed.greeting_bytes(agree_module.PROTOCOL), socket.MSG_WAITALL)
-    nonce = bytes.fromhex(greeting.split()[-2].decode())
-    assert greeting == signed.greeting(KEY, agree_module.PROTOCOL, nonce), "not rank 0's greeting"
+    nonce = bytes.fromhex(greeting.split()[-3].decode())
+    assert greeting == signed.greeting(KEY, agree_module.PROTOCOL, nonce, challenge), "not rank 0's greeting"
     mine = b"m" * 16
     text = f'{{"call": {call}, "nonce": "{mine.hex()}", "record": {json.dumps(asdict(record))}}}'
     conn.sendall(signed.seal(KEY, agree_module.PROTOCOL, "record", nonce, text.encode()))
@@ -197,8 +200,9 @@ def test_rank_0_ignores_a_stranger_on_its_port(two_rank_env, key):
 
     def stranger():
         with _connect_when_listening(two_rank_env) as conn:
+            signed.send_challenge(conn, agree_module.PROTOCOL)
             greeting = conn.recv(signed.greeting_bytes(agree_module.PROTOCOL), socket.MSG_WAITALL)
-            nonce = bytes.fromhex(greeting.split()[-2].decode())
+            nonce = bytes.fromhex(greeting.split()[-3].decode())
             bogus = {"rank": 1, "plan_source": "x", "plan_digest": "", "model_digest": "", "problems": [1]}
             text = json.dumps({"call": 0, "nonce": "ab" * 16, "record": bogus}).encode()
             conn.sendall(signed.seal(key, agree_module.PROTOCOL, "record", nonce, text))
@@ -229,7 +233,8 @@ def test_an_infinite_call_number_is_a_malformed_record(two_rank_env):
 
 def test_a_rank_that_reaches_another_program_sends_it_nothing_and_says_so(two_rank_env):
     """Another program holds the agreement port and never answers (as a foreign server may):
-    rank 1 waits for rank 0's greeting, sends the stranger nothing, and names the port."""
+    rank 1 waits for rank 0's greeting, sends the stranger nothing but its fresh challenge, and
+    names the port."""
     received, done = [], threading.Event()
 
     def silent_stranger(listener):
@@ -257,7 +262,8 @@ def test_a_rank_that_reaches_another_program_sends_it_nothing_and_says_so(two_ra
         assert time.monotonic() - start < 10
         done.set()
         thread.join()
-    assert received and not any(received), "rank 1 sent the stranger something"
+    challenge = rb"autodist agreement \d+ [0-9a-f]{32}\n"
+    assert received and all(re.fullmatch(challenge, r) for r in received), f"rank 1 sent the stranger {received}"
 
 
 def test_an_ack_and_the_next_report_in_one_read_are_both_heard(two_rank_env):

@@ -4,8 +4,9 @@ a greeting, a record, a posted value -- is accepted in the other.
 
 Rank 0 draws a fresh job nonce at every agreement and sends it with its signed verdict; what the
 ranks sign afterwards (the readable losses' answers, posted values and addresses) is under the
-job's key bound to that nonce (``Agreement.job_key``). A greeting and a record were already bound
-to their connection (both ends' nonces), shown here against a real earlier job too.
+job's key bound to that nonce (``Agreement.job_key``). A record is bound to its connection (both
+ends' nonces), and a greeting to the fresh challenge of the rank it answers: an earlier job's
+greeting, replayed, is refused at once (tests/test_agree_strangers.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from autodist.applier.ranks.agree import PROTOCOL, Record, agree
 from autodist.applier.ranks.jobkey import SECRET_FILE_ENV, _from_secret
 from autodist.applier.ranks.readable.notes import Notes
 from autodist.applier.ranks.readable.store import post_value, posted, slot
-from autodist.applier.ranks.signed import greeting, seal
+from autodist.applier.ranks.signed import seal
 from autodist.schemas import PlanError
 from harness.launcher import free_ports, launch_ranks
 
@@ -79,15 +80,15 @@ def test_a_value_posted_in_an_earlier_job_is_refused(tmp_path):
     assert slot(1, ("value", 1, 0)).startswith("autodist/readable/1/")
 
 
-def test_a_greeting_and_a_record_from_an_earlier_job_are_refused(tmp_path, secret_file, monkeypatch):
+def test_a_record_from_an_earlier_job_is_refused(tmp_path, secret_file, monkeypatch):
     """Rank 0 of this job, its one peer played by a stranger holding an earlier job's record (the
     same secret): the record was signed over that job's greeting nonce, so rank 0 drops it and
-    names the missing rank. A greeting recorded then, replayed now, brings no verdict (rank 1
-    ends at its deadline: tests/test_agree_strangers.py)."""
+    names the missing rank. (A greeting recorded then and replayed now answers another challenge:
+    rank 1 refuses it at once, tests/test_agree_strangers.py, the greeting recorded in an earlier job.)"""
     import socket
     import threading
 
-    from autodist.applier.ranks.signed import read_greeting
+    from autodist.applier.ranks.signed import read_greeting, send_challenge
 
     p0, p1, agree_port = free_ports(3)
     monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", f"127.0.0.1:{p0},127.0.0.1:{p1}")
@@ -111,15 +112,15 @@ def test_a_greeting_and_a_record_from_an_earlier_job_are_refused(tmp_path, secre
         }
     ).encode()
     recorded = seal(key, PROTOCOL, "record", earlier_nonce, hello)
-    assert greeting(key, PROTOCOL, earlier_nonce)  # what the stranger could also replay
 
     def replay():
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", agree_port), timeout=1) as conn:
+                    send_challenge(conn, PROTOCOL)
                     heard = read_greeting(conn, PROTOCOL, time.monotonic() + 2)
-                    assert heard is not None and heard[0] != earlier_nonce
+                    assert heard is not None and heard.nonce != earlier_nonce
                     conn.sendall(recorded)
                     time.sleep(1)
                     return

@@ -127,6 +127,15 @@ def connect(port: int, stop: threading.Event) -> socket.socket | None:
     return None
 
 
+def greeting_of(conn: socket.socket) -> bytes:
+    """What the listener on ``conn`` greets a connection with that challenges it as a rank does."""
+    from autodist.applier.ranks.agree import PROTOCOL
+    from autodist.applier.ranks.signed import greeting_bytes, send_challenge
+
+    send_challenge(conn, PROTOCOL)
+    return conn.recv(greeting_bytes(PROTOCOL), socket.MSG_WAITALL)
+
+
 def forged_record(rank: int, plan: str) -> bytes:
     """A record as a rank sends it, but made up by the stranger: rank 0's plan, from its plan file."""
     record = {"rank": rank, "plan_source": "plan.json", "plan_digest": plan, "model_digest": "c" * 64, "problems": []}
@@ -158,7 +167,7 @@ def test_a_forged_record_is_not_taken_for_a_rank(job):
         if conn is None:
             return
         with conn:
-            conn.recv(4096)  # whatever rank 0 greets with
+            greeting_of(conn)  # whatever rank 0 greets with
             conn.sendall(forged_record(1, PLAN_A))
             sent.set()
             read_line(conn)
@@ -181,7 +190,7 @@ def test_the_port_taken_over_after_rank_0_left_cannot_tell_rank_1_all_is_well(jo
         if conn is None:
             return
         with conn:
-            greeting = conn.recv(4096)
+            greeting = greeting_of(conn)
             conn.sendall(forged_record(1, PLAN_A))
             verdict = read_line(conn)
             if not verdict:  # rank 0 hung up on it: nothing to take over
@@ -202,6 +211,7 @@ def test_the_port_taken_over_after_rank_0_left_cannot_tell_rank_1_all_is_well(jo
             except OSError:
                 return
             with victim:
+                victim.recv(4096)  # its challenge
                 victim.sendall(greeting)
                 read_line(victim)
                 victim.sendall(json.dumps({"verdict": []}).encode() + b"\n")
@@ -431,7 +441,8 @@ def test_a_stranger_greeting_under_another_key_is_not_taken_for_rank_0(job):
     from autodist.applier.ranks.signed import greeting
 
     def impostor(conn, stop):
-        conn.sendall(greeting(b"k" * 32, PROTOCOL, b"n" * 16))
+        challenge = bytes.fromhex(read_line(conn).split()[-1].decode())  # it answers the rank's challenge
+        conn.sendall(greeting(b"k" * 32, PROTOCOL, b"n" * 16, challenge))
         stop.wait(0.2)
 
     job.start(0, PLAN_A, AUTODIST_AGREE_TIMEOUT="3", AUTODIST_AGREE_PORT=str(free_ports(1)[0]))
@@ -466,27 +477,49 @@ def test_a_rank_frozen_after_the_agreement_is_named_at_the_timeout(job):
     assert one["error"] == "PlanError" and one["message"] == zero["message"], one
 
 
-def test_a_greeting_replayed_late_ends_rank_1s_wait_at_its_deadline(job):
-    """A stranger holds the agreement port and, just before rank 1's deadline T, replays a
-    greeting rank 0 sent in an earlier job under the same secret (the same bytes: a greeting is
-    the key's signature over its nonce). Rank 1 takes it, sends its record and waits for a verdict
-    that never comes: it stops by T + the verdict grace (+ 2 s), as its message says. It once
-    waited again T + grace from the replay, about 2T + 10 s in all, while saying "within T"."""
-    from autodist.applier.ranks.agree import PROTOCOL, VERDICT_GRACE_S
+def test_a_greeting_recorded_in_an_earlier_job_is_refused_at_once(job):
+    """An earlier job under the same secret: the stranger connects to its rank 0 as a rank does and
+    records the greeting it answers with (the job then runs as usual). In this job the stranger
+    holds the agreement port and replays those bytes to rank 1, same secret: rank 1 refuses them
+    at once, in one line, having sent nothing but its fresh challenge -- the greeting answers the
+    earlier connection's challenge. It once took them for rank 0's, sent its record and waited for
+    a verdict until T + 10 s (2T + 10 s before that), while saying "within T"."""
+    from autodist.applier.ranks.agree import PROTOCOL
     from autodist.applier.ranks.jobkey import _from_secret
-    from autodist.applier.ranks.signed import greeting
+    from autodist.applier.ranks.signed import Heard, signed_greeting
 
-    earlier = greeting(_from_secret(ONE), PROTOCOL, b"e" * 16)
+    with ExitStack() as stack:
+        earlier = Job(stack)
+        earlier.start(0, PLAN_A, AUTODIST_AGREE_SECRET=ONE)
+        give_up = threading.Event()
+        timer = threading.Timer(RANK_LIMIT_S, give_up.set)
+        timer.start()
+        stack.callback(timer.cancel)
+        conn = connect(earlier.port, give_up)
+        assert conn is not None, "the earlier job's rank 0 never listened"
+        with conn:
+            old = greeting_of(conn)
+        earlier.start(1, PLAN_A, AUTODIST_AGREE_SECRET=ONE)
+        assert earlier.result(0)["error"] is None and earlier.result(1)["error"] is None
+    _, nonce, challenge, _ = old.rsplit(maxsplit=3)
+    heard = Heard(bytes.fromhex(nonce.decode()), bytes.fromhex(challenge.decode()), old)
+    assert signed_greeting(heard, _from_secret(ONE), PROTOCOL), "not a greeting of rank 0 under the secret"
 
-    def replay(stop):
-        stop.wait(TIMEOUT_S - 2)
-        listen_on(stop, job.port, lambda conn, stop: (conn.sendall(earlier), stop.wait(3 * TIMEOUT_S)))
+    sent: list[bytes] = []
 
-    with stranger(replay):
-        job.start(1, PLAN_A, AUTODIST_AGREE_SECRET=ONE)
+    def replay(conn, stop):
+        conn.sendall(old)
+        conn.settimeout(RANK_LIMIT_S)
+        while chunk := conn.recv(4096):
+            sent.append(chunk)
+
+    with stranger(listen_on, job.port, replay):
+        job.start(1, PLAN_A, AUTODIST_AGREE_SECRET=ONE, AUTODIST_AGREE_TIMEOUT="60")
         one = job.result(1)
-    assert one["error"] == "PlanError" and "rank 0 gave no verdict within" in one["message"], one
-    assert one["seconds"] < TIMEOUT_S + VERDICT_GRACE_S + 2, one
+    assert one["error"] == "PlanError", one
+    assert "answers another connection's challenge" in one["message"] and "\n" not in one["message"], one
+    assert one["seconds"] < 5, one
+    assert sent and all(chunk.startswith(PROTOCOL + b" ") and b"record" not in chunk for chunk in sent), sent
 
 
 @pytest.mark.parametrize("squatter", ["open to others", "another user's"])

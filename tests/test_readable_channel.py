@@ -60,7 +60,7 @@ def test_a_rank_reads_and_a_stranger_cannot():
     assert float(fetch(_reader(address), 1, VALUE_KEY, "mean")) == 1.5
     for request in (b'{"key": ["value", 1, 0]}\n', b"0" * 64 + b' {"key": ["value", 1, 0], "nonce": "00"}\n'):
         got = _ask_unsigned(address, request)
-        assert b"hex" not in got and b"1.5" not in got, got  # the greeting only, then hung up on
+        assert b"hex" not in got and b"1.5" not in got, got  # no challenge: hung up on
     with pytest.raises(ReadError, match="did not greet as a rank of this job"):
         fetch(_reader(address, key=OTHER_JOB), 1, VALUE_KEY, "mean")  # another job's rank
     assert server.counts["served"] == 1
@@ -82,12 +82,14 @@ def _fake_rank(behave) -> tuple[str, int]:
 
 def test_a_recorded_answer_is_not_taken():
     """A stranger relays one real read and records what the rank sent (greeting and signed
-    answer); replayed to the next reader, it fails: the answer is signed over that reader's nonce."""
+    answer); replayed to the next reader, it fails at once: the greeting answers the first reader's
+    challenge, not this one's (and the answer is signed over that reader's nonce)."""
     _, address = _serving()
     recorded = bytearray()
 
     def relay(conn):
         with conn, socket.create_connection(address) as rank:
+            rank.sendall(conn.recv(4096))  # the reader's challenge
             greeting = rank.recv(4096)
             recorded.extend(greeting)
             conn.sendall(greeting)
@@ -103,7 +105,7 @@ def test_a_recorded_answer_is_not_taken():
             conn.sendall(bytes(recorded))
             conn.recv(65536)
 
-    with pytest.raises(ReadError, match="something other than its signed answer"):
+    with pytest.raises(ReadError, match="did not greet as a rank of this job"):
         fetch(_reader(_fake_rank(replay)), 1, VALUE_KEY, "mean")
     assert b"hex" in recorded, "the relay recorded no answer: the test would prove nothing"
 

@@ -23,10 +23,10 @@ results after, so a problem on one rank is raised on every rank, never left hang
 The user's loop (every rank; see README "Checkpoints")::
 
     model, opt, loader = apply_plan(model, opt, loader, "plan.json")
-    start = load_checkpoint(model, opt, "ckpt").step if resuming else 0
-    for step, (x, y) in enumerate(loader, start=start):
+    start = load_checkpoint(model, opt, "ckpt", loader=loader).step if resuming else 0
+    for step, (x, y) in enumerate(loader, start=start):   # resumed: from the first untrained batch
         ...
-        save_checkpoint(model, opt, "ckpt", step=step + 1)
+        save_checkpoint(model, opt, "ckpt", step=step + 1, loader=loader)
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ from autodist.applier.modes.accumulate import AccumulatingOptimizer
 from autodist.applier.apply import applied_plan
 from autodist.applier.modes.local_calls import LocalViews
 from autodist.applier.placement.clip import GlobalNormClip
+from autodist.applier.placement.data import resumable
 from autodist.applier.modes.expert_dispatch import ExpertGradSync, dropped_parameters, expert_holders
 from autodist.applier.placement.layout import assemble, distinct_shards, rank_coords, shard_box
 from autodist.applier.placement.optimizer import optimizer_parameters, state_elsewhere
@@ -100,15 +101,16 @@ def save_checkpoint(
     *,
     step: int,
     scheduler: paddle.optimizer.lr.LRScheduler | None = None,
+    loader: Any = None,
 ) -> Checkpoint:
-    """Save ``model``'s parameters, ``optimizer``'s states (may be None) and the LR scheduler
-    (by default the optimizer's own) to the folder ``path``, on every rank. Returns the
-    metadata written. Raises :class:`CheckpointError` on every rank, with nothing committed,
-    when anything cannot be saved.
+    """Save ``model``'s parameters, ``optimizer``'s states (may be None), the LR scheduler
+    (by default the optimizer's own) and where ``loader`` (the one ``apply_plan`` returned;
+    optional) stands to the folder ``path``, on every rank. Returns the metadata written. Raises
+    :class:`CheckpointError` on every rank, with nothing committed, when anything cannot be saved.
 
     Example::
 
-        >>> save_checkpoint(model, opt, "ckpt", step=100)        # doctest: +SKIP
+        >>> save_checkpoint(model, opt, "ckpt", step=100, loader=loader)        # doctest: +SKIP
     """
     path = Path(path)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -120,15 +122,21 @@ def save_checkpoint(
     problems: list[str] = []
     layouts: dict[str, _Layout] = {}
     mine: dict[tuple[str, tuple[int, ...]], paddle.Tensor] = {}
-    saved_scheduler = None
+    saved_scheduler = saved_loader = None
     try:
         _check_target_folder(path)
         _check_step(step)
         layouts, mine = _layouts(model, optimizer, rank)
         if scheduler is not None:
             saved_scheduler = scheduler_state.saved_scheduler(scheduler)
+        if loader is not None:
+            kept = resumable(loader)
+            kept.report_finished()
+            saved_loader = kept.position()
     except CheckpointError as exc:
         problems.append(exc.problem)
+    except ValueError as exc:  # the loader's
+        problems.append(str(exc))
     first_held = {name: layout for name, layout in layouts.items() if layout.first_holder == rank}
     proposals = _agree(world, (problems, f"{step}-{secrets.token_hex(4)}", first_held))
     _raise_first([p for peer_problems, _, _ in proposals for p in peer_problems], path)
@@ -141,6 +149,7 @@ def save_checkpoint(
             everyone.setdefault(name, layout)
     meta, pieces = _describe(model, optimizer, saved_scheduler, step, world, rank, everyone, mine)
     meta.data = _DATA_PREFIX + proposals[0][1]
+    meta.loader = saved_loader
     decode_checkpoint(encode_checkpoint(meta), path)  # never commit what could not be read back
 
     # 2. Every rank writes and fsyncs its own file and hashes what it wrote; a failure anywhere
@@ -175,18 +184,21 @@ def load_checkpoint(
     path: str | os.PathLike,
     *,
     scheduler: paddle.optimizer.lr.LRScheduler | None = None,
+    loader: Any = None,
 ) -> Checkpoint:
     """Load the checkpoint at ``path`` into ``model`` (and ``optimizer`` and the LR
     scheduler, by default the optimizer's own), whatever plan it was saved under: each rank
-    reads the piece of every tensor its own layout needs. Call it after ``apply_plan``.
-    Returns the metadata (``.step``, ``.plan``). Everything is checked first: a checkpoint of
-    another model, optimizer or scheduler raises one-line :class:`CheckpointError` and
-    nothing is changed.
+    reads the piece of every tensor its own layout needs. Call it after ``apply_plan``. With
+    ``loader`` (the one ``apply_plan`` returned), the loader's next pass starts where the
+    saved one stood (``save_checkpoint(..., loader=...)``): the batches an uninterrupted run
+    reads next, none skipped, none repeated. Returns the metadata (``.step``, ``.plan``,
+    ``.loader``). Everything is checked first: a checkpoint of another model, optimizer,
+    scheduler or loader raises one-line :class:`CheckpointError` and nothing is changed.
 
     Example::
 
         >>> model, opt, loader = apply_plan(model, opt, loader, "plan_b.json")   # doctest: +SKIP
-        >>> start = load_checkpoint(model, opt, "ckpt").step                     # doctest: +SKIP
+        >>> start = load_checkpoint(model, opt, "ckpt", loader=loader).step      # doctest: +SKIP
     """
     path = Path(path)
     meta = read_checkpoint(path)
@@ -196,6 +208,8 @@ def load_checkpoint(
         problems += _optimizer_problems(model, optimizer, meta)
     if optimizer is not None or scheduler is not None:  # not when loading only the model (evaluation)
         problems += _scheduler_problems(scheduler, meta)
+    if loader is not None:
+        problems += _loader_problems(loader, meta)
     with _ShardFiles(path, meta) as files:
         problems += files.problems
         targets = {f"param/{fqn}": p for fqn, p in _held_parameters(model).items()}
@@ -218,6 +232,8 @@ def load_checkpoint(
             _fill(targets[name], saved[name], files, name.split("/")[1], LocalViews(applied_plan(model)))
     if scheduler is not None and meta.scheduler is not None:
         scheduler_state.restore(scheduler, meta.scheduler)
+    if loader is not None and meta.loader is not None:
+        resumable(loader).resume(meta.loader)
     return meta
 
 
@@ -639,6 +655,20 @@ def _optimizer_problems(model, optimizer, meta: Checkpoint) -> list[str]:
             f"{unreplaced[0]!r}: they would be left as they are; load into an optimizer that has not stepped"
         ]
     return []
+
+
+def _loader_problems(loader, meta: Checkpoint) -> list[str]:
+    """Why ``loader`` cannot resume where the checkpoint's stood."""
+    if meta.loader is None:
+        return [
+            "it does not say where the loader stood (saved without loader=): pass loader= to save_checkpoint, "
+            "or load without loader= and skip the trained batches yourself"
+        ]
+    try:
+        problem = resumable(loader).resume_problem(meta.loader)
+    except ValueError as exc:
+        problem = str(exc)
+    return [problem] if problem else []
 
 
 def _scheduler_problems(scheduler, meta: Checkpoint) -> list[str]:

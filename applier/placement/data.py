@@ -22,13 +22,18 @@ Example::
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import paddle
+import paddle.distributed as dist
 from paddle.distributed.auto_parallel.api import ShardDataloader
+from paddle.io import BatchSampler, DistributedBatchSampler, RandomSampler, SequenceSampler
 
 from autodist.schemas import Plan
+from autodist.schemas.checkpoint import PROGRESS_ENV, SavedLoader
 
+from autodist.applier.modes.accumulate import MicroBatchLoader
 from autodist.applier.placement.mesh import stage_mesh
 
 
@@ -60,7 +65,12 @@ def uneven_problem(
 
 class EvenDataloader(ShardDataloader):
     """Paddle's ``ShardDataloader`` that refuses, before each epoch, a dataset it would pad
-    (:func:`uneven_problem`): its length may have changed since ``apply_plan`` checked it."""
+    (:func:`uneven_problem`): its length may have changed since ``apply_plan`` checked it.
+
+    It knows where it stands (:meth:`position`: the pass, the batches handed out in it, the
+    sampler's shuffle seed), which ``save_checkpoint(..., loader=loader)`` records, and starts
+    its next pass there after :meth:`resume` (``load_checkpoint(..., loader=loader)``): the same
+    global batches as the uninterrupted run, none skipped, none repeated, under any plan."""
 
     def __init__(self, dataloader: paddle.io.DataLoader, plan: Plan, **kwargs: Any):
         super().__init__(dataloader, **kwargs)
@@ -68,6 +78,63 @@ class EvenDataloader(ShardDataloader):
             dataloader.batch_sampler, paddle.io.DistributedBatchSampler
         )
         self._parts = (plan.strategy.dp, plan.strategy.micro_batches) if split else None
+        #: The current pass (-1: none begun), the batches handed out in it, its shuffle seed.
+        self._epoch, self._step = -1, 0
+        self._seed: int | None = None
+        self._resume_at: SavedLoader | None = None
+        #: Batches handed out by this process, and where rank 0 says so (autodist-run's summary).
+        self._handed = 0
+        self._progress = os.environ.get(PROGRESS_ENV) if dist.get_rank() == 0 else None
+
+    def position(self) -> SavedLoader:
+        """Where the next batch comes from: a pass handed out whole counts as the next one begun
+        (the sampler's seed already moved on to it)."""
+        sampler = self._resumable()
+        if self._resume_at is not None:  # resumed, no pass begun since
+            return self._resume_at
+        if self._epoch < 0 or self._step >= len(self):
+            return SavedLoader(epoch=self._epoch + 1, step=0, batches=len(self), shuffle_seed=_seed(sampler))
+        return SavedLoader(epoch=self._epoch, step=self._step, batches=len(self), shuffle_seed=self._seed)
+
+    def resume_problem(self, saved: SavedLoader) -> str | None:
+        """Why this loader cannot stand where ``saved`` stood, or None."""
+        sampler = self._resumable()
+        if saved.batches != len(self) or saved.step > saved.batches:
+            return (
+                f"the checkpoint's loader stood at batch {saved.step} of {saved.batches} a pass, this loader has "
+                f"{len(self)}: another dataset or batch size, so the position would name other samples"
+            )
+        if (saved.shuffle_seed is None) != (_seed(sampler) is None):
+            was, now = ("shuffled", "not") if saved.shuffle_seed is not None else ("not shuffled", "shuffled")
+            return f"the checkpoint's loader was {was}, this one is {now}: give the DataLoader the same shuffle"
+        return None
+
+    def resume(self, saved: SavedLoader) -> None:
+        """Start the next pass where ``saved`` stood (checked by :meth:`resume_problem`): its
+        order, its first ``saved.step`` batches read and dropped."""
+        self._resume_at = saved
+
+    def _resumable(self) -> DistributedBatchSampler:
+        sampler = self._dataloader.batch_sampler
+        if not isinstance(sampler, DistributedBatchSampler):
+            raise ValueError(
+                f"the loader's batch sampler ({type(sampler).__name__}) keeps its own order, so where it stands "
+                "cannot be saved or resumed: give the DataLoader batch_size and shuffle (or a paddle.io.BatchSampler)"
+            )
+        return sampler
+
+    def report_finished(self) -> None:
+        """On rank 0 under autodist-run: tell it that the steps of every batch handed out so far
+        are finished (the next batch is asked for, or a checkpoint saved)."""
+        if self._progress:
+            _write_quietly(self._progress, f"{self._handed}\n")
+
+    def __next__(self) -> Any:
+        self.report_finished()
+        batch = super().__next__()
+        self._step += 1
+        self._handed += 1
+        return batch
 
     def __iter__(self) -> EvenDataloader:
         if self._parts is not None:
@@ -82,7 +149,64 @@ class EvenDataloader(ShardDataloader):
             )
             if problem:
                 raise ValueError(problem)
-        return super().__iter__()
+        super().__iter__()
+        saved, self._resume_at = self._resume_at, None
+        sampler = self._dataloader.batch_sampler
+        if saved is not None and saved.shuffle_seed is not None:
+            sampler.set_epoch(saved.shuffle_seed)
+        self._epoch = saved.epoch if saved is not None else self._epoch + 1
+        self._seed, self._step = _seed(sampler), 0
+        if saved is not None and saved.step:
+            self.iter = self._dataloader.__iter__()
+            for _ in range(saved.step):  # read and dropped: trained before the checkpoint
+                next(self.iter)
+            self._step = saved.step
+        return self
+
+
+def resumable(loader: Any) -> EvenDataloader:
+    """The position-keeping loader ``apply_plan`` returned (under its micro-batch splitter too);
+    ``ValueError`` (one line) for any other, and for one whose sampler keeps its own order."""
+    inner = loader.loader if isinstance(loader, MicroBatchLoader) else loader
+    if not isinstance(inner, EvenDataloader):
+        raise ValueError(
+            f"loader=: a {type(loader).__name__}, not the loader apply_plan returned (only it keeps its place)"
+        )
+    inner._resumable()
+    return inner
+
+
+def _write_quietly(path: str, text: str) -> None:
+    """Replace ``path``'s content by ``text`` at once (a reader sees the old or the new); a
+    report that cannot be written must not stop the training."""
+    try:
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
+def _plain(sampler) -> bool:
+    """Whether ``sampler`` is the batch sampler ``DataLoader(dataset, batch_size, shuffle=...)``
+    makes: in order, or a plain permutation (no replacement, no generator, every sample)."""
+    if type(sampler) is not BatchSampler:
+        return False
+    inner = sampler.sampler
+    if not sampler.shuffle:
+        return type(inner) is SequenceSampler
+    return (
+        type(inner) is RandomSampler
+        and not inner.replacement
+        and inner.generator is None
+        and inner._num_samples is None
+    )
+
+
+def _seed(sampler) -> int | None:
+    """The shuffle seed of the sampler's next pass (``DistributedBatchSampler`` shuffles with
+    ``RandomState(epoch)``, then counts the epoch up); None when it does not shuffle."""
+    return sampler.epoch if isinstance(sampler, DistributedBatchSampler) and sampler.shuffle else None
 
 
 def shard_loader(dataloader: paddle.io.DataLoader, plan: Plan) -> ShardDataloader:
@@ -91,4 +215,12 @@ def shard_loader(dataloader: paddle.io.DataLoader, plan: Plan) -> ShardDataloade
     inputs, labels = stage_mesh(plan, plan.data.input_stage), stage_mesh(plan, plan.data.label_stage)
     meshes = inputs if plan.data.input_stage == plan.data.label_stage else [inputs, labels]
     shard_axes = plan.data.shard_axes[0] if plan.data.shard_axes else None
+    sampler = dataloader.batch_sampler
+    if shard_axes is None and _plain(sampler):
+        # Unsplit, the order is Paddle's for a split one too (ShardDataloader.__init__): a shuffled
+        # loader then reads the same global batches under every plan, and can resume.
+        dataloader.batch_sampler = DistributedBatchSampler(
+            dataloader.dataset, sampler.batch_size, num_replicas=1, rank=0, shuffle=sampler.shuffle,
+            drop_last=sampler.drop_last,
+        )  # fmt: skip
     return EvenDataloader(dataloader, plan, meshes=meshes, shard_dims=shard_axes)

@@ -30,7 +30,8 @@ port + 1, the old default, was now and then another job's). Every other rank con
 
     rank r > 0                                rank 0
     connect (retry while refused)  ---->  accept, until all world - 1 records or the deadline
-                                   <----  greeting: a fresh nonce, signed
+    a fresh challenge              ---->
+                                   <----  greeting: a fresh nonce and the challenge, signed
     its record and nonce, signed   ---->  decide
                                    <----  the verdict, signed            (to every rank that came)
     ack, signed                    ---->  wait for every ack (or that rank's connection closing)
@@ -43,9 +44,10 @@ replayed from another connection, another round or another job, fails the check 
 Rank 0's first verdict also carries the job nonce, fresh at each agreement: what the ranks sign
 after the agreement (the readable losses' answers, addresses and posted values) is under
 :attr:`Agreement.job_key`, the job's key bound to it, so nothing recorded in one job is accepted
-in another, even under the same secret. (A greeting is the key's signature over its own nonce: an
-earlier job's, replayed under the same secret, is taken -- but brings no verdict, and the rank
-ends at its deadline.)
+in another, even under the same secret. A greeting answers the rank's own fresh challenge, signed
+over it: one recorded in an earlier job (or on another connection) and replayed, even under the
+same secret, answers another challenge and is refused at once, in one line, before the rank sends
+anything.
 A rank sends nothing until rank 0's greeting checks out (a stranger on the port is hung up on
 and named at the deadline; a greeting that shows rank 0 signing with another
 ``AUTODIST_AGREE_SECRET`` is an error at once, told to rank 0 under its key file's key on the
@@ -103,11 +105,13 @@ from dataclasses import asdict, dataclass, field, replace
 
 from autodist.applier.ranks.signed import (
     NONCE_BYTES,
+    Heard,
     Reception,
     read_greeting,
     read_line,
     receive_line,
     seal,
+    send_challenge,
     signed_greeting,
     strict_json,
     unseal,
@@ -147,7 +151,7 @@ MAX_MESSAGE_BYTES = 1 << 20
 #: How long a rank waits for rank 0's greeting before it hangs up and tries again (harmless if
 #: rank 0 was merely slow: it drops the closed connection and accepts the next one).
 GREETING_WAIT_S = 2.0
-PROTOCOL = b"autodist agreement 2"
+PROTOCOL = b"autodist agreement 3"
 _MAX_RANKS_NAMED = 8
 _RECORD_FIELDS = {"rank", "plan_source", "plan_digest", "model_digest", "problems"}
 
@@ -680,9 +684,18 @@ def _connect(host: str, ports: _Rank0Port, master: str, deadline: float, record:
         if key is not None and port is not None:
             try:
                 conn = socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic())))
+                challenge = send_challenge(conn, PROTOCOL)
                 heard = read_greeting(conn, PROTOCOL, min(time.monotonic() + GREETING_WAIT_S, deadline))
+                if heard is not None and heard.challenge != challenge:
+                    conn.close()
+                    raise PlanError(
+                        f"agreement: the greeting at {host}:{port} answers another connection's challenge: one "
+                        "recorded earlier (another job's rank 0, perhaps under the same secret) and replayed, not "
+                        f"this run's rank 0; refused (is something else listening there? set {PORT_ENV} to a free port)",
+                        source=record.plan_source,
+                    )
                 if heard is not None and signed_greeting(heard, key, PROTOCOL):
-                    return conn, heard[0], key, ""
+                    return conn, heard.nonce, key, ""
                 if heard is not None:
                     _refuse_another_secret(conn, master, key, heard, record)
                 found = "stranger"
@@ -696,9 +709,7 @@ def _connect(host: str, ports: _Rank0Port, master: str, deadline: float, record:
         wait = min(2 * wait, RETRY_MAX_S)
 
 
-def _refuse_another_secret(
-    conn: socket.socket, master: str, key: bytes, heard: tuple[bytes, bytes], record: Record
-) -> None:
+def _refuse_another_secret(conn: socket.socket, master: str, key: bytes, heard: Heard, record: Record) -> None:
     """Raise, naming the secret, when rank 0's greeting ``heard`` shows it signs with another
     secret (:func:`_another_secret`); first tell rank 0 so where this rank can (its key file's
     key): rank 0 reads it as this rank's record and need not wait for the timeout."""
@@ -708,12 +719,12 @@ def _refuse_another_secret(
     theirs, file_key = another
     if file_key:
         notice = json.dumps({"rank": record.rank, "secret": has_secret()}).encode()
-        _send_quietly(conn, seal(file_key, PROTOCOL, "another key", heard[0], notice))
+        _send_quietly(conn, seal(file_key, PROTOCOL, "another key", heard.nonce, notice))
     conn.close()
     raise PlanError(f"agreement: {mismatch('rank 0', has_secret(), theirs)}", source=record.plan_source)
 
 
-def _another_secret(master: str, key: bytes, heard: tuple[bytes, bytes]) -> tuple[bool | None, bytes | None] | None:
+def _another_secret(master: str, key: bytes, heard: Heard) -> tuple[bool | None, bytes | None] | None:
     """What a greeting of this protocol at rank 0's agreement endpoint (as the job's launch names
     it), not signed under this rank's ``key``, shows: ``(whether rank 0 has AUTODIST_AGREE_SECRET
     (None: not known), the key to tell rank 0 with: its key file's on this machine, else None)``

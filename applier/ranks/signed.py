@@ -5,8 +5,11 @@ that lets a loss be read on some ranks only (readable.py) -- talk this way, so t
 job's ranks take part (a process without the job's key, jobkey.py, can neither ask nor answer)
 and a flood of connections costs a bounded amount of memory, descriptors and CPU:
 
-- the listening side greets every connection first with a fresh nonce, signed
-  (:func:`greeting`); the connecting side sends nothing until that checks out (:func:`greeted`);
+- the connecting side opens with a fresh challenge (:func:`send_challenge`); the listening side
+  answers it with its greeting: a fresh nonce of its own and the challenge, signed over both
+  (:func:`greeting`), so a greeting recorded on one connection -- in an earlier job too, under the
+  same secret -- answers no other; the connecting side sends nothing more until the greeting checks
+  out (:func:`greeted`);
 - every later message is one line, ``HMAC  payload``, signed under the job's key over the
   channel's protocol name, the message's kind and a context: the nonces of both ends (and a
   round), so a line recorded on one connection fails the check on any other (:func:`seal`,
@@ -23,6 +26,11 @@ Example::
     b'{"x": 1}'
     >>> unseal(key, b"demo 1", "hello", b"m" * NONCE_BYTES, line) is None   # another connection
     True
+    >>> hello = greeting(key, b"demo 1", nonce, b"c" * NONCE_BYTES)   # the answer to challenge c...
+    >>> signed_greeting(Heard(nonce, b"c" * NONCE_BYTES, hello), key, b"demo 1")
+    True
+    >>> signed_greeting(Heard(nonce, b"d" * NONCE_BYTES, hello), key, b"demo 1")   # ...answers no other
+    False
 """
 
 from __future__ import annotations
@@ -68,25 +76,51 @@ def unseal(key: bytes, protocol: bytes, kind: str, context: bytes, line: bytes) 
     return payload if sep and hmac.compare_digest(mac, sign(key, protocol, kind, context, payload)) else None
 
 
-def greeting(key: bytes, protocol: bytes, nonce: bytes) -> bytes:
-    """The listening side's first line: the protocol, a fresh nonce, and its signature."""
-    return protocol + b" " + nonce.hex().encode() + b" " + sign(key, protocol, "greeting", nonce, b"") + b"\n"
+def challenge_line(protocol: bytes, challenge: bytes) -> bytes:
+    """The connecting side's first line: the protocol and a fresh challenge."""
+    return protocol + b" " + challenge.hex().encode() + b"\n"
+
+
+def send_challenge(conn: socket.socket, protocol: bytes) -> bytes:
+    """Open the conversation on a blocking ``conn``: send a fresh challenge, return it."""
+    challenge = secrets.token_bytes(NONCE_BYTES)
+    conn.sendall(challenge_line(protocol, challenge))
+    return challenge
+
+
+def greeting(key: bytes, protocol: bytes, nonce: bytes, challenge: bytes) -> bytes:
+    """The listening side's answer to ``challenge``: the protocol, its fresh nonce, the challenge,
+    and its signature over both."""
+    signature = sign(key, protocol, "greeting", nonce + challenge, b"")
+    return b" ".join([protocol, nonce.hex().encode(), challenge.hex().encode(), signature]) + b"\n"
 
 
 def greeting_bytes(protocol: bytes) -> int:
-    return len(protocol) + 1 + 2 * NONCE_BYTES + 1 + 64 + 1
+    return len(protocol) + 1 + 2 * NONCE_BYTES + 1 + 2 * NONCE_BYTES + 1 + 64 + 1
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A greeting as it came (:func:`read_greeting`), not yet checked under a key."""
+
+    nonce: bytes
+    #: The challenge it answers: another connection's, unless the connecting side's own.
+    challenge: bytes
+    received: bytes
 
 
 def greeted(conn: socket.socket, key: bytes, protocol: bytes, deadline: float) -> bytes | None:
-    """The listening side's nonce, when ``conn`` starts with its signed greeting before
-    ``deadline``: one deadline for the whole greeting, however the bytes trickle in."""
+    """The listening side's nonce, when ``conn`` answers a fresh challenge with its signed
+    greeting before ``deadline``: one deadline for the whole greeting, however the bytes trickle in."""
+    challenge = send_challenge(conn, protocol)
     heard = read_greeting(conn, protocol, deadline)
-    return heard[0] if heard and signed_greeting(heard, key, protocol) else None
+    answered = heard is not None and heard.challenge == challenge
+    return heard.nonce if answered and heard is not None and signed_greeting(heard, key, protocol) else None
 
 
-def read_greeting(conn: socket.socket, protocol: bytes, deadline: float) -> tuple[bytes, bytes] | None:
-    """``(nonce, the greeting's bytes)`` when ``conn`` starts with a greeting of ``protocol``'s
-    form before ``deadline``, not yet checked (:func:`signed_greeting` checks it under a key)."""
+def read_greeting(conn: socket.socket, protocol: bytes, deadline: float) -> Heard | None:
+    """The greeting ``conn`` starts with, when it has ``protocol``'s form and came before
+    ``deadline``; not yet checked (:func:`signed_greeting` checks it under a key)."""
     size = greeting_bytes(protocol)
     received = b""
     while len(received) < size:
@@ -102,18 +136,19 @@ def read_greeting(conn: socket.socket, protocol: bytes, deadline: float) -> tupl
             return None
         received += chunk
     head, _, _ = received.rstrip(b"\n").rpartition(b" ")
-    name, _, nonce_hex = head.rpartition(b" ")
+    rest, _, challenge = head.rpartition(b" ")
+    name, _, nonce = rest.rpartition(b" ")
     try:
-        nonce = bytes.fromhex(nonce_hex.decode("ascii"))
+        heard = Heard(bytes.fromhex(nonce.decode("ascii")), bytes.fromhex(challenge.decode("ascii")), received)
     except ValueError:
         return None
-    return (nonce, received) if name == protocol and len(nonce) == NONCE_BYTES else None
+    return heard if name == protocol and len(heard.nonce) == len(heard.challenge) == NONCE_BYTES else None
 
 
-def signed_greeting(heard: tuple[bytes, bytes], key: bytes, protocol: bytes) -> bool:
-    """Whether a greeting :func:`read_greeting` heard was signed under ``key``."""
-    nonce, received = heard
-    return hmac.compare_digest(received, greeting(key, protocol, nonce))
+def signed_greeting(heard: Heard, key: bytes, protocol: bytes) -> bool:
+    """Whether a greeting :func:`read_greeting` heard was signed under ``key`` (over the
+    challenge it carries: the caller checks that it is its own)."""
+    return hmac.compare_digest(heard.received, greeting(key, protocol, heard.nonce, heard.challenge))
 
 
 def strict_json(payload: bytes):
@@ -174,16 +209,18 @@ def receive_line(conn: socket.socket, deadline: float, max_bytes: int) -> bytes 
 
 @dataclass
 class Pending:
-    """A connection the listener greeted that has not yet sent a signed line."""
+    """A connection the listener accepted that has not yet sent a signed line: first its
+    challenge, answered with a greeting (then :attr:`greeted`), then its first signed line."""
 
     nonce: bytes
     deadline: float
     buffer: bytearray = field(default_factory=bytearray)
+    greeted: bool = False
 
 
 class Reception:
-    """The greeted connections of a non-blocking ``listener`` that have not yet sent their first
-    line: at most :data:`MAX_PENDING`, each for at most :data:`PENDING_WAIT_S` and
+    """The connections of a non-blocking ``listener`` that have not yet sent their first signed
+    line (greeted once they sent their challenge): at most :data:`MAX_PENDING`, each for at most :data:`PENDING_WAIT_S` and
     ``max_bytes``. The caller's loop selects on ``selector`` and hands each ready socket to
     :meth:`ready`."""
 
@@ -211,7 +248,8 @@ class Reception:
         """For a socket the selector found ready: ``(connection, its Pending, its first line)``
         when a greeted connection sent one (taken out of the reception: the caller owns it,
         registered with the selector no more; ``b""``: it closed or sent too much); None otherwise
-        (the listener: a connection accepted and greeted; or no whole line yet)."""
+        (the listener: a connection accepted; a challenge answered with the greeting, or hung up
+        on; or no whole line yet)."""
         if conn is self.listener:
             if not self._accept():
                 self.selector.unregister(self.listener)  # out of descriptors, none of ours to free: wait
@@ -219,8 +257,12 @@ class Reception:
             return None
         if conn not in self.pending:  # dropped earlier in this batch
             return None
-        line = read_line(conn, self.pending[conn].buffer, self.max_bytes)
+        pending = self.pending[conn]
+        line = read_line(conn, pending.buffer, self.max_bytes if pending.greeted else greeting_bytes(self.protocol))
         if line is None:
+            return None
+        if not pending.greeted:
+            self._greet(conn, pending, line)
             return None
         self.selector.unregister(conn)
         return conn, self.pending.pop(conn), line
@@ -239,7 +281,7 @@ class Reception:
             self.drop(conn)
 
     def _accept(self) -> bool:
-        """Accept one connection and greet it. False when descriptors ran out and no pending
+        """Accept one connection (greeted once it sends its challenge). False when descriptors ran out and no pending
         connection was left to drop for one."""
         try:
             conn, _ = self.listener.accept()
@@ -252,16 +294,28 @@ class Reception:
             return True
         if len(self.pending) >= MAX_PENDING:
             self.drop(next(iter(self.pending)))
-        nonce = secrets.token_bytes(NONCE_BYTES)
-        hello = greeting(self.key, self.protocol, nonce)
         try:
             conn.setblocking(False)
-            sent = conn.send(hello)  # a few bytes into an empty socket buffer
         except OSError:
-            sent = 0
-        if sent != len(hello):
             conn.close()
             return True
         self.selector.register(conn, selectors.EVENT_READ)
-        self.pending[conn] = Pending(nonce, time.monotonic() + PENDING_WAIT_S)
+        self.pending[conn] = Pending(secrets.token_bytes(NONCE_BYTES), time.monotonic() + PENDING_WAIT_S)
         return True
+
+    def _greet(self, conn: socket.socket, pending: Pending, line: bytes) -> None:
+        """Answer the challenge ``line`` with the greeting; hang up on anything else."""
+        name, _, challenge_hex = line.rstrip(b"\n").rpartition(b" ")
+        try:
+            challenge = bytes.fromhex(challenge_hex.decode("ascii"))
+        except ValueError:
+            challenge = b""
+        hello = greeting(self.key, self.protocol, pending.nonce, challenge)
+        try:
+            ok = name == self.protocol and len(challenge) == NONCE_BYTES and conn.send(hello) == len(hello)
+        except OSError:  # a few bytes into an empty socket buffer: only a broken connection fails
+            ok = False
+        if not ok:
+            self.drop(conn)
+            return
+        pending.greeted = True

@@ -9,12 +9,18 @@ taken back at the next checkpoint, and the job ends on 4 ranks again. Every logg
 last one logged for each step: steps after a checkpoint are trained again) equals the
 single-device run's within 1e-5, and so do the final parameters. The same with the rank killed
 half-way through writing a checkpoint: the previous one is the one resumed from.
+
+The script resumes its loader through the checkpoint (``loader=``), no batch skipped by hand: with
+``shuffle=True`` over two epochs, killed and resumed on fewer ranks, it reads exactly the batches
+of an uninterrupted run. The supervisor says how far each interrupted launch got past its last
+checkpoint, and its summary the steps trained again: the steps losses.jsonl logs twice.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +35,18 @@ from harness.launcher import base_env
 pytestmark = pytest.mark.multiprocess
 #: No launch may wait past this (a rank left in a collective would).
 TIMEOUT_S = 400
+AUTODIST_RUN = [sys.executable, "-m", "autodist.run"]
+
+
+def trained_again(out) -> int:
+    """How many finished steps were trained again: log lines beyond one per step."""
+    lines = (out / "losses.jsonl").read_text().splitlines()
+    return len(lines) - len({json.loads(line)["step"] for line in lines})
+
+
+def said_trained_again(said: str) -> int:
+    (total,) = re.findall(r"summary: .* (\d+) step\(s\) trained again", said)
+    return int(total)
 
 
 def losses(out) -> dict[int, tuple[float, int]]:
@@ -40,15 +58,21 @@ def losses(out) -> dict[int, tuple[float, int]]:
     return logged
 
 
-def supervised(tmp_path, loop_plans, *script_args: str, grow: bool) -> tuple[subprocess.CompletedProcess, float]:
+def make_family(tmp_path, loop_plans, *names: str):
+    """A folder of the gpt loop's plans ``names`` (dp2mp2, mp2): a family for autodist-run."""
     family = tmp_path / "family"
     family.mkdir()
-    for name in ("dp2mp2", "mp2"):
+    for name in names:
         shutil.copy(loop_plans("gpt", name)[1], family / f"gpt_{name}.json")
+    return family
+
+
+def supervised(tmp_path, loop_plans, *script_args: str, grow: bool) -> tuple[subprocess.CompletedProcess, float]:
+    family = make_family(tmp_path, loop_plans, "dp2mp2", "mp2")
     out, ckpt = tmp_path / "run", tmp_path / "ckpt"
     out.mkdir()
     command = [
-        sys.executable, "-m", "autodist.run", "--nproc-per-node", "4", "--plans", str(family),
+        *AUTODIST_RUN, "--nproc-per-node", "4", "--plans", str(family),
         "--checkpoint", str(ckpt), "--log-dir", str(tmp_path / "log"), *(["--grow"] if grow else []),
         str(SCRIPTS / "elastic_train.py"), "--plan", "{plan}", "--ckpt", str(ckpt), "--out", str(out), *script_args,
     ]  # fmt: skip
@@ -64,15 +88,16 @@ def one_device(tmp_path_factory):
     return out
 
 
-def assert_trains_as_one_device(out, one_device):
+def assert_same_training(out, reference_run):
+    """The same loss at every step, and the same final parameters."""
     from autodist import export_checkpoint
 
-    reference, got = losses(one_device), losses(out)
+    reference, got = losses(reference_run), losses(out)
     assert sorted(got) == sorted(reference) == list(range(1, 13))
     for step, (loss, _) in reference.items():
         assert got[step][0] == pytest.approx(loss, rel=LOSS_RTOL), step
     final = export_checkpoint(out / "final", out / "final.pdparams")
-    for name, value in export_checkpoint(one_device / "final", one_device / "final.pdparams").items():
+    for name, value in export_checkpoint(reference_run / "final", reference_run / "final.pdparams").items():
         got, want = np.asarray(final[name]), np.asarray(value)
         if name.endswith("attn.qkv_proj.bias"):
             # The key bias's gradient is zero in exact arithmetic (softmax ignores what a query adds
@@ -96,11 +121,15 @@ def test_a_rank_lost_then_grown_back_trains_as_one_device(tmp_path, loop_plans, 
     assert "3 devices, but the family's largest plan that fits is for 2: running 2" in said, said
     last = (kill_at - 1) // 3 * 3  # the kill comes before that step's own checkpoint
     assert "launch 2: 2 ranks under gpt_mp2.json (dp1 mp2" in said and f"resuming at step {last}" in said, said
+    gone = f"launch 1 reached step {kill_at}, its last checkpoint is at step {last}: {kill_at - last} step(s) to train"
+    assert gone in said, said
+    per_launch = [int(n) for n in re.findall(r"launch \d+ reached step \d+, .*: (\d+) step\(s\) to train again", said)]
+    assert said_trained_again(said) == sum(per_launch), said
     assert "taking back device(s) [1]" in said and "launch 3: 4 ranks under gpt_dp2mp2.json" in said, said
     assert "summary: 3 launch(es) on 4 -> 2 -> 4 devices" in said, said
     got = losses(tmp_path / "run")
     assert got[12][1] == 4 and any(ranks == 2 for _, ranks in got.values()), got  # ended grown back
-    assert_trains_as_one_device(tmp_path / "run", one_device)
+    assert_same_training(tmp_path / "run", one_device)
 
 
 def test_a_rank_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path, loop_plans, one_device):
@@ -109,5 +138,94 @@ def test_a_rank_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_pat
     done, seconds = supervised(tmp_path, loop_plans, "--kill-at", "6", "--kill-in-save", grow=False)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "lost rank 1 (exit code -9)" in done.stderr and "resuming at step 3" in done.stderr, done.stderr
-    assert_trains_as_one_device(tmp_path / "run", one_device)
+    assert "launch 1 reached step 6, its last checkpoint is at step 3: 3 step(s) to train again" in done.stderr
+    assert said_trained_again(done.stderr) == trained_again(tmp_path / "run") == 3, done.stderr
+    assert_same_training(tmp_path / "run", one_device)
     assert seconds < 200, seconds
+
+
+def test_a_shuffled_loader_resumes_at_the_batch_it_stood_at(tmp_path, loop_plans):
+    """``DataLoader(dataset, batch_size=4, shuffle=True)`` over two epochs of 6 steps, rank 1
+    killed at a random step: the job goes on on 2 ranks from the last checkpoint, its loader
+    starting at the first batch not trained on (in the second epoch too: the shuffle's seed is
+    saved). Every logged loss and the final parameters equal an uninterrupted 2-rank run's, which
+    reads the same batches; a batch skipped or repeated, or another order, would change them."""
+    seed = random.randrange(1 << 16)
+    kill_at = random.Random(seed).randint(4, 8)
+    print(f"rank 1 killed after step {kill_at} (seed {seed})")
+    shuffled = ("--shuffle", "--epochs", "2")
+    done, _ = supervised(tmp_path, loop_plans, *shuffled, "--kill-at", str(kill_at), grow=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    last = (kill_at - 1) // 3 * 3
+    assert f"resuming at step {last}" in done.stderr, done.stderr
+    assert said_trained_again(done.stderr) == trained_again(tmp_path / "run") == kill_at - last, done.stderr
+    uninterrupted = tmp_path / "uninterrupted"
+    uninterrupted.mkdir()
+    run_script(
+        "elastic_train.py", uninterrupted, 2, loop_plans("gpt", "mp2")[1], *shuffled, "--ckpt", str(tmp_path / "c2")
+    )
+    assert_same_training(tmp_path / "run", uninterrupted)
+
+
+def test_two_nodes_on_loopback_run_as_one_job_through_paddles_launcher(tmp_path, loop_plans, one_device):
+    """Two ``autodist-run --nnodes 2 --master 127.0.0.1:PORT`` processes stand for two machines,
+    one rank each: Paddle's launcher makes them one job (its own rendezvous, not ours), each rank
+    takes the family's plan for the job's 2 devices, and the job trains as one device. Elastic
+    membership (``--nnodes MIN:MAX``) needs an etcd server, which this machine does not have: not
+    run here."""
+    from harness.launcher import free_ports
+
+    family = make_family(tmp_path, loop_plans, "mp2")
+    out = tmp_path / "run"
+    out.mkdir()
+    (master,) = free_ports(1)
+    script = [
+        str(SCRIPTS / "elastic_train.py"),
+        "--plan",
+        "{plan}",
+        "--ckpt",
+        str(tmp_path / "ckpt"),
+        "--out",
+        str(out),
+    ]
+    nodes = [
+        subprocess.Popen(
+            [
+                *AUTODIST_RUN,
+                "--nproc-per-node",
+                "1",
+                "--nnodes",
+                "2",
+                "--master",
+                f"127.0.0.1:{master}",
+                "--plans",
+                str(family),
+                "--log-dir",
+                str(tmp_path / f"log{node}"),
+                *script,
+            ],
+            cwd=tmp_path,
+            env=base_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for node in (0, 1)
+    ]
+    try:
+        ends = [node.communicate(timeout=TIMEOUT_S) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    for node, (_, err) in zip(nodes, ends):
+        assert node.returncode == 0, err[-4000:]
+    assert {ranks for _, ranks in losses(out).values()} == {2}
+    assert_same_training(out, one_device)
+
+
+def test_a_node_count_the_family_has_no_plan_for_is_refused_before_launching(tmp_path, loop_plans):
+    family = make_family(tmp_path, loop_plans, "mp2")
+    command = [*AUTODIST_RUN, "--nproc-per-node", "1", "--nnodes", "3", "--master", "127.0.0.1:1"]
+    done = subprocess.run([*command, "--plans", str(family), "train.py"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "the family has no plan for [3] devices" in done.stderr, done.stderr

@@ -32,7 +32,7 @@ KEEP = 16384
 DEFAULT_TIMEOUT_S = 300.0
 #: The side channel's messages are signed.py's lines under this name and the job's key (the
 #: agreement's, derived for this channel): only the job's ranks can ask or answer.
-PROTOCOL = b"autodist readable 1"
+PROTOCOL = b"autodist readable 2"
 #: A noted value's name, the same on every rank that made it: ``("value", model calls, index)``
 #: or ``("pipeline", step, micro-batch)``.
 Key = tuple

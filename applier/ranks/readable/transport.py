@@ -3,13 +3,14 @@ the reader's request.
 
 Only the job's ranks can ask or answer. The channel talks as the agreement does (signed.py):
 each server listens on its rank's own address only (``PADDLE_CURRENT_ENDPOINT``'s host, never
-all interfaces) and greets every connection with a fresh nonce; a request and its answer are
-lines signed with an HMAC under a key derived from the job's (the agreement's, jobkey.py) over
-both ends' nonces, so a process without the key can neither read a value nor pass for a rank,
-and a recorded answer fails on any other read. A connection that sends no signed request gets
-no thread, is dropped after 2 s or 64 KiB, and at most 16 are kept (the oldest go first);
-signed requests are answered by at most :data:`MAX_ANSWERING` threads at once. A read has one
-deadline (``AUTODIST_READ_TIMEOUT``), whatever the peer sends.
+all interfaces) and answers every connection's fresh challenge with a greeting signed over it and
+a fresh nonce of its own; a request and its answer are lines signed with an HMAC under a key
+derived from the job's (the agreement's, jobkey.py) over both ends' nonces, so a process without
+the key can neither read a value nor pass for a rank, and a recorded greeting or answer fails on
+any other read. A connection that sends no signed request gets no thread, is dropped after 2 s
+or 64 KiB, and at most 16 are kept (the oldest go first); signed requests are answered by at
+most :data:`MAX_ANSWERING` threads at once. A read has one deadline (``AUTODIST_READ_TIMEOUT``),
+whatever the peer sends.
 """
 
 from __future__ import annotations
@@ -105,9 +106,10 @@ def ask(notes: Notes, peer: int, key: Key) -> dict:
 
 
 def serve(notes: Notes, listener: socket.socket, stop: threading.Event) -> None:
-    """The server thread, until ``stop`` is set: greet every connection (signed.Reception:
-    unsigned ones are few, brief and get no thread), answer each request signed with the job's
-    key from a thread of its own, at most :data:`MAX_ANSWERING` at once; drop anything else."""
+    """The server thread, until ``stop`` is set: greet every connection that sends a challenge
+    (signed.Reception: unsigned ones are few, brief and get no thread), answer each request signed
+    with the job's key from a thread of its own, at most :data:`MAX_ANSWERING` at once; drop
+    anything else."""
     listener.setblocking(False)
     with selectors.DefaultSelector() as selector:
         reception = Reception(listener, selector, notes.key, PROTOCOL, MAX_MESSAGE_BYTES)
