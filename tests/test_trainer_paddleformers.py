@@ -95,10 +95,8 @@ def _arguments(out_dir: str, **extra):
     )  # fmt: skip
 
 
-#: The Trainer's own checkpoints on CPU (docs/workflow.md): every step saved, not in HF format.
-CHECKPOINTS = dict(
-    save_strategy="steps", save_steps=1, save_to_hf=False, convert_from_hf=False, replicate_saved_into_local=True
-)
+#: The Trainer's own checkpoints, every step (``trainer_arguments`` gives the format arguments).
+CHECKPOINTS = dict(save_strategy="steps", save_steps=1)
 
 
 def _train(
@@ -251,6 +249,17 @@ def _train_world(workdir: Path, world: int, reference: dict) -> dict:
             runs.append(
                 {"name": f"{family}_resumed", "family": family, "plan": plans[family, 1, 2, 0], "resume": saved}
             )
+        # Llama's mp2 checkpoint (no fused weight: the model's own layout) resumed under dp2: on
+        # GPUs; refused on CPU, where Paddle's loader cannot move a piece between ranks
+        runs.append(
+            {
+                "name": "llama_resumed_dp2",
+                "family": "llama",
+                "plan": plans["llama", 2, 1, 0],
+                "resume": "llama_dp1_mp2_zero0/checkpoint-1",
+                "refused": not _has_gpu(),
+            }
+        )
         # Gemma3's fused up_gate_proj, saved rank by rank under mp2, resumed under dp2: refused
         saved = "gemma3_dp1_mp2_zero0/checkpoint-1"
         runs.append(
@@ -354,6 +363,28 @@ def test_the_trainers_checkpoint_under_a_plan_resumes_as_the_plain_trainer(train
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+def test_an_mp2_checkpoint_resumes_under_a_dp2_plan_as_the_plain_trainer(trained_two):
+    """Llama's mp2 run saved its checkpoint after step 1 with ``trainer_arguments``' checkpoint
+    arguments (its table split over mp, every fused weight in the model's own layout); on GPUs a
+    Trainer under the dp2 plan resumes it (Paddle's checkpoint loader reshards it) and loses, in
+    steps 2 and 3, what the plain Trainer lost there. On CPU that loader moves a piece saved by
+    one rank to another through the GPU only (``src_tensor.cuda()``: "No available device found",
+    measured): ``install``'s ``train`` refuses it before training, saying so."""
+    assert not load_plan_of(trained_two, "llama").local_view  # no weight held rank by rank
+    reference = trained_two["reference"]["llama"]["losses"]
+    for rank, result in enumerate(trained_two["ranks"]):
+        if not _has_gpu():
+            error = result["llama_resumed_dp2"].get("error")
+            assert error is not None and "the checkpoint was saved on the mesh {'mp': 2}" in error, error
+            assert "on CPU Paddle 3.3's checkpoint loader cannot move a piece saved by one rank" in error, error
+            continue
+        losses = result["llama_resumed_dp2"]["losses"]
+        assert len(losses) == STEPS - 1, (rank, losses)
+        assert max(abs(a - b) for a, b in zip(losses, reference[1:])) <= TOLERANCE, (rank, losses, reference)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_checkpoint_holding_fused_weights_rank_by_rank_resumes_under_its_plan_only(trained_two):
     """Gemma3's mp2 checkpoint holds its fused ``up_gate_proj`` rank by rank (its local view):
     resumed under the dp2 plan, which holds it in the model's own order, it is refused before
@@ -415,6 +446,9 @@ def test_arguments_are_checked_against_the_plan_before_any_rank_starts(tmp_path)
         "tensor_model_parallel_size=1, the plan needs 4",
         "gradient_accumulation_steps=2, the plan needs 1",
         "these arguments build the mesh dp1 x mp1, the plan's is dp4 x mp4",
+        "save_to_hf=True, convert_from_hf=True, replicate_saved_into_local=False: the Trainer's checkpoints under "
+        "a plan need save_to_hf=False, convert_from_hf=False, replicate_saved_into_local=True "
+        "(trainer_arguments sets them)",
         "per_device_train_batch_size=8, the plan reads 8 samples per step over dp4 x 1 micro-batches: 2",
     ]
 
