@@ -28,8 +28,7 @@ before training.
 What the Trainer's mode cannot express is refused in one message naming it: a pipeline (the
 mode asserts ``pipeline_model_parallel_size == 1``), expert parallelism, sequence parallelism
 (Paddle's plans for it read positional inputs; PaddleFormers passes keywords), the plan's recompute
-(the Trainer has its own ``recompute`` argument), a token lookup on local tensors in a table tied
-to the LM head under dp > 1, arguments that build another mesh, accumulate
+(the Trainer has its own ``recompute`` argument), arguments that build another mesh, accumulate
 another number of micro-batches or read another batch. In auto mode the data loader is
 ``dist.shard_dataloader``'s, unshuffled (docs/workflow.md, "PaddleFormers Trainer").
 
@@ -383,15 +382,6 @@ def _unsupported(plan: Plan) -> list[str]:
             "PaddleFormers calls its attention with keywords only (IndexError in c_concat; docs/paddle-notes.md); "
             "re-plan with --no-sequence-parallel"
         )
-    for lookup in plan.vocab_lookup:
-        tied = plan.params[lookup.weight].tied_to
-        if tied and s.dp > 1:
-            problems.append(
-                f"a token lookup on local tensors ({lookup.layer}) in a table tied to {', '.join(tied)}, at dp{s.dp}: "
-                "under the Trainer's data parallelism the two gradients do not add up to one device's (measured: "
-                "Llama at dp2 x mp2 left the plain Trainer's losses by 1.7e-3 at step 3; untied, it trains); "
-                "re-plan with --no-local-view"
-            )
     if s.recompute != "none" and plan.recompute:
         problems.append(
             f"recompute ({s.recompute}, {len(plan.recompute)} layers): the Trainer's config has no key for it; "
