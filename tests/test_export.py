@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -507,6 +508,9 @@ def test_an_exported_local_view_plan_trains_like_one_device(tmp_path, dp, paddle
         gathered = plan_target(target, None, gloo_mp2_request(dp), {"target": target}, local_view=False).plan
         assert not gathered.local_view and not gathered.vocab_lookup
         assert _config_part(text) == _config_part(export_parallelize(gathered)), text
+        # what the comments add up to is what the cost model prices between the two plans
+        said = sum(int(n) for n in re.findall(r"\(\+(\d+) bytes received per rank per step", text))
+        assert said == gathered.estimate.comm_bytes.mp - plan.estimate.comm_bytes.mp > 0, text
     else:
         assert "autodist.apply_local_views(model, PLAN_FILE)" in config.read_text()
         assert f"PLAN_FILE = {str(plan_path)!r}" in config.read_text()  # the path as given, read at run time
