@@ -130,7 +130,9 @@ def parallelize_config(plan: Plan) -> ParallelizeConfig:
     if plan.strategy.sharding_stage and "dp" not in plan.mesh.axes:
         problems.append(f"ZeRO stage {plan.strategy.sharding_stage} without a dp mesh axis")
     if plan.strategy.ep > 1:
-        problems.append(f"expert parallelism (ep={plan.strategy.ep}): dist.parallelize has no key for it")
+        problems.append(
+            f"expert parallelism (ep={plan.strategy.ep}): dist.parallelize has no key for it (re-plan with --ep 1)"
+        )
     if plan.strategy.virtual_stages > 1:
         problems.append(
             f"VPP with {plan.strategy.virtual_stages} chunks per stage: pp_config takes one split point "

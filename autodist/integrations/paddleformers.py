@@ -375,7 +375,9 @@ def _unsupported(plan: Plan) -> list[str]:
             "(it asserts pipeline_model_parallel_size == 1); re-plan with --pp 1, or use apply_plan in your own loop"
         )
     if s.ep > 1:
-        problems.append(f"expert parallelism (ep={s.ep}): the Trainer's dist.parallelize config has no key for it")
+        problems.append(
+            f"expert parallelism (ep={s.ep}): the Trainer's dist.parallelize config has no key for it (re-plan with --ep 1)"
+        )
     if s.sequence_parallel:
         problems.append(
             "sequence parallelism: Paddle's SequenceParallel plans read a layer's first positional input, and "
