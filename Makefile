@@ -63,6 +63,7 @@ bench: install
 	$(PY) bench/checkpoint_checksums.py --markdown
 	$(PY) bench/recompute_memory.py --markdown
 	$(PY) bench/local_view.py --markdown
+	$(PY) bench/local_view_mp8_pp2.py --markdown
 	$(PY) bench/pipeline_schedule.py
 	$(PY) bench/experts.py --markdown
 	$(PY) bench/closed_loop.py --runs 3

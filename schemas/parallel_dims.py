@@ -252,13 +252,16 @@ def runtime_refusals(strategy: Strategy, runtime: Runtime) -> list[str]:
     its auto-parallel mode (``autodist.integrations.paddleformers``).
 
     >>> runtime_refusals(Strategy(dp=2, ep=2), "dist.parallelize")
-    ['expert parallelism (ep=2): dist.parallelize has no key for it']
+    ['expert parallelism (ep=2): dist.parallelize has no key for it (re-plan with --ep 1)']
     >>> runtime_refusals(Strategy(mp=2), "trainer")
     []
     """
     s = strategy
     rows: list[tuple[bool, str]] = [
-        (s.ep > 1, f"expert parallelism (ep={s.ep}): {_RUNTIME_NAMES[runtime]} has no key for it"),
+        (
+            s.ep > 1,
+            f"expert parallelism (ep={s.ep}): {_RUNTIME_NAMES[runtime]} has no key for it (re-plan with --ep 1)",
+        ),
     ]
     if runtime == "dist.parallelize":
         rows.append(

@@ -5,7 +5,8 @@ parameters out exactly as the plan says (checked with real Paddle, in one proces
 A default plan, whose attentions and token lookup run on local tensors (``plan.local_view``,
 ``plan.vocab_lookup``), exports too: the module calls ``autodist.apply_local_views`` for what
 ``dist.parallelize`` has no key for, and trains HF GPT-2 at dp1 x mp2 and dp2 x mp2 on gloo ranks
-to the single-device losses.
+to the single-device losses; with ``--paddle-only`` the module is Paddle alone (the planner's
+``--no-local-view`` config, a comment per sub-layer on what it loses) and trains so at dp1 x mp2.
 
 This file is also the rank program of the multi-process tests:
 ``python tests/test_export.py PLAN CONFIG OUT_DIR`` (layouts) and
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -270,7 +272,7 @@ def test_exported_config_of_a_planned_model_places_parameters_as_planned(planned
     "checked_in", sorted(REPO.glob("plans/*/plan_*.json")), ids=lambda p: p.parent.name + "/" + p.name
 )
 def test_every_checked_in_plan_exports(checked_in):
-    """Every checked-in plan exports, except a VPP plan, which says why it cannot."""
+    """Every checked-in plan exports, Paddle-only too, except a VPP plan, which says why it cannot."""
     plan = load_plan(checked_in)
     if plan.strategy.virtual_stages > 1:
         with pytest.raises(ExportError, match="re-plan with --schedule 1F1B to export"):
@@ -278,6 +280,51 @@ def test_every_checked_in_plan_exports(checked_in):
         return
     source = export_parallelize(plan, checked_in.name)
     compile(source, checked_in.name, "exec")
+    paddle_only = export_parallelize(plan, checked_in.name, paddle_only=True)
+    compile(paddle_only, checked_in.name, "exec")
+    assert "apply_local_views" not in paddle_only
+
+
+def _falcon_planned(local_view: bool) -> Plan:
+    """Falcon's fused multi-query ``q|k|v`` at mp2: its local view holds the weight whole (K, V)."""
+    from harness.planning import plan_target
+
+    from autodist.planner.cost.search import SearchRequest
+
+    target, request = (
+        "tests/models/zoo/falcon_hf.py",
+        SearchRequest(devices_per_node=2, mp=2, pp=1, sequence_parallel=False),
+    )
+    return plan_target(target, None, request, {"target": target}, local_view=local_view).plan
+
+
+def _masked_fill_planned(local_view: bool) -> Plan:
+    """An attention whose split Paddle's masked_fill stops (no SPMD rule): a local view, else replicated."""
+    import paddle
+    from test_mask_spellings import B, D, S, Encoder
+
+    from autodist.planner.cost.search import SearchRequest
+    from autodist.planner.driver import plan_model
+
+    spec = [paddle.static.InputSpec([B, S, D], "float32", "x"), paddle.static.InputSpec([B, S], "int64", "mask")]
+    request = SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1, sequence_parallel=False)
+    model = Encoder("expand_as+masked_fill", True)
+    return plan_model(model, spec, request, {"target": "Encoder"}, local_view=local_view).plan
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planned", [_falcon_planned, _masked_fill_planned], ids=["multi_query", "stopped"])
+def test_the_paddle_only_config_is_the_no_local_view_plans(planned):
+    """``--paddle-only`` of a local-view plan writes the config the planner's own ``--no-local-view``
+    plan exports under the same strategy: a multi-query ``q|k|v`` held whole for its view is split
+    by columns again and its output gathered; an attention local only because masked_fill stops its
+    split is replicated. A comment names each sub-layer."""
+    local, gathered = planned(True), planned(False)
+    assert local.local_view and not gathered.local_view and local.strategy == gathered.strategy
+    text = export_parallelize(local, paddle_only=True)
+    assert _config_part(text) == _config_part(export_parallelize(gathered)), text
+    for view in local.local_view:
+        assert f"#: - {view.layer}: " in text, text
 
 
 @pytest.mark.slow
@@ -418,13 +465,23 @@ def _trained_exported(workload_name: str, config_path: str, out_dir: str) -> Non
     Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps({"losses": losses, "local": local}))
 
 
+def _config_part(module_text: str) -> str:
+    """An exported module from ``MESH =`` on, its ``#:`` comments left out: the config itself."""
+    body = module_text[module_text.index("MESH = ") :]
+    return "\n".join(line for line in body.splitlines() if not line.startswith("#:"))
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.parametrize("dp", [1, 2])
-def test_an_exported_local_view_plan_trains_like_one_device(tmp_path, dp):
+@pytest.mark.parametrize("dp,paddle_only", [(1, False), (2, False), (1, True)])
+def test_an_exported_local_view_plan_trains_like_one_device(tmp_path, dp, paddle_only):
     """HF GPT-2's default plan at dp x mp2: both attentions run on local tensors and the token
     lookup in the vocabulary-split table too; exported, it trains to one device's losses (1e-5).
-    Without ``apply_local_views`` the exported config would refuse the plan (it used to)."""
+    Without ``apply_local_views`` the exported config would refuse the plan (it used to).
+
+    ``--paddle-only``: the module needs no autodist; its config is the one the planner's own
+    ``--no-local-view`` plan exports (the fused outputs gathered, the table looked up in the global
+    view), a comment names what each sub-layer loses, and it trains to one device's losses too."""
     import paddle
     from harness.launcher import launch_ranks
     from harness.planning import gloo_mp2_request
@@ -440,10 +497,23 @@ def test_an_exported_local_view_plan_trains_like_one_device(tmp_path, dp):
     plan_path = tmp_path / "plan.json"
     save_plan(plan, plan_path)
     config = tmp_path / "parallel_config.py"  # the command as docs/workflow.md prints it
-    result = CliRunner().invoke(export, [str(plan_path), "--to", "paddle-parallelize", "-o", str(config)])
+    flags = ["--paddle-only"] if paddle_only else []
+    result = CliRunner().invoke(export, [str(plan_path), "--to", "paddle-parallelize", *flags, "-o", str(config)])
     assert result.exit_code == 0, result.output
-    assert "autodist.apply_local_views(model, PLAN_FILE)" in config.read_text()
-    assert f"PLAN_FILE = {str(plan_path)!r}" in config.read_text()  # the path as given, read at run time
+    if paddle_only:
+        text = config.read_text()
+        assert "import autodist" not in text and "apply_local_views" not in text, text
+        for layer in ("transformer.h.0.attn", "transformer.h.1.attn", "transformer.wte"):
+            assert f"#: - {layer}: " in text, text
+        gathered = plan_target(target, None, gloo_mp2_request(dp), {"target": target}, local_view=False).plan
+        assert not gathered.local_view and not gathered.vocab_lookup
+        assert _config_part(text) == _config_part(export_parallelize(gathered)), text
+        # what the comments add up to is what the cost model prices between the two plans
+        said = sum(int(n) for n in re.findall(r"\(\+(\d+) bytes received per rank per step", text))
+        assert said == gathered.estimate.comm_bytes.mp - plan.estimate.comm_bytes.mp > 0, text
+    else:
+        assert "autodist.apply_local_views(model, PLAN_FILE)" in config.read_text()
+        assert f"PLAN_FILE = {str(plan_path)!r}" in config.read_text()  # the path as given, read at run time
     out = tmp_path / "out"
     out.mkdir()
     job = launch_ranks(2 * dp, [__file__, "train", workload.name, str(config), str(out)], tmp_path, timeout_s=300)

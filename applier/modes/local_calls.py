@@ -41,6 +41,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
 from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_local
+from paddle.distributed.auto_parallel.auto_dp_utils import in_auto_dp_mode
 
 from autodist.schemas import CallInput, LocalView, LocalWeight, Plan
 from autodist.schemas.describe import strategy_text
@@ -142,10 +143,19 @@ def param_local(param: paddle.Tensor) -> paddle.Tensor:
     """A parameter's local value for this call. Its gradient comes back Partial on every axis
     the parameter is replicated on but mp (dp: each rank's gradient covers its own rows of the
     batch; the optimizer sums it, as for any data-parallel gradient, and ZeRO's gradient hook
-    reshards that one Partial axis to the rank's dp shard)."""
+    reshards that one Partial axis to the rank's dp shard).
+
+    Under Paddle's auto-dp mode (``dist.enable_auto_dp()``, which PaddleFormers' ``Trainer.train``
+    turns on) it comes back Replicate there instead, as every other gradient does in that mode:
+    each dp rank's activations are a Replicate holding that rank's own batch, and the optimizer
+    relabels each gradient that is not Partial on the mesh's first axis as Partial there
+    (``auto_dp_utils._convert_fake_replicate_grad_to_partial``), summing it over dp once. A
+    Partial gradient added to such a one (an LM head tied to a table looked up on local tensors)
+    trained off the plain Trainer (Llama at dp2 x mp2: 1.7e-3 by step 3, docs/paddle-notes.md)."""
     mesh = param.process_mesh
+    over_ranks = dist.Replicate() if in_auto_dp_mode() else dist.Partial()
     backward = [
-        p if name == "mp" or not isinstance(p, dist.Replicate) else dist.Partial()
+        p if name == "mp" or not isinstance(p, dist.Replicate) else over_ranks
         for name, p in zip(mesh.dim_names, param.placements)
     ]
     return dtensor_to_local(param, mesh, backward)

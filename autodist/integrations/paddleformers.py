@@ -20,11 +20,15 @@ model's own parameters. The plan's ZeRO stage is what shards over dp (``dp_confi
 over dp whatever the config says (and whose fused path runs on GPU, NPU and XPU only), is skipped
 for the trainer ``install`` put under a plan.
 
+The Trainer's own checkpoints need Paddle's distributed format (:data:`CHECKPOINT_ARGUMENTS`,
+which ``trainer_arguments`` sets and ``install`` checks); on CPU one resumes on the mesh it was
+saved on only (Paddle's loader moves pieces between ranks through the GPU), refused otherwise
+before training.
+
 What the Trainer's mode cannot express is refused in one message naming it: a pipeline (the
 mode asserts ``pipeline_model_parallel_size == 1``), expert parallelism, sequence parallelism
 (Paddle's plans for it read positional inputs; PaddleFormers passes keywords), the plan's recompute
-(the Trainer has its own ``recompute`` argument), a token lookup on local tensors in a table tied
-to the LM head under dp > 1, arguments that build another mesh, accumulate
+(the Trainer has its own ``recompute`` argument), arguments that build another mesh, accumulate
 another number of micro-batches or read another batch. In auto mode the data loader is
 ``dist.shard_dataloader``'s, unshuffled (docs/workflow.md, "PaddleFormers Trainer").
 
@@ -53,18 +57,28 @@ from autodist.schemas.parallelize import (
 __all__ = ["install", "trainer_arguments", "argument_problems", "auto_dist_config"]
 
 
+#: The ``TrainingArguments`` the Trainer's own checkpoints need under a plan: saved in Paddle's
+#: distributed format, not converted to or from HF's (a local view's fused weight is held rank by
+#: rank, which an HF file would present as the model's own layout), each rank's replicas written
+#: to its own files, so that a checkpoint resumes under another plan's mesh (an mp2 one under dp2).
+#: PaddleFormers' defaults (True, True, False) fail on CPU.
+CHECKPOINT_ARGUMENTS = {"save_to_hf": False, "convert_from_hf": False, "replicate_saved_into_local": True}
+
+
 def trainer_arguments(plan: Plan | str | Path) -> dict[str, Any]:
     """The ``TrainingArguments`` keywords that build ``plan``'s mesh and step: the tensor-parallel
     degree (the data-parallel degree is what the world size leaves), no pipeline, the plan's
     micro-batches as accumulation steps and, when the plan records its global batch, the batch
-    per device. The job must have as many ranks as the plan's mesh.
+    per device; and the checkpoint arguments a plan's checkpoints need (:data:`CHECKPOINT_ARGUMENTS`).
+    The job must have as many ranks as the plan's mesh.
 
     >>> trainer_arguments("plans/gpt/plan_1x8dev.json")
     {'enable_auto_parallel': True, 'tensor_model_parallel_size': 1, 'pipeline_model_parallel_size': 1, \
-'gradient_accumulation_steps': 1, 'per_device_train_batch_size': 1}
+'gradient_accumulation_steps': 1, 'save_to_hf': False, 'convert_from_hf': False, \
+'replicate_saved_into_local': True, 'per_device_train_batch_size': 1}
     """
     plan, source = _load(plan)
-    _raise_if(_unsupported(plan), source)
+    _raise_if(runtime_refusals(plan.strategy, "trainer"), source)
     return _arguments_for(plan)
 
 
@@ -75,6 +89,7 @@ def _arguments_for(plan: Plan) -> dict[str, Any]:
         "tensor_model_parallel_size": s.mp,
         "pipeline_model_parallel_size": 1,
         "gradient_accumulation_steps": s.micro_batches,
+        **CHECKPOINT_ARGUMENTS,
     }
     if plan.data.global_batch_size:
         arguments["per_device_train_batch_size"] = plan.data.global_batch_size // (s.dp * s.micro_batches)
@@ -95,7 +110,7 @@ def argument_problems(plan: Plan, args: Any, world_size: int) -> list[str]:
     if not getattr(args, "enable_auto_parallel", False):
         problems.append("enable_auto_parallel=False; the plan needs the Trainer's auto-parallel mode (True)")
     for name, value in want.items():
-        if name in ("enable_auto_parallel", "per_device_train_batch_size"):
+        if name in ("enable_auto_parallel", "per_device_train_batch_size", *CHECKPOINT_ARGUMENTS):
             continue
         have = max(int(getattr(args, name, 1)), 1)
         if have != value:
@@ -107,6 +122,17 @@ def argument_problems(plan: Plan, args: Any, world_size: int) -> list[str]:
     if world_size % mp == 0 and mp != s.mp:
         problems.append(
             f"these arguments build the mesh {_degrees(world_size // mp, mp)}, the plan's is {_degrees(s.dp, s.mp)}"
+        )
+    checkpoints = [
+        f"{name}={getattr(args, name, None)}"
+        for name, value in CHECKPOINT_ARGUMENTS.items()
+        if getattr(args, name, None) != value
+    ]
+    if checkpoints:
+        problems.append(
+            f"{', '.join(checkpoints)}: the Trainer's checkpoints under a plan need "
+            + ", ".join(f"{name}={value}" for name, value in CHECKPOINT_ARGUMENTS.items())
+            + " (trainer_arguments sets them)"
         )
     batch = want.get("per_device_train_batch_size")
     if batch is not None and getattr(args, "per_device_train_batch_size", batch) != batch:
@@ -122,7 +148,7 @@ def auto_dist_config(plan: Plan | str | Path) -> dict[str, Any]:
     exact key per layer (or ``layer.param``) and Paddle's plan objects, and ``dp_config`` with
     the plan's ZeRO stage when the mesh has a dp axis. Needs Paddle."""
     plan, source = _load(plan)
-    _raise_if(_unsupported(plan), source)
+    _raise_if(runtime_refusals(plan.strategy, "trainer"), source)
     return _trainer_config(plan, _parallelize_config(plan, source))
 
 
@@ -171,7 +197,7 @@ def install(trainer: Any, plan: Plan | str | Path) -> Any:
     if dist.get_world_size() > 1:  # rank 0 hosts Paddle's store: its exit must survive the peers hanging up
         warm_up_store_host(dist.get_rank())
     plan, source = _load(plan)
-    problems = _unsupported(plan)
+    problems = runtime_refusals(plan.strategy, "trainer")
     if not problems:
         world = dist.get_world_size()
         problems = argument_problems(plan, trainer.args, world)
@@ -207,8 +233,9 @@ def _plan_shards_over_dp(trainer: Any, plan: Plan) -> None:
     on CPU it fails: its fused path takes gpu, npu and xpu only). The plan's ZeRO stage is
     ``dp_config.sharding_level``, which the Trainer's ``parallelize_optimizer`` applies. Only
     this trainer's ``train`` calls, and only while they run; the module's function is put back.
-    A checkpoint to resume from must hold the fused weights in this plan's layout
-    (:func:`_layout_problems`), checked before anything trains."""
+    A checkpoint to resume from must hold the fused weights in this plan's layout, and on CPU
+    every rank's parameters where this plan needs them (:func:`_layout_problems`), checked before
+    anything trains."""
     import paddleformers.trainer.trainer as trainer_module
     from paddleformers.trainer import TrainerCallback
     from paddleformers.trainer.trainer_utils import get_last_checkpoint
@@ -232,7 +259,7 @@ def _plan_shards_over_dp(trainer: Any, plan: Plan) -> None:
         if resume is True:
             resume = get_last_checkpoint(trainer.args.output_dir)
         if resume:
-            _raise_if(_layout_problems(layout, Path(resume)), str(resume))
+            _raise_if(_layout_problems(layout, Path(resume), _without_gpu()), str(resume))
         own = trainer_module.fully_shard
         trainer_module.fully_shard = _as_planned
         try:
@@ -244,35 +271,79 @@ def _plan_shards_over_dp(trainer: Any, plan: Plan) -> None:
     trainer.train = train_as_planned
 
 
-#: The file in a Trainer checkpoint saying in which column order it holds each fused weight.
+#: The file in a Trainer checkpoint saying how it holds the parameters (:func:`_held_layout`).
 LAYOUT_FILE = "autodist_layout.json"
 
 
-def _held_layout(plan: Plan) -> dict[str, list[int]]:
-    """The fused weights the model holds rank by rank under ``plan`` (its local views'), each as
-    the model's own column positions in the order held (:func:`~autodist.schemas.local_view.local_order`).
-    The Trainer saves them so; every other parameter is saved in the model's own layout."""
+def _held_layout(plan: Plan) -> dict[str, Any]:
+    """How the Trainer saves the model under ``plan``: ``column_order``, the fused weights held
+    rank by rank (its local views'), each as the model's own column positions in the order held
+    (:func:`~autodist.schemas.local_view.local_order`), every other parameter in the model's own
+    layout; ``mesh``, its axes' degrees; ``split``, each parameter split over ranks, as
+    ``[axis, degree, placement]`` per mesh axis that splits it (one left out is whole on every
+    rank, and every rank saves it, ``replicate_saved_into_local``)."""
+    axes, degrees = plan.mesh.axes, plan.mesh.shape
     return {
-        w.param: local_order(w, plan.params[w.param].shape[w.dim], plan.strategy.mp)
-        for view in plan.local_view
-        for w in view.weights
-        if w.dim is not None and reordered(w)
+        "mesh": {a: int(n) for a, n in zip(axes, degrees)},
+        "column_order": {
+            w.param: local_order(w, plan.params[w.param].shape[w.dim], plan.strategy.mp)
+            for view in plan.local_view
+            for w in view.weights
+            if w.dim is not None and reordered(w)
+        },
+        "split": {
+            fqn: split
+            for fqn, p in sorted(plan.params.items())
+            if (split := [[a, int(n), x] for a, n, x in zip(axes, degrees, p.placements) if x != "R" and n > 1])
+        },
     }
 
 
-def _layout_problems(layout: dict[str, list[int]], checkpoint: Path) -> list[str]:
+def _layout_problems(layout: dict[str, Any], checkpoint: Path, cpu: bool) -> list[str]:
     """Whether ``checkpoint`` holds the fused weights in ``layout``'s order (one without
     :data:`LAYOUT_FILE` holds them in the model's own layout: a plain Trainer's, or a plan's
-    without reordered weights). Resuming another order would train permuted columns silently."""
+    without reordered weights; resuming another order would train permuted columns silently),
+    and, on ``cpu``, whether every rank finds what this plan gives it in its own files: Paddle
+    3.3's flex checkpoint moves a piece saved by another rank through the GPU
+    (``reshard_comm.py``: ``src_tensor.cuda()``), so on CPU a checkpoint resumes on the mesh it
+    was saved on only, each parameter saved split resumed split the same way (one saved whole,
+    by every rank, under any split)."""
     path = checkpoint / LAYOUT_FILE
     saved = json.loads(path.read_text()) if path.is_file() else {}
-    differ = sorted(name for name in set(saved) | set(layout) if saved.get(name) != layout.get(name))
-    if not differ:
-        return []
-    return [
-        f"the checkpoint holds {len(differ)} fused weights ({differ[0]} first) in another column order than this "
-        "plan runs them in (local views lay them out rank by rank); resume it under the plan it was saved under"
-    ]
+    if saved and "column_order" not in saved:  # written before it said more than the column order
+        saved = {"column_order": saved}
+    order, want = saved.get("column_order", {}), layout["column_order"]
+    differ = sorted(name for name in set(order) | set(want) if order.get(name) != want.get(name))
+    problems = []
+    if differ:
+        problems.append(
+            f"the checkpoint holds {len(differ)} fused weights ({differ[0]} first) in another column order than "
+            "this plan runs them in (local views lay them out rank by rank); resume it under the plan it was saved under"
+        )
+    if not cpu or "split" not in saved or differ:  # a checkpoint that does not say: Paddle's loader tells
+        return problems
+    if saved["mesh"] != layout["mesh"]:
+        where = f"on the mesh {saved['mesh']}, this plan's is {layout['mesh']}"
+    else:
+        moved = sorted(name for name, split in saved["split"].items() if split != layout["split"].get(name))
+        where = (
+            f"{len(moved)} parameters ({moved[0]} first) split otherwise than this plan splits them" if moved else ""
+        )
+    if where:
+        problems.append(
+            f"the checkpoint was saved {where}; on CPU Paddle 3.3's checkpoint loader cannot move a piece saved by one "
+            "rank to another (flex_checkpoint reshard_comm: src_tensor.cuda()): resume it under the plan it was saved "
+            "under, or on GPUs"
+        )
+    return problems
+
+
+def _without_gpu() -> bool:
+    """Whether this process has no GPU, where Paddle's checkpoint loader cannot move a piece
+    between ranks (:func:`_layout_problems`)."""
+    import paddle
+
+    return paddle.device.cuda.device_count() == 0
 
 
 def _as_planned(model: Any, *args: Any, **kwargs: Any) -> Any:
@@ -293,22 +364,6 @@ def _raise_if(problems: list[str], source: str) -> None:
 
 def _degrees(dp: int, mp: int) -> str:
     return f"dp{dp} x mp{mp}"
-
-
-def _unsupported(plan: Plan) -> list[str]:
-    """What ``plan`` holds that the Trainer's auto-parallel mode cannot express."""
-    s = plan.strategy
-    problems = runtime_refusals(s, "trainer")
-    for lookup in plan.vocab_lookup:
-        tied = plan.params[lookup.weight].tied_to
-        if tied and s.dp > 1:
-            problems.append(
-                f"a token lookup on local tensors ({lookup.layer}) in a table tied to {', '.join(tied)}, at dp{s.dp}: "
-                "under the Trainer's data parallelism the two gradients do not add up to one device's (measured: "
-                "Llama at dp2 x mp2 left the plain Trainer's losses by 1.7e-3 at step 3; untied, it trains); "
-                "re-plan with --no-local-view"
-            )
-    return problems
 
 
 def _mesh_problems(plan: Plan, mesh: Any) -> list[str]:

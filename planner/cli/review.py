@@ -128,7 +128,7 @@ def check(plan: str, target: str, no_trace: bool, quiet: bool) -> None:
     sys.exit(1)
 
 
-#: Export formats: name -> function(plan, plan path) -> file text.
+#: Export formats: name -> function(plan, plan path, paddle only) -> file text.
 EXPORTERS = {"paddle-parallelize": export_parallelize}
 
 
@@ -136,12 +136,20 @@ EXPORTERS = {"paddle-parallelize": export_parallelize}
 @click.argument("plan", type=click.Path(dir_okay=False))
 @click.option("--to", "target", type=click.Choice(sorted(EXPORTERS)), required=True, help="The format to write.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
+@click.option(
+    "--paddle-only",
+    is_flag=True,
+    help="Paddle alone, no autodist at run time: sub-layers the plan runs on local tensors run in the "
+    "global view instead (fused outputs gathered, the table gathered), each with a comment on what it costs.",
+)
 @one_line_errors
-def export(plan: str, target: str, output: str | None) -> None:
+def export(plan: str, target: str, output: str | None, paddle_only: bool) -> None:
     """Write PLAN in another tool's format, e.g. as a dist.parallelize config.
 
     paddle-parallelize: a Python module with the equivalent dist.parallelize config (MESH, CONFIG
-    and a parallelize(model, optimizer) function), for adopting a plan in hand-written code.
+    and a parallelize(model, optimizer) function), for adopting a plan in hand-written code. A
+    plan with local views or a local token lookup calls autodist.apply_local_views for them, unless
+    --paddle-only.
 
     \b
     Example:
@@ -152,7 +160,7 @@ def export(plan: str, target: str, output: str | None) -> None:
     check_output(output)
     loaded = load_plan(plan)
     # the path as given: a module for a plan with local views reads it at run time (apply_local_views)
-    write_output(EXPORTERS[target](loaded, plan), output)
+    write_output(EXPORTERS[target](loaded, plan, paddle_only), output)
 
 
 @click.command(context_settings=_SETTINGS)

@@ -172,19 +172,30 @@ def reshard_hooks(
     """
     if mp <= 1:
         return []
-    fill = {"pp": "R", "dp": "S(0)", "mp": "R"}
-    placements = [fill[d] for d in mesh_axes]
     return [
-        schemas.Reshard(
-            layer=lin.layer,
-            when="post",
-            placements=placements,
-            reason=f"column-split fused {lin.name} ({lin.fused} segments): gather its output over mp "
-            "so the segment split and the backward see whole tensors",
-        )
+        gather_hook(lin.layer, f"{lin.name} ({lin.fused} segments)", mesh_axes)
         for block in analysis.blocks
         for lin in gathered_linears(block, local)
     ]
+
+
+def gather_hook(layer: str, fused: str, mesh_axes: Sequence[str]) -> schemas.Reshard:
+    """The post-hook gathering column-split fused projection ``layer``'s output over mp (``fused``
+    says what it fuses, for the reason): the batch stays split on ``dp``, everything else whole.
+    :func:`reshard_hooks` puts one on each such projection; ``export --paddle-only`` on those of
+    the plan's local views, which it runs in the global view instead.
+
+    >>> gather_hook("h.0.attn.c_attn", "qkv (3 segments)", ["dp", "mp"]).placements
+    ['S(0)', 'R']
+    """
+    fill = {"pp": "R", "dp": "S(0)", "mp": "R"}
+    return schemas.Reshard(
+        layer=layer,
+        when="post",
+        placements=[fill[d] for d in mesh_axes],
+        reason=f"column-split fused {fused}: gather its output over mp so the segment split and the backward "
+        "see whole tensors",
+    )
 
 
 def gathered_linears(block: BlockInfo, local: frozenset[str] = frozenset()) -> list[LinearUse]:

@@ -12,6 +12,13 @@ before ``dist.parallelize`` runs (so the module needs autodist and the plan file
 Anything else the config cannot express exactly (a placement no style produces, a key that would
 name other layers too) is an error, never a silently different config.
 
+For users who want Paddle alone, ``paddle_only=True`` (``export --paddle-only``) writes the
+nearest global-view equivalent instead (:func:`global_view_equivalent`): each local view's fused
+projections split by columns as planned, their outputs gathered over mp (the planner's own
+``--no-local-view`` hooks), the sub-layer's core run whole on every mp rank; the token lookup in
+the vocabulary-split table through Paddle's rule, which gathers the table. The module then needs
+nothing but Paddle, and says above its config, per sub-layer, what it loses against the plan.
+
 Plans are untrusted input: the module holds the plan's names only as literals (``repr`` of a
 string; keys are regular expressions with every name part escaped), so importing it runs
 nothing a plan says, whatever its names, class name or file name.
@@ -24,9 +31,13 @@ Example::
 
 from __future__ import annotations
 
+import math
 import re
 
-from autodist.schemas import Plan, shard_dim
+import msgspec
+
+from autodist.schemas import ParamPlan, Plan, shard_dim
+from autodist.schemas.vocabulary import DTYPE_BYTES
 from autodist.schemas.parallelize import (
     HELPER_STYLES,
     ConfigEntry,
@@ -38,23 +49,102 @@ from autodist.schemas.parallelize import (
     parallelize_config,
 )
 
+from autodist.planner.recognise.reshards import gather_hook
 from autodist.planner.review.format import collapse
 
-__all__ = ["ExportError", "export_parallelize", "paddle_key", "paddle_key_matches"]
+__all__ = ["ExportError", "export_parallelize", "global_view_equivalent", "paddle_key", "paddle_key_matches"]
 
 
-def export_parallelize(plan: Plan, source: str = "plan.json") -> str:
-    """The source of a Python module that configures ``dist.parallelize`` like ``plan``.
+def export_parallelize(plan: Plan, source: str = "plan.json", paddle_only: bool = False) -> str:
+    """The source of a Python module that configures ``dist.parallelize`` like ``plan``;
+    ``paddle_only``: like its nearest global-view equivalent (:func:`global_view_equivalent`),
+    with no call into autodist, and a comment per sub-layer on what that loses.
 
     Raises :class:`ExportError` naming every parameter or hook it cannot express.
     """
+    losses: list[str] = []
+    if paddle_only:
+        plan, losses = global_view_equivalent(plan)
     config = parallelize_config(plan)
     problems: list[str] = []
     mp_plan = _collapse_entries(config.entries, config.layers, config.tensor_attrs, problems)
     if problems:
         raise ExportError("; ".join(problems))
     own = {name: (stage, _placements_source(p)) for name, (stage, p) in config.model_params.items()}
-    return _module_source(plan, source, mp_plan, config, own)
+    return _module_source(plan, source, mp_plan, config, own, losses)
+
+
+def global_view_equivalent(plan: Plan) -> tuple[Plan, list[str]]:
+    """``plan`` with nothing on local tensors, as the planner plans it with ``--no-local-view``
+    under the same strategy, and one line per sub-layer on what that loses:
+
+    - a local view with a fused projection (a weight of several ``segments``, ``q|k|v``): every
+      weight placed as planned (in the model's own layout; a multi-query ``q|k|v`` held whole for
+      the local view is split by columns again), and the fused projection's output gathered over
+      mp (``gather_hook``), so the core after it runs whole on every mp rank;
+    - one without (a sub-layer local only because ops with no SPMD rule stop its split):
+      replicated over mp, run whole on every mp rank;
+    - a token lookup: in the global view, where Paddle's rule gathers the vocabulary-split table.
+
+    The costs are per rank and step, from the plan's shapes: the tokens a rank reads per step
+    (the plan's global batch over dp, times the traced sequence) and the parameters' dtype.
+
+    >>> from autodist.schemas import load_plan                                   # doctest: +SKIP
+    >>> gathered, losses = global_view_equivalent(load_plan("plan.json"))        # doctest: +SKIP
+    """
+    axes, s = list(plan.mesh.axes), plan.strategy
+    if not plan.local_view and not plan.vocab_lookup:
+        return plan, []
+    params, hooks, losses = dict(plan.params), list(plan.hooks), []
+    mp_axis = axes.index("mp")
+    spec = plan.model.input_specs[0].shape if plan.model.input_specs else [1, 1]
+    batch, seq = (plan.data.global_batch_size or max(spec[0], 1)), max(spec[-1], 1)
+    tokens = batch * seq // s.dp  # per rank and step
+    for view in plan.local_view:
+        fused = [(w, w.dim) for w in view.weights if w.segments > 1 and w.dim is not None]
+        if not fused:
+            for w in view.weights:
+                params[w.param] = _on_mp(params[w.param], mp_axis, "R")
+            losses.append(
+                f"{view.layer}: replicated over mp (its split is stopped by ops with no SPMD rule): every mp rank "
+                f"runs it whole, {s.mp}x a local view's FLOPs and activations, and holds its weights whole"
+            )
+            continue
+        gathered: dict[str, tuple[int, int]] = {}  # fused projection -> its output's width, its segments
+        for w, dim in fused:
+            if w.replicated:  # held whole for the view (multi-query K and V): split as planned without it
+                params[w.param] = _on_mp(params[w.param], mp_axis, f"S({dim})")
+            # the weight's split dim and the bias's are the projection's output dim
+            gathered[w.param.rpartition(".")[0]] = (plan.params[w.param].shape[dim], w.segments)
+        hooks += [gather_hook(layer, f"{n} segments of {view.layer}", axes) for layer, (_, n) in gathered.items()]
+        width = DTYPE_BYTES[plan.params[fused[0][0].param].dtype]
+        received = sum(tokens * out * (s.mp - 1) // s.mp * width for out, _ in gathered.values())
+        losses.append(
+            f"{view.layer}: {', '.join(gathered)} split by columns, output all-gathered over mp "
+            f"(+{_mib(received)} received per rank per step, forward, plus the recompute's when recomputed); "
+            f"the core after it runs whole on all {s.mp} mp ranks: {s.mp}x a local view's core FLOPs and "
+            "activations (all heads' scores on every rank)"
+        )
+    for lookup in plan.vocab_lookup:
+        table = plan.params[lookup.weight]
+        size = math.prod(table.shape) * DTYPE_BYTES[table.dtype]
+        losses.append(
+            f"{lookup.layer}: looked up in the global view, where Paddle's rule all-gathers the vocabulary-split "
+            f"table {lookup.weight} before the lookup and again in its backward (+{_mib(2 * size * (s.mp - 1) // s.mp)} "
+            "received per rank per step)"
+        )
+    equivalent = msgspec.structs.replace(plan, params=params, hooks=hooks, local_view=[], vocab_lookup=[])
+    return equivalent, losses
+
+
+def _on_mp(param: ParamPlan, mp_axis: int, placement: str) -> ParamPlan:
+    placements = list(param.placements)
+    placements[mp_axis] = placement
+    return msgspec.structs.replace(param, placements=placements)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**20 else f"{nbytes} bytes"
 
 
 def _style_source(style: Style) -> str:
@@ -180,6 +270,7 @@ def _module_source(
     mp_plan: dict[str, tuple[str, ...]],
     config: ParallelizeConfig,
     own: dict[str, tuple[int, str]],
+    losses: list[str],
 ) -> str:
     """The module text. Every value taken from the plan is written as a literal (``repr`` of a
     string, escaped regular expressions as keys): plans are untrusted input, and no plan text
@@ -210,6 +301,15 @@ def _module_source(
             if local
             else []
         ),
+        *(
+            [
+                "Paddle only (--paddle-only): the nearest global-view equivalent of a plan that runs sub-layers on",
+                "local tensors; what each loses is said above CONFIG.",
+                "",
+            ]
+            if losses
+            else []
+        ),
         "Use on every rank, in place of apply_plan:",
         "",
         "    model, optimizer = parallelize(model, optimizer)",
@@ -231,6 +331,12 @@ def _module_source(
         f"MESH = dist.ProcessMesh({_nested([int(i) for i in plan.mesh.process_ids], plan.mesh.shape)!r}, "
         f"dim_names={list(plan.mesh.axes)!r})",
         "",
+        *(
+            ["#: Paddle only: what running these in the global view loses against the plan's local tensors:"]
+            + [f"#: - {line}" for line in losses]
+            if losses
+            else []
+        ),
         "CONFIG = {",
     ]
     if "dp" in plan.mesh.axes:
