@@ -129,13 +129,22 @@ class Launch:
 
 @dataclass
 class Supervisor:
-    """Launch, watch, re-plan, launch again. ``devices``: the device ids this node may use
-    (on CPU, slots 0..N-1: only their number matters)."""
+    """Launch, watch, re-plan, launch again. ``devices``: the device ids this node may use; with
+    ``gpus`` they are GPU ids, each launch passed the healthy ones (Paddle's launcher ``--devices``),
+    so a lost GPU is not used again; without, CPU slots 0..N-1, only their number matters.
+
+    >>> sup = Supervisor(["train.py"], Family({2: Path("p2.json")}), [0, 1, 2, 3], None, gpus=True)
+    >>> sup.command(Launch([0, 1, 3], Path("p2.json"), None, 0.0), Path("log/launch1"))[3:7]
+    ['--nproc_per_node', '3', '--devices', '0,1,3']
+    >>> "--devices" in Supervisor(["train.py"], Family({}), [0, 1], None).command(Launch([0, 1], Path("p"), None, 0.0), Path("l"))
+    False
+    """
 
     script: list[str]
     family: Family
     devices: list[int]
     checkpoint: Path | None
+    gpus: bool = False
     grow: bool = False
     max_restarts: int = 3
     log_dir: Path = Path("log")
@@ -180,19 +189,28 @@ class Supervisor:
             healthy = [d for d in healthy if d not in culprits]
             lost += culprits
 
+    def command(self, launch: Launch, log: Path) -> list[str]:
+        """The launcher's command for ``launch``: its ranks on its devices, its plan in the script's
+        ``{plan}``."""
+        plan = str(launch.plan.resolve())
+        devices = ["--devices", ",".join(map(str, launch.devices))] if self.gpus else []
+        return [
+            sys.executable, "-m", "paddle.distributed.launch",
+            "--nproc_per_node", str(len(launch.devices)), *devices,
+            "--log_dir", str(log),
+            *[a.replace("{plan}", plan) for a in self.script],
+        ]  # fmt: skip
+
     def _watch(self, launch: Launch, may_grow: bool) -> tuple[list[tuple[int, int]] | None, bool]:
         """Run ``launch`` until it ends: ``(failed ranks and codes, or None, stopped to grow)``."""
         log = self._launch_dir(len(self.launches))
         log.mkdir(parents=True, exist_ok=True)
-        plan = str(launch.plan.resolve())
-        args = [a.replace("{plan}", plan) for a in self.script]
-        command = [
-            sys.executable, "-m", "paddle.distributed.launch",
-            "--nproc_per_node", str(len(launch.devices)),
-            "--log_dir", str(log),
-            *args,
-        ]  # fmt: skip
-        env = {**os.environ, "AUTODIST_PLAN": plan, PROGRESS_ENV: str((log / "progress").resolve())}
+        command = self.command(launch, log)
+        env = {
+            **os.environ,
+            "AUTODIST_PLAN": str(launch.plan.resolve()),
+            PROGRESS_ENV: str((log / "progress").resolve()),
+        }
         with open(log / "launcher.out", "w") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             try:
@@ -262,12 +280,13 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def several_nodes(
     nnodes: str, master: str | None, job_id: str, family: Path, nproc: int, max_restarts: int, log_dir: Path,
-    script: list[str],
+    script: list[str], gpus: list[int] | None = None,
 ) -> list[str]:  # fmt: skip
     """The command that runs ``script`` on this node of a job on several machines: Paddle's
     launcher keeps the membership (``--nnodes MIN:MAX`` with ``--master etcd://...``: its elastic
     mode, which restarts every rank when a node leaves or joins) and starts :func:`as_rank` on
-    each rank, which runs the script under the family's plan for the job's world size.
+    each rank, which runs the script under the family's plan for the job's world size. ``gpus``:
+    the GPU ids this node uses (the launcher's ``--devices``).
 
     >>> several_nodes("2:4", "10.0.0.1:2379", "job", Path("plans"), 1, 3, Path("log"), ["train.py"])
     Traceback (most recent call last):
@@ -293,7 +312,8 @@ def several_nodes(
         )
     return [
         sys.executable, "-m", "paddle.distributed.launch", "--master", master, "--nnodes", nnodes,
-        "--nproc_per_node", str(nproc), "--job_id", job_id, "--log_dir", str(log_dir),
+        "--nproc_per_node", str(nproc), *(["--devices", ",".join(map(str, gpus))] if gpus else []),
+        "--job_id", job_id, "--log_dir", str(log_dir),
         *(["--elastic_level", "1", "--max_restart", str(max_restarts)] if elastic else []),
         str(Path(__file__).resolve()), AS_RANK, str(family.resolve()), *script,
     ]  # fmt: skip
@@ -318,12 +338,26 @@ def as_rank(family: str, script: list[str]) -> int:
 AS_RANK = "--as-rank"
 
 
+def _device_ids(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """``0,1,3`` as device ids: distinct non-negative integers, or the parser's error."""
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        ids = []
+    if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+        parser.error(f"--devices {text!r}: give distinct GPU ids, such as 0,1,2,3")
+    return ids
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == [AS_RANK] and len(argv) > 2:
         return as_rank(argv[1], argv[2:])
     parser = argparse.ArgumentParser(prog="autodist-run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, required=True, help="devices on this node")
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, help="devices on this node (CPU ranks)")
+    parser.add_argument(
+        "--devices", "--gpus", help="the GPU ids this node may use, as Paddle's launcher takes them: 0,1,2,3"
+    )
     parser.add_argument(
         "--nnodes", default="1", help="machines: N, or MIN:MAX for Paddle's elastic mode (with --master etcd://...)"
     )
@@ -338,19 +372,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.script:
         parser.error("give the training script to run")
+    gpus = _device_ids(parser, args.devices) if args.devices else None
+    if gpus is not None and args.nproc_per_node not in (None, len(gpus)):
+        parser.error(f"--nproc-per-node {args.nproc_per_node} and --devices {args.devices} disagree")
+    if gpus is None and args.nproc_per_node is None:
+        parser.error("give --nproc-per-node N (CPU ranks) or --devices 0,1,... (GPUs)")
+    devices = gpus if gpus is not None else list(range(args.nproc_per_node))
     try:
         if args.nnodes != "1":
             command = several_nodes(
-                args.nnodes, args.master, args.job_id, Path(args.plans), args.nproc_per_node, args.max_restarts,
-                Path(args.log_dir), args.script,
+                args.nnodes, args.master, args.job_id, Path(args.plans), len(devices), args.max_restarts,
+                Path(args.log_dir), args.script, gpus,
             )  # fmt: skip
             print(f"autodist-run: on {args.nnodes} nodes through paddle.distributed.launch", file=sys.stderr)
             return subprocess.call(command)
         supervisor = Supervisor(
             script=args.script,
             family=Family.read(args.plans),
-            devices=list(range(args.nproc_per_node)),
+            devices=devices,
             checkpoint=Path(args.checkpoint) if args.checkpoint else None,
+            gpus=gpus is not None,
             grow=args.grow,
             max_restarts=args.max_restarts,
             log_dir=Path(args.log_dir),
