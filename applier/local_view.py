@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -121,7 +122,7 @@ class LocalViews:
         layers = dict(model.named_sublayers())
         line = mp_line(self.plan, dist.get_rank())
         for view in self.plan.local_view:
-            _wrap(layers[view.layer], view, layers, line)
+            _wrap(layers[view.layer], view, line)
 
 
 def mp_line(plan: Plan, rank: int) -> dist.ProcessMesh:
@@ -170,20 +171,65 @@ def _call_value(param: paddle.Tensor, weight: LocalWeight | None, line: dist.Pro
     return _Scaled.apply(local, 1.0 / mp) if weight is not None and weight.summed else local
 
 
-def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.ProcessMesh) -> None:
+class LocalCall:
+    """A sub-layer's own forward run as one rank runs it: each of its parameters replaced by the
+    value given for it, each of ``view``'s size attributes set to its local value, both restored
+    when the call returns or raises. The one place that does so: a local view's every call runs
+    through it (:func:`_wrap`), and so do the planner's proofs (planner/local_view.py), so a proof
+    that holds has run this code.
+
+    ``forward`` is the layer's own, read when made (before :func:`_wrap` replaces it on the
+    instance); ``slots`` lists ``(fqn, sub-layer, key)`` of every parameter, the names as the plan's
+    (``view.layer`` + the parameter's path in it).
+
+    >>> from autodist.schemas import LocalAttribute
+    >>> layer = paddle.nn.Linear(4, 6); layer.heads = 2
+    >>> view = LocalView(layer="proj", weights=[], attributes=[LocalAttribute(layer="proj", name="heads", whole=2, local=1)])
+    >>> call = LocalCall(layer, view)
+    >>> [fqn for fqn, _, _ in call.slots]
+    ['proj.weight', 'proj.bias']
+    >>> half = {"proj.weight": paddle.ones([4, 3]), "proj.bias": paddle.zeros([3])}
+    >>> list(call(half, paddle.ones([1, 4])).shape), list(layer.weight.shape), layer.heads
+    ([1, 3], [4, 6], 2)
+    """
+
+    def __init__(self, layer: paddle.nn.Layer, view: LocalView):
+        self.forward = layer.forward
+        self.slots = [
+            (f"{view.layer}.{name}.{key}" if name else f"{view.layer}.{key}", sub, key)
+            for name, sub in layer.named_sublayers(include_self=True)
+            for key, param in sub._parameters.items()
+            if param is not None
+        ]
+        layers = {
+            (f"{view.layer}.{name}" if name else view.layer): sub
+            for name, sub in layer.named_sublayers(include_self=True)
+        }
+        self.attributes = [(*attribute_owner(layers[a.layer], a.name), a.local) for a in view.attributes]
+
+    def __call__(self, values: Mapping[str, paddle.Tensor], *args: Any, **kwargs: Any) -> Any:
+        """The forward called with ``args`` and ``kwargs``, each parameter ``values[fqn]``."""
+        params = [(sub, key, sub._parameters[key]) for _, sub, key in self.slots]
+        saved = [(owner, name, getattr(owner, name)) for owner, name, _ in self.attributes]
+        try:
+            for fqn, sub, key in self.slots:
+                sub._parameters[key] = values[fqn]
+            for owner, name, value in self.attributes:
+                setattr(owner, name, value)
+            return self.forward(*args, **kwargs)
+        finally:
+            for sub, key, param in params:
+                sub._parameters[key] = param
+            for owner, name, value in saved:
+                setattr(owner, name, value)
+
+
+def _wrap(layer: paddle.nn.Layer, view: LocalView, mesh: dist.ProcessMesh) -> None:
     weights = {w.param: w for w in view.weights}
     rank = mesh.process_ids.index(dist.get_rank())
-    prefix = view.layer + "."
-    slots = [
-        (sub, key, param, f"{prefix}{name}.{key}" if name else f"{prefix}{key}")
-        for name, sub in layer.named_sublayers(include_self=True)
-        for key, param in sub._parameters.items()
-        if param is not None
-    ]
-    attributes = [(*attribute_owner(layers[a.layer], a.name), a.local) for a in view.attributes]
-    forward = layer.forward
+    call = LocalCall(layer, view)
 
-    @functools.wraps(forward)
+    @functools.wraps(call.forward)
     def run(*args: Any, **kwargs: Any) -> Any:
         # The first input, whose mesh and placements the output takes. The tensor itself is kept,
         # not its process_mesh: that dies with the tensor (docs/paddle-notes.md), and the input is
@@ -198,18 +244,8 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
 
         args, kwargs = map_first_input(args, kwargs, first)
         args, kwargs = _called_as_proven(view, args, kwargs, placed[0])
-        saved = [(owner, name, getattr(owner, name)) for owner, name, _ in attributes]
-        try:
-            for sub, key, param, fqn in slots:
-                sub._parameters[key] = _call_value(param, weights.get(fqn), mesh, rank)
-            for owner, name, value in attributes:
-                setattr(owner, name, value)
-            output = forward(*args, **kwargs)
-        finally:
-            for sub, key, param, _ in slots:
-                sub._parameters[key] = param
-            for owner, name, value in saved:
-                setattr(owner, name, value)
+        values = {fqn: _call_value(sub._parameters[key], weights.get(fqn), mesh, rank) for fqn, sub, key in call.slots}
+        output = call(values, *args, **kwargs)
         found = hidden_output(output, view.dropped_outputs)
         if found is None or not isinstance(found[0], paddle.Tensor):
             raise RuntimeError(
@@ -371,6 +407,11 @@ def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
                     f"of sizes {weight.sizes or 'equal'} (whole: {weight.replicated}) split over {mp} ranks"
                 )
         for attribute in view.attributes:
+            if attribute.layer != view.layer and not attribute.layer.startswith(view.layer + "."):
+                problems.append(
+                    f"local_view {view.layer}: attribute {attribute.layer}.{attribute.name} lies outside it"
+                )
+                continue
             layer = layers.get(attribute.layer)
             try:
                 value = getattr(*attribute_owner(layer, attribute.name)) if layer is not None else None

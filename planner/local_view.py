@@ -14,6 +14,8 @@ Nothing is assumed about the forward: the planner *proves* each such sub-layer b
 copy with random weights runs once whole (the global run) and ``mp`` times as each rank would
 (its slices, its attribute values); the summed outputs and the reassembled gradients (weights
 and input, for a random output gradient) must equal the global run's within float tolerance.
+Every run goes through the applier's own call (``applier/local_view.LocalCall``: parameters and
+attributes swapped, the forward run, both restored), so a proof that holds has run that code.
 
 Which integer attributes to localise is found by the proof too (:func:`discover`): the global
 run records which integer attributes its forward reads (of the sub-layer, of every child of it,
@@ -47,13 +49,13 @@ from autodist.schemas.plan import DTYPE_BYTES, DType
 from autodist.schemas.vocabulary import FLOAT_DTYPES
 from autodist.schemas import CallInput, LocalAttribute, LocalView, LocalWeight, Plan, Strategy
 from autodist.schemas.local_view import (
-    attribute_owner,
     hidden_output,
     local_views_refused,
     rank_positions,
     segment_sizes,
 )
 
+from autodist.applier.local_view import LocalCall
 from autodist.planner.recognise.analysis import ModelAnalysis
 from autodist.planner.recognise.reshards import local_view_candidates, local_weights
 from autodist.planner.recognise.roles import SubLayer
@@ -477,13 +479,13 @@ class _Proof:
     def __init__(self, layer, view: LocalView, params: dict, mp: int, shape: list[int], reading: dict):
         self.layer, self.view, self.mp, self.shape, self.reading = layer, view, mp, shape, reading
         self.rng = np.random.default_rng(0)
-        self.slots = _slots(layer, view)
         self.whole = {w.param: self.rng.normal(0.0, 0.2, params[w.param][0]).astype("float32") for w in view.weights}
         self.x = self.rng.normal(0.0, 1.0, shape).astype("float32")
         self.arguments = _arguments(view.call, shape, reading, self.rng)
         self.cotangent = None  # the global run's random output gradient, given to every local run
+        global_call = LocalCall(layer, msgspec.structs.replace(view, attributes=[]))  # whole values, whole sizes
         with _Reads(_owners(layer, view.layer)) as self.read:
-            self.out, self.grads, self.x_grad, self.cotangent = self._run(self.whole)
+            self.out, self.grads, self.x_grad, self.cotangent = self._run(global_call, self.whole)
 
     @classmethod
     def made(cls, layer, view: LocalView, params: dict, mp: int, batch_seq: tuple[int, int]) -> _Proof:
@@ -492,7 +494,7 @@ class _Proof:
         at most :data:`MAX_TRACED_PROOF_TOKENS` (a forward that runs only at them: sizes written
         into it). :class:`NotProven` when none runs."""
         listed = {w.param for w in view.weights}
-        others = sorted(fqn for fqn, _, _ in _slots(layer, view) if fqn not in listed)
+        others = sorted(fqn for fqn, _, _ in LocalCall(layer, view).slots if fqn not in listed)
         if others:
             raise NotProven(f"its parameters {others} are not projections' weights")
         elements = sum(math.prod(params[fqn][0]) for fqn in listed)
@@ -521,8 +523,7 @@ class _Proof:
         outs, local_grads, x_grads = [], [], []
         for rank in range(self.mp):
             local = {w.param: _local(self.whole[w.param], w, rank, self.mp) for w in view.weights}
-            with _attributes(self.layer, view):
-                o, g, xg, _ = self._run(local)
+            o, g, xg, _ = self._run(LocalCall(self.layer, view), local)
             outs.append(o)
             local_grads.append(g)
             x_grads.append(xg)
@@ -540,22 +541,13 @@ class _Proof:
             f"global run, forward and backward, within rtol {RTOL} and atol {ATOL}"
         )
 
-    def _run(self, values: dict):
-        """One forward and backward (:func:`_run`) in eval mode (no dropout: the runs must see the
-        same values); the layer's train/eval modes restored after."""
+    def _run(self, call: LocalCall, values: dict):
+        """One forward and backward (:func:`_run`) through ``call`` in eval mode (no dropout: the
+        runs must see the same values); the layer's train/eval modes restored after."""
         modes = [(sub, sub.training) for sub in self.layer.sublayers(include_self=True)]
         self.layer.eval()
         try:
-            return _run(
-                self.layer,
-                self.slots,
-                values,
-                self.x,
-                self.arguments,
-                self.view.dropped_outputs,
-                self.cotangent,
-                self.rng,
-            )
+            return _run(call, values, self.x, self.arguments, self.view.dropped_outputs, self.cotangent, self.rng)
         except NotProven:
             raise
         except Exception as exc:
@@ -714,20 +706,11 @@ def _described_call(call: list[CallInput], reading: dict) -> str:
     return ", ".join(f"{c.keyword}={one(c)}" if c.keyword else one(c) for c in call)
 
 
-def _slots(layer: paddle.nn.Layer, view: LocalView) -> list[tuple[str, paddle.nn.Layer, str]]:
-    return [
-        (f"{view.layer}.{name}.{key}" if name else f"{view.layer}.{key}", sub, key)
-        for name, sub in layer.named_sublayers(include_self=True)
-        for key, param in sub._parameters.items()
-        if param is not None
-    ]
-
-
-def _run(layer, slots, values: dict, x: np.ndarray, arguments: tuple[tuple, dict], dropped, cotangent, rng):
-    """One forward and backward of ``layer`` with ``values`` as its parameters (plain leaf
-    tensors), called with ``arguments`` (:func:`_arguments`) and ``x`` as the hidden input."""
-    leaves = {fqn: paddle.to_tensor(values[fqn], stop_gradient=False) for fqn, _, _ in slots}
-    saved = [(sub, key, sub._parameters[key]) for _, sub, key in slots]
+def _run(call: LocalCall, values: dict, x: np.ndarray, arguments: tuple[tuple, dict], dropped, cotangent, rng):
+    """One forward and backward of a sub-layer through the applier's own ``call`` with ``values``
+    as its parameters (plain leaf tensors), called with ``arguments`` (:func:`_arguments`) and
+    ``x`` as the hidden input."""
+    leaves = {fqn: paddle.to_tensor(values[fqn], stop_gradient=False) for fqn, _, _ in call.slots}
     inp = paddle.to_tensor(x, stop_gradient=False)
 
     def tensors(value):
@@ -739,20 +722,14 @@ def _run(layer, slots, values: dict, x: np.ndarray, arguments: tuple[tuple, dict
             return type(value)(tensors(item) for item in value)
         return value
 
-    try:
-        for fqn, sub, key in slots:
-            sub._parameters[key] = leaves[fqn]
-        args, kwargs = arguments
-        found = hidden_output(layer(*tensors(args), **{k: tensors(v) for k, v in kwargs.items()}), dropped)
-        if found is None or not isinstance(found[0], paddle.Tensor):
-            raise NotProven("its forward returns more than one tensor (a cache or attention weights)")
-        out = found[0]
-        if cotangent is None:
-            cotangent = rng.normal(0.0, 1.0, out.shape).astype("float32")
-        (out * paddle.to_tensor(cotangent)).sum().backward()
-    finally:
-        for sub, key, param in saved:
-            sub._parameters[key] = param
+    args, kwargs = arguments
+    found = hidden_output(call(leaves, *tensors(args), **{k: tensors(v) for k, v in kwargs.items()}), dropped)
+    if found is None or not isinstance(found[0], paddle.Tensor):
+        raise NotProven("its forward returns more than one tensor (a cache or attention weights)")
+    out = found[0]
+    if cotangent is None:
+        cotangent = rng.normal(0.0, 1.0, out.shape).astype("float32")
+    (out * paddle.to_tensor(cotangent)).sum().backward()
     grads = {fqn: _numpy(leaf.grad, leaf.shape) for fqn, leaf in leaves.items()}
     return out.numpy(), grads, _numpy(inp.grad, inp.shape), cotangent
 
@@ -792,27 +769,6 @@ def _compare(what: str, got: np.ndarray, want: np.ndarray) -> None:
         raise NotProven(
             f"the local runs' {what} differs from the global run's by up to {float(np.abs(got - want).max()):.3g}"
         )
-
-
-class _attributes:
-    """Set the view's attributes (on the layer) to their local values for a ``with`` block."""
-
-    def __init__(self, layer: paddle.nn.Layer, view: LocalView):
-        layers = {
-            (f"{view.layer}.{name}" if name else view.layer): sub
-            for name, sub in layer.named_sublayers(include_self=True)
-        }
-        self.items = [(*attribute_owner(layers[a.layer], a.name), a.local) for a in view.attributes]
-        self.saved: list = []
-
-    def __enter__(self):
-        self.saved = [(owner, name, getattr(owner, name)) for owner, name, _ in self.items]
-        for owner, name, value in self.items:
-            setattr(owner, name, value)
-
-    def __exit__(self, *exc):
-        for owner, name, value in self.saved:
-            setattr(owner, name, value)
 
 
 def _first_line(exc: Exception) -> str:
