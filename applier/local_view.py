@@ -47,6 +47,7 @@ from autodist.schemas import CallInput, LocalView, LocalWeight, Plan
 from autodist.schemas.describe import strategy_text
 from autodist.schemas.local_view import (
     attribute_owner,
+    head_positions,
     hidden_output,
     local_order,
     local_views_refused,
@@ -243,7 +244,7 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, mesh: dist.ProcessMesh) -> No
             return _CopyToRanks.apply(local_value(x), mesh)
 
         args, kwargs = map_first_input(args, kwargs, first)
-        args, kwargs = _called_as_proven(view, args, kwargs, placed[0])
+        args, kwargs = _called_as_proven(view, args, kwargs, placed[0], mesh)
         values = {fqn: _call_value(sub._parameters[key], weights.get(fqn), mesh, rank) for fqn, sub, key in call.slots}
         output = call(values, *args, **kwargs)
         found = hidden_output(output, view.dropped_outputs)
@@ -260,11 +261,15 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, mesh: dist.ProcessMesh) -> No
     layer.forward = run
 
 
-def _called_as_proven(view: LocalView, args: tuple, kwargs: dict, hidden: paddle.Tensor) -> tuple[tuple, dict]:
+def _called_as_proven(
+    view: LocalView, args: tuple, kwargs: dict, hidden: paddle.Tensor, mesh: dist.ProcessMesh
+) -> tuple[tuple, dict]:
     """The call's other arguments as this rank's values, after checking the call is the one the
     plan proved (``view.call``, by position and keyword; an empty call is the hidden input alone):
-    the same literals, tensors where it had tensors. Each tensor carries no gradient and is taken
-    whole over mp (:func:`_replicated_local`); the hidden input is already local."""
+    the same literals, tensors where it had tensors. Each tensor is taken whole over mp
+    (:func:`_replicated_local`), then a per-head one cut to the rank's heads, and one that carries
+    a gradient (``CallInput.gradient``) taken whole or 1/mp of it, its gradient summed over the mp
+    line (``mesh``); the hidden input is already local."""
     call = view.call or [CallInput(role="hidden")]
     positional = [c for c in call if not c.keyword]
     keywords = {c.keyword: c for c in call if c.keyword}
@@ -293,20 +298,30 @@ def _called_as_proven(view: LocalView, args: tuple, kwargs: dict, hidden: paddle
             return type(value)(local(v, item, f"{name}[{i}]") for i, (v, item) in enumerate(items))
         if not isinstance(value, paddle.Tensor):
             raise RuntimeError(f"local view: {view.layer} got {name}={value!r}; the plan proved it with a tensor")
-        return _replicated_local(value, hidden, recorded.batch, f"{view.layer} input {name}")
+        if not value.stop_gradient and not recorded.gradient:
+            raise RuntimeError(
+                f"local view: {view.layer} input {name} carries a gradient; the plan proved it with one that carries none"
+            )
+        taken = _replicated_local(value, hidden, recorded.batch)
+        mp = len(mesh.process_ids)
+        if recorded.heads_at is not None:
+            at = recorded.heads_at
+            rank = mesh.process_ids.index(dist.get_rank())
+            positions = head_positions(taken.shape[at], recorded.heads, mp, rank)
+            taken = paddle.index_select(taken, paddle.to_tensor(positions, dtype="int64"), axis=at)
+        if recorded.gradient:
+            taken = _CopyToRanks.apply(taken, mesh)
+        return taken * (1.0 / mp) if recorded.gradient == "share" else taken
 
     args = tuple(local(v, c, f"argument {i}") for i, (v, c) in enumerate(zip(args, positional)))
     return args, {k: local(v, keywords[k], k) for k, v in kwargs.items()}
 
 
-def _replicated_local(x: paddle.Tensor, hidden: paddle.Tensor, batch: bool, what: str) -> paddle.Tensor:
+def _replicated_local(x: paddle.Tensor, hidden: paddle.Tensor, batch: bool) -> paddle.Tensor:
     """This rank's value of an input other than the hidden one: whole over mp (every rank reads
     what the global run reads), and along a ``batch`` dim 0 the rows the hidden input's local
     value holds (its dp shard). A DistTensor placed otherwise is resharded so (a plain tensor is
-    the same whole value on every rank: sliced, or taken as it is). It must carry no gradient:
-    each rank's would be its heads' share only, which the proof did not cover."""
-    if not x.stop_gradient:
-        raise RuntimeError(f"local view: {what} carries a gradient; the plan proved it with inputs that carry none")
+    the same whole value on every rank: sliced, or taken as it is)."""
     mesh = hidden.process_mesh
     placements = [
         p if batch and isinstance(p, dist.Shard) and p.get_dim() == 0 else dist.Replicate() for p in hidden.placements

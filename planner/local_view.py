@@ -49,6 +49,7 @@ from autodist.schemas.plan import DTYPE_BYTES, DType
 from autodist.schemas.vocabulary import FLOAT_DTYPES
 from autodist.schemas import CallInput, LocalAttribute, LocalView, LocalWeight, Plan, Strategy
 from autodist.schemas.local_view import (
+    head_positions,
     hidden_output,
     local_views_refused,
     rank_positions,
@@ -147,7 +148,8 @@ def local_views(
         key = _kind(layer, view, params, mp)
         if key not in proven:
             try:
-                proven[key] = _relative(discover(layer, view, params, mp, plausible, _layouts(candidate)), "")
+                variants = call_variants(call, candidate.sublayer.num_heads, mp)
+                proven[key] = _relative(discover(layer, view, params, mp, plausible, _layouts(candidate), variants), "")
             except NotProven as exc:  # said once per sub-layer kind, its names relative to the sub-layer
                 proven[key] = NotProven(str(exc).replace(candidate.layer + ".", ""))
         outcome = proven[key]
@@ -214,9 +216,9 @@ def call_inputs(calls: list[LayerCall]) -> tuple[list[CallInput], list[int]]:
     output a local view returns as None (``dropped_outputs``): the tensors beside the hidden
     state that nothing outside the call read. Raises :class:`NotProven` for a call a proof cannot
     make or a local view cannot serve: no call, calls with different arguments, an argument that
-    is an object (a cache) or carries a gradient besides the hidden input (each rank's gradient
-    of it would be its heads' share), an extra output read after the call (a rank holds only its
-    heads' part of it)."""
+    is an object (a cache), an extra output read after the call (a rank holds only its heads'
+    part of it). A float tensor beside the hidden input that carries a gradient is recorded so
+    (``gradient``), how each rank takes it left to the proof (:func:`call_variants`)."""
     if not calls:
         raise NotProven("the trace did not call it")
     first = calls[0]
@@ -268,10 +270,6 @@ def _call_input(value, keyword: str, hidden: TracedTensor, top: bool = False) ->
         dtype = typing.cast(DType, value.dtype)
         if top and value is hidden:
             return CallInput(role="hidden", keyword=keyword, shape=list(value.shape), dtype=dtype, batch=True)
-        if not value.stop_gradient and value.dtype in FLOAT_DTYPES:  # an integer or bool tensor has no gradient
-            raise NotProven(
-                f"its input {name} carries a gradient (each rank's gradient of it would be its heads' share only)"
-            )
         role: typing.Literal["positions", "mask", "tensor"]
         if value.dtype.startswith(("int", "uint")):
             role = "positions"
@@ -280,7 +278,13 @@ def _call_input(value, keyword: str, hidden: TracedTensor, top: bool = False) ->
         else:
             role = "tensor"
         batch = len(value.shape) > 0 and value.shape[0] == hidden.shape[0]
-        return CallInput(role=role, keyword=keyword, shape=list(value.shape), dtype=dtype, batch=batch)
+        # an integer or bool tensor has no gradient; how a float one's is taken the proof finds (call_variants)
+        gradient: typing.Literal["", "whole"] = (
+            "whole" if not value.stop_gradient and value.dtype in FLOAT_DTYPES else ""
+        )
+        return CallInput(
+            role=role, keyword=keyword, shape=list(value.shape), dtype=dtype, batch=batch, gradient=gradient
+        )
     if isinstance(value, (tuple, list)):
         items = [_call_input(item, "", hidden) for item in value]
         return CallInput(role="tuple" if isinstance(value, tuple) else "list", keyword=keyword, items=items)
@@ -370,17 +374,35 @@ MAX_READINGS = 16
 
 
 def discover(
-    layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, plausible: dict[int, int], layouts: list
+    layer: paddle.nn.Layer,
+    view: LocalView,
+    params: dict,
+    mp: int,
+    plausible: dict[int, int],
+    layouts: list,
+    calls: list[list[CallInput]] | None = None,
 ) -> LocalView:
-    """``view`` proven, with the weights' layout (of ``layouts``, in order) and the size
-    attributes (:data:`MAX_ATTRIBUTE_SETS` sets at most, ordered by ``plausible``) the first proof
-    that holds takes, and how it was proven; :class:`NotProven` with the reason of the first
-    layout's most plausible set when none holds."""
+    """``view`` proven, with the weights' layout (of ``layouts``, in order), the way each rank
+    takes the call's other inputs (of ``calls``, :func:`call_variants`; ``view.call`` alone by
+    default) and the size attributes (:data:`MAX_ATTRIBUTE_SETS` sets at most, ordered by
+    ``plausible``) the first proof that holds takes, and how it was proven; :class:`NotProven`
+    with the reason of the first layout's most plausible set, called as traced (the last of
+    ``calls``), when none holds."""
+    calls = calls or [view.call]
     first: NotProven | None = None
-    for weights in layouts:
-        proof = _Proof.made(
-            layer, msgspec.structs.replace(view, weights=weights), params, mp, proof_sizes(layer, view, params, mp)
-        )
+    for weights, call in itertools.product(layouts, calls):
+        as_traced = call is calls[-1]
+        try:
+            proof = _Proof.made(
+                layer,
+                msgspec.structs.replace(view, weights=weights, call=call),
+                params,
+                mp,
+                proof_sizes(layer, view, params, mp),
+            )
+        except NotProven as exc:
+            first = first or (exc if as_traced else None)
+            continue
         candidates = [
             msgspec.structs.replace(a, local=plausible.get(a.whole, a.local))
             for a in _integer_attributes(layer, view.layer, mp)
@@ -390,11 +412,62 @@ def discover(
             try:
                 verified = proof.check(attributes)
             except NotProven as exc:
-                first = first or exc
+                first = first or (exc if as_traced else None)
                 continue
             return msgspec.structs.replace(proof.view, attributes=attributes, verified=verified)
     assert first is not None
     raise first
+
+
+#: The most ways of taking a call's per-head and gradient-carrying inputs :func:`discover` proves.
+MAX_CALLS = 8
+
+
+def call_variants(call: list[CallInput], heads: int, mp: int) -> list[list[CallInput]]:
+    """The ways each rank may take ``call``'s tensors other than the hidden one, in the order
+    :func:`discover` proves them, the call as traced last (the proof decides; at most
+    :data:`MAX_CALLS`):
+
+    - a float tensor that carries no gradient and has a dim of ``heads`` entries, or ``heads``
+      for each batch row at dim 0 (BLOOM's ``[B * H, 1, S]``), cut to the rank's heads along it
+      (``CallInput.heads_at``: each such dim in turn), then whole. The traced shapes only name
+      candidates: the proof runs at a batch and sequence no size of the sub-layer equals, so a
+      cut holds only where the input is added per head to the scores;
+    - one that carries a gradient, a 1/mp ``share`` (added to the output: BLOOM's residual), then
+      ``whole`` (it feeds the heads).
+
+    >>> bias = CallInput(role="tensor", shape=[1, 4, 1, 9], dtype="float32")
+    >>> hidden = CallInput(role="hidden", shape=[2, 9, 32], dtype="float32", batch=True)
+    >>> [[c.heads_at for c in v] for v in call_variants([hidden, bias], heads=4, mp=2)]
+    [[None, 1], [None, None]]
+    """
+    hidden = next((c.shape for c in call if c.role == "hidden"), [])
+
+    def options(c: CallInput) -> list[CallInput]:
+        if c.role in ("tuple", "list"):
+            return [msgspec.structs.replace(c, items=list(items)) for items in _product([options(i) for i in c.items])]
+        if c.role != "tensor" or c.dtype not in FLOAT_DTYPES:
+            return [c]
+        if c.gradient:
+            return [msgspec.structs.replace(c, gradient="share"), msgspec.structs.replace(c, gradient="whole")]
+        if heads <= 0 or heads % mp:
+            return [c]
+        cut = [
+            msgspec.structs.replace(c, heads_at=d, heads=heads)
+            for d, size in enumerate(c.shape)
+            if size == heads and not (d == 0 and c.batch)
+        ]
+        if c.shape and hidden and c.shape[0] == hidden[0] * heads and hidden[0] > 1:
+            cut.append(msgspec.structs.replace(c, heads_at=0, heads=heads, batch=True))
+        return [*cut, c]
+
+    variants = [list(v) for v in _product([options(c) for c in call])]
+    return variants[: MAX_CALLS - 1] + variants[-1:] if len(variants) > MAX_CALLS else variants
+
+
+def _product(options: list[list[CallInput]]) -> list[tuple[CallInput, ...]]:
+    """Every choice of one option per item, in order: the last, each item's last option."""
+    return list(itertools.product(*options))
 
 
 def _attribute_sets(candidates: list[LocalAttribute], plausible: dict[int, int]) -> list[list[LocalAttribute]]:
@@ -485,7 +558,7 @@ class _Proof:
         self.cotangent = None  # the global run's random output gradient, given to every local run
         global_call = LocalCall(layer, msgspec.structs.replace(view, attributes=[]))  # whole values, whole sizes
         with _Reads(_owners(layer, view.layer)) as self.read:
-            self.out, self.grads, self.x_grad, self.cotangent = self._run(global_call, self.whole)
+            self.out, self.grads, self.x_grad, self.given_grads, self.cotangent = self._run(global_call, self.whole)
 
     @classmethod
     def made(cls, layer, view: LocalView, params: dict, mp: int, batch_seq: tuple[int, int]) -> _Proof:
@@ -520,15 +593,18 @@ class _Proof:
 
     def check(self, attributes: list[LocalAttribute]) -> str:
         view = msgspec.structs.replace(self.view, attributes=attributes)
-        outs, local_grads, x_grads = [], [], []
+        outs, local_grads, x_grads, given_grads = [], [], [], []
         for rank in range(self.mp):
             local = {w.param: _local(self.whole[w.param], w, rank, self.mp) for w in view.weights}
-            o, g, xg, _ = self._run(LocalCall(self.layer, view), local)
+            o, g, xg, gg, _ = self._run(LocalCall(self.layer, view), local, rank)
             outs.append(o)
             local_grads.append(g)
             x_grads.append(xg)
+            given_grads.append(gg)
         _compare("output", sum(outs), self.out)
         _compare("input gradient", sum(x_grads), self.x_grad)
+        for i, want in enumerate(self.given_grads):  # the gradient-carrying inputs': summed over mp
+            _compare(f"gradient of its gradient-carrying input {i}", sum(gg[i] for gg in given_grads), want)
         for weight in view.weights:
             _compare(
                 f"gradient of {weight.param}",
@@ -541,13 +617,16 @@ class _Proof:
             f"global run, forward and backward, within rtol {RTOL} and atol {ATOL}"
         )
 
-    def _run(self, call: LocalCall, values: dict):
+    def _run(self, call: LocalCall, values: dict, rank: int | None = None):
         """One forward and backward (:func:`_run`) through ``call`` in eval mode (no dropout: the
-        runs must see the same values); the layer's train/eval modes restored after."""
+        runs must see the same values), as ``rank`` (None: the global run); the layer's train/eval
+        modes restored after."""
         modes = [(sub, sub.training) for sub in self.layer.sublayers(include_self=True)]
         self.layer.eval()
         try:
-            return _run(call, values, self.x, self.arguments, self.view.dropped_outputs, self.cotangent, self.rng)
+            return _run(
+                call, values, self.x, self.arguments, self.view.dropped_outputs, self.cotangent, self.rng, rank, self.mp
+            )
         except NotProven:
             raise
         except Exception as exc:
@@ -569,6 +648,16 @@ class _Hidden:
     """Where the hidden input goes in :func:`_arguments`' call (each run makes its own)."""
 
 
+@dataclass(frozen=True)
+class _Given:
+    """A per-head or gradient-carrying input of :func:`_arguments`' call, as the global run takes
+    it; :func:`_run` gives each rank its value as the applier does (``CallInput.heads_at``,
+    ``gradient``)."""
+
+    input: CallInput
+    value: np.ndarray
+
+
 def _readings(call: list[CallInput], batch_seq: tuple[int, int]) -> list[dict[int, list[int | None]]]:
     """Which dims of the call's other tensors follow the hidden input's traced batch and sequence
     (``{id of its CallInput: [the proof's size per dim, None where it keeps its own]}``), in the
@@ -583,21 +672,18 @@ def _readings(call: list[CallInput], batch_seq: tuple[int, int]) -> list[dict[in
     tensors = [c for c in _flat(call) if c.role in ("mask", "positions", "tensor")]
     choices = []
     for c in tensors:
-        at = [i for i, d in enumerate(c.shape) if d == seq and not (i == 0 and c.batch)]
+        at = [i for i, d in enumerate(c.shape) if d == seq and not (i == 0 and c.batch) and i != c.heads_at]
         subsets = [s for k in range(len(at), -1, -1) for s in itertools.combinations(at, k)]
         choices.append([(c, frozenset(s)) for s in subsets])
-    readings: list[dict[int, list[int | None]]] = []
-    for combination in itertools.islice(itertools.product(*choices), MAX_READINGS):
-        readings.append(
-            {
-                id(c): [
-                    batch_seq[0] if i == 0 and c.batch else batch_seq[1] if i in following else None
-                    for i in range(len(c.shape))
-                ]
-                for c, following in combination
-            }
-        )
-    return readings
+
+    def size(c: CallInput, i: int, following: frozenset) -> int | None:
+        batch = batch_seq[0] * (c.heads if i == c.heads_at else 1)  # a per-head dim 0: batch x heads
+        return batch if i == 0 and c.batch else batch_seq[1] if i in following else None
+
+    return [
+        {id(c): [size(c, i, following) for i in range(len(c.shape))] for c, following in combination}
+        for combination in itertools.islice(itertools.product(*choices), MAX_READINGS)
+    ]
 
 
 def _flat(call: list[CallInput]) -> list[CallInput]:
@@ -633,7 +719,8 @@ def _arguments(call: list[CallInput], shape: list[int], reading: dict, rng) -> t
             return np.ascontiguousarray(np.broadcast_to(visible, dims))
         if c.dtype.startswith("complex"):
             return (rng.normal(0.0, 1.0, dims) + 1j * rng.normal(0.0, 1.0, dims)).astype(c.dtype)
-        return rng.normal(0.0, 1.0, dims).astype("float32")
+        random = rng.normal(0.0, 1.0, dims).astype("float32")
+        return _Given(c, random) if c.heads_at is not None or c.gradient else random
 
     args = tuple(value(c) for c in call if not c.keyword)
     return args, {c.keyword: value(c) for c in call if c.keyword}
@@ -701,21 +788,47 @@ def _described_call(call: list[CallInput], reading: dict) -> str:
         if c.role in ("hidden", "literal"):
             return c.role if c.role == "hidden" else repr(c.value)
         sizes = reading.get(id(c), [None] * len(c.shape))
-        return f"{c.role} {[size or d for size, d in zip(sizes, c.shape)]}"
+        heads = f" cut to each rank's heads along dim {c.heads_at}" if c.heads_at is not None else ""
+        gradient = {"share": " carrying a gradient, 1/mp of it on each rank", "whole": " carrying a gradient"}
+        return f"{c.role} {[size or d for size, d in zip(sizes, c.shape)]}{heads}{gradient.get(c.gradient, '')}"
 
     return ", ".join(f"{c.keyword}={one(c)}" if c.keyword else one(c) for c in call)
 
 
-def _run(call: LocalCall, values: dict, x: np.ndarray, arguments: tuple[tuple, dict], dropped, cotangent, rng):
+def _run(
+    call: LocalCall,
+    values: dict,
+    x: np.ndarray,
+    arguments: tuple[tuple, dict],
+    dropped,
+    cotangent,
+    rng,
+    rank: int | None = None,
+    mp: int = 1,
+):
     """One forward and backward of a sub-layer through the applier's own ``call`` with ``values``
     as its parameters (plain leaf tensors), called with ``arguments`` (:func:`_arguments`) and
-    ``x`` as the hidden input."""
+    ``x`` as the hidden input: the global run, or as ``rank`` of ``mp`` takes its per-head and
+    gradient-carrying inputs (:class:`_Given`: its heads' entries; a 1/mp ``share``). Returns the
+    output, the parameters' gradients, the hidden input's, the gradient-carrying inputs' (in call
+    order) and the output gradient given."""
     leaves = {fqn: paddle.to_tensor(values[fqn], stop_gradient=False) for fqn, _, _ in call.slots}
     inp = paddle.to_tensor(x, stop_gradient=False)
+    carried: list[paddle.Tensor] = []
+
+    def given(c: CallInput, value: np.ndarray) -> paddle.Tensor:
+        if c.heads_at is not None and rank is not None:
+            value = np.take(value, head_positions(value.shape[c.heads_at], c.heads, mp, rank), axis=c.heads_at)
+        if not c.gradient:
+            return paddle.to_tensor(value)
+        carried.append(paddle.to_tensor(value, stop_gradient=False))
+        return carried[-1] * (1.0 / mp) if c.gradient == "share" and rank is not None else carried[-1]
 
     def tensors(value):
         if value is _Hidden:
             return inp
+        if isinstance(value, _Given):
+            return given(value.input, value.value)
         if isinstance(value, np.ndarray):
             return paddle.to_tensor(value)
         if isinstance(value, (tuple, list)):
@@ -731,7 +844,8 @@ def _run(call: LocalCall, values: dict, x: np.ndarray, arguments: tuple[tuple, d
         cotangent = rng.normal(0.0, 1.0, out.shape).astype("float32")
     (out * paddle.to_tensor(cotangent)).sum().backward()
     grads = {fqn: _numpy(leaf.grad, leaf.shape) for fqn, leaf in leaves.items()}
-    return out.numpy(), grads, _numpy(inp.grad, inp.shape), cotangent
+    given_grads = [_numpy(leaf.grad, leaf.shape) for leaf in carried]
+    return out.numpy(), grads, _numpy(inp.grad, inp.shape), given_grads, cotangent
 
 
 def _numpy(grad, shape) -> np.ndarray:

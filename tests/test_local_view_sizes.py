@@ -92,6 +92,7 @@ LOCAL_VIEW_ZOO = [
     f"{ZOO}/{name}.py"
     for name in (
         "baichuan_hf",
+        "bloom_hf",
         "chatglm3_hf",
         "falcon_hf",
         "gpt2_hf",
@@ -99,6 +100,7 @@ LOCAL_VIEW_ZOO = [
         "gpt_neox_hf",
         "internlm2_hf",
         "mixtral_mistral_ref",
+        "mpt_alibi",
         "opt_hf",
         "persimmon_hf",
         "phi3_hf",
