@@ -36,8 +36,11 @@ Example::
 
 from __future__ import annotations
 
+import ast
+import inspect
 import itertools
 import math
+import textwrap
 import typing
 from dataclasses import dataclass
 
@@ -151,7 +154,8 @@ def local_views(
                 variants = call_variants(call, candidate.sublayer.num_heads, mp)
                 proven[key] = _relative(discover(layer, view, params, mp, plausible, _layouts(candidate), variants), "")
             except NotProven as exc:  # said once per sub-layer kind, its names relative to the sub-layer
-                proven[key] = NotProven(str(exc).replace(candidate.layer + ".", ""))
+                why = str(exc).replace(candidate.layer + ".", "").rstrip(", ")
+                proven[key] = NotProven(why + input_width_reads(layer))
         outcome = proven[key]
         if isinstance(outcome, NotProven):
             unproven[candidate.layer] = (candidate.otherwise, str(outcome))
@@ -166,6 +170,89 @@ def local_views(
         for (otherwise, reason), names in by_reason.items()
     ]
     return views, notes
+
+
+#: The calls whose arguments are sizes: a width read from the input's shape there sizes a tensor.
+SIZING_CALLS = frozenset({"reshape", "reshape_", "view", "expand", "broadcast_to", "split", "tile"})
+
+
+def input_width_reads(layer: paddle.nn.Layer) -> str:
+    """Where ``layer``'s forward sizes tensors with its input's width read from the input's shape,
+    read from its source (nanoGPT's ``B, T, C = x.shape`` then ``k.reshape([B, T, self.n_head,
+    C // self.n_head])``; timm's ``B, N, C = x.shape`` then ``reshape([B, N, C])``): a rank of a
+    local view takes the input whole, so ``C`` stays the whole width while the rank computes with
+    1/mp of it, and no attribute the proof could localise changes that. Said as the rest of an
+    unproven local view's reason, with the lines and the smallest rewrite (``-1`` there, which a
+    reshape infers); "" when the forward has no such read, or Python has no source of it.
+
+    >>> class Attention(paddle.nn.Layer):
+    ...     def forward(self, x):
+    ...         B, T, C = x.shape
+    ...         return x.reshape([B, T, 2, C // 2]).reshape([B, T, C])
+    >>> print(input_width_reads(Attention()))  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    ; its forward reads its input's width from the input's shape (`B, T, C = x.shape`, ...:3) and
+    sizes tensors with it (...: line 4: `C // 2`, `C`), which stays the whole width on a rank
+    computing with 1/mp of it; to split it: write -1 for each of those (a reshape infers it)
+    """
+    try:
+        forward = inspect.unwrap(type(layer).forward)
+        lines, first = inspect.getsourcelines(forward)
+        where = inspect.getsourcefile(forward)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return ""
+    function = tree.body[0]
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(function.args.args) < 2:
+        return ""
+    source = textwrap.dedent("".join(lines))
+    x = function.args.args[1].arg
+
+    def shape_of_x(node: ast.AST) -> bool:  # x.shape or x.size()
+        if isinstance(node, ast.Call) and not node.args:
+            node = node.func
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("shape", "size")
+            and isinstance(node.value, ast.Name)
+            and node.value.id == x
+        )
+
+    read, width = None, ""
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and shape_of_x(node.value):
+            target = node.targets[0]
+            if isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[-1], ast.Name):
+                read, width = node, target.elts[-1].id
+                break
+    if read is None:
+        return ""
+    parents = {child: node for node in ast.walk(function) for child in ast.iter_child_nodes(node)}
+    uses = []
+    for node in ast.walk(function):
+        if not (isinstance(node, ast.Name) and node.id == width and isinstance(node.ctx, ast.Load)):
+            continue
+        used: ast.expr = node
+        outer = parents.get(node)
+        if isinstance(outer, ast.BinOp) and isinstance(outer.op, ast.FloorDiv) and outer.left is node:
+            used = outer
+        sizing = outer
+        while sizing is not None and not (
+            isinstance(sizing, ast.Call) and isinstance(sizing.func, ast.Attribute) and sizing.func.attr in SIZING_CALLS
+        ):
+            sizing = parents.get(sizing)
+        if sizing is not None:
+            uses.append((node.lineno + first - 1, node.col_offset, ast.get_source_segment(source, used) or width))
+    if not uses:
+        return ""
+    uses.sort()
+    at = ", ".join(str(line) for line in dict.fromkeys(line for line, _, _ in uses))
+    said = ", ".join(f"`{text}`" for text in dict.fromkeys(text for _, _, text in uses))
+    return (
+        f"; its forward reads its input's width from the input's shape (`{ast.get_source_segment(source, read)}`, "
+        f"{where}:{read.lineno + first - 1}) and sizes tensors with it ({where}: line{'s' * (',' in at)} {at}: {said}), "
+        "which stays the whole width on a rank computing with 1/mp of it; to split it: write -1 for each of those "
+        "(a reshape infers it)"
+    )
 
 
 def _kind(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int) -> tuple:
