@@ -10,7 +10,7 @@ Megatron-LM's tensor parallelism:
   is the rank's slice of each segment, ``q_r|k_r|v_r`` or ``gate_r|up_r``:
   :meth:`LocalViews.to_local_layout` laid the distributed parameter out that way when it was
   sharded); a row bias (``summed``) enters as
-  1/mp of itself, its gradient the whole one; a gradient comes back Partial over dp, summed by
+  1/mp of itself, its gradient the whole one (:func:`share_of`); a gradient comes back Partial over dp, summed by
   the optimizer as any data-parallel gradient (docs/paddle-notes.md, "Local-view tensor parallelism");
 - the size attributes it reads (``self.num_heads``, ``self.split_size``, ``c_attn.nf``, an MLP's
   ``self.intermediate_size``) set to their local values, restored when the call returns or raises;
@@ -169,7 +169,7 @@ def _call_value(param: paddle.Tensor, weight: LocalWeight | None, line: dist.Pro
         positions = rank_positions(weight, local.shape[weight.dim], mp, rank)
         return paddle.index_select(local, paddle.to_tensor(positions, dtype="int64"), axis=weight.dim)
     local = param_local(param)
-    return _Scaled.apply(local, 1.0 / mp) if weight is not None and weight.summed else local
+    return share_of(local, mp) if weight is not None and weight.summed else local
 
 
 class LocalCall:
@@ -309,9 +309,9 @@ def _called_as_proven(
             rank = mesh.process_ids.index(dist.get_rank())
             positions = head_positions(taken.shape[at], recorded.heads, mp, rank)
             taken = paddle.index_select(taken, paddle.to_tensor(positions, dtype="int64"), axis=at)
-        if recorded.gradient:
-            taken = _CopyToRanks.apply(taken, mesh)
-        return taken * (1.0 / mp) if recorded.gradient == "share" else taken
+        if recorded.gradient == "share":
+            return share_of(taken, mp)
+        return _CopyToRanks.apply(taken, mesh) if recorded.gradient == "whole" else taken
 
     args = tuple(local(v, c, f"argument {i}") for i, (v, c) in enumerate(zip(args, positional)))
     return args, {k: local(v, keywords[k], k) for k, v in kwargs.items()}
@@ -363,6 +363,19 @@ class SumOverRanks(PyLayer):
     @staticmethod
     def backward(ctx, grad):
         return grad
+
+
+def share_of(x: paddle.Tensor, mp: int) -> paddle.Tensor:
+    """A rank's share of what is added once into a local view's output (a row bias, BLOOM's
+    residual): ``x / mp`` forward, so the ranks' partial outputs sum to one whole ``x``; the whole
+    gradient backward, which every rank already holds (the output's gradient is whole on every
+    rank), so no collective. The planner's proof takes such inputs through it too.
+
+    >>> x = paddle.to_tensor([1.0, 1.0], stop_gradient=False)
+    >>> y = share_of(x, 2); y.sum().backward(); y.tolist(), x.grad.tolist()
+    ([0.5, 0.5], [1.0, 1.0])
+    """
+    return _Scaled.apply(x, 1.0 / mp)
 
 
 class _Scaled(PyLayer):

@@ -59,7 +59,7 @@ from autodist.schemas.local_view import (
     segment_sizes,
 )
 
-from autodist.applier.local_view import LocalCall
+from autodist.applier.local_view import LocalCall, share_of
 from autodist.planner.recognise.analysis import ModelAnalysis
 from autodist.planner.recognise.reshards import local_view_candidates, local_weights
 from autodist.planner.recognise.roles import SubLayer
@@ -520,8 +520,8 @@ def call_variants(call: list[CallInput], heads: int, mp: int) -> list[list[CallI
       (``CallInput.heads_at``: each such dim in turn), then whole. The traced shapes only name
       candidates: the proof runs at a batch and sequence no size of the sub-layer equals, so a
       cut holds only where the input is added per head to the scores;
-    - one that carries a gradient, a 1/mp ``share`` (added to the output: BLOOM's residual), then
-      ``whole`` (it feeds the heads).
+    - one that carries a gradient, a 1/mp ``share`` (added to the output: BLOOM's residual; its
+      gradient whole on each rank), then ``whole`` (it feeds the heads; its gradient summed).
 
     >>> bias = CallInput(role="tensor", shape=[1, 4, 1, 9], dtype="float32")
     >>> hidden = CallInput(role="hidden", shape=[2, 9, 32], dtype="float32", batch=True)
@@ -690,8 +690,10 @@ class _Proof:
             given_grads.append(gg)
         _compare("output", sum(outs), self.out)
         _compare("input gradient", sum(x_grads), self.x_grad)
-        for i, want in enumerate(self.given_grads):  # the gradient-carrying inputs': summed over mp
-            _compare(f"gradient of its gradient-carrying input {i}", sum(gg[i] for gg in given_grads), want)
+        for i, (mode, want) in enumerate(self.given_grads):  # a share's is whole on each rank, else summed
+            what = f"gradient of its gradient-carrying input {i}"
+            for got in [gg[i][1] for gg in given_grads] if mode == "share" else [sum(gg[i][1] for gg in given_grads)]:
+                _compare(what, got, want)
         for weight in view.weights:
             _compare(
                 f"gradient of {weight.param}",
@@ -898,18 +900,18 @@ def _run(
     ``x`` as the hidden input: the global run, or as ``rank`` of ``mp`` takes its per-head and
     gradient-carrying inputs (:class:`_Given`: its heads' entries; a 1/mp ``share``). Returns the
     output, the parameters' gradients, the hidden input's, the gradient-carrying inputs' (in call
-    order) and the output gradient given."""
+    order, each with its ``CallInput.gradient``) and the output gradient given."""
     leaves = {fqn: paddle.to_tensor(values[fqn], stop_gradient=False) for fqn, _, _ in call.slots}
     inp = paddle.to_tensor(x, stop_gradient=False)
-    carried: list[paddle.Tensor] = []
+    carried: list[tuple[str, paddle.Tensor]] = []
 
     def given(c: CallInput, value: np.ndarray) -> paddle.Tensor:
         if c.heads_at is not None and rank is not None:
             value = np.take(value, head_positions(value.shape[c.heads_at], c.heads, mp, rank), axis=c.heads_at)
         if not c.gradient:
             return paddle.to_tensor(value)
-        carried.append(paddle.to_tensor(value, stop_gradient=False))
-        return carried[-1] * (1.0 / mp) if c.gradient == "share" and rank is not None else carried[-1]
+        carried.append((c.gradient, paddle.to_tensor(value, stop_gradient=False)))
+        return share_of(carried[-1][1], mp) if c.gradient == "share" and rank is not None else carried[-1][1]
 
     def tensors(value):
         if value is _Hidden:
@@ -931,7 +933,7 @@ def _run(
         cotangent = rng.normal(0.0, 1.0, out.shape).astype("float32")
     (out * paddle.to_tensor(cotangent)).sum().backward()
     grads = {fqn: _numpy(leaf.grad, leaf.shape) for fqn, leaf in leaves.items()}
-    given_grads = [_numpy(leaf.grad, leaf.shape) for leaf in carried]
+    given_grads = [(mode, _numpy(leaf.grad, leaf.shape)) for mode, leaf in carried]
     return out.numpy(), grads, _numpy(inp.grad, inp.shape), given_grads, cotangent
 
 

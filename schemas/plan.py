@@ -404,9 +404,10 @@ class CallInput(Base):
     heads: NonNegativeInt = 0
     #: A float tensor that carries a gradient (BLOOM's residual, added to the output inside the
     #: attention), as the proof found each rank must take it: ``whole`` (it feeds the rank's heads,
-    #: as the hidden input does) or ``share`` (1/mp of it: added to the output, the ranks' partial
-    #: sums would add it mp times). Either way its gradient is the ranks' summed over mp
-    #: (Megatron's ``f``). "": it carries none, and the applier refuses one that does.
+    #: as the hidden input does: its gradient is the ranks' summed over mp, Megatron's ``f``) or
+    #: ``share`` (1/mp of it: added to the output, the ranks' partial sums would add it mp times;
+    #: its gradient is the whole one on every rank, as the output's, with no collective). "": it
+    #: carries none, and the applier refuses one that does.
     gradient: Literal["", "whole", "share"] = ""
 
 

@@ -8,8 +8,9 @@ items 2 and 3).
   (``CallInput.heads_at``): dim 1 of MPT's, dim 0 of BLOOM's (two heads of each batch row).
 - BLOOM also hands its attention the residual, which it adds to the output (``dropout_add``):
   it carries a gradient, and the proof finds each rank must take 1/mp of it
-  (``gradient="share"``), so the ranks' partial sums add it once and its gradient, summed over
-  mp, is the whole one. Taken whole, the output would hold it twice: the proof refuses that.
+  (``gradient="share"``), so the ranks' partial sums add it once, and its gradient is the whole
+  one on each rank, as the output's. Taken whole, the output would hold it twice: the proof
+  refuses that.
 
 Trained on 2 gloo ranks (and BLOOM on 4, dp2 x mp2): losses and parameters as one device, each
 rank's output projection reading its 2 heads of 4, and MPT's scores holding 2 heads.
