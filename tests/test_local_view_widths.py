@@ -1,7 +1,8 @@
 """An attention whose forward reads its width from the input's shape (issue 30, item 4).
 
 nanoGPT writes ``B, T, C = x.shape`` then ``k.reshape([B, T, self.n_head, C // self.n_head])``
-and ``y.reshape([B, T, C])``; timm's ViT ``B, N, C = x.shape`` then ``reshape([B, N, C])``. A
+and ``y.reshape([B, T, C])``; timm's ViT ``B, N, C = x.shape`` then ``reshape([B, N, C])``, and
+DiT (timm's ``Attention``) also ``qkv.reshape([B, N, 3, self.num_heads, C // self.num_heads])``. A
 rank of a local view takes the input whole, so ``C`` stays the whole width while the rank
 computes with half of it: no attribute the proof could localise changes that, and the attention
 keeps its gather. The warning and ``--explain`` name the line that reads the width, the lines
@@ -31,6 +32,13 @@ WIDTHS = {
         [("C // self.n_head", "-1"), ("[B, T, C]", "[B, T, -1]")],
     ),
     "vit.py": ("blocks.*.attn", "B, N, C = x.shape", ["x = (attn @ v)"], "`C`", [("[B, N, C]", "[B, N, -1]")]),
+    "dit.py": (
+        "blocks.*.attn",
+        "B, N, C = x.shape",
+        ["qkv = self.qkv(x)", "x = paddle.matmul(attn, v)"],
+        "`C // self.num_heads`, `C`",
+        [("C // self.num_heads", "-1"), ("[B, N, C]", "[B, N, -1]")],
+    ),
 }
 
 
