@@ -14,6 +14,8 @@ Nothing is assumed about the forward: the planner *proves* each such sub-layer b
 copy with random weights runs once whole (the global run) and ``mp`` times as each rank would
 (its slices, its attribute values); the summed outputs and the reassembled gradients (weights
 and input, for a random output gradient) must equal the global run's within float tolerance.
+Every run goes through the applier's own call (``applier/local_view.LocalCall``: parameters and
+attributes swapped, the forward run, both restored), so a proof that holds has run that code.
 
 Which integer attributes to localise is found by the proof too (:func:`discover`): the global
 run records which integer attributes its forward reads (of the sub-layer, of every child of it,
@@ -34,8 +36,11 @@ Example::
 
 from __future__ import annotations
 
+import ast
+import inspect
 import itertools
 import math
+import textwrap
 import typing
 from dataclasses import dataclass
 
@@ -47,13 +52,14 @@ from autodist.schemas.plan import DTYPE_BYTES, DType
 from autodist.schemas.vocabulary import FLOAT_DTYPES
 from autodist.schemas import CallInput, LocalAttribute, LocalView, LocalWeight, Plan, Strategy
 from autodist.schemas.local_view import (
-    attribute_owner,
+    head_positions,
     hidden_output,
     rank_positions,
     segment_sizes,
 )
 from autodist.schemas.parallel_dims import local_views_refused
 
+from autodist.applier.modes.local_calls import LocalCall, share_of
 from autodist.planner.recognise.analysis import ModelAnalysis
 from autodist.planner.recognise.reshards import local_view_candidates, local_weights
 from autodist.planner.recognise.roles import SubLayer
@@ -145,9 +151,11 @@ def local_views(
         key = _kind(layer, view, params, mp)
         if key not in proven:
             try:
-                proven[key] = _relative(discover(layer, view, params, mp, plausible, _layouts(candidate)), "")
+                variants = call_variants(call, candidate.sublayer.num_heads, mp)
+                proven[key] = _relative(discover(layer, view, params, mp, plausible, _layouts(candidate), variants), "")
             except NotProven as exc:  # said once per sub-layer kind, its names relative to the sub-layer
-                proven[key] = NotProven(str(exc).replace(candidate.layer + ".", ""))
+                why = str(exc).replace(candidate.layer + ".", "").rstrip(", ")
+                proven[key] = NotProven(why + input_width_reads(layer))
         outcome = proven[key]
         if isinstance(outcome, NotProven):
             unproven[candidate.layer] = (candidate.otherwise, str(outcome))
@@ -162,6 +170,89 @@ def local_views(
         for (otherwise, reason), names in by_reason.items()
     ]
     return views, notes
+
+
+#: The calls whose arguments are sizes: a width read from the input's shape there sizes a tensor.
+SIZING_CALLS = frozenset({"reshape", "reshape_", "view", "expand", "broadcast_to", "split", "tile"})
+
+
+def input_width_reads(layer: paddle.nn.Layer) -> str:
+    """Where ``layer``'s forward sizes tensors with its input's width read from the input's shape,
+    read from its source (nanoGPT's ``B, T, C = x.shape`` then ``k.reshape([B, T, self.n_head,
+    C // self.n_head])``; timm's ``B, N, C = x.shape`` then ``reshape([B, N, C])``): a rank of a
+    local view takes the input whole, so ``C`` stays the whole width while the rank computes with
+    1/mp of it, and no attribute the proof could localise changes that. Said as the rest of an
+    unproven local view's reason, with the lines and the smallest rewrite (``-1`` there, which a
+    reshape infers); "" when the forward has no such read, or Python has no source of it.
+
+    >>> class Attention(paddle.nn.Layer):
+    ...     def forward(self, x):
+    ...         B, T, C = x.shape
+    ...         return x.reshape([B, T, 2, C // 2]).reshape([B, T, C])
+    >>> print(input_width_reads(Attention()))  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    ; its forward reads its input's width from the input's shape (`B, T, C = x.shape`, ...:3) and
+    sizes tensors with it (...: line 4: `C // 2`, `C`), which stays the whole width on a rank
+    computing with 1/mp of it; to split it: write -1 for each of those (a reshape infers it)
+    """
+    try:
+        forward = inspect.unwrap(type(layer).forward)
+        lines, first = inspect.getsourcelines(forward)
+        where = inspect.getsourcefile(forward)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return ""
+    function = tree.body[0]
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(function.args.args) < 2:
+        return ""
+    source = textwrap.dedent("".join(lines))
+    x = function.args.args[1].arg
+
+    def shape_of_x(node: ast.AST) -> bool:  # x.shape or x.size()
+        if isinstance(node, ast.Call) and not node.args:
+            node = node.func
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("shape", "size")
+            and isinstance(node.value, ast.Name)
+            and node.value.id == x
+        )
+
+    read, width = None, ""
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and shape_of_x(node.value):
+            target = node.targets[0]
+            if isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[-1], ast.Name):
+                read, width = node, target.elts[-1].id
+                break
+    if read is None:
+        return ""
+    parents = {child: node for node in ast.walk(function) for child in ast.iter_child_nodes(node)}
+    uses = []
+    for node in ast.walk(function):
+        if not (isinstance(node, ast.Name) and node.id == width and isinstance(node.ctx, ast.Load)):
+            continue
+        used: ast.expr = node
+        outer = parents.get(node)
+        if isinstance(outer, ast.BinOp) and isinstance(outer.op, ast.FloorDiv) and outer.left is node:
+            used = outer
+        sizing = outer
+        while sizing is not None and not (
+            isinstance(sizing, ast.Call) and isinstance(sizing.func, ast.Attribute) and sizing.func.attr in SIZING_CALLS
+        ):
+            sizing = parents.get(sizing)
+        if sizing is not None:
+            uses.append((node.lineno + first - 1, node.col_offset, ast.get_source_segment(source, used) or width))
+    if not uses:
+        return ""
+    uses.sort()
+    at = ", ".join(str(line) for line in dict.fromkeys(line for line, _, _ in uses))
+    said = ", ".join(f"`{text}`" for text in dict.fromkeys(text for _, _, text in uses))
+    return (
+        f"; its forward reads its input's width from the input's shape (`{ast.get_source_segment(source, read)}`, "
+        f"{where}:{read.lineno + first - 1}) and sizes tensors with it ({where}: line{'s' * (',' in at)} {at}: {said}), "
+        "which stays the whole width on a rank computing with 1/mp of it; to split it: write -1 for each of those "
+        "(a reshape infers it)"
+    )
 
 
 def _kind(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int) -> tuple:
@@ -212,9 +303,9 @@ def call_inputs(calls: list[LayerCall]) -> tuple[list[CallInput], list[int]]:
     output a local view returns as None (``dropped_outputs``): the tensors beside the hidden
     state that nothing outside the call read. Raises :class:`NotProven` for a call a proof cannot
     make or a local view cannot serve: no call, calls with different arguments, an argument that
-    is an object (a cache) or carries a gradient besides the hidden input (each rank's gradient
-    of it would be its heads' share), an extra output read after the call (a rank holds only its
-    heads' part of it)."""
+    is an object (a cache), an extra output read after the call (a rank holds only its heads'
+    part of it). A float tensor beside the hidden input that carries a gradient is recorded so
+    (``gradient``), how each rank takes it left to the proof (:func:`call_variants`)."""
     if not calls:
         raise NotProven("the trace did not call it")
     first = calls[0]
@@ -266,10 +357,6 @@ def _call_input(value, keyword: str, hidden: TracedTensor, top: bool = False) ->
         dtype = typing.cast(DType, value.dtype)
         if top and value is hidden:
             return CallInput(role="hidden", keyword=keyword, shape=list(value.shape), dtype=dtype, batch=True)
-        if not value.stop_gradient and value.dtype in FLOAT_DTYPES:  # an integer or bool tensor has no gradient
-            raise NotProven(
-                f"its input {name} carries a gradient (each rank's gradient of it would be its heads' share only)"
-            )
         role: typing.Literal["positions", "mask", "tensor"]
         if value.dtype.startswith(("int", "uint")):
             role = "positions"
@@ -278,7 +365,13 @@ def _call_input(value, keyword: str, hidden: TracedTensor, top: bool = False) ->
         else:
             role = "tensor"
         batch = len(value.shape) > 0 and value.shape[0] == hidden.shape[0]
-        return CallInput(role=role, keyword=keyword, shape=list(value.shape), dtype=dtype, batch=batch)
+        # an integer or bool tensor has no gradient; how a float one's is taken the proof finds (call_variants)
+        gradient: typing.Literal["", "whole"] = (
+            "whole" if not value.stop_gradient and value.dtype in FLOAT_DTYPES else ""
+        )
+        return CallInput(
+            role=role, keyword=keyword, shape=list(value.shape), dtype=dtype, batch=batch, gradient=gradient
+        )
     if isinstance(value, (tuple, list)):
         items = [_call_input(item, "", hidden) for item in value]
         return CallInput(role="tuple" if isinstance(value, tuple) else "list", keyword=keyword, items=items)
@@ -368,17 +461,35 @@ MAX_READINGS = 16
 
 
 def discover(
-    layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, plausible: dict[int, int], layouts: list
+    layer: paddle.nn.Layer,
+    view: LocalView,
+    params: dict,
+    mp: int,
+    plausible: dict[int, int],
+    layouts: list,
+    calls: list[list[CallInput]] | None = None,
 ) -> LocalView:
-    """``view`` proven, with the weights' layout (of ``layouts``, in order) and the size
-    attributes (:data:`MAX_ATTRIBUTE_SETS` sets at most, ordered by ``plausible``) the first proof
-    that holds takes, and how it was proven; :class:`NotProven` with the reason of the first
-    layout's most plausible set when none holds."""
+    """``view`` proven, with the weights' layout (of ``layouts``, in order), the way each rank
+    takes the call's other inputs (of ``calls``, :func:`call_variants`; ``view.call`` alone by
+    default) and the size attributes (:data:`MAX_ATTRIBUTE_SETS` sets at most, ordered by
+    ``plausible``) the first proof that holds takes, and how it was proven; :class:`NotProven`
+    with the reason of the first layout's most plausible set, called as traced (the last of
+    ``calls``), when none holds."""
+    calls = calls or [view.call]
     first: NotProven | None = None
-    for weights in layouts:
-        proof = _Proof.made(
-            layer, msgspec.structs.replace(view, weights=weights), params, mp, proof_sizes(layer, view, params, mp)
-        )
+    for weights, call in itertools.product(layouts, calls):
+        as_traced = call is calls[-1]
+        try:
+            proof = _Proof.made(
+                layer,
+                msgspec.structs.replace(view, weights=weights, call=call),
+                params,
+                mp,
+                proof_sizes(layer, view, params, mp),
+            )
+        except NotProven as exc:
+            first = first or (exc if as_traced else None)
+            continue
         candidates = [
             msgspec.structs.replace(a, local=plausible.get(a.whole, a.local))
             for a in _integer_attributes(layer, view.layer, mp)
@@ -388,11 +499,62 @@ def discover(
             try:
                 verified = proof.check(attributes)
             except NotProven as exc:
-                first = first or exc
+                first = first or (exc if as_traced else None)
                 continue
             return msgspec.structs.replace(proof.view, attributes=attributes, verified=verified)
     assert first is not None
     raise first
+
+
+#: The most ways of taking a call's per-head and gradient-carrying inputs :func:`discover` proves.
+MAX_CALLS = 8
+
+
+def call_variants(call: list[CallInput], heads: int, mp: int) -> list[list[CallInput]]:
+    """The ways each rank may take ``call``'s tensors other than the hidden one, in the order
+    :func:`discover` proves them, the call as traced last (the proof decides; at most
+    :data:`MAX_CALLS`):
+
+    - a float tensor that carries no gradient and has a dim of ``heads`` entries, or ``heads``
+      for each batch row at dim 0 (BLOOM's ``[B * H, 1, S]``), cut to the rank's heads along it
+      (``CallInput.heads_at``: each such dim in turn), then whole. The traced shapes only name
+      candidates: the proof runs at a batch and sequence no size of the sub-layer equals, so a
+      cut holds only where the input is added per head to the scores;
+    - one that carries a gradient, a 1/mp ``share`` (added to the output: BLOOM's residual; its
+      gradient whole on each rank), then ``whole`` (it feeds the heads; its gradient summed).
+
+    >>> bias = CallInput(role="tensor", shape=[1, 4, 1, 9], dtype="float32")
+    >>> hidden = CallInput(role="hidden", shape=[2, 9, 32], dtype="float32", batch=True)
+    >>> [[c.heads_at for c in v] for v in call_variants([hidden, bias], heads=4, mp=2)]
+    [[None, 1], [None, None]]
+    """
+    hidden = next((c.shape for c in call if c.role == "hidden"), [])
+
+    def options(c: CallInput) -> list[CallInput]:
+        if c.role in ("tuple", "list"):
+            return [msgspec.structs.replace(c, items=list(items)) for items in _product([options(i) for i in c.items])]
+        if c.role != "tensor" or c.dtype not in FLOAT_DTYPES:
+            return [c]
+        if c.gradient:
+            return [msgspec.structs.replace(c, gradient="share"), msgspec.structs.replace(c, gradient="whole")]
+        if heads <= 0 or heads % mp:
+            return [c]
+        cut = [
+            msgspec.structs.replace(c, heads_at=d, heads=heads)
+            for d, size in enumerate(c.shape)
+            if size == heads and not (d == 0 and c.batch)
+        ]
+        if c.shape and hidden and c.shape[0] == hidden[0] * heads and hidden[0] > 1:
+            cut.append(msgspec.structs.replace(c, heads_at=0, heads=heads, batch=True))
+        return [*cut, c]
+
+    variants = [list(v) for v in _product([options(c) for c in call])]
+    return variants[: MAX_CALLS - 1] + variants[-1:] if len(variants) > MAX_CALLS else variants
+
+
+def _product(options: list[list[CallInput]]) -> list[tuple[CallInput, ...]]:
+    """Every choice of one option per item, in order: the last, each item's last option."""
+    return list(itertools.product(*options))
 
 
 def _attribute_sets(candidates: list[LocalAttribute], plausible: dict[int, int]) -> list[list[LocalAttribute]]:
@@ -477,13 +639,13 @@ class _Proof:
     def __init__(self, layer, view: LocalView, params: dict, mp: int, shape: list[int], reading: dict):
         self.layer, self.view, self.mp, self.shape, self.reading = layer, view, mp, shape, reading
         self.rng = np.random.default_rng(0)
-        self.slots = _slots(layer, view)
         self.whole = {w.param: self.rng.normal(0.0, 0.2, params[w.param][0]).astype("float32") for w in view.weights}
         self.x = self.rng.normal(0.0, 1.0, shape).astype("float32")
         self.arguments = _arguments(view.call, shape, reading, self.rng)
         self.cotangent = None  # the global run's random output gradient, given to every local run
+        global_call = LocalCall(layer, msgspec.structs.replace(view, attributes=[]))  # whole values, whole sizes
         with _Reads(_owners(layer, view.layer)) as self.read:
-            self.out, self.grads, self.x_grad, self.cotangent = self._run(self.whole)
+            self.out, self.grads, self.x_grad, self.given_grads, self.cotangent = self._run(global_call, self.whole)
 
     @classmethod
     def made(cls, layer, view: LocalView, params: dict, mp: int, batch_seq: tuple[int, int]) -> _Proof:
@@ -492,7 +654,7 @@ class _Proof:
         at most :data:`MAX_TRACED_PROOF_TOKENS` (a forward that runs only at them: sizes written
         into it). :class:`NotProven` when none runs."""
         listed = {w.param for w in view.weights}
-        others = sorted(fqn for fqn, _, _ in _slots(layer, view) if fqn not in listed)
+        others = sorted(fqn for fqn, _, _ in LocalCall(layer, view).slots if fqn not in listed)
         if others:
             raise NotProven(f"its parameters {others} are not projections' weights")
         elements = sum(math.prod(params[fqn][0]) for fqn in listed)
@@ -518,16 +680,20 @@ class _Proof:
 
     def check(self, attributes: list[LocalAttribute]) -> str:
         view = msgspec.structs.replace(self.view, attributes=attributes)
-        outs, local_grads, x_grads = [], [], []
+        outs, local_grads, x_grads, given_grads = [], [], [], []
         for rank in range(self.mp):
             local = {w.param: _local(self.whole[w.param], w, rank, self.mp) for w in view.weights}
-            with _attributes(self.layer, view):
-                o, g, xg, _ = self._run(local)
+            o, g, xg, gg, _ = self._run(LocalCall(self.layer, view), local, rank)
             outs.append(o)
             local_grads.append(g)
             x_grads.append(xg)
+            given_grads.append(gg)
         _compare("output", sum(outs), self.out)
         _compare("input gradient", sum(x_grads), self.x_grad)
+        for i, (mode, want) in enumerate(self.given_grads):  # a share's is whole on each rank, else summed
+            what = f"gradient of its gradient-carrying input {i}"
+            for got in [gg[i][1] for gg in given_grads] if mode == "share" else [sum(gg[i][1] for gg in given_grads)]:
+                _compare(what, got, want)
         for weight in view.weights:
             _compare(
                 f"gradient of {weight.param}",
@@ -540,21 +706,15 @@ class _Proof:
             f"global run, forward and backward, within rtol {RTOL} and atol {ATOL}"
         )
 
-    def _run(self, values: dict):
-        """One forward and backward (:func:`_run`) in eval mode (no dropout: the runs must see the
-        same values); the layer's train/eval modes restored after."""
+    def _run(self, call: LocalCall, values: dict, rank: int | None = None):
+        """One forward and backward (:func:`_run`) through ``call`` in eval mode (no dropout: the
+        runs must see the same values), as ``rank`` (None: the global run); the layer's train/eval
+        modes restored after."""
         modes = [(sub, sub.training) for sub in self.layer.sublayers(include_self=True)]
         self.layer.eval()
         try:
             return _run(
-                self.layer,
-                self.slots,
-                values,
-                self.x,
-                self.arguments,
-                self.view.dropped_outputs,
-                self.cotangent,
-                self.rng,
+                call, values, self.x, self.arguments, self.view.dropped_outputs, self.cotangent, self.rng, rank, self.mp
             )
         except NotProven:
             raise
@@ -577,6 +737,16 @@ class _Hidden:
     """Where the hidden input goes in :func:`_arguments`' call (each run makes its own)."""
 
 
+@dataclass(frozen=True)
+class _Given:
+    """A per-head or gradient-carrying input of :func:`_arguments`' call, as the global run takes
+    it; :func:`_run` gives each rank its value as the applier does (``CallInput.heads_at``,
+    ``gradient``)."""
+
+    input: CallInput
+    value: np.ndarray
+
+
 def _readings(call: list[CallInput], batch_seq: tuple[int, int]) -> list[dict[int, list[int | None]]]:
     """Which dims of the call's other tensors follow the hidden input's traced batch and sequence
     (``{id of its CallInput: [the proof's size per dim, None where it keeps its own]}``), in the
@@ -591,21 +761,18 @@ def _readings(call: list[CallInput], batch_seq: tuple[int, int]) -> list[dict[in
     tensors = [c for c in _flat(call) if c.role in ("mask", "positions", "tensor")]
     choices = []
     for c in tensors:
-        at = [i for i, d in enumerate(c.shape) if d == seq and not (i == 0 and c.batch)]
+        at = [i for i, d in enumerate(c.shape) if d == seq and not (i == 0 and c.batch) and i != c.heads_at]
         subsets = [s for k in range(len(at), -1, -1) for s in itertools.combinations(at, k)]
         choices.append([(c, frozenset(s)) for s in subsets])
-    readings: list[dict[int, list[int | None]]] = []
-    for combination in itertools.islice(itertools.product(*choices), MAX_READINGS):
-        readings.append(
-            {
-                id(c): [
-                    batch_seq[0] if i == 0 and c.batch else batch_seq[1] if i in following else None
-                    for i in range(len(c.shape))
-                ]
-                for c, following in combination
-            }
-        )
-    return readings
+
+    def size(c: CallInput, i: int, following: frozenset) -> int | None:
+        batch = batch_seq[0] * (c.heads if i == c.heads_at else 1)  # a per-head dim 0: batch x heads
+        return batch if i == 0 and c.batch else batch_seq[1] if i in following else None
+
+    return [
+        {id(c): [size(c, i, following) for i in range(len(c.shape))] for c, following in combination}
+        for combination in itertools.islice(itertools.product(*choices), MAX_READINGS)
+    ]
 
 
 def _flat(call: list[CallInput]) -> list[CallInput]:
@@ -641,7 +808,8 @@ def _arguments(call: list[CallInput], shape: list[int], reading: dict, rng) -> t
             return np.ascontiguousarray(np.broadcast_to(visible, dims))
         if c.dtype.startswith("complex"):
             return (rng.normal(0.0, 1.0, dims) + 1j * rng.normal(0.0, 1.0, dims)).astype(c.dtype)
-        return rng.normal(0.0, 1.0, dims).astype("float32")
+        random = rng.normal(0.0, 1.0, dims).astype("float32")
+        return _Given(c, random) if c.heads_at is not None or c.gradient else random
 
     args = tuple(value(c) for c in call if not c.keyword)
     return args, {c.keyword: value(c) for c in call if c.keyword}
@@ -709,52 +877,64 @@ def _described_call(call: list[CallInput], reading: dict) -> str:
         if c.role in ("hidden", "literal"):
             return c.role if c.role == "hidden" else repr(c.value)
         sizes = reading.get(id(c), [None] * len(c.shape))
-        return f"{c.role} {[size or d for size, d in zip(sizes, c.shape)]}"
+        heads = f" cut to each rank's heads along dim {c.heads_at}" if c.heads_at is not None else ""
+        gradient = {"share": " carrying a gradient, 1/mp of it on each rank", "whole": " carrying a gradient"}
+        return f"{c.role} {[size or d for size, d in zip(sizes, c.shape)]}{heads}{gradient.get(c.gradient, '')}"
 
     return ", ".join(f"{c.keyword}={one(c)}" if c.keyword else one(c) for c in call)
 
 
-def _slots(layer: paddle.nn.Layer, view: LocalView) -> list[tuple[str, paddle.nn.Layer, str]]:
-    return [
-        (f"{view.layer}.{name}.{key}" if name else f"{view.layer}.{key}", sub, key)
-        for name, sub in layer.named_sublayers(include_self=True)
-        for key, param in sub._parameters.items()
-        if param is not None
-    ]
-
-
-def _run(layer, slots, values: dict, x: np.ndarray, arguments: tuple[tuple, dict], dropped, cotangent, rng):
-    """One forward and backward of ``layer`` with ``values`` as its parameters (plain leaf
-    tensors), called with ``arguments`` (:func:`_arguments`) and ``x`` as the hidden input."""
-    leaves = {fqn: paddle.to_tensor(values[fqn], stop_gradient=False) for fqn, _, _ in slots}
-    saved = [(sub, key, sub._parameters[key]) for _, sub, key in slots]
+def _run(
+    call: LocalCall,
+    values: dict,
+    x: np.ndarray,
+    arguments: tuple[tuple, dict],
+    dropped,
+    cotangent,
+    rng,
+    rank: int | None = None,
+    mp: int = 1,
+):
+    """One forward and backward of a sub-layer through the applier's own ``call`` with ``values``
+    as its parameters (plain leaf tensors), called with ``arguments`` (:func:`_arguments`) and
+    ``x`` as the hidden input: the global run, or as ``rank`` of ``mp`` takes its per-head and
+    gradient-carrying inputs (:class:`_Given`: its heads' entries; a 1/mp ``share``). Returns the
+    output, the parameters' gradients, the hidden input's, the gradient-carrying inputs' (in call
+    order, each with its ``CallInput.gradient``) and the output gradient given."""
+    leaves = {fqn: paddle.to_tensor(values[fqn], stop_gradient=False) for fqn, _, _ in call.slots}
     inp = paddle.to_tensor(x, stop_gradient=False)
+    carried: list[tuple[str, paddle.Tensor]] = []
+
+    def given(c: CallInput, value: np.ndarray) -> paddle.Tensor:
+        if c.heads_at is not None and rank is not None:
+            value = np.take(value, head_positions(value.shape[c.heads_at], c.heads, mp, rank), axis=c.heads_at)
+        if not c.gradient:
+            return paddle.to_tensor(value)
+        carried.append((c.gradient, paddle.to_tensor(value, stop_gradient=False)))
+        return share_of(carried[-1][1], mp) if c.gradient == "share" and rank is not None else carried[-1][1]
 
     def tensors(value):
         if value is _Hidden:
             return inp
+        if isinstance(value, _Given):
+            return given(value.input, value.value)
         if isinstance(value, np.ndarray):
             return paddle.to_tensor(value)
         if isinstance(value, (tuple, list)):
             return type(value)(tensors(item) for item in value)
         return value
 
-    try:
-        for fqn, sub, key in slots:
-            sub._parameters[key] = leaves[fqn]
-        args, kwargs = arguments
-        found = hidden_output(layer(*tensors(args), **{k: tensors(v) for k, v in kwargs.items()}), dropped)
-        if found is None or not isinstance(found[0], paddle.Tensor):
-            raise NotProven("its forward returns more than one tensor (a cache or attention weights)")
-        out = found[0]
-        if cotangent is None:
-            cotangent = rng.normal(0.0, 1.0, out.shape).astype("float32")
-        (out * paddle.to_tensor(cotangent)).sum().backward()
-    finally:
-        for sub, key, param in saved:
-            sub._parameters[key] = param
+    args, kwargs = arguments
+    found = hidden_output(call(leaves, *tensors(args), **{k: tensors(v) for k, v in kwargs.items()}), dropped)
+    if found is None or not isinstance(found[0], paddle.Tensor):
+        raise NotProven("its forward returns more than one tensor (a cache or attention weights)")
+    out = found[0]
+    if cotangent is None:
+        cotangent = rng.normal(0.0, 1.0, out.shape).astype("float32")
+    (out * paddle.to_tensor(cotangent)).sum().backward()
     grads = {fqn: _numpy(leaf.grad, leaf.shape) for fqn, leaf in leaves.items()}
-    return out.numpy(), grads, _numpy(inp.grad, inp.shape), cotangent
+    given_grads = [(mode, _numpy(leaf.grad, leaf.shape)) for mode, leaf in carried]
+    return out.numpy(), grads, _numpy(inp.grad, inp.shape), given_grads, cotangent
 
 
 def _numpy(grad, shape) -> np.ndarray:
@@ -792,27 +972,6 @@ def _compare(what: str, got: np.ndarray, want: np.ndarray) -> None:
         raise NotProven(
             f"the local runs' {what} differs from the global run's by up to {float(np.abs(got - want).max()):.3g}"
         )
-
-
-class _attributes:
-    """Set the view's attributes (on the layer) to their local values for a ``with`` block."""
-
-    def __init__(self, layer: paddle.nn.Layer, view: LocalView):
-        layers = {
-            (f"{view.layer}.{name}" if name else view.layer): sub
-            for name, sub in layer.named_sublayers(include_self=True)
-        }
-        self.items = [(*attribute_owner(layers[a.layer], a.name), a.local) for a in view.attributes]
-        self.saved: list = []
-
-    def __enter__(self):
-        self.saved = [(owner, name, getattr(owner, name)) for owner, name, _ in self.items]
-        for owner, name, value in self.items:
-            setattr(owner, name, value)
-
-    def __exit__(self, *exc):
-        for owner, name, value in self.saved:
-            setattr(owner, name, value)
 
 
 def _first_line(exc: Exception) -> str:

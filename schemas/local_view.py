@@ -61,6 +61,23 @@ def rank_positions(weight: LocalWeight, size: int, mp: int, rank: int) -> list[i
     return positions
 
 
+def head_positions(size: int, heads: int, mp: int, rank: int) -> list[int]:
+    """The positions along a per-head input's dim of ``size`` (``CallInput.heads_at``: groups of
+    ``heads`` entries, one per head, group after group) that rank ``rank`` of ``mp`` computes with:
+    its heads' entries of each group. Raises ValueError when the dim is not whole groups of heads
+    that split over ``mp``.
+
+    >>> head_positions(4, 4, mp=2, rank=1)      # MPT's [1, H, 1, S] ALiBi, dim 1
+    [2, 3]
+    >>> head_positions(8, 4, mp=2, rank=1)      # BLOOM's [B * H, 1, S], dim 0, two batch rows
+    [2, 3, 6, 7]
+    """
+    if heads <= 0 or size % heads or heads % mp:
+        raise ValueError(f"a per-head dim of {size} is not groups of {heads} heads splitting over {mp} ranks")
+    width = heads // mp
+    return [group * heads + rank * width + i for group in range(size // heads) for i in range(width)]
+
+
 def kv_replicated(num_kv_heads: int, mp: int) -> bool:
     """Whether a multi-query (grouped) attention's fused ``q|k|v`` run as a local view computes
     its K and V whole on every one of ``mp`` ranks (``LocalWeight.replicated``), so that the

@@ -400,6 +400,19 @@ class CallInput(Base):
     batch: bool = False
     value: None | bool | int | float | Text = None
     items: list[CallInput] = []
+    #: A per-head tensor, an ALiBi bias built outside the attention and passed in whole (MPT's
+    #: ``[1, H, 1, S]``, BLOOM's ``[B * H, 1, S]``): the dim that holds its ``heads`` entries for
+    #: each batch row (batch-major when it is dim 0 of a ``batch`` tensor). Each rank takes its
+    #: heads' entries along it (:func:`autodist.schemas.local_view.head_positions`). None: not per head.
+    heads_at: NonNegativeInt | None = None
+    heads: NonNegativeInt = 0
+    #: A float tensor that carries a gradient (BLOOM's residual, added to the output inside the
+    #: attention), as the proof found each rank must take it: ``whole`` (it feeds the rank's heads,
+    #: as the hidden input does: its gradient is the ranks' summed over mp, Megatron's ``f``) or
+    #: ``share`` (1/mp of it: added to the output, the ranks' partial sums would add it mp times;
+    #: its gradient is the whole one on every rank, as the output's, with no collective). "": it
+    #: carries none, and the applier refuses one that does.
+    gradient: Literal["", "whole", "share"] = ""
 
 
 class LocalView(Base):

@@ -715,13 +715,16 @@ def test_a_local_view_refuses_a_call_other_than_the_proven_one():
         weights=[],
         call=[CallInput(role="hidden"), CallInput(role="literal", keyword="output_attentions", value=False)],
     )
-    assert _called_as_proven(view, ("h",), {"output_attentions": False}, None) == (("h",), {"output_attentions": False})
+    assert _called_as_proven(view, ("h",), {"output_attentions": False}, None, None) == (
+        ("h",),
+        {"output_attentions": False},
+    )
     with pytest.raises(RuntimeError, match="got output_attentions=True; the plan proved it with False"):
-        _called_as_proven(view, ("h",), {"output_attentions": True}, None)
+        _called_as_proven(view, ("h",), {"output_attentions": True}, None, None)
     with pytest.raises(
         RuntimeError, match=r"keywords \['mask'\]; the plan proved it with 1 and \['output_attentions'\]"
     ):
-        _called_as_proven(view, ("h",), {"mask": None}, None)
+        _called_as_proven(view, ("h",), {"mask": None}, None, None)
 
 
 @pytest.mark.multiprocess

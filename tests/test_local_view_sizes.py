@@ -22,6 +22,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from autodist.applier.modes.local_calls import LocalCall
 from autodist.planner.driver import load
 from autodist.planner.local_view_proof import NotProven, verify
 from autodist.schemas import LocalAttribute, Plan
@@ -91,6 +92,7 @@ LOCAL_VIEW_ZOO = [
     f"{ZOO}/{name}.py"
     for name in (
         "baichuan_hf",
+        "bloom_hf",
         "chatglm3_hf",
         "falcon_hf",
         "gpt2_hf",
@@ -98,6 +100,7 @@ LOCAL_VIEW_ZOO = [
         "gpt_neox_hf",
         "internlm2_hf",
         "mixtral_mistral_ref",
+        "mpt_alibi",
         "opt_hf",
         "persimmon_hf",
         "phi3_hf",
@@ -132,3 +135,33 @@ def test_local_view_decisions_do_not_depend_on_the_input_spec(target):
     decided = [_decisions(_planned(target, spec)) for spec in specs]
     assert decided[0], f"{target}: no local view at {specs[0]}"
     assert all(d == decided[0] for d in decided[1:]), dict(zip(specs, decided))
+
+
+def test_the_proof_runs_the_appliers_own_local_call(monkeypatch):
+    """The proof's runs go through applier/modes/local_calls.py's ``LocalCall``, the code every local
+    view's call runs on a rank (issue 34, item 3): once for the global run and once per rank, and
+    with that call broken (the size attributes left whole) the proof fails."""
+    target = f"{ZOO}/gpt2_hf.py"
+    plan = _planned(target)
+    view = plan.local_view[0]
+    layer = dict(load(target).model.named_sublayers())[view.layer]
+    params = {fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}
+    assert view.attributes, "GPT-2's attention localises its head count and widths"
+    runs: list[list[str]] = []
+    shipped = LocalCall.__call__
+
+    def counted(self, values, *args, **kwargs):
+        runs.append(sorted(values))
+        return shipped(self, values, *args, **kwargs)
+
+    monkeypatch.setattr(LocalCall, "__call__", counted)
+    assert "equal the global run" in verify(layer, view, params, 2, [3, 5])
+    assert runs == [sorted(w.param for w in view.weights)] * 3  # the global run, then rank 0 and rank 1
+
+    def sizes_left_whole(self, values, *args, **kwargs):
+        self.attributes = []
+        return shipped(self, values, *args, **kwargs)
+
+    monkeypatch.setattr(LocalCall, "__call__", sizes_left_whole)
+    with pytest.raises(NotProven, match="running it failed|differs from the global run's"):
+        verify(layer, view, params, 2, [3, 5])

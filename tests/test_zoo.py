@@ -107,7 +107,8 @@ EXPECTED = {
         **mlp("model.layers.*.mlp"),
         "lm_head.weight": COL,
     },
-    # its model's method build_alibi_bias calls the module function build_alibi_bias
+    # its model's method build_alibi_bias calls the module function build_alibi_bias; its attention
+    # a local view (LOCAL_VIEWS), the ALiBi bias it is handed cut to each rank's heads
     f"{ZOO}/mpt_alibi.py": {
         **fused("transformer.blocks.*.attn", "Wqkv"),
         "transformer.blocks.*.attn.out_proj.weight": ROW,
@@ -342,9 +343,9 @@ EXPECTED = {
     # columns and c_proj by rows, c_fc by columns, the MLP's c_proj by rows; the tied token table
     # by vocabulary rows; learned positions whole.
     # HF BLOOM (planned blind at mp2): ALiBi added by baddbmm's first operand, q, k, v interleaved
-    # per head in query_key_value; Megatron's placements (the fused column gathered: its attention
-    # adds the residual inside, an input carrying a gradient, so it is not a local view), the
-    # tied word embeddings by vocabulary rows, every LayerNorm whole
+    # per head in query_key_value; Megatron's placements (a local view, LOCAL_VIEWS: its ALiBi
+    # passed in whole is cut to each rank's heads, the residual it adds inside is each rank's 1/mp
+    # share), the tied word embeddings by vocabulary rows, every LayerNorm whole
     f"{ZOO}/bloom_hf.py": {
         **fused("transformer.h.*.self_attention", "query_key_value", bias=True),
         "transformer.h.*.self_attention.dense.weight": ROW,
@@ -483,8 +484,11 @@ PLANNED_AT = {
 #: einsum (which runs on local tensors only), Persimmon's squared-ReLU MLP and ChatGLM3's
 #: masked_fill attention are split only as local views; InternLM2's and Persimmon's fused
 #: attentions are planned as their local views too, and so is HF Phi-3's (its empty rotary slice
-#: runs on plain tensors there).
+#: runs on plain tensors there), MPT's and BLOOM's (ALiBi passed in whole, cut to each rank's heads;
+#: BLOOM's residual added inside, each rank's 1/mp share).
 LOCAL_VIEWS = {
+    f"{ZOO}/mpt_alibi.py",
+    f"{ZOO}/bloom_hf.py",
     f"{ZOO}/mixtral_mistral_ref.py",
     f"{ZOO}/xlm_hf.py",
     f"{ZOO}/x_transformers.py",

@@ -10,7 +10,7 @@ Megatron-LM's tensor parallelism:
   is the rank's slice of each segment, ``q_r|k_r|v_r`` or ``gate_r|up_r``:
   :meth:`LocalViews.to_local_layout` laid the distributed parameter out that way when it was
   sharded); a row bias (``summed``) enters as
-  1/mp of itself, its gradient the whole one; a gradient comes back Partial over dp, summed by
+  1/mp of itself, its gradient the whole one (:func:`share_of`); a gradient comes back Partial over dp, summed by
   the optimizer as any data-parallel gradient (docs/paddle-notes.md, "Local-view tensor parallelism");
 - the size attributes it reads (``self.num_heads``, ``self.split_size``, ``c_attn.nf``, an MLP's
   ``self.intermediate_size``) set to their local values, restored when the call returns or raises;
@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,7 @@ from autodist.schemas import CallInput, LocalView, LocalWeight, Plan
 from autodist.schemas.describe import strategy_text
 from autodist.schemas.local_view import (
     attribute_owner,
+    head_positions,
     hidden_output,
     local_order,
     own_order,
@@ -122,7 +124,7 @@ class LocalViews:
         layers = dict(model.named_sublayers())
         line = mp_line(self.plan, dist.get_rank())
         for view in self.plan.local_view:
-            _wrap(layers[view.layer], view, layers, line)
+            _wrap(layers[view.layer], view, line)
 
 
 def mp_line(plan: Plan, rank: int) -> dist.ProcessMesh:
@@ -177,23 +179,68 @@ def _call_value(param: paddle.Tensor, weight: LocalWeight | None, line: dist.Pro
         positions = rank_positions(weight, local.shape[weight.dim], mp, rank)
         return paddle.index_select(local, paddle.to_tensor(positions, dtype="int64"), axis=weight.dim)
     local = param_local(param)
-    return _Scaled.apply(local, 1.0 / mp) if weight is not None and weight.summed else local
+    return share_of(local, mp) if weight is not None and weight.summed else local
 
 
-def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.ProcessMesh) -> None:
+class LocalCall:
+    """A sub-layer's own forward run as one rank runs it: each of its parameters replaced by the
+    value given for it, each of ``view``'s size attributes set to its local value, both restored
+    when the call returns or raises. The one place that does so: a local view's every call runs
+    through it (:func:`_wrap`), and so do the planner's proofs (planner/local_view_proof.py), so a proof
+    that holds has run this code.
+
+    ``forward`` is the layer's own, read when made (before :func:`_wrap` replaces it on the
+    instance); ``slots`` lists ``(fqn, sub-layer, key)`` of every parameter, the names as the plan's
+    (``view.layer`` + the parameter's path in it).
+
+    >>> from autodist.schemas import LocalAttribute
+    >>> layer = paddle.nn.Linear(4, 6); layer.heads = 2
+    >>> view = LocalView(layer="proj", weights=[], attributes=[LocalAttribute(layer="proj", name="heads", whole=2, local=1)])
+    >>> call = LocalCall(layer, view)
+    >>> [fqn for fqn, _, _ in call.slots]
+    ['proj.weight', 'proj.bias']
+    >>> half = {"proj.weight": paddle.ones([4, 3]), "proj.bias": paddle.zeros([3])}
+    >>> list(call(half, paddle.ones([1, 4])).shape), list(layer.weight.shape), layer.heads
+    ([1, 3], [4, 6], 2)
+    """
+
+    def __init__(self, layer: paddle.nn.Layer, view: LocalView):
+        self.forward = layer.forward
+        self.slots = [
+            (f"{view.layer}.{name}.{key}" if name else f"{view.layer}.{key}", sub, key)
+            for name, sub in layer.named_sublayers(include_self=True)
+            for key, param in sub._parameters.items()
+            if param is not None
+        ]
+        layers = {
+            (f"{view.layer}.{name}" if name else view.layer): sub
+            for name, sub in layer.named_sublayers(include_self=True)
+        }
+        self.attributes = [(*attribute_owner(layers[a.layer], a.name), a.local) for a in view.attributes]
+
+    def __call__(self, values: Mapping[str, paddle.Tensor], *args: Any, **kwargs: Any) -> Any:
+        """The forward called with ``args`` and ``kwargs``, each parameter ``values[fqn]``."""
+        params = [(sub, key, sub._parameters[key]) for _, sub, key in self.slots]
+        saved = [(owner, name, getattr(owner, name)) for owner, name, _ in self.attributes]
+        try:
+            for fqn, sub, key in self.slots:
+                sub._parameters[key] = values[fqn]
+            for owner, name, value in self.attributes:
+                setattr(owner, name, value)
+            return self.forward(*args, **kwargs)
+        finally:
+            for sub, key, param in params:
+                sub._parameters[key] = param
+            for owner, name, value in saved:
+                setattr(owner, name, value)
+
+
+def _wrap(layer: paddle.nn.Layer, view: LocalView, mesh: dist.ProcessMesh) -> None:
     weights = {w.param: w for w in view.weights}
     rank = mesh.process_ids.index(dist.get_rank())
-    prefix = view.layer + "."
-    slots = [
-        (sub, key, param, f"{prefix}{name}.{key}" if name else f"{prefix}{key}")
-        for name, sub in layer.named_sublayers(include_self=True)
-        for key, param in sub._parameters.items()
-        if param is not None
-    ]
-    attributes = [(*attribute_owner(layers[a.layer], a.name), a.local) for a in view.attributes]
-    forward = layer.forward
+    call = LocalCall(layer, view)
 
-    @functools.wraps(forward)
+    @functools.wraps(call.forward)
     def run(*args: Any, **kwargs: Any) -> Any:
         # The first input, whose mesh and placements the output takes. The tensor itself is kept,
         # not its process_mesh: that dies with the tensor (docs/paddle-notes.md), and the input is
@@ -207,19 +254,9 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
             return _CopyToRanks.apply(local_value(x), mesh)
 
         args, kwargs = map_first_input(args, kwargs, first)
-        args, kwargs = _called_as_proven(view, args, kwargs, placed[0])
-        saved = [(owner, name, getattr(owner, name)) for owner, name, _ in attributes]
-        try:
-            for sub, key, param, fqn in slots:
-                sub._parameters[key] = _call_value(param, weights.get(fqn), mesh, rank)
-            for owner, name, value in attributes:
-                setattr(owner, name, value)
-            output = forward(*args, **kwargs)
-        finally:
-            for sub, key, param, _ in slots:
-                sub._parameters[key] = param
-            for owner, name, value in saved:
-                setattr(owner, name, value)
+        args, kwargs = _called_as_proven(view, args, kwargs, placed[0], mesh)
+        values = {fqn: _call_value(sub._parameters[key], weights.get(fqn), mesh, rank) for fqn, sub, key in call.slots}
+        output = call(values, *args, **kwargs)
         found = hidden_output(output, view.dropped_outputs)
         if found is None or not isinstance(found[0], paddle.Tensor):
             raise RuntimeError(
@@ -234,11 +271,15 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
     layer.forward = run
 
 
-def _called_as_proven(view: LocalView, args: tuple, kwargs: dict, hidden: paddle.Tensor) -> tuple[tuple, dict]:
+def _called_as_proven(
+    view: LocalView, args: tuple, kwargs: dict, hidden: paddle.Tensor, mesh: dist.ProcessMesh
+) -> tuple[tuple, dict]:
     """The call's other arguments as this rank's values, after checking the call is the one the
     plan proved (``view.call``, by position and keyword; an empty call is the hidden input alone):
-    the same literals, tensors where it had tensors. Each tensor carries no gradient and is taken
-    whole over mp (:func:`_replicated_local`); the hidden input is already local."""
+    the same literals, tensors where it had tensors. Each tensor is taken whole over mp
+    (:func:`_replicated_local`), then a per-head one cut to the rank's heads, and one that carries
+    a gradient (``CallInput.gradient``) taken whole or 1/mp of it, its gradient summed over the mp
+    line (``mesh``); the hidden input is already local."""
     call = view.call or [CallInput(role="hidden")]
     positional = [c for c in call if not c.keyword]
     keywords = {c.keyword: c for c in call if c.keyword}
@@ -267,20 +308,30 @@ def _called_as_proven(view: LocalView, args: tuple, kwargs: dict, hidden: paddle
             return type(value)(local(v, item, f"{name}[{i}]") for i, (v, item) in enumerate(items))
         if not isinstance(value, paddle.Tensor):
             raise RuntimeError(f"local view: {view.layer} got {name}={value!r}; the plan proved it with a tensor")
-        return _replicated_local(value, hidden, recorded.batch, f"{view.layer} input {name}")
+        if not value.stop_gradient and not recorded.gradient:
+            raise RuntimeError(
+                f"local view: {view.layer} input {name} carries a gradient; the plan proved it with one that carries none"
+            )
+        taken = _replicated_local(value, hidden, recorded.batch)
+        mp = len(mesh.process_ids)
+        if recorded.heads_at is not None:
+            at = recorded.heads_at
+            rank = mesh.process_ids.index(dist.get_rank())
+            positions = head_positions(taken.shape[at], recorded.heads, mp, rank)
+            taken = paddle.index_select(taken, paddle.to_tensor(positions, dtype="int64"), axis=at)
+        if recorded.gradient == "share":
+            return share_of(taken, mp)
+        return _CopyToRanks.apply(taken, mesh) if recorded.gradient == "whole" else taken
 
     args = tuple(local(v, c, f"argument {i}") for i, (v, c) in enumerate(zip(args, positional)))
     return args, {k: local(v, keywords[k], k) for k, v in kwargs.items()}
 
 
-def _replicated_local(x: paddle.Tensor, hidden: paddle.Tensor, batch: bool, what: str) -> paddle.Tensor:
+def _replicated_local(x: paddle.Tensor, hidden: paddle.Tensor, batch: bool) -> paddle.Tensor:
     """This rank's value of an input other than the hidden one: whole over mp (every rank reads
     what the global run reads), and along a ``batch`` dim 0 the rows the hidden input's local
     value holds (its dp shard). A DistTensor placed otherwise is resharded so (a plain tensor is
-    the same whole value on every rank: sliced, or taken as it is). It must carry no gradient:
-    each rank's would be its heads' share only, which the proof did not cover."""
-    if not x.stop_gradient:
-        raise RuntimeError(f"local view: {what} carries a gradient; the plan proved it with inputs that carry none")
+    the same whole value on every rank: sliced, or taken as it is)."""
     mesh = hidden.process_mesh
     placements = [
         p if batch and isinstance(p, dist.Shard) and p.get_dim() == 0 else dist.Replicate() for p in hidden.placements
@@ -322,6 +373,19 @@ class SumOverRanks(PyLayer):
     @staticmethod
     def backward(ctx, grad):
         return grad
+
+
+def share_of(x: paddle.Tensor, mp: int) -> paddle.Tensor:
+    """A rank's share of what is added once into a local view's output (a row bias, BLOOM's
+    residual): ``x / mp`` forward, so the ranks' partial outputs sum to one whole ``x``; the whole
+    gradient backward, which every rank already holds (the output's gradient is whole on every
+    rank), so no collective. The planner's proof takes such inputs through it too.
+
+    >>> x = paddle.to_tensor([1.0, 1.0], stop_gradient=False)
+    >>> y = share_of(x, 2); y.sum().backward(); y.tolist(), x.grad.tolist()
+    ([0.5, 0.5], [1.0, 1.0])
+    """
+    return _Scaled.apply(x, 1.0 / mp)
 
 
 class _Scaled(PyLayer):
@@ -381,6 +445,11 @@ def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
                     f"of sizes {weight.sizes or 'equal'} (whole: {weight.replicated}) split over {mp} ranks"
                 )
         for attribute in view.attributes:
+            if attribute.layer != view.layer and not attribute.layer.startswith(view.layer + "."):
+                problems.append(
+                    f"local_view {view.layer}: attribute {attribute.layer}.{attribute.name} lies outside it"
+                )
+                continue
             layer = layers.get(attribute.layer)
             try:
                 value = getattr(*attribute_owner(layer, attribute.name)) if layer is not None else None
