@@ -91,6 +91,7 @@ LOCAL_VIEW_ZOO = [
     f"{ZOO}/{name}.py"
     for name in (
         "baichuan_hf",
+        "biogpt_hf",
         "chatglm3_hf",
         "falcon_hf",
         "gpt2_hf",
