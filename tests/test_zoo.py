@@ -335,6 +335,24 @@ EXPECTED = {
         "deberta.embeddings.word_embeddings.weight": COL_B,
         "deberta.encoder.rel_embeddings.weight": REP,
     },
+    # HF ALBERT (planned blind): one shared layer run num_hidden_layers times by a loop, factorised
+    # embeddings projected up by embedding_hidden_mapping_in (whole), the MLM decoder tied to the table
+    f"{ZOO}/albert_hf.py": {
+        **attention(
+            "albert.encoder.albert_layer_groups.*.albert_layers.*.attention",
+            "query",
+            "key",
+            "value",
+            "dense",
+            bias=True,
+            o_bias=True,
+        ),
+        **mlp("albert.encoder.albert_layer_groups.*.albert_layers.*", ("ffn",), "ffn_output", bias=True),
+        "albert.encoder.embedding_hidden_mapping_in.weight": REP,
+        "albert.embeddings.word_embeddings.weight": COL_B,
+        "albert.embeddings.position_embeddings.weight": REP,
+        "predictions.dense.weight": REP,
+    },
     f"{PF}:build_llama": {**attention("model.layers.*.self_attn"), **mlp("model.layers.*.mlp")},
     f"{PF}:build_phi3": {},  # refused (REFUSED below)
     f"{PF}:build_gemma3": {
