@@ -93,6 +93,7 @@ LOCAL_VIEW_ZOO = [
         "baichuan_hf",
         "biogpt_hf",
         "chatglm3_hf",
+        "codegen_hf",
         "falcon_hf",
         "gpt2_hf",
         "gpt_bigcode_hf",

@@ -353,6 +353,18 @@ EXPECTED = {
         "albert.embeddings.position_embeddings.weight": REP,
         "predictions.dense.weight": REP,
     },
+    # HF CodeGen (planned blind): q|v|k fused in qkv_proj, cut in mp_num = 4 groups of 2 heads each;
+    # the fused column by columns (gathered; by default a local view holding whole heads of every
+    # group: test_local_view_sizes), out_proj by rows, GPT-J's parallel block, the biased head
+    f"{ZOO}/codegen_hf.py": {
+        **fused("transformer.h.*.attn", "qkv_proj"),
+        "transformer.h.*.attn.out_proj.weight": ROW,
+        **mlp("transformer.h.*.mlp", ("fc_in",), "fc_out", bias=True),
+        "transformer.h.*.ln_1.*": REP,
+        "transformer.wte.weight": COL_B,
+        "lm_head.weight": COL,
+        "lm_head.bias": COL_B,
+    },
     f"{PF}:build_llama": {**attention("model.layers.*.self_attn"), **mlp("model.layers.*.mlp")},
     f"{PF}:build_phi3": {},  # refused (REFUSED below)
     f"{PF}:build_gemma3": {
