@@ -92,8 +92,10 @@ LOCAL_VIEW_ZOO = [
     f"{ZOO}/{name}.py"
     for name in (
         "baichuan_hf",
+        "biogpt_hf",
         "bloom_hf",
         "chatglm3_hf",
+        "codegen_hf",
         "falcon_hf",
         "gpt2_hf",
         "gpt_bigcode_hf",

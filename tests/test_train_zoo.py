@@ -34,7 +34,9 @@ SKIP = {
 #: under a local view its attention, rotary included, runs on plain tensors; Mistral's attention
 #: (as_complex rotary, no SPMD rule), XLM's (masked_fill) and x-transformers' (einsum) are split
 #: only as local views (test_zoo's LOCAL_VIEWS); MPT's and BLOOM's attentions, handed their ALiBi
-#: bias whole (and BLOOM's the residual), run head-parallel as local views (test_local_view_heads).
+#: bias whole (and BLOOM's the residual), run head-parallel as local views (test_local_view_heads);
+#: BioGPT's attention (heads folded into the batch for bmm) and CodeGen's (q|v|k cut in 4 groups)
+#: are trained as the local views autodist-plan gives them by default.
 LOCAL_VIEWS = {
     "zoo_phi3_hf",
     "zoo_mixtral_mistral_ref",
@@ -42,6 +44,8 @@ LOCAL_VIEWS = {
     "zoo_x_transformers",
     "zoo_mpt_alibi",
     "zoo_bloom_hf",
+    "zoo_biogpt_hf",
+    "zoo_codegen_hf",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 AT_FOUR = ["zoo_bert_postnorm", "zoo_gpt2_hf", "zoo_llama_meta", "zoo_t5"]

@@ -241,18 +241,39 @@ def multi_query_weights(block: BlockInfo, params: dict, local: frozenset[str]) -
 
 def local_weights(sub: SubLayer, params: dict, mp: int) -> tuple[LocalWeight, ...]:
     """A candidate sub-layer's weights' views at ``mp``: its columns (fused as :func:`_fused`
-    says, biases alike), its row projection, its row bias summed."""
+    says, biases alike), its row projection (in the groups of a grouped column, :func:`_grouped`),
+    its row bias summed."""
     weights = []
+    row_segments = 1
     for column in sub.columns:
         assert column.split_dim is not None  # local_view_candidates: every column split
-        fused = _fused(sub, column, params[column.weight][0][column.split_dim], mp)
+        width = params[column.weight][0][column.split_dim]
+        if _grouped(sub, column, width, mp):
+            fused: dict = {"segments": column.groups * column.fused}
+            row_segments = column.groups
+        else:
+            fused = _fused(sub, column, width, mp)
         weights.append(LocalWeight(param=column.weight, dim=column.split_dim, **fused))
         if column.bias:
             weights.append(LocalWeight(param=column.bias, dim=0, **fused))
-    weights.append(LocalWeight(param=sub.row.weight, dim=sub.row.split_dim))
+    weights.append(LocalWeight(param=sub.row.weight, dim=sub.row.split_dim, segments=row_segments))
     if sub.row.bias:
         weights.append(LocalWeight(param=sub.row.bias, summed=True))
     return tuple(weights)
+
+
+def _grouped(sub: SubLayer, column: Projection, width: int, mp: int) -> bool:
+    """A fused attention column cut group by group (:func:`~.roles.fused_groups`: HF CodeGen's
+    ``qkv_proj``, 4 groups of ``q|v|k``, each of 2 of its 8 heads) whose pieces each split over
+    ``mp`` into whole heads: rank ``r`` takes the ``r``-th slice of every piece of every group, so
+    its local output reshaped into the same groups holds ``q|v|k`` of its heads of each group, as
+    the model's own cut expects; its heads' outputs then reach the row projection group by
+    group, so the row is split in the same groups. The proof decides whether the model lays it
+    out so. GPT-NeoX's groups are single heads, which do not split: not grouped."""
+    if sub.kind != "attention" or column.groups == 1 or column.fused == 1 or not sub.head_dim:
+        return False
+    piece, rest = divmod(width, column.groups * column.fused)
+    return rest == 0 and piece % (sub.head_dim * mp) == 0
 
 
 def _fused(sub: SubLayer, column: Projection, width: int, mp: int) -> dict:

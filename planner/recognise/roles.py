@@ -79,9 +79,10 @@ REPLAY_MP = 2
 class Projection:
     """One projection of a sub-layer: its layer, weight and bias FQNs, ``role`` (``column`` /
     ``row``, or ``replicate`` for a multi-query attention's K/V or a latent kept whole), the weight dim split
-    for it (None when whole), how many projections are ``fused`` into it, and its ``name`` in the
+    for it (None when whole), how many projections are ``fused`` into it, its ``name`` in the
     sub-layer (q, k, v, qkv, o, latent: a latent attention's down-projection / gate, up, gate_up,
-    fc_in, down, fc_out)."""
+    fc_in, down, fc_out), and the ``groups`` a fused output is reshaped into before it is cut into
+    its projections (:func:`fused_groups`; 1: cut whole)."""
 
     layer: str
     weight: str
@@ -90,6 +91,7 @@ class Projection:
     split_dim: int | None
     fused: int = 1
     name: str = ""
+    groups: int = 1
 
 
 @dataclass(frozen=True)
@@ -628,16 +630,64 @@ def _attention(graph, view, nodes, columns, row, out_features, scores, fused_ops
     # stay whole on every rank and only Q is split, as Megatron and HF do.
     whole_kv = kv_heads % REPLAY_MP != 0 and num_heads % REPLAY_MP == 0
     projections = tuple(
-        _projection(
-            c,
-            "replicate" if c.node in latent or (whole_kv and roles[c.node] in ("k", "v", "kv")) else "column",
-            "latent" if c.node in latent else roles[c.node] or "q",
-            1 if _up_projection(view, c, latent) else max(len(roles[c.node]), 1),
+        replace(
+            _projection(
+                c,
+                "replicate" if c.node in latent or (whole_kv and roles[c.node] in ("k", "v", "kv")) else "column",
+                "latent" if c.node in latent else roles[c.node] or "q",
+                1 if _up_projection(view, c, latent) else max(len(roles[c.node]), 1),
+            ),
+            groups=fused_groups(graph, nodes, c.node) if len(roles[c.node]) > 1 else 1,
         )
         for c in columns
     )
     o = _projection(row, "row", "o", 1)
     return SubLayer("attention", projections, o, num_heads=num_heads, num_kv_heads=kv_heads, head_dim=head_dim)
+
+
+def fused_groups(graph: nx.DiGraph, nodes: frozenset[int], column: int) -> int:
+    """How many groups a fused column's output is reshaped into (its last dim made two, ``[...,
+    groups, width / groups]``) before it is cut along that last dim into its projections; 1 when
+    it is cut whole. HF CodeGen's ``qkv_proj`` ``[b, s, 192]`` becomes ``[b, s, 4, 48]``
+    (``mp_num = 4``), each group cut into its query, value and key: 4 groups; GPT-NeoX's
+    ``query_key_value`` becomes ``[b, s, heads, 3 * head_dim]``, cut into q, k and v: one group
+    per head. Which layout a local view takes from it is :func:`.reshards.local_weights`'s.
+
+    >>> g = nx.DiGraph()
+    >>> g.add_node(0, op="pd_op.matmul", shapes=[[2, 5, 24]])
+    >>> g.add_node(1, op="pd_op.reshape", shapes=[[2, 5, 4, 6]])
+    >>> g.add_node(2, op="pd_op.split", shapes=[None], consts={2: 3.0}, attrs={})
+    >>> g.add_edge(0, 1, operand=0, result=0); g.add_edge(1, 2, operand=0, result=0)
+    >>> fused_groups(g, frozenset(g), 0)
+    4
+    """
+    for cut in sorted(_segment_cuts(graph, nodes, column, CUT_OPS)):
+        source = _operand(graph, cut, 0)
+        if short_op(graph.nodes[source]["op"]) != "reshape" or source not in graph.successors(column):
+            continue
+        before = graph.nodes[column]["shapes"][0]
+        after = graph.nodes[source]["shapes"][0]
+        if (
+            len(after) == len(before) + 1
+            and after[:-2] == before[:-1]
+            and after[-2] > 1
+            and after[-2] * after[-1] == before[-1]
+            and _cut_axis(graph.nodes[cut], len(after)) == len(after) - 1
+        ):
+            return after[-2]
+    return 1
+
+
+def _cut_axis(data: dict, rank: int) -> int | None:
+    """The axis a cut op (:data:`~autodist.planner.ops.CUT_OPS`) cuts along, None when the graph
+    does not say: ``split``'s axis operand, ``split_with_num``'s and ``chunk``'s, a slice's one axis."""
+    op, consts, attrs = short_op(data["op"]), data.get("consts", {}), data.get("attrs", {})
+    axis = consts.get(2) if op == "split" else consts.get(1) if op in ("split_with_num", "chunk") else None
+    if op in ("slice", "strided_slice") and len(attrs.get("axes", [])) == 1:
+        axis = attrs["axes"][0]
+    if axis is None or isinstance(axis, list):
+        return None
+    return int(axis) % rank
 
 
 def _latent_projections(view: nx.DiGraph, columns: list[_Linear]) -> set[int]:
