@@ -27,8 +27,8 @@ import networkx as nx
 
 from autodist.schemas import dtype_name
 
-from autodist.planner.ops import CONSTANT_OPS
-from autodist.planner.trace import TracedProgram
+from autodist.planner.ops import CONSTANT_OPS, GLUE
+from autodist.planner.trace import TracedProgram, result_index
 
 #: Attributes that identify *where* code was (call stacks, struct names with per-process
 #: instance counters, generated parameter names), not *what* it computes.
@@ -42,8 +42,10 @@ def build_graph(traced: TracedProgram) -> nx.MultiDiGraph:
     graph = nx.MultiDiGraph()
     for i, op in enumerate(ops):
         name = op.name()
-        if name in CONSTANT_OPS:
+        if name in CONSTANT_OPS or traced.bridges.get(i) is not None:
             continue
+        if i in traced.bridges:  # traced block by block: a unit's input the glue between units computed
+            name = GLUE
         attrs = op.attrs()
         results = op.results()
         graph.add_node(
@@ -65,8 +67,9 @@ def build_graph(traced: TracedProgram) -> nx.MultiDiGraph:
             j = index.get(producer) if producer is not None else None
             if j is None:
                 continue
+            j, result = traced.bridges.get(j) or (j, result_index(producer, value))
             if j in graph:
-                graph.add_edge(j, i, key=operand, operand=operand, result=_result_index(producer, value))
+                graph.add_edge(j, i, key=operand, operand=operand, result=result)
             else:
                 graph.nodes[i]["consts"][operand] = _constant_value(producer)
     graph.graph["selected_kernels"] = dict(traced.selected_kernels)
@@ -145,13 +148,6 @@ def graph_to_dot(graph: nx.DiGraph) -> str:
 
 
 # -- internals ---------------------------------------------------------------------------------------
-
-
-def _result_index(op, value) -> int:
-    for k, result in enumerate(op.results()):
-        if result.is_same(value):
-            return k
-    return 0
 
 
 def _constant_value(op) -> Any:

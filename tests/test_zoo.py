@@ -135,6 +135,15 @@ EXPECTED = {
         "model.embed_tokens.weight": ROW,  # vocabulary rows (VocabParallelEmbedding)
         "lm_head.weight": COL,
     },
+    # HF StarCoder2: its top-level glue drops a mask of all ones (a Python if on a tensor's value,
+    # None in one branch): the whole forward does not trace, it is traced block by block
+    f"{ZOO}/starcoder2_hf.py": {
+        **attention("model.layers.*.self_attn", bias=True, o_bias=True),
+        **mlp("model.layers.*.mlp", ("c_fc",), "c_proj", bias=True),
+        "model.layers.*.input_layernorm.*": REP,
+        "model.embed_tokens.weight": ROW,  # vocabulary rows (VocabParallelEmbedding)
+        "lm_head.weight": COL,
+    },
     f"{ZOO}/qwen2_sdpa.py": {
         **attention("model.layers.*.self_attn", bias=True),
         **mlp("model.layers.*.mlp"),
