@@ -449,9 +449,11 @@ def _merged(
                 elif id(tensor) not in model_inputs:
                     bridges[i] = None
                 made.setdefault(id(tensor), (i, 0))
-        for value, tensor in zip(unit.outputs, _tensors(calls[unit.traced_layer].output)):
-            producer = value.get_defining_op()
-            made[id(tensor)] = source(offset + unit.ops.index(producer), result_index(producer, value))
+        returned = _tensors(calls[unit.traced_layer].output)
+        if _alike(unit.outputs, returned):  # else its outputs reach later units as glue values
+            for value, tensor in zip(unit.outputs, returned):
+                producer = value.get_defining_op()
+                made[id(tensor)] = source(offset + unit.ops.index(producer), result_index(producer, value))
         ops += unit.ops
         op_layers += unit.op_layers
         kernel_ops.update({offset + i: kernel for i, kernel in unit.kernel_ops.items()})
@@ -469,6 +471,15 @@ def _merged(
         units=[unit.traced_layer for unit, _ in units],
         unit_programs=[unit.program for unit, _ in units],
         bridges=bridges,
+    )
+
+
+def _alike(values: list, tensors: list) -> bool:
+    """Whether a program's outputs and the eager call's returned tensors pair up one to one, each
+    pair of one shape and dtype (a forward may return what the trace and the eager run flatten
+    differently: then none is paired, rather than one wrongly)."""
+    return len(values) == len(tensors) and all(
+        list(v.shape) == list(t.shape) and dtype_name(v.dtype) == dtype_name(t.dtype) for v, t in zip(values, tensors)
     )
 
 

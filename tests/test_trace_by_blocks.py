@@ -15,9 +15,12 @@ import subprocess
 import sys
 
 import networkx as nx
+import paddle
 import pytest
 
 from autodist.planner import driver
+from autodist.planner.errors import PlannerError
+from autodist.planner.trace import trace_model
 from autodist.schemas import load_plan
 from harness.cli import ROOT
 
@@ -78,3 +81,39 @@ def test_the_plan_says_how_it_was_traced_and_is_the_same_bytes_twice(tmp_path):
     note = load_plan(plans[0]).notes[0]
     assert note.startswith("traced block by block (model.embed_tokens, model.layers.0-1, model.norm, lm_head), ")
     assert note.endswith("; the code between them runs as written")
+
+
+class _MaybeScaled(paddle.nn.Layer):
+    """A layer holding its own weight whose forward returns None or a tensor by a tensor's value."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = self.create_parameter([4, 4])
+
+    def forward(self, x):
+        if paddle.all(x > 100):
+            return None
+        return x @ self.weight
+
+
+class _Glue(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.first = paddle.nn.Linear(4, 4)
+        self.second = _MaybeScaled()
+
+    def forward(self, x):
+        h = self.first(x)
+        if paddle.all(h > 100):
+            return None
+        return self.second(h)
+
+
+def test_a_layer_that_does_not_trace_alone_and_has_no_child_to_split_is_named_in_the_error():
+    with paddle.LazyGuard():
+        model = _Glue()
+    with pytest.raises(PlannerError) as raised:
+        trace_model(model, [paddle.static.InputSpec([2, 4], "float32", "x")])
+    message = str(raised.value)
+    assert "and it does not trace block by block (second does not trace: " in message, message
+    assert not any(p._is_initialized() for p in model.parameters())
