@@ -344,10 +344,11 @@ def _example_inputs(model: paddle.nn.Layer, input_specs: list) -> list[paddle.Te
 
 @contextmanager
 def _materialised(model: paddle.nn.Layer):
-    """For the ``with`` body: a lazy parameter (the model is built under ``paddle.LazyGuard``) gets
-    its values, by its own initializer, when the layer holding it is first called; on exit every
-    parameter made so is lazy again and Paddle's random state is as it was. Parameters already
-    holding values are left alone.
+    """For the ``with`` body: every lazy parameter (the model is built under ``paddle.LazyGuard``)
+    holds values, made by its own initializer; on exit each is lazy again and Paddle's random
+    state is as it was. Parameters already holding values are left alone. All at once, not layer
+    by layer as each is called: a forward may read a weight its layer never calls
+    (``F.linear(x, self.qkv.weight)``), and the glue a weight after its layer returned.
 
     >>> with paddle.LazyGuard():
     ...     net = paddle.nn.Linear(2, 2)
@@ -357,22 +358,14 @@ def _materialised(model: paddle.nn.Layer):
     >>> net.weight._is_initialized()
     False
     """
-    made = []
-
-    def make(layer, args):
-        for param in layer.parameters(include_sublayers=False):
-            if not param._is_initialized():
-                made.append((param, param._init_func))
-                param.initialize()
-
-    handles = [layer.register_forward_pre_hook(make) for layer in model.sublayers(include_self=True)]
     state = paddle.get_rng_state()
     paddle.seed(0)
+    made = [(param, param._init_func) for param in model.parameters() if not param._is_initialized()]
     try:
+        for param, _ in made:
+            param.initialize()
         yield
     finally:
-        for handle in handles:
-            handle.remove()
         for param, init in made:
             param._clear_data()
             param.set_init_func(init)
