@@ -15,6 +15,9 @@ query (2 KV heads of 6, ``repeat_kv``), rotary from a cos/sin cache indexed by `
 residual dropout on its output. MLP: ``c_fc`` -> GELU (tanh) -> ``c_proj`` with biases. LayerNorm
 with bias before each, the LM head untied. What differs from the torch code is spelling
 (``reshape`` for ``view``, ``axis`` for ``dim``); the KV cache and flash paths are left out.
+``rotate_half``, ``apply_rotary_pos_emb``, ``repeat_kv`` and the rotary cache are HF's
+``# Copied from transformers.models.llama`` code, as the other HF ports here have them: the file
+stands alone, as the model's own file does.
 
     >>> model = build_model()
     >>> ids = paddle.randint(0, VOCAB, [2, SEQ])
