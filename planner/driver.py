@@ -99,7 +99,10 @@ def analyse(model: paddle.nn.Layer, traced: Traced, progress: Progress | None = 
     from autodist.planner.recognise.analysis import analyze
 
     with (progress or _QUIET).step("recognising blocks"):
-        return analyze(traced.program, traced.graph, model)
+        analysis = analyze(traced.program, traced.graph, model)
+    if traced.program.units:  # the plan says what was traced
+        analysis.notes.insert(0, traced.program.fallback_text())
+    return analysis
 
 
 def plan_model(

@@ -1,8 +1,10 @@
-"""The traced PIR program as a ``networkx.DiGraph`` the matcher and cost model read.
+"""The traced PIR program as a ``networkx.MultiDiGraph`` the matcher and cost model read.
 
 One node per non-constant op, id = the op's index in the program's global block, with the
 attributes listed in docs/internals.md (``op``, ``layer``, ``shapes``, ``dtypes``, ``attrs``,
-``param``, ``consts``); one edge per def-use with ``operand`` and ``result`` indices. Constant
+``param``, ``consts``); one edge per operand, keyed by the operand's index, with ``operand`` and
+``result`` indices: ``matmul(q, k, transpose_y=True)`` with q and k two results of one
+``unbind`` is two edges between the same two nodes (:func:`operand_sources` reads them). Constant
 producers (``pd_op.full``, ``pd_op.full_int_array``, ...) are not nodes: their value is folded
 into the consumer's ``consts`` so the matcher sees only real dataflow.
 
@@ -11,6 +13,8 @@ Example::
     >>> graph = build_graph(trace_model(model, specs))           # doctest: +SKIP
     >>> [graph.nodes[n]["op"] for n in graph.successors(q_weight_node)]  # doctest: +SKIP
     ['pd_op.matmul']
+    >>> operand_sources(graph, scores_matmul)  # q and k: results 0 and 1 of one split  # doctest: +SKIP
+    {0: (54, 0), 1: (54, 1)}
 """
 
 from __future__ import annotations
@@ -23,23 +27,25 @@ import networkx as nx
 
 from autodist.schemas import dtype_name
 
-from autodist.planner.ops import CONSTANT_OPS
-from autodist.planner.trace import TracedProgram
+from autodist.planner.ops import CONSTANT_OPS, GLUE
+from autodist.planner.trace import TracedProgram, result_index
 
 #: Attributes that identify *where* code was (call stacks, struct names with per-process
 #: instance counters, generated parameter names), not *what* it computes.
 UNSTABLE_ATTRS = frozenset({"op_callstack", "struct_name", "parameter_name", "stop_gradient", "place"})
 
 
-def build_graph(traced: TracedProgram) -> nx.DiGraph:
+def build_graph(traced: TracedProgram) -> nx.MultiDiGraph:
     """The dataflow graph of ``traced`` (see the module docstring for node/edge attributes)."""
     ops = traced.ops
     index = {op: i for i, op in enumerate(ops)}
-    graph = nx.DiGraph()
+    graph = nx.MultiDiGraph()
     for i, op in enumerate(ops):
         name = op.name()
-        if name in CONSTANT_OPS:
+        if name in CONSTANT_OPS or traced.bridges.get(i) is not None:
             continue
+        if i in traced.bridges:  # traced block by block: a unit's input the glue between units computed
+            name = GLUE
         attrs = op.attrs()
         results = op.results()
         graph.add_node(
@@ -61,12 +67,34 @@ def build_graph(traced: TracedProgram) -> nx.DiGraph:
             j = index.get(producer) if producer is not None else None
             if j is None:
                 continue
+            j, result = traced.bridges.get(j) or (j, result_index(producer, value))
             if j in graph:
-                graph.add_edge(j, i, operand=operand, result=_result_index(producer, value))
+                graph.add_edge(j, i, key=operand, operand=operand, result=result)
             else:
                 graph.nodes[i]["consts"][operand] = _constant_value(producer)
     graph.graph["selected_kernels"] = dict(traced.selected_kernels)
     return graph
+
+
+def operand_sources(graph: nx.DiGraph, node: int) -> dict[int, tuple[int, int]]:
+    """Operand index -> ``(producer node, result index)`` of every operand of ``node`` that an
+    op computes (a folded constant is in ``consts`` instead), in the order of its predecessors.
+    Reads a hand-built ``DiGraph`` of the same edge attributes alike.
+
+    >>> g = nx.MultiDiGraph()
+    >>> g.add_edge(0, 1, key=0, operand=0, result=0)
+    0
+    >>> g.add_edge(0, 1, key=1, operand=1, result=1)
+    1
+    >>> operand_sources(g, 1)
+    {0: (0, 0), 1: (0, 1)}
+    """
+    return {d["operand"]: (u, d["result"]) for u, _, d in graph.in_edges(node, data=True)}
+
+
+def _edges(graph: nx.DiGraph) -> list[tuple[int, int, dict]]:
+    """Every edge with its attributes, sorted by producer, consumer and operand."""
+    return sorted(graph.edges(data=True), key=lambda e: (e[0], e[1], e[2]["operand"]))
 
 
 def graph_fingerprint(graph: nx.DiGraph) -> str:
@@ -91,8 +119,8 @@ def graph_fingerprint(graph: nx.DiGraph) -> str:
             sorted(data["consts"].items()),
         ]
         digest.update(_canonical(record))
-    for u, v in sorted(graph.edges):
-        digest.update(_canonical([u, v, graph.edges[u, v]["operand"], graph.edges[u, v]["result"]]))
+    for u, v, d in _edges(graph):
+        digest.update(_canonical([u, v, d["operand"], d["result"]]))
     return digest.hexdigest()
 
 
@@ -100,7 +128,7 @@ def graph_to_json(graph: nx.DiGraph) -> dict[str, Any]:
     """A JSON-able dump (``autodist-plan graph --format json``): nodes and edges, sorted."""
     return {
         "nodes": [{"id": n, **graph.nodes[n]} for n in sorted(graph.nodes)],
-        "edges": [{"source": u, "target": v, **graph.edges[u, v]} for u, v in sorted(graph.edges)],
+        "edges": [{"source": u, "target": v, **d} for u, v, d in _edges(graph)],
     }
 
 
@@ -113,20 +141,13 @@ def graph_to_dot(graph: nx.DiGraph) -> str:
         shape = data["shapes"][0] if data["shapes"] else None
         label = "\\n".join(str(part) for part in (f"{n}: {data['op']}", data["param"] or data["layer"], shape) if part)
         lines.append(f'  n{n} [label="{_dot_escape(label)}"];')
-    for u, v in sorted(graph.edges):
-        lines.append(f'  n{u} -> n{v} [label="{graph.edges[u, v]["operand"]}"];')
+    for u, v, d in _edges(graph):
+        lines.append(f'  n{u} -> n{v} [label="{d["operand"]}"];')
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
 # -- internals ---------------------------------------------------------------------------------------
-
-
-def _result_index(op, value) -> int:
-    for k, result in enumerate(op.results()):
-        if result.is_same(value):
-            return k
-    return 0
 
 
 def _constant_value(op) -> Any:

@@ -271,6 +271,8 @@ CATALOGUE: dict[str, Op] = {
     "arange": Op("source", moves=False, traits=frozenset({"untimed"})),
     **_entries(["shape", "shape64"], "shape", moves=False),
     "data": Op("input", moves=False, traits=frozenset({"untimed"})),
+    # a model traced block by block: a block's input that the model's own glue computed
+    "glue": Op("input", moves=False, traits=frozenset({"untimed"})),
 }
 
 
@@ -330,6 +332,8 @@ UNARY_OPS = _named("unary")
 FUSED_ATTENTION_OPS = _of_role("fused_attention")
 #: The program's inputs.
 INPUT_OPS = _of_role("input")
+#: A unit's input computed by the glue between units, when a model is traced block by block.
+GLUE = "glue"
 #: Ops that only move or retype a tensor: a weight seen through them is still the weight (which
 #: product a parameter feeds, for the recognition and the cost model).
 WEIGHT_VIEW_OPS = _named("weight_view")

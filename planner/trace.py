@@ -10,7 +10,9 @@ child that traces is traced instead (``llama`` / ``model``), FQNs stay relative 
 model, and the other parameter-holding children (``lm_head``) are listed in ``untraced_layers``
 for the analysis to place. PaddleFormers' ``...ForCausalLM`` classes used to be such models (a
 ``RecursionError`` from dy2static's rewrite of ``super()``); they trace whole now
-(:func:`_dy2static_caches`, item 3).
+(:func:`_dy2static_caches`, item 3). When no such child traces, the model is traced block by
+block (:func:`_trace_by_blocks`: each layer alone, called as one eager forward called it, the
+programs read as one), and the glue between the blocks runs as written.
 
 A loop over the rows ``nonzero`` selects (HuggingFace's MoE blocks: only the experts that got
 tokens) is traced as the loop over every row (:mod:`.dense_selection`).
@@ -41,6 +43,7 @@ from autodist.planner.dense_selection import every_selection_taken
 from autodist.planner.errors import PlannerError
 from autodist.planner.kernels import eager_path, recorded_calls
 from autodist.schemas import dtype_name
+from autodist.schemas.describe import layers_text
 
 
 @dataclass
@@ -62,6 +65,43 @@ class TracedProgram:
     selected_kernels: dict[str, str] = field(default_factory=dict)
     #: Layer FQN -> how the trace called it, call by call (:class:`LayerCall`).
     layer_calls: dict[str, list[LayerCall]] = field(default_factory=dict)
+    #: What the traced forward returned, flattened: the program's output values.
+    outputs: list = field(default_factory=list)
+    #: Traced block by block (:func:`_trace_by_blocks`): the layers traced one by one, in the
+    #: order the forward first called them; [] when one program holds the model (or ``traced_layer``).
+    units: list[str] = field(default_factory=list)
+    #: Per block: each unit's program, kept alive while ``ops`` are read; ``program`` is the first.
+    unit_programs: list = field(default_factory=list)
+    #: Per block: op index of a unit's input (``pd_op.data``) -> the ``(op index, result)`` it
+    #: stands for (another unit's output, the first unit's copy of a model input, or a parameter
+    #: traced before), or None for a value the glue between the units computed.
+    bridges: dict[int, tuple[int, int] | None] = field(default_factory=dict)
+
+    def fallback_text(self) -> str:
+        """How the model was traced when its whole forward does not trace, in words ("" when it does).
+
+        >>> traced = TracedProgram(None, [], [], "", {}, fallback_reason="TypeError: x", units=["embed", "h.0", "h.1", "head"])
+        >>> traced.fallback_text().partition(", the whole")[0]
+        'traced block by block (embed, h.0-1, head)'
+        """
+        if not self.fallback_reason:
+            return ""
+        if self.units:
+            runs: list[list[str]] = []
+            for unit in self.units:
+                if runs and ", " not in layers_text([*runs[-1], unit]):
+                    runs[-1].append(unit)
+                else:
+                    runs.append([unit])
+            named = ", ".join(layers_text(run) for run in runs)
+            return (
+                f"traced block by block ({named}), the whole forward does not trace ({self.fallback_reason}); "
+                "the code between them runs as written"
+            )
+        unused = f"; {', '.join(self.unused_inputs)} not taken by {self.traced_layer} (they feed what was not traced)"
+        return f"traced {self.traced_layer} only, the whole model does not trace ({self.fallback_reason})" + (
+            unused if self.unused_inputs else ""
+        )
 
 
 @dataclass(frozen=True)
@@ -177,11 +217,274 @@ def _trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
         traced.fallback_reason = _last_line(failure)
         traced.unused_inputs = [s.name for s in input_specs if s not in child_specs]
         return traced
+    traced, untraceable = _trace_by_blocks(model, input_specs, param_fqns)
+    if traced is not None:
+        traced.fallback_reason = _last_line(failure)
+        return traced
     raise PlannerError(
         f"{type(model).__name__}.forward does not trace with paddle.jit.to_static(full_graph=True) "
-        f"({_last_line(failure)}), and no sub-layer holding most of its parameters does either",
+        f"({_last_line(failure)}), no sub-layer holding most of its parameters does either, "
+        f"and it does not trace block by block ({untraceable})",
         detail=str(failure).strip(),
     )
+
+
+def _trace_by_blocks(model: paddle.nn.Layer, input_specs: list, param_fqns: dict[str, str]):
+    """The model traced piece by piece, when its own forward does not trace (a Python ``if`` on
+    a tensor's value in the glue between its blocks, say): one eager forward on this machine
+    (:func:`_first_calls`) records how each sub-layer is called; then, from the top, each layer
+    called with parameters is traced alone with what it got (its *unit*), and a layer that does
+    not trace is split into its children in turn. What lies between the units is glue that runs
+    as written, eagerly, at apply time too; the plan needs only the units' placements.
+
+    The units' programs are read as one (:attr:`TracedProgram.bridges`): an input that is an
+    earlier unit's output (the same tensor object in the eager forward) is that output, so the
+    graph runs from the embedding through the blocks to the head as in a whole trace. Returns
+    ``(traced, "")``, or ``(None, why)`` naming a layer with parameters that does not trace and
+    has no child that holds them, or the eager forward's error.
+    """
+    try:
+        calls, model_inputs = _first_calls(model, input_specs)
+    except Exception as error:  # noqa: BLE001 -- said in the caller's one error line
+        return None, f"its eager forward on example inputs raised {_last_line(error)}"
+    units: list[tuple[TracedProgram, dict[str, paddle.Tensor]]] = []
+    pending = [("", model)]
+    while pending:
+        fqn, layer = pending.pop(0)
+        call = calls.get(fqn)
+        failure = None
+        if fqn and call is not None:
+            try:
+                units.append(_trace_unit(layer, fqn, call, model_inputs, param_fqns))
+                continue
+            except Exception as error:  # noqa: BLE001 -- split it into its children below
+                failure = error
+        holders = [(f"{fqn}.{n}" if fqn else n, c) for n, c in layer.named_children() if _num_params(c) > 0]
+        if failure is not None and not holders:
+            return None, f"{fqn} does not trace: {_last_line(failure)}"
+        pending[:0] = holders  # a layer never called holds parameters the glue reads, if any: kept whole
+    order = {fqn: i for i, fqn in enumerate(calls)}
+    return _merged(sorted(units, key=lambda unit: order[unit[0].traced_layer]), calls, model_inputs), ""
+
+
+@dataclass
+class _EagerCall:
+    """A layer's first call in the eager forward: its arguments and what it returned."""
+
+    args: tuple
+    kwargs: dict
+    output: object = None
+
+
+def _first_calls(model: paddle.nn.Layer, input_specs: list) -> tuple[dict[str, _EagerCall], dict[int, str]]:
+    """Run ``model`` once eagerly on example inputs (:func:`_example_inputs`), its lazy parameters
+    made on demand (:func:`_materialised`): each layer's first call (FQN -> :class:`_EagerCall`,
+    in the order the calls began), and the model inputs (tensor id -> input spec name)."""
+    inputs = _example_inputs(model, input_specs)
+    calls: dict[str, _EagerCall] = {}
+    returned: set[str] = set()
+    handles = []
+
+    def watch(fqn: str):
+        def pre(layer, args, kwargs):
+            calls.setdefault(fqn, _EagerCall(args, kwargs))
+
+        def post(layer, args, output):
+            if fqn not in returned:
+                returned.add(fqn)
+                calls[fqn].output = output
+
+        return pre, post
+
+    for fqn, layer in model.named_sublayers(include_self=True):
+        pre, post = watch(fqn)
+        handles += [layer.register_forward_pre_hook(pre, with_kwargs=True), layer.register_forward_post_hook(post)]
+    try:
+        with _materialised(model):
+            model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls, {id(tensor): spec.name for tensor, spec in zip(inputs, input_specs)}
+
+
+def _example_inputs(model: paddle.nn.Layer, input_specs: list) -> list[paddle.Tensor]:
+    """One tensor per input spec, the same in every run: integers all 1 (a token every table
+    holds, a mask of ones attends everywhere, as a batch without padding has it; 0 when the
+    smallest embedding table has one row), floats standard normal, bools true; a size known only
+    at run time (-1) is 1.
+
+    >>> [t.shape for t in _example_inputs(paddle.nn.Embedding(5, 2), [paddle.static.InputSpec([2, -1], "int64")])]
+    [paddle.Size([2, 1])]
+    """
+    import numpy as np
+
+    smallest = min(
+        (
+            layer.weight.shape[0]
+            for layer in model.sublayers(include_self=True)
+            if isinstance(layer, paddle.nn.Embedding)
+        ),
+        default=2,
+    )
+    random = np.random.RandomState(0)
+    tensors = []
+    for spec in input_specs:
+        shape = [d if d is not None and d > 0 else 1 for d in spec.shape]
+        dtype = dtype_name(spec.dtype)
+        if dtype == "bool":
+            value = np.ones(shape, dtype=bool)
+        elif dtype.startswith(("int", "uint")):
+            value = np.full(shape, 1 if smallest > 1 else 0)
+        else:
+            value = random.standard_normal(shape)
+        tensors.append(paddle.to_tensor(value).astype(spec.dtype))
+    return tensors
+
+
+@contextmanager
+def _materialised(model: paddle.nn.Layer):
+    """For the ``with`` body: every lazy parameter (the model is built under ``paddle.LazyGuard``)
+    holds values, made by its own initializer; on exit each is lazy again and Paddle's random
+    state is as it was. Parameters already holding values are left alone. All at once, not layer
+    by layer as each is called: a forward may read a weight its layer never calls
+    (``F.linear(x, self.qkv.weight)``), and the glue a weight after its layer returned.
+
+    >>> with paddle.LazyGuard():
+    ...     net = paddle.nn.Linear(2, 2)
+    >>> with _materialised(net):
+    ...     list(net(paddle.ones([1, 2])).shape)
+    [1, 2]
+    >>> net.weight._is_initialized()
+    False
+    """
+    state = paddle.get_rng_state()
+    paddle.seed(0)
+    made = [(param, param._init_func) for param in model.parameters() if not param._is_initialized()]
+    try:
+        for param, _ in made:
+            param.initialize()
+        yield
+    finally:
+        for param, init in made:
+            param._clear_data()
+            param.set_init_func(init)
+        paddle.set_rng_state(state)
+
+
+def _trace_unit(
+    layer, fqn: str, call: _EagerCall, model_inputs: dict[int, str], param_fqns
+) -> tuple[TracedProgram, dict[str, paddle.Tensor]]:
+    """``layer`` traced alone, called as the eager forward called it: each tensor argument an
+    ``InputSpec`` of its shape, dtype and gradient flag, named by its parameter (a model input by
+    its input spec's name), other arguments as they were. Returns the trace and the tensor each
+    input (``pd_op.data``) was given, by name; ``layer_calls`` records the call."""
+    try:
+        names = [
+            p
+            for p, kind in ((p.name, p.kind) for p in inspect.signature(layer.forward).parameters.values())
+            if kind != inspect.Parameter.VAR_POSITIONAL
+        ]
+    except (TypeError, ValueError):
+        names = []
+    tensors: dict[str, paddle.Tensor] = {}
+
+    def spec(value, name: str):
+        if isinstance(value, paddle.Tensor):
+            name = model_inputs.get(id(value), name)
+            tensors[name] = value
+            return paddle.static.InputSpec(value.shape, value.dtype, name, stop_gradient=value.stop_gradient)
+        if isinstance(value, (tuple, list)):
+            return type(value)(spec(item, f"{name}_{i}") for i, item in enumerate(value))
+        if isinstance(value, dict):
+            return {key: spec(item, f"{name}_{key}") for key, item in value.items()}
+        return value
+
+    args = [spec(value, names[i] if i < len(names) else f"arg{i}") for i, value in enumerate(call.args)]
+    kwargs = {key: spec(value, key) for key, value in call.kwargs.items()}
+    return _trace_layer(layer, fqn, args, param_fqns, untraced=[], kwargs=kwargs), tensors
+
+
+def _merged(
+    units: list[tuple[TracedProgram, dict[str, paddle.Tensor]]],
+    calls: dict[str, _EagerCall],
+    model_inputs: dict[int, str],
+) -> TracedProgram:
+    """The units' programs read as one, in the order the forward called them: ops and their
+    layers concatenated, each unit input bridged (:attr:`TracedProgram.bridges`) to what the eager
+    forward handed it: an earlier unit's output (the same tensor), the first unit input of the
+    same model input or glue value, or None (the glue computed it); a parameter traced by an
+    earlier unit is that unit's parameter op."""
+    ops: list = []
+    op_layers: list[str] = []
+    kernel_ops: dict[int, str] = {}
+    layer_calls: dict[str, list[LayerCall]] = {}
+    bridges: dict[int, tuple[int, int] | None] = {}
+    made: dict[object, tuple[int, int]] = {}  # tensor id / parameter name -> (op index, result)
+
+    def source(i: int, result: int) -> tuple[int, int]:  # through a bridged input to what it stands for
+        bridged = bridges.get(i)
+        return bridged if bridged is not None else (i, result)
+
+    for unit, inputs in units:
+        offset = len(ops)
+        for i, op in enumerate(unit.ops, offset):
+            name = op.name()
+            if name == "builtin.parameter":
+                key = ("parameter", op.attrs().get("parameter_name"))
+                if key in made:
+                    bridges[i] = made[key]
+                made.setdefault(key, (i, 0))
+            elif name == "pd_op.data":
+                tensor = inputs[op.attrs()["name"]]
+                if id(tensor) in made:
+                    bridges[i] = made[id(tensor)]
+                elif id(tensor) not in model_inputs:
+                    bridges[i] = None
+                made.setdefault(id(tensor), (i, 0))
+        returned = _tensors(calls[unit.traced_layer].output)
+        if _alike(unit.outputs, returned):  # else its outputs reach later units as glue values
+            for value, tensor in zip(unit.outputs, returned):
+                producer = value.get_defining_op()
+                made[id(tensor)] = source(offset + unit.ops.index(producer), result_index(producer, value))
+        ops += unit.ops
+        op_layers += unit.op_layers
+        kernel_ops.update({offset + i: kernel for i, kernel in unit.kernel_ops.items()})
+        for fqn, recorded in unit.layer_calls.items():
+            layer_calls.setdefault(fqn, []).extend(recorded)
+    first = units[0][0]
+    return TracedProgram(
+        program=first.program,
+        ops=ops,
+        op_layers=op_layers,
+        traced_layer="",
+        param_fqns=first.param_fqns,
+        kernel_ops=kernel_ops,
+        layer_calls=layer_calls,
+        units=[unit.traced_layer for unit, _ in units],
+        unit_programs=[unit.program for unit, _ in units],
+        bridges=bridges,
+    )
+
+
+def _alike(values: list, tensors: list) -> bool:
+    """Whether a program's outputs and the eager call's returned tensors pair up one to one, each
+    pair of one shape and dtype (a forward may return what the trace and the eager run flatten
+    differently: then none is paired, rather than one wrongly)."""
+    return len(values) == len(tensors) and all(
+        list(v.shape) == list(t.shape) and dtype_name(v.dtype) == dtype_name(t.dtype) for v, t in zip(values, tensors)
+    )
+
+
+def _tensors(value) -> list:
+    """The tensors in ``value`` (a tensor, or tuples, lists and dicts of them), flattened in the
+    order ``paddle.utils.flatten`` gives a program's outputs."""
+    return [item for item in paddle.utils.flatten(value) if isinstance(item, (paddle.Tensor, paddle.pir.Value))]
+
+
+def result_index(op, value) -> int:
+    """Which result of ``op`` ``value`` is."""
+    return next((k for k, result in enumerate(op.results()) if result.is_same(value)), 0)
 
 
 # -- internals ---------------------------------------------------------------------------------------
@@ -368,9 +671,11 @@ def _read(item, own: set) -> str:
     return "read" if "read" in reads else "unread"
 
 
-def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str]) -> TracedProgram:
+def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str], kwargs=None) -> TracedProgram:
+    """``layer.forward`` traced with positional ``input_specs`` and ``kwargs`` (InputSpecs where
+    tensors go, other values as given)."""
     recorder = _OpRangeRecorder(layer, prefix)
-    static_fn = paddle.jit.to_static(layer.forward, input_spec=input_specs, full_graph=True)
+    static_fn = paddle.jit.to_static(layer.forward, full_graph=True)
     try:
         with (
             _dy2static_caches(),
@@ -384,7 +689,8 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
             # dy2static warns about tensor methods it stubs out ("Tensor do not have 'place'
             # interface for pir graph mode"): noise to someone planning a model.
             warnings.filterwarnings("ignore", category=UserWarning, module=r"paddle\.")
-            program = static_fn.concrete_program.main_program
+            concrete, _ = static_fn.get_concrete_program(*input_specs, is_train=layer.training, **(kwargs or {}))
+            program = concrete.main_program
     finally:
         static_fn.rollback()
         recorder.remove()
@@ -400,6 +706,7 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
         untraced_layers=untraced,
         kernel_ops={index[op]: kernel for kernel, call_ops in calls for op in call_ops if op in index},
         layer_calls=recorder.layer_calls(),
+        outputs=_tensors(concrete.outputs),
     )
 
 

@@ -78,7 +78,7 @@ def test_graph_nodes_carry_parameter_fqns_and_fold_constants(graph):
     q_weight = next(n for n, d in graph.nodes(data=True) if d["param"] == "layers.0.self_attn.q_proj.weight")
     (matmul,) = graph.successors(q_weight)
     assert graph.nodes[matmul]["op"] == "pd_op.matmul"
-    assert graph.edges[q_weight, matmul] == {"operand": 1, "result": 0}
+    assert graph.edges[q_weight, matmul, 1] == {"operand": 1, "result": 0}
     assert graph.nodes[q_weight]["layer"] == "layers.0.self_attn.q_proj"
     assert graph.nodes[q_weight]["shapes"] == [[32, 32]] and graph.nodes[q_weight]["dtypes"] == ["float32"]
     # The reshape to [0, 0, heads, head_dim] keeps its target shape as a folded constant.
@@ -86,6 +86,24 @@ def test_graph_nodes_carry_parameter_fqns_and_fold_constants(graph):
     assert graph.nodes[reshape]["consts"] == {1: [0, 0, 4, 8]}
     assert graph.nodes[reshape]["shapes"][0] == [4, 16, 4, 8]
     json.dumps([data for _, data in graph.nodes(data=True)])  # attributes are plain JSON
+
+
+def test_an_op_reading_two_results_of_one_unbind_keeps_both_operands():
+    """``paddle.matmul(q, k, transpose_y=True)`` with q and k from one ``unbind``: two edges
+    between the same two nodes, one per operand (one per producer pair lost ``k``, and Paddle's
+    ``matmul`` SPMD rule segfaulted on the operand missing: tests/models/zoo/vit.py:build_with_transpose_y)."""
+    from autodist.planner.graph import operand_sources
+
+    class Scores(paddle.nn.Layer):
+        def forward(self, qkv):
+            q, k, v = qkv.unbind(0)
+            return paddle.matmul(q, k, transpose_y=True)
+
+    graph = build_graph(trace_model(Scores(), [paddle.static.InputSpec([3, 2, 5, 7], "float32", "qkv")]))
+    (matmul,) = [n for n, d in graph.nodes(data=True) if d["op"] == "pd_op.matmul"]
+    (producer,) = set(graph.predecessors(matmul))
+    assert operand_sources(graph, matmul) == {0: (producer, 0), 1: (producer, 1)}
+    assert graph.nodes[matmul]["shapes"] == [[2, 5, 5]]
 
 
 def test_tracing_leaves_a_lazy_model_unallocated(traced):

@@ -308,16 +308,7 @@ def plan(
                 err=True,
             )
         traced = made.traced
-        fallback = (
-            f"; traced {traced.traced_layer} only, the whole model does not trace ({traced.fallback_reason})"
-            + (
-                f"; {', '.join(traced.unused_inputs)} not taken by {traced.traced_layer} (they feed what was not traced)"
-                if traced.unused_inputs
-                else ""
-            )
-            if traced.fallback_reason
-            else ""
-        )
+        fallback = f"; {traced.fallback_text()}" if traced.fallback_reason else ""
         assumed = f" ({request.device_note})" if request.device_note else ""
         click.echo(
             printable(

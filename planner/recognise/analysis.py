@@ -25,7 +25,7 @@ import paddle
 
 from autodist import schemas
 
-from autodist.planner.graph import graph_fingerprint
+from autodist.planner.graph import graph_fingerprint, operand_sources
 from autodist.planner.recognise.expert_blocks import Experts, find_experts
 from autodist.planner.ops import RESHAPE_OPS, short_op
 from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes
@@ -542,10 +542,10 @@ def _found_inside(graph: nx.DiGraph, in_blocks: frozenset[int], kinds) -> list[M
 def _model_input(graph: nx.DiGraph, node: int) -> bool:
     """``node`` is a model input, or one through :data:`RESHAPE_OPS` only."""
     while short_op(graph.nodes[node]["op"]) in RESHAPE_OPS:
-        source = next((p for p in graph.predecessors(node) if graph.edges[p, node]["operand"] == 0), None)
+        source = operand_sources(graph, node).get(0)
         if source is None:
             return False
-        node = source
+        node = source[0]
     return short_op(graph.nodes[node]["op"]) == "data"
 
 

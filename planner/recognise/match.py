@@ -34,6 +34,7 @@ from typing import Iterable, Sequence
 import networkx as nx
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
+from autodist.planner.graph import operand_sources
 from autodist.planner.ops import ELEMENTWISE_OPS, INPUT_OPS, LAYOUT_OPS, PARAM, SHAPE_ONLY_OPS, SHAPE_OPS, short_op
 from autodist.planner.recognise.patterns import PORT, Pattern, compute_histogram, layer_patterns
 
@@ -153,8 +154,7 @@ def compute_view(graph: nx.DiGraph, nodes: Iterable[int], constants: frozenset[i
         if _is_transparent(graph, node, constants):
             continue
         add_node(node)
-        for pred in graph.predecessors(node):
-            operand = graph.edges[pred, node]["operand"]
+        for operand, (pred, _) in operand_sources(graph, node).items():
             for source in sources(pred):
                 add_node(source)
                 if view.has_edge(source, node):

@@ -25,6 +25,7 @@ from autodist.schemas.local_view import kv_replicated
 from autodist.schemas.vocabulary import DTYPE_BYTES
 
 from autodist.planner.recognise.analysis import BlockInfo, LinearUse, ModelAnalysis
+from autodist.planner.graph import operand_sources
 from autodist.planner.ops import LAYOUT_OPS, short_op
 from autodist.planner.recognise.match import constant_nodes
 from autodist.planner.recognise.roles import Projection, SubLayer
@@ -67,7 +68,7 @@ def _signature(graph: nx.DiGraph, block: BlockInfo, gathered_layers: frozenset[s
             graph.nodes[n]["op"],
             str(graph.nodes[n]["shapes"]),
             graph.nodes[n]["layer"] in gathered_layers,
-            tuple(sorted((position.get(p, -1), graph.edges[p, n]["operand"]) for p in graph.predecessors(n))),
+            tuple(sorted((position.get(p, -1), operand) for operand, (p, _) in operand_sources(graph, n).items())),
         )
         for n in order
     ) + tuple((lin.name, lin.role, lin.split_dim) for lin in block.linears)
@@ -136,9 +137,7 @@ def implicit_comm(
                 continue
             node = graph.nodes[r.node]
             op = short_op(node["op"])
-            producer = graph.nodes[
-                next(p for p in graph.predecessors(r.node) if graph.edges[p, r.node]["operand"] == r.operand)
-            ]
+            producer = graph.nodes[operand_sources(graph, r.node)[r.operand][0]]
             itemsize = dtype_bytes or DTYPE_BYTES.get((producer["dtypes"] or [None])[0], 4)
             found.append(
                 schemas.ImplicitComm(
@@ -382,7 +381,7 @@ def vocab_parallel_problems(analysis: ModelAnalysis, split: dict[str, int], mp: 
                 for r in reshards
                 if r.node == node
                 and not r.before.is_replicated
-                and any(graph.edges[p, node]["operand"] == r.operand for p in graph.predecessors(node) if p in carriers)
+                and operand_sources(graph, node).get(r.operand, (None, 0))[0] in carriers
             ]
             if gathers:
                 # Not refused: Paddle 3.3.1's embedding rule asks for a row-split table whole (at

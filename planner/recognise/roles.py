@@ -56,6 +56,7 @@ import networkx as nx
 import paddle
 
 from autodist.planner.recognise.match import block_nodes, compute_view, constant_nodes
+from autodist.planner.graph import operand_sources
 from autodist.planner.ops import (
     CUT_OPS,
     FUSED_ATTENTION_OPS,
@@ -337,7 +338,7 @@ def weight_use(graph: nx.DiGraph, weight: int, matmul: int) -> tuple[int, bool]:
         for n in path[1:-1]
         if short_op(graph.nodes[n]["op"]) == "transpose" and graph.nodes[n]["attrs"].get("perm") == [1, 0]
     )
-    operand = graph.edges[path[-2], matmul]["operand"]
+    operand = min(o for o, (p, _) in operand_sources(graph, matmul).items() if p == path[-2])
     product = op(graph.nodes[matmul]["op"]).product
     if product is not None and product.factors is not None:
         operand = product.factors.index(operand)
@@ -417,8 +418,8 @@ def token_mixing_projection(graph: nx.DiGraph, nodes: frozenset[int], weights: l
         slots = _factors(graph, matmul)
         assert slots is not None, "a linear's factors are its operands"
         x_operand = slots[1 - operand]
-        x = next((p for p in graph.predecessors(matmul) if graph.edges[p, matmul]["operand"] == x_operand), None)
-        shape = graph.nodes[x]["shapes"][graph.edges[x, matmul]["result"]] if x is not None else None
+        x = operand_sources(graph, matmul).get(x_operand)
+        shape = graph.nodes[x[0]]["shapes"][x[1]] if x is not None else None
         if block_rows is not None and rows(shape) is not None and rows(shape) != block_rows and operand == 1:
             return weight.rpartition(".")[0]
     return None
@@ -491,7 +492,7 @@ def _implicit(graph, nodes, weights, mesh, constants, gathered) -> tuple[list[tu
     }
     for (node, result), dist in replay.values.items():
         if isinstance(dist, list) or not any(
-            v not in nodes and graph.edges[node, v]["result"] == result for v in graph.successors(node)
+            v not in nodes and d["result"] == result for _, v, d in graph.out_edges(node, data=True)
         ):
             continue
         if any(d == 0 for d in dist.dims) or (dist.partial and not _from_projection(graph, dist)):
@@ -736,7 +737,7 @@ def head_count(scores: list[int], tokens: list[int]) -> int:
 
 
 def _operand(graph: nx.DiGraph, node: int, operand: int) -> int:
-    return next(p for p in graph.predecessors(node) if graph.edges[p, node]["operand"] == operand)
+    return operand_sources(graph, node)[operand][0]
 
 
 def _factors(graph: nx.DiGraph, product: int) -> tuple[int, int] | None:

@@ -27,7 +27,7 @@ import networkx as nx
 from paddle.base import core
 from paddle.distributed.auto_parallel.static.dist_attribute import DistTensorSpec, TensorDistAttr
 
-
+from autodist.planner.graph import operand_sources
 from autodist.planner.ops import (
     ARITHMETIC_OPS,
     EXPAND_OPS,
@@ -229,10 +229,7 @@ class Replay:
         return Dist.replicated(shape)  # a value from outside the block arrives whole
 
     def operands(self, node: int) -> list[tuple[int, Dist | list[Dist]]]:
-        return sorted(
-            (self.graph.edges[p, node]["operand"], self.value(p, self.graph.edges[p, node]["result"]))
-            for p in self.graph.predecessors(node)
-        )
+        return sorted((operand, self.value(*source)) for operand, source in operand_sources(self.graph, node).items())
 
     def _step(self, node: int) -> None:
         data = self.graph.nodes[node]

@@ -251,7 +251,7 @@ ZOO_FILES = tuple(
 )
 #: Zoo models built by another factory of their file (``file:factory``): DeepSeek-V3's query
 #: through a latent (``zoo_deepseek_v3_hf_with_query_latent``).
-ZOO_VARIANTS = ("deepseek_v3_hf:build_with_query_latent",)
+ZOO_VARIANTS = ("deepseek_v3_hf:build_with_query_latent", "vit:build_with_transpose_y")
 ZOO_PADDLEFORMERS = ("build_llama", "build_phi3", "build_gemma3", "build_ernie45", "build_gpt_oss")
 WORKLOADS.update(
     {

@@ -1,6 +1,10 @@
 """A Vision Transformer the way timm writes it: a Conv2D patch embedding, a class token and a
 learned position embedding, blocks with one fused ``qkv`` Linear unbound into q, k, v, GELU MLP,
-a LayerNorm and a classification head on the class token.
+a LayerNorm and a classification head on the class token. ``build_with_transpose_y`` scores with
+Paddle's own spelling of ``q @ k^T``, ``paddle.matmul(q, k, transpose_y=True)`` (as
+``paddle.nn.MultiHeadAttention`` and PaddleNLP write it), through timm's ``attn_layer`` knob: one
+``matmul`` then reads two results of one ``unbind`` (the planner's graph keeps one edge per
+operand; with one per producer pair it lost ``k`` and Paddle's ``matmul`` SPMD rule segfaulted).
 
     >>> model = build_model()
     >>> model(paddle.rand([2, 3, 8, 8])).shape
@@ -46,6 +50,17 @@ class Attention(nn.Layer):
         return self.proj_drop(self.proj(x))
 
 
+class AttentionTransposeY(Attention):
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape([B, N, 3, self.num_heads, self.head_dim]).transpose([2, 0, 3, 1, 4])
+        q, k, v = qkv.unbind(0)
+        attn = paddle.matmul(q, k, transpose_y=True) * self.scale
+        attn = self.attn_drop(F.softmax(attn, axis=-1))
+        x = paddle.matmul(attn, v).transpose([0, 2, 1, 3]).reshape([B, N, C])
+        return self.proj_drop(self.proj(x))
+
+
 class Mlp(nn.Layer):
     def __init__(self, in_features, hidden_features, drop=0.0):
         super().__init__()
@@ -60,10 +75,10 @@ class Mlp(nn.Layer):
 
 
 class Block(nn.Layer):
-    def __init__(self, dim, num_heads, mlp_ratio=4.0):
+    def __init__(self, dim, num_heads, mlp_ratio=4.0, attn_layer=Attention):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, epsilon=1e-6)
-        self.attn = Attention(dim, num_heads)
+        self.attn = attn_layer(dim, num_heads)
         self.norm2 = nn.LayerNorm(dim, epsilon=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
@@ -73,7 +88,7 @@ class Block(nn.Layer):
 
 
 class VisionTransformer(nn.Layer):
-    def __init__(self):
+    def __init__(self, attn_layer=Attention):
         super().__init__()
         self.patch_embed = PatchEmbed()
         self.cls_token = self.create_parameter(
@@ -83,7 +98,7 @@ class VisionTransformer(nn.Layer):
             [1, self.patch_embed.num_patches + 1, EMBED], default_initializer=nn.initializer.TruncatedNormal(std=0.02)
         )
         self.pos_drop = nn.Dropout(0.1)
-        self.blocks = nn.Sequential(*[Block(EMBED, HEADS) for _ in range(DEPTH)])
+        self.blocks = nn.Sequential(*[Block(EMBED, HEADS, attn_layer=attn_layer) for _ in range(DEPTH)])
         self.norm = nn.LayerNorm(EMBED, epsilon=1e-6)
         self.head = nn.Linear(EMBED, CLASSES)
 
@@ -97,6 +112,10 @@ class VisionTransformer(nn.Layer):
 
 def build_model():
     return VisionTransformer()
+
+
+def build_with_transpose_y():
+    return VisionTransformer(attn_layer=AttentionTransposeY)
 
 
 def input_spec():
