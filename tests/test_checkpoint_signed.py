@@ -47,7 +47,7 @@ from autodist.schemas.checkpoint import (
 SECRETS = {"a": "3f9c1d7e5a2b8046" * 4, "b": "c4e81a0f6d2b9375" * 4}
 CHANGED = "its metadata does not match its signature: it was changed after it was saved; nothing was loaded"
 OTHER_KEY = "it was signed with another key than this job's"
-UNSIGNED = f"it is not signed, and this job has a secret ({SECRET_FILE_ENV}) to check one with"
+UNSIGNED = f"it is not signed, and this job has a secret ({SECRET_FILE_ENV} or {SECRET_ENV}) to check one with"
 
 
 def secret_files(folder: Path) -> dict[str, Path]:
@@ -185,7 +185,9 @@ def test_export_checks_the_signature_too(signed, tmp_path, job_secret):
     assert not (tmp_path / "model.pdparams").exists()
 
 
-def test_a_save_under_a_weak_or_open_secret_is_refused_with_nothing_written(tmp_path, job_secret, monkeypatch):
+def test_a_weak_secret_is_refused_at_save_with_nothing_written_and_at_load(
+    signed, target, tmp_path, job_secret, monkeypatch
+):
     job_secret(None)
     model, optimizer, _ = trained(1, 1)
     weak = tmp_path / "weak.secret"
@@ -195,6 +197,7 @@ def test_a_save_under_a_weak_or_open_secret_is_refused_with_nothing_written(tmp_
     with pytest.raises(CheckpointError, match="the secret is weak") as info:
         save_checkpoint(model, optimizer, tmp_path / "ckpt", step=1)
     assert "\n" not in str(info.value) and not (tmp_path / "ckpt").exists()
+    assert refused(target, signed, f"{SECRET_FILE_ENV}={weak}: the secret is weak").startswith(f"{signed}: ")
 
 
 def test_a_signature_in_metadata_older_than_signing_is_refused(signed):

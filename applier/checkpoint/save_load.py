@@ -87,7 +87,7 @@ from autodist.applier.modes.expert_dispatch import ExpertGradSync, dropped_param
 from autodist.applier.placement.layout import assemble, distinct_shards, rank_coords, shard_box
 from autodist.applier.placement.optimizer import optimizer_parameters, state_elsewhere
 from autodist.applier.modes.pipeline import PipelineModel
-from autodist.applier.ranks.jobkey import SECRET_FILE_ENV, derived_key
+from autodist.applier.ranks.jobkey import SECRET_ENV, SECRET_FILE_ENV, derived_key
 
 #: The state kind of an optimizer's fp32 master copy of a low-precision parameter.
 MASTER_WEIGHT = "master_weight"
@@ -140,7 +140,7 @@ def save_checkpoint(
     try:
         _check_target_folder(path)
         _check_step(step)
-        key = _signing_key()
+        key = _signing_key(path)
         layouts, mine = _layouts(model, optimizer, rank)
         if scheduler is not None:
             saved_scheduler = scheduler_state.saved_scheduler(scheduler)
@@ -617,13 +617,14 @@ def _raise_first(problems: list[str], path: Path) -> None:
 # -- checking before loading -----------------------------------------------------------------------------
 
 
-def _signing_key() -> bytes | None:
-    """The key this job signs and checks checkpoints with (derived from its secret for
-    checkpoints alone); None without a secret."""
+def _signing_key(path: Path) -> bytes | None:
+    """The key this job signs and checks the checkpoint at ``path`` with (derived from its
+    secret for checkpoints alone); None without a secret. A secret that cannot be used (a weak
+    one, a file others can read) is one :class:`CheckpointError`."""
     try:
         return derived_key(SIGNING_PURPOSE)
     except PlanError as err:
-        raise CheckpointError("; ".join(err.problems)) from None
+        raise CheckpointError("; ".join(err.problems), path) from None
 
 
 def _read_signed(path: Path) -> Checkpoint:
@@ -632,7 +633,7 @@ def _read_signed(path: Path) -> Checkpoint:
     signature at all unless ``AUTODIST_CHECKPOINT_UNSIGNED=accept``. Every rank reads the same
     file under the same secret, so every rank decides alike."""
     meta = read_checkpoint(path)
-    key = _signing_key()
+    key = _signing_key(path)
     problem = None if key is None else signature_problem(meta, key)
     if problem is None:
         return meta
@@ -644,9 +645,9 @@ def _read_signed(path: Path) -> Checkpoint:
         if choice:
             raise CheckpointError(f"{UNSIGNED_ENV}={choice!r}: the only value is 'accept'", path)
         problem += (
-            f", and this job has a secret ({SECRET_FILE_ENV}) to check one with: to load a checkpoint saved before "
-            f"autodist signed them or by a job without a secret, set {UNSIGNED_ENV}=accept once (the next save "
-            f"signs it)"
+            f", and this job has a secret ({SECRET_FILE_ENV} or {SECRET_ENV}) to check one with: to load a "
+            f"checkpoint saved before autodist signed them or by a job without a secret, set {UNSIGNED_ENV}=accept "
+            f"once (the next save signs it)"
         )
     raise CheckpointError(f"{problem}; nothing was loaded", path)
 
