@@ -1,4 +1,4 @@
-"""The checkpoint format (v2): what ``PATH/checkpoint.json`` says, read strictly.
+"""The checkpoint format: what ``PATH/checkpoint.json`` says, read strictly.
 
 A checkpoint is a folder::
 
@@ -19,8 +19,10 @@ to its tensor's name and place (:func:`shard_digest`), checked before anything i
 
 What that holds against (docs/checkpoints.md, "Integrity"): corruption and careless or
 mistaken edits, such as bytes overwritten, two tensors' entries or offsets swapped, one shard
-pointed at another's bytes. It does not hold against someone who edits the metadata on purpose
-and recomputes the checksums: the metadata is not signed.
+pointed at another's bytes. Against someone who edits the metadata on purpose and recomputes
+the checksums, only a signature holds: a job with a secret signs the metadata (which holds
+every shard's checksum) with a key derived from it (:func:`signature_of`), and a job with the
+same secret checks it (:func:`signature_problem`).
 
 Example::
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import math
 import os
 import stat
@@ -50,13 +53,19 @@ from autodist.schemas.plan import Base, Fqn, Identifier, Mesh, NonNegativeInt, P
 from autodist.schemas.vocabulary import DTYPE_BYTES, DType
 
 CHECKPOINT_FORMAT: Final = "autodist.checkpoint"
-#: Version 4: the position of the loader saved with it (optional). Version 3: every shard carries
+#: Version 5: the metadata may be signed (:class:`Signature`). Version 4: the position of the
+#: loader saved with it (optional). Version 3: every shard carries
 #: :func:`shard_digest` of its bytes. Version 2: the saved plan's
 #: mesh names its axes ``axes`` (version 1: ``dim_names``). Metadata of versions 1 and 2 still
 #: reads (:func:`upgrade_checkpoint`), without checksums to check.
-CHECKPOINT_VERSION: Final = 4
+CHECKPOINT_VERSION: Final = 5
 #: The first version whose shards all carry a checksum.
 CHECKSUM_VERSION = 3
+#: The first version whose metadata may carry a signature.
+SIGNATURE_VERSION = 5
+#: What the key a checkpoint is signed with is derived for (``derived_key`` in
+#: applier/ranks/jobkey.py): that key signs checkpoints and nothing else.
+SIGNING_PURPOSE: Final = b"autodist checkpoint v1"
 #: The metadata file inside a checkpoint folder.
 METADATA_FILE = "checkpoint.json"
 
@@ -89,6 +98,15 @@ class CheckpointError(ValueError):
         self.problem = problem
         self.path = str(path)
         super().__init__(f"{self.path}: {problem}")
+
+
+class Signature(Base):
+    """HMAC-SHA256 of the metadata without its signature (:func:`signed_bytes`), under the key
+    the saving job derived from its secret for checkpoints (:data:`SIGNING_PURPOSE`)."""
+
+    #: Names the key, not secret (:func:`key_id`): a load under another key says so.
+    key_id: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{16}$")]
+    hmac_sha256: Sha256
 
 
 class Shard(Base):
@@ -167,7 +185,7 @@ PROGRESS_ENV: Final = "AUTODIST_RUN_PROGRESS"
 # mypy cannot follow autodist.schemas.plan.Base (an Any to it), so it refuses kw_only here.
 class Checkpoint(Base, kw_only=True):  # type: ignore[call-arg]
     format: Literal["autodist.checkpoint"] = CHECKPOINT_FORMAT
-    version: Literal[1, 2, 3, 4] = CHECKPOINT_VERSION
+    version: Literal[1, 2, 3, 4, 5] = CHECKPOINT_VERSION
     step: NonNegativeInt
     #: Ranks of the run that saved it.
     world_size: PositiveInt
@@ -182,6 +200,8 @@ class Checkpoint(Base, kw_only=True):  # type: ignore[call-arg]
     #: The folder holding the shard files, and each file's size in bytes.
     data: FileName
     files: dict[FileName, NonNegativeInt] = {}
+    #: None when the saving job had no secret (and before version 5).
+    signature: Signature | None = None
 
 
 _ENCODER = msgspec.json.Encoder(order="sorted")
@@ -190,6 +210,47 @@ _ENCODER = msgspec.json.Encoder(order="sorted")
 def encode_checkpoint(meta: Checkpoint) -> bytes:
     """The metadata's canonical JSON bytes (sorted keys, indented)."""
     return msgspec.json.format(_ENCODER.encode(meta), indent=1) + b"\n"
+
+
+def signed_bytes(meta: Checkpoint) -> bytes:
+    """What a signature covers: the metadata's canonical bytes without the signature. Every
+    field the loader uses is in them (every shard's checksum, so the data too), as decoded, so
+    an editor cannot change what loads by re-spacing or reordering the JSON."""
+    return encode_checkpoint(msgspec.structs.replace(meta, signature=None))
+
+
+def key_id(key: bytes) -> str:
+    """A name for a signing key that tells nothing of it: the first 8 bytes of its HMAC of a
+    fixed text (never of metadata, whose bytes start with ``{``)."""
+    return hmac.digest(key, b"autodist checkpoint key id", "sha256")[:8].hex()
+
+
+def signature_of(meta: Checkpoint, key: bytes) -> Signature:
+    """The signature of ``meta`` under ``key`` (the saving job's, derived for :data:`SIGNING_PURPOSE`).
+
+    >>> meta = Checkpoint(step=1, world_size=1, data="data-1-x", params={},
+    ...                   model=SavedModel(class_name="M", num_parameters=0, param_fingerprint="0" * 64))
+    >>> meta.signature = signature_of(meta, b"k" * 32)
+    >>> signature_problem(meta, b"k" * 32), signature_problem(msgspec.structs.replace(meta, step=2), b"k" * 32)
+    (None, 'its metadata does not match its signature: it was changed after it was saved')
+    """
+    mac = hmac.digest(key, signed_bytes(meta), "sha256").hex()
+    return Signature(key_id=key_id(key), hmac_sha256=mac)
+
+
+def signature_problem(meta: Checkpoint, key: bytes) -> str | None:
+    """Why ``meta``'s signature does not hold under ``key``: it has none, it names another key,
+    or its HMAC differs (compared in constant time); None when it holds."""
+    if meta.signature is None:
+        return "it is not signed"
+    if meta.signature.key_id != key_id(key):
+        return (
+            f"it was signed with another key than this job's (key id {meta.signature.key_id}, this job's "
+            f"{key_id(key)}): the job's secret differs from the saving job's"
+        )
+    if not hmac.compare_digest(signature_of(meta, key).hmac_sha256, meta.signature.hmac_sha256):
+        return "its metadata does not match its signature: it was changed after it was saved"
+    return None
 
 
 def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -295,6 +356,8 @@ def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Ch
     except RecursionError:
         raise CheckpointError(f"{METADATA_FILE} is nested too deeply to be a checkpoint's metadata", path) from None
     problems = layout_problems(meta) + scheduler_problems(meta.scheduler)
+    if meta.signature is not None and meta.version < SIGNATURE_VERSION:
+        problems.append(f"a signature in version {meta.version} metadata (signed since {SIGNATURE_VERSION})")
     if problems:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         raise CheckpointError(f"{METADATA_FILE}: {problems[0]}{more}", path)
@@ -304,7 +367,8 @@ def decode_checkpoint(data: bytes, path: str | os.PathLike = "checkpoint") -> Ch
 def upgrade_checkpoint(raw: dict) -> dict:
     """Decoded metadata of version 1 as version 2 wrote it (the input is not changed): the
     saved plan's ``mesh.dim_names`` is called ``mesh.axes``. (Version 3 only adds checksums,
-    which neither older version has; version 4 the loader's position, which is optional.)
+    which neither older version has; version 4 the loader's position and version 5 the
+    signature, both optional.)
 
     >>> old = {"version": 1, "plan": {"mesh": {"dim_names": ["dp"], "shape": [2], "process_ids": [0, 1]}}}
     >>> upgrade_checkpoint(old)["plan"]["mesh"]

@@ -130,13 +130,13 @@ def test_a_save_under_a_plan_records_its_fingerprint_mesh_and_strategy(tmp_path)
 def test_version_1_metadata_naming_the_mesh_axes_dim_names_still_reads(tmp_path):
     """Checkpoint format version 1 recorded the plan's mesh with ``dim_names``; version 2 calls
     them ``axes``, and a version 1 checkpoint still reads, to the same metadata as version 2
-    (version 3 only adds checksums, version 4 the loader's position)."""
+    (version 3 only adds checksums, version 4 the loader's position, version 5 a signature)."""
     model = WORKLOAD.build(SEED)
     optimizer, _ = make_optimizer("adamw", model.parameters())
     model, optimizer, _ = apply_plan(model, optimizer, None, tensor_parallel_plan(model))
     meta = save_checkpoint(model, optimizer, tmp_path / "ckpt", step=0)
     raw = json.loads((tmp_path / "ckpt" / METADATA_FILE).read_text())
-    assert raw["version"] == 4 and raw["plan"]["mesh"]["axes"] == meta.plan.mesh.axes
+    assert raw["version"] == 5 and raw["plan"]["mesh"]["axes"] == meta.plan.mesh.axes
     raw["version"] = 1
     raw["plan"]["mesh"] = {"dim_names" if k == "axes" else k: v for k, v in raw["plan"]["mesh"].items()}
     (tmp_path / "ckpt" / METADATA_FILE).write_text(json.dumps(raw))

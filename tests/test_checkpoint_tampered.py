@@ -52,12 +52,17 @@ def target():
 
 
 def everything(model, optimizer, schedule) -> dict[str, bytes | str]:
-    """Every parameter, optimizer state and the schedule's state, by name."""
-    values: dict[str, bytes | str] = {f"param/{fqn}": p.numpy().tobytes() for fqn, p in model.named_parameters()}
-    for kind, per in optimizer._accumulators.items():
-        values.update({f"state/{kind}/{name}": t.numpy().tobytes() for name, t in per.items()})
+    """Every parameter, optimizer state and the schedule's state this rank holds, by name (a
+    distributed tensor by its local value; the optimizer by the states apply_plan's wrapper holds)."""
+    values: dict[str, bytes | str] = {f"param/{fqn}": held(p) for fqn, p in model.named_parameters()}
+    for kind, per in optimizer.__dict__.get("_inner_opt", optimizer)._accumulators.items():
+        values.update({f"state/{kind}/{name}": held(t) for name, t in per.items()})
     values["schedule"] = json.dumps(schedule.state_dict(), sort_keys=True)
     return values
+
+
+def held(tensor) -> bytes:
+    return (tensor._local_value() if tensor.is_dist() else tensor).numpy().tobytes()
 
 
 def refused(target, path, expect: str) -> str:
@@ -82,17 +87,23 @@ def copy_with(saved, tmp_path, edit, rehash: bool = False):
     raw = json.loads((path / METADATA_FILE).read_text())
     edit(raw)
     if rehash:
-        data = {file: (path / raw["data"] / file).read_bytes() for file in raw["files"]}
-        tensors = {f"param/{fqn}": t for fqn, t in raw["params"].items()}
-        tensors.update({f"optimizer/{fqn}/{kind}": t for fqn, kinds in raw["optimizer"]["states"].items()
-                        for kind, t in kinds.items()})  # fmt: skip
-        for name, tensor in tensors.items():
-            for one in tensor["shards"]:
-                shard = Shard(**one)
-                size = int(np.prod(shard.shape)) * np.dtype(tensor["dtype"]).itemsize
-                one["sha256"] = shard_digest(name, tensor["dtype"], shard, data[shard.file][shard.byte_offset :][:size])
+        rehash_shards(raw, path)
     (path / METADATA_FILE).write_text(json.dumps(raw))
     return path
+
+
+def rehash_shards(raw: dict, path) -> None:
+    """Every shard's checksum in the metadata ``raw`` made anew, with the public function, for
+    what the metadata says and the data files in ``path`` hold now."""
+    data = {file: (path / raw["data"] / file).read_bytes() for file in raw["files"]}
+    tensors = {f"param/{fqn}": t for fqn, t in raw["params"].items()}
+    tensors.update({f"optimizer/{fqn}/{kind}": t for fqn, kinds in raw["optimizer"]["states"].items()
+                    for kind, t in kinds.items()})  # fmt: skip
+    for name, tensor in tensors.items():
+        for one in tensor["shards"]:
+            shard = Shard(**one)
+            size = int(np.prod(shard.shape)) * np.dtype(tensor["dtype"]).itemsize
+            one["sha256"] = shard_digest(name, tensor["dtype"], shard, data[shard.file][shard.byte_offset :][:size])
 
 
 def transpose(tensor):

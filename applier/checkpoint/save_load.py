@@ -20,6 +20,12 @@ commit. A run killed before that leaves the previous checkpoint as it was; the o
 folder is removed by the next save. Ranks exchange their problems before writing and their
 results after, so a problem on one rank is raised on every rank, never left hanging.
 
+When the job has a secret (``AUTODIST_AGREE_SECRET_FILE``, applier/ranks/jobkey.py) the metadata
+is signed with a key derived from it for checkpoints alone, inside ``checkpoint.json``, so the
+one rename commits data and signature together; a load under a secret checks the signature
+before anything else, and refuses an unsigned checkpoint unless ``AUTODIST_CHECKPOINT_UNSIGNED=accept``
+(docs/checkpoints.md, "Integrity").
+
 The user's loop (every rank; see README "Checkpoints")::
 
     model, opt, loader = apply_plan(model, opt, loader, "plan.json")
@@ -37,6 +43,7 @@ import mmap
 import os
 import secrets
 import shutil
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +53,10 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from autodist.schemas import dump_plan, dtype_name, parameter_fingerprint, parameter_table
+from autodist.schemas import PlanError, dump_plan, dtype_name, parameter_fingerprint, parameter_table
 from autodist.schemas.checkpoint import (
     METADATA_FILE,
+    SIGNING_PURPOSE,
     Checkpoint,
     CheckpointError,
     SavedModel,
@@ -64,6 +72,8 @@ from autodist.schemas.checkpoint import (
     read_checkpoint,
     saved_tensors,
     shard_digest,
+    signature_of,
+    signature_problem,
 )
 from autodist.schemas.vocabulary import DTYPE_BYTES, as_dtype
 
@@ -77,6 +87,7 @@ from autodist.applier.modes.expert_dispatch import ExpertGradSync, dropped_param
 from autodist.applier.placement.layout import assemble, distinct_shards, rank_coords, shard_box
 from autodist.applier.placement.optimizer import optimizer_parameters, state_elsewhere
 from autodist.applier.modes.pipeline import PipelineModel
+from autodist.applier.ranks.jobkey import SECRET_ENV, SECRET_FILE_ENV, derived_key
 
 #: The state kind of an optimizer's fp32 master copy of a low-precision parameter.
 MASTER_WEIGHT = "master_weight"
@@ -84,6 +95,9 @@ _DATA_PREFIX = "data-"
 _TMP_SUFFIX = ".tmp"
 #: A shard's checksum until its writer has hashed the bytes it wrote (like ``data-pending``).
 _PENDING_DIGEST = "0" * 64
+#: ``accept``: a job with a secret loads a checkpoint that is not signed (saved before
+#: checkpoints were signed, or by a job without a secret), with a warning.
+UNSIGNED_ENV = "AUTODIST_CHECKPOINT_UNSIGNED"
 #: What an optimizer state of each kind holds, checked at load: Adam's and AdamW's powers of
 #: their betas lie in (0, 1], and their second moments are not negative. A learning rate is
 #: checked by applier/checkpoint/scheduler_state.py.
@@ -122,10 +136,11 @@ def save_checkpoint(
     problems: list[str] = []
     layouts: dict[str, _Layout] = {}
     mine: dict[tuple[str, tuple[int, ...]], paddle.Tensor] = {}
-    saved_scheduler = saved_loader = None
+    saved_scheduler = saved_loader = key = None
     try:
         _check_target_folder(path)
         _check_step(step)
+        key = _signing_key(path)
         layouts, mine = _layouts(model, optimizer, rank)
         if scheduler is not None:
             saved_scheduler = scheduler_state.saved_scheduler(scheduler)
@@ -166,8 +181,11 @@ def save_checkpoint(
     for tensor in saved_tensors(meta).values():
         for shard in tensor.shards:
             shard.sha256 = everyones[(shard.file, shard.byte_offset)]
+    if key is not None:  # the metadata holds every shard's checksum: signing it covers the data
+        meta.signature = signature_of(meta, key)
 
-    # 3. Rank 0 commits (replaces checkpoint.json); every rank returns once it has.
+    # 3. Rank 0 commits (replaces checkpoint.json, the signature inside it: one rename commits both);
+    #    every rank returns once it has.
     status = None
     if rank == 0:
         try:
@@ -201,7 +219,7 @@ def load_checkpoint(
         >>> start = load_checkpoint(model, opt, "ckpt", loader=loader).step      # doctest: +SKIP
     """
     path = Path(path)
-    meta = read_checkpoint(path)
+    meta = _read_signed(path)
     scheduler = scheduler if scheduler is not None else _scheduler_of(optimizer)
     problems = _model_problems(model, meta)
     if optimizer is not None:
@@ -247,7 +265,7 @@ def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> dict[s
         >>> sd = export_checkpoint("ckpt", "model.pdparams")          # doctest: +SKIP
     """
     path = Path(path)
-    meta = read_checkpoint(path)
+    meta = _read_signed(path)
     state = {}
     with _ShardFiles(path, meta) as files:
         _raise_first(files.problems or files.content_problems(meta, [f"param/{fqn}" for fqn in meta.params]), path)
@@ -597,6 +615,41 @@ def _raise_first(problems: list[str], path: Path) -> None:
 
 
 # -- checking before loading -----------------------------------------------------------------------------
+
+
+def _signing_key(path: Path) -> bytes | None:
+    """The key this job signs and checks the checkpoint at ``path`` with (derived from its
+    secret for checkpoints alone); None without a secret. A secret that cannot be used (a weak
+    one, a file others can read) is one :class:`CheckpointError`."""
+    try:
+        return derived_key(SIGNING_PURPOSE)
+    except PlanError as err:
+        raise CheckpointError("; ".join(err.problems), path) from None
+
+
+def _read_signed(path: Path) -> Checkpoint:
+    """The metadata (:func:`~autodist.schemas.checkpoint.read_checkpoint`), its signature
+    checked when this job has a secret: one that does not hold is refused, and so is no
+    signature at all unless ``AUTODIST_CHECKPOINT_UNSIGNED=accept``. Every rank reads the same
+    file under the same secret, so every rank decides alike."""
+    meta = read_checkpoint(path)
+    key = _signing_key(path)
+    problem = None if key is None else signature_problem(meta, key)
+    if problem is None:
+        return meta
+    if meta.signature is None:
+        choice = os.environ.get(UNSIGNED_ENV)
+        if choice == "accept":
+            warnings.warn(f"autodist: {path}: loading a checkpoint that is not signed ({UNSIGNED_ENV}=accept)")
+            return meta
+        if choice:
+            raise CheckpointError(f"{UNSIGNED_ENV}={choice!r}: the only value is 'accept'", path)
+        problem += (
+            f", and this job has a secret ({SECRET_FILE_ENV} or {SECRET_ENV}) to check one with: to load a "
+            f"checkpoint saved before autodist signed them or by a job without a secret, set {UNSIGNED_ENV}=accept "
+            f"once (the next save signs it)"
+        )
+    raise CheckpointError(f"{problem}; nothing was loaded", path)
 
 
 def _model_problems(model, meta: Checkpoint) -> list[str]:

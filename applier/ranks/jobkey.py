@@ -46,6 +46,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 import os
 import re
@@ -254,6 +255,32 @@ def remove_key(path: Path | None, key: bytes | None) -> None:
 
 def _from_secret(secret: str) -> bytes:
     return hashlib.sha256(b"autodist agreement key\0" + secret.encode()).digest()
+
+
+def derived_key(purpose: bytes) -> bytes | None:
+    """A 32-byte key for ``purpose`` alone, derived from the job's secret
+    (``AUTODIST_AGREE_SECRET_FILE`` or ``AUTODIST_AGREE_SECRET``; same checks and warning as the
+    agreement's) by HKDF-SHA256 (RFC 5869) with ``purpose`` as its info: keys for two purposes
+    tell nothing of each other, nor of the secret or the agreement's key. None when no secret
+    is set: rank 0's random key of a one-machine job lives for one agreement, so nothing
+    outlasting the job (a checkpoint) can be checked with it.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "secret")
+    >>> with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+    ...     _ = f.write("0123456789abcdef" * 4)
+    >>> os.environ["AUTODIST_AGREE_SECRET_FILE"] = path
+    >>> derived_key(b"autodist checkpoint v1").hex()[:16], derived_key(b"another use").hex()[:16]
+    ('648633adb483f270', 'fe086168b3b1ab11')
+    >>> del os.environ["AUTODIST_AGREE_SECRET_FILE"]
+    >>> derived_key(b"autodist checkpoint v1") is None
+    True
+    """
+    secret = _secret()
+    if not secret:
+        return None
+    extracted = hmac.digest(b"autodist job key", secret.encode(), "sha256")  # HKDF-Extract, a fixed salt
+    return hmac.digest(extracted, purpose + b"\x01", "sha256")  # HKDF-Expand, one block
 
 
 def _hosts() -> set[str]:

@@ -1,6 +1,9 @@
 """What ``autodist-plan ckpt info PATH`` prints: what a checkpoint holds and the plan it was
 saved under, from its metadata alone (no Paddle, no shard data read).
 
+Whether the metadata is signed is shown, not checked: checking needs the saving job's secret,
+which ``load_checkpoint`` holds and this command does not (docs/checkpoints.md, "Integrity").
+
 Checkpoint metadata is untrusted input: every string taken from it (class names, FQNs, state
 kinds, scheduler fields) goes through :func:`~autodist.schemas.errors.printable`, so no control
 character reaches the terminal.
@@ -50,6 +53,7 @@ def checkpoint_data(meta: Checkpoint) -> dict[str, Any]:
             "state_kinds": _state_kinds(meta),
         },
         "scheduler": None if meta.scheduler is None else msgspec.to_builtins(meta.scheduler),
+        "signature": None if meta.signature is None else {"key_id": meta.signature.key_id},
         "data": {"folder": meta.data, "bytes": sum(meta.files.values()), "files": dict(sorted(meta.files.items()))},
         "params": {fqn: _tensor_data(t) for fqn, t in sorted(meta.params.items())},
     }  # fmt: skip
@@ -84,11 +88,21 @@ def checkpoint_text(meta: Checkpoint, path: str) -> str:
     lines.append(
         f"data        {printable(meta.data)}: {files} file{'s' if files != 1 else ''}, {human_bytes(sum(meta.files.values()))}"
     )
+    lines.append(f"signed      {_signature_text(meta)}")
     lines.append("parameters")
     rows = collapse({fqn: _tensor_text(t) for fqn, t in meta.params.items()})
     width = max((len(printable(r.pattern)) for r in rows), default=0)
     lines += [f"  {printable(r.pattern):<{width}}  {r.value}" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def _signature_text(meta: Checkpoint) -> str:
+    if meta.signature is None:
+        return "no (saved by a job without a secret, or before format 5): checksums only"
+    return (
+        f"yes, key id {meta.signature.key_id} (not checked here, which needs the job's secret: "
+        f"load_checkpoint checks it)"
+    )
 
 
 def _scheduler_text(saved: SavedScheduler) -> str:
