@@ -16,7 +16,8 @@ Megatron-LM's tensor parallelism:
   ``self.intermediate_size``) set to their local values, restored when the call returns or raises;
 - its output: each rank's partial sum, summed over the rank's mp line (one all-reduce, Megatron's
   ``g``; its backward hands every rank the whole gradient) and handed back as a DistTensor placed
-  as the input was.
+  as the input was; under sequence parallelism, where the plan's post hook splits it over the
+  sequence again, left Partial over mp for that hook (:func:`summed`): Megatron's reduce-scatter.
 
 Checkpoints hold the model's own layout: :meth:`LocalViews.own_boxes` says which boxes of it a
 rank's piece of a fused weight holds (applier/checkpoint.py saves and reads those).
@@ -55,7 +56,7 @@ from autodist.schemas.local_view import (
 )
 
 from autodist.applier.clip import sum_over
-from autodist.applier.hooks import map_first_input
+from autodist.applier.hooks import map_first_input, sequence_split_sides
 from autodist.applier.mesh import mesh_ids
 
 
@@ -121,7 +122,7 @@ class LocalViews:
         layers = dict(model.named_sublayers())
         line = mp_line(self.plan, dist.get_rank())
         for view in self.plan.local_view:
-            _wrap(layers[view.layer], view, layers, line)
+            _wrap(layers[view.layer], view, layers, line, sequence_split_sides(self.plan, view.layer))
 
 
 def mp_line(plan: Plan, rank: int) -> dist.ProcessMesh:
@@ -170,7 +171,9 @@ def _call_value(param: paddle.Tensor, weight: LocalWeight | None, line: dist.Pro
     return _Scaled.apply(local, 1.0 / mp) if weight is not None and weight.summed else local
 
 
-def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.ProcessMesh) -> None:
+def _wrap(
+    layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.ProcessMesh, split: tuple[bool, bool]
+) -> None:
     weights = {w.param: w for w in view.weights}
     rank = mesh.process_ids.index(dist.get_rank())
     prefix = view.layer + "."
@@ -217,11 +220,40 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
                 f"the plan proved it returning one (and None for items {view.dropped_outputs})"
             )
         hidden, index = found
-        whole = dtensor_from_local(SumOverRanks.apply(hidden, mesh), placed[0].process_mesh, placed[0].placements)
+        whole = summed(hidden, placed[0].process_mesh, placed[0].placements, mesh, split[1])
         # the dropped items (per-head, each rank's heads only) are None: a reader fails, never reads a part
         return whole if index is None else type(output)([whole, *(None for _ in output[1:])])
 
     layer.forward = run
+
+
+def summed(
+    partial: paddle.Tensor, mesh: dist.ProcessMesh, placements: list, line: dist.ProcessMesh, split: bool
+) -> paddle.Tensor:
+    """The ranks' ``partial`` outputs summed over the mp ``line``, as a DistTensor on ``mesh``:
+    placed as ``placements`` (one all-reduce), or, where a post hook splits it over mp again
+    (``split``, sequence parallelism), left Partial over mp for that hook's reshard, Megatron's
+    reduce-scatter (its backward all-gathers the gradient, the whole one on every rank)."""
+    if split:
+        return _LeftPartial.apply(partial, mesh, list(placements))
+    return dtensor_from_local(SumOverRanks.apply(partial, line), mesh, placements)
+
+
+class _LeftPartial(PyLayer):
+    """A rank's partial output as a DistTensor Partial over mp (``placements`` otherwise); its
+    backward hands the rank the whole output gradient, placed as ``placements`` (Paddle's own
+    backward of ``dtensor_from_local`` would reshard the gradient to the output's Partial, which
+    keeps it on one rank of the mp line and zeroes it on the others)."""
+
+    @staticmethod
+    def forward(ctx, partial, mesh, placements):
+        ctx.mesh, ctx.placements = mesh, placements
+        over_mp = [dist.Partial() if name == "mp" else p for name, p in zip(mesh.dim_names, placements)]
+        return dtensor_from_local(partial, mesh, over_mp)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return dtensor_to_local(dist.reshard(grad, ctx.mesh, ctx.placements), ctx.mesh, ctx.placements)
 
 
 def _called_as_proven(view: LocalView, args: tuple, kwargs: dict, hidden: paddle.Tensor) -> tuple[tuple, dict]:

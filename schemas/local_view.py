@@ -111,14 +111,19 @@ def runs_local_views(strategy: Strategy) -> bool:
       forward all-reduce too;
     - the 1F1B pipeline schedule: each stage's chunk runs the model's own forward, its views
       and (first stage) its token lookup on the stage's mp ranks; a tied table's last-stage copy
-      is read in the global view and its gradient summed with the first stage's.
+      is read in the global view and its gradient summed with the first stage's;
+    - sequence parallelism: the plan's hooks all-gather the sequence before a view (norms and
+      dropout between the sub-layers run on sequence shards), and a view's or a lookup's partial
+      sum is left Partial over mp for the hook after it, whose reshard to the sequence split is
+      a reduce-scatter (applier/hooks.py ``sequence_split_sides``).
 
-    Not (yet) with the VPP or sequential schedule, sequence parallelism (the views take the
-    activation whole), ZeRO stage 3 (it splits the parameters over dp, which a view
-    would read as its weights), or selective recompute (it recomputes the attention sub-layer
-    itself, all-reduce included, which the cost model does not price).
+    Not (yet) with the VPP or sequential schedule, ZeRO stage 3 (it splits the parameters over
+    dp, which a view would read as its weights), or selective recompute (it recomputes the
+    attention sub-layer itself, all-reduce included, which the cost model does not price).
 
     >>> runs_local_views(Strategy(dp=2, mp=2, sharding_stage=1, micro_batches=2, recompute="full"))
+    True
+    >>> runs_local_views(Strategy(mp=2, sequence_parallel=True))
     True
     >>> runs_local_views(Strategy(mp=2, pp=2, micro_batches=2, schedule="1F1B"))
     True
@@ -139,7 +144,6 @@ def local_views_refused(strategy: Strategy) -> str:
     refused = [
         (strategy.mp == 1, "no tensor parallelism"),
         (strategy.pp > 1 and strategy.schedule != "1F1B", f"a pipeline schedule other than 1F1B ({strategy.schedule})"),
-        (strategy.sequence_parallel, "sequence parallelism"),
         (strategy.sharding_stage > 2, f"ZeRO stage {strategy.sharding_stage}"),
         (strategy.recompute not in ("none", "full"), f"{strategy.recompute} recompute"),
     ]

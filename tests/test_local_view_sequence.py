@@ -1,0 +1,70 @@
+"""Local views and the local vocabulary lookup under sequence parallelism (issue 31), composed
+as Megatron-LM composes them.
+
+HF Falcon (a fused multi-query ``query_key_value``, its attention a local view, its tied
+``word_embeddings`` a vocabulary-split lookup) planned at mp2 with sequence parallelism: the
+activations between sub-layers are split over the sequence, the norms run on those shards, each
+sub-layer's pre hook all-gathers the sequence before the column, and the partial sum of each
+local view and of the lookup is left Partial over mp for the post hook, whose reshard to the
+sequence split is a reduce-scatter (not an all-reduce and a slice). On 2 gloo ranks: losses
+and parameters as one device.
+
+gloo has no reduce-scatter: the run takes the TEST-ONLY stand-in of harness/cpu_substitutes.py
+(P->R->S, forward and backward), which also records each reduce-scatter it stands in for: one per
+sub-layer and one for the lookup in every forward. On a GPU the same plan runs Paddle's own
+reduce-scatter, which this CPU test cannot reach.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autodist.planner.driver import plan_target
+from autodist.schemas import save_plan
+from harness.cases import Trained, check_against_reference
+from harness.jobs import TrainRun
+from harness.planning import gloo_mp2_request
+from harness.runner import train_by_world
+from harness.workloads import WORKLOADS
+
+WORKLOAD = "zoo_falcon_hf"
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, reference_runs) -> Trained:
+    workdir = tmp_path_factory.mktemp("local_view_sequence")
+    target = WORKLOADS[WORKLOAD].planner_target
+    plan = plan_target(target, None, gloo_mp2_request(sequence_parallel=True), {"target": target}).plan
+    save_plan(plan, workdir / "plan.json")
+    run = TrainRun("falcon_mp2_sp_local_view", WORKLOAD, plan=str(workdir / "plan.json"), reshard="via_replicate")
+    outputs = train_by_world([(run, 2)], workdir, timeout_s=600.0, references=(reference_runs, [run]))
+    return Trained(run, plan, outputs[run.name])
+
+
+@pytest.mark.multiprocess
+def test_local_views_and_the_lookup_train_like_one_device_under_sequence_parallelism(trained, reference_runs):
+    plan = trained.plan
+    assert plan.strategy.sequence_parallel and plan.strategy.mp == 2
+    assert [v.layer for v in plan.local_view] == [f"transformer.h.{i}.self_attention" for i in (0, 1)]
+    assert [lookup.layer for lookup in plan.vocab_lookup] == ["transformer.word_embeddings"]
+    check_against_reference(trained, reference_runs)
+
+
+@pytest.mark.multiprocess
+def test_each_partial_sum_is_reduce_scattered_to_the_sequence_split(trained):
+    """Every post hook that splits the sequence again (after the lookup, each attention and each
+    MLP: 5 here) reshards a partial sum, Partial -> Shard, once per forward: Megatron's
+    reduce-scatter. Summing the views' and the lookup's outputs first would make 3 of them an
+    all-reduce and a slice, which the stand-in does not count."""
+    mp = trained.plan.mesh.axes.index("mp")
+    splits = [
+        hook
+        for hook in trained.plan.hooks
+        if hook.when == "post"
+        and (hook.action == "sequence_parallel_begin" or getattr(hook, "placements", ["R"] * (mp + 1))[mp] != "R")
+    ]
+    assert len(splits) == 5
+    for output in trained.outputs:
+        forward = [kind for direction, kind in output["stood_in"] if direction == "forward"]
+        assert forward == ["reduce_scatter"] * (STEPS * len(splits)), output["stood_in"]
