@@ -143,8 +143,12 @@ def param_local(param: paddle.Tensor) -> paddle.Tensor:
     """A parameter's local value for this call. Its gradient comes back Partial on every axis
     the parameter is replicated on but mp (dp: each rank's gradient covers its own rows of the
     batch; the optimizer sums it, as for any data-parallel gradient, and ZeRO's gradient hook
-    reshards that one Partial axis to the rank's dp shard)."""
+    reshards that one Partial axis to the rank's dp shard). A parameter ZeRO stage 3 split over
+    dp is gathered over dp for the call first (:class:`_GatheredOverDp`)."""
     mesh = param.process_mesh
+    whole_but_mp = [p if name == "mp" else dist.Replicate() for name, p in zip(mesh.dim_names, param.placements)]
+    if whole_but_mp != list(param.placements):
+        param = _GatheredOverDp.apply(param, whole_but_mp)
     backward = [
         p if name == "mp" or not isinstance(p, dist.Replicate) else dist.Partial()
         for name, p in zip(mesh.dim_names, param.placements)
@@ -340,6 +344,21 @@ class SumOverRanks(PyLayer):
     @staticmethod
     def forward(ctx, x, mesh):
         return sum_over(x, mesh)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _GatheredOverDp(PyLayer):
+    """A parameter ZeRO stage 3 split over dp, gathered whole over dp (ZeRO-3's all-gather before
+    the call); its backward hands the gradient on as it comes, Partial over dp: the optimizer's
+    ZeRO-3 gradient hook reduce-scatters it to the rank's dp shard, as it does the gradient of a
+    parameter read in the global view (a tied LM head's), which it is added to."""
+
+    @staticmethod
+    def forward(ctx, param, placements):
+        return dist.reshard(param, param.process_mesh, placements)
 
     @staticmethod
     def backward(ctx, grad):

@@ -102,9 +102,10 @@ def runs_local_views(strategy: Strategy) -> bool:
     ``strategy`` (the planner's rule, the cost model's and the applier's check): tensor
     parallelism, composed as Megatron-LM composes it with
 
-    - data parallelism, and ZeRO stage 1 or 2 over it: the local views' gradients come back
+    - data parallelism, and ZeRO stage 1, 2 or 3 over it: the local views' gradients come back
       Partial over dp like any data-parallel gradient, and the optimizer states follow the
-      parameters' (rank-by-rank) layout, split over dp;
+      parameters' (rank-by-rank) layout, split over dp; under ZeRO 3 a view's weights and a
+      lookup's rows, split over dp too, are gathered over dp for the call;
     - gradient accumulation over micro-batches (no pipeline): each micro-batch's forward and
       backward runs the local views, the gradients add up;
     - full recompute: a recomputed block runs its local views again in its backward, their
@@ -117,8 +118,7 @@ def runs_local_views(strategy: Strategy) -> bool:
       sum is left Partial over mp for the hook after it, whose reshard to the sequence split is
       a reduce-scatter (applier/hooks.py ``sequence_split_sides``).
 
-    Not (yet) with the VPP or sequential schedule, ZeRO stage 3 (it splits the parameters over
-    dp, which a view would read as its weights), or selective recompute (it recomputes the
+    Not (yet) with the VPP or sequential schedule, or selective recompute (it recomputes the
     attention sub-layer itself, all-reduce included, which the cost model does not price).
 
     >>> runs_local_views(Strategy(dp=2, mp=2, sharding_stage=1, micro_batches=2, recompute="full"))
@@ -128,7 +128,7 @@ def runs_local_views(strategy: Strategy) -> bool:
     >>> runs_local_views(Strategy(mp=2, pp=2, micro_batches=2, schedule="1F1B"))
     True
     >>> runs_local_views(Strategy(mp=2, pp=2, schedule="VPP")), runs_local_views(Strategy(dp=2, mp=2, sharding_stage=3))
-    (False, False)
+    (False, True)
     """
     return not local_views_refused(strategy)
 
@@ -144,7 +144,6 @@ def local_views_refused(strategy: Strategy) -> str:
     refused = [
         (strategy.mp == 1, "no tensor parallelism"),
         (strategy.pp > 1 and strategy.schedule != "1F1B", f"a pipeline schedule other than 1F1B ({strategy.schedule})"),
-        (strategy.sharding_stage > 2, f"ZeRO stage {strategy.sharding_stage}"),
         (strategy.recompute not in ("none", "full"), f"{strategy.recompute} recompute"),
     ]
     return ", ".join(why for applies, why in refused if applies)
