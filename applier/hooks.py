@@ -141,10 +141,14 @@ def _split_sequence(x, mesh, mp: int, reshard_fn: ReshardFn):
 
 
 def _gather_sequence(x, mesh, mp: int, reshard_fn: ReshardFn):
-    """[s/mp, b, h] -> [b, s, h], sequence gathered (Paddle's SequenceParallelEnd)."""
+    """[s/mp, b, h] -> [b, s, h], sequence gathered (Paddle's SequenceParallelEnd). Transposed
+    first, gathered last: a Partial gradient coming back (a column projection's input gradient,
+    a local view's) then reaches the gather's backward as it is, a reduce-scatter, where
+    Paddle's transpose backward would all-reduce it first."""
+    x = paddle.transpose(x, perm=[1, 0, 2])
     placements = list(x.placements)
     placements[mp] = dist.Replicate()
-    return paddle.transpose(reshard_fn(x, mesh, placements), perm=[1, 0, 2])
+    return reshard_fn(x, mesh, placements)
 
 
 def _as_dist(x: paddle.Tensor, mesh: dist.ProcessMesh) -> paddle.Tensor:

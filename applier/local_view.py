@@ -201,6 +201,8 @@ def _wrap(
             if not x.is_dist():
                 raise RuntimeError(f"local view: {view.layer} got a plain tensor, not a DistTensor, as its input")
             placed.append(x)
+            if split[0]:  # gathered by a pre hook, whose backward reduce-scatters the Partial gradient
+                return dtensor_to_local(x, x.process_mesh, partial_over_mp(x.process_mesh, x.placements))
             return _CopyToRanks.apply(local_value(x), mesh)
 
         args, kwargs = map_first_input(args, kwargs, first)
@@ -243,6 +245,11 @@ def summed(
     return dtensor_from_local(SumOverRanks.apply(partial, line), mesh, placements)
 
 
+def partial_over_mp(mesh: dist.ProcessMesh, placements: list) -> list:
+    """``placements`` on ``mesh`` with mp's Partial: a sum of the mp ranks' values."""
+    return [dist.Partial() if name == "mp" else p for name, p in zip(mesh.dim_names, placements)]
+
+
 class _LeftPartial(PyLayer):
     """A rank's partial output as a DistTensor Partial over mp (``placements`` otherwise); its
     backward hands the rank the whole output gradient, placed as ``placements`` (Paddle's own
@@ -252,8 +259,7 @@ class _LeftPartial(PyLayer):
     @staticmethod
     def forward(ctx, partial, mesh, placements):
         ctx.mesh, ctx.placements = mesh, placements
-        over_mp = [dist.Partial() if name == "mp" else p for name, p in zip(mesh.dim_names, placements)]
-        return dtensor_from_local(partial, mesh, over_mp)
+        return dtensor_from_local(partial, mesh, partial_over_mp(mesh, placements))
 
     @staticmethod
     def backward(ctx, grad):

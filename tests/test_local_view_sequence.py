@@ -6,12 +6,13 @@ HF Falcon (a fused multi-query ``query_key_value``, its attention a local view, 
 activations between sub-layers are split over the sequence, the norms run on those shards, each
 sub-layer's pre hook all-gathers the sequence before the column, and the partial sum of each
 local view and of the lookup is left Partial over mp for the post hook, whose reshard to the
-sequence split is a reduce-scatter (not an all-reduce and a slice). On 2 gloo ranks: losses
-and parameters as one device.
+sequence split is a reduce-scatter (not an all-reduce and a slice); backward, each view hands
+its input gradient back Partial over mp to the pre hook, whose gather's backward reduce-scatters
+it. On 2 gloo ranks: losses and parameters as one device.
 
 gloo has no reduce-scatter: the run takes the TEST-ONLY stand-in of harness/cpu_substitutes.py
 (P->R->S, forward and backward), which also records each reduce-scatter it stands in for: one per
-sub-layer and one for the lookup in every forward. On a GPU the same plan runs Paddle's own
+sub-layer and one for the lookup in every forward, one per gather in every backward. On a GPU the same plan runs Paddle's own
 reduce-scatter, which this CPU test cannot reach.
 """
 
@@ -51,20 +52,30 @@ def test_local_views_and_the_lookup_train_like_one_device_under_sequence_paralle
     check_against_reference(trained, reference_runs)
 
 
+def _hooks(plan, kinds: set[tuple[str, str, str]]) -> list:
+    """The plan's hooks of ``kinds``: ``(when, action, mp placement)``, the placement on mp of a
+    reshard, ``""`` for the others."""
+    mp = plan.mesh.axes.index("mp")
+    return [h for h in plan.hooks if (h.when, h.action, h.placements[mp] if h.action == "reshard" else "") in kinds]
+
+
 @pytest.mark.multiprocess
 def test_each_partial_sum_is_reduce_scattered_to_the_sequence_split(trained):
-    """Every post hook that splits the sequence again (after the lookup, each attention and each
-    MLP: 5 here) reshards a partial sum, Partial -> Shard, once per forward: Megatron's
-    reduce-scatter. Summing the views' and the lookup's outputs first would make 3 of them an
-    all-reduce and a slice, which the stand-in does not count."""
-    mp = trained.plan.mesh.axes.index("mp")
-    splits = [
-        hook
-        for hook in trained.plan.hooks
-        if hook.when == "post"
-        and (hook.action == "sequence_parallel_begin" or getattr(hook, "placements", ["R"] * (mp + 1))[mp] != "R")
-    ]
-    assert len(splits) == 5
+    """Forward, every post hook that splits the sequence again (after the lookup, each attention
+    and each MLP: 5 here) reshards a partial sum, Partial -> Shard: Megatron's reduce-scatter.
+    Summing the views' and the lookup's outputs first would make 3 of them an all-reduce and a
+    slice, which the stand-in does not count. Backward, every hook that gathers the sequence
+    (before each attention and MLP, after the final norm: 5) gets a Partial gradient back and
+    reduce-scatters it; a view that summed its input gradient itself, or a gather behind the
+    hook's transpose, would leave an all-reduce and a slice instead."""
+    splits = _hooks(trained.plan, {("post", "sequence_parallel_begin", ""), ("post", "reshard", "S(0)")})
+    gathers = _hooks(
+        trained.plan,
+        {("pre", "sequence_parallel_end", ""), ("pre", "reshard", "R"), ("post", "sequence_parallel_end", "")},
+    )
+    assert (len(splits), len(gathers)) == (5, 5)
     for output in trained.outputs:
-        forward = [kind for direction, kind in output["stood_in"] if direction == "forward"]
-        assert forward == ["reduce_scatter"] * (STEPS * len(splits)), output["stood_in"]
+        stood_in = [tuple(item) for item in output["stood_in"]]
+        assert stood_in.count(("forward", "reduce_scatter")) == STEPS * len(splits), stood_in
+        assert stood_in.count(("backward", "reduce_scatter")) == STEPS * len(gathers), stood_in
+        assert len(stood_in) == STEPS * (len(splits) + len(gathers)), stood_in
