@@ -258,7 +258,9 @@ class _LeftPartial(PyLayer):
 
     @staticmethod
     def forward(ctx, partial, mesh, placements):
-        ctx.mesh, ctx.placements = mesh, placements
+        # a mesh of its own: a tensor's process_mesh lives only as long as the tensor (docs/paddle-notes.md)
+        ctx.mesh = dist.ProcessMesh(np.array(mesh.process_ids).reshape(mesh.shape), dim_names=mesh.dim_names)
+        ctx.placements = placements
         return dtensor_from_local(partial, mesh, partial_over_mp(mesh, placements))
 
     @staticmethod

@@ -8,7 +8,8 @@ sub-layer's pre hook all-gathers the sequence before the column, and the partial
 local view and of the lookup is left Partial over mp for the post hook, whose reshard to the
 sequence split is a reduce-scatter (not an all-reduce and a slice); backward, each view hands
 its input gradient back Partial over mp to the pre hook, whose gather's backward reduce-scatters
-it. On 2 gloo ranks: losses and parameters as one device.
+it. On 2 gloo ranks, and at dp2 x mp2 on 4 (AdamW, ZeRO 0 and 1): losses and parameters as one
+device.
 
 gloo has no reduce-scatter: the run takes the TEST-ONLY stand-in of harness/cpu_substitutes.py
 (P->R->S, forward and backward), which also records each reduce-scatter it stands in for: one per
@@ -32,24 +33,37 @@ WORKLOAD = "zoo_falcon_hf"
 STEPS = 3
 
 
+#: The trainings, by name: (dp, ZeRO stage, optimizer) at mp2 with sequence parallelism.
+TRAININGS = {"mp2": (1, 0, "sgd"), "dp2_mp2": (2, 0, "adamw"), "dp2_mp2_zero1": (2, 1, "adamw")}
+
+
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, reference_runs) -> Trained:
+def trained(tmp_path_factory, reference_runs) -> dict[str, Trained]:
+    """Every training, one job per world size (2 and 4 ranks)."""
     workdir = tmp_path_factory.mktemp("local_view_sequence")
     target = WORKLOADS[WORKLOAD].planner_target
-    plan = plan_target(target, None, gloo_mp2_request(sequence_parallel=True), {"target": target}).plan
-    save_plan(plan, workdir / "plan.json")
-    run = TrainRun("falcon_mp2_sp_local_view", WORKLOAD, plan=str(workdir / "plan.json"), reshard="via_replicate")
-    outputs = train_by_world([(run, 2)], workdir, timeout_s=600.0, references=(reference_runs, [run]))
-    return Trained(run, plan, outputs[run.name])
+    plans, runs = {}, []
+    for name, (dp, stage, optimizer) in TRAININGS.items():
+        request = gloo_mp2_request(dp, sharding_stage=stage, sequence_parallel=True)
+        plans[name] = plan_target(target, None, request, {"target": target}).plan
+        save_plan(plans[name], workdir / f"{name}.json")
+        path = str(workdir / f"{name}.json")
+        runs.append((TrainRun(name, WORKLOAD, optimizer, plan=path, reshard="via_replicate"), 2 * dp))
+    everything = [run for run, _ in runs]
+    outputs = train_by_world(runs, workdir, timeout_s=600.0, references=(reference_runs, everything))
+    return {run.name: Trained(run, plans[run.name], outputs[run.name]) for run in everything}
 
 
 @pytest.mark.multiprocess
-def test_local_views_and_the_lookup_train_like_one_device_under_sequence_parallelism(trained, reference_runs):
-    plan = trained.plan
-    assert plan.strategy.sequence_parallel and plan.strategy.mp == 2
-    assert [v.layer for v in plan.local_view] == [f"transformer.h.{i}.self_attention" for i in (0, 1)]
-    assert [lookup.layer for lookup in plan.vocab_lookup] == ["transformer.word_embeddings"]
-    check_against_reference(trained, reference_runs)
+@pytest.mark.parametrize("name", list(TRAININGS))
+def test_local_views_and_the_lookup_train_like_one_device_under_sequence_parallelism(trained, reference_runs, name):
+    run = trained[name]
+    dp, stage, _ = TRAININGS[name]
+    strategy = run.plan.strategy
+    assert (strategy.sequence_parallel, strategy.dp, strategy.mp, strategy.sharding_stage) == (True, dp, 2, stage)
+    assert [v.layer for v in run.plan.local_view] == [f"transformer.h.{i}.self_attention" for i in (0, 1)]
+    assert [lookup.layer for lookup in run.plan.vocab_lookup] == ["transformer.word_embeddings"]
+    check_against_reference(run, reference_runs)
 
 
 def _hooks(plan, kinds: set[tuple[str, str, str]]) -> list:
@@ -61,13 +75,14 @@ def _hooks(plan, kinds: set[tuple[str, str, str]]) -> list:
 
 @pytest.mark.multiprocess
 def test_each_partial_sum_is_reduce_scattered_to_the_sequence_split(trained):
-    """Forward, every post hook that splits the sequence again (after the lookup, each attention
+    """At mp2: forward, every post hook that splits the sequence again (after the lookup, each attention
     and each MLP: 5 here) reshards a partial sum, Partial -> Shard: Megatron's reduce-scatter.
     Summing the views' and the lookup's outputs first would make 3 of them an all-reduce and a
     slice, which the stand-in does not count. Backward, every hook that gathers the sequence
     (before each attention and MLP, after the final norm: 5) gets a Partial gradient back and
     reduce-scatters it; a view that summed its input gradient itself, or a gather behind the
     hook's transpose, would leave an all-reduce and a slice instead."""
+    trained = trained["mp2"]
     splits = _hooks(trained.plan, {("post", "sequence_parallel_begin", ""), ("post", "reshard", "S(0)")})
     gathers = _hooks(
         trained.plan,
