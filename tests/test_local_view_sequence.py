@@ -9,7 +9,8 @@ local view and of the lookup is left Partial over mp for the post hook, whose re
 sequence split is a reduce-scatter (not an all-reduce and a slice); backward, each view hands
 its input gradient back Partial over mp to the pre hook, whose gather's backward reduce-scatters
 it. On 2 gloo ranks, and at dp2 x mp2 on 4 (AdamW, ZeRO 0 and 1): losses and parameters as one
-device.
+device. Where memory is short the search chooses sequence parallelism with the views (priced as
+they run: ``runs_local_views`` now holds under it).
 
 gloo has no reduce-scatter: the run takes the TEST-ONLY stand-in of harness/cpu_substitutes.py
 (P->R->S, forward and backward), which also records each reduce-scatter it stands in for: one per
@@ -19,10 +20,12 @@ reduce-scatter, which this CPU test cannot reach.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
+from autodist.planner.cost.step_time import MEMORY_USABLE
 from autodist.planner.driver import plan_target
-from autodist.schemas import save_plan
+from autodist.schemas import Plan, save_plan
 from harness.cases import Trained, check_against_reference
 from harness.jobs import TrainRun
 from harness.planning import gloo_mp2_request
@@ -94,3 +97,23 @@ def test_each_partial_sum_is_reduce_scattered_to_the_sequence_split(trained):
         assert stood_in.count(("forward", "reduce_scatter")) == STEPS * len(splits), stood_in
         assert stood_in.count(("backward", "reduce_scatter")) == STEPS * len(gathers), stood_in
         assert len(stood_in) == STEPS * (len(splits) + len(gathers)), stood_in
+
+
+def test_the_search_chooses_sequence_parallelism_with_local_views_where_memory_is_short():
+    """Falcon at mp2, one micro-batch, sequence parallelism left to the search, on a device one
+    byte short of the plain plan's memory: the search chooses sequence parallelism (its
+    activations between sub-layers split over mp), priced and planned with the attentions as
+    local views and the lookup on local tensors."""
+    target = WORKLOADS[WORKLOAD].planner_target
+
+    def chosen(**fields) -> Plan:
+        return plan_target(target, None, gloo_mp2_request(micro_batches=1, **fields), {"target": target}).plan
+
+    plain = chosen()
+    assert not plain.strategy.sequence_parallel and plain.local_view
+    usable = (plain.estimate.memory.total - 1) / MEMORY_USABLE
+    short = msgspec.structs.replace(gloo_mp2_request().device, memory_bytes=int(usable))
+    searched = chosen(sequence_parallel=None, device=short)
+    assert searched.strategy.sequence_parallel, searched.strategy
+    assert [v.layer for v in searched.local_view] == [v.layer for v in plain.local_view]
+    assert [lookup.layer for lookup in searched.vocab_lookup] == ["transformer.word_embeddings"]
