@@ -8,9 +8,10 @@ sub-layer's pre hook all-gathers the sequence before the column, and the partial
 local view and of the lookup is left Partial over mp for the post hook, whose reshard to the
 sequence split is a reduce-scatter (not an all-reduce and a slice); backward, each view hands
 its input gradient back Partial over mp to the pre hook, whose gather's backward reduce-scatters
-it. On 2 gloo ranks, and at dp2 x mp2 on 4 (AdamW, ZeRO 0 and 1): losses and parameters as one
-device. Where memory is short the search chooses sequence parallelism with the views (priced as
-they run: ``runs_local_views`` now holds under it).
+it. On 2 gloo ranks (alone, with full recompute, with 2 micro-batches), and at dp2 x mp2 on 4
+(AdamW, ZeRO 0 and 1): losses and parameters as one device. Where memory is short the search
+chooses sequence parallelism with the views (priced as they run: ``runs_local_views`` holds
+under it).
 
 gloo has no reduce-scatter: the run takes the TEST-ONLY stand-in of harness/cpu_substitutes.py
 (P->R->S, forward and backward), which also records each reduce-scatter it stands in for: one per
@@ -36,8 +37,14 @@ WORKLOAD = "zoo_falcon_hf"
 STEPS = 3
 
 
-#: The trainings, by name: (dp, ZeRO stage, optimizer) at mp2 with sequence parallelism.
-TRAININGS = {"mp2": (1, 0, "sgd"), "dp2_mp2": (2, 0, "adamw"), "dp2_mp2_zero1": (2, 1, "adamw")}
+#: The trainings at mp2 with sequence parallelism, by name: (dp, the request's other fields, optimizer).
+TRAININGS = {
+    "mp2": (1, {}, "sgd"),
+    "mp2_recompute_full": (1, {"recompute": "full"}, "sgd"),
+    "mp2_m2": (1, {"micro_batches": 2}, "sgd"),
+    "dp2_mp2": (2, {}, "adamw"),
+    "dp2_mp2_zero1": (2, {"sharding_stage": 1}, "adamw"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +53,8 @@ def trained(tmp_path_factory, reference_runs) -> dict[str, Trained]:
     workdir = tmp_path_factory.mktemp("local_view_sequence")
     target = WORKLOADS[WORKLOAD].planner_target
     plans, runs = {}, []
-    for name, (dp, stage, optimizer) in TRAININGS.items():
-        request = gloo_mp2_request(dp, sharding_stage=stage, sequence_parallel=True)
+    for name, (dp, fields, optimizer) in TRAININGS.items():
+        request = gloo_mp2_request(dp, sequence_parallel=True, **fields)
         plans[name] = plan_target(target, None, request, {"target": target}).plan
         save_plan(plans[name], workdir / f"{name}.json")
         path = str(workdir / f"{name}.json")
@@ -61,9 +68,10 @@ def trained(tmp_path_factory, reference_runs) -> dict[str, Trained]:
 @pytest.mark.parametrize("name", list(TRAININGS))
 def test_local_views_and_the_lookup_train_like_one_device_under_sequence_parallelism(trained, reference_runs, name):
     run = trained[name]
-    dp, stage, _ = TRAININGS[name]
+    dp, fields, _ = TRAININGS[name]
     strategy = run.plan.strategy
-    assert (strategy.sequence_parallel, strategy.dp, strategy.mp, strategy.sharding_stage) == (True, dp, 2, stage)
+    assert (strategy.sequence_parallel, strategy.dp, strategy.mp) == (True, dp, 2)
+    assert {field: getattr(strategy, field) for field in fields} == fields
     assert [v.layer for v in run.plan.local_view] == [f"transformer.h.{i}.self_attention" for i in (0, 1)]
     assert [lookup.layer for lookup in run.plan.vocab_lookup] == ["transformer.word_embeddings"]
     check_against_reference(run, reference_runs)
