@@ -38,9 +38,9 @@ row's strategy: the GPT's fused q|k|v attention as a local view (each mp rank it
 core at 1/mp, Megatron's two all-reduces: ``model_cost(..., local_view_layers(analysis))``) and
 the vocabulary-split token lookup on local tensors (one all-reduce of its output:
 ``estimate(..., local_views=True)``), under every strategy. apply_plan runs local views under
-dp x mp with ZeRO 1 or 2, micro-batches, full recompute and 1F1B, not with VPP, ZeRO 3,
-selective recompute or sequence parallelism (``runs_local_views``), so priced as autodist would
-train a row of those, the attention would be gathered (its core whole on every mp rank) and the
+dp x mp with ZeRO 1, 2 or 3, micro-batches, full recompute, 1F1B and sequence parallelism, not
+with VPP or selective recompute (``runs_local_views``), so priced as autodist would train a row
+of those, the attention would be gathered (its core whole on every mp rank) and the
 table all-gathered twice per micro-batch.
 
 Run: ``.venv/bin/python bench/published.py [--fit] [--markdown]``. Nothing asserts on it.

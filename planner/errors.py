@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 
 class PlannerError(Exception):
     """A problem the user can fix (a bad target, input spec or degree).
@@ -21,3 +26,20 @@ class PlannerError(Exception):
         self.message = message
         #: Extra lines for the user, e.g. the tail of their factory's traceback.
         self.detail = detail
+
+
+def source_place(function: Callable[..., Any]) -> tuple[str, int]:
+    """``(file, first line)`` of ``function``'s source, the file relative to the working directory
+    when it lies under it (as the model path the user typed is): a place a plan's notes can hold
+    and stay the same bytes in another checkout. Raises OSError or TypeError when there is none.
+
+    >>> file, line = source_place(source_place); file, line > 0
+    ('planner/errors.py', True)
+    """
+    file = Path(inspect.getsourcefile(function) or "")
+    lines = inspect.getsourcelines(function)[1]
+    try:
+        file = file.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        pass
+    return str(file), lines

@@ -14,7 +14,7 @@ Nothing is assumed about the forward: the planner *proves* each such sub-layer b
 copy with random weights runs once whole (the global run) and ``mp`` times as each rank would
 (its slices, its attribute values); the summed outputs and the reassembled gradients (weights
 and input, for a random output gradient) must equal the global run's within float tolerance.
-Every run goes through the applier's own call (``applier/local_view.LocalCall``: parameters and
+Every run goes through the applier's own call (``applier/modes/local_calls.LocalCall``: parameters and
 attributes swapped, the forward run, both restored), so a proof that holds has run that code.
 
 Which integer attributes to localise is found by the proof too (:func:`discover`): the global
@@ -60,6 +60,7 @@ from autodist.schemas.local_view import (
 from autodist.schemas.parallel_dims import local_views_refused
 
 from autodist.applier.modes.local_calls import LocalCall, share_of
+from autodist.planner.errors import source_place
 from autodist.planner.recognise.analysis import ModelAnalysis
 from autodist.planner.recognise.reshards import local_view_candidates, local_weights
 from autodist.planner.recognise.roles import SubLayer
@@ -197,7 +198,7 @@ def input_width_reads(layer: paddle.nn.Layer) -> str:
     try:
         forward = inspect.unwrap(type(layer).forward)
         lines, first = inspect.getsourcelines(forward)
-        where = inspect.getsourcefile(forward)
+        where, _ = source_place(forward)
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except (OSError, TypeError, SyntaxError):
         return ""

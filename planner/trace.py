@@ -40,7 +40,7 @@ from pathlib import Path
 import paddle
 
 from autodist.planner.dense_selection import every_selection_taken
-from autodist.planner.errors import PlannerError
+from autodist.planner.errors import PlannerError, source_place
 from autodist.planner.kernels import eager_path, recorded_calls
 from autodist.schemas import dtype_name
 from autodist.schemas.describe import layers_text
@@ -966,7 +966,7 @@ def forward_source(model: paddle.nn.Layer, fqn: str) -> str:
             continue
         forward = inspect.unwrap(type(layer).forward)
         try:
-            return f"{type(layer).__name__}.forward at {inspect.getsourcefile(forward)}:{inspect.getsourcelines(forward)[1]}"
+            return f"{type(layer).__name__}.forward at {':'.join(map(str, source_place(forward)))}"
         except (OSError, TypeError):
             return ""
     return ""

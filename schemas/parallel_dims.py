@@ -168,28 +168,33 @@ def runs_local_views(strategy: Strategy) -> bool:
     ``strategy`` (the planner's rule, the cost model's and the applier's check): tensor
     parallelism, composed as Megatron-LM composes it with
 
-    - data parallelism, and ZeRO stage 1 or 2 over it: the local views' gradients come back
+    - data parallelism, and ZeRO stage 1, 2 or 3 over it: the local views' gradients come back
       Partial over dp like any data-parallel gradient, and the optimizer states follow the
-      parameters' (rank-by-rank) layout, split over dp;
+      parameters' (rank-by-rank) layout, split over dp; under ZeRO 3 a view's weights and a
+      lookup's rows, split over dp too, are gathered over dp for the call;
     - gradient accumulation over micro-batches (no pipeline): each micro-batch's forward and
       backward runs the local views, the gradients add up;
     - full recompute: a recomputed block runs its local views again in its backward, their
       forward all-reduce too;
     - the 1F1B pipeline schedule: each stage's chunk runs the model's own forward, its views
       and (first stage) its token lookup on the stage's mp ranks; a tied table's last-stage copy
-      is read in the global view and its gradient summed with the first stage's.
+      is read in the global view and its gradient summed with the first stage's;
+    - sequence parallelism: the plan's hooks all-gather the sequence before a view (norms and
+      dropout between the sub-layers run on sequence shards), and a view's or a lookup's partial
+      sum is left Partial over mp for the hook after it, whose reshard to the sequence split is
+      a reduce-scatter (applier/placement/hooks.py ``sequence_split_sides``).
 
-    Not (yet) with the VPP or sequential schedule, sequence parallelism (the views take the
-    activation whole), ZeRO stage 3 (it splits the parameters over dp, which a view
-    would read as its weights), or selective recompute (it recomputes the attention sub-layer
-    itself, all-reduce included, which the cost model does not price).
+    Not (yet) with the VPP or sequential schedule, or selective recompute (it recomputes the
+    attention sub-layer itself, all-reduce included, which the cost model does not price).
 
     >>> runs_local_views(Strategy(dp=2, mp=2, sharding_stage=1, micro_batches=2, recompute="full"))
+    True
+    >>> runs_local_views(Strategy(mp=2, sequence_parallel=True))
     True
     >>> runs_local_views(Strategy(mp=2, pp=2, micro_batches=2, schedule="1F1B"))
     True
     >>> runs_local_views(Strategy(mp=2, pp=2, schedule="VPP")), runs_local_views(Strategy(dp=2, mp=2, sharding_stage=3))
-    (False, False)
+    (False, True)
     """
     return not local_views_refused(strategy)
 
@@ -205,8 +210,6 @@ def local_views_refused(strategy: Strategy) -> str:
     refused = [
         (strategy.mp == 1, "no tensor parallelism"),
         (strategy.pp > 1 and strategy.schedule != "1F1B", f"a pipeline schedule other than 1F1B ({strategy.schedule})"),
-        (strategy.sequence_parallel, "sequence parallelism"),
-        (strategy.sharding_stage > 2, f"ZeRO stage {strategy.sharding_stage}"),
         (strategy.recompute not in ("none", "full"), f"{strategy.recompute} recompute"),
     ]
     return ", ".join(why for applies, why in refused if applies)

@@ -63,10 +63,11 @@ def test_gemm_shapes_are_per_rank_as_the_plan_splits_them():
 def test_the_plans_own_messages_are_what_the_cost_model_prices():
     plan = load_plan(REPO / "plans" / "llama_docstring" / "plan_8dev.json")  # dp4 x mp2, fp32 (its parameters')
     messages = plan_messages(plan)
-    # mp: the row-parallel outputs (o_proj, down_proj) and the head's input gradient, [4 x 1024 tokens
-    # over dp4, 2048] in fp32, all-reduced; the vocabulary-split embedding's whole [8000, 2048] table,
-    # which the lookup all-gathers (as the step time prices it: comm.vocab_lookup_collective)
-    assert messages["mp"] == (("all_gather", "all_reduce"), [1024 * 2048 * 4, 8000 * 2048 * 4])
+    # mp: the row-parallel outputs (o_proj, down_proj), the head's input gradient and the lookup's output
+    # (looked up on local tensors under sequence parallelism and ZeRO 3 too), [4 x 1024 tokens over dp4,
+    # 2048] in fp32, all-reduced (as the step time prices it: comm.vocab_lookup_collective)
+    assert plan.vocab_lookup and plan.strategy.sequence_parallel and plan.strategy.sharding_stage == 3
+    assert messages["mp"] == (("all_reduce",), [1024 * 2048 * 4])
     # dp: one gradient per parameter, its local size: a norm [2048]; q/k/v/o [2048, 1024] and the MLP
     # [2048, 2048] per mp rank, the median of the four sizes; the vocabulary-split embedding [4000, 2048]
     assert messages["dp"] == (("reduce_scatter", "all_gather"), [2048 * 4, 2048 * 2048 * 4, 4000 * 2048 * 4])

@@ -216,8 +216,9 @@ def test_local_views_in_a_1f1b_pipeline_train_like_one_device(tmp_path, referenc
 def test_the_search_chooses_local_views_with_zero1_and_accumulation_where_memory_is_short():
     """GPT-2 at dp2 x mp2, 16 sequences a step, ZeRO stage and micro-batches left to the search,
     on a device one byte short of the plain plan's memory (ZeRO 0, one micro-batch): the search
-    chooses ZeRO 2 (local views run under it, priced with their cores on half of the heads, where
-    ZeRO 3 gathers; ZeRO 1 is priced as fast, with more memory); with ZeRO 0 asked, 2
+    chooses ZeRO 2 (local views run under it, priced with their cores on half of the heads; ZeRO 3
+    runs them too but gathers every parameter over dp in each forward and backward; ZeRO 1 is
+    priced as fast, with more memory); with ZeRO 0 asked, 2
     micro-batches. Each plan runs its attentions as
     local views and its lookup on local tensors."""
     from autodist.planner.cost.step_time import MEMORY_USABLE

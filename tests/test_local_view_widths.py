@@ -55,9 +55,10 @@ def test_a_width_read_from_the_input_names_its_lines_and_the_rewrite(tmp_path, n
     done, _ = plan_command(tmp_path, path, "--explain")
     assert done.returncode == 0, done.stderr[-2000:]
     lines = ", ".join(str(_line(path, s)) for s in sizing)
+    shown = path.relative_to(ROOT)  # as the plan's notes name a file under the working directory
     expected = (
-        f"its forward reads its input's width from the input's shape (`{read}`, {path}:{_line(path, read)}) and "
-        f"sizes tensors with it ({path}: line{'s' * (len(sizing) > 1)} {lines}: {said}), which stays the whole "
+        f"its forward reads its input's width from the input's shape (`{read}`, {shown}:{_line(path, read)}) and "
+        f"sizes tensors with it ({shown}: line{'s' * (len(sizing) > 1)} {lines}: {said}), which stays the whole "
         "width on a rank computing with 1/mp of it; to split it: write -1 for each of those (a reshape infers it)"
     )
     prefix = "local view: " + layer.replace("*", "0")

@@ -16,7 +16,8 @@ Megatron-LM's tensor parallelism:
   ``self.intermediate_size``) set to their local values, restored when the call returns or raises;
 - its output: each rank's partial sum, summed over the rank's mp line (one all-reduce, Megatron's
   ``g``; its backward hands every rank the whole gradient) and handed back as a DistTensor placed
-  as the input was.
+  as the input was; under sequence parallelism, where the plan's post hook splits it over the
+  sequence again, left Partial over mp for that hook (:func:`summed`): Megatron's reduce-scatter.
 
 Checkpoints hold the model's own layout: :meth:`LocalViews.own_boxes` says which boxes of it a
 rank's piece of a fused weight holds (applier/checkpoint/save_load.py saves and reads those).
@@ -58,7 +59,7 @@ from autodist.schemas.local_view import (
 from autodist.schemas.parallel_dims import local_views_refused
 
 from autodist.applier.placement.clip import sum_over
-from autodist.applier.placement.hooks import map_first_input
+from autodist.applier.placement.hooks import map_first_input, sequence_split_sides
 from autodist.applier.placement.mesh import mesh_ids
 
 
@@ -124,7 +125,7 @@ class LocalViews:
         layers = dict(model.named_sublayers())
         line = mp_line(self.plan, dist.get_rank())
         for view in self.plan.local_view:
-            _wrap(layers[view.layer], view, line)
+            _wrap(layers[view.layer], view, line, sequence_split_sides(self.plan, view.layer))
 
 
 def mp_line(plan: Plan, rank: int) -> dist.ProcessMesh:
@@ -145,7 +146,8 @@ def param_local(param: paddle.Tensor) -> paddle.Tensor:
     """A parameter's local value for this call. Its gradient comes back Partial on every axis
     the parameter is replicated on but mp (dp: each rank's gradient covers its own rows of the
     batch; the optimizer sums it, as for any data-parallel gradient, and ZeRO's gradient hook
-    reshards that one Partial axis to the rank's dp shard).
+    reshards that one Partial axis to the rank's dp shard). A parameter ZeRO stage 3 split over
+    dp is gathered over dp for the call first (:class:`_GatheredOverDp`).
 
     Under Paddle's auto-dp mode (``dist.enable_auto_dp()``, which PaddleFormers' ``Trainer.train``
     turns on) it comes back Replicate there instead, as every other gradient does in that mode:
@@ -155,6 +157,9 @@ def param_local(param: paddle.Tensor) -> paddle.Tensor:
     Partial gradient added to such a one (an LM head tied to a table looked up on local tensors)
     trained off the plain Trainer (Llama at dp2 x mp2: 1.7e-3 by step 3, docs/paddle-notes.md)."""
     mesh = param.process_mesh
+    whole_but_mp = [p if name == "mp" else dist.Replicate() for name, p in zip(mesh.dim_names, param.placements)]
+    if whole_but_mp != list(param.placements):
+        param = _GatheredOverDp.apply(param, whole_but_mp)
     over_ranks = dist.Replicate() if in_auto_dp_mode() else dist.Partial()
     backward = [
         p if name == "mp" or not isinstance(p, dist.Replicate) else over_ranks
@@ -235,7 +240,7 @@ class LocalCall:
                 setattr(owner, name, value)
 
 
-def _wrap(layer: paddle.nn.Layer, view: LocalView, mesh: dist.ProcessMesh) -> None:
+def _wrap(layer: paddle.nn.Layer, view: LocalView, mesh: dist.ProcessMesh, split: tuple[bool, bool]) -> None:
     weights = {w.param: w for w in view.weights}
     rank = mesh.process_ids.index(dist.get_rank())
     call = LocalCall(layer, view)
@@ -251,6 +256,8 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, mesh: dist.ProcessMesh) -> No
             if not x.is_dist():
                 raise RuntimeError(f"local view: {view.layer} got a plain tensor, not a DistTensor, as its input")
             placed.append(x)
+            if split[0]:  # gathered by a pre hook, whose backward reduce-scatters the Partial gradient
+                return dtensor_to_local(x, x.process_mesh, partial_over_mp(x.process_mesh, x.placements))
             return _CopyToRanks.apply(local_value(x), mesh)
 
         args, kwargs = map_first_input(args, kwargs, first)
@@ -264,11 +271,46 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, mesh: dist.ProcessMesh) -> No
                 f"the plan proved it returning one (and None for items {view.dropped_outputs})"
             )
         hidden, index = found
-        whole = dtensor_from_local(SumOverRanks.apply(hidden, mesh), placed[0].process_mesh, placed[0].placements)
+        whole = summed(hidden, placed[0].process_mesh, placed[0].placements, mesh, split[1])
         # the dropped items (per-head, each rank's heads only) are None: a reader fails, never reads a part
         return whole if index is None else type(output)([whole, *(None for _ in output[1:])])
 
     layer.forward = run
+
+
+def summed(
+    partial: paddle.Tensor, mesh: dist.ProcessMesh, placements: list, line: dist.ProcessMesh, split: bool
+) -> paddle.Tensor:
+    """The ranks' ``partial`` outputs summed over the mp ``line``, as a DistTensor on ``mesh``:
+    placed as ``placements`` (one all-reduce), or, where a post hook splits it over mp again
+    (``split``, sequence parallelism), left Partial over mp for that hook's reshard, Megatron's
+    reduce-scatter (its backward all-gathers the gradient, the whole one on every rank)."""
+    if split:
+        return _LeftPartial.apply(partial, mesh, list(placements))
+    return dtensor_from_local(SumOverRanks.apply(partial, line), mesh, placements)
+
+
+def partial_over_mp(mesh: dist.ProcessMesh, placements: list) -> list:
+    """``placements`` on ``mesh`` with mp's Partial: a sum of the mp ranks' values."""
+    return [dist.Partial() if name == "mp" else p for name, p in zip(mesh.dim_names, placements)]
+
+
+class _LeftPartial(PyLayer):
+    """A rank's partial output as a DistTensor Partial over mp (``placements`` otherwise); its
+    backward hands the rank the whole output gradient, placed as ``placements`` (Paddle's own
+    backward of ``dtensor_from_local`` would reshard the gradient to the output's Partial, which
+    keeps it on one rank of the mp line and zeroes it on the others)."""
+
+    @staticmethod
+    def forward(ctx, partial, mesh, placements):
+        # a mesh of its own: a tensor's process_mesh lives only as long as the tensor (docs/paddle-notes.md)
+        ctx.mesh = dist.ProcessMesh(np.array(mesh.process_ids).reshape(mesh.shape), dim_names=mesh.dim_names)
+        ctx.placements = placements
+        return dtensor_from_local(partial, mesh, partial_over_mp(mesh, placements))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return dtensor_to_local(dist.reshard(grad, ctx.mesh, ctx.placements), ctx.mesh, ctx.placements)
 
 
 def _called_as_proven(
@@ -386,6 +428,21 @@ def share_of(x: paddle.Tensor, mp: int) -> paddle.Tensor:
     ([0.5, 0.5], [1.0, 1.0])
     """
     return _Scaled.apply(x, 1.0 / mp)
+
+
+class _GatheredOverDp(PyLayer):
+    """A parameter ZeRO stage 3 split over dp, gathered whole over dp (ZeRO-3's all-gather before
+    the call); its backward hands the gradient on as it comes, Partial over dp: the optimizer's
+    ZeRO-3 gradient hook reduce-scatters it to the rank's dp shard, as it does the gradient of a
+    parameter read in the global view (a tied LM head's), which it is added to."""
+
+    @staticmethod
+    def forward(ctx, param, placements):
+        return dist.reshard(param, param.process_mesh, placements)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
 
 
 class _Scaled(PyLayer):

@@ -9,15 +9,17 @@ instead runs its forward on local tensors, as Megatron-LM does:
   on every rank) as this rank's local value; those outside its rows
   ``[start, start + rows)`` of the table are masked, the others shifted to ``id - start``
   (masked ids look up row 0, whose answer is then zeroed);
-- ``F.embedding`` on the rank's own rows of the table (:func:`~.local_view.param_local`: the
+- ``F.embedding`` on the rank's own rows of the table (:func:`~.local_calls.param_local`: the
   gradient comes back ``S(0)`` over mp, each rank's on its own rows, and Partial over dp, summed
   by the optimizer as any data-parallel gradient); a ``padding_idx`` in the rank's rows is passed
   on shifted, so its row answers zero and gets no gradient, as ``nn.Embedding(padding_idx=...)``
   does; one in another rank's rows is masked here and answered (zero) there;
-- the ranks' answers summed over the mp line (one all-reduce, :class:`~.local_view.SumOverRanks`,
+- the ranks' answers summed over the mp line (one all-reduce, :class:`~.local_calls.SumOverRanks`,
   whose backward hands each rank the whole output gradient), handed back as a DistTensor placed
   as the ids are (plain ids: replicated on the table's mesh), which is where Paddle's global
-  lookup places its output.
+  lookup places its output; under sequence parallelism, where the plan's post hook splits the
+  output over the sequence, left Partial over mp for that hook's reduce-scatter instead
+  (:func:`~.local_calls.summed`, Megatron's ``reduce_scatter_embeddings``).
 
 Nothing in the backward communicates for the table, and no rank ever holds it whole. A table the
 LM head reads too (tied) still trains right: the head reads the distributed parameter in the global
@@ -35,11 +37,10 @@ import functools
 import paddle
 import paddle.distributed as dist
 import paddle.nn.functional as F
-from paddle.distributed.auto_parallel.api import dtensor_from_local
-
 from autodist.schemas import Plan, VocabLookup
 
-from autodist.applier.modes.local_calls import SumOverRanks, local_value, mp_line, param_local, strategy_problems
+from autodist.applier.placement.hooks import sequence_split_sides
+from autodist.applier.modes.local_calls import local_value, mp_line, param_local, strategy_problems, summed
 
 
 def wrap_vocab_lookups(model: paddle.nn.Layer, plan: Plan) -> None:
@@ -50,10 +51,10 @@ def wrap_vocab_lookups(model: paddle.nn.Layer, plan: Plan) -> None:
     layers = dict(model.named_sublayers())
     line = mp_line(plan, dist.get_rank())
     for lookup in plan.vocab_lookup:
-        _wrap(layers[lookup.layer], lookup, line)
+        _wrap(layers[lookup.layer], lookup, line, sequence_split_sides(plan, lookup.layer)[1])
 
 
-def _wrap(layer: paddle.nn.Embedding, lookup: VocabLookup, line: dist.ProcessMesh) -> None:
+def _wrap(layer: paddle.nn.Embedding, lookup: VocabLookup, line: dist.ProcessMesh, split: bool) -> None:
     position = line.process_ids.index(dist.get_rank())
 
     @functools.wraps(layer.forward)
@@ -80,7 +81,7 @@ def _wrap(layer: paddle.nn.Embedding, lookup: VocabLookup, line: dist.ProcessMes
         local_pad = pad - start if pad is not None and start <= pad < start + rows else None
         found = F.embedding(shifted, table, padding_idx=local_pad)
         found = found * inside.unsqueeze(-1).astype(found.dtype)
-        return dtensor_from_local(SumOverRanks.apply(found, line), mesh, placements)
+        return summed(found, mesh, placements, line, split)
 
     layer.forward = run
 

@@ -67,6 +67,43 @@ def layer_stage(plan: Plan, layer: str) -> int:
     return blocks[0].stage if blocks else 0
 
 
+def sequence_split_sides(plan: Plan, layer: str) -> tuple[bool, bool]:
+    """Under sequence parallelism, whether the plan's hooks on ``layer`` gather its first input
+    over mp from the sequence split (``pre``: a ``sequence_parallel_end``, or a ``reshard`` to
+    Replicate on mp) and split its output over mp again (``post``: a ``sequence_parallel_begin``,
+    or a ``reshard`` to a Shard on mp). A sub-layer run on local tensors (a local view, a
+    vocabulary-split lookup) then leaves its partial output Partial over mp for the post hook,
+    whose reshard to the sequence split is Megatron's reduce-scatter, and hands its input
+    gradient back Partial over mp to the pre hook, whose backward reduce-scatters it too
+    (where it would otherwise all-reduce and then keep a slice).
+
+    >>> from types import SimpleNamespace
+    >>> from autodist.schemas import Mesh, Strategy, SequenceParallelBegin, SequenceParallelEnd
+    >>> hooks = [SequenceParallelEnd(layer="h.0.attn", when="pre"), SequenceParallelBegin(layer="h.0.attn", when="post"),
+    ...          SequenceParallelBegin(layer="wte", when="post")]
+    >>> plan = SimpleNamespace(mesh=Mesh(axes=["mp"], shape=[2], process_ids=[0, 1]), hooks=hooks,
+    ...                        strategy=Strategy(mp=2, sequence_parallel=True))   # the fields it reads of a Plan
+    >>> sequence_split_sides(plan, "h.0.attn"), sequence_split_sides(plan, "wte"), sequence_split_sides(plan, "h.0.mlp")
+    ((True, True), (False, True), (False, False))
+    """
+    if not plan.strategy.sequence_parallel or "mp" not in plan.mesh.axes:
+        return False, False
+    mp = plan.mesh.axes.index("mp")
+    sides = {"pre": False, "post": False}
+    for hook in plan.hooks:
+        if hook.layer != layer:
+            continue
+        if isinstance(hook, Reshard):
+            sides[hook.when] |= (
+                hook.placements[mp] == "R" if hook.when == "pre" else hook.placements[mp].startswith("S")
+            )
+        else:
+            sides[hook.when] |= (
+                hook.action == {"pre": "sequence_parallel_end", "post": "sequence_parallel_begin"}[hook.when]
+            )
+    return sides["pre"], sides["post"]
+
+
 # -- the transforms: Tensor -> Tensor ------------------------------------------------------------------
 
 
@@ -104,10 +141,14 @@ def _split_sequence(x, mesh, mp: int, reshard_fn: ReshardFn):
 
 
 def _gather_sequence(x, mesh, mp: int, reshard_fn: ReshardFn):
-    """[s/mp, b, h] -> [b, s, h], sequence gathered (Paddle's SequenceParallelEnd)."""
+    """[s/mp, b, h] -> [b, s, h], sequence gathered (Paddle's SequenceParallelEnd). Transposed
+    first, gathered last: a Partial gradient coming back (a column projection's input gradient,
+    a local view's) then reaches the gather's backward as it is, a reduce-scatter, where
+    Paddle's transpose backward would all-reduce it first."""
+    x = paddle.transpose(x, perm=[1, 0, 2])
     placements = list(x.placements)
     placements[mp] = dist.Replicate()
-    return paddle.transpose(reshard_fn(x, mesh, placements), perm=[1, 0, 2])
+    return reshard_fn(x, mesh, placements)
 
 
 def _as_dist(x: paddle.Tensor, mesh: dist.ProcessMesh) -> paddle.Tensor:

@@ -164,8 +164,8 @@ def plan_messages(plan, most: int = 3) -> dict[str, tuple[tuple[str, ...], list[
     and the largest), each at most :data:`MAX_MESSAGE_BYTES`.
 
     >>> plan = load_plan_for_doctest("plans/llama_docstring/plan_8dev.json")   # dp4 x mp2, fp32
-    >>> plan_messages(plan)["mp"]   # 1024 tokens by 2048 features; the [8000, 2048] table; 4 bytes each
-    (('all_gather', 'all_reduce'), [8388608, 65536000])
+    >>> plan_messages(plan)["mp"]   # 1024 tokens by 2048 features (a row's output, the local lookup's), 4 bytes each
+    (('all_reduce',), [8388608])
     """
     width = training_bytes(plan.provenance.arguments.get("dtype", "bf16"))  # not recorded: the old default
     sizes: dict[str, set[int]] = {"dp": set(), "mp": set()}

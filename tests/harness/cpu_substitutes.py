@@ -26,10 +26,18 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import paddle
 import paddle.distributed as dist
 import paddle.distributed.auto_parallel.api as auto_parallel_api
+from paddle.autograd import PyLayer
 
 _paddle_reshard = dist.reshard
+
+#: The collectives this process's detours stood in for, in order: ``(pass, collective)`` with
+#: pass ``"forward"`` or ``"backward"`` (a gradient's detour) and collective ``"reduce_scatter"``
+#: (a P->S) or ``"all_to_all"`` (an S(i)->S(j)). TEST-ONLY: a test reads it to see which
+#: reshards a run asks for, which a GPU would run as those collectives.
+STOOD_IN: list[tuple[str, str]] = []
 
 
 def _needs_detour(src, dst) -> bool:
@@ -40,12 +48,45 @@ def _needs_detour(src, dst) -> bool:
 
 def reshard_via_replicate(tensor, mesh, placements):
     """``dist.reshard(tensor, mesh, placements)`` with every P->S and S(i)->S(j) on a mesh
-    axis done as a detour through Replicate (TEST-ONLY, see the module docstring)."""
+    axis done as a detour through Replicate, forward and backward (TEST-ONLY, see the module
+    docstring). The backward matters: Paddle's own backward of a reshard runs in C++
+    (``ReshardGradNode``), so a Partial gradient reaching a forward S->R (sequence parallelism's
+    gather before a column-parallel projection, whose input gradient is Partial over mp) would
+    call the missing reduce_scatter there; :class:`_ReshardViaReplicate` takes its gradient back
+    through the detour in Python instead."""
+    differentiable = tensor.is_dist() and not tensor.stop_gradient and paddle.is_grad_enabled()
+    if differentiable and tensor.process_mesh == mesh and list(tensor.placements) != list(placements):
+        return _ReshardViaReplicate.apply(tensor, mesh, list(placements))
+    return _detour(tensor, mesh, placements, "forward")
+
+
+def _detour(tensor, mesh, placements, direction: str):
     if tensor.is_dist() and tensor.process_mesh == mesh:
         via = [dist.Replicate() if _needs_detour(s, d) else s for s, d in zip(tensor.placements, placements)]
         if via != list(tensor.placements):
+            STOOD_IN.extend(
+                (direction, "reduce_scatter" if s.is_partial() else "all_to_all")
+                for s, d in zip(tensor.placements, placements)
+                if _needs_detour(s, d)
+            )
             tensor = _paddle_reshard(tensor, mesh, via)
     return _paddle_reshard(tensor, mesh, placements)
+
+
+class _ReshardViaReplicate(PyLayer):
+    """The detour as one differentiable step: its backward reshards the gradient to the input's
+    placements through the same detour (a Partial input's gradient is the output's, replicated:
+    every summand's derivative is the whole gradient). TEST-ONLY."""
+
+    @staticmethod
+    def forward(ctx, tensor, mesh, placements):
+        ctx.mesh = mesh
+        ctx.placements = [dist.Replicate() if p.is_partial() else p for p in tensor.placements]
+        return _detour(tensor, mesh, placements, "forward")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _detour(grad, ctx.mesh, ctx.placements, "backward")
 
 
 @contextmanager

@@ -30,7 +30,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from harness.cpu_substitutes import blocking_p2p, everywhere, reshard_via_replicate
+from harness.cpu_substitutes import STOOD_IN, blocking_p2p, everywhere, reshard_via_replicate
 from harness.jobs import BadPlanCase, Job, TrainRun, output_path
 from harness.workloads import BATCH, SEQ, WORKLOADS, make_loader, make_optimizer, to_numpy, train
 
@@ -192,11 +192,13 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
     held = stage_parameters(whole, run.plan) if pipelined else dict(model.named_parameters())
     own_layout = own_layout_of(run)
     before = {fqn: own_layout(fqn, to_numpy(p)) for fqn, p in held.items()}
+    STOOD_IN.clear()
     with recording_scores() as score_shapes, recording_linear_inputs(whole) as linear_input_widths:
         if pipelined:
             losses = train_pipeline(model, optimizer, schedule, loader, run.steps)
         else:
             losses = train(workload, model, optimizer, schedule, loader, run.steps)
+    stood_in = list(STOOD_IN)
     after = {fqn: own_layout(fqn, to_numpy(p)) for fqn, p in held.items()}
     if run.save_checkpoint:
         from autodist import save_checkpoint
@@ -227,6 +229,9 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
         # This rank's local input width of each nn.Linear, by layer name (a row projection's is its
         # column's output width: 1/mp of it where the sub-layer runs on local tensors).
         "linear_input_widths": {name: sorted(seen) for name, seen in linear_input_widths.items()},
+        # The collectives the TEST-ONLY reshard detours stood in for while training, in order
+        # (cpu_substitutes.STOOD_IN): what a GPU would run as reduce-scatters and all-to-alls.
+        "stood_in": stood_in,
     }
     output_path(out_dir, run.name, rank).write_text(json.dumps(result))
 
