@@ -109,20 +109,20 @@ def runs_local_views(strategy: Strategy) -> bool:
       backward runs the local views, the gradients add up;
     - full recompute: a recomputed block runs its local views again in its backward, their
       forward all-reduce too;
-    - the 1F1B pipeline schedule: each stage's chunk runs the model's own forward, its views
-      and (first stage) its token lookup on the stage's mp ranks; a tied table's last-stage copy
-      is read in the global view and its gradient summed with the first stage's.
+    - the 1F1B and VPP pipeline schedules: each stage's chunks run the model's own forward, its
+      views and (first stage) its token lookup on the stage's mp ranks; a tied table's
+      last-stage copy is read in the global view and its gradient summed with the first stage's.
 
-    Not (yet) with the VPP or sequential schedule, sequence parallelism (the views take the
+    Not (yet) with the sequential schedule, sequence parallelism (the views take the
     activation whole), ZeRO stage 3 (it splits the parameters over dp, which a view
     would read as its weights), or selective recompute (it recomputes the attention sub-layer
     itself, all-reduce included, which the cost model does not price).
 
     >>> runs_local_views(Strategy(dp=2, mp=2, sharding_stage=1, micro_batches=2, recompute="full"))
     True
-    >>> runs_local_views(Strategy(mp=2, pp=2, micro_batches=2, schedule="1F1B"))
+    >>> runs_local_views(Strategy(mp=2, pp=2, micro_batches=2, schedule="VPP", virtual_stages=2))
     True
-    >>> runs_local_views(Strategy(mp=2, pp=2, schedule="VPP")), runs_local_views(Strategy(dp=2, mp=2, sharding_stage=3))
+    >>> runs_local_views(Strategy(mp=2, pp=2, schedule="sequential")), runs_local_views(Strategy(dp=2, mp=2, sharding_stage=3))
     (False, False)
     """
     return not local_views_refused(strategy)
@@ -133,12 +133,12 @@ def local_views_refused(strategy: Strategy) -> str:
     one list of :func:`runs_local_views`'s conditions, which the planner's notes and the
     applier's refusal say.
 
-    >>> local_views_refused(Strategy(mp=2, pp=2, schedule="VPP", recompute="selective"))
-    'a pipeline schedule other than 1F1B (VPP), selective recompute'
+    >>> local_views_refused(Strategy(mp=2, pp=2, schedule="sequential", recompute="selective"))
+    'the sequential pipeline schedule, selective recompute'
     """
     refused = [
         (strategy.mp == 1, "no tensor parallelism"),
-        (strategy.pp > 1 and strategy.schedule != "1F1B", f"a pipeline schedule other than 1F1B ({strategy.schedule})"),
+        (strategy.pp > 1 and strategy.schedule not in ("1F1B", "VPP"), f"the {strategy.schedule} pipeline schedule"),
         (strategy.sequence_parallel, "sequence parallelism"),
         (strategy.sharding_stage > 2, f"ZeRO stage {strategy.sharding_stage}"),
         (strategy.recompute not in ("none", "full"), f"{strategy.recompute} recompute"),

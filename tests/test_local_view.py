@@ -195,19 +195,43 @@ def test_a_1f1b_pipeline_runs_each_stages_views_and_the_tied_tables_first_stage_
     assert table.stage == 0 and table.tied_stages == {lookup.weight: 1}
 
 
-@pytest.mark.multiprocess
-def test_local_views_in_a_1f1b_pipeline_train_like_one_device(tmp_path, reference_runs):
-    """The plans above, made by ``autodist-plan`` (local views on by default), trained on 4 gloo
-    ranks: losses and parameters as one device. The pipeline columns' process groups are made
-    one at a time (applier/mesh.new_group); the stages exchange activations through the
+#: The pipelines trained on 4 gloo ranks, in one job: (workload, schedule) -> its local views.
+#: GPT-2 with four blocks under VPP: two chunks a stage, blocks 0 and 2 on stage 0.
+PIPELINED = {
+    **{(workload, "1F1B"): views for workload, views in COMPOSED_VIEWS.items()},
+    ("zoo_gpt2_hf_4_layers", "VPP"): [f"transformer.h.{i}.attn" for i in range(4)],
+}
+
+
+@pytest.fixture(scope="module")
+def pipelined(tmp_path_factory, reference_runs) -> dict[str, Trained]:
+    """The plans of :data:`PIPELINED`, made by ``autodist-plan`` (local views on by default) at pp2
+    x mp2 with 2 micro-batches, trained on 4 gloo ranks. The pipeline columns' process groups are
+    made one at a time (applier/mesh.new_group); the stages exchange activations through the
     TEST-ONLY blocking P2P (gloo times out on Paddle's batched P2P, harness/cpu_substitutes.py)."""
-    config = Config(pp=2, mp=2, schedule="1F1B", micro_batches=2, p2p="blocking", plan_source="planner")
-    trained = train_planned([(workload, config) for workload in sorted(COMPOSED_VIEWS)], tmp_path)
+    cases = [
+        (workload, Config(pp=2, mp=2, schedule=schedule, micro_batches=2, p2p="blocking", plan_source="planner"))
+        for workload, schedule in PIPELINED
+    ]
+    trained = train_planned(cases, tmp_path_factory.mktemp("pipelined"))
     reference_runs.prepare([t.run for t in trained.values()])
-    for workload, run in trained.items():
-        assert [view.layer for view in run.plan.local_view] == COMPOSED_VIEWS[workload]
-        assert len(run.plan.vocab_lookup) == 1
-        check_against_reference(run, reference_runs)
+    return trained
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("workload", "schedule"), sorted(PIPELINED))
+def test_local_views_in_a_pipeline_train_like_one_device(pipelined, reference_runs, workload, schedule):
+    """Each stage's chunks run their attentions as local views, the first stage its token lookup
+    on local tensors, the last stage the tied head on its copy of the table: losses and
+    parameters as one device."""
+    run = pipelined[workload]
+    plan = run.plan
+    assert (plan.strategy.schedule, plan.strategy.virtual_stages) == (schedule, 2 if schedule == "VPP" else 1)
+    assert [view.layer for view in plan.local_view] == PIPELINED[workload, schedule]
+    (lookup,) = plan.vocab_lookup
+    assert plan.params[lookup.weight].tied_stages == {lookup.weight: 1}
+    assert [block.stage for block in plan.blocks] == [i % 2 for i in range(len(plan.blocks))]
+    check_against_reference(run, reference_runs)
 
 
 def test_the_search_chooses_local_views_with_zero1_and_accumulation_where_memory_is_short():

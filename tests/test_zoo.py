@@ -428,6 +428,7 @@ EXPECTED = {
         "model.layers.*.mlp.experts.down_proj_bias": REP,
     },
 }
+EXPECTED[f"{ZOO}/gpt2_hf.py:build_4_layers"] = EXPECTED[f"{ZOO}/gpt2_hf.py"]  # the same blocks, four of them
 EXPECTED[f"{ZOO}/bert_postnorm.py"] = {k: v for k, v in EXPECTED[f"{ZOO}/bert_postnorm.py"].items() if v is not None}
 
 #: Models the planner does not yet place as expected (the baseline; see docs/recognition.md).
