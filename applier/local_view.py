@@ -57,6 +57,7 @@ from autodist.schemas.local_view import (
 from autodist.applier.clip import sum_over
 from autodist.applier.hooks import map_first_input
 from autodist.applier.mesh import mesh_ids
+from autodist.applier.recompute import recomputed_inside_views, recomputing
 
 
 class LocalViews:
@@ -120,8 +121,9 @@ class LocalViews:
             return
         layers = dict(model.named_sublayers())
         line = mp_line(self.plan, dist.get_rank())
+        recomputed = recomputed_inside_views(self.plan)
         for view in self.plan.local_view:
-            _wrap(layers[view.layer], view, layers, line)
+            _wrap(layers[view.layer], view, layers, line, view.layer in recomputed)
 
 
 def mp_line(plan: Plan, rank: int) -> dist.ProcessMesh:
@@ -170,7 +172,10 @@ def _call_value(param: paddle.Tensor, weight: LocalWeight | None, line: dist.Pro
     return _Scaled.apply(local, 1.0 / mp) if weight is not None and weight.summed else local
 
 
-def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.ProcessMesh) -> None:
+def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.ProcessMesh, recomputed: bool) -> None:
+    """Replace ``layer.forward`` by its run on local tensors (the module docstring); ``recomputed``:
+    that run keeps only its local inputs and runs again in backward (applier/recompute.py), the
+    all-reduces around it once."""
     weights = {w.param: w for w in view.weights}
     rank = mesh.process_ids.index(dist.get_rank())
     prefix = view.layer + "."
@@ -189,27 +194,36 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, layers: dict, mesh: dist.Proc
         # not its process_mesh: that dies with the tensor (docs/paddle-notes.md), and the input is
         # often a temporary (``self.attn(self.ln_1(h))``) that nothing else holds once replaced.
         placed: list[paddle.Tensor] = []
+        local: list[paddle.Tensor] = []
 
         def first(x: paddle.Tensor) -> paddle.Tensor:
             if not x.is_dist():
                 raise RuntimeError(f"local view: {view.layer} got a plain tensor, not a DistTensor, as its input")
             placed.append(x)
-            return _CopyToRanks.apply(local_value(x), mesh)
+            local.append(_CopyToRanks.apply(local_value(x), mesh))
+            return local[0]
 
         args, kwargs = map_first_input(args, kwargs, first)
         args, kwargs = _called_as_proven(view, args, kwargs, placed[0])
-        saved = [(owner, name, getattr(owner, name)) for owner, name, _ in attributes]
-        try:
-            for sub, key, param, fqn in slots:
-                sub._parameters[key] = _call_value(param, weights.get(fqn), mesh, rank)
-            for owner, name, value in attributes:
-                setattr(owner, name, value)
-            output = forward(*args, **kwargs)
-        finally:
-            for sub, key, param, _ in slots:
-                sub._parameters[key] = param
-            for owner, name, value in saved:
-                setattr(owner, name, value)
+
+        def call(x: paddle.Tensor, *values: paddle.Tensor) -> Any:
+            """The model's own forward on this rank's input ``x`` and parameter ``values``."""
+            saved = [(owner, name, getattr(owner, name)) for owner, name, _ in attributes]
+            try:
+                for (sub, key, _, _), value in zip(slots, values):
+                    sub._parameters[key] = value
+                for owner, name, value in attributes:
+                    setattr(owner, name, value)
+                call_args, call_kwargs = map_first_input(args, kwargs, lambda _: x)
+                return forward(*call_args, **call_kwargs)
+            finally:
+                for sub, key, param, _ in slots:
+                    sub._parameters[key] = param
+                for owner, name, value in saved:
+                    setattr(owner, name, value)
+
+        values = [_call_value(param, weights.get(fqn), mesh, rank) for _, _, param, fqn in slots]
+        output = recomputing(call, local[0], *values) if recomputed else call(local[0], *values)
         found = hidden_output(output, view.dropped_outputs)
         if found is None or not isinstance(found[0], paddle.Tensor):
             raise RuntimeError(

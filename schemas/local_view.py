@@ -108,17 +108,17 @@ def runs_local_views(strategy: Strategy) -> bool:
     - gradient accumulation over micro-batches (no pipeline): each micro-batch's forward and
       backward runs the local views, the gradients add up;
     - full recompute: a recomputed block runs its local views again in its backward, their
-      forward all-reduce too;
+      forward all-reduce too; selective recompute: each local-view attention runs its forward
+      again on local tensors, its all-reduces once (applier/recompute.py);
     - the 1F1B and VPP pipeline schedules: each stage's chunks run the model's own forward, its
       views and (first stage) its token lookup on the stage's mp ranks; a tied table's
       last-stage copy is read in the global view and its gradient summed with the first stage's.
 
     Not (yet) with the sequential schedule, sequence parallelism (the views take the
-    activation whole), ZeRO stage 3 (it splits the parameters over dp, which a view
-    would read as its weights), or selective recompute (it recomputes the attention sub-layer
-    itself, all-reduce included, which the cost model does not price).
+    activation whole) or ZeRO stage 3 (it splits the parameters over dp, which a view
+    would read as its weights).
 
-    >>> runs_local_views(Strategy(dp=2, mp=2, sharding_stage=1, micro_batches=2, recompute="full"))
+    >>> runs_local_views(Strategy(dp=2, mp=2, sharding_stage=1, micro_batches=2, recompute="selective"))
     True
     >>> runs_local_views(Strategy(mp=2, pp=2, micro_batches=2, schedule="VPP", virtual_stages=2))
     True
@@ -133,15 +133,14 @@ def local_views_refused(strategy: Strategy) -> str:
     one list of :func:`runs_local_views`'s conditions, which the planner's notes and the
     applier's refusal say.
 
-    >>> local_views_refused(Strategy(mp=2, pp=2, schedule="sequential", recompute="selective"))
-    'the sequential pipeline schedule, selective recompute'
+    >>> local_views_refused(Strategy(mp=2, pp=2, schedule="sequential", sequence_parallel=True))
+    'the sequential pipeline schedule, sequence parallelism'
     """
     refused = [
         (strategy.mp == 1, "no tensor parallelism"),
         (strategy.pp > 1 and strategy.schedule not in ("1F1B", "VPP"), f"the {strategy.schedule} pipeline schedule"),
         (strategy.sequence_parallel, "sequence parallelism"),
         (strategy.sharding_stage > 2, f"ZeRO stage {strategy.sharding_stage}"),
-        (strategy.recompute not in ("none", "full"), f"{strategy.recompute} recompute"),
     ]
     return ", ".join(why for applies, why in refused if applies)
 

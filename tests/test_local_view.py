@@ -66,6 +66,7 @@ COMPOSED: dict[str, tuple[dict, dict]] = {
     "": ({}, {}),
     "m2": ({"micro_batches": 2}, {}),
     "recompute_full": ({"recompute": "full"}, {}),
+    "recompute_selective": ({"recompute": "selective"}, {}),
     "zero1": ({"sharding_stage": 1}, {"optimizer": "adamw", "reshard": "via_replicate"}),
     "zero2": ({"sharding_stage": 2}, {"optimizer": "adamw", "reshard": "via_replicate"}),
     "zero1_m2_recompute_full": (
@@ -167,13 +168,15 @@ def test_local_view_with_data_parallelism_and_not_with_selective_recompute(dp_pl
 def test_the_plan_records_local_views_under_accumulation_zero_and_full_recompute():
     """Emit lists the proven views and the local lookup under each strategy they compose with,
     with full recompute listing the blocks (which then run their views again in the backward)."""
-    for composed in ("m2", "recompute_full", "zero2", "zero1_m2_recompute_full"):
+    for composed in ("m2", "recompute_full", "recompute_selective", "zero2", "zero1_m2_recompute_full"):
         dp = 2 if "zero" in composed else 1
         plan = _planned(GPT2, dp, composed=composed)
-        assert [view.layer for view in plan.local_view] == ["transformer.h.0.attn", "transformer.h.1.attn"], composed
+        views = ["transformer.h.0.attn", "transformer.h.1.attn"]
+        assert [view.layer for view in plan.local_view] == views, composed
         assert [lookup.layer for lookup in plan.vocab_lookup] == ["transformer.wte"]
         assert not [note for note in plan.notes if "do not run" in note or "does not run" in note], plan.notes
-        assert plan.recompute == (["transformer.h.0", "transformer.h.1"] if "recompute" in composed else [])
+        recomputed = {"none": [], "full": ["transformer.h.0", "transformer.h.1"], "selective": views}
+        assert plan.recompute == recomputed[plan.strategy.recompute], composed
 
 
 #: pp2 x mp2 under the 1F1B schedule, 2 micro-batches, on 4 devices.
@@ -330,7 +333,14 @@ ZERO1_ROUND_TRIPS = ("zoo_falcon_hf", "zoo_gpt2_hf")
 COMPOSED_TRAININGS = [
     (workload, dp, composed)
     for workload in ("zoo_gpt2_hf", "zoo_falcon_hf")
-    for dp, composed in ((1, "m2"), (1, "recompute_full"), (2, "zero1"), (2, "zero2"), (2, "zero1_m2_recompute_full"))
+    for dp, composed in (
+        (1, "m2"),
+        (1, "recompute_full"),
+        (1, "recompute_selective"),
+        (2, "zero1"),
+        (2, "zero2"),
+        (2, "zero1_m2_recompute_full"),
+    )
 ]
 
 
@@ -954,14 +964,17 @@ def test_attentions_whose_sizes_the_proof_finds_train_like_one_device_as_local_v
 def test_local_views_compose_with_accumulation_zero_and_recompute(trained, reference_runs):
     """GPT-2 (a fused q|k|v held rank by rank) and Falcon (a multi-query q|k|v held whole) with
     their attentions as local views and the token lookup on local tensors, as Megatron composes
-    them: 2 micro-batches of accumulation at mp2, full recompute at mp2, ZeRO stages 1 and 2 at dp2 x mp2
+    them: 2 micro-batches of accumulation at mp2, full and selective recompute at mp2, ZeRO stages 1 and 2 at dp2 x mp2
     (AdamW's moments of the local slices split over dp), and all three at once at dp2 x mp2. On
     gloo ranks: losses and parameters as one device, each rank's attention on 2 of the 4 heads
     (GPT-2's scores; Falcon's ``dense`` reading the 2 heads' 16 features). GPT-2's attention runs
-    once per micro-batch, on its rows of the batch, and again in the backward under full
-    recompute: counted against the plain mp2 run's products (one micro-batch of 4 rows, no
-    recompute)."""
-    plain = _trained(trained, _name("zoo_gpt2_hf", 1)).outputs[0]["score_shapes"]
+    once per micro-batch, on its rows of the batch, and again in the backward under full or
+    selective recompute: counted against the plain mp2 run's products (one micro-batch of 4 rows,
+    no recompute). Selective recompute runs the attention again on local tensors without its
+    all-reduces (Megatron's way; full recompute runs the whole block, all-reduces too): as many
+    sums over the mp line as the plain run."""
+    plain_run = _trained(trained, _name("zoo_gpt2_hf", 1)).outputs[0]
+    plain = plain_run["score_shapes"]
     for workload, dp, composed in COMPOSED_TRAININGS:
         run = _trained(trained, _name(workload, dp, composed))
         strategy = run.plan.strategy
@@ -970,12 +983,15 @@ def test_local_views_compose_with_accumulation_zero_and_recompute(trained, refer
         assert [view.layer for view in run.plan.local_view] == COMPOSED_VIEWS[workload]
         assert len(run.plan.vocab_lookup) == 1
         check_against_reference(run, reference_runs)
-        runs = strategy.micro_batches * (2 if strategy.recompute == "full" else 1)
+        runs = strategy.micro_batches * (2 if strategy.recompute != "none" else 1)  # selective: the attention
         rows = plain[0][0] // (dp * strategy.micro_batches)
         for output in run.outputs:
             if workload == "zoo_gpt2_hf":
                 shapes = output["score_shapes"]
                 assert len(shapes) == runs * len(plain) and {(s[0], s[1]) for s in shapes} == {(rows, HEADS // 2)}
+                if composed.startswith("recompute"):  # selective: the view's all-reduces run once
+                    more = output["mp_sums"] - plain_run["mp_sums"]
+                    assert (more > 0) == (composed == "recompute_full"), (composed, output["mp_sums"])
             else:
                 widths = output["linear_input_widths"]
                 assert [widths[f"{layer}.dense"] for layer in COMPOSED_VIEWS[workload]] == [[16]] * 2, widths

@@ -105,6 +105,26 @@ def recording_scores():
 
 
 @contextmanager
+def counting_mp_sums():
+    """TEST-ONLY: count this rank's sums over its mp line inside local views (their outputs'
+    forward, their inputs' gradients backward), by wrapping the ``sum_over``
+    applier/local_view.py calls, for the block. ``counts[0]`` when it ends."""
+    from autodist.applier import local_view
+
+    counts, sum_over = [0], local_view.sum_over
+
+    def counted(*args, **kwargs):
+        counts[0] += 1
+        return sum_over(*args, **kwargs)
+
+    local_view.sum_over = counted
+    try:
+        yield counts
+    finally:
+        local_view.sum_over = sum_over
+
+
+@contextmanager
 def recording_linear_inputs(model: paddle.nn.Layer):
     """TEST-ONLY: this rank's local widths of the input of each ``nn.Linear`` of ``model``, by
     layer name, by a forward pre-hook on each for the block."""
@@ -192,7 +212,11 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
     held = stage_parameters(whole, run.plan) if pipelined else dict(model.named_parameters())
     own_layout = own_layout_of(run)
     before = {fqn: own_layout(fqn, to_numpy(p)) for fqn, p in held.items()}
-    with recording_scores() as score_shapes, recording_linear_inputs(whole) as linear_input_widths:
+    with (
+        recording_scores() as score_shapes,
+        recording_linear_inputs(whole) as linear_input_widths,
+        counting_mp_sums() as mp_sums,
+    ):
         if pipelined:
             losses = train_pipeline(model, optimizer, schedule, loader, run.steps)
         else:
@@ -227,6 +251,8 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
         # This rank's local input width of each nn.Linear, by layer name (a row projection's is its
         # column's output width: 1/mp of it where the sub-layer runs on local tensors).
         "linear_input_widths": {name: sorted(seen) for name, seen in linear_input_widths.items()},
+        # This rank's sums over its mp line inside local views (forward and backward), all steps.
+        "mp_sums": mp_sums[0],
     }
     output_path(out_dir, run.name, rank).write_text(json.dumps(result))
 
