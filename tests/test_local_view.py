@@ -16,6 +16,10 @@ and a fused ``gate|up`` one (Phi-3's ``gate_up_proj``, ERNIE 4.5's ``up_gate_pro
 - HF OPT (``bmm`` over merged batch x heads) and HF GPT-BigCode (``baddbmm`` of the query folded
   beside its heads against one K/V head, ``c_attn`` held whole as Falcon's) train like one device
   as local views at mp2.
+- Composed as Megatron composes them: micro-batches, full and selective recompute (the attention
+  recomputed inside its view, on local tensors, its all-reduces once), ZeRO 1 and 2, and the
+  pipelines at pp2 x mp2 on 4 gloo ranks: GPT-2 and Falcon under 1F1B (Falcon with selective
+  recompute), GPT-2 with four blocks under VPP, their heads tied to the first stage's table.
 - Checkpoints keep the model's own layout, for GPT-2's q|k|v, ERNIE 4.5's up|gate (held rank by
   rank) and Falcon's multi-query q|k|v (held whole): saved under the local view, resumed under the
   gathered plan and on one device, and the other way round, each like one uninterrupted device.
@@ -198,11 +202,13 @@ def test_a_1f1b_pipeline_runs_each_stages_views_and_the_tied_tables_first_stage_
     assert table.stage == 0 and table.tied_stages == {lookup.weight: 1}
 
 
-#: The pipelines trained on 4 gloo ranks, in one job: (workload, schedule) -> its local views.
-#: GPT-2 with four blocks under VPP: two chunks a stage, blocks 0 and 2 on stage 0.
+#: The pipelines trained on 4 gloo ranks, in one job: (workload, schedule, recompute) -> its
+#: local views. Falcon's attentions recomputed selectively inside the stages; GPT-2 with four
+#: blocks under VPP: two chunks a stage, blocks 0 and 2 on stage 0.
 PIPELINED = {
-    **{(workload, "1F1B"): views for workload, views in COMPOSED_VIEWS.items()},
-    ("zoo_gpt2_hf_4_layers", "VPP"): [f"transformer.h.{i}.attn" for i in range(4)],
+    ("zoo_gpt2_hf", "1F1B", "none"): COMPOSED_VIEWS["zoo_gpt2_hf"],
+    ("zoo_falcon_hf", "1F1B", "selective"): COMPOSED_VIEWS["zoo_falcon_hf"],
+    ("zoo_gpt2_hf_4_layers", "VPP", "none"): [f"transformer.h.{i}.attn" for i in range(4)],
 }
 
 
@@ -213,8 +219,19 @@ def pipelined(tmp_path_factory, reference_runs) -> dict[str, Trained]:
     made one at a time (applier/mesh.new_group); the stages exchange activations through the
     TEST-ONLY blocking P2P (gloo times out on Paddle's batched P2P, harness/cpu_substitutes.py)."""
     cases = [
-        (workload, Config(pp=2, mp=2, schedule=schedule, micro_batches=2, p2p="blocking", plan_source="planner"))
-        for workload, schedule in PIPELINED
+        (
+            workload,
+            Config(
+                pp=2,
+                mp=2,
+                schedule=schedule,
+                micro_batches=2,
+                recompute=recompute,
+                p2p="blocking",
+                plan_source="planner",
+            ),
+        )
+        for workload, schedule, recompute in PIPELINED
     ]
     trained = train_planned(cases, tmp_path_factory.mktemp("pipelined"))
     reference_runs.prepare([t.run for t in trained.values()])
@@ -222,15 +239,22 @@ def pipelined(tmp_path_factory, reference_runs) -> dict[str, Trained]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("workload", "schedule"), sorted(PIPELINED))
-def test_local_views_in_a_pipeline_train_like_one_device(pipelined, reference_runs, workload, schedule):
-    """Each stage's chunks run their attentions as local views, the first stage its token lookup
-    on local tensors, the last stage the tied head on its copy of the table: losses and
-    parameters as one device."""
+@pytest.mark.parametrize(("workload", "schedule", "recompute"), sorted(PIPELINED))
+def test_local_views_in_a_pipeline_train_like_one_device(pipelined, reference_runs, workload, schedule, recompute):
+    """Each stage's chunks run their attentions as local views (recomputed on local tensors where
+    asked), the first stage its token lookup on local tensors, the last stage the tied head on its
+    copy of the table: losses and parameters as one device."""
     run = pipelined[workload]
     plan = run.plan
-    assert (plan.strategy.schedule, plan.strategy.virtual_stages) == (schedule, 2 if schedule == "VPP" else 1)
-    assert [view.layer for view in plan.local_view] == PIPELINED[workload, schedule]
+    strategy = plan.strategy
+    assert (strategy.schedule, strategy.virtual_stages, strategy.recompute) == (
+        schedule,
+        2 if schedule == "VPP" else 1,
+        recompute,
+    )
+    views = PIPELINED[workload, schedule, recompute]
+    assert [view.layer for view in plan.local_view] == views
+    assert plan.recompute == (views if recompute == "selective" else [])
     (lookup,) = plan.vocab_lookup
     assert plan.params[lookup.weight].tied_stages == {lookup.weight: 1}
     assert [block.stage for block in plan.blocks] == [i % 2 for i in range(len(plan.blocks))]
