@@ -24,10 +24,11 @@ and a fused ``gate|up`` one (Phi-3's ``gate_up_proj``, ERNIE 4.5's ``up_gate_pro
   rank) and Falcon's multi-query q|k|v (held whole): saved under the local view, resumed under the
   gathered plan and on one device, and the other way round, each like one uninterrupted device.
 
-Launches: every training above is made by one module fixture (``trained``), batched into one job
-per world size and checkpoint phase: every mp2 training with the round trips' savers (2 ranks)
-and every dp2 x mp2 training (4), then the loaders (2) and the single-device resumes with every
-single-device reference (1). Four launches, where the tests starting their own jobs made 22: on a
+Launches: every training above but the pipelines is made by one module fixture (``trained``),
+batched into one job per world size and checkpoint phase: every mp2 training with the round trips'
+savers (2 ranks) and every dp2 x mp2 training (4), then the loaders (2) and the single-device
+resumes with every single-device reference (1); the pipelines are one more job (``pipelined``, 4
+ranks: a pipeline's process groups are made on its own job). Five launches, where the tests starting their own jobs made 22: on a
 2-core machine each launch costs every rank several seconds of start-up (it imports Paddle), more
 than the few steps it trains. A job that fails fails every test reading it, each with the failed
 ranks' stderr. Planning is pure (same model, same request, same plan): each plan is made once
