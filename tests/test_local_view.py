@@ -28,7 +28,7 @@ Launches: every training above but the pipelines is made by one module fixture (
 batched into one job per world size and checkpoint phase: every mp2 training with the round trips'
 savers (2 ranks) and every dp2 x mp2 training (4), then the loaders (2) and the single-device
 resumes with every single-device reference (1); the pipelines are one more job (``pipelined``, 4
-ranks: a pipeline's process groups are made on its own job). Five launches, where the tests starting their own jobs made 22: on a
+ranks, planned by ``autodist-plan``). Five launches, where the tests starting their own jobs made 22: on a
 2-core machine each launch costs every rank several seconds of start-up (it imports Paddle), more
 than the few steps it trains. A job that fails fails every test reading it, each with the failed
 ranks' stderr. Planning is pure (same model, same request, same plan): each plan is made once
