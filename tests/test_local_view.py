@@ -163,11 +163,8 @@ def test_no_local_view_still_gathers_the_fused_projection():
     assert {h.layer for h in plan.hooks if h.action == "reshard"} >= {"transformer.h.0.attn.c_attn"}
 
 
-def test_local_view_with_data_parallelism_and_not_with_selective_recompute(dp_plan):
+def test_local_view_with_data_parallelism(dp_plan):
     assert [v.layer for v in dp_plan.local_view] == ["transformer.h.0.attn", "transformer.h.1.attn"]
-    plan = plan_target(GPT2, None, _request(recompute="selective"), {"target": GPT2}, local_view=True).plan
-    assert plan.local_view == [] and plan.vocab_lookup == []
-    assert any("local views do not run with selective recompute" in note for note in plan.notes), plan.notes
 
 
 def test_the_plan_records_local_views_under_accumulation_zero_and_full_recompute():
@@ -573,8 +570,12 @@ def test_apply_plan_refuses_a_view_the_model_does_not_match(local_plan):
         f"local_view transformer.h.{i}.attn: transformer.h.{i}.attn.num_heads should be the integer 8, the model has 4"
         for i in (0, 1)
     ]
-    pipelined = msgspec.structs.replace(local_plan, strategy=msgspec.structs.replace(local_plan.strategy, pp=2))
-    assert any("does not run on local tensors with a pipeline" in p for p in local_view_problems(model, pipelined))
+    sequential = msgspec.structs.replace(local_plan.strategy, pp=2, schedule="sequential")
+    pipelined = msgspec.structs.replace(local_plan, strategy=sequential)
+    assert any(
+        "does not run on local tensors with the sequential pipeline schedule" in p
+        for p in local_view_problems(model, pipelined)
+    )
 
 
 @pytest.mark.multiprocess
