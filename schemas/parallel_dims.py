@@ -175,26 +175,25 @@ def runs_local_views(strategy: Strategy) -> bool:
     - gradient accumulation over micro-batches (no pipeline): each micro-batch's forward and
       backward runs the local views, the gradients add up;
     - full recompute: a recomputed block runs its local views again in its backward, their
-      forward all-reduce too;
-    - the 1F1B pipeline schedule: each stage's chunk runs the model's own forward, its views
-      and (first stage) its token lookup on the stage's mp ranks; a tied table's last-stage copy
-      is read in the global view and its gradient summed with the first stage's;
+      forward all-reduce too; selective recompute: each local-view attention runs its forward
+      again on local tensors, its all-reduces once (applier/modes/recompute.py);
+    - the 1F1B and VPP pipeline schedules: each stage's chunks run the model's own forward, its
+      views and (first stage) its token lookup on the stage's mp ranks; a tied table's
+      last-stage copy is read in the global view and its gradient summed with the first stage's;
     - sequence parallelism: the plan's hooks all-gather the sequence before a view (norms and
       dropout between the sub-layers run on sequence shards), and a view's or a lookup's partial
       sum is left Partial over mp for the hook after it, whose reshard to the sequence split is
       a reduce-scatter (applier/placement/hooks.py ``sequence_split_sides``).
 
-    Not (yet) with the VPP or sequential schedule, or selective recompute (it recomputes the
-    attention sub-layer itself, all-reduce included, which the cost model does not price).
+    Not with the sequential schedule (its stage hand-offs reshard between meshes in the global
+    view).
 
-    >>> runs_local_views(Strategy(dp=2, mp=2, sharding_stage=1, micro_batches=2, recompute="full"))
+    >>> runs_local_views(Strategy(dp=2, mp=2, sharding_stage=3, micro_batches=2, recompute="selective"))
     True
-    >>> runs_local_views(Strategy(mp=2, sequence_parallel=True))
+    >>> runs_local_views(Strategy(mp=2, pp=2, micro_batches=2, schedule="VPP", virtual_stages=2))
     True
-    >>> runs_local_views(Strategy(mp=2, pp=2, micro_batches=2, schedule="1F1B"))
-    True
-    >>> runs_local_views(Strategy(mp=2, pp=2, schedule="VPP")), runs_local_views(Strategy(dp=2, mp=2, sharding_stage=3))
-    (False, True)
+    >>> runs_local_views(Strategy(mp=2, sequence_parallel=True)), runs_local_views(Strategy(mp=2, pp=2, schedule="sequential"))
+    (True, False)
     """
     return not local_views_refused(strategy)
 
@@ -204,13 +203,15 @@ def local_views_refused(strategy: Strategy) -> str:
     one list of :func:`runs_local_views`'s conditions, which the planner's notes and the
     applier's refusal say.
 
-    >>> local_views_refused(Strategy(mp=2, pp=2, schedule="VPP", recompute="selective"))
-    'a pipeline schedule other than 1F1B (VPP), selective recompute'
+    >>> local_views_refused(Strategy(mp=2, pp=2, schedule="sequential"))
+    'the sequential pipeline schedule'
     """
     refused = [
         (strategy.mp == 1, "no tensor parallelism"),
-        (strategy.pp > 1 and strategy.schedule != "1F1B", f"a pipeline schedule other than 1F1B ({strategy.schedule})"),
-        (strategy.recompute not in ("none", "full"), f"{strategy.recompute} recompute"),
+        (
+            strategy.pp > 1 and strategy.schedule not in PIPELINING_SCHEDULES,
+            f"the {strategy.schedule} pipeline schedule",
+        ),
     ]
     return ", ".join(why for applies, why in refused if applies)
 

@@ -393,14 +393,13 @@ def test_a_vocabulary_split_lookup_in_the_global_view_all_gathers_its_table_and_
     # it replicated) and again for embedding_grad, and leaves the output replicated
     # (docs/paddle-notes.md, "SPMD rules"): where the lookup's layer cannot run it locally, or (the
     # edge below can: lookup_output) where the strategy runs no local tensors (2 micro-batches
-    # under selective recompute, schemas/parallel_dims.runs_local_views; the setup's recompute, which
-    # prices the repeated forward, is left "none" so that only the lookup differs).
+    # priced with local_views=False, as where the strategy runs none: schemas/parallel_dims.runs_local_views).
     vocab, hidden, seq = 1000, 64, 128
     first = EdgeCost(params_vocab=vocab * hidden, lookup_table=vocab * hidden, lookup_output=hidden, param_tensors=1)
     block = BlockCost(layer="b", flops_per_token=1e6)
     model = ModelCost(blocks=(block,), hidden_size=hidden, vocab_size=vocab, first=first, traced_seq=seq)
     setup = Setup(device=H100, devices_per_node=2, nodes=1, seq_len=seq, global_batch=4, dtype="bf16")
-    result = estimate(StageTable(model), Strategy(mp=2, micro_batches=2, recompute="selective"), setup)
+    result = estimate(StageTable(model), Strategy(mp=2, micro_batches=2), setup, local_views=False)
     link = Link(H100.intra_node_bandwidth, H100.intra_node_latency_s)
     table = 1000 * 64 * 2  # the whole table in bf16: the all-gather's message
     # 2 micro-batches x (forward + backward) gathers, each (mp - 1) alpha + (mp - 1) / mp x table / bandwidth
@@ -444,7 +443,7 @@ def test_a_vocabulary_split_lookup_on_local_tensors_all_reduces_its_output_once(
 
 def test_local_views_true_prices_the_lookup_locally_whatever_the_strategy():
     # estimate(..., local_views=True): how bench/published.py prices Megatron-LM, which looks up
-    # locally under every strategy. Under 2 micro-batches with selective recompute apply_plan runs
+    # locally under every strategy. Under 2 micro-batches with sequence parallelism apply_plan runs
     # no local tensors (the table all-gathered twice per micro-batch); priced as Megatron, each micro-batch all-reduces
     # its output once: 2 x 256 tokens x 64 features x 2 bytes = 2 x 32,768 B sent, nothing gathered.
     vocab, hidden, seq = 1000, 64, 128
@@ -453,7 +452,7 @@ def test_local_views_true_prices_the_lookup_locally_whatever_the_strategy():
         blocks=(BlockCost(layer="b", flops_per_token=1e6),), hidden_size=hidden, vocab_size=vocab, first=first
     )
     setup = Setup(device=H100, devices_per_node=2, nodes=1, seq_len=seq, global_batch=4, dtype="bf16")
-    strategy = Strategy(mp=2, micro_batches=2, recompute="selective")
+    strategy = Strategy(mp=2, micro_batches=2, sequence_parallel=True)
     assert estimate(StageTable(model), strategy, setup).estimate.comm_bytes.mp == 4 * 64_000
     megatron = estimate(StageTable(model), strategy, setup, local_views=True)
     assert megatron.estimate.comm_bytes.mp == 2 * 32_768

@@ -16,14 +16,19 @@ and a fused ``gate|up`` one (Phi-3's ``gate_up_proj``, ERNIE 4.5's ``up_gate_pro
 - HF OPT (``bmm`` over merged batch x heads) and HF GPT-BigCode (``baddbmm`` of the query folded
   beside its heads against one K/V head, ``c_attn`` held whole as Falcon's) train like one device
   as local views at mp2.
+- Composed as Megatron composes them: micro-batches, full and selective recompute (the attention
+  recomputed inside its view, on local tensors, its all-reduces once), ZeRO 1 and 2, and the
+  pipelines at pp2 x mp2 on 4 gloo ranks: GPT-2 and Falcon under 1F1B (Falcon with selective
+  recompute), GPT-2 with four blocks under VPP, their heads tied to the first stage's table.
 - Checkpoints keep the model's own layout, for GPT-2's q|k|v, ERNIE 4.5's up|gate (held rank by
   rank) and Falcon's multi-query q|k|v (held whole): saved under the local view, resumed under the
   gathered plan and on one device, and the other way round, each like one uninterrupted device.
 
-Launches: every training above is made by one module fixture (``trained``), batched into one job
-per world size and checkpoint phase: every mp2 training with the round trips' savers (2 ranks)
-and every dp2 x mp2 training (4), then the loaders (2) and the single-device resumes with every
-single-device reference (1). Four launches, where the tests starting their own jobs made 22: on a
+Launches: every training above but the pipelines is made by one module fixture (``trained``),
+batched into one job per world size and checkpoint phase: every mp2 training with the round trips'
+savers (2 ranks) and every dp2 x mp2 training (4), then the loaders (2) and the single-device
+resumes with every single-device reference (1); the pipelines are one more job (``pipelined``, 4
+ranks, planned by ``autodist-plan``). Five launches, where the tests starting their own jobs made 22: on a
 2-core machine each launch costs every rank several seconds of start-up (it imports Paddle), more
 than the few steps it trains. A job that fails fails every test reading it, each with the failed
 ranks' stderr. Planning is pure (same model, same request, same plan): each plan is made once
@@ -66,6 +71,7 @@ COMPOSED: dict[str, tuple[dict, dict]] = {
     "": ({}, {}),
     "m2": ({"micro_batches": 2}, {}),
     "recompute_full": ({"recompute": "full"}, {}),
+    "recompute_selective": ({"recompute": "selective"}, {}),
     "zero1": ({"sharding_stage": 1}, {"optimizer": "adamw", "reshard": "via_replicate"}),
     "zero2": ({"sharding_stage": 2}, {"optimizer": "adamw", "reshard": "via_replicate"}),
     "zero1_m2_recompute_full": (
@@ -157,23 +163,22 @@ def test_no_local_view_still_gathers_the_fused_projection():
     assert {h.layer for h in plan.hooks if h.action == "reshard"} >= {"transformer.h.0.attn.c_attn"}
 
 
-def test_local_view_with_data_parallelism_and_not_with_selective_recompute(dp_plan):
+def test_local_view_with_data_parallelism(dp_plan):
     assert [v.layer for v in dp_plan.local_view] == ["transformer.h.0.attn", "transformer.h.1.attn"]
-    plan = plan_target(GPT2, None, _request(recompute="selective"), {"target": GPT2}, local_view=True).plan
-    assert plan.local_view == [] and plan.vocab_lookup == []
-    assert any("local views do not run with selective recompute" in note for note in plan.notes), plan.notes
 
 
 def test_the_plan_records_local_views_under_accumulation_zero_and_full_recompute():
     """Emit lists the proven views and the local lookup under each strategy they compose with,
     with full recompute listing the blocks (which then run their views again in the backward)."""
-    for composed in ("m2", "recompute_full", "zero2", "zero1_m2_recompute_full"):
+    for composed in ("m2", "recompute_full", "recompute_selective", "zero2", "zero1_m2_recompute_full"):
         dp = 2 if "zero" in composed else 1
         plan = _planned(GPT2, dp, composed=composed)
-        assert [view.layer for view in plan.local_view] == ["transformer.h.0.attn", "transformer.h.1.attn"], composed
+        views = ["transformer.h.0.attn", "transformer.h.1.attn"]
+        assert [view.layer for view in plan.local_view] == views, composed
         assert [lookup.layer for lookup in plan.vocab_lookup] == ["transformer.wte"]
         assert not [note for note in plan.notes if "do not run" in note or "does not run" in note], plan.notes
-        assert plan.recompute == (["transformer.h.0", "transformer.h.1"] if "recompute" in composed else [])
+        recomputed = {"none": [], "full": ["transformer.h.0", "transformer.h.1"], "selective": views}
+        assert plan.recompute == recomputed[plan.strategy.recompute], composed
 
 
 #: pp2 x mp2 under the 1F1B schedule, 2 micro-batches, on 4 devices.
@@ -195,22 +200,63 @@ def test_a_1f1b_pipeline_runs_each_stages_views_and_the_tied_tables_first_stage_
     assert table.stage == 0 and table.tied_stages == {lookup.weight: 1}
 
 
-@pytest.mark.gpu
-def test_local_views_in_a_1f1b_pipeline_train_like_one_device(tmp_path, reference_runs):
-    """The plans above, made by ``autodist-plan`` (local views on by default), trained on 4 GPUs
-    through Paddle's own P2P: losses and parameters as one device. On 4 gloo ranks, with the
-    TEST-ONLY blocking P2P, both trained like one device in runs by hand (docs/pipelines.md), but
-    pp x mp needs one process group per pipeline column, whose gloo connection fails in most
-    attempts on the 2-core machine, so it is not in the CPU suite."""
-    import paddle
+#: The pipelines trained on 4 gloo ranks, in one job: (workload, schedule, recompute) -> its
+#: local views. Falcon's attentions recomputed selectively inside the stages; GPT-2 with four
+#: blocks under VPP: two chunks a stage, blocks 0 and 2 on stage 0.
+PIPELINED = {
+    ("zoo_gpt2_hf", "1F1B", "none"): COMPOSED_VIEWS["zoo_gpt2_hf"],
+    ("zoo_falcon_hf", "1F1B", "selective"): COMPOSED_VIEWS["zoo_falcon_hf"],
+    ("zoo_gpt2_hf_4_layers", "VPP", "none"): [f"transformer.h.{i}.attn" for i in range(4)],
+}
 
-    if paddle.device.cuda.device_count() < 4:
-        pytest.skip(f"needs 4 CUDA devices (one per rank), found {paddle.device.cuda.device_count()}")
-    config = Config(pp=2, mp=2, schedule="1F1B", micro_batches=2, plan_source="planner")
-    trained = train_planned([(workload, config) for workload in sorted(COMPOSED_VIEWS)], tmp_path, backend="nccl")
-    for workload, run in trained.items():
-        assert [view.layer for view in run.plan.local_view] == COMPOSED_VIEWS[workload]
-        check_against_reference(run, reference_runs)
+
+@pytest.fixture(scope="module")
+def pipelined(tmp_path_factory, reference_runs) -> dict[str, Trained]:
+    """The plans of :data:`PIPELINED`, made by ``autodist-plan`` (local views on by default) at pp2
+    x mp2 with 2 micro-batches, trained on 4 gloo ranks. The pipeline columns' process groups are
+    made one at a time (applier/placement/mesh.new_group); the stages exchange activations through the
+    TEST-ONLY blocking P2P (gloo times out on Paddle's batched P2P, harness/cpu_substitutes.py)."""
+    cases = [
+        (
+            workload,
+            Config(
+                pp=2,
+                mp=2,
+                schedule=schedule,
+                micro_batches=2,
+                recompute=recompute,
+                p2p="blocking",
+                plan_source="planner",
+            ),
+        )
+        for workload, schedule, recompute in PIPELINED
+    ]
+    trained = train_planned(cases, tmp_path_factory.mktemp("pipelined"))
+    reference_runs.prepare([t.run for t in trained.values()])
+    return trained
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("workload", "schedule", "recompute"), sorted(PIPELINED))
+def test_local_views_in_a_pipeline_train_like_one_device(pipelined, reference_runs, workload, schedule, recompute):
+    """Each stage's chunks run their attentions as local views (recomputed on local tensors where
+    asked), the first stage its token lookup on local tensors, the last stage the tied head on its
+    copy of the table: losses and parameters as one device."""
+    run = pipelined[workload]
+    plan = run.plan
+    strategy = plan.strategy
+    assert (strategy.schedule, strategy.virtual_stages, strategy.recompute) == (
+        schedule,
+        2 if schedule == "VPP" else 1,
+        recompute,
+    )
+    views = PIPELINED[workload, schedule, recompute]
+    assert [view.layer for view in plan.local_view] == views
+    assert plan.recompute == (views if recompute == "selective" else [])
+    (lookup,) = plan.vocab_lookup
+    assert plan.params[lookup.weight].tied_stages == {lookup.weight: 1}
+    assert [block.stage for block in plan.blocks] == [i % 2 for i in range(len(plan.blocks))]
+    check_against_reference(run, reference_runs)
 
 
 def test_the_search_chooses_local_views_with_zero1_and_accumulation_where_memory_is_short():
@@ -310,7 +356,14 @@ ZERO1_ROUND_TRIPS = ("zoo_falcon_hf", "zoo_gpt2_hf")
 COMPOSED_TRAININGS = [
     (workload, dp, composed)
     for workload in ("zoo_gpt2_hf", "zoo_falcon_hf")
-    for dp, composed in ((1, "m2"), (1, "recompute_full"), (2, "zero1"), (2, "zero2"), (2, "zero1_m2_recompute_full"))
+    for dp, composed in (
+        (1, "m2"),
+        (1, "recompute_full"),
+        (1, "recompute_selective"),
+        (2, "zero1"),
+        (2, "zero2"),
+        (2, "zero1_m2_recompute_full"),
+    )
 ]
 
 
@@ -518,8 +571,12 @@ def test_apply_plan_refuses_a_view_the_model_does_not_match(local_plan):
         f"local_view transformer.h.{i}.attn: transformer.h.{i}.attn.num_heads should be the integer 8, the model has 4"
         for i in (0, 1)
     ]
-    pipelined = msgspec.structs.replace(local_plan, strategy=msgspec.structs.replace(local_plan.strategy, pp=2))
-    assert any("does not run on local tensors with a pipeline" in p for p in local_view_problems(model, pipelined))
+    sequential = msgspec.structs.replace(local_plan.strategy, pp=2, schedule="sequential")
+    pipelined = msgspec.structs.replace(local_plan, strategy=sequential)
+    assert any(
+        "does not run on local tensors with the sequential pipeline schedule" in p
+        for p in local_view_problems(model, pipelined)
+    )
 
 
 @pytest.mark.multiprocess
@@ -937,14 +994,17 @@ def test_attentions_whose_sizes_the_proof_finds_train_like_one_device_as_local_v
 def test_local_views_compose_with_accumulation_zero_and_recompute(trained, reference_runs):
     """GPT-2 (a fused q|k|v held rank by rank) and Falcon (a multi-query q|k|v held whole) with
     their attentions as local views and the token lookup on local tensors, as Megatron composes
-    them: 2 micro-batches of accumulation at mp2, full recompute at mp2, ZeRO stages 1 and 2 at dp2 x mp2
+    them: 2 micro-batches of accumulation at mp2, full and selective recompute at mp2, ZeRO stages 1 and 2 at dp2 x mp2
     (AdamW's moments of the local slices split over dp), and all three at once at dp2 x mp2. On
     gloo ranks: losses and parameters as one device, each rank's attention on 2 of the 4 heads
     (GPT-2's scores; Falcon's ``dense`` reading the 2 heads' 16 features). GPT-2's attention runs
-    once per micro-batch, on its rows of the batch, and again in the backward under full
-    recompute: counted against the plain mp2 run's products (one micro-batch of 4 rows, no
-    recompute)."""
-    plain = _trained(trained, _name("zoo_gpt2_hf", 1)).outputs[0]["score_shapes"]
+    once per micro-batch, on its rows of the batch, and again in the backward under full or
+    selective recompute: counted against the plain mp2 run's products (one micro-batch of 4 rows,
+    no recompute). Selective recompute runs the attention again on local tensors without its
+    all-reduces (Megatron's way; full recompute runs the whole block, all-reduces too): as many
+    sums over the mp line as the plain run."""
+    plain_run = _trained(trained, _name("zoo_gpt2_hf", 1)).outputs[0]
+    plain = plain_run["score_shapes"]
     for workload, dp, composed in COMPOSED_TRAININGS:
         run = _trained(trained, _name(workload, dp, composed))
         strategy = run.plan.strategy
@@ -953,12 +1013,15 @@ def test_local_views_compose_with_accumulation_zero_and_recompute(trained, refer
         assert [view.layer for view in run.plan.local_view] == COMPOSED_VIEWS[workload]
         assert len(run.plan.vocab_lookup) == 1
         check_against_reference(run, reference_runs)
-        runs = strategy.micro_batches * (2 if strategy.recompute == "full" else 1)
+        runs = strategy.micro_batches * (2 if strategy.recompute != "none" else 1)  # selective: the attention
         rows = plain[0][0] // (dp * strategy.micro_batches)
         for output in run.outputs:
             if workload == "zoo_gpt2_hf":
                 shapes = output["score_shapes"]
                 assert len(shapes) == runs * len(plain) and {(s[0], s[1]) for s in shapes} == {(rows, HEADS // 2)}
+                if composed.startswith("recompute"):  # selective: the view's all-reduces run once
+                    more = output["mp_sums"] - plain_run["mp_sums"]
+                    assert (more > 0) == (composed == "recompute_full"), (composed, output["mp_sums"])
             else:
                 widths = output["linear_input_widths"]
                 assert [widths[f"{layer}.dense"] for layer in COMPOSED_VIEWS[workload]] == [[16]] * 2, widths

@@ -79,13 +79,13 @@ def test_the_planner_lists_the_lookup_of_a_vocabulary_split_table(plans):
 
 
 def test_where_the_lookup_cannot_run_locally_the_gather_stays_with_a_note():
-    # a strategy local tensors do not run under (as for local views): selective recompute
-    selective = _plan("gpt", recompute="selective")
-    assert selective.vocab_lookup == []
+    # a strategy local tensors do not run under (as for local views): sequence parallelism
+    sequence = _plan("gpt", sequence_parallel=True)
+    assert sequence.vocab_lookup == []
     assert (
         "embedding wte.weight: split over the vocabulary, looked up in the global view, which all-gathers the "
-        "whole table in every forward and backward (it does not run on local tensors with selective recompute)"
-    ) in selective.notes
+        "whole table in every forward and backward (it does not run on local tensors with sequence parallelism)"
+    ) in sequence.notes
     # with 2 micro-batches of accumulation, ZeRO 1 and full recompute it looks up locally
     composed = _plan("gpt", dp=2, micro_batches=2, sharding_stage=1, recompute="full")
     assert composed.vocab_lookup == [VocabLookup(layer="wte", weight="wte.weight")]
@@ -131,8 +131,12 @@ def test_apply_plan_refuses_a_lookup_the_model_cannot_run_locally(plans):
     ]
     assert "vocab lookup: these lookups run on local tensors" in show_text(plan)
     assert "  wte  wte.weight" in show_text(plan)
-    pipelined = msgspec.structs.replace(plan, strategy=msgspec.structs.replace(plan.strategy, pp=2))
-    assert any("does not run on local tensors with a pipeline" in p for p in vocab_lookup_problems(model, pipelined))
+    sequential = msgspec.structs.replace(plan.strategy, pp=2, schedule="sequential")
+    pipelined = msgspec.structs.replace(plan, strategy=sequential)
+    assert any(
+        "does not run on local tensors with the sequential pipeline schedule" in p
+        for p in vocab_lookup_problems(model, pipelined)
+    )
 
 
 #: A rank that trains a job (``harness.rank_main``), then applies each plan given to its model and

@@ -61,6 +61,7 @@ from autodist.schemas.parallel_dims import local_views_refused
 from autodist.applier.placement.clip import sum_over
 from autodist.applier.placement.hooks import map_first_input, sequence_split_sides
 from autodist.applier.placement.mesh import mesh_ids
+from autodist.applier.modes.recompute import recomputed_inside_views, recomputing
 
 
 class LocalViews:
@@ -124,8 +125,9 @@ class LocalViews:
             return
         layers = dict(model.named_sublayers())
         line = mp_line(self.plan, dist.get_rank())
+        recomputed = recomputed_inside_views(self.plan)
         for view in self.plan.local_view:
-            _wrap(layers[view.layer], view, line, sequence_split_sides(self.plan, view.layer))
+            _wrap(layers[view.layer], view, line, sequence_split_sides(self.plan, view.layer), view.layer in recomputed)
 
 
 def mp_line(plan: Plan, rank: int) -> dist.ProcessMesh:
@@ -240,7 +242,13 @@ class LocalCall:
                 setattr(owner, name, value)
 
 
-def _wrap(layer: paddle.nn.Layer, view: LocalView, mesh: dist.ProcessMesh, split: tuple[bool, bool]) -> None:
+def _wrap(
+    layer: paddle.nn.Layer, view: LocalView, mesh: dist.ProcessMesh, split: tuple[bool, bool], recomputed: bool
+) -> None:
+    """Replace ``layer.forward`` by its run on local tensors (the module docstring). ``split``: the
+    plan's hooks split the sub-layer's input and output over mp (sequence parallelism);
+    ``recomputed``: that run keeps only its local inputs and runs again in backward
+    (applier/modes/recompute.py), the all-reduces around it once."""
     weights = {w.param: w for w in view.weights}
     rank = mesh.process_ids.index(dist.get_rank())
     call = LocalCall(layer, view)
@@ -251,19 +259,29 @@ def _wrap(layer: paddle.nn.Layer, view: LocalView, mesh: dist.ProcessMesh, split
         # not its process_mesh: that dies with the tensor (docs/paddle-notes.md), and the input is
         # often a temporary (``self.attn(self.ln_1(h))``) that nothing else holds once replaced.
         placed: list[paddle.Tensor] = []
+        local: list[paddle.Tensor] = []
 
         def first(x: paddle.Tensor) -> paddle.Tensor:
             if not x.is_dist():
                 raise RuntimeError(f"local view: {view.layer} got a plain tensor, not a DistTensor, as its input")
             placed.append(x)
             if split[0]:  # gathered by a pre hook, whose backward reduce-scatters the Partial gradient
-                return dtensor_to_local(x, x.process_mesh, partial_over_mp(x.process_mesh, x.placements))
-            return _CopyToRanks.apply(local_value(x), mesh)
+                local.append(dtensor_to_local(x, x.process_mesh, partial_over_mp(x.process_mesh, x.placements)))
+            else:
+                local.append(_CopyToRanks.apply(local_value(x), mesh))
+            return local[0]
 
         args, kwargs = map_first_input(args, kwargs, first)
         args, kwargs = _called_as_proven(view, args, kwargs, placed[0], mesh)
-        values = {fqn: _call_value(sub._parameters[key], weights.get(fqn), mesh, rank) for fqn, sub, key in call.slots}
-        output = call(values, *args, **kwargs)
+        fqns = [fqn for fqn, _, _ in call.slots]
+
+        def on_rank(x: paddle.Tensor, *values: paddle.Tensor) -> Any:
+            """The model's own forward on this rank's input ``x`` and parameter ``values``."""
+            call_args, call_kwargs = map_first_input(args, kwargs, lambda _: x)
+            return call(dict(zip(fqns, values)), *call_args, **call_kwargs)
+
+        values = [_call_value(sub._parameters[key], weights.get(fqn), mesh, rank) for fqn, sub, key in call.slots]
+        output = recomputing(on_rank, local[0], *values) if recomputed else on_rank(local[0], *values)
         found = hidden_output(output, view.dropped_outputs)
         if found is None or not isinstance(found[0], paddle.Tensor):
             raise RuntimeError(

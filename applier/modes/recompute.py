@@ -7,6 +7,12 @@ what the plan lists, with Paddle's own ``paddle.distributed.fleet.utils.recomput
 works on distributed tensors and restores the random state, so dropout draws the same mask
 twice (docs/paddle-notes.md).
 
+A listed layer that is also a local view (``plan.local_view``: selective recompute of an
+attention run on each rank's heads) is recomputed inside the view, as Megatron-LM recomputes:
+applier/modes/local_calls.py hands :func:`recomputing` the sub-layer's forward on the rank's local
+input and parameter values, so the backward runs that forward again on local tensors while the
+view's all-reduces (its output's sum over mp, its input gradient's) run once, outside.
+
 Example::
 
     >>> plan.strategy.recompute, plan.recompute[:1]                 # doctest: +SKIP
@@ -35,21 +41,35 @@ def recompute_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     ]
 
 
+def recomputed_inside_views(plan: Plan) -> frozenset[str]:
+    """The layers of ``plan.recompute`` that are local views: recomputed inside the view, on
+    local tensors (applier/modes/local_calls.py), not by :func:`wrap_recompute`."""
+    return frozenset(plan.recompute) & {view.layer for view in plan.local_view}
+
+
 def wrap_recompute(model: paddle.nn.Layer, plan: Plan) -> None:
-    """Make each layer in ``plan.recompute`` recompute its forward in backward. The layer's
-    own hooks (the plan's reshards, sequence-parallel hand-offs) stay outside the recompute:
-    they wrap ``forward``, which is what is replaced."""
+    """Make each layer in ``plan.recompute`` recompute its forward in backward, but those
+    :func:`recomputed_inside_views`. The layer's own hooks (the plan's reshards,
+    sequence-parallel hand-offs) stay outside the recompute: they wrap ``forward``, which is what
+    is replaced."""
     layers = dict(model.named_sublayers())
-    for fqn in plan.recompute:
+    for fqn in sorted(set(plan.recompute) - recomputed_inside_views(plan)):
         layer = layers[fqn]
         layer.forward = _recomputed(layer.forward)
+
+
+def recomputing(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` keeping only its inputs, run again in backward (the tensors
+    among ``args`` get their gradients); a plain call where no gradient is taken (evaluation:
+    nothing to save, nothing to redo)."""
+    if not paddle.is_grad_enabled():
+        return function(*args, **kwargs)
+    return recompute(function, *args, **kwargs)
 
 
 def _recomputed(forward: Any) -> Any:
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
-        if not paddle.is_grad_enabled():  # evaluation: nothing to save, nothing to redo
-            return forward(*args, **kwargs)
-        return recompute(forward, *args, **kwargs)
+        return recomputing(forward, *args, **kwargs)
 
     return run

@@ -80,3 +80,16 @@ def pp_group_ranks(plan: Plan) -> list[list[int]]:
         return [[int(r)] for r in ids.reshape(-1)]
     columns = ids.reshape(ids.shape[0], -1)
     return [[int(r) for r in columns[:, j]] for j in range(columns.shape[1])]
+
+
+def new_group(ranks: list[int]) -> dist.communication.group.Group:
+    """``dist.new_group(ranks)`` followed by a barrier of the whole world. Every rank calls it
+    for every group, in the same order. On gloo, groups made back to back without the barrier
+    fail at random: 4 of 6 jobs making ``[0, 2]`` then ``[1, 3]`` on 4 ranks died in
+    ``ProcessGroupGloo.create`` (``connect [127.0.0.1]:911: Connection refused``, a port no rank
+    listens on: the address a rank read for its peer was not its peer's) or timed out in the
+    first all-reduce; with the barrier, 8 of 8 (docs/paddle-notes.md, "gloo: process groups made
+    back to back fail")."""
+    group = dist.new_group(ranks)
+    dist.barrier()
+    return group

@@ -265,14 +265,8 @@ def _process_groups(world: int, local: int, plan=None) -> tuple[int, list[list[i
     (``mp``, ``dp``: :func:`autodist.planner.cost.calibrate.plan_groups`)."""
     import paddle.distributed as dist
 
+    from autodist.applier.placement.mesh import new_group  # one group at a time: gloo fails on groups made back to back
     from autodist.planner.cost.calibrate import plan_groups
-
-    def new_group(ranks: list[int]):
-        # gloo: making the next group before every rank has made this one fails with
-        # "connect ... Connection refused" (docs/paddle-notes.md); a barrier after each.
-        group = dist.new_group(ranks)
-        dist.barrier()
-        return group
 
     rank, nodes, groups = 0, [list(range(world))], {}
     if world > 1:

@@ -105,6 +105,26 @@ def recording_scores():
 
 
 @contextmanager
+def counting_mp_sums():
+    """TEST-ONLY: count this rank's sums over its mp line inside local views (their outputs'
+    forward, their inputs' gradients backward), by wrapping the ``sum_over``
+    applier/modes/local_calls.py calls, for the block. ``counts[0]`` when it ends."""
+    from autodist.applier import local_view
+
+    counts, sum_over = [0], local_view.sum_over
+
+    def counted(*args, **kwargs):
+        counts[0] += 1
+        return sum_over(*args, **kwargs)
+
+    local_view.sum_over = counted
+    try:
+        yield counts
+    finally:
+        local_view.sum_over = sum_over
+
+
+@contextmanager
 def recording_linear_inputs(model: paddle.nn.Layer):
     """TEST-ONLY: this rank's local widths of the input of each ``nn.Linear`` of ``model``, by
     layer name, by a forward pre-hook on each for the block."""
@@ -193,7 +213,11 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
     own_layout = own_layout_of(run)
     before = {fqn: own_layout(fqn, to_numpy(p)) for fqn, p in held.items()}
     STOOD_IN.clear()
-    with recording_scores() as score_shapes, recording_linear_inputs(whole) as linear_input_widths:
+    with (
+        recording_scores() as score_shapes,
+        recording_linear_inputs(whole) as linear_input_widths,
+        counting_mp_sums() as mp_sums,
+    ):
         if pipelined:
             losses = train_pipeline(model, optimizer, schedule, loader, run.steps)
         else:
@@ -232,6 +256,8 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
         # The collectives the TEST-ONLY reshard detours stood in for while training, in order
         # (cpu_substitutes.STOOD_IN): what a GPU would run as reduce-scatters and all-to-alls.
         "stood_in": stood_in,
+        # This rank's sums over its mp line inside local views (forward and backward), all steps.
+        "mp_sums": mp_sums[0],
     }
     output_path(out_dir, run.name, rank).write_text(json.dumps(result))
 

@@ -250,8 +250,9 @@ ZOO_FILES = tuple(
     sorted(path.stem for path in (REPO_ROOT / "tests/models/zoo").glob("*.py") if path.stem != "__init__")
 )
 #: Zoo models built by another factory of their file (``file:factory``): DeepSeek-V3's query
-#: through a latent (``zoo_deepseek_v3_hf_with_query_latent``).
-ZOO_VARIANTS = ("deepseek_v3_hf:build_with_query_latent", "vit:build_with_transpose_y")
+#: through a latent (``zoo_deepseek_v3_hf_with_query_latent``); GPT-2 with four blocks, two VPP
+#: chunks on each of two stages (``zoo_gpt2_hf_4_layers``).
+ZOO_VARIANTS = ("deepseek_v3_hf:build_with_query_latent", "vit:build_with_transpose_y", "gpt2_hf:build_4_layers")
 ZOO_PADDLEFORMERS = ("build_llama", "build_phi3", "build_gemma3", "build_ernie45", "build_gpt_oss")
 WORKLOADS.update(
     {

@@ -100,12 +100,12 @@ class GPT2Block(nn.Layer):
 
 
 class GPT2Model(nn.Layer):
-    def __init__(self):
+    def __init__(self, n_layer=N_LAYER):
         super().__init__()
         self.wte = nn.Embedding(VOCAB, N_EMBD)
         self.wpe = nn.Embedding(N_POSITIONS, N_EMBD)
         self.drop = nn.Dropout(0.1)
-        self.h = nn.LayerList([GPT2Block() for _ in range(N_LAYER)])
+        self.h = nn.LayerList([GPT2Block() for _ in range(n_layer)])
         self.ln_f = nn.LayerNorm(N_EMBD, epsilon=1e-5)
 
     def forward(self, input_ids):
@@ -117,9 +117,9 @@ class GPT2Model(nn.Layer):
 
 
 class GPT2LMHeadModel(nn.Layer):
-    def __init__(self):
+    def __init__(self, n_layer=N_LAYER):
         super().__init__()
-        self.transformer = GPT2Model()
+        self.transformer = GPT2Model(n_layer)
 
     def forward(self, input_ids):
         hidden = self.transformer(input_ids)
@@ -128,6 +128,11 @@ class GPT2LMHeadModel(nn.Layer):
 
 def build_model():
     return GPT2LMHeadModel()
+
+
+def build_4_layers():
+    """Four blocks: two pipeline chunks on each of two stages (VPP)."""
+    return GPT2LMHeadModel(n_layer=4)
 
 
 def input_spec():
