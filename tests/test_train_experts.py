@@ -76,7 +76,12 @@ WITH_MP = ("dp2_mp2_ep2_sgd_clip", 4, 2, "sgd_clip", 1, "eager", 2)
 CASES = [(workload, *config) for workload in MOE for config in [*CONFIGS, WITH_MP]]
 #: Local views under expert parallelism: a MoE model whose attention projects q|k|v with one fused
 #: Linear (a local-view candidate), planned with local views (the default of ``autodist-plan``).
-LOCAL_VIEW_CASES = [("zoo_bailing_moe_hf", "dp2_mp2_ep2_local_view_sgd_clip", 4, 2, "sgd_clip", 1, "eager", 2)]
+#: With AdamW (weight decay, LR schedule, clipping) and 2 micro-batches: each micro-batch's forward
+#: runs the views and the dispatch, the gradients add up before the expert sums.
+LOCAL_VIEW_CASES = [
+    ("zoo_bailing_moe_hf", "dp2_mp2_ep2_local_view_sgd_clip", 4, 2, "sgd_clip", 1, "eager", 2),
+    ("zoo_bailing_moe_hf", "dp2_mp2_ep2_local_view_adamw_mb2", 4, 2, "adamw", 2, "eager", 2),
+]
 
 
 def run_name(workload: str, suffix: str) -> str:
