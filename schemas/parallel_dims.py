@@ -177,7 +177,9 @@ def runs_local_views(strategy: Strategy) -> bool:
       forward all-reduce too;
     - the 1F1B pipeline schedule: each stage's chunk runs the model's own forward, its views
       and (first stage) its token lookup on the stage's mp ranks; a tied table's last-stage copy
-      is read in the global view and its gradient summed with the first stage's.
+      is read in the global view and its gradient summed with the first stage's;
+    - expert parallelism: the MoE layers dispatched over ep, whole on each mp rank
+      (:func:`runs_moe_locally`), beside the attention's views (tests/test_train_experts.py).
 
     Not (yet) with the VPP or sequential schedule, sequence parallelism (the views take the
     activation whole), ZeRO stage 3 (it splits the parameters over dp, which a view
