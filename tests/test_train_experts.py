@@ -77,10 +77,13 @@ CASES = [(workload, *config) for workload in MOE for config in [*CONFIGS, WITH_M
 #: Local views under expert parallelism: a MoE model whose attention projects q|k|v with one fused
 #: Linear (a local-view candidate), planned with local views (the default of ``autodist-plan``).
 #: With AdamW (weight decay, LR schedule, clipping) and 2 micro-batches: each micro-batch's forward
-#: runs the views and the dispatch, the gradients add up before the expert sums.
+#: runs the views and the dispatch, the gradients add up before the expert sums. With full
+#: recompute (a 9th field: the request's ``recompute``): each decoder layer, its view's all-reduce
+#: and its MoE layer's gather and sum included, runs again in its backward.
 LOCAL_VIEW_CASES = [
     ("zoo_bailing_moe_hf", "dp2_mp2_ep2_local_view_sgd_clip", 4, 2, "sgd_clip", 1, "eager", 2),
     ("zoo_bailing_moe_hf", "dp2_mp2_ep2_local_view_adamw_mb2", 4, 2, "adamw", 2, "eager", 2),
+    ("zoo_bailing_moe_hf", "dp2_mp2_ep2_local_view_recompute_full", 4, 2, "sgd_clip", 1, "eager", 2, "full"),
 ]
 
 
@@ -89,7 +92,14 @@ def run_name(workload: str, suffix: str) -> str:
 
 
 def ep_plan(
-    workload: str, world: int, micro_batches: int, device: str, ep: int = 2, mp: int = 1, local_view: bool = False
+    workload: str,
+    world: int,
+    micro_batches: int,
+    device: str,
+    ep: int = 2,
+    mp: int = 1,
+    local_view: bool = False,
+    recompute: str = "none",
 ):
     target = WORKLOADS[workload].planner_target
     request = SearchRequest(
@@ -102,6 +112,7 @@ def ep_plan(
         micro_batches=micro_batches,
         global_batch_size=BATCH,
         device=PROFILES[device],
+        recompute=recompute,
     )
     return plan_target(target, None, request, {"target": target}, local_view=local_view).plan
 
@@ -112,10 +123,11 @@ def train_ep(
     workdir = tmp_path_factory.mktemp(f"experts_{backend}")
     by_world: dict[int, list[TrainRun]] = {}
     plans = {}
-    for workload, suffix, world, ep, optimizer, micro_batches, build, mp in cases:
+    for workload, suffix, world, ep, optimizer, micro_batches, build, mp, *recompute in cases:
         name = run_name(workload, suffix)
-        plan = ep_plan(workload, world, micro_batches, device, ep, mp, local_view)
+        plan = ep_plan(workload, world, micro_batches, device, ep, mp, local_view, *recompute)
         assert (plan.strategy.ep, plan.strategy.mp, plan.strategy.micro_batches) == (ep, mp, micro_batches)
+        assert [plan.strategy.recompute] == (recompute or ["none"])
         assert any(h.action == "expert_dispatch" for h in plan.hooks), plan.hooks
         assert bool(plan.local_view) == local_view, plan.local_view
         path = workdir / f"{name}.json"
