@@ -14,7 +14,8 @@ models, applied on CPU ranks under gloo, give the single-device losses and param
   the attention split over mp, each MoE layer run whole on both mp ranks of its ep group;
 - dp2 x mp2 ep2 with local views (4 ranks): Ling's (BailingMoe) fused ``query_key_value``
   attention run on each mp rank with only its heads (the plan's ``local_view``, one all-reduce)
-  while its MoE layers are dispatched over ep, its shared expert run by one rank per group.
+  while its MoE layers are dispatched over ep, its shared expert run by one rank per group
+  (with SGD, AdamW over 2 micro-batches, full recompute); Mistral's reference Mixtral likewise.
 
 Six spellings: Mixtral (a loop over every expert), Qwen3-MoE (HF's loop over only the experts
 that got tokens), Switch Transformers (a LayerDict of ``expert_N``, boolean masks), Qwen2-MoE
