@@ -184,6 +184,8 @@ def runs_local_views(strategy: Strategy) -> bool:
       dropout between the sub-layers run on sequence shards), and a view's or a lookup's partial
       sum is left Partial over mp for the hook after it, whose reshard to the sequence split is
       a reduce-scatter (applier/placement/hooks.py ``sequence_split_sides``).
+    - expert parallelism: the MoE layers dispatched over ep, whole on each mp rank
+      (:func:`runs_moe_locally`), beside the attention's views (tests/test_train_experts.py).
 
     Not with the sequential schedule (its stage hand-offs reshard between meshes in the global
     view).

@@ -17,6 +17,7 @@ from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest, expert_problem, search
 from autodist.schemas.describe import strategy_text
 from autodist.planner.cost.step_time import Setup, StageTable, estimate
+from autodist.planner.cost.strategy_analysis import RunsAs
 from autodist.planner.recognise.analysis import experts_whole
 from harness.planning import plan_target
 from autodist.planner.errors import PlannerError
@@ -24,6 +25,7 @@ from autodist.schemas import ExpertCombine, ExpertDispatch, Strategy, check_plan
 
 H100 = PROFILES["h100-sxm"]
 MIXTRAL = "tests/models/zoo/mixtral_moe.py"
+BAILING = "tests/models/zoo/bailing_moe_hf.py"
 
 
 def moe_model(experts: int = 8, expert_params: int = 4_000_000) -> ModelCost:
@@ -392,6 +394,38 @@ def test_with_mp_the_attention_is_split_and_everything_under_the_moe_layer_whole
     assert made.plan.vocab_lookup and plain.plan.vocab_lookup
     assert made.plan.strategy.micro_batches == plain.plan.strategy.micro_batches == 1
     assert 2 * made.plan.estimate.comm_bytes.mp < plain.plan.estimate.comm_bytes.mp
+    assert check_plan(load_plan(dump_plan(made.plan))) == []
+
+
+def test_a_fused_attention_runs_as_a_local_view_beside_dispatched_moe_layers_and_is_priced_so():
+    """Ling (BailingMoe) at dp2 x mp2 ep2: its fused ``query_key_value`` attention is a local view
+    and its MoE layers are dispatched over ep, whole on each mp rank; the cost model prices the
+    two together (``RunsAs(local=views, moe_whole=True)``): each block as the local view prices
+    its attention (the core on 1/mp of the heads, no gather of q|k|v) and as the whole MoE layers
+    price their parameters (held whole, out of the mp all-reduces)."""
+    request = SearchRequest(
+        devices_per_node=4, dp=2, mp=2, pp=1, ep=2, sequence_parallel=False, sharding_stage=0, device=H100
+    )
+    made = plan_target(BAILING, None, request, {"target": BAILING}, local_view=True)
+    views = frozenset(v.layer for v in made.plan.local_view)
+    assert views == {"model.layers.0.attention", "model.layers.1.attention"}
+    assert {(h.action, h.layer) for h in made.plan.hooks} == {
+        (action, f"model.layers.{i}.mlp") for action in ("expert_dispatch", "expert_combine") for i in range(2)
+    }  # no reshard gathering q|k|v: the views compute on each rank's heads
+    priced = made.priced
+    assert priced is not None
+    runs = priced.runs_as(made.plan.strategy, views)
+    assert runs == RunsAs(views, moe_whole=True)
+    both, views_alone, moe_alone = (priced.cost_of(r) for r in (runs, RunsAs(views), RunsAs(moe_whole=True)))
+    for block, view, whole in zip(both.blocks, views_alone.blocks, moe_alone.blocks):
+        # the attention as its local view: core on 1/mp of the heads, no gather, one all-reduce
+        # (the gathered attention's core runs whole on every rank after one gather)
+        assert (block.core_whole, block.gather_fwd_count) == (view.core_whole, view.gather_fwd_count) == (0.0, 0)
+        assert (whole.core_whole, whole.gather_fwd_count) == (1.0, 1)
+        # the MoE layer whole: its experts' and router's parameters held whole, not split over mp
+        assert (block.params_split, block.params_whole) == (whole.params_split, whole.params_whole)
+        assert block.params_whole >= block.expert_params + block.router_params > view.params_whole
+        assert block.allreduce_fwd_count == whole.allreduce_fwd_count < view.allreduce_fwd_count
     assert check_plan(load_plan(dump_plan(made.plan))) == []
 
 

@@ -11,7 +11,11 @@ models, applied on CPU ranks under gloo, give the single-device losses and param
   Switch Transformers' top-1 router leaves an expert without tokens in both groups at some
   step, which must then get no gradient at all, as on one device (AdamW would otherwise move it);
 - dp2 x mp2 ep2 (4 ranks): the planner's plan with tensor parallelism,
-  the attention split over mp, each MoE layer run whole on both mp ranks of its ep group.
+  the attention split over mp, each MoE layer run whole on both mp ranks of its ep group;
+- dp2 x mp2 ep2 with local views (4 ranks): Ling's (BailingMoe) fused ``query_key_value``
+  attention run on each mp rank with only its heads (the plan's ``local_view``, one all-reduce)
+  while its MoE layers are dispatched over ep, its shared expert run by one rank per group
+  (with SGD, AdamW over 2 micro-batches, full recompute); Mistral's reference Mixtral likewise.
 
 Six spellings: Mixtral (a loop over every expert), Qwen3-MoE (HF's loop over only the experts
 that got tokens), Switch Transformers (a LayerDict of ``expert_N``, boolean masks), Qwen2-MoE
@@ -71,13 +75,36 @@ CONFIGS = [
 #: mp ranks of its ep group (shared experts run by one rank per group).
 WITH_MP = ("dp2_mp2_ep2_sgd_clip", 4, 2, "sgd_clip", 1, "eager", 2)
 CASES = [(workload, *config) for workload in MOE for config in [*CONFIGS, WITH_MP]]
+#: Local views under expert parallelism: a MoE model whose attention projects q|k|v with one fused
+#: Linear (a local-view candidate), planned with local views (the default of ``autodist-plan``).
+#: With AdamW (weight decay, LR schedule, clipping) and 2 micro-batches: each micro-batch's forward
+#: runs the views and the dispatch, the gradients add up before the expert sums. With full
+#: recompute (a 9th field: the request's ``recompute``): each decoder layer, its view's all-reduce
+#: and its MoE layer's gather and sum included, runs again in its backward.
+LOCAL_VIEW_CASES = [
+    ("zoo_bailing_moe_hf", "dp2_mp2_ep2_local_view_sgd_clip", 4, 2, "sgd_clip", 1, "eager", 2),
+    ("zoo_bailing_moe_hf", "dp2_mp2_ep2_local_view_adamw_mb2", 4, 2, "adamw", 2, "eager", 2),
+    ("zoo_bailing_moe_hf", "dp2_mp2_ep2_local_view_recompute_full", 4, 2, "sgd_clip", 1, "eager", 2, "full"),
+    # its as_complex rotary has no SPMD rule, so its attention is split only as a local view; it
+    # and the MoE layer are both called as ``.forward(...)``, by-passing forward hooks
+    ("zoo_mixtral_mistral_ref", "dp2_mp2_ep2_local_view_sgd_clip", 4, 2, "sgd_clip", 1, "eager", 2),
+]
 
 
 def run_name(workload: str, suffix: str) -> str:
     return f"{workload}_{suffix}"
 
 
-def ep_plan(workload: str, world: int, micro_batches: int, device: str, ep: int = 2, mp: int = 1):
+def ep_plan(
+    workload: str,
+    world: int,
+    micro_batches: int,
+    device: str,
+    ep: int = 2,
+    mp: int = 1,
+    local_view: bool = False,
+    recompute: str = "none",
+):
     target = WORKLOADS[workload].planner_target
     request = SearchRequest(
         devices_per_node=world,
@@ -89,19 +116,24 @@ def ep_plan(workload: str, world: int, micro_batches: int, device: str, ep: int 
         micro_batches=micro_batches,
         global_batch_size=BATCH,
         device=PROFILES[device],
+        recompute=recompute,
     )
-    return plan_target(target, None, request, {"target": target}).plan
+    return plan_target(target, None, request, {"target": target}, local_view=local_view).plan
 
 
-def train_ep(tmp_path_factory, reference_runs, backend: str, device: str) -> dict[str, Trained]:
+def train_ep(
+    tmp_path_factory, reference_runs, backend: str, device: str, cases=CASES, local_view: bool = False
+) -> dict[str, Trained]:
     workdir = tmp_path_factory.mktemp(f"experts_{backend}")
     by_world: dict[int, list[TrainRun]] = {}
     plans = {}
-    for workload, suffix, world, ep, optimizer, micro_batches, build, mp in CASES:
+    for workload, suffix, world, ep, optimizer, micro_batches, build, mp, *recompute in cases:
         name = run_name(workload, suffix)
-        plan = ep_plan(workload, world, micro_batches, device, ep, mp)
+        plan = ep_plan(workload, world, micro_batches, device, ep, mp, local_view, *recompute)
         assert (plan.strategy.ep, plan.strategy.mp, plan.strategy.micro_batches) == (ep, mp, micro_batches)
+        assert [plan.strategy.recompute] == (recompute or ["none"])
         assert any(h.action == "expert_dispatch" for h in plan.hooks), plan.hooks
+        assert bool(plan.local_view) == local_view, plan.local_view
         path = workdir / f"{name}.json"
         save_plan(plan, path)
         plans[name] = plan
@@ -121,9 +153,46 @@ def trained(tmp_path_factory, reference_runs):
     return train_ep(tmp_path_factory, reference_runs, backend="gloo", device="cpu")
 
 
+@pytest.fixture(scope="module")
+def trained_local_views(tmp_path_factory, reference_runs):
+    return train_ep(tmp_path_factory, reference_runs, "gloo", "cpu", LOCAL_VIEW_CASES, local_view=True)
+
+
 @pytest.mark.parametrize("name", [run_name(w, suffix) for w, suffix, *_ in CASES])
 def test_expert_parallel_training_equals_one_device(trained, reference_runs, name):
     check_against_reference(trained[name], reference_runs)
+
+
+@pytest.mark.parametrize("name", [run_name(w, suffix) for w, suffix, *_ in LOCAL_VIEW_CASES])
+def test_local_views_under_expert_parallelism_train_as_one_device(trained_local_views, reference_runs, name):
+    run = trained_local_views[name]
+    check_against_reference(run, reference_runs)
+    for output in run.outputs:  # the views ran: each rank scored 2 of the 4 heads (gathered: all 4)
+        assert output["score_shapes"] and {s[1] for s in output["score_shapes"]} == {2}, output["score_shapes"]
+
+
+def test_local_views_and_expert_hooks_in_one_plan(trained_local_views):
+    """Written from the model (hidden 48, 4 query heads and 2 key/value heads of 12, so
+    ``query_key_value`` is 48 x 96 = q 48 | k 24 | v 24; 6 experts, one shared): at dp2 x mp2 ep2
+    each attention is a local view with 2 query heads and 1 key/value head per mp rank (its weight
+    48 x 48 there, 24 | 12 | 12), its ``dense`` 24 rows; each MoE layer is dispatched over ep, whole
+    on both mp ranks, ranks 0, 1 (dp 0) holding experts 0-2 and ranks 2, 3 (dp 1) experts 3-5."""
+    run = trained_local_views[run_name(*LOCAL_VIEW_CASES[0][:2])]
+    plan, attention, moe = run.plan, "model.layers.1.attention", "model.layers.1.mlp"
+    view = next(v for v in plan.local_view if v.layer == attention)
+    assert {(a.name, a.whole, a.local) for a in view.attributes} >= {("num_heads", 4, 2), ("num_key_value_heads", 2, 1)}
+    qkv = next(w for w in view.weights if w.param == f"{attention}.query_key_value.weight")
+    assert (qkv.dim, qkv.sizes) == (1, [48, 24, 24])
+    hooks = {(h.action, h.layer) for h in plan.hooks}
+    assert {("expert_dispatch", moe), ("expert_combine", moe)} <= hooks
+    assert not any(h.layer.startswith(attention) for h in plan.hooks)  # no gather of q|k|v: the view computes locally
+    for output in run.outputs:
+        layout = output["layout"]
+        assert layout[f"{attention}.query_key_value.weight"]["local_shape"] == [48, 48]
+        assert layout[f"{attention}.dense.weight"]["local_shape"] == [24, 48]
+        held = {f.split(".experts.")[1].split(".")[0] for f in layout if f.startswith(moe + ".experts.")}
+        assert held == ({"0", "1", "2"} if output["rank"] < 2 else {"3", "4", "5"}), (output["rank"], held)
+        assert layout[f"{moe}.shared_experts.up_proj.weight"]["local_shape"] == [48, 20]
 
 
 def test_each_rank_holds_only_its_experts(trained):

@@ -247,6 +247,17 @@ EXPECTED = {
         **mlp("model.layers.*.mlp.shared_expert"),
         "lm_head.weight": COL,
     },
+    # Ling (BailingMoe): q|k|v in one query_key_value, split on the head axis after a view (a local
+    # view, LOCAL_VIEWS), dense the row; softmax top-2 over 6 experts, a shared expert beside them
+    f"{ZOO}/bailing_moe_hf.py": {
+        **fused("model.layers.*.attention", "query_key_value"),
+        "model.layers.*.attention.dense.weight": ROW,
+        "model.layers.*.mlp.gate.weight": REP,
+        **mlp("model.layers.*.mlp.experts.*"),
+        **mlp("model.layers.*.mlp.shared_experts"),
+        "model.word_embeddings.weight": ROW,  # vocabulary rows (VocabParallelEmbedding)
+        "lm_head.weight": COL,
+    },
     # HF's DeepSeek-V3 (Moonlight-like: one expert group): multi-head latent attention as Megatron
     # splits it: the heads start at q_proj and kv_b_proj (columns by heads), o_proj is the row;
     # kv_a_proj_with_mqa (the latent kv_b_proj projects up, and the rotary key shared by all
@@ -541,6 +552,9 @@ EXPERTS = {
     f"{ZOO}/mixtral_moe.py": [(f"layers.{i}.block_sparse_moe.experts", 4, 2) for i in range(2)],
     # no topk: top2gating's two argmax over the 4 experts' gates; layer 0 is dense (moe_freq=2)
     f"{ZOO}/gshard_fairscale.py": [("", 0, 0), ("decoder.layers.1.moe_layer.experts", 4, 2)],
+    # topk(scores, num_experts_per_tok=2) over 6 experts; each expert's rows written through a
+    # boolean mask of the repeated tokens; shared_experts not numbered: not an expert
+    f"{ZOO}/bailing_moe_hf.py": [(f"model.layers.{i}.mlp.experts", 6, 2) for i in range(2)],
     # paddle.topk(routing_weights, num_experts_per_tok=2) over 4 experts, experts run by expert_hit
     f"{ZOO}/qwen3_moe_hf.py": [(f"model.layers.{i}.mlp.experts", 4, 2) for i in range(2)],
     # topk(routing_weights, 2) over 4 experts, listed by nonzero(as_tuple=True)[0].tolist(); the
@@ -579,12 +593,13 @@ PLANNED_AT = {
 #: so the other tables describe the global view): Mistral's attention, whose as_complex rotary
 #: has no SPMD rule, XLM's, masked by masked_fill (no rule either), x-transformers', scored by
 #: einsum (which runs on local tensors only), Persimmon's squared-ReLU MLP and ChatGLM3's
-#: masked_fill attention are split only as local views; InternLM2's and Persimmon's fused
+#: masked_fill attention are split only as local views; Ling's (BailingMoe), InternLM2's and Persimmon's fused
 #: attentions are planned as their local views too, and so is HF Phi-3's (its empty rotary slice
 #: runs on plain tensors there), MPT's and BLOOM's (ALiBi passed in whole, cut to each rank's heads;
 #: BLOOM's residual added inside, each rank's 1/mp share).
 LOCAL_VIEWS = {
     f"{ZOO}/mpt_alibi.py",
+    f"{ZOO}/bailing_moe_hf.py",
     f"{ZOO}/bloom_hf.py",
     f"{ZOO}/mixtral_mistral_ref.py",
     f"{ZOO}/xlm_hf.py",
