@@ -639,7 +639,7 @@ class _Proof:
     def __init__(self, layer, view: LocalView, params: dict, mp: int, shape: list[int], reading: dict):
         self.layer, self.view, self.mp, self.shape, self.reading = layer, view, mp, shape, reading
         self.rng = np.random.default_rng(0)
-        self.whole = {w.param: self.rng.normal(0.0, 0.2, params[w.param][0]).astype("float32") for w in view.weights}
+        self.whole = {w.param: _random_weight(self.rng, params[w.param][0]) for w in view.weights}
         self.x = self.rng.normal(0.0, 1.0, shape).astype("float32")
         self.arguments = _arguments(view.call, shape, reading, self.rng)
         self.cotangent = None  # the global run's random output gradient, given to every local run
@@ -723,6 +723,19 @@ class _Proof:
         finally:
             for sub, training in modes:
                 sub.training = training
+
+
+def _random_weight(rng, shape) -> np.ndarray:
+    """A proof's random value of a weight of ``shape``: a matrix at std 1/sqrt(its smaller dim), a
+    projection's fan-in or less, so activations stay of order one at any width (at a fixed std a
+    1024-wide attention's scores are in the hundreds: the softmax saturates, hiding a wrong scale,
+    and the float32 rounding of the summed partial outputs exceeds :data:`ATOL`); a vector at 0.2.
+
+    >>> float(np.round(_random_weight(np.random.default_rng(0), [4096, 1024]).std() * 32, 1))
+    1.0
+    """
+    std = 1 / math.sqrt(min(shape)) if len(shape) >= 2 else 0.2
+    return rng.normal(0.0, std, shape).astype("float32")
 
 
 def _width(view: LocalView, params: dict) -> int:
