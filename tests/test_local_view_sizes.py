@@ -27,7 +27,7 @@ import autodist
 from autodist.applier.modes.local_calls import LocalCall
 from autodist.planner.driver import load
 from autodist.planner.local_view_proof import NotProven, verify
-from autodist.schemas import LocalAttribute, Plan
+from autodist.schemas import CallInput, LocalAttribute, Plan
 from harness.planning import gloo_mp2_request, plan_target
 from harness.workloads import load_model_file
 
@@ -118,23 +118,33 @@ MORE_SPECS = {f"{ZOO}/persimmon_hf.py": ["input_ids:int64:2x4"]}
 
 
 def _decisions(plan: Plan) -> list:
-    """What a plan's local views decide: layers, weights' layouts, attributes, dropped outputs."""
+    """What a plan's local views decide: layers, weights' layouts, attributes, dropped outputs, and
+    how each rank takes each input of the call (whether its dim 0 follows the batch, its heads'
+    dim, its gradient)."""
     return sorted(
         (
             view.layer,
             msgspec.json.encode(view.weights),
             msgspec.json.encode(view.attributes),
             tuple(view.dropped_outputs),
+            tuple(_taken(c) for c in view.call),
         )
         for view in plan.local_view
     )
 
 
+def _taken(c: CallInput) -> tuple:
+    return (c.role, c.keyword, c.batch, c.heads_at, c.heads, c.gradient, tuple(_taken(i) for i in c.items))
+
+
 @pytest.mark.parametrize("target", LOCAL_VIEW_ZOO)
 def test_local_view_decisions_do_not_depend_on_the_input_spec(target):
-    """The proof runs at a batch and sequence of its own (planner/local_view_proof.py proof_sizes), so
-    the same model traced at other shapes gets the same local views."""
-    specs = ["input_ids:int64:4x16", "input_ids:int64:6x12", *MORE_SPECS.get(target, [])]
+    """The proof runs at a batch and sequence of its own (planner/local_view_proof.py proof_sizes), and
+    which inputs of a call follow the batch is read from the model traced again at a batch of the
+    planner's own (``rebatched``), so the same model traced at other shapes gets the same local
+    views: at 4 x 16 (the batch equal to the zoo's 4 heads), 6 x 12 and 1 x 16 (a batch of 1,
+    where a broadcast ``[1, 1, S, S]`` mask's dim 0 equals it)."""
+    specs = ["input_ids:int64:4x16", "input_ids:int64:6x12", "input_ids:int64:1x16", *MORE_SPECS.get(target, [])]
     decided = [_decisions(_planned(target, spec)) for spec in specs]
     assert decided[0], f"{target}: no local view at {specs[0]}"
     assert all(d == decided[0] for d in decided[1:]), dict(zip(specs, decided))
