@@ -13,7 +13,9 @@ items 2 and 3).
   refuses that.
 
 Trained on 2 gloo ranks (and BLOOM on 4, dp2 x mp2): losses and parameters as one device, each
-rank's output projection reading its 2 heads of 4, and MPT's scores holding 2 heads.
+rank's output projection reading its 2 heads of 4, MPT's scores holding 2 heads and BLOOM's
+(``baddbmm``) and mix (``bmm``), over merged ``[batch * heads, ...]`` tensors, the rank's batch
+rows times 2 heads.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from harness.cases import Trained, check_against_reference
 from harness.jobs import TrainRun
 from harness.planning import gloo_mp2_request, plan_target
 from harness.runner import train_by_world
+from harness.workloads import BATCH
 
 MPT = "tests/models/zoo/mpt_alibi.py"
 BLOOM = "tests/models/zoo/bloom_hf.py"
@@ -109,7 +112,8 @@ def trained(tmp_path_factory, reference_runs):
 @pytest.mark.parametrize("target, dp", TRAININGS)
 def test_attentions_with_per_head_biases_train_like_one_device_on_half_the_heads(trained, reference_runs, target, dp):
     """On ``2 * dp`` gloo ranks: losses and parameters within 1e-5 of one device, each rank's
-    output projection reading 2 heads' width, and MPT's scores (a 4-D matmul) 2 heads deep."""
+    output projection reading 2 heads' width, MPT's scores (a 4-D matmul) 2 heads deep, BLOOM's
+    scores (``baddbmm``) and mix (``bmm``) ``batch * 2`` rows deep (``batch * 4`` gathered)."""
     run = trained[_name(target, dp)]
     layers, row, width = ATTENTIONS[target]
     assert (run.plan.strategy.dp, run.plan.strategy.mp) == (dp, 2)
@@ -120,3 +124,7 @@ def test_attentions_with_per_head_biases_train_like_one_device_on_half_the_heads
         assert [widths[f"{layer}.{row}"] for layer in layers] == [[width]] * len(layers), widths
         if target == MPT:
             assert output["score_shapes"] and {shape[1] for shape in output["score_shapes"]} == {2}, output
+        else:  # BLOOM scores by baddbmm and mixes by bmm over [batch * heads, ...]: its dp rows x 2 heads
+            products = output["batched_products"]
+            rows = {shape[0] for op in ("baddbmm", "bmm") for shape in products[op]}
+            assert products["baddbmm"] and rows == {BATCH // dp * 2}, products
