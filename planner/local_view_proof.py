@@ -148,7 +148,7 @@ def local_views(
             unproven[candidate.layer] = (candidate.otherwise, "not a layer of the model")
             continue
         try:
-            call, dropped = call_inputs(candidate.layer, calls, again)
+            call, dropped = call_inputs(candidate.layer, calls, again, strategy.dp)
             plausible = plausible_sizes(candidate, params, mp)
         except (NotProven, ValueError) as exc:  # ValueError: a fused width whose segments do not split over mp
             unproven[candidate.layer] = (candidate.otherwise, str(exc))
@@ -357,7 +357,7 @@ def _follows_batch(traced: TracedTensor, again: object, rebatch: Rebatched) -> b
 
 
 def call_inputs(
-    layer: str, calls: dict[str, list[LayerCall]], again: typing.Callable[[], Rebatched | str]
+    layer: str, calls: dict[str, list[LayerCall]], again: typing.Callable[[], Rebatched | str], dp: int
 ) -> tuple[list[CallInput], list[int]]:
     """How the trace called a sub-layer (the plan's ``LocalView.call``) and which items of its
     output a local view returns as None (``dropped_outputs``): the tensors beside the hidden
@@ -367,7 +367,10 @@ def call_inputs(
     part of it). A float tensor beside the hidden input that carries a gradient is recorded so
     (``gradient``), how each rank takes it left to the proof (:func:`call_variants`). Which
     tensors beside the hidden input follow the batch (``batch``) the model traced ``again`` at a
-    batch of the planner's own says (:func:`_follows_batch`)."""
+    batch of the planner's own says (:func:`_follows_batch`). A model that does not trace there
+    (its batch written into its code) is refused at ``dp`` > 1, where each rank takes its rows of
+    those; at dp 1 no rank takes rows, and a dim 0 equal to the traced batch only picks the
+    proof's first reading of the inputs' sizes (the proof judges)."""
     calls_of = calls.get(layer, [])
     if not calls_of:
         raise NotProven("the trace did not call it")
@@ -377,10 +380,10 @@ def call_inputs(
         raise NotProven("it takes no tensor input")
     rebatch: Rebatched | None = None
     seen: LayerCall | None = None
-    if [t for t in _tensors(first) if t is not hidden]:
-        found = again()
-        if isinstance(found, str):
-            raise NotProven(found)
+    found = again() if [t for t in _tensors(first) if t is not hidden] else None
+    if isinstance(found, str) and dp > 1:
+        raise NotProven(f"{found}: at dp {dp} each rank takes its batch rows of them")
+    if isinstance(found, Rebatched):
         rebatch, seen = found, next(iter(found.calls.get(layer, [])), None)
         if seen is None or len(seen.args) != len(first.args) or set(seen.kwargs) != set(first.kwargs):
             raise NotProven("the model traced at another batch calls it with other arguments")
@@ -445,8 +448,10 @@ def _call_input(
             role = "mask"
         else:
             role = "tensor"
-        assert rebatch is not None  # call_inputs traced it again: a tensor beside the hidden one
-        batch = _follows_batch(value, again, rebatch)
+        if rebatch is not None:
+            batch = _follows_batch(value, again, rebatch)
+        else:  # not traced again (dp 1, call_inputs): orders the proof's readings only
+            batch = bool(value.shape) and value.shape[0] == hidden.shape[0]
         # an integer or bool tensor has no gradient; how a float one's is taken the proof finds (call_variants)
         gradient: typing.Literal["", "whole"] = (
             "whole" if not value.stop_gradient and value.dtype in FLOAT_DTYPES else ""
