@@ -29,7 +29,7 @@ MODELS = {
 INPUT = "input_ids:int64:8x1024"
 
 
-def _gpt2(sizes: dict[str, int]):
+def gpt2(sizes: dict[str, int]):
     """tests/models/zoo/gpt2_hf.py at ``sizes`` (module constants its classes read when built)."""
     spec = importlib.util.spec_from_file_location("bench_gpt2_hf", REPO / "tests" / "models" / "zoo" / "gpt2_hf.py")
     module = importlib.util.module_from_spec(spec)
@@ -43,10 +43,10 @@ def plans(sizes: dict[str, int]) -> dict[str, object]:
     """The two plans of the model at ``sizes``, by layout name."""
     import autodist
 
-    gpt2 = _gpt2(sizes)
+    model = gpt2(sizes)
     return {
         name: autodist.plan(
-            gpt2.build_model(),
+            model.build_model(),
             [INPUT],
             devices=8,
             nodes=2,

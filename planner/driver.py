@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -55,6 +56,9 @@ class Traced:
 
     program: TracedProgram
     graph: nx.DiGraph
+    #: The input specs it was traced with (the local-view proof traces the model again at a
+    #: batch of its own: :func:`autodist.planner.local_view_proof.rebatched`).
+    input_specs: list = field(default_factory=list)
 
 
 @dataclass
@@ -91,7 +95,7 @@ def trace(model: paddle.nn.Layer, input_specs: list, progress: Progress | None =
     with progress.step(f"tracing {type(model).__name__}"), user_code(type(model).__name__):
         program = trace_model(model, input_specs)
     with progress.step("building the graph"):
-        return Traced(program=program, graph=build_graph(program))
+        return Traced(program=program, graph=build_graph(program), input_specs=list(input_specs))
 
 
 def analyse(model: paddle.nn.Layer, traced: Traced, progress: Progress | None = None) -> ModelAnalysis:
@@ -165,11 +169,13 @@ def plan_analysed(
         result = search(priced, request)
     views = None
     if local_view and model is not None:
-        from autodist.planner.local_view_proof import local_views
+        from autodist.planner.local_view_proof import local_views, rebatched
 
+        # traced again at a batch of its own, once, when a proof needs it
+        again = functools.cache(lambda: rebatched(model, traced.input_specs, traced.program.layer_calls))
         while True:
             with progress.step("proving local views"):
-                views = local_views(analysis, model, result.best.strategy, traced.program.layer_calls)
+                views = local_views(analysis, model, result.best.strategy, traced.program.layer_calls, again)
             # The search priced every candidate as a local view (PricedModel); one whose proof
             # failed runs gathered, so it is priced gathered and the search runs again without it.
             unproven = priced.assumed_local(result.best.strategy) - {view.layer for view in views[0]}

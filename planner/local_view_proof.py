@@ -109,11 +109,17 @@ def candidates(analysis: ModelAnalysis, mp: int) -> list[Candidate]:
 
 
 def local_views(
-    analysis: ModelAnalysis, model: paddle.nn.Layer, strategy: Strategy, calls: dict[str, list[LayerCall]]
+    analysis: ModelAnalysis,
+    model: paddle.nn.Layer,
+    strategy: Strategy,
+    calls: dict[str, list[LayerCall]],
+    again: typing.Callable[[], Rebatched | str],
 ) -> tuple[list[LocalView], list[str]]:
     """The proven local views of ``model``'s candidate sub-layers under ``strategy``, and one note
     per candidate that stays gathered, with the reason. Each is proven called as the trace called
-    it (``calls``: :func:`call_inputs`). Sub-layers of one class with the same weights' shapes,
+    it (``calls``: :func:`call_inputs`), which of its inputs follow the batch read from the model
+    traced ``again`` at a batch of the planner's own (:func:`rebatched`, called only for a call
+    with inputs beside the hidden one). Sub-layers of one class with the same weights' shapes,
     attribute values and call are proven once. Only where the strategy runs local views
     (:func:`~autodist.schemas.parallel_dims.runs_local_views`)."""
     mp = strategy.mp
@@ -143,7 +149,7 @@ def local_views(
             unproven[candidate.layer] = (candidate.otherwise, "not a layer of the model")
             continue
         try:
-            call, dropped = call_inputs(calls.get(candidate.layer, []))
+            call, dropped = call_inputs(candidate.layer, calls, again, strategy.dp)
             plausible = plausible_sizes(candidate, params, mp)
         except (NotProven, ValueError) as exc:  # ValueError: a fused width whose segments do not split over mp
             unproven[candidate.layer] = (candidate.otherwise, str(exc))
@@ -299,27 +305,102 @@ def _layouts(candidate: Candidate) -> list[list[LocalWeight]]:
     return [recognised] if contiguous == recognised else [recognised, contiguous]
 
 
-def call_inputs(calls: list[LayerCall]) -> tuple[list[CallInput], list[int]]:
+@dataclass(frozen=True)
+class Rebatched:
+    """The model traced again with the batch of every input spec set to ``batch``, a prime no dim
+    of the first trace's inputs or sub-layer calls equals: its sub-layers' calls by layer. A
+    tensor whose dim 0 moved with it (:func:`_follows_batch`) follows the batch by the model's
+    own dataflow, whatever sizes the first trace had (a batch of 1, or one equal to the heads)."""
+
+    batch: int
+    calls: dict[str, list[LayerCall]]
+    traced_batch: int
+
+
+def rebatched(model: paddle.nn.Layer, input_specs: list, calls: dict[str, list[LayerCall]]) -> Rebatched | str:
+    """``model`` traced again at a batch of the planner's own (:class:`Rebatched`), or why it
+    does not trace there (a forward that runs at the traced batch only)."""
+    from autodist.planner.trace import trace_model
+
+    sizes = {d for spec in input_specs for d in spec.shape}
+    sizes |= {d for layer in calls.values() for call in layer for t in _tensors(call) for d in t.shape}
+    batch = next(n for n in itertools.count(3) if all(n % k for k in range(2, n)) and n not in sizes)
+    specs = [paddle.static.InputSpec([batch, *spec.shape[1:]], spec.dtype, spec.name) for spec in input_specs]
+    if not specs or any(not spec.shape for spec in input_specs):
+        return "its model has no input spec with a batch dim to trace it again at another batch"
+    try:
+        program = trace_model(model, specs)
+    except Exception as exc:  # noqa: BLE001 -- any failure: the batch cannot be told apart
+        return f"the model does not trace at batch {batch} ({_first_line(exc)}), so which inputs follow the batch is unknown"
+    return Rebatched(batch=batch, calls=program.layer_calls, traced_batch=input_specs[0].shape[0])
+
+
+def _tensors(value) -> list[TracedTensor]:
+    """Every :class:`TracedTensor` in a call, argument or nested tuple, list or dict."""
+    if isinstance(value, TracedTensor):
+        return [value]
+    if isinstance(value, LayerCall):
+        value = [*value.args, *value.kwargs.values()]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [t for item in value for t in _tensors(item)] if isinstance(value, (tuple, list)) else []
+
+
+def _follows_batch(traced: TracedTensor, again: object, rebatch: Rebatched) -> bool:
+    """Whether ``traced``'s dim 0 follows the batch: traced again at :class:`Rebatched`'s batch,
+    it moved with it in proportion (``[B, ...]``, or BLOOM's ``[B * H, ...]``: batch rows of
+    ``H`` each). A dim that did not move (a broadcast ``[1, ...]``, a table) does not, whatever it
+    equalled in the first trace."""
+    if not isinstance(again, TracedTensor) or not traced.shape or len(again.shape) != len(traced.shape):
+        raise NotProven("the model traced at another batch calls it with other arguments")
+    rows, moved = traced.shape[0], again.shape[0]
+    return moved != rows and moved % rebatch.batch == 0 and moved // rebatch.batch * rebatch.traced_batch == rows
+
+
+def call_inputs(
+    layer: str, calls: dict[str, list[LayerCall]], again: typing.Callable[[], Rebatched | str], dp: int
+) -> tuple[list[CallInput], list[int]]:
     """How the trace called a sub-layer (the plan's ``LocalView.call``) and which items of its
     output a local view returns as None (``dropped_outputs``): the tensors beside the hidden
     state that nothing outside the call read. Raises :class:`NotProven` for a call a proof cannot
     make or a local view cannot serve: no call, calls with different arguments, an argument that
     is an object (a cache), an extra output read after the call (a rank holds only its heads'
     part of it). A float tensor beside the hidden input that carries a gradient is recorded so
-    (``gradient``), how each rank takes it left to the proof (:func:`call_variants`)."""
-    if not calls:
+    (``gradient``), how each rank takes it left to the proof (:func:`call_variants`). Which
+    tensors beside the hidden input follow the batch (``batch``) the model traced ``again`` at a
+    batch of the planner's own says (:func:`_follows_batch`). A model that does not trace there
+    (its batch written into its code) is refused at ``dp`` > 1, where each rank takes its rows of
+    those; at dp 1 no rank takes rows, and a dim 0 equal to the traced batch only picks the
+    proof's first reading of the inputs' sizes (the proof judges)."""
+    calls_of = calls.get(layer, [])
+    if not calls_of:
         raise NotProven("the trace did not call it")
-    first = calls[0]
+    first = calls_of[0]
     hidden = _first_tensor(first)
     if hidden is None:
         raise NotProven("it takes no tensor input")
-    recorded = [_call_input(value, "", hidden, top=True) for value in first.args] + [
-        _call_input(value, keyword, hidden, top=True) for keyword, value in first.kwargs.items()
+    rebatch: Rebatched | None = None
+    seen: LayerCall | None = None
+    found = again() if [t for t in _tensors(first) if t is not hidden] else None
+    if isinstance(found, str) and dp > 1:
+        raise NotProven(f"{found}: at dp {dp} each rank takes its batch rows of them")
+    if isinstance(found, Rebatched):
+        rebatch, seen = found, next(iter(found.calls.get(layer, [])), None)
+        if seen is None or len(seen.args) != len(first.args) or set(seen.kwargs) != set(first.kwargs):
+            raise NotProven("the model traced at another batch calls it with other arguments")
+    recorded = [
+        _call_input(value, "", hidden, seen.args[i] if seen else None, rebatch, top=True)
+        for i, value in enumerate(first.args)
+    ] + [
+        _call_input(value, keyword, hidden, seen.kwargs[keyword] if seen else None, rebatch, top=True)
+        for keyword, value in first.kwargs.items()
     ]
-    if any(_first_tensor(call) != hidden or call.args != first.args or call.kwargs != first.kwargs for call in calls):
-        raise NotProven(f"the trace calls it {len(calls)} times with different arguments")
+    if any(
+        _first_tensor(call) != hidden or call.args != first.args or call.kwargs != first.kwargs for call in calls_of
+    ):
+        raise NotProven(f"the trace calls it {len(calls_of)} times with different arguments")
     dropped = set()
-    for call in calls:
+    for call in calls_of:
         if call.outputs[0] not in ("read", "unread"):
             raise NotProven("its forward returns no tensor first")
         for i, read in enumerate(call.outputs[1:], start=1):
@@ -344,8 +425,11 @@ def _first_tensor(call: LayerCall) -> TracedTensor | None:
     return None
 
 
-def _call_input(value, keyword: str, hidden: TracedTensor, top: bool = False) -> CallInput:
-    """One argument as the plan records it, its role decided here (:class:`CallInput`)."""
+def _call_input(
+    value, keyword: str, hidden: TracedTensor, again: object, rebatch: Rebatched | None, top: bool = False
+) -> CallInput:
+    """One argument as the plan records it, its role decided here (:class:`CallInput`); ``again``
+    is the same argument in the model traced at :class:`Rebatched`'s batch."""
     if isinstance(value, TracedTensor):
         name = keyword or "a positional argument"
         if value.dtype not in DTYPE_BYTES:
@@ -365,7 +449,10 @@ def _call_input(value, keyword: str, hidden: TracedTensor, top: bool = False) ->
             role = "mask"
         else:
             role = "tensor"
-        batch = len(value.shape) > 0 and value.shape[0] == hidden.shape[0]
+        if rebatch is not None:
+            batch = _follows_batch(value, again, rebatch)
+        else:  # not traced again (dp 1, call_inputs): orders the proof's readings only
+            batch = bool(value.shape) and value.shape[0] == hidden.shape[0]
         # an integer or bool tensor has no gradient; how a float one's is taken the proof finds (call_variants)
         gradient: typing.Literal["", "whole"] = (
             "whole" if not value.stop_gradient and value.dtype in FLOAT_DTYPES else ""
@@ -374,7 +461,10 @@ def _call_input(value, keyword: str, hidden: TracedTensor, top: bool = False) ->
             role=role, keyword=keyword, shape=list(value.shape), dtype=dtype, batch=batch, gradient=gradient
         )
     if isinstance(value, (tuple, list)):
-        items = [_call_input(item, "", hidden) for item in value]
+        seen = again if isinstance(again, (tuple, list)) else value
+        if rebatch is not None and (seen is value or len(seen) != len(value)):
+            raise NotProven("the model traced at another batch calls it with other arguments")
+        items = [_call_input(item, "", hidden, other, rebatch) for item, other in zip(value, seen)]
         return CallInput(role="tuple" if isinstance(value, tuple) else "list", keyword=keyword, items=items)
     if value is None or isinstance(value, (bool, int, float, str)):
         return CallInput(role="literal", keyword=keyword, value=value)
@@ -545,8 +635,8 @@ def call_variants(call: list[CallInput], heads: int, mp: int) -> list[list[CallI
             for d, size in enumerate(c.shape)
             if size == heads and not (d == 0 and c.batch)
         ]
-        if c.shape and hidden and c.shape[0] == hidden[0] * heads and hidden[0] > 1:
-            cut.append(msgspec.structs.replace(c, heads_at=0, heads=heads, batch=True))
+        if c.batch and hidden and c.shape[0] == hidden[0] * heads and heads > 1:
+            cut.append(msgspec.structs.replace(c, heads_at=0, heads=heads))
         return [*cut, c]
 
     variants = [list(v) for v in _product([options(c) for c in call])]
@@ -640,7 +730,7 @@ class _Proof:
     def __init__(self, layer, view: LocalView, params: dict, mp: int, shape: list[int], reading: dict):
         self.layer, self.view, self.mp, self.shape, self.reading = layer, view, mp, shape, reading
         self.rng = np.random.default_rng(0)
-        self.whole = {w.param: self.rng.normal(0.0, 0.2, params[w.param][0]).astype("float32") for w in view.weights}
+        self.whole = {w.param: _random_weight(self.rng, params[w.param][0]) for w in view.weights}
         self.x = self.rng.normal(0.0, 1.0, shape).astype("float32")
         self.arguments = _arguments(view.call, shape, reading, self.rng)
         self.cotangent = None  # the global run's random output gradient, given to every local run
@@ -724,6 +814,19 @@ class _Proof:
         finally:
             for sub, training in modes:
                 sub.training = training
+
+
+def _random_weight(rng, shape) -> np.ndarray:
+    """A proof's random value of a weight of ``shape``: a matrix at std 1/sqrt(its smaller dim), a
+    projection's fan-in or less, so activations stay of order one at any width (at a fixed std a
+    1024-wide attention's scores are in the hundreds: the softmax saturates, hiding a wrong scale,
+    and the float32 rounding of the summed partial outputs exceeds :data:`ATOL`); a vector at 0.2.
+
+    >>> float(np.round(_random_weight(np.random.default_rng(0), [4096, 1024]).std() * 32, 1))
+    1.0
+    """
+    std = 1 / math.sqrt(min(shape)) if len(shape) >= 2 else 0.2
+    return rng.normal(0.0, std, shape).astype("float32")
 
 
 def _width(view: LocalView, params: dict) -> int:

@@ -395,8 +395,9 @@ class CallInput(Base):
     #: A tensor's traced shape (the plan's input specs' batch and sequence).
     shape: list[NonNegativeInt] = []
     dtype: DType | Literal[""] = ""
-    #: A tensor's dim 0 is the batch (the hidden input's, as traced): each rank takes its rows
-    #: as the hidden input's local value holds them.
+    #: A tensor's dim 0 follows the batch (by dataflow: it moved with the batch when the planner
+    #: traced the model again at a batch of its own; ``[B, ...]`` or ``[B * H, ...]``): each rank
+    #: takes its rows as the hidden input's local value holds them.
     batch: bool = False
     value: None | bool | int | float | Text = None
     items: list[CallInput] = []

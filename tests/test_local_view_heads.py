@@ -13,13 +13,18 @@ items 2 and 3).
   refuses that.
 
 Trained on 2 gloo ranks (and BLOOM on 4, dp2 x mp2): losses and parameters as one device, each
-rank's output projection reading its 2 heads of 4, and MPT's scores holding 2 heads.
+rank's output projection reading its 2 heads of 4, MPT's scores holding 2 heads and BLOOM's
+(``baddbmm``) and mix (``bmm``), over merged ``[batch * heads, ...]`` tensors, the rank's batch
+rows times 2 heads.
 """
 
 from __future__ import annotations
 
 import msgspec
+import paddle
 import pytest
+
+import autodist
 
 from autodist.planner.driver import load
 from autodist.planner.local_view_proof import NotProven, verify
@@ -28,6 +33,7 @@ from harness.cases import Trained, check_against_reference
 from harness.jobs import TrainRun
 from harness.planning import gloo_mp2_request, plan_target
 from harness.runner import train_by_world
+from harness.workloads import BATCH
 
 MPT = "tests/models/zoo/mpt_alibi.py"
 BLOOM = "tests/models/zoo/bloom_hf.py"
@@ -109,7 +115,8 @@ def trained(tmp_path_factory, reference_runs):
 @pytest.mark.parametrize("target, dp", TRAININGS)
 def test_attentions_with_per_head_biases_train_like_one_device_on_half_the_heads(trained, reference_runs, target, dp):
     """On ``2 * dp`` gloo ranks: losses and parameters within 1e-5 of one device, each rank's
-    output projection reading 2 heads' width, and MPT's scores (a 4-D matmul) 2 heads deep."""
+    output projection reading 2 heads' width, MPT's scores (a 4-D matmul) 2 heads deep, BLOOM's
+    scores (``baddbmm``) and mix (``bmm``) ``batch * 2`` rows deep (``batch * 4`` gathered)."""
     run = trained[_name(target, dp)]
     layers, row, width = ATTENTIONS[target]
     assert (run.plan.strategy.dp, run.plan.strategy.mp) == (dp, 2)
@@ -120,3 +127,69 @@ def test_attentions_with_per_head_biases_train_like_one_device_on_half_the_heads
         assert [widths[f"{layer}.{row}"] for layer in layers] == [[width]] * len(layers), widths
         if target == MPT:
             assert output["score_shapes"] and {shape[1] for shape in output["score_shapes"]} == {2}, output
+        else:  # BLOOM scores by baddbmm and mixes by bmm over [batch * heads, ...]: its dp rows x 2 heads
+            products = output["batched_products"]
+            rows = {shape[0] for op in ("baddbmm", "bmm") for shape in products[op]}
+            assert products["baddbmm"] and rows == {BATCH // dp * 2}, products
+
+
+class _OffsetAttention(paddle.nn.Layer):
+    """An attention whose queries get a learned per-token offset shared by all heads (``[1, T,
+    head_dim]``, broadcast over the heads), handed in by the model: the input carries a gradient
+    and each rank's heads read it whole. Not ported from a community model (none found that does
+    this with a fused q|k|v); it shows the proof's ``whole`` and its price."""
+
+    def __init__(self, width: int = 32, heads: int = 4):
+        super().__init__()
+        self.num_heads, self.head_dim = heads, width // heads
+        self.qkv = paddle.nn.Linear(width, 3 * width)
+        self.o = paddle.nn.Linear(width, width)
+
+    def forward(self, x, offset):
+        b, t, _ = x.shape
+        q, k, v = (
+            z.reshape([b, t, self.num_heads, self.head_dim]).transpose([0, 2, 1, 3])
+            for z in self.qkv(x).split(3, axis=-1)
+        )
+        q = q + offset.unsqueeze(1)
+        weights = paddle.nn.functional.softmax(q @ k.transpose([0, 1, 3, 2]) / self.head_dim**0.5, axis=-1)
+        return self.o((weights @ v).transpose([0, 2, 1, 3]).reshape([b, t, -1]))
+
+
+class _OffsetModel(paddle.nn.Layer):
+    def __init__(self, learned: bool, layers: int = 2):
+        super().__init__()
+        self.embed, self.offsets = paddle.nn.Embedding(64, 32), paddle.nn.Embedding(16, 8)
+        if not learned:  # a fixed table instead: the same sizes, no gradient
+            self.offsets = None
+            self.register_buffer("table", paddle.randn([16, 8]))
+        self.attns = paddle.nn.LayerList([_OffsetAttention() for _ in range(layers)])
+        self.head = paddle.nn.Linear(32, 64)
+
+    def forward(self, input_ids):
+        x = self.embed(input_ids)
+        positions = paddle.arange(input_ids.shape[1])
+        offset = (self.offsets(positions) if self.offsets is not None else self.table[positions]).unsqueeze(0)
+        for attn in self.attns:
+            x = x + attn(x, offset)
+        return self.head(x)
+
+
+def test_an_input_the_heads_read_whole_is_proven_whole_and_its_gradient_sum_priced():
+    """A gradient-carrying input each rank's heads read whole (``CallInput.gradient`` "whole",
+    Megatron's ``f``) is proven so, its dim 0 (1, broadcast) not the batch, and its gradient's
+    all-reduce over mp is in the plan's estimate (planner/cost/graph_cost.py ``_memory``): the mp
+    bytes exceed those of the same model with a fixed table as the input by one all-reduce of the
+    ``[1, 16, 8]`` float32 input per attention (2 x (mp - 1) / mp x 512 bytes at mp2)."""
+    planned = {}
+    for learned in (True, False):
+        paddle.seed(0)
+        planned[learned] = autodist.plan(
+            _OffsetModel(learned), ["input_ids:int64:4x16"], devices=2, device="cpu", dp=1, mp=2, pp=1,
+            sharding_stage=0,
+        )  # fmt: skip
+    calls = [[(c.role, c.gradient, c.batch) for c in view.call] for view in planned[True].local_view]
+    assert calls == [[("hidden", "", True), ("tensor", "whole", False)]] * 2, planned[True].notes
+    assert [[c.gradient for c in view.call] for view in planned[False].local_view] == [["", ""]] * 2
+    extra = planned[True].estimate.comm_bytes.mp - planned[False].estimate.comm_bytes.mp
+    assert extra == 2 * 512, extra

@@ -22,7 +22,9 @@ Nothing here knows an architecture. Per block (the node set the matcher assigned
 - Tensor-parallel region: a value is *inside* when it descends from a column-parallel
   linear and has not yet passed a row-parallel one; those are split over mp, the rest not
   (Korthikanti et al.). Forward all-reduces: row-parallel outputs; backward all-reduces: the
-  distinct inputs of column-parallel linears. A value leaving a gathered layer (a fused
+  distinct inputs of column-parallel linears, and of any other op that reads a value needing a
+  gradient whole beside split ones (Megatron's ``f``: a per-token input every rank's heads read,
+  a local view's ``CallInput.gradient`` "whole"). A value leaving a gathered layer (a fused
   projection the plan gathers, not run as a local view) is whole again, all-gathered once; what
   reads it runs whole on every rank (:func:`walk_nodes`).
 
@@ -380,6 +382,8 @@ class _Walker:
         node = facts.graph.nodes[n]
         acts = self._activations(n)
         split = self.split_for(n, acts)
+        if split:  # read whole beside split values (Megatron's f): its gradient all-reduced over mp
+            self.column_inputs.update(v for v in acts if v not in split and v in facts.needs_grad)
         for r in range(len(node["shapes"])):
             if split:
                 self.inside.add((n, r))

@@ -85,23 +85,35 @@ def own_layout_of(run: TrainRun):
 
 @contextmanager
 def recording_scores():
-    """TEST-ONLY: record this rank's local shape of each 4-D ``paddle.matmul`` output whose last
-    two dims are equal (attention scores), by wrapping ``paddle.matmul`` for the block."""
+    """TEST-ONLY: record this rank's local shapes of the attention products, by wrapping
+    ``paddle.matmul``, ``paddle.bmm`` and ``paddle.baddbmm`` for the block. Yields the shapes of
+    each 4-D ``matmul`` output whose last two dims are equal (the scores ``[batch, heads, seq,
+    seq]`` of the models that write them so) and ``{"bmm": [...], "baddbmm": [...]}``, every 3-D
+    output of those (an attention over merged ``[batch * heads, ...]`` tensors: BLOOM's, OPT's
+    scores and mix both hold ``batch * heads`` rows, whatever the sizes)."""
     shapes: list[list[int]] = []
-    matmul = paddle.matmul
+    batched: dict[str, list[list[int]]] = {"bmm": [], "baddbmm": []}
+    shipped = {name: getattr(paddle, name) for name in ("matmul", *batched)}
 
-    def recorded(x, y, *args, **kwargs):
-        out = matmul(x, y, *args, **kwargs)
-        local = out._local_value() if out.is_dist() else out
-        if local.ndim == 4 and local.shape[-1] == local.shape[-2]:
-            shapes.append(list(local.shape))
-        return out
+    def recording(name: str):
+        def recorded(*args, **kwargs):
+            out = shipped[name](*args, **kwargs)
+            local = out._local_value() if out.is_dist() else out
+            if name == "matmul" and local.ndim == 4 and local.shape[-1] == local.shape[-2]:
+                shapes.append(list(local.shape))
+            elif name != "matmul" and local.ndim == 3:
+                batched[name].append(list(local.shape))
+            return out
 
-    paddle.matmul = recorded
+        return recorded
+
+    for name in shipped:
+        setattr(paddle, name, recording(name))
     try:
-        yield shapes
+        yield shapes, batched
     finally:
-        paddle.matmul = matmul
+        for name, op in shipped.items():
+            setattr(paddle, name, op)
 
 
 @contextmanager
@@ -214,7 +226,7 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
     before = {fqn: own_layout(fqn, to_numpy(p)) for fqn, p in held.items()}
     STOOD_IN.clear()
     with (
-        recording_scores() as score_shapes,
+        recording_scores() as (score_shapes, batched_products),
         recording_linear_inputs(whole) as linear_input_widths,
         counting_mp_sums() as mp_sums,
     ):
@@ -250,6 +262,9 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
         # This rank's shapes of every 4-D ``paddle.matmul`` output with square last dims (the
         # attention scores [batch, heads, seq, seq] of the models that write them so), in call order.
         "score_shapes": score_shapes,
+        # This rank's shapes of every 3-D ``paddle.bmm`` and ``paddle.baddbmm`` output, by op, in
+        # call order (attentions over merged [batch * heads, ...] tensors: BLOOM's, OPT's).
+        "batched_products": batched_products,
         # This rank's local input width of each nn.Linear, by layer name (a row projection's is its
         # column's output width: 1/mp of it where the sub-layer runs on local tensors).
         "linear_input_widths": {name: sorted(seen) for name, seen in linear_input_widths.items()},
