@@ -327,6 +327,13 @@ def _linears(graph: nx.DiGraph, view: nx.DiGraph, params) -> list[_Linear]:
     return found
 
 
+def projection_weights(graph: nx.DiGraph, nodes: frozenset[int], params) -> frozenset[str]:
+    """The weights (FQNs) of the projections among ``nodes``: what :func:`recognise_block` may
+    give a role."""
+    view = compute_view(graph, nodes, constant_nodes(graph))
+    return frozenset(lin.fqn for lin in _linears(graph, view, params))
+
+
 def weight_use(graph: nx.DiGraph, weight: int, matmul: int) -> tuple[int, bool]:
     """``(operand, transposed)``: which factor of the product the weight is (0 left, 1 right:
     ``addmm(bias, x, W)``'s ``W`` is 1), or which operand of another op (an embedding's lookup),

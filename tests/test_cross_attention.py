@@ -1,0 +1,82 @@
+"""Attention in every shape is recognised (issue #30, item 4): HF's Perceiver IO
+(tests/models/zoo/perceiver_hf.py) cross-attends from learned queries at widths that differ
+from its keys' and values', and two of its four attentions are lone layers, not in a LayerList.
+
+- Its encoder's ``cross_attention``: queries from the learned latents (``q_dim`` 40), keys and
+  values from the embedded inputs (``kv_dim`` 48, ``qk_channels`` 48, 2 heads); its decoder's
+  ``decoding_cross_attention``: learned output queries (``q_dim`` 48) over the latents
+  (``kv_dim`` 40, ``qk_channels`` 32, ``v_channels`` 48, 4 heads). Each is a block of its own
+  (``analysis.lone_blocks``), its q/k/v named by which factor of the scores and of the context
+  product each projection reaches, and split Megatron's way, as the self-attentions are.
+- The decisions are the same traced at 2 x 16 and at 3 x 12 tokens.
+- Trained on 2 gloo ranks: losses and parameters within 1e-5 of one device, each rank's
+  output projection of every attention reading half its heads' width.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autodist.schemas import Plan, save_plan
+from harness.cases import Trained, check_against_reference
+from harness.jobs import TrainRun
+from harness.planning import gloo_mp2_request, plan_target
+from harness.runner import train_by_world
+
+PERCEIVER = "tests/models/zoo/perceiver_hf.py"
+#: Each attention of the model and its output projection's input width on one rank of two (half
+#: its v_channels), read from the model: the encoder's cross-attention 48, its self-attentions
+#: 40 (d_latents), the decoder's cross-attention 48 (d_model).
+ATTENTIONS = {
+    "perceiver.encoder.cross_attention": 48 // 2,
+    "perceiver.encoder.self_attends.0": 40 // 2,
+    "perceiver.encoder.self_attends.1": 40 // 2,
+    "perceiver.decoder.decoding_cross_attention": 48 // 2,
+}
+
+
+def _planned(spec: str | None = None) -> Plan:
+    return plan_target(PERCEIVER, [spec] if spec else None, gloo_mp2_request(), {"target": PERCEIVER}).plan
+
+
+def _mp_placements(plan: Plan) -> dict[str, str]:
+    axis = plan.mesh.axes.index("mp")
+    return {fqn: p.placements[axis] for fqn, p in plan.params.items()}
+
+
+def test_lone_cross_attentions_are_blocks_split_by_heads_at_any_input_spec():
+    """Every attention of the model is a block whose q, k and v are split by columns and whose
+    output is split by rows, the two lone cross-attentions included; traced at 2 x 16 and at
+    3 x 12, the plans place every parameter alike."""
+    plans = [_planned(), _planned("inputs:int64:3x12")]
+    assert [block.layer for block in plans[0].blocks] == list(ATTENTIONS)
+    placements = _mp_placements(plans[0])
+    assert placements == _mp_placements(plans[1])
+    for layer in ATTENTIONS:
+        for name in ("self.query", "self.key", "self.value"):
+            assert placements[f"{layer}.attention.{name}.weight"] == "S(1)", (layer, name)
+        assert placements[f"{layer}.attention.output.dense.weight"] == "S(0)", layer
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, reference_runs):
+    workdir = tmp_path_factory.mktemp("xattn")
+    plan = _planned()
+    save_plan(plan, workdir / "perceiver.json")
+    run = TrainRun("zoo_perceiver_hf_mp2_xattn", "zoo_perceiver_hf", plan=str(workdir / "perceiver.json"))
+    outputs = train_by_world([(run, 2)], workdir, timeout_s=600.0, references=(reference_runs, [run]))
+    return Trained(run, plan, outputs[run.name])
+
+
+@pytest.mark.multiprocess
+def test_perceiver_trains_like_one_device_with_every_attention_on_half_its_heads(trained, reference_runs):
+    """On 2 gloo ranks: losses and parameters within 1e-5 of one device; on each rank, every
+    attention's output projection reads half its heads' width, and the self-attentions' scores
+    (square: latents against latents) hold 2 of their 4 heads."""
+    check_against_reference(trained, reference_runs)
+    for output in trained.outputs:
+        widths = output["linear_input_widths"]
+        assert {layer: widths[f"{layer}.attention.output.dense"] for layer in ATTENTIONS} == {
+            layer: [width] for layer, width in ATTENTIONS.items()
+        }, widths
+        assert output["score_shapes"] and {shape[1] for shape in output["score_shapes"]} == {2}, output
