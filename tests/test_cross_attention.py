@@ -33,6 +33,14 @@ ATTENTIONS = {
     "perceiver.encoder.self_attends.1": 40 // 2,
     "perceiver.decoder.decoding_cross_attention": 48 // 2,
 }
+#: (heads, KV heads, head dim) of each block's attention: 2 heads of 24 in the encoder's
+#: cross-attention, 4 of 10 in the self-attentions, 4 of 8 (values 12 wide) in the decoder's.
+HEADS = {
+    "perceiver.encoder.cross_attention": (2, 2, 24),
+    "perceiver.encoder.self_attends.0": (4, 4, 10),
+    "perceiver.encoder.self_attends.1": (4, 4, 10),
+    "perceiver.decoder.decoding_cross_attention": (4, 4, 8),
+}
 
 
 def _planned(spec: str | None = None) -> Plan:
@@ -56,6 +64,22 @@ def test_lone_cross_attentions_are_blocks_split_by_heads_at_any_input_spec():
         for name in ("self.query", "self.key", "self.value"):
             assert placements[f"{layer}.attention.{name}.weight"] == "S(1)", (layer, name)
         assert placements[f"{layer}.attention.output.dense.weight"] == "S(0)", layer
+
+
+def test_query_key_and_value_are_told_apart_by_dataflow_and_heads_counted_from_the_scores():
+    """The recognised sizes: the heads from the scores, the head dim from the query's side of
+    them, the KV heads from the key (and the value's own head width, wider than the query's in
+    the decoder): none from a width that happens to equal another."""
+    from autodist.planner.driver import analyse, load, trace
+
+    loaded = load(PERCEIVER)
+    analysis = analyse(loaded.model, trace(loaded.model, loaded.input_specs))
+    found = {}
+    for block in analysis.blocks:
+        [attention] = [s for s in block.sublayers if s.kind == "attention"]
+        assert [c.name for c in attention.columns] == ["q", "k", "v"]
+        found[block.layer] = (attention.num_heads, attention.num_kv_heads, attention.head_dim)
+    assert found == HEADS
 
 
 @pytest.fixture(scope="module")
