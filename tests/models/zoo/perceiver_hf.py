@@ -19,7 +19,9 @@ What differs from the torch code is spelling (``reshape`` for ``view``, ``transp
 whole permutation, ``axis`` for ``dim``); ``return_dict``, ``output_attentions``, chunked feed
 forward and the image/audio/multimodal pre- and post-processors are left out. The MLM logits
 cover ``max_position_embeddings`` positions as HF's do (inputs padded to that length there);
-:func:`loss` reads the first ``seq`` of them.
+:func:`loss` reads the first ``seq`` of them. The keyword lists ``PerceiverAttention`` and
+``PerceiverLayer`` repeat to pass down (what ``duplicates`` lists in this file) are HF's, kept as
+HF writes them.
 
     >>> model = build_model()
     >>> list(model(paddle.randint(0, VOCAB, [2, MAXPOS])).shape)
