@@ -82,6 +82,22 @@ def test_query_key_and_value_are_told_apart_by_dataflow_and_heads_counted_from_t
     assert found == HEADS
 
 
+def test_a_lone_attention_of_one_head_stays_replicated_with_a_note_and_the_rest_is_split():
+    """HF's text classifier (``build_for_sequence_classification``): its decoder's cross-attention
+    has HF's default one head, which no mp divides. Made a block, it would refuse every mp > 1 for
+    the whole model; it stays replicated with a note naming it (found under the decoder's
+    ``final_layer`` classifier, which the search looks past), and the encoder is split at mp2."""
+    target = f"{PERCEIVER}:build_for_sequence_classification"
+    plan = plan_target(target, None, gloo_mp2_request(), {"target": target}).plan
+    assert plan.strategy.mp == 2
+    assert [block.layer for block in plan.blocks] == list(ATTENTIONS)[:3]
+    decoder = "perceiver.decoder.decoder.decoding_cross_attention"
+    assert f"{decoder}: an attention written once, with 1 head(s), which mp=2 does not divide" in "\n".join(plan.notes)
+    placements = _mp_placements(plan)
+    assert {placements[fqn] for fqn in placements if fqn.startswith("perceiver.decoder.")} == {"R"}
+    assert placements["perceiver.encoder.cross_attention.attention.self.query.weight"] == "S(1)"
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, reference_runs):
     workdir = tmp_path_factory.mktemp("xattn")

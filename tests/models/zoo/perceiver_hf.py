@@ -60,6 +60,7 @@ class PerceiverConfig:
     # PerceiverForMaskedLM's decoder: HF's 8 heads of qk_channels 8 * 32, tiny here
     decoder_num_heads: int = 4
     decoder_qk_channels: int = 32
+    num_labels: int = 3
 
 
 ACT2FN = {"gelu": F.gelu}
@@ -460,6 +461,36 @@ class PerceiverBasicDecoder(nn.Layer):
         return logits
 
 
+class PerceiverClassificationDecoder(nn.Layer):
+    """Cross-attention based classification decoder. Light-weight wrapper of [`PerceiverBasicDecoder`] for logit output.
+    Will turn the output of the Perceiver encoder which is of shape (batch_size, num_latents, d_latents) to a tensor of
+    shape (batch_size, num_labels). The queries are of shape (batch_size, 1, num_labels)."""
+
+    def __init__(self, config, **decoder_kwargs):
+        super().__init__()
+
+        self.num_labels = config.num_labels
+        self.decoder = PerceiverBasicDecoder(
+            config,
+            output_num_channels=self.num_labels,
+            output_index_dims=1,  # Predict a single logit array.
+            **decoder_kwargs,
+        )
+
+    def decoder_query(self, inputs, modality_sizes=None, inputs_without_pos=None, subsampled_points=None):
+        return self.decoder.decoder_query(
+            inputs, modality_sizes, inputs_without_pos, subsampled_points=subsampled_points
+        )
+
+    def forward(self, query, z, query_mask=None, output_attentions=False):
+        logits = self.decoder(query, z, output_attentions=output_attentions)
+
+        # B x 1 x num_classes -> B x num_classes
+        logits = logits[:, 0, :]
+
+        return logits
+
+
 class PerceiverTextPreprocessor(nn.Layer):
     """Text preprocessing for Perceiver Encoder: token and learned position embeddings."""
 
@@ -574,8 +605,37 @@ class PerceiverForMaskedLM(nn.Layer):
         return logits
 
 
+class PerceiverForSequenceClassification(nn.Layer):
+    def __init__(self, config):
+        super().__init__()
+
+        trainable_position_encoding_kwargs_decoder = {"num_channels": config.d_latents, "index_dims": 1}
+
+        self.num_labels = config.num_labels
+        self.perceiver = PerceiverModel(
+            config,
+            input_preprocessor=PerceiverTextPreprocessor(config),
+            decoder=PerceiverClassificationDecoder(
+                config,
+                num_channels=config.d_latents,
+                trainable_position_encoding_kwargs=trainable_position_encoding_kwargs_decoder,
+                use_query_residual=True,
+            ),
+        )
+
+    def forward(self, inputs, attention_mask=None):
+        outputs = self.perceiver(inputs=inputs, attention_mask=attention_mask)
+        return outputs[0]
+
+
 def build_model():
     return PerceiverForMaskedLM(PerceiverConfig())
+
+
+def build_for_sequence_classification():
+    """HF's text classifier: the decoder's one learned query (``q_dim`` = ``d_latents``) attends to
+    the latents and a ``final_layer`` Linear projects it to ``num_labels``."""
+    return PerceiverForSequenceClassification(PerceiverConfig())
 
 
 def input_spec():
