@@ -9,8 +9,8 @@ from its keys' and values', and two of its four attentions are lone layers, not 
   (``analysis.lone_blocks``), its q/k/v named by which factor of the scores and of the context
   product each projection reaches, and split Megatron's way, as the self-attentions are.
 - The decisions are the same traced at 2 x 16 and at 3 x 12 tokens.
-- Trained on 2 gloo ranks: losses and parameters within 1e-5 of one device, each rank's
-  output projection of every attention reading half its heads' width.
+- Trained on 2 gloo ranks and on 4 (dp2 x mp2): losses and parameters within 1e-5 of one
+  device, each rank's output projection of every attention reading half its heads' width.
 """
 
 from __future__ import annotations
@@ -43,8 +43,12 @@ HEADS = {
 }
 
 
-def _planned(spec: str | None = None) -> Plan:
-    return plan_target(PERCEIVER, [spec] if spec else None, gloo_mp2_request(), {"target": PERCEIVER}).plan
+#: The trainings: dp1 x mp2 on 2 ranks, dp2 x mp2 on 4.
+DPS = (1, 2)
+
+
+def _planned(spec: str | None = None, dp: int = 1) -> Plan:
+    return plan_target(PERCEIVER, [spec] if spec else None, gloo_mp2_request(dp), {"target": PERCEIVER}).plan
 
 
 def _mp_placements(plan: Plan) -> dict[str, str]:
@@ -100,21 +104,37 @@ def test_a_lone_attention_of_one_head_stays_replicated_with_a_note_and_the_rest_
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, reference_runs):
+    """``{dp: Trained}``, one launch per world size."""
     workdir = tmp_path_factory.mktemp("xattn")
-    plan = _planned()
-    save_plan(plan, workdir / "perceiver.json")
-    run = TrainRun("zoo_perceiver_hf_mp2_xattn", "zoo_perceiver_hf", plan=str(workdir / "perceiver.json"))
-    outputs = train_by_world([(run, 2)], workdir, timeout_s=600.0, references=(reference_runs, [run]))
-    return Trained(run, plan, outputs[run.name])
+    runs, plans = [], {}
+    for dp in DPS:
+        plans[dp] = _planned(dp=dp)
+        save_plan(plans[dp], workdir / f"perceiver_dp{dp}.json")
+        runs.append(
+            (
+                TrainRun(
+                    f"zoo_perceiver_hf_dp{dp}_mp2_xattn",
+                    "zoo_perceiver_hf",
+                    plan=str(workdir / f"perceiver_dp{dp}.json"),
+                ),
+                2 * dp,
+            )
+        )
+    everything = [run for run, _ in runs]
+    outputs = train_by_world(runs, workdir, timeout_s=600.0, references=(reference_runs, everything))
+    return {dp: Trained(run, plans[dp], outputs[run.name]) for dp, run in zip(DPS, everything)}
 
 
 @pytest.mark.multiprocess
-def test_perceiver_trains_like_one_device_with_every_attention_on_half_its_heads(trained, reference_runs):
-    """On 2 gloo ranks: losses and parameters within 1e-5 of one device; on each rank, every
-    attention's output projection reads half its heads' width, and the self-attentions' scores
-    (square: latents against latents) hold 2 of their 4 heads."""
-    check_against_reference(trained, reference_runs)
-    for output in trained.outputs:
+@pytest.mark.parametrize("dp", DPS)
+def test_perceiver_trains_like_one_device_with_every_attention_on_half_its_heads(trained, reference_runs, dp):
+    """On ``2 * dp`` gloo ranks (dp x mp2): losses and parameters within 1e-5 of one device; on
+    each rank, every attention's output projection reads half its heads' width, and the
+    self-attentions' scores (square: latents against latents) hold 2 of their 4 heads."""
+    run = trained[dp]
+    assert (run.plan.strategy.dp, run.plan.strategy.mp) == (dp, 2)
+    check_against_reference(run, reference_runs)
+    for output in run.outputs:
         widths = output["linear_input_widths"]
         assert {layer: widths[f"{layer}.attention.output.dense"] for layer in ATTENTIONS} == {
             layer: [width] for layer, width in ATTENTIONS.items()
