@@ -44,6 +44,15 @@ def attention_without_key_bias(prefix):
     return table | {f"{prefix}.query.bias": COL_B, f"{prefix}.value.bias": COL_B}
 
 
+def perceiver_layer(prefix):
+    """HF Perceiver's ``PerceiverLayer``: ``attention.self.{query,key,value}``, ``attention.output.dense``
+    and ``mlp.dense1``/``dense2``, every one with a bias."""
+    table = attention(f"{prefix}.attention", "self.query", "self.key", "self.value", "output.dense", bias=True)
+    return (
+        table | {f"{prefix}.attention.output.dense.bias": REP} | mlp(f"{prefix}.mlp", ("dense1",), "dense2", bias=True)
+    )
+
+
 def fused(prefix, name, bias=False):
     return {f"{prefix}.{name}.weight": COL} | ({f"{prefix}.{name}.bias": COL_B} if bias else {})
 
@@ -218,6 +227,19 @@ EXPECTED = {
         **mlp("*.blocks.*.mlp", ("0",), "2", bias=True),
         "decoder.token_embedding.weight": "S(0)",  # vocabulary split: the logits reuse it
         "encoder.conv*": REP,
+    },
+    # HF's Perceiver IO (masked LM): its encoder's cross-attention (queries from the learned
+    # latents, keys and values from the embedded inputs, q_dim 40 != kv_dim 48) and its decoder's
+    # (learned output queries over the latents, qk 32 != v 48) are lone layers, not in a LayerList
+    f"{ZOO}/perceiver_hf.py": {
+        **perceiver_layer("perceiver.encoder.cross_attention"),
+        **perceiver_layer("perceiver.encoder.self_attends.*"),
+        **perceiver_layer("perceiver.decoder.decoding_cross_attention"),
+        "perceiver.input_preprocessor.embeddings.weight": "S(0)",  # vocabulary split: the logits reuse it
+        "perceiver.input_preprocessor.position_embeddings.weight": REP,
+        "perceiver.embeddings.latents": REP,
+        "perceiver.decoder.output_position_encodings.position_embeddings": REP,
+        "embedding_decoder.bias": REP,  # added to the split logits: Paddle slices it locally
     },
     # GShard as fairscale writes it (argmax top-2 gate, einsum dispatch and combine) in a fairseq
     # pre-norm decoder: an MoE feed-forward in layer 1 only, logits tied to the token embedding

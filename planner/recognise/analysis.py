@@ -31,10 +31,12 @@ from autodist.planner.ops import RESHAPE_OPS, short_op
 from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes
 from autodist.planner.recognise.patterns import PARAM, layer_patterns
 from autodist.planner.recognise.roles import (
+    REPLAY_MP,
     BlockRecogniser,
     Projection,
     RecognisedBlock,
     SubLayer,
+    projection_weights,
     split_dim,
     token_mixing_projection,
     weight_use,
@@ -120,8 +122,13 @@ def analyze(
     """
     recogniser = recogniser or BlockRecogniser()
     params = schemas.parameter_table(model.named_parameters())
-    notes: list[str] = []
     recognised = recogniser.recognise(graph, [b for b in repeated_layers(model) if block_nodes(graph, b)], params)
+    # a repeated layer in which nothing was found (two Linears of one shape side by side) is no block
+    found = [r for r in recognised if r.roles.sublayers or r.roles.stopped or r.roles.refusals]
+    lone, notes = lone_blocks(graph, model, [r.layer for r in found], recogniser, params)
+    inside_lone = tuple(f"{r.layer}." for r in lone)
+    recognised = [r for r in recognised if not r.layer.startswith(inside_lone)] + lone
+    recognised.sort(key=lambda r: min(r.nodes))
     first_use = _first_uses(graph)
     blocks = [_block_info(graph, r, params, first_use) for r in recognised if r.roles.sublayers or r.roles.stopped]
     routing = frozenset(fqn for b in blocks if b.experts for fqn in params if b.experts.routes(fqn))
@@ -265,6 +272,79 @@ def repeated_layers(model: paddle.nn.Layer) -> list[str]:
         found += [name for (_, params), names in shapes.items() if len(names) > 1 and params for name in names]
     outermost = [f for f in found if not any(f.startswith(other + ".") for other in found)]
     return sorted(set(outermost), key=found.index)
+
+
+def lone_blocks(
+    graph: nx.DiGraph, model: paddle.nn.Layer, repeated: list[str], recogniser: BlockRecogniser, params
+) -> tuple[list[RecognisedBlock], list[str]]:
+    """The layers outside the ``repeated`` blocks (:func:`repeated_layers` in which something was
+    found) that are blocks of their own: an attention written once (with the MLP beside it), as
+    Perceiver IO's encoder cross-attention (its queries from the learned latents) and its
+    decoder's (from learned output queries), or a pooling attention.
+
+    From the top, each layer holding no repeated layer is recognised as a block is; it is one
+    when it holds an attention and every projection in it falls into one of its recognised
+    sub-layers (a lone MLP, DiT's timestep embedder, stays replicated as before), and then it is
+    narrowed to the innermost layer holding them all (a decoder's ``decoding_cross_attention``,
+    not the decoder with its query table). A layer with a projection left over (a classifier
+    after the attention, which the recogniser would take for a row fed by the MLP's and the
+    attention's outputs) is looked into child by child. The model itself is never one, nor a
+    layer with fewer than two projections. An attention whose heads the replay's degree does not
+    divide (HF Perceiver's classification decoder: one head) is no block either, since every block
+    takes the plan's mp (``search.degree_problem``): it stays replicated, and one note of
+    ``notes`` (the second item returned) says so.
+    """
+    found: list[RecognisedBlock] = []
+    notes: list[str] = []
+
+    def recognised(fqn: str) -> RecognisedBlock | None:
+        nodes = block_nodes(graph, fqn)
+        weights = projection_weights(graph, nodes, params) if nodes else frozenset()
+        if len(weights) < 2:
+            return None
+        [block] = recogniser.recognise(graph, [fqn], params)
+        subs = block.roles.sublayers + block.roles.stopped
+        placed = {p.weight for sub in subs for p in sub.projections}
+        attends = any(sub.kind == "attention" for sub in subs)
+        return block if attends and placed == weights else None
+
+    def visit(fqn: str, layer: paddle.nn.Layer) -> None:
+        holds_repeated = fqn == "" or any(r.startswith(f"{fqn}.") for r in repeated)
+        block = None if holds_repeated or fqn in repeated else recognised(fqn)
+        if block is not None:
+            subs = block.roles.sublayers + block.roles.stopped
+            narrowest = _common_layer([p.layer for sub in subs for p in sub.projections])
+            block = block if narrowest == fqn else recognised(narrowest) or block
+            heads = sorted({sub.num_heads for sub in subs if sub.kind == "attention" and sub.num_heads % REPLAY_MP})
+            if heads:
+                notes.append(
+                    f"{block.layer}: an attention written once, with {heads[0]} head(s), which mp={REPLAY_MP} "
+                    "does not divide: kept replicated (a head count mp divides would split it by heads)"
+                )
+            else:
+                found.append(block)
+            return
+        if fqn not in repeated:
+            for name, child in layer.named_children():
+                visit(f"{fqn}.{name}" if fqn else name, child)
+
+    visit("", model)
+    return found, notes
+
+
+def _common_layer(layers: list[str]) -> str:
+    """The innermost layer holding every one of ``layers`` (FQNs).
+
+    >>> _common_layer(["dec.xattn.attention.self.query", "dec.xattn.mlp.dense1"])
+    'dec.xattn'
+    """
+    parts = [layer.split(".") for layer in layers]
+    common = []
+    for names in zip(*parts):
+        if len(set(names)) > 1:
+            break
+        common.append(names[0])
+    return ".".join(common)
 
 
 def tied_parameters(model: paddle.nn.Layer) -> dict[str, list[str]]:

@@ -327,6 +327,13 @@ def _linears(graph: nx.DiGraph, view: nx.DiGraph, params) -> list[_Linear]:
     return found
 
 
+def projection_weights(graph: nx.DiGraph, nodes: frozenset[int], params) -> frozenset[str]:
+    """The weights (FQNs) of the projections among ``nodes``: what :func:`recognise_block` may
+    give a role."""
+    view = compute_view(graph, nodes, constant_nodes(graph))
+    return frozenset(lin.fqn for lin in _linears(graph, view, params))
+
+
 def weight_use(graph: nx.DiGraph, weight: int, matmul: int) -> tuple[int, bool]:
     """``(operand, transposed)``: which factor of the product the weight is (0 left, 1 right:
     ``addmm(bias, x, W)``'s ``W`` is 1), or which operand of another op (an embedding's lookup),
@@ -595,6 +602,10 @@ def _attention(graph, view, nodes, columns, row, out_features, scores, fused_ops
         core = fused_ops[0]
         q_shape = graph.nodes[_operand(graph, core, 0)]["shapes"][0]
         num_heads, head_dim = q_shape[-2], q_shape[-1]
+        # the value's own head width where the kernel takes it apart (not packed with q and k)
+        source = operand_sources(graph, core).get(2)
+        value = graph.nodes[source[0]]["shapes"][source[1]] if source else None
+        value_dim = value[-1] if value and len(value) == len(q_shape) else head_dim
         roles = {
             c.node: "".join(n for n, o in (("q", 0), ("k", 1), ("v", 2)) if _reaches(view, c.node, core, o))
             for c in columns
@@ -606,6 +617,8 @@ def _attention(graph, view, nodes, columns, row, out_features, scores, fused_ops
         num_heads = head_count(graph.nodes[core]["shapes"][0], graph.nodes[row.node]["shapes"][0])
         head_dim = q_shape[-1]
         context = next((n for n in scores[1:] if nx.has_path(view, core, n)), None)
+        # a value head may be wider than a query's (Perceiver's v_channels): its own last dim
+        value_dim = graph.nodes[_product_input(graph, context, 1)]["shapes"][0][-1] if context else head_dim
         roles = {
             c.node: "".join(
                 n
@@ -624,9 +637,9 @@ def _attention(graph, view, nodes, columns, row, out_features, scores, fused_ops
         if width:
             kv_heads = out_features[c.node] // width
         elif name in ("k", "v", "kv"):
-            kv_heads = out_features[c.node] // (head_dim * len(name))
+            kv_heads = out_features[c.node] // ((head_dim if "k" in name else 0) + (value_dim if "v" in name else 0))
         elif name == "qkv":
-            kv_heads = (out_features[c.node] - num_heads * head_dim) // (2 * head_dim)
+            kv_heads = (out_features[c.node] - num_heads * head_dim) // (head_dim + value_dim)
     # Fewer KV heads than the replay's ranks can share (one KV head: multi-query attention): K/V
     # stay whole on every rank and only Q is split, as Megatron and HF do.
     whole_kv = kv_heads % REPLAY_MP != 0 and num_heads % REPLAY_MP == 0
