@@ -150,6 +150,9 @@ class Op:
     output_for: int | None = None
     moves: bool = True
     traits: frozenset[str] = field(default_factory=frozenset)
+    #: Where a ``cut`` op's axis is: its operand index (``split``'s 2), or ``"axes"``, the one
+    #: entry of its ``axes`` attribute (a slice); None where the graph does not say.
+    cut_axis: int | Literal["axes"] | None = None
 
     @property
     def priced(self) -> bool:
@@ -250,8 +253,11 @@ CATALOGUE: dict[str, Op] = {
     **_entries(["squeeze", "unsqueeze"], "layout", *_LAYOUT, "reshape", moves=False),
     "flatten": Op("layout", moves=False, traits=frozenset({*_LAYOUT, "reshape", "size_rule"})),
     # ... cut into pieces (a fused q|k|v or gate|up into its projections) ...
-    **_entries(["slice", "strided_slice", "split", "split_with_num", "unbind"], "layout", *_LAYOUT, "cut", "segment"),
-    "chunk": Op("layout", traits=frozenset({"cut", "segment"})),
+    **_entries(["slice", "strided_slice"], "layout", *_LAYOUT, "cut", "segment", cut_axis="axes"),
+    "split": Op("layout", traits=frozenset({*_LAYOUT, "cut", "segment"}), cut_axis=2),
+    "split_with_num": Op("layout", traits=frozenset({*_LAYOUT, "cut", "segment"}), cut_axis=1),
+    "unbind": Op("layout", traits=frozenset({*_LAYOUT, "cut", "segment"})),
+    "chunk": Op("layout", traits=frozenset({"cut", "segment"}), cut_axis=1),
     # ... or moved, repeated, picked
     "transpose": Op("layout", traits=frozenset({*_LAYOUT, "weight_view"})),
     **_entries(

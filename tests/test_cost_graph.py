@@ -332,7 +332,7 @@ def test_a_tied_head_pipelines_with_1f1b_but_not_sequentially():
     assert (piped.best.strategy.pp, piped.best.strategy.schedule) == (2, "1F1B")
     with pytest.raises(PlannerError) as err:
         search(analysis, SearchRequest(devices_per_node=2, pp=2, schedule="sequential", device=PROFILES["h100-sxm"]))
-    assert "share one weight" in err.value.detail
+    assert "a weight tied across stages needs the 1F1B or VPP schedule" in err.value.detail
 
 
 def test_a_head_after_the_blocks_is_priced_on_the_stage_it_is_planned_on():

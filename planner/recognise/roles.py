@@ -694,10 +694,11 @@ def fused_groups(graph: nx.DiGraph, nodes: frozenset[int], column: int) -> int:
 
 def _cut_axis(data: dict, rank: int) -> int | None:
     """The axis a cut op (:data:`~autodist.planner.ops.CUT_OPS`) cuts along, None when the graph
-    does not say: ``split``'s axis operand, ``split_with_num``'s and ``chunk``'s, a slice's one axis."""
-    op, consts, attrs = short_op(data["op"]), data.get("consts", {}), data.get("attrs", {})
-    axis = consts.get(2) if op == "split" else consts.get(1) if op in ("split_with_num", "chunk") else None
-    if op in ("slice", "strided_slice") and len(attrs.get("axes", [])) == 1:
+    does not say: where the catalogue's ``cut_axis`` says (``split``'s axis operand, a slice's
+    one axis)."""
+    where, consts, attrs = op(short_op(data["op"])).cut_axis, data.get("consts", {}), data.get("attrs", {})
+    axis = consts.get(where) if isinstance(where, int) else None
+    if where == "axes" and len(attrs.get("axes", [])) == 1:
         axis = attrs["axes"][0]
     if axis is None or isinstance(axis, list):
         return None
