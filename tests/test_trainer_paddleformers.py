@@ -7,8 +7,9 @@ planner's reshard hooks), lose what the plain single-process ``Trainer`` loses, 
 the plan's share of the parameters, and arguments that build another mesh are refused, naming
 the difference, before training; dp2 x mp2 on 4 gloo ranks too (Llama's tied table looked up on
 local tensors under the Trainer's data parallelism). ZeRO runs on 4 GPUs only. The Trainer's own
-checkpoint saved under the mp2 plan resumes there, losing what the plain Trainer loses after it;
-under the dp2 plan it resumes on GPUs and is refused, saying why, on CPU.
+checkpoint saved under the mp2 plan resumes there, and under the dp2 plan (on CPU read from every
+rank's files), losing what the plain Trainer loses after it; one missing a shard file is refused
+in one line before training.
 
 The script is PaddleFormers' own (``TrainingArguments``, ``Trainer``, ``train()``) plus
 ``trainer_arguments`` and ``install``: no patch of PaddleFormers (``install`` keeps the Trainer's
@@ -154,6 +155,23 @@ def _mismatch(family: str, out_dir: str, plan: str) -> dict:
     return {"error": None}
 
 
+#: The shard file taken out of a copy of a checkpoint: rank 1's optimizer state.
+DAMAGED = "optimizer_state/1_0.distcp"
+
+
+def _damaged_copy(checkpoint: str, copy: str) -> str:
+    """``checkpoint`` copied to ``copy`` by rank 0 without :data:`DAMAGED`; every rank waits."""
+    import shutil
+
+    import paddle.distributed as dist
+
+    if dist.get_rank() == 0:
+        shutil.copytree(checkpoint, copy)
+        Path(copy, DAMAGED).unlink()
+    dist.barrier()
+    return copy
+
+
 def rank_main(job_path: str) -> None:
     import paddle.distributed as dist
 
@@ -164,6 +182,8 @@ def rank_main(job_path: str) -> None:
     for run in job["runs"]:
         out = str(Path(job["out"], run["name"]))
         resume = str(Path(job["out"], run["resume"])) if run.get("resume") else None
+        if run.get("damaged"):
+            resume = _damaged_copy(resume, str(Path(job["out"], run["name"], "checkpoint")))
         try:
             results[run["name"]] = _train(
                 run["family"], out, run.get("plan"), run.get("seeded_per_rank", False), resume
@@ -248,17 +268,19 @@ def _train_world(workdir: Path, world: int, reference: dict) -> dict:
             runs.append(
                 {"name": f"{family}_resumed", "family": family, "plan": plans[family, 1, 2, 0], "resume": saved}
             )
-        # Llama's mp2 checkpoint (no fused weight: the model's own layout) resumed under dp2: on
-        # GPUs; refused on CPU, where Paddle's loader cannot move a piece between ranks
-        runs.append(
-            {
-                "name": "llama_resumed_dp2",
-                "family": "llama",
-                "plan": plans["llama", 2, 1, 0],
-                "resume": "llama_dp1_mp2_zero0/checkpoint-1",
-                "refused": not _has_gpu(),
-            }
-        )
+        # Llama's mp2 checkpoint (no fused weight: the model's own layout) resumed under dp2, on
+        # CPU read from both ranks' files (paddle_checkpoint.py); then with a shard file missing
+        for name, damaged in (("llama_resumed_dp2", None), ("llama_resumed_damaged", DAMAGED)):
+            runs.append(
+                {
+                    "name": name,
+                    "family": "llama",
+                    "plan": plans["llama", 2, 1, 0],
+                    "resume": "llama_dp1_mp2_zero0/checkpoint-1",
+                    "damaged": damaged,
+                    "refused": damaged is not None,
+                }
+            )
         # Gemma3's fused up_gate_proj, saved rank by rank under mp2, resumed under dp2: refused
         saved = "gemma3_dp1_mp2_zero0/checkpoint-1"
         runs.append(
@@ -367,22 +389,31 @@ def test_the_trainers_checkpoint_under_a_plan_resumes_as_the_plain_trainer(train
 @pytest.mark.slow
 def test_an_mp2_checkpoint_resumes_under_a_dp2_plan_as_the_plain_trainer(trained_two):
     """Llama's mp2 run saved its checkpoint after step 1 with ``trainer_arguments``' checkpoint
-    arguments (its table split over mp, every fused weight in the model's own layout); on GPUs a
-    Trainer under the dp2 plan resumes it (Paddle's checkpoint loader reshards it) and loses, in
-    steps 2 and 3, what the plain Trainer lost there. On CPU that loader moves a piece saved by
-    one rank to another through the GPU only (``src_tensor.cuda()``: "No available device found",
-    measured): ``install``'s ``train`` refuses it before training, saying so."""
+    arguments (its table and projections split over mp, every fused weight in the model's own
+    layout); a Trainer under the dp2 plan resumes it and loses, in steps 2 and 3, what the plain
+    Trainer lost there. On CPU each rank reads both mp ranks' pieces from their files
+    (paddle_checkpoint.py; Paddle's loader would move them through the GPU: "No available device
+    found"), on GPUs Paddle's loader reshards it."""
     assert not load_plan_of(trained_two, "llama").local_view  # no weight held rank by rank
+    assert any("S(" in p.placements[-1] for p in load_plan_of(trained_two, "llama").params.values())
     reference = trained_two["reference"]["llama"]["losses"]
     for rank, result in enumerate(trained_two["ranks"]):
-        if not _has_gpu():
-            error = result["llama_resumed_dp2"].get("error")
-            assert error is not None and "the checkpoint was saved on the mesh {'mp': 2}" in error, error
-            assert "on CPU Paddle 3.3's checkpoint loader cannot move a piece saved by one rank" in error, error
-            continue
         losses = result["llama_resumed_dp2"]["losses"]
         assert len(losses) == STEPS - 1, (rank, losses)
         assert max(abs(a - b) for a, b in zip(losses, reference[1:])) <= TOLERANCE, (rank, losses, reference)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_checkpoint_missing_a_shard_file_is_refused_in_one_line_before_training(trained_two):
+    """The same checkpoint without rank 1's optimizer file, resumed under the dp2 plan: refused
+    before ``train()`` runs, in one line naming the file."""
+    if _has_gpu():
+        pytest.skip("on GPUs Paddle's own loader reads the checkpoint")
+    for result in trained_two["ranks"]:
+        error = result["llama_resumed_damaged"].get("error")
+        assert error is not None and "\n" not in error, error
+        assert "optimizer_state: 1_0.distcp, which holds" in error and "is not on this machine" in error, error
 
 
 @pytest.mark.multiprocess

@@ -21,9 +21,10 @@ over dp whatever the config says (and whose fused path runs on GPU, NPU and XPU 
 for the trainer ``install`` put under a plan.
 
 The Trainer's own checkpoints need Paddle's distributed format (:data:`CHECKPOINT_ARGUMENTS`,
-which ``trainer_arguments`` sets and ``install`` checks); on CPU one resumes on the mesh it was
-saved on only (Paddle's loader moves pieces between ranks through the GPU), refused otherwise
-before training.
+which ``trainer_arguments`` sets and ``install`` checks). They record where each rank's piece
+sits, and one saved under another mesh (an mp2 plan's, resumed under dp2) resumes on CPU too,
+read from every rank's files on this machine (:mod:`autodist.integrations.paddle_checkpoint`;
+Paddle's own loader moves pieces between ranks through the GPU only, and stays the loader on GPUs).
 
 What the Trainer's mode cannot express is refused in one message naming it: a pipeline (the
 mode asserts ``pipeline_model_parallel_size == 1``), expert parallelism, sequence parallelism
@@ -37,8 +38,10 @@ Tested with PaddleFormers 1.2. Nothing here is imported by ``import autodist``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -231,11 +234,16 @@ def _plan_shards_over_dp(trainer: Any, plan: Plan) -> None:
     """``trainer.train`` without PaddleFormers' ``fully_shard``: it shards the model over dp
     (FSDP) whatever ``auto_dist_config`` says, so a plan without ZeRO would not be what runs (and
     on CPU it fails: its fused path takes gpu, npu and xpu only). The plan's ZeRO stage is
-    ``dp_config.sharding_level``, which the Trainer's ``parallelize_optimizer`` applies. Only
-    this trainer's ``train`` calls, and only while they run; the module's function is put back.
-    A checkpoint to resume from must hold the fused weights in this plan's layout, and on CPU
-    every rank's parameters where this plan needs them (:func:`_layout_problems`), checked before
-    anything trains."""
+    ``dp_config.sharding_level``, which the Trainer's ``parallelize_optimizer`` applies.
+
+    The Trainer's checkpoints record where each rank's piece sits (``sharded_state_dict`` through
+    :func:`~autodist.integrations.paddle_checkpoint.placed`), and one saved under another mesh
+    or split resumes on CPU through
+    :func:`~autodist.integrations.paddle_checkpoint.load_here` (:func:`_resumes_here`). A
+    checkpoint to resume from must hold the fused weights in this plan's layout
+    (:func:`_layout_problems`) and, read here, every file it names: checked before anything
+    trains. Only this trainer's ``train`` calls, and only while they run; what was patched is put
+    back."""
     import paddleformers.trainer.trainer as trainer_module
     from paddleformers.trainer import TrainerCallback
     from paddleformers.trainer.trainer_utils import get_last_checkpoint
@@ -258,21 +266,64 @@ def _plan_shards_over_dp(trainer: Any, plan: Plan) -> None:
         resume = kwargs.get("resume_from_checkpoint", args[0] if args else None)
         if resume is True:
             resume = get_last_checkpoint(trainer.args.output_dir)
+        read_here = False
         if resume:
-            _raise_if(_layout_problems(layout, Path(resume), _without_gpu()), str(resume))
-        own = trainer_module.fully_shard
-        trainer_module.fully_shard = _as_planned
-        try:
-            return train(*args, **kwargs)
-        finally:
-            trainer_module.fully_shard = own
+            read_here = _without_gpu() and _saved_otherwise(layout, Path(resume))
+            _raise_if(_layout_problems(layout, Path(resume), read_here), str(resume))
+        with _patched(trainer_module, "fully_shard", _as_planned), _placed_pieces(trainer.model):
+            if not read_here:
+                return train(*args, **kwargs)
+            with _patched(trainer_module.dist, "load_state_dict", _load_here(trainer_module.dist.load_state_dict)):
+                return train(*args, **kwargs)
 
     trainer.add_callback(RecordLayout())
     trainer.train = train_as_planned
 
 
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name`` is ``value`` inside the block, its own again after it."""
+    own = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, own)
+
+
+def _placed_pieces(model: Any) -> contextlib.AbstractContextManager[None]:
+    """``model.sharded_state_dict`` (which the Trainer saves and resumes through) recording
+    where each rank's piece sits (:func:`~autodist.integrations.paddle_checkpoint.placed`)."""
+    from autodist.integrations.paddle_checkpoint import placed
+
+    own = model.sharded_state_dict
+
+    def sharded_state_dict(*args: Any, **kwargs: Any) -> Any:
+        tensors = {t.name: t for t in model.state_dict().values()}
+        return placed(own(*args, **kwargs), tensors)
+
+    return _patched(model, "sharded_state_dict", sharded_state_dict)
+
+
+def _load_here(paddles: Any) -> Any:
+    """``paddle.distributed.load_state_dict``'s stand-in for a resume on CPU under another
+    layout: :func:`~autodist.integrations.paddle_checkpoint.load_here`; ``paddles`` (Paddle's own)
+    for what it alone reads (HF safetensors, an ``aoa_config``)."""
+    from autodist.integrations.paddle_checkpoint import load_here
+
+    def load_state_dict(state_dict: Any, path: str, **options: Any) -> None:
+        if options.get("aoa_config") or options.get("safetensors"):
+            return paddles(state_dict, path, **options)
+        return load_here(state_dict, path)
+
+    return load_state_dict
+
+
 #: The file in a Trainer checkpoint saying how it holds the parameters (:func:`_held_layout`).
 LAYOUT_FILE = "autodist_layout.json"
+
+#: The folders of a Trainer checkpoint in Paddle's distributed format (``_load_flex_checkpoint``).
+STATE_FOLDERS = ("model_state", "optimizer_state", "master_weight")
 
 
 def _held_layout(plan: Plan) -> dict[str, Any]:
@@ -299,48 +350,48 @@ def _held_layout(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _layout_problems(layout: dict[str, Any], checkpoint: Path, cpu: bool) -> list[str]:
+def _saved(checkpoint: Path) -> dict[str, Any]:
+    """The :data:`LAYOUT_FILE` of ``checkpoint``; {} when it has none (a plain Trainer's)."""
+    path = checkpoint / LAYOUT_FILE
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    return {"column_order": saved} if saved and "column_order" not in saved else saved  # an early one: the order
+
+
+def _saved_otherwise(layout: dict[str, Any], checkpoint: Path) -> bool:
+    """Whether ``checkpoint`` was saved on another mesh than ``layout``'s, or split a parameter
+    otherwise (one saved whole, by every rank, loads under any split from the rank's own file):
+    then a rank needs pieces another rank saved. A checkpoint that does not say is read as
+    saved otherwise."""
+    saved = _saved(checkpoint)
+    if "split" not in saved:
+        return True
+    moved = [name for name, split in saved["split"].items() if split != layout["split"].get(name)]
+    return saved["mesh"] != layout["mesh"] or bool(moved)
+
+
+def _layout_problems(layout: dict[str, Any], checkpoint: Path, read_here: bool) -> list[str]:
     """Whether ``checkpoint`` holds the fused weights in ``layout``'s order (one without
     :data:`LAYOUT_FILE` holds them in the model's own layout: a plain Trainer's, or a plan's
     without reordered weights; resuming another order would train permuted columns silently),
-    and, on ``cpu``, whether every rank finds what this plan gives it in its own files: Paddle
-    3.3's flex checkpoint moves a piece saved by another rank through the GPU
-    (``reshard_comm.py``: ``src_tensor.cuda()``), so on CPU a checkpoint resumes on the mesh it
-    was saved on only, each parameter saved split resumed split the same way (one saved whole,
-    by every rank, under any split)."""
-    path = checkpoint / LAYOUT_FILE
-    saved = json.loads(path.read_text()) if path.is_file() else {}
-    if saved and "column_order" not in saved:  # written before it said more than the column order
-        saved = {"column_order": saved}
-    order, want = saved.get("column_order", {}), layout["column_order"]
+    and, when it is ``read_here`` (:mod:`~autodist.integrations.paddle_checkpoint`), whether this
+    machine can read it."""
+    order, want = _saved(checkpoint).get("column_order", {}), layout["column_order"]
     differ = sorted(name for name in set(order) | set(want) if order.get(name) != want.get(name))
-    problems = []
     if differ:
-        problems.append(
+        return [
             f"the checkpoint holds {len(differ)} fused weights ({differ[0]} first) in another column order than "
             "this plan runs them in (local views lay them out rank by rank); resume it under the plan it was saved under"
-        )
-    if not cpu or "split" not in saved or differ:  # a checkpoint that does not say: Paddle's loader tells
-        return problems
-    if saved["mesh"] != layout["mesh"]:
-        where = f"on the mesh {saved['mesh']}, this plan's is {layout['mesh']}"
-    else:
-        moved = sorted(name for name, split in saved["split"].items() if split != layout["split"].get(name))
-        where = (
-            f"{len(moved)} parameters ({moved[0]} first) split otherwise than this plan splits them" if moved else ""
-        )
-    if where:
-        problems.append(
-            f"the checkpoint was saved {where}; on CPU Paddle 3.3's checkpoint loader cannot move a piece saved by one "
-            "rank to another (flex_checkpoint reshard_comm: src_tensor.cuda()): resume it under the plan it was saved "
-            "under, or on GPUs"
-        )
-    return problems
+        ]
+    if not read_here:
+        return []
+    from autodist.integrations.paddle_checkpoint import checkpoint_problems
+
+    return [problem for folder in STATE_FOLDERS for problem in checkpoint_problems(checkpoint / folder)]
 
 
 def _without_gpu() -> bool:
     """Whether this process has no GPU, where Paddle's checkpoint loader cannot move a piece
-    between ranks (:func:`_layout_problems`)."""
+    between ranks (flex_checkpoint's ``reshard_comm``: ``src_tensor.cuda()``)."""
     import paddle
 
     return paddle.device.cuda.device_count() == 0
