@@ -532,6 +532,31 @@ def test_the_planner_traces_the_model_as_the_trainer_calls_it():
     assert _specs_for(model.model, [tokens, position_ids]) is None  # not its second parameter
 
 
+def test_the_checkpoint_reader_fills_a_box_and_refuses_another_dtype_or_shape_changing_nothing(tmp_path):
+    """``load_here`` on one process: rows 2-3 of a tensor saved whole fill a piece holding them;
+    a tensor held with another dtype, or another shape, is refused in one line, and a tensor
+    before it in the same state dict is left as it was."""
+    import numpy as np
+    import paddle
+    import paddle.distributed as dist
+    from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
+
+    from autodist.integrations.paddle_checkpoint import load_here
+    from autodist.schemas import PlanError
+
+    saved = np.arange(24, dtype="float32").reshape(4, 6)
+    dist.save_state_dict({"model": {"a": paddle.to_tensor(saved), "w": paddle.to_tensor(saved)}}, str(tmp_path))
+    rows = paddle.zeros([2, 6])
+    load_here({"model": {"w": ShardedWeight("model.w", rows, (2, 6), (4, 6), (2, 0))}}, tmp_path)
+    assert np.array_equal(rows.numpy(), saved[2:])
+    for bad, said in ((paddle.zeros([4, 6], "float64"), "float64 [4, 6]"), (paddle.zeros([6, 4]), "float32 [6, 4]")):
+        first = paddle.zeros([4, 6])
+        with pytest.raises(PlanError) as refused:
+            load_here({"model": {"a": first, "w": bad}}, tmp_path)
+        assert str(refused.value).endswith(f"model.w is saved as float32 [4, 6], this run holds it as {said}")
+        assert "\n" not in str(refused.value) and not first.numpy().any()
+
+
 def test_importing_autodist_does_not_load_the_integration():
     import subprocess
 
