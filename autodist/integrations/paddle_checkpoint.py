@@ -13,7 +13,7 @@ Used by :mod:`autodist.integrations.paddleformers` to resume a Trainer's checkpo
 plan's mesh on CPU::
 
     from autodist.integrations.paddle_checkpoint import load_here
-    load_here({"model": model.state_dict()}, "out/checkpoint-1/dist_ckpt")   # on every rank
+    load_here(model.sharded_state_dict(), "out/checkpoint-1/model_state")   # on every rank
 """
 
 from __future__ import annotations
