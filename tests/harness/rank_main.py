@@ -121,19 +121,19 @@ def counting_mp_sums():
     """TEST-ONLY: count this rank's sums over its mp line inside local views (their outputs'
     forward, their inputs' gradients backward), by wrapping the ``sum_over``
     applier/modes/local_calls.py calls, for the block. ``counts[0]`` when it ends."""
-    from autodist.applier import local_view
+    from autodist.applier.modes import local_calls
 
-    counts, sum_over = [0], local_view.sum_over
+    counts, sum_over = [0], local_calls.sum_over
 
     def counted(*args, **kwargs):
         counts[0] += 1
         return sum_over(*args, **kwargs)
 
-    local_view.sum_over = counted
+    local_calls.sum_over = counted
     try:
         yield counts
     finally:
-        local_view.sum_over = sum_over
+        local_calls.sum_over = sum_over
 
 
 @contextmanager
