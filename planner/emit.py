@@ -38,6 +38,7 @@ from importlib import metadata
 from typing import Sequence
 
 import msgspec
+import networkx as nx
 import paddle
 
 from autodist.schemas.plan import ParallelStyle
@@ -69,7 +70,7 @@ from autodist.schemas.parallel_dims import runs_moe_locally
 from autodist.schemas.parallel_dims import local_views_refused
 from autodist.schemas.schedules import block_stages
 
-from autodist.planner.ops import SEQUENCE_MIXING_OPS
+from autodist.planner.ops import SEQUENCE_MIXING_OPS, SHAPE_ONLY_OPS, short_op
 from autodist.planner.recognise.analysis import (
     LinearUse,
     ModelAnalysis,
@@ -490,8 +491,15 @@ def _sequence_parallel_hooks(
     def placements(mp_placement: str) -> list[str]:
         return [{"dp": "S(1)", "mp": mp_placement}.get(axis, "R") for axis in axes]
 
+    combined = _embedding_combined(analysis, embedding_layer)
     hooks: list[Hook] = [
         SequenceParallelBegin(
+            layer=_first_block(analysis),
+            when="pre",
+            reason=f"the embedding's output is added to {combined} before the first block: split the sequence there",
+        )
+        if combined
+        else SequenceParallelBegin(
             layer=embedding_layer, when="post", reason="activations leave the embedding split over the sequence"
         )
     ]
@@ -544,6 +552,67 @@ def _tensor_parallel_sublayers(block) -> list[str]:
         if linear.role != "replicate" and parent not in parents:
             parents.append(parent)
     return parents
+
+
+def _first_block(analysis: ModelAnalysis) -> str:
+    """The block the forward runs first: the one holding the earliest op of the program."""
+    return min(analysis.blocks, key=lambda b: min(b.nodes, default=len(analysis.graph))).layer
+
+
+def _embedding_combined(analysis: ModelAnalysis, embedding: str) -> str:
+    """What the token embedding's output is combined with on its way to the first block, by
+    dataflow: a layer's output (a position embedding, ``wpe``) or a tensor of more than one
+    element that does not come from the embedding (a learned position table), named; '' when
+    only the embedding's own values (scaled, dropped out, cast) reach the block. Split over the
+    sequence after the embedding, such a sum would meet the other operand whole.
+
+    >>> import networkx as nx
+    >>> from types import SimpleNamespace
+    >>> g = nx.MultiDiGraph()
+    >>> g.add_node(0, layer="wte", op="pd_op.embedding", shapes=[[2, 8, 4]], param=None)
+    >>> g.add_node(1, layer="wpe", op="pd_op.embedding", shapes=[[1, 8, 4]], param=None)
+    >>> g.add_node(2, layer="", op="pd_op.add", shapes=[[2, 8, 4]], param=None)
+    >>> g.add_node(3, layer="h.0.ln_1", op="pd_op.layer_norm", shapes=[[2, 8, 4]], param=None)
+    >>> _ = g.add_edges_from([(0, 2), (1, 2), (2, 3)])
+    >>> analysis = SimpleNamespace(graph=g, blocks=[SimpleNamespace(layer="h.0", nodes=frozenset({3}))])
+    >>> _embedding_combined(analysis, "wte")
+    'wpe'
+    >>> g.remove_edge(1, 2); _embedding_combined(analysis, "wte")
+    ''
+    """
+    graph, block = analysis.graph, _first_block(analysis)
+
+    def inside(node: int, layer: str = embedding) -> bool:
+        return graph.nodes[node]["layer"] == layer or graph.nodes[node]["layer"].startswith(layer + ".")
+
+    first = {n for n in graph.nodes if inside(n, block)}
+
+    # the nodes outside the blocks that carry the lookup's values (not its table, which a tied
+    # head reads; not its shape, which a mask or position ids are made from) to the first block
+    entries = {n for n in first if any(p not in first for p in graph.predecessors(n))}
+    toward = set().union(*(nx.ancestors(graph, n) for n in entries))
+    frontier = [n for n in graph.nodes if inside(n) and graph.nodes[n]["param"] is None]
+    reached = set(frontier)
+    while frontier:
+        node = frontier.pop()
+        for succ in graph.successors(node):
+            if (
+                succ not in reached
+                and succ not in first
+                and succ in toward
+                and short_op(graph.nodes[succ]["op"]) not in SHAPE_ONLY_OPS
+            ):
+                reached.add(succ)
+                frontier.append(succ)
+    for node in sorted(reached):
+        if inside(node):
+            continue
+        for source in sorted(set(graph.predecessors(node)) - reached):
+            data = graph.nodes[source]
+            shapes = [s for s in data.get("shapes") or [] if s is not None]
+            if shapes and math.prod(max(d, 1) for d in shapes[0]) > 1:
+                return data["layer"] or data.get("param") or short_op(data["op"])
+    return ""
 
 
 def _mixes_positions(analysis: ModelAnalysis, block, layer: str) -> bool:

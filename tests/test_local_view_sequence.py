@@ -34,6 +34,7 @@ from harness.runner import train_by_world
 from harness.workloads import WORKLOADS
 
 WORKLOAD = "zoo_falcon_hf"
+GPT2 = "zoo_gpt2_hf"
 STEPS = 3
 
 
@@ -59,6 +60,11 @@ def trained(tmp_path_factory, reference_runs) -> dict[str, Trained]:
         save_plan(plans[name], workdir / f"{name}.json")
         path = str(workdir / f"{name}.json")
         runs.append((TrainRun(name, WORKLOAD, optimizer, plan=path, reshard="via_replicate"), 2 * dp))
+    # GPT-2 adds a position embedding to the token embedding's output: split before the first block
+    gpt2 = WORKLOADS[GPT2].planner_target
+    plans["gpt2_mp2"] = plan_target(gpt2, None, gloo_mp2_request(1, sequence_parallel=True), {"target": gpt2}).plan
+    save_plan(plans["gpt2_mp2"], workdir / "gpt2_mp2.json")
+    runs.append((TrainRun("gpt2_mp2", GPT2, "sgd", plan=str(workdir / "gpt2_mp2.json"), reshard="via_replicate"), 2))
     everything = [run for run, _ in runs]
     outputs = train_by_world(runs, workdir, timeout_s=600.0, references=(reference_runs, everything))
     return {run.name: Trained(run, plans[run.name], outputs[run.name]) for run in everything}
@@ -74,6 +80,18 @@ def test_local_views_and_the_lookup_train_like_one_device_under_sequence_paralle
     assert {field: getattr(strategy, field) for field in fields} == fields
     assert [v.layer for v in run.plan.local_view] == [f"transformer.h.{i}.self_attention" for i in (0, 1)]
     assert [lookup.layer for lookup in run.plan.vocab_lookup] == ["transformer.word_embeddings"]
+    check_against_reference(run, reference_runs)
+
+
+@pytest.mark.multiprocess
+def test_an_embedding_added_to_a_position_embedding_is_split_before_the_first_block(trained, reference_runs):
+    """HF GPT-2 adds ``wpe``'s output to ``wte``'s: split over the sequence after ``wte``, the sum
+    met ``wpe``'s whole output ([8, 4, 32] + [1, 8, 32] on gloo). The plan splits at the first
+    block's input instead, found by dataflow (emit._embedding_combined), and trains like one device."""
+    run = trained["gpt2_mp2"]
+    begins = [(h.layer, h.when) for h in run.plan.hooks if h.action == "sequence_parallel_begin"]
+    assert begins[0] == ("transformer.h.0", "pre"), begins
+    assert not any(layer == "transformer.wte" for layer, _ in begins), begins
     check_against_reference(run, reference_runs)
 
 
