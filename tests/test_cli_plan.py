@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,6 +171,15 @@ def _plan_in_a_process(*args):
 
 
 PF_LLAMA = f"{ROOT / 'tests' / 'models' / 'paddleformers_models.py'}:build_llama"
+
+
+def test_importing_the_command_line_imports_no_paddle():
+    """autodist-plan silences Paddle's import warnings (``No ccache found``) and glog before Paddle
+    is imported (planner/quiet.py): a module the command line imports at the top that imports
+    Paddle would print them on every run (export's import of recognise once did)."""
+    code = "import sys, autodist.planner.cli.main; print(sorted(m for m in sys.modules if m.split('.')[0] == 'paddle'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout[:2000] + done.stderr[-2000:]
 
 
 def test_quiet_holds_back_what_paddle_and_paddleformers_print(tmp_path):

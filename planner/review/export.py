@@ -49,7 +49,6 @@ from autodist.schemas.parallelize import (
     parallelize_config,
 )
 
-from autodist.planner.recognise.reshards import gather_hook
 from autodist.planner.review.format import collapse
 
 __all__ = ["ExportError", "export_parallelize", "global_view_equivalent", "paddle_key", "paddle_key_matches"]
@@ -92,6 +91,10 @@ def global_view_equivalent(plan: Plan) -> tuple[Plan, list[str]]:
     >>> from autodist.schemas import load_plan                                   # doctest: +SKIP
     >>> gathered, losses = global_view_equivalent(load_plan("plan.json"))        # doctest: +SKIP
     """
+    # here, not at the top: importing the command line must not import Paddle (its warnings are
+    # silenced first: planner/quiet.py), and recognise imports it
+    from autodist.planner.recognise.reshards import gather_hook
+
     axes, s = list(plan.mesh.axes), plan.strategy
     if not plan.local_view and not plan.vocab_lookup:
         return plan, []
