@@ -117,7 +117,8 @@ def test_what_stays_replicated_is_warned_and_explained_with_the_line_and_the_rew
     line under --explain, each naming the attention's forward (file:line) and the rewrite."""
     done, out = plan_command(tmp_path, SAM, "--explain")
     assert done.returncode == 0, done.stderr[-2000:]
-    where = f"model code: Attention.forward at {SAM}:{_forward_line(SAM, 'Attention')}"
+    # the file as the plan's notes name it: relative to the working directory (the repository here)
+    where = f"model code: Attention.forward at {SAM.relative_to(ROOT)}:{_forward_line(SAM, 'Attention')}"
     rewrite = "to split it: read the sizes with x.shape (Python ints under a fixed input spec) instead of paddle.shape"
     warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: blocks.*.attn")]
     assert len(warnings) == 1 and where in warnings[0] and rewrite in warnings[0], done.stderr
