@@ -70,6 +70,9 @@ class PlannedModel:
     #: Each sub-layer kind the plan keeps gathered or replicated: why, where in the model's code,
     #: and the smallest rewrite where one is known (:func:`_kept_whole`; warnings and ``--explain``).
     kept_whole: list[str] = field(default_factory=list)
+    #: Each Paddle SPMD rule that crashed while planning, and where (a warning each; the layout
+    #: is planned as if the op needed whole inputs: :func:`.recognise.spmd.crashes_noted`).
+    crashes: list[str] = field(default_factory=list)
 
 
 def load(target: str, input_specs: Sequence[str] | None = None, progress: Progress | None = None) -> LoadedModel:
@@ -125,10 +128,15 @@ def plan_model(
     token lookup where its layer can (``plan.vocab_lookup``).
     Raises :class:`~autodist.planner.errors.PlannerError` for anything the user can fix.
     """
+    from autodist.planner.recognise.spmd import crashes_noted
+
     progress = progress or _QUIET
     traced = trace(model, input_specs, progress)
-    analysis = analyse(model, traced, progress)
-    return plan_analysed(analysis, traced, request, arguments, progress, rules, model=model, local_view=local_view)
+    with crashes_noted() as crashes:  # recognition replays Paddle's SPMD rules too
+        analysis = analyse(model, traced, progress)
+    return plan_analysed(
+        analysis, traced, request, arguments, progress, rules, model=model, local_view=local_view, crashes=crashes
+    )
 
 
 def plan_analysed(
@@ -141,11 +149,37 @@ def plan_analysed(
     *,
     model: paddle.nn.Layer | None = None,
     local_view: bool = True,
+    crashes: Sequence[str] = (),
 ) -> PlannedModel:
     """Stages 5-7 for an analysed model: cost, search, emit (:func:`plan_model` without the
     tracing, for callers that plan one model for several requests). ``rules`` change
     ``analysis`` (its blocks' roles). ``local_view`` (with the ``model``, whose sub-layers are
-    run to prove it): as :func:`plan_model`; off, the token lookup stays in the global view too."""
+    run to prove it): as :func:`plan_model`; off, the token lookup stays in the global view too.
+    ``crashes``: the SPMD rule crashes met while analysing; with those met here, the plan's notes
+    and the warnings say them."""
+    from autodist.planner.recognise.spmd import crashes_noted
+
+    with crashes_noted() as costing:  # pricing replays Paddle's SPMD rules per mp
+        made = _plan_analysed(analysis, traced, request, arguments, progress, rules, model, local_view)
+    crashes = [*crashes, *costing]
+    if crashes:  # the plan was made: say the crashes in its notes (kept in order, once each)
+        import msgspec
+
+        notes = list(dict.fromkeys([*made.plan.notes, *crashes]))
+        made = replace(made, plan=msgspec.structs.replace(made.plan, notes=notes), crashes=crashes)
+    return made
+
+
+def _plan_analysed(
+    analysis: ModelAnalysis,
+    traced: Traced,
+    request: SearchRequest,
+    arguments: dict[str, str],
+    progress: Progress | None,
+    rules: dict[str, str] | None,
+    model: paddle.nn.Layer | None,
+    local_view: bool,
+) -> PlannedModel:
     from autodist.planner.cost.search import check_fixed_degrees, kernels_for, price, search
     from autodist.planner.emit import build_plan
 

@@ -300,7 +300,7 @@ def plan(
         from autodist.planner.review.format import collapse
 
         # one line per kind of layer (indices collapsed), not one per layer
-        for line in made.kept_whole:
+        for line in [*made.kept_whole, *made.crashes]:
             click.echo(printable(f"warning: {line}"), err=True)
         for row in collapse(dict.fromkeys(made.analysis.unmatched, 0)):
             click.echo(
