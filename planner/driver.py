@@ -199,11 +199,9 @@ def _plan_analysed(
         result = search(priced, request)
     views = None
     if local_view and model is not None:
-        from autodist.planner.local_view_proof import local_views
-
         while True:
             with progress.step("proving local views"):
-                views = local_views(analysis, model, result.best.strategy, traced.program.layer_calls)
+                views = _proven_views(analysis, model, result.best.strategy, traced.program.layer_calls)
             # The search priced every candidate as a local view (PricedModel); one whose proof
             # failed runs gathered, so it is priced gathered and the search runs again without it.
             unproven = priced.assumed_local(result.best.strategy) - {view.layer for view in views[0]}
@@ -224,6 +222,31 @@ def _plan_analysed(
     return PlannedModel(
         plan=plan, analysis=analysis, result=result, traced=traced.program, priced=priced, kept_whole=kept
     )
+
+
+def _proven_views(
+    analysis: ModelAnalysis, model: paddle.nn.Layer, strategy: Strategy, calls: dict
+) -> tuple[list[LocalView], list[str]]:
+    """:func:`.local_view_proof.local_views`, run in a child forked from the planner
+    (:mod:`.contained`): the proofs run the model's sub-layers forward and backward in Paddle, and
+    a Paddle crash there refuses every candidate, each with a note naming the crash, instead of
+    ending the planner. The proofs' side effects (random draws, lazy weights made) stay in the
+    child; what crosses back is the views and the notes."""
+    from autodist.planner.contained import Crashed, run_forked
+    from autodist.planner.local_view_proof import candidates, local_views
+
+    try:
+        return run_forked("the local-view proof", local_views, analysis, model, strategy, calls)
+    except Crashed as crash:
+        by_kind: dict[str, list[str]] = {}  # how each candidate runs instead: the candidates
+        for candidate in candidates(analysis, strategy.mp):
+            by_kind.setdefault(candidate.otherwise, []).append(candidate.layer)
+        return [], [
+            f"local view: {layers[0]}{f' and {len(layers) - 1} more like it stay' if layers[1:] else ' stays'} "
+            f"global ({otherwise}): {crash} in Paddle, so no local view was proven (a Paddle bug: please "
+            "report it with the model)"
+            for otherwise, layers in by_kind.items()
+        ]
 
 
 def _kept_whole(

@@ -4,13 +4,11 @@ planner goes on.
 Paddle 3.3.1's SPMD rules are C++, and some of them kill the process on arguments they do not
 expect: no Python exception, a SIGSEGV (``flatten`` on a size the trace knows only at run time,
 ``matmul`` on a missing operand: docs/paddle-notes.md, "SPMD rules"). The planner asks them through
-:data:`RULES`, one process forked from the planner (Paddle is imported already, so the child loads
-nothing) that answers calls over a pipe. When the child dies in a call, that call raises
-:class:`RuleCrashed` naming the rule and the signal, and the next call forks a new child. Each
-answer is kept by its arguments: a call asked again does not cross the pipe, and a crash is met
-once per process. Forking after Paddle has run forwards and backwards is safe on Linux CPU (a
-child ran rules and a backward 50 times in a row, no deadlock); a child that does not answer in
-:data:`ANSWER_SECONDS` is killed and counted as a crash all the same.
+:data:`RULES`, one child forked from the planner (:mod:`autodist.planner.contained`) that answers
+calls over a pipe. When the child dies in a call (or gives no answer in :data:`ANSWER_SECONDS`),
+that call raises :class:`RuleCrashed` naming the rule and the signal, and the next call forks a
+new child. Each answer is kept by its arguments: a call asked again does not cross the pipe, and a
+crash is met once per process.
 
 Example::
 
@@ -23,12 +21,11 @@ Example::
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import signal
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Sequence, Union
+
+from autodist.planner.contained import Crashed, end, fork
 
 #: A tensor handed to a rule: its shape, its dims mapping over the mesh, whether it is a partial sum.
 Tensor = tuple[Sequence[int], Sequence[int], bool]
@@ -48,22 +45,15 @@ class RuleRefused(Exception):
     """The rule raised one of :data:`REFUSALS` for these arguments."""
 
 
-class RuleCrashed(Exception):
-    """The process asking the rule died (or hung): ``str`` says which rule and how.
+class RuleCrashed(Crashed):
+    """The process asking the rule died (or hung).
 
     >>> str(RuleCrashed("flatten", -11))
     "Paddle's SPMD rule flatten crashed (SIGSEGV)"
     """
 
     def __init__(self, rule: str, exit_code: int | None):
-        how = (
-            "no answer in %d s" % ANSWER_SECONDS
-            if exit_code is None
-            else signal.Signals(-exit_code).name
-            if exit_code < 0
-            else f"exit {exit_code}"
-        )
-        super().__init__(f"Paddle's SPMD rule {rule} crashed ({how})")
+        super().__init__(f"Paddle's SPMD rule {rule}", exit_code)
 
 
 @dataclass(frozen=True)
@@ -103,13 +93,9 @@ def _ask(rule: str, mesh: Any, operands: Sequence[Operand], extra: Sequence[Any]
 
 
 def _serve(conn: Connection) -> None:
-    """The child: answer ``(rule, process ids, operands, extra)`` requests until the pipe closes.
-    Its output goes nowhere: a crash dump from Paddle must not reach the user's terminal."""
+    """The child: answer ``(rule, process ids, operands, extra)`` requests until the pipe closes."""
     import paddle.distributed as dist
 
-    quiet = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(quiet, 1)
-    os.dup2(quiet, 2)
     meshes: dict[tuple[int, ...], Any] = {}
     while True:
         try:
@@ -152,35 +138,16 @@ class RuleWorker:
 
     def _call(self, request: tuple) -> tuple[str, Any]:
         if self._conn is None:
-            self._start()
-        assert self._conn is not None
+            self._child, self._conn = fork(_serve, "autodist-spmd-rules")
         try:
             self._conn.send(request)
             if self._conn.poll(ANSWER_SECONDS):
                 return self._conn.recv()
         except (EOFError, OSError):
             pass
-        return "crashed", self._stop()
-
-    def _start(self) -> None:
-        context = multiprocessing.get_context("fork")
-        self._conn, theirs = context.Pipe()
-        self._child = context.Process(target=_serve, args=(theirs,), daemon=True, name="autodist-spmd-rules")
-        self._child.start()
-        theirs.close()  # so the child's death reads as the end of the pipe here
-
-    def _stop(self) -> int | None:
-        """End the child (dead or hung); its exit code, None when it had to be killed."""
-        child, conn = self._child, self._conn
+        exit_code = end(self._child, self._conn)  # dead or hung: the next call forks a new one
         self._child = self._conn = None
-        if conn is not None:
-            conn.close()
-        child.join(5)
-        if child.exitcode is None:
-            child.kill()
-            child.join()
-            return None
-        return child.exitcode
+        return "crashed", exit_code
 
 
 #: The planner's one rule worker (a child forked on the first call).

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 
 from harness.cli import ROOT
 
@@ -35,21 +34,30 @@ def test_a_rule_that_crashes_raises_in_the_planner_and_the_next_rule_still_answe
     assert RULES.infer(*MATMUL).outputs == [((-1, 0), False)]  # a new child answers
 
 
-def plan_with_the_avoidance(tmp_path, name: str, avoided: bool) -> tuple[subprocess.CompletedProcess, bytes]:
-    """``autodist-plan`` on :data:`MODEL` at mp 2 in a process of its own (a crash shows as a
-    signal), with ``SIZE_RULE_OPS`` as the planner has it, or empty."""
+#: Switches the planner's avoidance of that call off, in the planning process.
+AVOIDANCE_OFF = """
+import autodist.planner.recognise.spmd as spmd
+spmd.SIZE_RULE_OPS = frozenset()
+"""
+#: Makes every local-view proof meet that crash, in the process that runs the proof.
+PROOF_CRASHES = f"""
+import paddle.distributed as dist
+import autodist.planner.local_view_proof as proof
+from autodist.planner.recognise.rule_worker import _ask
+
+def discover(*args):  # Paddle's flatten rule, called in the proof's own process
+    _ask("flatten", dist.ProcessMesh([0, 1], dim_names=["mp"]), *{CRASHING[2:]!r})
+
+proof.discover = discover
+"""
+
+
+def plan_in_a_process(tmp_path, name: str, target, patch: str = "") -> tuple[subprocess.CompletedProcess, bytes]:
+    """``autodist-plan TARGET`` at mp 2 in a process of its own (a crash shows as a signal),
+    after the lines ``patch``: a plan and no traceback."""
     out = tmp_path / f"{name}.json"
-    script = textwrap.dedent(
-        f"""
-        import sys
-        import autodist.planner.recognise.spmd as spmd
-        if not {avoided}:
-            spmd.SIZE_RULE_OPS = frozenset()  # Paddle's flatten rule meets the -1 size
-        from autodist.planner.cli.main import main
-        sys.argv = ["autodist-plan", {str(MODEL)!r}, "--devices", "2", "--mp", "2", "-o", {str(out)!r}]
-        main()
-        """
-    )
+    argv = ["autodist-plan", str(target), "--devices", "2", "--mp", "2", "-o", str(out)]
+    script = f"{patch}\nimport sys\nfrom autodist.planner.cli.main import main\nsys.argv = {argv!r}\nmain()\n"
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
@@ -57,14 +65,30 @@ def plan_with_the_avoidance(tmp_path, name: str, avoided: bool) -> tuple[subproc
 
 
 def test_a_crash_in_the_replay_is_that_ops_refusal_and_the_plan_is_written_the_same_every_time(tmp_path):
-    done, plan = plan_with_the_avoidance(tmp_path, "first", avoided=False)
+    done, plan = plan_in_a_process(tmp_path, "first", MODEL, AVOIDANCE_OFF)
     crash = "Paddle's SPMD rule flatten crashed (SIGSEGV) on pd_op.flatten [2, -1, 48] in blocks.0"
     assert f"warning: {crash}" in done.stderr
     assert crash in plan.decode()
-    _, again = plan_with_the_avoidance(tmp_path, "again", avoided=False)
+    _, again = plan_in_a_process(tmp_path, "again", MODEL, AVOIDANCE_OFF)
     assert again == plan  # byte for byte
     # the crash refused the op as the avoidance does: the same plan, but for the note
-    _, avoided = plan_with_the_avoidance(tmp_path, "avoided", avoided=True)
+    _, avoided = plan_in_a_process(tmp_path, "avoided", MODEL)
     crashed = json.loads(plan)
     crashed["notes"] = [note for note in crashed["notes"] if not note.startswith(crash)]
     assert crashed == json.loads(avoided)
+
+
+def test_a_crash_in_a_local_view_proof_leaves_the_attention_gathered_and_the_plan_is_written(tmp_path):
+    """GPT-2's attentions are proven as local views (a fused ``c_attn``); a Paddle crash in the
+    proof's process leaves them gathered, with a note and a warning naming the crash."""
+    gpt2 = ROOT / "tests" / "models" / "zoo" / "gpt2_hf.py"
+    done, plan = plan_in_a_process(tmp_path, "crashed", gpt2, PROOF_CRASHES)
+    crash = "the local-view proof crashed (SIGSEGV) in Paddle"
+    assert done.stderr.count(crash) == 1  # one warning for the kind
+    notes = " ".join(json.loads(plan)["notes"])
+    assert (
+        f"local view: transformer.h.0.attn and 1 more like it stay global (fused projection gathered): {crash}" in notes
+    )
+    assert json.loads(plan)["local_view"] == []
+    _, again = plan_in_a_process(tmp_path, "again", gpt2, PROOF_CRASHES)
+    assert again == plan  # byte for byte
