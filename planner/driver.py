@@ -157,10 +157,14 @@ def plan_analysed(
     run to prove it): as :func:`plan_model`; off, the token lookup stays in the global view too.
     ``crashes``: the SPMD rule crashes met while analysing; with those met here, the plan's notes
     and the warnings say them."""
+    from autodist.planner.recognise.rule_worker import RULES
     from autodist.planner.recognise.spmd import crashes_noted
 
-    with crashes_noted() as costing:  # pricing replays Paddle's SPMD rules per mp
-        made = _plan_analysed(analysis, traced, request, arguments, progress, rules, model, local_view)
+    try:
+        with crashes_noted() as costing:  # pricing replays Paddle's SPMD rules per mp
+            made = _plan_analysed(analysis, traced, request, arguments, progress, rules, model, local_view)
+    finally:
+        RULES.close()  # its child ends with the plan
     crashes = [*crashes, *costing]
     if crashes:  # the plan was made: say the crashes in its notes (kept in order, once each)
         import msgspec
@@ -180,6 +184,7 @@ def _plan_analysed(
     model: paddle.nn.Layer | None,
     local_view: bool,
 ) -> PlannedModel:
+    """:func:`plan_analysed`'s stages, the rule crashes they meet left to it."""
     from autodist.planner.cost.search import check_fixed_degrees, kernels_for, price, search
     from autodist.planner.emit import build_plan
 

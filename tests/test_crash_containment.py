@@ -9,6 +9,7 @@ knows only at run time (docs/paddle-notes.md, "SPMD rules"). The planner avoids 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import subprocess
 import sys
 
@@ -32,6 +33,8 @@ def test_a_rule_that_crashes_raises_in_the_planner_and_the_next_rule_still_answe
     else:
         raise AssertionError("Paddle's flatten rule no longer crashes on a -1 size: find another crash")
     assert RULES.infer(*MATMUL).outputs == [((-1, 0), False)]  # a new child answers
+    RULES.close()  # as the driver does after each plan: no child outlives planning
+    assert not multiprocessing.active_children()
 
 
 #: Switches the planner's avoidance of that call off, in the planning process.

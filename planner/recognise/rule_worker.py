@@ -136,6 +136,13 @@ class RuleWorker:
             raise RuleCrashed(rule, value)
         raise RuntimeError(f"Paddle's SPMD rule {rule} failed in the rule worker: {value}")
 
+    def close(self) -> None:
+        """End the child (the next call forks another): the driver does after each plan, so no
+        child outlives planning in a user's process, holding what it inherited."""
+        if self._conn is not None:
+            end(self._child, self._conn)
+            self._child = self._conn = None
+
     def _call(self, request: tuple) -> tuple[str, Any]:
         if self._conn is None:
             self._child, self._conn = fork(_serve, "autodist-spmd-rules")
