@@ -55,13 +55,25 @@ proof.discover = discover
 """
 
 
-def plan_in_a_process(tmp_path, name: str, target, patch: str = "") -> tuple[subprocess.CompletedProcess, bytes]:
-    """``autodist-plan TARGET`` at mp 2 in a process of its own (a crash shows as a signal),
-    after the lines ``patch``: a plan and no traceback."""
-    out = tmp_path / f"{name}.json"
+#: Makes tracing meet that crash, in the planning process itself (where nothing contains it).
+TRACE_CRASHES = PROOF_CRASHES.replace("autodist.planner.local_view_proof", "autodist.planner.trace").replace(
+    "proof.discover = discover", "proof.trace_model = discover"
+)
+GPT2 = ROOT / "tests" / "models" / "zoo" / "gpt2_hf.py"
+
+
+def run_planner(out, target, patch: str) -> subprocess.CompletedProcess:
+    """``autodist-plan TARGET -o OUT`` at mp 2 as the console script runs it, in a process of its
+    own (a crash shows as a signal), after the lines ``patch``."""
     argv = ["autodist-plan", str(target), "--devices", "2", "--mp", "2", "-o", str(out)]
     script = f"{patch}\nimport sys\nfrom autodist.planner.cli.main import main\nsys.argv = {argv!r}\nmain()\n"
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def plan_in_a_process(tmp_path, name: str, target, patch: str = "") -> tuple[subprocess.CompletedProcess, bytes]:
+    """:func:`run_planner`: a plan and no traceback."""
+    out = tmp_path / f"{name}.json"
+    done = run_planner(out, target, patch)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     return done, out.read_bytes()
@@ -84,8 +96,7 @@ def test_a_crash_in_the_replay_is_that_ops_refusal_and_the_plan_is_written_the_s
 def test_a_crash_in_a_local_view_proof_leaves_the_attention_gathered_and_the_plan_is_written(tmp_path):
     """GPT-2's attentions are proven as local views (a fused ``c_attn``); a Paddle crash in the
     proof's process leaves them gathered, with a note and a warning naming the crash."""
-    gpt2 = ROOT / "tests" / "models" / "zoo" / "gpt2_hf.py"
-    done, plan = plan_in_a_process(tmp_path, "crashed", gpt2, PROOF_CRASHES)
+    done, plan = plan_in_a_process(tmp_path, "crashed", GPT2, PROOF_CRASHES)
     crash = "the local-view proof crashed (SIGSEGV) in Paddle"
     assert done.stderr.count(crash) == 1  # one warning for the kind
     notes = " ".join(json.loads(plan)["notes"])
@@ -93,5 +104,20 @@ def test_a_crash_in_a_local_view_proof_leaves_the_attention_gathered_and_the_pla
         f"local view: transformer.h.0.attn and 1 more like it stay global (fused projection gathered): {crash}" in notes
     )
     assert json.loads(plan)["local_view"] == []
-    _, again = plan_in_a_process(tmp_path, "again", gpt2, PROOF_CRASHES)
+    _, again = plan_in_a_process(tmp_path, "again", GPT2, PROOF_CRASHES)
     assert again == plan  # byte for byte
+
+
+def test_a_crash_the_planner_does_not_contain_ends_in_one_error_line_naming_the_step(tmp_path):
+    """Tracing runs the user's forward in the planner's process: a Paddle crash there (the
+    flatten rule called where the trace runs) ends the command's child; ``autodist-plan`` says so
+    in one ``error:`` line naming the step, exits 2, prints no C++ dump and writes nothing."""
+    out = tmp_path / "plan.json"
+    done = run_planner(out, GPT2, TRACE_CRASHES)
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.splitlines()[-1] == (
+        "error: autodist-plan crashed (SIGSEGV) in Paddle while tracing GPT2LMHeadModel; nothing was written; "
+        "please report it with the model"
+    )
+    assert "Traceback" not in done.stderr and "C++" not in done.stderr, done.stderr[-2000:]
+    assert not out.exists()
