@@ -234,8 +234,8 @@ def _proven_views(
 ) -> tuple[list[LocalView], list[str]]:
     """:func:`.local_view_proof.local_views`, run in a child forked from the planner
     (:mod:`.contained`): the proofs run the model's sub-layers forward and backward in Paddle, and
-    a Paddle crash there refuses every candidate, each with a note naming the crash, instead of
-    ending the planner. The proofs' side effects (random draws, lazy weights made) stay in the
+    a Paddle crash there leaves every candidate gathered, one note per kind naming the crash,
+    instead of ending the planner. The proofs' side effects (random draws, lazy weights made) stay in the
     child; what crosses back is the views and the notes."""
     from autodist.planner.contained import Crashed, run_forked
     from autodist.planner.local_view_proof import candidates, local_views
