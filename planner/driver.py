@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -74,6 +74,9 @@ class PlannedModel:
     #: Each sub-layer kind the plan keeps gathered or replicated: why, where in the model's code,
     #: and the smallest rewrite where one is known (:func:`_kept_whole`; warnings and ``--explain``).
     kept_whole: list[str] = field(default_factory=list)
+    #: Each Paddle SPMD rule that crashed while planning, and where (a warning each; the layout
+    #: is planned as if the op needed whole inputs: :func:`.recognise.spmd.crashes_noted`).
+    crashes: list[str] = field(default_factory=list)
 
 
 def load(target: str, input_specs: Sequence[str] | None = None, progress: Progress | None = None) -> LoadedModel:
@@ -129,10 +132,15 @@ def plan_model(
     token lookup where its layer can (``plan.vocab_lookup``).
     Raises :class:`~autodist.planner.errors.PlannerError` for anything the user can fix.
     """
+    from autodist.planner.recognise.spmd import crashes_noted
+
     progress = progress or _QUIET
     traced = trace(model, input_specs, progress)
-    analysis = analyse(model, traced, progress)
-    return plan_analysed(analysis, traced, request, arguments, progress, rules, model=model, local_view=local_view)
+    with crashes_noted() as crashes:  # recognition replays Paddle's SPMD rules too
+        analysis = analyse(model, traced, progress)
+    return plan_analysed(
+        analysis, traced, request, arguments, progress, rules, model=model, local_view=local_view, crashes=crashes
+    )
 
 
 def plan_analysed(
@@ -145,11 +153,42 @@ def plan_analysed(
     *,
     model: paddle.nn.Layer | None = None,
     local_view: bool = True,
+    crashes: Sequence[str] = (),
 ) -> PlannedModel:
     """Stages 5-7 for an analysed model: cost, search, emit (:func:`plan_model` without the
     tracing, for callers that plan one model for several requests). ``rules`` change
     ``analysis`` (its blocks' roles). ``local_view`` (with the ``model``, whose sub-layers are
-    run to prove it): as :func:`plan_model`; off, the token lookup stays in the global view too."""
+    run to prove it): as :func:`plan_model`; off, the token lookup stays in the global view too.
+    ``crashes``: the SPMD rule crashes met while analysing; with those met here, the plan's notes
+    and the warnings say them."""
+    from autodist.planner.recognise.rule_worker import RULES
+    from autodist.planner.recognise.spmd import crashes_noted
+
+    try:
+        with crashes_noted() as costing:  # pricing replays Paddle's SPMD rules per mp
+            made = _plan_analysed(analysis, traced, request, arguments, progress, rules, model, local_view)
+    finally:
+        RULES.close()  # its child ends with the plan
+    crashes = [*crashes, *costing]
+    if crashes:  # the plan was made: say the crashes in its notes (kept in order, once each)
+        import msgspec
+
+        notes = list(dict.fromkeys([*made.plan.notes, *crashes]))
+        made = replace(made, plan=msgspec.structs.replace(made.plan, notes=notes), crashes=crashes)
+    return made
+
+
+def _plan_analysed(
+    analysis: ModelAnalysis,
+    traced: Traced,
+    request: SearchRequest,
+    arguments: dict[str, str],
+    progress: Progress | None,
+    rules: dict[str, str] | None,
+    model: paddle.nn.Layer | None,
+    local_view: bool,
+) -> PlannedModel:
+    """:func:`plan_analysed`'s stages, the rule crashes they meet left to it."""
     from autodist.planner.cost.search import check_fixed_degrees, kernels_for, price, search
     from autodist.planner.emit import build_plan
 
@@ -169,13 +208,13 @@ def plan_analysed(
         result = search(priced, request)
     views = None
     if local_view and model is not None:
-        from autodist.planner.local_view_proof import local_views, rebatched
+        from autodist.planner.local_view_proof import rebatched
 
-        # traced again at a batch of its own, once, when a proof needs it
+        # traced again at a batch of its own, once, when a proof needs it (in the proof's child)
         again = functools.cache(lambda: rebatched(model, traced.input_specs, traced.program.layer_calls))
         while True:
             with progress.step("proving local views"):
-                views = local_views(analysis, model, result.best.strategy, traced.program.layer_calls, again)
+                views = _proven_views(analysis, model, result.best.strategy, traced.program.layer_calls, again)
             # The search priced every candidate as a local view (PricedModel); one whose proof
             # failed runs gathered, so it is priced gathered and the search runs again without it.
             unproven = priced.assumed_local(result.best.strategy) - {view.layer for view in views[0]}
@@ -196,6 +235,32 @@ def plan_analysed(
     return PlannedModel(
         plan=plan, analysis=analysis, result=result, traced=traced.program, priced=priced, kept_whole=kept
     )
+
+
+def _proven_views(
+    analysis: ModelAnalysis, model: paddle.nn.Layer, strategy: Strategy, calls: dict, again: Callable
+) -> tuple[list[LocalView], list[str]]:
+    """:func:`.local_view_proof.local_views`, run in a child forked from the planner
+    (:mod:`.contained`): the proofs run the model's sub-layers forward and backward in Paddle, and
+    a Paddle crash there leaves every candidate gathered, one note per kind naming the crash,
+    instead of ending the planner. The proofs' side effects (random draws, lazy weights made, the
+    retrace at a batch of its own, ``again``) stay in the child; what crosses back is the views and
+    the notes."""
+    from autodist.planner.contained import Crashed, run_forked
+    from autodist.planner.local_view_proof import candidates, local_views
+
+    try:
+        return run_forked("the local-view proof", local_views, analysis, model, strategy, calls, again)
+    except Crashed as crash:
+        by_kind: dict[str, list[str]] = {}  # how each candidate runs instead: the candidates
+        for candidate in candidates(analysis, strategy.mp):
+            by_kind.setdefault(candidate.otherwise, []).append(candidate.layer)
+        return [], [
+            f"local view: {layers[0]}{f' and {len(layers) - 1} more like it stay' if layers[1:] else ' stays'} "
+            f"global ({otherwise}): {crash} in Paddle, so no local view was proven (a Paddle bug: please "
+            "report it with the model)"
+            for otherwise, layers in by_kind.items()
+        ]
 
 
 def _kept_whole(

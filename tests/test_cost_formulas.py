@@ -443,17 +443,17 @@ def test_a_vocabulary_split_lookup_on_local_tensors_all_reduces_its_output_once(
 
 def test_local_views_true_prices_the_lookup_locally_whatever_the_strategy():
     # estimate(..., local_views=True): how bench/published.py prices Megatron-LM, which looks up
-    # locally under every strategy. Under 2 micro-batches with sequence parallelism apply_plan runs
-    # no local tensors (the table all-gathered twice per micro-batch); priced as Megatron, each micro-batch all-reduces
-    # its output once: 2 x 256 tokens x 64 features x 2 bytes = 2 x 32,768 B sent, nothing gathered.
+    # locally under every strategy. Priced in the global view (local_views=False, as where apply_plan
+    # runs no local tensors) the table is all-gathered twice per micro-batch; priced as Megatron, each
+    # micro-batch all-reduces its output once: 2 x 256 tokens x 64 features x 2 bytes = 2 x 32,768 B sent.
     vocab, hidden, seq = 1000, 64, 128
     first = EdgeCost(params_vocab=vocab * hidden, lookup_table=vocab * hidden, lookup_output=hidden, param_tensors=1)
     model = ModelCost(
         blocks=(BlockCost(layer="b", flops_per_token=1e6),), hidden_size=hidden, vocab_size=vocab, first=first
     )
     setup = Setup(device=H100, devices_per_node=2, nodes=1, seq_len=seq, global_batch=4, dtype="bf16")
-    strategy = Strategy(mp=2, micro_batches=2, sequence_parallel=True)
-    assert estimate(StageTable(model), strategy, setup).estimate.comm_bytes.mp == 4 * 64_000
+    strategy = Strategy(mp=2, micro_batches=2)
+    assert estimate(StageTable(model), strategy, setup, local_views=False).estimate.comm_bytes.mp == 4 * 64_000
     megatron = estimate(StageTable(model), strategy, setup, local_views=True)
     assert megatron.estimate.comm_bytes.mp == 2 * 32_768
     assert megatron.estimate.memory.activations == 0

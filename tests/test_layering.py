@@ -24,7 +24,16 @@ LAYERS: list[tuple[str, ...]] = [
     ("schemas",),  # the plan format and its words (placements, dtypes, strategy text, the MoE rule)
     ("applier",),  # apply_plan and checkpoints on every rank: the plan format alone
     # the planner's words, and what it keeps off the screen (quiet)
-    ("planner", "planner.errors", "planner.progress", "planner.ops", "planner.dense_selection", "planner.quiet"),
+    # and the child processes that contain Paddle's crashes (contained)
+    (
+        "planner",
+        "planner.errors",
+        "planner.progress",
+        "planner.ops",
+        "planner.dense_selection",
+        "planner.quiet",
+        "planner.contained",
+    ),
     ("planner.kernels",),  # the fused kernels a model selects, and which ones a plan prices
     ("planner.trace", "planner.load"),  # tracing the forward, loading the user's model
     ("planner.graph",),  # the traced program as a graph

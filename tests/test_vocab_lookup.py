@@ -33,6 +33,7 @@ import pytest
 
 from autodist.applier.placement.validate import plan_problems
 from autodist.applier.modes.vocab_lookup import vocab_lookup_problems
+from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest
 from autodist.planner.driver import load, plan_target
 from autodist.planner.review.check import check_plan_for_target
@@ -79,13 +80,18 @@ def test_the_planner_lists_the_lookup_of_a_vocabulary_split_table(plans):
 
 
 def test_where_the_lookup_cannot_run_locally_the_gather_stays_with_a_note():
-    # a strategy local tensors do not run under (as for local views): sequence parallelism
-    sequence = _plan("gpt", sequence_parallel=True)
-    assert sequence.vocab_lookup == []
+    # the one strategy local tensors do not run under (as for local views): the sequential pipeline
+    sequential = _plan(
+        "gpt", pp=2, schedule="sequential", devices_per_node=4, micro_batches=1, device=PROFILES["h100-sxm"]
+    )
+    assert sequential.vocab_lookup == []
     assert (
         "embedding wte.weight: split over the vocabulary, looked up in the global view, which all-gathers the "
-        "whole table in every forward and backward (it does not run on local tensors with sequence parallelism)"
-    ) in sequence.notes
+        "whole table in every forward and backward (it does not run on local tensors with the sequential "
+        "pipeline schedule)"
+    ) in sequential.notes
+    # with sequence parallelism it looks up locally, its partial sum reduce-scattered
+    assert _plan("gpt", sequence_parallel=True).vocab_lookup == [VocabLookup(layer="wte", weight="wte.weight")]
     # with 2 micro-batches of accumulation, ZeRO 1 and full recompute it looks up locally
     composed = _plan("gpt", dp=2, micro_batches=2, sharding_stage=1, recompute="full")
     assert composed.vocab_lookup == [VocabLookup(layer="wte", weight="wte.weight")]

@@ -17,16 +17,22 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import signal
+import sys
 import traceback
-from typing import Callable
+from typing import Callable, Iterator, NoReturn
 
 import click
 
 from autodist.schemas import PlanError, printable
 from autodist.schemas.checkpoint import CheckpointError
 
+from autodist.planner.contained import Crashed
 from autodist.planner.errors import PlannerError
+from autodist.planner.progress import Progress
 from autodist.planner.review.export import ExportError
 
 #: Exit status of every command for bad input (a missing file, an invalid plan, a bad degree, ...).
@@ -84,3 +90,55 @@ def unexpected(err: Exception, target: str) -> OneLineError:
     return OneLineError(
         f"planning {target} failed inside the planner: {type(err).__name__}: {text}{at}; please report it with the model"
     )
+
+
+#: In the child :func:`contained_command` runs the command in: the pipe on which it tells each
+#: step it starts (:class:`ToldProgress`); None elsewhere.
+_STEPS: int | None = None
+
+
+def contained_command(command: Callable[[], object]) -> NoReturn:
+    """Run ``command`` (the whole ``autodist-plan`` command line) in a child forked before Paddle
+    is imported, and exit with its status. If Paddle kills it by a signal somewhere the planner
+    does not contain the crash itself (tracing runs the user's forward, say), this process says
+    so in one ``error:`` line naming the step it was on, and exits 2; the plan is never half
+    written (it is saved atomically). Ctrl-C reaches the child, which answers it as click does."""
+    global _STEPS
+    steps, told = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(steps)
+        _STEPS = told
+        command()
+        sys.exit(0)
+    os.close(told)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _, status = os.waitpid(child, 0)
+    with os.fdopen(steps) as pipe:
+        said = pipe.read().splitlines()
+    if os.WIFSIGNALED(status):
+        step = f" while {said[-1]}" if said else ""
+        crash = Crashed("autodist-plan", -os.WTERMSIG(status))
+        OneLineError(f"{crash} in Paddle{step}; nothing was written; please report it with the model").show()
+        sys.exit(USAGE_ERROR)
+    sys.exit(os.waitstatus_to_exitcode(status))
+
+
+def quiet_paddle_crashes() -> None:
+    """In :func:`contained_command`'s child, with Paddle imported: Paddle's own fatal-signal
+    handler off, so a crash ends the child by its signal alone, with no C++ dump on the terminal."""
+    if _STEPS is not None:
+        import paddle
+
+        paddle.disable_signal_handler()
+
+
+class ToldProgress(Progress):
+    """:class:`Progress` that also tells :func:`contained_command`'s parent each step it starts."""
+
+    @contextlib.contextmanager
+    def step(self, what: str) -> Iterator[None]:
+        if _STEPS is not None:
+            os.write(_STEPS, (" ".join(what.split()) + "\n").encode())
+        with super().step(what):
+            yield

@@ -28,7 +28,14 @@ import click
 from autodist.schemas import PlanError, dump_plan, load_plan, plan_json_schema, printable, save_plan
 
 from autodist.planner.errors import PlannerError
-from autodist.planner.cli.errors import OneLineError, one_line_errors, unexpected
+from autodist.planner.cli.errors import (
+    OneLineError,
+    ToldProgress,
+    contained_command,
+    one_line_errors,
+    quiet_paddle_crashes,
+    unexpected,
+)
 from autodist.planner.cli.calibrate import calibrate
 from autodist.planner.quiet import held_stderr, silence_library_noise
 from autodist.planner.cli.review import REVIEW_COMMANDS, check_output, write_output
@@ -250,8 +257,9 @@ def plan(
         from autodist.planner.cost.hardware import cluster_shape, planned_device
         from autodist.planner.cost.search import SearchRequest
         from autodist.planner.driver import plan_target
-        from autodist.planner.progress import Progress
         from autodist.planner.recognise.rules import load_rules
+
+        quiet_paddle_crashes()
 
         devices, nodes = cluster_shape(cluster_file, options.pop("devices"), options.pop("nodes"))
         ctx.params.update(devices=devices, nodes=nodes)  # the provenance records what was planned for
@@ -272,7 +280,7 @@ def plan(
                 list(input_specs) or None,
                 request,
                 planner_arguments(ctx),
-                Progress(quiet=quiet),
+                ToldProgress(quiet=quiet),
                 rules=rules,
                 local_view=local_view,
             )
@@ -300,7 +308,7 @@ def plan(
         from autodist.planner.review.format import collapse
 
         # one line per kind of layer (indices collapsed), not one per layer
-        for line in made.kept_whole:
+        for line in [*made.kept_whole, *made.crashes]:
             click.echo(printable(f"warning: {line}"), err=True)
         for row in collapse(dict.fromkeys(made.analysis.unmatched, 0)):
             click.echo(
@@ -395,6 +403,8 @@ cli.add_command(calibrate)
 
 
 def main() -> None:
-    """Entry point of the ``autodist-plan`` console script."""
+    """Entry point of the ``autodist-plan`` console script: the command runs in a child process,
+    so a Paddle crash the planner does not contain ends in one ``error:`` line naming the step
+    (:func:`~autodist.planner.cli.errors.contained_command`), not a signal."""
     silence_library_noise()  # before Paddle is imported: glog's environment is read then
-    cli(prog_name="autodist-plan")
+    contained_command(lambda: cli(prog_name="autodist-plan"))

@@ -20,12 +20,13 @@ plan's reshard hooks, the implicit collectives priced) is in :mod:`.reshards`.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import networkx as nx
-from paddle.base import core
-from paddle.distributed.auto_parallel.static.dist_attribute import DistTensorSpec, TensorDistAttr
+
+from autodist.schemas.describe import layers_text
 
 from autodist.planner.graph import operand_sources
 from autodist.planner.ops import (
@@ -40,6 +41,7 @@ from autodist.planner.ops import (
     UNARY_OPS,
     short_op,
 )
+from autodist.planner.recognise.rule_worker import RULES, Answer, Answered, Operand, RuleCrashed, RuleRefused
 
 
 @dataclass(frozen=True)
@@ -89,18 +91,18 @@ class Reshard:
 # -- replaying the rules -----------------------------------------------------------------------------
 
 
-def _spec(mesh, dist: Dist) -> DistTensorSpec:
-    attr = TensorDistAttr()
-    attr.process_mesh = mesh
-    attr.dims_mapping = list(dist.dims)
-    if dist.partial:
-        attr._set_partial_dims([0])
-    return DistTensorSpec(list(dist.shape), attr)
+def _operand(value: Dist | list[Dist]) -> Operand:
+    """A value as the rule worker hands it to a rule (rule_worker.Tensor)."""
+    if isinstance(value, list):
+        return [(d.shape, d.dims, d.partial) for d in value]
+    return (value.shape, value.dims, value.partial)
 
 
-def _from_attr(attr, shape: Sequence[int], source: int) -> Dist:
-    partial = bool(attr._partial_dims())
-    return Dist(tuple(shape), tuple(attr.dims_mapping), partial, source if partial else None)
+def _from_layout(layout: Answered, shape: Sequence[int], source: int) -> Dist:
+    """One tensor's layout as a rule answered it (a list's are read one by one)."""
+    assert not isinstance(layout, list), "a list of layouts is read item by item"
+    dims, partial = layout
+    return Dist(tuple(shape), dims, partial, source if partial else None)
 
 
 def _whole(value: Dist | list[Dist]) -> bool:
@@ -288,27 +290,40 @@ class Replay:
         if rule_name in SIZE_RULE_OPS and dynamic([t.shape for t in inputs_flat] + list(data["shapes"])):
             self._unknown(node, operands)  # whole inputs assumed, as for an op with no rule known
             return
-        specs = [[_spec(self.mesh, t) for t in v] if isinstance(v, list) else _spec(self.mesh, v) for v in tensors]
-        try:
-            inputs, outputs = core.get_phi_spmd_rule(rule_name).infer_forward(*specs, *extra(data))
-        except (RuntimeError, ValueError, TypeError, KeyError, IndexError):
-            # a rule refusing this op's arguments must not stop planning: assume the worst
+        answer = self._ask(node, rule_name, tensors, extra(data))
+        if answer is None:  # the rule refused these arguments, or crashed: assume the worst
             self._unknown(node, operands)
             return
+        inputs, outputs = answer.inputs, answer.outputs
         for (operand, before), needed in zip(operands, inputs):
             if isinstance(before, list):
+                assert isinstance(needed, list), "a list operand is answered with a list of layouts"
                 for b, n in zip(before, needed):
-                    self._need(node, operand, b, _from_attr(n, b.shape, node))
+                    self._need(node, operand, b, _from_layout(n, b.shape, node))
             else:
-                self._need(node, operand, before, _from_attr(needed, before.shape, node))
+                self._need(node, operand, before, _from_layout(needed, before.shape, node))
         # a partial sum passed on (a reshape of a row projection's output, its product with a
         # routing weight) is still the row projection's: its origin is kept
         origin = next((t.partial_source for t in inputs_flat if t.partial), node)
         if data["shapes"] == [None]:  # a vector result (split, unbind): builtin.split sets the shapes
             flat = [o for out in outputs for o in (out if isinstance(out, list) else [out])]
-            self.values[node, 0] = [_from_attr(o, (), origin) for o in flat]
+            self.values[node, 0] = [_from_layout(o, (), origin) for o in flat]
         else:
-            self._set(node, [_from_attr(o, s or (), origin) for o, s in zip(outputs, data["shapes"])])
+            self._set(node, [_from_layout(o, s or (), origin) for o, s in zip(outputs, data["shapes"])])
+
+    def _ask(self, node: int, rule: str, tensors: list, extra: list) -> Answer | None:
+        """Paddle's rule for ``node``, asked in the rule worker's process (rule_worker.py); None
+        when it refuses the arguments or crashes (a crash noted, :func:`crashes_noted`)."""
+        try:
+            return RULES.infer(rule, self.mesh.process_ids, [_operand(t) for t in tensors], extra)
+        except RuleRefused:
+            return None
+        except RuleCrashed as crash:
+            data = self.graph.nodes[node]
+            if _NOTED is not None:
+                shapes = " ".join(str(list(t.shape)) for t in tensors if isinstance(t, Dist))
+                _NOTED.setdefault((str(crash), data["op"], shapes), []).append(data["layer"] or "the top level")
+            return None
 
     def _reduce(self, node: int, operand) -> None:
         """mean/sum over ``axis``: a split reduced axis leaves a partial sum."""
@@ -340,11 +355,13 @@ class Replay:
         if 1 not in tensors or 2 not in tensors:
             self._unknown(node, operands)
             return
-        x, y = _spec(self.mesh, tensors[1]), _spec(self.mesh, tensors[2])
-        inputs, outputs = core.get_phi_spmd_rule("matmul").infer_forward(x, y, False, False)
-        for operand, needed in zip((1, 2), inputs):
-            self._need(node, operand, tensors[operand], _from_attr(needed, tensors[operand].shape, node))
-        product = _from_attr(outputs[0], self.graph.nodes[node]["shapes"][0], node)
+        answer = self._ask(node, "matmul", [tensors[1], tensors[2]], [False, False])
+        if answer is None:
+            self._unknown(node, operands)
+            return
+        for operand, needed in zip((1, 2), answer.inputs):
+            self._need(node, operand, tensors[operand], _from_layout(needed, tensors[operand].shape, node))
+        product = _from_layout(answer.outputs[0], self.graph.nodes[node]["shapes"][0], node)
         if 0 in tensors:
             bias = tensors[0]
             wanted = Dist(bias.shape, product.dims[len(product.dims) - len(bias.dims) :])
@@ -396,6 +413,37 @@ class Replay:
             for b in before if isinstance(before, list) else [before]:
                 self._need(node, operand, b, Dist.replicated(b.shape))
         self._set(node, [Dist.replicated(s or []) for s in self.graph.nodes[node]["shapes"]])
+
+
+#: The crashes met while :func:`crashes_noted` is open: the layers, by crash, op and operand shapes.
+_NOTED: dict[tuple[str, str, str], list[str]] | None = None
+
+
+@contextlib.contextmanager
+def crashes_noted() -> Iterator[list[str]]:
+    """Note each rule crash met inside the ``with``: on leaving it, the list holds one line per
+    crash and op (the layers it met them in named at once), for the plan's notes and a warning.
+
+    >>> with crashes_noted() as crashes:
+    ...     pass  # replays here
+    >>> crashes
+    []
+    """
+    global _NOTED
+    outer, _NOTED = _NOTED, {}
+    lines: list[str] = []
+    try:
+        yield lines
+    finally:
+        noted, _NOTED = _NOTED, outer
+        for (crash, op, shapes), layers in noted.items():
+            lines.append(
+                f"{crash} on {op} {shapes} in {layers_text(list(dict.fromkeys(layers)))}: the planner took "
+                "the op as needing whole inputs there, so what it reads runs gathered or replicated "
+                '(a Paddle bug; docs/paddle-notes.md, "SPMD rules")'
+            )
+            if outer is not None:  # an enclosing ``with`` hears of it too
+                outer.setdefault((crash, op, shapes), []).extend(layers)
 
 
 def is_statistic(graph: nx.DiGraph, r: Reshard) -> bool:
