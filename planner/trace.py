@@ -30,6 +30,7 @@ import dataclasses
 import dis
 import inspect
 import math
+import threading
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -815,8 +816,13 @@ def _dy2static_caches():
        whose body is ``return rotate_half(x)``) calls itself instead: a ``RecursionError`` for a
        static method, a missing argument for a bound one. Such a method runs as plain Python too
        (:func:`_shadows_its_global`).
+    5. dy2static converts a function holding ``_CACHE_LOCK``, a plain ``threading.Lock``, and its
+       AST pass evaluates callee expressions (``is_api_in_module``): one that calls a function
+       (``_jst.Call(self.get_rel_embedding)().weight``, HF DeBERTa-v2) converts that function
+       again on the same thread, and waits on the lock it holds, for ever (seen as a hung test
+       suite). The lock is an ``RLock`` while we trace.
     """
-    from paddle.jit.dy2static import convert_call_func
+    from paddle.jit.dy2static import convert_call_func, program_translator
     from paddle.jit.dy2static.program_translator import _FUNCTION_CACHE
 
     convert, is_unsupported = _FUNCTION_CACHE.convert_with_cache, convert_call_func.is_unsupported
@@ -846,11 +852,13 @@ def _dy2static_caches():
 
     _FUNCTION_CACHE.convert_with_cache = convert_by_function
     convert_call_func.is_unsupported = remembered_is_unsupported
+    lock, program_translator._CACHE_LOCK = program_translator._CACHE_LOCK, threading.RLock()
     try:
         yield
     finally:
         del _FUNCTION_CACHE.convert_with_cache  # the instance attribute: the class's method shows again
         convert_call_func.is_unsupported = is_unsupported
+        program_translator._CACHE_LOCK = lock
 
 
 def _super_misconverted(func) -> bool:
