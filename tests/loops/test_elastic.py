@@ -121,8 +121,13 @@ def test_a_rank_lost_then_grown_back_trains_as_one_device(tmp_path, loop_plans, 
     assert "3 devices, but the family's largest plan that fits is for 2: running 2" in said, said
     last = (kill_at - 1) // 3 * 3  # the kill comes before that step's own checkpoint
     assert "launch 2: 2 ranks under gpt_mp2.json (dp1 mp2" in said and f"resuming at step {last}" in said, said
-    gone = f"launch 1 reached step {kill_at}, its last checkpoint is at step {last}: {kill_at - last} step(s) to train"
-    assert gone in said, said
+    # rank 0 reaches the killed rank's step, or is stopped one step short of it (the launcher's stop
+    # races its last step): how far it got is what the supervisor counts
+    gone = re.search(
+        r"launch 1 reached step (\d+), its last checkpoint is at step (\d+): (\d+) step\(s\) to train", said
+    )
+    assert gone and int(gone[2]) == last and last <= int(gone[1]) <= kill_at, said
+    assert int(gone[3]) == int(gone[1]) - last, said
     per_launch = [int(n) for n in re.findall(r"launch \d+ reached step \d+, .*: (\d+) step\(s\) to train again", said)]
     assert said_trained_again(said) == sum(per_launch), said
     assert "taking back device(s) [1]" in said and "launch 3: 4 ranks under gpt_dp2mp2.json" in said, said
@@ -158,7 +163,8 @@ def test_a_shuffled_loader_resumes_at_the_batch_it_stood_at(tmp_path, loop_plans
     assert done.returncode == 0, done.stderr[-4000:]
     last = (kill_at - 1) // 3 * 3
     assert f"resuming at step {last}" in done.stderr, done.stderr
-    assert said_trained_again(done.stderr) == trained_again(tmp_path / "run") == kill_at - last, done.stderr
+    # at most the steps since the checkpoint: rank 0 may be stopped before it logs the killed step
+    assert said_trained_again(done.stderr) == trained_again(tmp_path / "run") <= kill_at - last, done.stderr
     uninterrupted = tmp_path / "uninterrupted"
     uninterrupted.mkdir()
     run_script(
