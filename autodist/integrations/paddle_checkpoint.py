@@ -24,6 +24,8 @@ from typing import Any
 
 from autodist.schemas import PlanError
 
+from autodist.applier.placement.layout import assemble
+
 __all__ = ["load_here", "checkpoint_problems", "placed"]
 
 
@@ -149,8 +151,9 @@ def _assemble(
     files: dict[str, dict[str, Any]],
 ) -> Any:
     """The values of ``key``'s box (``offset``, ``shape``) from the pieces overlapping it, read
-    from their files once (``files``, numpy). Refused: a tensor the checkpoint lacks, or holds
-    with another dtype or global shape, or whose pieces do not tile it (their sizes must add up
+    from their files once (``files``, numpy) and put together by the applier's own
+    :func:`~autodist.applier.placement.layout.assemble`. Refused: a tensor the checkpoint lacks,
+    or holds with another dtype or global shape, or whose pieces do not tile it (their sizes must add up
     to its size: pieces recorded at one offset, as Paddle 3.3 records a DistTensor's unless
     :func:`placed` corrected it, would fill one rank's box with another's values)."""
     import numpy as np
@@ -172,18 +175,12 @@ def _assemble(
             "offset: a Trainer checkpoint saved without autodist's install)",
             str(folder),
         )
-    values = None
-    for start, extent, _, file in saved:
-        low = [max(a, b) for a, b in zip(start, offset)]
-        high = [min(a + n, b + m) for a, n, b, m in zip(start, extent, offset, shape)]
-        if any(lo >= hi for lo, hi in zip(low, high)):
-            continue
+
+    def read(i: int) -> Any:
+        file = saved[i][3]
         if file not in files:
             files[file] = paddle.load(str(folder / file), return_numpy=True)
-        source = files[file][key]
-        if values is None:
-            values = np.empty(shape, dtype=source.dtype)
-        values[tuple(slice(lo - b, hi - b) for lo, hi, b in zip(low, high, offset))] = source[
-            tuple(slice(lo - a, hi - a) for lo, hi, a in zip(low, high, start))
-        ]
-    return values
+        return files[file][key]
+
+    boxes = [(list(start), list(extent)) for start, extent, _, _ in saved]
+    return assemble((offset, shape), boxes, read, read(0).dtype)
