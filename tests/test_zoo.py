@@ -482,6 +482,19 @@ EXPECTED = {
         "transformer.wte.weight": COL_B,
         "transformer.wpe.weight": REP,
     },
+    # HF Phi-1.5 / Phi-2, planned blind: biased q/k/v reshaped with -1 heads, partial rotary by
+    # slicing (8 of each head's 20 features), a parallel block (attention and the fc1/fc2 GELU MLP
+    # read one LayerNorm, summed with the residual): Megatron's, dense by rows, the biased head by
+    # vocabulary columns
+    f"{ZOO}/phi_hf.py": {
+        **attention("model.layers.*.self_attn", o="dense", bias=True, o_bias=True),
+        **mlp("model.layers.*.mlp", ("fc1",), "fc2", bias=True),
+        "model.layers.*.input_layernorm.*": REP,
+        "model.final_layernorm.*": REP,
+        "model.embed_tokens.weight": ROW,  # vocabulary rows (VocabParallelEmbedding)
+        "lm_head.weight": COL,
+        "lm_head.bias": COL_B,
+    },
     # HF Phi-3: q|k|v fused in qkv_proj (cut by slicing at a width read from the config) and
     # gate|up fused in gate_up_proj (cut by chunk): each fused column split by columns, o_proj and
     # down_proj by rows, as Megatron splits its fused QKV and its SwiGLU fc1; the untied head by
