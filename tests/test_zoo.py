@@ -17,9 +17,9 @@ import functools
 import pytest
 
 from autodist.planner.cost.search import SearchRequest
-from harness.planning import plan_target
+from harness.planning import plan_command, plan_target
 from autodist.planner.errors import PlannerError
-from autodist.schemas import Plan
+from autodist.schemas import Plan, load_plan
 from harness.workloads import ZOO_FILES, ZOO_PADDLEFORMERS, ZOO_VARIANTS
 
 COL, COL_B, ROW, REP = "S(1)", "S(0)", "S(0)", "R"
@@ -482,6 +482,19 @@ EXPECTED = {
         "transformer.wte.weight": COL_B,
         "transformer.wpe.weight": REP,
     },
+    # HF Phi-1.5 / Phi-2, planned blind: biased q/k/v reshaped with -1 heads, partial rotary by
+    # slicing (8 of each head's 20 features), a parallel block (attention and the fc1/fc2 GELU MLP
+    # read one LayerNorm, summed with the residual): Megatron's, dense by rows, the biased head by
+    # vocabulary columns; planned the same at two input specs (SPECS below)
+    f"{ZOO}/phi_hf.py": {
+        **attention("model.layers.*.self_attn", o="dense", bias=True, o_bias=True),
+        **mlp("model.layers.*.mlp", ("fc1",), "fc2", bias=True),
+        "model.layers.*.input_layernorm.*": REP,
+        "model.final_layernorm.*": REP,
+        "model.embed_tokens.weight": ROW,  # vocabulary rows (VocabParallelEmbedding)
+        "lm_head.weight": COL,
+        "lm_head.bias": COL_B,
+    },
     # HF Phi-3: q|k|v fused in qkv_proj (cut by slicing at a width read from the config) and
     # gate|up fused in gate_up_proj (cut by chunk): each fused column split by columns, o_proj and
     # down_proj by rows, as Megatron splits its fused QKV and its SwiGLU fc1; the untied head by
@@ -639,6 +652,12 @@ LOCAL_VIEWS = {
 REFUSED = {f"{PF}:build_phi3": "model.layers.0.self_attn (Phi3Attention.forward at "}
 
 
+#: Models planned blind at input specs of their own (batch x sequence; no size equal to another of
+#: the model's): the plan at each, as autodist-plan makes it (local views on), has the placements
+#: of EXPECTED, no hooks, and the same local views.
+SPECS = {f"{ZOO}/phi_hf.py": ["input_ids:int64:3x16", "input_ids:int64:5x12"]}
+
+
 @functools.cache
 def mp_plan(target: str) -> Plan:
     mesh = {"devices_per_node": 2, "dp": 1} | PLANNED_AT.get(target, {})
@@ -647,7 +666,10 @@ def mp_plan(target: str) -> Plan:
 
 
 def mp_placements(target: str) -> dict[str, str]:
-    plan = mp_plan(target)
+    return placements_on_mp(mp_plan(target))
+
+
+def placements_on_mp(plan: Plan) -> dict[str, str]:
     axis = plan.mesh.axes.index("mp")
     return {fqn: p.placements[axis] for fqn, p in plan.params.items()}
 
@@ -681,6 +703,19 @@ def test_every_zoo_model_has_its_expected_placements():
 def test_zoo_model_gets_the_placements_a_reader_expects(target):
     problems = mismatches(EXPECTED[target], mp_placements(target))
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("target", list(SPECS))
+def test_zoo_model_planned_at_other_input_specs_is_placed_alike(target, tmp_path):
+    arguments = ["--mp", "2", "--devices", "2", "--device", "cpu", "--input-spec"]
+    paths = [plan_command(target, [*arguments, spec], tmp_path / f"{n}.json") for n, spec in enumerate(SPECS[target])]
+    plans = [load_plan(path) for path in paths]
+    for plan in plans:
+        problems = mismatches(EXPECTED[target], placements_on_mp(plan))
+        assert not problems and plan.hooks == [], "\n".join(problems) or f"hooks: {plan.hooks}"
+    traced_at = [list(plan.model.input_specs[0].shape) for plan in plans]
+    assert traced_at == [[int(n) for n in spec.rpartition(":")[2].split("x")] for spec in SPECS[target]]
+    assert all(plan.local_view == plans[0].local_view for plan in plans)
 
 
 @pytest.mark.parametrize("target", list(REFUSED))
