@@ -1,4 +1,4 @@
-"""``apply_plan``: validate, shard, hook, rebuild the optimizer, split the loader, equalise replicas.
+"""``apply_plan``: validate, agree, start from rank 0's model, shard, hook, rebuild the optimizer, split the loader.
 
 The user's training loop, for each schedule of the plan (the README copies this):
 
@@ -76,7 +76,7 @@ from autodist.applier.modes.local_einsum import run_permutations_locally
 from autodist.applier.ranks.readable import install as make_outputs_readable
 from autodist.applier.ranks.readable import settings as read_settings
 from autodist.applier.modes.recompute import wrap_recompute
-from autodist.applier.placement.replicas import equalise, equalise_random
+from autodist.applier.placement.replicas import equalise_dense, equalise_random
 from autodist.applier.placement.shard import shard_parameters
 from autodist.applier.ranks.store_host import warm_up_store_host
 from autodist.applier.placement.validate import plan_problems
@@ -117,10 +117,11 @@ def apply_plan(
     them all, and nothing has been changed. A rank that does not arrive within
     ``agree_timeout_s`` seconds (default ``AUTODIST_AGREE_TIMEOUT`` or 300) is named in it.
     A rank that raises or dies later, while applying the plan, is named too: every other rank
-    raises a ``PlanError`` before its first communication (the failed rank its own error).
+    raises a ``PlanError`` before its next communication (the failed rank its own error).
 
-    Once every rank has applied the plan, each value several ranks hold takes the first
-    holder's (ranks seeded apart built different models; replicas.py). A loader whose dataset
+    Before anything is sharded, every rank takes rank 0's random state and rank 0's parameters
+    and buffers (ranks seeded apart built different models; replicas.py): the run starts from
+    the model one device seeded as rank 0 builds, every piece of it. A loader whose dataset
     Paddle would pad over dp is refused with the rest (data.py), and the optimizer passed in
     refuses ``step()`` from then on: it holds the replaced parameters.
 
@@ -156,14 +157,20 @@ def apply_plan(
     agreement = agree(record, rank=dist.get_rank(), world=world, timeout_s=timeout_from(agree_timeout_s))
     assert loaded is not None  # agree() raises on every rank when any rank has a problem
     # Each rank applies the plan on its own; a rank that fails tells the others, and all settle
-    # before the first communication (agree.py), so none waits in one its peer never joins.
+    # before the next communication (agree.py), so none waits in one its peer never joins.
     with applying(agreement):
         return _apply(model, optimizer, dataloader, loaded, loss_fn, reshard_fn, agreement, read)
 
 
 def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreement: Agreement, read: ReadSettings):
-    """``apply_plan`` once every rank agreed on ``plan``: no communication until ``agreement`` settles."""
-    buffers = [buffer for _, buffer in model.named_buffers()]  # the user's layer's (a pipeline replaces model)
+    """``apply_plan`` once every rank agreed on ``plan``: after the copy of rank 0's model, no
+    communication until ``agreement`` settles."""
+    # The first communication, before anything one rank alone could fail at: every rank starts from
+    # rank 0's model and random stream, the one device's, however each was seeded (replicas.py). Before
+    # the sharding: an mp piece is then rank 0's columns, and a lazy build draws rank 0's numbers.
+    world = dist.get_world_size()
+    equalise_random(list(range(world)), dist.get_rank())
+    equalise_dense(model, dist.get_rank(), world)
     # Expert parallelism drops the experts other ranks hold before anything is sharded.
     sharded = shard_parameters(model, plan, frozenset(dropped_parameters(plan, dist.get_rank())))
     register_hooks(model, plan, reshard_fn)
@@ -181,15 +188,9 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
         model = build_pipeline(
             model, plan, loss_fn, dist.ProcessMesh(mesh_ids(plan).tolist(), plan.mesh.axes), sharded.copies
         )
-    # The first communication (copying replicas, below) unless a pipeline's came first: every rank
-    # must have applied the plan, or all raise here instead of waiting there. Before the optimizer
-    # is sharded: under ZeRO 3 that splits every parameter over dp, and a rank seeded apart would
-    # keep its own slice of its own draw.
+    # Every rank must have applied the plan before the next communication (the optimizer's), or all
+    # raise here instead of waiting there (unless a pipeline's came first and settled already).
     agreement.settle()
-    # Ranks seeded apart (seed + rank) built different models: what several hold starts as the first's.
-    equalise(plan, sharded.held, buffers, dist.get_rank())
-    # ... and their random streams as the first rank's: a dropout draws alike on every rank.
-    equalise_random(sorted(int(r) for r in mesh_ids(plan).flat), dist.get_rank())
     if optimizer is not None:
         # Only parameters the returned model holds: a pipeline stage drops the other stages'.
         mine = {id(p) for p in model.parameters()}

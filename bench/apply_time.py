@@ -11,7 +11,7 @@ meeting of the ranks, so it holds the wait for the slowest rank; the rank that w
 (the last to arrive) shows apply_plan's own cost. ``settle`` is their second meeting, once each
 rank applied the plan (applier/ranks/agree.py), so it holds the wait for the slowest to shard.
 
-Run: ``make bench`` or ``.venv/bin/python bench/apply_time.py [--layers 4] [--hidden 256] [--markdown]``.
+Run: ``make bench`` or ``.venv/bin/python bench/apply_time.py [--layers 4] [--hidden 256] [--seed-apart] [--markdown]``.
 The numbers go to docs/benchmarks.md by hand, with the machine they came from.
 """
 
@@ -37,7 +37,7 @@ PHASES = {
     "hooks and recompute": ("register_hooks", "wrap_recompute"),
     "optimizer": ("rebuild_optimizer", "shard_optimizer"),
     "loader": ("shard_loader",),
-    "copy replicas (first rank's values)": ("equalise",),
+    "copy rank 0's model and random state": ("equalise_dense", "equalise_random"),
     "readable outputs": ("make_outputs_readable",),
 }
 
@@ -80,7 +80,7 @@ def worker(job_path: str) -> None:
     rank = int(os.environ["PADDLE_TRAINER_ID"])
 
     def fresh():
-        paddle.seed(job["seed"])
+        paddle.seed(job["seed"] + (rank if job["seed_apart"] else 0))
         model = model_module.build_model(**job["config"])
         optimizer = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
         dataset = TokenDataset(job["config"]["vocab_size"], 2 * BATCH, job["seed"], seq=job["config"]["seq_length"])
@@ -127,6 +127,7 @@ def run(args) -> list[dict]:
     model = load_model().build_model(**config)
     plan = write_plan(tensor_parallel_plan(model, dp=2, mp=2), workdir / "plan.json")
     job = {"config": config, "plan": plan, "repeats": args.repeats, "seed": 2024, "out_dir": str(workdir)}
+    job["seed_apart"] = args.seed_apart
     (workdir / "job.json").write_text(json.dumps(job))
     result = launch_ranks(RANKS, [__file__, "--worker", str(workdir / "job.json")], workdir, timeout_s=args.timeout)
     result.raise_for_failure()
@@ -140,7 +141,8 @@ def report(args, ranks: list[dict], markdown: bool) -> str:
     head = (
         f"docstring Llama, {args.layers} layers, hidden {args.hidden}, intermediate {2 * args.hidden}, "
         f"{args.heads} heads, vocabulary {args.vocab}, sequence {args.seq} ({params / 1e6:.1f} M parameters); "
-        f"dp2 x mp2 on {RANKS} CPU processes (gloo); apply_plan best of {args.repeats}; "
+        f"dp2 x mp2 on {RANKS} CPU processes (gloo), ranks seeded {'apart' if args.seed_apart else 'alike'}; "
+        f"apply_plan best of {args.repeats}; "
         f"Paddle {paddle.__version__}, Python {platform.python_version()}, {os.cpu_count()} cores "
         f"({platform.processor() or platform.machine()})"
     )
@@ -177,4 +179,7 @@ def report(args, ranks: list[dict], markdown: bool) -> str:
 
 
 if __name__ == "__main__":
-    bench_main(__doc__, worker, run, report, layers=4, hidden=256, vocab=1000, timeout=600)
+    apart = "seed each rank 2024 + rank (as a script seeding its dropout does): rank 0's model is copied"
+    bench_main(
+        __doc__, worker, run, report, layers=4, hidden=256, vocab=1000, timeout=600, switches={"--seed-apart": apart}
+    )

@@ -39,8 +39,9 @@ def parameter_count(args) -> int:
 
 
 def bench_main(doc: str, worker: Callable, run: Callable, report: Callable, *, layers: int, hidden: int,
-               vocab: int, timeout: float) -> None:  # fmt: skip
-    """Parse the size options (defaults given), then run one rank or the whole benchmark."""
+               vocab: int, timeout: float, switches: dict[str, str] | None = None) -> None:  # fmt: skip
+    """Parse the size options (defaults given) and the benchmark's own ``switches`` (flag: help),
+    then run one rank or the whole benchmark."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--layers", type=int, default=layers)
@@ -51,6 +52,8 @@ def bench_main(doc: str, worker: Callable, run: Callable, report: Callable, *, l
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=timeout)
     parser.add_argument("--markdown", action="store_true", help="print a table for docs/benchmarks.md")
+    for flag, text in (switches or {}).items():
+        parser.add_argument(flag, action="store_true", help=text)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker)

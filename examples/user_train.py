@@ -39,11 +39,13 @@ order (dp's half-batches already, before the resume) moves it apart. Nothing the
 depends on it; ``--compare`` names such parameters with their gradient and exits 1 only when a
 loss or a logit differs by more than 1e-5.
 
-Saved the other way round (``--plan mp2.json --stop-after 5``, resumed under dp2) it does not match:
-step 1's loss is 4.3674 against 4.3347. ``set_seed`` after a bare ``fleet.init`` seeds rank 1 with
-2025, and a piece of an mp-split weight that one rank alone holds keeps that rank's draw (README,
-"What does not change either"; applier/placement/replicas.py), so the mp2 run starts from another
-model, with no message. With ``paddle.seed(SEED)`` on every rank instead, mp2 matches too (4.8e-7).
+Saved the other way round (``--plan mp2.json --stop-after 5``, resumed under dp2) it matches too
+(measured 2026-12-06): train losses within 4.8e-7, eval within 2.4e-7, logits 1.1e-6, 27 of 29
+parameters 9.5e-7. ``set_seed`` after a bare ``fleet.init`` seeds rank 1 with 2025, so rank 1
+builds another model; apply_plan starts every rank from rank 0's model before it shards it
+(applier/placement/replicas.py), so rank 1's columns of each split weight are rank 0's, the one
+device's. Before that, the mp2 run started from another model, with no message (step 1: 4.3674
+against 4.3347).
 """
 
 import argparse

@@ -145,13 +145,23 @@ def test_version_1_metadata_naming_the_mesh_axes_dim_names_still_reads(tmp_path)
 
 def test_a_run_accumulating_micro_batches_resumes_under_a_plan_without(tmp_path):
     """apply_plan wraps the optimizer for micro-batches; the checkpoint records the user's
-    optimizer class and its states, so it loads where the plan does not accumulate."""
+    optimizer class and its states, so it loads where the plan does not accumulate. A save
+    between an update's micro-batches, which would lose their summed gradients, is refused."""
     model = WORKLOAD.build(SEED)
     optimizer, schedule = make_optimizer("adamw", model.parameters())
     plan = tensor_parallel_plan(model)
     accumulating = msgspec.structs.replace(plan, strategy=msgspec.structs.replace(plan.strategy, micro_batches=2))
     model, optimizer, loader = apply_plan(model, optimizer, make_loader(WORKLOAD, 1, SEED), accumulating)
-    train(WORKLOAD, model, optimizer, schedule, loader, 2)  # two micro-batches: one update
+    for micro_batch, (inputs, labels) in enumerate(loader):  # two micro-batches: one update
+        WORKLOAD.loss(model, inputs, labels).backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        if micro_batch == 0:  # half an update: its summed gradient is in no checkpoint
+            with pytest.raises(CheckpointError) as refused:
+                save_checkpoint(model, optimizer, tmp_path / "ckpt", step=1)
+            assert "summed 1 of the 2 micro-batches of an update" in str(refused.value)
+            assert not (tmp_path / "ckpt").exists()
+    schedule.step()
     meta = save_checkpoint(model, optimizer, tmp_path / "ckpt", step=1)
     assert meta.optimizer.class_name == "AdamW" and len(meta.optimizer.states) == len(meta.params)
 

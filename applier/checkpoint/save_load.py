@@ -140,6 +140,7 @@ def save_checkpoint(
     try:
         _check_target_folder(path)
         _check_step(step)
+        _check_between_updates(optimizer)
         key = _signing_key(path)
         layouts, mine = _layouts(model, optimizer, rank)
         if scheduler is not None:
@@ -295,6 +296,17 @@ class _Layout:
 def _check_step(step) -> None:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"step must be a non-negative int, got {step!r}")
+
+
+def _check_between_updates(optimizer) -> None:
+    """A save between the micro-batches of one update would keep the parameters from before it
+    but not the gradients summed since: resumed, the update would miss those micro-batches."""
+    if isinstance(optimizer, AccumulatingOptimizer) and optimizer.pending:
+        raise CheckpointError(
+            f"the optimizer has summed {optimizer.pending} of the {optimizer.micro_batches} micro-batches of an "
+            f"update, whose gradients a checkpoint does not keep: save after the update's last micro-batch "
+            f"(every {optimizer.micro_batches}th opt.step() of the loader apply_plan returned)"
+        )
 
 
 def _layouts(

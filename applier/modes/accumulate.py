@@ -108,6 +108,11 @@ class AccumulatingOptimizer:
         self._inner.step()
         self.updates += 1
 
+    @property
+    def pending(self) -> int:
+        """How many micro-batches of the current update have been summed so far (0 between updates)."""
+        return self._calls % self.micro_batches
+
     def clear_grad(self, *args: Any, **kwargs: Any) -> None:
         if self._calls % self.micro_batches == 0:
             self._inner.clear_grad(*args, **kwargs)

@@ -58,13 +58,10 @@ def parameter_owners(model: paddle.nn.Layer) -> dict[int, list[Slot]]:
 class Sharded(NamedTuple):
     """What :func:`shard_parameters` made: the ``(old, new)`` parameter pairs (a copy on another
     stage is a pair too), ``copies[(name, stage)]``, the copy a tied name holds on a stage
-    (for a tie by function call, also the original on the parameter's own stage), and
-    ``held[fqn]``, the tensor holding a planned parameter's value on this rank (the original or
-    a copy; none for another stage's parameter or an expert dropped here)."""
+    (for a tie by function call, also the original on the parameter's own stage)."""
 
     pairs: list[tuple[paddle.Tensor, paddle.Tensor]]
     copies: dict[tuple[str, int], paddle.Tensor]
-    held: dict[str, paddle.Tensor]
 
 
 def shard_parameters(model: paddle.nn.Layer, plan: Plan, dropped: frozenset[str] = frozenset()) -> Sharded:
@@ -76,7 +73,7 @@ def shard_parameters(model: paddle.nn.Layer, plan: Plan, dropped: frozenset[str]
     held = {fqn: slots[0].layer._parameters[slots[0].key] for fqn, slots in slots_by_fqn.items()}
     turn = lazy.creation_turns(model, [held[fqn] for fqn in plan.params])
     replaced_layers = lazy.Dropped(list(held.values()))  # built with the model, no longer in it
-    replaced, copied, held_here = [], {}, {}
+    replaced, copied = [], {}
     me = dist.get_rank()
     local_views = LocalViews(plan)
     for fqn in sorted(plan.params, key=lambda f: (turn[id(held[f])], f)):
@@ -110,10 +107,9 @@ def shard_parameters(model: paddle.nn.Layer, plan: Plan, dropped: frozenset[str]
         for slot in slots:
             slot.layer._parameters[slot.key] = copies.get(slot.fqn, here) if slot.fqn != fqn else here
         replaced += [(old, new)] + [(old, copy) for copy in copies.values()]
-        held_here.update({fqn: t for t in (new, *copies.values()) if me in t.process_mesh.process_ids})
         copied.update({(alias, planned.tied_stages[alias]): copy for alias, copy in copies.items()})
         if called_stage is not None:
             copied[(fqn, planned.stage)] = new
         if built_lazily:
             old._set_impl(paddle.Tensor())  # drop the whole tensor (not _clear_data: new may share it)
-    return Sharded(replaced, copied, held_here)
+    return Sharded(replaced, copied)

@@ -120,6 +120,7 @@ ONE_DEVICE_RUNS = [
     ("tied_pipeline.py",),
     ("seeded_per_rank.py", "--seed", "paddle"),
     ("seeded_per_rank.py", "--seed", "paddleformers"),
+    ("seeded_per_rank.py", "--seed", "paddle", "--eval-samples", "8"),
     ("read_anywhere.py", "--model", "gpt"),
     ("read_anywhere.py", "--model", "mixtral"),
 ]

@@ -32,7 +32,6 @@ made once per session, together in one process (one_device.py).
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -138,16 +137,34 @@ def test_a_tie_by_function_call_under_1f1b_ends_with_the_single_device_parameter
     assert_same_training(tied_pp2, single_device("tied_pipeline.py"), keys=())
 
 
-@pytest.mark.parametrize("seed", ["paddle", "paddleformers"])
-def test_ranks_seeded_apart_before_the_build_train_as_one_device(seed, loop_plans, single_device, tmp_path):
-    """Each rank built its own model (seeded 2024 + rank; PaddleFormers' set_seed after
-    fleet.init does the same per dp rank): apply_plan copies rank 0's replicated parameters to
-    rank 1 (replicas.py). Without that the dp2 run logged 4.53270 at step 1 against 4.50802 on one
-    device, on both ranks alike. The eval loader's last batch of 3 reads as on one device."""
-    ranks, path = loop_plans("gpt", "dp2")
-    run = run_script("seeded_per_rank.py", tmp_path, ranks, path, "--seed", seed)
+@pytest.mark.parametrize(
+    ("plan_name", "seed", "args"),
+    [
+        ("dp2", "paddle", ()),
+        ("dp2", "paddleformers", ()),
+        ("mp2", "paddleformers", ()),
+        # Whole eval batches: a dense batch of 3 under dp2 x mp2 stops in the attention's reshape
+        # (Paddle splits it over dp there: "local_shape[0] is 3 and shard mesh dims is 2"), loudly.
+        ("dp2mp2", "paddle", ("--eval-samples", "8")),
+        # Built lazily, each rank draws every parameter whole from its generator: rank 0's now.
+        ("mp2", "paddle", ("--lazy",)),
+    ],
+    ids=["dp2", "dp2-set_seed", "mp2-set_seed", "dp2mp2", "mp2-lazy"],
+)
+def test_ranks_seeded_apart_before_the_build_train_as_one_device(
+    plan_name, seed, args, loop_plans, single_device, tmp_path
+):
+    """Each rank built its own model (seeded 2024 + rank; PaddleFormers' set_seed after a bare
+    fleet.init does the same per dp rank): apply_plan gives every rank rank 0's model before it
+    shards it (replicas.py), so every piece is one device's. Without that the dp2 run logged
+    4.53270 at step 1 against 4.50802 on one device, on both ranks alike; under mp2 and dp2 x mp2
+    rank 1's columns of every split weight were its own draw, and both logged 4.47414 (copied over
+    dp from ranks 0 and 1, before). The eval loader's last batch reads as on one device."""
+    ranks, path = loop_plans("gpt", plan_name)
+    run = run_script("seeded_per_rank.py", tmp_path, ranks, path, "--seed", seed, *args)
+    eager = [arg for arg in args if arg != "--lazy"]  # one device builds eagerly (nothing applies a lazy build)
     assert_same_training(
-        run, single_device("seeded_per_rank.py", "--seed", seed), keys=("losses", "eval"), exempt=ZERO_GRADIENT
+        run, single_device("seeded_per_rank.py", "--seed", seed, *eager), keys=("losses", "eval"), exempt=ZERO_GRADIENT
     )
     assert sorted(run.log["eval"]) == ["1", "2"]
 
@@ -176,19 +193,3 @@ def test_a_habit_that_would_train_wrong_ends_before_training_on_every_rank(args,
     for process in job.processes:
         assert message in process.stderr, process.stderr[-2000:]
         assert "step 1" not in process.stdout
-
-
-def test_under_dp2_x_mp2_each_mp_piece_is_copied_over_its_dp_replicas(loop_plans, tmp_path):
-    """Seeded 2024 + rank, an mp2 run starts from rank 0's replicated parameters and each rank's
-    own mp piece (a piece one rank holds is its own draw, as in Megatron). Under dp2 x mp2 (mesh
-    [[0, 1], [2, 3]]) ranks 2 and 3 drew yet other values; copied from the first rank of each
-    piece's dp replicas, ranks 0 and 1, the model is the mp2 run's, and trains alike."""
-    ranks, path = loop_plans("gpt", "dp2mp2")
-    plan = json.loads(path.read_text())["mesh"]
-    assert (plan["axes"], plan["shape"], plan["process_ids"]) == (["dp", "mp"], [2, 2], [0, 1, 2, 3])
-    # Whole eval batches: a dense batch of 3 under dp2 x mp2 stops in the attention's reshape (Paddle
-    # splits it over dp there: "local_shape[0] is 3 and shard mesh dims is 2"), loudly.
-    args = ("--seed", "paddle", "--eval-samples", "8")
-    dp2mp2 = run_script("seeded_per_rank.py", tmp_path / "dp2mp2", ranks, path, *args)
-    mp2 = run_script("seeded_per_rank.py", tmp_path / "mp2", *loop_plans("gpt", "mp2"), *args)
-    assert_same_training(dp2mp2, mp2, keys=("losses", "eval"), exempt=ZERO_GRADIENT)

@@ -4,6 +4,7 @@ them, the loss logged on rank 0 and a held-out loss from the whole eval loader a
     --seed paddle          paddle.seed(2024 + rank) before the build (each rank its own dropout)
     --seed paddleformers   PaddleFormers' set_seed(2024) after fleet.init, which seeds each dp rank
                            with 2024 + its dp rank (paddleformers.trainer.trainer_utils)
+    --lazy                 the model built under autodist.LazyGuard() (each rank allocates its shard only)
     --samples N            a train loader of N samples with the default drop_last=False
     --discard-return       apply_plan(model, opt, loader, plan) without taking what it returns
 
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--seed", choices=["paddle", "paddleformers"], default="paddle")
     parser.add_argument("--samples", type=int, default=3 * BATCH)
     parser.add_argument("--discard-return", action="store_true")
+    parser.add_argument("--lazy", action="store_true")
     parser.add_argument("--eval-samples", type=int, default=7)
     args = parser.parse_args()
     if args.plan:
@@ -56,7 +58,11 @@ def main() -> None:
         set_seed(2024)
     else:
         paddle.seed(2024 + dist.get_rank())
-    model = build_model()
+    if args.lazy:
+        with autodist.LazyGuard():  # autodist
+            model = build_model()
+    else:
+        model = build_model()
     opt = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters())
     loader = paddle.io.DataLoader(token_dataset(1, args.samples), batch_size=BATCH)
     eval_loader = paddle.io.DataLoader(token_dataset(2, args.eval_samples), batch_size=BATCH)
