@@ -73,6 +73,8 @@ from autodist.applier.ranks.readable import Settings as ReadSettings
 from autodist.applier.ranks.readable import close as close_readable
 from autodist.applier.modes.local_einsum import restore as restore_einsum
 from autodist.applier.modes.local_einsum import run_permutations_locally
+from autodist.applier.modes.exact_norm import norm_exactly
+from autodist.applier.modes.exact_norm import restore as restore_norm
 from autodist.applier.ranks.readable import install as make_outputs_readable
 from autodist.applier.ranks.readable import settings as read_settings
 from autodist.applier.modes.recompute import wrap_recompute
@@ -177,6 +179,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     LocalViews(plan).wrap(model)  # sub-layers that run on local tensors (local_view.py)
     wrap_vocab_lookups(model, plan)  # token lookups in a vocabulary-split table, Megatron's way (vocab_lookup.py)
     run_permutations_locally()  # an einsum that only reorders dims, on local values (einsum.py)
+    norm_exactly()  # a norm over split dims, which Paddle sums (exact_norm.py)
     groups = None
     if runs_moe_locally(plan):  # expert parallelism, or the MoE layers of plain dp (experts.py)
         groups = ExpertGroups(plan, dist.get_rank())
@@ -238,8 +241,8 @@ def _clip_over_ranks(optimizer, rebuilt, model, plan: Plan, groups: ExpertGroups
 def close(model: paddle.nn.Layer | None = None) -> None:
     """Undo what apply_plan changed in this process beyond the model (for ``model``, or for every
     applied model): the readable losses' wrappers, server thread and exit wait (readable/), once
-    no applied model needs them, and ``paddle.einsum``'s local permutations (einsum.py). The
-    models stay distributed. Call it on every rank.
+    no applied model needs them, ``paddle.einsum``'s local permutations (einsum.py) and the exact
+    norms (exact_norm.py). The models stay distributed. Call it on every rank.
 
     Example::
 
@@ -249,6 +252,7 @@ def close(model: paddle.nn.Layer | None = None) -> None:
     close_readable(model)
     if model is None or not _APPLIED or set(_APPLIED) <= {model}:
         restore_einsum()
+        restore_norm()
 
 
 def applied_plan(model: paddle.nn.Layer) -> Plan | None:

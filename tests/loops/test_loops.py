@@ -78,11 +78,14 @@ def test_adamw_resumes_under_another_plan(adamw_runs, loop_plans, single_device,
 
 
 @pytest.mark.parametrize("plan", PLANS)
-def test_manual_gradient_accumulation(plan, loop_plans, single_device, tmp_path):
+def test_manual_gradient_accumulation_and_clip_grad_norm(plan, loop_plans, single_device, tmp_path):
     ranks, path = loop_plans("gpt", plan)
+    """The gradient norm ``clip_grad_norm_`` returns (and clips by) is one device's: Paddle 3.3
+    sums the split halves' norms (exact_norm.py; mp2 logged 3.199 for 2.223 without it)."""
     run = run_script("accumulate.py", tmp_path, ranks, path)
-    assert_same_training(run, single_device("accumulate.py"), exempt=ZERO_GRADIENT)
-    assert sorted(run.log["losses"]) == ["1", "2"]
+    reference = single_device("accumulate.py")
+    assert_same_training(run, reference, keys=("losses", "norms"), exempt=ZERO_GRADIENT)
+    assert sorted(run.log["norms"]) == ["1", "2"] and min(reference.log["norms"].values()) > 1.0  # it clips
 
 
 @pytest.mark.parametrize("plan", PLANS)

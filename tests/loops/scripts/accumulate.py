@@ -1,5 +1,6 @@
 """Loop (b): gradient accumulation by hand — ``(loss / k).backward()`` every batch, an
-optimizer step every ``k`` batches — the loss logged on rank 0.
+optimizer step every ``k`` batches, the gradients clipped before it with
+``paddle.nn.utils.clip_grad_norm_`` — the loss and the gradient norm it returns logged on rank 0.
 
     python accumulate.py --out run                      # one device
     python -m paddle.distributed.launch --nproc_per_node 2 accumulate.py --plan plan.json --out run
@@ -42,7 +43,7 @@ def main() -> None:
         model, opt, loader = autodist.apply_plan(model, opt, loader, args.plan)  # autodist
 
     k = args.accumulate
-    log: dict = {"losses": {}}
+    log: dict = {"losses": {}, "norms": {}}
     running = 0.0
     for i, (input_ids, labels) in enumerate(loader, start=1):
         loss = F.cross_entropy(model(input_ids).reshape([-1, VOCAB]), labels.reshape([-1]))
@@ -50,11 +51,13 @@ def main() -> None:
         if dist.get_rank() == 0:
             running += float(loss) / k
         if i % k == 0:
+            grad_norm = paddle.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
             opt.step()
             opt.clear_grad()
             if dist.get_rank() == 0:
-                print(f"update {i // k} loss {running:.5f}")
+                print(f"update {i // k} loss {running:.5f} grad norm {float(grad_norm):.5f}")
                 log["losses"][i // k] = running
+                log["norms"][i // k] = float(grad_norm)
             running = 0.0
     autodist.save_checkpoint(model, opt, os.path.join(args.out, "final"), step=args.batches // k)
     if dist.get_rank() == 0:
