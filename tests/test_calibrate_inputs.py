@@ -71,6 +71,8 @@ def fsync_then_signal(fd, _fsync=os.fsync):
     _fsync(fd)
     os.kill(os.getpid(), signal.{signal})  # arrives mid-write, with the temp file on disk
 
+if signal.{signal} != signal.SIGKILL:  # its default action, as a shell starts it (nohup ignores SIGHUP)
+    signal.signal(signal.{signal}, signal.SIG_DFL)
 os.fsync = fsync_then_signal
 write_atomically(sys.argv[1], b"new")
 print("not reached")
