@@ -55,12 +55,13 @@ class Crashed(Exception):
         super().__init__(f"{what} crashed ({how})")
 
 
-def fork(target: Callable[[Connection], None], name: str) -> tuple[Any, Connection]:
+def fork(target: Callable[[Connection], None], name: str, *, daemon: bool = True) -> tuple[Any, Connection]:
     """A child forked to run ``target(connection)``, its output silenced; this side's end of the
-    pipe, which reads as closed once the child is gone."""
+    pipe, which reads as closed once the child is gone. A ``daemon`` child dies with this process
+    but may not fork children of its own."""
     context = multiprocessing.get_context("fork")
     ours, theirs = context.Pipe()
-    child = context.Process(target=_silenced, args=(target, theirs), daemon=True, name=name)
+    child = context.Process(target=_silenced, args=(target, theirs), daemon=daemon, name=name)
     child.start()
     theirs.close()
     return child, ours
@@ -84,10 +85,13 @@ def end(child: Any, connection: Connection) -> int | None:
     return child.exitcode
 
 
-def run_forked(what: str, function: Callable[..., Any], *args: Any, seconds: float = DEADLINE_SECONDS) -> Any:
+def run_forked(
+    what: str, function: Callable[..., Any], *args: Any, seconds: float = DEADLINE_SECONDS, nests: bool = False
+) -> Any:
     """``function(*args)`` in a forked child: its result, or the exception it raised, here;
     :class:`Crashed` when the child dies or runs past ``seconds``. The child's side effects stay
-    in the child."""
+    in the child. A child that ``nests`` may run forked calls of its own (it is no daemon: it is
+    ended here however this call ends)."""
 
     def answer(connection: Connection) -> None:
         try:
@@ -98,13 +102,14 @@ def run_forked(what: str, function: Callable[..., Any], *args: Any, seconds: flo
             except Exception:
                 connection.send(("raised", RuntimeError(f"{type(err).__name__}: {err}")))
 
-    child, connection = fork(answer, "autodist-contained")
+    child, connection = fork(answer, "autodist-contained", daemon=not nests)
     value: Any
     try:
         kind, value = connection.recv() if connection.poll(seconds) else ("hung", None)
     except (EOFError, OSError):
         kind, value = "died", None
-    exit_code = end(child, connection)
+    finally:
+        exit_code = end(child, connection)
     if kind == "returned":
         return value
     if kind == "raised":

@@ -241,8 +241,9 @@ def _proven_views(
     analysis: ModelAnalysis, model: paddle.nn.Layer, strategy: Strategy, calls: dict, again: Callable
 ) -> tuple[list[LocalView], list[str]]:
     """:func:`.local_view_proof.local_views`, run in a child forked from the planner
-    (:mod:`.contained`): the proofs run the model's sub-layers forward and backward in Paddle, and
-    a Paddle crash there leaves every candidate gathered, one note per kind naming the crash,
+    (:mod:`.contained`): the proofs run the model's sub-layers forward and backward in Paddle, each
+    kind in a child of its own (a crash there leaves that kind gathered), and a Paddle crash
+    elsewhere in the proof leaves every candidate gathered, one note per kind naming the crash,
     instead of ending the planner. The proofs' side effects (random draws, lazy weights made, the
     retrace at a batch of its own, ``again``) stay in the child; what crosses back is the views and
     the notes."""
@@ -250,7 +251,7 @@ def _proven_views(
     from autodist.planner.local_view_proof import candidates, local_views
 
     try:
-        return run_forked("the local-view proof", local_views, analysis, model, strategy, calls, again)
+        return run_forked("the local-view proof", local_views, analysis, model, strategy, calls, again, nests=True)
     except Crashed as crash:
         by_kind: dict[str, list[str]] = {}  # how each candidate runs instead: the candidates
         for candidate in candidates(analysis, strategy.mp):

@@ -60,6 +60,7 @@ from autodist.schemas.local_view import (
 from autodist.schemas.parallel_dims import local_views_refused
 
 from autodist.applier.modes.local_calls import LocalCall, share_of
+from autodist.planner.contained import Crashed, run_forked
 from autodist.planner.errors import source_place
 from autodist.planner.recognise.analysis import ModelAnalysis
 from autodist.planner.recognise.reshards import local_view_candidates, local_weights
@@ -159,10 +160,18 @@ def local_views(
         if key not in proven:
             try:
                 variants = call_variants(call, candidate.sublayer.num_heads, mp)
-                proven[key] = _relative(discover(layer, view, params, mp, plausible, _layouts(candidate), variants), "")
+                # In a child of its own: a Paddle crash leaves this kind gathered, not every kind.
+                found_view = run_forked(
+                    "the local-view proof", discover, layer, view, params, mp, plausible, _layouts(candidate), variants
+                )
+                proven[key] = _relative(found_view, "")
             except NotProven as exc:  # said once per sub-layer kind, its names relative to the sub-layer
                 why = str(exc).replace(candidate.layer + ".", "").rstrip(", ")
                 proven[key] = NotProven(why + input_width_reads(layer))
+            except Crashed as crash:
+                proven[key] = NotProven(
+                    f"{crash} in Paddle, so no local view was proven (a Paddle bug: please report it with the model)"
+                )
         outcome = proven[key]
         if isinstance(outcome, NotProven):
             unproven[candidate.layer] = (candidate.otherwise, str(outcome))

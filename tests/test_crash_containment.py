@@ -121,3 +121,30 @@ def test_a_crash_the_planner_does_not_contain_ends_in_one_error_line_naming_the_
     )
     assert "Traceback" not in done.stderr and "C++" not in done.stderr, done.stderr[-2000:]
     assert not out.exists()
+
+
+#: Makes the local-view proof of Phi-3's fused ``gate_up_proj`` MLP meet that crash, and of no other kind.
+MLP_PROOF_CRASHES = PROOF_CRASHES.replace(
+    "def discover(*args):  # Paddle's flatten rule, called in the proof's own process\n",
+    "own = proof.discover\n\ndef discover(layer, *args):  # the MLP's: Paddle's flatten rule, in the proof's process\n"
+    "    if type(layer).__name__ != 'Phi3MLP':\n        return own(layer, *args)\n",
+)
+PHI3 = ROOT / "tests" / "models" / "zoo" / "phi3_hf.py"
+
+
+def test_a_crash_in_one_kinds_proof_leaves_that_kind_gathered_and_proves_the_others(tmp_path):
+    """Phi-3's fused ``qkv_proj`` attentions and fused ``gate_up_proj`` MLPs are both local views
+    at mp 2. Each kind is proven in a child of its own: a Paddle crash in the MLPs' proof leaves
+    the MLPs gathered, with a note naming the crash, and the attentions still run as views."""
+    _, plain = plan_in_a_process(tmp_path, "plain", PHI3)
+    assert [v["layer"] for v in json.loads(plain)["local_view"]] == [
+        "model.layers.0.self_attn", "model.layers.0.mlp", "model.layers.1.self_attn", "model.layers.1.mlp"
+    ]  # fmt: skip
+    _, plan = plan_in_a_process(tmp_path, "crashed", PHI3, MLP_PROOF_CRASHES)
+    assert [v["layer"] for v in json.loads(plan)["local_view"]] == [
+        "model.layers.0.self_attn",
+        "model.layers.1.self_attn",
+    ]
+    notes = " ".join(json.loads(plan)["notes"])
+    assert "local view: model.layers.0.mlp and 1 more like it stay global" in notes
+    assert "the local-view proof crashed (SIGSEGV) in Paddle, so no local view was proven" in notes
