@@ -162,3 +162,17 @@ def test_zero3_local_views_gather_their_weights_once_and_hold_them(gpt_costs):
     assert rebuilt == view * WIDTH
     # selective recompute keeps them as its recomputed views' inputs, as without recompute
     assert priced(local, zero3, "selective").comm_bytes.dp == held.comm_bytes.dp
+
+
+def test_a_row_output_summed_after_the_sublayer_is_not_summed_again():
+    """The docstring Llama's ``o_proj`` has no bias: its Partial output leaves ``self_attn`` and
+    the residual add after it sums it, outside what selective recompute runs again (a biased
+    ``out_proj``, as above, is summed by its own bias add, inside: run again)."""
+    from models.traced import traced
+
+    model, program, graph = traced("docstring")
+    block = model_cost(analyze(program, graph, model)).blocks[0]
+    hidden = model.layers[0].self_attn.o_proj.weight.shape[1]
+    assert block.selective is not None and block.selective.layer == "self_attn"
+    assert (block.selective.allreduce_fwd_per_token, block.selective.allreduce_fwd_count) == (0, 0)
+    assert (block.allreduce_fwd_per_token, block.allreduce_fwd_count) == (2 * hidden, 2)  # o_proj's, down_proj's

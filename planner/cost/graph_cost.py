@@ -550,11 +550,12 @@ def _selective(
     local: frozenset[str],
 ) -> BlockCost | None:
     """What selective recompute of the sub-layer ``recomputed`` does (``BlockCost.selective``):
-    its ops walked alone (the forward the backward runs again, with the collectives inside it;
-    a local view's all-reduces run once, outside the recompute: applier/modes/local_calls.py
-    ``_wrap``), and as its saved tensors what the block (``walk``) no longer keeps: each value
-    its ops made and saved for their backward that no op after it saves too (its inputs,
-    made before it, are what the recompute keeps)."""
+    its ops walked alone (the forward the backward runs again, with the collectives inside it:
+    its fused projections' gathers, the sums of row-parallel outputs an op inside it reads
+    (:func:`_summed_inside`); a local view's all-reduces run once, outside the recompute:
+    applier/modes/local_calls.py ``_wrap``), and as its saved tensors what the block (``walk``)
+    no longer keeps: each value its ops made and saved for their backward that no op after it
+    saves too (its inputs, made before it, are what the recompute keeps)."""
     if recomputed is None:
         return None
     inner = {n for n in nodes if _under(facts.graph.nodes[n]["layer"], recomputed)}
@@ -564,9 +565,26 @@ def _selective(
     alone = walk_nodes(facts, inner, roles, fusion=fusion)
     alone.saved = {value: where for value, where in walk.saved.items() if value[0] in inner and value not in kept}
     fields = _walked(facts, alone, roles, tokens, seq, fusion)
-    if recomputed in local:
-        fields.update(allreduce_fwd_per_token=0.0, allreduce_fwd_count=0)
+    summed, count = (0.0, 0) if recomputed in local else _summed_inside(facts, inner, roles)
+    fields.update(allreduce_fwd_per_token=summed / tokens, allreduce_fwd_count=count)
     return BlockCost(layer=recomputed.removeprefix(block + "."), **fields)
+
+
+def _summed_inside(facts: GraphFacts, inner: set[int], roles: Roles) -> tuple[float, int]:
+    """(elements, collectives) of the row-parallel outputs among ``inner``'s ops that Paddle sums
+    over mp inside them. A row projection's output is Partial over mp, and Paddle sums it (its
+    ``PToR`` reshard) at the first op that reads it: inside, a bias add (the projection's own); a
+    projection without bias hands it on Partial, summed by the residual add after the sub-layer.
+    Measured on 2 gloo ranks with ``GLOG_v=3`` (docs/paddle-notes.md): a function run again by
+    Paddle's recompute runs the sum again only in the first case."""
+    elements, count = 0.0, 0
+    for n in inner:
+        factors = facts.factors(n) or ()
+        if not any(facts.weight_of.get(v) in roles.row for v in factors):
+            continue
+        if any(m in inner for _, m, d in facts.graph.out_edges(n, data=True) if d["result"] == 0):
+            elements, count = elements + facts.numel((n, 0)), count + 1
+    return elements, count
 
 
 def traced_tokens(analysis: ModelAnalysis) -> tuple[int, int]:

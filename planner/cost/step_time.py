@@ -618,14 +618,9 @@ def _stage_mp_comm(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) 
 
 def _selective_mp(ctx: _Context, kind: str, start: int, stop: int) -> tuple[float, int]:
     """(elements per token, collectives) of ``kind`` (``allreduce``, ``gather``) over mp that
-    the sub-layers selective recompute runs again run again in the backward (``BlockCost.selective``):
-    the gathers of the fused projections inside them (a gather hook of a projection is inside its
-    sub-layer's forward); the all-reduces of their row projections' outputs as full recompute
-    prices them, but under sequence parallelism, where the sub-layer's own post hook
-    reduce-scatters its output outside the recomputed forward (applier/modes/recompute.py: a
-    layer's hooks stay outside); a local view's none (graph_cost._selective)."""
-    if kind == "allreduce" and ctx.act_div > 1:
-        return 0.0, 0
+    the sub-layers selective recompute runs again run again in the backward (``BlockCost.selective``:
+    the gathers of their fused projections, the sums of row outputs read inside them; a local
+    view's none)."""
     table = ctx.table
     return table.total(f"selective.{kind}_fwd_per_token", start, stop), int(
         table.total(f"selective.{kind}_fwd_count", start, stop)
