@@ -176,3 +176,30 @@ def test_a_row_output_summed_after_the_sublayer_is_not_summed_again():
     assert block.selective is not None and block.selective.layer == "self_attn"
     assert (block.selective.allreduce_fwd_per_token, block.selective.allreduce_fwd_count) == (0, 0)
     assert (block.allreduce_fwd_per_token, block.allreduce_fwd_count) == (2 * hidden, 2)  # o_proj's, down_proj's
+
+
+def test_selective_recompute_time_is_a_forward_of_the_attention_traced_alone(korthikanti_block):
+    """Three Korthikanti layers at mp 2: selective recompute adds to each step the forward of
+    each layer's ``attn``; that sub-layer traced as a model of its own prices its forward as a
+    third of its step's compute (forward, backward twice the forward, no recompute)."""
+    from test_cost_graph import KorthikantiAttention
+
+    heads, block = korthikanti_block
+    blocks = tuple(block.__class__(**{**block.__dict__, "layer": f"h.{i}"}) for i in range(LAYERS))
+    layers = ModelCost(blocks=blocks, hidden_size=H, traced_batch=B, traced_seq=S)
+    attention = KorthikantiAttention(H, heads)
+    graph = build_graph(trace_model(attention, [paddle.static.InputSpec([B, S, H], "float32", "x")]))
+    roles = Roles(column=frozenset({"qkv_proj.weight"}), row=frozenset({"out_proj.weight"}), split=frozenset())
+    alone = ModelCost(
+        blocks=(block_cost(GraphFacts(graph), graph.nodes, "attn", roles, {}, B * S, S),),
+        hidden_size=H,
+        traced_batch=B,
+        traced_seq=S,
+    )
+    strategy = Strategy(mp=2)
+
+    def compute(cost: ModelCost, recompute: str) -> float:
+        return estimate(StageTable(cost), strategy, setup(recompute, 2, B)).compute_s
+
+    forward = compute(alone, "none") / 3
+    assert compute(layers, "selective") - compute(layers, "none") == pytest.approx(LAYERS * forward, rel=1e-9)
