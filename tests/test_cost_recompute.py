@@ -164,6 +164,15 @@ def test_zero3_local_views_gather_their_weights_once_and_hold_them(gpt_costs):
     assert priced(local, zero3, "selective").comm_bytes.dp == held.comm_bytes.dp
 
 
+def test_without_tensor_parallelism_no_view_runs_and_zero3_gathers_everything_twice(gpt_costs):
+    """At mp 1 no local view runs (``runs_local_views``): a cost that lists views (as
+    bench/published.py prices every row) prices ZeRO 3 as the model without them."""
+    dp4 = Strategy(dp=4, sharding_stage=3, micro_batches=2)
+    local, gathered = (priced(gpt_costs[how], dp4, "none") for how in ("local", "gathered"))
+    assert local.comm_bytes.dp == gathered.comm_bytes.dp
+    assert local.memory.activations == gathered.memory.activations
+
+
 def test_a_row_output_summed_after_the_sublayer_is_not_summed_again():
     """The docstring Llama's ``o_proj`` has no bias: its Partial output leaves ``self_attn`` and
     the residual add after it sums it, outside what selective recompute runs again (a biased

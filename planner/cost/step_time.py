@@ -537,7 +537,9 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     backward_s += (3 if ctx.setup.recompute == "full" else 2) * experts.shared_s
     blocks = ctx.cost.blocks[start:stop]
     whole = [n for b in blocks for n in multi_query_whole(b, ctx.strategy.mp)]
-    params, states, activations, working, tensors = _stage_memory(ctx, start, stop, edges, experts, sum(whole))
+    # each block's local-view parameters a rank computes with, where local views run (not at mp 1)
+    views = [view_params_per_rank(b, ctx.strategy.mp) for b in blocks] if runs_local_views(ctx.strategy) else []
+    params, states, activations, working, tensors = _stage_memory(ctx, start, stop, edges, experts, sum(whole), views)
     return _Stage(
         forward_s + backward_s,
         backward_s,
@@ -556,8 +558,8 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
         moe_grads=experts.moe_grads,
         mp_grad_params=sum(whole),
         mp_grad_tensors=len(whole),
-        view_params=sum(view_params_per_rank(b, ctx.strategy.mp) for b in blocks),
-        view_tensors=sum(b.view_param_tensors for b in blocks),
+        view_params=sum(views),
+        view_tensors=sum(b.view_param_tensors for b in blocks) if views else 0,
     )
 
 
@@ -690,12 +692,19 @@ def _stage_experts(ctx: _Context, start: int, stop: int) -> _StageExperts:
 
 
 def _stage_memory(
-    ctx: _Context, start: int, stop: int, edges: list[EdgeCost], experts: _StageExperts, held_whole: float = 0.0
+    ctx: _Context,
+    start: int,
+    stop: int,
+    edges: list[EdgeCost],
+    experts: _StageExperts,
+    held_whole: float = 0.0,
+    views: list[float] | None = None,
 ) -> tuple[float, StateBytes, float, float, int]:
     """Memory: model states under ZeRO, activations per micro-batch in flight: (parameter
     elements per rank, their states, activation bytes per micro-batch, working bytes alive
     once, parameter tensors). ``held_whole``: elements of split parameters each mp rank holds
-    whole (fused multi-query weights, :func:`multi_query_whole`)."""
+    whole (fused multi-query weights, :func:`multi_query_whole`); ``views``: elements of each
+    block's local-view parameters per rank, which ZeRO 3 gathers over dp for the views."""
     table, strategy, setup = ctx.table, ctx.strategy, ctx.setup
     mp, seq, tokens, width, ep, moe = strategy.mp, setup.seq_len, ctx.tokens, ctx.width, strategy.ep, experts.moe
     params = (
@@ -728,12 +737,11 @@ def _stage_memory(
         table.total("param_tensors", start, stop) + sum(e.param_tensors for e in edges) - experts.dropped_tensors
     )
     held = 0.0
-    if strategy.sharding_stage == 3 and strategy.dp > 1:  # the local views' parameters gathered over dp
-        views = [view_params_per_rank(b, mp) * width for b in table.cost.blocks[start:stop]]
+    if strategy.sharding_stage == 3 and strategy.dp > 1 and views:  # the views' parameters gathered over dp
         if setup.recompute == "full":  # gathered again as each block is rebuilt, held while it is
-            working += max(views, default=0.0)
+            working += max(views) * width
         else:  # held from each micro-batch's forward to its backward
-            held = sum(views)
+            held = sum(views) * width
     return params, states, tokens * per_token + held, working, tensors
 
 
