@@ -33,7 +33,6 @@ Example::
 from __future__ import annotations
 
 import math
-import os
 from importlib import metadata
 from typing import Sequence
 
@@ -74,6 +73,7 @@ from autodist.planner.ops import SEQUENCE_MIXING_OPS, SHAPE_ONLY_OPS, short_op
 from autodist.planner.recognise.analysis import (
     LinearUse,
     ModelAnalysis,
+    attention_layer,
     params_before_blocks,
     params_read_on_both_sides,
 )
@@ -161,34 +161,23 @@ def build_plan(
     )
 
 
-#: The pattern names of attention projections (analysis.LinearUse.name).
-ATTENTION_PROJECTIONS = frozenset({"q", "k", "v", "qkv", "o"})
-
-
 def recompute_layers(analysis: ModelAnalysis, mode: str, notes: list[str]) -> list[str]:
     """The layers apply_plan recomputes: every block (``full``), or the sub-layer holding each
-    block's attention projections (``selective``; a block that computes attention inline has
-    none, and a note says so)."""
+    block's attention projections (``selective``, :func:`attention_layer`; a block that computes
+    attention inline has none, and a note says so)."""
     if mode == "full":
         return [block.layer for block in analysis.blocks]
     if mode != "selective":
         return []
     layers = []
     for block in analysis.blocks:
-        owners = [use.layer.split(".") for use in block.linears if use.name in ATTENTION_PROJECTIONS]
-        common = os.path.commonprefix(owners) if owners else []  # element-wise on lists of names
-        attention = ".".join(common[:-1] if common in owners else common)  # one projection: its parent
-        if attention.startswith(block.layer + "."):
+        attention = attention_layer(block)
+        if attention is not None:
             layers.append(attention)
         else:
             notes.append(
                 f"recompute selective: {block.layer} has no attention sub-layer to recompute; it is not recomputed"
             )
-    if layers:
-        notes.append(
-            "recompute selective: apply_plan recomputes each block's attention sub-layer, projections "
-            "included; the estimate prices only the attention core again (an underestimate of compute)"
-        )
     return layers
 
 

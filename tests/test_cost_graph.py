@@ -230,15 +230,7 @@ def test_untraced_lm_head_is_priced_from_its_weight_shape():
     assert any("lm_head was not traced" in note for note in cost.notes)
 
 
-# -- recompute (Korthikanti sec. 4.3 and 5) ---------------------------------------------------------
-
-
-def test_selective_recompute_drops_exactly_the_attention_core(korthikanti_layer_cost):
-    setup = Setup(
-        device=PROFILES["h100-sxm"], devices_per_node=2, nodes=1, seq_len=S, global_batch=B, recompute="selective"
-    )
-    got = estimate(StageTable(korthikanti_layer_cost), Strategy(mp=2, sequence_parallel=True), setup)
-    assert got.estimate.memory.activations == pytest.approx(sbh(S, B, H) * 34 / 2, rel=0.02)  # sbh * 34/t
+# -- recompute (Korthikanti sec. 4.3; selective recompute: tests/test_cost_recompute.py) --------------
 
 
 def test_full_recompute_of_a_traced_model_keeps_2sbh_per_layer():

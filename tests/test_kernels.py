@@ -17,6 +17,7 @@ matmul on CPU, docs/paddle-notes.md). Per token, by hand:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import paddle
 import paddle.nn as nn
@@ -182,8 +183,13 @@ def priced(block: BlockCost, recompute: str = "none"):
     return _Context(StageTable(cost), Strategy(), setup, None), cost, setup
 
 
+def recomputed(block: BlockCost) -> BlockCost:
+    """``block`` as one whose whole forward selective recompute runs again."""
+    return replace(block, selective=block)
+
+
 def test_eager_core_price_by_hand():
-    ctx, _, _ = priced(core(fused=False))
+    ctx, _, _ = priced(recomputed(core(fused=False)))
     # Each of the two matmuls: (S x D) @ (D x S) for A heads: 2 S S D A = 2048 FLOPs -> 2.048 ns;
     # bytes 2 A (S D + D S + S S) = 768 -> 768 ns; plus 1 us: 1.768 us. The scale and the
     # softmax move 4 A S x 8 tokens x 2 bytes = 1024 bytes: 1.024 us.
@@ -195,13 +201,13 @@ def test_eager_core_price_by_hand():
 
 
 def test_flash_core_price_by_hand():
-    ctx, _, _ = priced(core(fused=True))
+    ctx, _, _ = priced(recomputed(core(fused=True)))
     # One kernel: 4 H S x 8 tokens = 4096 FLOPs (4.096 ns) against q, k, v and the output read
     # and written once: 4 H x 8 tokens x 2 bytes = 1024 bytes (1.024 us): memory-bound; plus 1 us.
     forward, selective, rescore = ctx.block_forward(0)  # the first block
     assert forward == pytest.approx(max(4 * H * S * TOKENS / 1e12, 4 * H * TOKENS * WIDTH / 1e9) + 1e-6)
     assert forward == pytest.approx(2.024e-6)
-    assert selective == 0.0  # nothing saved to recompute
+    assert selective == forward  # the sub-layer's forward runs again, the kernel included
     assert rescore == pytest.approx(4 * H * S * TOKENS / 1e12 / 2)  # the scores again in its backward
 
 
@@ -214,16 +220,18 @@ def test_activation_bytes_by_hand(fused, per_token):
     assert activations == per_token * TOKENS * WIDTH
 
 
-def test_selective_recompute_frees_the_scores_only_for_eager():
-    eager = estimate(*priced_parts(core(False), "selective")).estimate.memory.activations
-    flash = estimate(*priced_parts(core(True), "selective")).estimate.memory.activations
-    assert eager == 5 * H * TOKENS * WIDTH  # the probabilities recomputed, not kept
-    assert flash == (5 * H + A) * TOKENS * WIDTH  # flash keeps its log-sum-exp either way
-
-
-def priced_parts(block: BlockCost, recompute: str):
-    _, cost, setup = priced(block, recompute)
-    return StageTable(cost), Strategy(), setup
+@pytest.mark.parametrize(("fused", "rebuilt"), [(False, 4 * H + A * S), (True, 4 * H + A)])
+def test_selective_recompute_keeps_the_sublayer_input_and_rebuilds_one(fused, rebuilt):
+    """Two blocks, each the attention sub-layer selective recompute runs again: each keeps its
+    input x (H per token); the backward rebuilds one at a time what it saved besides (q, k, v,
+    o_proj's input and the probabilities, or the flash kernel's log-sum-exp)."""
+    block = core(fused)
+    dropped = replace(block, saved_outside=Saved())  # all but the input x
+    two = (replace(block, layer="b.0", selective=dropped), replace(block, layer="b.1", selective=dropped))
+    setup = Setup(device=DEVICE, devices_per_node=1, nodes=1, seq_len=S, global_batch=B, recompute="selective")
+    cost = ModelCost(blocks=two, hidden_size=H, traced_batch=B, traced_seq=S)
+    activations = estimate(StageTable(cost), Strategy(), setup).estimate.memory.activations
+    assert activations == (2 * H + rebuilt) * TOKENS * WIDTH
 
 
 # -- a fused norm ---------------------------------------------------------------------------------

@@ -142,6 +142,19 @@ class BlockCost:
     #: under expert parallelism the first rank of each ep group runs them on the group's ep x
     #: the tokens and the others not at all, so the most loaded rank does ep x this.
     shared_flops_per_token: float = 0.0
+    #: Elements of the parameters of the block's local-view sub-layers (of ``params_split``, of
+    #: ``params_whole``): under ZeRO 3 a view gathers them over dp for its call and holds the
+    #: gathered values until its backward (applier/modes/local_calls.py ``param_local``).
+    view_params_split: int = 0
+    view_params_whole: int = 0
+    view_param_tensors: int = 0
+    #: The sub-layer selective recompute runs again (its attention, ``layer`` named inside the
+    #: block), priced alone: its FLOPs, core and memory traffic are the forward its backward runs
+    #: again, its forward collectives those that run again with it (none of a local view's: its
+    #: all-reduces run once, outside the recompute); its ``saved_*`` are what the block no longer
+    #: keeps (graph_cost._selective). None: the block has no attention sub-layer, nothing is
+    #: recomputed (emit.recompute_layers says so in a note).
+    selective: BlockCost | None = None
 
 
 def core_share(block: BlockCost, mp: int) -> float:
@@ -163,6 +176,18 @@ def multi_query_whole(block: BlockCost, mp: int) -> tuple[int, ...]:
     ((1536,), ())
     """
     return block.multi_query_params if kv_replicated(block.num_kv_heads, mp) else ()
+
+
+def view_params_per_rank(block: BlockCost, mp: int) -> float:
+    """Elements of ``block``'s local-view parameters one of ``mp`` ranks computes with: its
+    slices of the split ones, the fused multi-query weights it holds whole
+    (:func:`multi_query_whole`), the rest whole. What ZeRO 3 gathers over dp for the views.
+
+    >>> view_params_per_rank(BlockCost(layer="h.0", view_params_split=4096, view_params_whole=64), 4)
+    1088.0
+    """
+    whole = sum(multi_query_whole(block, mp))
+    return (block.view_params_split - whole) / mp + whole + block.view_params_whole
 
 
 @dataclass(frozen=True)

@@ -481,20 +481,38 @@ def block_cost(
     tokens: int,
     seq: int,
     fusion: Fusion = Fusion(),
+    recomputed: str | None = None,
+    local: frozenset[str] = frozenset(),
     **shape: Any,  # ints: the block's heads, head size, hidden and intermediate sizes
 ) -> BlockCost:
     """One block's :class:`BlockCost`. ``params``: numel of the block's parameters by FQN;
     ``tokens``/``seq``: the traced batch x sequence and sequence (dynamic dims as 1);
     ``shape``: ``num_heads``, ``num_kv_heads``, ``intermediate_size`` for the constraints, and
-    and for an MoE block what :func:`_moe_cost` gives; ``fusion``: the kernels priced fused."""
+    and for an MoE block what :func:`_moe_cost` gives; ``fusion``: the kernels priced fused;
+    ``recomputed``: the sub-layer selective recompute runs again (:func:`_selective`), ``local``
+    the sub-layers run as local views."""
     nodes = set(nodes)
     walk = walk_nodes(facts, nodes, roles, fusion=fusion)
     outputs = [facts.numel((u, d["result"])) for u, v, d in facts.graph.out_edges(nodes, data=True) if v not in nodes]
+    views = {fqn: n for fqn, n in params.items() if any(_under(fqn, view) for view in local)}
     return BlockCost(
         layer=layer,
         params_split=sum(n for fqn, n in params.items() if fqn in roles.split),
         params_whole=sum(n for fqn, n in params.items() if fqn not in roles.split),
         param_tensors=len(params),
+        output_per_token=max(outputs, default=0) / tokens,
+        view_params_split=sum(n for fqn, n in views.items() if fqn in roles.split),
+        view_params_whole=sum(n for fqn, n in views.items() if fqn not in roles.split),
+        view_param_tensors=len(views),
+        selective=_selective(facts, nodes, walk, layer, recomputed, roles, tokens, seq, fusion, local),
+        **_walked(facts, walk, roles, tokens, seq, fusion),
+        **shape,
+    )
+
+
+def _walked(facts: GraphFacts, walk: _Walk, roles: Roles, tokens: int, seq: int, fusion: Fusion) -> dict[str, Any]:
+    """The :class:`BlockCost` fields a walk gives (per token, or per token x sequence)."""
+    return dict(
         flops_per_token=walk.flops_weight / tokens,
         flops_per_token_seq=walk.flops_activation / (tokens * seq),
         saved_outside=_saved(facts, walk, "outside", tokens),
@@ -509,7 +527,6 @@ def block_cost(
         gather_fwd_count=len(walk.gathered_fwd),
         gather_bwd_count=len(walk.gathered_bwd),
         core_whole=walk.flops_activation_whole / walk.flops_activation if walk.flops_activation else 0.0,
-        output_per_token=max(outputs, default=0) / tokens,
         gemms=tuple(
             Gemm(n, k, "column" if w in roles.column else "row" if w in roles.row else "none") for w, n, k in walk.gemms
         ),
@@ -517,8 +534,57 @@ def block_cost(
         moved=_moved(walk, tokens, seq),
         fused_attention=fusion.flash and walk.flops_activation > 0,
         attention_io_per_token=walk.attention_io / tokens,
-        **shape,
     )
+
+
+def _selective(
+    facts: GraphFacts,
+    nodes: set[int],
+    walk: _Walk,
+    block: str,
+    recomputed: str | None,
+    roles: Roles,
+    tokens: int,
+    seq: int,
+    fusion: Fusion,
+    local: frozenset[str],
+) -> BlockCost | None:
+    """What selective recompute of the sub-layer ``recomputed`` does (``BlockCost.selective``):
+    its ops walked alone (the forward the backward runs again, with the collectives inside it:
+    its fused projections' gathers, the sums of row-parallel outputs an op inside it reads
+    (:func:`_summed_inside`); a local view's all-reduces run once, outside the recompute:
+    applier/modes/local_calls.py ``_wrap``), and as its saved tensors what the block (``walk``)
+    no longer keeps: each value its ops made and saved for their backward that no op after it
+    saves too (its inputs, made before it, are what the recompute keeps)."""
+    if recomputed is None:
+        return None
+    inner = {n for n in nodes if _under(facts.graph.nodes[n]["layer"], recomputed)}
+    if not inner:
+        return None
+    kept = {value for n in nodes - inner for value in facts.saved_by(n)}
+    alone = walk_nodes(facts, inner, roles, fusion=fusion)
+    alone.saved = {value: where for value, where in walk.saved.items() if value[0] in inner and value not in kept}
+    fields = _walked(facts, alone, roles, tokens, seq, fusion)
+    summed, count = (0.0, 0) if recomputed in local else _summed_inside(facts, inner, roles)
+    fields.update(allreduce_fwd_per_token=summed / tokens, allreduce_fwd_count=count)
+    return BlockCost(layer=recomputed.removeprefix(block + "."), **fields)
+
+
+def _summed_inside(facts: GraphFacts, inner: set[int], roles: Roles) -> tuple[float, int]:
+    """(elements, collectives) of the row-parallel outputs among ``inner``'s ops that Paddle sums
+    over mp inside them. A row projection's output is Partial over mp, and Paddle sums it (its
+    ``PToR`` reshard) at the first op that reads it: inside, a bias add (the projection's own); a
+    projection without bias hands it on Partial, summed by the residual add after the sub-layer.
+    Measured on 2 gloo ranks with ``GLOG_v=3`` (docs/paddle-notes.md): a function run again by
+    Paddle's recompute runs the sum again only in the first case."""
+    elements, count = 0.0, 0
+    for n in inner:
+        factors = facts.factors(n) or ()
+        if not any(facts.weight_of.get(v) in roles.row for v in factors):
+            continue
+        if any(m in inner for _, m, d in facts.graph.out_edges(n, data=True) if d["result"] == 0):
+            elements, count = elements + facts.numel((n, 0)), count + 1
+    return elements, count
 
 
 def traced_tokens(analysis: ModelAnalysis) -> tuple[int, int]:
@@ -561,6 +627,7 @@ def fusion_of(analysis: ModelAnalysis, kernels: Kernels | None) -> Fusion:
 
 
 def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) -> ModelCost:
+    from autodist.planner.recognise.analysis import attention_layer
     from autodist.planner.recognise.reshards import gathered_linears, multi_query_weights
 
     facts = GraphFacts(analysis.graph)
@@ -571,6 +638,7 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) 
     block_params: set[str] = set()
     for info in analysis.blocks:
         roles = replace(_roles(info.linears), gathered=frozenset(lin.layer for lin in gathered_linears(info, local)))
+        attention = attention_layer(info)
         mine = {fqn: n for fqn, n in numel.items() if fqn.startswith(info.layer + ".")}
         block_params.update(mine)
         in_blocks.update(info.nodes)
@@ -585,6 +653,8 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) 
                 tokens,
                 seq,
                 fusion,
+                attention,
+                local,
                 num_heads=info.num_heads,
                 num_kv_heads=info.num_kv_heads,
                 kv_split=_kv_split(info),

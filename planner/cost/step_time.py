@@ -8,9 +8,11 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   pass costs twice the forward (two matmuls of the same shape per matmul, Narayanan et al.
   2021 sec. 5.1; memory-bound ops read the saved input and the output gradient and write the
   input gradient). Full recompute adds one more forward of the blocks, selective recompute
-  one of the attention core (Korthikanti et al. 2022). A flash attention core (the plan's
-  ``kernels``) is one kernel at the roofline, with no scores saved, so selective recompute has
-  nothing of it to redo, and its backward recomputes the scores (half its forward again). FLOPs the trace gives no shape for
+  one of each block's attention sub-layer, as apply_plan recomputes it: projections, core and
+  the collectives inside it (``BlockCost.selective``: a local view's all-reduces run once),
+  keeping of what it saved only its inputs. A flash attention core (the plan's
+  ``kernels``) is one kernel at the roofline, with no scores saved, and its backward recomputes
+  the scores (half its forward again). FLOPs the trace gives no shape for
   (convolutions, hand-written costs) run at the compute roof. Every op also pays the device's
   fixed cost per op, kernel launch (``op_overhead_s``) plus the framework's dispatch that a
   real training step shows (``dispatch_overhead_s``, measured by ``autodist-plan calibrate
@@ -52,7 +54,10 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   each block's parameters in the forward and the backward of every micro-batch while the
   previous block computes (prefetching, Zhao et al., "PyTorch FSDP", VLDB 2023, sec. 3.3.2;
   Rajbhandari et al., ZeRO, SC 2020, sec. 7.2.2), so only the first block's gather is exposed
-  when the link keeps up; in the last backward the gathers and the gradient reduce-scatter
+  when the link keeps up (a local view's parameters are gathered in the forward alone and held
+  until the backward with the micro-batch's activations, applier/modes/local_calls.py
+  ``param_local``; full recompute gathers them again as it rebuilds their block);
+  in the last backward the gathers and the gradient reduce-scatter
   share the link. Hidden communication is not free: while a collective runs, the compute
   beside it loses the device's ``overlap_compute_loss`` of its speed (NCCL's kernels hold SMs;
   planner/cost/hardware.py), so each hidden piece costs that fraction of itself. A device whose
@@ -113,6 +118,7 @@ from autodist.planner.cost.blocks import (
     Saved,
     core_share,
     multi_query_whole,
+    view_params_per_rank,
 )
 from autodist.planner.cost.comm import (
     Link,
@@ -245,6 +251,17 @@ class StageTable:
         for part in ("floats", "masks"):  # the scores of cores that run whole on every mp rank
             values = (getattr(b.saved_inside_seq, part) * b.core_whole for b in cost.blocks)
             self._prefix[f"saved_whole_seq.{part}"] = [0.0, *accumulate(values)]
+        # what selective recompute runs again (BlockCost.selective), as ``selective.<field>``
+        recomputed = [b.selective or BlockCost(layer="") for b in cost.blocks]
+        for name in ("allreduce_fwd_per_token", "allreduce_fwd_count", "gather_fwd_per_token", "gather_fwd_count"):
+            self._prefix[f"selective.{name}"] = [0.0, *accumulate(getattr(b, name) for b in recomputed)]
+        for name in ("saved_outside", "saved_inside", "saved_inside_seq"):
+            for part in ("floats", "masks"):
+                values = (getattr(getattr(b, name), part) for b in recomputed)
+                self._prefix[f"selective.{name}.{part}"] = [0.0, *accumulate(values)]
+        for part in ("floats", "masks"):
+            values = (getattr(b.saved_inside_seq, part) * b.core_whole for b in recomputed)
+            self._prefix[f"selective.saved_whole_seq.{part}"] = [0.0, *accumulate(values)]
 
     def total(self, name: str, start: int, stop: int) -> float:
         prefix = self._prefix[name]
@@ -255,11 +272,19 @@ class StageTable:
         return stop - start if self.uniform else (start, stop)
 
     def saved(self, name: str, start: int, stop: int) -> Saved:
+        """The saved elements of field ``name`` (``selective.<field>``: of the sub-layers selective
+        recompute runs again) over blocks ``start:stop``."""
         return Saved(self.total(f"{name}.floats", start, stop), self.total(f"{name}.masks", start, stop))
 
     @cached_property
     def largest_block(self) -> BlockCost | None:
         return max(self.cost.blocks, key=lambda b: (b.saved_outside + b.saved_inside).floats, default=None)
+
+    @cached_property
+    def largest_selective(self) -> BlockCost | None:
+        """The recomputed sub-layer (``BlockCost.selective``) that drops the most."""
+        recomputed = [b.selective for b in self.cost.blocks if b.selective is not None]
+        return max(recomputed, key=lambda b: (b.saved_outside + b.saved_inside).floats, default=None)
 
 
 def stage_ranges(num_blocks: int, pp: int) -> list[tuple[int, int]]:
@@ -331,12 +356,15 @@ class _Context:
         return {}
 
     def block_forward(self, index: int) -> tuple[float, float, float]:
-        """(forward seconds of block ``index`` per micro-batch, of which the attention core
-        selective recompute runs again, and what its backward recomputes whatever the mode: a
-        flash core's scores); priced once per kind of block (:attr:`StageTable.kind`)."""
+        """(forward seconds of block ``index`` per micro-batch, of which the sub-layer selective
+        recompute runs again (``BlockCost.selective``), and what its backward recomputes whatever
+        the mode: a flash core's scores); priced once per kind of block (:attr:`StageTable.kind`)."""
         kind = self.table.kind[index]
         if kind not in self._block_times:
-            self._block_times[kind] = _block_forward(self, self.table.cost.blocks[kind])
+            block = self.table.cost.blocks[kind]
+            forward_s, rescore_s = _block_forward(self, block)
+            selective_s = _block_forward(self, block.selective)[0] if block.selective is not None else 0.0
+            self._block_times[kind] = (forward_s, selective_s, rescore_s)
         return self._block_times[kind]
 
     def gemm_time(self, gemm: Gemm) -> float:
@@ -398,6 +426,10 @@ class _Stage:
     #: elements (part of ``params``) and tensors, whose gradients are all-reduced over mp.
     mp_grad_params: float = 0.0
     mp_grad_tensors: int = 0
+    #: The local views' parameters (elements per rank, part of ``params``, and tensors): under
+    #: ZeRO 3 gathered over dp in each micro-batch's forward alone (:func:`_dp_sync`).
+    view_params: float = 0.0
+    view_tensors: int = 0
 
     def optimizer_s(self, device: DeviceProfile) -> float:
         """The optimizer step: every state read and written once (memory-bound), one update
@@ -503,8 +535,11 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     experts = _stage_experts(ctx, start, stop)
     forward_s += experts.shared_s
     backward_s += (3 if ctx.setup.recompute == "full" else 2) * experts.shared_s
-    whole = [n for b in ctx.cost.blocks[start:stop] for n in multi_query_whole(b, ctx.strategy.mp)]
-    params, states, activations, working, tensors = _stage_memory(ctx, start, stop, edges, experts, sum(whole))
+    blocks = ctx.cost.blocks[start:stop]
+    whole = [n for b in blocks for n in multi_query_whole(b, ctx.strategy.mp)]
+    # each block's local-view parameters a rank computes with, where local views run (not at mp 1)
+    views = [view_params_per_rank(b, ctx.strategy.mp) for b in blocks] if runs_local_views(ctx.strategy) else []
+    params, states, activations, working, tensors = _stage_memory(ctx, start, stop, edges, experts, sum(whole), views)
     return _Stage(
         forward_s + backward_s,
         backward_s,
@@ -523,6 +558,8 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
         moe_grads=experts.moe_grads,
         mp_grad_params=sum(whole),
         mp_grad_tensors=len(whole),
+        view_params=sum(views),
+        view_tensors=sum(b.view_param_tensors for b in blocks) if views else 0,
     )
 
 
@@ -530,11 +567,11 @@ def _stage_compute(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) 
     """Compute: forward, backward twice the forward, plus what recompute does again in backward
     (seconds of the stage's blocks and ``edges`` per micro-batch: forward, backward)."""
     table, tokens = ctx.table, ctx.tokens
-    forward_s = attention_s = rescore_s = 0.0
+    forward_s = selective_s = rescore_s = 0.0
     for index in range(start, stop if not table.uniform else min(stop, start + 1)):
-        block_s, block_attention_s, block_rescore_s = ctx.block_forward(index)
+        block_s, block_selective_s, block_rescore_s = ctx.block_forward(index)
         times = 1 if not table.uniform else stop - start
-        forward_s, attention_s = forward_s + times * block_s, attention_s + times * block_attention_s
+        forward_s, selective_s = forward_s + times * block_s, selective_s + times * block_selective_s
         rescore_s += times * block_rescore_s
     blocks_s = forward_s
     for edge in edges:
@@ -545,7 +582,7 @@ def _stage_compute(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) 
             + ctx.roof_time((flops - shaped) * tokens)
             + ctx.moved_time(edge.moved)
         )
-    recomputed_s = {"full": blocks_s, "selective": attention_s}.get(ctx.setup.recompute, 0.0) + rescore_s
+    recomputed_s = {"full": blocks_s, "selective": selective_s}.get(ctx.setup.recompute, 0.0) + rescore_s
     return forward_s, 2 * forward_s + recomputed_s
 
 
@@ -562,6 +599,9 @@ def _stage_mp_comm(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) 
     if ctx.setup.recompute == "full":
         collectives.append(collectives[0])
         gathers.append(gathers[0])
+    if ctx.setup.recompute == "selective":  # the recomputed sub-layers' forward collectives (_selective_mp)
+        collectives.append(_selective_mp(ctx, "allreduce", start, stop))
+        gathers.append(_selective_mp(ctx, "gather", start, stop))
     mp_s = sum(all_reduce_time(n * tokens * width, mp, mp_link, count) for n, count in collectives)
     mp_bytes = sum(all_reduce_bytes(n * tokens * width, mp) for n, _ in collectives)
     mp_s += sum(all_gather_time(n * tokens * width, mp, mp_link, round(count)) for n, count in gathers)
@@ -576,6 +616,17 @@ def _stage_mp_comm(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) 
             share * ctx.implicit.count * 2 * (mp - 1) * mp_link.step_latency(mp) + implicit_bytes / mp_link.bandwidth
         )
     return mp_s, mp_bytes, implicit_bytes
+
+
+def _selective_mp(ctx: _Context, kind: str, start: int, stop: int) -> tuple[float, int]:
+    """(elements per token, collectives) of ``kind`` (``allreduce``, ``gather``) over mp that
+    the sub-layers selective recompute runs again run again in the backward (``BlockCost.selective``:
+    the gathers of their fused projections, the sums of row outputs read inside them; a local
+    view's none)."""
+    table = ctx.table
+    return table.total(f"selective.{kind}_fwd_per_token", start, stop), int(
+        table.total(f"selective.{kind}_fwd_count", start, stop)
+    )
 
 
 def _stage_handoff(ctx: _Context, k: int, start: int, stop: int) -> tuple[float, float]:
@@ -641,12 +692,19 @@ def _stage_experts(ctx: _Context, start: int, stop: int) -> _StageExperts:
 
 
 def _stage_memory(
-    ctx: _Context, start: int, stop: int, edges: list[EdgeCost], experts: _StageExperts, held_whole: float = 0.0
+    ctx: _Context,
+    start: int,
+    stop: int,
+    edges: list[EdgeCost],
+    experts: _StageExperts,
+    held_whole: float = 0.0,
+    views: list[float] | None = None,
 ) -> tuple[float, StateBytes, float, float, int]:
     """Memory: model states under ZeRO, activations per micro-batch in flight: (parameter
     elements per rank, their states, activation bytes per micro-batch, working bytes alive
     once, parameter tensors). ``held_whole``: elements of split parameters each mp rank holds
-    whole (fused multi-query weights, :func:`multi_query_whole`)."""
+    whole (fused multi-query weights, :func:`multi_query_whole`); ``views``: elements of each
+    block's local-view parameters per rank, which ZeRO 3 gathers over dp for the views."""
     table, strategy, setup = ctx.table, ctx.strategy, ctx.setup
     mp, seq, tokens, width, ep, moe = strategy.mp, setup.seq_len, ctx.tokens, ctx.width, strategy.ep, experts.moe
     params = (
@@ -661,8 +719,9 @@ def _stage_memory(
     per_token = _stage_activation_bytes(table, start, stop, mp, ctx.act_div, seq, width, setup.recompute)
     per_token += sum(e.saved_whole.bytes(width) + e.saved_vocab.bytes(width) / ctx.vocab_div for e in edges)
     working = 0.0
-    if setup.recompute == "full" and table.largest_block is not None and stop > start:
-        working = tokens * _block_activation_bytes(table.largest_block, mp, ctx.act_div, seq, width)
+    rebuilt = {"full": table.largest_block, "selective": table.largest_selective}.get(setup.recompute)
+    if rebuilt is not None and stop > start:  # what the backward rebuilds, one (sub-)layer at a time
+        working = tokens * _block_activation_bytes(rebuilt, mp, ctx.act_div, seq, width)
     # A vocabulary-split table gathered for the lookup's backward (not when looked up locally):
     # whole on every mp rank with its whole gradient, before that is sliced to this rank's rows. Counted once, at the peak: an
     # upper bound (the embedding's backward runs when most of its micro-batch's activations are
@@ -677,18 +736,24 @@ def _stage_memory(
     tensors = round(
         table.total("param_tensors", start, stop) + sum(e.param_tensors for e in edges) - experts.dropped_tensors
     )
-    return params, states, tokens * per_token, working, tensors
+    held = 0.0
+    if strategy.sharding_stage == 3 and strategy.dp > 1 and views:  # the views' parameters gathered over dp
+        if setup.recompute == "full":  # gathered again as each block is rebuilt, held while it is
+            working += max(views) * width
+        else:  # held from each micro-batch's forward to its backward
+            held = sum(views) * width
+    return params, states, tokens * per_token + held, working, tensors
 
 
-def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float, float]:
-    """(forward seconds of ``block`` for one micro-batch on one rank, of which the attention core
-    selective recompute runs again, and the part of the core every backward recomputes).
+def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float]:
+    """(forward seconds of ``block`` (a block, or the sub-layer selective recompute runs again)
+    for one micro-batch on one rank, and the part of its core every backward recomputes).
 
     A flash core (``block.fused_attention``) is one kernel: its FLOPs at the compute roof or its
     reads and writes of q, k, v and the output at the memory roof, whichever is longer, plus one
-    op's fixed cost per core (two traced matmuls each). Selective recompute has nothing of it to
-    redo (it saves no scores); its backward recomputes the scores, one of its two matmuls: half
-    its forward again (FlashAttention-2's backward: 2.5x the forward's FLOPs, Dao 2023, sec. 3.2).
+    op's fixed cost per core (two traced matmuls each). Its backward recomputes the scores, one of
+    its two matmuls: half its forward again (FlashAttention-2's backward: 2.5x the forward's
+    FLOPs, Dao 2023, sec. 3.2).
     """
     mp, seq, share = ctx.strategy.mp, ctx.setup.seq_len, core_share(block, ctx.strategy.mp)
     shaped = sum(2.0 * g.n * g.k for g in block.gemms)
@@ -702,7 +767,7 @@ def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float, float
         io_bytes = block.attention_io_per_token * ctx.tokens * share * ctx.width
         cores = max(block.attention_matmuls // 2, 1)
         core_s = max(ctx.roof_time(core_flops), memory_time(io_bytes, device)) + cores * fixed_op_time(device)
-        return linear_s + core_s + moved_s, 0.0, ctx.roof_time(core_flops) / 2
+        return linear_s + core_s + moved_s, ctx.roof_time(core_flops) / 2
     if block.attention_matmuls and core_flops > 0:
         # One batched matmul per traced attention matmul, (seq x seq) by the head dim, over the
         # micro-batch's sequences x this rank's heads.
@@ -713,7 +778,7 @@ def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float, float
     else:
         core_s = ctx.roof_time(core_flops)
     core_s += ctx.moved_time(Moved(inside_seq=block.moved.inside_seq), share)
-    return linear_s + core_s + moved_s, core_s, 0.0
+    return linear_s + core_s + moved_s, 0.0
 
 
 def _allreduces(ctx: _Context, direction: str, start: int, stop: int, edges: list[EdgeCost]) -> tuple[float, int]:
@@ -819,12 +884,17 @@ def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, floa
         after = all_gather_time(state_bytes, dp, link, count)
         return ctx.overlapped(reduce, backward_s, chunks) + after, all_gather_bytes(state_bytes, dp) + reduced
     gather = all_gather_time(state_bytes, dp, link, count)  # block by block
+    # The local views' gathered parameters are held from the forward to the backward, not
+    # gathered again there (applier/modes/local_calls.py param_local), unless full recompute runs
+    # the forward again in the backward.
+    held = stage.view_params * ctx.width if ctx.setup.recompute != "full" else 0.0
+    again = all_gather_time(state_bytes - held, dp, link, max(count - (stage.view_tensors if held else 0), 1))
     exposed = (
         m * ctx.overlapped(gather, forward_s, chunks)
-        + (m - 1) * ctx.overlapped(gather, backward_s, chunks)
-        + ctx.overlapped(gather + reduce, backward_s, chunks)
+        + (m - 1) * ctx.overlapped(again, backward_s, chunks)
+        + ctx.overlapped(again + reduce, backward_s, chunks)
     )
-    return exposed, 2 * m * all_gather_bytes(state_bytes, dp) + reduced
+    return exposed, m * (all_gather_bytes(state_bytes, dp) + all_gather_bytes(state_bytes - held, dp)) + reduced
 
 
 def _mp_grad_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, float]:
@@ -869,18 +939,29 @@ def _stage_activation_bytes(
     if recompute == "full":
         # Only each block's input is kept (Korthikanti sec. 4.3); split with sequence parallelism.
         return sum(b.output_per_token for b in table.cost.blocks[start:stop]) * width / act_div
-    total = table.saved("saved_outside", start, stop).bytes(width) / act_div
-    total += table.saved("saved_inside", start, stop).bytes(width) / mp
-    if recompute == "none":  # the scores: of whole cores whole, of the rest 1/mp (core_share)
-        scores, whole = (
-            table.saved(name, start, stop).bytes(width) for name in ("saved_inside_seq", "saved_whole_seq")
-        )
-        total += (whole + (scores - whole) / mp) * seq
-    return total
+    kept = _saved_bytes(table, "", start, stop, mp, act_div, seq, width)
+    if recompute == "selective":  # all but what the recomputed sub-layers saved (BlockCost.selective)
+        kept -= _saved_bytes(table, "selective.", start, stop, mp, act_div, seq, width)
+    return kept
+
+
+def _saved_bytes(
+    table: StageTable, prefix: str, start: int, stop: int, mp: int, act_div: int, seq: int, width: int
+) -> float:
+    """Bytes per token one rank holds of the saved fields ``prefix`` + ``saved_*`` of blocks
+    ``start:stop``: outside the mp region split by sequence parallelism alone, inside 1/mp, the
+    scores of whole cores whole and of the rest 1/mp (:func:`core_share`)."""
+    total = table.saved(f"{prefix}saved_outside", start, stop).bytes(width) / act_div
+    total += table.saved(f"{prefix}saved_inside", start, stop).bytes(width) / mp
+    scores, whole = (
+        table.saved(f"{prefix}{name}", start, stop).bytes(width) for name in ("saved_inside_seq", "saved_whole_seq")
+    )
+    return total + (whole + (scores - whole) / mp) * seq
 
 
 def _block_activation_bytes(block: BlockCost, mp: int, act_div: int, seq: int, width: int) -> float:
-    """One block's full activations per token: what full recompute rebuilds during backward."""
+    """One block's full activations per token: what full recompute rebuilds during backward (of a
+    recomputed sub-layer, ``BlockCost.selective``: what selective recompute rebuilds)."""
     return (
         block.saved_outside.bytes(width) / act_div
         + block.saved_inside.bytes(width) / mp

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Literal, TypeAlias
 
@@ -449,6 +450,28 @@ def with_local_views(analysis: ModelAnalysis, local: frozenset[str]) -> ModelAna
             block = _with_sublayers(block, subs, first_use)
         blocks.append(block)
     return replace(analysis, blocks=blocks)
+
+
+#: The pattern names of attention projections (:attr:`LinearUse.name`).
+ATTENTION_PROJECTIONS = frozenset({"q", "k", "v", "qkv", "o"})
+
+
+def attention_layer(block: BlockInfo) -> str | None:
+    """The sub-layer holding ``block``'s attention projections: what selective recompute runs
+    again (the plan's ``recompute`` lists it, emit.recompute_layers; the cost model prices its
+    forward again, cost/graph_cost.py). None for a block that computes attention inline (its
+    projections' common owner is the block itself) or has none.
+
+    >>> use = lambda layer, name: LinearUse(layer, layer + ".weight", None, "column", 1, name=name)
+    >>> block = BlockInfo("h.0", "gpt", frozenset(), [use("h.0.attn.c_attn", "qkv"), use("h.0.attn.c_proj", "o")],
+    ...                   [], 4, 4, 8, 32, 128)
+    >>> attention_layer(block), attention_layer(replace(block, linears=block.linears[:1]))
+    ('h.0.attn', 'h.0.attn')
+    """
+    owners = [use.layer.split(".") for use in block.linears if use.name in ATTENTION_PROJECTIONS]
+    common = os.path.commonprefix(owners) if owners else []  # element-wise on lists of names
+    attention = ".".join(common[:-1] if common in owners else common)  # one projection: its parent
+    return attention if attention.startswith(block.layer + ".") else None
 
 
 def block_kind(subs: list[SubLayer]) -> str:

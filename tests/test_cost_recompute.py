@@ -1,0 +1,214 @@
+"""The cost model prices recompute as apply_plan runs it, from the traced shapes.
+
+Selective recompute (applier/modes/recompute.py) wraps each block's attention sub-layer: the
+backward runs that sub-layer's whole forward again, its q|k|v and output projections too, and
+keeps only its inputs; inside a local view (applier/modes/local_calls.py) on the rank's local
+tensors, the view's all-reduces once, outside. Under ZeRO 3 a local view gathers its parameters
+over dp for its call (``param_local``) and its backward uses the gathered values, held from the
+forward: no gather in the backward, unless full recompute runs the forward again there.
+
+Shapes are picked so that no two sizes coincide: hidden h = 48, 4 heads of 12 (3 in the
+Korthikanti layer, of 16), sequence 10, batch 2, MLP 4h = 192, vocabulary 64, 3 layers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import paddle
+from models import gpt
+from test_cost_graph import KorthikantiGPTLayer
+
+from autodist.planner import driver
+from autodist.planner.cost.blocks import ModelCost, Saved
+from autodist.planner.cost.comm import all_gather_bytes, all_reduce_bytes
+from autodist.planner.cost.graph_cost import GraphFacts, Roles, block_cost, model_cost
+from autodist.planner.cost.hardware import PROFILES
+from autodist.planner.cost.step_time import Setup, StageTable, estimate
+from autodist.planner.graph import build_graph
+from autodist.planner.recognise.analysis import analyze
+from autodist.planner.recognise.reshards import local_view_layers
+from autodist.planner.trace import trace_model
+from autodist.schemas import Strategy
+
+H, HEADS, S, B, LAYERS = 48, 4, 10, 2, 3
+WIDTH = 2  # bf16, the Setup's default
+
+
+def setup(recompute: str, devices: int = 2, batch: int = 2 * B) -> Setup:
+    return Setup(
+        device=PROFILES["h100-sxm"],
+        devices_per_node=devices,
+        nodes=1,
+        seq_len=S,
+        global_batch=batch,
+        recompute=recompute,
+    )
+
+
+# -- what the recomputed sub-layer is: Korthikanti's layer (LN, attention, dropouts, MLP) -----------
+
+
+@pytest.fixture(scope="module")
+def korthikanti_block():
+    heads = 3
+    layer = KorthikantiGPTLayer(H, heads)
+    graph = build_graph(trace_model(layer, [paddle.static.InputSpec([B, S, H], "float32", "x")]))
+    roles = Roles(
+        column=frozenset({"attn.qkv_proj.weight", "fc_in.weight"}),
+        row=frozenset({"attn.out_proj.weight", "fc_out.weight"}),
+        split=frozenset(),
+    )
+    return heads, block_cost(GraphFacts(graph), graph.nodes, "layer", roles, {}, B * S, S, recomputed="attn")
+
+
+def test_selective_recompute_reruns_the_whole_attention_sublayer(korthikanti_block):
+    """The recomputed sub-layer is ``attn`` whole: its projections' FLOPs 2 (3h h + h h) = 8h^2 a
+    token, its core 2 x 2h a token x seq, its output's all-reduce (h a token). The block stops
+    keeping what attn's ops saved besides attn's input: q, k, v and out_proj's input (4h a token,
+    inside the mp region), the probabilities and the dropped-out probabilities (2a floats a token
+    x seq) and their dropout mask (a bytes); the input (the LN output) and the dropout after attn
+    (outside it) stay."""
+    heads, block = korthikanti_block
+    rerun = block.selective
+    assert rerun is not None and rerun.layer == "attn"
+    assert (rerun.flops_per_token, rerun.flops_per_token_seq) == (8 * H * H, 4 * H)
+    assert [(g.n, g.k, g.split) for g in rerun.gemms] == [(3 * H, H, "column"), (H, H, "row")]
+    assert (rerun.allreduce_fwd_per_token, rerun.allreduce_fwd_count, rerun.gather_fwd_per_token) == (H, 1, 0)
+    assert rerun.saved_outside == Saved()
+    assert rerun.saved_inside == Saved(floats=4 * H)
+    assert rerun.saved_inside_seq == Saved(floats=2 * heads, masks=heads)
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_selective_recompute_memory_with_sequence_parallelism(korthikanti_block, t):
+    """Three such layers at mp t with sequence parallelism (every activation 1/t): Korthikanti's
+    34 sbh a layer with 16-bit activations, less attn's 8 sbh (q, k, v, out_proj's input) and its
+    5 as^2b of scores, kept by none of the layers; one layer's of those alive while its backward
+    rebuilds them."""
+    heads, block = korthikanti_block
+    blocks = tuple(block.__class__(**{**block.__dict__, "layer": f"h.{i}"}) for i in range(LAYERS))
+    cost = ModelCost(blocks=blocks, hidden_size=H, traced_batch=B, traced_seq=S)
+    got = estimate(StageTable(cost), Strategy(mp=t, sequence_parallel=True), setup("selective", t, B))
+    sbh = S * B * H
+    rebuilt = 8 * sbh / t + 5 * heads * S * S * B / t
+    assert got.estimate.memory.activations == pytest.approx(LAYERS * 26 * sbh / t + rebuilt, rel=0.02)
+
+
+# -- a GPT-2 model: its attention as a local view or gathered, ZeRO 3 ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt_costs():
+    cfg = gpt.GPTConfig(hidden_size=H, num_heads=HEADS, num_layers=LAYERS, seq_len=S, batch_size=B)
+    model = gpt.build_model(cfg)
+    made = driver.trace(model, gpt.input_spec(cfg))
+    analysis = analyze(made.program, made.graph, model)
+    local = local_view_layers(analysis)
+    assert local == {f"blocks.{i}.attn" for i in range(LAYERS)}
+    return {"gathered": model_cost(analysis), "local": model_cost(analysis, None, local)}
+
+
+def priced(cost: ModelCost, strategy: Strategy, recompute: str):
+    return estimate(StageTable(cost), strategy, setup(recompute, strategy.dp * strategy.mp)).estimate
+
+
+@pytest.mark.parametrize("how", ["local", "gathered"])
+def test_selective_recompute_reruns_the_projections_of_a_local_view(gpt_costs, how):
+    """Each block's ``attn`` runs again in the backward, its fused q|k|v (h x 3h) and output
+    (h x h) projections included: 8h^2 FLOPs a token, split over mp like the first run
+    (column, row), and its core (q k^T and p v: 4h a token x seq)."""
+    rerun = gpt_costs[how].blocks[0].selective
+    assert rerun is not None and rerun.layer == "attn"
+    assert (rerun.flops_per_token, rerun.flops_per_token_seq) == (8 * H * H, 4 * H)
+    assert [(g.n, g.k, g.split) for g in rerun.gemms] == [(3 * H, H, "column"), (H, H, "row")]
+    assert rerun.core_whole == (0.0 if how == "local" else 1.0)  # a gathered q|k|v: the core whole on every rank
+
+
+@pytest.mark.parametrize("how", ["local", "gathered"])
+def test_selective_recompute_collectives_and_memory_at_mp2(gpt_costs, how):
+    """mp 2, 4 sequences of 10 tokens on the one dp rank (40 tokens). A local view runs again on
+    local tensors, its all-reduces once: the mp bytes are those without recompute. Gathered, the
+    q|k|v output's all-gather (3h a token) and the output's all-reduce (h) run again in every
+    layer. Memory: each layer no longer keeps q, k, v and out_proj's input (4h a token: 1/2 on a
+    rank as a local view, whole gathered) nor the probabilities (4 heads x 10 a token, 1/2 on a
+    rank as a local view); one layer's are alive again while its backward rebuilds them."""
+    cost, mp, tokens = gpt_costs[how], 2, 4 * S
+    none, selective = (priced(cost, Strategy(mp=mp), recompute) for recompute in ("none", "selective"))
+    rerun = (
+        0
+        if how == "local"
+        else LAYERS * (all_gather_bytes(3 * H * tokens * WIDTH, mp) + all_reduce_bytes(H * tokens * WIDTH, mp))
+    )
+    assert selective.comm_bytes.mp == none.comm_bytes.mp + rerun
+    share = 1 / mp if how == "local" else 1  # gathered: all after the gather whole on every rank
+    dropped = (4 * H + HEADS * S) * share * tokens * WIDTH
+    assert selective.memory.activations == pytest.approx(none.memory.activations - (LAYERS - 1) * dropped)
+
+
+def test_zero3_local_views_gather_their_weights_once_and_hold_them(gpt_costs):
+    """dp 2 x mp 2, ZeRO 3, 2 micro-batches. Each view computes with its rank's slice of c_attn's
+    weight and bias ((h 3h + 3h) / 2) and out_proj's weight (h h / 2), and out_proj's bias whole
+    (h): gathered over dp in each micro-batch's forward and held until its backward, not gathered
+    again there (the rest of the parameters are, block by block). Full recompute runs the forward
+    again in the backward: the views gather again, and hold one block's while it is rebuilt."""
+    local, mp, dp, m = gpt_costs["local"], 2, 2, 2
+    view = (H * 3 * H + 3 * H + H * H) / mp + H
+    zero3, zero1 = (Strategy(dp=dp, mp=mp, sharding_stage=stage, micro_batches=m) for stage in (3, 1))
+    held = priced(local, zero3, "none")
+    gathered_again = priced(local, zero3, "full")
+    assert gathered_again.comm_bytes.dp - held.comm_bytes.dp == m * all_gather_bytes(LAYERS * view * WIDTH, dp)
+    assert held.memory.activations - priced(local, zero1, "none").memory.activations == LAYERS * view * WIDTH
+    rebuilt = gathered_again.memory.activations - priced(local, zero1, "full").memory.activations
+    assert rebuilt == view * WIDTH
+    # selective recompute keeps them as its recomputed views' inputs, as without recompute
+    assert priced(local, zero3, "selective").comm_bytes.dp == held.comm_bytes.dp
+
+
+def test_without_tensor_parallelism_no_view_runs_and_zero3_gathers_everything_twice(gpt_costs):
+    """At mp 1 no local view runs (``runs_local_views``): a cost that lists views (as
+    bench/published.py prices every row) prices ZeRO 3 as the model without them."""
+    dp4 = Strategy(dp=4, sharding_stage=3, micro_batches=2)
+    local, gathered = (priced(gpt_costs[how], dp4, "none") for how in ("local", "gathered"))
+    assert local.comm_bytes.dp == gathered.comm_bytes.dp
+    assert local.memory.activations == gathered.memory.activations
+
+
+def test_a_row_output_summed_after_the_sublayer_is_not_summed_again():
+    """The docstring Llama's ``o_proj`` has no bias: its Partial output leaves ``self_attn`` and
+    the residual add after it sums it, outside what selective recompute runs again (a biased
+    ``out_proj``, as above, is summed by its own bias add, inside: run again)."""
+    from models.traced import traced
+
+    model, program, graph = traced("docstring")
+    block = model_cost(analyze(program, graph, model)).blocks[0]
+    hidden = model.layers[0].self_attn.o_proj.weight.shape[1]
+    assert block.selective is not None and block.selective.layer == "self_attn"
+    assert (block.selective.allreduce_fwd_per_token, block.selective.allreduce_fwd_count) == (0, 0)
+    assert (block.allreduce_fwd_per_token, block.allreduce_fwd_count) == (2 * hidden, 2)  # o_proj's, down_proj's
+
+
+def test_selective_recompute_time_is_a_forward_of_the_attention_traced_alone(korthikanti_block):
+    """Three Korthikanti layers at mp 2: selective recompute adds to each step the forward of
+    each layer's ``attn``; that sub-layer traced as a model of its own prices its forward as a
+    third of its step's compute (forward, backward twice the forward, no recompute)."""
+    from test_cost_graph import KorthikantiAttention
+
+    heads, block = korthikanti_block
+    blocks = tuple(block.__class__(**{**block.__dict__, "layer": f"h.{i}"}) for i in range(LAYERS))
+    layers = ModelCost(blocks=blocks, hidden_size=H, traced_batch=B, traced_seq=S)
+    attention = KorthikantiAttention(H, heads)
+    graph = build_graph(trace_model(attention, [paddle.static.InputSpec([B, S, H], "float32", "x")]))
+    roles = Roles(column=frozenset({"qkv_proj.weight"}), row=frozenset({"out_proj.weight"}), split=frozenset())
+    alone = ModelCost(
+        blocks=(block_cost(GraphFacts(graph), graph.nodes, "attn", roles, {}, B * S, S),),
+        hidden_size=H,
+        traced_batch=B,
+        traced_seq=S,
+    )
+    strategy = Strategy(mp=2)
+
+    def compute(cost: ModelCost, recompute: str) -> float:
+        return estimate(StageTable(cost), strategy, setup(recompute, 2, B)).compute_s
+
+    forward = compute(alone, "none") / 3
+    assert compute(layers, "selective") - compute(layers, "none") == pytest.approx(LAYERS * forward, rel=1e-9)
