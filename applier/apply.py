@@ -73,7 +73,7 @@ from autodist.applier.ranks.readable import Settings as ReadSettings
 from autodist.applier.ranks.readable import close as close_readable
 from autodist.applier.modes.local_einsum import restore as restore_einsum
 from autodist.applier.modes.local_einsum import run_permutations_locally
-from autodist.applier.modes.exact_norm import norm_exactly
+from autodist.applier.modes.exact_norm import norm_exactly, refuse_clip_grad_norm
 from autodist.applier.modes.exact_norm import restore as restore_norm
 from autodist.applier.ranks.readable import install as make_outputs_readable
 from autodist.applier.ranks.readable import settings as read_settings
@@ -228,6 +228,10 @@ def _clip_over_ranks(optimizer, rebuilt, model, plan: Plan, groups: ExpertGroups
     pipelined = isinstance(model, PipelineModel)
     if groups is None and not pipelined:
         return optimizer
+    if groups is not None:
+        refuse_clip_grad_norm("this rank's experts' gradients alone, before the optimizer sums them over their ranks")
+    else:
+        refuse_clip_grad_norm("this pipeline stage's gradients alone")
     return clip_over_ranks(
         optimizer,
         rebuilt,

@@ -17,6 +17,12 @@ reduces (a pending sum Paddle completes first, rightly):
 Every other call goes to Paddle unchanged: plain tensors, static programs, and norms that leave
 the split dims alone.
 
+Where ranks hold parameters no placement describes (each rank's own experts, whose gradients are
+summed over their holders only at the optimizer's step; a pipeline stage's parameters), no norm
+of one rank's gradients is the model's, exact or not: there ``clip_grad_norm_`` is refused in one
+line (:func:`refuse_clip_grad_norm`, however it was imported), naming the optimizer's
+``ClipGradByGlobalNorm``, which apply_plan clips over every rank (placement/clip.py).
+
     >>> import paddle
     >>> norm_exactly()
     >>> float(paddle.linalg.norm(paddle.to_tensor([3.0, 4.0])))  # plain tensors as before
@@ -27,12 +33,17 @@ the split dims alone.
 from __future__ import annotations
 
 import math
+import sys
 
 import paddle
 import paddle.distributed as dist
 
 #: Paddle's own ``p_norm``, called for everything not run exactly here.
 _PADDLE_P_NORM = paddle._C_ops.p_norm
+#: The code Paddle's ``clip_grad_norm_`` runs, whatever name a script imported it by.
+_CLIP_CODE = paddle.nn.utils.clip_grad_norm_.__wrapped__.__code__
+#: Why ``clip_grad_norm_`` is refused in this process (:func:`refuse_clip_grad_norm`), or None.
+_clip_refused: str | None = None
 
 
 def norm_exactly() -> None:
@@ -41,16 +52,31 @@ def norm_exactly() -> None:
     paddle._C_ops.p_norm = _p_norm
 
 
+def refuse_clip_grad_norm(why: str) -> None:
+    """From now on (until :func:`restore`), Paddle's ``clip_grad_norm_`` raises ``ValueError``
+    naming ``why`` (what ranks hold that its norm misses) and the rewrite, before it scales
+    anything (its 1- and 2-norms run through ``p_norm``)."""
+    global _clip_refused
+    _clip_refused = why
+
+
 def restore() -> None:
-    """Paddle's own reductions back (``autodist.close``).
+    """Paddle's own ``p_norm`` back, and ``clip_grad_norm_`` allowed (``autodist.close``).
 
     >>> norm_exactly(); restore(); paddle._C_ops.p_norm is _PADDLE_P_NORM
     True
     """
-    paddle._C_ops.p_norm = _PADDLE_P_NORM
+    global _clip_refused
+    paddle._C_ops.p_norm, _clip_refused = _PADDLE_P_NORM, None
 
 
 def _p_norm(x, porder, axis, epsilon, keepdim, asvector):
+    if _clip_refused is not None and _called_by_clip_grad_norm():
+        raise ValueError(
+            f"paddle.nn.utils.clip_grad_norm_ under this plan sees {_clip_refused}, so its norm is not the "
+            "model's: clip in the optimizer instead, grad_clip=paddle.nn.ClipGradByGlobalNorm(max_norm), which "
+            "apply_plan clips over every rank"
+        )
     reduced = range(x.ndim) if asvector else [axis % max(x.ndim, 1)]
     if not _misreduced(x, reduced):
         return _PADDLE_P_NORM(x, porder, axis, epsilon, keepdim, asvector)
@@ -59,6 +85,15 @@ def _p_norm(x, porder, axis, epsilon, keepdim, asvector):
         done = [dist.Replicate() if p.is_partial() else p for p in summed.placements]
         return dist.reshard(summed, summed.process_mesh, done) ** (1.0 / porder)
     return _PADDLE_P_NORM(_gathered(x, reduced), porder, axis, epsilon, keepdim, asvector)
+
+
+def _called_by_clip_grad_norm() -> bool:
+    frame = sys._getframe(2)
+    for _ in range(12):  # clip_grad_norm_ -> linalg.norm -> vector_norm -> ... -> p_norm, decorators between
+        if frame is None or frame.f_code is _CLIP_CODE:
+            return frame is not None
+        frame = frame.f_back
+    return False
 
 
 def _misreduced(x, reduced) -> bool:

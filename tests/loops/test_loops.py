@@ -77,6 +77,23 @@ def test_adamw_resumes_under_another_plan(adamw_runs, loop_plans, single_device,
     assert_same_training(resumed, reference, keys=(), exempt=ZERO_GRADIENT)
 
 
+def test_clip_grad_norm_is_refused_in_one_line_where_ranks_hold_their_own_experts(loop_plans, tmp_path):
+    """Under ep2 each rank holds its own experts, whose gradients the optimizer sums over their
+    ranks at its step: no norm of one rank's gradients is the model's (a loop clipping Mixtral so
+    logged 2.9966 for one device's 3.0993, and clipped by it). It is refused on every rank before
+    the first update."""
+    ranks, path = loop_plans("mixtral", "ep2")
+    job = launch_script("accumulate.py", tmp_path, ranks, path, "--model", "mixtral")
+    assert all(p.returncode == 1 for p in job.processes), job.report()
+    for process in job.processes:
+        assert (
+            "ValueError: paddle.nn.utils.clip_grad_norm_ under this plan sees this rank's experts' gradients alone, "
+            "before the optimizer sums them over their ranks, so its norm is not the model's: clip in the optimizer "
+            "instead, grad_clip=paddle.nn.ClipGradByGlobalNorm(max_norm)"
+        ) in process.stderr, process.stderr[-2000:]
+        assert "update 1" not in process.stdout
+
+
 @pytest.mark.parametrize("plan", PLANS)
 def test_manual_gradient_accumulation_and_clip_grad_norm(plan, loop_plans, single_device, tmp_path):
     ranks, path = loop_plans("gpt", plan)

@@ -14,7 +14,8 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 import paddle.nn.functional as F
-from models.gpt import build_model
+from models import gpt
+from models.zoo import mixtral_moe
 
 import autodist  # autodist
 
@@ -32,11 +33,12 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--accumulate", type=int, default=3)
+    parser.add_argument("--model", choices=["gpt", "mixtral"], default="gpt")
     args = parser.parse_args()
     if args.plan:
         dist.init_parallel_env()  # autodist
     paddle.seed(2024)
-    model = build_model()
+    model = {"gpt": gpt, "mixtral": mixtral_moe}[args.model].build_model()
     opt = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())
     loader = paddle.io.DataLoader(token_dataset(1, args.batches), batch_size=BATCH, shuffle=False, drop_last=True)
     if args.plan:
