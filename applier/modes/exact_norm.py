@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import sys
+from types import FrameType
 
 import paddle
 import paddle.distributed as dist
@@ -88,7 +89,7 @@ def _p_norm(x, porder, axis, epsilon, keepdim, asvector):
 
 
 def _called_by_clip_grad_norm() -> bool:
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(12):  # clip_grad_norm_ -> linalg.norm -> vector_norm -> ... -> p_norm, decorators between
         if frame is None or frame.f_code is _CLIP_CODE:
             return frame is not None
