@@ -61,6 +61,7 @@ from autodist.applier.modes.expert_dispatch import (
     ExpertGroups,
     dropped_parameters,
     moe_parameters,
+    refuse_training_without_optimizer,
     runs_moe_locally,
     spread_experts,
 )
@@ -184,6 +185,8 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     if runs_moe_locally(plan):  # expert parallelism, or the MoE layers of plain dp (experts.py)
         groups = ExpertGroups(plan, dist.get_rank())
         spread_experts(model, plan, groups)
+        if optimizer is None:  # one built later would leave their gradients unsummed
+            refuse_training_without_optimizer(model, plan)
     wrap_recompute(model, plan)
     if uses_schedule(plan):
         assert loss_fn is not None  # plan_problems refused a schedule without one (pipeline_problems)

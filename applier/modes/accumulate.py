@@ -49,6 +49,26 @@ def accumulates(plan: Plan) -> bool:
     return plan.strategy.micro_batches > 1 and plan.strategy.schedule == "none"
 
 
+def accumulate_problems(optimizer: Any, dataloader: Any, plan: Plan) -> list[str]:
+    """Why a plan that accumulates cannot be applied so (empty when it can): with a loader and no
+    optimizer, the loader ``apply_plan`` returns yields micro-batches, and an optimizer built
+    afterwards would update after each of them, another training with no message.
+
+    >>> from types import SimpleNamespace
+    >>> from autodist.schemas import Strategy
+    >>> plan = SimpleNamespace(strategy=Strategy(micro_batches=2))
+    >>> accumulate_problems(None, [], plan)[0][:60]
+    'optimizer: none given, but this plan accumulates 2 micro-bat'
+    """
+    if optimizer is not None or dataloader is None or not accumulates(plan):
+        return []
+    return [
+        f"optimizer: none given, but this plan accumulates {plan.strategy.micro_batches} micro-batches per update: "
+        "the loader apply_plan returns yields micro-batches, which only the optimizer it returns sums into one "
+        "update; pass yours: model, opt, loader = apply_plan(model, opt, loader, plan)"
+    ]
+
+
 def split_batch(batch: Any, count: int) -> list[Any]:
     """``batch`` (a tensor, or a list, tuple or dict of them) as ``count`` micro-batches along
     dim 0. A distributed tensor is split on each rank's local part and keeps its mesh and

@@ -243,6 +243,25 @@ def moe_parameters(model: paddle.nn.Layer, plan: Plan) -> tuple[list[paddle.Tens
     ]
 
 
+def refuse_training_without_optimizer(model: paddle.nn.Layer, plan: Plan) -> None:
+    """For a model applied with no optimizer: a backward through its MoE layers raises
+    ``ValueError``. Their gradients are summed over the ranks that share them only by the
+    optimizer ``apply_plan`` returns (:class:`ExpertGradSync`), so one built afterwards would
+    train each rank's copies apart, with no message. Evaluation runs no backward: unaffected."""
+    experts, shared = moe_parameters(model, plan)
+
+    def refuse(grad: paddle.Tensor) -> paddle.Tensor:
+        raise ValueError(
+            "this model was applied without an optimizer, but its MoE layers' gradients are summed over the "
+            "ranks that share them only by the optimizer apply_plan returns; pass yours: "
+            "model, opt, loader = apply_plan(model, opt, loader, plan)"
+        )
+
+    for param in experts + shared:
+        if not param.stop_gradient:
+            param.register_hook(refuse)
+
+
 # -- inside -------------------------------------------------------------------------------------------------
 
 

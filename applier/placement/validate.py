@@ -23,6 +23,7 @@ from autodist.schemas.checks import check_combination
 from autodist.schemas.fingerprint import ParameterDiff
 
 from autodist.applier.placement.data import uneven_problem
+from autodist.applier.modes.accumulate import accumulate_problems
 from autodist.applier.modes.expert_dispatch import expert_problems, expert_structure_problems
 from autodist.applier.placement.layout import rank_coords
 from autodist.applier.modes.local_calls import local_view_problems
@@ -54,6 +55,7 @@ def plan_problems(
         + parameter_problems(model, plan)
         + structure_problems(model, plan)
         + optimizer_problems(model, optimizer, plan)
+        + accumulate_problems(optimizer, dataloader, plan)
         + data_problems(plan, dataloader)
         + pipeline_problems(model, plan, loss_fn)
         + local_view_problems(model, plan)

@@ -28,6 +28,7 @@ PLANS = {
     "mp2": (2, "--dp 1 --mp 2 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
     "dp2mp2": (4, "--dp 2 --mp 2 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
     "ep2": (2, "--dp 2 --ep 2 --mp 1 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
+    "dp2m2": (2, "--dp 2 --mp 1 --pp 1 --zero 0 --micro-batches 2 --device cpu"),
     # The cpu profile refuses these (gloo lacks reduce-scatter and batched P2P): priced for a
     # GPU, run with the TEST-ONLY stand-ins (cpu_stand_ins.py).
     "zero1": (2, "--dp 2 --mp 1 --pp 1 --zero 1 --micro-batches 1 --device h100-sxm"),
@@ -121,6 +122,7 @@ ONE_DEVICE_RUNS = [
     ("seeded_per_rank.py", "--seed", "paddle"),
     ("seeded_per_rank.py", "--seed", "paddleformers"),
     ("seeded_per_rank.py", "--seed", "paddle", "--eval-samples", "8"),
+    ("optimizer_after.py",),
     ("read_anywhere.py", "--model", "gpt"),
     ("read_anywhere.py", "--model", "mixtral"),
 ]

@@ -19,6 +19,9 @@ not apply to it:
   train as one device, and so does an eval loader with a short last batch read as it is; a train
   loader Paddle would pad, and a script that drops ``apply_plan``'s return value, end before
   training with one error on every rank;
+- (h) the optimizer built after ``apply_plan``, from the returned model's parameters: trains as
+  one device under mp2, and is refused in one line where it would train wrong (an MoE model's
+  gradients, which only the returned optimizer sums over ranks; a plan's micro-batches);
 - (f) the tie by function call runs pp2 1F1B, the plan it is about (2 ranks; gloo's batched
   P2P replaced by the TEST-ONLY blocking stand-in, cpu_stand_ins.py): the script uses the
   README's pipeline lines (``model.step``), which only a pipeline plan has. Rank 0 holds the
@@ -75,6 +78,44 @@ def test_adamw_resumes_under_another_plan(adamw_runs, loop_plans, single_device,
         for step, value in resumed.log[key].items():
             assert value == pytest.approx(reference.log[key][step], rel=1e-5), (key, step)
     assert_same_training(resumed, reference, keys=(), exempt=ZERO_GRADIENT)
+
+
+def test_an_optimizer_built_after_apply_plan_trains_as_one_device_under_mp2(loop_plans, single_device, tmp_path):
+    ranks, path = loop_plans("gpt", "mp2")
+    run = run_script("optimizer_after.py", tmp_path, ranks, path)
+    assert_same_training(run, single_device("optimizer_after.py"), params=False)
+
+
+@pytest.mark.parametrize(
+    ("model", "plan_name", "message"),
+    [
+        (
+            "mixtral",
+            "dp2",
+            "ValueError: this model was applied without an optimizer, but its MoE layers' gradients are summed over "
+            "the ranks that share them only by the optimizer apply_plan returns; pass yours",
+        ),
+        (
+            "gpt",
+            "dp2m2",
+            "optimizer: none given, but this plan accumulates 2 micro-batches per update: the loader apply_plan "
+            "returns yields micro-batches, which only the optimizer it returns sums into one update; pass yours",
+        ),
+    ],
+    ids=["moe_gradients_unsummed", "micro_batches_stepped_apart"],
+)
+def test_an_optimizer_built_after_apply_plan_is_refused_where_it_would_train_wrong(
+    model, plan_name, message, loop_plans, tmp_path
+):
+    """Under dp2 a Mixtral whose optimizer was made after apply_plan trained each rank's MoE
+    copies apart (step 2: 4.6161 against one device's 4.6078) and with micro-batches a plain
+    optimizer updates after each: both end before the first update, on every rank."""
+    ranks, path = loop_plans(model, plan_name)
+    job = launch_script("optimizer_after.py", tmp_path, ranks, path, "--model", model)
+    assert all(p.returncode == 1 for p in job.processes), job.report()
+    for process in job.processes:
+        assert message in process.stderr, process.stderr[-2000:]
+        assert "step 1" not in process.stdout
 
 
 def test_clip_grad_norm_is_refused_in_one_line_where_ranks_hold_their_own_experts(loop_plans, tmp_path):
