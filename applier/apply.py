@@ -171,7 +171,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     wrap_vocab_lookups(model, plan)  # token lookups in a vocabulary-split table, Megatron's way (vocab_lookup.py)
     run_permutations_locally()  # an einsum that only reorders dims, on local values (einsum.py)
     groups = None
-    if runs_moe_locally(plan):  # expert parallelism, or the MoE layers of plain dp (experts.py)
+    if runs_moe_locally(plan):  # ep, the MoE layers of plain dp or of mp alone (expert_dispatch.py)
         groups = ExpertGroups(plan, dist.get_rank())
         spread_experts(model, plan, groups)
     wrap_recompute(model, plan)

@@ -446,8 +446,8 @@ def _expert_hooks(analysis: ModelAnalysis, strategy: Strategy) -> list[Hook]:
         )
     else:
         local = (
-            f"{local_only}: Paddle 3.3 runs it on plain tensors only, so the layer runs whole on every rank "
-            "as plain tensors (docs/paddle-notes.md)",
+            f"an MoE layer holds an op Paddle 3.3 runs on plain tensors only ({local_only}): every MoE layer "
+            "runs whole on every rank as plain tensors (docs/paddle-notes.md)",
             "its output back as the distributed tensor its input was",
         )
     for block in analysis.blocks:
