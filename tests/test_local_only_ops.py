@@ -82,6 +82,7 @@ def test_an_moe_layer_reading_tokens_through_a_boolean_mask_runs_on_local_tensor
     assert made.analysis.moe_local_only == f"x[mask] (gather_nd of a boolean mask's positions) in {MASKED[target]}"
     assert (dispatched, under) == (moe_layers, {("R",)})
     assert MASKED[target] in [h.reason for h in made.plan.hooks if h.layer == MASKED[target]][0]
+    assert f"{made.analysis.moe_local_only}: Paddle 3.3 runs it on plain tensors only" in " ".join(made.plan.notes)
 
 
 class EinsumAttention(nn.Layer):

@@ -644,4 +644,15 @@ def _strategy_notes(cost: ModelCost, strategy: Strategy) -> list[str]:
             f"vocabulary {cost.vocab_size} does not divide by mp={strategy.mp}: embedding and LM head "
             "stay replicated over mp (priced so)"
         )
+    local_only = cost.local_only_in_moe
+    if (
+        local_only
+        and strategy.mp > 1
+        and runs_moe_locally(strategy, local_only=True)
+        and not runs_moe_locally(strategy)
+    ):
+        notes.append(
+            f"{local_only}: Paddle 3.3 runs it on plain tensors only, so the MoE layers run whole on every rank "
+            "as plain tensors, their experts not split over mp (priced so)"
+        )
     return notes
