@@ -182,7 +182,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     run_permutations_locally()  # an einsum that only reorders dims, on local values (einsum.py)
     norm_exactly()  # a norm over split dims, which Paddle sums (exact_norm.py)
     groups = None
-    if runs_moe_locally(plan):  # expert parallelism, or the MoE layers of plain dp (experts.py)
+    if runs_moe_locally(plan):  # ep, the MoE layers of plain dp or of mp alone (expert_dispatch.py)
         groups = ExpertGroups(plan, dist.get_rank())
         spread_experts(model, plan, groups)
         if optimizer is None:  # one built later would leave their gradients unsummed

@@ -408,9 +408,9 @@ def _moe_layers(analysis: ModelAnalysis, strategy: Strategy) -> dict[str, str]:
     """``{MoE layer: its experts container}`` when they run locally (:func:`runs_moe_locally`).
     The MoE layer is the container's parent (``layers.0.block_sparse_moe`` for
     ``layers.0.block_sparse_moe.experts``): the layer that routes the tokens to the experts."""
-    if not runs_moe_locally(strategy):
+    if not runs_moe_locally(strategy, bool(analysis.moe_local_only)):
         return {}
-    return {_layer_of(b.experts.layer): b.experts.layer for b in analysis.blocks if b.experts}
+    return {b.experts.moe_layer: b.experts.layer for b in analysis.blocks if b.experts}
 
 
 def _expert_style(fqn: str, moe_layers: dict[str, str]) -> tuple[str, ParallelStyle] | None:
@@ -424,20 +424,28 @@ def _expert_style(fqn: str, moe_layers: dict[str, str]) -> tuple[str, ParallelSt
 
 def _expert_hooks(analysis: ModelAnalysis, strategy: Strategy) -> list[Hook]:
     """The ``expert_dispatch`` / ``expert_combine`` pair around each MoE layer (block order)."""
-    ep, hooks = strategy.ep, list[Hook]()
-    if not runs_moe_locally(strategy):
+    ep, hooks, local_only = strategy.ep, list[Hook](), analysis.moe_local_only
+    if not runs_moe_locally(strategy, bool(local_only)):
         return []
-    local = (
-        "dp: the layer runs on this rank's own tokens as plain tensors, its gradients summed over dp "
-        "before the update (docs/paddle-notes.md, SPMD rules)"
-    )
+    if strategy.dp > 1:
+        local = (
+            "dp: the layer runs on this rank's own tokens as plain tensors, its gradients summed over dp "
+            "before the update (docs/paddle-notes.md, SPMD rules)",
+            "dp: its output back as this rank's rows of the batch",
+        )
+    else:
+        local = (
+            f"an MoE layer holds an op Paddle 3.3 runs on plain tensors only ({local_only}): every MoE layer "
+            "runs whole on every rank as plain tensors (docs/paddle-notes.md)",
+            "its output back as the distributed tensor its input was",
+        )
     for block in analysis.blocks:
         experts = block.experts
         if not experts:
             continue
-        layer = _layer_of(experts.layer)
+        layer = experts.moe_layer
         if ep == 1:
-            dispatch, combine = local, "dp: its output back as this rank's rows of the batch"
+            dispatch, combine = local
         else:
             dispatch = (
                 f"ep={ep}: gather the tokens of this rank's ep group ({ep} dp ranks); the layer routes them "

@@ -16,6 +16,8 @@ Each entry (:class:`Op`) says once what the recognition, the cost model and the 
 - its SPMD behaviour where the replay has one: the traits ``pass_through``, ``unary``,
   ``arithmetic``, ``like``, ``expand``, ``local_only`` and the ``reduction`` role (the sets below
   ``recognise/spmd.py`` reads; Paddle's rules' arguments live there, keyed by these names);
+- whether Paddle runs it on distributed tensors at all (:func:`local_only_use`: the ``local_only``
+  trait, or a read through a boolean mask's positions, ``masked_by``);
 - the sets the recognition contracts or cuts by (``layout``, ``cut``, ``reshape``, ``select``).
 
 The named sets (:data:`LAYOUT_OPS`, :data:`PRODUCT_OPS`, ...) are views of the catalogue, not
@@ -153,6 +155,12 @@ class Op:
     #: Where a ``cut`` op's axis is: its operand index (``split``'s 2), or ``"axes"``, the one
     #: entry of its ``axes`` attribute (a slice); None where the graph does not say.
     cut_axis: int | Literal["axes"] | None = None
+    #: The operand that, when it holds a boolean mask's positions (a ``positions`` op's result),
+    #: makes the op ``x[mask]``: Paddle traces that as ``gather_nd(x, nonzero(mask))``, and its
+    #: eager indexing raises on a DistTensor ``x`` (:func:`local_only_use`).
+    masked_by: int | None = None
+    #: For an op Paddle runs on local tensors only: how to write it instead (a refusal's advice).
+    rewrite: str = ""
 
     @property
     def priced(self) -> bool:
@@ -188,9 +196,14 @@ CATALOGUE: dict[str, Op] = {
     "baddbmm": Op("product", Product((1, 2), _last_dim_contracted), cross=True, moves=False),
     # Paddle 3.3 runs no einsum on distributed tensors (``PreconditionNotMet: Arg must be a vector
     # of TensorDistAttr``, docs/paddle-notes.md): a layer using one trains under apply_plan only
-    # where it runs on plain local tensors (an MoE layer under data or expert parallelism).
+    # where it runs on plain local tensors (an MoE layer run locally, a local view).
     "einsum": Op(
-        "product", Product(None, einsum_contracted), cross=True, moves=False, traits=frozenset({"local_only"})
+        "product",
+        Product(None, einsum_contracted),
+        cross=True,
+        moves=False,
+        traits=frozenset({"local_only"}),
+        rewrite="write it with matmul and transposes",
     ),
     "conv2d": Op("convolution", rule=_convolution_flops, saved=_INPUT, moves=False),
     # Attention in one kernel (GPU traces of ``F.scaled_dot_product_attention``); the first three
@@ -260,11 +273,19 @@ CATALOGUE: dict[str, Op] = {
     "chunk": Op("layout", traits=frozenset({"cut", "segment"}), cut_axis=1),
     # ... or moved, repeated, picked
     "transpose": Op("layout", traits=frozenset({*_LAYOUT, "weight_view"})),
-    **_entries(
-        ["expand_as", "broadcast_to", "tile", "concat", "stack", "gather", "gather_nd", "index_select"],
+    **_entries(["expand_as", "broadcast_to", "tile", "concat", "stack", "gather", "index_select"], "layout", *_LAYOUT),
+    # ``x[mask]`` with a mask of fewer dims than ``x`` (HF Switch Transformers' and Ling's experts
+    # reading their tokens) is ``gather_nd(x, nonzero(mask))`` in the trace; eagerly, on a DistTensor
+    # ``x``, Paddle 3.3 raises ``NotImplementedError: Only support reshape operation on DenseTensor
+    # now`` (a dense mask: a segfault), docs/paddle-notes.md. An index of another kind (Qwen-MoE's
+    # ``x[None, top_x]``, a ``stack`` of integer tensors) runs.
+    "gather_nd": Op(
         "layout",
-        *_LAYOUT,
+        traits=frozenset(_LAYOUT),
+        masked_by=1,
+        rewrite="write it without a boolean index (paddle.where, or a multiply by the mask)",
     ),
+    "nonzero": Op("elementwise", traits=frozenset({"positions"})),
     **_entries(["expand", "repeat_interleave"], "layout", *_LAYOUT, "expand"),
     **_entries(["combine", "builtin.combine", "builtin.split", "builtin.slice"], "layout", *_LAYOUT),
     # -- values that do not depend on the data: a tensor of an operand's shape (its values are
@@ -280,6 +301,27 @@ CATALOGUE: dict[str, Op] = {
     # a model traced block by block: a block's input that the model's own glue computed
     "glue": Op("input", moves=False, traits=frozenset({"untimed"})),
 }
+
+
+def local_only_use(name: str, operands: Mapping[int, str]) -> str:
+    """What of op ``name`` Paddle 3.3 cannot run on distributed tensors, in words ('' when it
+    runs them), its operands computed by the ops ``operands`` (``{operand index: op name}``): a
+    ``local_only`` op, or a read through a boolean mask (its ``masked_by`` operand a
+    ``positions`` op's result). Such an op trains only where its layer runs on plain local tensors.
+
+    >>> local_only_use("pd_op.einsum", {0: "pd_op.matmul"})
+    'einsum'
+    >>> local_only_use("pd_op.gather_nd", {0: "pd_op.matmul", 1: "pd_op.nonzero"})  # x[mask]
+    "x[mask] (gather_nd of a boolean mask's positions)"
+    >>> local_only_use("pd_op.gather_nd", {0: "pd_op.matmul", 1: "pd_op.stack"})   # x[None, index]
+    ''
+    """
+    short, masked_by = short_op(name), op(name).masked_by
+    if short in LOCAL_ONLY_OPS:
+        return short
+    if masked_by is not None and short_op(operands.get(masked_by, "")) in POSITIONS_OPS:
+        return f"x[mask] ({short} of a boolean mask's positions)"
+    return ""
 
 
 def op(name: str) -> Op:
@@ -309,8 +351,11 @@ PRODUCT_OPS = _of_role("product")
 LINEAR_OPS = frozenset(name for name, entry in CATALOGUE.items() if entry.product and entry.product.linear)
 #: Ops that keep their input's layout, partial sums included: linear in their one input.
 PASS_THROUGH_OPS = _named("pass_through")
-#: Ops Paddle 3.3 does not run on distributed tensors at all, whatever their placements.
+#: Ops Paddle 3.3 does not run on distributed tensors at all, whatever their placements (and, by
+#: their operands, reads through a boolean mask: :func:`local_only_use`).
 LOCAL_ONLY_OPS = _named("local_only")
+#: Ops giving the positions of a boolean mask's true entries (``nonzero``).
+POSITIONS_OPS = _named("positions")
 #: Ops that move, reshape, pick or re-type data without computing on it, plus the pass-through
 #: ops: the matcher's compute view contracts them.
 LAYOUT_OPS = _named("layout")

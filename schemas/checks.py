@@ -172,7 +172,9 @@ def check_experts(plan: Plan) -> list[str]:
     ``expert_dispatch`` (pre) and an ``expert_combine`` (post) on the MoE layer holding them,
     and everything under that layer is whole on each rank (the layer runs on each rank's
     gathered tokens). At ep 1 the pair may still be there (the MoE layers then run on each
-    rank's own tokens, under plain data parallelism); ``ExpertParallel`` parameters only under
+    rank's own tokens, under plain data parallelism, or whole on every rank under mp alone, when
+    their code holds an op Paddle runs on plain tensors only: ``runs_moe_locally``'s
+    ``local_only``); ``ExpertParallel`` parameters only under
     an ``expert_dispatch``. With dp > 1 a model with experts needs the pair even at ep 1: its MoE
     layers run on each rank's own tokens (Paddle 3.3 routes tokens split over dp wrongly, see
     docs/recognition.md, "Experts"), so a plan that leaves them to run as DistTensors there (with

@@ -78,12 +78,15 @@ def needs_missing(strategy: Strategy, missing: Collection[str]) -> list[tuple[st
     return [(feature, operation) for feature, operation in strategy_needs(strategy) if operation in missing]
 
 
-def runs_moe_locally(strategy: Strategy) -> bool:
+def runs_moe_locally(strategy: Strategy, local_only: bool = False) -> bool:
     """Whether the MoE layers run whole, on plain local tensors, between an ``expert_dispatch``
     and an ``expert_combine`` (the plan's hooks): under expert parallelism, and under any data
     parallelism without it too (ep 1: every rank its own tokens, nothing gathered), not with pp,
     ZeRO or sequence parallelism (then a model with experts gets dp > 1 only without them:
-    :func:`expert_limit`).
+    :func:`expert_limit`). ``local_only``: the MoE layers' own code holds an op Paddle 3.3 cannot
+    run on distributed tensors at all (an ``einsum`` dispatch, an expert reading its tokens through
+    a boolean mask, ``x[mask]``: the planner's ``ModelAnalysis.moe_local_only``); then they run so
+    under tensor parallelism alone too (dp 1), whole on every mp rank, their experts not split.
 
     Under dp this is for correctness: Paddle 3.3 answers an
     integer-tensor index into a DistTensor split on another dim with the wrong rows, silently, and MoE
@@ -93,14 +96,17 @@ def runs_moe_locally(strategy: Strategy) -> bool:
     Sequence parallelism is out for a model with experts at any dp: it hands the MoE layers their
     tokens split over mp, and Paddle 3.3 routes split tokens wrongly (HF Qwen3-MoE's MoE layer
     answered up to 4.3 away on 2 ranks). Any mp goes: the MoE layers run whole on every mp rank, the
-    rest of the block split as usual.
+    rest of the block split as usual. Under mp alone the MoE layers otherwise stay DistTensors, their
+    experts split over mp like any MLP.
 
     >>> from autodist.schemas.plan import Strategy
     >>> [runs_moe_locally(Strategy(**s)) for s in ({"dp": 2, "mp": 2}, {"mp": 2}, {"dp": 2, "sharding_stage": 1})]
     [True, False, False]
+    >>> runs_moe_locally(Strategy(mp=2), local_only=True), runs_moe_locally(Strategy(mp=2, pp=2), local_only=True)
+    (True, False)
     """
-    data_parallel = strategy.dp > 1 and strategy.pp == 1 and not strategy.sharding_stage
-    return strategy.ep > 1 or (data_parallel and not strategy.sequence_parallel)
+    runnable = strategy.pp == 1 and not strategy.sharding_stage and not strategy.sequence_parallel
+    return strategy.ep > 1 or (runnable and (strategy.dp > 1 or local_only))
 
 
 def expert_limit(strategy: Strategy, options: bool = False, moe: bool = False, hooks: bool = False) -> str:

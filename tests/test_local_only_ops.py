@@ -1,11 +1,15 @@
-"""Ops Paddle 3.3 does not run on distributed tensors (``einsum``: docs/paddle-notes.md) are
-planned around, or refused with their layer named, instead of a plan that fails inside Paddle at
-the first step.
+"""Ops Paddle 3.3 does not run on distributed tensors (``einsum``, ``x[mask]``: docs/paddle-notes.md)
+are planned around, or refused with their layer named, instead of a plan that fails inside Paddle
+at the first step.
 
-- inside an MoE layer (fairscale's GShard dispatches by ``einsum("sec,sm->ecm")``): only
-  strategies that run the MoE layers on local tensors (dp or ep, without ZeRO, pp or sequence
-  parallelism) are planned; before, ``--mp 2`` gave a plan whose first step raised
-  ``PreconditionNotMet: Arg must be a vector of TensorDistAttr``;
+- inside an MoE layer (fairscale's GShard dispatches by ``einsum("sec,sm->ecm")``; HF Switch
+  Transformers' and Ling's experts read their tokens through a boolean mask, ``x[mask]``, which
+  the trace shows as ``gather_nd(x, nonzero(mask))``): the MoE layers run on local tensors, whole
+  on every rank, under every strategy apply_plan can run them so (dp, ep, or mp alone, without
+  ZeRO, pp or sequence parallelism), and the others are not planned; before, ``--mp 2`` gave a
+  plan whose first step raised ``PreconditionNotMet: Arg must be a vector of TensorDistAttr``
+  (GShard) or ``NotImplementedError: Only support reshape operation on DenseTensor now``
+  (Switch, Ling); they now train at mp2 like one device (tests/test_train_zoo.py);
 - anywhere else (attention written with einsum, as lucidrains' x-transformers writes it): only
   as a local view (the sub-layer run on plain tensors, mp > 1 under the strategies local views
   run under, schemas/local_view.py); without local views no plan can train, and planning says so;
@@ -32,19 +36,53 @@ GSHARD = "tests/models/zoo/gshard_fairscale.py"
 
 
 def test_an_moe_layer_that_dispatches_by_einsum_is_planned_only_where_it_runs_on_local_tensors():
+    request = SearchRequest(devices_per_node=4, dp=1, mp=2, pp=2, micro_batches=2, device=H100)
     with pytest.raises(PlannerError) as refused:
-        plan_target(GSHARD, None, SearchRequest(devices_per_node=2, dp=1, mp=2, device=H100), {"target": GSHARD})
-    assert str(refused.value) == "no strategy satisfies the constraints on 2 devices"
-    assert (
-        "dp1 mp2 pp1 m1: einsum in decoder.layers.1.moe_layer runs on distributed tensors here, which Paddle 3.3 "
-        "cannot do: the MoE layers run on local tensors only under dp or ep, without ZeRO, pp or sequence parallelism"
-    ) in refused.value.detail.splitlines()
-    searched = plan_target(GSHARD, None, SearchRequest(devices_per_node=2, device=H100), {"target": GSHARD}).plan
-    assert (searched.strategy.dp, searched.strategy.mp) == (2, 1)
-    assert [(h.action, h.layer) for h in searched.hooks] == [
-        ("expert_dispatch", "decoder.layers.1.moe_layer"),
-        ("expert_combine", "decoder.layers.1.moe_layer"),
-    ]
+        plan_target(GSHARD, None, request, {"target": GSHARD})
+    assert str(refused.value) == "no strategy satisfies the constraints on 4 devices"
+    assert any(
+        line.endswith(
+            "einsum in decoder.layers.1.moe_layer runs on distributed tensors here, which Paddle 3.3 cannot do: "
+            "the MoE layers run on local tensors only without ZeRO, pp or sequence parallelism"
+        )
+        for line in refused.value.detail.splitlines()
+    ), refused.value.detail
+    for request in (SearchRequest(devices_per_node=2, device=H100), SearchRequest(devices_per_node=2, dp=2, mp=1)):
+        searched = plan_target(GSHARD, None, request, {"target": GSHARD}).plan
+        assert [(h.action, h.layer) for h in searched.hooks if h.action.startswith("expert")] == [
+            ("expert_dispatch", "decoder.layers.1.moe_layer"),
+            ("expert_combine", "decoder.layers.1.moe_layer"),
+        ]
+
+
+#: MoE layers whose experts read their tokens through a boolean mask (``x[mask]``), and Qwen3-MoE's,
+#: which reads them through integer positions (``x[None, top_x]``, a ``gather_nd`` of stacked
+#: indices: Paddle runs it on DistTensors, and at mp2 its experts stay split over mp).
+MASKED = {
+    "tests/models/zoo/switch_transformers_hf.py": "encoder.block.1.layer.1.mlp",
+    "tests/models/zoo/bailing_moe_hf.py": "model.layers.0.mlp",
+    "tests/models/zoo/qwen3_moe_hf.py": None,
+}
+
+
+@pytest.mark.parametrize("target", list(MASKED))
+def test_an_moe_layer_reading_tokens_through_a_boolean_mask_runs_on_local_tensors_under_mp(target):
+    """What the planner picks at --devices 2 (mp2: its attention split over mp) runs the MoE
+    layers whole on every rank as plain tensors, where Paddle runs ``x[mask]``: an expert
+    dispatch at ep 1 around each, every parameter under it whole. Decided by the dataflow (a
+    ``gather_nd`` indexed by a ``nonzero``), not by the model's names."""
+    made = plan_target(target, None, SearchRequest(devices_per_node=2, device=PROFILES["cpu"]), {"target": target})
+    assert (made.plan.strategy.dp, made.plan.strategy.mp, made.plan.strategy.ep) == (1, 2, 1)
+    moe_layers = made.analysis.moe_layers
+    dispatched = [h.layer for h in made.plan.hooks if h.action == "expert_dispatch"]
+    under = {tuple(p.placements) for f, p in made.plan.params.items() if f.startswith(tuple(moe_layers))}
+    if MASKED[target] is None:
+        assert (made.analysis.moe_local_only, dispatched, ("S(1)",) in under) == ("", [], True)
+        return
+    assert made.analysis.moe_local_only == f"x[mask] (gather_nd of a boolean mask's positions) in {MASKED[target]}"
+    assert (dispatched, under) == (moe_layers, {("R",)})
+    assert MASKED[target] in [h.reason for h in made.plan.hooks if h.layer == MASKED[target]][0]
+    assert f"{made.analysis.moe_local_only}: Paddle 3.3 runs it on plain tensors only" in " ".join(made.plan.notes)
 
 
 class EinsumAttention(nn.Layer):
@@ -177,3 +215,25 @@ def test_an_einsum_that_only_reorders_dims_runs_on_local_values_and_keeps_its_sp
     ).item()
     with pytest.raises(Exception, match="TensorDistAttr"):
         paddle.einsum("abc,cd->abd", x, paddle.rand([5, 4]))
+
+
+class MaskedTokens(nn.Layer):
+    """Logits of the non-padding tokens only, read through a boolean mask in the model's forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(64, 32)
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, tokens):
+        return self.head(self.emb(tokens)[tokens > 0])
+
+
+def test_a_boolean_mask_read_outside_an_moe_layer_is_one_error_naming_its_layer():
+    with pytest.raises(PlannerError) as refused:
+        plan(MaskedTokens(), ["tokens:int64:2x8"], devices=2, device="h100-sxm")
+    assert str(refused.value) == (
+        "x[mask] (gather_nd of a boolean mask's positions) in the model's top level (its own forward): Paddle 3.3 "
+        "does not run it on the distributed tensors apply_plan trains with (docs/paddle-notes.md), so no plan of "
+        "this model can train; write it without a boolean index (paddle.where, or a multiply by the mask)"
+    )

@@ -25,13 +25,6 @@ SKIP = {
     "zoo_pf_phi3": "refused at plan time: a zero-width slice would segfault in backward (test_zoo's REFUSED)",
     # its training path (`if self.training`) indexes hidden states with a tensor of token ids:
     "zoo_pf_gpt_oss": "ValueError: Tensor in indexing only support DenseTensor (a DistTensor indexed by a tensor)",
-    # paddle.einsum raises PreconditionNotMet on DistTensor inputs (paddle-notes): no mp2 plan is made
-    "zoo_gshard_fairscale": "its MoE layer dispatches by einsum, which runs on local tensors only (test_local_only_ops)",
-    "zoo_switch_transformers_hf": "NotImplementedError: a DistTensor indexed by a boolean mask (paddle-notes)",
-    # its MoE layer writes each expert's rows through a boolean mask (y[mask] = ...): at mp2 without
-    # ep the MoE layers stay DistTensors, where Paddle 3.3 raises "Only support reshape operation on
-    # DenseTensor"; trained at dp2 x mp2 ep2 with local views instead (test_train_experts)
-    "zoo_bailing_moe_hf": "NotImplementedError: reshape of a DistTensor in its boolean-mask expert writes",
 }
 #: Zoo workloads planned with local views (the planner's default; the others keep the gathered
 #: layout the tables of test_zoo describe): HF Phi-3's gathered plan segfaults as above, while
@@ -40,8 +33,12 @@ SKIP = {
 #: only as local views (test_zoo's LOCAL_VIEWS); MPT's and BLOOM's attentions, handed their ALiBi
 #: bias whole (and BLOOM's the residual), run head-parallel as local views (test_local_view_heads);
 #: BioGPT's attention (heads folded into the batch for bmm) and CodeGen's (q|v|k cut in 4 groups)
-#: are trained as the local views autodist-plan gives them by default.
+#: are trained as the local views autodist-plan gives them by default, and so is Ling's (BailingMoe)
+#: fused attention, beside its MoE layers. Those of Ling, Switch Transformers (experts reading their
+#: tokens through a boolean mask, ``x[mask]``) and GShard (an einsum dispatch) run whole on every
+#: rank as plain tensors, where Paddle runs those ops (test_local_only_ops).
 LOCAL_VIEWS = {
+    "zoo_bailing_moe_hf",
     "zoo_phi3_hf",
     "zoo_mixtral_mistral_ref",
     "zoo_xlm_hf",

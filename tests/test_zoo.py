@@ -246,8 +246,8 @@ EXPECTED = {
     f"{ZOO}/gshard_fairscale.py": {
         **attention("decoder.layers.*.self_attn", o="out_proj", bias=True, o_bias=True),
         **mlp("decoder.layers.0", ("fc1",), "fc2", bias=True),
-        # its MoE layer dispatches by einsum, which Paddle runs on local tensors only: planned
-        # at dp2 x mp2 (PLANNED_AT), the MoE layer runs whole on each rank's own tokens
+        # its MoE layer dispatches by einsum, which Paddle runs on local tensors only: the MoE
+        # layer runs whole on every rank as plain tensors (expert_dispatch at ep 1)
         "decoder.layers.1.moe_layer.*": REP,
         "decoder.layers.*.*layer_norm.*": REP,
         "decoder.embed_tokens.weight": "S(0)",  # vocabulary split: the logits reuse it
@@ -270,13 +270,13 @@ EXPECTED = {
         "lm_head.weight": COL,
     },
     # Ling (BailingMoe): q|k|v in one query_key_value, split on the head axis after a view (a local
-    # view, LOCAL_VIEWS), dense the row; softmax top-2 over 6 experts, a shared expert beside them
+    # view, LOCAL_VIEWS), dense the row; softmax top-2 over 6 experts, a shared expert beside them;
+    # each expert reads its tokens through a boolean mask (x[mask], which Paddle runs on plain
+    # tensors only), so the MoE layer runs whole on every rank as plain tensors
     f"{ZOO}/bailing_moe_hf.py": {
         **fused("model.layers.*.attention", "query_key_value"),
         "model.layers.*.attention.dense.weight": ROW,
-        "model.layers.*.mlp.gate.weight": REP,
-        **mlp("model.layers.*.mlp.experts.*"),
-        **mlp("model.layers.*.mlp.shared_experts"),
+        "model.layers.*.mlp.*": REP,
         "model.word_embeddings.weight": ROW,  # vocabulary rows (VocabParallelEmbedding)
         "lm_head.weight": COL,
     },
@@ -319,14 +319,14 @@ EXPECTED = {
         "lm_head.weight": COL,
     },
     # HF's Switch Transformers: T5 with a top-1 (argmax) sparse feed-forward every other layer,
-    # experts in a LayerDict (expert_0, ...) run by boolean masks over a nonzero(...).tolist()
+    # experts in a LayerDict (expert_0, ...) run by boolean masks over a nonzero(...).tolist():
+    # x[mask] runs on plain tensors only, so the sparse layer runs whole on every rank (as Ling's)
     f"{ZOO}/switch_transformers_hf.py": {
         **attention("*.block.*.layer.0.SelfAttention", "q", "k", "v", "o"),
         **attention("decoder.block.*.layer.1.EncDecAttention", "q", "k", "v", "o"),
         **mlp("encoder.block.0.layer.1.mlp", ("wi",), "wo"),
         **mlp("decoder.block.0.layer.2.mlp", ("wi",), "wo"),
-        **mlp("*.block.1.layer.*.mlp.experts.expert_*", ("wi",), "wo"),
-        "*.block.1.layer.*.mlp.router.classifier.weight": REP,
+        "*.block.1.layer.*.mlp.*": REP,
         "*.relative_attention_bias.weight": REP,
     },
     # HF Cohere Command-R (planned blind): one input LayerNorm (no bias) feeding attention and MLP
@@ -614,8 +614,6 @@ EXPERTS = {
 
 #: Models planned on another mesh than dp1 x mp2 (the mp axis's placements are compared).
 PLANNED_AT = {
-    # Paddle 3.3 runs einsum on local tensors only: no dp1 x mp2 plan of GShard can train
-    f"{ZOO}/gshard_fairscale.py": {"devices_per_node": 4, "dp": 2},
     # at these sizes the search prefers sequence parallelism with the attention replicated (local
     # views do not run under it): its two all-reduces cost more than the 4 small heads' compute
     f"{ZOO}/xlm_hf.py": {"sequence_parallel": False},

@@ -149,7 +149,8 @@ def expert_structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
 def runs_moe_locally(plan: Plan) -> bool:
     """Whether the plan runs its MoE layers between an expert dispatch and combine (the plan's
     hooks say it): under expert parallelism, and (ep 1) under the data parallelism the planner
-    gives MoE models (``autodist.schemas.parallel_dims.runs_moe_locally`` says why)."""
+    gives MoE models, or under mp alone for MoE layers holding an op Paddle runs on plain tensors
+    only (``autodist.schemas.parallel_dims.runs_moe_locally`` says why)."""
     return any(isinstance(hook, ExpertDispatch) for hook in plan.hooks)
 
 

@@ -238,11 +238,13 @@ class ModelCost:
     #: A projection contracting over the token axis (an MLP-Mixer's token MLP), if any: the
     #: sequence cannot be split between blocks (no sequence parallelism).
     token_mixing: str | None = None
-    #: An op Paddle cannot run on distributed tensors (planner/ops.py LOCAL_ONLY_OPS) and its layer,
-    #: ``"einsum in layers.0.attn"``: outside every MoE layer (no plan can run it), and inside one
-    #: (only plans that run the MoE layers on local tensors can).
+    #: An op Paddle cannot run on distributed tensors (planner/ops.py ``local_only_use``) and its
+    #: layer, ``"einsum in layers.0.attn"``: outside every MoE layer (no plan can run it, but as a
+    #: local view), and inside one (only plans that run the MoE layers on local tensors can).
     local_only: str | None = None
     local_only_in_moe: str | None = None
+    #: How to write ``local_only`` so that it runs (planner/ops.py ``Op.rewrite``): the refusal's advice.
+    local_only_rewrite: str = ""
     notes: tuple[str, ...] = ()
     #: The dtype its parameters are in, what it trains in unless ``--dtype`` says otherwise (AMP);
     #: a cost written by hand, without a model: bf16.

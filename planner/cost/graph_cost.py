@@ -46,14 +46,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import networkx as nx
 
-from autodist.schemas.einsum import einsum_permutation
 from autodist.schemas.vocabulary import FLOAT_DTYPES, TrainingDType, training_dtype
 
 from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, Moved, Saved
 from autodist.planner.cost.step_time import Implicit
-from autodist.planner.recognise.match import plain_nodes
 from autodist.planner.errors import PlannerError
-from autodist.planner.ops import LOCAL_ONLY_OPS, WEIGHT_VIEW_OPS, Op, op, short_op
+from autodist.planner.ops import WEIGHT_VIEW_OPS, Op, op, short_op
+from autodist.planner.recognise.crashes import local_only_ops
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
@@ -677,7 +676,7 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) 
         notes=tuple(notes),
         token_mixing=next((b.token_mixing for b in analysis.blocks if b.token_mixing), None),
         dtype=parameter_dtype(analysis.params),
-        **_local_only(analysis, local),
+        **local_only_ops(analysis.graph, analysis.moe_layers, local),
     )
 
 
@@ -711,29 +710,6 @@ def _kv_split(info) -> bool:
     fused (multi-head latent attention's up-projection, cut into each head's key and value)
     gives them split by heads."""
     return any(lin.role == "column" and lin.fused == 1 and lin.name in ("k", "v", "kv") for lin in info.linears)
-
-
-def _local_only(analysis: ModelAnalysis, local: frozenset[str]) -> dict:
-    """The first op Paddle cannot run on distributed tensors outside the MoE layers, and the
-    first inside one (the :class:`ModelCost` fields ``local_only`` and ``local_only_in_moe``).
-    One computing on constants and buffers alone (a rotary table, ``einsum("i,j->ij",
-    arange(seq), self.inv_freq)``) never sees a distributed tensor: it is not counted, nor is
-    one inside a sub-layer of ``local``, which runs on plain tensors (a local view), nor an
-    einsum that only reorders its operand's dims (DiT's ``unpatchify``), which the applier runs
-    on local values wherever it is (:mod:`autodist.schemas.einsum`)."""
-    moe_layers = tuple(b.experts.layer.rpartition(".")[0] + "." for b in analysis.blocks if b.experts)
-    views = tuple(layer + "." for layer in local)
-    found: dict[str, str] = {}
-    plain = plain_nodes(analysis.graph)
-    for node, data in sorted(analysis.graph.nodes(data=True)):
-        op = short_op(data["op"])
-        if op == "einsum" and einsum_permutation(data["attrs"].get("equation", "")) is not None:
-            continue
-        if op in LOCAL_ONLY_OPS and node not in plain and not (data["layer"] + ".").startswith(views):
-            field_name = "local_only_in_moe" if (data["layer"] + ".").startswith(moe_layers) else "local_only"
-            where = data["layer"] or "the model's top level (its own forward)"  # the root layer's name is ''
-            found.setdefault(field_name, f"{op} in {where}")
-    return found
 
 
 def _moe_cost(facts: GraphFacts, info, params: dict[str, int], tokens: int) -> dict:

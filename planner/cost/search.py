@@ -121,11 +121,11 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
     """
     priced = _priced(model, request)
     cost = priced.cost
-    unrunnable = priced.cost_of(RunsAs(local=priced.local_views)).local_only  # not even inside a local view
-    if unrunnable:
+    viewed = priced.cost_of(RunsAs(local=priced.local_views))
+    if viewed.local_only:  # not even inside a local view
         raise PlannerError(
-            f"{unrunnable}: Paddle 3.3 does not run it on the distributed tensors apply_plan trains with "
-            "(docs/paddle-notes.md), so no plan of this model can train; write it with matmul and transposes"
+            f"{viewed.local_only}: Paddle 3.3 does not run it on the distributed tensors apply_plan trains with "
+            f"(docs/paddle-notes.md), so no plan of this model can train; {viewed.local_only_rewrite}"
         )
     setup = _setup(cost, request)
     tables: dict[RunsAs, StageTable] = {}
@@ -538,10 +538,10 @@ def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, c
             f"{cost.local_only} runs on distributed tensors here, which Paddle 3.3 cannot do: its sub-layer runs on "
             f"local tensors only as a local view, and local views do not run here ({local_views_refused(strategy)})"
         )
-    if cost.local_only_in_moe and not runs_moe_locally(strategy):
+    if cost.local_only_in_moe and not runs_moe_locally(strategy, local_only=True):
         return (
             f"{cost.local_only_in_moe} runs on distributed tensors here, which Paddle 3.3 cannot do: the MoE "
-            "layers run on local tensors only under dp or ep, without ZeRO, pp or sequence parallelism"
+            "layers run on local tensors only without ZeRO, pp or sequence parallelism"
         )
     per_rank = setup.global_batch // strategy.dp
     if per_rank % strategy.micro_batches:
@@ -643,5 +643,16 @@ def _strategy_notes(cost: ModelCost, strategy: Strategy) -> list[str]:
         notes.append(
             f"vocabulary {cost.vocab_size} does not divide by mp={strategy.mp}: embedding and LM head "
             "stay replicated over mp (priced so)"
+        )
+    local_only = cost.local_only_in_moe
+    if (
+        local_only
+        and strategy.mp > 1
+        and runs_moe_locally(strategy, local_only=True)
+        and not runs_moe_locally(strategy)
+    ):
+        notes.append(
+            f"{local_only}: Paddle 3.3 runs it on plain tensors only, so the MoE layers run whole on every rank "
+            "as plain tensors, their experts not split over mp (priced so)"
         )
     return notes

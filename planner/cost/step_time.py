@@ -669,7 +669,9 @@ def _stage_experts(ctx: _Context, start: int, stop: int) -> _StageExperts:
     Each rank then holds 1 / ep of the experts, whole (the MoE layer is not split over mp)."""
     strategy, setup, tokens, width = ctx.strategy, ctx.setup, ctx.tokens, ctx.width
     ep, moe = strategy.ep, [b for b in ctx.cost.blocks[start:stop] if b.experts]
-    if not (runs_moe_locally(strategy) and moe):  # at ep 1: no gathers, the gradient sums alone
+    if not (
+        runs_moe_locally(strategy, bool(ctx.cost.local_only_in_moe)) and moe
+    ):  # at ep 1: no gathers, the gradient sums alone
         return _StageExperts(moe)
     # The shared experts run on the group's first rank alone, on ep x the tokens: that rank,
     # the slowest, does (ep - 1) x more of them than one rank's tokens (at the compute roof).

@@ -6,7 +6,8 @@ as written. A strategy runs it in one of a few ways (:class:`RunsAs`), and two f
 - the sub-layers that run as local views (:func:`~autodist.schemas.parallel_dims.runs_local_views`):
   each stopped sub-layer among them is split as Megatron splits it
   (:func:`~autodist.planner.recognise.analysis.with_local_views`);
-- whether the MoE layers run whole on every mp rank (:func:`~autodist.schemas.parallel_dims.runs_moe_locally`):
+- whether the MoE layers run whole on every mp rank (:func:`~autodist.schemas.parallel_dims.runs_moe_locally`,
+  which also asks whether their code holds an op Paddle runs on local tensors only):
   then none of their projections has a tensor-parallel role
   (:func:`~autodist.planner.recognise.analysis.experts_whole`).
 
@@ -62,13 +63,14 @@ class AnalysisFor:
         self.builds: Counter[RunsAs] = Counter()
         self._built: dict[RunsAs, ModelAnalysis] = {}
         self._moe = any(block.experts is not None for block in analysis.blocks)
+        self._moe_local_only = bool(self._moe and analysis.moe_local_only)
 
     def runs_as(self, strategy: Strategy, local_views: frozenset[str]) -> RunsAs:
         """How ``strategy`` runs the model when its sub-layers ``local_views`` may run as local
         views: all of them where local views run, none elsewhere; its MoE layers whole where
         they run locally (a model without one runs the same either way: ``moe_whole`` False)."""
         local = local_views if runs_local_views(strategy) else frozenset()
-        return RunsAs(local, self._moe and runs_moe_locally(strategy))
+        return RunsAs(local, self._moe and runs_moe_locally(strategy, self._moe_local_only))
 
     def __call__(self, runs: RunsAs) -> ModelAnalysis:
         from autodist.planner.recognise.analysis import experts_whole, with_local_views

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Literal, TypeAlias
 
 import networkx as nx
@@ -27,6 +28,7 @@ import paddle
 from autodist import schemas
 
 from autodist.planner.graph import graph_fingerprint, operand_sources
+from autodist.planner.recognise.crashes import local_only_ops
 from autodist.planner.recognise.expert_blocks import Experts, find_experts
 from autodist.planner.ops import RESHAPE_OPS, short_op
 from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes
@@ -111,6 +113,19 @@ class ModelAnalysis:
     #: when None, why not (:func:`local_lookup`).
     local_lookup: str | None = None
     local_lookup_refusal: str = ""
+
+    @property
+    def moe_layers(self) -> list[str]:
+        """The MoE layers (each the parent of a block's experts container), in block order."""
+        return [block.experts.moe_layer for block in self.blocks if block.experts]
+
+    @cached_property
+    def moe_local_only(self) -> str:
+        """The first op of the MoE layers that Paddle 3.3 cannot run on distributed tensors, in
+        words (``"x[mask] (gather_nd of a boolean mask's positions) in layers.0.mlp"``), or ''.
+        Such MoE layers run on local tensors wherever apply_plan can run them so
+        (``schemas.parallel_dims.runs_moe_locally``'s ``local_only``)."""
+        return local_only_ops(self.graph, self.moe_layers).get("local_only_in_moe", "")
 
 
 def analyze(

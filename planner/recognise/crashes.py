@@ -7,7 +7,12 @@ buffers alone stay plain (:func:`~autodist.planner.recognise.match.plain_nodes`)
 
 - A zero-width ``slice`` (``q[..., rotary_dim:]`` at ``rotary_dim == head_dim``, Phi-3's and
   Persimmon's partial rotary at factor 1): its backward segfaults in ``slice_grad`` on every
-  rank (docs/paddle-notes.md, "The backward of a zero-width slice of a DistTensor segfaults").
+  rank (docs/paddle-notes.md, "The backward of a zero-width slice of a DistTensor segfaults");
+  the driver refuses the model (:func:`distributed_crashes`).
+- An op Paddle 3.3 does not run on DistTensors at all (:func:`autodist.planner.ops.local_only_use`:
+  ``einsum``, a read through a boolean mask ``x[mask]``): a plan trains only where it runs on local
+  tensors, inside a local view or an MoE layer the plan runs locally; the search refuses the
+  other strategies (:func:`local_only_ops`, read through the cost model).
 
 Example::
 
@@ -23,9 +28,14 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import networkx as nx
 
+from autodist.schemas.einsum import einsum_permutation
+
+from autodist.planner.graph import operand_sources
+from autodist.planner.ops import local_only_use, op
 from autodist.planner.recognise.match import plain_nodes, short_op
 
 
@@ -61,3 +71,46 @@ def distributed_crashes(graph: nx.DiGraph) -> list[Crash]:
                 )
             )
     return found
+
+
+def local_only_ops(graph: nx.DiGraph, moe_layers: Iterable[str], local: Iterable[str] = ()) -> dict[str, str]:
+    """The first op Paddle cannot run on distributed tensors outside the ``moe_layers``, and the
+    first inside one (the cost model's ``ModelCost.local_only`` and ``local_only_in_moe``), in the
+    words of a refusal (``"einsum in layers.0.attn"``), the first with how to write it instead
+    (``local_only_rewrite``: no plan runs it). One computing on constants and buffers
+    alone (a rotary table, ``einsum("i,j->ij", arange(seq), self.inv_freq)``) never sees a
+    distributed tensor: it is not counted, nor is one inside a sub-layer of ``local``, which runs
+    on plain tensors (a local view), nor an einsum that only reorders its operand's dims (DiT's
+    ``unpatchify``), which the applier runs on local values wherever it is (:mod:`autodist.schemas.einsum`).
+
+    >>> g = nx.MultiDiGraph()
+    >>> g.add_node(0, op="pd_op.data", param=None, layer="", attrs={})
+    >>> g.add_node(1, op="pd_op.nonzero", param=None, layer="moe", attrs={})
+    >>> g.add_node(2, op="pd_op.gather_nd", param=None, layer="moe", attrs={})
+    >>> _ = [g.add_edge(0, 1, operand=0, result=0), g.add_edge(0, 2, operand=0, result=0), g.add_edge(1, 2, operand=1, result=0)]
+    >>> local_only_ops(g, ["moe"])["local_only_in_moe"]
+    "x[mask] (gather_nd of a boolean mask's positions) in moe"
+    """
+    moe_prefixes = tuple(layer + "." for layer in moe_layers)
+    views = tuple(layer + "." for layer in local)
+    found: dict[str, str] = {}
+    plain = plain_nodes(graph)
+    for node, data in sorted(graph.nodes(data=True)):
+        layer = data["layer"] + "."
+        if node in plain or layer.startswith(views) or _reorders(data):
+            continue
+        operands = {slot: graph.nodes[source]["op"] for slot, (source, _) in operand_sources(graph, node).items()}
+        what = local_only_use(data["op"], operands)
+        field_name = "local_only_in_moe" if layer.startswith(moe_prefixes) else "local_only"
+        if not what or field_name in found:
+            continue
+        where = data["layer"] or "the model's top level (its own forward)"  # the root layer's name is ''
+        found[field_name] = f"{what} in {where}"
+        if field_name == "local_only":  # no plan runs it: the refusal's advice
+            found["local_only_rewrite"] = op(data["op"]).rewrite
+    return found
+
+
+def _reorders(data: dict) -> bool:
+    """The node is an einsum that only reorders its operand's dims (run on local values)."""
+    return short_op(data["op"]) == "einsum" and einsum_permutation(data["attrs"].get("equation", "")) is not None

@@ -55,6 +55,12 @@ class Experts:
     top_k: int
     shared: tuple[str, ...] = ()
 
+    @property
+    def moe_layer(self) -> str:
+        """The MoE layer: the container's parent, which routes the tokens to the experts
+        (``layers.0.block_sparse_moe`` for ``layers.0.block_sparse_moe.experts``)."""
+        return self.layer.rpartition(".")[0]
+
     def routes(self, fqn: str) -> bool:
         """Whether ``fqn`` belongs to the MoE layer's routing: under the MoE layer (the experts'
         parent), outside the experts and the shared experts (the router, Qwen2-MoE's shared-expert
@@ -66,9 +72,8 @@ class Experts:
         ...                          "layers.0.moe.shared.up.weight", "layers.0.attn.q.weight")]
         [True, False, False, False]
         """
-        moe_layer = self.layer.rpartition(".")[0]
         inside = (self.layer, *self.shared)
-        return fqn.startswith(moe_layer + ".") and not any(fqn.startswith(f"{layer}.") for layer in inside)
+        return fqn.startswith(self.moe_layer + ".") and not any(fqn.startswith(f"{layer}.") for layer in inside)
 
 
 def find_experts(
