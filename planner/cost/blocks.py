@@ -218,6 +218,8 @@ class ModelCost:
     #: (only plans that run the MoE layers on local tensors can).
     local_only: str | None = None
     local_only_in_moe: str | None = None
+    #: ``(k, why)`` for each cut before block ``k`` a pipeline cannot make (``ModelAnalysis.unchained``).
+    unchained: tuple[tuple[int, str], ...] = ()
     notes: tuple[str, ...] = ()
     #: The dtype its parameters are in, what it trains in unless ``--dtype`` says otherwise (AMP);
     #: a cost written by hand, without a model: bf16.
