@@ -13,6 +13,7 @@ their pipelines.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from unittest import mock
 
@@ -23,6 +24,7 @@ from autodist.planner import driver
 from autodist.planner.cli import cli
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest
+from autodist.planner.review.check import check_plan_for_target
 from harness.planning import _analysed, plan_command, plan_target
 
 A100 = PROFILES["a100-80g"]
@@ -91,3 +93,18 @@ def test_decoder_only_models_chain_at_every_cut_and_keep_their_pipelines(name, t
         f"{ZOO}/{name}.py", ["--devices", "2", "--device", "a100-80g", "--pp", "2"], tmp_path / "p.json"
     )
     assert '"pp": 2' in plan.read_text()
+
+
+def test_check_refuses_a_pipeline_plan_cutting_where_the_blocks_do_not_chain():
+    """A pp2 plan of T5 as the planner made it before the check (its analysis without the cuts it
+    now finds): ``autodist-plan check`` recognises the blocks again and names the cut."""
+    target = f"{ZOO}/t5.py"
+    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
+    traced, analysis, model = _analysed(target, None, environment)
+    request = SearchRequest(devices_per_node=2, device=A100, pp=2, schedule="1F1B")
+    unchecked = dataclasses.replace(analysis, unchained={})
+    plan = driver.plan_analysed(unchecked, traced, request, {"target": target}, model=model, local_view=False).plan
+    assert [b.stage for b in plan.blocks] == [0, 0, 1, 1]
+    reasons = check_plan_for_target(plan, target)
+    assert reasons == [f"$.blocks: {analysis.unchained[2]}"]
+    assert reasons[0].startswith("$.blocks: a pipeline cannot cut before decoder.block.0 (T5Block.forward")

@@ -36,6 +36,7 @@ from autodist.planner.cost.step_time import (
     estimate,
 )
 from autodist.planner.errors import PlannerError
+from autodist.planner.recognise.chaining import cut_problem
 from autodist.schemas.describe import layers_text, strategy_text
 from autodist.schemas import Candidate, DeviceProfile, Kernels, Rejected, Strategy
 from autodist.schemas.plan import Schedule, ShardingStage
@@ -436,7 +437,7 @@ def check_fixed_degrees(cost: ModelCost, request: SearchRequest) -> None:
     if request.pp is not None and request.pp > 1:
         chunks = [1, VPP_CHUNKS] if request.schedule is None else [VPP_CHUNKS if request.schedule == "VPP" else 1]
         splits = [block_stages(len(cost.blocks), request.pp, v) for v in chunks if request.pp * v <= len(cost.blocks)]
-        problems = [cut_problem(cost, stages) for stages in splits]
+        problems = [cut_problem(dict(cost.unchained), stages) for stages in splits]
         if problems and all(problems):
             raise PlannerError(f"--pp {request.pp}: {problems[0]}")
     spread = (request.dp or 1) > 1 or request.sequence_parallel
@@ -560,19 +561,7 @@ def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, c
 
     stages = block_stages(num_blocks, strategy.pp, strategy.virtual_stages)
     problems = schedule_problems(strategy.schedule, strategy.pp, strategy.micro_batches, stages)
-    return "; ".join(problems) or cut_problem(cost, stages)
-
-
-def cut_problem(cost: ModelCost, stages: list[int]) -> str:
-    """Why a pipeline cannot cut the model's blocks into ``stages`` (one per block, forward
-    order): the first cut whose dataflow is not what a stage gets (``recognise/chaining.py``), or ''.
-
-    >>> cost = ModelCost(blocks=(), hidden_size=8, unchained=((2, "a pipeline cannot cut before dec.0: ..."),))
-    >>> cut_problem(cost, [0, 1, 1, 1]), cut_problem(cost, [0, 0, 1, 1])
-    ('', 'a pipeline cannot cut before dec.0: ...')
-    """
-    unchained = dict(cost.unchained)
-    return next((unchained[k] for k in range(1, len(stages)) if stages[k] != stages[k - 1] and k in unchained), "")
+    return "; ".join(problems) or cut_problem(dict(cost.unchained), stages)
 
 
 def _rank_key(strategy: Strategy, breakdown: Breakdown) -> tuple:

@@ -110,6 +110,18 @@ def unchained_cuts(
     return cuts
 
 
+def cut_problem(unchained: dict[int, str], stages: list[int]) -> str:
+    """Why a pipeline cannot cut the blocks into ``stages`` (one per block, forward order): the
+    first of its cuts in ``unchained`` (:func:`unchained_cuts`), or ''. The search asks it of
+    every split it prices, ``autodist-plan check`` of a plan's own.
+
+    >>> unchained = {2: "a pipeline cannot cut before dec.0: ..."}
+    >>> cut_problem(unchained, [0, 1, 1, 1]), cut_problem(unchained, [0, 0, 1, 1])
+    ('', 'a pipeline cannot cut before dec.0: ...')
+    """
+    return next((unchained[k] for k in range(1, len(stages)) if stages[k] != stages[k - 1] and k in unchained), "")
+
+
 def _recomputed(graph: nx.DiGraph, block_of: dict[int, int], skipped: frozenset[str]) -> dict[int, bool]:
     """Per node: whether every stage computes it again from the model's inputs (node ids are
     program order, so a node's producers come before it)."""
