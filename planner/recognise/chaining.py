@@ -61,6 +61,16 @@ def unchained_cuts(
     recomputed = _recomputed(graph, block_of, skipped)
     last_end = max(blocks[-1][1]) if blocks and blocks[-1][1] else -1
     owners = [layer + "." for layer, _ in blocks]
+
+    def crosses(k: int, start: int, handed: Place, reader: int, source: int, result: int) -> bool:
+        """Whether ``reader`` (after the cut before block ``k``) reads what no stage after it has."""
+        data = graph.nodes[source]
+        if data["op"] == _PARAMETER and data["param"] is not None:
+            owner = next((j for j, prefix in enumerate(owners) if data["param"].startswith(prefix)), None)
+            return reader <= last_end if owner is None else owner < k
+        handed_on = (source, result) == handed and block_of.get(reader) == k
+        return source < start and not recomputed[source] and not handed_on
+
     cuts = {}
     for k in range(1, len(blocks)):
         start = min(blocks[k][1])
@@ -79,34 +89,30 @@ def unchained_cuts(
                 "which is what a stage hands on"
             )
             continue
-        for reader in sorted(n for n in graph.nodes if n >= start):
-            for source, result in operand_sources(graph, reader).values():
-                data = graph.nodes[source]
-                if data["op"] == _PARAMETER and data["param"] is not None:
-                    fqn = data["param"]
-                    owner = next((j for j, prefix in enumerate(owners) if fqn.startswith(prefix)), None)
-                    if (owner is None and reader > last_end) or (owner is not None and owner >= k):
-                        continue
-                elif source >= start or recomputed[source]:
-                    continue
-                elif (source, result) == handed and block_of.get(reader) == k:
-                    continue
-                reading = blocks[block_of[reader]][0] if reader in block_of else graph.nodes[reader]["layer"]
-                where = (
-                    "held where a stage after the cut does not hold it (a pipeline holds a parameter with its "
-                    "block, or outside the blocks on the first or the last stage)"
-                    if data["op"] == _PARAMETER
-                    else "made before the cut"
-                )
-                cuts[k] = (
-                    f"a pipeline cannot cut before {blocks[k][0]}: {reading or 'the model'} "
-                    f"({_place(model, reading)}) reads {_described(graph, (source, result), blocks, block_of)}, "
-                    f"{where}; a stage gets only the previous block's first output (as its first block's first "
-                    "input) and the model's inputs"
-                )
-                break
-            if k in cuts:
-                break
+        crossing = next(
+            (
+                (reader, source, result)
+                for reader in sorted(n for n in graph.nodes if n >= start)
+                for source, result in operand_sources(graph, reader).values()
+                if crosses(k, start, handed, reader, source, result)
+            ),
+            None,
+        )
+        if crossing is not None:
+            reader, source, result = crossing
+            reading = blocks[block_of[reader]][0] if reader in block_of else graph.nodes[reader]["layer"]
+            where = (
+                "held where a stage after the cut does not hold it (a pipeline holds a parameter with its "
+                "block, or outside the blocks on the first or the last stage)"
+                if graph.nodes[source]["op"] == _PARAMETER
+                else "made before the cut"
+            )
+            cuts[k] = (
+                f"a pipeline cannot cut before {blocks[k][0]}: {reading or 'the model'} "
+                f"({_place(model, reading)}) reads {_described(graph, (source, result), blocks, block_of)}, "
+                f"{where}; a stage gets only the previous block's first output (as its first block's first "
+                "input) and the model's inputs"
+            )
     return cuts
 
 
