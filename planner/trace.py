@@ -40,6 +40,7 @@ from pathlib import Path
 
 import paddle
 
+from autodist.applier.placement.hooks import first_input, first_tensor
 from autodist.planner.dense_selection import every_selection_taken
 from autodist.planner.errors import PlannerError, source_place
 from autodist.planner.kernels import eager_path, recorded_calls
@@ -77,6 +78,11 @@ class TracedProgram:
     #: stands for (another unit's output, the first unit's copy of a model input, or a parameter
     #: traced before), or None for a value the glue between the units computed.
     bridges: dict[int, tuple[int, int] | None] = field(default_factory=dict)
+    #: Layer FQN -> its first call's first tensor input and first tensor output (as
+    #: ``applier.placement.hooks.first_input`` and ``first_tensor`` pick them: what a pipeline
+    #: stage replaces and hands on), each the program value ``(op index, result)`` it is, or None
+    #: (no tensor, or one the program does not hold). Read by ``recognise/chaining.py``.
+    first_tensors: dict[str, tuple[tuple[int, int] | None, tuple[int, int] | None]] = field(default_factory=dict)
 
     def fallback_text(self) -> str:
         """How the model was traced when its whole forward does not trace, in words ("" when it does).
@@ -422,6 +428,7 @@ def _merged(
     layer_calls: dict[str, list[LayerCall]] = {}
     bridges: dict[int, tuple[int, int] | None] = {}
     made: dict[object, tuple[int, int]] = {}  # tensor id / parameter name -> (op index, result)
+    first_tensors: dict[str, tuple[tuple[int, int] | None, tuple[int, int] | None]] = {}
 
     def source(i: int, result: int) -> tuple[int, int]:  # through a bridged input to what it stands for
         bridged = bridges.get(i)
@@ -443,11 +450,20 @@ def _merged(
                 elif id(tensor) not in model_inputs:
                     bridges[i] = None
                 made.setdefault(id(tensor), (i, 0))
-        returned = _tensors(calls[unit.traced_layer].output)
+        call = calls[unit.traced_layer]
+        returned = _tensors(call.output)
         if _alike(unit.outputs, returned):  # else its outputs reach later units as glue values
             for value, tensor in zip(unit.outputs, returned):
                 producer = value.get_defining_op()
                 made[id(tensor)] = source(offset + unit.ops.index(producer), result_index(producer, value))
+        ends = (first_input(call.args, call.kwargs), first_tensor(call.output))
+        first_tensors[unit.traced_layer] = (
+            None if ends[0] is None else made.get(id(ends[0])),
+            None if ends[1] is None else made.get(id(ends[1])),
+        )
+        for fqn, ends in unit.first_tensors.items():
+            shifted = [None if at is None else source(offset + at[0], at[1]) for at in ends]
+            first_tensors.setdefault(fqn, (shifted[0], shifted[1]))
         ops += unit.ops
         op_layers += unit.op_layers
         kernel_ops.update({offset + i: kernel for i, kernel in unit.kernel_ops.items()})
@@ -465,6 +481,7 @@ def _merged(
         units=[unit.traced_layer for unit, _ in units],
         unit_programs=[unit.program for unit, _ in units],
         bridges=bridges,
+        first_tensors=first_tensors,
     )
 
 
@@ -566,8 +583,9 @@ class _OpRangeRecorder:
 
     def __init__(self, root: paddle.nn.Layer, prefix: str):
         self.calls: list[tuple[str, list]] = []  # (layer FQN, its ops), in post-hook order
-        self._starts: list[tuple[int, tuple, dict]] = []
-        self._returned: list[tuple[str, tuple, dict, list, object]] = []  # (FQN, args, kwargs, ops, output)
+        self._starts: list[tuple[int, tuple, dict, object]] = []
+        # (FQN, args, kwargs, ops, output, first tensor input)
+        self._returned: list[tuple[str, tuple, dict, list, object, object]] = []
         self._handles = []
         self._names = {id(layer): name for name, layer in root.named_sublayers(prefix=prefix)}
         for name, layer in root.named_sublayers(prefix=prefix):
@@ -581,15 +599,16 @@ class _OpRangeRecorder:
         return default_main_program().global_block().ops
 
     def _pre(self, layer, args, kwargs):
-        self._starts.append((len(self._block_ops()), _described(args), _described(kwargs)))
+        first = first_input(args, kwargs, paddle.pir.Value)
+        self._starts.append((len(self._block_ops()), _described(args), _described(kwargs), first))
 
     def _make_post(self, fqn: str):
         def post(layer, inputs, outputs):
-            start, args, kwargs = self._starts.pop()
+            start, args, kwargs, first = self._starts.pop()
             # Op objects, not indices: they survive whatever dy2static does to the list later.
             ops = self._block_ops()[start:]
             self.calls.append((fqn, ops))
-            self._returned.append((fqn, args, kwargs, ops, outputs))
+            self._returned.append((fqn, args, kwargs, ops, outputs, first))
 
         return post
 
@@ -610,9 +629,10 @@ class _OpRangeRecorder:
                 return converted
 
             def recorded(*args, **kwargs):
-                start = len(self._block_ops())
+                start, first = len(self._block_ops()), first_input(args, kwargs, paddle.pir.Value)
                 out = converted(*args, **kwargs)
-                self._returned.append((name, _described(args), _described(kwargs), self._block_ops()[start:], out))
+                ops = self._block_ops()[start:]
+                self._returned.append((name, _described(args), _described(kwargs), ops, out, first))
                 return out
 
             return recorded
@@ -627,16 +647,32 @@ class _OpRangeRecorder:
         """Every call, by layer, with what reads its outputs: only known once the program is
         built (the readers come after the call). Drops the outputs it held."""
         found: dict[str, list[LayerCall]] = {}
-        for fqn, args, kwargs, ops, output in self._returned:
+        for fqn, args, kwargs, ops, output, _ in self._returned:
             own = set(ops)
             items = output if isinstance(output, (tuple, list)) else (output,)
             found.setdefault(fqn, []).append(LayerCall(args, kwargs, tuple(_read(item, own) for item in items)))
         self._returned = []
         return found
 
+    def first_tensors(self, index: dict) -> dict[str, tuple[tuple[int, int] | None, tuple[int, int] | None]]:
+        """:attr:`TracedProgram.first_tensors`: each layer's first call's first tensor input and
+        output as program values, ``index`` numbering the program's ops. Call before
+        :meth:`layer_calls`, which drops the outputs."""
+        found: dict[str, tuple[tuple[int, int] | None, tuple[int, int] | None]] = {}
+        for fqn, _, _, _, output, first in self._returned:
+            found.setdefault(fqn, (_place(first, index), _place(first_tensor(output, paddle.pir.Value), index)))
+        return found
+
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+
+def _place(value, index: dict) -> tuple[int, int] | None:
+    """The program value ``(op index, result)`` a traced value is, or None (not a value, or one
+    made by no op of the program: a block argument, an op a pass removed)."""
+    producer = value.get_defining_op() if isinstance(value, paddle.pir.Value) else None
+    return (index[producer], result_index(producer, value)) if producer in index else None
 
 
 def _described(value):
@@ -698,6 +734,7 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
     ops = list(program.global_block().ops)
     op_layers = _attribute_ops(ops, recorder.calls, param_fqns, prefix)
     index = {op: i for i, op in enumerate(ops)}
+    first_tensors = recorder.first_tensors(index)
     return TracedProgram(
         program=program,
         ops=ops,
@@ -708,6 +745,7 @@ def _trace_layer(layer, prefix: str, input_specs, param_fqns, untraced: list[str
         kernel_ops={index[op]: kernel for kernel, call_ops in calls for op in call_ops if op in index},
         layer_calls=recorder.layer_calls(),
         outputs=_tensors(concrete.outputs),
+        first_tensors=first_tensors,
     )
 
 

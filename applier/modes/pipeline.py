@@ -69,7 +69,7 @@ import paddle.distributed as dist
 from autodist.schemas import Plan
 from autodist.schemas.schedules import PIPELINING_SCHEDULES, chunk_stages, schedule_problems
 
-from autodist.applier.placement.hooks import first_tensor, map_first_input
+from autodist.applier.placement.hooks import first_input, first_tensor, map_first_input
 from autodist.applier.placement.mesh import new_group, pp_group_ranks, stage_of_rank
 from autodist.applier.ranks.readable import pipeline_losses
 from autodist.applier.placement.shard import parameter_owners
@@ -265,7 +265,7 @@ class StageChunk(paddle.nn.Layer):
 
     @staticmethod
     def _identity(*args: Any, **kwargs: Any) -> paddle.Tensor | None:
-        return first_tensor(args) if first_tensor(args) is not None else first_tensor(kwargs)
+        return first_input(args, kwargs)
 
     def _activation(self, *args: Any, **kwargs: Any) -> paddle.Tensor:
         return self._received

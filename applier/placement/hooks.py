@@ -192,14 +192,15 @@ def map_tensors(value: Any, fn: Callable) -> Any:
     return value
 
 
-def map_first(value: Any, fn: Callable) -> Any:
-    """Apply ``fn`` to the first top-level Tensor of ``value`` (a Tensor, tuple, list or dict)."""
-    if isinstance(value, paddle.Tensor):
+def map_first(value: Any, fn: Callable, kind: type = paddle.Tensor) -> Any:
+    """Apply ``fn`` to the first top-level Tensor of ``value`` (a Tensor, tuple, list or dict).
+    ``kind``: what counts as a tensor (the planner asks with ``paddle.pir.Value`` while tracing)."""
+    if isinstance(value, kind):
         return fn(value)
     if isinstance(value, dict):
-        key = next((k for k, v in value.items() if isinstance(v, paddle.Tensor)), None)
+        key = next((k for k, v in value.items() if isinstance(v, kind)), None)
         return value if key is None else {**value, key: fn(value[key])}
-    index = _first_tensor_index(value)
+    index = _first_tensor_index(value, kind)
     if index is None:
         return value
     items = list(value)
@@ -215,19 +216,30 @@ def map_first_input(args: tuple, kwargs: dict, fn: Callable) -> tuple[tuple, dic
     return args, map_first(kwargs, fn)
 
 
-def first_tensor(value: Any) -> paddle.Tensor | None:
-    """The first top-level Tensor of a layer's output (a Tensor, tuple, list or dict), or None."""
-    found: list[paddle.Tensor] = []
+def first_input(args: tuple, kwargs: dict, kind: type = paddle.Tensor) -> Any:
+    """A layer's first Tensor input, the one :func:`map_first_input` maps (a pipeline stage's
+    received activation replaces it), or None.
 
-    def keep(tensor: paddle.Tensor) -> paddle.Tensor:
+    >>> x, mask = paddle.ones([1]), paddle.zeros([1])
+    >>> first_input((None,), {"mask": mask, "x": x}) is mask
+    True
+    """
+    return first_tensor(args, kind) if _first_tensor_index(args, kind) is not None else first_tensor(kwargs, kind)
+
+
+def first_tensor(value: Any, kind: type = paddle.Tensor) -> Any:
+    """The first top-level Tensor of a layer's output (a Tensor, tuple, list or dict), or None."""
+    found: list[Any] = []
+
+    def keep(tensor: Any) -> Any:
         found.append(tensor)
         return tensor
 
-    map_first(value, keep)
+    map_first(value, keep, kind)
     return found[0] if found else None
 
 
-def _first_tensor_index(value: Any) -> int | None:
+def _first_tensor_index(value: Any, kind: type = paddle.Tensor) -> int | None:
     if isinstance(value, (tuple, list)):
-        return next((i for i, v in enumerate(value) if isinstance(v, paddle.Tensor)), None)
+        return next((i for i, v in enumerate(value) if isinstance(v, kind)), None)
     return None

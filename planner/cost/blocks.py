@@ -245,6 +245,8 @@ class ModelCost:
     local_only_in_moe: str | None = None
     #: How to write ``local_only`` so that it runs (planner/ops.py ``Op.rewrite``): the refusal's advice.
     local_only_rewrite: str = ""
+    #: ``(k, why)`` for each cut before block ``k`` a pipeline cannot make (``ModelAnalysis.unchained``).
+    unchained: tuple[tuple[int, str], ...] = ()
     notes: tuple[str, ...] = ()
     #: The dtype its parameters are in, what it trains in unless ``--dtype`` says otherwise (AMP);
     #: a cost written by hand, without a model: bf16.

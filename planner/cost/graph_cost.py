@@ -675,6 +675,7 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) 
         traced_seq=analysis.seq_len if analysis.seq_len > 0 else seq,
         notes=tuple(notes),
         token_mixing=next((b.token_mixing for b in analysis.blocks if b.token_mixing), None),
+        unchained=tuple(sorted(analysis.unchained.items())),
         dtype=parameter_dtype(analysis.params),
         **local_only_ops(analysis.graph, analysis.moe_layers, local),
     )

@@ -36,6 +36,7 @@ from autodist.planner.cost.step_time import (
     estimate,
 )
 from autodist.planner.errors import PlannerError
+from autodist.planner.recognise.chaining import cut_problem
 from autodist.schemas.describe import layers_text, strategy_text
 from autodist.schemas import Candidate, DeviceProfile, Kernels, Rejected, Strategy
 from autodist.schemas.plan import Schedule, ShardingStage
@@ -433,6 +434,12 @@ def check_fixed_degrees(cost: ModelCost, request: SearchRequest) -> None:
         problem = degree_problem(cost, axis, degree, f"--{axis} {degree}") if degree is not None else ""
         if problem:
             raise PlannerError(problem)
+    if request.pp is not None and request.pp > 1:
+        chunks = [1, VPP_CHUNKS] if request.schedule is None else [VPP_CHUNKS if request.schedule == "VPP" else 1]
+        splits = [block_stages(len(cost.blocks), request.pp, v) for v in chunks if request.pp * v <= len(cost.blocks)]
+        problems = [cut_problem(dict(cost.unchained), stages) for stages in splits]
+        if problems and all(problems):
+            raise PlannerError(f"--pp {request.pp}: {problems[0]}")
     spread = (request.dp or 1) > 1 or request.sequence_parallel
     if (request.ep is not None and request.ep > 1) or (cost.has_experts and spread):
         fixed = Strategy(
@@ -554,7 +561,7 @@ def _variant_problem(setup: Setup, request: SearchRequest, strategy: Strategy, c
 
     stages = block_stages(num_blocks, strategy.pp, strategy.virtual_stages)
     problems = schedule_problems(strategy.schedule, strategy.pp, strategy.micro_batches, stages)
-    return "; ".join(problems)
+    return "; ".join(problems) or cut_problem(dict(cost.unchained), stages)
 
 
 def _rank_key(strategy: Strategy, breakdown: Breakdown) -> tuple:

@@ -33,6 +33,7 @@ from autodist.planner.recognise.expert_blocks import Experts, find_experts
 from autodist.planner.ops import RESHAPE_OPS, short_op
 from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes
 from autodist.planner.recognise.patterns import PARAM, layer_patterns
+from autodist.planner.recognise.chaining import unchained_cuts
 from autodist.planner.recognise.roles import (
     REPLAY_MP,
     BlockRecogniser,
@@ -113,6 +114,10 @@ class ModelAnalysis:
     #: when None, why not (:func:`local_lookup`).
     local_lookup: str | None = None
     local_lookup_refusal: str = ""
+    #: The cuts a pipeline cannot make: ``{k: why}`` for a cut before ``blocks[k]`` whose dataflow
+    #: is not what a stage gets (:func:`.chaining.unchained_cuts`: an encoder-decoder's decoder
+    #: reading the encoder's output, say). The search prices no pipeline cutting there.
+    unchained: dict[int, str] = field(default_factory=dict)
 
     @property
     def moe_layers(self) -> list[str]:
@@ -167,7 +172,7 @@ def analyze(
     specs = _input_specs(graph)
     shape = specs[0].shape if specs else [1, 1]
     served, refusal = local_lookup(model, lookup)
-    return ModelAnalysis(
+    analysis = ModelAnalysis(
         class_name=type(model).__name__,
         graph=graph,
         traced_layer=traced.traced_layer,
@@ -193,6 +198,17 @@ def analyze(
         local_lookup=served,
         local_lookup_refusal=refusal,
     )
+    # What a later stage skips: the layers holding what runs before the blocks (not a table the
+    # last stage reads too), as applier/modes/pipeline.py stubs them.
+    skipped = params_before_blocks(analysis) - params_read_on_both_sides(analysis)
+    analysis.unchained = unchained_cuts(
+        graph,
+        [(b.layer, b.nodes) for b in blocks],
+        traced.first_tensors,
+        frozenset(fqn.rpartition(".")[0] for fqn in skipped),
+        model,
+    )
+    return analysis
 
 
 def experts_whole(analysis: ModelAnalysis) -> ModelAnalysis:

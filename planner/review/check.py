@@ -5,7 +5,8 @@ and no parameter is unplanned (the applier's own fingerprint); the parameter fin
 ``apply_plan`` runs itself (tied parameters, hook sites: ``structure_problems``; a local view's
 weights and attributes; a vocabulary lookup's nn.Embedding), each local view proven again by
 running it (planner/local_view_proof.py); and, unless told not to trace, the structure of the traced
-forward (``graph_fingerprint``), which catches a changed forward even when no parameter changed.
+forward (``graph_fingerprint``), which catches a changed forward even when no parameter changed,
+and for a pipeline plan whether its stages cut where the blocks chain (:func:`cut_reasons`).
 The model is traced with the plan's own input specs, so only a change of the model makes a plan
 stale.
 
@@ -130,7 +131,23 @@ def graph_reasons(plan: Plan, loaded, progress: Progress | None = None) -> list[
         )
     if graph_fingerprint(traced.graph) != plan.model.graph_fingerprint:
         reasons.append("the traced forward has a different structure (graph fingerprint differs): re-plan")
-    return reasons
+    return reasons + cut_reasons(plan, loaded.model, traced, progress)
+
+
+def cut_reasons(plan: Plan, model, traced, progress: Progress | None = None) -> list[str]:
+    """Where a pipeline plan's stages cut between blocks that do not chain as a stage needs
+    (``recognise/chaining.py``: a stage edited by hand, or a plan made before the check).
+    Recognises the blocks again, so only for a plan with ``pp > 1``."""
+    from autodist.planner import driver
+    from autodist.planner.recognise.chaining import cut_problem
+
+    if plan.strategy.pp == 1:
+        return []
+    analysis = driver.analyse(model, traced, progress)
+    if [b.layer for b in analysis.blocks] != [b.layer for b in plan.blocks]:
+        return []  # another model than planned: the fingerprints say so
+    problem = cut_problem(analysis.unchained, [b.stage for b in plan.blocks])
+    return [f"$.blocks: {problem}"] if problem else []
 
 
 def _describe(entry: tuple[list[int], str]) -> str:
