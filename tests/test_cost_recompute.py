@@ -212,3 +212,105 @@ def test_selective_recompute_time_is_a_forward_of_the_attention_traced_alone(kor
 
     forward = compute(alone, "none") / 3
     assert compute(layers, "selective") - compute(layers, "none") == pytest.approx(LAYERS * forward, rel=1e-9)
+
+
+# -- ZeRO 3 as it runs: what each op gathers over dp, and what stays alive (measured, paddle-notes) -----
+
+
+def zero3_priced(cost: ModelCost, strategy: Strategy, local_lookup: bool | None = None):
+    """``cost`` priced under ``strategy`` with no recompute; ``local_lookup`` False: the token
+    lookup in Paddle's global view, as a plan without ``vocab_lookup`` runs it."""
+    table = StageTable(cost)
+    return estimate(table, strategy, setup("none", strategy.dp * strategy.mp), local_views=local_lookup).estimate
+
+
+class TiedGPT(paddle.nn.Layer):
+    """tests/models/gpt.py with its LM head tied to the token table as nanoGPT ties it in Paddle:
+    ``matmul(x, wte.weight, transpose_y=True)``."""
+
+    def __init__(self, cfg: gpt.GPTConfig):
+        super().__init__()
+        self.wte = paddle.nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.wpe = paddle.nn.Embedding(cfg.max_positions, cfg.hidden_size)
+        self.blocks = paddle.nn.LayerList([gpt.GPTBlock(cfg) for _ in range(cfg.num_layers)])
+        self.ln_f = paddle.nn.LayerNorm(cfg.hidden_size)
+
+    def forward(self, input_ids):
+        positions = paddle.arange(input_ids.shape[1], dtype="int64").unsqueeze(0)
+        x = self.wte(input_ids) + self.wpe(positions)
+        for block in self.blocks:
+            x = block(x)
+        return paddle.matmul(self.ln_f(x), self.wte.weight, transpose_y=True)
+
+
+VOCAB = 64  # tests/models/gpt.py's; its table is [VOCAB, H], VOCAB / 2 rows a rank at mp 2
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_zero3_gathers_a_local_lookups_rows_in_its_forward_alone(gpt_costs, tied):
+    """dp 2 x mp 2, ZeRO 3, 2 micro-batches. Every op that reads a parameter gathers it over dp,
+    in the forward and again in its backward (nothing gathered is held), but the local lookup:
+    it gathers its rows (VOCAB / 2 x H a rank) for the forward and its backward needs no table
+    values, so nothing is gathered then and nothing held. In Paddle's global view the lookup
+    gathers them in both. So the local lookup sends one gather of its rows less a micro-batch,
+    tied or not (a tied head still gathers them in its forward and backward), and holds as
+    much."""
+    if tied:
+        cfg = gpt.GPTConfig(hidden_size=H, num_heads=HEADS, num_layers=LAYERS, seq_len=S, batch_size=B)
+        model = TiedGPT(cfg)
+        made = driver.trace(model, gpt.input_spec(cfg))
+        analysis = analyze(made.program, made.graph, model)
+        cost = model_cost(analysis, None, local_view_layers(analysis))
+        assert cost.tied_vocab_params == VOCAB * H
+    else:
+        cost = gpt_costs["local"]
+    assert (cost.first.lookup_table, cost.first.lookup_output) == (VOCAB * H, H)
+    dp, mp, m = 2, 2, 2
+    zero3 = Strategy(dp=dp, mp=mp, sharding_stage=3, micro_batches=m)
+    local, global_view = (zero3_priced(cost, zero3, how) for how in (None, False))
+    rows = VOCAB // mp * H * WIDTH
+    assert global_view.comm_bytes.dp - local.comm_bytes.dp == m * all_gather_bytes(rows, dp)
+    # held from the forward to the backward: the views' weights (as above), none of the rows
+    view = (H * 3 * H + 3 * H + H * H) / mp + H
+    zero1 = zero3_priced(cost, Strategy(dp=dp, mp=mp, sharding_stage=1, micro_batches=m))
+    assert local.memory.activations - zero1.memory.activations == LAYERS * view * WIDTH
+
+
+def test_zero3_keeps_of_a_multi_query_weight_only_the_columns_a_rank_computes_with(monkeypatch):
+    """HF Falcon (tests/models/zoo/falcon_hf.py) with 6 query heads of 8 and its one KV head:
+    ``query_key_value`` is [48, 48 + 8 + 8]. As a local view at mp 2 each rank holds it whole,
+    ZeRO 3 gathers it whole over dp, and the view takes the rank's columns q_r|k|v (24 + 8 + 8 =
+    40): its matmul keeps those, the gathered weight is freed (measured: docs/paddle-notes.md).
+    So under ZeRO 3 a rank holds, per layer, 48 x 40 of it and 24 x 48 of ``dense`` (its rows),
+    from each micro-batch's forward to its backward; it gathers 48 x 64 of it."""
+    import models.zoo.falcon_hf as falcon
+
+    for name, size in (("HIDDEN", 48), ("HEADS", 6), ("HEAD_DIM", 8)):  # its sizes, the model as written
+        monkeypatch.setattr(falcon, name, size)
+    model = falcon.build_model()
+    made = driver.trace(model, falcon.input_spec())
+    analysis = analyze(made.program, made.graph, model)
+    assert analysis.params["transformer.h.0.self_attention.query_key_value.weight"][0] == [48, 64]
+    cost = model_cost(analysis, None, local_view_layers(analysis))
+    dp, mp, m, layers = 2, 2, 2, len(cost.blocks)
+    zero3, zero1 = (Strategy(dp=dp, mp=mp, sharding_stage=stage, micro_batches=m) for stage in (3, 1))
+    held = zero3_priced(cost, zero3).memory.activations - zero3_priced(cost, zero1).memory.activations
+    assert held == layers * (48 * 40 + 24 * 48) * WIDTH
+
+
+def test_global_view_zero3_gathers_every_parameter_in_each_forward_and_backward(gpt_costs):
+    """At mp 1 nothing runs on local tensors: Paddle's ZeRO 3 gathers each parameter over dp at
+    the op that reads it, in the forward and again in the backward, and holds nothing gathered
+    (measured, docs/paddle-notes.md). So with P the bytes of a rank's parameters, ZeRO 2 sends
+    one all-gather of P (after the step) and one reduce-scatter of the gradients (as many bytes,
+    bf16); ZeRO 3 two all-gathers of P a micro-batch and the reduce-scatter, and keeps the
+    activations ZeRO 1 keeps."""
+    cost, dp = gpt_costs["gathered"], 4
+    zero = {
+        (stage, m): zero3_priced(cost, Strategy(dp=dp, sharding_stage=stage, micro_batches=m))
+        for stage, m in ((1, 1), (2, 1), (3, 1), (3, 2))
+    }
+    gather = zero[2, 1].comm_bytes.dp / 2
+    assert zero[3, 1].comm_bytes.dp == pytest.approx(3 * gather)
+    assert zero[3, 2].comm_bytes.dp == pytest.approx(5 * gather)
+    assert zero[3, 1].memory.activations == zero[1, 1].memory.activations

@@ -57,7 +57,7 @@ from autodist.planner.ops import LOCAL_ONLY_OPS, WEIGHT_VIEW_OPS, Op, op, short_
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
-    from autodist.schemas import Kernels
+    from autodist.schemas import Kernels, LocalWeight
 
 Value = tuple[int, int]  # (producing node, result index)
 
@@ -587,6 +587,15 @@ def _summed_inside(facts: GraphFacts, inner: set[int], roles: Roles) -> tuple[fl
     return elements, count
 
 
+def _multi_query(weights: list[LocalWeight], numel: dict[str, int]) -> dict[str, Any]:
+    """The :class:`BlockCost` fields of a block's fused multi-query weights: each one's elements
+    and its segments' sizes along its split dim."""
+    return dict(
+        multi_query_params=tuple(numel[w.param] for w in weights),
+        multi_query_sizes=tuple(tuple(w.sizes) for w in weights),
+    )
+
+
 def traced_tokens(analysis: ModelAnalysis) -> tuple[int, int]:
     """(batch x seq, seq) of the traced input, dynamic dims counted as 1 like the graph's."""
     shape = analysis.input_specs[0].shape if analysis.input_specs else [1, 1]
@@ -659,7 +668,7 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) 
                 num_kv_heads=info.num_kv_heads,
                 kv_split=_kv_split(info),
                 intermediate_size=info.intermediate_size,
-                multi_query_params=tuple(numel[w] for w in multi_query_weights(info, analysis.params, local)),
+                **_multi_query(multi_query_weights(info, analysis.params, local), numel),
                 **moe,
             )
         )
