@@ -5,7 +5,11 @@ backward runs that sub-layer's whole forward again, its q|k|v and output project
 keeps only its inputs; inside a local view (applier/modes/local_calls.py) on the rank's local
 tensors, the view's all-reduces once, outside. Under ZeRO 3 a local view gathers its parameters
 over dp for its call (``param_local``) and its backward uses the gathered values, held from the
-forward: no gather in the backward, unless full recompute runs the forward again there.
+forward: no gather in the backward, unless full recompute runs the forward again there. Of a
+multi-query weight held whole over mp only the rank's columns are held; a local lookup's rows are
+gathered for its forward alone and not held; everything else (Paddle's global view) is gathered
+by each op that reads it, in the forward and again in its backward (measured on 4 gloo ranks,
+docs/paddle-notes.md).
 
 Shapes are picked so that no two sizes coincide: hidden h = 48, 4 heads of 12 (3 in the
 Korthikanti layer, of 16), sequence 10, batch 2, MLP 4h = 192, vocabulary 64, 3 layers.
