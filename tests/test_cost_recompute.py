@@ -38,6 +38,13 @@ H, HEADS, S, B, LAYERS = 48, 4, 10, 2, 3
 WIDTH = 2  # bf16, the Setup's default
 
 
+def gathered_at_once(mp: int) -> float:
+    """Bytes ZeRO 3 holds at once beyond what it keeps: the largest parameter's backward holds it
+    gathered over dp and its gradient whole over dp (measured, docs/paddle-notes.md). Of every
+    model here, the MLP's h x 4h (4h x h) weight, split over mp."""
+    return 2 * H * 4 * H / mp * WIDTH
+
+
 def setup(recompute: str, devices: int = 2, batch: int = 2 * B) -> Setup:
     return Setup(
         device=PROFILES["h100-sxm"],
@@ -154,16 +161,17 @@ def test_zero3_local_views_gather_their_weights_once_and_hold_them(gpt_costs):
     weight and bias ((h 3h + 3h) / 2) and out_proj's weight (h h / 2), and out_proj's bias whole
     (h): gathered over dp in each micro-batch's forward and held until its backward, not gathered
     again there (the rest of the parameters are, block by block). Full recompute runs the forward
-    again in the backward: the views gather again, and hold one block's while it is rebuilt."""
+    again in the backward: the views gather again, and hold one block's while it is rebuilt. Each
+    also holds, once, the largest weight gathered with its whole gradient (:func:`gathered_at_once`)."""
     local, mp, dp, m = gpt_costs["local"], 2, 2, 2
     view = (H * 3 * H + 3 * H + H * H) / mp + H
     zero3, zero1 = (Strategy(dp=dp, mp=mp, sharding_stage=stage, micro_batches=m) for stage in (3, 1))
     held = priced(local, zero3, "none")
     gathered_again = priced(local, zero3, "full")
     assert gathered_again.comm_bytes.dp - held.comm_bytes.dp == m * all_gather_bytes(LAYERS * view * WIDTH, dp)
-    assert held.memory.activations - priced(local, zero1, "none").memory.activations == LAYERS * view * WIDTH
-    rebuilt = gathered_again.memory.activations - priced(local, zero1, "full").memory.activations
-    assert rebuilt == view * WIDTH
+    zero1_none, zero1_full = (priced(local, zero1, recompute).memory.activations for recompute in ("none", "full"))
+    assert held.memory.activations - zero1_none == LAYERS * view * WIDTH + gathered_at_once(mp)
+    assert gathered_again.memory.activations - zero1_full == view * WIDTH + gathered_at_once(mp)
     # selective recompute keeps them as its recomputed views' inputs, as without recompute
     assert priced(local, zero3, "selective").comm_bytes.dp == held.comm_bytes.dp
 
@@ -298,7 +306,7 @@ def test_zero3_holds_none_of_a_local_lookups_rows(gpt_costs, tied_costs, tied):
         zero3_priced(cost, Strategy(dp=dp, mp=mp, sharding_stage=stage, micro_batches=m)) for stage in (1, 3)
     )
     view = (H * 3 * H + 3 * H + H * H) / mp + H
-    assert zero3.memory.activations - zero1.memory.activations == LAYERS * view * WIDTH
+    assert zero3.memory.activations - zero1.memory.activations == LAYERS * view * WIDTH + gathered_at_once(mp)
 
 
 def test_zero3_keeps_of_a_multi_query_weight_only_the_columns_a_rank_computes_with(monkeypatch):
@@ -320,7 +328,7 @@ def test_zero3_keeps_of_a_multi_query_weight_only_the_columns_a_rank_computes_wi
     dp, mp, m, layers = 2, 2, 2, len(cost.blocks)
     zero3, zero1 = (Strategy(dp=dp, mp=mp, sharding_stage=stage, micro_batches=m) for stage in (3, 1))
     held = zero3_priced(cost, zero3).memory.activations - zero3_priced(cost, zero1).memory.activations
-    assert held == layers * (48 * 40 + 24 * 48) * WIDTH
+    assert held == layers * (48 * 40 + 24 * 48) * WIDTH + gathered_at_once(mp)  # dense_h_to_4h: 48 x 192
 
 
 def test_global_view_zero3_gathers_every_parameter_in_each_forward_and_backward(gpt_costs):
@@ -329,7 +337,8 @@ def test_global_view_zero3_gathers_every_parameter_in_each_forward_and_backward(
     (measured, docs/paddle-notes.md). So with P the bytes of a rank's parameters, ZeRO 2 sends
     one all-gather of P (after the step) and one reduce-scatter of the gradients (as many bytes,
     bf16); ZeRO 3 two all-gathers of P a micro-batch and the reduce-scatter, and keeps the
-    activations ZeRO 1 keeps."""
+    activations ZeRO 1 keeps, and once the largest weight gathered with its whole gradient (the
+    price before held nothing gathered at all)."""
     cost, dp = gpt_costs["gathered"], 4
     zero = {
         (stage, m): zero3_priced(cost, Strategy(dp=dp, sharding_stage=stage, micro_batches=m))
@@ -338,4 +347,4 @@ def test_global_view_zero3_gathers_every_parameter_in_each_forward_and_backward(
     gather = zero[2, 1].comm_bytes.dp / 2
     assert zero[3, 1].comm_bytes.dp == pytest.approx(3 * gather)
     assert zero[3, 2].comm_bytes.dp == pytest.approx(5 * gather)
-    assert zero[3, 1].memory.activations == zero[1, 1].memory.activations
+    assert zero[3, 1].memory.activations - zero[1, 1].memory.activations == gathered_at_once(1)

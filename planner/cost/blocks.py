@@ -119,6 +119,11 @@ class BlockCost:
     core_whole: float = 0.0
     output_per_token: float = 0.0  # elements handed to the next block (pipeline p2p)
     param_tensors: int = 0  # parameters (each is a gradient all-reduce and an optimizer update)
+    #: Elements of the block's largest parameter of ``params_split`` and of ``params_whole``:
+    #: under ZeRO 3 an op's backward holds the parameter gathered over dp and its gradient whole
+    #: over dp at once (step_time ``_largest_gathered``).
+    largest_split: int = 0
+    largest_whole: int = 0
     gemms: tuple[Gemm, ...] = ()  # the matmuls behind flops_per_token, when known (from a trace)
     attention_matmuls: int = 0  # matmuls of two activations behind flops_per_token_seq
     moved: Moved = field(default_factory=Moved)
@@ -256,6 +261,8 @@ class EdgeCost:
     lookup_output: int = 0  # hidden width of its output when its layer can look up locally
     allreduce_bwd_per_token: float = 0.0  # with vocabulary parallelism only
     param_tensors: int = 0
+    largest_vocab: int = 0  # elements of its largest parameter of ``params_vocab``
+    largest_whole: int = 0  # and of ``params_whole`` (as ``BlockCost.largest_split``)
     gemms: tuple[Gemm, ...] = ()
     moved: Moved = field(default_factory=Moved)
 

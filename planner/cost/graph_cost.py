@@ -498,6 +498,8 @@ def block_cost(
     return BlockCost(
         layer=layer,
         params_split=sum(n for fqn, n in params.items() if fqn in roles.split),
+        largest_split=max((n for fqn, n in params.items() if fqn in roles.split), default=0),
+        largest_whole=max((n for fqn, n in params.items() if fqn not in roles.split), default=0),
         params_whole=sum(n for fqn, n in params.items() if fqn not in roles.split),
         param_tensors=len(params),
         output_per_token=max(outputs, default=0) / tokens,
@@ -824,6 +826,8 @@ def _edges(
             params_vocab=sum(numel[p] for p in on_side if p in vocab_params),
             params_whole=sum(numel[p] for p in on_side if p not in vocab_params),
             param_tensors=len(on_side),
+            largest_vocab=max((numel[p] for p in on_side if p in vocab_params), default=0),
+            largest_whole=max((numel[p] for p in on_side if p not in vocab_params), default=0),
             flops_vocab_per_token=vocab_flops / tokens,
             flops_whole_per_token=(walk.flops_weight - vocab_flops) / tokens,
             saved_whole=saved,

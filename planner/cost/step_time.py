@@ -59,7 +59,8 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   gathered in the forward alone and held until the backward with the micro-batch's activations,
   a multi-query weight's columns the rank computes with alone, applier/modes/local_calls.py
   ``param_local``; full recompute gathers them again as it rebuilds their block; a local lookup's
-  rows are gathered in the forward alone and not held: measured, docs/paddle-notes.md);
+  rows are gathered in the forward alone and not held: measured, docs/paddle-notes.md; the
+  largest parameter's backward holds it gathered with its whole gradient, once);
   in the last backward the gathers and the gradient reduce-scatter
   share the link. Hidden communication is not free: while a collective runs, the compute
   beside it loses the device's ``overlap_compute_loss`` of its speed (NCCL's kernels hold SMs;
@@ -760,12 +761,27 @@ def _stage_memory(
         table.total("param_tensors", start, stop) + sum(e.param_tensors for e in edges) - experts.dropped_tensors
     )
     held = 0.0
+    if strategy.sharding_stage == 3 and strategy.dp > 1:
+        # Paddle gathers a parameter at the op reading it and frees it after; the op's backward
+        # gathers it again and holds it with its gradient, whole over dp until ZeRO's hook
+        # reduce-scatters it (measured, docs/paddle-notes.md): the largest one's, once.
+        working += 2 * _largest_gathered(ctx, start, stop, edges) * width
     if strategy.sharding_stage == 3 and strategy.dp > 1 and views:  # the views' parameters gathered over dp
         if setup.recompute == "full":  # gathered again as each block is rebuilt, held while it is
             working += max(views) * width
         else:  # held from each micro-batch's forward to its backward
             held = sum(views) * width
     return params, states, tokens * per_token + held, working, tensors
+
+
+def _largest_gathered(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) -> float:
+    """Elements one rank gathers over dp of the largest parameter of blocks ``start:stop`` and
+    ``edges``: split over mp (or the vocabulary), or held whole (a multi-query weight held whole
+    over mp, :func:`multi_query_whole`). An expert's is counted as if every rank held it."""
+    mp, blocks = ctx.strategy.mp, ctx.cost.blocks[start:stop]
+    sizes = [max(b.largest_split / mp, b.largest_whole, *multi_query_whole(b, mp)) for b in blocks]
+    sizes += [max(e.largest_vocab / ctx.vocab_div, e.largest_whole) for e in edges]
+    return max(sizes, default=0.0)
 
 
 def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float]:
