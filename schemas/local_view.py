@@ -91,6 +91,19 @@ def kv_replicated(num_kv_heads: int, mp: int) -> bool:
     return num_kv_heads % mp != 0
 
 
+def kv_segments_whole(num_kv_heads: int, mp: int) -> list[int]:
+    """The segments of a multi-query (grouped) attention's fused ``q|k|v`` (q of all the heads,
+    then k and v of the KV heads) that each of ``mp`` ranks computes with whole
+    (``LocalWeight.replicated``): k and v where :func:`kv_replicated`. The layout the planner
+    proves (planner/recognise/reshards.py ``_fused``) and the one the cost model prices a rank's
+    columns of (planner/cost/blocks.py ``multi_query_kept``).
+
+    >>> kv_segments_whole(1, 2), kv_segments_whole(2, 2)
+    ([1, 2], [])
+    """
+    return [1, 2] if kv_replicated(num_kv_heads, mp) else []
+
+
 def reordered(weight: LocalWeight) -> bool:
     """Whether the distributed parameter of ``weight`` holds the ranks' slices rank after rank
     (:func:`local_order`), not the model's own layout: a fused weight (along its dim) split over

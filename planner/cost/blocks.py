@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autodist.schemas.local_view import kv_replicated
+from autodist.schemas.local_view import kv_replicated, kv_segments_whole, rank_positions
+from autodist.schemas.plan import LocalWeight
 from autodist.schemas.vocabulary import TrainingDType
 
 
@@ -96,6 +97,9 @@ class BlockCost:
     #: (:func:`~autodist.schemas.local_view.kv_replicated`) each is held whole on every mp rank,
     #: its gradient all-reduced over mp each step (:func:`multi_query_whole`).
     multi_query_params: tuple[int, ...] = ()
+    #: Each one's segments' sizes along its split dim (``LocalWeight.sizes``: q, k, v): a rank
+    #: computes with its columns of it (:func:`multi_query_kept`).
+    multi_query_sizes: tuple[tuple[int, ...], ...] = ()
     flops_per_token: float = 0.0  # proportional to b*s (matmuls with a weight)
     flops_per_token_seq: float = 0.0  # times b*s^2 (matmuls of two activations: attention)
     saved_outside: Saved = field(default_factory=Saved)  # per token, outside the mp region
@@ -115,6 +119,11 @@ class BlockCost:
     core_whole: float = 0.0
     output_per_token: float = 0.0  # elements handed to the next block (pipeline p2p)
     param_tensors: int = 0  # parameters (each is a gradient all-reduce and an optimizer update)
+    #: Elements of the block's largest parameter of ``params_split`` and of ``params_whole``:
+    #: under ZeRO 3 an op's backward holds the parameter gathered over dp and its gradient whole
+    #: over dp at once (step_time ``_largest_gathered``).
+    largest_split: int = 0
+    largest_whole: int = 0
     gemms: tuple[Gemm, ...] = ()  # the matmuls behind flops_per_token, when known (from a trace)
     attention_matmuls: int = 0  # matmuls of two activations behind flops_per_token_seq
     moved: Moved = field(default_factory=Moved)
@@ -178,16 +187,53 @@ def multi_query_whole(block: BlockCost, mp: int) -> tuple[int, ...]:
     return block.multi_query_params if kv_replicated(block.num_kv_heads, mp) else ()
 
 
+def multi_query_kept(block: BlockCost, mp: int) -> float:
+    """Elements of ``block``'s fused multi-query weights held whole on every one of ``mp`` ranks
+    (:func:`multi_query_whole`) that one rank computes with: its columns ``q_r|k|v``
+    (:func:`~autodist.schemas.local_view.rank_positions`), all its matmul keeps for the backward.
+    Under ZeRO 3 the view gathers the whole weight over dp, takes those columns
+    (``index_select``, whose backward needs no input values) and frees the rest (measured,
+    docs/paddle-notes.md).
+
+    >>> mqa = BlockCost(layer="h.0", num_kv_heads=1, multi_query_params=(480,), multi_query_sizes=((16, 4, 4),))
+    >>> multi_query_kept(mqa, 2), multi_query_kept(mqa, 1)    # (8 + 4 + 4) of its 24 columns at mp 2
+    (320.0, 0.0)
+    """
+    kept = 0.0
+    for elements, sizes in zip(multi_query_whole(block, mp), block.multi_query_sizes):
+        weight = LocalWeight(
+            param=block.layer,
+            segments=len(sizes),
+            sizes=list(sizes),
+            replicated=kv_segments_whole(block.num_kv_heads, mp),
+        )
+        kept += elements * len(rank_positions(weight, sum(sizes), mp, 0)) / sum(sizes)
+    return kept
+
+
 def view_params_per_rank(block: BlockCost, mp: int) -> float:
-    """Elements of ``block``'s local-view parameters one of ``mp`` ranks computes with: its
-    slices of the split ones, the fused multi-query weights it holds whole
-    (:func:`multi_query_whole`), the rest whole. What ZeRO 3 gathers over dp for the views.
+    """Elements of ``block``'s local-view parameters one of ``mp`` ranks holds: its slices of the
+    split ones, the fused multi-query weights it holds whole (:func:`multi_query_whole`), the
+    rest whole. What ZeRO 3 gathers over dp for the views.
 
     >>> view_params_per_rank(BlockCost(layer="h.0", view_params_split=4096, view_params_whole=64), 4)
     1088.0
     """
     whole = sum(multi_query_whole(block, mp))
     return (block.view_params_split - whole) / mp + whole + block.view_params_whole
+
+
+def view_params_kept(block: BlockCost, mp: int) -> float:
+    """Elements of ``block``'s local-view parameters, gathered over dp (:func:`view_params_per_rank`),
+    that one of ``mp`` ranks computes with and so keeps for the backward: of a fused multi-query
+    weight held whole, its columns alone (:func:`multi_query_kept`).
+
+    >>> mqa = BlockCost(layer="h.0", num_kv_heads=1, multi_query_params=(480,), multi_query_sizes=((16, 4, 4),),
+    ...                 view_params_split=480 + 64, view_params_whole=8)
+    >>> view_params_per_rank(mqa, 2), view_params_kept(mqa, 2)
+    (520.0, 360.0)
+    """
+    return view_params_per_rank(block, mp) - sum(multi_query_whole(block, mp)) + multi_query_kept(block, mp)
 
 
 @dataclass(frozen=True)
@@ -215,6 +261,8 @@ class EdgeCost:
     lookup_output: int = 0  # hidden width of its output when its layer can look up locally
     allreduce_bwd_per_token: float = 0.0  # with vocabulary parallelism only
     param_tensors: int = 0
+    largest_vocab: int = 0  # elements of its largest parameter of ``params_vocab``
+    largest_whole: int = 0  # and of ``params_whole`` (as ``BlockCost.largest_split``)
     gemms: tuple[Gemm, ...] = ()
     moved: Moved = field(default_factory=Moved)
 

@@ -56,7 +56,7 @@ from autodist.planner.recognise.crashes import local_only_ops
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
-    from autodist.schemas import Kernels
+    from autodist.schemas import Kernels, LocalWeight
 
 Value = tuple[int, int]  # (producing node, result index)
 
@@ -497,6 +497,8 @@ def block_cost(
     return BlockCost(
         layer=layer,
         params_split=sum(n for fqn, n in params.items() if fqn in roles.split),
+        largest_split=max((n for fqn, n in params.items() if fqn in roles.split), default=0),
+        largest_whole=max((n for fqn, n in params.items() if fqn not in roles.split), default=0),
         params_whole=sum(n for fqn, n in params.items() if fqn not in roles.split),
         param_tensors=len(params),
         output_per_token=max(outputs, default=0) / tokens,
@@ -586,6 +588,15 @@ def _summed_inside(facts: GraphFacts, inner: set[int], roles: Roles) -> tuple[fl
     return elements, count
 
 
+def _multi_query(weights: list[LocalWeight], numel: dict[str, int]) -> dict[str, Any]:
+    """The :class:`BlockCost` fields of a block's fused multi-query weights: each one's elements
+    and its segments' sizes along its split dim."""
+    return dict(
+        multi_query_params=tuple(numel[w.param] for w in weights),
+        multi_query_sizes=tuple(tuple(w.sizes) for w in weights),
+    )
+
+
 def traced_tokens(analysis: ModelAnalysis) -> tuple[int, int]:
     """(batch x seq, seq) of the traced input, dynamic dims counted as 1 like the graph's."""
     shape = analysis.input_specs[0].shape if analysis.input_specs else [1, 1]
@@ -658,7 +669,7 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) 
                 num_kv_heads=info.num_kv_heads,
                 kv_split=_kv_split(info),
                 intermediate_size=info.intermediate_size,
-                multi_query_params=tuple(numel[w] for w in multi_query_weights(info, analysis.params, local)),
+                **_multi_query(multi_query_weights(info, analysis.params, local), numel),
                 **moe,
             )
         )
@@ -792,6 +803,8 @@ def _edges(
             params_vocab=sum(numel[p] for p in on_side if p in vocab_params),
             params_whole=sum(numel[p] for p in on_side if p not in vocab_params),
             param_tensors=len(on_side),
+            largest_vocab=max((numel[p] for p in on_side if p in vocab_params), default=0),
+            largest_whole=max((numel[p] for p in on_side if p not in vocab_params), default=0),
             flops_vocab_per_token=vocab_flops / tokens,
             flops_whole_per_token=(walk.flops_weight - vocab_flops) / tokens,
             saved_whole=saved,

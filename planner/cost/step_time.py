@@ -54,9 +54,13 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   each block's parameters in the forward and the backward of every micro-batch while the
   previous block computes (prefetching, Zhao et al., "PyTorch FSDP", VLDB 2023, sec. 3.3.2;
   Rajbhandari et al., ZeRO, SC 2020, sec. 7.2.2), so only the first block's gather is exposed
-  when the link keeps up (a local view's parameters are gathered in the forward alone and held
-  until the backward with the micro-batch's activations, applier/modes/local_calls.py
-  ``param_local``; full recompute gathers them again as it rebuilds their block);
+  when the link keeps up (Paddle gathers a parameter at each op reading it, forward and
+  backward, holding nothing gathered: a tied table twice in each; a local view's parameters are
+  gathered in the forward alone and held until the backward with the micro-batch's activations,
+  a multi-query weight's columns the rank computes with alone, applier/modes/local_calls.py
+  ``param_local``; full recompute gathers them again as it rebuilds their block; a local lookup's
+  rows are gathered in the forward alone and not held: measured, docs/paddle-notes.md; the
+  largest parameter's backward holds it gathered with its whole gradient, once);
   in the last backward the gathers and the gradient reduce-scatter
   share the link. Hidden communication is not free: while a collective runs, the compute
   beside it loses the device's ``overlap_compute_loss`` of its speed (NCCL's kernels hold SMs;
@@ -118,6 +122,7 @@ from autodist.planner.cost.blocks import (
     Saved,
     core_share,
     multi_query_whole,
+    view_params_kept,
     view_params_per_rank,
 )
 from autodist.planner.cost.comm import (
@@ -337,6 +342,11 @@ class _Context:
     def vocab_div(self) -> int:
         return self.strategy.mp if vocab_split(self.cost, self.strategy.mp) else 1
 
+    def looks_up_locally(self, edge: EdgeCost) -> bool:
+        """Whether ``edge``'s token lookup runs on local tensors (``plan.vocab_lookup``): its
+        table split over the vocabulary, its layer can, and the strategy runs local views."""
+        return self.vocab_div > 1 and self.local_views and edge.lookup_table > 0 and edge.lookup_output > 0
+
     @cached_property
     def act_div(self) -> int:
         """Sequence parallelism splits what lies outside the tensor-parallel region too."""
@@ -430,6 +440,13 @@ class _Stage:
     #: ZeRO 3 gathered over dp in each micro-batch's forward alone (:func:`_dp_sync`).
     view_params: float = 0.0
     view_tensors: int = 0
+    #: The token lookup's table on this stage (elements per rank, part of ``params``), whether
+    #: it is looked up on local tensors and whether an LM head on the stage reads it too (tied):
+    #: under ZeRO 3 every op reading it gathers it over dp, in the forward and again in the
+    #: backward, but the local lookup, whose backward needs no table values (:func:`_dp_sync`).
+    lookup_rows: float = 0.0
+    lookup_local: bool = False
+    lookup_tied: bool = False
 
     def optimizer_s(self, device: DeviceProfile) -> float:
         """The optimizer step: every state read and written once (memory-bound), one update
@@ -537,9 +554,12 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
     backward_s += (3 if ctx.setup.recompute == "full" else 2) * experts.shared_s
     blocks = ctx.cost.blocks[start:stop]
     whole = [n for b in blocks for n in multi_query_whole(b, ctx.strategy.mp)]
-    # each block's local-view parameters a rank computes with, where local views run (not at mp 1)
-    views = [view_params_per_rank(b, ctx.strategy.mp) for b in blocks] if runs_local_views(ctx.strategy) else []
-    params, states, activations, working, tensors = _stage_memory(ctx, start, stop, edges, experts, sum(whole), views)
+    # each block's local-view parameters a rank holds, and of those the ones it computes with
+    # (keeps for the backward), where local views run (not at mp 1)
+    runs = runs_local_views(ctx.strategy)
+    views = [view_params_per_rank(b, ctx.strategy.mp) for b in blocks] if runs else []
+    kept = [view_params_kept(b, ctx.strategy.mp) for b in blocks] if runs else []
+    params, states, activations, working, tensors = _stage_memory(ctx, start, stop, edges, experts, sum(whole), kept)
     return _Stage(
         forward_s + backward_s,
         backward_s,
@@ -560,6 +580,9 @@ def _stage(ctx: _Context, k: int, start: int, stop: int) -> _Stage:
         mp_grad_tensors=len(whole),
         view_params=sum(views),
         view_tensors=sum(b.view_param_tensors for b in blocks) if views else 0,
+        lookup_rows=sum(e.lookup_table / ctx.vocab_div for e in edges),
+        lookup_local=any(ctx.looks_up_locally(e) for e in edges),
+        lookup_tied=len(edges) == 2 and ctx.cost.tied_vocab_params > 0,
     )
 
 
@@ -706,7 +729,8 @@ def _stage_memory(
     elements per rank, their states, activation bytes per micro-batch, working bytes alive
     once, parameter tensors). ``held_whole``: elements of split parameters each mp rank holds
     whole (fused multi-query weights, :func:`multi_query_whole`); ``views``: elements of each
-    block's local-view parameters per rank, which ZeRO 3 gathers over dp for the views."""
+    block's local-view parameters a rank computes with (:func:`view_params_kept`), which ZeRO 3
+    gathers over dp for the views and keeps for their backward."""
     table, strategy, setup = ctx.table, ctx.strategy, ctx.setup
     mp, seq, tokens, width, ep, moe = strategy.mp, setup.seq_len, ctx.tokens, ctx.width, strategy.ep, experts.moe
     params = (
@@ -739,12 +763,27 @@ def _stage_memory(
         table.total("param_tensors", start, stop) + sum(e.param_tensors for e in edges) - experts.dropped_tensors
     )
     held = 0.0
+    if strategy.sharding_stage == 3 and strategy.dp > 1:
+        # Paddle gathers a parameter at the op reading it and frees it after; the op's backward
+        # gathers it again and holds it with its gradient, whole over dp until ZeRO's hook
+        # reduce-scatters it (measured, docs/paddle-notes.md): the largest one's, once.
+        working += 2 * _largest_gathered(ctx, start, stop, edges) * width
     if strategy.sharding_stage == 3 and strategy.dp > 1 and views:  # the views' parameters gathered over dp
         if setup.recompute == "full":  # gathered again as each block is rebuilt, held while it is
             working += max(views) * width
         else:  # held from each micro-batch's forward to its backward
             held = sum(views) * width
     return params, states, tokens * per_token + held, working, tensors
+
+
+def _largest_gathered(ctx: _Context, start: int, stop: int, edges: list[EdgeCost]) -> float:
+    """Elements one rank gathers over dp of the largest parameter of blocks ``start:stop`` and
+    ``edges``: split over mp (or the vocabulary), or held whole (a multi-query weight held whole
+    over mp, :func:`multi_query_whole`). An expert's is counted as if every rank held it."""
+    mp, blocks = ctx.strategy.mp, ctx.cost.blocks[start:stop]
+    sizes = [max(b.largest_split / mp, b.largest_whole, *multi_query_whole(b, mp)) for b in blocks]
+    sizes += [max(e.largest_vocab / ctx.vocab_div, e.largest_whole) for e in edges]
+    return max(sizes, default=0.0)
 
 
 def _block_forward(ctx: _Context, block: BlockCost) -> tuple[float, float]:
@@ -812,10 +851,9 @@ def _lookups(ctx: _Context, edges: list[EdgeCost]) -> list[tuple[float, float, f
     if ctx.vocab_div == 1:
         return []
     mp, link, out = ctx.strategy.mp, ctx.link(ctx.strategy.mp, 1), []
-    local = ctx.local_views
     for edge in edges:
         if edge.lookup_table:
-            output = ctx.tokens * edge.lookup_output if local else 0
+            output = ctx.tokens * edge.lookup_output if ctx.looks_up_locally(edge) else 0
             name, message, times, working = vocab_lookup_collective(edge.lookup_table, output, ctx.width)
             time_of, sent = _COLLECTIVES[name]
             out.append((time_of(times * message, mp, link, times), sent(times * message, mp), working))
@@ -885,18 +923,26 @@ def _dp_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, floa
         # Updated parameters are gathered after the optimizer step: nothing left to hide behind.
         after = all_gather_time(state_bytes, dp, link, count)
         return ctx.overlapped(reduce, backward_s, chunks) + after, all_gather_bytes(state_bytes, dp) + reduced
-    gather = all_gather_time(state_bytes, dp, link, count)  # block by block
-    # The local views' gathered parameters are held from the forward to the backward, not
-    # gathered again there (applier/modes/local_calls.py param_local), unless full recompute runs
-    # the forward again in the backward.
+    # Each op reading a parameter gathers it, in the forward and again in the backward (Paddle's
+    # reshard before each op: nothing gathered is held, measured), so a table an LM head on the
+    # stage reads too (tied) is gathered twice in each. But the local views' parameters are held
+    # from the forward to the backward, not gathered again there (applier/modes/local_calls.py
+    # param_local), unless full recompute runs the forward again in the backward; and a local
+    # lookup gathers its rows in the forward alone (its backward needs no table values, measured).
     held = stage.view_params * ctx.width if ctx.setup.recompute != "full" else 0.0
-    again = all_gather_time(state_bytes - held, dp, link, max(count - (stage.view_tensors if held else 0), 1))
+    tied, local = stage.lookup_tied, stage.lookup_local
+    rows, table = stage.lookup_rows * ctx.width, 1 if stage.lookup_rows else 0
+    forward_bytes, forward_count = state_bytes + tied * rows, count + tied * table
+    backward_bytes = state_bytes - held + (tied - local) * rows
+    backward_count = count - (stage.view_tensors if held else 0) + (tied - local) * table
+    gather = all_gather_time(forward_bytes, dp, link, forward_count)  # block by block
+    again = all_gather_time(backward_bytes, dp, link, max(backward_count, 1))
     exposed = (
         m * ctx.overlapped(gather, forward_s, chunks)
         + (m - 1) * ctx.overlapped(again, backward_s, chunks)
         + ctx.overlapped(again + reduce, backward_s, chunks)
     )
-    return exposed, m * (all_gather_bytes(state_bytes, dp) + all_gather_bytes(state_bytes - held, dp)) + reduced
+    return exposed, m * (all_gather_bytes(forward_bytes, dp) + all_gather_bytes(backward_bytes, dp)) + reduced
 
 
 def _mp_grad_sync(ctx: _Context, stage: _Stage, num_blocks: int) -> tuple[float, float]:

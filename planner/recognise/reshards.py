@@ -21,7 +21,7 @@ import paddle
 
 from autodist import schemas
 from autodist.schemas import LocalWeight
-from autodist.schemas.local_view import kv_replicated
+from autodist.schemas.local_view import kv_segments_whole
 from autodist.schemas.vocabulary import DTYPE_BYTES
 
 from autodist.planner.recognise.analysis import BlockInfo, LinearUse, ModelAnalysis
@@ -223,14 +223,14 @@ def local_view_candidates(block: BlockInfo) -> list[tuple[str, SubLayer]]:
     return found
 
 
-def multi_query_weights(block: BlockInfo, params: dict, local: frozenset[str]) -> list[str]:
+def multi_query_weights(block: BlockInfo, params: dict, local: frozenset[str]) -> list[LocalWeight]:
     """The fused multi-query ``q|k|v`` weights (and biases) of ``block``'s sub-layers in ``local``
-    (their ``LocalWeight.sizes`` unequal, whatever mp): at an mp their KV heads do not divide
-    (:func:`~autodist.schemas.local_view.kv_replicated`) their K and V segments are replicated
-    and each is held whole on every mp rank (emit), its gradient summed over mp; the cost model
-    prices them so (graph_cost: ``BlockCost.multi_query_params``)."""
+    (their ``LocalWeight.sizes`` unequal, whatever mp), as at mp 1: at an mp their KV heads do not
+    divide (:func:`~autodist.schemas.local_view.kv_replicated`) their K and V segments are
+    replicated and each is held whole on every mp rank (emit), its gradient summed over mp; the
+    cost model prices them so (graph_cost: ``BlockCost.multi_query_params``, their ``sizes``)."""
     return [
-        w.param
+        w
         for layer, sub in local_view_candidates(block)
         if layer in local
         for w in local_weights(sub, params, 1)
@@ -279,7 +279,7 @@ def _fused(sub: SubLayer, column: Projection, width: int, mp: int) -> dict:
     """How a column's segments lie (``LocalWeight`` fields): ``column.fused`` equal ones, or, for
     an attention's ``q|k|v`` of ``width`` with fewer KV heads than query heads (multi-query,
     grouped), q of all the heads then k and v of the KV heads, those two replicated when the KV
-    heads do not split over ``mp`` (:func:`~autodist.schemas.local_view.kv_replicated`;
+    heads do not split over ``mp`` (:func:`~autodist.schemas.local_view.kv_segments_whole`;
     Megatron's way: each rank's query heads against the whole K and V). The proof decides
     whether the model lays it out so."""
     kv, heads, head_dim = sub.num_kv_heads, sub.num_heads, sub.head_dim
@@ -288,7 +288,7 @@ def _fused(sub: SubLayer, column: Projection, width: int, mp: int) -> dict:
     return {
         "segments": 3,
         "sizes": [heads * head_dim, kv * head_dim, kv * head_dim],
-        "replicated": [1, 2] if kv_replicated(kv, mp) else [],
+        "replicated": kv_segments_whole(kv, mp),
     }
 
 
