@@ -287,9 +287,11 @@ def stop_machine(node: subprocess.Popen) -> None:
     psutil.wait_procs(tree, timeout=30)
 
 
-def wait_for_loss(out, ranks: int, after_step: int, deadline: float) -> int:
-    """The first step after ``after_step`` logged on ``ranks`` ranks, waited for until ``deadline``."""
+def wait_for_loss(out, ranks: int, after_step: int, deadline: float, machine: subprocess.Popen) -> int:
+    """The first step after ``after_step`` logged on ``ranks`` ranks, waited for until ``deadline``
+    while ``machine`` runs."""
     while time.monotonic() < deadline:
+        assert machine.poll() is None, f"autodist-run ended early (exit code {machine.returncode})"
         if (out / "losses.jsonl").exists():
             for line in (out / "losses.jsonl").read_text().splitlines():
                 record = json.loads(line)
@@ -332,9 +334,9 @@ def test_elastic_mode_a_machine_lost_then_back_trains_as_one_device(tmp_path, lo
     nodes = [machine("first"), machine("second")]
     try:
         deadline = time.monotonic() + TIMEOUT_S
-        wait_for_loss(out, 2, 3, deadline)
+        wait_for_loss(out, 2, 3, deadline, nodes[0])
         stop_machine(nodes[1])
-        alone = wait_for_loss(out, 1, 0, deadline)
+        alone = wait_for_loss(out, 1, 0, deadline, nodes[0])
         nodes.append(machine("back"))
         for node in (nodes[0], nodes[2]):
             node.wait(timeout=max(1.0, deadline - time.monotonic()))
