@@ -361,7 +361,7 @@ STARTS_ENV = "AUTODIST_RUN_STARTS"
 #: etcd3 0.12 (its newest release, which Paddle's launcher imports for ``etcd://``) carries
 #: protobuf code that protobuf 4 and later load only in their pure-Python implementation (else:
 #: "Descriptors cannot be created directly"). The launcher of an elastic job gets it, unless the
-#: user chose one; :func:`as_rank` gives the ranks back the default (Paddle imports 4x slower under it).
+#: user chose one; :func:`as_rank` gives the ranks back the default, so that they run as without it.
 PROTOBUF_ENV = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
 _PROTOBUF_SET_HERE = "AUTODIST_RUN_SET_PROTOBUF"
 
