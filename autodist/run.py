@@ -352,23 +352,28 @@ def several_nodes(
         *(["--elastic_level", "1", "--max_restart", str(max_restarts)] if elastic else []),
         str(Path(__file__).resolve()), AS_RANK, str(family.resolve()), *script,
     ]  # fmt: skip
-    return Machine(command, log_dir, checkpoint, elastic_env() if elastic else {})
+    return Machine(command, log_dir, checkpoint, elastic_env() if elastic else {}, max_restarts if elastic else 0)
 
 
 #: Set by autodist-run on a machine of a job on several: the file where the first rank of this
 #: machine records each start of the ranks (:func:`as_rank`), for :class:`Machine` to follow.
 STARTS_ENV = "AUTODIST_RUN_STARTS"
+#: What the launcher of an elastic job needs in its environment, unless the user set it.
 #: etcd3 0.12 (its newest release, which Paddle's launcher imports for ``etcd://``) carries
 #: protobuf code that protobuf 4 and later load only in their pure-Python implementation (else:
-#: "Descriptors cannot be created directly"). The launcher of an elastic job gets it, unless the
-#: user chose one; :func:`as_rank` gives the ranks back the default, so that they run as without it.
-PROTOBUF_ENV = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
-_PROTOBUF_SET_HERE = "AUTODIST_RUN_SET_PROTOBUF"
+#: "Descriptors cannot be created directly"). And the launcher forks each rank while the etcd
+#: client's gRPC threads run: with gRPC's fork handlers, a rank died of SIGABRT before it started
+#: ("epoll_wait error: Bad file descriptor", once in about 8 runs here), which the launcher
+#: answers by starting every rank again. :func:`as_rank` gives the ranks back the defaults.
+ELASTIC_ENV = {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python", "GRPC_ENABLE_FORK_SUPPORT": "0"}
+#: The names of :data:`ELASTIC_ENV` that autodist-run set (comma-separated), for :func:`as_rank`.
+_SET_HERE = "AUTODIST_RUN_SET_ENV"
 
 
 def elastic_env() -> dict[str, str]:
-    """What the launcher of an elastic job needs in its environment beyond this one's."""
-    return {} if PROTOBUF_ENV in os.environ else {PROTOBUF_ENV: "python", _PROTOBUF_SET_HERE: "1"}
+    """What the launcher of an elastic job gets in its environment beyond this one's."""
+    added = {name: value for name, value in ELASTIC_ENV.items() if name not in os.environ}
+    return {**added, _SET_HERE: ",".join(added)}
 
 
 def progress_file(starts: Path, number: int) -> Path:
@@ -383,23 +388,55 @@ class Machine:
     leave or join. This follows each start of the ranks here, as the first of them records it in
     ``LOG_DIR/starts.jsonl`` (:func:`as_rank`), and says what the one-machine supervisor says: the
     launch and its plan, where it resumed, why the ranks were started again, how far the stopped
-    launch got past its last checkpoint, and the summary at the end."""
+    launch got past its last checkpoint, and the summary at the end. A launcher that gave up
+    waiting for the job after a rank here failed is started again, to rejoin it."""
 
     command: list[str]
     log_dir: Path
     checkpoint: Path | None
     env: dict[str, str] = field(default_factory=dict)
+    #: How often the launcher is started again when it gave up waiting for the job (below).
+    max_restarts: int = 3
     say: Callable[[str], None] = say
     launches: list[Launch] = field(default_factory=list)
 
     def run(self) -> int:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         starts = (self.log_dir / "starts.jsonl").resolve()
-        for earlier in [starts, *self.log_dir.glob("progress*")]:  # an earlier job's, in a log folder used again
+        output = self.log_dir / "launcher.out"
+        for earlier in [
+            starts,
+            output,
+            *self.log_dir.glob("progress*"),
+        ]:  # an earlier job's, in a log folder used again
             earlier.unlink(missing_ok=True)
+        self.say(f"Paddle's launcher runs the ranks of this machine; its output in {output}")
+        for attempt in range(self.max_restarts + 1):
+            said_before = output.stat().st_size if output.exists() else 0
+            returncode = self._launch(starts, output)
+            # Paddle 3.3's elastic launcher whose own rank failed counts the machines at once, its
+            # status "failed" ending the wait (controllers/master.py, wait_peer_ready): when it
+            # counts before its etcd watch has marked it restarting, it finds none, says "peer not
+            # ready" and ends, while the other machines wait for it. Started again, it rejoins.
+            with open(output, "rb") as f:
+                f.seek(said_before)
+                gave_up = b"peer not ready" in f.read()
+            if returncode == 0 or not gave_up or attempt == self.max_restarts:
+                break
+            self.say("Paddle's launcher gave up waiting for the job after a rank here failed: starting it again")
+        self._follow(starts)
+        if self.launches:
+            self.launches[-1].ended = time.monotonic()
+            self.launches[-1].outcome = "finished" if returncode == 0 else f"exit code {returncode}"
+            self.say(summary(self.launches))
+        if returncode != 0:
+            self.say(f"Paddle's launcher ended with exit code {returncode}: see {output}")
+        return returncode
+
+    def _launch(self, starts: Path, output: Path) -> int:
+        """Run the launcher until it ends, saying each start of the ranks; its exit code."""
         env = {**os.environ, **self.env, STARTS_ENV: str(starts)}
-        self.say(f"Paddle's launcher runs the ranks of this machine; its output in {self.log_dir / 'launcher.out'}")
-        with open(self.log_dir / "launcher.out", "w") as out:
+        with open(output, "a") as out:
             proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             try:
                 while proc.poll() is None:
@@ -408,13 +445,6 @@ class Machine:
             finally:
                 if proc.poll() is None:
                     _stop(proc)
-        self._follow(starts)
-        if self.launches:
-            self.launches[-1].ended = time.monotonic()
-            self.launches[-1].outcome = "finished" if proc.returncode == 0 else f"exit code {proc.returncode}"
-            self.say(summary(self.launches))
-        if proc.returncode != 0:
-            self.say(f"Paddle's launcher ended with exit code {proc.returncode}: see {self.log_dir / 'launcher.out'}")
         return proc.returncode
 
     def _follow(self, starts: Path) -> None:
@@ -461,8 +491,8 @@ def as_rank(family: str, script: list[str]) -> int:
         return 2
     plan = str(plans[world].resolve())
     os.environ["AUTODIST_PLAN"] = plan
-    if os.environ.pop(_PROTOBUF_SET_HERE, None):
-        del os.environ[PROTOBUF_ENV]
+    for name in filter(None, os.environ.pop(_SET_HERE, "").split(",")):
+        os.environ.pop(name, None)
     starts = os.environ.get(STARTS_ENV)
     if starts and os.environ.get("PADDLE_LOCAL_RANK") == "0":
         with open(starts, "a+") as f:

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 
 import numpy as np
 import psutil
@@ -301,6 +302,35 @@ def wait_for_loss(out, ranks: int, after_step: int, deadline: float, machine: su
     raise AssertionError(f"no step after {after_step} logged on {ranks} ranks in time")
 
 
+def said_launches(said: str) -> list[tuple[int, str, int]]:
+    """Each launch autodist-run said: (ranks, plan file, the step it resumed at, 0 from the start)."""
+    found = re.findall(r"launch \d+: (\d+) ranks under (\S+) \([^)]*\)(?:, resuming at step (\d+))?", said)
+    return [(int(ranks), plan, int(step or 0)) for ranks, plan, step in found]
+
+
+def elastic_machines(tmp_path, loop_plans, etcd: str, *script_args: str) -> Callable[[str], subprocess.Popen]:
+    """``machine(name)`` starts one machine of an elastic job (``--nnodes 1:2``, one rank) on
+    ``etcd``: autodist-run in a session of its own, its stderr in ``NAME.err``, the script logging
+    in ``tmp_path/run``, with a family of the gpt loop's 1- and 2-device plans."""
+    family = make_family(tmp_path, loop_plans, "one", "mp2")
+    out, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    out.mkdir()
+
+    def machine(name: str) -> subprocess.Popen:
+        command = [
+            *AUTODIST_RUN, "--nproc-per-node", "1", "--nnodes", "1:2", "--master", etcd, "--job-id", "elastic-test",
+            "--plans", str(family), "--checkpoint", str(ckpt), "--log-dir", str(tmp_path / f"log_{name}"),
+            str(SCRIPTS / "elastic_train.py"), "--plan", "{plan}", "--ckpt", str(ckpt), "--out", str(out),
+            "--seconds-per-step", "1", *script_args,
+        ]  # fmt: skip
+        with open(tmp_path / f"{name}.err", "w") as said:
+            return subprocess.Popen(
+                command, cwd=tmp_path, env=base_env(), stdout=said, stderr=said, start_new_session=True
+            )
+
+    return machine
+
+
 def test_elastic_mode_a_machine_lost_then_back_trains_as_one_device(tmp_path, loop_plans, etcd):
     """Paddle 3.3's elastic mode, as ``autodist-run --nnodes 1:2 --master etcd://...`` runs it on
     two "machines" (two autodist-run processes on loopback, one rank each, a private etcd). The
@@ -311,26 +341,12 @@ def test_elastic_mode_a_machine_lost_then_back_trains_as_one_device(tmp_path, lo
     under the 2-device plan, from the checkpoint the lone rank left. autodist-run on the first
     machine says each start and why, and the summary; every logged loss (the last one for each
     step) and the final parameters equal the single-device run's."""
-    family = make_family(tmp_path, loop_plans, "one", "mp2")
-    out, ckpt = tmp_path / "run", tmp_path / "ckpt"
-    out.mkdir()
     steps = ["--steps", "36"]
     reference = tmp_path / "one_device"
     reference.mkdir()
     run_script("elastic_train.py", reference, 1, None, *steps, "--ckpt", str(reference / "ckpt"))
-
-    def machine(name: str) -> subprocess.Popen:
-        command = [
-            *AUTODIST_RUN, "--nproc-per-node", "1", "--nnodes", "1:2", "--master", etcd, "--job-id", "elastic-test",
-            "--plans", str(family), "--checkpoint", str(ckpt), "--log-dir", str(tmp_path / f"log_{name}"),
-            str(SCRIPTS / "elastic_train.py"), "--plan", "{plan}", "--ckpt", str(ckpt), "--out", str(out), *steps,
-            "--seconds-per-step", "1",
-        ]  # fmt: skip
-        with open(tmp_path / f"{name}.err", "w") as said:
-            return subprocess.Popen(
-                command, cwd=tmp_path, env=base_env(), stdout=said, stderr=said, start_new_session=True
-            )
-
+    out = tmp_path / "run"
+    machine = elastic_machines(tmp_path, loop_plans, etcd, *steps)
     nodes = [machine("first"), machine("second")]
     try:
         deadline = time.monotonic() + TIMEOUT_S
@@ -345,18 +361,51 @@ def test_elastic_mode_a_machine_lost_then_back_trains_as_one_device(tmp_path, lo
             stop_machine(node)
     said = (tmp_path / "first.err").read_text()
     assert nodes[0].returncode == 0 and nodes[2].returncode == 0, said[-4000:]
-    resumed = [int(step) for step in re.findall(r"resuming at step (\d+)", said)]
-    assert re.findall(r"launch \d+: (\d+) ranks under (\S+)", said) == [
-        ("2", "gpt_mp2.json"), ("1", "gpt_one.json"), ("2", "gpt_mp2.json")
-    ], said  # fmt: skip
+    launches = said_launches(said)
+    # 2 ranks, then 1, then 2 again; the launcher may also start the ranks again at the same size
+    # (said as "a rank failed"), which resumes as any start does
+    sizes = [ranks for ranks, _, _ in launches]
+    assert [size for i, size in enumerate(sizes) if i == 0 or sizes[i - 1] != size] == [2, 1, 2], said
+    assert {(ranks, plan) for ranks, plan, _ in launches} == {(2, "gpt_mp2.json"), (1, "gpt_one.json")}, said
     assert "machines left, 2 -> 1 ranks" in said and "machines joined, 1 -> 2 ranks" in said, said
-    # each start resumed from the checkpoint the ranks before it left: its first step follows it
-    assert len(resumed) == 2 and resumed[0] % 3 == 0 and alone == resumed[0] + 1, said
+    assert said.count("the launcher started the ranks again:") == len(launches) - 1, said
+    # the first start on 1 rank and the first on 2 after it resumed from the checkpoint the ranks
+    # before them left: their first logged step follows it
+    shrunk = sizes.index(1)
+    regrown = sizes.index(2, shrunk)
+    assert launches[shrunk][2] % 3 == 0 and alone == launches[shrunk][2] + 1, said
     logged = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
-    regrown = next(i for i, record in enumerate(logged) if record["ranks"] == 2 and i and logged[i - 1]["ranks"] == 1)
-    assert logged[regrown]["step"] == resumed[1] + 1 and resumed[1] % 3 == 0, said
+    first_on_2 = next(
+        i for i, record in enumerate(logged) if record["ranks"] == 2 and i and logged[i - 1]["ranks"] == 1
+    )
+    assert launches[regrown][2] % 3 == 0 and logged[first_on_2]["step"] == launches[regrown][2] + 1, said
     per_launch = [int(n) for n in re.findall(r"launch \d+ reached step \d+, .*: (\d+) step\(s\) to train again", said)]
-    assert len(per_launch) == 2 and said_trained_again(said) == sum(per_launch), said
-    assert "summary: 3 launch(es) on 2 -> 1 -> 2 devices" in said, said
+    assert said_trained_again(said) == sum(per_launch), said
+    assert f"summary: {len(launches)} launch(es) on {' -> '.join(map(str, sizes))} devices" in said, said
     assert losses(out)[36][1] == 2
     assert_same_training(out, reference)
+
+
+def test_elastic_mode_a_rank_killed_restarts_both_machines_at_the_same_size(tmp_path, loop_plans, etcd, one_device):
+    """Rank 1 (on the machine the launchers ranked second) dies of SIGKILL after step 4, its
+    launcher alive: both launchers start their ranks again on 2 under the same plan, from step 3's
+    checkpoint, and the job trains as one device. autodist-run on the first machine says it was
+    a rank, not a machine."""
+    out = tmp_path / "run"
+    machine = elastic_machines(tmp_path, loop_plans, etcd, "--kill-at", "4", "--kill-rank", "1")
+    nodes = [machine("first"), machine("second")]
+    try:
+        for node in nodes:
+            node.wait(timeout=TIMEOUT_S)
+    finally:
+        for node in nodes:
+            stop_machine(node)
+    said = (tmp_path / "first.err").read_text()
+    assert [node.returncode for node in nodes] == [0, 0], said[-4000:]
+    launches = said_launches(said)
+    assert {(ranks, plan) for ranks, plan, _ in launches} == {(2, "gpt_mp2.json")} and len(launches) >= 2, said
+    restarts = said.count("the launcher started the ranks again: a rank failed, 2 ranks again")
+    assert restarts == len(launches) - 1, said
+    assert 3 in [step for _, _, step in launches] and f"summary: {len(launches)} launch(es) on 2 -> 2" in said, said
+    assert {ranks for _, ranks in losses(out).values()} == {2}
+    assert_same_training(out, one_device)
