@@ -19,16 +19,19 @@ launched again on every device.
 too). The script resumes the way docs/checkpoints.md shows (``load_checkpoint(..., loader=loader)``
 when the checkpoint exists: the loader starts at the first batch not trained on). One line per event goes
 to stderr (a rank lost, how far its launch got past the last checkpoint, re-planned to dp2,
-resumed at step 6, grown back), and a summary at the end: the launches, the time lost (what
-interrupted launches ran after their last checkpoint) and the steps trained again (what they
-finished after it: rank 0's loader reports each step finished, when the next batch is asked for
-or a checkpoint saved with ``loader=``, in ``AUTODIST_RUN_PROGRESS``).
+resumed at step 6, grown back), and a summary at the end: the launches, the time lost (from the
+last checkpoint of each interrupted launch to the next launch) and the steps trained again (what
+they finished after it: the first rank's loader reports each step finished, when the next batch
+is asked for or a checkpoint saved with ``loader=``, in ``AUTODIST_RUN_PROGRESS``).
 
 On several machines (``--nnodes N`` or ``MIN:MAX``, ``--master``), membership is Paddle's
-launcher's, its elastic mode for a range (:func:`several_nodes`); each rank runs the script under
-the family's plan for the job's world size (:func:`as_rank`). What is tested here is one machine
-(gloo, CPU ranks as devices; two launchers on loopback as two nodes), not the elastic mode
-(docs/workflow.md, "On several machines").
+launcher's, its elastic mode for a range with etcd (:func:`several_nodes`): the launcher starts
+the ranks again by itself when machines leave or join (on the machines left, or on all). Each
+rank runs the script under the family's plan for the job's world size (:func:`as_rank`) and
+resumes from the last checkpoint; autodist-run on each machine follows the starts there and says
+them, why, and the summary (:class:`Machine`). Tested on one machine: two autodist-run processes
+on loopback as two machines, with a private etcd for the elastic mode (docs/workflow.md, "On
+several machines").
 
 Example::
 
@@ -42,6 +45,8 @@ Example::
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
 import re
 import signal
@@ -63,6 +68,11 @@ _FAILED_RANK = re.compile(r"Container rank (\d+) status failed .* code (-?\d+)")
 POLL_S = 0.2
 #: After SIGTERM, how long a stopped job gets before it is killed.
 STOP_GRACE_S = 10.0
+
+
+def say(line: str) -> None:
+    """One event, one line on stderr."""
+    print(f"autodist-run: {line}", file=sys.stderr, flush=True)
 
 
 class RunError(RuntimeError):
@@ -119,12 +129,59 @@ class Launch:
     recomputed: int = 0
 
     def reached(self, progress: Path) -> int | None:
-        """The last step this launch finished, from rank 0's loader's report (None: no report)."""
+        """The last step this launch finished, from the report of the loader of its first rank on
+        this machine (None: no report)."""
         try:
             done = int(progress.read_text())
         except (OSError, ValueError):
             return None
         return (self.resumed_at or 0) + done
+
+    def introduce(self, number: int) -> str:
+        """The line that says this launch (the ``number``-th): its ranks, its plan, where it resumed."""
+        strategy = strategy_text(load_plan(self.plan).strategy, "short")
+        resumed = f", resuming at step {self.resumed_at}" if self.resumed_at is not None else ""
+        return f"launch {number}: {len(self.devices)} ranks under {self.plan.name} ({strategy}){resumed}"
+
+    def count_recomputed(self, number: int, progress: Path, checkpoint: int | None) -> str:
+        """How far this interrupted launch (the ``number``-th) got past ``checkpoint``, the step the
+        next one resumes from: kept in :attr:`recomputed`, and said in a line."""
+        reached = self.reached(progress)
+        if reached is None:
+            return f"launch {number}: its loader reported no step; steps trained again not known"
+        self.recomputed = max(0, reached - (checkpoint or 0))
+        return (
+            f"launch {number} reached step {reached}, its last checkpoint is at step {checkpoint or 0}: "
+            f"{self.recomputed} step(s) to train again"
+        )
+
+    def saw_checkpoint(self, step: int | None) -> None:
+        """Note the checkpoint's step as it is now, and when it was first seen."""
+        if step != self.last_checkpoint[0]:
+            self.last_checkpoint = (step, time.monotonic())
+
+
+def summary(launches: list[Launch]) -> str:
+    """The end's line: the launches, the time lost, the steps trained again, where each resumed."""
+    interrupted = [launch for launch in launches if launch.outcome != "finished"]
+    lost_s = sum(launch.ended - max(launch.started, launch.last_checkpoint[1]) for launch in interrupted)
+    resumed = [launch.resumed_at for launch in launches[1:] if launch.resumed_at is not None]
+    return (
+        f"summary: {len(launches)} launch(es) on "
+        + " -> ".join(str(len(launch.devices)) for launch in launches)
+        + f" devices; {lost_s:.1f} s lost (from the last checkpoint of each interrupted launch to the next launch);"
+        + f" {sum(launch.recomputed for launch in interrupted)} step(s) trained again; resumed at steps {resumed}"
+    )
+
+
+def checkpoint_step(folder: Path | None) -> int | None:
+    """The step of the complete checkpoint in ``folder`` (None: none, or none readable yet)."""
+    if folder is None or not (folder / METADATA_FILE).exists():
+        return None
+    try:
+        return read_checkpoint(folder).step
+    except CheckpointError:
+        return None
 
 
 @dataclass
@@ -148,7 +205,7 @@ class Supervisor:
     grow: bool = False
     max_restarts: int = 3
     log_dir: Path = Path("log")
-    say: Callable[[str], None] = lambda line: print(f"autodist-run: {line}", file=sys.stderr, flush=True)
+    say: Callable[[str], None] = say
     launches: list[Launch] = field(default_factory=list)
 
     def run(self) -> int:
@@ -159,11 +216,9 @@ class Supervisor:
                 self.say(
                     f"{len(healthy)} devices, but the family's largest plan that fits is for {size}: running {size}"
                 )
-            launch = Launch(healthy[:size], plan_path, self._checkpoint_step(), time.monotonic())
+            launch = Launch(healthy[:size], plan_path, checkpoint_step(self.checkpoint), time.monotonic())
             self.launches.append(launch)
-            strategy = strategy_text(load_plan(plan_path).strategy, "short")
-            resumed = f", resuming at step {launch.resumed_at}" if launch.resumed_at is not None else ""
-            self.say(f"launch {len(self.launches)}: {size} ranks under {plan_path.name} ({strategy}){resumed}")
+            self.say(launch.introduce(len(self.launches)))
             failed, grown = self._watch(launch, bool(self.grow and lost))
             launch.ended = time.monotonic()
             if failed or grown:
@@ -175,16 +230,16 @@ class Supervisor:
                 continue
             if failed is None:
                 launch.outcome = "finished"
-                self._summary()
+                self.say(summary(self.launches))
                 return 0
             culprits = [launch.devices[rank] for rank, _ in failed if rank < len(launch.devices)]
             launch.outcome = "lost " + ", ".join(f"rank {rank} (exit code {code})" for rank, code in failed)
             self.say(f"{launch.outcome}: dropping device(s) {culprits}")
             if not culprits:  # the launcher said nothing we can read: no device to blame
-                self._summary()
+                self.say(summary(self.launches))
                 raise RunError(f"launch {len(self.launches)} failed without naming a rank: see {self.log_dir}")
             if len(self.launches) > self.max_restarts:
-                self._summary()
+                self.say(summary(self.launches))
                 raise RunError(f"{self.max_restarts} restarts used up (--max-restarts)")
             healthy = [d for d in healthy if d not in culprits]
             lost += culprits
@@ -215,9 +270,8 @@ class Supervisor:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             try:
                 while proc.poll() is None:
-                    step = self._checkpoint_step()
-                    if step != launch.last_checkpoint[0]:
-                        launch.last_checkpoint = (step, time.monotonic())
+                    step = checkpoint_step(self.checkpoint)
+                    launch.saw_checkpoint(step)
                     if may_grow and step is not None and launch.resumed_at is not None and step > launch.resumed_at:
                         _stop(proc)
                         return None, True
@@ -232,38 +286,13 @@ class Supervisor:
 
     def _count_recomputed(self, launch: Launch) -> None:
         """Say how far the interrupted ``launch`` got past the checkpoint the next one resumes from."""
-        reached = launch.reached(self._launch_dir(len(self.launches)) / "progress")
-        checkpoint = self._checkpoint_step() or 0
-        if reached is None:
-            self.say(f"launch {len(self.launches)}: its loader reported no step; steps trained again not known")
-            return
-        launch.recomputed = max(0, reached - checkpoint)
+        number = len(self.launches)
         self.say(
-            f"launch {len(self.launches)} reached step {reached}, its last checkpoint is at step {checkpoint}: "
-            f"{launch.recomputed} step(s) to train again"
+            launch.count_recomputed(number, self._launch_dir(number) / "progress", checkpoint_step(self.checkpoint))
         )
 
     def _launch_dir(self, number: int) -> Path:
         return self.log_dir / f"launch{number}"
-
-    def _checkpoint_step(self) -> int | None:
-        if self.checkpoint is None or not (self.checkpoint / METADATA_FILE).exists():
-            return None
-        try:
-            return read_checkpoint(self.checkpoint).step
-        except CheckpointError:
-            return None
-
-    def _summary(self) -> None:
-        interrupted = [launch for launch in self.launches if launch.outcome != "finished"]
-        lost_s = sum(launch.ended - max(launch.started, launch.last_checkpoint[1]) for launch in interrupted)
-        resumed = [launch.resumed_at for launch in self.launches[1:] if launch.resumed_at is not None]
-        self.say(
-            f"summary: {len(self.launches)} launch(es) on "
-            + " -> ".join(str(len(launch.devices)) for launch in self.launches)
-            + f" devices; {lost_s:.1f} s of work lost (run after the last checkpoint of interrupted launches);"
-            + f" {sum(launch.recomputed for launch in interrupted)} step(s) trained again; resumed at steps {resumed}"
-        )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -280,13 +309,14 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def several_nodes(
     nnodes: str, master: str | None, job_id: str, family: Path, nproc: int, max_restarts: int, log_dir: Path,
-    script: list[str], gpus: list[int] | None = None,
-) -> list[str]:  # fmt: skip
-    """The command that runs ``script`` on this node of a job on several machines: Paddle's
-    launcher keeps the membership (``--nnodes MIN:MAX`` with ``--master etcd://...``: its elastic
-    mode, which restarts every rank when a node leaves or joins) and starts :func:`as_rank` on
-    each rank, which runs the script under the family's plan for the job's world size. ``gpus``:
-    the GPU ids this node uses (the launcher's ``--devices``).
+    script: list[str], gpus: list[int] | None = None, checkpoint: Path | None = None,
+) -> Machine:  # fmt: skip
+    """This node of a job on several machines: Paddle's launcher keeps the membership
+    (``--nnodes MIN:MAX`` with ``--master etcd://...``: its elastic mode, which restarts every
+    rank when a node leaves or joins) and starts :func:`as_rank` on each rank, which runs
+    ``script`` under the family's plan for the job's world size; :class:`Machine` runs the
+    launcher and says each start. ``gpus``: the GPU ids this node uses (the launcher's
+    ``--devices``); ``checkpoint``: the folder the script saves to, to say where each start resumed.
 
     >>> several_nodes("2:4", "10.0.0.1:2379", "job", Path("plans"), 1, 3, Path("log"), ["train.py"])
     Traceback (most recent call last):
@@ -303,6 +333,11 @@ def several_nodes(
         )
     if not master:
         raise RunError(f"--nnodes {nnodes} needs --master: node 0's HOST:PORT (or etcd://HOST:PORT)")
+    if elastic and importlib.util.find_spec("etcd3") is None:
+        raise RunError(
+            f"--nnodes {nnodes}: Paddle's launcher talks to etcd through the etcd3 package, not installed here "
+            "(pip install etcd3, on every machine)"
+        )
     sizes = Family.read(family).sizes
     missing = [n * nproc for n in range(int(low), int(high or low) + 1) if n * nproc not in sizes]
     if missing:
@@ -310,18 +345,143 @@ def several_nodes(
             f"the family has no plan for {missing} devices (--nnodes {nnodes} x --nproc-per-node {nproc}), only for "
             f"{sizes}: every rank of a node count runs, so make a plan for each (autodist-plan --devices N)"
         )
-    return [
+    command = [
         sys.executable, "-m", "paddle.distributed.launch", "--master", master, "--nnodes", nnodes,
         "--nproc_per_node", str(nproc), *(["--devices", ",".join(map(str, gpus))] if gpus else []),
         "--job_id", job_id, "--log_dir", str(log_dir),
         *(["--elastic_level", "1", "--max_restart", str(max_restarts)] if elastic else []),
         str(Path(__file__).resolve()), AS_RANK, str(family.resolve()), *script,
     ]  # fmt: skip
+    return Machine(command, log_dir, checkpoint, elastic_env() if elastic else {}, max_restarts if elastic else 0)
+
+
+#: Set by autodist-run on a machine of a job on several: the file where the first rank of this
+#: machine records each start of the ranks (:func:`as_rank`), for :class:`Machine` to follow.
+STARTS_ENV = "AUTODIST_RUN_STARTS"
+#: What the launcher of an elastic job needs in its environment, unless the user set it.
+#: etcd3 0.12 (its newest release, which Paddle's launcher imports for ``etcd://``) carries
+#: protobuf code that protobuf 4 and later load only in their pure-Python implementation (else:
+#: "Descriptors cannot be created directly"). And the launcher forks each rank while the etcd
+#: client's gRPC threads run: with gRPC's fork handlers, a rank died of SIGABRT before it started
+#: ("epoll_wait error: Bad file descriptor", once in about 8 runs here), which the launcher
+#: answers by starting every rank again. :func:`as_rank` gives the ranks back the defaults.
+ELASTIC_ENV = {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python", "GRPC_ENABLE_FORK_SUPPORT": "0"}
+#: The names of :data:`ELASTIC_ENV` that autodist-run set (comma-separated), for :func:`as_rank`.
+_SET_HERE = "AUTODIST_RUN_SET_ENV"
+
+
+def elastic_env() -> dict[str, str]:
+    """What the launcher of an elastic job gets in its environment beyond this one's."""
+    added = {name: value for name, value in ELASTIC_ENV.items() if name not in os.environ}
+    return {**added, _SET_HERE: ",".join(added)}
+
+
+def progress_file(starts: Path, number: int) -> Path:
+    """Where the ``number``-th start of the ranks of this machine reports its steps."""
+    return starts.with_name(f"progress{number}")
+
+
+@dataclass
+class Machine:
+    """autodist-run on one machine of a job on several: Paddle's launcher (``command``) keeps the
+    members and starts the ranks again when one fails or, in its elastic mode, when machines
+    leave or join. This follows each start of the ranks here, as the first of them records it in
+    ``LOG_DIR/starts.jsonl`` (:func:`as_rank`), and says what the one-machine supervisor says: the
+    launch and its plan, where it resumed, why the ranks were started again, how far the stopped
+    launch got past its last checkpoint, and the summary at the end. A launcher that gave up
+    waiting for the job after a rank here failed is started again, to rejoin it."""
+
+    command: list[str]
+    log_dir: Path
+    checkpoint: Path | None
+    env: dict[str, str] = field(default_factory=dict)
+    #: How often the launcher is started again when it gave up waiting for the job (below).
+    max_restarts: int = 3
+    say: Callable[[str], None] = say
+    launches: list[Launch] = field(default_factory=list)
+
+    def run(self) -> int:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        starts = (self.log_dir / "starts.jsonl").resolve()
+        output = self.log_dir / "launcher.out"
+        for earlier in [
+            starts,
+            output,
+            *self.log_dir.glob("progress*"),
+        ]:  # an earlier job's, in a log folder used again
+            earlier.unlink(missing_ok=True)
+        self.say(f"Paddle's launcher runs the ranks of this machine; its output in {output}")
+        for attempt in range(self.max_restarts + 1):
+            said_before = output.stat().st_size if output.exists() else 0
+            returncode = self._launch(starts, output)
+            # Paddle 3.3's elastic launcher whose own rank failed counts the machines at once, its
+            # status "failed" ending the wait (controllers/master.py, wait_peer_ready): when it
+            # counts before its etcd watch has marked it restarting, it finds none, says "peer not
+            # ready" and ends, while the other machines wait for it. Started again, it rejoins.
+            with open(output, "rb") as f:
+                f.seek(said_before)
+                gave_up = b"peer not ready" in f.read()
+            if returncode == 0 or not gave_up or attempt == self.max_restarts:
+                break
+            self.say("Paddle's launcher gave up waiting for the job after a rank here failed: starting it again")
+        self._follow(starts)
+        if self.launches:
+            self.launches[-1].ended = time.monotonic()
+            self.launches[-1].outcome = "finished" if returncode == 0 else f"exit code {returncode}"
+            self.say(summary(self.launches))
+        if returncode != 0:
+            self.say(f"Paddle's launcher ended with exit code {returncode}: see {output}")
+        return returncode
+
+    def _launch(self, starts: Path, output: Path) -> int:
+        """Run the launcher until it ends, saying each start of the ranks; its exit code."""
+        env = {**os.environ, **self.env, STARTS_ENV: str(starts)}
+        with open(output, "a") as out:
+            proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            try:
+                while proc.poll() is None:
+                    self._follow(starts)
+                    time.sleep(POLL_S)
+            finally:
+                if proc.poll() is None:
+                    _stop(proc)
+        return proc.returncode
+
+    def _follow(self, starts: Path) -> None:
+        """Say each start of the ranks recorded since the last look; note the checkpoint."""
+        try:
+            recorded = [json.loads(line) for line in starts.read_text().splitlines()]
+        except (OSError, ValueError):  # none yet, or a line being written
+            recorded = []
+        step = checkpoint_step(self.checkpoint)
+        for start in recorded[len(self.launches) :]:
+            launch = Launch(list(range(start["world"])), Path(start["plan"]), step, time.monotonic())
+            if self.launches:
+                stopped = self.launches[-1]
+                stopped.ended, stopped.outcome = launch.started, _why_restarted(stopped, launch)
+                self.say(f"the launcher started the ranks again: {stopped.outcome}")
+                self.say(stopped.count_recomputed(len(self.launches), progress_file(starts, len(self.launches)), step))
+            self.launches.append(launch)
+            self.say(launch.introduce(len(self.launches)))
+        if self.launches:
+            self.launches[-1].saw_checkpoint(step)
+
+
+def _why_restarted(stopped: Launch, started: Launch) -> str:
+    """Why the launcher started the ranks again, as the job's size says it."""
+    was, now = len(stopped.devices), len(started.devices)
+    if now < was:
+        return f"machines left, {was} -> {now} ranks"
+    if now > was:
+        return f"machines joined, {was} -> {now} ranks"
+    return f"a rank failed, {now} ranks again"
 
 
 def as_rank(family: str, script: list[str]) -> int:
     """On each rank of a job on several machines: run ``script`` (this process becomes it)
-    under the family's plan for the job's world size, ``{plan}`` in its arguments replaced."""
+    under the family's plan for the job's world size, ``{plan}`` in its arguments replaced. The
+    first rank of the machine records the start for :class:`Machine`, and its loader reports
+    the steps it finished there."""
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     plans = Family.read(family).plans
     if world not in plans:
@@ -331,6 +491,15 @@ def as_rank(family: str, script: list[str]) -> int:
         return 2
     plan = str(plans[world].resolve())
     os.environ["AUTODIST_PLAN"] = plan
+    for name in filter(None, os.environ.pop(_SET_HERE, "").split(",")):
+        os.environ.pop(name, None)
+    starts = os.environ.get(STARTS_ENV)
+    if starts and os.environ.get("PADDLE_LOCAL_RANK") == "0":
+        with open(starts, "a+") as f:
+            f.seek(0)
+            number = len(f.read().splitlines()) + 1
+            f.write(json.dumps({"world": world, "plan": plan}) + "\n")
+        os.environ[PROGRESS_ENV] = str(progress_file(Path(starts), number))
     os.execv(sys.executable, [sys.executable, "-u", *(a.replace("{plan}", plan) for a in script)])
 
 
@@ -364,10 +533,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", help="with --nnodes: node 0's HOST:PORT, or etcd://HOST:PORT (elastic)")
     parser.add_argument("--job-id", default="autodist", help="with --nnodes: the job's name in the launcher's master")
     parser.add_argument("--plans", required=True, help="folder of plans for several device counts (the family)")
-    parser.add_argument("--checkpoint", help="the checkpoint folder the script saves to (to resume and to grow)")
+    parser.add_argument(
+        "--checkpoint", help="the checkpoint folder the script saves to (to say where each launch resumed; to grow)"
+    )
     parser.add_argument("--grow", action="store_true", help="take lost devices back at the next checkpoint")
     parser.add_argument("--max-restarts", type=int, default=3)
-    parser.add_argument("--log-dir", default="log", help="each launch's logs go to LOG_DIR/launchN")
+    parser.add_argument(
+        "--log-dir", default="log", help="each launch's logs go to LOG_DIR/launchN (on several machines: to LOG_DIR)"
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="the training script and its arguments")
     args = parser.parse_args(argv)
     if not args.script:
@@ -378,19 +551,26 @@ def main(argv: list[str] | None = None) -> int:
     if gpus is None and args.nproc_per_node is None:
         parser.error("give --nproc-per-node N (CPU ranks) or --devices 0,1,... (GPUs)")
     devices = gpus if gpus is not None else list(range(args.nproc_per_node))
+    if args.grow and args.nnodes != "1":
+        parser.error(
+            "--grow is for one machine: on several, Paddle's launcher takes machines back as they join (--nnodes MIN:MAX)"
+        )
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    # SIGTERM ends autodist-run as Ctrl-C does: through the finally that stops the launcher it
+    # started (in a session of its own: the launcher stops its ranks when it is stopped).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         if args.nnodes != "1":
-            command = several_nodes(
+            machine = several_nodes(
                 args.nnodes, args.master, args.job_id, Path(args.plans), len(devices), args.max_restarts,
-                Path(args.log_dir), args.script, gpus,
+                Path(args.log_dir), args.script, gpus, checkpoint,
             )  # fmt: skip
-            print(f"autodist-run: on {args.nnodes} nodes through paddle.distributed.launch", file=sys.stderr)
-            return subprocess.call(command)
+            return machine.run()
         supervisor = Supervisor(
             script=args.script,
             family=Family.read(args.plans),
             devices=devices,
-            checkpoint=Path(args.checkpoint) if args.checkpoint else None,
+            checkpoint=checkpoint,
             gpus=gpus is not None,
             grow=args.grow,
             max_restarts=args.max_restarts,

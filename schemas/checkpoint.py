@@ -176,7 +176,7 @@ class SavedLoader(Base):
     shuffle_seed: NonNegativeInt | None = None
 
 
-#: A file where rank 0's loader (applier/placement/data.py) keeps how many of the batches it handed out in
+#: A file where the loader of each machine's first rank (applier/placement/data.py) keeps how many of the batches it handed out in
 #: this process were trained (it counts one when the next batch is asked for or a checkpoint
 #: saved); autodist-run sets it for each launch, to say how many steps a failure cost.
 PROGRESS_ENV: Final = "AUTODIST_RUN_PROGRESS"

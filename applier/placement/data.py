@@ -82,9 +82,11 @@ class EvenDataloader(ShardDataloader):
         self._epoch, self._step = -1, 0
         self._seed: int | None = None
         self._resume_at: SavedLoader | None = None
-        #: Batches handed out by this process, and where rank 0 says so (autodist-run's summary).
+        #: Batches handed out by this process, and where the first rank of its machine says so
+        #: (autodist-run's summary; on several machines each machine's autodist-run reads its own).
         self._handed = 0
-        self._progress = os.environ.get(PROGRESS_ENV) if dist.get_rank() == 0 else None
+        first_here = os.environ.get("PADDLE_LOCAL_RANK", str(dist.get_rank())) == "0"
+        self._progress = os.environ.get(PROGRESS_ENV) if first_here else None
 
     def position(self) -> SavedLoader:
         """Where the next batch comes from: a pass handed out whole counts as the next one begun
@@ -124,7 +126,7 @@ class EvenDataloader(ShardDataloader):
         return sampler
 
     def report_finished(self) -> None:
-        """On rank 0 under autodist-run: tell it that the steps of every batch handed out so far
+        """On a machine's first rank under autodist-run: tell it that the steps of every batch handed out so far
         are finished (the next batch is asked for, or a checkpoint saved)."""
         if self._progress:
             _write_quietly(self._progress, f"{self._handed}\n")

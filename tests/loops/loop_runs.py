@@ -24,6 +24,7 @@ PARAM_ATOL = 1e-5
 
 #: name -> (ranks, planner options); every plan for the global batch of 4.
 PLANS = {
+    "one": (1, "--dp 1 --mp 1 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
     "dp2": (2, "--dp 2 --mp 1 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
     "mp2": (2, "--dp 1 --mp 2 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
     "dp2mp2": (4, "--dp 2 --mp 2 --pp 1 --zero 0 --micro-batches 1 --device cpu"),
