@@ -157,8 +157,14 @@ class DeviceProfile(Base):
     op_overhead_s: NonNegativeFloat = 0.0
     #: Framework time per op, in seconds, that a real training step shows beyond what the op-level
     #: timings price (eager / auto-parallel dispatch, and waiting for a core when ranks share
-    #: them); fitted by ``autodist-plan calibrate --model``; 0 for the named GPU profiles.
+    #: them), in a strategy with a tensor-parallel axis (mp > 1); fitted by ``autodist-plan
+    #: calibrate --model`` on such a strategy's steps; 0 for the named GPU profiles.
     dispatch_overhead_s: NonNegativeFloat = 0.0
+    #: The same in a strategy without one (mp = 1: data, pipeline, expert parallelism), fitted on
+    #: such a strategy's steps (gloo on a shared CPU: 2-3x less per op than dp2 x mp2, whose ranks
+    #: wait for each other at every tensor-parallel collective); None: ``dispatch_overhead_s``
+    #: (a profile calibrated on one kind of strategy only; the cost model's ``compute.as_run``).
+    data_parallel_dispatch_overhead_s: NonNegativeFloat | None = None
     #: Whether collectives run beside compute (NCCL on its own stream); gloo on CPU blocks the
     #: thread that computes, so nothing overlaps.
     comm_overlap: bool = True

@@ -32,9 +32,13 @@
 - with ``--model``, real training steps of the user's model under the plan (``apply_plan``, the
   traced inputs at random, forward, the mean of the first output as the loss, backward, AdamW),
   timed on every rank at once as training runs them; the framework's time per op that the
-  pieces above do not explain is fitted as ``dispatch_overhead_us`` (:func:`fit_dispatch`; its
-  meaning in :mod:`autodist.planner.cost.compute`), so that the plan's priced step equals the
-  measured one, and every other strategy is priced with the same time per op.
+  pieces above do not explain is fitted (:func:`fit_dispatch`; its meaning in
+  :mod:`autodist.planner.cost.compute`), so that the plan's priced step equals the measured one.
+  That time depends on the kind of strategy (with a tensor-parallel axis or without), so the
+  plan's sibling of the other kind on the same ranks (:func:`sibling_degrees`: dp2 x mp2's is
+  dp4) is planned and timed too, and each kind gets the time its own steps left
+  (:func:`fit_dispatches`: ``dispatch_overhead_us`` and ``data_parallel_dispatch_overhead_us``);
+  every other strategy is priced with its kind's.
 
 Rank 0 writes ``cluster.toml``: the ``[device]`` table ``--cluster`` reads (fitted figures; the
 ones not measurable here, such as memory size or, on one node, the inter-node link, come from
@@ -81,6 +85,17 @@ MAX_OVERLAP_LOSS = 0.99
 
 
 @dataclass
+class SiblingStep:
+    """A training step of the plan's sibling (:func:`sibling_degrees`): its strategy in words and
+    its tensor-parallel degree, the median step measured and the step priced with no time per op."""
+
+    strategy: str
+    mp: int
+    training_step: float
+    priced_step: float | None = None
+
+
+@dataclass
 class Measurements:
     """Raw timings (seconds, medians over repeats) and what could not be measured."""
 
@@ -91,6 +106,8 @@ class Measurements:
     missing: list[str] = field(default_factory=list)
     training_step: float | None = None  # seconds, the median real step with --model
     priced_step: float | None = None  # seconds, the plan priced with the fitted figures, td = 0
+    #: The same for the plan's sibling of the other kind (:func:`sibling_degrees`); None: not timed.
+    sibling: SiblingStep | None = None
     #: (m, n, k, collective bytes, s alone, s beside): :data:`OVERLAP_MATMULS` matmuls of one
     #: shape alone and beside all-reduces of that size (:func:`measure_overlap`); None: not measured.
     overlap: tuple[int, int, int, int, float, float] | None = None
@@ -402,6 +419,44 @@ def fit_dispatch(measured_s: float, priced: Callable[[float], float], most_s: fl
     return (low + high) / 2
 
 
+def sibling_degrees(strategy) -> tuple[int, int] | None:
+    """``(dp, mp)`` of the plan's sibling: the strategy of the other kind on the same ranks and
+    stages (:func:`autodist.planner.cost.compute.dispatch_field`), whose training steps give that
+    kind's time per op. With tensor parallelism, its mp ranks turned to data parallelism; without,
+    pairs of dp ranks turned to mp 2; None where dp is odd (no pair to turn).
+
+    >>> from autodist.schemas.plan import Strategy
+    >>> sibling_degrees(Strategy(dp=2, mp=2)), sibling_degrees(Strategy(dp=4)), sibling_degrees(Strategy(dp=3))
+    ((4, 1), (2, 2), None)
+    """
+    if strategy.mp > 1:
+        return strategy.dp * strategy.mp, 1
+    return (strategy.dp // 2, 2) if strategy.dp % 2 == 0 else None
+
+
+def fit_dispatches(timed: list[tuple[int, float, Callable[[float], float]]]) -> dict[str, float]:
+    """The framework's time per op of each kind of strategy timed, as profile fields
+    (:func:`autodist.planner.cost.compute.dispatch_field`): ``timed`` is ``(mp, measured step,
+    priced(td))`` of each strategy, each kind fitted on its own steps (:func:`fit_dispatch`).
+    Where only a strategy without tensor parallelism was timed its figure stands for both kinds
+    (``dispatch_overhead_s``), as one fitted on a tensor-parallel one does (the profile's
+    ``data_parallel_dispatch_overhead_s`` left None).
+
+    >>> tp = (2, 0.5, lambda td: 0.1 + 400 * td)   # dp2 x mp2: 1 ms an op
+    >>> dp = (1, 0.3, lambda td: 0.1 + 400 * td)   # dp4: 0.5 ms an op
+    >>> {k: round(v * 1e6, 3) for k, v in fit_dispatches([tp, dp]).items()}
+    {'dispatch_overhead_s': 1000.0, 'data_parallel_dispatch_overhead_s': 500.0}
+    >>> {k: round(v * 1e6, 3) for k, v in fit_dispatches([dp]).items()}
+    {'dispatch_overhead_s': 500.0}
+    """
+    from autodist.planner.cost.compute import dispatch_field
+
+    fitted = {dispatch_field(mp): fit_dispatch(measured, priced) for mp, measured, priced in timed}
+    if "dispatch_overhead_s" not in fitted and fitted:
+        fitted["dispatch_overhead_s"] = fitted.pop("data_parallel_dispatch_overhead_s")
+    return fitted
+
+
 def plan_groups(plan) -> dict[str, list[list[int]]]:
     """The process groups the plan's collectives run on: per mesh axis (``mp``, ``dp``, ...) of
     more than one rank and fewer than all, the ranks that differ only along it.
@@ -552,12 +607,13 @@ def fit_link(
 
 
 def fitted_device(
-    measured: Measurements, base, dtype: str, name: str, comm_overlap: bool, dispatch_s: float | None = None
+    measured: Measurements, base, dtype: str, name: str, comm_overlap: bool, dispatch: dict[str, float] | None = None
 ) -> dict:
     """The ``[device]`` table for cluster.toml: ``base``'s figures, overridden by the fits;
     ``comm_overlap``: whether the backend runs collectives beside compute (NCCL yes, gloo no);
-    ``dispatch_s``: the time per op :func:`fit_dispatch` found (None: not measured, base's kept)."""
-    from autodist.planner.cost.hardware import _profile_values  # cluster-file keys of a profile
+    ``dispatch``: the times per op :func:`fit_dispatches` found, by profile field (None: not
+    measured, base's kept)."""
+    from autodist.planner.cost.hardware import _OPTIONAL_FIELDS, _profile_values  # cluster-file keys of a profile
 
     values: dict = {"name": name, "base": base.name, "comm_overlap": comm_overlap}
     if measured.matmuls:
@@ -569,8 +625,9 @@ def fitted_device(
                 values[f"peak_tflops_{other}"] = max(base.peak_flops[other], rate) / 1e12
         values["matmul_efficiency"] = rate / peak
         values["op_overhead_us"] = overhead * 1e6
-    if dispatch_s is not None:
-        values["dispatch_overhead_us"] = dispatch_s * 1e6
+    keys = {field_name: key for key, field_name in _OPTIONAL_FIELDS.items()}  # dispatch_overhead_s -> _us
+    for field_name, seconds in (dispatch or {}).items():
+        values[keys[field_name]] = seconds * 1e6
     # measured, or the base's, written all the same: the file says which (overlap_unmeasurable)
     values["overlap_compute_loss"] = (
         overlap_loss_from(*measured.overlap[4:]) if measured.overlap is not None else base.overlap_compute_loss
@@ -588,7 +645,7 @@ def fitted_device(
     return {
         k: (round(v, 6) if isinstance(v, float) else v)
         for k, v in values.items()
-        if k in ("name", "base", "comm_overlap") or base_values.get(k) is not None
+        if k in ("name", "base", "comm_overlap") or k in base_values
     }
 
 
@@ -614,11 +671,20 @@ def cluster_toml(device: dict, measured: Measurements, notes: list[str]) -> str:
         lines.append(f"{scope}_{name}_{p}ranks = [{', '.join(f'[{b}, {s:.6g}]' for b, s in timings)}]")
     if measured.training_step is not None:
         lines += [
-            "# a real training step under the plan (--model), and the plan priced without dispatch_overhead_us",
+            "# a real training step under the plan (--model), and the plan priced with no framework time per op",
             f"training_step_s = {measured.training_step:.6g}",
         ]
         if measured.priced_step is not None:
             lines.append(f"priced_step_s = {measured.priced_step:.6g}")
+    if measured.sibling is not None:
+        sibling = measured.sibling
+        lines += [
+            "# the same for the plan's sibling of the other kind (with or without tensor parallelism)",
+            f"sibling_strategy = {_toml(sibling.strategy)}",
+            f"sibling_training_step_s = {sibling.training_step:.6g}",
+        ]
+        if sibling.priced_step is not None:
+            lines.append(f"sibling_priced_step_s = {sibling.priced_step:.6g}")
     if measured.overlap is not None:
         m, n, k, nbytes, alone, beside = measured.overlap
         lines += [

@@ -24,6 +24,15 @@ A matmul of per-rank shape (m x k) @ (k x n), ``batch`` times over, with ``w``-b
   (:func:`autodist.planner.cost.calibrate.fit_dispatch`). The named GPU profiles have 0: there
   the host dispatches ahead of the kernels, asynchronously, so it hides behind them.
 
+  ``td`` is not one figure for every strategy: a step of dp2 x mp2 on 4 gloo ranks sharing 2
+  cores left 2.2-2.6x the time per op that dp4's did (docs/benchmarks.md, "Search quality"),
+  its ranks meeting at every tensor-parallel collective, each waiting for a peer that lost its
+  core, where dp4's meet only at the gradient sums. So a profile holds one figure per kind of
+  strategy, each fitted on a strategy of that kind (calibrate times the plan and its sibling of
+  the other kind, :func:`autodist.planner.cost.calibrate.sibling_degrees`): with a
+  tensor-parallel axis (``dispatch_overhead_s``) and without one
+  (``data_parallel_dispatch_overhead_s``); a strategy's ops pay its kind's (:func:`as_run`).
+
 Every op pays ``t0 + td`` once (:func:`fixed_op_time`): matmuls on top of their roofline, and
 an op that is not a matmul (norms, elementwise, softmax, rotary, cross-entropy), which is
 memory-bound: its time is the bytes it reads and writes over ``B``, plus that fixed cost. A device without a memory bandwidth
@@ -32,7 +41,9 @@ at nothing.
 
 Example (an H100-like device: 989 TFLOP/s, 60 % sustained, 3.35 TB/s, 5 us per matmul)::
 
-    >>> from autodist.schemas import DeviceProfile
+    >>> from msgspec.structs import replace
+
+from autodist.schemas import DeviceProfile
     >>> d = DeviceProfile(name="x", memory_bytes=1, peak_flops={"bf16": 989e12, "fp16": 989e12,
     ...                   "fp32": 67e12}, intra_node_bandwidth=1, inter_node_bandwidth=1,
     ...                   intra_node_latency_s=0, inter_node_latency_s=0, memory_bandwidth=3.35e12,
@@ -44,6 +55,8 @@ Example (an H100-like device: 989 TFLOP/s, 60 % sustained, 3.35 TB/s, 5 us per m
 """
 
 from __future__ import annotations
+
+from msgspec.structs import replace
 
 from autodist.schemas import DeviceProfile
 from autodist.schemas.vocabulary import TrainingDType, training_bytes
@@ -67,6 +80,35 @@ def fixed_op_time(device: DeviceProfile) -> float:
     50.0
     """
     return device.op_overhead_s + device.dispatch_overhead_s
+
+
+def dispatch_field(mp: int) -> str:
+    """The profile's field holding the framework time per op of a strategy of tensor-parallel
+    degree ``mp`` (see the module docstring): the one owner of which kind a strategy is.
+
+    >>> dispatch_field(2), dispatch_field(1)
+    ('dispatch_overhead_s', 'data_parallel_dispatch_overhead_s')
+    """
+    return "dispatch_overhead_s" if mp > 1 else "data_parallel_dispatch_overhead_s"
+
+
+def as_run(device: DeviceProfile, mp: int) -> DeviceProfile:
+    """``device`` as a strategy of tensor-parallel degree ``mp`` runs on it: its
+    ``dispatch_overhead_s`` the framework time per op of that kind of strategy (a profile
+    without a figure for strategies without tensor parallelism gives them the other's), the
+    only figure left, so that :func:`fixed_op_time` charges it.
+
+    >>> from autodist.planner.cost.hardware import PROFILES
+    >>> d = replace(PROFILES["cpu"], dispatch_overhead_s=300e-6, data_parallel_dispatch_overhead_s=120e-6)
+    >>> [round(as_run(d, mp).dispatch_overhead_s * 1e6, 6) for mp in (1, 2)]
+    [120.0, 300.0]
+    >>> round(as_run(replace(d, data_parallel_dispatch_overhead_s=None), 1).dispatch_overhead_s * 1e6, 6)
+    300.0
+    """
+    seconds = getattr(device, dispatch_field(mp))
+    if seconds is None:
+        seconds = device.dispatch_overhead_s
+    return replace(device, dispatch_overhead_s=seconds, data_parallel_dispatch_overhead_s=None)
 
 
 def overlap_loss(device: DeviceProfile) -> float:
