@@ -209,7 +209,7 @@ def test_dispatch_overhead_round_trips_and_named_profiles_have_none(tmp_path):
     path = tmp_path / "cluster.toml"
     path.write_text(cluster_toml(device, measured, []))
     assert load_cluster_file(str(path)).dispatch_overhead_s == pytest.approx(150e-6)
-    # one kind timed: the figure for strategies without tensor parallelism is left out, theirs too
+    # one kind timed: the other kinds' figures are left out, so they are priced with this one
     assert "data_parallel_dispatch_overhead_us" not in device
     assert load_cluster_file(str(path)).data_parallel_dispatch_overhead_s is None
     assert "training_step_s = 0.1" in path.read_text() and "priced_step_s = 0.04" in path.read_text()
@@ -218,7 +218,8 @@ def test_dispatch_overhead_round_trips_and_named_profiles_have_none(tmp_path):
     path.write_text(cluster_toml(device, measured, []))
     assert "dispatch_overhead_us" not in device and load_cluster_file(str(path)).dispatch_overhead_s == 0.0
     assert all(profile.dispatch_overhead_s == 0.0 for profile in PROFILES.values())
-    assert all(profile.data_parallel_dispatch_overhead_s is None for profile in PROFILES.values())
+    kinds = ("data_parallel_dispatch_overhead_s", "tensor_parallel_dispatch_overhead_s", "hybrid_dispatch_overhead_s")
+    assert all(getattr(profile, kind) is None for profile in PROFILES.values() for kind in kinds)
 
 
 def test_the_overlap_loss_is_measured_where_collectives_run_beside_compute_and_said_where_not(tmp_path):
@@ -299,15 +300,17 @@ def test_calibrate_with_the_model_fits_dispatch_to_a_real_training_step(tmp_path
     profile = load_cluster_file(str(out))
     # Time per op that the op-level timings do not explain, or none when they price the step longer:
     # the dp2 plan's for strategies without tensor parallelism, its sibling dp1 x mp2's for those with.
-    assert measured["sibling_strategy"].startswith("dp1 mp2 ") and measured["sibling_training_step_s"] > 0
-    dp_only = profile.data_parallel_dispatch_overhead_s
+    [[sibling, sibling_step, sibling_priced]] = measured["siblings"]
+    assert sibling.startswith("dp1 mp2 ") and sibling_step > 0
+    dp_only, mp_only = profile.data_parallel_dispatch_overhead_s, profile.tensor_parallel_dispatch_overhead_s
     assert dp_only is not None and (dp_only > 0) == (measured["training_step_s"] > measured["priced_step_s"])
-    with_mp = measured["sibling_training_step_s"] > measured["sibling_priced_step_s"]
-    assert (profile.dispatch_overhead_s > 0) == with_mp
+    assert mp_only is not None and (mp_only > 0) == (sibling_step > sibling_priced)
+    assert profile.dispatch_overhead_s == dp_only and profile.hybrid_dispatch_overhead_s is None  # the plan's
+    measured["sibling_step"], measured["sibling_priced"] = sibling_step, sibling_priced
     # Each strategy priced with the file: its estimate is its own measured step (the fit's definition).
     for degrees, step, priced in (
         (["--dp", "2"], "training_step_s", "priced_step_s"),
-        (["--dp", "1", "--mp", "2"], "sibling_training_step_s", "sibling_priced_step_s"),
+        (["--dp", "1", "--mp", "2"], "sibling_step", "sibling_priced"),
     ):
         subprocess.run(
             [*plan_args, *degrees, "--cluster", str(out), "-o", str(tmp_path / "again.json")],
@@ -464,10 +467,10 @@ def test_the_pricer_calibrate_fits_with_prices_the_plans_own_strategy(ep):
 
 
 def test_the_fit_charges_each_kind_of_strategy_the_time_per_op_its_own_steps_left(monkeypatch):
-    """Recorded steps of dp2 x mp2 and of its sibling dp4 (4 ranks, the docstring Llama): the fit
-    gives each kind of strategy its own framework time per op, so each, priced with the fitted
-    profile as the search prices it, costs its own measured step; the one time per op fitted on
-    dp2 x mp2 alone (the fit before) priced dp4 at dp2 x mp2's time per op, far above its step."""
+    """Recorded steps of dp2 x mp2 and of its siblings dp4 and mp4 (4 ranks, the docstring Llama):
+    the fit gives each kind of strategy its own framework time per op, so each, priced with the
+    fitted profile as the search prices it, costs its own measured step; the one time per op
+    fitted on dp2 x mp2 alone (the fit before) priced dp4 and mp4 at dp2 x mp2's."""
     from dataclasses import replace
 
     from autodist.planner.cli.calibrate import _plan_pricers
@@ -481,17 +484,23 @@ def test_the_fit_charges_each_kind_of_strategy_the_time_per_op_its_own_steps_lef
     target = "plans/llama_docstring/model.py"
     base = dict(devices_per_node=4, global_batch_size=8, dtype="fp32", sharding_stage=0, sequence_parallel=False)
     request = SearchRequest(**base, device=PROFILES["cpu"], dp=2, mp=2, pp=1)
-    tensor_parallel = plan_target(target, None, request, {"target": target}).plan
-    dp, mp = sibling_degrees(tensor_parallel.strategy)
-    data_parallel = plan_target(target, None, replace(request, dp=dp, mp=mp), {"target": target}).plan
-    assert (dp, mp) == (4, 1) and data_parallel.strategy.mp == 1
-    plans = [tensor_parallel, data_parallel]
+    hybrid = plan_target(target, None, request, {"target": target}).plan
+    siblings = sibling_degrees(hybrid.strategy)
+    assert siblings == [(4, 1), (1, 4)]
+    plans = [hybrid, *(plan_target(target, None, replace(request, dp=dp, mp=mp), {}).plan for dp, mp in siblings)]
     pricers = _plan_pricers(target, plans, PROFILES["cpu"])
     # recorded steps: dp2 x mp2 left 2.5x the time per op dp4 did (docs/benchmarks.md, the mixed shape)
     ops = [(pricer(1e-3) - pricer(0.0)) / 1e-3 for pricer in pricers]  # priced ops per step
-    measured = [pricers[0](0.0) + ops[0] * 500e-6, pricers[1](0.0) + ops[1] * 200e-6]
-    fitted = fit_dispatches([(p.strategy.mp, s, f) for p, s, f in zip(plans, measured, pricers)])
-    assert fitted == pytest.approx({"dispatch_overhead_s": 500e-6, "data_parallel_dispatch_overhead_s": 200e-6})
+    measured = [pricer(0.0) + n * td for pricer, n, td in zip(pricers, ops, (500e-6, 200e-6, 350e-6))]
+    fitted = fit_dispatches([(p.strategy.dp, p.strategy.mp, s, f) for p, s, f in zip(plans, measured, pricers)])
+    assert fitted == pytest.approx(
+        {
+            "hybrid_dispatch_overhead_s": 500e-6,
+            "data_parallel_dispatch_overhead_s": 200e-6,
+            "tensor_parallel_dispatch_overhead_s": 350e-6,
+            "dispatch_overhead_s": 500e-6,  # the plan's: for a kind not timed
+        }
+    )
     device = fitted_device(Measurements(), PROFILES["cpu"], "fp32", "lab", comm_overlap=False, dispatch=fitted)
     profile = device_profile({"device": device}, "cluster.toml")
     for plan, step in zip(plans, measured):
@@ -500,8 +509,8 @@ def test_the_fit_charges_each_kind_of_strategy_the_time_per_op_its_own_steps_lef
         )
         assert again.plan.estimate.step_time_s == pytest.approx(step, rel=1e-6), plan.strategy
     # The fit before: one time per op, dp2 x mp2's, for every strategy: dp4 priced 300 us too much an op.
-    one = fit_dispatches([(2, measured[0], pricers[0])])
-    assert one == pytest.approx({"dispatch_overhead_s": 500e-6})
+    one = fit_dispatches([(2, 2, measured[0], pricers[0])])
+    assert one == pytest.approx({"dispatch_overhead_s": 500e-6, "hybrid_dispatch_overhead_s": 500e-6})
     assert pricers[1](one["dispatch_overhead_s"]) - measured[1] == pytest.approx(ops[1] * 300e-6)
 
 

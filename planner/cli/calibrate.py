@@ -144,8 +144,8 @@ def _measure_overlap(plan, shapes, dtype: str, on_gpu: bool, groups: dict, rank:
 
 
 def _measure_steps(model_target: str, plan, world: int, measured) -> list:
-    """A few real training steps of the plan under its own schedule, then of its sibling of the
-    other kind (:func:`autodist.planner.cost.calibrate.sibling_degrees`, planned here on every
+    """A few real training steps of the plan under its own schedule, then of its siblings of the
+    other kinds (:func:`autodist.planner.cost.calibrate.sibling_degrees`, planned here on every
     rank alike), each on a model built afresh; the plans timed, the plan's first. What cannot be
     timed (what this backend lacks, a sibling the planner refuses) is said once, in the file and
     on stderr, and the rest is fitted all the same."""
@@ -155,14 +155,16 @@ def _measure_steps(model_target: str, plan, world: int, measured) -> list:
     if cannot:
         measured.missing.append(cannot)
         return []
-    sibling = _sibling_plan(model_target, plan)
-    if isinstance(sibling, str):
-        measured.missing.append(sibling)
-    timed = [plan] if isinstance(sibling, str) else [plan, sibling]
+    timed = [plan]
+    for dp, mp in cal.sibling_degrees(plan.strategy):
+        sibling = _sibling_plan(model_target, plan, dp, mp)
+        if isinstance(sibling, str):
+            measured.missing.append(sibling)
+        else:
+            timed.append(sibling)
     seconds = [_timed_steps(model_target, each, world) for each in timed]
     measured.training_step = seconds[0]
-    if len(timed) > 1:
-        measured.sibling = cal.SiblingStep(strategy_text(sibling.strategy, "short"), sibling.strategy.mp, seconds[1])
+    measured.siblings = [cal.SiblingStep(strategy_text(p.strategy, "short"), s) for p, s in zip(timed[1:], seconds[1:])]
     return timed
 
 
@@ -179,30 +181,28 @@ def _timed_steps(model_target: str, plan, world: int) -> float:
     return _timed_by_the_model(model_target, lambda: cal.measure_training_step(loaded.model, plan, loaded.input_specs))
 
 
-def _sibling_plan(model_target: str, plan):
-    """The plan's sibling of the other kind, planned for the same ranks, stages and training
-    (without sequence parallelism, which needs tensor parallelism), or why there is none."""
-    from autodist.planner.cost import calibrate as cal
+def _sibling_plan(model_target: str, plan, dp: int, mp: int):
+    """The plan's sibling of degrees ``dp`` and ``mp``, planned for the same ranks, stages and
+    training (without sequence parallelism where mp is 1), or why there is none."""
     from autodist.planner.driver import plan_target
 
-    degrees = cal.sibling_degrees(plan.strategy)
-    if degrees is None:
-        return f"the plan's sibling: dp {plan.strategy.dp} is odd, no pair of ranks to run mp 2 (one kind of strategy timed)"
-    dp, mp = degrees
-    request = _plan_request(plan, plan.cluster.device, dp=dp, mp=mp, sequence_parallel=False)
+    parallel = plan.strategy.sequence_parallel and mp > 1
+    request = _plan_request(plan, plan.cluster.device, dp=dp, mp=mp, sequence_parallel=parallel)
     try:
         sibling = plan_target(model_target, _plan_input_specs(plan), request, dict(plan.provenance.arguments)).plan
     except PlannerError as err:
-        return f"the plan's sibling dp{dp} x mp{mp}: {' '.join(str(err).split())[:300]} (one kind of strategy timed)"
+        return (
+            f"the plan's sibling dp{dp} x mp{mp}: {' '.join(str(err).split())[:300]} (its kind priced with the plan's)"
+        )
     cannot = untimeable(sibling, _running_backend())
-    return f"the plan's sibling {cannot}" if cannot else sibling
+    return f"the plan's sibling dp{dp} x mp{mp}: {cannot}" if cannot else sibling
 
 
 def _write_fitted(
     output: str, measured, notes: list[str], profile, dtype: str, name: str | None, on_gpu: bool, model_target, timed
 ) -> None:
     """Fit the device to what was measured and write it (rank 0): with ``timed`` plans (the
-    plan and its sibling, :func:`_measure_steps`), each priced on the fitted device first, then
+    plan and its siblings, :func:`_measure_steps`), each priced on the fitted device first, then
     the time per op of each one's kind fitted to its measured step."""
     from autodist.planner.cost import calibrate as cal
     from autodist.planner.cost.hardware import device_profile
@@ -215,11 +215,10 @@ def _write_fitted(
         tables = parse_toml(text.encode(), output, what="cluster file")
         pricers = _plan_pricers(model_target, timed, device_profile(tables, output))
         measured.priced_step = pricers[0](0.0)
-        steps = [measured.training_step]
-        if measured.sibling is not None:
-            measured.sibling.priced_step = pricers[1](0.0)
-            steps.append(measured.sibling.training_step)
-        dispatch = cal.fit_dispatches([(p.strategy.mp, s, f) for p, s, f in zip(timed, steps, pricers)])
+        for sibling, pricer in zip(measured.siblings, pricers[1:]):
+            sibling.priced_step = pricer(0.0)
+        steps = [measured.training_step, *(s.training_step for s in measured.siblings)]
+        dispatch = cal.fit_dispatches([(p.strategy.dp, p.strategy.mp, s, f) for p, s, f in zip(timed, steps, pricers)])
         device = cal.fitted_device(measured, profile, dtype, name, comm_overlap=on_gpu, dispatch=dispatch)
         notes += [
             f"a training step of {model_target} under {strategy_text(p.strategy, 'short')} took {s * 1e3:.1f} ms, "
@@ -382,12 +381,12 @@ def _plan_request(plan, device, **changes):
 def _plan_pricers(model_target: str, plans: list, device) -> list[Callable[[float], float]]:
     """For each of ``plans`` (of one model), ``td -> seconds``: its own strategy priced on
     ``device`` with ``td`` seconds of framework time per op for its kind of strategy
-    (:func:`autodist.planner.cost.compute.dispatch_field`), from one fresh trace of the model
+    (:func:`autodist.planner.cost.compute.dispatch_kind`), from one fresh trace of the model
     (traced and priced once)."""
     from msgspec.structs import replace
 
     from autodist.planner import driver
-    from autodist.planner.cost.compute import dispatch_field
+    from autodist.planner.cost.compute import DISPATCH_KINDS, dispatch_kind
     from autodist.planner.cost.search import kernels_for, price, search
 
     loaded = driver.load(model_target, _plan_input_specs(plans[0]))
@@ -398,7 +397,7 @@ def _plan_pricers(model_target: str, plans: list, device) -> list[Callable[[floa
 
     def pricer(request) -> Callable[[float], float]:
         def priced_step(dispatch_s: float) -> float:
-            device_td = replace(device, **{dispatch_field(request.mp): dispatch_s})
+            device_td = replace(device, **{DISPATCH_KINDS[dispatch_kind(request.dp, request.mp)]: dispatch_s})
             return search(priced, dataclasses.replace(request, device=device_td)).best.estimate.step_time_s
 
         return priced_step

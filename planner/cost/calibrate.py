@@ -34,11 +34,11 @@
   timed on every rank at once as training runs them; the framework's time per op that the
   pieces above do not explain is fitted (:func:`fit_dispatch`; its meaning in
   :mod:`autodist.planner.cost.compute`), so that the plan's priced step equals the measured one.
-  That time depends on the kind of strategy (with a tensor-parallel axis or without), so the
-  plan's sibling of the other kind on the same ranks (:func:`sibling_degrees`: dp2 x mp2's is
-  dp4) is planned and timed too, and each kind gets the time its own steps left
-  (:func:`fit_dispatches`: ``dispatch_overhead_us`` and ``data_parallel_dispatch_overhead_us``);
-  every other strategy is priced with its kind's.
+  That time depends on the kind of strategy (data, tensor or hybrid parallel:
+  :data:`autodist.planner.cost.compute.DISPATCH_KINDS`), so the plan's siblings of the other
+  kinds on the same ranks (:func:`sibling_degrees`: dp2 x mp2's are dp4 and mp4) are planned and
+  timed too, and each kind gets the time its own steps left (:func:`fit_dispatches`); every
+  other strategy is priced with its kind's, a kind not timed with the plan's.
 
 Rank 0 writes ``cluster.toml``: the ``[device]`` table ``--cluster`` reads (fitted figures; the
 ones not measurable here, such as memory size or, on one node, the inter-node link, come from
@@ -86,11 +86,10 @@ MAX_OVERLAP_LOSS = 0.99
 
 @dataclass
 class SiblingStep:
-    """A training step of the plan's sibling (:func:`sibling_degrees`): its strategy in words and
-    its tensor-parallel degree, the median step measured and the step priced with no time per op."""
+    """A training step of one of the plan's siblings (:func:`sibling_degrees`): its strategy in
+    words, the median step measured and the step priced with no framework time per op."""
 
     strategy: str
-    mp: int
     training_step: float
     priced_step: float | None = None
 
@@ -106,8 +105,8 @@ class Measurements:
     missing: list[str] = field(default_factory=list)
     training_step: float | None = None  # seconds, the median real step with --model
     priced_step: float | None = None  # seconds, the plan priced with the fitted figures, td = 0
-    #: The same for the plan's sibling of the other kind (:func:`sibling_degrees`); None: not timed.
-    sibling: SiblingStep | None = None
+    #: The same for the plan's siblings of the other kinds timed (:func:`sibling_degrees`).
+    siblings: list[SiblingStep] = field(default_factory=list)
     #: (m, n, k, collective bytes, s alone, s beside): :data:`OVERLAP_MATMULS` matmuls of one
     #: shape alone and beside all-reduces of that size (:func:`measure_overlap`); None: not measured.
     overlap: tuple[int, int, int, int, float, float] | None = None
@@ -419,41 +418,41 @@ def fit_dispatch(measured_s: float, priced: Callable[[float], float], most_s: fl
     return (low + high) / 2
 
 
-def sibling_degrees(strategy) -> tuple[int, int] | None:
-    """``(dp, mp)`` of the plan's sibling: the strategy of the other kind on the same ranks and
-    stages (:func:`autodist.planner.cost.compute.dispatch_field`), whose training steps give that
-    kind's time per op. With tensor parallelism, its mp ranks turned to data parallelism; without,
-    pairs of dp ranks turned to mp 2; None where dp is odd (no pair to turn).
+def sibling_degrees(strategy) -> list[tuple[int, int]]:
+    """``(dp, mp)`` of the plan's siblings: on the same ranks and stages, one strategy of each
+    other kind (:func:`autodist.planner.cost.compute.dispatch_kind`), whose training steps give
+    that kind's framework time per op: all dp, all mp, and dp pairs turned to mp 2 (hybrid; none
+    where the ranks of a stage are odd or fewer than 4).
 
     >>> from autodist.schemas.plan import Strategy
-    >>> sibling_degrees(Strategy(dp=2, mp=2)), sibling_degrees(Strategy(dp=4)), sibling_degrees(Strategy(dp=3))
-    ((4, 1), (2, 2), None)
+    >>> sibling_degrees(Strategy(dp=2, mp=2)), sibling_degrees(Strategy(dp=4)), sibling_degrees(Strategy(dp=2))
+    ([(4, 1), (1, 4)], [(2, 2), (1, 4)], [(1, 2)])
     """
-    if strategy.mp > 1:
-        return strategy.dp * strategy.mp, 1
-    return (strategy.dp // 2, 2) if strategy.dp % 2 == 0 else None
+    from autodist.planner.cost.compute import dispatch_kind
+
+    ranks = strategy.dp * strategy.mp
+    kinds = {(ranks, 1), (1, ranks)} | ({(ranks // 2, 2)} if ranks % 2 == 0 and ranks >= 4 else set())
+    own = dispatch_kind(strategy.dp, strategy.mp)
+    return sorted((k for k in kinds if dispatch_kind(*k) != own), key=lambda k: -k[0])
 
 
-def fit_dispatches(timed: list[tuple[int, float, Callable[[float], float]]]) -> dict[str, float]:
+def fit_dispatches(timed: list[tuple[int, int, float, Callable[[float], float]]]) -> dict[str, float]:
     """The framework's time per op of each kind of strategy timed, as profile fields
-    (:func:`autodist.planner.cost.compute.dispatch_field`): ``timed`` is ``(mp, measured step,
-    priced(td))`` of each strategy, each kind fitted on its own steps (:func:`fit_dispatch`).
-    Where only a strategy without tensor parallelism was timed its figure stands for both kinds
-    (``dispatch_overhead_s``), as one fitted on a tensor-parallel one does (the profile's
-    ``data_parallel_dispatch_overhead_s`` left None).
+    (:data:`autodist.planner.cost.compute.DISPATCH_KINDS`): ``timed`` is ``(dp, mp, measured
+    step, priced(td))`` of each strategy, the plan's first, each kind fitted on its own steps
+    (:func:`fit_dispatch`); ``dispatch_overhead_s``, for the kinds not timed, is the plan's.
 
-    >>> tp = (2, 0.5, lambda td: 0.1 + 400 * td)   # dp2 x mp2: 1 ms an op
-    >>> dp = (1, 0.3, lambda td: 0.1 + 400 * td)   # dp4: 0.5 ms an op
-    >>> {k: round(v * 1e6, 3) for k, v in fit_dispatches([tp, dp]).items()}
-    {'dispatch_overhead_s': 1000.0, 'data_parallel_dispatch_overhead_s': 500.0}
-    >>> {k: round(v * 1e6, 3) for k, v in fit_dispatches([dp]).items()}
-    {'dispatch_overhead_s': 500.0}
+    >>> hybrid = (2, 2, 0.5, lambda td: 0.1 + 400 * td)   # dp2 x mp2: 1 ms an op
+    >>> dp = (4, 1, 0.3, lambda td: 0.1 + 400 * td)       # dp4: 0.5 ms an op
+    >>> {k: round(v * 1e6, 3) for k, v in fit_dispatches([hybrid, dp]).items()}
+    {'hybrid_dispatch_overhead_s': 1000.0, 'data_parallel_dispatch_overhead_s': 500.0, 'dispatch_overhead_s': 1000.0}
     """
-    from autodist.planner.cost.compute import dispatch_field
+    from autodist.planner.cost.compute import DISPATCH_KINDS, dispatch_kind
 
-    fitted = {dispatch_field(mp): fit_dispatch(measured, priced) for mp, measured, priced in timed}
-    if "dispatch_overhead_s" not in fitted and fitted:
-        fitted["dispatch_overhead_s"] = fitted.pop("data_parallel_dispatch_overhead_s")
+    fitted = {DISPATCH_KINDS[dispatch_kind(dp, mp)]: fit_dispatch(s, priced) for dp, mp, s, priced in timed}
+    if timed:
+        dp, mp = timed[0][:2]
+        fitted["dispatch_overhead_s"] = fitted[DISPATCH_KINDS[dispatch_kind(dp, mp)]]
     return fitted
 
 
@@ -676,15 +675,16 @@ def cluster_toml(device: dict, measured: Measurements, notes: list[str]) -> str:
         ]
         if measured.priced_step is not None:
             lines.append(f"priced_step_s = {measured.priced_step:.6g}")
-    if measured.sibling is not None:
-        sibling = measured.sibling
+    if measured.siblings:
+        rows = ", ".join(
+            f"[{_toml(s.strategy)}, {s.training_step:.6g}"
+            + (f", {s.priced_step:.6g}]" if s.priced_step is not None else "]")
+            for s in measured.siblings
+        )
         lines += [
-            "# the same for the plan's sibling of the other kind (with or without tensor parallelism)",
-            f"sibling_strategy = {_toml(sibling.strategy)}",
-            f"sibling_training_step_s = {sibling.training_step:.6g}",
+            "# the same for the plan's siblings of the other kinds: [strategy, training step s, priced step s]",
+            f"siblings = [{rows}]",
         ]
-        if sibling.priced_step is not None:
-            lines.append(f"sibling_priced_step_s = {sibling.priced_step:.6g}")
     if measured.overlap is not None:
         m, n, k, nbytes, alone, beside = measured.overlap
         lines += [

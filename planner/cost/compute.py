@@ -24,14 +24,16 @@ A matmul of per-rank shape (m x k) @ (k x n), ``batch`` times over, with ``w``-b
   (:func:`autodist.planner.cost.calibrate.fit_dispatch`). The named GPU profiles have 0: there
   the host dispatches ahead of the kernels, asynchronously, so it hides behind them.
 
-  ``td`` is not one figure for every strategy: a step of dp2 x mp2 on 4 gloo ranks sharing 2
-  cores left 2.2-2.6x the time per op that dp4's did (docs/benchmarks.md, "Search quality"),
-  its ranks meeting at every tensor-parallel collective, each waiting for a peer that lost its
-  core, where dp4's meet only at the gradient sums. So a profile holds one figure per kind of
-  strategy, each fitted on a strategy of that kind (calibrate times the plan and its sibling of
-  the other kind, :func:`autodist.planner.cost.calibrate.sibling_degrees`): with a
-  tensor-parallel axis (``dispatch_overhead_s``) and without one
-  (``data_parallel_dispatch_overhead_s``); a strategy's ops pay its kind's (:func:`as_run`).
+  ``td`` is not one figure for every strategy: on 4 gloo ranks sharing 2 cores a step of
+  dp2 x mp2 left 2.2-2.6x the time per op that dp4's did and 1.4-3.6x mp4's
+  (docs/benchmarks.md, "Search quality"): what each rank waits for differs with which mesh axes
+  split the work (dp4's ranks meet only at the gradient sums, mp4's all four at every
+  tensor-parallel collective, dp2 x mp2's in two pairs that share the cores with each other).
+  So a profile holds a figure per kind of strategy (:data:`DISPATCH_KINDS`: data parallel, mp 1;
+  tensor parallel, dp 1 and mp > 1; hybrid, both above 1), each fitted on a strategy of that
+  kind (calibrate times the plan and its siblings of the other kinds on the same ranks,
+  :func:`autodist.planner.cost.calibrate.sibling_degrees`), and ``dispatch_overhead_s`` for a
+  kind without one; a strategy's ops pay its kind's (:func:`as_run`).
 
 Every op pays ``t0 + td`` once (:func:`fixed_op_time`): matmuls on top of their roofline, and
 an op that is not a matmul (norms, elementwise, softmax, rotary, cross-entropy), which is
@@ -82,33 +84,43 @@ def fixed_op_time(device: DeviceProfile) -> float:
     return device.op_overhead_s + device.dispatch_overhead_s
 
 
-def dispatch_field(mp: int) -> str:
-    """The profile's field holding the framework time per op of a strategy of tensor-parallel
-    degree ``mp`` (see the module docstring): the one owner of which kind a strategy is.
+#: The kinds of strategy whose framework time per op is fitted apart (see the module docstring)
+#: and the profile field holding each (None there: ``dispatch_overhead_s``).
+DISPATCH_KINDS = {
+    "data_parallel": "data_parallel_dispatch_overhead_s",  # mp = 1
+    "tensor_parallel": "tensor_parallel_dispatch_overhead_s",  # dp = 1, mp > 1
+    "hybrid": "hybrid_dispatch_overhead_s",  # dp > 1 and mp > 1
+}
 
-    >>> dispatch_field(2), dispatch_field(1)
-    ('dispatch_overhead_s', 'data_parallel_dispatch_overhead_s')
+
+def dispatch_kind(dp: int, mp: int) -> str:
+    """The kind of a strategy of degrees ``dp`` and ``mp`` (:data:`DISPATCH_KINDS`): the one
+    owner of which kind a strategy is.
+
+    >>> dispatch_kind(4, 1), dispatch_kind(1, 4), dispatch_kind(2, 2), dispatch_kind(1, 1)
+    ('data_parallel', 'tensor_parallel', 'hybrid', 'data_parallel')
     """
-    return "dispatch_overhead_s" if mp > 1 else "data_parallel_dispatch_overhead_s"
+    if mp == 1:
+        return "data_parallel"
+    return "tensor_parallel" if dp == 1 else "hybrid"
 
 
-def as_run(device: DeviceProfile, mp: int) -> DeviceProfile:
-    """``device`` as a strategy of tensor-parallel degree ``mp`` runs on it: its
-    ``dispatch_overhead_s`` the framework time per op of that kind of strategy (a profile
-    without a figure for strategies without tensor parallelism gives them the other's), the
-    only figure left, so that :func:`fixed_op_time` charges it.
+def as_run(device: DeviceProfile, dp: int, mp: int) -> DeviceProfile:
+    """``device`` as a strategy of degrees ``dp`` and ``mp`` runs on it: its
+    ``dispatch_overhead_s`` the framework time per op of that kind of strategy (of every kind
+    the profile has no figure for), the only figure left, so that :func:`fixed_op_time` charges it.
 
     >>> from autodist.planner.cost.hardware import PROFILES
     >>> d = replace(PROFILES["cpu"], dispatch_overhead_s=300e-6, data_parallel_dispatch_overhead_s=120e-6)
-    >>> [round(as_run(d, mp).dispatch_overhead_s * 1e6, 6) for mp in (1, 2)]
-    [120.0, 300.0]
-    >>> round(as_run(replace(d, data_parallel_dispatch_overhead_s=None), 1).dispatch_overhead_s * 1e6, 6)
-    300.0
+    >>> [round(as_run(d, dp, mp).dispatch_overhead_s * 1e6, 6) for dp, mp in ((4, 1), (2, 2), (1, 4))]
+    [120.0, 300.0, 300.0]
     """
-    seconds = getattr(device, dispatch_field(mp))
-    if seconds is None:
-        seconds = device.dispatch_overhead_s
-    return replace(device, dispatch_overhead_s=seconds, data_parallel_dispatch_overhead_s=None)
+    seconds = getattr(device, DISPATCH_KINDS[dispatch_kind(dp, mp)])
+    return replace(
+        device,
+        dispatch_overhead_s=device.dispatch_overhead_s if seconds is None else seconds,
+        **dict.fromkeys(DISPATCH_KINDS.values()),
+    )
 
 
 def overlap_loss(device: DeviceProfile) -> float:

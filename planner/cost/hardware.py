@@ -20,9 +20,9 @@ table 1), h100-sxm's on Megatron-LM's H100 runs (its README's weak-scaling table
 H100's compute, no published runs of its own) takes the H100 fit. The fixed cost, 5 us, is a
 kernel launch's few microseconds, which those runs (all large matmuls) cannot pin down. ``autodist-plan
 calibrate`` measures both on the user's own devices, and with ``--model`` the
-``dispatch_overhead_us`` a real training step shows, and ``data_parallel_dispatch_overhead_us``
-for strategies without tensor parallelism (0 and left out in the named profiles: on a GPU the
-host dispatches ahead of the kernels, so it hides behind them).
+``dispatch_overhead_us`` a real training step shows, per kind of strategy too (data, tensor or
+hybrid parallel: ``data_parallel_dispatch_overhead_us`` ...; 0 and left out in the named
+profiles: on a GPU the host dispatches ahead of the kernels, so it hides behind them).
 
 ``overlap_compute_loss`` is the fraction of compute speed lost while a collective runs beside
 it (``step_time.overlapped``: communication hidden under compute still costs this much of it).
@@ -114,13 +114,12 @@ _CLUSTER_KEYS = {
     "op_overhead_us": (US, "fixed cost of every op (launch, dispatch), microseconds"),
     "dispatch_overhead_us": (
         US,
-        "framework time per op a real training step adds (calibrate --model), with tensor parallelism (mp > 1), "
-        "microseconds",
+        "framework time per op a real training step adds (calibrate --model), for every kind of strategy "
+        "without its own figure, microseconds",
     ),
-    "data_parallel_dispatch_overhead_us": (
-        US,
-        "the same without tensor parallelism (mp = 1), microseconds; left out: dispatch_overhead_us",
-    ),
+    "data_parallel_dispatch_overhead_us": (US, "the same without tensor parallelism (mp = 1), microseconds"),
+    "tensor_parallel_dispatch_overhead_us": (US, "the same with tensor parallelism alone (dp = 1), microseconds"),
+    "hybrid_dispatch_overhead_us": (US, "the same with data and tensor parallelism (dp > 1, mp > 1), microseconds"),
     "overlap_compute_loss": (1.0, "fraction of compute speed lost while a collective runs beside it"),
 }
 #: Keys a file without ``base`` may leave out (the plan format has defaults), and their fields.
@@ -132,6 +131,8 @@ _OPTIONAL_FIELDS = {
     "op_overhead_us": "op_overhead_s",
     "dispatch_overhead_us": "dispatch_overhead_s",
     "data_parallel_dispatch_overhead_us": "data_parallel_dispatch_overhead_s",
+    "tensor_parallel_dispatch_overhead_us": "tensor_parallel_dispatch_overhead_s",
+    "hybrid_dispatch_overhead_us": "hybrid_dispatch_overhead_s",
     "overlap_compute_loss": "overlap_compute_loss",
 }
 #: Keys that may be 0 (no fixed cost is a fixed cost); every other figure must be positive.
@@ -140,6 +141,8 @@ _ZERO_OK = frozenset(
         "op_overhead_us",
         "dispatch_overhead_us",
         "data_parallel_dispatch_overhead_us",
+        "tensor_parallel_dispatch_overhead_us",
+        "hybrid_dispatch_overhead_us",
         "intra_node_latency_per_rank_us",
         "inter_node_latency_per_rank_us",
         "overlap_compute_loss",

@@ -14,8 +14,7 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   (convolutions, hand-written costs) run at the compute roof. Every op also pays the device's
   fixed cost per op, kernel launch (``op_overhead_s``) plus the framework's dispatch that a
   real training step shows (measured by ``autodist-plan calibrate --model`` per kind of
-  strategy, with and without a tensor-parallel axis: ``compute.as_run``; 0 on the named GPU
-  profiles), in the forward and, twice, in the backward;
+  strategy, data, tensor or both: ``compute.as_run``; 0 on the named GPU profiles), in the forward and, twice, in the backward;
 - tensor parallelism: each block's all-reduces (all-gather + reduce-scatter of the same size
   with sequence parallelism, which the ring model prices the same) on the mp group's link,
   exposed: Megatron-LM's and Paddle's tensor-parallel layers call the collective and wait for
@@ -429,7 +428,7 @@ def estimate(
     Example: see ``tests/test_cost_formulas.py`` and :func:`autodist.planner.cost.search.search`.
     """
     local = runs_local_views(strategy) if local_views is None else local_views
-    setup = replace(setup, device=as_run(setup.device, strategy.mp))  # its kind's time per op
+    setup = replace(setup, device=as_run(setup.device, strategy.dp, strategy.mp))  # its kind's time per op
     ctx = _Context(table, strategy, setup, implicit, local)
     pp, m = strategy.pp, strategy.micro_batches
     ranges = stage_ranges(len(table.cost.blocks), pp) if table.cost.blocks else [(0, 0)] * pp
