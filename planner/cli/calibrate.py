@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 from typing import Callable
 
 import click
@@ -144,9 +145,11 @@ def _measure_overlap(plan, shapes, dtype: str, on_gpu: bool, groups: dict, rank:
 
 
 def _measure_steps(model_target: str, plan, world: int, measured) -> list:
-    """A few real training steps of the plan under its own schedule, then of its siblings of the
+    """A few real training steps of the plan under its own schedule and of its siblings of the
     other kinds (:func:`autodist.planner.cost.calibrate.sibling_degrees`, planned here on every
-    rank alike), each on a model built afresh; the plans timed, the plan's first. What cannot be
+    rank alike), each run on a model built afresh, the plans alternating for
+    :data:`~autodist.planner.cost.calibrate.TRAINING_ROUNDS` rounds (each plan's median round
+    kept); the plans timed, the plan's first. What cannot be
     timed (what this backend lacks, a sibling the planner refuses) is said once, in the file and
     on stderr, and the rest is fitted all the same."""
     from autodist.planner.cost import calibrate as cal
@@ -162,7 +165,11 @@ def _measure_steps(model_target: str, plan, world: int, measured) -> list:
             measured.missing.append(sibling)
         else:
             timed.append(sibling)
-    seconds = [_timed_steps(model_target, each, world) for each in timed]
+    rounds: list[list[float]] = [[] for _ in timed]
+    for _ in range(cal.TRAINING_ROUNDS):  # alternating: the machine's drifting load on every plan alike
+        for each, times in zip(timed, rounds):
+            times.append(_timed_steps(model_target, each, world))
+    seconds = [statistics.median(times) for times in rounds]
     measured.training_step = seconds[0]
     measured.siblings = [cal.SiblingStep(strategy_text(p.strategy, "short"), s) for p, s in zip(timed[1:], seconds[1:])]
     return timed

@@ -74,6 +74,10 @@ BACK_TO_BACK = 4
 SQUARE_SIZES = (64, 256, 512, 1024)
 #: Training steps timed by ``--model`` after one warm-up step (which builds Paddle's caches).
 TRAINING_STEPS = 5
+#: Times each plan ``--model`` trains (the plan and its siblings) is timed, the plans alternating
+#: round after round as bench/search_quality.py alternates them, so that a machine whose load
+#: drifts slows every kind of strategy alike; each plan's median round is fitted.
+TRAINING_ROUNDS = 3
 #: Largest matmul step measured (FLOPs, forward and backward): keeps a calibration on a slow
 #: device to seconds; a larger plan shape is measured with fewer tokens (rows).
 MAX_MATMUL_FLOPS = 4e10
