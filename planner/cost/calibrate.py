@@ -272,10 +272,12 @@ def measure_training_step(model, plan, input_specs: list, steps: int = TRAINING_
     that is not None as the loss (what the planner traced and priced, plus a mean), backward and
     an AdamW step. A plan that accumulates runs its micro-batches per step, as training does; a
     1F1B / VPP plan runs its own schedule (``model.step``, forward and backward of every
-    micro-batch), with the same loss computed by the schedule on the last stage."""
+    micro-batch), with the same loss computed by the schedule on the last stage. Then
+    ``close(model)``: several plans timed in one process (the plan and its siblings) each start
+    from the process as apply_plan found it (its loss reading set up afresh, as that plan needs it)."""
     import paddle
 
-    from autodist.applier import apply_plan
+    from autodist.applier import apply_plan, close
 
     batch = plan.data.global_batch_size or max(input_specs[0].shape[0], 1)
     seq_len = plan.provenance.arguments.get("seq_len")  # priced at another length than traced
@@ -308,6 +310,7 @@ def measure_training_step(model, plan, input_specs: list, steps: int = TRAINING_
         optimizer.clear_grad()
         _sync()
         ends.append(time.perf_counter())
+    close(model)  # what apply_plan set up beyond the model: the next plan timed starts as its own training would
     ends = ends[per_step - 1 :: per_step]  # the end of each optimizer step; the first is warm-up
     return statistics.median(b - a for a, b in zip(ends, ends[1:]))
 
