@@ -157,8 +157,18 @@ class DeviceProfile(Base):
     op_overhead_s: NonNegativeFloat = 0.0
     #: Framework time per op, in seconds, that a real training step shows beyond what the op-level
     #: timings price (eager / auto-parallel dispatch, and waiting for a core when ranks share
-    #: them); fitted by ``autodist-plan calibrate --model``; 0 for the named GPU profiles.
+    #: them); fitted by ``autodist-plan calibrate --model`` on the plan's steps; 0 for the named
+    #: GPU profiles. It prices every kind of strategy without a figure of its own below.
     dispatch_overhead_s: NonNegativeFloat = 0.0
+    #: The same per kind of strategy, each fitted on a strategy of that kind (calibrate times
+    #: the plan's siblings too: on gloo sharing 2 cores dp2 x mp2 left 2-3x the time per op of
+    #: dp4 and of mp4); None: ``dispatch_overhead_s`` (the cost model's ``compute.as_run``).
+    #: Without tensor parallelism (mp = 1: data, pipeline, expert parallelism):
+    data_parallel_dispatch_overhead_s: NonNegativeFloat | None = None
+    #: With tensor parallelism alone (dp = 1, mp > 1):
+    tensor_parallel_dispatch_overhead_s: NonNegativeFloat | None = None
+    #: With both (dp > 1, mp > 1):
+    hybrid_dispatch_overhead_s: NonNegativeFloat | None = None
     #: Whether collectives run beside compute (NCCL on its own stream); gloo on CPU blocks the
     #: thread that computes, so nothing overlaps.
     comm_overlap: bool = True

@@ -204,16 +204,22 @@ def test_dispatch_fit_solves_priced_equals_measured():
 
 def test_dispatch_overhead_round_trips_and_named_profiles_have_none(tmp_path):
     measured = Measurements(matmuls=[(64, 64, 64, 2e-5), (512, 512, 512, 1e-2)], training_step=0.1, priced_step=0.04)
-    device = fitted_device(measured, PROFILES["cpu"], "fp32", "lab", comm_overlap=False, dispatch_s=150e-6)
+    dispatch = {"dispatch_overhead_s": 150e-6}
+    device = fitted_device(measured, PROFILES["cpu"], "fp32", "lab", comm_overlap=False, dispatch=dispatch)
     path = tmp_path / "cluster.toml"
     path.write_text(cluster_toml(device, measured, []))
     assert load_cluster_file(str(path)).dispatch_overhead_s == pytest.approx(150e-6)
+    # one kind timed: the other kinds' figures are left out, so they are priced with this one
+    assert "data_parallel_dispatch_overhead_us" not in device
+    assert load_cluster_file(str(path)).data_parallel_dispatch_overhead_s is None
     assert "training_step_s = 0.1" in path.read_text() and "priced_step_s = 0.04" in path.read_text()
     # Not measured: not written, so the base's (0) holds and the profile prices as before.
     device = fitted_device(measured, PROFILES["cpu"], "fp32", "lab", comm_overlap=False)
     path.write_text(cluster_toml(device, measured, []))
     assert "dispatch_overhead_us" not in device and load_cluster_file(str(path)).dispatch_overhead_s == 0.0
     assert all(profile.dispatch_overhead_s == 0.0 for profile in PROFILES.values())
+    kinds = ("data_parallel_dispatch_overhead_s", "tensor_parallel_dispatch_overhead_s", "hybrid_dispatch_overhead_s")
+    assert all(getattr(profile, kind) is None for profile in PROFILES.values() for kind in kinds)
 
 
 def test_the_overlap_loss_is_measured_where_collectives_run_beside_compute_and_said_where_not(tmp_path):
@@ -275,8 +281,6 @@ def test_calibrate_with_the_model_fits_dispatch_to_a_real_training_step(tmp_path
         model,
         "--devices",
         "2",
-        "--dp",
-        "2",
         "--dtype",
         "fp32",
         "--sharding-stage",
@@ -284,7 +288,7 @@ def test_calibrate_with_the_model_fits_dispatch_to_a_real_training_step(tmp_path
         "--no-sequence-parallel",
     ]
     subprocess.run(
-        [*plan_args, "--device", "cpu", "-o", str(tmp_path / "plan.json")],
+        [*plan_args, "--dp", "2", "--device", "cpu", "-o", str(tmp_path / "plan.json")],
         env=env,
         check=True,
         capture_output=True,
@@ -294,18 +298,29 @@ def test_calibrate_with_the_model_fits_dispatch_to_a_real_training_step(tmp_path
     measured = tomllib.loads(out.read_text())["measured"]
     assert measured["training_step_s"] > 0 and measured["priced_step_s"] > 0
     profile = load_cluster_file(str(out))
-    # Time per op that the op-level timings do not explain, or none when they price the step longer.
-    assert (profile.dispatch_overhead_s > 0) == (measured["training_step_s"] > measured["priced_step_s"])
-    # The same plan priced with the file: its estimate is the measured step (the fit's definition).
-    subprocess.run(
-        [*plan_args, "--cluster", str(out), "-o", str(tmp_path / "again.json")],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    estimate = load_plan(tmp_path / "again.json").estimate.step_time_s
-    assert estimate == pytest.approx(max(measured["training_step_s"], measured["priced_step_s"]), rel=1e-3)
+    # Time per op that the op-level timings do not explain, or none when they price the step longer:
+    # the dp2 plan's for strategies without tensor parallelism, its sibling dp1 x mp2's for those with.
+    [[sibling, sibling_step, sibling_priced]] = measured["siblings"]
+    assert sibling.startswith("dp1 mp2 ") and sibling_step > 0
+    dp_only, mp_only = profile.data_parallel_dispatch_overhead_s, profile.tensor_parallel_dispatch_overhead_s
+    assert dp_only is not None and (dp_only > 0) == (measured["training_step_s"] > measured["priced_step_s"])
+    assert mp_only is not None and (mp_only > 0) == (sibling_step > sibling_priced)
+    assert profile.dispatch_overhead_s == dp_only and profile.hybrid_dispatch_overhead_s is None  # the plan's
+    measured["sibling_step"], measured["sibling_priced"] = sibling_step, sibling_priced
+    # Each strategy priced with the file: its estimate is its own measured step (the fit's definition).
+    for degrees, step, priced in (
+        (["--dp", "2"], "training_step_s", "priced_step_s"),
+        (["--dp", "1", "--mp", "2"], "sibling_step", "sibling_priced"),
+    ):
+        subprocess.run(
+            [*plan_args, *degrees, "--cluster", str(out), "-o", str(tmp_path / "again.json")],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        estimate = load_plan(tmp_path / "again.json").estimate.step_time_s
+        assert estimate == pytest.approx(max(measured[step], measured[priced]), rel=1e-3), degrees
 
 
 def test_calibrate_model_without_a_plan_is_one_error(tmp_path):
@@ -440,7 +455,7 @@ def test_the_pricer_calibrate_fits_with_prices_the_plans_own_strategy(ep):
     """calibrate fits ``dispatch_overhead_us`` to the plan's step as the planner prices it: an
     expert-parallel plan must be priced with its ep (priced as ep 1, the fit would be to another
     strategy's step; seen in bench/experts.py)."""
-    from autodist.planner.cli.calibrate import _plan_pricer
+    from autodist.planner.cli.calibrate import _plan_pricers
     from autodist.planner.cost.search import SearchRequest
     from autodist.planner.driver import plan_target
 
@@ -448,7 +463,55 @@ def test_the_pricer_calibrate_fits_with_prices_the_plans_own_strategy(ep):
     request = SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1, ep=ep, global_batch_size=4, device=PROFILES["cpu"])
     plan = plan_target(target, None, request, {"target": target}).plan
     assert plan.strategy.ep == ep
-    assert _plan_pricer(target, plan, PROFILES["cpu"])(0.0) == pytest.approx(plan.estimate.step_time_s, rel=1e-9)
+    assert _plan_pricers(target, [plan], PROFILES["cpu"])[0](0.0) == pytest.approx(plan.estimate.step_time_s, rel=1e-9)
+
+
+def test_the_fit_charges_each_kind_of_strategy_the_time_per_op_its_own_steps_left(monkeypatch):
+    """Recorded steps of dp2 x mp2 and of its siblings dp4 and mp4 (4 ranks, the docstring Llama):
+    the fit gives each kind of strategy its own framework time per op, so each, priced with the
+    fitted profile as the search prices it, costs its own measured step; the one time per op
+    fitted on dp2 x mp2 alone (the fit before) priced dp4 and mp4 at dp2 x mp2's."""
+    from dataclasses import replace
+
+    from autodist.planner.cli.calibrate import _plan_pricers
+    from autodist.planner.cost.calibrate import fit_dispatches, sibling_degrees
+    from autodist.planner.cost.hardware import device_profile
+    from autodist.planner.cost.search import SearchRequest
+    from autodist.planner.driver import plan_target
+
+    for key, value in {**TINY_LLAMA, "LLAMA_DOCSTRING_HIDDEN_SIZE": "64", "LLAMA_DOCSTRING_SEQ_LENGTH": "32"}.items():
+        monkeypatch.setenv(key, value)
+    target = "plans/llama_docstring/model.py"
+    base = dict(devices_per_node=4, global_batch_size=8, dtype="fp32", sharding_stage=0, sequence_parallel=False)
+    request = SearchRequest(**base, device=PROFILES["cpu"], dp=2, mp=2, pp=1)
+    hybrid = plan_target(target, None, request, {"target": target}).plan
+    siblings = sibling_degrees(hybrid.strategy)
+    assert siblings == [(4, 1), (1, 4)]
+    plans = [hybrid, *(plan_target(target, None, replace(request, dp=dp, mp=mp), {}).plan for dp, mp in siblings)]
+    pricers = _plan_pricers(target, plans, PROFILES["cpu"])
+    # recorded steps: dp2 x mp2 left 2.5x the time per op dp4 did (docs/benchmarks.md, the mixed shape)
+    ops = [(pricer(1e-3) - pricer(0.0)) / 1e-3 for pricer in pricers]  # priced ops per step
+    measured = [pricer(0.0) + n * td for pricer, n, td in zip(pricers, ops, (500e-6, 200e-6, 350e-6))]
+    fitted = fit_dispatches([(p.strategy.dp, p.strategy.mp, s, f) for p, s, f in zip(plans, measured, pricers)])
+    assert fitted == pytest.approx(
+        {
+            "hybrid_dispatch_overhead_s": 500e-6,
+            "data_parallel_dispatch_overhead_s": 200e-6,
+            "tensor_parallel_dispatch_overhead_s": 350e-6,
+            "dispatch_overhead_s": 500e-6,  # the plan's: for a kind not timed
+        }
+    )
+    device = fitted_device(Measurements(), PROFILES["cpu"], "fp32", "lab", comm_overlap=False, dispatch=fitted)
+    profile = device_profile({"device": device}, "cluster.toml")
+    for plan, step in zip(plans, measured):
+        again = plan_target(
+            target, None, replace(request, device=profile, dp=plan.strategy.dp, mp=plan.strategy.mp), {}
+        )
+        assert again.plan.estimate.step_time_s == pytest.approx(step, rel=1e-6), plan.strategy
+    # The fit before: one time per op, dp2 x mp2's, for every strategy: dp4 priced 300 us too much an op.
+    one = fit_dispatches([(2, 2, measured[0], pricers[0])])
+    assert one == pytest.approx({"dispatch_overhead_s": 500e-6, "hybrid_dispatch_overhead_s": 500e-6})
+    assert pricers[1](one["dispatch_overhead_s"]) - measured[1] == pytest.approx(ops[1] * 300e-6)
 
 
 @pytest.mark.multiprocess

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 from typing import Callable
 
 import click
 
+from autodist.schemas.describe import strategy_text
 from autodist.schemas.inputs import parse_toml
 from autodist.schemas.io import write_atomically
 
@@ -91,10 +93,9 @@ def calibrate(
     if len(nodes) < 2:
         notes.append("one node: the inter-node link is not measured (the base profile's figures are kept)")
     _measure_overlap(plan, shapes, dtype, on_gpu, groups, rank, world, local, measured)
-    if model_target:
-        _measure_step(model_target, plan, world, measured)
+    timed = _measure_steps(model_target, plan, world, measured) if model_target else []
     if rank == 0:
-        _write_fitted(output, measured, notes, profile, dtype, name, on_gpu, model_target, plan)
+        _write_fitted(output, measured, notes, profile, dtype, name, on_gpu, model_target, timed)
 
 
 def _measure_collectives(plan, groups: dict, rank: int, local: int, measured) -> list[str]:
@@ -143,48 +144,94 @@ def _measure_overlap(plan, shapes, dtype: str, on_gpu: bool, groups: dict, rank:
     measured.overlap = (*shape, nbytes, *cal.measure_overlap(shape, dtype, nbytes, group))
 
 
-def _measure_step(model_target: str, plan, world: int, measured) -> None:
-    """A few real training steps of the plan under its own schedule, unless this backend cannot
-    time them (said once, in the file and on stderr; the rest is fitted all the same)."""
+def _measure_steps(model_target: str, plan, world: int, measured) -> list:
+    """A few real training steps of the plan under its own schedule and of its siblings of the
+    other kinds (:func:`autodist.planner.cost.calibrate.sibling_degrees`, planned here on every
+    rank alike), each run on a model built afresh, the plans alternating for
+    :data:`~autodist.planner.cost.calibrate.TRAINING_ROUNDS` rounds (each plan's median round
+    kept); the plans timed, the plan's first. What cannot be
+    timed (what this backend lacks, a sibling the planner refuses) is said once, in the file and
+    on stderr, and the rest is fitted all the same."""
+    from autodist.planner.cost import calibrate as cal
+
+    cannot = untimeable(plan, _running_backend())
+    if cannot:
+        measured.missing.append(cannot)
+        return []
+    timed = [plan]
+    for dp, mp in cal.sibling_degrees(plan.strategy):
+        sibling = _sibling_plan(model_target, plan, dp, mp)
+        if isinstance(sibling, str):
+            measured.missing.append(sibling)
+        else:
+            timed.append(sibling)
+    rounds: list[list[float]] = [[] for _ in timed]
+    for _ in range(cal.TRAINING_ROUNDS):  # alternating: the machine's drifting load on every plan alike
+        for each, times in zip(timed, rounds):
+            times.append(_timed_steps(model_target, each, world))
+    seconds = [statistics.median(times) for times in rounds]
+    measured.training_step = seconds[0]
+    measured.siblings = [cal.SiblingStep(strategy_text(p.strategy, "short"), s) for p, s in zip(timed[1:], seconds[1:])]
+    return timed
+
+
+def _timed_steps(model_target: str, plan, world: int) -> float:
+    """The median training step of ``plan`` on a model built afresh (apply_plan shards the model it gets)."""
     import paddle.distributed as dist
 
     from autodist.planner.cost import calibrate as cal
     from autodist.planner.driver import load
 
-    cannot = untimeable(plan, _running_backend())
-    if cannot:
-        measured.missing.append(cannot)
-        return
     loaded = load(model_target, _plan_input_specs(plan))
     if world > 1:
         dist.barrier()
-    measured.training_step = _timed_by_the_model(
-        model_target, lambda: cal.measure_training_step(loaded.model, plan, loaded.input_specs)
-    )
+    return _timed_by_the_model(model_target, lambda: cal.measure_training_step(loaded.model, plan, loaded.input_specs))
+
+
+def _sibling_plan(model_target: str, plan, dp: int, mp: int):
+    """The plan's sibling of degrees ``dp`` and ``mp``, planned for the same ranks, stages and
+    training (without sequence parallelism where mp is 1), or why there is none."""
+    from autodist.planner.driver import plan_target
+
+    parallel = plan.strategy.sequence_parallel and mp > 1
+    request = _plan_request(plan, plan.cluster.device, dp=dp, mp=mp, sequence_parallel=parallel)
+    try:
+        sibling = plan_target(model_target, _plan_input_specs(plan), request, dict(plan.provenance.arguments)).plan
+    except PlannerError as err:
+        return (
+            f"the plan's sibling dp{dp} x mp{mp}: {' '.join(str(err).split())[:300]} (its kind priced with the plan's)"
+        )
+    cannot = untimeable(sibling, _running_backend())
+    return f"the plan's sibling dp{dp} x mp{mp}: {cannot}" if cannot else sibling
 
 
 def _write_fitted(
-    output: str, measured, notes: list[str], profile, dtype: str, name: str | None, on_gpu: bool, model_target, plan
+    output: str, measured, notes: list[str], profile, dtype: str, name: str | None, on_gpu: bool, model_target, timed
 ) -> None:
-    """Fit the device to what was measured and write it (rank 0): with a model, the plan priced
-    on the fitted device first, then its ``dispatch_overhead_us`` fitted to the measured step."""
+    """Fit the device to what was measured and write it (rank 0): with ``timed`` plans (the
+    plan and its siblings, :func:`_measure_steps`), each priced on the fitted device first, then
+    the time per op of each one's kind fitted to its measured step."""
     from autodist.planner.cost import calibrate as cal
     from autodist.planner.cost.hardware import device_profile
 
     name = name or f"{profile.name}-measured"
     device = cal.fitted_device(measured, profile, dtype, name, comm_overlap=on_gpu)
     text = cal.cluster_toml(device, measured, notes + [f"not measured: {m}" for m in measured.missing])
-    if model_target and measured.training_step is not None:  # measured above whenever there is a model
-        # Price the plan on what was measured (the file not written yet), then fit the dispatch.
+    if timed:
+        # Price the plans on what was measured (the file not written yet), then fit the dispatch.
         tables = parse_toml(text.encode(), output, what="cluster file")
-        priced = _plan_pricer(model_target, plan, device_profile(tables, output))
-        measured.priced_step = priced(0.0)
-        dispatch = cal.fit_dispatch(measured.training_step, priced)
-        device = cal.fitted_device(measured, profile, dtype, name, comm_overlap=on_gpu, dispatch_s=dispatch)
-        notes.append(
-            f"a training step of {model_target} under the plan took {measured.training_step * 1e3:.1f} ms, "
-            f"priced {measured.priced_step * 1e3:.1f} ms without dispatch_overhead_us"
-        )
+        pricers = _plan_pricers(model_target, timed, device_profile(tables, output))
+        measured.priced_step = pricers[0](0.0)
+        for sibling, pricer in zip(measured.siblings, pricers[1:]):
+            sibling.priced_step = pricer(0.0)
+        steps = [measured.training_step, *(s.training_step for s in measured.siblings)]
+        dispatch = cal.fit_dispatches([(p.strategy.dp, p.strategy.mp, s, f) for p, s, f in zip(timed, steps, pricers)])
+        device = cal.fitted_device(measured, profile, dtype, name, comm_overlap=on_gpu, dispatch=dispatch)
+        notes += [
+            f"a training step of {model_target} under {strategy_text(p.strategy, 'short')} took {s * 1e3:.1f} ms, "
+            f"priced {f(0.0) * 1e3:.1f} ms without the framework's time per op"
+            for p, s, f in zip(timed, steps, pricers)
+        ]
         text = cal.cluster_toml(device, measured, notes + [f"not measured: {m}" for m in measured.missing])
     write_atomically(output, text.encode())  # the one file writer: no temp file outlives it
     click.echo(
@@ -310,17 +357,11 @@ def _plan_input_specs(plan) -> list[str] | None:
     return given.split(",") if given else None
 
 
-def _plan_pricer(model_target: str, plan, device):
-    """``td -> seconds``: the plan's own strategy priced on ``device`` with ``td`` seconds of
-    dispatch per op, from a fresh trace of the model (traced and priced once)."""
-    from msgspec.structs import replace
+def _plan_request(plan, device, **changes):
+    """The search request that makes ``plan`` (its degrees and training as it records them) on
+    ``device``, with ``changes`` (another strategy's degrees)."""
+    from autodist.planner.cost.search import SearchRequest
 
-    from autodist.planner import driver
-    from autodist.planner.cost.search import SearchRequest, kernels_for, price, search
-
-    loaded = driver.load(model_target, _plan_input_specs(plan))
-    traced = driver.trace(loaded.model, loaded.input_specs)
-    analysis = driver.analyse(loaded.model, traced)
     arguments, s = plan.provenance.arguments, plan.strategy
     request = SearchRequest(
         devices_per_node=plan.cluster.devices_per_node,
@@ -341,10 +382,31 @@ def _plan_pricer(model_target: str, plan, device):
         ep=s.ep,
         attention=arguments.get("attention", "auto"),
     )
-    priced = price(analysis, kernels_for(analysis, request))  # the kernels this device runs (planner/kernels.py)
+    return dataclasses.replace(request, **changes)
 
-    def priced_step(dispatch_s: float) -> float:
-        device_td = replace(device, dispatch_overhead_s=dispatch_s)
-        return search(priced, dataclasses.replace(request, device=device_td)).best.estimate.step_time_s
 
-    return priced_step
+def _plan_pricers(model_target: str, plans: list, device) -> list[Callable[[float], float]]:
+    """For each of ``plans`` (of one model), ``td -> seconds``: its own strategy priced on
+    ``device`` with ``td`` seconds of framework time per op for its kind of strategy
+    (:func:`autodist.planner.cost.compute.dispatch_kind`), from one fresh trace of the model
+    (traced and priced once)."""
+    from msgspec.structs import replace
+
+    from autodist.planner import driver
+    from autodist.planner.cost.compute import DISPATCH_KINDS, dispatch_kind
+    from autodist.planner.cost.search import kernels_for, price, search
+
+    loaded = driver.load(model_target, _plan_input_specs(plans[0]))
+    traced = driver.trace(loaded.model, loaded.input_specs)
+    analysis = driver.analyse(loaded.model, traced)
+    requests = [_plan_request(plan, device) for plan in plans]
+    priced = price(analysis, kernels_for(analysis, requests[0]))  # the kernels this device runs (planner/kernels.py)
+
+    def pricer(request) -> Callable[[float], float]:
+        def priced_step(dispatch_s: float) -> float:
+            device_td = replace(device, **{DISPATCH_KINDS[dispatch_kind(request.dp, request.mp)]: dispatch_s})
+            return search(priced, dataclasses.replace(request, device=device_td)).best.estimate.step_time_s
+
+        return priced_step
+
+    return [pricer(request) for request in requests]

@@ -32,9 +32,13 @@
 - with ``--model``, real training steps of the user's model under the plan (``apply_plan``, the
   traced inputs at random, forward, the mean of the first output as the loss, backward, AdamW),
   timed on every rank at once as training runs them; the framework's time per op that the
-  pieces above do not explain is fitted as ``dispatch_overhead_us`` (:func:`fit_dispatch`; its
-  meaning in :mod:`autodist.planner.cost.compute`), so that the plan's priced step equals the
-  measured one, and every other strategy is priced with the same time per op.
+  pieces above do not explain is fitted (:func:`fit_dispatch`; its meaning in
+  :mod:`autodist.planner.cost.compute`), so that the plan's priced step equals the measured one.
+  That time depends on the kind of strategy (data, tensor or hybrid parallel:
+  :data:`autodist.planner.cost.compute.DISPATCH_KINDS`), so the plan's siblings of the other
+  kinds on the same ranks (:func:`sibling_degrees`: dp2 x mp2's are dp4 and mp4) are planned and
+  timed too, and each kind gets the time its own steps left (:func:`fit_dispatches`); every
+  other strategy is priced with its kind's, a kind not timed with the plan's.
 
 Rank 0 writes ``cluster.toml``: the ``[device]`` table ``--cluster`` reads (fitted figures; the
 ones not measurable here, such as memory size or, on one node, the inter-node link, come from
@@ -70,6 +74,10 @@ BACK_TO_BACK = 4
 SQUARE_SIZES = (64, 256, 512, 1024)
 #: Training steps timed by ``--model`` after one warm-up step (which builds Paddle's caches).
 TRAINING_STEPS = 5
+#: Times each plan ``--model`` trains (the plan and its siblings) is timed, the plans alternating
+#: round after round as bench/search_quality.py alternates them, so that a machine whose load
+#: drifts slows every kind of strategy alike; each plan's median round is fitted.
+TRAINING_ROUNDS = 3
 #: Largest matmul step measured (FLOPs, forward and backward): keeps a calibration on a slow
 #: device to seconds; a larger plan shape is measured with fewer tokens (rows).
 MAX_MATMUL_FLOPS = 4e10
@@ -78,6 +86,16 @@ OVERLAP_MATMULS = 20
 #: The largest loss a measurement may give: at 1 the matmul would stop while a collective runs,
 #: which a GPU beside NCCL never does; so high a value is a broken timing, and the loss stays < 1.
 MAX_OVERLAP_LOSS = 0.99
+
+
+@dataclass
+class SiblingStep:
+    """A training step of one of the plan's siblings (:func:`sibling_degrees`): its strategy in
+    words, the median step measured and the step priced with no framework time per op."""
+
+    strategy: str
+    training_step: float
+    priced_step: float | None = None
 
 
 @dataclass
@@ -91,6 +109,8 @@ class Measurements:
     missing: list[str] = field(default_factory=list)
     training_step: float | None = None  # seconds, the median real step with --model
     priced_step: float | None = None  # seconds, the plan priced with the fitted figures, td = 0
+    #: The same for the plan's siblings of the other kinds timed (:func:`sibling_degrees`).
+    siblings: list[SiblingStep] = field(default_factory=list)
     #: (m, n, k, collective bytes, s alone, s beside): :data:`OVERLAP_MATMULS` matmuls of one
     #: shape alone and beside all-reduces of that size (:func:`measure_overlap`); None: not measured.
     overlap: tuple[int, int, int, int, float, float] | None = None
@@ -252,10 +272,12 @@ def measure_training_step(model, plan, input_specs: list, steps: int = TRAINING_
     that is not None as the loss (what the planner traced and priced, plus a mean), backward and
     an AdamW step. A plan that accumulates runs its micro-batches per step, as training does; a
     1F1B / VPP plan runs its own schedule (``model.step``, forward and backward of every
-    micro-batch), with the same loss computed by the schedule on the last stage."""
+    micro-batch), with the same loss computed by the schedule on the last stage. Then
+    ``close(model)``: several plans timed in one process (the plan and its siblings) each start
+    from the process as apply_plan found it (its loss reading set up afresh, as that plan needs it)."""
     import paddle
 
-    from autodist.applier import apply_plan
+    from autodist.applier import apply_plan, close
 
     batch = plan.data.global_batch_size or max(input_specs[0].shape[0], 1)
     seq_len = plan.provenance.arguments.get("seq_len")  # priced at another length than traced
@@ -288,6 +310,7 @@ def measure_training_step(model, plan, input_specs: list, steps: int = TRAINING_
         optimizer.clear_grad()
         _sync()
         ends.append(time.perf_counter())
+    close(model)  # what apply_plan set up beyond the model: the next plan timed starts as its own training would
     ends = ends[per_step - 1 :: per_step]  # the end of each optimizer step; the first is warm-up
     return statistics.median(b - a for a, b in zip(ends, ends[1:]))
 
@@ -400,6 +423,44 @@ def fit_dispatch(measured_s: float, priced: Callable[[float], float], most_s: fl
         middle = (low + high) / 2
         low, high = (middle, high) if priced(middle) < measured_s else (low, middle)
     return (low + high) / 2
+
+
+def sibling_degrees(strategy) -> list[tuple[int, int]]:
+    """``(dp, mp)`` of the plan's siblings: on the same ranks and stages, one strategy of each
+    other kind (:func:`autodist.planner.cost.compute.dispatch_kind`), whose training steps give
+    that kind's framework time per op: all dp, all mp, and dp pairs turned to mp 2 (hybrid; none
+    where the ranks of a stage are odd or fewer than 4).
+
+    >>> from autodist.schemas.plan import Strategy
+    >>> sibling_degrees(Strategy(dp=2, mp=2)), sibling_degrees(Strategy(dp=4)), sibling_degrees(Strategy(dp=2))
+    ([(4, 1), (1, 4)], [(2, 2), (1, 4)], [(1, 2)])
+    """
+    from autodist.planner.cost.compute import dispatch_kind
+
+    ranks = strategy.dp * strategy.mp
+    kinds = {(ranks, 1), (1, ranks)} | ({(ranks // 2, 2)} if ranks % 2 == 0 and ranks >= 4 else set())
+    own = dispatch_kind(strategy.dp, strategy.mp)
+    return sorted((k for k in kinds if dispatch_kind(*k) != own), key=lambda k: -k[0])
+
+
+def fit_dispatches(timed: list[tuple[int, int, float, Callable[[float], float]]]) -> dict[str, float]:
+    """The framework's time per op of each kind of strategy timed, as profile fields
+    (:data:`autodist.planner.cost.compute.DISPATCH_KINDS`): ``timed`` is ``(dp, mp, measured
+    step, priced(td))`` of each strategy, the plan's first, each kind fitted on its own steps
+    (:func:`fit_dispatch`); ``dispatch_overhead_s``, for the kinds not timed, is the plan's.
+
+    >>> hybrid = (2, 2, 0.5, lambda td: 0.1 + 400 * td)   # dp2 x mp2: 1 ms an op
+    >>> dp = (4, 1, 0.3, lambda td: 0.1 + 400 * td)       # dp4: 0.5 ms an op
+    >>> {k: round(v * 1e6, 3) for k, v in fit_dispatches([hybrid, dp]).items()}
+    {'hybrid_dispatch_overhead_s': 1000.0, 'data_parallel_dispatch_overhead_s': 500.0, 'dispatch_overhead_s': 1000.0}
+    """
+    from autodist.planner.cost.compute import DISPATCH_KINDS, dispatch_kind
+
+    fitted = {DISPATCH_KINDS[dispatch_kind(dp, mp)]: fit_dispatch(s, priced) for dp, mp, s, priced in timed}
+    if timed:
+        dp, mp = timed[0][:2]
+        fitted["dispatch_overhead_s"] = fitted[DISPATCH_KINDS[dispatch_kind(dp, mp)]]
+    return fitted
 
 
 def plan_groups(plan) -> dict[str, list[list[int]]]:
@@ -552,12 +613,13 @@ def fit_link(
 
 
 def fitted_device(
-    measured: Measurements, base, dtype: str, name: str, comm_overlap: bool, dispatch_s: float | None = None
+    measured: Measurements, base, dtype: str, name: str, comm_overlap: bool, dispatch: dict[str, float] | None = None
 ) -> dict:
     """The ``[device]`` table for cluster.toml: ``base``'s figures, overridden by the fits;
     ``comm_overlap``: whether the backend runs collectives beside compute (NCCL yes, gloo no);
-    ``dispatch_s``: the time per op :func:`fit_dispatch` found (None: not measured, base's kept)."""
-    from autodist.planner.cost.hardware import _profile_values  # cluster-file keys of a profile
+    ``dispatch``: the times per op :func:`fit_dispatches` found, by profile field (None: not
+    measured, base's kept)."""
+    from autodist.planner.cost.hardware import _OPTIONAL_FIELDS, _profile_values  # cluster-file keys of a profile
 
     values: dict = {"name": name, "base": base.name, "comm_overlap": comm_overlap}
     if measured.matmuls:
@@ -569,8 +631,9 @@ def fitted_device(
                 values[f"peak_tflops_{other}"] = max(base.peak_flops[other], rate) / 1e12
         values["matmul_efficiency"] = rate / peak
         values["op_overhead_us"] = overhead * 1e6
-    if dispatch_s is not None:
-        values["dispatch_overhead_us"] = dispatch_s * 1e6
+    keys = {field_name: key for key, field_name in _OPTIONAL_FIELDS.items()}  # dispatch_overhead_s -> _us
+    for field_name, seconds in (dispatch or {}).items():
+        values[keys[field_name]] = seconds * 1e6
     # measured, or the base's, written all the same: the file says which (overlap_unmeasurable)
     values["overlap_compute_loss"] = (
         overlap_loss_from(*measured.overlap[4:]) if measured.overlap is not None else base.overlap_compute_loss
@@ -588,7 +651,7 @@ def fitted_device(
     return {
         k: (round(v, 6) if isinstance(v, float) else v)
         for k, v in values.items()
-        if k in ("name", "base", "comm_overlap") or base_values.get(k) is not None
+        if k in ("name", "base", "comm_overlap") or k in base_values
     }
 
 
@@ -614,11 +677,21 @@ def cluster_toml(device: dict, measured: Measurements, notes: list[str]) -> str:
         lines.append(f"{scope}_{name}_{p}ranks = [{', '.join(f'[{b}, {s:.6g}]' for b, s in timings)}]")
     if measured.training_step is not None:
         lines += [
-            "# a real training step under the plan (--model), and the plan priced without dispatch_overhead_us",
+            "# a real training step under the plan (--model), and the plan priced with no framework time per op",
             f"training_step_s = {measured.training_step:.6g}",
         ]
         if measured.priced_step is not None:
             lines.append(f"priced_step_s = {measured.priced_step:.6g}")
+    if measured.siblings:
+        rows = ", ".join(
+            f"[{_toml(s.strategy)}, {s.training_step:.6g}"
+            + (f", {s.priced_step:.6g}]" if s.priced_step is not None else "]")
+            for s in measured.siblings
+        )
+        lines += [
+            "# the same for the plan's siblings of the other kinds: [strategy, training step s, priced step s]",
+            f"siblings = [{rows}]",
+        ]
     if measured.overlap is not None:
         m, n, k, nbytes, alone, beside = measured.overlap
         lines += [

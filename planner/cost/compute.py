@@ -24,6 +24,17 @@ A matmul of per-rank shape (m x k) @ (k x n), ``batch`` times over, with ``w``-b
   (:func:`autodist.planner.cost.calibrate.fit_dispatch`). The named GPU profiles have 0: there
   the host dispatches ahead of the kernels, asynchronously, so it hides behind them.
 
+  ``td`` is not one figure for every strategy: on 4 gloo ranks sharing 2 cores a step of
+  dp2 x mp2 left 2.2-2.6x the time per op that dp4's did and 1.4-3.6x mp4's
+  (docs/benchmarks.md, "Search quality"): what each rank waits for differs with which mesh axes
+  split the work (dp4's ranks meet only at the gradient sums, mp4's all four at every
+  tensor-parallel collective, dp2 x mp2's in two pairs that share the cores with each other).
+  So a profile holds a figure per kind of strategy (:data:`DISPATCH_KINDS`: data parallel, mp 1;
+  tensor parallel, dp 1 and mp > 1; hybrid, both above 1), each fitted on a strategy of that
+  kind (calibrate times the plan and its siblings of the other kinds on the same ranks,
+  :func:`autodist.planner.cost.calibrate.sibling_degrees`), and ``dispatch_overhead_s`` for a
+  kind without one; a strategy's ops pay its kind's (:func:`as_run`).
+
 Every op pays ``t0 + td`` once (:func:`fixed_op_time`): matmuls on top of their roofline, and
 an op that is not a matmul (norms, elementwise, softmax, rotary, cross-entropy), which is
 memory-bound: its time is the bytes it reads and writes over ``B``, plus that fixed cost. A device without a memory bandwidth
@@ -32,7 +43,9 @@ at nothing.
 
 Example (an H100-like device: 989 TFLOP/s, 60 % sustained, 3.35 TB/s, 5 us per matmul)::
 
-    >>> from autodist.schemas import DeviceProfile
+    >>> from msgspec.structs import replace
+
+from autodist.schemas import DeviceProfile
     >>> d = DeviceProfile(name="x", memory_bytes=1, peak_flops={"bf16": 989e12, "fp16": 989e12,
     ...                   "fp32": 67e12}, intra_node_bandwidth=1, inter_node_bandwidth=1,
     ...                   intra_node_latency_s=0, inter_node_latency_s=0, memory_bandwidth=3.35e12,
@@ -44,6 +57,8 @@ Example (an H100-like device: 989 TFLOP/s, 60 % sustained, 3.35 TB/s, 5 us per m
 """
 
 from __future__ import annotations
+
+from msgspec.structs import replace
 
 from autodist.schemas import DeviceProfile
 from autodist.schemas.vocabulary import TrainingDType, training_bytes
@@ -67,6 +82,45 @@ def fixed_op_time(device: DeviceProfile) -> float:
     50.0
     """
     return device.op_overhead_s + device.dispatch_overhead_s
+
+
+#: The kinds of strategy whose framework time per op is fitted apart (see the module docstring)
+#: and the profile field holding each (None there: ``dispatch_overhead_s``).
+DISPATCH_KINDS = {
+    "data_parallel": "data_parallel_dispatch_overhead_s",  # mp = 1
+    "tensor_parallel": "tensor_parallel_dispatch_overhead_s",  # dp = 1, mp > 1
+    "hybrid": "hybrid_dispatch_overhead_s",  # dp > 1 and mp > 1
+}
+
+
+def dispatch_kind(dp: int, mp: int) -> str:
+    """The kind of a strategy of degrees ``dp`` and ``mp`` (:data:`DISPATCH_KINDS`): the one
+    owner of which kind a strategy is.
+
+    >>> dispatch_kind(4, 1), dispatch_kind(1, 4), dispatch_kind(2, 2), dispatch_kind(1, 1)
+    ('data_parallel', 'tensor_parallel', 'hybrid', 'data_parallel')
+    """
+    if mp == 1:
+        return "data_parallel"
+    return "tensor_parallel" if dp == 1 else "hybrid"
+
+
+def as_run(device: DeviceProfile, dp: int, mp: int) -> DeviceProfile:
+    """``device`` as a strategy of degrees ``dp`` and ``mp`` runs on it: its
+    ``dispatch_overhead_s`` the framework time per op of that kind of strategy (of every kind
+    the profile has no figure for), the only figure left, so that :func:`fixed_op_time` charges it.
+
+    >>> from autodist.planner.cost.hardware import PROFILES
+    >>> d = replace(PROFILES["cpu"], dispatch_overhead_s=300e-6, data_parallel_dispatch_overhead_s=120e-6)
+    >>> [round(as_run(d, dp, mp).dispatch_overhead_s * 1e6, 6) for dp, mp in ((4, 1), (2, 2), (1, 4))]
+    [120.0, 300.0, 300.0]
+    """
+    seconds = getattr(device, DISPATCH_KINDS[dispatch_kind(dp, mp)])
+    return replace(
+        device,
+        dispatch_overhead_s=device.dispatch_overhead_s if seconds is None else seconds,
+        **dict.fromkeys(DISPATCH_KINDS.values()),
+    )
 
 
 def overlap_loss(device: DeviceProfile) -> float:

@@ -20,8 +20,9 @@ table 1), h100-sxm's on Megatron-LM's H100 runs (its README's weak-scaling table
 H100's compute, no published runs of its own) takes the H100 fit. The fixed cost, 5 us, is a
 kernel launch's few microseconds, which those runs (all large matmuls) cannot pin down. ``autodist-plan
 calibrate`` measures both on the user's own devices, and with ``--model`` the
-``dispatch_overhead_us`` a real training step shows (0 in the named profiles: on a GPU the host
-dispatches ahead of the kernels, so it hides behind them).
+``dispatch_overhead_us`` a real training step shows, per kind of strategy too (data, tensor or
+hybrid parallel: ``data_parallel_dispatch_overhead_us`` ...; 0 and left out in the named
+profiles: on a GPU the host dispatches ahead of the kernels, so it hides behind them).
 
 ``overlap_compute_loss`` is the fraction of compute speed lost while a collective runs beside
 it (``step_time.overlapped``: communication hidden under compute still costs this much of it).
@@ -111,7 +112,14 @@ _CLUSTER_KEYS = {
     "memory_bandwidth_gb_s": (GB_PER_S, "device memory bandwidth, GB/s"),
     "matmul_efficiency": (1.0, "fraction of peak FLOP/s large matmuls sustain"),
     "op_overhead_us": (US, "fixed cost of every op (launch, dispatch), microseconds"),
-    "dispatch_overhead_us": (US, "framework time per op a real training step adds (calibrate --model), microseconds"),
+    "dispatch_overhead_us": (
+        US,
+        "framework time per op a real training step adds (calibrate --model), for every kind of strategy "
+        "without its own figure, microseconds",
+    ),
+    "data_parallel_dispatch_overhead_us": (US, "the same without tensor parallelism (mp = 1), microseconds"),
+    "tensor_parallel_dispatch_overhead_us": (US, "the same with tensor parallelism alone (dp = 1), microseconds"),
+    "hybrid_dispatch_overhead_us": (US, "the same with data and tensor parallelism (dp > 1, mp > 1), microseconds"),
     "overlap_compute_loss": (1.0, "fraction of compute speed lost while a collective runs beside it"),
 }
 #: Keys a file without ``base`` may leave out (the plan format has defaults), and their fields.
@@ -122,6 +130,9 @@ _OPTIONAL_FIELDS = {
     "matmul_efficiency": "matmul_efficiency",
     "op_overhead_us": "op_overhead_s",
     "dispatch_overhead_us": "dispatch_overhead_s",
+    "data_parallel_dispatch_overhead_us": "data_parallel_dispatch_overhead_s",
+    "tensor_parallel_dispatch_overhead_us": "tensor_parallel_dispatch_overhead_s",
+    "hybrid_dispatch_overhead_us": "hybrid_dispatch_overhead_s",
     "overlap_compute_loss": "overlap_compute_loss",
 }
 #: Keys that may be 0 (no fixed cost is a fixed cost); every other figure must be positive.
@@ -129,6 +140,9 @@ _ZERO_OK = frozenset(
     {
         "op_overhead_us",
         "dispatch_overhead_us",
+        "data_parallel_dispatch_overhead_us",
+        "tensor_parallel_dispatch_overhead_us",
+        "hybrid_dispatch_overhead_us",
         "intra_node_latency_per_rank_us",
         "inter_node_latency_per_rank_us",
         "overlap_compute_loss",
@@ -333,7 +347,7 @@ def device_profile(tables: dict, path: str) -> DeviceProfile:
         intra_node_latency_s=float(values["intra_node_latency_us"]),
         inter_node_latency_s=float(values["inter_node_latency_us"]),
         unsupported=sorted(set(unsupported)),
-        **{field: float(values[key]) for key, field in _OPTIONAL_FIELDS.items() if key in values},
+        **{field: float(values[key]) for key, field in _OPTIONAL_FIELDS.items() if values.get(key) is not None},
         comm_overlap=switches["comm_overlap"],
         fused_kernels=switches["fused_kernels"],
     )

@@ -15,8 +15,8 @@ The model, per pipeline stage and micro-batch (all of it stated so a reviewer ca
   the scores (half its forward again). FLOPs the trace gives no shape for
   (convolutions, hand-written costs) run at the compute roof. Every op also pays the device's
   fixed cost per op, kernel launch (``op_overhead_s``) plus the framework's dispatch that a
-  real training step shows (``dispatch_overhead_s``, measured by ``autodist-plan calibrate
-  --model``, 0 on the named GPU profiles), in the forward and, twice, in the backward;
+  real training step shows (measured by ``autodist-plan calibrate --model`` per kind of
+  strategy, data, tensor or both: ``compute.as_run``; 0 on the named GPU profiles), in the forward and, twice, in the backward;
 - tensor parallelism: each block's all-reduces (all-gather + reduce-scatter of the same size
   with sequence parallelism, which the ring model prices the same) on the mp group's link,
   exposed: Megatron-LM's and Paddle's tensor-parallel layers call the collective and wait for
@@ -136,7 +136,7 @@ from autodist.planner.cost.comm import (
     reduce_scatter_time,
     vocab_lookup_collective,
 )
-from autodist.planner.cost.compute import fixed_op_time, matmul_time, memory_time, overlap_loss
+from autodist.planner.cost.compute import as_run, fixed_op_time, matmul_time, memory_time, overlap_loss
 from autodist.planner.cost.memory import StateBytes, model_state_bytes
 from autodist.schemas.parallel_dims import runs_moe_locally
 from autodist.schemas.parallel_dims import runs_local_views
@@ -477,6 +477,7 @@ def estimate(
     Example: see ``tests/test_cost_formulas.py`` and :func:`autodist.planner.cost.search.search`.
     """
     local = runs_local_views(strategy) if local_views is None else local_views
+    setup = replace(setup, device=as_run(setup.device, strategy.dp, strategy.mp))  # its kind's time per op
     ctx = _Context(table, strategy, setup, implicit, local)
     pp, m = strategy.pp, strategy.micro_batches
     ranges = stage_ranges(len(table.cost.blocks), pp) if table.cost.blocks else [(0, 0)] * pp
