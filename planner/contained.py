@@ -60,13 +60,16 @@ def fork(target: Callable[[Connection], None], name: str) -> tuple[Any, Connecti
     pipe, which reads as closed once the child is gone."""
     context = multiprocessing.get_context("fork")
     ours, theirs = context.Pipe()
-    child = context.Process(target=_silenced, args=(target, theirs), daemon=True, name=name)
+    child = context.Process(target=_silenced, args=(target, theirs, ours), daemon=True, name=name)
     child.start()
     theirs.close()
     return child, ours
 
 
-def _silenced(target: Callable[[Connection], None], connection: Connection) -> None:
+def _silenced(target: Callable[[Connection], None], connection: Connection, parents_end: Connection) -> None:
+    # The fork copied the parent's end of the pipe too: held open here, a child reading until the
+    # pipe closes would never see it close, and :func:`end` would wait out its 5 s and kill it.
+    parents_end.close()
     quiet = os.open(os.devnull, os.O_WRONLY)
     os.dup2(quiet, 1)
     os.dup2(quiet, 2)
