@@ -61,13 +61,16 @@ def fork(target: Callable[[Connection], None], name: str, *, daemon: bool = True
     but may not fork children of its own."""
     context = multiprocessing.get_context("fork")
     ours, theirs = context.Pipe()
-    child = context.Process(target=_silenced, args=(target, theirs), daemon=daemon, name=name)
+    child = context.Process(target=_silenced, args=(target, theirs, ours), daemon=daemon, name=name)
     child.start()
     theirs.close()
     return child, ours
 
 
-def _silenced(target: Callable[[Connection], None], connection: Connection) -> None:
+def _silenced(target: Callable[[Connection], None], connection: Connection, parents_end: Connection) -> None:
+    # The fork copied the parent's end of the pipe too: held open here, a child reading until the
+    # pipe closes would never see it close, and :func:`end` would wait out its 5 s and kill it.
+    parents_end.close()
     quiet = os.open(os.devnull, os.O_WRONLY)
     os.dup2(quiet, 1)
     os.dup2(quiet, 2)

@@ -15,7 +15,7 @@ import sys
 
 from harness.cli import ROOT
 
-from autodist.planner.recognise.rule_worker import RULES, RuleCrashed
+from autodist.planner.recognise.rule_worker import RULES, RuleCrashed, RuleWorker
 
 #: Blocks whose MLP runs on ``x.flatten(0, 1)`` of a ``[2, None, 48]`` input: ``[2, -1, 48]``.
 MODEL = ROOT / "tests" / "models" / "tokens_flattened.py"
@@ -35,6 +35,18 @@ def test_a_rule_that_crashes_raises_in_the_planner_and_the_next_rule_still_answe
     assert RULES.infer(*MATMUL).outputs == [((-1, 0), False)]  # a new child answers
     RULES.close()  # as the driver does after each plan: no child outlives planning
     assert not multiprocessing.active_children()
+
+
+def test_the_rule_worker_ends_by_itself_when_a_plan_closes_it():
+    """The driver closes the worker after each plan: its child, reading until the pipe closes,
+    exits on its own at once (exit 0). While it held a copy of the planner's end of the pipe (the
+    fork copies it) it never saw the pipe close, and was killed (SIGKILL) after ``end`` had waited
+    5 s for it: 5 s added to every plan."""
+    worker = RuleWorker()  # not RULES: its answers are kept, so a call it made before forks no child
+    assert worker.infer(*MATMUL).outputs == [((-1, 0), False)]
+    child = worker._child
+    worker.close()
+    assert child.exitcode == 0
 
 
 #: Switches the planner's avoidance of that call off, in the planning process.
