@@ -42,7 +42,7 @@ import paddle.distributed as dist
 #: Paddle's own ``p_norm``, called for everything not run exactly here.
 _PADDLE_P_NORM = paddle._C_ops.p_norm
 #: The code Paddle's ``clip_grad_norm_`` runs, whatever name a script imported it by.
-_CLIP_CODE = paddle.nn.utils.clip_grad_norm_.__wrapped__.__code__
+_CLIP_CODE = getattr(paddle.nn.utils.clip_grad_norm_, "__wrapped__", paddle.nn.utils.clip_grad_norm_).__code__
 #: Why ``clip_grad_norm_`` is refused in this process (:func:`refuse_clip_grad_norm`), or None.
 _clip_refused: str | None = None
 
