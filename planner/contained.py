@@ -74,7 +74,17 @@ def _silenced(target: Callable[[Connection], None], connection: Connection, pare
     quiet = os.open(os.devnull, os.O_WRONLY)
     os.dup2(quiet, 1)
     os.dup2(quiet, 2)
-    target(connection)
+    code = 0
+    try:
+        target(connection)
+    except BaseException:
+        code = 1
+    finally:
+        # Leave at once, as the SIGKILL that ended a child before did: multiprocessing's own exit
+        # flushes the streams and runs its exit functions, objects this fork copied from a process
+        # that may talk over them (a pytest-xdist worker's channel to its controller: with it, 2
+        # of 3 whole suites lost a worker, "node down: Not properly terminated", and hung).
+        os._exit(code)
 
 
 def end(child: Any, connection: Connection) -> int | None:
