@@ -138,6 +138,15 @@ EXPECTED = {
         "x_embedder.proj.weight": REP,
     },
     # StableLM 2, planned blind (grouped-query, biased q/k/v, partial rotary by slicing): Megatron's
+    # HF Granite (written after this round's work, a family the zoo lacked): a Llama with IBM's
+    # embedding, attention, residual and logits multipliers, grouped-query attention
+    f"{ZOO}/granite_hf.py": {
+        **attention("model.layers.*.self_attn"),
+        **mlp("model.layers.*.mlp"),
+        "model.layers.*.input_layernorm.*": REP,
+        "model.embed_tokens.weight": ROW,  # vocabulary rows (VocabParallelEmbedding)
+        "lm_head.weight": COL,
+    },
     f"{ZOO}/stablelm_hf.py": {
         **attention("model.layers.*.self_attn", bias=True),
         **mlp("model.layers.*.mlp"),
