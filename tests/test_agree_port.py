@@ -48,10 +48,11 @@ def test_an_agreement_port_that_is_no_port_is_one_line_and_leaves_no_key_file(mo
     assert not jobkey.key_file(f"127.0.0.1:{master}").exists()
 
 
-def _two_hosts(tmp_path, secrets: tuple[str, str]):
+def _two_hosts(tmp_path, secrets: tuple[str, str], awaited: tuple[int, ...] = (0, 1)):
     """A 2-rank job whose endpoints name two hosts (127.0.0.1 and 127.0.0.2: both this machine's
     loopback), so the ranks share no key file and rank 0 posts its port in the job's store; rank r
-    has ``AUTODIST_AGREE_SECRET=secrets[r]``. Returns each rank's result line."""
+    has ``AUTODIST_AGREE_SECRET=secrets[r]``. Waits for the ``awaited`` ranks, then stops the
+    others. Returns each rank's result line (a stopped rank's output lines, if any)."""
     import subprocess
     import sys
 
@@ -77,12 +78,13 @@ def _two_hosts(tmp_path, secrets: tuple[str, str]):
                     start_new_session=True,
                 )
             )
-        for proc in procs:
-            proc.wait(timeout=120)
+        for rank in awaited:
+            procs[rank].wait(timeout=120)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
+                proc.wait()
         if holder is not None:
             holder.close()
     lines = [(tmp_path / f"rank{rank}.out").read_text().strip().splitlines() for rank in range(2)]
@@ -99,8 +101,8 @@ def test_across_machines_rank_0_posts_its_port_in_the_jobs_store(tmp_path):
 
 def test_across_machines_another_secret_is_named_at_the_posted_port(tmp_path):
     """Rank 1 signs with another secret: it cannot check rank 0's posted port and says so at once
-    (not at the 40 s timeout)."""
-    results = _two_hosts(tmp_path, ("a1b2c3d4e5f60798" * 2, "f0e1d2c3b4a59687" * 2))
+    (not at the 40 s timeout). Rank 0, which would wait that timeout out for rank 1, is stopped."""
+    results = _two_hosts(tmp_path, ("a1b2c3d4e5f60798" * 2, "f0e1d2c3b4a59687" * 2), awaited=(1,))
     rank1 = results[1]
     assert rank1["error"] == "PlanError" and "AUTODIST_AGREE_SECRET set alike on every node" in rank1["message"]
     assert rank1["seconds"] < 30
