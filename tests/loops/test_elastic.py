@@ -288,16 +288,17 @@ def stop_machine(node: subprocess.Popen) -> None:
     psutil.wait_procs(tree, timeout=30)
 
 
-def wait_for_loss(out, ranks: int, after_step: int, deadline: float, machine: subprocess.Popen) -> int:
-    """The first step after ``after_step`` logged on ``ranks`` ranks, waited for until ``deadline``
-    while ``machine`` runs."""
+def wait_for_loss(out, ranks: int, after_step: int, deadline: float, machine: subprocess.Popen, after_line: int = 0):
+    """The first step after ``after_step`` logged on ``ranks`` ranks past the first ``after_line``
+    lines, and its line's index, waited for until ``deadline`` while ``machine`` runs."""
     while time.monotonic() < deadline:
         assert machine.poll() is None, f"autodist-run ended early (exit code {machine.returncode})"
         if (out / "losses.jsonl").exists():
-            for line in (out / "losses.jsonl").read_text().splitlines():
+            lines = (out / "losses.jsonl").read_text().splitlines()
+            for index, line in enumerate(lines[after_line:], start=after_line):
                 record = json.loads(line)
                 if record["ranks"] == ranks and record["step"] > after_step:
-                    return record["step"]
+                    return record["step"], index
         time.sleep(0.2)
     raise AssertionError(f"no step after {after_step} logged on {ranks} ranks in time")
 
@@ -308,10 +309,19 @@ def said_launches(said: str) -> list[tuple[int, str, int]]:
     return [(int(ranks), plan, int(step or 0)) for ranks, plan, step in found]
 
 
+#: The launchers' ``--elastic_timeout`` (Paddle's default 30 s), which they read from this
+#: variable: how long a launcher that lost a machine waits for it before it starts its ranks on
+#: the machines left, and how long one waits for its peers at a start. 10 s still covers both
+#: machines' launchers starting together and Paddle's heartbeat (each launcher puts its key back
+#: in etcd every 5 s after a restart deleted it); the same restarts happen, 20 s sooner.
+ELASTIC_TIMEOUT = {"PADDLE_ELASTIC_TIMEOUT": "10"}
+
+
 def elastic_machines(tmp_path, loop_plans, etcd: str, *script_args: str) -> Callable[[str], subprocess.Popen]:
     """``machine(name)`` starts one machine of an elastic job (``--nnodes 1:2``, one rank) on
     ``etcd``: autodist-run in a session of its own, its stderr in ``NAME.err``, the script logging
-    in ``tmp_path/run``, with a family of the gpt loop's 1- and 2-device plans."""
+    in ``tmp_path/run``, with a family of the gpt loop's 1- and 2-device plans, the launchers
+    waiting :data:`ELASTIC_TIMEOUT` for missing peers."""
     family = make_family(tmp_path, loop_plans, "one", "mp2")
     out, ckpt = tmp_path / "run", tmp_path / "ckpt"
     out.mkdir()
@@ -321,11 +331,11 @@ def elastic_machines(tmp_path, loop_plans, etcd: str, *script_args: str) -> Call
             *AUTODIST_RUN, "--nproc-per-node", "1", "--nnodes", "1:2", "--master", etcd, "--job-id", "elastic-test",
             "--plans", str(family), "--checkpoint", str(ckpt), "--log-dir", str(tmp_path / f"log_{name}"),
             str(SCRIPTS / "elastic_train.py"), "--plan", "{plan}", "--ckpt", str(ckpt), "--out", str(out),
-            "--seconds-per-step", "1", *script_args,
+            *script_args,
         ]  # fmt: skip
         with open(tmp_path / f"{name}.err", "w") as said:
             return subprocess.Popen(
-                command, cwd=tmp_path, env=base_env(), stdout=said, stderr=said, start_new_session=True
+                command, cwd=tmp_path, env=base_env(ELASTIC_TIMEOUT), stdout=said, stderr=said, start_new_session=True
             )
 
     return machine
@@ -335,25 +345,30 @@ def test_elastic_mode_a_machine_lost_then_back_trains_as_one_device(tmp_path, lo
     """Paddle 3.3's elastic mode, as ``autodist-run --nnodes 1:2 --master etcd://...`` runs it on
     two "machines" (two autodist-run processes on loopback, one rank each, a private etcd). The
     second machine is killed whole (autodist-run, launcher, rank) after step 4: the launcher on
-    the first stops its rank, waits for the machines left (``--elastic_timeout``, 30 s) and starts
-    it again alone, which takes the family's 1-device plan and resumes from the last checkpoint.
+    the first stops its rank, waits for the machines left (``--elastic_timeout``,
+    :data:`ELASTIC_TIMEOUT`) and starts it again alone, which takes the family's 1-device plan and
+    resumes from the last checkpoint.
     Then the second machine comes back: both launchers stop their ranks and start them again on 2,
-    under the 2-device plan, from the checkpoint the lone rank left. autodist-run on the first
+    under the 2-device plan, from the checkpoint the lone rank left (its steps then run without the
+    script's stand-in time: nothing is waited for after them). autodist-run on the first
     machine says each start and why, and the summary; every logged loss (the last one for each
     step) and the final parameters equal the single-device run's."""
     steps = ["--steps", "36"]
+    stand_in = ["--seconds-per-step", "1"]  # the lone rank trains on while the second machine comes back
     reference = tmp_path / "one_device"
     reference.mkdir()
     run_script("elastic_train.py", reference, 1, None, *steps, "--ckpt", str(reference / "ckpt"))
     out = tmp_path / "run"
-    machine = elastic_machines(tmp_path, loop_plans, etcd, *steps)
+    machine = elastic_machines(tmp_path, loop_plans, etcd, *steps, *stand_in)
     nodes = [machine("first"), machine("second")]
     try:
         deadline = time.monotonic() + TIMEOUT_S
         wait_for_loss(out, 2, 3, deadline, nodes[0])
         stop_machine(nodes[1])
-        alone = wait_for_loss(out, 1, 0, deadline, nodes[0])
+        alone, line = wait_for_loss(out, 1, 0, deadline, nodes[0])
         nodes.append(machine("back"))
+        wait_for_loss(out, 2, 0, deadline, nodes[0], after_line=line)
+        (out / "quick").touch()  # back on 2 ranks: the steps left need no stand-in time
         for node in (nodes[0], nodes[2]):
             node.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:
@@ -392,7 +407,9 @@ def test_elastic_mode_a_rank_killed_restarts_both_machines_at_the_same_size(tmp_
     checkpoint, and the job trains as one device. autodist-run on the first machine says it was
     a rank, not a machine."""
     out = tmp_path / "run"
-    machine = elastic_machines(tmp_path, loop_plans, etcd, "--kill-at", "4", "--kill-rank", "1")
+    # 0.3 s a step, as the one-machine tests: each start is seen before its first checkpoint
+    killed = ("--kill-at", "4", "--kill-rank", "1", "--seconds-per-step", "0.3")
+    machine = elastic_machines(tmp_path, loop_plans, etcd, *killed)
     nodes = [machine("first"), machine("second")]
     try:
         for node in nodes:

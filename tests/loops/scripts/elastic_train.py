@@ -7,7 +7,8 @@ supervisor but ``--plan {plan}``.
 TEST-ONLY faults, on the first launch only (a marker file says it happened): ``--kill-at STEP``
 makes rank ``--kill-rank`` die of SIGKILL right after that step, or with ``--kill-in-save``
 half-way through writing that step's checkpoint; ``--seconds-per-step`` stands in for the time a
-real step takes (a tiny model's steps are over before the supervisor looks)."""
+real step takes (a tiny model's steps are over before the supervisor looks), until the test
+leaves a file ``quick`` in ``--out`` (every event it waits for has happened)."""
 
 import argparse
 import json
@@ -67,7 +68,8 @@ def train_step(args, model, opt, loader, rank: int, step: int, x, y) -> None:
     loss.backward()
     opt.step()
     opt.clear_grad()
-    time.sleep(args.seconds_per_step)  # TEST-ONLY: a real step's time, so the supervisor sees each checkpoint
+    if not os.path.exists(os.path.join(args.out, "quick")):
+        time.sleep(args.seconds_per_step)  # TEST-ONLY: a real step's time, so the supervisor sees each checkpoint
     if rank == 0:
         with open(os.path.join(args.out, "losses.jsonl"), "a") as f:
             f.write(json.dumps({"step": step, "loss": float(loss), "ranks": dist.get_world_size()}) + "\n")
