@@ -36,9 +36,25 @@ def restore_global_mesh():
         interface._g_mesh = saved
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (``make test``) as harness/scheduling.py sends it: some files to one
+    worker together, the multi-process ones first."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from harness.scheduling import make_scheduler
+
+    return make_scheduler(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip ``@pytest.mark.gpu`` tests on machines without a CUDA device, saying why. Paddle is
-    imported only when such a test was collected, so the rest of the suite does not pay for it."""
+    """In a pytest-xdist worker, the tests in harness/scheduling.py's sending order. Skip ``@pytest.mark.gpu``
+    tests on machines without a CUDA device, saying why. Paddle is imported only when such a
+    test was collected, so the rest of the suite does not pay for it."""
+    if hasattr(config, "workerinput"):
+        from harness.scheduling import in_sending_order
+
+        items[:] = in_sending_order(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
