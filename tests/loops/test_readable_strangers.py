@@ -11,6 +11,7 @@ value and each of its connections got a thread that buffered whatever it sent.""
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import threading
@@ -157,9 +158,10 @@ def test_a_rank_leaving_through_sys_exit_with_an_error_does_not_wait_at_exit(loo
     argv = [str(SCRIPTS / "probed_by_stranger.py"), "--out", str(tmp_path), "--plan", str(plan), "--rank-1-exits"]
     result: dict = {}
     extra_env = {"AUTODIST_READ_TIMEOUT": "60"}
-    job = threading.Thread(
-        target=lambda: result.update(job=launch_ranks(ranks, argv, tmp_path / "ranks", 240, extra_env)), daemon=True
-    )
+    # Rank 0, whose end nothing asserts, is stopped 3 s after rank 1 has gone (the harness's
+    # default grace is 15 s): it is alive all the while rank 1's exit is timed.
+    launch = functools.partial(launch_ranks, ranks, argv, tmp_path / "ranks", 240, extra_env, failure_grace_s=3.0)
+    job = threading.Thread(target=lambda: result.update(job=launch()), daemon=True)
     job.start()
     try:
         pid = _wait_for(tmp_path / "ready1.json", job)["pid"]
