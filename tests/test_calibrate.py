@@ -21,6 +21,7 @@ from autodist.planner.cost.calibrate import (
 from autodist.planner.cost.comm import Link, all_gather_time, all_reduce_time
 from autodist.planner.cost.hardware import PROFILES, load_cluster_file
 from autodist.schemas import load_plan
+from harness.planning import plan_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -164,15 +165,8 @@ def test_calibrate_on_two_gloo_ranks_reports_what_gloo_lacks(tmp_path):
     keeps the matmuls at the plan's shapes quick (the checked-in 2-device plan, hidden 2048, took
     most of a minute on 2 cores)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **TINY_LLAMA}
-    plan = tmp_path / "plan.json"
-    cli = str(Path(sys.executable).parent / "autodist-plan")
-    model = str(REPO / "plans" / "llama_docstring" / "model.py")
-    subprocess.run(
-        [cli, model, "--devices", "2", "--dp", "2", "--zero", "3", "--device", "h100-sxm", "-o", str(plan)],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=300,
+    plan = plan_tiny_llama(
+        ["--devices", "2", "--dp", "2", "--zero", "3", "--device", "h100-sxm"], tmp_path / "plan.json"
     )
     assert load_plan(plan).strategy.sharding_stage == 3
     out = launched_calibrate(tmp_path, 2, env, "--plan", str(plan))
@@ -266,6 +260,13 @@ TINY_LLAMA = {
     "LLAMA_DOCSTRING_VOCAB_SIZE": "64",
     "LLAMA_DOCSTRING_SEQ_LENGTH": "16",
 }
+TINY_LLAMA_MODEL = "plans/llama_docstring/model.py"
+
+
+def plan_tiny_llama(args: list[str], output: Path) -> Path:
+    """``autodist-plan`` of the docstring Llama at :data:`TINY_LLAMA`'s sizes, run in this process
+    (harness.planning.plan_command: the model traced once for the module, not once a plan)."""
+    return plan_command(TINY_LLAMA_MODEL, args, output, environment=TINY_LLAMA)
 
 
 @pytest.mark.multiprocess
@@ -274,27 +275,10 @@ def test_calibrate_with_the_model_fits_dispatch_to_a_real_training_step(tmp_path
     import tomllib
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", **TINY_LLAMA}
-    cli = str(Path(sys.executable).parent / "autodist-plan")
-    model = str(REPO / "plans" / "llama_docstring" / "model.py")
-    plan_args = [
-        cli,
-        model,
-        "--devices",
-        "2",
-        "--dtype",
-        "fp32",
-        "--sharding-stage",
-        "0",
-        "--no-sequence-parallel",
-    ]
-    subprocess.run(
-        [*plan_args, "--dp", "2", "--device", "cpu", "-o", str(tmp_path / "plan.json")],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    out = launched_calibrate(tmp_path, 2, env, "--plan", str(tmp_path / "plan.json"), "--model", model)
+    model = str(REPO / TINY_LLAMA_MODEL)
+    plan_args = ["--devices", "2", "--dtype", "fp32", "--sharding-stage", "0", "--no-sequence-parallel"]
+    plan = plan_tiny_llama([*plan_args, "--dp", "2", "--device", "cpu"], tmp_path / "plan.json")
+    out = launched_calibrate(tmp_path, 2, env, "--plan", str(plan), "--model", model)
     measured = tomllib.loads(out.read_text())["measured"]
     assert measured["training_step_s"] > 0 and measured["priced_step_s"] > 0
     profile = load_cluster_file(str(out))
@@ -312,14 +296,8 @@ def test_calibrate_with_the_model_fits_dispatch_to_a_real_training_step(tmp_path
         (["--dp", "2"], "training_step_s", "priced_step_s"),
         (["--dp", "1", "--mp", "2"], "sibling_step", "sibling_priced"),
     ):
-        subprocess.run(
-            [*plan_args, *degrees, "--cluster", str(out), "-o", str(tmp_path / "again.json")],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-        estimate = load_plan(tmp_path / "again.json").estimate.step_time_s
+        again = plan_tiny_llama([*plan_args, *degrees, "--cluster", str(out)], tmp_path / "again.json")
+        estimate = load_plan(again).estimate.step_time_s
         assert estimate == pytest.approx(max(measured[step], measured[priced]), rel=1e-3), degrees
 
 
@@ -343,19 +321,10 @@ def test_calibrate_model_without_a_plan_is_one_error(tmp_path):
     assert not (tmp_path / "c.toml").exists()
 
 
-def _pipeline_plan(tmp_path: Path, env: dict) -> Path:
+def _pipeline_plan(tmp_path: Path) -> Path:
     """The tiny Llama planned for 2 GPUs as a 1F1B pipeline of 2 stages, 2 micro-batches."""
-    plan = tmp_path / "plan.json"
-    model = str(REPO / "plans" / "llama_docstring" / "model.py")
     args = ["--devices", "2", "--pp", "2", "--schedule", "1F1B", "--micro-batches", "2", "--device", "h100-sxm"]
-    subprocess.run(
-        [str(Path(sys.executable).parent / "autodist-plan"), model, *args, "--dtype", "fp32", "-o", str(plan)],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return plan
+    return plan_tiny_llama([*args, "--dtype", "fp32"], tmp_path / "plan.json")
 
 
 @pytest.mark.skipif(paddle_has_cuda(), reason="the CPU (gloo) side: a GPU runs the schedule")
@@ -365,7 +334,7 @@ def test_calibrate_says_it_cannot_time_the_schedule_gloo_lacks_and_fits_the_rest
     import tomllib
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", **TINY_LLAMA}
-    plan = _pipeline_plan(tmp_path, env)
+    plan = _pipeline_plan(tmp_path)
     model = str(REPO / "plans" / "llama_docstring" / "model.py")
     out = tmp_path / "c.toml"
     run = subprocess.run(
@@ -402,8 +371,7 @@ def test_the_timed_training_steps_of_a_1f1b_plan_run_its_own_schedule_test_only_
 
     from autodist.planner.cost.calibrate import TRAINING_STEPS
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **TINY_LLAMA}
-    plan = _pipeline_plan(tmp_path, env)
+    plan = _pipeline_plan(tmp_path)
     model = str(REPO / "plans" / "llama_docstring" / "model.py")
     outs = [tmp_path / f"rank{r}.json" for r in range(2)]
     script = str(Path(__file__).parent / "harness" / "calibrate_schedule_rank.py")
@@ -441,7 +409,7 @@ def test_calibrate_times_the_plans_own_1f1b_schedule_on_gpus(tmp_path):
     import tomllib
 
     env = {**os.environ, **TINY_LLAMA}
-    plan = _pipeline_plan(tmp_path, env)
+    plan = _pipeline_plan(tmp_path)
     model = str(REPO / "plans" / "llama_docstring" / "model.py")
     out = launched_calibrate(tmp_path, 2, env, "--plan", str(plan), "--model", model)
     tables = tomllib.loads(out.read_text())
@@ -522,16 +490,8 @@ def test_calibrate_measures_the_collectives_on_the_plans_own_groups(tmp_path):
     import tomllib
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", **TINY_LLAMA}
-    cli = str(Path(sys.executable).parent / "autodist-plan")
-    model = str(REPO / "plans" / "llama_docstring" / "model.py")
-    plan = tmp_path / "plan.json"
-    subprocess.run(
-        [cli, model, "--devices", "4", "--dp", "2", "--mp", "2", "--device", "cpu", "--dtype", "fp32", "-o", str(plan)],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    degrees = ["--devices", "4", "--dp", "2", "--mp", "2"]
+    plan = plan_tiny_llama([*degrees, "--device", "cpu", "--dtype", "fp32"], tmp_path / "plan.json")
     out = launched_calibrate(tmp_path, 4, env, "--plan", str(plan))
     text = out.read_text()
     assert "the plan's own groups" in text and "dp [[0, 2], [1, 3]]; mp [[0, 1], [2, 3]]" in text
