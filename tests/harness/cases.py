@@ -12,8 +12,6 @@ Example::
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +20,6 @@ from autodist.schemas import Plan, load_plan
 from .compare import assert_same_training, layout_differences
 from .jobs import TrainRun
 from .plans import tensor_parallel_plan, write_plan
-from .launcher import REPO_ROOT, base_env
 from .workloads import BATCH
 from .runner import ReferenceRuns, train_distributed
 from .workloads import WORKLOADS, Workload
@@ -107,107 +104,65 @@ def train_configurations(
     workload: str, configs: list[Config], workdir: Path, nodes: int = 1, backend: str = "gloo"
 ) -> dict[str, Trained]:
     """Train every configuration with its plan (hand-written, or from ``autodist-plan``); one
-    job per world size. Planner runs start first and go on while jobs that need no planner
-    plan train."""
-    planning = {
-        c.name: start_planner(WORKLOADS[workload], c.planner_arguments(nodes), workdir / f"plan_{c.name}.json")
-        for c in configs
-        if c.plan_source == "planner"
-    }
-    try:
-        model = WORKLOADS[workload].build(seed=0)  # only its parameter names and shapes are used
-        by_world: dict[int, list[Config]] = {}
-        for config in configs:
-            by_world.setdefault(config.world, []).append(config)
-        trained = {}
-        for world, group in sorted(by_world.items(), key=lambda item: any(c.name in planning for c in item[1])):
-            runs = []
-            for config in group:
-                if config.name in planning:
-                    plan = finish_planner(planning[config.name])
-                else:
-                    plan = write_plan(config.hand_written_plan(model, nodes), workdir / f"plan_{config.name}.json")
-                runs.append(
-                    TrainRun(
-                        config.name,
-                        workload,
-                        optimizer=config.optimizer,
-                        plan=plan,
-                        reshard=config.reshard,
-                        batch=config.batch,
-                        p2p=config.p2p,
-                    )
+    job per world size."""
+    model = WORKLOADS[workload].build(seed=0)  # only its parameter names and shapes are used
+    by_world: dict[int, list[Config]] = {}
+    for config in configs:
+        by_world.setdefault(config.world, []).append(config)
+    trained = {}
+    for world, group in sorted(by_world.items()):
+        runs = []
+        for config in group:
+            path = workdir / f"plan_{config.name}.json"
+            if config.plan_source == "planner":
+                plan = planned(WORKLOADS[workload], config.planner_arguments(nodes), path)
+            else:
+                plan = write_plan(config.hand_written_plan(model, nodes), path)
+            runs.append(
+                TrainRun(
+                    config.name,
+                    workload,
+                    optimizer=config.optimizer,
+                    plan=plan,
+                    reshard=config.reshard,
+                    batch=config.batch,
+                    p2p=config.p2p,
                 )
-            outputs = train_distributed(runs, world, workdir / f"world{world}", nodes=nodes, backend=backend)
-            for run in runs:
-                trained[run.name] = Trained(run, load_plan(run.plan), outputs[run.name])
-        return trained
-    finally:
-        for process, _ in planning.values():  # a failed job leaves no planner running
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+            )
+        outputs = train_distributed(runs, world, workdir / f"world{world}", nodes=nodes, backend=backend)
+        for run in runs:
+            trained[run.name] = Trained(run, load_plan(run.plan), outputs[run.name])
+    return trained
 
 
 def train_planned(cases: list[tuple[str, Config]], workdir: Path, backend: str = "gloo") -> dict[str, Trained]:
-    """Plan every ``(workload, config)`` with ``autodist-plan`` (all planners at once), then
-    train them all in one job of their common world size; keyed by workload."""
+    """Plan every ``(workload, config)`` with ``autodist-plan``, then train them all in one job of
+    their common world size; keyed by workload."""
     worlds = {config.world for _, config in cases}
     assert len(worlds) == 1, f"one job needs one world size, got {sorted(worlds)}"
-    planning = {w: start_planner(WORKLOADS[w], c.planner_arguments(), workdir / f"plan_{w}.json") for w, c in cases}
-    try:
-        runs = {
-            w: TrainRun(
-                f"{w}_{c.name}",
-                w,
-                optimizer=c.optimizer,
-                plan=finish_planner(planning[w]),
-                reshard=c.reshard,
-                batch=c.batch,
-                p2p=c.p2p,
-            )
-            for w, c in cases
-        }
-    finally:
-        for process, _ in planning.values():  # a failed planner leaves no other running
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    runs = {
+        w: TrainRun(
+            f"{w}_{c.name}",
+            w,
+            optimizer=c.optimizer,
+            plan=planned(WORKLOADS[w], c.planner_arguments(), workdir / f"plan_{w}.json"),
+            reshard=c.reshard,
+            batch=c.batch,
+            p2p=c.p2p,
+        )
+        for w, c in cases
+    }
     outputs = train_distributed(list(runs.values()), worlds.pop(), workdir / "job", backend=backend)
     return {w: Trained(run, load_plan(run.plan), outputs[run.name]) for w, run in runs.items()}
 
 
-def start_planner(workload: Workload, arguments: list[str], path: Path) -> tuple[subprocess.Popen, Path]:
-    """Start ``autodist-plan`` on the workload's model file (it runs beside the others); its
-    stderr goes to ``<plan>.stderr`` (a file: an unread pipe could stall it)."""
-    command = [
-        str(Path(sys.executable).with_name("autodist-plan")),
-        "plan",
-        workload.planner_target,
-        *arguments,
-        "-q",
-        "-o",
-        str(path),
-    ]
-    with open(f"{path}.stderr", "wb") as stderr:
-        process = subprocess.Popen(
-            command, cwd=REPO_ROOT, env=base_env(workload.planner_env), stdout=subprocess.DEVNULL, stderr=stderr
-        )
-    return process, path
+def planned(workload: Workload, arguments: list[str], path: Path) -> str:
+    """``autodist-plan`` on the workload's model file, with its environment, run in this process
+    (harness.planning.plan_command: each model traced once per session, where a planner process
+    for each plan imported Paddle and traced it again); the plan's path."""
+    from .planning import plan_command
 
-
-def finish_planner(started: tuple[subprocess.Popen, Path], timeout_s: float = 300.0) -> str:
-    """Wait for a planner run; its plan's path, or AssertionError with its stderr."""
-    process, path = started
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    stderr = Path(f"{path}.stderr").read_text(errors="replace")
-    assert process.returncode == 0, f"{' '.join(process.args)} failed (exit {process.returncode}):\n{stderr[-3000:]}"
-    load_plan(path)
-    return str(path)
+    return str(plan_command(workload.planner_target, arguments, path, workload.planner_env))
 
 
 def check_against_reference(trained: Trained, reference_runs: ReferenceRuns) -> None:
