@@ -21,6 +21,8 @@ $(VENV)/.installed: pyproject.toml
 # and on timeouts, so with two workers a core sat idle a quarter of the time (CPU 11.5 min over
 # 7.8 min of wall). A third worker fills those waits: 7 min 26 s -> 6 min 6 s of pytest on a fresh
 # clone at idle (docs/benchmarks.md, "The whole make test"). `make test PYTEST_ARGS=` runs them one by one.
+# Which files go to one worker together, and that the multi-process files are sent first, is
+# tests/harness/scheduling.py's (through tests/conftest.py).
 # A worker that dies is not replaced: its file's tests would never be sent again and the run hung
 # (pytest-xdist with --dist loadfile, seen twice); the run ends with the failure instead.
 PYTEST_ARGS ?= -n 3 --dist loadfile --max-worker-restart 0

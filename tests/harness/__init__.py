@@ -12,7 +12,10 @@ Modules, one job each:
   trained in as few launches as possible;
 - ``runner``    job files in, rank outputs out; single-device reference runs, cached;
 - ``compare``   losses within 1e-5 relative, parameters within 1e-5 absolute, layouts as planned;
-- ``cpu_substitutes`` the TEST-ONLY P->R->S reshard stand-in for kernels the CPU wheel lacks.
+- ``cpu_substitutes`` the TEST-ONLY P->R->S reshard stand-in for kernels the CPU wheel lacks;
+- ``planning`` the planner for the tests, each model traced once per session (``plan_command``:
+  the ``autodist-plan`` command in the test process);
+- ``scheduling`` how ``make test``'s pytest-xdist workers are sent the files.
 
 Example (inside a test; ``reference_runs`` is the session fixture in ``tests/conftest.py``)::
 
