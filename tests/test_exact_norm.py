@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from harness.launcher import launch_ranks
 
 RANK = r"""
@@ -66,3 +68,26 @@ def test_norms_of_split_tensors_and_their_gradients_are_one_devices(tmp_path):
     }
     assert along_split <= set(wrong), sorted(along_split - set(wrong))
     assert not any(k.startswith("pending") for k in wrong), wrong  # a pending sum Paddle completes itself
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 0.0, float("inf")])
+def test_a_refused_clip_grad_norm_raises_for_every_norm_type_and_other_norms_still_run(norm_type):
+    """Where ranks hold gradients no placement describes (ep, pp), every ``norm_type`` of
+    ``clip_grad_norm_`` is refused before it scales a gradient; its infinity norm runs through
+    ``max``, not ``p_norm``, and went through unrefused before. Norms and maxima elsewhere run."""
+    import paddle
+    from paddle.nn.utils import clip_grad_norm_
+
+    from autodist.applier.modes.exact_norm import refuse_clip_grad_norm, restore
+
+    w = paddle.create_parameter([3], "float32")
+    (w * paddle.to_tensor([1.0, -4.0, 2.0])).sum().backward()
+    refuse_clip_grad_norm("this rank's experts' gradients alone")
+    try:
+        with pytest.raises(ValueError, match="experts' gradients alone, so its norm is not the model's"):
+            clip_grad_norm_([w], max_norm=1.0, norm_type=norm_type)
+        assert w.grad.tolist() == [1.0, -4.0, 2.0]  # nothing scaled
+        assert float(paddle.linalg.norm(w.grad, norm_type)) > 0 and float(w.grad.abs().max()) == 4.0
+    finally:
+        restore()
+    assert float(clip_grad_norm_([w], max_norm=1.0, norm_type=norm_type)) > 0

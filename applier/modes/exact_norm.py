@@ -20,8 +20,9 @@ the split dims alone.
 Where ranks hold parameters no placement describes (each rank's own experts, whose gradients are
 summed over their holders only at the optimizer's step; a pipeline stage's parameters), no norm
 of one rank's gradients is the model's, exact or not: there ``clip_grad_norm_`` is refused in one
-line (:func:`refuse_clip_grad_norm`, however it was imported), naming the optimizer's
-``ClipGradByGlobalNorm``, which apply_plan clips over every rank (placement/clip.py).
+line (:func:`refuse_clip_grad_norm`, however it was imported, whatever its ``norm_type``: its
+infinity norm runs through ``max``, not ``p_norm``), naming the optimizer's ``ClipGradByGlobalNorm``,
+which apply_plan clips over every rank (placement/clip.py).
 
     >>> import paddle
     >>> norm_exactly()
@@ -41,6 +42,8 @@ import paddle.distributed as dist
 
 #: Paddle's own ``p_norm``, called for everything not run exactly here.
 _PADDLE_P_NORM = paddle._C_ops.p_norm
+#: Paddle's own ``max``, which ``clip_grad_norm_``'s infinity norm calls instead of ``p_norm``.
+_PADDLE_MAX = paddle._C_ops.max
 #: The code Paddle's ``clip_grad_norm_`` runs, whatever name a script imported it by.
 _CLIP_CODE = getattr(paddle.nn.utils.clip_grad_norm_, "__wrapped__", paddle.nn.utils.clip_grad_norm_).__code__
 #: Why ``clip_grad_norm_`` is refused in this process (:func:`refuse_clip_grad_norm`), or None.
@@ -48,7 +51,7 @@ _clip_refused: str | None = None
 
 
 def norm_exactly() -> None:
-    """Make ``_C_ops.p_norm``, ``max`` and ``min`` exact on distributed tensors (module
+    """Make ``_C_ops.p_norm`` exact on distributed tensors (module
     docstring). Calling again changes nothing; :func:`restore` undoes it."""
     paddle._C_ops.p_norm = _p_norm
 
@@ -56,9 +59,19 @@ def norm_exactly() -> None:
 def refuse_clip_grad_norm(why: str) -> None:
     """From now on (until :func:`restore`), Paddle's ``clip_grad_norm_`` raises ``ValueError``
     naming ``why`` (what ranks hold that its norm misses) and the rewrite, before it scales
-    anything (its 1- and 2-norms run through ``p_norm``)."""
+    anything (its 0-, 1- and 2-norms run through ``p_norm``, its infinity norm through ``max``).
+
+    >>> refuse_clip_grad_norm("nothing")
+    >>> w = paddle.create_parameter([2], "float32")
+    >>> w.sum().backward()
+    >>> paddle.nn.utils.clip_grad_norm_([w], 1.0, norm_type=float("inf"))
+    Traceback (most recent call last):
+    ValueError: paddle.nn.utils.clip_grad_norm_ under this plan sees nothing, so its norm is not ...
+    >>> restore()
+    """
     global _clip_refused
     _clip_refused = why
+    paddle._C_ops.p_norm, paddle._C_ops.max = _p_norm, _max
 
 
 def restore() -> None:
@@ -68,16 +81,16 @@ def restore() -> None:
     True
     """
     global _clip_refused
-    paddle._C_ops.p_norm, _clip_refused = _PADDLE_P_NORM, None
+    paddle._C_ops.p_norm, paddle._C_ops.max, _clip_refused = _PADDLE_P_NORM, _PADDLE_MAX, None
+
+
+def _max(x, axis, keepdim):
+    _refuse_if_clipping()
+    return _PADDLE_MAX(x, axis, keepdim)
 
 
 def _p_norm(x, porder, axis, epsilon, keepdim, asvector):
-    if _clip_refused is not None and _called_by_clip_grad_norm():
-        raise ValueError(
-            f"paddle.nn.utils.clip_grad_norm_ under this plan sees {_clip_refused}, so its norm is not the "
-            "model's: clip in the optimizer instead, grad_clip=paddle.nn.ClipGradByGlobalNorm(max_norm), which "
-            "apply_plan clips over every rank"
-        )
+    _refuse_if_clipping()
     reduced = range(x.ndim) if asvector else [axis % max(x.ndim, 1)]
     if not _misreduced(x, reduced):
         return _PADDLE_P_NORM(x, porder, axis, epsilon, keepdim, asvector)
@@ -88,8 +101,17 @@ def _p_norm(x, porder, axis, epsilon, keepdim, asvector):
     return _PADDLE_P_NORM(_gathered(x, reduced), porder, axis, epsilon, keepdim, asvector)
 
 
+def _refuse_if_clipping() -> None:
+    if _clip_refused is not None and _called_by_clip_grad_norm():
+        raise ValueError(
+            f"paddle.nn.utils.clip_grad_norm_ under this plan sees {_clip_refused}, so its norm is not the "
+            "model's: clip in the optimizer instead, grad_clip=paddle.nn.ClipGradByGlobalNorm(max_norm), which "
+            "apply_plan clips over every rank"
+        )
+
+
 def _called_by_clip_grad_norm() -> bool:
-    frame: FrameType | None = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(3)
     for _ in range(12):  # clip_grad_norm_ -> linalg.norm -> vector_norm -> ... -> p_norm, decorators between
         if frame is None or frame.f_code is _CLIP_CODE:
             return frame is not None
