@@ -76,6 +76,8 @@ from autodist.applier.modes.local_einsum import restore as restore_einsum
 from autodist.applier.modes.local_einsum import run_permutations_locally
 from autodist.applier.modes.exact_norm import norm_exactly, refuse_clip_grad_norm
 from autodist.applier.modes.exact_norm import restore as restore_norm
+from autodist.applier.checkpoint.plain_save import guard_saves
+from autodist.applier.checkpoint.plain_save import restore as restore_save
 from autodist.applier.ranks.readable import install as make_outputs_readable
 from autodist.applier.ranks.readable import settings as read_settings
 from autodist.applier.modes.recompute import wrap_recompute
@@ -175,7 +177,8 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     equalise_random(list(range(world)), dist.get_rank())
     equalise_dense(model, dist.get_rank(), world)
     # Expert parallelism drops the experts other ranks hold before anything is sharded.
-    sharded = shard_parameters(model, plan, frozenset(dropped_parameters(plan, dist.get_rank())))
+    dropped = frozenset(dropped_parameters(plan, dist.get_rank()))
+    sharded = shard_parameters(model, plan, dropped)
     register_hooks(model, plan, reshard_fn)
     LocalViews(plan).wrap(model)  # sub-layers that run on local tensors (local_view.py)
     wrap_vocab_lookups(model, plan)  # token lookups in a vocabulary-split table, Megatron's way (vocab_lookup.py)
@@ -194,6 +197,10 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
         model = build_pipeline(
             model, plan, loss_fn, dist.ProcessMesh(mesh_ids(plan).tolist(), plan.mesh.axes), sharded.copies
         )
+    # paddle.save(model.state_dict()): one device's file where the rank holds it, else refused (plain_save.py)
+    guard_saves(
+        "its own experts only" if dropped else "its pipeline stage's only" if isinstance(model, PipelineModel) else None
+    )
     # Every rank must have applied the plan before the next communication (the optimizer's), or all
     # raise here instead of waiting there (unless a pipeline's came first and settled already).
     agreement.settle()
@@ -260,6 +267,7 @@ def close(model: paddle.nn.Layer | None = None) -> None:
     if model is None or not _APPLIED or set(_APPLIED) <= {model}:
         restore_einsum()
         restore_norm()
+        restore_save()
 
 
 def applied_plan(model: paddle.nn.Layer) -> Plan | None:

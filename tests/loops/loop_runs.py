@@ -124,6 +124,7 @@ ONE_DEVICE_RUNS = [
     ("seeded_per_rank.py", "--seed", "paddleformers"),
     ("seeded_per_rank.py", "--seed", "paddle", "--eval-samples", "8"),
     ("optimizer_after.py",),
+    ("plain_save.py",),
     ("read_anywhere.py", "--model", "gpt"),
     ("read_anywhere.py", "--model", "mixtral"),
 ]

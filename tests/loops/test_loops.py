@@ -254,3 +254,52 @@ def test_a_habit_that_would_train_wrong_ends_before_training_on_every_rank(args,
     for process in job.processes:
         assert message in process.stderr, process.stderr[-2000:]
         assert "step 1" not in process.stdout
+
+
+def test_paddle_save_of_the_state_on_rank_0_under_dp_writes_one_devices_file(loop_plans, single_device, tmp_path):
+    """``paddle.save(model.state_dict())`` and the optimizer's on rank 0, the single-device habit:
+    Paddle 3.3.1 alone fails on the distributed tensors (``'DistTensor' object has no attribute
+    '_is_initialized'``). Under dp every rank holds them whole, so the files are one device's."""
+    import numpy as np
+    import paddle
+
+    one = single_device("plain_save.py")
+    ranks, path = loop_plans("gpt", "dp2")
+    run = run_script("plain_save.py", tmp_path, ranks, path)
+    assert run.log["losses"] == pytest.approx(one.log["losses"], abs=1e-5)
+    got, want = paddle.load(str(run.out / "model.pdparams")), paddle.load(str(one.out / "model.pdparams"))
+    assert sorted(got) == sorted(want)
+    for key in want:
+        g, w = got[key].numpy(), want[key].numpy()
+        if key in ZERO_GRADIENT:  # AdamW's step on a gradient that is rounding noise (loop_runs.py)
+            g[ZERO_GRADIENT[key]] = w[ZERO_GRADIENT[key]] = 0
+        np.testing.assert_allclose(g, w, atol=1e-5, err_msg=key)
+    # The optimizer's state is keyed by its tensors' names, which differ (an unmatched one is
+    # refused by Paddle's set_state_dict); its values are the moments, one device's like the above.
+    moments = paddle.load(str(run.out / "opt.pdopt"))
+    assert sum(isinstance(v, paddle.Tensor) for v in moments.values()) == sum(
+        isinstance(v, paddle.Tensor) for v in paddle.load(str(one.out / "opt.pdopt")).values()
+    )
+
+
+@pytest.mark.parametrize(
+    "model, plan_name, message",
+    [
+        ("gpt", "mp2", "is split (or a pending sum) by autodist's plan, so no rank holds it whole; call "),
+        ("mixtral", "ep2", "paddle.save under this plan: this rank holds its own experts only, so no rank's tensors"),
+    ],
+    ids=["split", "experts_apart"],
+)
+def test_paddle_save_of_state_no_rank_holds_whole_is_refused_in_one_line(
+    model, plan_name, message, loop_plans, tmp_path
+):
+    """Under mp the state dict holds pieces, under ep each rank its own experts: a file saved by
+    rank 0 would not be the model (or Paddle fails deep inside). Refused before the path is
+    touched, naming save_checkpoint and export_checkpoint; no rank is left waiting."""
+    ranks, path = loop_plans(model, plan_name)
+    job = launch_script("plain_save.py", tmp_path, ranks, path, "--model", model)
+    assert job.processes[0].returncode == 1, job.report()
+    assert message in job.processes[0].stderr, job.processes[0].stderr[-2000:]
+    assert "autodist.save_checkpoint(model, optimizer, directory) on every rank" in job.processes[0].stderr
+    assert not (tmp_path / "model.pdparams").exists()
+    assert "step 2" not in job.processes[0].stdout
