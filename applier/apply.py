@@ -74,8 +74,8 @@ from autodist.applier.ranks.readable import Settings as ReadSettings
 from autodist.applier.ranks.readable import close as close_readable
 from autodist.applier.modes.local_einsum import restore as restore_einsum
 from autodist.applier.modes.local_einsum import run_permutations_locally
-from autodist.applier.modes.exact_norm import norm_exactly, refuse_clip_grad_norm
-from autodist.applier.modes.exact_norm import restore as restore_norm
+from autodist.applier.modes.exact_reductions import norm_exactly, refuse_clip_grad_norm
+from autodist.applier.modes.exact_reductions import restore as restore_norm
 from autodist.applier.checkpoint.plain_save import guard_saves
 from autodist.applier.checkpoint.plain_save import restore as restore_save
 from autodist.applier.ranks.readable import install as make_outputs_readable
@@ -183,7 +183,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     LocalViews(plan).wrap(model)  # sub-layers that run on local tensors (local_view.py)
     wrap_vocab_lookups(model, plan)  # token lookups in a vocabulary-split table, Megatron's way (vocab_lookup.py)
     run_permutations_locally()  # an einsum that only reorders dims, on local values (einsum.py)
-    norm_exactly()  # a norm over split dims, which Paddle sums (exact_norm.py)
+    norm_exactly()  # a norm over split dims, which Paddle sums (exact_reductions.py)
     groups = None
     if runs_moe_locally(plan):  # ep, the MoE layers of plain dp or of mp alone (expert_dispatch.py)
         groups = ExpertGroups(plan, dist.get_rank())
@@ -256,7 +256,7 @@ def close(model: paddle.nn.Layer | None = None) -> None:
     """Undo what apply_plan changed in this process beyond the model (for ``model``, or for every
     applied model): the readable losses' wrappers, server thread and exit wait (readable/), once
     no applied model needs them, ``paddle.einsum``'s local permutations (einsum.py) and the exact
-    norms (exact_norm.py). The models stay distributed. Call it on every rank.
+    norms (exact_reductions.py). The models stay distributed. Call it on every rank.
 
     Example::
 

@@ -86,6 +86,14 @@ def test_an_optimizer_built_after_apply_plan_trains_as_one_device_under_mp2(loop
     assert_same_training(run, single_device("optimizer_after.py"), params=False)
 
 
+def test_a_z_loss_on_vocabulary_split_logits_trains_as_one_device_under_mp2(loop_plans, single_device, tmp_path):
+    """The logits arrive split over the vocabulary; Paddle 3.3.1's ``logsumexp`` alone summed the
+    halves' (step 1 under mp2: loss 5.0467 and z 53.87 for one device's 4.6986 and 19.06)."""
+    ranks, path = loop_plans("gpt", "mp2")
+    run = run_script("z_loss.py", tmp_path, ranks, path)
+    assert_same_training(run, single_device("z_loss.py"), keys=("losses", "z"), params=False)
+
+
 @pytest.mark.parametrize(
     ("model", "plan_name", "message"),
     [
@@ -139,7 +147,7 @@ def test_clip_grad_norm_is_refused_in_one_line_where_ranks_hold_their_own_expert
 def test_manual_gradient_accumulation_and_clip_grad_norm(plan, loop_plans, single_device, tmp_path):
     ranks, path = loop_plans("gpt", plan)
     """The gradient norm ``clip_grad_norm_`` returns (and clips by) is one device's: Paddle 3.3
-    sums the split halves' norms (exact_norm.py; mp2 logged 3.199 for 2.223 without it)."""
+    sums the split halves' norms (exact_reductions.py; mp2 logged 3.199 for 2.223 without it)."""
     run = run_script("accumulate.py", tmp_path, ranks, path)
     reference = single_device("accumulate.py")
     assert_same_training(run, reference, keys=("losses", "norms"), exempt=ZERO_GRADIENT)

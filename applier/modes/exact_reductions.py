@@ -1,21 +1,26 @@
-"""Norms of distributed tensors, exact where Paddle 3.3's rule is not.
+"""Norms and log-sum-exps of distributed tensors, exact where Paddle 3.3's rules are not.
 
 Paddle 3.3.1's ``p_norm`` reduces a split dim of a DistTensor to a pending *sum* of the ranks'
 local norms (``Partial(SUM)``; docs/paddle-notes.md): the 2-norm of a tensor split in two comes
 out as the sum of the halves' norms, and its gradient is as wrong. ``paddle.linalg.norm``,
 ``F.normalize`` and ``paddle.nn.utils.clip_grad_norm_`` all run through it: a user's loop that
 clips with ``clip_grad_norm_`` under mp2 got 3.20 for a gradient norm of 2.22 and clipped by
-it, without a word. (Paddle's ``max``, ``min`` and ``sum`` over a split dim are right.)
+it, without a word. ``logsumexp`` is as wrong (the sum of the halves' log-sum-exps): a z-loss
+on vocabulary-split logits, ``paddle.logsumexp(logits, -1) ** 2``, trained another model. (Paddle's
+``max``, ``min``, ``sum``, ``softmax``, ``log_softmax`` and ``cross_entropy`` over a split dim are
+right; tests/test_exact_reductions.py measures which.)
 
-:func:`norm_exactly` makes ``_C_ops.p_norm`` exact for a DistTensor split along a dim it
-reduces (a pending sum Paddle completes first, rightly):
+:func:`norm_exactly` makes ``_C_ops.p_norm`` and ``_C_ops.logsumexp`` exact for a DistTensor
+split along a dim they reduce (a pending sum Paddle completes first, rightly):
 
 - a p-norm with ``0 < p < inf`` sums ``|x| ** p`` (a sum's rule is right), completes that sum
   over the ranks, then takes the ``1/p`` power: no tensor is gathered, as a gradient clip needs;
-- any other order (the infinity norms) gathers the reduced dims first, then reduces.
+- any other order (the infinity norms) gathers the reduced dims first, then reduces;
+- a log-sum-exp takes the maximum (right), sums ``exp(x - max)`` (right), completes the sum and
+  takes its log, plus the maximum (held constant: the gradient is ``softmax(x)`` either way).
 
-Every other call goes to Paddle unchanged: plain tensors, static programs, and norms that leave
-the split dims alone.
+Every other call goes to Paddle unchanged: plain tensors, static programs, and reductions that
+leave the split dims alone.
 
 Where ranks hold parameters no placement describes (each rank's own experts, whose gradients are
 summed over their holders only at the optimizer's step; a pipeline stage's parameters), no norm
@@ -42,6 +47,8 @@ import paddle.distributed as dist
 
 #: Paddle's own ``p_norm``, called for everything not run exactly here.
 _PADDLE_P_NORM = paddle._C_ops.p_norm
+#: Paddle's own ``logsumexp``.
+_PADDLE_LOGSUMEXP = paddle._C_ops.logsumexp
 #: Paddle's own ``max``, which ``clip_grad_norm_``'s infinity norm calls instead of ``p_norm``.
 _PADDLE_MAX = paddle._C_ops.max
 #: The code Paddle's ``clip_grad_norm_`` runs, whatever name a script imported it by.
@@ -51,9 +58,9 @@ _clip_refused: str | None = None
 
 
 def norm_exactly() -> None:
-    """Make ``_C_ops.p_norm`` exact on distributed tensors (module
+    """Make ``_C_ops.p_norm`` and ``_C_ops.logsumexp`` exact on distributed tensors (module
     docstring). Calling again changes nothing; :func:`restore` undoes it."""
-    paddle._C_ops.p_norm = _p_norm
+    paddle._C_ops.p_norm, paddle._C_ops.logsumexp = _p_norm, _logsumexp
 
 
 def refuse_clip_grad_norm(why: str) -> None:
@@ -81,7 +88,8 @@ def restore() -> None:
     True
     """
     global _clip_refused
-    paddle._C_ops.p_norm, paddle._C_ops.max, _clip_refused = _PADDLE_P_NORM, _PADDLE_MAX, None
+    paddle._C_ops.p_norm, paddle._C_ops.logsumexp, paddle._C_ops.max = _PADDLE_P_NORM, _PADDLE_LOGSUMEXP, _PADDLE_MAX
+    _clip_refused = None
 
 
 def _max(x, axis, keepdim):
@@ -99,6 +107,22 @@ def _p_norm(x, porder, axis, epsilon, keepdim, asvector):
         done = [dist.Replicate() if p.is_partial() else p for p in summed.placements]
         return dist.reshard(summed, summed.process_mesh, done) ** (1.0 / porder)
     return _PADDLE_P_NORM(_gathered(x, reduced), porder, axis, epsilon, keepdim, asvector)
+
+
+def _logsumexp(x, axis=None, keepdim=False, *args, **kwargs):
+    """``paddle.logsumexp(x, axis, keepdim)`` (Paddle 3.3 calls ``_C_ops.logsumexp`` with its
+    own arguments), exact where ``x`` is split along a reduced dim."""
+    axes = [axis] if isinstance(axis, int) else list(axis or [])
+    reduced = [a % max(x.ndim, 1) for a in axes] or list(range(x.ndim))
+    if not _misreduced(x, reduced):
+        return _PADDLE_LOGSUMEXP(x, axis, keepdim, *args, **kwargs)
+    over = reduced if axes else None
+    top = paddle.max(x, axis=over, keepdim=True).detach()
+    top = paddle.where(paddle.isinf(top), paddle.zeros_like(top), top)  # all -inf: exp(-inf) sums to 0
+    summed = paddle.sum(paddle.exp(x - top), axis=over, keepdim=keepdim)
+    done = [dist.Replicate() if p.is_partial() else p for p in summed.placements]
+    whole = dist.reshard(summed, summed.process_mesh, done)
+    return paddle.log(whole) + (top if keepdim else top.squeeze(over) if over is not None else top.reshape([]))
 
 
 def _refuse_if_clipping() -> None:
