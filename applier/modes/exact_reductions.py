@@ -8,7 +8,9 @@ clips with ``clip_grad_norm_`` under mp2 got 3.20 for a gradient norm of 2.22 an
 it, without a word. ``logsumexp`` is as wrong (the sum of the halves' log-sum-exps): a z-loss
 on vocabulary-split logits, ``paddle.logsumexp(logits, -1) ** 2``, trained another model. (Paddle's
 ``max``, ``min``, ``sum``, ``softmax``, ``log_softmax`` and ``cross_entropy`` over a split dim are
-right; tests/test_exact_reductions.py measures which.)
+right; tests/test_exact_reductions.py measures which.) ``cumsum`` along a *negative* axis of a
+DistTensor misreads it: ``cumsum(x, -2)`` of a tensor split along dim 0 ran on each rank's rows
+alone, and ``cumsum(x, -1)`` of one split along its last dim aborts the process.
 
 :func:`norm_exactly` makes ``_C_ops.p_norm`` and ``_C_ops.logsumexp`` exact for a DistTensor
 split along a dim they reduce (a pending sum Paddle completes first, rightly):
@@ -17,7 +19,9 @@ split along a dim they reduce (a pending sum Paddle completes first, rightly):
   over the ranks, then takes the ``1/p`` power: no tensor is gathered, as a gradient clip needs;
 - any other order (the infinity norms) gathers the reduced dims first, then reduces;
 - a log-sum-exp takes the maximum (right), sums ``exp(x - max)`` (right), completes the sum and
-  takes its log, plus the maximum (held constant: the gradient is ``softmax(x)`` either way).
+  takes its log, plus the maximum (held constant: the gradient is ``softmax(x)`` either way);
+- a ``cumsum`` (and ``cumsum_``) along a negative axis is Paddle's along the same axis counted from
+  the front, which its rule reads right.
 
 Every other call goes to Paddle unchanged: plain tensors, static programs, and reductions that
 leave the split dims alone.
@@ -49,6 +53,8 @@ import paddle.distributed as dist
 _PADDLE_P_NORM = paddle._C_ops.p_norm
 #: Paddle's own ``logsumexp``.
 _PADDLE_LOGSUMEXP = paddle._C_ops.logsumexp
+#: Paddle's own ``cumsum`` and its in-place twin.
+_PADDLE_CUMSUM, _PADDLE_CUMSUM_ = paddle._C_ops.cumsum, paddle._C_ops.cumsum_
 #: Paddle's own ``max``, which ``clip_grad_norm_``'s infinity norm calls instead of ``p_norm``.
 _PADDLE_MAX = paddle._C_ops.max
 #: The code Paddle's ``clip_grad_norm_`` runs, whatever name a script imported it by.
@@ -58,9 +64,10 @@ _clip_refused: str | None = None
 
 
 def norm_exactly() -> None:
-    """Make ``_C_ops.p_norm`` and ``_C_ops.logsumexp`` exact on distributed tensors (module
+    """Make ``_C_ops.p_norm``, ``logsumexp`` and ``cumsum`` exact on distributed tensors (module
     docstring). Calling again changes nothing; :func:`restore` undoes it."""
     paddle._C_ops.p_norm, paddle._C_ops.logsumexp = _p_norm, _logsumexp
+    paddle._C_ops.cumsum, paddle._C_ops.cumsum_ = _cumsum(_PADDLE_CUMSUM), _cumsum(_PADDLE_CUMSUM_)
 
 
 def refuse_clip_grad_norm(why: str) -> None:
@@ -89,6 +96,7 @@ def restore() -> None:
     """
     global _clip_refused
     paddle._C_ops.p_norm, paddle._C_ops.logsumexp, paddle._C_ops.max = _PADDLE_P_NORM, _PADDLE_LOGSUMEXP, _PADDLE_MAX
+    paddle._C_ops.cumsum, paddle._C_ops.cumsum_ = _PADDLE_CUMSUM, _PADDLE_CUMSUM_
     _clip_refused = None
 
 
@@ -123,6 +131,18 @@ def _logsumexp(x, axis=None, keepdim=False, *args, **kwargs):
     done = [dist.Replicate() if p.is_partial() else p for p in summed.placements]
     whole = dist.reshard(summed, summed.process_mesh, done)
     return paddle.log(whole) + (top if keepdim else top.squeeze(over) if over is not None else top.reshape([]))
+
+
+def _cumsum(paddle_cumsum):
+    """``paddle_cumsum(x, axis, flatten, exclusive, reverse, ...)`` with a distributed ``x``'s
+    negative ``axis`` counted from the front (module docstring)."""
+
+    def cumsum(x, axis, *args, **kwargs):
+        if isinstance(x, paddle.Tensor) and x.is_dist() and axis < 0:
+            axis += x.ndim
+        return paddle_cumsum(x, axis, *args, **kwargs)
+
+    return cumsum
 
 
 def _refuse_if_clipping() -> None:
