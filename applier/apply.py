@@ -85,6 +85,8 @@ from autodist.applier.placement.replicas import equalise_dense, equalise_random
 from autodist.applier.placement.shard import shard_parameters
 from autodist.applier.ranks.store_host import warm_up_store_host
 from autodist.applier.placement.validate import plan_problems
+from autodist.applier.placement.wrapped_again import refuse_wrapping_again
+from autodist.applier.placement.wrapped_again import restore as restore_wrapping
 from autodist.applier.modes.vocab_lookup import wrap_vocab_lookups
 
 #: The plan each model ``apply_plan`` returned was distributed by (``save_checkpoint`` records it).
@@ -201,6 +203,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     guard_saves(
         "its own experts only" if dropped else "its pipeline stage's only" if isinstance(model, PipelineModel) else None
     )
+    refuse_wrapping_again()  # fleet.distributed_model(model) of the model returned (wrapped_again.py)
     # Every rank must have applied the plan before the next communication (the optimizer's), or all
     # raise here instead of waiting there (unless a pipeline's came first and settled already).
     agreement.settle()
@@ -255,8 +258,9 @@ def _clip_over_ranks(optimizer, rebuilt, model, plan: Plan, groups: ExpertGroups
 def close(model: paddle.nn.Layer | None = None) -> None:
     """Undo what apply_plan changed in this process beyond the model (for ``model``, or for every
     applied model): the readable losses' wrappers, server thread and exit wait (readable/), once
-    no applied model needs them, ``paddle.einsum``'s local permutations (einsum.py) and the exact
-    norms (exact_reductions.py). The models stay distributed. Call it on every rank.
+    no applied model needs them, ``paddle.einsum``'s local permutations (einsum.py), the exact
+    reductions (exact_reductions.py), ``paddle.save``'s guard (plain_save.py) and Paddle's parallel
+    wrappers' (wrapped_again.py). The models stay distributed. Call it on every rank.
 
     Example::
 
@@ -268,6 +272,7 @@ def close(model: paddle.nn.Layer | None = None) -> None:
         restore_einsum()
         restore_norm()
         restore_save()
+        restore_wrapping()
 
 
 def applied_plan(model: paddle.nn.Layer) -> Plan | None:

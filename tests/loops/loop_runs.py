@@ -126,6 +126,7 @@ ONE_DEVICE_RUNS = [
     ("optimizer_after.py",),
     ("plain_save.py",),
     ("z_loss.py",),
+    ("fleet_habits.py",),
     ("read_anywhere.py", "--model", "gpt"),
     ("read_anywhere.py", "--model", "mixtral"),
 ]

@@ -311,3 +311,28 @@ def test_paddle_save_of_state_no_rank_holds_whole_is_refused_in_one_line(
     assert "autodist.save_checkpoint(model, optimizer, directory) on every rank" in job.processes[0].stderr
     assert not (tmp_path / "model.pdparams").exists()
     assert "step 2" not in job.processes[0].stdout
+
+
+@pytest.mark.parametrize("plan", ["dp2", "mp2"])
+def test_fleet_distributed_optimizer_on_the_returned_optimizer_trains_as_one_device(
+    plan, loop_plans, single_device, tmp_path
+):
+    ranks, path = loop_plans("gpt", plan)
+    run = run_script("fleet_habits.py", tmp_path, ranks, path, "--wrap", "optimizer")
+    assert_same_training(run, single_device("fleet_habits.py"), params=False)
+
+
+@pytest.mark.parametrize(
+    "wrap, wrapper", [("model", "fleet.distributed_model"), ("data_parallel", "paddle.DataParallel")]
+)
+def test_wrapping_the_returned_model_again_is_refused_in_one_line(wrap, wrapper, loop_plans, tmp_path):
+    """Paddle's wrappers copy the distributed parameters as dense tensors: SIGSEGV on every rank,
+    no traceback. Refused before they run, naming the line to drop."""
+    ranks, path = loop_plans("gpt", "mp2")
+    job = launch_script("fleet_habits.py", tmp_path, ranks, path, "--wrap", wrap)
+    for process in job.processes:
+        assert process.returncode == 1, job.report()
+        assert (
+            f"ValueError: {wrapper}: this model was distributed by autodist.apply_plan, whose plan already runs its "
+            f"data and model parallelism; drop the {wrapper}(model) line"
+        ) in process.stderr, process.stderr[-2000:]
