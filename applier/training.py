@@ -34,7 +34,8 @@ from typing import Any, Callable
 
 import numpy as np
 import paddle
-import paddle.distributed as dist
+
+from autodist.applier.modes.whole_metrics import whole_value
 
 #: ``(batch) -> loss``: the loss of one batch from the loader (:func:`model_loss`).
 LossOf = Callable[[Any], paddle.Tensor]
@@ -62,10 +63,7 @@ def model_loss(model: paddle.nn.Layer, loss_fn: Callable | None) -> LossOf:
 
 def loss_value(tensor: paddle.Tensor) -> float:
     """A scalar's value on this rank, gathered first when it is distributed (every rank reads it)."""
-    if tensor.is_dist():
-        tensor = dist.reshard(tensor, tensor.process_mesh, [dist.Replicate()] * len(tensor.placements))
-        tensor = tensor._local_value()
-    return float(tensor.numpy())
+    return float(whole_value(tensor).numpy())
 
 
 def train_step(loss_of: LossOf, optimizer: Any, batch: Any) -> float:
