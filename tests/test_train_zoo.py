@@ -36,7 +36,8 @@ SKIP = {
 #: are trained as the local views autodist-plan gives them by default, and so is Ling's (BailingMoe)
 #: fused attention, beside its MoE layers. Those of Ling, Switch Transformers (experts reading their
 #: tokens through a boolean mask, ``x[mask]``) and GShard (an einsum dispatch) run whole on every
-#: rank as plain tensors, where Paddle runs those ops (test_local_only_ops).
+#: rank as plain tensors, where Paddle runs those ops (test_local_only_ops). ModernBERT's fused
+#: Wqkv and Wi are trained as their local views too.
 LOCAL_VIEWS = {
     "zoo_bailing_moe_hf",
     "zoo_phi3_hf",
@@ -47,6 +48,7 @@ LOCAL_VIEWS = {
     "zoo_bloom_hf",
     "zoo_biogpt_hf",
     "zoo_codegen_hf",
+    "zoo_modernbert_hf",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 #: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too.
