@@ -37,7 +37,8 @@ SKIP = {
 #: fused attention, beside its MoE layers. Those of Ling, Switch Transformers (experts reading their
 #: tokens through a boolean mask, ``x[mask]``) and GShard (an einsum dispatch) run whole on every
 #: rank as plain tensors, where Paddle runs those ops (test_local_only_ops). ModernBERT's fused
-#: Wqkv and Wi are trained as their local views too.
+#: Wqkv and Wi, and Swin's windowed attention with its relative-position-bias table split by heads
+#: (a per-head parameter of the view), are trained as their local views too.
 LOCAL_VIEWS = {
     "zoo_bailing_moe_hf",
     "zoo_phi3_hf",
@@ -49,6 +50,7 @@ LOCAL_VIEWS = {
     "zoo_biogpt_hf",
     "zoo_codegen_hf",
     "zoo_modernbert_hf",
+    "zoo_swin_timm",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 #: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too.

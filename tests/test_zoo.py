@@ -595,6 +595,18 @@ EXPECTED = {
         "model.embeddings.tok_embeddings.weight": ROW,  # vocabulary rows, tied to the decoder
         "head.dense.weight": REP,
     },
+    # Swin (timm): windowed attention, its relative-position-bias table [(2W-1)^2, heads] read at a
+    # buffer of indices and split by heads with the attention's local view (LOCAL_VIEWS)
+    f"{ZOO}/swin_timm.py": {
+        **fused("layers.*.blocks.*.attn", "qkv", bias=True),
+        "layers.*.blocks.*.attn.proj.weight": ROW,
+        "layers.*.blocks.*.attn.proj.bias": REP,
+        "layers.*.blocks.*.attn.relative_position_bias_table": "S(1)",
+        **mlp("layers.*.blocks.*.mlp", ("fc1",), "fc2", bias=True),
+        "layers.1.downsample.reduction.weight": REP,
+        "patch_embed.proj.weight": REP,
+        "head.weight": REP,
+    },
     f"{PF}:build_gpt_oss": {
         **attention("model.layers.*.self_attn", bias=True, o_bias=True),
         "model.layers.*.mlp.router.weight": REP,
@@ -684,6 +696,7 @@ LOCAL_VIEWS = {
     f"{ZOO}/chatglm3_hf.py",
     f"{ZOO}/phi3_hf.py",
     f"{ZOO}/modernbert_hf.py",
+    f"{ZOO}/swin_timm.py",
 }
 
 #: Models the planner refuses, with what the one line says: PaddleFormers' Phi-3 takes the empty
