@@ -290,7 +290,12 @@ class Replay:
         if rule_name in SIZE_RULE_OPS and dynamic([t.shape for t in inputs_flat] + list(data["shapes"])):
             self._unknown(node, operands)  # whole inputs assumed, as for an op with no rule known
             return
-        answer = self._ask(node, rule_name, tensors, extra(data))
+        try:
+            arguments = extra(data)
+        except KeyError:  # an argument the rule reads is computed, not a constant: ``w[expert_idx]``'s start
+            self._unknown(node, operands)
+            return
+        answer = self._ask(node, rule_name, tensors, arguments)
         if answer is None:  # the rule refused these arguments, or crashed: assume the worst
             self._unknown(node, operands)
             return
