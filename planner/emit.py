@@ -120,10 +120,7 @@ def build_plan(
             f"micro_batches={strategy.micro_batches}: apply_plan accumulates gradients (the loader yields "
             f"{strategy.micro_batches} micro-batches per batch, the optimizer updates once per batch)"
         )
-    notes += [
-        f"layer {layer}: no pattern matched it; its parameters stay replicated"
-        for layer in unmatched(analysis, local_view)
-    ]
+    notes += [unmatched_note(layer) for layer in unmatched(analysis, local_view)]
     recompute = recompute_layers(analysis, strategy.recompute, notes)
     notes += analysis.notes + result.notes
     return Plan(
@@ -175,6 +172,17 @@ def unmatched(analysis: ModelAnalysis, local_view: list[LocalView]) -> list[str]
         for layer in analysis.unmatched
         if not all(fqn in viewed for fqn in analysis.params if fqn.rpartition(".")[0] == layer)
     ]
+
+
+def unmatched_note(layer: str) -> str:
+    """The note (and the command's warning) on a layer no pattern matched ('' the top level's own
+    parameters: timm's ``cls_token``).
+
+    >>> unmatched_note("")
+    "the model's top level: no pattern matched it; its parameters stay replicated"
+    """
+    where = f"layer {layer}" if layer else "the model's top level"
+    return f"{where}: no pattern matched it; its parameters stay replicated"
 
 
 def recompute_layers(analysis: ModelAnalysis, mode: str, notes: list[str]) -> list[str]:
