@@ -747,7 +747,11 @@ REFUSED = {
 #: Models planned blind at input specs of their own (batch x sequence; no size equal to another of
 #: the model's): the plan at each, as autodist-plan makes it (local views on), has the placements
 #: of EXPECTED, no hooks, and the same local views.
-SPECS = {f"{ZOO}/phi_hf.py": ["input_ids:int64:3x16", "input_ids:int64:5x12"]}
+SPECS = {
+    f"{ZOO}/phi_hf.py": ["input_ids:int64:3x16", "input_ids:int64:5x12"],
+    f"{ZOO}/esm_hf.py": ["input_ids:int64:3x16", "input_ids:int64:5x7"],
+    f"{ZOO}/mpnet_hf.py": ["input_ids:int64:3x16", "input_ids:int64:5x7"],
+}
 
 
 @functools.cache

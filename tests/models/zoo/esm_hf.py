@@ -26,7 +26,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
-VOCAB, SEQ = 33, 10
+VOCAB, SEQ = 33, 12
 
 
 class EsmConfig:

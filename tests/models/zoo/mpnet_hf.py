@@ -25,7 +25,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
-VOCAB, SEQ = 90, 10
+VOCAB, SEQ = 90, 12
 
 
 class MPNetConfig:
