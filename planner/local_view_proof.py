@@ -161,8 +161,13 @@ def local_views(
             try:
                 variants = call_variants(call, candidate.sublayer.num_heads, mp)
                 # In a child of its own: a Paddle crash leaves this kind gathered, not every kind.
+                layouts = [
+                    weights + extra
+                    for weights in _layouts(candidate)
+                    for extra in per_head_weights(layer, view, params, candidate.sublayer.num_heads, mp)
+                ]
                 found_view = run_forked(
-                    "the local-view proof", discover, layer, view, params, mp, plausible, _layouts(candidate), variants
+                    "the local-view proof", discover, layer, view, params, mp, plausible, layouts, variants
                 )
                 proven[key] = _relative(found_view, "")
             except NotProven as exc:  # said once per sub-layer kind, its names relative to the sub-layer
@@ -285,6 +290,7 @@ def _kind(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int) -> tup
         ),
         msgspec.json.encode(view.call),
         tuple(view.dropped_outputs),
+        tuple((fqn.removeprefix(view.layer), tuple(params[fqn][0])) for fqn, _, _ in LocalCall(layer, view).slots),
         tuple((a.layer.removeprefix(view.layer), a.name, a.whole) for a in _integer_attributes(layer, view.layer, mp)),
     )
 
@@ -302,6 +308,37 @@ def _relative(view: LocalView, layer: str) -> LocalView:
         weights=[msgspec.structs.replace(w, param=moved(w.param)) for w in view.weights],
         attributes=[msgspec.structs.replace(a, layer=moved(a.layer)) for a in view.attributes],
     )
+
+
+#: The most ways of splitting a sub-layer's per-head parameters :func:`per_head_weights` offers.
+MAX_PER_HEAD = 4
+
+
+def per_head_weights(
+    layer: paddle.nn.Layer, view: LocalView, params: dict, heads: int, mp: int
+) -> list[list[LocalWeight]]:
+    """The ways each rank may take the sub-layer's parameters that are no projection's weights,
+    in the order :func:`discover` proves them (at most :data:`MAX_PER_HEAD`): each such parameter
+    cut to the rank's heads along a dim of ``heads`` entries (each such dim in turn: Swin's
+    relative-position-bias table ``[(2W-1)^2, heads]`` read at a buffer of indices and permuted
+    onto the scores' heads, GPT-OSS's sinks ``[heads]`` concatenated to them), like a per-head
+    input (:func:`call_variants`). The size only names candidates: the proof runs the sub-layer
+    with a random table and holds only where each head's entries meet that head's scores alone.
+    ``[[]]`` when the sub-layer has none, or one has no such dim (the proof refuses it then, naming it).
+
+    >>> layer = paddle.nn.Layer(); layer.table = layer.create_parameter([9, 4])
+    >>> view = LocalView(layer="attn", weights=[])
+    >>> per_head_weights(layer, view, {"attn.table": ([9, 4], "float32")}, heads=4, mp=2)
+    [[LocalWeight(param='attn.table', dim=1, segments=1, sizes=[], replicated=[], summed=False)]]
+    """
+    listed = {w.param for w in view.weights}
+    others = [fqn for fqn, _, _ in LocalCall(layer, view).slots if fqn not in listed]
+    options = [
+        [LocalWeight(param=fqn, dim=d) for d, size in enumerate(params[fqn][0]) if size == heads] for fqn in others
+    ]
+    if heads <= 0 or heads % mp or not all(options):
+        return [[]]
+    return [list(choice) for choice in itertools.product(*options)][:MAX_PER_HEAD]
 
 
 def _layouts(candidate: Candidate) -> list[list[LocalWeight]]:

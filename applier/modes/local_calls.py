@@ -52,6 +52,7 @@ from autodist.schemas.local_view import (
     head_positions,
     hidden_output,
     local_order,
+    mp_placement,
     own_order,
     rank_positions,
     reordered,
@@ -511,7 +512,7 @@ def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
             if weight.param not in listed or planned is None or not weight.param.startswith(view.layer + "."):
                 problems.append(f"local_view {view.layer}: {weight.param} is not a planned parameter of it")
                 continue
-            want = "R" if weight.dim is None or weight.replicated else f"S({weight.dim})"
+            want = mp_placement(weight)
             got = planned.placements[plan.mesh.axes.index("mp")] if "mp" in plan.mesh.axes else "R"
             if got != want or not _splits(weight, planned.shape, mp):
                 problems.append(
