@@ -18,6 +18,9 @@ Megatron-LM's tensor parallelism:
   ``g``; its backward hands every rank the whole gradient) and handed back as a DistTensor placed
   as the input was; under sequence parallelism, where the plan's post hook splits it over the
   sequence again, left Partial over mp for that hook (:func:`summed`): Megatron's reduce-scatter.
+  A view whose row projection is a layer beside it (``output`` ``joined``: BERT's
+  ``attention.self`` with ``attention.output.dense`` outside) hands back its heads instead, split
+  over mp along the last dim (:func:`joined`), for that row projection's ``S(0)`` weight.
 
 Checkpoints hold the model's own layout: :meth:`LocalViews.own_boxes` says which boxes of it a
 rank's piece of a fused weight holds (applier/checkpoint/save_load.py saves and reads those).
@@ -62,6 +65,12 @@ from autodist.applier.placement.clip import sum_over
 from autodist.applier.placement.hooks import map_first_input, sequence_split_sides
 from autodist.applier.placement.mesh import mesh_ids
 from autodist.applier.modes.recompute import recomputed_inside_views, recomputing
+
+
+#: Why a ``joined`` view does not run under sequence parallelism (the planner's note, the applier's refusal).
+JOINED_UNDER_SEQUENCE_PARALLEL = (
+    "its row projection is a layer beside it, and no sequence-parallel hooks around such a pair are built"
+)
 
 
 class LocalViews:
@@ -289,7 +298,10 @@ def _wrap(
                 f"the plan proved it returning one (and None for items {view.dropped_outputs})"
             )
         hidden, index = found
-        whole = summed(hidden, placed[0].process_mesh, placed[0].placements, mesh, split[1])
+        if view.output == "joined":
+            whole = joined(hidden, placed[0].process_mesh, placed[0].placements)
+        else:
+            whole = summed(hidden, placed[0].process_mesh, placed[0].placements, mesh, split[1])
         # the dropped items (per-head, each rank's heads only) are None: a reader fails, never reads a part
         return whole if index is None else type(output)([whole, *(None for _ in output[1:])])
 
@@ -306,6 +318,16 @@ def summed(
     if split:
         return _LeftPartial.apply(partial, mesh, list(placements))
     return dtensor_from_local(SumOverRanks.apply(partial, line), mesh, placements)
+
+
+def joined(heads: paddle.Tensor, mesh: dist.ProcessMesh, placements: list) -> paddle.Tensor:
+    """A rank's output of a ``joined`` view (its heads, a slice of the last dim) as a DistTensor on
+    ``mesh``, split over mp along its last dim and placed as ``placements`` otherwise: the row
+    projection after it, a layer beside the view with its weight ``S(0)``, computes each rank's
+    partial sum and Paddle all-reduces it (Megatron's row-parallel linear). No collective here;
+    backward, each rank takes its slice of the output gradient."""
+    last = dist.Shard(len(heads.shape) - 1)
+    return dtensor_from_local(heads, mesh, [last if name == "mp" else p for name, p in zip(mesh.dim_names, placements)])
 
 
 def partial_over_mp(mesh: dist.ProcessMesh, placements: list) -> list:
@@ -495,6 +517,10 @@ def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     if not plan.local_view:
         return []
     problems = strategy_problems("local_view", plan)
+    if plan.strategy.sequence_parallel:
+        problems += [
+            f"local_view {v.layer}: {JOINED_UNDER_SEQUENCE_PARALLEL}" for v in plan.local_view if v.output == "joined"
+        ]
     layers = dict(model.named_sublayers())
     params = {fqn for fqn, _ in model.named_parameters()}
     mp = plan.strategy.mp

@@ -1,0 +1,72 @@
+"""A local view whose row projection is a layer beside it (``LocalView.output`` ``joined``).
+
+HF DeBERTa-v2 (the zoo's ``deberta_v2_hf``) keeps q, k and v in ``attention.self`` and its row
+projection in a sibling, ``attention.output.dense`` (BERT's ``SelfOutput``, which also adds the
+residual and runs LayerNorm). Its disentangled attention folds the heads into the batch
+(``[batch * heads, seq, head_dim]``, ``bmm``), a split no placement of Paddle's global view names,
+and projects the encoder's relative-position table by the layer's own ``query_proj`` and
+``key_proj`` (``share_att_key``), ``repeat``ed over the batch. Planned at mp2, ``attention.self``
+is a proven local view: each rank runs it on its heads and hands back its heads of the context
+(a slice of the last dim), and the row projection's ``S(0)`` weight makes Paddle's partial sum and
+all-reduce in the global view. On 2 gloo ranks it trains like one device.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autodist.schemas import save_plan
+from harness.cases import Trained, check_against_reference
+from harness.jobs import TrainRun
+from harness.planning import gloo_mp2_request, plan_target
+from harness.runner import train_distributed
+from harness.workloads import WORKLOADS
+
+WORKLOAD = "zoo_deberta_v2_hf"
+#: The model's 2 layers, each ``attention.self`` a view; its attention is 40 wide (4 heads of 10).
+VIEWS = [f"deberta.encoder.layer.{i}.attention.self" for i in (0, 1)]
+WIDTH = 40
+
+
+@pytest.fixture(scope="module")
+def planned():
+    target = WORKLOADS[WORKLOAD].planner_target
+    return plan_target(target, None, gloo_mp2_request(), {"target": target}, local_view=True).plan
+
+
+def test_the_attention_beside_its_row_projection_is_a_joined_local_view(planned):
+    views = {view.layer: view for view in planned.local_view}
+    assert sorted(views) == VIEWS
+    view = views[VIEWS[0]]
+    assert view.output == "joined"
+    # its weights are q, k and v (split by columns); the row projection runs in the global view
+    assert sorted(w.param.rpartition(".")[0].rpartition(".")[2] for w in view.weights) == [
+        *["key_proj"] * 2,
+        *["query_proj"] * 2,
+        *["value_proj"] * 2,
+    ]
+    assert [a.name for a in view.attributes] == ["num_attention_heads"]
+    # the relative-position table enters whole, its gradient summed over mp
+    assert [c.gradient for c in view.call if c.keyword == "rel_embeddings"] == ["whole"]
+    assert "joined along the last dim" in view.verified
+    mp = planned.mesh.axes.index("mp")
+    placed = {fqn: p.placements[mp] for fqn, p in planned.params.items()}
+    assert placed[f"{VIEWS[0]}.query_proj.weight"] == "S(1)"
+    assert placed["deberta.encoder.layer.0.attention.output.dense.weight"] == "S(0)"
+    assert placed["deberta.encoder.layer.0.attention.output.dense.bias"] == "R"
+    assert placed["deberta.encoder.rel_embeddings.weight"] == "R"
+
+
+@pytest.mark.multiprocess
+def test_deberta_v2_trains_like_one_device_with_half_the_heads_on_each_rank(planned, tmp_path, reference_runs):
+    """Losses and parameters as one device; each rank's row projection reads half the width."""
+    path = tmp_path / "deberta_mp2.json"
+    save_plan(planned, path)
+    run = TrainRun("deberta_v2_mp2_joined", WORKLOAD, plan=str(path))
+    outputs = train_distributed([run], 2, tmp_path / "world2", timeout_s=600.0)[run.name]
+    reference_runs.prepare([run])
+    check_against_reference(Trained(run, planned, outputs), reference_runs)
+    for output in outputs:
+        widths = output["linear_input_widths"]
+        assert [widths[f"deberta.encoder.layer.{i}.attention.output.dense"] for i in (0, 1)] == [[WIDTH // 2]] * 2
+        assert widths["deberta.encoder.layer.0.attention.self.query_proj"] == [WIDTH]
