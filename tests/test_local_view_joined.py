@@ -13,6 +13,7 @@ all-reduce in the global view. On 2 gloo ranks it trains like one device.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from autodist.schemas import save_plan
@@ -70,3 +71,19 @@ def test_deberta_v2_trains_like_one_device_with_half_the_heads_on_each_rank(plan
         widths = output["linear_input_widths"]
         assert [widths[f"deberta.encoder.layer.{i}.attention.output.dense"] for i in (0, 1)] == [[WIDTH // 2]] * 2
         assert widths["deberta.encoder.layer.0.attention.self.query_proj"] == [WIDTH]
+
+
+def test_a_joined_view_under_sequence_parallelism_is_refused_before_training(planned):
+    """No sequence-parallel hooks around a view and its sibling row projection are built: the
+    search leaves such a view out there, and a plan asking for it is refused in one line."""
+    from autodist.applier.modes.local_calls import JOINED_UNDER_SEQUENCE_PARALLEL, local_view_problems
+    from tests.models.zoo.deberta_v2_hf import build_model
+
+    model = build_model()
+    assert local_view_problems(model, planned) == []
+    parallel = msgspec.structs.replace(
+        planned, strategy=msgspec.structs.replace(planned.strategy, sequence_parallel=True)
+    )
+    assert local_view_problems(model, parallel) == [
+        f"local_view {layer}: {JOINED_UNDER_SEQUENCE_PARALLEL}" for layer in VIEWS
+    ]
