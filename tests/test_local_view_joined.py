@@ -13,14 +13,16 @@ all-reduce in the global view. On 2 gloo ranks it trains like one device.
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 import pytest
 
-from autodist.schemas import save_plan
+from autodist.schemas import Plan, save_plan
 from harness.cases import Trained, check_against_reference
 from harness.jobs import TrainRun
 from harness.planning import gloo_mp2_request, plan_target
-from harness.runner import train_distributed
+from harness.runner import train_by_world
 from harness.workloads import WORKLOADS
 
 WORKLOAD = "zoo_deberta_v2_hf"
@@ -29,10 +31,39 @@ VIEWS = [f"deberta.encoder.layer.{i}.attention.self" for i in (0, 1)]
 WIDTH = 40
 
 
-@pytest.fixture(scope="module")
-def planned():
+#: The trainings, ``name -> (dp, request fields, run fields)``: the mp2 plan, and the views composed
+#: with micro-batches, data parallelism (the relative-position table's gradient, each dp rank's
+#: from its own rows, summed over dp as well as mp) and ZeRO 1.
+TRAININGS: dict[str, tuple[int, dict, dict]] = {
+    "mp2": (1, {}, {}),
+    "m2": (1, {"micro_batches": 2}, {}),
+    "dp2": (2, {}, {}),
+    "dp2_zero1": (2, {"sharding_stage": 1}, {"optimizer": "adamw", "reshard": "via_replicate"}),
+}
+
+
+@functools.cache
+def _planned(name: str) -> Plan:
+    dp, fields, _ = TRAININGS[name]
     target = WORKLOADS[WORKLOAD].planner_target
-    return plan_target(target, None, gloo_mp2_request(), {"target": target}, local_view=True).plan
+    return plan_target(target, None, gloo_mp2_request(dp, **fields), {"target": target}, local_view=True).plan
+
+
+@pytest.fixture(scope="module")
+def planned() -> Plan:
+    return _planned("mp2")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, reference_runs) -> dict[str, Trained]:
+    """Every training of :data:`TRAININGS`, one launch per world size."""
+    workdir = tmp_path_factory.mktemp("joined")
+    runs = []
+    for name, (dp, _, fields) in TRAININGS.items():
+        save_plan(_planned(name), workdir / f"{name}.json")
+        runs.append((TrainRun(f"deberta_v2_{name}", WORKLOAD, plan=str(workdir / f"{name}.json"), **fields), 2 * dp))
+    outputs = train_by_world(runs, workdir, timeout_s=600.0, references=(reference_runs, [r for r, _ in runs]))
+    return {name: Trained(run, _planned(name), outputs[run.name]) for name, (run, _) in zip(TRAININGS, runs)}
 
 
 def test_the_attention_beside_its_row_projection_is_a_joined_local_view(planned):
@@ -59,15 +90,14 @@ def test_the_attention_beside_its_row_projection_is_a_joined_local_view(planned)
 
 
 @pytest.mark.multiprocess
-def test_deberta_v2_trains_like_one_device_with_half_the_heads_on_each_rank(planned, tmp_path, reference_runs):
-    """Losses and parameters as one device; each rank's row projection reads half the width."""
-    path = tmp_path / "deberta_mp2.json"
-    save_plan(planned, path)
-    run = TrainRun("deberta_v2_mp2_joined", WORKLOAD, plan=str(path))
-    outputs = train_distributed([run], 2, tmp_path / "world2", timeout_s=600.0)[run.name]
-    reference_runs.prepare([run])
-    check_against_reference(Trained(run, planned, outputs), reference_runs)
-    for output in outputs:
+@pytest.mark.parametrize("name", list(TRAININGS))
+def test_deberta_v2_trains_like_one_device_with_half_the_heads_on_each_rank(trained, reference_runs, name):
+    """Losses and parameters as one device; each rank's row projection reads half the width, the
+    columns the whole input."""
+    run = trained[name]
+    assert [view.output for view in run.plan.local_view] == ["joined", "joined"]
+    check_against_reference(run, reference_runs)
+    for output in run.outputs:
         widths = output["linear_input_widths"]
         assert [widths[f"deberta.encoder.layer.{i}.attention.output.dense"] for i in (0, 1)] == [[WIDTH // 2]] * 2
         assert widths["deberta.encoder.layer.0.attention.self.query_proj"] == [WIDTH]

@@ -171,12 +171,20 @@ def param_local(param: paddle.Tensor) -> paddle.Tensor:
     whole_but_mp = [p if name == "mp" else dist.Replicate() for name, p in zip(mesh.dim_names, param.placements)]
     if whole_but_mp != list(param.placements):
         param = _GatheredOverDp.apply(param, whole_but_mp)
+    return dtensor_to_local(param, mesh, summed_over_ranks(mesh, param.placements))
+
+
+def summed_over_ranks(mesh: dist.ProcessMesh, placements: list) -> list:
+    """The placements of the gradient of a local value taken from a DistTensor placed so, when
+    each rank's gradient covers only its own rows of the batch: Partial on every axis the value is
+    replicated on but mp (dp: the ranks' gradients add up; the mp ranks' are summed in the view's
+    backward already, :class:`_CopyToRanks`), Replicate there under Paddle's auto-dp mode
+    (:func:`param_local`)."""
     over_ranks = dist.Replicate() if in_auto_dp_mode() else dist.Partial()
-    backward = [
+    return [
         p if name == "mp" or not isinstance(p, dist.Replicate) else over_ranks
-        for name, p in zip(mesh.dim_names, param.placements)
+        for name, p in zip(mesh.dim_names, placements)
     ]
-    return dtensor_to_local(param, mesh, backward)
 
 
 def _call_value(param: paddle.Tensor, weight: LocalWeight | None, line: dist.ProcessMesh, rank: int) -> paddle.Tensor:
@@ -394,7 +402,7 @@ def _called_as_proven(
             raise RuntimeError(
                 f"local view: {view.layer} input {name} carries a gradient; the plan proved it with one that carries none"
             )
-        taken = _replicated_local(value, hidden, recorded.batch)
+        taken = _replicated_local(value, hidden, recorded.batch, bool(recorded.gradient))
         mp = len(mesh.process_ids)
         if recorded.heads_at is not None:
             at = recorded.heads_at
@@ -409,11 +417,13 @@ def _called_as_proven(
     return args, {k: local(v, keywords[k], k) for k, v in kwargs.items()}
 
 
-def _replicated_local(x: paddle.Tensor, hidden: paddle.Tensor, batch: bool) -> paddle.Tensor:
+def _replicated_local(x: paddle.Tensor, hidden: paddle.Tensor, batch: bool, carries: bool) -> paddle.Tensor:
     """This rank's value of an input other than the hidden one: whole over mp (every rank reads
     what the global run reads), and along a ``batch`` dim 0 the rows the hidden input's local
     value holds (its dp shard). A DistTensor placed otherwise is resharded so (a plain tensor is
-    the same whole value on every rank: sliced, or taken as it is)."""
+    the same whole value on every rank: sliced, or taken as it is). One that ``carries`` a
+    gradient and is whole over dp (DeBERTa's relative-position table) gets its gradient back
+    Partial over dp (:func:`summed_over_ranks`): each dp rank's covers only its own rows."""
     mesh = hidden.process_mesh
     placements = [
         p if batch and isinstance(p, dist.Shard) and p.get_dim() == 0 else dist.Replicate() for p in hidden.placements
@@ -424,7 +434,7 @@ def _replicated_local(x: paddle.Tensor, hidden: paddle.Tensor, batch: bool) -> p
         x = dist.shard_tensor(x, mesh, placements)
     elif x.process_mesh != mesh or list(x.placements) != placements:
         x = dist.reshard(x, mesh, placements)
-    return local_value(x)
+    return dtensor_to_local(x, mesh, summed_over_ranks(mesh, placements)) if carries else local_value(x)
 
 
 def local_value(x: paddle.Tensor) -> paddle.Tensor:
