@@ -32,11 +32,15 @@ WIDTH = 40
 
 
 #: The trainings, ``name -> (dp, request fields, run fields)``: the mp2 plan, and the views composed
-#: with micro-batches, data parallelism (the relative-position table's gradient, each dp rank's
-#: from its own rows, summed over dp as well as mp) and ZeRO 1.
+#: with micro-batches, full and selective recompute (of layers returning ``(hidden, None)``; the
+#: attention selective recompute lists is ``attention``, holding the view and its row projection),
+#: data parallelism (the relative-position table's gradient, each dp rank's from its own rows,
+#: summed over dp as well as mp) and ZeRO 1.
 TRAININGS: dict[str, tuple[int, dict, dict]] = {
     "mp2": (1, {}, {}),
     "m2": (1, {"micro_batches": 2}, {}),
+    "recompute_full": (1, {"recompute": "full"}, {}),
+    "recompute_selective": (1, {"recompute": "selective"}, {}),
     "dp2": (2, {}, {}),
     "dp2_zero1": (2, {"sharding_stage": 1}, {"optimizer": "adamw", "reshard": "via_replicate"}),
 }
