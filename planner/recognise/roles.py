@@ -128,14 +128,21 @@ class SubLayer:
 
     @property
     def view_layer(self) -> str | None:
-        """The layer a local view of it runs: its :attr:`owner`, or, when the row projection is a
-        child of another layer (BERT's ``attention.output.dense`` beside ``attention.self``), the
-        layer holding all its columns, whose output is then :attr:`joined`; None when neither is
-        one layer."""
+        """The layer a local view of it runs: its :attr:`owner`, or, when the row projection lies
+        outside the layer holding all its columns (BERT's ``attention.output.dense`` beside
+        ``attention.self``), that layer, whose output is then :attr:`joined`; None otherwise.
+
+        >>> q = Projection("a.self.q", "a.self.q.weight", None, "column", 1, name="q")
+        >>> o = Projection("a.output.dense", "a.output.dense.weight", None, "row", 0, name="o")
+        >>> inner = replace(o, layer="a.self.out.dense", weight="a.self.out.dense.weight")
+        >>> SubLayer("attention", (q,), o).view_layer, SubLayer("attention", (q,), inner).view_layer
+        ('a.self', None)
+        """
         if self.owner is not None:
             return self.owner
         parents = {c.layer.rpartition(".")[0] for c in self.columns}
-        return parents.pop() if len(parents) == 1 else None
+        parent = parents.pop() if len(parents) == 1 else None
+        return None if parent is None or self.row.layer.startswith(parent + ".") else parent
 
     @property
     def joined(self) -> bool:
