@@ -67,14 +67,19 @@ def recomputing(function: Any, *args: Any, **kwargs: Any) -> Any:
     the Nones are left out of what it sees and put back after.
 
     >>> x = paddle.ones([2], dtype="float32"); x.stop_gradient = False
-    >>> out = recomputing(lambda t: (t * 3, None), x); out[0].sum().backward()
-    >>> out[1], x.grad.tolist()
-    (None, [3.0, 3.0])
+    >>> def scaled(t, scale=1.0, shift=0.0):
+    ...     return t * scale - shift, None
+    >>> out = recomputing(scaled, x, shift=paddle.full([2], 1.0), scale=paddle.full([2], 3.0))
+    >>> out[0].sum().backward(); out[0].tolist(), out[1], x.grad.tolist()
+    ([2.0, 2.0], None, [3.0, 3.0])
     """
     if not paddle.is_grad_enabled():
         return function(*args, **kwargs)
     holes: list[tuple[type, list[bool]]] = []  # the first run's: its sequence type, where it held None
 
+    # Paddle's recompute binds the call to the function's signature (keywords put in their
+    # places) and calls it positionally: the wrapper shows it the function's own.
+    @functools.wraps(function)
     def without_nones(*inner_args: Any, **inner_kwargs: Any) -> Any:
         out = function(*inner_args, **inner_kwargs)
         if type(out) not in (tuple, list) or all(item is not None for item in out):
