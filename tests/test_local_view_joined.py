@@ -8,7 +8,8 @@ and projects the encoder's relative-position table by the layer's own ``query_pr
 ``key_proj`` (``share_att_key``), ``repeat``ed over the batch. Planned at mp2, ``attention.self``
 is a proven local view: each rank runs it on its heads and hands back its heads of the context
 (a slice of the last dim), and the row projection's ``S(0)`` weight makes Paddle's partial sum and
-all-reduce in the global view. On 2 gloo ranks it trains like one device.
+all-reduce in the global view. On 2 gloo ranks it trains like one device, and so it does with
+micro-batches, full and selective recompute, and on 4 ranks at dp2 x mp2 (ZeRO 1 too).
 """
 
 from __future__ import annotations
@@ -109,10 +110,17 @@ def test_deberta_v2_trains_like_one_device_with_half_the_heads_on_each_rank(trai
 
 def test_a_joined_view_under_sequence_parallelism_is_refused_before_training(planned):
     """No sequence-parallel hooks around a view and its sibling row projection are built: the
-    search leaves such a view out there, and a plan asking for it is refused in one line."""
+    planner keeps such a view replicated there (priced so, one note), and a plan asking for it
+    is refused in one line."""
     from autodist.applier.modes.local_calls import JOINED_UNDER_SEQUENCE_PARALLEL, local_view_problems
+    from autodist.planner.cost.search import SearchRequest
     from tests.models.zoo.deberta_v2_hf import build_model
 
+    target = WORKLOADS[WORKLOAD].planner_target
+    request = SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1, sequence_parallel=True)
+    sequence_parallel = plan_target(target, None, request, {"target": target}, local_view=True).plan
+    assert sequence_parallel.strategy.sequence_parallel and sequence_parallel.local_view == []
+    assert [n for n in sequence_parallel.notes if JOINED_UNDER_SEQUENCE_PARALLEL in n]
     model = build_model()
     assert local_view_problems(model, planned) == []
     parallel = msgspec.structs.replace(
@@ -121,3 +129,16 @@ def test_a_joined_view_under_sequence_parallelism_is_refused_before_training(pla
     assert local_view_problems(model, parallel) == [
         f"local_view {layer}: {JOINED_UNDER_SEQUENCE_PARALLEL}" for layer in VIEWS
     ]
+
+
+def test_the_search_prices_a_joined_view_replicated_under_sequence_parallelism():
+    """What is priced is what runs: the view where it runs (mp2), replicated with sequence
+    parallelism (its layer's q, k and v whole), so the search weighs the two as apply_plan runs them."""
+    from autodist.planner import driver
+    from autodist.planner.cost.search import price
+    from autodist.schemas import Strategy
+
+    loaded = driver.load(WORKLOADS[WORKLOAD].planner_target, None)
+    priced = price(driver.analyse(loaded.model, driver.trace(loaded.model, loaded.input_specs)), local_view=True)
+    assert priced.assumed_local(Strategy(mp=2)) == frozenset(VIEWS)
+    assert priced.assumed_local(Strategy(mp=2, sequence_parallel=True)) == frozenset()
