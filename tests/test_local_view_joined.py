@@ -142,3 +142,11 @@ def test_the_search_prices_a_joined_view_replicated_under_sequence_parallelism()
     priced = price(driver.analyse(loaded.model, driver.trace(loaded.model, loaded.input_specs)), local_view=True)
     assert priced.assumed_local(Strategy(mp=2)) == frozenset(VIEWS)
     assert priced.assumed_local(Strategy(mp=2, sequence_parallel=True)) == frozenset()
+
+
+def test_show_says_the_view_hands_its_heads_to_the_row_projection(planned):
+    from autodist.planner.review.show import show_text
+
+    assert "self.num_attention_heads 4->2; output joined: each rank's heads to the row projection beside it" in (
+        show_text(planned)
+    )
