@@ -59,10 +59,10 @@ from autodist.schemas.local_view import (
 )
 from autodist.schemas.parallel_dims import local_views_refused
 
-from autodist.applier.modes.local_calls import LocalCall, share_of
+from autodist.applier.modes.local_calls import JOINED_UNDER_SEQUENCE_PARALLEL, LocalCall, share_of
 from autodist.planner.contained import Crashed, run_forked
 from autodist.planner.errors import source_place
-from autodist.planner.recognise.analysis import ModelAnalysis
+from autodist.planner.recognise.analysis import ModelAnalysis, stopped_reason
 from autodist.planner.recognise.reshards import local_view_candidates, local_weights
 from autodist.planner.recognise.roles import SubLayer
 from autodist.planner.recognise.spmd import dynamic
@@ -96,7 +96,7 @@ class Candidate:
     def otherwise(self) -> str:
         """How it runs when not a local view: ``fused projection gathered`` or ``replicated: ...``."""
         op = self.sublayer.stopped_by
-        return f"replicated: Paddle has no SPMD rule for {op}" if op else "fused projection gathered"
+        return f"replicated: {stopped_reason(op)}" if op else "fused projection gathered"
 
 
 def candidates(analysis: ModelAnalysis, mp: int) -> list[Candidate]:
@@ -135,7 +135,7 @@ def local_views(
             f"local view: {_counted(group)} {how}: local views do not run with {refused}"
             for group, how in (
                 (fused, "with a fused projection stay global (gathered)"),
-                (stopped, "whose split ops with no SPMD rule stop stay replicated"),
+                (stopped, "whose split the global view stops stay replicated"),
             )
             if group
         ]
@@ -149,13 +149,22 @@ def local_views(
         if layer is None:
             unproven[candidate.layer] = (candidate.otherwise, "not a layer of the model")
             continue
+        if candidate.sublayer.joined and strategy.sequence_parallel:
+            unproven[candidate.layer] = (candidate.otherwise, JOINED_UNDER_SEQUENCE_PARALLEL)
+            continue
         try:
             call, dropped = call_inputs(candidate.layer, calls, again, strategy.dp)
             plausible = plausible_sizes(candidate, params, mp)
         except (NotProven, ValueError) as exc:  # ValueError: a fused width whose segments do not split over mp
             unproven[candidate.layer] = (candidate.otherwise, str(exc))
             continue
-        view = LocalView(layer=candidate.layer, weights=list(candidate.weights), call=call, dropped_outputs=dropped)
+        view = LocalView(
+            layer=candidate.layer,
+            weights=list(candidate.weights),
+            call=call,
+            dropped_outputs=dropped,
+            output="joined" if candidate.sublayer.joined else "summed",
+        )
         key = _kind(layer, view, params, mp)
         if key not in proven:
             try:
@@ -825,7 +834,8 @@ class _Proof:
             local_grads.append(g)
             x_grads.append(xg)
             given_grads.append(gg)
-        _compare("output", sum(outs), self.out)
+        # a joined view's ranks each return their heads, side by side in rank order; the others' partial sums add up
+        _compare("output", np.concatenate(outs, axis=-1) if view.output == "joined" else sum(outs), self.out)
         _compare("input gradient", sum(x_grads), self.x_grad)
         for i, (mode, want) in enumerate(self.given_grads):  # a share's is whole on each rank, else summed
             what = f"gradient of its gradient-carrying input {i}"
@@ -838,8 +848,9 @@ class _Proof:
                 self.grads[weight.param],
             )
         called = f", called with {_described_call(view.call, self.reading)}" if len(view.call) > 1 else ""
+        how = "joined along the last dim" if view.output == "joined" else "summed"
         return (
-            f"{self.mp} local runs (random weights, input {self.shape}{called}) summed and reassembled equal the "
+            f"{self.mp} local runs (random weights, input {self.shape}{called}) {how} and reassembled equal the "
             f"global run, forward and backward, within rtol {RTOL} and atol {ATOL}"
         )
 
@@ -849,9 +860,12 @@ class _Proof:
         modes restored after."""
         modes = [(sub, sub.training) for sub in self.layer.sublayers(include_self=True)]
         self.layer.eval()
+        cotangent = self.cotangent
+        if cotangent is not None and rank is not None and self.view.output == "joined":
+            cotangent = np.split(cotangent, self.mp, axis=-1)[rank]  # the rank's heads of the output gradient
         try:
             return _run(
-                call, values, self.x, self.arguments, self.view.dropped_outputs, self.cotangent, self.rng, rank, self.mp
+                call, values, self.x, self.arguments, self.view.dropped_outputs, cotangent, self.rng, rank, self.mp
             )
         except NotProven:
             raise

@@ -38,11 +38,13 @@ SKIP = {
 #: bias whole (and BLOOM's the residual), run head-parallel as local views (test_local_view_heads);
 #: BioGPT's attention (heads folded into the batch for bmm) and CodeGen's (q|v|k cut in 4 groups)
 #: are trained as the local views autodist-plan gives them by default, and so is Ling's (BailingMoe)
-#: fused attention, beside its MoE layers. Those of Ling, Switch Transformers (experts reading their
-#: tokens through a boolean mask, ``x[mask]``) and GShard (an einsum dispatch) run whole on every
-#: rank as plain tensors, where Paddle runs those ops (test_local_only_ops). ModernBERT's fused
-#: Wqkv and Wi, and Swin's windowed attention with its relative-position-bias table split by heads
-#: (a per-head parameter of the view), are trained as their local views too.
+#: fused attention, beside its MoE layers; DeBERTa-v2's attention.self (heads folded into the
+#: batch, its row projection a sibling layer) as a joined local view (test_local_view_joined).
+#: Those of Ling, Switch Transformers (experts reading their tokens through a boolean mask,
+#: ``x[mask]``) and GShard (an einsum dispatch) run whole on every rank as plain tensors, where
+#: Paddle runs those ops (test_local_only_ops). ModernBERT's fused Wqkv and Wi, and Swin's windowed
+#: attention with its relative-position-bias table split by heads (a per-head parameter of the
+#: view), are trained as their local views too.
 LOCAL_VIEWS = {
     "zoo_bailing_moe_hf",
     "zoo_phi3_hf",
@@ -55,6 +57,7 @@ LOCAL_VIEWS = {
     "zoo_codegen_hf",
     "zoo_modernbert_hf",
     "zoo_swin_timm",
+    "zoo_deberta_v2_hf",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 #: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too.

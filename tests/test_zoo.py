@@ -376,8 +376,9 @@ EXPECTED = {
         "biogpt.embed_positions.weight": REP,
         "output_projection.weight": COL,
     },
-    # HF DeBERTa-v2 (planned blind): Megatron's placements a reader expects; the attention is not
-    # split yet (NOT_YET)
+    # HF DeBERTa-v2 (planned blind): its disentangled attention (heads folded into the batch for
+    # bmm, the relative-position table projected by the layer's own query_proj/key_proj) a local
+    # view of attention.self whose heads are handed to the sibling attention.output.dense by rows
     f"{ZOO}/deberta_v2_hf.py": {
         **attention("deberta.encoder.layer.*.attention.self", "query_proj", "key_proj", "value_proj", "x", bias=True),
         "deberta.encoder.layer.*.attention.self.x.weight": None,
@@ -641,9 +642,6 @@ EXPECTED[f"{ZOO}/beit_timm.py:build_without_qkv_bias"] = {
 #: Models the planner does not yet place as expected (the baseline; see docs/recognition.md).
 NOT_YET: dict[str, str] = {
     f"{PF}:build_gpt_oss": "experts as batched 3-D weights are not split yet (attention is)",
-    # heads folded into the batch ([batch * heads, seq, head_dim], bmm) have no global-view split,
-    # and its row projection lives in a sibling layer (attention.output), so no local view is tried
-    f"{ZOO}/deberta_v2_hf.py": "disentangled attention with the heads folded into the batch stays whole",
     # its forward reads the fused qkv's weight (F.linear), so the qkv layer's forward never runs and no
     # hook on it can gather its output; the warning names the line and the rewrite (test_unseen_code)
     f"{ZOO}/beit_timm.py:build_without_qkv_bias": "a fused projection read by F.linear stays whole",
@@ -689,6 +687,8 @@ PLANNED_AT = {
     f"{ZOO}/xlm_hf.py": {"sequence_parallel": False},
     # the same for Persimmon, whose squared-ReLU MLP is split only as a local view
     f"{ZOO}/persimmon_hf.py": {"sequence_parallel": False},
+    # and for DeBERTa-v2, whose attention is a joined local view (not run under sequence parallelism)
+    f"{ZOO}/deberta_v2_hf.py": {"sequence_parallel": False},
 }
 
 
@@ -699,8 +699,10 @@ PLANNED_AT = {
 #: masked_fill attention are split only as local views; Ling's (BailingMoe), InternLM2's and Persimmon's fused
 #: attentions are planned as their local views too, and so is HF Phi-3's (its empty rotary slice
 #: runs on plain tensors there), MPT's and BLOOM's (ALiBi passed in whole, cut to each rank's heads;
-#: BLOOM's residual added inside, each rank's 1/mp share).
+#: BLOOM's residual added inside, each rank's 1/mp share); DeBERTa-v2's attention.self, its heads
+#: folded into the batch, is a local view handing its heads to the sibling row projection (joined).
 LOCAL_VIEWS = {
+    f"{ZOO}/deberta_v2_hf.py",
     f"{ZOO}/mpt_alibi.py",
     f"{ZOO}/bailing_moe_hf.py",
     f"{ZOO}/bloom_hf.py",
