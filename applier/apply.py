@@ -88,6 +88,8 @@ from autodist.applier.placement.validate import plan_problems
 from autodist.applier.placement.wrapped_again import refuse_wrapping_again
 from autodist.applier.placement.wrapped_again import restore as restore_wrapping
 from autodist.applier.modes.vocab_lookup import wrap_vocab_lookups
+from autodist.applier.modes.vector_concat import concat_vectors_as_rows
+from autodist.applier.modes.vector_concat import restore as restore_concat
 from autodist.applier.modes.whole_metrics import measure_whole
 from autodist.applier.modes.whole_metrics import restore as restore_metrics
 
@@ -189,6 +191,7 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     run_permutations_locally()  # an einsum that only reorders dims, on local values (einsum.py)
     norm_exactly()  # a norm over split dims, which Paddle sums (exact_reductions.py)
     measure_whole()  # paddle.metric.accuracy, which has no distributed kernel (whole_metrics.py)
+    concat_vectors_as_rows()  # a concat of 1-D tensors, whose backward Paddle refuses (vector_concat.py)
     groups = None
     if runs_moe_locally(plan):  # ep, the MoE layers of plain dp or of mp alone (expert_dispatch.py)
         groups = ExpertGroups(plan, dist.get_rank())
@@ -262,9 +265,9 @@ def close(model: paddle.nn.Layer | None = None) -> None:
     """Undo what apply_plan changed in this process beyond the model (for ``model``, or for every
     applied model): the readable losses' wrappers, server thread and exit wait (readable/), once
     no applied model needs them, ``paddle.einsum``'s local permutations (einsum.py), the exact
-    reductions (exact_reductions.py), the whole metrics (whole_metrics.py), ``paddle.save``'s
-    guard (plain_save.py) and Paddle's parallel wrappers' (wrapped_again.py). The models stay
-    distributed. Call it on every rank.
+    reductions (exact_reductions.py), the whole metrics (whole_metrics.py), the vector concat
+    (vector_concat.py), ``paddle.save``'s guard (plain_save.py) and Paddle's parallel wrappers'
+    (wrapped_again.py). The models stay distributed. Call it on every rank.
 
     Example::
 
@@ -278,6 +281,7 @@ def close(model: paddle.nn.Layer | None = None) -> None:
         restore_save()
         restore_wrapping()
         restore_metrics()
+        restore_concat()
 
 
 def applied_plan(model: paddle.nn.Layer) -> Plan | None:

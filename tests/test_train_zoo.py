@@ -27,8 +27,6 @@ SKIP = {
     "zoo_pf_gpt_oss": "ValueError: Tensor in indexing only support DenseTensor (a DistTensor indexed by a tensor)",
     # HF GPT-OSS's experts index their batched weights by rows of expert_hit, the same raise:
     "zoo_gpt_oss_hf": "refused at plan time: x[t] with t computed from the data (test_zoo's REFUSED)",
-    # timm's BEiT concatenates its 1-D q, k and v biases: the concat's backward raises on DistTensors
-    "zoo_beit_timm": "refused at plan time: a concat of 1-D tensors (test_zoo's REFUSED)",
 }
 #: Zoo workloads planned with local views (the planner's default; the others keep the gathered
 #: layout the tables of test_zoo describe): HF Phi-3's gathered plan segfaults as above, while

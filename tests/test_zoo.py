@@ -608,8 +608,6 @@ EXPECTED = {
         "patch_embed.proj.weight": REP,
         "head.weight": REP,
     },
-    # BEiT (timm): refused before any placement (REFUSED)
-    f"{ZOO}/beit_timm.py": {},
     # GPT-OSS (HF): refused before any placement (REFUSED)
     f"{ZOO}/gpt_oss_hf.py": {},
     f"{PF}:build_gpt_oss": {
@@ -629,8 +627,9 @@ for _target in (f"{ZOO}/bert_postnorm.py", f"{ZOO}/roformer_hf.py", f"{ZOO}/debe
 # one edge per producer pair
 EXPECTED[f"{ZOO}/vit.py:build_with_transpose_y"] = EXPECTED[f"{ZOO}/vit.py"]
 EXPECTED[f"{ZOO}/gpt2_hf.py:build_4_layers"] = EXPECTED[f"{ZOO}/gpt2_hf.py"]  # the same blocks, four of them
-# timm's BEiT with qkv_bias=False (NOT_YET): F.linear(x, weight=self.qkv.weight, bias=None)
-EXPECTED[f"{ZOO}/beit_timm.py:build_without_qkv_bias"] = {
+# timm's BEiT (NOT_YET): F.linear(x, weight=self.qkv.weight, bias=qkv_bias), its bias a concat of
+# the 1-D q_bias, k_bias and v_bias (trained: applier/modes/vector_concat.py); and with qkv_bias=False
+EXPECTED[f"{ZOO}/beit_timm.py"] = {
     **fused("blocks.*.attn", "qkv"),
     "blocks.*.attn.relative_position_bias_table": "S(1)",
     "blocks.*.attn.proj.weight": ROW,
@@ -638,12 +637,14 @@ EXPECTED[f"{ZOO}/beit_timm.py:build_without_qkv_bias"] = {
     **mlp("blocks.*.mlp", ("fc1",), "fc2", bias=True),
     "head.weight": REP,
 }
+EXPECTED[f"{ZOO}/beit_timm.py:build_without_qkv_bias"] = EXPECTED[f"{ZOO}/beit_timm.py"]
 
 #: Models the planner does not yet place as expected (the baseline; see docs/recognition.md).
 NOT_YET: dict[str, str] = {
     f"{PF}:build_gpt_oss": "experts as batched 3-D weights are not split yet (attention is)",
     # its forward reads the fused qkv's weight (F.linear), so the qkv layer's forward never runs and no
     # hook on it can gather its output; the warning names the line and the rewrite (test_unseen_code)
+    f"{ZOO}/beit_timm.py": "a fused projection read by F.linear stays whole",
     f"{ZOO}/beit_timm.py:build_without_qkv_bias": "a fused projection read by F.linear stays whole",
 }
 
@@ -720,23 +721,16 @@ LOCAL_VIEWS = {
 #: Models the planner refuses, with what the one line says (each piece): PaddleFormers' Phi-3 takes
 #: the empty slice q[..., rotary_dim:] (partial_rotary_factor 1), whose backward segfaults on
 #: distributed tensors, and its attention takes a cache object, so no local view of it is proven
-#: (HF Phi-3's is, and runs on plain tensors: planned with local views above). timm's BEiT
-#: concatenates its 1-D q_bias, k_bias and v_bias, a concat whose backward raises on distributed
-#: tensors (trained, ``align_axis is empty``; the rewrite the line gives trains like one device).
-#: HF GPT-OSS's experts, batched 3-D weights, index them and their mask by rows of ``expert_hit``
-#: (an eager ``x[t]``, ``t`` a tensor) outside an MoE layer the planner runs locally (trained,
-#: Paddle raised ``Tensor in indexing only support DenseTensor``).
+#: (HF Phi-3's is, and runs on plain tensors: planned with local views above). HF GPT-OSS's
+#: experts, batched 3-D weights, index them and their mask by rows of ``expert_hit`` (an eager
+#: ``x[t]``, ``t`` a tensor) outside an MoE layer the planner runs locally (trained, Paddle raised
+#: ``Tensor in indexing only support DenseTensor``).
 REFUSED = {
     f"{PF}:build_phi3": (
         "zero-width slice",
         "model.layers.0.self_attn (Phi3Attention.forward at ",
         "rotate q and k whole",
         "only as a local view, which --no-local-view turns off",  # planned without
-    ),
-    f"{ZOO}/beit_timm.py": (
-        "a concatenation of 1-D tensors",
-        "blocks.0.attn (Attention.forward at tests/models/zoo/beit_timm.py:",
-        "paddle.concat([a[None], b[None]], axis=1)[0]",
     ),
     f"{ZOO}/gpt_oss_hf.py": (
         "x[i] (a slice at a position computed from the model's data) in model.layers.0.mlp.experts: ",

@@ -33,7 +33,6 @@ from typing import Iterable
 import networkx as nx
 
 from autodist.schemas.einsum import einsum_permutation
-from autodist.schemas.vocabulary import FLOAT_DTYPES
 
 from autodist.planner.graph import operand_sources
 from autodist.planner.ops import local_only_use, op
@@ -54,14 +53,13 @@ class Crash:
 def distributed_crashes(graph: nx.DiGraph) -> list[Crash]:
     """Every op of ``graph`` that would crash on distributed tensors, in program order."""
     plain = plain_nodes(graph)
-    trained = _trained(graph)
     found = []
     for node in sorted(graph.nodes):
         data = graph.nodes[node]
-        if node in plain:
+        if node in plain or short_op(data["op"]) != "slice":
             continue
         shape = (data["shapes"] or [None])[0]
-        if short_op(data["op"]) == "slice" and shape and 0 in shape:
+        if shape and 0 in shape:
             found.append(
                 Crash(
                     node,
@@ -72,31 +70,7 @@ def distributed_crashes(graph: nx.DiGraph) -> list[Crash]:
                     "concatenating q[..., rotary_dim:] back)",
                 )
             )
-        dtype = (data.get("dtypes") or [None])[0]
-        if short_op(data["op"]) == "concat" and shape and len(shape) == 1 and dtype in FLOAT_DTYPES and node in trained:
-            found.append(
-                Crash(
-                    node,
-                    data["layer"],
-                    f"a concatenation of 1-D tensors into {list(shape)} computed from its parameters, whose backward "
-                    "raises in Paddle 3.3.1 on distributed tensors ('align_axis is empty', concat's SPMD rule)",
-                    "concatenate them as one row each and take the row back "
-                    "(paddle.concat([a[None], b[None]], axis=1)[0]), which trains",
-                )
-            )
     return found
-
-
-def _trained(graph: nx.DiGraph) -> frozenset[int]:
-    """The nodes computed from a trainable parameter (those a backward reaches)."""
-    found: set[int] = set()
-    for node in nx.topological_sort(graph):
-        data = graph.nodes[node]
-        if (short_op(data["op"]) == "param" and data["param"] is not None) or any(
-            p in found for p in graph.predecessors(node)
-        ):
-            found.add(node)
-    return frozenset(found)
 
 
 def local_only_ops(graph: nx.DiGraph, moe_layers: Iterable[str], local: Iterable[str] = ()) -> dict[str, str]:
