@@ -20,12 +20,14 @@ The contract with the model file (what ``autodist-plan`` reads too):
   loss), as PaddleFormers' ``...ForCausalLM`` classes and the docstring Llama do; or the module
   defines ``loss_fn(output, labels)`` beside a ``forward(input_ids)`` that returns logits.
 
-Adapt :func:`compute_loss` for anything else. With ``--plan``, rank 0 ends with the measured step
+The step itself (the loss, its value read on every rank, backward, the optimizer) is
+``autodist.applier.training.train_step``, the one ``autodist-plan calibrate --model`` times; pass
+it another ``loss_of(batch)`` for anything else. With ``--plan``, rank 0 ends with the measured step
 time (the median, the first step left out) and tokens/s next to the plan's estimate, so you see
 how close the cost model is on your machines (calibrate them first: ``autodist-plan calibrate
 --plan plan.json --model model.py``, launched like this script, then plan with ``--cluster``).
-Data here is random tokens from a fixed seed, so two runs see the same batches; replace
-:func:`make_loader` with your dataset.
+Data here is random tokens from a fixed seed (``training.token_loader``), so two runs see the
+same batches; replace it with your dataset.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import paddle
 import paddle.distributed as dist
+
+from autodist.applier import training
 
 
 def load_factory(target: str):
@@ -62,22 +65,6 @@ def load_factory(target: str):
     return module, getattr(module, name)
 
 
-def vocab_size(model: paddle.nn.Layer) -> int:
-    """Rows of the first embedding table: the token ids the random data may use."""
-    for layer in model.sublayers(include_self=True):
-        if isinstance(layer, paddle.nn.Embedding):
-            return int(layer.weight.shape[0])
-    raise SystemExit("error: the model has no nn.Embedding, so this script cannot make token data for it")
-
-
-def make_loader(vocab: int, batch: int, seq: int, steps: int, seed: int) -> paddle.io.DataLoader:
-    """``steps`` batches of random token ids; labels are the inputs shifted by one."""
-    tokens = np.random.RandomState(seed).randint(0, vocab, size=(steps * batch, seq + 1)).astype("int64")
-    dataset = paddle.io.TensorDataset([paddle.to_tensor(tokens[:, :-1]), paddle.to_tensor(tokens[:, 1:])])
-    sampler = paddle.io.BatchSampler(dataset, batch_size=batch, shuffle=False, drop_last=True)
-    return paddle.io.DataLoader(dataset, batch_sampler=sampler)
-
-
 def input_spec_of(module):
     """The module's ``input_spec()`` or ``INPUT_SPEC``."""
     if callable(getattr(module, "input_spec", None)):
@@ -85,23 +72,6 @@ def input_spec_of(module):
     if hasattr(module, "INPUT_SPEC"):
         return module.INPUT_SPEC
     raise SystemExit("error: the model file defines neither input_spec() nor INPUT_SPEC")
-
-
-def compute_loss(module, model, input_ids, labels):
-    """The module's ``loss_fn(model(input_ids), labels)`` when it has one, else the loss the
-    model computes from ``labels=``."""
-    if callable(getattr(module, "loss_fn", None)):
-        return module.loss_fn(model(input_ids), labels)
-    out = model(input_ids=input_ids, labels=labels)
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
-def full_value(tensor: paddle.Tensor) -> float:
-    """A scalar's value on this rank, gathered first when it is distributed."""
-    if tensor.is_dist():
-        tensor = dist.reshard(tensor, tensor.process_mesh, [dist.Replicate()] * len(tensor.placements))
-        tensor = tensor._local_value()
-    return float(tensor.numpy())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,7 +109,15 @@ def main(argv: list[str] | None = None) -> None:
         from autodist.schemas import load_plan
 
         batch = load_plan(args.plan).data.global_batch_size or batch
-    loader = make_loader(vocab_size(model), batch, seq, args.steps, args.seed)
+    vocab = training.vocab_size(model)
+    if vocab is None:
+        raise SystemExit("error: the model has no nn.Embedding, so this script cannot make token data for it")
+    loss_fn = getattr(module, "loss_fn", None)
+    if not training.gives_loss(model, loss_fn):
+        raise SystemExit(
+            "error: the model file gives no loss: define loss_fn(output, labels) or a forward taking labels"
+        )
+    loader = training.token_loader(vocab, batch, seq, args.steps, args.seed)
     optimizer = paddle.optimizer.AdamW(learning_rate=args.lr, parameters=model.parameters())
 
     if args.plan:
@@ -151,12 +129,9 @@ def main(argv: list[str] | None = None) -> None:
 
     losses, ended = [], []
     per_step = getattr(loader, "micro_batches", 1)  # a plan that accumulates: micro-batches per step
-    for iteration, (input_ids, labels) in enumerate(loader, 1):
-        loss = compute_loss(module, model, input_ids, labels)
-        losses.append(full_value(loss))
-        loss.backward()
-        optimizer.step()
-        optimizer.clear_grad()
+    loss_of = training.model_loss(model, loss_fn)
+    for iteration, tokens in enumerate(loader, 1):  # (input_ids, labels)
+        losses.append(training.train_step(loss_of, optimizer, tokens))
         ended.append(time.perf_counter())
         if rank == 0:
             print(f"step {(iteration - 1) // per_step + 1}  loss {losses[-1]:.6f}", flush=True)

@@ -189,7 +189,7 @@ def _plan_analysed(
     local_view: bool,
 ) -> PlannedModel:
     """:func:`plan_analysed`'s stages, the rule crashes they meet left to it."""
-    from autodist.planner.cost.search import check_fixed_degrees, kernels_for, price, search
+    from autodist.planner.cost.search import check_fixed_degrees, kernels_for, price
     from autodist.planner.emit import build_plan
 
     progress = progress or _QUIET
@@ -205,7 +205,7 @@ def _plan_analysed(
         priced = price(analysis, kernels_for(analysis, request), local_view)
     check_fixed_degrees(priced.cost, request)
     with progress.step(f"searching strategies for {request.world} devices"):
-        result = search(priced, request)
+        result = _searched(priced, request, model)
     views = None
     if local_view and model is not None:
         from autodist.planner.local_view_proof import rebatched
@@ -222,7 +222,7 @@ def _plan_analysed(
                 break
             priced = replace(priced, local_views=priced.local_views - unproven)
             with progress.step("searching again, the unproven local views gathered"):
-                result = search(priced, request)
+                result = _searched(priced, request, model)
     _refuse_crashes(analysis, model, views, result.best.strategy)
     if result.setup is not None:  # the dtype priced: the request's, else the model's (provenance says which)
         arguments = {**arguments, "dtype": result.setup.dtype}
@@ -295,6 +295,22 @@ def _kept_whole(
         stopped_by = found.sublayer.stopped_by if found else ""
         lines.append(located(note, found.layer if found else None, REWRITES.get(stopped_by, "")))
     return lines
+
+
+def _searched(priced: PricedModel, request: SearchRequest, model: paddle.nn.Layer | None) -> SearchResult:
+    """The search's result; its refusal of an op in one layer (``PlannerError.layer``) names that
+    layer's forward and source line, where the model is at hand (the search holds none)."""
+    from autodist.planner.cost.search import search
+    from autodist.planner.errors import PlannerError
+    from autodist.planner.trace import forward_source
+
+    try:
+        return search(priced, request)
+    except PlannerError as err:
+        where = forward_source(model, err.layer) if model is not None and err.layer is not None else ""
+        if not where:
+            raise
+        raise PlannerError(f"{err.message}; model code: {where}", err.detail, err.layer) from None
 
 
 def _refuse_crashes(

@@ -66,6 +66,7 @@ from autodist.schemas import (
 )
 
 from autodist.schemas.parallel_dims import runs_moe_locally
+from autodist.schemas.local_view import mp_placement
 from autodist.schemas.parallel_dims import local_views_refused
 from autodist.schemas.schedules import block_stages
 
@@ -99,7 +100,7 @@ def build_plan(
     local = frozenset(view.layer for view in local_view)
     mesh = build_mesh(strategy)
     notes: list[str] = []
-    params = _held_whole(_param_plans(analysis, strategy, mesh.axes, notes), local_view, mesh.axes, notes)
+    params = _placed_as_viewed(_param_plans(analysis, strategy, mesh.axes, notes), local_view, mesh.axes, notes)
     vocab_lookup = _vocab_lookups(analysis, strategy, params, notes)
     stages = block_stages(len(analysis.blocks), strategy.pp, strategy.virtual_stages)
     hooks = _stage_handoffs(analysis, stages) + _expert_hooks(analysis, strategy)
@@ -119,7 +120,7 @@ def build_plan(
             f"micro_batches={strategy.micro_batches}: apply_plan accumulates gradients (the loader yields "
             f"{strategy.micro_batches} micro-batches per batch, the optimizer updates once per batch)"
         )
-    notes += [f"layer {layer}: no pattern matched it; its parameters stay replicated" for layer in analysis.unmatched]
+    notes += [unmatched_note(layer) for layer in unmatched(analysis, local_view)]
     recompute = recompute_layers(analysis, strategy.recompute, notes)
     notes += analysis.notes + result.notes
     return Plan(
@@ -161,6 +162,29 @@ def build_plan(
     )
 
 
+def unmatched(analysis: ModelAnalysis, local_view: list[LocalView]) -> list[str]:
+    """The layers no pattern matched whose own parameters stay replicated: ``analysis.unmatched``
+    but those whose every own parameter a local view places (Swin's attention holding its
+    relative-position-bias table, split by heads with it)."""
+    viewed = {w.param for view in local_view for w in view.weights}
+    return [
+        layer
+        for layer in analysis.unmatched
+        if not all(fqn in viewed for fqn in analysis.params if fqn.rpartition(".")[0] == layer)
+    ]
+
+
+def unmatched_note(layer: str) -> str:
+    """The note (and the command's warning) on a layer no pattern matched ('' the top level's own
+    parameters: timm's ``cls_token``).
+
+    >>> unmatched_note("")
+    "the model's top level: no pattern matched it; its parameters stay replicated"
+    """
+    where = f"layer {layer}" if layer else "the model's top level"
+    return f"{where}: no pattern matched it; its parameters stay replicated"
+
+
 def recompute_layers(analysis: ModelAnalysis, mode: str, notes: list[str]) -> list[str]:
     """The layers apply_plan recomputes: every block (``full``), or the sub-layer holding each
     block's attention projections (``selective``, :func:`attention_layer`; a block that computes
@@ -195,25 +219,40 @@ def build_mesh(strategy: Strategy) -> Mesh:
 # -- parameters ----------------------------------------------------------------------------------------
 
 
-def _held_whole(
+def _placed_as_viewed(
     params: dict[str, ParamPlan], local_view: list[LocalView], axes: Sequence[str], notes: list[str]
 ) -> dict[str, ParamPlan]:
-    """``params`` with each local-view weight whose segments some rank computes with whole
-    (``LocalWeight.replicated``: a multi-query ``q|k|v``'s K and V) replicated over mp, in the
-    model's own layout: each rank takes its columns for the call (applier/modes/local_calls.py). The
-    estimate prices it so (the cost model reads the same rule,
-    :func:`~autodist.planner.recognise.reshards.multi_query_weights`): one note says so."""
-    held = [w.param for view in local_view for w in view.weights if w.replicated]
-    for fqn in held:
-        planned = params[fqn]
-        placements = ["R" if axis == "mp" else p for axis, p in zip(axes, planned.placements)]
-        params[fqn] = msgspec.structs.replace(planned, placements=placements, style="Replicate")
+    """``params`` with each local-view weight placed on mp as its view computes with it
+    (:func:`~autodist.schemas.local_view.mp_placement`). Two differ from the analysis's
+    placements: a weight whose segments some rank computes with whole (``LocalWeight.replicated``:
+    a multi-query ``q|k|v``'s K and V) is replicated over mp, in the model's own layout, each rank
+    taking its columns for the call (applier/modes/local_calls.py; the estimate prices it so, the
+    cost model reads the same rule, :func:`~autodist.planner.recognise.reshards.multi_query_weights`);
+    a per-head parameter the proof split by heads (Swin's relative-position-bias table, GPT-OSS's
+    sinks: no projection's, so the analysis left it whole) is split over mp along its heads.
+    One note each says so."""
+    mp = axes.index("mp") if "mp" in axes else None
+    held: list[str] = []
+    per_head: list[str] = []
+    for weight in (w for view in local_view for w in view.weights):
+        planned, want = params[weight.param], mp_placement(weight)
+        if mp is None or planned.placements[mp] == want:
+            continue
+        (held if want == "R" else per_head).append(weight.param)
+        placements = [want if axis == "mp" else p for axis, p in zip(axes, planned.placements)]
+        style = "Replicate" if want == "R" else "ColWiseParallel"  # a per-head table's output: its heads
+        params[weight.param] = msgspec.structs.replace(planned, placements=placements, style=style)
     if held:
         notes.append(
             f"local view: {len(held)} fused weight(s) with K and V computed whole ({held[0]} first) are held whole "
             "on every mp rank (Megatron's multi-query layout: each rank's query heads against the whole K and V), "
             "priced so: their whole parameter, gradient and optimizer memory on each mp rank, and an all-reduce "
             "over mp of their whole gradient in each micro-batch's backward"
+        )
+    if per_head:
+        notes.append(
+            f"local view: {len(per_head)} per-head parameter(s) ({per_head[0]} first) split over mp by heads, "
+            "each rank holding its heads' entries (proven with the sub-layer); priced whole on every rank"
         )
     return params
 

@@ -21,11 +21,14 @@ class PlannerError(Exception):
         'model.py: no factory build_model() and no module-level `model`'
     """
 
-    def __init__(self, message: str, detail: str = ""):
+    def __init__(self, message: str, detail: str = "", layer: str | None = None):
         super().__init__(message)
         self.message = message
         #: Extra lines for the user, e.g. the tail of their factory's traceback.
         self.detail = detail
+        #: The model's layer the problem lies in, when one does ('' the top level): the driver,
+        #: which holds the model, names its forward's source line (``driver._located``).
+        self.layer = layer
 
 
 def source_place(function: Callable[..., Any]) -> tuple[str, int]:

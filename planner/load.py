@@ -23,7 +23,7 @@ import math
 import os
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -47,6 +47,9 @@ class LoadedModel:
     model: paddle.nn.Layer  # built under paddle.LazyGuard(): parameters hold no memory yet
     input_specs: list[paddle.static.InputSpec]
     source: str  # the TARGET string as the user gave it
+    #: The model file's ``loss_fn(output, labels)``, if it defines one (the training script's loss:
+    #: ``autodist.applier.training.model_loss``, which ``calibrate --model`` times).
+    loss_fn: Callable | None = None
 
 
 def load_target(target: str, input_specs: list[str] | None = None) -> LoadedModel:
@@ -66,7 +69,8 @@ def load_target(target: str, input_specs: list[str] | None = None) -> LoadedMode
             specs = _module_input_specs(module, target)
     for spec in specs:
         check_shape(spec, target)
-    return LoadedModel(model=model, input_specs=specs, source=target)
+    loss_fn = getattr(module, "loss_fn", None)
+    return LoadedModel(model=model, input_specs=specs, source=target, loss_fn=loss_fn if callable(loss_fn) else None)
 
 
 @contextlib.contextmanager

@@ -59,10 +59,10 @@ from autodist.schemas.local_view import (
 )
 from autodist.schemas.parallel_dims import local_views_refused
 
-from autodist.applier.modes.local_calls import LocalCall, share_of
+from autodist.applier.modes.local_calls import JOINED_UNDER_SEQUENCE_PARALLEL, LocalCall, share_of
 from autodist.planner.contained import Crashed, run_forked
 from autodist.planner.errors import source_place
-from autodist.planner.recognise.analysis import ModelAnalysis
+from autodist.planner.recognise.analysis import ModelAnalysis, stopped_reason
 from autodist.planner.recognise.reshards import local_view_candidates, local_weights
 from autodist.planner.recognise.roles import SubLayer
 from autodist.planner.recognise.spmd import dynamic
@@ -96,7 +96,7 @@ class Candidate:
     def otherwise(self) -> str:
         """How it runs when not a local view: ``fused projection gathered`` or ``replicated: ...``."""
         op = self.sublayer.stopped_by
-        return f"replicated: Paddle has no SPMD rule for {op}" if op else "fused projection gathered"
+        return f"replicated: {stopped_reason(op)}" if op else "fused projection gathered"
 
 
 def candidates(analysis: ModelAnalysis, mp: int) -> list[Candidate]:
@@ -135,7 +135,7 @@ def local_views(
             f"local view: {_counted(group)} {how}: local views do not run with {refused}"
             for group, how in (
                 (fused, "with a fused projection stay global (gathered)"),
-                (stopped, "whose split ops with no SPMD rule stop stay replicated"),
+                (stopped, "whose split the global view stops stay replicated"),
             )
             if group
         ]
@@ -149,20 +149,34 @@ def local_views(
         if layer is None:
             unproven[candidate.layer] = (candidate.otherwise, "not a layer of the model")
             continue
+        if candidate.sublayer.joined and strategy.sequence_parallel:
+            unproven[candidate.layer] = (candidate.otherwise, JOINED_UNDER_SEQUENCE_PARALLEL)
+            continue
         try:
             call, dropped = call_inputs(candidate.layer, calls, again, strategy.dp)
             plausible = plausible_sizes(candidate, params, mp)
         except (NotProven, ValueError) as exc:  # ValueError: a fused width whose segments do not split over mp
             unproven[candidate.layer] = (candidate.otherwise, str(exc))
             continue
-        view = LocalView(layer=candidate.layer, weights=list(candidate.weights), call=call, dropped_outputs=dropped)
+        view = LocalView(
+            layer=candidate.layer,
+            weights=list(candidate.weights),
+            call=call,
+            dropped_outputs=dropped,
+            output="joined" if candidate.sublayer.joined else "summed",
+        )
         key = _kind(layer, view, params, mp)
         if key not in proven:
             try:
                 variants = call_variants(call, candidate.sublayer.num_heads, mp)
                 # In a child of its own: a Paddle crash leaves this kind gathered, not every kind.
+                layouts = [
+                    weights + extra
+                    for weights in _layouts(candidate)
+                    for extra in per_head_weights(layer, view, params, candidate.sublayer.num_heads, mp)
+                ]
                 found_view = run_forked(
-                    "the local-view proof", discover, layer, view, params, mp, plausible, _layouts(candidate), variants
+                    "the local-view proof", discover, layer, view, params, mp, plausible, layouts, variants
                 )
                 proven[key] = _relative(found_view, "")
             except NotProven as exc:  # said once per sub-layer kind, its names relative to the sub-layer
@@ -285,6 +299,7 @@ def _kind(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int) -> tup
         ),
         msgspec.json.encode(view.call),
         tuple(view.dropped_outputs),
+        tuple((fqn.removeprefix(view.layer), tuple(params[fqn][0])) for fqn, _, _ in LocalCall(layer, view).slots),
         tuple((a.layer.removeprefix(view.layer), a.name, a.whole) for a in _integer_attributes(layer, view.layer, mp)),
     )
 
@@ -302,6 +317,37 @@ def _relative(view: LocalView, layer: str) -> LocalView:
         weights=[msgspec.structs.replace(w, param=moved(w.param)) for w in view.weights],
         attributes=[msgspec.structs.replace(a, layer=moved(a.layer)) for a in view.attributes],
     )
+
+
+#: The most ways of splitting a sub-layer's per-head parameters :func:`per_head_weights` offers.
+MAX_PER_HEAD = 4
+
+
+def per_head_weights(
+    layer: paddle.nn.Layer, view: LocalView, params: dict, heads: int, mp: int
+) -> list[list[LocalWeight]]:
+    """The ways each rank may take the sub-layer's parameters that are no projection's weights,
+    in the order :func:`discover` proves them (at most :data:`MAX_PER_HEAD`): each such parameter
+    cut to the rank's heads along a dim of ``heads`` entries (each such dim in turn: Swin's
+    relative-position-bias table ``[(2W-1)^2, heads]`` read at a buffer of indices and permuted
+    onto the scores' heads, GPT-OSS's sinks ``[heads]`` concatenated to them), like a per-head
+    input (:func:`call_variants`). The size only names candidates: the proof runs the sub-layer
+    with a random table and holds only where each head's entries meet that head's scores alone.
+    ``[[]]`` when the sub-layer has none, or one has no such dim (the proof refuses it then, naming it).
+
+    >>> layer = paddle.nn.Layer(); layer.table = layer.create_parameter([9, 4])
+    >>> view = LocalView(layer="attn", weights=[])
+    >>> per_head_weights(layer, view, {"attn.table": ([9, 4], "float32")}, heads=4, mp=2)
+    [[LocalWeight(param='attn.table', dim=1, segments=1, sizes=[], replicated=[], summed=False)]]
+    """
+    listed = {w.param for w in view.weights}
+    others = [fqn for fqn, _, _ in LocalCall(layer, view).slots if fqn not in listed]
+    options = [
+        [LocalWeight(param=fqn, dim=d) for d, size in enumerate(params[fqn][0]) if size == heads] for fqn in others
+    ]
+    if heads <= 0 or heads % mp or not all(options):
+        return [[]]
+    return [list(choice) for choice in itertools.product(*options)][:MAX_PER_HEAD]
 
 
 def _layouts(candidate: Candidate) -> list[list[LocalWeight]]:
@@ -788,7 +834,8 @@ class _Proof:
             local_grads.append(g)
             x_grads.append(xg)
             given_grads.append(gg)
-        _compare("output", sum(outs), self.out)
+        # a joined view's ranks each return their heads, side by side in rank order; the others' partial sums add up
+        _compare("output", np.concatenate(outs, axis=-1) if view.output == "joined" else sum(outs), self.out)
         _compare("input gradient", sum(x_grads), self.x_grad)
         for i, (mode, want) in enumerate(self.given_grads):  # a share's is whole on each rank, else summed
             what = f"gradient of its gradient-carrying input {i}"
@@ -801,8 +848,9 @@ class _Proof:
                 self.grads[weight.param],
             )
         called = f", called with {_described_call(view.call, self.reading)}" if len(view.call) > 1 else ""
+        how = "joined along the last dim" if view.output == "joined" else "summed"
         return (
-            f"{self.mp} local runs (random weights, input {self.shape}{called}) summed and reassembled equal the "
+            f"{self.mp} local runs (random weights, input {self.shape}{called}) {how} and reassembled equal the "
             f"global run, forward and backward, within rtol {RTOL} and atol {ATOL}"
         )
 
@@ -812,9 +860,12 @@ class _Proof:
         modes restored after."""
         modes = [(sub, sub.training) for sub in self.layer.sublayers(include_self=True)]
         self.layer.eval()
+        cotangent = self.cotangent
+        if cotangent is not None and rank is not None and self.view.output == "joined":
+            cotangent = np.split(cotangent, self.mp, axis=-1)[rank]  # the rank's heads of the output gradient
         try:
             return _run(
-                call, values, self.x, self.arguments, self.view.dropped_outputs, self.cotangent, self.rng, rank, self.mp
+                call, values, self.x, self.arguments, self.view.dropped_outputs, cotangent, self.rng, rank, self.mp
             )
         except NotProven:
             raise

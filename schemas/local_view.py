@@ -104,6 +104,20 @@ def kv_segments_whole(num_kv_heads: int, mp: int) -> list[int]:
     return [1, 2] if kv_replicated(num_kv_heads, mp) else []
 
 
+def mp_placement(weight: LocalWeight) -> str:
+    """The placement on mp of a local-view weight's distributed parameter: ``R`` when every rank
+    computes with it whole (``dim`` None, a summed bias) or holds it whole to take its columns
+    (``replicated`` segments), else ``S(dim)``: its shard on rank ``r`` is what rank ``r``
+    computes with. The one rule emit places by and the applier checks a plan against.
+
+    >>> mp_placement(LocalWeight(param="attn.relative_position_bias_table", dim=1))
+    'S(1)'
+    >>> mp_placement(LocalWeight(param="attn.proj.bias", summed=True))
+    'R'
+    """
+    return "R" if weight.dim is None or weight.replicated else f"S({weight.dim})"
+
+
 def reordered(weight: LocalWeight) -> bool:
     """Whether the distributed parameter of ``weight`` holds the ranks' slices rank after rank
     (:func:`local_order`), not the model's own layout: a fused weight (along its dim) split over

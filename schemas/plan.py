@@ -430,8 +430,9 @@ class LocalView(Base):
     """A sub-layer that runs on local tensors (Megatron's tensor parallelism) instead of global-view
     DistTensors: each rank runs the model's own forward at 1/mp width on its heads' slices of the
     ``weights`` with the ``attributes`` set to their local values, and its output re-enters the
-    global view as a partial sum (one all-reduce over mp). A sub-layer not listed runs in the
-    global view. The planner lists one only after proving it (``verified``)."""
+    global view as a partial sum (one all-reduce over mp), or, for one whose row projection lies
+    outside it (``output`` ``joined``), as the rank's slice of its last dim. A sub-layer not listed
+    runs in the global view. The planner lists one only after proving it (``verified``)."""
 
     layer: Fqn
     weights: list[LocalWeight]
@@ -443,6 +444,12 @@ class LocalView(Base):
     #: returns as None: per-head values such as eager attention's weights, which hold only a
     #: rank's heads, and which nothing read in the trace (HF: ``hidden_states, _ = self.self_attn(...)``).
     dropped_outputs: list[PositiveInt] = []
+    #: How its output re-enters the global view: ``summed`` (its row projection inside it: the
+    #: ranks' partial sums added by one all-reduce) or ``joined`` (the columns and the core only,
+    #: its row projection a layer beside it, BERT's ``SelfOutput``: each rank's output is its heads,
+    #: a slice of the last dim, handed back ``S(last)`` over mp to the row projection, whose
+    #: ``S(0)`` weight makes Paddle's partial sum and all-reduce, Megatron's row-parallel linear).
+    output: Literal["summed", "joined"] = "summed"
     #: How the planner proved it: the local runs reassembled against the global run.
     verified: Text = ""
 

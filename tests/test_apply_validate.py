@@ -68,6 +68,17 @@ def test_plan_for_another_model_names_the_difference(setup):
     assert 'parameters added (in the model, not planned): "embed_tokens.weight"' in str(err)
 
 
+def test_a_model_wrapped_by_paddle_data_parallel_is_told_to_pass_the_model_itself(setup):
+    """A fleet script's ``paddle.DataParallel`` (or ``fleet.distributed_model``) before apply_plan:
+    one line, not a parameter diff of every name under ``_layers.``."""
+    model, optimizer, loader = setup
+    err = rejected(paddle.DataParallel(model), optimizer, loader, tensor_parallel_plan(model))
+    assert str(err) == (
+        "plan: invalid plan: model: a DataParallel around the Model the plan was made for: pass the Model itself (drop "
+        "the fleet.distributed_model / paddle.DataParallel line: the plan runs the parallelism)"
+    )
+
+
 def test_a_model_of_other_sizes_is_told_what_differs_and_how_to_re_plan(setup):
     """The same class at another intermediate size: the first line counts what differs (once
     "(Model, 21 parameters; this Model has 21)", which named nothing) and how to re-plan."""

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
+from harness.model_files import TINY_LM, train_script
 
 from autodist.planner.cost.calibrate import (
+    TRAINING_STEPS,
     Measurements,
     cluster_toml,
     fit_line,
@@ -319,6 +323,68 @@ def test_calibrate_model_without_a_plan_is_one_error(tmp_path):
     message = "--model needs --plan: the training steps run that plan"
     assert run.returncode != 0 and message in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "c.toml").exists()
+
+
+def _losses_through_train_step(monkeypatch, run: Callable[[], object]) -> list[float]:
+    """The loss of every step ``run()`` makes through ``autodist.applier.training.train_step``."""
+    from autodist.applier import training
+
+    losses: list[float] = []
+    own = training.train_step
+
+    def recorded(loss_of, optimizer, batch) -> float:
+        losses.append(own(loss_of, optimizer, batch))
+        return losses[-1]
+
+    monkeypatch.setattr(training, "train_step", recorded)
+    run()
+    monkeypatch.setattr(training, "train_step", own)
+    return losses
+
+
+def _calibrate_steps(tmp_path: Path, model: str) -> Callable[[], float]:
+    """calibrate's timed steps (``measure_training_step``) of ``model`` planned for one device."""
+    from autodist.planner import driver
+    from autodist.planner.cost import calibrate
+
+    plan = tmp_path / "one.json"
+    cli = str(Path(sys.executable).parent / "autodist-plan")
+    subprocess.run([cli, model, "--devices", "1", "--device", "cpu", "-o", str(plan)], check=True, timeout=300)
+    loaded = driver.load(model)
+    return lambda: calibrate.measure_training_step(loaded.model, load_plan(plan), loaded.input_specs, loaded.loss_fn)
+
+
+def _train_script(*args: str) -> Callable[[], None]:
+    """``examples/train.py ARGS``, in this process."""
+    script = train_script()
+    return lambda: script.main(list(args))
+
+
+def test_calibrate_times_the_step_the_training_script_runs(tmp_path, monkeypatch):
+    """calibrate --model times ``examples/train.py``'s step, one function (applier/training.py):
+    the model file's loss on labels, read every step. For the docstring Llama (vocabulary 64) that
+    is its cross-entropy, about ln 64 at the start in both; calibrate timed the mean of its logits
+    before (about 0), which at the mp shape moved a step by -20 % to +25 % against training's
+    (docs/benchmarks.md, "Calibrate's step against the training script's")."""
+    for name, value in TINY_LLAMA.items():
+        monkeypatch.setenv(name, value)
+    model = str(REPO / "plans" / "llama_docstring" / "model.py")
+    timed = _losses_through_train_step(monkeypatch, _calibrate_steps(tmp_path, model))
+    trained = _losses_through_train_step(monkeypatch, _train_script("--model", model, "--steps", "3"))
+    assert len(timed) == TRAINING_STEPS + 1 and len(trained) == 3  # the first step of each is warm-up
+    assert all(abs(loss - math.log(64)) < 0.5 for loss in timed + trained), (timed, trained)
+
+
+def test_a_model_file_without_a_loss_is_timed_with_the_mean_of_its_output(tmp_path, monkeypatch):
+    """A model file that gives no loss has no training script's step (train.py refuses it in one
+    line): calibrate times the same step with the mean of the model's first output as the loss."""
+    (tmp_path / "lm.py").write_text(TINY_LM)
+    model = str(tmp_path / "lm.py")
+    timed = _losses_through_train_step(monkeypatch, _calibrate_steps(tmp_path, model))
+    assert len(timed) == TRAINING_STEPS + 1
+    assert all(abs(loss) < 1.0 for loss in timed), timed  # the logits' mean, not a cross-entropy over 32 ids (~3.5)
+    with pytest.raises(SystemExit, match="error: the model file gives no loss"):
+        _train_script("--model", model, "--steps", "3")()
 
 
 def _pipeline_plan(tmp_path: Path) -> Path:

@@ -31,6 +31,17 @@ try:
     apply_plan(model, None, None, tensor_parallel_plan(model, dp=int(sys.argv[1])))
 except PlanError:  # a plan for another world size: refused on every rank, which then leave
     pass
+import socket
+from autodist.applier.ranks import store_host
+seen, setsockopt = [], socket.socket.setsockopt
+def spy(sock, level, option, value):  # what a post does to this rank's connections to the store
+    if option == socket.TCP_NODELAY:
+        seen.append(value)
+    return setsockopt(sock, level, option, value)
+socket.socket.setsockopt = spy
+store_host.post(store_host.global_store(dist.get_rank()), f"probe/{dist.get_rank()}", b"x")
+socket.socket.setsockopt = setsockopt
+print("NODELAY", seen, file=sys.stderr, flush=True)
 time.sleep(1.0 if dist.get_rank() == 0 else 4.0)
 print("DONE", file=sys.stderr, flush=True)
 os._exit(0)
@@ -58,6 +69,9 @@ def test_apply_plan_runs_the_stores_hang_up_log_lines_on_rank_0_before_the_end(t
     assert "DONE" in job.processes[0].stderr
     for line in HANG_UPS:
         assert line in before_done, f"rank 0's store never logged {line!r} before the job's end"
+    # A post's requests go out at once, not 40 ms apart, and Paddle's own are as before (store_host.py)
+    for process in job.processes:
+        assert "NODELAY [1, 0]" in process.stderr.splitlines(), process.stderr[-1000:]
 
 
 def test_only_rank_0_connects_and_a_store_nobody_serves_is_left_alone(monkeypatch):

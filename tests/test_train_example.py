@@ -3,8 +3,6 @@ a model that returns logits with a loss function beside it."""
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import json
 import subprocess
 import sys
@@ -12,53 +10,25 @@ from pathlib import Path
 
 import paddle
 import pytest
+from harness.model_files import TINY_LM, TINY_LM_LOSS_FN, train_script
+
+from autodist.applier import training
 
 ROOT = Path(__file__).resolve().parents[1]
-
-LOGITS_MODEL = """
-import paddle
-
-INPUT_SPEC = [paddle.static.InputSpec([4, 8], "int64", "input_ids")]
-
-
-class TinyLM(paddle.nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.embed = paddle.nn.Embedding(32, 16)
-        self.head = paddle.nn.Linear(16, 32)
-
-    def forward(self, input_ids):
-        return self.head(self.embed(input_ids))
-
-
-def build_model():
-    return TinyLM()
-
-
-def loss_fn(logits, labels):
-    return paddle.nn.functional.cross_entropy(logits, labels.unsqueeze(-1)).mean()
-"""
-
-
-def _train_script():
-    spec = importlib.util.spec_from_file_location("autodist_example_train", ROOT / "examples" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("model_file", sorted((ROOT / "plans").glob("*/model.py")), ids=lambda p: p.parent.name)
 def test_every_model_file_of_plans_gives_train_py_its_loss(model_file):
     """The README trains plans/'s model files with examples/train.py: each has either a
     ``loss_fn`` beside a model returning logits or a ``forward`` taking ``labels``."""
-    module, factory = _train_script().load_factory(str(model_file))
+    module, factory = train_script().load_factory(str(model_file))
     with paddle.LazyGuard():
         model = factory()
-    assert callable(getattr(module, "loss_fn", None)) or "labels" in inspect.signature(model.forward).parameters
+    assert training.gives_loss(model, getattr(module, "loss_fn", None))
 
 
 def test_input_spec_constant_and_a_loss_function_beside_the_model(tmp_path):
-    (tmp_path / "lm.py").write_text(LOGITS_MODEL)
+    (tmp_path / "lm.py").write_text(TINY_LM + TINY_LM_LOSS_FN)
     out = tmp_path / "losses.json"
     result = subprocess.run(
         [

@@ -25,6 +25,8 @@ SKIP = {
     "zoo_pf_phi3": "refused at plan time: a zero-width slice would segfault in backward (test_zoo's REFUSED)",
     # its training path (`if self.training`) indexes hidden states with a tensor of token ids:
     "zoo_pf_gpt_oss": "ValueError: Tensor in indexing only support DenseTensor (a DistTensor indexed by a tensor)",
+    # HF GPT-OSS's experts index their batched weights by rows of expert_hit, the same raise:
+    "zoo_gpt_oss_hf": "refused at plan time: x[t] with t computed from the data (test_zoo's REFUSED)",
 }
 #: Zoo workloads planned with local views (the planner's default; the others keep the gathered
 #: layout the tables of test_zoo describe): HF Phi-3's gathered plan segfaults as above, while
@@ -34,9 +36,13 @@ SKIP = {
 #: bias whole (and BLOOM's the residual), run head-parallel as local views (test_local_view_heads);
 #: BioGPT's attention (heads folded into the batch for bmm) and CodeGen's (q|v|k cut in 4 groups)
 #: are trained as the local views autodist-plan gives them by default, and so is Ling's (BailingMoe)
-#: fused attention, beside its MoE layers. Those of Ling, Switch Transformers (experts reading their
-#: tokens through a boolean mask, ``x[mask]``) and GShard (an einsum dispatch) run whole on every
-#: rank as plain tensors, where Paddle runs those ops (test_local_only_ops).
+#: fused attention, beside its MoE layers; DeBERTa-v2's attention.self (heads folded into the
+#: batch, its row projection a sibling layer) as a joined local view (test_local_view_joined).
+#: Those of Ling, Switch Transformers (experts reading their tokens through a boolean mask,
+#: ``x[mask]``) and GShard (an einsum dispatch) run whole on every rank as plain tensors, where
+#: Paddle runs those ops (test_local_only_ops). ModernBERT's fused Wqkv and Wi, and Swin's windowed
+#: attention with its relative-position-bias table split by heads (a per-head parameter of the
+#: view), are trained as their local views too.
 LOCAL_VIEWS = {
     "zoo_bailing_moe_hf",
     "zoo_phi3_hf",
@@ -47,6 +53,9 @@ LOCAL_VIEWS = {
     "zoo_bloom_hf",
     "zoo_biogpt_hf",
     "zoo_codegen_hf",
+    "zoo_modernbert_hf",
+    "zoo_swin_timm",
+    "zoo_deberta_v2_hf",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 #: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too.

@@ -127,6 +127,19 @@ def test_what_stays_replicated_is_warned_and_explained_with_the_line_and_the_rew
     assert rewrite in explained.splitlines()[0]
 
 
+def test_a_fused_projection_read_by_f_linear_is_warned_with_the_line_and_the_rewrite(tmp_path):
+    """timm's BEiT (qkv_bias=False) computes q|k|v as ``F.linear(x, weight=self.qkv.weight, ...)``:
+    the qkv layer's forward never runs, so no hook on it can gather its output. One warning names
+    the attention's forward and the rewrite, calling the layer itself."""
+    beit = ROOT / "tests" / "models" / "zoo" / "beit_timm.py"
+    done, out = plan_command(tmp_path, f"{beit}:build_without_qkv_bias")
+    assert done.returncode == 0, done.stderr[-2000:]
+    where = f"model code: Attention.forward at {beit.relative_to(ROOT)}:{_forward_line(beit, 'Attention')}"
+    rewrite = "to split it: call the projection's own layer (self.qkv(x), adding any bias of your own after it)"
+    warnings = [line for line in done.stderr.splitlines() if "fused projection inside a larger layer" in line]
+    assert len(warnings) == 1 and where in warnings[0] and rewrite in warnings[0], done.stderr
+
+
 def test_an_unproven_local_view_stopped_by_masked_fill_names_the_where_rewrite():
     """An attention scored by masked_fill (no SPMD rule in Paddle), whose local view cannot be
     proven (its head count is a module constant): the warning gives the proof's reason, the

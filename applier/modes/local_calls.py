@@ -18,6 +18,9 @@ Megatron-LM's tensor parallelism:
   ``g``; its backward hands every rank the whole gradient) and handed back as a DistTensor placed
   as the input was; under sequence parallelism, where the plan's post hook splits it over the
   sequence again, left Partial over mp for that hook (:func:`summed`): Megatron's reduce-scatter.
+  A view whose row projection is a layer beside it (``output`` ``joined``: BERT's
+  ``attention.self`` with ``attention.output.dense`` outside) hands back its heads instead, split
+  over mp along the last dim (:func:`joined`), for that row projection's ``S(0)`` weight.
 
 Checkpoints hold the model's own layout: :meth:`LocalViews.own_boxes` says which boxes of it a
 rank's piece of a fused weight holds (applier/checkpoint/save_load.py saves and reads those).
@@ -52,6 +55,7 @@ from autodist.schemas.local_view import (
     head_positions,
     hidden_output,
     local_order,
+    mp_placement,
     own_order,
     rank_positions,
     reordered,
@@ -62,6 +66,12 @@ from autodist.applier.placement.clip import sum_over
 from autodist.applier.placement.hooks import map_first_input, sequence_split_sides
 from autodist.applier.placement.mesh import mesh_ids
 from autodist.applier.modes.recompute import recomputed_inside_views, recomputing
+
+
+#: Why a ``joined`` view does not run under sequence parallelism (the planner's note, the applier's refusal).
+JOINED_UNDER_SEQUENCE_PARALLEL = (
+    "its row projection is a layer beside it, and no sequence-parallel hooks around such a pair are built"
+)
 
 
 class LocalViews:
@@ -162,12 +172,20 @@ def param_local(param: paddle.Tensor) -> paddle.Tensor:
     whole_but_mp = [p if name == "mp" else dist.Replicate() for name, p in zip(mesh.dim_names, param.placements)]
     if whole_but_mp != list(param.placements):
         param = _GatheredOverDp.apply(param, whole_but_mp)
+    return dtensor_to_local(param, mesh, summed_over_ranks(mesh, param.placements))
+
+
+def summed_over_ranks(mesh: dist.ProcessMesh, placements: list) -> list:
+    """The placements of the gradient of a local value taken from a DistTensor placed so, when
+    each rank's gradient covers only its own rows of the batch: Partial on every axis the value is
+    replicated on but mp (dp: the ranks' gradients add up; the mp ranks' are summed in the view's
+    backward already, :class:`_CopyToRanks`), Replicate there under Paddle's auto-dp mode
+    (:func:`param_local`)."""
     over_ranks = dist.Replicate() if in_auto_dp_mode() else dist.Partial()
-    backward = [
+    return [
         p if name == "mp" or not isinstance(p, dist.Replicate) else over_ranks
-        for name, p in zip(mesh.dim_names, param.placements)
+        for name, p in zip(mesh.dim_names, placements)
     ]
-    return dtensor_to_local(param, mesh, backward)
 
 
 def _call_value(param: paddle.Tensor, weight: LocalWeight | None, line: dist.ProcessMesh, rank: int) -> paddle.Tensor:
@@ -289,7 +307,10 @@ def _wrap(
                 f"the plan proved it returning one (and None for items {view.dropped_outputs})"
             )
         hidden, index = found
-        whole = summed(hidden, placed[0].process_mesh, placed[0].placements, mesh, split[1])
+        if view.output == "joined":
+            whole = joined(hidden, placed[0].process_mesh, placed[0].placements)
+        else:
+            whole = summed(hidden, placed[0].process_mesh, placed[0].placements, mesh, split[1])
         # the dropped items (per-head, each rank's heads only) are None: a reader fails, never reads a part
         return whole if index is None else type(output)([whole, *(None for _ in output[1:])])
 
@@ -306,6 +327,16 @@ def summed(
     if split:
         return _LeftPartial.apply(partial, mesh, list(placements))
     return dtensor_from_local(SumOverRanks.apply(partial, line), mesh, placements)
+
+
+def joined(heads: paddle.Tensor, mesh: dist.ProcessMesh, placements: list) -> paddle.Tensor:
+    """A rank's output of a ``joined`` view (its heads, a slice of the last dim) as a DistTensor on
+    ``mesh``, split over mp along its last dim and placed as ``placements`` otherwise: the row
+    projection after it, a layer beside the view with its weight ``S(0)``, computes each rank's
+    partial sum and Paddle all-reduces it (Megatron's row-parallel linear). No collective here;
+    backward, each rank takes its slice of the output gradient."""
+    last = dist.Shard(len(heads.shape) - 1)
+    return dtensor_from_local(heads, mesh, [last if name == "mp" else p for name, p in zip(mesh.dim_names, placements)])
 
 
 def partial_over_mp(mesh: dist.ProcessMesh, placements: list) -> list:
@@ -372,7 +403,7 @@ def _called_as_proven(
             raise RuntimeError(
                 f"local view: {view.layer} input {name} carries a gradient; the plan proved it with one that carries none"
             )
-        taken = _replicated_local(value, hidden, recorded.batch)
+        taken = _replicated_local(value, hidden, recorded.batch, bool(recorded.gradient))
         mp = len(mesh.process_ids)
         if recorded.heads_at is not None:
             at = recorded.heads_at
@@ -387,11 +418,13 @@ def _called_as_proven(
     return args, {k: local(v, keywords[k], k) for k, v in kwargs.items()}
 
 
-def _replicated_local(x: paddle.Tensor, hidden: paddle.Tensor, batch: bool) -> paddle.Tensor:
+def _replicated_local(x: paddle.Tensor, hidden: paddle.Tensor, batch: bool, carries: bool) -> paddle.Tensor:
     """This rank's value of an input other than the hidden one: whole over mp (every rank reads
     what the global run reads), and along a ``batch`` dim 0 the rows the hidden input's local
     value holds (its dp shard). A DistTensor placed otherwise is resharded so (a plain tensor is
-    the same whole value on every rank: sliced, or taken as it is)."""
+    the same whole value on every rank: sliced, or taken as it is). One that ``carries`` a
+    gradient and is whole over dp (DeBERTa's relative-position table) gets its gradient back
+    Partial over dp (:func:`summed_over_ranks`): each dp rank's covers only its own rows."""
     mesh = hidden.process_mesh
     placements = [
         p if batch and isinstance(p, dist.Shard) and p.get_dim() == 0 else dist.Replicate() for p in hidden.placements
@@ -402,7 +435,7 @@ def _replicated_local(x: paddle.Tensor, hidden: paddle.Tensor, batch: bool) -> p
         x = dist.shard_tensor(x, mesh, placements)
     elif x.process_mesh != mesh or list(x.placements) != placements:
         x = dist.reshard(x, mesh, placements)
-    return local_value(x)
+    return dtensor_to_local(x, mesh, summed_over_ranks(mesh, placements)) if carries else local_value(x)
 
 
 def local_value(x: paddle.Tensor) -> paddle.Tensor:
@@ -495,6 +528,10 @@ def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     if not plan.local_view:
         return []
     problems = strategy_problems("local_view", plan)
+    if plan.strategy.sequence_parallel:
+        problems += [
+            f"local_view {v.layer}: {JOINED_UNDER_SEQUENCE_PARALLEL}" for v in plan.local_view if v.output == "joined"
+        ]
     layers = dict(model.named_sublayers())
     params = {fqn for fqn, _ in model.named_parameters()}
     mp = plan.strategy.mp
@@ -511,7 +548,7 @@ def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
             if weight.param not in listed or planned is None or not weight.param.startswith(view.layer + "."):
                 problems.append(f"local_view {view.layer}: {weight.param} is not a planned parameter of it")
                 continue
-            want = "R" if weight.dim is None or weight.replicated else f"S({weight.dim})"
+            want = mp_placement(weight)
             got = planned.placements[plan.mesh.axes.index("mp")] if "mp" in plan.mesh.axes else "R"
             if got != want or not _splits(weight, planned.shape, mp):
                 problems.append(

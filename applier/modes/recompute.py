@@ -61,10 +61,38 @@ def wrap_recompute(model: paddle.nn.Layer, plan: Plan) -> None:
 def recomputing(function: Any, *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)`` keeping only its inputs, run again in backward (the tensors
     among ``args`` get their gradients); a plain call where no gradient is taken (evaluation:
-    nothing to save, nothing to redo)."""
+    nothing to save, nothing to redo). A tuple or list it returns with None items (HF's
+    ``(hidden_states, None)``, DeBERTa-v2's layers) comes back as returned: Paddle's recompute
+    hands its backward one gradient per tensor output and asserts they match its outputs, so
+    the Nones are left out of what it sees and put back after.
+
+    >>> x = paddle.ones([2], dtype="float32"); x.stop_gradient = False
+    >>> def scaled(t, scale=1.0, shift=0.0):
+    ...     return t * scale - shift, None
+    >>> out = recomputing(scaled, x, shift=paddle.full([2], 1.0), scale=paddle.full([2], 3.0))
+    >>> out[0].sum().backward(); out[0].tolist(), out[1], x.grad.tolist()
+    ([2.0, 2.0], None, [3.0, 3.0])
+    """
     if not paddle.is_grad_enabled():
         return function(*args, **kwargs)
-    return recompute(function, *args, **kwargs)
+    holes: list[tuple[type, list[bool]]] = []  # the first run's: its sequence type, where it held None
+
+    # Paddle's recompute binds the call to the function's signature (keywords put in their
+    # places) and calls it positionally: the wrapper shows it the function's own.
+    @functools.wraps(function)
+    def without_nones(*inner_args: Any, **inner_kwargs: Any) -> Any:
+        out = function(*inner_args, **inner_kwargs)
+        if type(out) not in (tuple, list) or all(item is not None for item in out):
+            return out
+        holes[:] = holes or [(type(out), [item is None for item in out])]
+        return tuple(item for item in out if item is not None)
+
+    out = recompute(without_nones, *args, **kwargs)
+    if not holes:
+        return out
+    kind, nones = holes[0]
+    items = iter(out if isinstance(out, (tuple, list)) else (out,))
+    return kind(None if none else next(items) for none in nones)
 
 
 def _recomputed(forward: Any) -> Any:

@@ -76,6 +76,13 @@ def world_problems(plan: Plan, world_size: int) -> list[str]:
 
 def parameter_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     """The model's parameters against the plan's: names, shapes, dtypes, fingerprint, ties."""
+    inner = getattr(model, "_layers", None)  # paddle.DataParallel and fleet's wrappers keep the model here
+    if isinstance(inner, paddle.nn.Layer) and type(inner).__name__ == plan.model.class_name:
+        return [
+            f"model: a {type(model).__name__} around the {plan.model.class_name} the plan was made for: pass the "
+            f"{plan.model.class_name} itself (drop the fleet.distributed_model / paddle.DataParallel line: the plan "
+            "runs the parallelism)"
+        ]
     actual = parameter_table(model.named_parameters())
     tied = {t for p in plan.params.values() for t in p.tied_to}
     diff = parameter_diff({fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}, actual, tied)

@@ -185,7 +185,9 @@ def _timed_steps(model_target: str, plan, world: int) -> float:
     loaded = load(model_target, _plan_input_specs(plan))
     if world > 1:
         dist.barrier()
-    return _timed_by_the_model(model_target, lambda: cal.measure_training_step(loaded.model, plan, loaded.input_specs))
+    return _timed_by_the_model(
+        model_target, lambda: cal.measure_training_step(loaded.model, plan, loaded.input_specs, loaded.loss_fn)
+    )
 
 
 def _sibling_plan(model_target: str, plan, dp: int, mp: int):

@@ -305,14 +305,15 @@ def plan(
         for line in made.kept_whole:
             click.echo(printable(f"  {line}"), err=True)
     if not quiet:
+        from autodist.planner.emit import unmatched, unmatched_note
         from autodist.planner.review.format import collapse
 
         # one line per kind of layer (indices collapsed), not one per layer
         for line in [*made.kept_whole, *made.crashes]:
             click.echo(printable(f"warning: {line}"), err=True)
-        for row in collapse(dict.fromkeys(made.analysis.unmatched, 0)):
+        for row in collapse(dict.fromkeys(unmatched(made.analysis, made.plan.local_view), 0)):
             click.echo(
-                printable(f"warning: layer {row.pattern}: no pattern matched it; its parameters stay replicated"),
+                printable(f"warning: {unmatched_note(row.pattern)}"),
                 err=True,
             )
         traced = made.traced

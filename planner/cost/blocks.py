@@ -293,6 +293,8 @@ class ModelCost:
     local_only_in_moe: str | None = None
     #: How to write ``local_only`` so that it runs (planner/ops.py ``Op.rewrite``): the refusal's advice.
     local_only_rewrite: str = ""
+    #: The layer ``local_only`` lies in ('' the top level), for the refusal to name its source line.
+    local_only_layer: str | None = None
     #: ``(k, why)`` for each cut before block ``k`` a pipeline cannot make (``ModelAnalysis.unchained``).
     unchained: tuple[tuple[int, str], ...] = ()
     notes: tuple[str, ...] = ()

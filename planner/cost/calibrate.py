@@ -265,54 +265,86 @@ def _tensor(shape: list[int], dtype: str, mesh):
     return dist.shard_tensor(tensor, mesh, [dist.Replicate()]) if mesh is not None else tensor
 
 
-def measure_training_step(model, plan, input_specs: list, steps: int = TRAINING_STEPS) -> float:
+def measure_training_step(
+    model, plan, input_specs: list, loss_fn: Callable | None = None, steps: int = TRAINING_STEPS
+) -> float:
     """Median seconds of one optimizer step of ``model`` trained under ``plan`` by ``apply_plan``,
-    on this rank (every rank calls it): inputs of the traced shapes at the plan's global batch
-    and sequence length (random floats, zeros for ids), forward, the mean of the first output
-    that is not None as the loss (what the planner traced and priced, plus a mean), backward and
-    an AdamW step. A plan that accumulates runs its micro-batches per step, as training does; a
-    1F1B / VPP plan runs its own schedule (``model.step``, forward and backward of every
-    micro-batch), with the same loss computed by the schedule on the last stage. Then
-    ``close(model)``: several plans timed in one process (the plan and its siblings) each start
-    from the process as apply_plan found it (its loss reading set up afresh, as that plan needs it)."""
+    on this rank (every rank calls it): the step ``examples/train.py`` runs, the one function
+    :func:`autodist.applier.training.train_step` (the model file's loss, ``loss_fn`` or the one its
+    forward computes from ``labels``; the loss read on every rank; backward; an AdamW step), on
+    random token ids and their labels at the plan's global batch and sequence length. A model file
+    that gives no loss or has no token table (:func:`autodist.applier.training.gives_loss`,
+    :func:`~autodist.applier.training.vocab_size`) has no training script's step: its inputs at
+    the traced shapes (random floats, zeros for ids) and the mean of its first output as the loss
+    (what the planner traced and priced, plus a mean), in the same step. A plan that accumulates
+    runs its micro-batches per step, as training does; a 1F1B / VPP plan runs its own schedule
+    (``model.step``, forward and backward of every micro-batch), the mean of the output as the loss
+    (``examples/train.py`` runs no schedule). Then ``close(model)``: several plans timed in one
+    process (the plan and its siblings) each start from the process as apply_plan found it (its
+    loss reading set up afresh, as that plan needs it)."""
     import paddle
 
     from autodist.applier import apply_plan, close
+    from autodist.applier import training
 
     batch = plan.data.global_batch_size or max(input_specs[0].shape[0], 1)
     seq_len = plan.provenance.arguments.get("seq_len")  # priced at another length than traced
-    columns = []
-    for spec in input_specs:
-        shape = [(steps + 1) * batch, *(max(d, 1) for d in spec.shape[1:])]
-        if seq_len and len(shape) > 1:
-            shape[1] = int(seq_len)
-        dtype = str(spec.dtype).replace("paddle.", "")
-        columns.append(paddle.zeros(shape, dtype) if "int" in dtype else paddle.rand(shape).astype(dtype))
     scheduled = plan.strategy.pp > 1 and plan.strategy.schedule in ("1F1B", "VPP")
-    if scheduled:  # the schedule takes a target (the last column, placed on the last stage): unused
-        columns.append(paddle.zeros([(steps + 1) * batch, 1], "float32"))
-    loader = paddle.io.DataLoader(paddle.io.TensorDataset(columns), batch_size=batch, shuffle=False, drop_last=True)
+    # the token ids the training script's step takes, or None where there is no such step
+    vocab = None if scheduled or not training.gives_loss(model, loss_fn) else training.vocab_size(model)
+    if vocab is not None:
+        seq = int(seq_len) if seq_len else max(input_specs[0].shape[1], 1)
+        loader = training.token_loader(vocab, batch, seq, steps + 1, seed=0)
+    else:
+        loader = _traced_inputs(input_specs, batch, seq_len, steps + 1, scheduled)
     optimizer = paddle.optimizer.AdamW(learning_rate=1e-6, parameters=model.parameters())
     with warnings.catch_warnings():  # a lazily built model starts from other weights: no matter for timing
         warnings.filterwarnings("ignore", message="apply_plan: the model was built under paddle.LazyGuard")
         loss = {"loss_fn": lambda out, _target: out.mean()} if scheduled else {}
         model, optimizer, loader = apply_plan(model, optimizer, loader, plan, **loss)
     per_step = getattr(loader, "micro_batches", 1)  # a plan that accumulates: micro-batches per step
+    loss_of = training.model_loss(model, loss_fn) if vocab is not None else _mean_of_first_output(model)
     ends = []
     for inputs in loader:
         if scheduled:
             model.step(*inputs[:-1], target=inputs[-1])
+            optimizer.step()
+            optimizer.clear_grad()
         else:
-            out = model(*inputs)
-            out = next(o for o in out if o is not None) if isinstance(out, (tuple, list)) else out  # (None, logits)
-            out.mean().backward()
-        optimizer.step()
-        optimizer.clear_grad()
+            training.train_step(loss_of, optimizer, inputs)
         _sync()
         ends.append(time.perf_counter())
     close(model)  # what apply_plan set up beyond the model: the next plan timed starts as its own training would
     ends = ends[per_step - 1 :: per_step]  # the end of each optimizer step; the first is warm-up
     return statistics.median(b - a for a, b in zip(ends, ends[1:]))
+
+
+def _traced_inputs(input_specs: list, batch: int, seq_len, batches: int, scheduled: bool):
+    """``batches`` batches of inputs of the traced shapes at ``batch`` and ``seq_len`` (random
+    floats, zeros for ids); for a schedule, a last column as its target (on the last stage: unused)."""
+    import paddle
+
+    columns = []
+    for spec in input_specs:
+        shape = [batches * batch, *(max(d, 1) for d in spec.shape[1:])]
+        if seq_len and len(shape) > 1:
+            shape[1] = int(seq_len)
+        dtype = str(spec.dtype).replace("paddle.", "")
+        columns.append(paddle.zeros(shape, dtype) if "int" in dtype else paddle.rand(shape).astype(dtype))
+    if scheduled:
+        columns.append(paddle.zeros([batches * batch, 1], "float32"))
+    return paddle.io.DataLoader(paddle.io.TensorDataset(columns), batch_size=batch, shuffle=False, drop_last=True)
+
+
+def _mean_of_first_output(model) -> Callable:
+    """``(inputs) -> loss``: the mean of the first output of ``model(*inputs)`` that is not None
+    (a model returning ``(None, logits)`` without labels)."""
+
+    def loss_of(inputs):
+        out = model(*inputs)
+        return (next(o for o in out if o is not None) if isinstance(out, (tuple, list)) else out).mean()
+
+    return loss_of
 
 
 def overlap_loss_from(alone_s: float, beside_s: float) -> float:

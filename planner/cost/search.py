@@ -126,7 +126,8 @@ def search(model: ModelAnalysis | ModelCost | PricedModel, request: SearchReques
     if viewed.local_only:  # not even inside a local view
         raise PlannerError(
             f"{viewed.local_only}: Paddle 3.3 does not run it on the distributed tensors apply_plan trains with "
-            f"(docs/paddle-notes.md), so no plan of this model can train; {viewed.local_only_rewrite}"
+            f"(docs/paddle-notes.md), so no plan of this model can train; {viewed.local_only_rewrite}",
+            layer=viewed.local_only_layer,
         )
     setup = _setup(cost, request)
     tables: dict[RunsAs, StageTable] = {}

@@ -64,12 +64,22 @@ class AnalysisFor:
         self._built: dict[RunsAs, ModelAnalysis] = {}
         self._moe = any(block.experts is not None for block in analysis.blocks)
         self._moe_local_only = bool(self._moe and analysis.moe_local_only)
+        from autodist.planner.recognise.reshards import local_view_candidates
+
+        #: Views whose row projection is a layer beside them (``SubLayer.joined``): not under
+        #: sequence parallelism (applier/modes/local_calls.JOINED_UNDER_SEQUENCE_PARALLEL).
+        self._joined = frozenset(
+            layer for block in analysis.blocks for layer, sub in local_view_candidates(block) if sub.joined
+        )
 
     def runs_as(self, strategy: Strategy, local_views: frozenset[str]) -> RunsAs:
         """How ``strategy`` runs the model when its sub-layers ``local_views`` may run as local
-        views: all of them where local views run, none elsewhere; its MoE layers whole where
-        they run locally (a model without one runs the same either way: ``moe_whole`` False)."""
+        views: all of them where local views run (but a joined one under sequence parallelism),
+        none elsewhere; its MoE layers whole where they run locally (a model without one runs the
+        same either way: ``moe_whole`` False)."""
         local = local_views if runs_local_views(strategy) else frozenset()
+        if strategy.sequence_parallel:
+            local -= self._joined
         return RunsAs(local, self._moe and runs_moe_locally(strategy, self._moe_local_only))
 
     def __call__(self, runs: RunsAs) -> ModelAnalysis:

@@ -30,7 +30,7 @@ from autodist import schemas
 from autodist.planner.graph import graph_fingerprint, operand_sources
 from autodist.planner.recognise.crashes import local_only_ops
 from autodist.planner.recognise.expert_blocks import Experts, find_experts
-from autodist.planner.ops import RESHAPE_OPS, short_op
+from autodist.planner.ops import LAYOUT_OPS, RESHAPE_OPS, short_op
 from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes
 from autodist.planner.recognise.patterns import PARAM, layer_patterns
 from autodist.planner.recognise.chaining import unchained_cuts
@@ -469,12 +469,12 @@ def with_local_views(analysis: ModelAnalysis, local: frozenset[str]) -> ModelAna
     stopped sub-layers among them (``BlockInfo.stopped``) join its sub-layers, their projections
     split as Megatron splits them (the proof ran them so); the other stopped ones stay
     replicated. The cost model prices and emit places this one analysis."""
-    if not any(sub.owner in local for block in analysis.blocks for sub in block.stopped):
+    if not any(sub.view_layer in local for block in analysis.blocks for sub in block.stopped):
         return analysis
     first_use = _first_uses(analysis.graph)
     blocks = []
     for block in analysis.blocks:
-        running = [sub for sub in block.stopped if sub.owner in local]
+        running = [sub for sub in block.stopped if sub.view_layer in local]
         if running:
             order = {p.weight: first_use.get(p.weight, -1) for s in block.sublayers + running for p in s.projections}
             subs = sorted(block.sublayers + running, key=lambda s: min(order[p.weight] for p in s.projections))
@@ -549,13 +549,21 @@ def not_recognised(
     return {
         f"{kind}: op {op} (first seen in {first}) stops the tensor-parallel split before this projection; "
         + (
-            f"Paddle has no SPMD rule for {op}: the sub-layer runs as a local view where the planner proves one, "
+            f"{stopped_reason(op)}: the sub-layer runs as a local view where the planner proves one, "
             "else it and the projections feeding it stay replicated"
             if local_view
             else "it and the projections feeding it stay replicated"
         ): (first, op, local_view)
         for (kind, op), (first, local_view) in seen.items()
     }
+
+
+def stopped_reason(op: str) -> str:
+    """Why ``op`` stops a split a local view may make: it has no SPMD rule, or it is a layout op
+    whose result's split no placement names (heads folded into the batch)."""
+    if op in LAYOUT_OPS:
+        return f"Paddle's global view has no placement for the split after {op}"
+    return f"Paddle has no SPMD rule for {op}"
 
 
 # -- layers outside blocks ---------------------------------------------------------------------------------

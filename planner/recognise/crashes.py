@@ -77,7 +77,7 @@ def local_only_ops(graph: nx.DiGraph, moe_layers: Iterable[str], local: Iterable
     """The first op Paddle cannot run on distributed tensors outside the ``moe_layers``, and the
     first inside one (the cost model's ``ModelCost.local_only`` and ``local_only_in_moe``), in the
     words of a refusal (``"einsum in layers.0.attn"``), the first with how to write it instead
-    (``local_only_rewrite``: no plan runs it). One computing on constants and buffers
+    (``local_only_rewrite``: no plan runs it) and its layer (``local_only_layer``). One computing on constants and buffers
     alone (a rotary table, ``einsum("i,j->ij", arange(seq), self.inv_freq)``) never sees a
     distributed tensor: it is not counted, nor is one inside a sub-layer of ``local``, which runs
     on plain tensors (a local view), nor an einsum that only reorders its operand's dims (DiT's
@@ -99,16 +99,39 @@ def local_only_ops(graph: nx.DiGraph, moe_layers: Iterable[str], local: Iterable
         layer = data["layer"] + "."
         if node in plain or layer.startswith(views) or _reorders(data):
             continue
-        operands = {slot: graph.nodes[source]["op"] for slot, (source, _) in operand_sources(graph, node).items()}
-        what = local_only_use(data["op"], operands)
+        sources = operand_sources(graph, node)
+        operands = {slot: graph.nodes[source]["op"] for slot, (source, _) in sources.items()}
+        what, rewrite = local_only_use(data["op"], operands), op(data["op"]).rewrite
+        if not what and _indexed_by_a_distributed_value(data, sources, plain):
+            what, rewrite = "x[i] (a slice at a position computed from the model's data)", INDEX_REWRITE
         field_name = "local_only_in_moe" if layer.startswith(moe_prefixes) else "local_only"
         if not what or field_name in found:
             continue
         where = data["layer"] or "the model's top level (its own forward)"  # the root layer's name is ''
         found[field_name] = f"{what} in {where}"
-        if field_name == "local_only":  # no plan runs it: the refusal's advice
-            found["local_only_rewrite"] = op(data["op"]).rewrite
+        if field_name == "local_only":  # no plan runs it: the refusal's advice, and where
+            found["local_only_rewrite"] = rewrite
+            found["local_only_layer"] = data["layer"]
     return found
+
+
+#: How to write a slice at a computed position (:func:`_indexed_by_a_distributed_value`) so that
+#: the model trains: experts held as numbered layers form an MoE layer, which runs on local tensors.
+INDEX_REWRITE = (
+    "hold the experts as numbered layers (a LayerList of MLPs, as Mixtral's), whose loop the planner "
+    "runs on local tensors as an MoE layer"
+)
+
+
+def _indexed_by_a_distributed_value(data: dict, sources: dict, plain: frozenset[int]) -> bool:
+    """The node is a ``slice`` whose start or end (operands 1 and 2; constants are folded, not
+    operands) is computed from the model's inputs or parameters: an eager ``x[t]`` with ``t`` a
+    tensor (GPT-OSS's ``expert_mask[expert_idx]``, ``expert_idx`` a row of ``nonzero``), which
+    Paddle 3.3 refuses on distributed tensors (``Tensor in indexing only support DenseTensor``). A
+    position read from a shape is plain (a Python int when the model runs)."""
+    return short_op(data["op"]) == "slice" and any(
+        slot in (1, 2) and source not in plain for slot, (source, _) in sources.items()
+    )
 
 
 def _reorders(data: dict) -> bool:

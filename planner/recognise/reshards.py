@@ -212,14 +212,16 @@ def local_view_candidates(block: BlockInfo) -> list[tuple[str, SubLayer]]:
     """``(layer, sub-layer)`` for each sub-layer of ``block`` (attention or MLP) that may run as a
     local view (Megatron's way, on local tensors; planner/local_view_proof.py proves it for a plan): one
     with a column-split fused projection (``q|k|v``, ``gate|up``: else gathered) or whose split
-    only ops with no SPMD rule stop (``block.stopped``: else replicated), every column split, the
-    row projection contracting them, all the projections of one layer (``layer``)."""
+    only ops with no SPMD rule or layout ops stop (``block.stopped``: else replicated), every column
+    split, the row projection contracting them, all the projections of one layer (``layer``), or
+    all the columns of one layer with the row projection outside it (BERT's ``attention.self``
+    beside ``attention.output``: ``SubLayer.joined``, its output each rank's heads)."""
     found = []
     for sub in [s for s in block.sublayers if any(c.fused > 1 for c in s.columns)] + block.stopped:
         if any(c.role != "column" or c.split_dim is None for c in sub.columns) or sub.row.role != "row":
             continue
-        if sub.owner is not None:
-            found.append((sub.owner, sub))
+        if sub.view_layer is not None:
+            found.append((sub.view_layer, sub))
     return found
 
 
@@ -241,7 +243,7 @@ def multi_query_weights(block: BlockInfo, params: dict, local: frozenset[str]) -
 def local_weights(sub: SubLayer, params: dict, mp: int) -> tuple[LocalWeight, ...]:
     """A candidate sub-layer's weights' views at ``mp``: its columns (fused as :func:`_fused`
     says, biases alike), its row projection (in the groups of a grouped column, :func:`_grouped`),
-    its row bias summed."""
+    its row bias summed; not the row of a ``joined`` one, which runs in the global view."""
     weights = []
     row_segments = 1
     for column in sub.columns:
@@ -255,6 +257,8 @@ def local_weights(sub: SubLayer, params: dict, mp: int) -> tuple[LocalWeight, ..
         weights.append(LocalWeight(param=column.weight, dim=column.split_dim, **fused))
         if column.bias:
             weights.append(LocalWeight(param=column.bias, dim=0, **fused))
+    if sub.joined:
+        return tuple(weights)
     weights.append(LocalWeight(param=sub.row.weight, dim=sub.row.split_dim, segments=row_segments))
     if sub.row.bias:
         weights.append(LocalWeight(param=sub.row.bias, summed=True))
@@ -325,6 +329,8 @@ def sublayer_modes(block: BlockInfo, local: frozenset[str]) -> list[tuple[str, S
     for sub in block.sublayers:
         name = ".".join(os.path.commonprefix([p.layer.split(".")[:-1] for p in sub.projections]))
         layers = {p.layer for p in sub.projections}
+        if sub.view_layer in local:
+            name = sub.view_layer
         mode: SubLayerMode = (
             "local view"
             if name in local

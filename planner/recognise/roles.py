@@ -28,11 +28,14 @@ found from the dataflow of its compute view (:func:`~.match.compute_view`):
    gathered. The up-projection is split by heads, and its cut into each head's key and value
    gathers nothing: the replay decides (:func:`_latent_projections`);
 4. a candidate refused *only* at ops Paddle has no SPMD rule for (``as_complex`` rotary,
-   ``masked_fill``, ``tril``: :attr:`.spmd.Replay.ruleless`) is named as in 3 all the same, but
-   kept apart (``stopped``, its projections replicated): nothing says such an op needs whole
-   inputs, only that Paddle's global view gathers them. It may run as a *local view* (each rank
-   the model's own forward on its heads, planner/local_view_proof.py), which the planner proves by
-   running it before a plan splits it. Its refusal stays, marked ``local_view``, for the note.
+   ``masked_fill``, ``tril``: :attr:`.spmd.Replay.ruleless`) or at layout ops, which move values
+   and never combine them (:data:`~autodist.planner.ops.LAYOUT_OPS`: the ``reshape`` folding
+   the heads into the batch, ``[batch * heads, seq, head_dim]``, whose split no placement of the
+   global view names), is named as in 3 all the same, but kept apart (``stopped``, its
+   projections replicated): nothing says such an op needs whole inputs, only that Paddle's
+   global view gathers them. It may run as a *local view* (each rank the model's own forward on
+   its heads, planner/local_view_proof.py), which the planner proves by running it before a plan
+   splits it. Its refusal stays, marked ``local_view``, for the note.
 
 Whatever layout glues the sub-layers together (pre-norm, post-norm, parallel residual,
 sandwich norms, cross-attention, an MoE's experts) needs no pattern: each sub-layer is accepted
@@ -107,8 +110,9 @@ class SubLayer:
     num_kv_heads: int = 0
     head_dim: int = 0
     intermediate_size: int = 0
-    #: The op with no SPMD rule that stops its split in Paddle's global view (``as_complex``): the
-    #: sub-layer is split only as a proven local view (module docstring, 4); "" for one split as is.
+    #: The op that stops its split in Paddle's global view, one with no SPMD rule (``as_complex``)
+    #: or a layout op (``reshape``): the sub-layer is split only as a proven local view (module
+    #: docstring, 4); "" for one split as is.
     stopped_by: str = ""
 
     @property
@@ -123,6 +127,30 @@ class SubLayer:
         return parents.pop() if len(parents) == 1 else None
 
     @property
+    def view_layer(self) -> str | None:
+        """The layer a local view of it runs: its :attr:`owner`, or, when the row projection lies
+        outside the layer holding all its columns (BERT's ``attention.output.dense`` beside
+        ``attention.self``), that layer, whose output is then :attr:`joined`; None otherwise.
+
+        >>> q = Projection("a.self.q", "a.self.q.weight", None, "column", 1, name="q")
+        >>> o = Projection("a.output.dense", "a.output.dense.weight", None, "row", 0, name="o")
+        >>> inner = replace(o, layer="a.self.out.dense", weight="a.self.out.dense.weight")
+        >>> SubLayer("attention", (q,), o).view_layer, SubLayer("attention", (q,), inner).view_layer
+        ('a.self', None)
+        """
+        if self.owner is not None:
+            return self.owner
+        parents = {c.layer.rpartition(".")[0] for c in self.columns}
+        parent = parents.pop() if len(parents) == 1 else None
+        return None if parent is None or self.row.layer.startswith(parent + ".") else parent
+
+    @property
+    def joined(self) -> bool:
+        """Its local view holds the columns and the core but not the row projection: each rank's
+        output is its heads, a slice of the last dim, not a partial sum (``LocalView.output``)."""
+        return self.owner is None and self.view_layer is not None
+
+    @property
     def description(self) -> str:
         """``attention(q|k|v)``, ``mlp(gate_up)``, ..."""
         return f"{self.kind}({'|'.join(c.name for c in self.columns)})"
@@ -135,7 +163,7 @@ class Refusal:
     row: str  # the row candidate's layer
     op: str
     layer: str  # the layer of that op
-    local_view: bool = False  # the op has no SPMD rule: a local view may split it (BlockRoles.stopped)
+    local_view: bool = False  # no SPMD rule, or a layout op: a local view may split it (BlockRoles.stopped)
 
 
 @dataclass
@@ -143,7 +171,7 @@ class BlockRoles:
     sublayers: list[SubLayer] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
     replays: int = 0
-    #: Sub-layers stopped only by ops with no SPMD rule (``SubLayer.stopped_by``): replicated
+    #: Sub-layers stopped only by ops with no SPMD rule or layout ops (``SubLayer.stopped_by``): replicated
     #: in the global view, split as local views where proven.
     stopped: list[SubLayer] = field(default_factory=list)
 
@@ -279,7 +307,7 @@ def recognise_block(
         if new:
             first = graph.nodes[min(new)[0]]
             refusal = Refusal(_owner(row.fqn), short_op(first["op"]), first["layer"])
-            if {node for node, _ in new} <= ruleless:  # only ops with no rule: a local view may split it
+            if {node for node, _ in new} <= ruleless | _layout_nodes(graph, new):  # a local view may split it
                 result.stopped.append(replace(sub, stopped_by=refusal.op))
             result.refusals.append(refusal)
             continue
@@ -507,6 +535,12 @@ def _implicit(graph, nodes, weights, mesh, constants, gathered) -> tuple[list[tu
     return sorted(problems), replay.ruleless
 
 
+def _layout_nodes(graph: nx.DiGraph, problems: set[tuple[int, int]]) -> set[int]:
+    """The ops among ``problems`` (:func:`_implicit`) that only move values (layout ops) and where
+    Paddle would reshard an operand (not a value leaving the block split)."""
+    return {node for node, operand in problems if operand >= 0 and short_op(graph.nodes[node]["op"]) in LAYOUT_OPS}
+
+
 def _from_projection(graph: nx.DiGraph, dist: Dist) -> bool:
     return dist.partial_source is not None and short_op(graph.nodes[dist.partial_source]["op"]) in LINEAR_OPS
 
@@ -556,8 +590,10 @@ def _hookable(graph: nx.DiGraph, lin: _Linear) -> bool:
 def _sublayer(graph, view, nodes, columns: list[_Linear], row: _Linear, params) -> SubLayer:
     """Name the group: an attention if a softmax (or a fused attention op) lies between columns
     and row, an MLP otherwise; a column whose pieces take different roles (q, k and v; gate and
-    up) is a fused projection."""
+    up) is a fused projection. A projection called twice (DeBERTa's ``query_proj`` of the hidden
+    states and of the relative-position table) is one column, named by its first call."""
     region = set().union(*(nx.descendants(view, c.node) for c in columns)) & nx.ancestors(view, row.node)
+    columns = [c for i, c in enumerate(columns) if c.fqn not in {d.fqn for d in columns[:i]}]
     scores = [n for n in sorted(region) if view.nodes[n]["op"] in PRODUCT_OPS and not _has_param(view, n)]
     fused_ops = [n for n in sorted(region) if view.nodes[n]["op"] in FUSED_ATTENTION_OPS]
     softmax = any(view.nodes[n]["op"] == "softmax" for n in region)

@@ -171,6 +171,12 @@ REWRITES = {
     "tril": "build the causal mask with paddle.triu(paddle.full_like(scores, -inf), 1), which keeps the heads split",
     "as_complex": "rotate with cos and sin on real tensors (rotate_half) instead of complex multiplication",
     "einsum": "write the contraction with matmul (Paddle runs einsum on local tensors only)",
+    # a fused projection whose weight the forward reads (F.linear(x, self.qkv.weight, bias)) runs no
+    # forward of its own layer, so no hook on it can gather its output (planner/recognise/roles.py)
+    "fused projection inside a larger layer": (
+        "call the projection's own layer (self.qkv(x), adding any bias of your own after it), whose output "
+        "a hook can gather: its columns are then split"
+    ),
 }
 RUN_TIME_SIZES = (
     "read the sizes with x.shape (Python ints under a fixed input spec) instead of paddle.shape, "
@@ -290,7 +296,12 @@ class Replay:
         if rule_name in SIZE_RULE_OPS and dynamic([t.shape for t in inputs_flat] + list(data["shapes"])):
             self._unknown(node, operands)  # whole inputs assumed, as for an op with no rule known
             return
-        answer = self._ask(node, rule_name, tensors, extra(data))
+        try:
+            arguments = extra(data)
+        except KeyError:  # an argument the rule reads is computed, not a constant: ``w[expert_idx]``'s start
+            self._unknown(node, operands)
+            return
+        answer = self._ask(node, rule_name, tensors, arguments)
         if answer is None:  # the rule refused these arguments, or crashed: assume the worst
             self._unknown(node, operands)
             return

@@ -81,8 +81,10 @@ def global_view_equivalent(plan: Plan) -> tuple[Plan, list[str]]:
       weight placed as planned (in the model's own layout; a multi-query ``q|k|v`` held whole for
       the local view is split by columns again), and the fused projection's output gathered over
       mp (``gather_hook``), so the core after it runs whole on every mp rank;
-    - one without (a sub-layer local only because ops with no SPMD rule stop its split):
-      replicated over mp, run whole on every mp rank;
+    - one without (a sub-layer local only because ops Paddle's global view cannot keep split stop
+      its split: ops with no SPMD rule, heads folded into the batch): replicated over mp, run
+      whole on every mp rank (a joined view's row projection, outside it, stays split by rows:
+      Paddle takes each rank's slice of its whole input);
     - a token lookup: in the global view, where Paddle's rule gathers the vocabulary-split table.
 
     The costs are per rank and step, from the plan's shapes: the tokens a rank reads per step
@@ -109,8 +111,9 @@ def global_view_equivalent(plan: Plan) -> tuple[Plan, list[str]]:
             for w in view.weights:
                 params[w.param] = _on_mp(params[w.param], mp_axis, "R")
             losses.append(
-                f"{view.layer}: replicated over mp (its split is stopped by ops with no SPMD rule): every mp rank "
-                f"runs it whole, {s.mp}x a local view's FLOPs and activations, and holds its weights whole"
+                f"{view.layer}: replicated over mp (ops the global view cannot keep split stop its split): "
+                f"every mp rank runs it whole, {s.mp}x a local view's FLOPs and activations, and holds its "
+                "weights whole"
             )
             continue
         gathered: dict[str, tuple[int, int]] = {}  # fused projection -> its output's width, its segments

@@ -334,8 +334,8 @@ def _hook_lines(plan: Plan) -> list[str]:
 
 def _local_view_lines(plan: Plan) -> list[str]:
     """Each local-view sub-layer: its fused weights' segments (their sizes when unequal, those
-    computed whole on every rank) and the attributes set for the call, names relative to the
-    sub-layer (``c_attn.nf 96->48``), collapsed over the blocks."""
+    computed whole on every rank), the attributes set for the call, names relative to the
+    sub-layer (``c_attn.nf 96->48``), and whether its output is joined, collapsed over the blocks."""
     if not plan.local_view:
         return []
 
@@ -352,10 +352,11 @@ def _local_view_lines(plan: Plan) -> list[str]:
                 if w.segments > 1 and not w.param.endswith(".bias")
             ]
             + [", ".join(f"{relative(a.layer, view.layer)}.{a.name} {a.whole}->{a.local}" for a in view.attributes)]
+            + (["output joined: each rank's heads to the row projection beside it"] if view.output == "joined" else [])
         )
         for view in plan.local_view
     }
-    out = ["", "local view: these sub-layers run on local tensors (heads split, output summed over mp)"]
+    out = ["", "local view: these sub-layers run on local tensors (heads split, output summed over mp unless joined)"]
     for row in collapse(sites):
         count = f"  ×{len(row.members)}" if len(row.members) > 1 else ""
         out.append(f"  {row.pattern}  {row.value}{count}")

@@ -12,6 +12,7 @@ Modules, one job each:
   trained in as few launches as possible;
 - ``runner``    job files in, rank outputs out; single-device reference runs, cached;
 - ``compare``   losses within 1e-5 relative, parameters within 1e-5 absolute, layouts as planned;
+- ``model_files`` model files in the form autodist-plan and examples/train.py read; that script as a module;
 - ``cpu_substitutes`` the TEST-ONLY P->R->S reshard stand-in for kernels the CPU wheel lacks;
 - ``planning`` the planner for the tests, each model traced once per session (``plan_command``:
   the ``autodist-plan`` command in the test process);

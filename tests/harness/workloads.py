@@ -251,8 +251,14 @@ ZOO_FILES = tuple(
 )
 #: Zoo models built by another factory of their file (``file:factory``): DeepSeek-V3's query
 #: through a latent (``zoo_deepseek_v3_hf_with_query_latent``); GPT-2 with four blocks, two VPP
-#: chunks on each of two stages (``zoo_gpt2_hf_4_layers``).
-ZOO_VARIANTS = ("deepseek_v3_hf:build_with_query_latent", "vit:build_with_transpose_y", "gpt2_hf:build_4_layers")
+#: chunks on each of two stages (``zoo_gpt2_hf_4_layers``); timm's BEiT without q/v biases
+#: (``zoo_beit_timm_without_qkv_bias``: its fused projection read by ``F.linear``, kept whole).
+ZOO_VARIANTS = (
+    "deepseek_v3_hf:build_with_query_latent",
+    "vit:build_with_transpose_y",
+    "gpt2_hf:build_4_layers",
+    "beit_timm:build_without_qkv_bias",
+)
 ZOO_PADDLEFORMERS = ("build_llama", "build_phi3", "build_gemma3", "build_ernie45", "build_gpt_oss")
 WORKLOADS.update(
     {

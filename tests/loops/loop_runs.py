@@ -124,6 +124,9 @@ ONE_DEVICE_RUNS = [
     ("seeded_per_rank.py", "--seed", "paddleformers"),
     ("seeded_per_rank.py", "--seed", "paddle", "--eval-samples", "8"),
     ("optimizer_after.py",),
+    ("plain_save.py",),
+    ("z_loss.py",),
+    ("fleet_habits.py",),
     ("read_anywhere.py", "--model", "gpt"),
     ("read_anywhere.py", "--model", "mixtral"),
 ]

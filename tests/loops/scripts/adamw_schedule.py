@@ -1,5 +1,5 @@
 """Loop (a): AdamW, a warmup + cosine LR schedule, global-norm clipping, the loss logged on
-rank 0, evaluation every N steps, a checkpoint every N steps, and a resume from one.
+rank 0, evaluation (loss and ``paddle.metric.accuracy``) every N steps, a checkpoint every N steps, and a resume from one.
 
 Written as people write it; the only autodist lines are marked ``# autodist``.
 
@@ -28,16 +28,18 @@ def token_dataset(seed: int, batches: int) -> paddle.io.TensorDataset:
     return paddle.io.TensorDataset([paddle.to_tensor(tokens[:, :-1]), paddle.to_tensor(tokens[:, 1:])])
 
 
-def evaluate(model, loader) -> float:
+def evaluate(model, loader) -> tuple[float, float]:
+    """The mean loss and next-token accuracy over ``loader``."""
     model.eval()
-    total, count = 0.0, 0
+    total, correct, count = 0.0, 0.0, 0
     with paddle.no_grad():
         for input_ids, labels in loader:
-            logits = model(input_ids)
-            total += float(F.cross_entropy(logits.reshape([-1, VOCAB]), labels.reshape([-1])))
+            logits = model(input_ids).reshape([-1, VOCAB])
+            total += float(F.cross_entropy(logits, labels.reshape([-1])))
+            correct += float(paddle.metric.accuracy(logits, labels.reshape([-1, 1])))
             count += 1
     model.train()
-    return total / count
+    return total / count, correct / count
 
 
 def main() -> None:
@@ -75,7 +77,7 @@ def main() -> None:
     start = 0
     if args.resume_from:
         start = autodist.load_checkpoint(model, opt, args.resume_from).step
-    log = {"losses": {}, "eval": {}, "lr": {}}
+    log: dict = {"losses": {}, "eval": {}, "accuracy": {}, "lr": {}}
     for step, (input_ids, labels) in enumerate(loader, start=1):
         if step <= start:
             continue
@@ -90,10 +92,10 @@ def main() -> None:
             log["lr"][step] = scheduler.get_lr()
         scheduler.step()
         if step % args.eval_every == 0:
-            eval_loss = evaluate(model, eval_loader)
+            eval_loss, accuracy = evaluate(model, eval_loader)
             if rank == 0:
-                print(f"step {step} eval loss {eval_loss:.5f}")
-                log["eval"][step] = eval_loss
+                print(f"step {step} eval loss {eval_loss:.5f} accuracy {accuracy:.4f}")
+                log["eval"][step], log["accuracy"][step] = eval_loss, accuracy
         if step % args.save_every == 0:
             autodist.save_checkpoint(model, opt, os.path.join(args.out, f"ckpt-{step}"), step=step)
     autodist.save_checkpoint(model, opt, os.path.join(args.out, "final"), step=args.steps)

@@ -14,10 +14,10 @@ word embeddings, with its own bias.
 What differs from the torch code is spelling (``reshape`` for ``view``, ``transpose`` with the
 whole permutation, ``axis`` for ``dim``); caches, SDPA and flash paths are left out. Planned
 blind at mp2 (``--input-spec input_ids:int64:4x16`` and ``6x12``: the same plan).
-Its MLP splits as Megatron's; its attention stays whole on every rank (test_zoo's NOT_YET):
-with the heads folded into the batch a split over heads has no global-view layout, and its
-row projection (``attention.output.dense``) is no child of the layer that holds q, k and v,
-so no local view of it is tried.
+Its MLP splits as Megatron's. With the heads folded into the batch a split over heads has no
+global-view layout, and its row projection (``attention.output.dense``) is no child of the layer
+that holds q, k and v: ``attention.self`` runs as a local view whose output, each rank's heads, is
+handed to that row projection split along its last dim (test_local_view_joined).
 
     >>> model = build_model()
     >>> list(model(paddle.randint(0, VOCAB, [2, SEQ])).shape)
