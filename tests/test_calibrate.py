@@ -347,9 +347,7 @@ def _calibrate_steps(tmp_path: Path, model: str) -> Callable[[], float]:
     from autodist.planner import driver
     from autodist.planner.cost import calibrate
 
-    plan = tmp_path / "one.json"
-    cli = str(Path(sys.executable).parent / "autodist-plan")
-    subprocess.run([cli, model, "--devices", "1", "--device", "cpu", "-o", str(plan)], check=True, timeout=300)
+    plan = plan_command(model, ["--devices", "1", "--device", "cpu"], tmp_path / "one.json")
     loaded = driver.load(model)
     return lambda: calibrate.measure_training_step(loaded.model, load_plan(plan), loaded.input_specs, loaded.loss_fn)
 
