@@ -810,9 +810,28 @@ def _no_residue():
        ``struct_name`` attribute); each trace adds a subtree under the current node
        (``Model_1``, ``Model_2``, ...). It is cut back to what it was, so the names, too, are
        those of a first trace.
+    3. dy2static records each program's parameters (as PIR values, by the tensor's ``id()``) and
+       in-place values in maps keyed by the program's ``id()`` (``parameter_recorder``'s globals;
+       ``ProgramTranslator``'s own for the old IR), and drops a program's entries only when its
+       trace succeeds. After a trace that raised (a glue that does not trace, before the planner
+       traces block by block), a later program and parameter at the same addresses found the dead
+       program's values: Paddle 3.3.1 segfaulted building a ``layer_norm`` (tracing HF StarCoder2
+       after HF StableLM in one process, every time). Each trace gets maps of its own; the
+       process's are put back after.
     """
     from paddle.base import framework
+    from paddle.jit.dy2static import parameter_recorder, program_translator
 
+    translator = program_translator.ProgramTranslator.get_instance()
+    maps = [
+        (parameter_recorder, "_global_parameter_recorder", parameter_recorder.ParametersRecorder),
+        (parameter_recorder, "_global_inplace_map", parameter_recorder.InplaceMap),
+        (translator, "_params_recorder", program_translator.ParametersRecorder),
+        (translator, "_inplace_map", program_translator.InplaceMap),
+    ]
+    kept = [getattr(owner, name) for owner, name, _ in maps]
+    for owner, name, fresh in maps:
+        setattr(owner, name, fresh())
     extract_stack = traceback.extract_stack
     node = framework._name_struct
     children = {prefix: len(named) for prefix, named in node._children.items()}
@@ -820,6 +839,8 @@ def _no_residue():
     try:
         yield
     finally:
+        for (owner, name, _), value in zip(maps, kept):
+            setattr(owner, name, value)
         traceback.extract_stack = extract_stack
         for prefix in list(node._children):
             if prefix not in children:

@@ -71,3 +71,30 @@ def test_a_trace_leaves_the_models_attributes_as_they_were():
     trace_model(model, falcon_hf.input_spec())
     assert rotary.seq_len_cached == -1 and rotary.cos_cached is None and rotary.sin_cached is None
     assert model(paddle.randint(0, falcon_hf.VOCAB, [2, 8])).shape == [2, 8, falcon_hf.VOCAB]
+
+
+class RaisesAfterItsBlocks(Net):
+    """Its blocks trace, then its own forward raises."""
+
+    def forward(self, x):
+        x = super().forward(x)
+        raise NotImplementedError("not traceable")
+
+
+def test_a_trace_that_raised_leaves_no_parameter_values_of_its_program_behind():
+    """dy2static drops a program's parameter values (keyed by the program's and the tensor's
+    ``id()``) only when its trace succeeds. Left behind, a later program and parameter at the same
+    addresses found them: Paddle segfaulted building a layer_norm (test_zoo's StarCoder2, whose
+    glue raises before it is traced block by block, after StableLM: every run). After a trace
+    that raised, dy2static's maps are as they were."""
+    import pytest
+    from paddle.jit.dy2static import parameter_recorder
+
+    from autodist.planner.errors import PlannerError
+
+    recorder = parameter_recorder._global_parameter_recorder
+    before = (recorder, dict(recorder.params_dict), dict(recorder.tensor2value))
+    with pytest.raises(PlannerError, match="not traceable"):
+        trace_model(RaisesAfterItsBlocks(), [paddle.static.InputSpec([4, 16], "float32")])
+    recorder = parameter_recorder._global_parameter_recorder
+    assert (recorder, recorder.params_dict, recorder.tensor2value) == before
