@@ -140,26 +140,6 @@ def test_a_fused_projection_read_by_f_linear_is_warned_with_the_line_and_the_rew
     assert len(warnings) == 1 and where in warnings[0] and rewrite in warnings[0], done.stderr
 
 
-def test_an_attention_reading_its_width_from_its_input_is_warned_with_the_line_and_the_rewrite(tmp_path):
-    """HF CLIP's attention reshapes its output with the width read from its input's shape
-    (``bsz, tgt_len, embed_dim = hidden_states.shape``): a rank of a local view takes the input
-    whole, so no local view is proven and q, k, v stay gathered. One warning names the read, the
-    line sizing the reshape with it, and the rewrite (-1 there)."""
-    clip = ROOT / "tests" / "models" / "zoo" / "clip_hf.py"
-    done, out = plan_command(tmp_path, clip)
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = clip.read_text().splitlines()
-    read = lines.index("        bsz, tgt_len, embed_dim = hidden_states.shape") + 1
-    sized = lines.index("        attn_output = attn_output.reshape([bsz, tgt_len, embed_dim])") + 1
-    where = f"{clip.relative_to(ROOT)}"
-    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: local view: ")]
-    assert len(warnings) == 1, done.stderr
-    assert f"(`bsz, tgt_len, embed_dim = hidden_states.shape`, {where}:{read})" in warnings[0]
-    assert f"({where}: line {sized}: `embed_dim`)" in warnings[0]
-    assert "to split it: write -1 for each of those (a reshape infers it)" in warnings[0]
-    assert f"model code: CLIPAttention.forward at {where}:{_forward_line(clip, 'CLIPAttention')}" in warnings[0]
-
-
 def test_an_unproven_local_view_stopped_by_masked_fill_names_the_where_rewrite():
     """An attention scored by masked_fill (no SPMD rule in Paddle), whose local view cannot be
     proven (its head count is a module constant): the warning gives the proof's reason, the

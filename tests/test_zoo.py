@@ -609,10 +609,9 @@ EXPECTED = {
         "head.weight": REP,
     },
     # HF CLIP's text tower: BART's attention spelling (q scaled, heads folded into the batch for
-    # bmm), but its output reshaped with the width read from its input's shape
-    # (`bsz, tgt_len, embed_dim = hidden_states.shape`), so no local view is proven: q, k, v split
-    # by columns, each gathered by a hook, the attention core whole on every rank (the warning
-    # names the line and the rewrite: test_unseen_code)
+    # bmm, which gathers them in the global view), its output reshaped with the width read from its
+    # input's shape (`bsz, tgt_len, embed_dim = hidden_states.shape`): a local view proven with
+    # that read as 1/mp (LOCAL_VIEWS, test_local_view_widths)
     f"{ZOO}/clip_hf.py": {
         **attention("text_model.encoder.layers.*.self_attn", o="out_proj", bias=True, o_bias=True),
         **mlp("text_model.encoder.layers.*.mlp", ("fc1",), "fc2", bias=True),
@@ -727,7 +726,8 @@ PLANNED_AT = {
 #: runs on plain tensors there), MPT's and BLOOM's (ALiBi passed in whole, cut to each rank's heads;
 #: BLOOM's residual added inside, each rank's 1/mp share); DeBERTa-v2's attention.self, its heads
 #: folded into the batch, is a local view handing its heads to the sibling row projection (joined). PaddleOCR's
-#: SVTR's Local (windowed mask) and Global mixers run as local views of their fused qkv.
+#: SVTR's Local (windowed mask) and Global mixers run as local views of their fused qkv, and HF
+#: CLIP's attention (heads folded into the batch) as one reading its input's width as 1/mp.
 LOCAL_VIEWS = {
     f"{ZOO}/deberta_v2_hf.py",
     f"{ZOO}/mpt_alibi.py",
@@ -743,6 +743,7 @@ LOCAL_VIEWS = {
     f"{ZOO}/modernbert_hf.py",
     f"{ZOO}/swin_timm.py",
     f"{ZOO}/svtr_ppocr.py",
+    f"{ZOO}/clip_hf.py",
 }
 
 #: Models the planner refuses, with what the one line says (each piece): PaddleFormers' Phi-3 takes
