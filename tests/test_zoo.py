@@ -608,16 +608,20 @@ EXPECTED = {
         "patch_embed.proj.weight": REP,
         "head.weight": REP,
     },
-    # HF CLIP's text tower: BART's attention spelling (q scaled, heads folded into the batch for
-    # bmm, which gathers them in the global view), its output reshaped with the width read from its
-    # input's shape (`bsz, tgt_len, embed_dim = hidden_states.shape`): a local view proven with
-    # that read as 1/mp (LOCAL_VIEWS, test_local_view_widths)
+    # HF CLIP (CLIPModel, both towers): BART's attention spelling (q scaled, heads folded into the
+    # batch for bmm, which gathers them in the global view), its output reshaped with the width
+    # read from its input's shape (`bsz, tgt_len, embed_dim = hidden_states.shape`): a local view
+    # proven with that read as 1/mp (LOCAL_VIEWS, test_local_view_widths)
     f"{ZOO}/clip_hf.py": {
-        **attention("text_model.encoder.layers.*.self_attn", o="out_proj", bias=True, o_bias=True),
-        **mlp("text_model.encoder.layers.*.mlp", ("fc1",), "fc2", bias=True),
+        **attention("*_model.encoder.layers.*.self_attn", o="out_proj", bias=True, o_bias=True),
+        **mlp("*_model.encoder.layers.*.mlp", ("fc1",), "fc2", bias=True),
         "text_model.embeddings.token_embedding.weight": ROW,
-        "text_model.embeddings.position_embedding.weight": REP,
+        "*_model.embeddings.position_embedding.weight": REP,
+        "vision_model.embeddings.class_embedding": REP,
+        "vision_model.embeddings.patch_embedding.weight": REP,
         "text_projection.weight": REP,
+        "visual_projection.weight": REP,
+        "logit_scale": REP,
     },
     # PaddleOCR's SVTR: fused qkv reshaped with 0 for the batch, a Local mixer adding a [1, 1, HW, HW]
     # window mask (a plain tensor attribute), a Global one without; head-parallel as local views

@@ -174,9 +174,21 @@ def shard_optimizer(optimizer: Any, plan: Plan) -> Any:
     meshes) when Paddle supports the class; other classes train unwrapped at stage 0."""
     stage = plan.strategy.sharding_stage
     if stage == 0:
-        return dist.shard_optimizer(optimizer) if isinstance(optimizer, SHARDABLE) else optimizer
+        return _scalars_left_whole(dist.shard_optimizer(optimizer)) if isinstance(optimizer, SHARDABLE) else optimizer
     shard_fn = _SHARDING_STAGES[stage](sharding_mesh_dim="dp", mesh=stage_mesh(plan, 0))
-    return dist.shard_optimizer(optimizer, shard_fn)
+    return _scalars_left_whole(dist.shard_optimizer(optimizer, shard_fn))
+
+
+def _scalars_left_whole(sharded: Any) -> Any:
+    """``sharded`` (Paddle's ``_ShardOptimizer``) leaving the states of a 0-d parameter as made:
+    Paddle 3.3.1 reads ``param.shape[0]`` of every parameter in its first step, to leave those
+    whose first dim is 1 unsharded, and a 0-d one (HF CLIP's ``logit_scale``) raised
+    ``IndexError: list index out of range`` there. A 0-d parameter has no dim to shard either:
+    it is left as Paddle leaves a ``[1]`` one (docs/paddle-notes.md, "Parameters and optimizers")."""
+    shard_accumulator = sharded._shard_accumulator
+    # in the instance's own dict: _ShardOptimizer.__setattr__ sets attributes on the inner optimizer
+    vars(sharded)["_shard_accumulator"] = lambda param: shard_accumulator(param) if param.shape else None
+    return sharded
 
 
 def _stored_argument(optimizer, name: str) -> tuple[bool, Any]:

@@ -1,23 +1,29 @@
-"""CLIP's text tower as HF's modeling_clip writes it (``CLIPTextModelWithProjection``), ported
-to Paddle at a small config.
+"""HF CLIP (``CLIPModel``) as transformers' modeling_clip writes it, ported to Paddle at a small
+config: both towers, their projections and the contrastive loss.
 
-Token and learned position embeddings (``position_ids`` a registered buffer sliced to the
-sequence); pre-LN encoder layers (``layer_norm1``/``self_attn``/``layer_norm2``/``mlp``) with
-``quick_gelu``; CLIP's attention: the query scaled before the scores
-(``q_proj(h) * self.scale``), heads folded into the batch by ``_shape`` and ``proj_shape``,
-scores by ``bmm``, the causal mask built in the text transformer
-(``_build_causal_attention_mask``: filled with the dtype's minimum, ``triu_(1)``) and added on a
-``[bsz, heads, tgt, src]`` view; the output reshaped with ``embed_dim``. The pooled output is
-the hidden state at each sequence's largest token id (the end-of-text token, ``argmax``), then
-``text_projection``.
+The text tower: token and learned position embeddings (``position_ids`` a registered buffer
+sliced to the sequence), the causal mask built in the text transformer
+(``_build_causal_attention_mask``: filled with the dtype's minimum, ``triu_(1)``), the pooled
+output at each sequence's largest token id (the end-of-text token, ``argmax``). The vision tower:
+a bias-free Conv2D patch embedding, a ``class_embedding`` vector expanded over the batch and
+concatenated before the patches, ``pre_layrnorm`` (HF's spelling) before the encoder and
+``post_layernorm`` on the class token. Both towers' pre-LN encoder layers
+(``layer_norm1``/``self_attn``/``layer_norm2``/``mlp``, ``quick_gelu``) use CLIP's attention: the
+query scaled before the scores (``q_proj(h) * self.scale``), heads folded into the batch by
+``_shape`` and ``proj_shape``, scores by ``bmm``, the causal mask added on a ``[bsz, heads, tgt,
+src]`` view, the output reshaped with the width read from its input
+(``bsz, tgt_len, embed_dim = hidden_states.shape``). The embeddings are projected, normalised and
+scored against each other times ``logit_scale.exp()`` (a 0-d parameter); ``clip_loss`` averages
+the captions' and the images' cross entropies.
 
 What differs from the torch code is spelling (``reshape`` for ``view``, ``transpose`` with the
 whole permutation, ``axis`` for ``dim``, ``paddle.full`` + ``paddle.triu`` for ``empty`` +
 ``fill_`` + ``triu_``); output_attentions and the SDPA/flash paths are left out.
 
     >>> model = build_model()
-    >>> list(model(paddle.randint(0, VOCAB, [2, 16])).shape)
-    [2, 24]
+    >>> ids, pixels = paddle.randint(0, VOCAB, [3, 16]), paddle.rand([3, CHANS, IMG, IMG])
+    >>> [list(logits.shape) for logits in model(input_ids=ids, pixel_values=pixels)]
+    [[3, 3], [3, 3]]
 """
 
 import paddle
@@ -25,6 +31,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 VOCAB, HIDDEN, INTER, LAYERS, HEADS, PROJ = 64, 40, 72, 2, 4, 24
+IMG, PATCH, CHANS, V_HIDDEN, V_INTER = 16, 4, 3, 48, 88
 
 
 class CLIPTextConfig:
@@ -40,11 +47,67 @@ class CLIPTextConfig:
     attention_dropout = 0.0
 
 
+class CLIPVisionConfig:
+    hidden_size = V_HIDDEN
+    intermediate_size = V_INTER
+    projection_dim = PROJ
+    num_hidden_layers = LAYERS
+    num_attention_heads = HEADS
+    num_channels = CHANS
+    image_size = IMG
+    patch_size = PATCH
+    hidden_act = "quick_gelu"
+    layer_norm_eps = 1e-5
+    attention_dropout = 0.0
+
+
+class CLIPConfig:
+    text_config = CLIPTextConfig()
+    vision_config = CLIPVisionConfig()
+    projection_dim = PROJ
+    logit_scale_init_value = 2.6592
+
+
 def quick_gelu(x):
     return x * F.sigmoid(1.702 * x)
 
 
 ACT2FN = {"quick_gelu": quick_gelu, "gelu": F.gelu}
+
+
+class CLIPVisionEmbeddings(nn.Layer):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.embed_dim = config.hidden_size
+        self.image_size = config.image_size
+        self.patch_size = config.patch_size
+
+        self.class_embedding = self.create_parameter([self.embed_dim], default_initializer=nn.initializer.Normal())
+
+        self.patch_embedding = nn.Conv2D(
+            in_channels=config.num_channels,
+            out_channels=self.embed_dim,
+            kernel_size=self.patch_size,
+            stride=self.patch_size,
+            bias_attr=False,
+        )
+
+        self.num_patches = (self.image_size // self.patch_size) ** 2
+        self.num_positions = self.num_patches + 1
+        self.position_embedding = nn.Embedding(self.num_positions, self.embed_dim)
+        self.register_buffer("position_ids", paddle.arange(self.num_positions).expand((1, -1)), persistable=False)
+
+    def forward(self, pixel_values):
+        batch_size = pixel_values.shape[0]
+        target_dtype = self.patch_embedding.weight.dtype
+        patch_embeds = self.patch_embedding(pixel_values.astype(target_dtype))  # shape = [*, width, grid, grid]
+        patch_embeds = patch_embeds.flatten(2).transpose([0, 2, 1])
+
+        class_embeds = self.class_embedding.expand([batch_size, 1, -1])
+        embeddings = paddle.concat([class_embeds, patch_embeds], axis=1)
+        embeddings = embeddings + self.position_embedding(self.position_ids)
+        return embeddings
 
 
 class CLIPTextEmbeddings(nn.Layer):
@@ -245,28 +308,93 @@ def _expand_mask(mask, dtype, tgt_len=None):
     return inverted_mask.masked_fill(inverted_mask.astype("bool"), paddle.finfo(dtype).min)
 
 
-class CLIPTextModelWithProjection(nn.Layer):
+class CLIPVisionTransformer(nn.Layer):
     def __init__(self, config):
         super().__init__()
-        self.text_model = CLIPTextTransformer(config)
-        self.text_projection = nn.Linear(config.hidden_size, config.projection_dim, bias_attr=False)
+        self.config = config
+        embed_dim = config.hidden_size
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None):
-        _, pooled_output = self.text_model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        self.embeddings = CLIPVisionEmbeddings(config)
+        self.pre_layrnorm = nn.LayerNorm(embed_dim, epsilon=config.layer_norm_eps)
+        self.encoder = CLIPEncoder(config)
+        self.post_layernorm = nn.LayerNorm(embed_dim, epsilon=config.layer_norm_eps)
+
+    def forward(self, pixel_values=None):
+        hidden_states = self.embeddings(pixel_values)
+        hidden_states = self.pre_layrnorm(hidden_states)
+
+        last_hidden_state = self.encoder(inputs_embeds=hidden_states)
+        pooled_output = last_hidden_state[:, 0, :]
+        pooled_output = self.post_layernorm(pooled_output)
+        return last_hidden_state, pooled_output
+
+
+# contrastive loss function, adapted from
+# https://sachinruk.github.io/blog/2021-03-07-clip.html
+def contrastive_loss(logits):
+    return F.cross_entropy(logits, paddle.arange(logits.shape[0]))
+
+
+def clip_loss(similarity):
+    caption_loss = contrastive_loss(similarity)
+    image_loss = contrastive_loss(similarity.t())
+    return (caption_loss + image_loss) / 2.0
+
+
+class CLIPModel(nn.Layer):
+    def __init__(self, config):
+        super().__init__()
+        text_config = config.text_config
+        vision_config = config.vision_config
+
+        self.projection_dim = config.projection_dim
+        self.text_embed_dim = text_config.hidden_size
+        self.vision_embed_dim = vision_config.hidden_size
+
+        self.text_model = CLIPTextTransformer(text_config)
+        self.vision_model = CLIPVisionTransformer(vision_config)
+
+        self.visual_projection = nn.Linear(self.vision_embed_dim, self.projection_dim, bias_attr=False)
+        self.text_projection = nn.Linear(self.text_embed_dim, self.projection_dim, bias_attr=False)
+        self.logit_scale = self.create_parameter(
+            [], default_initializer=nn.initializer.Constant(config.logit_scale_init_value)
         )
-        text_embeds = self.text_projection(pooled_output)
-        return text_embeds
+
+    def forward(self, input_ids=None, pixel_values=None, attention_mask=None, position_ids=None, return_loss=None):
+        _, image_embeds = self.vision_model(pixel_values=pixel_values)
+        _, text_embeds = self.text_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+
+        image_embeds = self.visual_projection(image_embeds)
+        text_embeds = self.text_projection(text_embeds)
+
+        # normalized features
+        image_embeds = image_embeds / image_embeds.norm(p=2, axis=-1, keepdim=True)
+        text_embeds = text_embeds / text_embeds.norm(p=2, axis=-1, keepdim=True)
+
+        # cosine similarity as logits
+        logit_scale = self.logit_scale.exp()
+        logits_per_text = paddle.matmul(text_embeds, image_embeds.t()) * logit_scale
+        logits_per_image = logits_per_text.t()
+
+        if return_loss:
+            return clip_loss(logits_per_text)
+        return logits_per_image, logits_per_text
 
 
 def build_model():
-    return CLIPTextModelWithProjection(CLIPTextConfig())
+    return CLIPModel(CLIPConfig())
 
 
 def input_spec():
-    return [paddle.static.InputSpec([2, 16], "int64", "input_ids")]
+    return [
+        paddle.static.InputSpec([2, 16], "int64", "input_ids"),
+        paddle.static.InputSpec([2, CHANS, IMG, IMG], "float32", "pixel_values"),
+    ]
 
 
 def loss(model, tokens, labels):
-    """The text embedding scored as PROJ classes, a class per sequence from its labels."""
-    return F.cross_entropy(model(tokens), labels[:, 0] % PROJ)
+    """CLIP's contrastive loss over the batch's captions (the tokens) and images (pixels, a fixed
+    function of the tokens); the labels are not read."""
+    pixels = (tokens.astype("float32") / VOCAB).reshape([tokens.shape[0], 1, 1, -1])
+    pixels = paddle.tile(pixels, [1, CHANS, IMG, IMG // pixels.shape[-1]])
+    return model(input_ids=tokens, pixel_values=pixels, return_loss=True)
