@@ -210,10 +210,12 @@ def input_width_reads(layer: paddle.nn.Layer) -> str:
     """Where ``layer``'s forward sizes tensors with its input's width read from the input's shape,
     read from its source (nanoGPT's ``B, T, C = x.shape`` then ``k.reshape([B, T, self.n_head,
     C // self.n_head])``; timm's ``B, N, C = x.shape`` then ``reshape([B, N, C])``): a rank of a
-    local view takes the input whole, so ``C`` stays the whole width while the rank computes with
-    1/mp of it, and no attribute the proof could localise changes that. Said as the rest of an
-    unproven local view's reason, with the lines and the smallest rewrite (``-1`` there, which a
-    reshape infers); "" when the forward has no such read, or Python has no source of it.
+    local view takes the input whole, so ``C`` is the whole width while the rank computes with 1/mp
+    of it. :func:`discover` then also proves the view with that read made 1/mp
+    (``LocalView.input_width``); when neither holds (the width sizes both a rank's 1/mp tensors and
+    whole ones), this is said as the rest of the reason, with the lines and the smallest rewrite
+    (``-1`` there, which a reshape infers); "" when the forward has no such read, or Python has no
+    source of it.
 
     >>> class Attention(paddle.nn.Layer):
     ...     def forward(self, x):
@@ -221,8 +223,8 @@ def input_width_reads(layer: paddle.nn.Layer) -> str:
     ...         return x.reshape([B, T, 2, C // 2]).reshape([B, T, C])
     >>> print(input_width_reads(Attention()))  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
     ; its forward reads its input's width from the input's shape (`B, T, C = x.shape`, ...:3) and
-    sizes tensors with it (...: line 4: `C // 2`, `C`), which stays the whole width on a rank
-    computing with 1/mp of it; to split it: write -1 for each of those (a reshape infers it)
+    sizes tensors with it (...: line 4: `C // 2`, `C`), which no proof held with, read whole or as
+    the 1/mp a rank computes with; to split it: write -1 for each of those (a reshape infers it)
     """
     try:
         forward = inspect.unwrap(type(layer).forward)
@@ -280,7 +282,7 @@ def input_width_reads(layer: paddle.nn.Layer) -> str:
     return (
         f"; its forward reads its input's width from the input's shape (`{ast.get_source_segment(source, read)}`, "
         f"{where}:{read.lineno + first - 1}) and sizes tensors with it ({where}: line{'s' * (',' in at)} {at}: {said}), "
-        "which stays the whole width on a rank computing with 1/mp of it; to split it: write -1 for each of those "
+        "which no proof held with, read whole or as the 1/mp a rank computes with; to split it: write -1 for each of those "
         "(a reshape infers it)"
     )
 
@@ -641,13 +643,17 @@ def discover(
             for a in _integer_attributes(layer, view.layer, mp)
             if (a.layer, a.name) in proof.read
         ]
-        for attributes in _attribute_sets(candidates, plausible):
+        # the input's width as read, whole; then, for a forward that sizes tensors with it, 1/mp
+        widths = ["whole", "local"] if input_width_reads(layer) else ["whole"]
+        for input_width, attributes in itertools.product(widths, _attribute_sets(candidates, plausible)):
             try:
-                verified = proof.check(attributes)
+                verified = proof.check(attributes, input_width)
             except NotProven as exc:
                 first = first or (exc if as_traced else None)
                 continue
-            return msgspec.structs.replace(proof.view, attributes=attributes, verified=verified)
+            return msgspec.structs.replace(
+                proof.view, attributes=attributes, input_width=input_width, verified=verified
+            )
     assert first is not None
     raise first
 
@@ -789,7 +795,7 @@ class _Proof:
         self.x = self.rng.normal(0.0, 1.0, shape).astype("float32")
         self.arguments = _arguments(view.call, shape, reading, self.rng)
         self.cotangent = None  # the global run's random output gradient, given to every local run
-        global_call = LocalCall(layer, msgspec.structs.replace(view, attributes=[]))  # whole values, whole sizes
+        global_call = LocalCall(layer, msgspec.structs.replace(view, attributes=[], input_width="whole"))  # all whole
         with _Reads(_owners(layer, view.layer)) as self.read:
             self.out, self.grads, self.x_grad, self.given_grads, self.cotangent = self._run(global_call, self.whole)
 
@@ -824,12 +830,12 @@ class _Proof:
         assert first is not None
         raise first
 
-    def check(self, attributes: list[LocalAttribute]) -> str:
-        view = msgspec.structs.replace(self.view, attributes=attributes)
+    def check(self, attributes: list[LocalAttribute], input_width: str = "whole") -> str:
+        view = msgspec.structs.replace(self.view, attributes=attributes, input_width=input_width)
         outs, local_grads, x_grads, given_grads = [], [], [], []
         for rank in range(self.mp):
             local = {w.param: _local(self.whole[w.param], w, rank, self.mp) for w in view.weights}
-            o, g, xg, gg, _ = self._run(LocalCall(self.layer, view), local, rank)
+            o, g, xg, gg, _ = self._run(LocalCall(self.layer, view, self.mp), local, rank)
             outs.append(o)
             local_grads.append(g)
             x_grads.append(xg)

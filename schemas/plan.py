@@ -450,6 +450,11 @@ class LocalView(Base):
     #: a slice of the last dim, handed back ``S(last)`` over mp to the row projection, whose
     #: ``S(0)`` weight makes Paddle's partial sum and all-reduce, Megatron's row-parallel linear).
     output: Literal["summed", "joined"] = "summed"
+    #: The width its forward reads from its hidden input's shape (``B, T, C = x.shape``, then
+    #: ``reshape([B, T, C])``): ``whole``, the input's own; or ``local``, the last dim read as 1/mp
+    #: of it, the width each rank computes with (HF CLIP's, nanoGPT's and timm's attentions). The
+    #: input itself stays whole; only that read of its shape changes, and only as proven.
+    input_width: Literal["whole", "local"] = "whole"
     #: How the planner proved it: the local runs reassembled against the global run.
     verified: Text = ""
 

@@ -242,9 +242,10 @@ def test_implicit_communication_is_one_figure_the_plans_list_and_its_price_agree
     assert sum(b.gather_fwd_count for b in model_cost(made.analysis).blocks) == len(gathers)
 
 
-def test_a_view_that_fails_its_proof_is_priced_gathered_in_the_written_plan():
-    """tests/models/gpt.py's attention reads its width from the input (``b, s, h = x.shape``), so its
-    local view fails the proof and its qkv_proj stays gathered. The search priced it as a local
+def test_a_view_that_fails_its_proof_is_priced_gathered_in_the_written_plan(monkeypatch):
+    """tests/models/gpt.py's attention reads its width from the input (``b, s, h = x.shape``); with
+    that read kept whole (the proof's 1/mp read of it turned off here), its local view fails the
+    proof and its qkv_proj stays gathered. The search priced it as a local
     view (dp2 x mp2 runs local views; nothing is proven while searching); once the proof fails the
     search runs again with it gathered: the plan's strategy, estimate and alternatives are those
     of the plan made without local views, but for the token lookup, which --no-local-view keeps
@@ -254,6 +255,9 @@ def test_a_view_that_fails_its_proof_is_priced_gathered_in_the_written_plan():
     gradient held (2 x 4096 bytes)."""
     from autodist.planner.cost.search import kernels_for, price, search
 
+    from autodist.planner import local_view_proof
+
+    monkeypatch.setattr(local_view_proof, "input_width_reads", lambda layer: "")
     request = SearchRequest(devices_per_node=4, mp=2, pp=1, sequence_parallel=False, sharding_stage=0, dtype="bf16")
     made = plan_target(str(MODELS / "gpt.py"), None, request, {"target": "gpt"}, local_view=True)
     assert made.plan.local_view == [] and any("stay global" in note for note in made.plan.notes)

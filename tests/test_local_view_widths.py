@@ -1,26 +1,30 @@
 """An attention whose forward reads its width from the input's shape (issue 30, item 4).
 
 nanoGPT writes ``B, T, C = x.shape`` then ``k.reshape([B, T, self.n_head, C // self.n_head])``
-and ``y.reshape([B, T, C])``; timm's ViT ``B, N, C = x.shape`` then ``reshape([B, N, C])``, and
-DiT (timm's ``Attention``) also ``qkv.reshape([B, N, 3, self.num_heads, C // self.num_heads])``. A
-rank of a local view takes the input whole, so ``C`` stays the whole width while the rank
-computes with half of it: no attribute the proof could localise changes that, and the attention
-keeps its gather. The warning and ``--explain`` name the line that reads the width, the lines
-that size with it, and the smallest rewrite (``-1`` for each of them); rewritten so, the same
-model's attention is proven head-parallel at mp2.
+and ``y.reshape([B, T, C])``; timm's ViT ``B, N, C = x.shape`` then ``reshape([B, N, C])``, DiT
+(timm's ``Attention``) also ``qkv.reshape([B, N, 3, self.num_heads, C // self.num_heads])``, and
+HF CLIP ``bsz, tgt_len, embed_dim = hidden_states.shape`` then ``reshape([bsz, tgt_len,
+embed_dim])``. A rank of a local view takes the input whole, so ``C`` is the whole width while
+the rank computes with half of it: the planner proves the view with that one read made 1/mp
+(``LocalView.input_width`` ``local``), and the unchanged model's attention is head-parallel at
+mp2; rewritten with ``-1`` for each such size, it is proven reading its width whole. Where
+neither holds (the width sizes both the rank's half and a whole tensor), the warning and
+``--explain`` name the line that reads the width, the lines that size with it, and the rewrite.
 """
 
 from __future__ import annotations
 
 import re
 
+import paddle
+import paddle.nn.functional as F
 import pytest
 
 from harness.cli import ROOT
 from harness.planning import gloo_mp2_request, plan_target
-from test_unseen_code import plan_command
 
 ZOO = ROOT / "tests" / "models" / "zoo"
+HERE = ROOT / "tests" / "test_local_view_widths.py"
 #: file -> (its attention, the line reading the width, the lines sizing with it and their spelling,
 #: the rewrite: (what, into)), read from the model files.
 WIDTHS = {
@@ -30,6 +34,13 @@ WIDTHS = {
         ["k = k.reshape(", "q = q.reshape(", "v = v.reshape(", "y = (att @ v)"],
         "`C // self.n_head`, `C`",
         [("C // self.n_head", "-1"), ("[B, T, C]", "[B, T, -1]")],
+    ),
+    "clip_hf.py": (
+        "text_model.encoder.layers.*.self_attn",
+        "bsz, tgt_len, embed_dim = hidden_states.shape",
+        ["attn_output = attn_output.reshape([bsz, tgt_len, embed_dim])"],
+        "`embed_dim`",
+        [("[bsz, tgt_len, embed_dim]", "[bsz, tgt_len, -1]")],
     ),
     "vit.py": ("blocks.*.attn", "B, N, C = x.shape", ["x = (attn @ v)"], "`C`", [("[B, N, C]", "[B, N, -1]")]),
     "dit.py": (
@@ -47,31 +58,10 @@ def _line(path, starts: str) -> int:
 
 
 @pytest.mark.parametrize("name", sorted(WIDTHS))
-def test_a_width_read_from_the_input_names_its_lines_and_the_rewrite(tmp_path, name):
-    """One warning and one ``--explain`` line for the attention, naming the read, every line that
-    sizes with it, and the rewrite."""
-    path = ZOO / name
-    layer, read, sizing, said, _ = WIDTHS[name]
-    done, _ = plan_command(tmp_path, path, "--explain")
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = ", ".join(str(_line(path, s)) for s in sizing)
-    shown = path.relative_to(ROOT)  # as the plan's notes name a file under the working directory
-    expected = (
-        f"its forward reads its input's width from the input's shape (`{read}`, {shown}:{_line(path, read)}) and "
-        f"sizes tensors with it ({shown}: line{'s' * (len(sizing) > 1)} {lines}: {said}), which stays the whole "
-        "width on a rank computing with 1/mp of it; to split it: write -1 for each of those (a reshape infers it)"
-    )
-    prefix = "local view: " + layer.replace("*", "0")
-    warnings = [line for line in done.stderr.splitlines() if line.startswith(f"warning: {prefix}")]
-    assert len(warnings) == 1 and expected in warnings[0], done.stderr
-    explained = done.stderr.split("why these stay gathered or replicated, and what to change:\n", 1)[1]
-    assert sum(expected in line for line in explained.splitlines() if line.startswith("  ")) == 1, explained
-
-
-@pytest.mark.parametrize("name", sorted(WIDTHS))
-def test_the_rewrite_named_makes_the_attention_head_parallel(tmp_path, name):
-    """The model rewritten as the warning says (and nothing else) plans its attention as a local
-    view at mp2: each rank's reshape infers its 1/mp width."""
+def test_the_model_as_written_and_rewritten_is_head_parallel(tmp_path, name):
+    """As written, the attention is proven as a local view reading its input's width as 1/mp;
+    rewritten with -1 for each size (and nothing else), it is proven reading the width whole (a
+    reshape infers the rank's). Without the 1/mp read the unchanged model keeps its gather."""
     layer, _, _, _, rewrites = WIDTHS[name]
     text = (ZOO / name).read_text()
     for what, into in rewrites:
@@ -79,9 +69,59 @@ def test_the_rewrite_named_makes_the_attention_head_parallel(tmp_path, name):
         text = text.replace(what, into)
     rewritten = tmp_path / name
     rewritten.write_text(text)
-    before = plan_target(str(ZOO / name), None, gloo_mp2_request(), {"target": name}, local_view=True).plan
-    after = plan_target(str(rewritten), None, gloo_mp2_request(), {"target": name}, local_view=True).plan
     pattern = re.compile(re.escape(layer).replace(r"\*", r"\d+") + "$")
-    assert not [v.layer for v in before.local_view if pattern.match(v.layer)]
-    found = [v.layer for v in after.local_view if pattern.match(v.layer)]
-    assert len(found) == 2 and all("equal the global run" in v.verified for v in after.local_view), after.notes
+    for target, width in ((str(ZOO / name), "local"), (str(rewritten), "whole")):
+        plan = plan_target(target, None, gloo_mp2_request(), {"target": name}, local_view=True).plan
+        found = [v for v in plan.local_view if pattern.match(v.layer)]
+        assert len(found) == 2, plan.notes
+        assert all(v.input_width == width and "equal the global run" in v.verified for v in found), found
+
+
+class ReadsItsWidthTwice(paddle.nn.Layer):
+    """An attention sizing with its input's width both its heads' output (1/mp on a rank) and its
+    projected output (whole on every rank): no proof holds, read whole or as 1/mp."""
+
+    def __init__(self, width=24, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = paddle.nn.Linear(width, 3 * width)
+        self.proj = paddle.nn.Linear(width, width)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).reshape([B, T, 3, self.heads, -1]).transpose([2, 0, 3, 1, 4]).unbind(0)
+        y = F.softmax(q @ k.transpose([0, 1, 3, 2]), axis=-1) @ v
+        y = y.transpose([0, 2, 1, 3]).reshape([B, T, C])
+        return self.proj(y).reshape([B, T, C])
+
+
+class Stack(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.layers = paddle.nn.LayerList([ReadsItsWidthTwice() for _ in range(2)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def test_a_width_no_proof_holds_with_names_its_lines_and_the_rewrite():
+    """One note for the attention, naming the read, every line that sizes with it, and the
+    rewrite."""
+    from autodist.planner.cost.search import SearchRequest
+    from autodist.planner.driver import plan_model
+
+    model = Stack()
+    spec = [paddle.static.InputSpec([3, 10, 24], "float32", "x")]
+    request = SearchRequest(devices_per_node=2, dp=1, mp=2, pp=1, sequence_parallel=False)
+    kept = plan_model(model, spec, request, {"target": "ReadsItsWidthTwice"}).kept_whole
+    read = _line(HERE, "B, T, C = x.shape")
+    sized = f"{_line(HERE, 'y = y.transpose(')}, {_line(HERE, 'return self.proj(y).reshape(')}"
+    expected = (
+        f"its forward reads its input's width from the input's shape (`B, T, C = x.shape`, "
+        f"{HERE.relative_to(ROOT)}:{read}) and sizes tensors with it ({HERE.relative_to(ROOT)}: lines {sized}: `C`), "
+        "which no proof held with, read whole or as the 1/mp a rank computes with; to split it: write -1 for each "
+        "of those (a reshape infers it)"
+    )
+    assert len(kept) == 1 and expected in kept[0], kept

@@ -42,7 +42,10 @@ SKIP = {
 #: ``x[mask]``) and GShard (an einsum dispatch) run whole on every rank as plain tensors, where
 #: Paddle runs those ops (test_local_only_ops). ModernBERT's fused Wqkv and Wi, and Swin's windowed
 #: attention with its relative-position-bias table split by heads (a per-head parameter of the
-#: view), are trained as their local views too.
+#: view), are trained as their local views too, and so are PaddleOCR's SVTR mixers (a Local one
+#: adding its window mask, a plain tensor attribute, to each rank's heads). HF CLIP's, nanoGPT's,
+#: timm's ViT's and DiT's attentions, which size their output with the width read from their
+#: input's shape, train as local views reading it as 1/mp (LocalView.input_width).
 LOCAL_VIEWS = {
     "zoo_bailing_moe_hf",
     "zoo_phi3_hf",
@@ -56,6 +59,12 @@ LOCAL_VIEWS = {
     "zoo_modernbert_hf",
     "zoo_swin_timm",
     "zoo_deberta_v2_hf",
+    "zoo_svtr_ppocr",
+    "zoo_clip_hf",
+    "zoo_nanogpt",
+    "zoo_vit",
+    "zoo_vit_with_transpose_y",
+    "zoo_dit",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 #: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too.

@@ -608,6 +608,34 @@ EXPECTED = {
         "patch_embed.proj.weight": REP,
         "head.weight": REP,
     },
+    # HF CLIP (CLIPModel, both towers): BART's attention spelling (q scaled, heads folded into the
+    # batch for bmm, which gathers them in the global view), its output reshaped with the width
+    # read from its input's shape (`bsz, tgt_len, embed_dim = hidden_states.shape`): a local view
+    # proven with that read as 1/mp (LOCAL_VIEWS, test_local_view_widths)
+    f"{ZOO}/clip_hf.py": {
+        **attention("*_model.encoder.layers.*.self_attn", o="out_proj", bias=True, o_bias=True),
+        **mlp("*_model.encoder.layers.*.mlp", ("fc1",), "fc2", bias=True),
+        "text_model.embeddings.token_embedding.weight": ROW,
+        "*_model.embeddings.position_embedding.weight": REP,
+        "vision_model.embeddings.class_embedding": REP,
+        "vision_model.embeddings.patch_embedding.weight": REP,
+        "text_projection.weight": REP,
+        "visual_projection.weight": REP,
+        "logit_scale": REP,
+    },
+    # PaddleOCR's SVTR: fused qkv reshaped with 0 for the batch, a Local mixer adding a [1, 1, HW, HW]
+    # window mask (a plain tensor attribute), a Global one without; head-parallel as local views
+    f"{ZOO}/svtr_ppocr.py": {
+        **fused("backbone.blocks*.0.mixer", "qkv", bias=True),
+        "backbone.blocks*.0.mixer.proj.weight": ROW,
+        "backbone.blocks*.0.mixer.proj.bias": REP,
+        **mlp("backbone.blocks*.0.mlp", ("fc1",), "fc2", bias=True),
+        "backbone.patch_embed.proj.*.conv.weight": REP,
+        "backbone.sub_sample*.conv.weight": REP,
+        "backbone.last_conv.weight": REP,
+        "backbone.pos_embed": REP,
+        "head.fc.weight": REP,
+    },
     # GPT-OSS (HF): refused before any placement (REFUSED)
     f"{ZOO}/gpt_oss_hf.py": {},
     f"{PF}:build_gpt_oss": {
@@ -701,7 +729,9 @@ PLANNED_AT = {
 #: attentions are planned as their local views too, and so is HF Phi-3's (its empty rotary slice
 #: runs on plain tensors there), MPT's and BLOOM's (ALiBi passed in whole, cut to each rank's heads;
 #: BLOOM's residual added inside, each rank's 1/mp share); DeBERTa-v2's attention.self, its heads
-#: folded into the batch, is a local view handing its heads to the sibling row projection (joined).
+#: folded into the batch, is a local view handing its heads to the sibling row projection (joined). PaddleOCR's
+#: SVTR's Local (windowed mask) and Global mixers run as local views of their fused qkv, and HF
+#: CLIP's attention (heads folded into the batch) as one reading its input's width as 1/mp.
 LOCAL_VIEWS = {
     f"{ZOO}/deberta_v2_hf.py",
     f"{ZOO}/mpt_alibi.py",
@@ -716,6 +746,8 @@ LOCAL_VIEWS = {
     f"{ZOO}/phi3_hf.py",
     f"{ZOO}/modernbert_hf.py",
     f"{ZOO}/swin_timm.py",
+    f"{ZOO}/svtr_ppocr.py",
+    f"{ZOO}/clip_hf.py",
 }
 
 #: Models the planner refuses, with what the one line says (each piece): PaddleFormers' Phi-3 takes

@@ -37,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -63,7 +64,7 @@ from autodist.schemas.local_view import (
 from autodist.schemas.parallel_dims import local_views_refused
 
 from autodist.applier.placement.clip import sum_over
-from autodist.applier.placement.hooks import map_first_input, sequence_split_sides
+from autodist.applier.placement.hooks import first_input, map_first_input, sequence_split_sides
 from autodist.applier.placement.mesh import mesh_ids
 from autodist.applier.modes.recompute import recomputed_inside_views, recomputing
 
@@ -229,8 +230,10 @@ class LocalCall:
     ([1, 3], [4, 6], 2)
     """
 
-    def __init__(self, layer: paddle.nn.Layer, view: LocalView):
+    def __init__(self, layer: paddle.nn.Layer, view: LocalView, mp: int = 1):
         self.forward = layer.forward
+        self.local_width = view.input_width == "local" and mp > 1
+        self.mp = mp
         self.slots = [
             (f"{view.layer}.{name}.{key}" if name else f"{view.layer}.{key}", sub, key)
             for name, sub in layer.named_sublayers(include_self=True)
@@ -252,12 +255,43 @@ class LocalCall:
                 sub._parameters[key] = values[fqn]
             for owner, name, value in self.attributes:
                 setattr(owner, name, value)
-            return self.forward(*args, **kwargs)
+            if not self.local_width:
+                return self.forward(*args, **kwargs)
+            with local_width(first_input(args, kwargs), self.mp):
+                return self.forward(*args, **kwargs)
         finally:
             for sub, key, param in params:
                 sub._parameters[key] = param
             for owner, name, value in saved:
                 setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def local_width(x: paddle.Tensor, mp: int):
+    """Within it, ``x.shape`` reads ``x``'s last dim as 1/mp of it: the width a rank of a local view
+    computes with, for a forward that sizes its output with its input's width
+    (``bsz, tgt_len, embed_dim = hidden_states.shape`` ... ``reshape([bsz, tgt_len, embed_dim])``,
+    ``LocalView.input_width``). Only that one tensor's ``shape`` reads so; its values, and every
+    other tensor's shape, are unchanged.
+
+    >>> x, y = paddle.ones([3, 8]), paddle.ones([3, 8])
+    >>> with local_width(x, 2):
+    ...     list(x.shape), list(y.shape)
+    ([3, 4], [3, 8])
+    >>> list(x.shape)
+    [3, 8]
+    """
+    whole = paddle.Tensor.__dict__["shape"]
+
+    def shape(tensor: paddle.Tensor) -> Any:
+        size = whole.__get__(tensor)
+        return type(size)([*size[:-1], size[-1] // mp]) if tensor is x else size
+
+    paddle.Tensor.shape = property(shape)
+    try:
+        yield
+    finally:
+        paddle.Tensor.shape = whole
 
 
 def _wrap(
@@ -269,7 +303,7 @@ def _wrap(
     (applier/modes/recompute.py), the all-reduces around it once."""
     weights = {w.param: w for w in view.weights}
     rank = mesh.process_ids.index(dist.get_rank())
-    call = LocalCall(layer, view)
+    call = LocalCall(layer, view, len(mesh.process_ids))
 
     @functools.wraps(call.forward)
     def run(*args: Any, **kwargs: Any) -> Any:

@@ -174,9 +174,39 @@ def shard_optimizer(optimizer: Any, plan: Plan) -> Any:
     meshes) when Paddle supports the class; other classes train unwrapped at stage 0."""
     stage = plan.strategy.sharding_stage
     if stage == 0:
-        return dist.shard_optimizer(optimizer) if isinstance(optimizer, SHARDABLE) else optimizer
+        return _scalars_left_whole(dist.shard_optimizer(optimizer)) if isinstance(optimizer, SHARDABLE) else optimizer
     shard_fn = _SHARDING_STAGES[stage](sharding_mesh_dim="dp", mesh=stage_mesh(plan, 0))
-    return dist.shard_optimizer(optimizer, shard_fn)
+    return _scalars_left_whole(dist.shard_optimizer(optimizer, shard_fn))
+
+
+def _scalars_left_whole(sharded: Any) -> Any:
+    """``sharded`` (Paddle's ``_ShardOptimizer``) training a 0-d parameter (HF CLIP's
+    ``logit_scale``) as one device does (docs/paddle-notes.md, "Parameters and optimizers"):
+
+    - its states left as made: Paddle 3.3.1 reads ``param.shape[0]`` of every parameter in its
+      first step, to leave those whose first dim is 1 unsharded (``IndexError`` on a 0-d one,
+      which has no dim to shard either: left as a ``[1]`` one is);
+    - its gradient handed to the update 0-d again: ``ClipGradByGlobalNorm`` multiplies it by a
+      ``[1]`` factor, which makes it ``[1]``, and AdamW's distributed rule then raises
+      ``param, grad, momentum1 and momentum2 have different ndim``.
+    """
+    shard_accumulator = sharded._shard_accumulator
+    update = sharded._create_optimization_pass
+
+    def as_params(pairs: list) -> list:
+        return [(p, g.reshape([]) if g is not None and not p.shape and g.shape else g) for p, g in pairs]
+
+    def create_optimization_pass(params_grads: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(params_grads, dict):  # a parameter group: {"params": [(param, grad), ...], ...}
+            params_grads = {**params_grads, "params": as_params(params_grads["params"])}
+        else:
+            params_grads = as_params(params_grads)
+        return update(params_grads, *args, **kwargs)
+
+    # in the instance's own dict: _ShardOptimizer.__setattr__ sets attributes on the inner optimizer
+    vars(sharded)["_shard_accumulator"] = lambda param: shard_accumulator(param) if param.shape else None
+    vars(sharded)["_create_optimization_pass"] = create_optimization_pass
+    return sharded
 
 
 def _stored_argument(optimizer, name: str) -> tuple[bool, Any]:
