@@ -42,7 +42,8 @@ SKIP = {
 #: ``x[mask]``) and GShard (an einsum dispatch) run whole on every rank as plain tensors, where
 #: Paddle runs those ops (test_local_only_ops). ModernBERT's fused Wqkv and Wi, and Swin's windowed
 #: attention with its relative-position-bias table split by heads (a per-head parameter of the
-#: view), are trained as their local views too.
+#: view), are trained as their local views too, and so is DBRX's clamped Wqkv (its batched experts,
+#: looped over in Python between traced blocks, whole on every rank).
 LOCAL_VIEWS = {
     "zoo_bailing_moe_hf",
     "zoo_phi3_hf",
@@ -56,6 +57,7 @@ LOCAL_VIEWS = {
     "zoo_modernbert_hf",
     "zoo_swin_timm",
     "zoo_deberta_v2_hf",
+    "zoo_dbrx_hf",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 #: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too.
