@@ -29,13 +29,10 @@ import json
 from pathlib import Path
 
 import msgspec
-import numpy as np
-import paddle
-import paddle.nn.functional as F
 import pytest
 
 from autodist.applier.placement.validate import plan_problems
-from autodist.applier.modes.vocab_lookup import _through_super, looks_up_through_super, vocab_lookup_problems
+from autodist.applier.modes.vocab_lookup import vocab_lookup_problems
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest
 from autodist.planner.driver import load, plan_target
@@ -111,37 +108,6 @@ def test_where_the_lookup_cannot_run_locally_the_gather_stays_with_a_note():
     assert unsplit.vocab_lookup == [] and not [n for n in unsplit.notes if "global view" in n]
 
 
-def test_a_scaled_word_embedding_looks_up_locally_through_super():
-    """HF's scaled word embeddings subclass ``nn.Embedding`` and scale what ``super().forward(ids)``
-    finds (MiniCPM's ``MiniCPMScaledWordEmbedding``: ``* self.embed_scale``). The planner lists the
-    lookup (before: looked up in the global view, the whole table gathered in every forward and
-    backward); apply_plan runs the subclass's forward as written with ``nn.Embedding.forward``
-    answering by the local lookup for that layer alone, for the call (trained like one device on 2
-    and 4 ranks: tests/test_train_zoo.py). A subclass that looks up some other way is refused."""
-    target = "tests/models/zoo/minicpm_hf.py"
-    plan = plan_target(target, None, _request(), {"target": target}).plan
-    assert plan.vocab_lookup == [VocabLookup(layer="model.embed_tokens", weight="model.embed_tokens.weight")]
-    assert not [note for note in plan.notes if "looked up in the global view" in note]
-
-    class Scaled(paddle.nn.Embedding):
-        def forward(self, ids):
-            return super().forward(ids) * 3.0
-
-    class Direct(paddle.nn.Embedding):
-        def forward(self, ids):
-            return F.embedding(ids, self.weight) * 3.0
-
-    assert looks_up_through_super(Scaled) and not looks_up_through_super(Direct)
-    original = paddle.nn.Embedding.forward
-    scaled, stand_in, ids = Scaled(11, 4), paddle.nn.Embedding(11, 4), paddle.to_tensor([[1, 5, 7]])
-    run = _through_super(scaled, "emb", stand_in)  # the local lookup, here another table's
-    np.testing.assert_array_equal(run(ids).numpy(), (stand_in(ids) * 3.0).numpy())
-    assert paddle.nn.Embedding.forward is original  # put back after the call
-    with pytest.raises(RuntimeError, match="emb: Direct.forward did not call nn.Embedding.forward"):
-        _through_super(Direct(11, 4), "emb", stand_in)(ids)
-    assert paddle.nn.Embedding.forward is original
-
-
 def test_apply_plan_refuses_a_lookup_the_model_cannot_run_locally(plans):
     plan = plans["gpt", 1]
     model = load(WORKLOADS["gpt"].planner_target).model
@@ -151,7 +117,7 @@ def test_apply_plan_refuses_a_lookup_the_model_cannot_run_locally(plans):
         return msgspec.structs.replace(plan, vocab_lookup=[msgspec.structs.replace(plan.vocab_lookup[0], **changes)])
 
     assert vocab_lookup_problems(model, edited(layer="ln_f")) == [
-        "vocab_lookup ln_f: the model's layer is LayerNorm, not an nn.Embedding"
+        "vocab_lookup ln_f: the model's layer is LayerNorm, not an nn.Embedding running its own forward"
     ]
     assert vocab_lookup_problems(model, edited(layer="wpe")) == [
         "vocab_lookup wpe: its table is not wte.weight",
@@ -167,7 +133,7 @@ def test_apply_plan_refuses_a_lookup_the_model_cannot_run_locally(plans):
     # autodist-plan check says so too, and shows the lookup
     assert check_plan_for_target(plan, WORKLOADS["gpt"].planner_target, trace=False) == []
     assert check_plan_for_target(edited(layer="ln_f"), WORKLOADS["gpt"].planner_target, trace=False) == [
-        "vocab_lookup ln_f: the model's layer is LayerNorm, not an nn.Embedding"
+        "vocab_lookup ln_f: the model's layer is LayerNorm, not an nn.Embedding running its own forward"
     ]
     assert "vocab lookup: these lookups run on local tensors" in show_text(plan)
     assert "  wte  wte.weight" in show_text(plan)

@@ -32,11 +32,7 @@ Example::
 
 from __future__ import annotations
 
-import ast
 import functools
-import inspect
-import textwrap
-from typing import Callable
 
 import paddle
 import paddle.distributed as dist
@@ -61,6 +57,7 @@ def wrap_vocab_lookups(model: paddle.nn.Layer, plan: Plan) -> None:
 def _wrap(layer: paddle.nn.Embedding, lookup: VocabLookup, line: dist.ProcessMesh, split: bool) -> None:
     position = line.process_ids.index(dist.get_rank())
 
+    @functools.wraps(layer.forward)
     def run(*args: paddle.Tensor, **kwargs: paddle.Tensor) -> paddle.Tensor:
         (x,) = (*args, *kwargs.values())  # nn.Embedding's forward takes one tensor, as x or input
         if x.is_dist():
@@ -86,79 +83,14 @@ def _wrap(layer: paddle.nn.Embedding, lookup: VocabLookup, line: dist.ProcessMes
         found = found * inside.unsqueeze(-1).astype(found.dtype)
         return summed(found, mesh, placements, line, split)
 
-    if type(layer).forward is paddle.nn.Embedding.forward:
-        layer.forward = functools.wraps(layer.forward)(run)
-    else:
-        layer.forward = _through_super(layer, lookup.layer, run)
-
-
-def _through_super(layer: paddle.nn.Embedding, name: str, lookup: Callable[..., paddle.Tensor]) -> Callable:
-    """The forward of an ``nn.Embedding`` subclass that looks up through ``super().forward(ids)``
-    and does more with the answer (HF's scaled word embeddings: ``* self.embed_scale``), run as
-    written with ``nn.Embedding.forward`` answering by ``lookup`` for this layer alone, for the
-    call (every other embedding, and this one outside it, runs Paddle's own). The planner lists
-    only such a subclass (``recognise/analysis.local_lookup``); one whose call never reached
-    ``nn.Embedding.forward`` raises, as its lookup would have run in the global view."""
-    own = type(layer).forward
-
-    @functools.wraps(own)
-    def run(*args: paddle.Tensor, **kwargs: paddle.Tensor) -> paddle.Tensor:
-        original = paddle.nn.Embedding.forward
-        answered = []
-
-        def answering(self: paddle.nn.Embedding, *args: paddle.Tensor, **kwargs: paddle.Tensor) -> paddle.Tensor:
-            if self is not layer:
-                return original(self, *args, **kwargs)
-            answered.append(True)
-            return lookup(*args, **kwargs)
-
-        paddle.nn.Embedding.forward = answering  # type: ignore[method-assign]
-        try:
-            out = own(layer, *args, **kwargs)
-        finally:
-            paddle.nn.Embedding.forward = original  # type: ignore[method-assign]
-        if not answered:
-            raise RuntimeError(f"vocab_lookup {name}: {type(layer).__name__}.forward did not call nn.Embedding.forward")
-        return out
-
-    return run
-
-
-def looks_up_through_super(cls: type) -> bool:
-    """Whether the forward an ``nn.Embedding`` subclass overrides ``nn.Embedding``'s with (one class
-    of its MRO defines it) calls ``super().forward(...)``, read from its source (ast).
-
-    >>> class Scaled(paddle.nn.Embedding):
-    ...     def forward(self, ids):
-    ...         return super().forward(ids) * 2.0
-    >>> looks_up_through_super(Scaled)
-    True
-    """
-    mro = cls.__mro__
-    owners = [c for c in mro[: mro.index(paddle.nn.Embedding)] if "forward" in vars(c)]
-    if len(owners) != 1:
-        return False
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(vars(owners[0])["forward"])))
-    except (OSError, TypeError, SyntaxError):
-        return False
-    return any(
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "forward"
-        and isinstance(node.func.value, ast.Call)
-        and isinstance(node.func.value.func, ast.Name)
-        and node.func.value.func.id == "super"
-        for node in ast.walk(tree)
-    )
+    layer.forward = run
 
 
 def vocab_lookup_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     """Why ``plan.vocab_lookup`` cannot run on ``model``: a layer that is not an ``nn.Embedding``
-    (or a subclass whose forward looks up through ``super().forward``: :func:`looks_up_through_super`)
-    on the listed table (with neither ``max_norm``, ``sparse`` nor ``scale_grad_by_freq``), a table not
-    placed ``S(0)`` on mp, or a strategy local views do not run under
-    (:func:`~autodist.schemas.parallel_dims.runs_local_views`)."""
+    running its own forward on the listed table (with neither ``max_norm``, ``sparse`` nor
+    ``scale_grad_by_freq``), a table not placed ``S(0)`` on mp, or a strategy local views do not
+    run under (:func:`~autodist.schemas.parallel_dims.runs_local_views`)."""
     if not plan.vocab_lookup:
         return []
     problems = strategy_problems("vocab_lookup", plan)
@@ -167,14 +99,12 @@ def vocab_lookup_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
     for lookup in plan.vocab_lookup:
         where = f"vocab_lookup {lookup.layer}"
         layer = layers.get(lookup.layer)
-        if not isinstance(layer, paddle.nn.Embedding):
+        if not isinstance(layer, paddle.nn.Embedding) or type(layer).forward is not paddle.nn.Embedding.forward:
             problems.append(
                 f"{where}: the model's layer is {type(layer).__name__ if layer is not None else 'missing'}, "
-                "not an nn.Embedding"
+                "not an nn.Embedding running its own forward"
             )
             continue
-        if type(layer).forward is not paddle.nn.Embedding.forward and not looks_up_through_super(type(layer)):
-            problems.append(f"{where}: {type(layer).__name__}.forward does not look up through super().forward")
         if layer._max_norm or layer._sparse or layer._scale_grad_by_freq:
             problems.append(
                 f"{where}: an nn.Embedding with max_norm, sparse or scale_grad_by_freq runs in the global view"

@@ -26,7 +26,6 @@ import networkx as nx
 import paddle
 
 from autodist import schemas
-from autodist.applier.modes.vocab_lookup import looks_up_through_super
 
 from autodist.planner.graph import graph_fingerprint, operand_sources
 from autodist.planner.recognise.crashes import local_only_ops
@@ -600,11 +599,10 @@ class TokenLookup:
 
 def local_lookup(model: paddle.nn.Layer, lookup: TokenLookup | None) -> tuple[str | None, str]:
     """The layer that can run the token lookup on local tensors, ``(layer, "")``, or why none can,
-    ``(None, why)``: an ``nn.Embedding`` running its own forward, or a subclass whose forward looks
-    up through ``super().forward(...)`` (HF's scaled word embeddings: ``applier/modes/vocab_lookup.looks_up_through_super``),
-    on the table as it is (not read transposed), with neither ``max_norm``, ``sparse`` nor
-    ``scale_grad_by_freq``. The applier runs ``nn.Embedding.forward`` on local tensors for that
-    layer (applier/modes/vocab_lookup.py), the rest of a subclass's forward as written."""
+    ``(None, why)``: an ``nn.Embedding`` running its own forward (a subclass that
+    overrides it, a scaled embedding, does more than the lookup) on the table as it is (not read
+    transposed), with neither ``max_norm``, ``sparse`` nor ``scale_grad_by_freq``. The applier
+    replaces that forward (applier/modes/vocab_lookup.py), so the lookup must be all it does."""
     if lookup is None:
         return None, "no token lookup"
     layer = dict(model.named_sublayers()).get(lookup.layer) if lookup.layer is not None else None
@@ -612,10 +610,8 @@ def local_lookup(model: paddle.nn.Layer, lookup: TokenLookup | None) -> tuple[st
         why = "the lookup is one op of a layer that does more"
     elif layer is None:
         why = f"{lookup.layer} is not a layer of the model"
-    elif not isinstance(layer, paddle.nn.Embedding):
-        why = f"{lookup.layer} is a {type(layer).__name__}, not an nn.Embedding"
-    elif type(layer).forward is not paddle.nn.Embedding.forward and not looks_up_through_super(type(layer)):
-        why = f"{lookup.layer} is a {type(layer).__name__}, whose forward does not look up through super().forward"
+    elif not isinstance(layer, paddle.nn.Embedding) or type(layer).forward is not paddle.nn.Embedding.forward:
+        why = f"{lookup.layer} is a {type(layer).__name__}, not an nn.Embedding running its own forward"
     elif lookup.vocab_dim != 0 or layer.weight is not dict(model.named_parameters()).get(lookup.table):
         why = f"{lookup.layer} does not look up in {lookup.table} as it is"
     elif layer._max_norm or layer._sparse or layer._scale_grad_by_freq:
