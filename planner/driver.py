@@ -264,6 +264,13 @@ def _proven_views(
         ]
 
 
+#: How parameters read only by the code between traced layers get split.
+READ_IN_A_TRACED_LAYER = (
+    "read each in the forward of a layer of its own that traces (experts as numbered layers, a LayerList of "
+    "MLPs as Mixtral's, which the planner runs as an MoE layer), not sliced in a forward that does not trace"
+)
+
+
 def _kept_whole(
     analysis: ModelAnalysis, model: paddle.nn.Layer | None, mp: int, view_notes: list[str], local: set[str]
 ) -> list[str]:
@@ -271,7 +278,11 @@ def _kept_whole(
     stopped the split, or why its local view was not proven), the forward of the sub-layer the
     reason names (``Class.forward at file:line``), and the smallest rewrite where one is known:
     by the op that stopped the split (:data:`~autodist.planner.recognise.spmd.REWRITES`), or
-    reading sizes the trace does not know (an op of that layer with a -1 size)."""
+    reading sizes the trace does not know (an op of that layer with a -1 size). A layer whose
+    parameters no traced op reads (:func:`~.emit.read_outside_trace`) names the forward of the
+    layer holding it, where the code that reads them runs."""
+    from autodist.planner.emit import outside_trace_note, read_outside_trace
+    from autodist.schemas.describe import layers_text
     from autodist.planner.local_view_proof import candidates
     from autodist.planner.recognise.spmd import REWRITES, RUN_TIME_SIZES, dynamic
     from autodist.planner.trace import forward_source
@@ -285,6 +296,12 @@ def _kept_whole(
         return any(dynamic(graph.nodes[n]["shapes"] or []) for n in graph if graph.nodes[n]["layer"] == layer)
 
     lines = []
+    alike: dict[tuple[str, ...], list[str]] = {}  # each kind of layer once: blocks.0-1.ffn.experts.mlp
+    for layer, own in read_outside_trace(analysis).items():
+        alike.setdefault(tuple(own), []).append(layer)
+    for kind, layers in alike.items():
+        note = outside_trace_note(layers_text(layers), list(kind))
+        lines.append(located(note, layers[0].rpartition(".")[0], READ_IN_A_TRACED_LAYER))
     views_ran = bool(view_notes or local)  # then each candidate's note says how it runs, and why
     for note, (layer, op, local_view) in analysis.refusals.items():
         if not (local_view and views_ran):

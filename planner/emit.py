@@ -121,6 +121,7 @@ def build_plan(
             f"{strategy.micro_batches} micro-batches per batch, the optimizer updates once per batch)"
         )
     notes += [unmatched_note(layer) for layer in unmatched(analysis, local_view)]
+    notes += [outside_trace_note(layer, names) for layer, names in read_outside_trace(analysis).items()]
     recompute = recompute_layers(analysis, strategy.recompute, notes)
     notes += analysis.notes + result.notes
     return Plan(
@@ -165,13 +166,53 @@ def build_plan(
 def unmatched(analysis: ModelAnalysis, local_view: list[LocalView]) -> list[str]:
     """The layers no pattern matched whose own parameters stay replicated: ``analysis.unmatched``
     but those whose every own parameter a local view places (Swin's attention holding its
-    relative-position-bias table, split by heads with it)."""
+    relative-position-bias table, split by heads with it), and those whose parameters no traced
+    op reads (:func:`read_outside_trace`, which says why in its own words)."""
     viewed = {w.param for view in local_view for w in view.weights}
+    outside = read_outside_trace(analysis)
     return [
         layer
         for layer in analysis.unmatched
-        if not all(fqn in viewed for fqn in analysis.params if fqn.rpartition(".")[0] == layer)
+        if layer not in outside and not all(fqn in viewed for fqn in _own_params(analysis, layer))
     ]
+
+
+def read_outside_trace(analysis: ModelAnalysis) -> dict[str, list[str]]:
+    """The unmatched layers none of whose own parameters a traced op reads -> those parameters'
+    names: the code between the traced blocks reads them (a model traced block by block: HF DBRX's
+    ``DbrxExperts.forward`` views its batched expert weights ``w1``, ``v1``, ``w2`` per expert
+    and hands each slice to ``DbrxExpertGLU``, whose traced forward reads the slices, not its own
+    parameters), and runs as written, on the whole parameters every rank holds."""
+    graph = analysis.graph
+    read = {
+        fqn
+        for node, data in graph.nodes(data=True)
+        if data.get("param") and graph.out_degree(node)
+        for fqn in (data["param"], *analysis.tied.get(data["param"], ()))
+    }
+    outside = {}
+    for layer in analysis.unmatched:
+        own = _own_params(analysis, layer)
+        if own and not any(fqn in read for fqn in own):
+            outside[layer] = [fqn.rpartition(".")[2] for fqn in own]
+    return outside
+
+
+def _own_params(analysis: ModelAnalysis, layer: str) -> list[str]:
+    return [fqn for fqn in analysis.params if fqn.rpartition(".")[0] == layer]
+
+
+def outside_trace_note(layer: str, names: list[str]) -> str:
+    """The note (and, with the code that reads them, the command's warning) on a layer whose
+    parameters no traced op reads.
+
+    >>> outside_trace_note("ffn.experts.mlp", ["w1", "w2"]).partition(": the code")[0]
+    'layer ffn.experts.mlp: no traced op reads its parameters (w1, w2)'
+    """
+    return (
+        f"layer {layer}: no traced op reads its parameters ({', '.join(names)}): the code between the traced "
+        "layers does, as written, so they stay replicated"
+    )
 
 
 def unmatched_note(layer: str) -> str:

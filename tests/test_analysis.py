@@ -254,3 +254,15 @@ def test_what_stops_a_split_is_one_note_per_layer_kind():
         "blocks.*.fc2: op layer_norm (first seen in blocks.0.norm) stops the tensor-parallel split before this "
         "projection; it and the projections feeding it stay replicated"
     ]
+
+
+def test_a_layer_norm_without_bias_is_a_final_norm():
+    """HF DBRX's ``norm_f`` is ``nn.LayerNorm(d_model, bias=False)``: a ``layer_norm`` op with a
+    weight and no bias, matched as the final norm (before, no pattern matched it and it was warned
+    about as an unknown layer; sequence parallelism anchors its end there)."""
+    from autodist.planner import driver
+
+    loaded = driver.load("tests/models/zoo/dbrx_hf.py", None)
+    analysis = driver.analyse(loaded.model, driver.trace(loaded.model, loaded.input_specs))
+    assert analysis.final_norm == ["transformer.norm_f.weight"]
+    assert "transformer.norm_f" not in analysis.unmatched

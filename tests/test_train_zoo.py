@@ -46,6 +46,8 @@ SKIP = {
 #: adding its window mask, a plain tensor attribute, to each rank's heads). HF CLIP's, nanoGPT's,
 #: timm's ViT's and DiT's attentions, which size their output with the width read from their
 #: input's shape, train as local views reading it as 1/mp (LocalView.input_width).
+#: DBRX's clamped Wqkv trains as its local view too (its batched experts, looped over in Python
+#: between traced blocks, whole on every rank).
 LOCAL_VIEWS = {
     "zoo_bailing_moe_hf",
     "zoo_phi3_hf",
@@ -65,6 +67,7 @@ LOCAL_VIEWS = {
     "zoo_vit",
     "zoo_vit_with_transpose_y",
     "zoo_dit",
+    "zoo_dbrx_hf",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 #: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too.

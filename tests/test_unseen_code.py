@@ -140,6 +140,24 @@ def test_a_fused_projection_read_by_f_linear_is_warned_with_the_line_and_the_rew
     assert len(warnings) == 1 and where in warnings[0] and rewrite in warnings[0], done.stderr
 
 
+def test_batched_experts_read_between_traced_layers_are_warned_with_the_line_and_the_rewrite(tmp_path):
+    """HF DBRX's ``DbrxExperts.forward`` views its batched weights ``w1``, ``v1``, ``w2`` per expert
+    in a loop that does not trace (the model is traced block by block) and hands the slices to
+    ``DbrxExpertGLU``, whose traced forward never reads its own parameters: one warning per kind
+    of layer names the layer holding it (file:line) and the rewrite, where before it said only
+    that no pattern matched."""
+    dbrx = ROOT / "tests" / "models" / "zoo" / "dbrx_hf.py"
+    done, out = plan_command(tmp_path, dbrx)
+    assert done.returncode == 0, done.stderr[-2000:]
+    where = f"model code: DbrxExperts.forward at {dbrx.relative_to(ROOT)}:{_forward_line(dbrx, 'DbrxExperts')}"
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ") and "experts.mlp" in line]
+    assert len(warnings) == 1, done.stderr
+    assert warnings[0].startswith(
+        "warning: layer transformer.blocks.0-1.ffn.experts.mlp: no traced op reads its parameters (w1, v1, w2)"
+    )
+    assert where in warnings[0] and "to split it: read each in the forward of a layer of its own" in warnings[0]
+
+
 def test_an_unproven_local_view_stopped_by_masked_fill_names_the_where_rewrite():
     """An attention scored by masked_fill (no SPMD rule in Paddle), whose local view cannot be
     proven (its head count is a module constant): the warning gives the proof's reason, the

@@ -147,6 +147,28 @@ EXPECTED = {
         "model.embed_tokens.weight": ROW,  # vocabulary rows (VocabParallelEmbedding)
         "lm_head.weight": COL,
     },
+    # HF MiniCPM (planned blind): a Llama with muP scaling (a scaled word embedding, residual
+    # branches scaled by scale_depth / sqrt(layers), the last hidden state divided before the head),
+    # grouped-query attention through eager_attention_forward(self, ...); its embedding, an
+    # nn.Embedding subclass multiplying the lookup by a buffer, is split over the vocabulary
+    f"{ZOO}/minicpm_hf.py": {
+        **attention("model.layers.*.self_attn"),
+        **mlp("model.layers.*.mlp"),
+        "model.layers.*.input_layernorm.*": REP,
+        "model.embed_tokens.weight": ROW,
+        "lm_head.weight": COL,
+    },
+    # HF DBRX (planned blind): one Wqkv clamped to [-clip_qkv, clip_qkv], split into grouped q, k, v
+    # (a local view, LOCAL_VIEWS), out_proj the row; experts held as batched [experts * ffn, d_model]
+    # weights w1, v1, w2 chunked per expert in a Python loop (not recognised as experts: whole on
+    # every rank, docs/recognition.md), the router beside them
+    f"{ZOO}/dbrx_hf.py": {
+        **fused("transformer.blocks.*.norm_attn_norm.attn", "Wqkv"),
+        "transformer.blocks.*.norm_attn_norm.attn.out_proj.weight": ROW,
+        "transformer.blocks.*.ffn.*": REP,
+        "transformer.wte.weight": ROW,  # vocabulary rows (VocabParallelEmbedding)
+        "lm_head.weight": COL,
+    },
     f"{ZOO}/stablelm_hf.py": {
         **attention("model.layers.*.self_attn", bias=True),
         **mlp("model.layers.*.mlp"),
@@ -732,6 +754,7 @@ PLANNED_AT = {
 #: folded into the batch, is a local view handing its heads to the sibling row projection (joined). PaddleOCR's
 #: SVTR's Local (windowed mask) and Global mixers run as local views of their fused qkv, and HF
 #: CLIP's attention (heads folded into the batch) as one reading its input's width as 1/mp.
+#: DBRX's Wqkv, clamped then split into grouped q, k and v, is planned as its local view too.
 LOCAL_VIEWS = {
     f"{ZOO}/deberta_v2_hf.py",
     f"{ZOO}/mpt_alibi.py",
@@ -748,6 +771,7 @@ LOCAL_VIEWS = {
     f"{ZOO}/swin_timm.py",
     f"{ZOO}/svtr_ppocr.py",
     f"{ZOO}/clip_hf.py",
+    f"{ZOO}/dbrx_hf.py",
 }
 
 #: Models the planner refuses, with what the one line says (each piece): PaddleFormers' Phi-3 takes

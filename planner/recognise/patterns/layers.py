@@ -4,7 +4,7 @@ norm, a linear (the LM head when its output is vocabulary-sized).
 Example::
 
     >>> sorted(p.kind for p in layer_patterns())
-    ['embedding', 'embedding_constant_ids', 'layer_norm', 'linear_proj', 'linear_proj', 'rms_norm']
+    ['embedding', 'embedding_constant_ids', 'layer_norm', 'layer_norm', 'linear_proj', 'linear_proj', 'rms_norm']
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 
 from autodist.planner.recognise.patterns.pattern import Pattern, part_pattern
-from autodist.planner.recognise.patterns.norm import LAYER_NORM, RMS_NORM
+from autodist.planner.recognise.patterns.norm import LAYER_NORM, LAYER_NORM_NO_BIAS, RMS_NORM
 from autodist.planner.recognise.patterns.parts import PARAM, Part, linear
 
 #: ``embedding(ids, weight)``: a table lookup.
@@ -41,5 +41,6 @@ LINEAR_BIAS = linear("proj", "column", bias=True)
 @functools.lru_cache(maxsize=1)
 def layer_patterns() -> tuple[Pattern, ...]:
     return tuple(
-        part_pattern(p) for p in (EMBEDDING, EMBEDDING_CONSTANT_IDS, RMS_NORM, LAYER_NORM, LINEAR, LINEAR_BIAS)
+        part_pattern(p)
+        for p in (EMBEDDING, EMBEDDING_CONSTANT_IDS, RMS_NORM, LAYER_NORM, LAYER_NORM_NO_BIAS, LINEAR, LINEAR_BIAS)
     )

@@ -39,4 +39,14 @@ LAYER_NORM = Part(
     output="out",
 )
 
-NORMS = (RMS_NORM, LAYER_NORM)
+#: ``pd_op.layer_norm(x, weight)``: a LayerNorm without bias (``nn.LayerNorm(d, bias_attr=False)``,
+#: HF DBRX's ``norm_f``, OLMo's), the same layer with one parameter fewer.
+LAYER_NORM_NO_BIAS = Part(
+    "layer_norm",
+    nodes={"out": "layer_norm", "weight": _NORM_WEIGHT},
+    edges=(("x", "out"), ("weight", "out")),
+    inputs=("x",),
+    output="out",
+)
+
+NORMS = (RMS_NORM, LAYER_NORM, LAYER_NORM_NO_BIAS)
