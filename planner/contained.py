@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -68,6 +69,11 @@ def fork(target: Callable[[Connection], None], name: str, *, daemon: bool = True
 
 
 def _silenced(target: Callable[[Connection], None], connection: Connection, parents_end: Connection) -> None:
+    # What the fork copied from the parent is never collected here: garbage the parent had not yet
+    # collected includes Paddle objects whose destructors wait on a condition variable that a
+    # parent's thread, absent in the child, waited on. Collected here, the child hung for ever in
+    # pthread_cond_destroy (seen at 97 % of a whole make test: an xdist worker waiting on its child).
+    gc.freeze()
     # The fork copied the parent's end of the pipe too: held open here, a child reading until the
     # pipe closes would never see it close, and :func:`end` would wait out its 5 s and kill it.
     parents_end.close()

@@ -160,3 +160,36 @@ def test_a_crash_in_one_kinds_proof_leaves_that_kind_gathered_and_proves_the_oth
     notes = " ".join(json.loads(plan)["notes"])
     assert "local view: model.layers.0.mlp and 1 more like it stay global" in notes
     assert "the local-view proof crashed (SIGSEGV) in Paddle, so no local view was proven" in notes
+
+
+def test_a_forked_child_never_collects_the_garbage_it_inherited(tmp_path):
+    """A child forked by the planner (the local-view proof, the rule worker) collects only its own
+    garbage. The parent's uncollected garbage held Paddle objects whose destructors wait on a
+    condition variable a parent's thread waited on: collected in the child, it hung for ever in
+    pthread_cond_destroy (an xdist worker waited on it at 97 % of a whole make test)."""
+    import gc
+    import os
+
+    from autodist.planner.contained import run_forked
+
+    finalised = tmp_path / "finalised"
+
+    class Garbage:
+        def __del__(self):
+            with open(finalised, "a") as f:
+                f.write(f"{os.getpid()}\n")
+
+    def collect_in_the_child() -> int:
+        gc.collect()
+        return os.getpid()
+
+    gc.disable()
+    try:
+        garbage = Garbage()
+        garbage.cycle = garbage  # unreachable after the del, until a collection finds it
+        del garbage
+        child = run_forked("collecting", collect_in_the_child)
+    finally:
+        gc.enable()
+        gc.collect()
+    assert finalised.read_text().split() == [str(os.getpid())], f"the child {child} finalised it too"
