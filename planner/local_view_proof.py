@@ -757,7 +757,7 @@ def reverify(plan: Plan, model: paddle.nn.Layer) -> list[str]:
         try:
             _Proof.made(
                 layer, view, params, plan.strategy.mp, proof_sizes(layer, view, params, plan.strategy.mp)
-            ).check(view.attributes)
+            ).check(view.attributes, view.input_width)
         except NotProven as exc:
             reasons.append(f"local view {view.layer} no longer holds: {exc}")
     return reasons
@@ -768,7 +768,9 @@ def verify(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int, input
     attributes localised), the hidden input at ``input_shape``'s batch and sequence; raise
     :class:`NotProven` naming the first difference. Returns how it was proven. The layer is left
     as it was (parameters, size attributes, train/eval modes)."""
-    return _Proof.made(layer, view, params, mp, (input_shape[0], input_shape[1])).check(view.attributes)
+    return _Proof.made(layer, view, params, mp, (input_shape[0], input_shape[1])).check(
+        view.attributes, view.input_width
+    )
 
 
 class _Proof:

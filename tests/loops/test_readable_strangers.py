@@ -145,7 +145,9 @@ def test_a_dead_peer_is_a_read_error_and_no_hang_at_exit(loop_plans, tmp_path):
     ended = time.time()
     job.raise_for_failure()
     rank0 = json.loads((tmp_path / "rank0.json").read_text())
-    assert "rank 1" in rank0["error"] and "did not answer" in rank0["error"], rank0
+    # Refused once rank 1 is gone; closed unanswered while its process is still going (seen in a whole run)
+    assert "rank 1" in rank0["error"], rank0
+    assert "did not answer" in rank0["error"] or "closed the connection" in rank0["error"], rank0
     assert rank0["seconds"] < timeout_s, "the read of a dead rank's value waited"
     assert ended - rank0["done"] < timeout_s + 5, f"rank 0 exited {ended - rank0['done']:.1f} s after its work"
 
