@@ -37,7 +37,7 @@ Example::
     >>> from autodist.schemas import load_plan
     >>> config = parallelize_config(load_plan("plans/gpt/plan_2x8dev_mp4.json"))
     >>> config.sharding_level, config.entries[0].key, config.entries[0].plans[0].name
-    (0, 'blocks.0.attn.out_proj', 'RowWiseParallel')
+    (0, 'blocks.0.mlp.fc_in', 'ColWiseParallel')
 """
 
 from __future__ import annotations

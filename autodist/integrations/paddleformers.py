@@ -75,10 +75,10 @@ def trainer_arguments(plan: Plan | str | Path) -> dict[str, Any]:
     per device; and the checkpoint arguments a plan's checkpoints need (:data:`CHECKPOINT_ARGUMENTS`).
     The job must have as many ranks as the plan's mesh.
 
-    >>> trainer_arguments("plans/gpt/plan_1x8dev.json")
+    >>> trainer_arguments("plans/gpt/plan_1x4dev.json")
     {'enable_auto_parallel': True, 'tensor_model_parallel_size': 1, 'pipeline_model_parallel_size': 1, \
 'gradient_accumulation_steps': 1, 'save_to_hf': False, 'convert_from_hf': False, \
-'replicate_saved_into_local': True, 'per_device_train_batch_size': 1}
+'replicate_saved_into_local': True, 'per_device_train_batch_size': 2}
     """
     plan, source = _load(plan)
     _raise_if(runtime_refusals(plan.strategy, "trainer"), source)
