@@ -57,6 +57,7 @@ LOCAL_VIEWS = {
     "zoo_mpt_alibi",
     "zoo_bloom_hf",
     "zoo_biogpt_hf",
+    "zoo_xglm_hf",
     "zoo_codegen_hf",
     "zoo_modernbert_hf",
     "zoo_swin_timm",
