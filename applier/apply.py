@@ -72,12 +72,6 @@ from autodist.applier.placement.optimizer import optimizer_parameters, rebuild_o
 from autodist.applier.modes.pipeline import PipelineModel, build_pipeline, uses_schedule
 from autodist.applier.ranks.readable import Settings as ReadSettings
 from autodist.applier.ranks.readable import close as close_readable
-from autodist.applier.modes.local_einsum import restore as restore_einsum
-from autodist.applier.modes.local_einsum import run_permutations_locally
-from autodist.applier.modes.exact_reductions import norm_exactly, refuse_clip_grad_norm
-from autodist.applier.modes.exact_reductions import restore as restore_norm
-from autodist.applier.checkpoint.plain_save import guard_saves
-from autodist.applier.checkpoint.plain_save import restore as restore_save
 from autodist.applier.ranks.readable import install as make_outputs_readable
 from autodist.applier.ranks.readable import settings as read_settings
 from autodist.applier.modes.recompute import wrap_recompute
@@ -85,13 +79,14 @@ from autodist.applier.placement.replicas import equalise_dense, equalise_random
 from autodist.applier.placement.shard import shard_parameters
 from autodist.applier.ranks.store_host import warm_up_store_host
 from autodist.applier.placement.validate import plan_problems
-from autodist.applier.placement.wrapped_again import refuse_wrapping_again
-from autodist.applier.placement.wrapped_again import restore as restore_wrapping
 from autodist.applier.modes.vocab_lookup import wrap_vocab_lookups
-from autodist.applier.modes.vector_concat import concat_vectors_as_rows
-from autodist.applier.modes.vector_concat import restore as restore_concat
-from autodist.applier.modes.whole_metrics import measure_whole
-from autodist.applier.modes.whole_metrics import restore as restore_metrics
+from autodist.applier.checkpoint import plain_save
+from autodist.applier.modes import exact_reductions, local_einsum, vector_concat, whole_metrics
+from autodist.applier.placement import wrapped_again
+
+#: The modules that change Paddle's own functions for the whole process while a plan runs (what
+#: Paddle gets wrong or refuses on distributed tensors), each undone by its ``restore`` (:func:`close`).
+PROCESS_PATCHES = (local_einsum, exact_reductions, whole_metrics, vector_concat, plain_save, wrapped_again)
 
 #: The plan each model ``apply_plan`` returned was distributed by (``save_checkpoint`` records it).
 _APPLIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -188,10 +183,10 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     register_hooks(model, plan, reshard_fn)
     LocalViews(plan).wrap(model)  # sub-layers that run on local tensors (local_view.py)
     wrap_vocab_lookups(model, plan)  # token lookups in a vocabulary-split table, Megatron's way (vocab_lookup.py)
-    run_permutations_locally()  # an einsum that only reorders dims, on local values (einsum.py)
-    norm_exactly()  # a norm over split dims, which Paddle sums (exact_reductions.py)
-    measure_whole()  # paddle.metric.accuracy, which has no distributed kernel (whole_metrics.py)
-    concat_vectors_as_rows()  # a concat of 1-D tensors, whose backward Paddle refuses (vector_concat.py)
+    local_einsum.run_permutations_locally()  # an einsum that only reorders dims, on local values (einsum.py)
+    exact_reductions.norm_exactly()  # a norm over split dims, which Paddle sums (exact_reductions.py)
+    whole_metrics.measure_whole()  # paddle.metric.accuracy, which has no distributed kernel (whole_metrics.py)
+    vector_concat.concat_vectors_as_rows()  # a concat of 1-D tensors, whose backward Paddle refuses (vector_concat.py)
     groups = None
     if runs_moe_locally(plan):  # ep, the MoE layers of plain dp or of mp alone (expert_dispatch.py)
         groups = ExpertGroups(plan, dist.get_rank())
@@ -206,10 +201,10 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
             model, plan, loss_fn, dist.ProcessMesh(mesh_ids(plan).tolist(), plan.mesh.axes), sharded.copies
         )
     # paddle.save(model.state_dict()): one device's file where the rank holds it, else refused (plain_save.py)
-    guard_saves(
+    plain_save.guard_saves(
         "its own experts only" if dropped else "its pipeline stage's only" if isinstance(model, PipelineModel) else None
     )
-    refuse_wrapping_again()  # fleet.distributed_model(model) of the model returned (wrapped_again.py)
+    wrapped_again.refuse_wrapping_again()  # fleet.distributed_model(model) of the model returned (wrapped_again.py)
     # Every rank must have applied the plan before the next communication (the optimizer's), or all
     # raise here instead of waiting there (unless a pipeline's came first and settled already).
     agreement.settle()
@@ -248,9 +243,11 @@ def _clip_over_ranks(optimizer, rebuilt, model, plan: Plan, groups: ExpertGroups
     if groups is None and not pipelined:
         return optimizer
     if groups is not None:
-        refuse_clip_grad_norm("this rank's experts' gradients alone, before the optimizer sums them over their ranks")
+        exact_reductions.refuse_clip_grad_norm(
+            "this rank's experts' gradients alone, before the optimizer sums them over their ranks"
+        )
     else:
-        refuse_clip_grad_norm("this pipeline stage's gradients alone")
+        exact_reductions.refuse_clip_grad_norm("this pipeline stage's gradients alone")
     return clip_over_ranks(
         optimizer,
         rebuilt,
@@ -264,10 +261,8 @@ def _clip_over_ranks(optimizer, rebuilt, model, plan: Plan, groups: ExpertGroups
 def close(model: paddle.nn.Layer | None = None) -> None:
     """Undo what apply_plan changed in this process beyond the model (for ``model``, or for every
     applied model): the readable losses' wrappers, server thread and exit wait (readable/), once
-    no applied model needs them, ``paddle.einsum``'s local permutations (einsum.py), the exact
-    reductions (exact_reductions.py), the whole metrics (whole_metrics.py), the vector concat
-    (vector_concat.py), ``paddle.save``'s guard (plain_save.py) and Paddle's parallel wrappers'
-    (wrapped_again.py). The models stay distributed. Call it on every rank.
+    no applied model needs them, and the changes to Paddle's own functions (``PROCESS_PATCHES``).
+    The models stay distributed. Call it on every rank.
 
     Example::
 
@@ -276,12 +271,8 @@ def close(model: paddle.nn.Layer | None = None) -> None:
     """
     close_readable(model)
     if model is None or not _APPLIED or set(_APPLIED) <= {model}:
-        restore_einsum()
-        restore_norm()
-        restore_save()
-        restore_wrapping()
-        restore_metrics()
-        restore_concat()
+        for module in PROCESS_PATCHES:
+            module.restore()
 
 
 def applied_plan(model: paddle.nn.Layer) -> Plan | None:
