@@ -8,7 +8,8 @@ is a projection's weight, so the proof offers each cut to the rank's heads along
 ``heads`` entries or of the heads' width (``per_head_cuts``; a float buffer cut, then whole) and
 keeps the cut only where the ranks' runs reassemble the global run. The size names a candidate,
 the proof decides: CaiT's talking heads (tests/models/talking_heads.py), ``Linear(heads, heads)``
-mixing every head's scores, is refused however it is cut; BEiT's ``k_bias`` taken whole is refused.
+mixing every head's scores, is refused however it is cut; BEiT's ``k_bias`` taken whole is refused,
+and a buffer of the heads' width subtracted from the whole input is refused cut and kept whole.
 
 Swin and BEiT trained on 2 gloo ranks as their local views (BEiT on 4 too): tests/test_train_zoo.py;
 BEiT under selective recompute with micro-batches and under full recompute: here.
@@ -31,6 +32,7 @@ from harness.runner import train_by_world
 SWIN = "tests/models/zoo/swin_timm.py"
 TALKING_HEADS = "tests/models/talking_heads.py"
 BEIT = "tests/models/zoo/beit_timm.py"
+CENTRED = "tests/models/talking_heads.py:build_centred"
 BEIT_ATTENTIONS = ["blocks.0.attn", "blocks.1.attn"]
 
 
@@ -170,3 +172,19 @@ def test_beit_local_views_train_like_one_device_under_recompute_and_micro_batche
         shapes = output["score_shapes"]
         assert len(shapes) == run.run.steps * strategy.micro_batches * 2 * 2, len(shapes)
         assert {tuple(s) for s in shapes} == {(rows, 2, 65, 65)}
+
+
+def test_a_buffer_of_the_heads_width_read_whole_is_offered_cut_and_kept_whole():
+    """The centred attention's ``mean`` ``[24]`` (4 heads of 6, tests/models/talking_heads.py) is
+    offered cut like BEiT's ``k_bias``; subtracted from the whole input each rank takes, cut it does
+    not fit, and the view keeps it whole."""
+    plan = plan_target(CENTRED, None, gloo_mp2_request(1), {"target": CENTRED}, local_view=True).plan
+    assert [view.layer for view in plan.local_view] == ["blocks.0.attn", "blocks.1.attn"], plan.notes
+    view = plan.local_view[0]
+    assert view.buffers == []
+    layer = dict(load(CENTRED).model.named_sublayers())[view.layer]
+    params = {fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}
+    (offered,) = [cut.buffers for cut in per_head_cuts(layer, view, params, heads=4, head_dim=6, mp=2) if cut.buffers]
+    assert offered == [LocalBuffer(name="blocks.0.attn.mean", dim=0, shape=[24])]
+    with pytest.raises(NotProven, match="running it failed"):
+        verify(layer, msgspec.structs.replace(view, buffers=offered), params, 2, [3, 5])
