@@ -49,9 +49,11 @@ import numpy as np
 import paddle
 
 from autodist.schemas.plan import DTYPE_BYTES, DType
+from autodist.schemas.fingerprint import dtype_name
 from autodist.schemas.vocabulary import FLOAT_DTYPES
-from autodist.schemas import CallInput, LocalAttribute, LocalView, LocalWeight, Plan, Strategy
+from autodist.schemas import CallInput, LocalAttribute, LocalBuffer, LocalView, LocalWeight, Plan, Strategy
 from autodist.schemas.local_view import (
+    buffer_positions,
     head_positions,
     hidden_output,
     rank_positions,
@@ -170,10 +172,11 @@ def local_views(
             try:
                 variants = call_variants(call, candidate.sublayer.num_heads, mp)
                 # In a child of its own: a Paddle crash leaves this kind gathered, not every kind.
+                sub = candidate.sublayer
                 layouts = [
-                    weights + extra
-                    for weights in _layouts(candidate)
-                    for extra in per_head_weights(layer, view, params, candidate.sublayer.num_heads, mp)
+                    fused + extra
+                    for fused in _layouts(candidate)
+                    for extra in per_head_cuts(layer, view, params, sub.num_heads, sub.head_dim, mp)
                 ]
                 found_view = run_forked(
                     "the local-view proof", discover, layer, view, params, mp, plausible, layouts, variants
@@ -289,7 +292,8 @@ def input_width_reads(layer: paddle.nn.Layer) -> str:
 
 def _kind(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int) -> tuple:
     """What a proof of ``view`` depends on, its names relative to the sub-layer: the class, the
-    weights (views and shapes), the call, and every integer attribute the proof may localise."""
+    weights (views and shapes), the call, the buffers (shapes and dtypes) and every integer
+    attribute the proof may localise."""
     return (
         type(layer).__qualname__,
         tuple(
@@ -302,6 +306,10 @@ def _kind(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int) -> tup
         msgspec.json.encode(view.call),
         tuple(view.dropped_outputs),
         tuple((fqn.removeprefix(view.layer), tuple(params[fqn][0])) for fqn, _, _ in LocalCall(layer, view).slots),
+        tuple(
+            (fqn.removeprefix(view.layer), tuple(b.shape), dtype_name(b.dtype))
+            for fqn, b in layer.named_buffers(prefix=view.layer)
+        ),
         tuple((a.layer.removeprefix(view.layer), a.name, a.whole) for a in _integer_attributes(layer, view.layer, mp)),
     )
 
@@ -317,49 +325,85 @@ def _relative(view: LocalView, layer: str) -> LocalView:
         view,
         layer=layer,
         weights=[msgspec.structs.replace(w, param=moved(w.param)) for w in view.weights],
+        buffers=[msgspec.structs.replace(b, name=moved(b.name)) for b in view.buffers],
         attributes=[msgspec.structs.replace(a, layer=moved(a.layer)) for a in view.attributes],
     )
 
 
-#: The most ways of splitting a sub-layer's per-head parameters :func:`per_head_weights` offers.
+#: The most ways of cutting a sub-layer's per-head parameters and buffers :func:`per_head_cuts` offers.
 MAX_PER_HEAD = 4
 
 
-def per_head_weights(
-    layer: paddle.nn.Layer, view: LocalView, params: dict, heads: int, mp: int
-) -> list[list[LocalWeight]]:
-    """The ways each rank may take the sub-layer's parameters that are no projection's weights,
-    in the order :func:`discover` proves them (at most :data:`MAX_PER_HEAD`): each such parameter
-    cut to the rank's heads along a dim of ``heads`` entries (each such dim in turn: Swin's
-    relative-position-bias table ``[(2W-1)^2, heads]`` read at a buffer of indices and permuted
-    onto the scores' heads, GPT-OSS's sinks ``[heads]`` concatenated to them), like a per-head
-    input (:func:`call_variants`). The size only names candidates: the proof runs the sub-layer
-    with a random table and holds only where each head's entries meet that head's scores alone.
-    ``[[]]`` when the sub-layer has none, or one has no such dim (the proof refuses it then, naming it).
+@dataclass(frozen=True)
+class Layout:
+    """One way each rank takes a local view's tensors, as :func:`discover` proves it: its
+    parameters' views (``LocalView.weights``) and the buffers it cuts (``LocalView.buffers``)."""
+
+    weights: list[LocalWeight]
+    buffers: list[LocalBuffer]
+
+    def __add__(self, other: Layout) -> Layout:
+        return Layout(self.weights + other.weights, self.buffers + other.buffers)
+
+
+def per_head_cuts(
+    layer: paddle.nn.Layer, view: LocalView, params: dict, heads: int, head_dim: int, mp: int
+) -> list[Layout]:
+    """The ways each rank may take the sub-layer's tensors that are no projection's weights, in
+    the order :func:`discover` proves them (at most :data:`MAX_PER_HEAD`): each such parameter cut
+    to the rank's heads along a dim of ``heads`` entries or of the heads' width (``heads *
+    head_dim``: a slice of ``head_dim`` per head), each such dim in turn, like a per-head input
+    (:func:`call_variants`): Swin's relative-position-bias table ``[(2W-1)^2, heads]`` read at a
+    buffer of indices and permuted onto the scores' heads, GPT-OSS's sinks ``[heads]``
+    concatenated to them, BEiT's ``q_bias`` and ``v_bias`` concatenated into its fused
+    projection's bias. Each float buffer with such a dim is cut the same way, then taken whole
+    (BEiT's zero ``k_bias`` between those two); the others are read whole, as they are. The sizes
+    only name candidates: the proof runs the sub-layer with random values of them and holds only
+    where each head's entries meet that head's alone. One empty layout when there is none, or a
+    parameter has no such dim (the proof refuses it then, naming it).
 
     >>> layer = paddle.nn.Layer(); layer.table = layer.create_parameter([9, 4])
+    >>> layer.register_buffer("k_bias", paddle.zeros([8]))
     >>> view = LocalView(layer="attn", weights=[])
-    >>> per_head_weights(layer, view, {"attn.table": ([9, 4], "float32")}, heads=4, mp=2)
-    [[LocalWeight(param='attn.table', dim=1, segments=1, sizes=[], replicated=[], summed=False)]]
+    >>> for cut in per_head_cuts(layer, view, {"attn.table": ([9, 4], "float32")}, heads=4, head_dim=2, mp=2):
+    ...     [(w.param, w.dim) for w in cut.weights], [(b.name, b.dim) for b in cut.buffers]
+    ([('attn.table', 1)], [('attn.k_bias', 0)])
+    ([('attn.table', 1)], [])
     """
+    if heads <= 0 or heads % mp:
+        return [Layout([], [])]
+    per_head = {heads, heads * head_dim}
     listed = {w.param for w in view.weights}
     others = [fqn for fqn, _, _ in LocalCall(layer, view).slots if fqn not in listed]
-    options = [
-        [LocalWeight(param=fqn, dim=d) for d, size in enumerate(params[fqn][0]) if size == heads] for fqn in others
+    weights = [
+        [LocalWeight(param=fqn, dim=d) for d, size in enumerate(params[fqn][0]) if size in per_head] for fqn in others
     ]
-    if heads <= 0 or heads % mp or not all(options):
-        return [[]]
-    return [list(choice) for choice in itertools.product(*options)][:MAX_PER_HEAD]
+    if not all(weights):
+        return [Layout([], [])]
+    buffers: list[list[LocalBuffer | None]] = [
+        [
+            LocalBuffer(name=fqn, dim=d, shape=list(value.shape))
+            for d, size in enumerate(value.shape)
+            if size in per_head
+        ]
+        + [None]
+        for fqn, value in layer.named_buffers(prefix=view.layer)
+        if dtype_name(value.dtype) in FLOAT_DTYPES
+    ]
+    choices = itertools.product(itertools.product(*weights), itertools.product(*buffers))
+    return [
+        Layout(list(cut), [b for b in kept if b is not None]) for cut, kept in itertools.islice(choices, MAX_PER_HEAD)
+    ]
 
 
-def _layouts(candidate: Candidate) -> list[list[LocalWeight]]:
+def _layouts(candidate: Candidate) -> list[Layout]:
     """The fused weights' layouts to prove, in order: their segments as recognised
     (``q_r|k_r|v_r``), then, when that differs, each fused weight whole-head contiguous
     (``segments`` 1: GPT-NeoX lays ``query_key_value`` out head by head, ``[q_h k_h v_h]`` for each
     head, so a rank's contiguous slice holds its heads' q, k and v). The proof decides."""
     recognised = list(candidate.weights)
     contiguous = [msgspec.structs.replace(w, segments=1, sizes=[], replicated=[]) for w in recognised]
-    return [recognised] if contiguous == recognised else [recognised, contiguous]
+    return [Layout(w, []) for w in ([recognised] if contiguous == recognised else [recognised, contiguous])]
 
 
 @dataclass(frozen=True)
@@ -614,10 +658,10 @@ def discover(
     params: dict,
     mp: int,
     plausible: dict[int, int],
-    layouts: list,
+    layouts: list[Layout],
     calls: list[list[CallInput]] | None = None,
 ) -> LocalView:
-    """``view`` proven, with the weights' layout (of ``layouts``, in order), the way each rank
+    """``view`` proven, with the weights' and buffers' layout (of ``layouts``, in order), the way each rank
     takes the call's other inputs (of ``calls``, :func:`call_variants`; ``view.call`` alone by
     default) and the size attributes (:data:`MAX_ATTRIBUTE_SETS` sets at most, ordered by
     ``plausible``) the first proof that holds takes, and how it was proven; :class:`NotProven`
@@ -625,16 +669,11 @@ def discover(
     ``calls``), when none holds."""
     calls = calls or [view.call]
     first: NotProven | None = None
-    for weights, call in itertools.product(layouts, calls):
+    for layout, call in itertools.product(layouts, calls):
         as_traced = call is calls[-1]
+        tried = msgspec.structs.replace(view, weights=layout.weights, buffers=layout.buffers, call=call)
         try:
-            proof = _Proof.made(
-                layer,
-                msgspec.structs.replace(view, weights=weights, call=call),
-                params,
-                mp,
-                proof_sizes(layer, view, params, mp),
-            )
+            proof = _Proof.made(layer, tried, params, mp, proof_sizes(layer, tried, params, mp))
         except NotProven as exc:
             first = first or (exc if as_traced else None)
             continue
@@ -736,7 +775,7 @@ def proof_sizes(layer: paddle.nn.Layer, view: LocalView, params: dict, mp: int) 
     >>> proof_sizes(layer, view, {"attn.qkv.weight": ([10, 14], "float32")}, mp=2)  # not 3, 5, 7
     (11, 13)
     """
-    sizes = {d for w in view.weights for d in params[w.param][0]}
+    sizes = {d for w in view.weights for d in params[w.param][0]} | {d for b in view.buffers for d in b.shape}
     sizes |= {a.whole for a in _integer_attributes(layer, view.layer, 1)}
     sizes |= {s // mp for s in sizes}
     primes = (n for n in itertools.count(3) if all(n % k for k in range(2, n)) and n not in sizes)
@@ -794,6 +833,7 @@ class _Proof:
         self.layer, self.view, self.mp, self.shape, self.reading = layer, view, mp, shape, reading
         self.rng = np.random.default_rng(0)
         self.whole = {w.param: _random_weight(self.rng, params[w.param][0]) for w in view.weights}
+        self.whole |= {b.name: _random_weight(self.rng, b.shape) for b in view.buffers}
         self.x = self.rng.normal(0.0, 1.0, shape).astype("float32")
         self.arguments = _arguments(view.call, shape, reading, self.rng)
         self.cotangent = None  # the global run's random output gradient, given to every local run
@@ -804,9 +844,10 @@ class _Proof:
     @classmethod
     def made(cls, layer, view: LocalView, params: dict, mp: int, batch_seq: tuple[int, int]) -> _Proof:
         """The proof whose global run runs: at ``batch_seq`` (the traced batch and sequence scaled
-        to it by the first of :func:`_readings` that runs), else at the traced ones, when they are
-        at most :data:`MAX_TRACED_PROOF_TOKENS` (a forward that runs only at them: sizes written
-        into it). :class:`NotProven` when none runs."""
+        to it by the first of :func:`_readings` that runs), else at its batch and the traced
+        sequence (a forward whose sequence is written into it: BEiT's relative-position bias of
+        its 65 tokens), else at the traced batch and sequence (one whose batch is too), each when
+        it is at most :data:`MAX_TRACED_PROOF_TOKENS` tokens. :class:`NotProven` when none runs."""
         listed = {w.param for w in view.weights}
         others = sorted(fqn for fqn, _, _ in LocalCall(layer, view).slots if fqn not in listed)
         if others:
@@ -820,9 +861,11 @@ class _Proof:
         hidden = next((c.shape for c in view.call if c.role == "hidden"), None)
         width = _width(view, params) if hidden is None else hidden[-1]
         tries: list[tuple[tuple[int, int], dict]] = [(batch_seq, r) for r in _readings(view.call, batch_seq)]
-        traced = (hidden[0], hidden[1]) if hidden is not None and len(hidden) == 3 else batch_seq
-        if traced != tuple(batch_seq) and math.prod(traced) <= MAX_TRACED_PROOF_TOKENS:
-            tries.append((traced, {}))
+        traced = (hidden[0], hidden[1]) if hidden is not None and len(hidden) == 3 else (batch_seq[0], batch_seq[1])
+        traced_seq = (batch_seq[0], traced[1])
+        for fixed, reading in ((traced_seq, _readings(view.call, traced_seq)[0]), (traced, {})):
+            if fixed not in [t for t, _ in tries] + [tuple(batch_seq)] and math.prod(fixed) <= MAX_TRACED_PROOF_TOKENS:
+                tries.append((fixed, reading))
         first: NotProven | None = None
         for (batch, seq), reading in tries:
             try:
@@ -837,6 +880,10 @@ class _Proof:
         outs, local_grads, x_grads, given_grads = [], [], [], []
         for rank in range(self.mp):
             local = {w.param: _local(self.whole[w.param], w, rank, self.mp) for w in view.weights}
+            local |= {
+                b.name: np.take(self.whole[b.name], buffer_positions(b, self.mp, rank), axis=b.dim)
+                for b in view.buffers
+            }
             o, g, xg, gg, _ = self._run(LocalCall(self.layer, view, self.mp), local, rank)
             outs.append(o)
             local_grads.append(g)
@@ -1074,6 +1121,7 @@ def _run(
     output, the parameters' gradients, the hidden input's, the gradient-carrying inputs' (in call
     order, each with its ``CallInput.gradient``) and the output gradient given."""
     leaves = {fqn: paddle.to_tensor(values[fqn], stop_gradient=False) for fqn, _, _ in call.slots}
+    held = {fqn: paddle.to_tensor(values[fqn]) for fqn, _, _ in call.buffers}  # cut buffers: no gradient
     inp = paddle.to_tensor(x, stop_gradient=False)
     carried: list[tuple[str, paddle.Tensor]] = []
 
@@ -1097,7 +1145,7 @@ def _run(
         return value
 
     args, kwargs = arguments
-    found = hidden_output(call(leaves, *tensors(args), **{k: tensors(v) for k, v in kwargs.items()}), dropped)
+    found = hidden_output(call(leaves | held, *tensors(args), **{k: tensors(v) for k, v in kwargs.items()}), dropped)
     if found is None or not isinstance(found[0], paddle.Tensor):
         raise NotProven("its forward returns more than one tensor (a cache or attention weights)")
     out = found[0]

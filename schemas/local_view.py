@@ -27,7 +27,7 @@ rank takes its columns, :func:`rank_positions`, for the call:
 
 from __future__ import annotations
 
-from autodist.schemas.plan import LocalWeight
+from autodist.schemas.plan import LocalBuffer, LocalWeight
 
 
 def segment_sizes(weight: LocalWeight, size: int) -> list[int]:
@@ -59,6 +59,17 @@ def rank_positions(weight: LocalWeight, size: int, mp: int, rank: int) -> list[i
             positions += range(start + rank * width, start + (rank + 1) * width)
         start += segment
     return positions
+
+
+def buffer_positions(buffer: LocalBuffer, mp: int, rank: int) -> list[int]:
+    """The positions along ``buffer.dim`` that rank ``rank`` of ``mp`` computes with: its slice, as
+    of a weight split there in one segment (:func:`rank_positions`).
+
+    >>> k_bias = LocalBuffer(name="attn.k_bias", dim=0, shape=[8])
+    >>> buffer_positions(k_bias, mp=2, rank=1)
+    [4, 5, 6, 7]
+    """
+    return rank_positions(LocalWeight(param=buffer.name, dim=buffer.dim), buffer.shape[buffer.dim], mp, rank)
 
 
 def head_positions(size: int, heads: int, mp: int, rank: int) -> list[int]:

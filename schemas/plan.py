@@ -370,6 +370,19 @@ class LocalWeight(Base):
     summed: bool = False
 
 
+class LocalBuffer(Base):
+    """A tensor of a local-view sub-layer that is no parameter (a registered buffer: timm BEiT's
+    zero ``k_bias``, concatenated between ``q_bias`` and ``v_bias`` into its fused projection's
+    bias) cut to each rank's heads for the call: rank ``r`` computes with the ``r``-th of ``mp``
+    equal slices along ``dim``, as it does with a parameter split there (``LocalWeight`` of one
+    segment). The buffer itself stays whole on every rank; it carries no gradient."""
+
+    name: Fqn
+    dim: NonNegativeInt
+    #: Its whole shape, as proven (the applier refuses a model whose buffer differs).
+    shape: list[PositiveInt]
+
+
 class LocalAttribute(Base):
     """An integer attribute the sub-layer's forward reads a size from (``self.num_heads``,
     ``self.split_size``, a projection's ``nf``, a child core attention's width, or one of an
@@ -437,6 +450,8 @@ class LocalView(Base):
     layer: Fqn
     weights: list[LocalWeight]
     attributes: list[LocalAttribute] = []
+    #: Its buffers each rank takes its heads' slice of (the others it reads whole, as they are).
+    buffers: list[LocalBuffer] = []
     #: How it is called (the trace's call, proven with these arguments); [] for the hidden
     #: input alone. A call otherwise (another keyword, a tensor for a literal) is refused at run time.
     call: list[CallInput] = []

@@ -1,28 +1,39 @@
-"""Attentions holding a per-head parameter run head-parallel as local views (issue 30, unseen
-community code): timm's Swin (tests/models/zoo/swin_timm.py) reads a relative-position-bias
+"""Attentions holding a per-head parameter or buffer run head-parallel as local views (issue 30,
+unseen community code): timm's Swin (tests/models/zoo/swin_timm.py) reads a relative-position-bias
 table ``[(2W-1)^2, heads]`` at a buffer of indices and adds it, permuted, to each window's scores;
 HF GPT-OSS concatenates a ``sinks`` logit per head to its scores (proven so; the model is
-refused for its experts). Neither is a projection's weight, so the proof offers each cut to the
-rank's heads along a dim of ``heads`` entries (``per_head_weights``) and keeps the cut only where
-the ranks' runs reassemble the global run. The size names a candidate, the proof decides: CaiT's
-talking heads (tests/models/talking_heads.py), ``Linear(heads, heads)`` mixing every head's
-scores, is refused however it is cut.
+refused for its experts); timm's BEiT (tests/models/zoo/beit_timm.py) reads its ``qkv``'s weight
+by ``F.linear`` with the bias ``concat(q_bias, k_bias, v_bias)``, ``k_bias`` a zero buffer. None
+is a projection's weight, so the proof offers each cut to the rank's heads along a dim of
+``heads`` entries or of the heads' width (``per_head_cuts``; a float buffer cut, then whole) and
+keeps the cut only where the ranks' runs reassemble the global run. The size names a candidate,
+the proof decides: CaiT's talking heads (tests/models/talking_heads.py), ``Linear(heads, heads)``
+mixing every head's scores, is refused however it is cut; BEiT's ``k_bias`` taken whole is refused,
+and a buffer of the heads' width subtracted from the whole input is refused cut and kept whole.
 
-Swin trained on 2 gloo ranks as its local views: tests/test_train_zoo.py.
+Swin and BEiT trained on 2 gloo ranks as their local views (BEiT on 4 too): tests/test_train_zoo.py;
+BEiT under selective recompute with micro-batches and under full recompute: here.
 """
 
 from __future__ import annotations
 
 import msgspec
+import paddle
 import pytest
 
 from autodist.planner.driver import load
-from autodist.planner.local_view_proof import NotProven, per_head_weights, verify
-from autodist.schemas import LocalAttribute, LocalView, LocalWeight
+from autodist.planner.local_view_proof import NotProven, per_head_cuts, verify
+from autodist.schemas import LocalAttribute, LocalBuffer, LocalView, LocalWeight, save_plan
+from harness.cases import Trained, check_against_reference
+from harness.jobs import TrainRun
 from harness.planning import gloo_mp2_request, plan_target
+from harness.runner import train_by_world
 
 SWIN = "tests/models/zoo/swin_timm.py"
 TALKING_HEADS = "tests/models/talking_heads.py"
+BEIT = "tests/models/zoo/beit_timm.py"
+CENTRED = "tests/models/talking_heads.py:build_centred"
+BEIT_ATTENTIONS = ["blocks.0.attn", "blocks.1.attn"]
 
 
 def _swin_plan():
@@ -66,10 +77,114 @@ def test_a_parameter_mixing_the_heads_is_offered_cut_and_refused_by_the_proof():
         ],
         attributes=[LocalAttribute(layer=name, name="num_heads", whole=4, local=2)],
     )
-    offered = per_head_weights(layer, base, params, heads=4, mp=2)
+    offered = per_head_cuts(layer, base, params, heads=4, head_dim=6, mp=2)
     assert offered and all(
-        {w.param.rpartition(".")[0] for w in o} == {f"{name}.proj_l", f"{name}.proj_w"} for o in offered
+        {w.param.rpartition(".")[0] for w in o.weights} == {f"{name}.proj_l", f"{name}.proj_w"} for o in offered
     )
     for extra in offered:
         with pytest.raises(NotProven, match="running it failed|differs from the global run's"):
-            verify(layer, msgspec.structs.replace(base, weights=base.weights + extra), params, 2, [3, 5])
+            verify(layer, msgspec.structs.replace(base, weights=base.weights + extra.weights), params, 2, [3, 5])
+
+
+def _beit_plan(target: str = BEIT, **strategy):
+    return plan_target(target, None, gloo_mp2_request(1, **strategy), {"target": target}, local_view=True).plan
+
+
+def test_beit_attention_runs_as_a_local_view_its_biases_split_and_its_zero_buffer_cut():
+    """Both builds: q|k|v read by F.linear split rank by rank (``q_r|k_r|v_r``), the table by heads;
+    with biases, ``q_bias`` and ``v_bias`` split by heads (placed ``S(0)``) and ``k_bias``, a
+    buffer, cut the same way for the call."""
+    for target, biased in ((BEIT, True), (f"{BEIT}:build_without_qkv_bias", False)):
+        plan = _beit_plan(target)
+        assert [view.layer for view in plan.local_view] == BEIT_ATTENTIONS, plan.notes
+        for view in plan.local_view:
+            own = {w.param.removeprefix(view.layer + "."): (w.dim, w.segments) for w in view.weights}
+            want = {"qkv.weight": (1, 3), "relative_position_bias_table": (1, 1), "proj.weight": (0, 1)}
+            assert {k: v for k, v in own.items() if k in want} == want
+            assert ("q_bias" in own, "v_bias" in own) == (biased, biased)
+            cut = [LocalBuffer(name=f"{view.layer}.k_bias", dim=0, shape=[40])] if biased else []
+            assert view.buffers == cut and view.input_width == "local"
+            assert [(a.name, a.local) for a in view.attributes] == [("num_heads", 2)]
+        if biased:
+            assert plan.params["blocks.0.attn.q_bias"].placements == ["S(0)"]
+
+
+def test_the_proof_refuses_the_beit_k_bias_taken_whole():
+    """Each rank concatenating the whole ``k_bias`` between its heads' ``q_bias`` and ``v_bias``: its
+    bias no longer fits its 1/mp of the fused projection's output, and the proof says so."""
+    plan = _beit_plan()
+    view = plan.local_view[0]
+    layer = dict(load(BEIT).model.named_sublayers())[view.layer]
+    params = {fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}
+    assert "equal the global run" in verify(layer, view, params, 2, [3, 65])
+    with pytest.raises(NotProven, match="running it failed"):
+        verify(layer, msgspec.structs.replace(view, buffers=[]), params, 2, [3, 65])
+
+
+def test_apply_plan_refuses_a_model_whose_cut_buffer_differs():
+    """The plan's ``k_bias`` ``[40]`` against a model whose buffer is ``[48]``, or missing: one line each."""
+    from autodist.applier.modes.local_calls import local_view_problems
+
+    plan = _beit_plan()
+    model = load(BEIT).model
+    assert local_view_problems(model, plan) == []
+    model.blocks[0].attn.k_bias = paddle.zeros([48])
+    del model.blocks[1].attn._buffers["k_bias"]
+    assert local_view_problems(model, plan) == [
+        "local_view blocks.0.attn: buffer blocks.0.attn.k_bias should have shape [40], cut along dim 0 into 2 "
+        "equal slices; the model's is [48]",
+        "local_view blocks.1.attn: buffer blocks.1.attn.k_bias should have shape [40], cut along dim 0 into 2 "
+        "equal slices; the model's is missing",
+    ]
+
+
+#: BEiT trained under the other strategies the search may pick with local views: its attention
+#: recomputed inside the view with 2 micro-batches of accumulation, and its blocks recomputed whole.
+COMPOSED = {"selective_m2": {"recompute": "selective", "micro_batches": 2}, "full": {"recompute": "full"}}
+
+
+@pytest.fixture(scope="module")
+def beit_composed(tmp_path_factory, reference_runs):
+    workdir = tmp_path_factory.mktemp("beit")
+    runs, plans = [], {}
+    for name, strategy in COMPOSED.items():
+        plans[name] = _beit_plan(**strategy)
+        save_plan(plans[name], workdir / f"{name}.json")
+        runs.append((TrainRun(f"zoo_beit_timm_{name}", "zoo_beit_timm", plan=str(workdir / f"{name}.json")), 2))
+    everything = [run for run, _ in runs]
+    outputs = train_by_world(runs, workdir, timeout_s=600.0, references=(reference_runs, everything))
+    return {name: Trained(run, plans[name], outputs[run.name]) for name, run in zip(COMPOSED, everything)}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", sorted(COMPOSED))
+def test_beit_local_views_train_like_one_device_under_recompute_and_micro_batches(beit_composed, reference_runs, name):
+    """On 2 gloo ranks: losses and parameters as one device; each rank's scores hold 2 of the 4
+    heads for its micro-batch's rows, computed again in the backward (3 steps, 2 blocks)."""
+    run = beit_composed[name]
+    strategy = run.plan.strategy
+    assert {field: getattr(strategy, field) for field in COMPOSED[name]} == COMPOSED[name]
+    assert [view.layer for view in run.plan.local_view] == BEIT_ATTENTIONS
+    assert run.plan.recompute == (BEIT_ATTENTIONS if strategy.recompute == "selective" else ["blocks.0", "blocks.1"])
+    check_against_reference(run, reference_runs)
+    rows = run.run.batch // strategy.micro_batches
+    for output in run.outputs:
+        shapes = output["score_shapes"]
+        assert len(shapes) == run.run.steps * strategy.micro_batches * 2 * 2, len(shapes)
+        assert {tuple(s) for s in shapes} == {(rows, 2, 65, 65)}
+
+
+def test_a_buffer_of_the_heads_width_read_whole_is_offered_cut_and_kept_whole():
+    """The centred attention's ``mean`` ``[24]`` (4 heads of 6, tests/models/talking_heads.py) is
+    offered cut like BEiT's ``k_bias``; subtracted from the whole input each rank takes, cut it does
+    not fit, and the view keeps it whole."""
+    plan = plan_target(CENTRED, None, gloo_mp2_request(1), {"target": CENTRED}, local_view=True).plan
+    assert [view.layer for view in plan.local_view] == ["blocks.0.attn", "blocks.1.attn"], plan.notes
+    view = plan.local_view[0]
+    assert view.buffers == []
+    layer = dict(load(CENTRED).model.named_sublayers())[view.layer]
+    params = {fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}
+    (offered,) = [cut.buffers for cut in per_head_cuts(layer, view, params, heads=4, head_dim=6, mp=2) if cut.buffers]
+    assert offered == [LocalBuffer(name="blocks.0.attn.mean", dim=0, shape=[24])]
+    with pytest.raises(NotProven, match="running it failed"):
+        verify(layer, msgspec.structs.replace(view, buffers=offered), params, 2, [3, 5])

@@ -47,7 +47,9 @@ SKIP = {
 #: timm's ViT's and DiT's attentions, which size their output with the width read from their
 #: input's shape, train as local views reading it as 1/mp (LocalView.input_width).
 #: DBRX's clamped Wqkv trains as its local view too (its batched experts, looped over in Python
-#: between traced blocks, whole on every rank).
+#: between traced blocks, whole on every rank), and so does timm BEiT's attention, which reads its
+#: qkv's weight by ``F.linear`` (no hook can gather that output), its ``q_bias`` and ``v_bias``
+#: split by heads and its zero ``k_bias`` buffer cut alike for the call (:data:`BEIT`).
 LOCAL_VIEWS = {
     "zoo_bailing_moe_hf",
     "zoo_phi3_hf",
@@ -69,10 +71,17 @@ LOCAL_VIEWS = {
     "zoo_vit_with_transpose_y",
     "zoo_dit",
     "zoo_dbrx_hf",
+    "zoo_beit_timm",
+    "zoo_beit_timm_without_qkv_bias",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
-#: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too.
-AT_FOUR = ["zoo_bert_postnorm", "zoo_gpt2_hf", "zoo_llama_meta", "zoo_t5", "zoo_starcoder2_hf"]
+#: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too,
+#: and BEiT's, whose local views hand each dp rank's rows their heads' slice of the cut buffer.
+AT_FOUR = ["zoo_bert_postnorm", "zoo_gpt2_hf", "zoo_llama_meta", "zoo_t5", "zoo_starcoder2_hf", "zoo_beit_timm"]
+#: timm BEiT's runs (both builds, :data:`LOCAL_VIEWS`) -> each rank's batch rows: inside the run,
+#: each rank's scores (``q @ k.transpose(...)`` over its 65 tokens) hold 2 of the 4 heads and its
+#: ``proj`` reads their 20 of the 40 features.
+BEIT = {"zoo_beit_timm_dp1_mp2": 4, "zoo_beit_timm_without_qkv_bias_dp1_mp2": 4, "zoo_beit_timm_dp2_mp2": 2}
 CONFIGS = [(name, 1) for name in ZOO] + [(name, 2) for name in AT_FOUR]
 
 
@@ -104,3 +113,13 @@ def trained(tmp_path_factory, reference_runs):
 @pytest.mark.parametrize("name", [run_name(w, dp) for w, dp in CONFIGS])
 def test_zoo_model_trains_like_one_device(trained, reference_runs, name):
     check_against_reference(trained[name], reference_runs)
+
+
+@pytest.mark.parametrize("name", sorted(BEIT))
+def test_beit_attention_runs_on_each_ranks_heads(trained, name):
+    run = trained[name]
+    assert [view.layer for view in run.plan.local_view] == ["blocks.0.attn", "blocks.1.attn"]
+    for output in run.outputs:
+        assert output["score_shapes"] and {tuple(s) for s in output["score_shapes"]} == {(BEIT[name], 2, 65, 65)}
+        widths = output["linear_input_widths"]
+        assert [widths[f"blocks.{i}.attn.proj"] for i in (0, 1)] == [[20], [20]], widths

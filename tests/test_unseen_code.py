@@ -129,10 +129,11 @@ def test_what_stays_replicated_is_warned_and_explained_with_the_line_and_the_rew
 
 def test_a_fused_projection_read_by_f_linear_is_warned_with_the_line_and_the_rewrite(tmp_path):
     """timm's BEiT (qkv_bias=False) computes q|k|v as ``F.linear(x, weight=self.qkv.weight, ...)``:
-    the qkv layer's forward never runs, so no hook on it can gather its output. One warning names
-    the attention's forward and the rewrite, calling the layer itself."""
+    the qkv layer's forward never runs, so no hook on it can gather its output. Without local views
+    (which split it: tests/test_zoo.py), one warning names the attention's forward and the rewrite,
+    calling the layer itself."""
     beit = ROOT / "tests" / "models" / "zoo" / "beit_timm.py"
-    done, out = plan_command(tmp_path, f"{beit}:build_without_qkv_bias")
+    done, out = plan_command(tmp_path, f"{beit}:build_without_qkv_bias", "--no-local-view")
     assert done.returncode == 0, done.stderr[-2000:]
     where = f"model code: Attention.forward at {beit.relative_to(ROOT)}:{_forward_line(beit, 'Attention')}"
     rewrite = "to split it: call the projection's own layer (self.qkv(x), adding any bias of your own after it)"

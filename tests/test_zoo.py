@@ -687,9 +687,11 @@ for _target in (f"{ZOO}/bert_postnorm.py", f"{ZOO}/roformer_hf.py", f"{ZOO}/debe
 # one edge per producer pair
 EXPECTED[f"{ZOO}/vit.py:build_with_transpose_y"] = EXPECTED[f"{ZOO}/vit.py"]
 EXPECTED[f"{ZOO}/gpt2_hf.py:build_4_layers"] = EXPECTED[f"{ZOO}/gpt2_hf.py"]  # the same blocks, four of them
-# timm's BEiT (NOT_YET): F.linear(x, weight=self.qkv.weight, bias=qkv_bias), its bias a concat of
-# the 1-D q_bias, k_bias and v_bias (trained: applier/modes/vector_concat.py); and with qkv_bias=False
-EXPECTED[f"{ZOO}/beit_timm.py"] = {
+# timm's BEiT: F.linear(x, weight=self.qkv.weight, bias=qkv_bias), its bias a concat of the 1-D
+# q_bias, zero k_bias buffer and v_bias; the qkv layer's forward never runs, so no hook can gather
+# its output: head-parallel only as a local view (LOCAL_VIEWS), q_bias and v_bias split by heads
+# with it, k_bias cut alike for the call; and with qkv_bias=False
+EXPECTED[f"{ZOO}/beit_timm.py:build_without_qkv_bias"] = {
     **fused("blocks.*.attn", "qkv"),
     "blocks.*.attn.relative_position_bias_table": "S(1)",
     "blocks.*.attn.proj.weight": ROW,
@@ -697,15 +699,14 @@ EXPECTED[f"{ZOO}/beit_timm.py"] = {
     **mlp("blocks.*.mlp", ("fc1",), "fc2", bias=True),
     "head.weight": REP,
 }
-EXPECTED[f"{ZOO}/beit_timm.py:build_without_qkv_bias"] = EXPECTED[f"{ZOO}/beit_timm.py"]
+EXPECTED[f"{ZOO}/beit_timm.py"] = EXPECTED[f"{ZOO}/beit_timm.py:build_without_qkv_bias"] | {
+    "blocks.*.attn.q_bias": COL_B,
+    "blocks.*.attn.v_bias": COL_B,
+}
 
 #: Models the planner does not yet place as expected (the baseline; see docs/recognition.md).
 NOT_YET: dict[str, str] = {
     f"{PF}:build_gpt_oss": "experts as batched 3-D weights are not split yet (attention is)",
-    # its forward reads the fused qkv's weight (F.linear), so the qkv layer's forward never runs and no
-    # hook on it can gather its output; the warning names the line and the rewrite (test_unseen_code)
-    f"{ZOO}/beit_timm.py": "a fused projection read by F.linear stays whole",
-    f"{ZOO}/beit_timm.py:build_without_qkv_bias": "a fused projection read by F.linear stays whole",
 }
 
 
@@ -764,7 +765,8 @@ PLANNED_AT = {
 #: folded into the batch, is a local view handing its heads to the sibling row projection (joined). PaddleOCR's
 #: SVTR's Local (windowed mask) and Global mixers run as local views of their fused qkv, and HF
 #: CLIP's attention (heads folded into the batch) as one reading its input's width as 1/mp.
-#: DBRX's Wqkv, clamped then split into grouped q, k and v, is planned as its local view too.
+#: DBRX's Wqkv, clamped then split into grouped q, k and v, is planned as its local view too, and
+#: so is timm BEiT's attention, reading its qkv's weight by F.linear (no hook can gather its output).
 LOCAL_VIEWS = {
     f"{ZOO}/xglm_hf.py",
     f"{ZOO}/deberta_v2_hf.py",
@@ -783,6 +785,8 @@ LOCAL_VIEWS = {
     f"{ZOO}/svtr_ppocr.py",
     f"{ZOO}/clip_hf.py",
     f"{ZOO}/dbrx_hf.py",
+    f"{ZOO}/beit_timm.py",
+    f"{ZOO}/beit_timm.py:build_without_qkv_bias",
 }
 
 #: Models the planner refuses, with what the one line says (each piece): PaddleFormers' Phi-3 takes
@@ -815,6 +819,9 @@ SPECS = {
     f"{ZOO}/esm_hf.py": ["input_ids:int64:3x16", "input_ids:int64:5x7"],
     f"{ZOO}/mpnet_hf.py": ["input_ids:int64:3x16", "input_ids:int64:5x7"],
     f"{ZOO}/xglm_hf.py": ["input_ids:int64:2x12", "input_ids:int64:5x7"],
+    # its 65 tokens fixed by its relative-position bias: proven at the proof's batch and those tokens
+    f"{ZOO}/beit_timm.py": ["pixels:float32:2x3x16x16", "pixels:float32:7x3x16x16"],
+    f"{ZOO}/beit_timm.py:build_without_qkv_bias": ["pixels:float32:5x3x16x16", "pixels:float32:7x3x16x16"],
 }
 
 

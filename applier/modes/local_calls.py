@@ -12,6 +12,10 @@ Megatron-LM's tensor parallelism:
   sharded); a row bias (``summed``) enters as
   1/mp of itself, its gradient the whole one (:func:`share_of`); a gradient comes back Partial over dp, summed by
   the optimizer as any data-parallel gradient (docs/paddle-notes.md, "Local-view tensor parallelism");
+  a parameter read by the forward itself (timm BEiT's ``F.linear(x, weight=self.qkv.weight)``)
+  is the rank's shard too: the call swaps the parameter, however the forward reads it;
+- the buffers the plan cuts (``LocalView.buffers``: BEiT's zero ``k_bias``): the rank's slice of
+  each, for the duration of the call (the buffer itself stays whole);
 - the size attributes it reads (``self.num_heads``, ``self.split_size``, ``c_attn.nf``, an MLP's
   ``self.intermediate_size``) set to their local values, restored when the call returns or raises;
 - its output: each rank's partial sum, summed over the rank's mp line (one all-reduce, Megatron's
@@ -49,10 +53,11 @@ from paddle.autograd import PyLayer
 from paddle.distributed.auto_parallel.api import dtensor_from_local, dtensor_to_local
 from paddle.distributed.auto_parallel.auto_dp_utils import in_auto_dp_mode
 
-from autodist.schemas import CallInput, LocalView, LocalWeight, Plan
+from autodist.schemas import CallInput, LocalBuffer, LocalView, LocalWeight, Plan
 from autodist.schemas.describe import strategy_text
 from autodist.schemas.local_view import (
     attribute_owner,
+    buffer_positions,
     head_positions,
     hidden_output,
     local_order,
@@ -208,16 +213,23 @@ def _call_value(param: paddle.Tensor, weight: LocalWeight | None, line: dist.Pro
     return share_of(local, mp) if weight is not None and weight.summed else local
 
 
+def _buffer_value(value: paddle.Tensor, buffer: LocalBuffer, mp: int, rank: int) -> paddle.Tensor:
+    """Mp rank ``rank``'s slice of a cut buffer for the call (:func:`~autodist.schemas.local_view.buffer_positions`);
+    the buffer is whole on every rank."""
+    positions = paddle.to_tensor(buffer_positions(buffer, mp, rank), dtype="int64")
+    return paddle.index_select(local_value(value), positions, axis=buffer.dim)
+
+
 class LocalCall:
-    """A sub-layer's own forward run as one rank runs it: each of its parameters replaced by the
-    value given for it, each of ``view``'s size attributes set to its local value, both restored
-    when the call returns or raises. The one place that does so: a local view's every call runs
-    through it (:func:`_wrap`), and so do the planner's proofs (planner/local_view_proof.py), so a proof
-    that holds has run this code.
+    """A sub-layer's own forward run as one rank runs it: each of its parameters and of ``view``'s
+    buffers replaced by the value given for it, each of ``view``'s size attributes set to its local
+    value, all restored when the call returns or raises. The one place that does so: a local view's
+    every call runs through it (:func:`_wrap`), and so do the planner's proofs
+    (planner/local_view_proof.py), so a proof that holds has run this code.
 
     ``forward`` is the layer's own, read when made (before :func:`_wrap` replaces it on the
-    instance); ``slots`` lists ``(fqn, sub-layer, key)`` of every parameter, the names as the plan's
-    (``view.layer`` + the parameter's path in it).
+    instance); ``slots`` lists ``(fqn, sub-layer, key)`` of every parameter, ``buffers`` of each of
+    ``view.buffers``, the names as the plan's (``view.layer`` + the path in it).
 
     >>> from autodist.schemas import LocalAttribute
     >>> layer = paddle.nn.Linear(4, 6); layer.heads = 2
@@ -234,11 +246,20 @@ class LocalCall:
         self.forward = layer.forward
         self.local_width = view.input_width == "local" and mp > 1
         self.mp = mp
+
+        def fqn(name: str, key: str) -> str:
+            return f"{view.layer}.{name}.{key}" if name else f"{view.layer}.{key}"
+
+        subs = list(layer.named_sublayers(include_self=True))
         self.slots = [
-            (f"{view.layer}.{name}.{key}" if name else f"{view.layer}.{key}", sub, key)
-            for name, sub in layer.named_sublayers(include_self=True)
+            (fqn(name, key), sub, key)
+            for name, sub in subs
             for key, param in sub._parameters.items()
             if param is not None
+        ]
+        cut = {b.name for b in view.buffers}
+        self.buffers = [
+            (fqn(name, key), sub, key) for name, sub in subs for key in sub._buffers if fqn(name, key) in cut
         ]
         layers = {
             (f"{view.layer}.{name}" if name else view.layer): sub
@@ -247,12 +268,15 @@ class LocalCall:
         self.attributes = [(*attribute_owner(layers[a.layer], a.name), a.local) for a in view.attributes]
 
     def __call__(self, values: Mapping[str, paddle.Tensor], *args: Any, **kwargs: Any) -> Any:
-        """The forward called with ``args`` and ``kwargs``, each parameter ``values[fqn]``."""
+        """The forward called with ``args`` and ``kwargs``, each parameter and cut buffer ``values[fqn]``."""
         params = [(sub, key, sub._parameters[key]) for _, sub, key in self.slots]
+        buffers = [(sub, key, sub._buffers[key]) for _, sub, key in self.buffers]
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in self.attributes]
         try:
             for fqn, sub, key in self.slots:
                 sub._parameters[key] = values[fqn]
+            for fqn, sub, key in self.buffers:
+                sub._buffers[key] = values[fqn]
             for owner, name, value in self.attributes:
                 setattr(owner, name, value)
             if not self.local_width:
@@ -262,6 +286,8 @@ class LocalCall:
         finally:
             for sub, key, param in params:
                 sub._parameters[key] = param
+            for sub, key, buffer in buffers:
+                sub._buffers[key] = buffer
             for owner, name, value in saved:
                 setattr(owner, name, value)
 
@@ -302,8 +328,9 @@ def _wrap(
     ``recomputed``: that run keeps only its local inputs and runs again in backward
     (applier/modes/recompute.py), the all-reduces around it once."""
     weights = {w.param: w for w in view.weights}
-    rank = mesh.process_ids.index(dist.get_rank())
-    call = LocalCall(layer, view, len(mesh.process_ids))
+    buffers = {b.name: b for b in view.buffers}
+    rank, mp = mesh.process_ids.index(dist.get_rank()), len(mesh.process_ids)
+    call = LocalCall(layer, view, mp)
 
     @functools.wraps(call.forward)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -325,7 +352,7 @@ def _wrap(
 
         args, kwargs = map_first_input(args, kwargs, first)
         args, kwargs = _called_as_proven(view, args, kwargs, placed[0], mesh)
-        fqns = [fqn for fqn, _, _ in call.slots]
+        fqns = [fqn for fqn, _, _ in call.slots + call.buffers]
 
         def on_rank(x: paddle.Tensor, *values: paddle.Tensor) -> Any:
             """The model's own forward on this rank's input ``x`` and parameter ``values``."""
@@ -333,6 +360,7 @@ def _wrap(
             return call(dict(zip(fqns, values)), *call_args, **call_kwargs)
 
         values = [_call_value(sub._parameters[key], weights.get(fqn), mesh, rank) for fqn, sub, key in call.slots]
+        values += [_buffer_value(sub._buffers[key], buffers[fqn], mp, rank) for fqn, sub, key in call.buffers]
         output = recomputing(on_rank, local[0], *values) if recomputed else on_rank(local[0], *values)
         found = hidden_output(output, view.dropped_outputs)
         if found is None or not isinstance(found[0], paddle.Tensor):
@@ -556,8 +584,8 @@ def strategy_problems(field: str, plan: Plan) -> list[str]:
 
 
 def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
-    """Why ``plan.local_view`` cannot run on ``model``: a sub-layer, parameter or attribute the
-    model lacks or has otherwise, a weight whose placement is not its split, or a strategy local
+    """Why ``plan.local_view`` cannot run on ``model``: a sub-layer, parameter, buffer or attribute
+    the model lacks or has otherwise, a weight whose placement is not its split, or a strategy local
     views do not run under (:func:`~autodist.schemas.parallel_dims.runs_local_views`)."""
     if not plan.local_view:
         return []
@@ -589,6 +617,15 @@ def local_view_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
                     f"local_view {view.layer}: {weight.param} is placed {got} with shape {planned.shape}; "
                     f"its local view needs {want} in {weight.segments} segments "
                     f"of sizes {weight.sizes or 'equal'} (whole: {weight.replicated}) split over {mp} ranks"
+                )
+        held = dict(layers[view.layer].named_buffers(prefix=view.layer))
+        for buffer in view.buffers:
+            found = held.get(buffer.name)
+            shape = list(found.shape) if found is not None else None
+            if shape != buffer.shape or buffer.dim >= len(buffer.shape) or buffer.shape[buffer.dim] % mp:
+                problems.append(
+                    f"local_view {view.layer}: buffer {buffer.name} should have shape {buffer.shape}, cut along dim "
+                    f"{buffer.dim} into {mp} equal slices; the model's is {shape if shape is not None else 'missing'}"
                 )
         for attribute in view.attributes:
             if attribute.layer != view.layer and not attribute.layer.startswith(view.layer + "."):

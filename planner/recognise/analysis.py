@@ -34,6 +34,7 @@ from autodist.planner.ops import LAYOUT_OPS, RESHAPE_OPS, short_op
 from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes
 from autodist.planner.recognise.patterns import PARAM, layer_patterns
 from autodist.planner.recognise.chaining import unchained_cuts
+from autodist.planner.recognise.spmd import UNHOOKABLE
 from autodist.planner.recognise.roles import (
     REPLAY_MP,
     BlockRecogniser,
@@ -559,8 +560,11 @@ def not_recognised(
 
 
 def stopped_reason(op: str) -> str:
-    """Why ``op`` stops a split a local view may make: it has no SPMD rule, or it is a layout op
-    whose result's split no placement names (heads folded into the batch)."""
+    """Why ``op`` stops a split a local view may make: it has no SPMD rule, it is a layout op
+    whose result's split no placement names (heads folded into the batch), or it is a fused
+    projection no hook can gather (:data:`~.spmd.UNHOOKABLE`)."""
+    if op == UNHOOKABLE:
+        return "no hook can gather its fused projection's output, since the forward reads the projection's weight"
     if op in LAYOUT_OPS:
         return f"Paddle's global view has no placement for the split after {op}"
     return f"Paddle has no SPMD rule for {op}"

@@ -35,7 +35,11 @@ found from the dataflow of its compute view (:func:`~.match.compute_view`):
    projections replicated): nothing says such an op needs whole inputs, only that Paddle's
    global view gathers them. It may run as a *local view* (each rank the model's own forward on
    its heads, planner/local_view_proof.py), which the planner proves by running it before a plan
-   splits it. Its refusal stays, marked ``local_view``, for the note.
+   splits it. Its refusal stays, marked ``local_view``, for the note. So is a group whose fused
+   column no post-hook can gather, its layer's forward never running (timm BEiT's
+   ``F.linear(x, weight=self.qkv.weight, bias=qkv_bias)``: :data:`.spmd.UNHOOKABLE`), where the
+   replay with that output taken whole right after the product, as a hook would, splits the
+   rest (or stops only at such ops): a local view needs no gather.
 
 Whatever layout glues the sub-layers together (pre-norm, post-norm, parallel residual,
 sandwich norms, cross-attention, an MoE's experts) needs no pattern: each sub-layer is accepted
@@ -73,7 +77,7 @@ from autodist.planner.ops import (
     op,
     short_op,
 )
-from autodist.planner.recognise.spmd import Dist, Replay, is_planned, is_statistic
+from autodist.planner.recognise.spmd import UNHOOKABLE, Dist, Replay, is_planned, is_statistic
 
 #: The tensor-parallel degree the SPMD replay checks a candidate group at.
 REPLAY_MP = 2
@@ -287,26 +291,29 @@ def recognise_block(
         whole = {c.weight for c in sub.columns if c.role == "replicate"}
         group, columns = columns, [c for c in columns if c.fqn not in whole]  # columns: the ones split
         fused = {c.layer for c in sub.columns if c.fused > 1 and c.role == "column"}
+        # A fused column whose own layer never runs its forward (``F.linear(x, self.qkv.weight)``):
+        # no post-hook can gather its output, so the global view cannot split the group. Replayed
+        # with its output taken whole right after the product, as a hook would, a group the rest of
+        # which splits is a local-view candidate (a local view needs no gather), refused here.
         unhookable = [c for c in columns if _owner(c.fqn) in fused and not _hookable(graph, c)]
-        if unhookable:
-            # a fused projection's output must be gathered by a post-hook on its own layer
-            result.refusals.append(
-                Refusal(_owner(row.fqn), "fused projection inside a larger layer", _owner(unhookable[0].fqn))
-            )
-            continue
+        hooked = fused - {_owner(c.fqn) for c in unhookable}
         trial = {**placed, **_dists(params, columns, row)}
-        problems, ruleless = _implicit(graph, nodes, trial, mesh, constants, gathered | fused)
+        at = frozenset(c.node for c in unhookable)
+        problems, ruleless = _implicit(graph, nodes, trial, mesh, constants, gathered | hooked, at)
         result.replays += 1
-        if set(problems) - set(baseline):
+        if set(problems) - set(baseline) and not unhookable:
             extra, (problems, ruleless) = _try_gathers(
                 graph, nodes, trial, mesh, constants, gathered | fused, columns, baseline, problems, ruleless, result
             )
             sub = _mark_fused(sub, extra)
             fused |= extra
         new = set(problems) - set(baseline)
-        if new:
-            first = graph.nodes[min(new)[0]]
-            refusal = Refusal(_owner(row.fqn), short_op(first["op"]), first["layer"])
+        if new or unhookable:
+            if unhookable:
+                refusal = Refusal(_owner(row.fqn), UNHOOKABLE, _owner(unhookable[0].fqn))
+            else:
+                first = graph.nodes[min(new)[0]]
+                refusal = Refusal(_owner(row.fqn), short_op(first["op"]), first["layer"])
             if {node for node, _ in new} <= ruleless | _layout_nodes(graph, new):  # a local view may split it
                 result.stopped.append(replace(sub, stopped_by=refusal.op))
             result.refusals.append(refusal)
@@ -514,12 +521,15 @@ def _dists(params, columns: list[_Linear], row: _Linear) -> dict[str, Dist]:
 # -- the SPMD check ---------------------------------------------------------------------------------------
 
 
-def _implicit(graph, nodes, weights, mesh, constants, gathered) -> tuple[list[tuple[int, int]], set[int]]:
-    """(node, operand) of every communication Paddle would add on its own; ``(node, -1)`` for
+def _implicit(
+    graph, nodes, weights, mesh, constants, gathered, at: frozenset[int] = frozenset()
+) -> tuple[list[tuple[int, int]], set[int]]:
+    """(node, operand) of every communication Paddle would add on its own, the outputs of the
+    ``gathered`` layers and of the ops ``at`` taken whole; ``(node, -1)`` for
     a value that leaves the block split (the next block and the layers after the blocks expect
     whole values: a split has to end inside the block that starts it). And the replay's ops with
     no SPMD rule (:attr:`.spmd.Replay.ruleless`)."""
-    replay = Replay(graph, nodes, weights, mesh, constants, frozenset(gathered))
+    replay = Replay(graph, nodes, weights, mesh, constants, frozenset(gathered), at)
     problems = {
         (r.node, r.operand)
         for r in replay.run()

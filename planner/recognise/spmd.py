@@ -163,6 +163,11 @@ _RULE_ARGS: dict[str, tuple[str, Callable[[dict], list]]] = {
 }
 
 
+#: The refusal of a group whose fused column no post-hook can gather (its layer's forward never
+#: runs: the model reads its weight, ``F.linear(x, self.qkv.weight, bias)``): split only as a
+#: local view (planner/recognise/roles.py).
+UNHOOKABLE = "fused projection inside a larger layer"
+
 #: The smallest change to a model's code that lets Paddle keep a split through an op that stops
 #: it, by op (docs/paddle-notes.md, "Masks", "SPMD rules"); :data:`RUN_TIME_SIZES` for an op whose
 #: sizes the trace does not know.
@@ -171,9 +176,7 @@ REWRITES = {
     "tril": "build the causal mask with paddle.triu(paddle.full_like(scores, -inf), 1), which keeps the heads split",
     "as_complex": "rotate with cos and sin on real tensors (rotate_half) instead of complex multiplication",
     "einsum": "write the contraction with matmul (Paddle runs einsum on local tensors only)",
-    # a fused projection whose weight the forward reads (F.linear(x, self.qkv.weight, bias)) runs no
-    # forward of its own layer, so no hook on it can gather its output (planner/recognise/roles.py)
-    "fused projection inside a larger layer": (
+    UNHOOKABLE: (
         "call the projection's own layer (self.qkv(x), adding any bias of your own after it), whose output "
         "a hook can gather: its columns are then split"
     ),
@@ -204,6 +207,7 @@ class Replay:
         mesh,
         constants,
         gathered_layers: frozenset[str] = frozenset(),
+        gathered_nodes: frozenset[int] = frozenset(),
     ):
         self.graph, self.nodes, self.weights, self.mesh, self.constants = graph, nodes, weights, mesh, constants
         self.values: dict[tuple[int, int], Dist | list[Dist]] = {}
@@ -212,12 +216,14 @@ class Replay:
         #: refusing its arguments): Paddle gathers their inputs in the global view, but nothing
         #: says the op needs them whole; on local tensors (a local view) it may run per head.
         self.ruleless: set[int] = set()
-        # a post-hook resharding a layer's output to Replicate acts after the layer's last op
+        # a post-hook resharding a layer's output to Replicate acts after the layer's last op;
+        # ``gathered_nodes``: outputs taken whole right after the op (a fused projection no hook can
+        # gather, replayed as if one did: roles.recognise_block)
         self.gathered_outputs = {
             max(n for n in nodes if graph.nodes[n]["layer"] == layer)
             for layer in gathered_layers
             if any(graph.nodes[n]["layer"] == layer for n in nodes)
-        }
+        } | set(gathered_nodes)
 
     def run(self) -> list[Reshard]:
         for node in sorted(self.nodes):

@@ -335,7 +335,8 @@ def _hook_lines(plan: Plan) -> list[str]:
 def _local_view_lines(plan: Plan) -> list[str]:
     """Each local-view sub-layer: its fused weights' segments (their sizes when unequal, those
     computed whole on every rank), the attributes set for the call, names relative to the
-    sub-layer (``c_attn.nf 96->48``), and whether its output is joined, collapsed over the blocks."""
+    sub-layer (``c_attn.nf 96->48``), the buffers cut for it (``k_bias cut along dim 0``), and
+    whether its output is joined, collapsed over the blocks."""
     if not plan.local_view:
         return []
 
@@ -352,6 +353,7 @@ def _local_view_lines(plan: Plan) -> list[str]:
                 if w.segments > 1 and not w.param.endswith(".bias")
             ]
             + [", ".join(f"{relative(a.layer, view.layer)}.{a.name} {a.whole}->{a.local}" for a in view.attributes)]
+            + [f"{relative(b.name, view.layer)} cut along dim {b.dim}" for b in view.buffers]
             + (["output joined: each rank's heads to the row projection beside it"] if view.output == "joined" else [])
         )
         for view in plan.local_view

@@ -86,18 +86,20 @@ def own_layout_of(run: TrainRun):
 @contextmanager
 def recording_scores():
     """TEST-ONLY: record this rank's local shapes of the attention products, by wrapping
-    ``paddle.matmul``, ``paddle.bmm`` and ``paddle.baddbmm`` for the block. Yields the shapes of
-    each 4-D ``matmul`` output whose last two dims are equal (the scores ``[batch, heads, seq,
-    seq]`` of the models that write them so) and ``{"bmm": [...], "baddbmm": [...]}``, every 3-D
-    output of those (an attention over merged ``[batch * heads, ...]`` tensors: BLOOM's, OPT's
-    scores and mix both hold ``batch * heads`` rows, whatever the sizes)."""
+    ``paddle.matmul``, the ``@`` operator (``paddle.Tensor.__matmul__``), ``paddle.bmm`` and
+    ``paddle.baddbmm`` for the block. Yields the shapes of each 4-D ``matmul`` or ``@`` output
+    whose last two dims are equal (the scores ``[batch, heads, seq, seq]`` of the models that
+    write them so: timm's ``q @ k.transpose(...)``) and ``{"bmm": [...], "baddbmm": [...]}``,
+    every 3-D output of those (an attention over merged ``[batch * heads, ...]`` tensors: BLOOM's,
+    OPT's scores and mix both hold ``batch * heads`` rows, whatever the sizes)."""
     shapes: list[list[int]] = []
     batched: dict[str, list[list[int]]] = {"bmm": [], "baddbmm": []}
     shipped = {name: getattr(paddle, name) for name in ("matmul", *batched)}
+    operator = paddle.Tensor.__matmul__
 
-    def recording(name: str):
+    def recording(name: str, op):
         def recorded(*args, **kwargs):
-            out = shipped[name](*args, **kwargs)
+            out = op(*args, **kwargs)
             local = out._local_value() if out.is_dist() else out
             if name == "matmul" and local.ndim == 4 and local.shape[-1] == local.shape[-2]:
                 shapes.append(list(local.shape))
@@ -107,13 +109,15 @@ def recording_scores():
 
         return recorded
 
-    for name in shipped:
-        setattr(paddle, name, recording(name))
+    for name, op in shipped.items():
+        setattr(paddle, name, recording(name, op))
+    paddle.Tensor.__matmul__ = recording("matmul", operator)
     try:
         yield shapes, batched
     finally:
         for name, op in shipped.items():
             setattr(paddle, name, op)
+        paddle.Tensor.__matmul__ = operator
 
 
 @contextmanager
@@ -259,7 +263,7 @@ def _run_training(run: TrainRun, rank: int, world: int, out_dir: str) -> None:
         "unchanged_by_training": sorted(fqn for fqn in after if np.array_equal(after[fqn], before[fqn])),
         "layout": {fqn: layout(p) for fqn, p in held.items()},
         "optimizer_states": optimizer_state_layout(optimizer),
-        # This rank's shapes of every 4-D ``paddle.matmul`` output with square last dims (the
+        # This rank's shapes of every 4-D ``paddle.matmul`` or ``@`` output with square last dims (the
         # attention scores [batch, heads, seq, seq] of the models that write them so), in call order.
         "score_shapes": score_shapes,
         # This rank's shapes of every 3-D ``paddle.bmm`` and ``paddle.baddbmm`` output, by op, in

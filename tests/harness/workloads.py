@@ -252,7 +252,8 @@ ZOO_FILES = tuple(
 #: Zoo models built by another factory of their file (``file:factory``): DeepSeek-V3's query
 #: through a latent (``zoo_deepseek_v3_hf_with_query_latent``); GPT-2 with four blocks, two VPP
 #: chunks on each of two stages (``zoo_gpt2_hf_4_layers``); timm's BEiT without q/v biases
-#: (``zoo_beit_timm_without_qkv_bias``: its fused projection read by ``F.linear``, kept whole).
+#: (``zoo_beit_timm_without_qkv_bias``: its fused projection read by ``F.linear``, with no bias to
+#: concatenate; a local view like the biased build's).
 ZOO_VARIANTS = (
     "deepseek_v3_hf:build_with_query_latent",
     "vit:build_with_transpose_y",

@@ -1,13 +1,19 @@
-"""CaiT's talking-heads attention as timm writes it (timm/models/cait.py ``TalkingHeadAttn``), in
-a small pre-norm encoder: a fused ``qkv``, and two ``Linear(num_heads, num_heads)`` that mix the
-heads' scores before (``proj_l``) and after (``proj_w``) the softmax, over a permuted
-``[B, N, N, heads]``. Those weights have a dim of ``heads`` entries, like a per-head table, but
-every head's scores read every other's: no rank's heads can run alone, and the local-view proof
-must say so (tests/test_local_view_parameters.py).
+"""Attentions holding tensors that look per head and are not, in a small pre-norm encoder; the
+local-view proof must tell (tests/test_local_view_parameters.py).
+
+- ``build_model``: CaiT's talking-heads attention as timm writes it (timm/models/cait.py
+  ``TalkingHeadAttn``): a fused ``qkv``, and two ``Linear(num_heads, num_heads)`` that mix the
+  heads' scores before (``proj_l``) and after (``proj_w``) the softmax, over a permuted
+  ``[B, N, N, heads]``. Those weights have a dim of ``heads`` entries, like a per-head table, but
+  every head's scores read every other's: no rank's heads can run alone.
+- ``build_centred``: an attention that centres its input by a mean it keeps as a buffer
+  (``[dim]``, as a model keeps a normalising statistic of its inputs) before its fused ``qkv``:
+  the buffer has a dim of the heads' width, like BEiT's ``k_bias``, but each rank takes the input
+  whole, so each must read it whole.
 
     >>> model = build_model()
-    >>> list(model(paddle.rand([2, 6, 24])).shape)
-    [2, 6, 24]
+    >>> list(model(paddle.rand([2, 6, 24])).shape), list(build_centred()(paddle.rand([2, 6, 24])).shape)
+    ([2, 6, 24], [2, 6, 24])
 """
 
 import paddle
@@ -39,11 +45,27 @@ class TalkingHeadAttn(nn.Layer):
         return self.proj(x)
 
 
+class CentredAttention(nn.Layer):
+    def __init__(self, dim, num_heads=8):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+        self.register_buffer("mean", paddle.zeros([dim]))
+
+    def forward(self, x):
+        B, N, _ = x.shape
+        qkv = self.qkv(x - self.mean).reshape([B, N, 3, self.num_heads, -1]).transpose([2, 0, 3, 1, 4])
+        q, k, v = qkv.unbind(0)
+        attn = nn.functional.softmax(q @ k.transpose([0, 1, 3, 2]), axis=-1)
+        return self.proj((attn @ v).transpose([0, 2, 1, 3]).reshape([B, N, -1]))
+
+
 class Block(nn.Layer):
-    def __init__(self):
+    def __init__(self, attention):
         super().__init__()
         self.norm1 = nn.LayerNorm(DIM)
-        self.attn = TalkingHeadAttn(DIM, HEADS)
+        self.attn = attention(DIM, HEADS)
         self.norm2 = nn.LayerNorm(DIM)
         self.fc1 = nn.Linear(DIM, 4 * DIM)
         self.fc2 = nn.Linear(4 * DIM, DIM)
@@ -54,9 +76,9 @@ class Block(nn.Layer):
 
 
 class Encoder(nn.Layer):
-    def __init__(self):
+    def __init__(self, attention=TalkingHeadAttn):
         super().__init__()
-        self.blocks = nn.LayerList([Block() for _ in range(DEPTH)])
+        self.blocks = nn.LayerList([Block(attention) for _ in range(DEPTH)])
 
     def forward(self, x):
         for block in self.blocks:
@@ -66,6 +88,10 @@ class Encoder(nn.Layer):
 
 def build_model():
     return Encoder()
+
+
+def build_centred():
+    return Encoder(CentredAttention)
 
 
 def input_spec():
