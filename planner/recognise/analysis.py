@@ -602,7 +602,7 @@ def local_lookup(graph: nx.MultiDiGraph, lookup: TokenLookup | None) -> tuple[st
     """The layer whose calls can run the token lookup on local tensors, ``(layer, "")``, or why
     none can, ``(None, why)``, read from the dataflow: what the lookup reads and who else reads its
     table. The lookup (Paddle's ``embedding`` op) must read the table parameter itself (not
-    through a ``transpose``, a cast, or the renormalisation ``max_norm`` runs first), in a layer of
+    through another op: ``F.embedding(idx, self.lm_head.weight.T)``'s ``transpose``), in a layer of
     the model (the innermost layer running it, not the model's own forward), where every op
     reading the table is such a lookup, dense (``sparse`` off): T5's ``shared`` looks up encoder
     and decoder ids. The applier answers those ops by Megatron's lookup in that layer's calls
