@@ -2,17 +2,22 @@
 applier/modes/vocab_lookup.py), instead of Paddle 3.3.1's global lookup, which all-gathers the whole
 table in every forward and backward.
 
-- The planner lists the lookup where its table is split over the vocabulary and its layer is an
-  ``nn.Embedding`` running its own forward, under the strategies local views run under (tensor
-  and data parallelism, ZeRO 1 and 2, accumulation, full recompute, 1F1B); elsewhere the
-  gather stays and a note says why. apply_plan refuses a listed lookup the model cannot run so.
+- The planner lists the lookup where its table is split over the vocabulary and the dataflow
+  allows it (the lookup reads the table itself, and nothing else in its layer reads the table),
+  whatever the layer's class and whatever it does with the answer (HF MiniCPM's scaled
+  ``nn.Embedding`` subclass, a layer calling ``F.embedding`` on a table of its own), under the
+  strategies local views run under (tensor and data parallelism, ZeRO 1 and 2, accumulation, full
+  recompute, 1F1B); elsewhere the gather stays and a note says why. apply_plan refuses a listed
+  lookup the model cannot run so.
 - Trained on 2 gloo ranks (mp2) and 4 (dp2 x mp2), untied (tests/models/gpt.py), tied by name
-  with a ``padding_idx`` (the zoo's OPT) and tied by a function call (nanoGPT): losses and
-  parameters as on one device.
-- The gathers are gone: under the global lookup ``F.embedding`` is handed the split DistTensor
-  table, which Paddle's rule gathers whole in the forward and again in the backward (measured
-  with ``GLOG_vmodule=data_transform=4``: docs/paddle-notes.md); under the local one, each rank's
-  rows as a plain tensor. A probe of ``F.embedding`` that runs the lookups alone, after the
+  with a ``padding_idx`` (the zoo's OPT), tied by a function call (nanoGPT) and scaled in an
+  ``nn.Embedding`` subclass (HF MiniCPM), and one table looked up for the encoder's ids and the
+  decoder's (T5, Switch Transformers): losses and parameters as on one device.
+- The gathers are gone: under the global lookup Paddle's ``embedding`` op is handed the split
+  DistTensor table, which Paddle's rule gathers whole in the forward and again in the backward
+  (measured with ``GLOG_vmodule=data_transform=4``: docs/paddle-notes.md); under the local one,
+  each rank's rows as a plain tensor. A probe of ``paddle._C_ops.embedding`` that runs the
+  lookups alone, after the
   2-rank trainings in the same processes, shows which (the log is not the probe: with it on,
   Paddle aborted now and then with "double free or corruption", depending on the environment,
   never without it).
@@ -29,13 +34,15 @@ import json
 from pathlib import Path
 
 import msgspec
+import numpy as np
+import paddle
 import pytest
 
 from autodist.applier.placement.validate import plan_problems
-from autodist.applier.modes.vocab_lookup import vocab_lookup_problems
+from autodist.applier.modes.vocab_lookup import answering, vocab_lookup_problems
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest
-from autodist.planner.driver import load, plan_target
+from autodist.planner.driver import analyse, load, plan_target, trace
 from autodist.planner.review.check import check_plan_for_target
 from autodist.planner.review.show import show_text
 from autodist.schemas import Plan, VocabLookup, save_plan
@@ -45,9 +52,12 @@ from harness.launcher import launch_ranks
 from harness.planning import gloo_mp2_request
 from harness.runner import read_outputs, train_by_world
 from harness.workloads import WORKLOADS
+from models import scaled_embeddings
 
-#: Untied, tied by name (with a padding_idx), tied by a function call.
-MODELS = ["gpt", "zoo_opt_hf", "zoo_nanogpt"]
+#: Untied, tied by name (with a padding_idx), tied by a function call, scaled in an nn.Embedding
+#: subclass, one table looked up twice a step by its layer (encoder and decoder ids: T5's shared,
+#: Switch Transformers', whose experts run whole on every rank).
+MODELS = ["gpt", "zoo_opt_hf", "zoo_nanogpt", "zoo_minicpm_hf", "zoo_t5", "zoo_switch_transformers_hf"]
 STEPS = 3
 
 
@@ -70,6 +80,9 @@ def test_the_planner_lists_the_lookup_of_a_vocabulary_split_table(plans):
         "gpt": VocabLookup(layer="wte", weight="wte.weight"),
         "zoo_opt_hf": VocabLookup(layer="model.decoder.embed_tokens", weight="model.decoder.embed_tokens.weight"),
         "zoo_nanogpt": VocabLookup(layer="transformer.wte", weight="transformer.wte.weight"),
+        "zoo_minicpm_hf": VocabLookup(layer="model.embed_tokens", weight="model.embed_tokens.weight"),
+        "zoo_t5": VocabLookup(layer="shared", weight="shared.weight"),
+        "zoo_switch_transformers_hf": VocabLookup(layer="shared", weight="shared.weight"),
     }
     for (workload, dp), plan in plans.items():
         assert plan.vocab_lookup == [expected[workload]], (workload, dp)
@@ -95,17 +108,65 @@ def test_where_the_lookup_cannot_run_locally_the_gather_stays_with_a_note():
     # with 2 micro-batches of accumulation, ZeRO 1 and full recompute it looks up locally
     composed = _plan("gpt", dp=2, micro_batches=2, sharding_stage=1, recompute="full")
     assert composed.vocab_lookup == [VocabLookup(layer="wte", weight="wte.weight")]
-    # a lookup that is one op of a layer doing more: F.embedding(idx, self.lm_head.weight.T)
+    # a lookup of a table read transposed: F.embedding(idx, self.lm_head.weight.T)
     target = "tests/models/tied_by_call.py:build_embedding_from_head"
     inside = plan_target(target, None, _request(), {"target": target}).plan
     assert inside.vocab_lookup == []
     assert any(
-        "looked up in the global view" in note and "the lookup is one op of a layer that does more" in note
+        "looked up in the global view" in note and "the lookup reads lm_head.weight through transpose" in note
         for note in inside.notes
     ), inside.notes
     # the table unsplit (mp 1): nothing to say
     unsplit = plan_target("tests/models/gpt.py", None, SearchRequest(devices_per_node=2, dp=2, mp=1, pp=1), {}).plan
     assert unsplit.vocab_lookup == [] and not [n for n in unsplit.notes if "global view" in n]
+
+
+def test_the_lookup_runs_locally_as_the_dataflow_allows_whatever_the_layer():
+    """Which layer's calls look up on local tensors is read from the dataflow (what the lookup
+    reads, who else reads its table), not from the layer's class: a scaled nn.Embedding subclass
+    (HF MiniCPM's habit; before, only an nn.Embedding running its own forward was taken, so it was
+    looked up in the global view, the table gathered whole in every forward and backward), the
+    caller scaling, a layer of its own calling F.embedding on its table. One layer that is the
+    tied head too (its calls read the table in a matmul), or a sparse lookup, stays global."""
+    expected = {
+        "subclass": ("embed_tokens", ""),
+        "caller_scaled": ("embed_tokens", ""),
+        "own_table": ("embed_tokens", ""),
+        "shared_modes": (None, "embed_tokens reads embed_tokens.weight in matmul too"),
+        "sparse": (None, "embed_tokens looks embed_tokens.weight up sparse"),
+    }
+    for habit, decision in expected.items():
+        loaded = load(f"tests/models/scaled_embeddings.py:build_{habit}")
+        analysis = analyse(loaded.model, trace(loaded.model, loaded.input_specs))
+        assert (analysis.local_lookup, analysis.local_lookup_refusal) == decision, habit
+
+
+def test_the_layer_runs_as_written_with_its_lookup_answered():
+    """apply_plan runs the listed layer's forward as written and answers Paddle's embedding op on
+    the plan's table (here by a stand-in table): other tables are looked up as ever, Paddle's op
+    is put back after the call, and a call that looks nothing up in the table raises (a hand-made
+    plan naming the wrong layer), as does a sparse lookup."""
+    subclass = scaled_embeddings.ScaledWordEmbedding(11, 4, embed_scale=3.0)
+    other, stand_in = paddle.nn.Embedding(11, 4), paddle.nn.Embedding(11, 4)
+    paddle_op, ids = paddle._C_ops.embedding, paddle.to_tensor([[1, 5, 7]])
+
+    def forward(x):
+        return subclass(x) + other(x)
+
+    def answer(embedding, x, table, padding_idx):
+        assert table is subclass.weight
+        return embedding(x, stand_in.weight, padding_idx, False)
+
+    run = answering(forward, VocabLookup("emb", "emb.weight"), lambda: subclass.weight, answer)
+    np.testing.assert_allclose(run(ids).numpy(), (stand_in(ids) * 3.0 + other(ids)).numpy())
+    assert paddle._C_ops.embedding is paddle_op
+    nothing = answering(other, VocabLookup("other", "emb.weight"), lambda: subclass.weight, answer)
+    with pytest.raises(RuntimeError, match="vocab_lookup other: the call looked nothing up in emb.weight"):
+        nothing(ids)
+    assert paddle._C_ops.embedding is paddle_op
+    sparse = paddle.nn.Embedding(11, 4, sparse=True)
+    with pytest.raises(RuntimeError, match="vocab_lookup emb: emb.weight is looked up sparse"):
+        answering(sparse, VocabLookup("emb", "emb.weight"), lambda: sparse.weight, answer)(ids)
 
 
 def test_apply_plan_refuses_a_lookup_the_model_cannot_run_locally(plans):
@@ -116,24 +177,22 @@ def test_apply_plan_refuses_a_lookup_the_model_cannot_run_locally(plans):
     def edited(**changes) -> Plan:
         return msgspec.structs.replace(plan, vocab_lookup=[msgspec.structs.replace(plan.vocab_lookup[0], **changes)])
 
-    assert vocab_lookup_problems(model, edited(layer="ln_f")) == [
-        "vocab_lookup ln_f: the model's layer is LayerNorm, not an nn.Embedding running its own forward"
-    ]
-    assert vocab_lookup_problems(model, edited(layer="wpe")) == [
-        "vocab_lookup wpe: its table is not wte.weight",
+    assert vocab_lookup_problems(model, edited(layer="wte_")) == ["vocab_lookup wte_: the model has no layer wte_"]
+    assert vocab_lookup_problems(model, edited(weight="wte.bias")) == [
+        "vocab_lookup wte: the model has no parameter wte.bias",
+        "vocab_lookup wte: wte.bias is placed R on mp; the lookup needs it S(0) (its vocabulary)",
     ]
     assert vocab_lookup_problems(model, edited(weight="wpe.weight")) == [
-        "vocab_lookup wte: its table is not wpe.weight",
         "vocab_lookup wte: wpe.weight is placed R on mp; the lookup needs it S(0) (its vocabulary)",
     ]
     # apply_plan's check, before anything is touched
-    assert "vocab_lookup ln_f: the model's layer is LayerNorm" in "\n".join(
-        plan_problems(model, None, None, edited(layer="ln_f"), world_size=2)
+    assert "vocab_lookup wte_: the model has no layer wte_" in "\n".join(
+        plan_problems(model, None, None, edited(layer="wte_"), world_size=2)
     )
     # autodist-plan check says so too, and shows the lookup
     assert check_plan_for_target(plan, WORKLOADS["gpt"].planner_target, trace=False) == []
-    assert check_plan_for_target(edited(layer="ln_f"), WORKLOADS["gpt"].planner_target, trace=False) == [
-        "vocab_lookup ln_f: the model's layer is LayerNorm, not an nn.Embedding running its own forward"
+    assert check_plan_for_target(edited(layer="wte_"), WORKLOADS["gpt"].planner_target, trace=False) == [
+        "vocab_lookup wte_: the model has no layer wte_"
     ]
     assert "vocab lookup: these lookups run on local tensors" in show_text(plan)
     assert "  wte  wte.weight" in show_text(plan)
@@ -146,25 +205,24 @@ def test_apply_plan_refuses_a_lookup_the_model_cannot_run_locally(plans):
 
 
 #: A rank that trains a job (``harness.rank_main``), then applies each plan given to its model and
-#: runs the lookup alone, forward and backward, for STEPS steps, recording the table every
-#: ``F.embedding`` call is handed (a DistTensor, which Paddle's rule gathers whole, or a plain
+#: runs the lookup alone, forward and backward, for STEPS steps, recording the table every call of
+#: Paddle's ``embedding`` op is handed (a DistTensor, which Paddle's rule gathers whole, or a plain
 #: tensor of this rank's rows), lookup by lookup, in ``looked_up.rank<R>.json`` beside the job's
 #: outputs: ``python -c LOOKUPS job.json workload plan layer [workload plan layer ...]``.
 LOOKUPS = f"""
 import json, sys
 from pathlib import Path
 import paddle, paddle.distributed as dist
-import paddle.nn.functional as F
 from autodist import apply_plan
 from harness.jobs import Job
 from harness.rank_main import main, rank_and_world
 from harness.workloads import WORKLOADS
 main(sys.argv[1])
-tables, embedding = [], F.embedding
+tables, embedding = [], paddle._C_ops.embedding
 def recording(x, weight, *args, **kwargs):
     tables[-1].append([weight.is_dist(), list(weight._local_shape if weight.is_dist() else weight.shape)])
     return embedding(x, weight, *args, **kwargs)
-F.embedding = recording
+paddle._C_ops.embedding = recording
 args = sys.argv[2:]
 for workload, plan, layer in zip(args[0::3], args[1::3], args[2::3]):
     tables.append([])
@@ -229,7 +287,7 @@ def test_a_local_lookup_trains_like_one_device(trained, plans, reference_runs, w
 
 @pytest.mark.multiprocess
 def test_the_table_is_gathered_by_the_global_lookup_and_never_by_the_local_one(trained, plans):
-    """The global lookup hands F.embedding the split DistTensor table, which Paddle's rule gathers
+    """The global lookup hands Paddle's embedding op the split DistTensor table, which Paddle's rule gathers
     whole, forward and backward (measured with GLOG_vmodule=data_transform=4: 2 reshards of the
     [64, 32] table a step; docs/paddle-notes.md, "SPMD rules"); the local one hands it each rank's
     32 rows as a plain tensor, which no rule sees. (The log itself is not this test's probe: with

@@ -160,7 +160,8 @@ EXPECTED = {
     # HF MiniCPM (planned blind): a Llama with muP scaling (a scaled word embedding, residual
     # branches scaled by scale_depth / sqrt(layers), the last hidden state divided before the head),
     # grouped-query attention through eager_attention_forward(self, ...); its embedding, an
-    # nn.Embedding subclass multiplying the lookup by a buffer, is split over the vocabulary
+    # nn.Embedding subclass multiplying the lookup by a buffer, is split over the vocabulary and
+    # looked up on local tensors (tests/test_vocab_lookup.py)
     f"{ZOO}/minicpm_hf.py": {
         **attention("model.layers.*.self_attn"),
         **mlp("model.layers.*.mlp"),

@@ -110,9 +110,9 @@ class ModelAnalysis:
     #: when the lookup is one op of a layer doing more (the model's forward). Sequence parallelism
     #: starts after it.
     embedding_layer: str | None = None
-    #: The ``nn.Embedding`` layer whose forward can run the token lookup on local tensors when its
-    #: table is split over the vocabulary (``plan.vocab_lookup``, Megatron's way), or None; and,
-    #: when None, why not (:func:`local_lookup`).
+    #: The layer whose calls can run the token lookup on local tensors when its table is split over
+    #: the vocabulary (``plan.vocab_lookup``, Megatron's way), or None; and, when None, why not
+    #: (:func:`local_lookup`).
     local_lookup: str | None = None
     local_lookup_refusal: str = ""
     #: The cuts a pipeline cannot make: ``{k: why}`` for a cut before ``blocks[k]`` whose dataflow
@@ -172,7 +172,7 @@ def analyze(
     unmatched = sorted({fqn.rpartition(".")[0] for fqn in params if fqn not in covered})
     specs = _input_specs(graph)
     shape = specs[0].shape if specs else [1, 1]
-    served, refusal = local_lookup(model, lookup)
+    served, refusal = local_lookup(graph, lookup)
     analysis = ModelAnalysis(
         class_name=type(model).__name__,
         graph=graph,
@@ -593,35 +593,44 @@ def _outer_layers(graph: nx.DiGraph, in_blocks: frozenset[int]) -> dict[str, Mat
 @dataclass(frozen=True)
 class TokenLookup:
     """The token embedding: its ``table`` (a parameter FQN), the table's ``vocab_dim`` (1 when
-    the lookup reads it transposed) and the ``layer`` whose own ops are the lookup (None when it
-    is one op of a layer doing more)."""
+    the lookup reads it transposed), the ``layer`` whose own ops are the lookup (None when it
+    is one op of a layer doing more) and the lookup op itself (``node``, in the graph)."""
 
     table: str
     vocab_dim: int
     layer: str | None
+    node: int
 
 
-def local_lookup(model: paddle.nn.Layer, lookup: TokenLookup | None) -> tuple[str | None, str]:
-    """The layer that can run the token lookup on local tensors, ``(layer, "")``, or why none can,
-    ``(None, why)``: an ``nn.Embedding`` running its own forward (a subclass that
-    overrides it, a scaled embedding, does more than the lookup) on the table as it is (not read
-    transposed), with neither ``max_norm``, ``sparse`` nor ``scale_grad_by_freq``. The applier
-    replaces that forward (applier/modes/vocab_lookup.py), so the lookup must be all it does."""
+def local_lookup(graph: nx.MultiDiGraph, lookup: TokenLookup | None) -> tuple[str | None, str]:
+    """The layer whose calls can run the token lookup on local tensors, ``(layer, "")``, or why
+    none can, ``(None, why)``, read from the dataflow: what the lookup reads and who else reads its
+    table. The lookup (Paddle's ``embedding`` op) must read the table parameter itself (not
+    through another op: ``F.embedding(idx, self.lm_head.weight.T)``'s ``transpose``), in a layer of
+    the model (the innermost layer running it, not the model's own forward), where every op
+    reading the table is such a lookup, dense (``sparse`` off): T5's ``shared`` looks up encoder
+    and decoder ids. The applier answers those ops by Megatron's lookup in that layer's calls
+    (applier/modes/vocab_lookup.py) and runs the rest of its forward as written on the answers,
+    which hold the values the global lookup's would, so what reads them does not matter: HF's
+    scaled word embeddings multiply the answer by ``embed_scale`` in an ``nn.Embedding`` subclass
+    (MiniCPM) or in their caller, a layer holding its own table calls ``F.embedding``; whatever
+    the class."""
     if lookup is None:
         return None, "no token lookup"
-    layer = dict(model.named_sublayers()).get(lookup.layer) if lookup.layer is not None else None
-    if lookup.layer is None:
-        why = "the lookup is one op of a layer that does more"
-    elif layer is None:
-        why = f"{lookup.layer} is not a layer of the model"
-    elif not isinstance(layer, paddle.nn.Embedding) or type(layer).forward is not paddle.nn.Embedding.forward:
-        why = f"{lookup.layer} is a {type(layer).__name__}, not an nn.Embedding running its own forward"
-    elif lookup.vocab_dim != 0 or layer.weight is not dict(model.named_parameters()).get(lookup.table):
-        why = f"{lookup.layer} does not look up in {lookup.table} as it is"
-    elif layer._max_norm or layer._sparse or layer._scale_grad_by_freq:
-        why = f"{lookup.layer} has max_norm, sparse or scale_grad_by_freq"
+    layer = graph.nodes[lookup.node]["layer"]
+    source, _ = operand_sources(graph, lookup.node)[1]
+    readers = sorted(set(graph.successors(source)) & block_nodes(graph, layer)) if layer else []
+    other = [n for n in readers if short_op(graph.nodes[n]["op"]) != "embedding"]
+    if graph.nodes[source]["param"] != lookup.table:
+        why = f"the lookup reads {lookup.table} through {short_op(graph.nodes[source]['op'])}"
+    elif not layer:
+        why = "the lookup is an op of the model's own forward"
+    elif other:
+        why = f"{layer} reads {lookup.table} in {short_op(graph.nodes[other[0]]['op'])} too"
+    elif any(graph.nodes[n]["attrs"].get("sparse") for n in readers):
+        why = f"{layer} looks {lookup.table} up sparse"
     else:
-        return lookup.layer, ""
+        return layer, ""
     return None, why
 
 
@@ -665,7 +674,7 @@ def _token_lookup(graph: nx.DiGraph, match: Match, layer: str | None) -> TokenLo
         return None
     weight = match.mapping[f"{kind}.weight"]
     _, transposed = weight_use(graph, weight, match.mapping[f"{kind}.lookup"])
-    return TokenLookup(graph.nodes[weight]["param"], int(transposed), layer)
+    return TokenLookup(graph.nodes[weight]["param"], int(transposed), layer, match.mapping[f"{kind}.lookup"])
 
 
 def _found_inside(graph: nx.DiGraph, in_blocks: frozenset[int], kinds) -> list[Match]:
