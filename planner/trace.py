@@ -180,7 +180,7 @@ def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
     traced.training_readers = sorted(readers)
     if readers:
         try:
-            with _in_mode(model, training=True), eager_path(model):
+            with _in_mode(model, training=True), _buffer_values_kept(model), eager_path(model):
                 traced.training = _trace_model(model, input_specs)
         except PlannerError as error:
             traced.training_untraced = error.message
@@ -225,6 +225,29 @@ def _in_mode(model: paddle.nn.Layer, training: bool):
         for layer, attributes in saved:
             vars(layer).clear()
             vars(layer).update(attributes)
+
+
+@contextmanager
+def _buffer_values_kept(model: paddle.nn.Layer):
+    """For the ``with`` body: each buffer, and each parameter that does not train, holding values
+    gets them back on exit. A train-mode forward run eagerly (the block-by-block trace's first
+    calls) updates some in place (a ``BatchNorm``'s running statistics, which Paddle keeps as
+    parameters that do not train), and the model may be the user's own (``autodist.plan``). A
+    forward changes no trained parameter, so those (most of the memory) are not copied.
+
+    >>> net = paddle.nn.BatchNorm1D(2)
+    >>> with _buffer_values_kept(net):
+    ...     _ = net(paddle.to_tensor([[1.0, 2.0], [3.0, 4.0]]))
+    >>> net._mean.tolist()
+    [0.0, 0.0]
+    """
+    tensors = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}.values()
+    kept = [(t, t.numpy().copy()) for t in tensors if t.stop_gradient and t._is_initialized()]
+    try:
+        yield
+    finally:
+        for tensor, values in kept:
+            tensor.set_value(values)
 
 
 #: Code whose reads of a layer's ``training`` flag do not make a model's training differ from
