@@ -107,3 +107,25 @@ def test_only_the_models_own_reads_of_the_training_flag_trace_it_again():
     with_dropout = nn.Sequential(nn.Embedding(VOCAB, HIDDEN), nn.Dropout(0.1), nn.Linear(HIDDEN, VOCAB))
     traced = trace_model(with_dropout, [paddle.static.InputSpec([4, 7], "int64", "tokens")])
     assert (traced.training_readers, traced.training) == ([], None)
+
+
+class TrainsElsewhere(nn.Layer):
+    """A model whose training branch the planner cannot trace (it raises there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, HIDDEN)
+        self.head = nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, tokens):
+        if self.training:
+            raise NotImplementedError("train this model with its own loop")
+        return self.head(self.embed(tokens))
+
+
+def test_a_training_branch_that_does_not_trace_is_said_in_the_plan():
+    """Planned from the eval-mode trace, with a note that training's code was not checked."""
+    planned = plan(TrainsElsewhere(), SPEC, devices=2, device="cpu")
+    [note] = [n for n in planned.notes if n.startswith("code only training runs")]
+    assert note.startswith("code only training runs (the model read self.training) was not checked: ")
+    assert "NotImplementedError" in note

@@ -227,7 +227,8 @@ def analyze(
     )
     if traced.training_untraced:
         notes.append(
-            f"code only training runs ({', '.join(traced.training_readers)} read self.training) was not checked: "
+            f"code only training runs ({', '.join(r or 'the model' for r in traced.training_readers)} read "
+            "self.training) was not checked: "
             f"the forward does not trace in train mode ({traced.training_untraced})"
         )
     # What a later stage skips: the layers holding what runs before the blocks (not a table the
