@@ -82,9 +82,10 @@ SPEC = ["tokens:int64:4x7"]
 
 
 def test_a_branch_only_training_runs_is_refused_in_one_line_naming_it():
-    """Planned from the eval-mode trace alone, this model got a plan (its ``bmm`` runs on
-    distributed tensors); trained, that plan's first step would raise in Paddle. Now one line,
-    before any placement: the op, its layer, that only training runs it, the rewrite."""
+    """Planned from the eval-mode trace alone, this model got a dp2 plan (its ``bmm`` runs on
+    distributed tensors); trained, that plan's first step raises in Paddle (``self.up[expert_idx]``
+    of DistTensors: ``Tensor in indexing only support DenseTensor``, even on a one-rank mesh).
+    Now one line, before any placement: the op, its layer, that only training runs it, the rewrite."""
     with pytest.raises(PlannerError) as refused:
         plan(TinyMoE(), SPEC, devices=2, device="cpu")
     message = str(refused.value)
