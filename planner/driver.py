@@ -348,7 +348,8 @@ def _refuse_crashes(
     from autodist.schemas.parallel_dims import runs_local_views
 
     proven, notes = views or ([], [])
-    crashes = [c for c in distributed_crashes(analysis.graph) if not any(_inside(c.layer, v.layer) for v in proven)]
+    found = [crash for graph in analysis.graphs for crash in distributed_crashes(graph)]  # training's too
+    crashes = [c for c in found if not any(_inside(c.layer, v.layer) for v in proven)]
     if crashes:
         first = crashes[0]
         where = forward_source(model, first.layer) if model is not None else ""

@@ -30,6 +30,7 @@ import dataclasses
 import dis
 import inspect
 import math
+import sys
 import threading
 import traceback
 import warnings
@@ -83,6 +84,14 @@ class TracedProgram:
     #: stage replaces and hands on), each the program value ``(op index, result)`` it is, or None
     #: (no tensor, or one the program does not hold). Read by ``recognise/chaining.py``.
     first_tensors: dict[str, tuple[tuple[int, int] | None, tuple[int, int] | None]] = field(default_factory=dict)
+    #: The layers whose ``training`` flag the model's own code read while traced in eval mode
+    #: (``if self.training:``, ``dropout if self.training else 0.0``): what training runs there
+    #: may differ from what was traced, so the forward was traced again in train mode
+    #: (:func:`trace_model`): ``training`` is that trace, or None with ``training_untraced``
+    #: saying why it could not be made.
+    training_readers: list[str] = field(default_factory=list)
+    training: TracedProgram | None = None
+    training_untraced: str = ""
 
     def fallback_text(self) -> str:
         """How the model was traced when its whole forward does not trace, in words ("" when it does).
@@ -146,9 +155,15 @@ class LayerCall:
 
 def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
     """Trace ``model`` (or, failing that, its largest traceable child) with ``input_specs``, in
-    eval mode: dropout and training-only branches (``if self.training``) are not what a
-    placement depends on, and some real models trace only that way (PaddleFormers Ernie 4.5,
-    GPT-OSS). Every sub-layer's ``training`` flag is restored afterwards.
+    eval mode: dropout is the identity there, so the program holds what a placement depends on.
+    Every sub-layer's ``training`` flag is restored afterwards.
+
+    Where the model's own code reads a layer's ``training`` flag while traced (a branch ``if
+    self.training:`` that only training runs, PaddleFormers GPT-OSS's experts loop), the forward is
+    traced again in train mode, and that program is kept as ``training`` for the checks of what
+    Paddle cannot run on distributed tensors (:mod:`autodist.planner.recognise.crashes`): a plan is
+    trained, not evaluated. Reads by Paddle's own layers (``nn.Dropout``, ``nn.BatchNorm``) do not
+    count: they run on distributed tensors in either mode.
 
     Config flags selecting a fused kernel whose path does not trace on CPU are off while tracing
     (the eager path is traced) and the selection is kept in ``selected_kernels``, with the fused
@@ -156,12 +171,19 @@ def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
 
     Raises :class:`PlannerError` when neither the model nor any child traces.
     """
-    with _eval_mode(model), eager_path(model) as selected:
+    with _in_mode(model, training=False), eager_path(model) as selected, _training_reads(model) as readers:
         traced = _trace_model(model, input_specs)
     called: dict[str, str] = {}  # a call the trace saw says more than a flag: it is what runs
     for i, kernel in sorted(traced.kernel_ops.items()):
         called.setdefault(kernel, f"calls {_KERNEL_CALLS[kernel]} ({traced.op_layers[i] or 'the model'})")
     traced.selected_kernels = dict(sorted({**selected, **called}.items()))
+    traced.training_readers = sorted(readers)
+    if readers:
+        try:
+            with _in_mode(model, training=True), _buffer_values_kept(model), eager_path(model):
+                traced.training = _trace_model(model, input_specs)
+        except PlannerError as error:
+            traced.training_untraced = error.message
     return traced
 
 
@@ -175,29 +197,97 @@ _KERNEL_CALLS = {
 
 
 @contextmanager
-def _eval_mode(model: paddle.nn.Layer):
-    """``model.eval()`` for the ``with`` body; each layer's attributes as they were on exit: its
-    own ``training`` flag, and whatever its forward set while traced (HF Falcon's rotary layer
-    caches its cos/sin table in its first forward: left so, it would hold the trace's static
-    values, which no later eager run, such as a local view's proof, can compute with).
+def _in_mode(model: paddle.nn.Layer, training: bool):
+    """``model.train()`` or ``model.eval()`` for the ``with`` body; each layer's attributes as they
+    were on exit: its own ``training`` flag, and whatever its forward set while traced (HF Falcon's
+    rotary layer caches its cos/sin table in its first forward: left so, it would hold the trace's
+    static values, which no later eager run, such as a local view's proof, can compute with).
 
     >>> net = paddle.nn.Sequential(paddle.nn.Dropout(0.5), paddle.nn.Linear(2, 2))
     >>> _ = net[0].eval()
-    >>> with _eval_mode(net):
+    >>> with _in_mode(net, training=False):
     ...     net.training, net[1].training
     ...     net[1].cached = "static"
     (False, False)
     >>> net.training, net[0].training, net[1].training, hasattr(net[1], "cached")
     (True, False, True, False)
+    >>> with _in_mode(net, training=True):
+    ...     net[0].training
+    True
+    >>> net[0].training
+    False
     """
     saved = [(layer, dict(vars(layer))) for _, layer in model.named_sublayers(include_self=True)]
-    model.eval()
+    model.train() if training else model.eval()
     try:
         yield
     finally:
         for layer, attributes in saved:
             vars(layer).clear()
             vars(layer).update(attributes)
+
+
+@contextmanager
+def _buffer_values_kept(model: paddle.nn.Layer):
+    """For the ``with`` body: each buffer, and each parameter that does not train, holding values
+    gets them back on exit. A train-mode forward run eagerly (the block-by-block trace's first
+    calls) updates some in place (a ``BatchNorm``'s running statistics, which Paddle keeps as
+    parameters that do not train), and the model may be the user's own (``autodist.plan``). A
+    forward changes no trained parameter, so those (most of the memory) are not copied.
+
+    >>> net = paddle.nn.BatchNorm1D(2)
+    >>> with _buffer_values_kept(net):
+    ...     _ = net(paddle.to_tensor([[1.0, 2.0], [3.0, 4.0]]))
+    >>> net._mean.tolist()
+    [0.0, 0.0]
+    """
+    tensors = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}.values()
+    kept = [(t, t.numpy().copy()) for t in tensors if t.stop_gradient and t._is_initialized()]
+    try:
+        yield
+    finally:
+        for tensor, values in kept:
+            tensor.set_value(values)
+
+
+#: Code whose reads of a layer's ``training`` flag do not make a model's training differ from
+#: what its eval-mode trace holds: Paddle's own (its layers run on distributed tensors in either
+#: mode; its tracer reads the flag too) and the planner's.
+_NOT_THE_MODELS = (str(Path(paddle.__file__).parent), str(Path(__file__).parents[1]))
+
+
+@contextmanager
+def _training_reads(model: paddle.nn.Layer) -> Iterator[set[str]]:
+    """For the ``with`` body: the FQNs of ``model``'s layers whose ``training`` flag code outside
+    Paddle and the planner reads (the model's own, as written or as dy2static converted it).
+    ``Layer.training`` is a property for the while (a data descriptor, so it is asked before the
+    instance's own entry, where it keeps the flag).
+
+    >>> class Gated(paddle.nn.Layer):
+    ...     def forward(self, x):
+    ...         return x * 2 if self.training else x
+    >>> net = paddle.nn.Sequential(paddle.nn.Dropout(0.5), Gated())
+    >>> with _training_reads(net) as readers:
+    ...     _ = net(paddle.ones([2]))
+    >>> sorted(readers), "training" in vars(paddle.nn.Layer)
+    (['1'], False)
+    """
+    names = {id(layer): fqn for fqn, layer in model.named_sublayers(include_self=True)}
+    readers: set[str] = set()
+
+    def read(layer):
+        if id(layer) in names and not sys._getframe(1).f_code.co_filename.startswith(_NOT_THE_MODELS):
+            readers.add(names[id(layer)])
+        return vars(layer)["training"]
+
+    def write(layer, value):
+        vars(layer)["training"] = value
+
+    paddle.nn.Layer.training = property(read, write)
+    try:
+        yield readers
+    finally:
+        del paddle.nn.Layer.training
 
 
 def _trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
@@ -758,7 +848,7 @@ def _buffers_registered_while_traced():
     ``register_buffer`` takes tensors only and refuses the trace's values, and an assignment
     writes the value into the buffer in place, which fails at another shape; so the value is
     kept as the layer's attribute instead (its own ``__dict__`` entry, read before the buffers).
-    An assignment of the buffer's own shape is left to Paddle. :func:`_eval_mode` drops what the
+    An assignment of the buffer's own shape is left to Paddle. :func:`_in_mode` drops what the
     trace set afterwards.
 
     >>> layer = paddle.nn.Linear(2, 2)

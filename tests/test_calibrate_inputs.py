@@ -26,8 +26,9 @@ def planned(tmp_path):
     """A one-device plan of a model whose training step is the statement given."""
 
     def make(training: str) -> Path:
-        # the planner traces in eval mode; calibrate trains
-        model = Path(model_file(tmp_path, forward_extra=f"if self.training: {training}", module_extra="import sys"))
+        # calibrate trains eagerly; the planner traces (statically, in train mode too: self.training is read)
+        forward_extra = f"if self.training and paddle.in_dynamic_mode(): {training}"
+        model = Path(model_file(tmp_path, forward_extra=forward_extra, module_extra="import sys"))
         made = run(model, "--nproc-per-node", 1, "--device", "cpu", "-q", "-o", tmp_path / "plan.json", cwd=tmp_path)
         assert made.returncode == 0, made.stderr
         return model

@@ -669,17 +669,9 @@ EXPECTED = {
         "backbone.pos_embed": REP,
         "head.fc.weight": REP,
     },
-    # GPT-OSS (HF): refused before any placement (REFUSED)
+    # GPT-OSS, HF's and PaddleFormers': refused before any placement (REFUSED)
     f"{ZOO}/gpt_oss_hf.py": {},
-    f"{PF}:build_gpt_oss": {
-        **attention("model.layers.*.self_attn", bias=True, o_bias=True),
-        "model.layers.*.mlp.router.weight": REP,
-        # experts as batched [experts, in, out] weights: tensor parallelism inside each expert
-        "model.layers.*.mlp.experts.gate_up_proj": "S(2)",
-        "model.layers.*.mlp.experts.gate_up_proj_bias": "S(1)",
-        "model.layers.*.mlp.experts.down_proj": "S(1)",
-        "model.layers.*.mlp.experts.down_proj_bias": REP,
-    },
+    f"{PF}:build_gpt_oss": {},
 }
 for _target in (f"{ZOO}/bert_postnorm.py", f"{ZOO}/roformer_hf.py", f"{ZOO}/deberta_v2_hf.py", f"{ZOO}/esm_hf.py"):
     EXPECTED[_target] = {k: v for k, v in EXPECTED[_target].items() if v is not None}
@@ -706,9 +698,7 @@ EXPECTED[f"{ZOO}/beit_timm.py"] = EXPECTED[f"{ZOO}/beit_timm.py:build_without_qk
 }
 
 #: Models the planner does not yet place as expected (the baseline; see docs/recognition.md).
-NOT_YET: dict[str, str] = {
-    f"{PF}:build_gpt_oss": "experts as batched 3-D weights are not split yet (attention is)",
-}
+NOT_YET: dict[str, str] = {}
 
 
 #: MoE models -> each block's (experts container, number of experts, experts per token), read
@@ -796,7 +786,9 @@ LOCAL_VIEWS = {
 #: (HF Phi-3's is, and runs on plain tensors: planned with local views above). HF GPT-OSS's
 #: experts, batched 3-D weights, index them and their mask by rows of ``expert_hit`` (an eager
 #: ``x[t]``, ``t`` a tensor) outside an MoE layer the planner runs locally (trained, Paddle raised
-#: ``Tensor in indexing only support DenseTensor``).
+#: ``Tensor in indexing only support DenseTensor``). PaddleFormers' GPT-OSS runs that same loop in
+#: training only (``if self.training:``; evaluation runs ``bmm`` over every expert): the planner
+#: traces it in train mode too and refuses it alike, naming the branch.
 REFUSED = {
     f"{PF}:build_phi3": (
         "zero-width slice",
@@ -807,6 +799,13 @@ REFUSED = {
     f"{ZOO}/gpt_oss_hf.py": (
         "x[i] (a slice at a position computed from the model's data) in model.layers.0.mlp.experts: ",
         "model code: GptOssExperts.forward at tests/models/zoo/gpt_oss_hf.py:",
+        "numbered layers",
+    ),
+    f"{PF}:build_gpt_oss": (
+        "x[i] (a slice at a position computed from the model's data) in model.layers.0.mlp.experts, "
+        "in code only training runs (self.training)",
+        "model code: GptOssExperts.forward at ",
+        "paddleformers/transformers/gpt_oss/modeling.py:",
         "numbered layers",
     ),
 }

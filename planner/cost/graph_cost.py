@@ -52,7 +52,6 @@ from autodist.planner.cost.blocks import BlockCost, EdgeCost, Gemm, ModelCost, M
 from autodist.planner.cost.step_time import Implicit
 from autodist.planner.errors import PlannerError
 from autodist.planner.ops import WEIGHT_VIEW_OPS, Op, op, short_op
-from autodist.planner.recognise.crashes import local_only_ops
 
 if TYPE_CHECKING:
     from autodist.planner.recognise.analysis import ModelAnalysis
@@ -688,7 +687,7 @@ def _model_cost(analysis: ModelAnalysis, fusion: Fusion, local: frozenset[str]) 
         token_mixing=next((b.token_mixing for b in analysis.blocks if b.token_mixing), None),
         unchained=tuple(sorted(analysis.unchained.items())),
         dtype=parameter_dtype(analysis.params),
-        **local_only_ops(analysis.graph, analysis.moe_layers, local),
+        **analysis.local_only(local),
     )
 
 

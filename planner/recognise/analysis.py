@@ -20,14 +20,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Literal, TypeAlias
+from typing import Iterable, Literal, TypeAlias
 
 import networkx as nx
 import paddle
 
 from autodist import schemas
 
-from autodist.planner.graph import graph_fingerprint, operand_sources
+from autodist.planner.graph import build_graph, graph_fingerprint, operand_sources
 from autodist.planner.recognise.crashes import local_only_ops
 from autodist.planner.recognise.expert_blocks import Experts, find_experts
 from autodist.planner.ops import LAYOUT_OPS, RESHAPE_OPS, short_op
@@ -119,6 +119,10 @@ class ModelAnalysis:
     #: is not what a stage gets (:func:`.chaining.unchained_cuts`: an encoder-decoder's decoder
     #: reading the encoder's output, say). The search prices no pipeline cutting there.
     unchained: dict[int, str] = field(default_factory=dict)
+    #: The forward traced in train mode, where the model's code reads a layer's ``training`` flag
+    #: (:attr:`TracedProgram.training`): a branch only training runs is checked there for ops
+    #: Paddle cannot run on distributed tensors (:meth:`local_only`, the driver's crash check).
+    training_graph: nx.DiGraph | None = None
 
     @property
     def moe_layers(self) -> list[str]:
@@ -131,7 +135,29 @@ class ModelAnalysis:
         words (``"x[mask] (gather_nd of a boolean mask's positions) in layers.0.mlp"``), or ''.
         Such MoE layers run on local tensors wherever apply_plan can run them so
         (``schemas.parallel_dims.runs_moe_locally``'s ``local_only``)."""
-        return local_only_ops(self.graph, self.moe_layers).get("local_only_in_moe", "")
+        return self.local_only().get("local_only_in_moe", "")
+
+    @property
+    def graphs(self) -> tuple[nx.DiGraph, ...]:
+        """The traced graph, and the train-mode one where training runs code the traced forward
+        did not (``training_graph``): every op a plan trains with is in one of them."""
+        return (self.graph,) if self.training_graph is None else (self.graph, self.training_graph)
+
+    def local_only(self, local: Iterable[str] = ()) -> dict[str, str]:
+        """:func:`~.crashes.local_only_ops` of the model as it trains (the cost model's
+        ``local_only`` fields): the traced graph's, else the train-mode graph's, whose finding
+        says it runs only in training."""
+        local = tuple(local)
+        found = local_only_ops(self.graph, self.moe_layers, local)
+        if self.training_graph is not None:
+            trained = local_only_ops(self.training_graph, self.moe_layers, local)
+            for field_name in ("local_only", "local_only_in_moe"):
+                if field_name in trained and field_name not in found:
+                    found[field_name] = f"{trained[field_name]}, in code only training runs (self.training)"
+                    if field_name == "local_only":
+                        found["local_only_rewrite"] = trained["local_only_rewrite"]
+                        found["local_only_layer"] = trained["local_only_layer"]
+        return found
 
 
 def analyze(
@@ -198,7 +224,14 @@ def analyze(
         embedding_layer=lookup.layer if lookup else None,
         local_lookup=served,
         local_lookup_refusal=refusal,
+        training_graph=build_graph(traced.training) if traced.training else None,
     )
+    if traced.training_untraced:
+        notes.append(
+            f"code only training runs ({', '.join(r or 'the model' for r in traced.training_readers)} read "
+            "self.training) was not checked: "
+            f"the forward does not trace in train mode ({traced.training_untraced})"
+        )
     # What a later stage skips: the layers holding what runs before the blocks (not a table the
     # last stage reads too), as applier/modes/pipeline.py stubs them.
     skipped = params_before_blocks(analysis) - params_read_on_both_sides(analysis)
