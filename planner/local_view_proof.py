@@ -77,8 +77,10 @@ RTOL, ATOL = 1e-4, 1e-5
 #: sub-layer keeps the gather, with a note.
 MAX_PROOF_ELEMENTS = 2**26
 #: The most tokens (batch x sequence) a proof runs at the traced shapes, for a forward that runs
-#: at no other (sizes written into it): a sequence of at most 256, scores of a few MB for 64 heads.
-MAX_TRACED_PROOF_TOKENS = 256
+#: at no other (sizes written into it: ViT-B's or BEiT-B's 197 tokens at 224 px, at the proof's
+#: batch of 3): a sequence of at most 1024, whose scores for 64 heads are at most
+#: :data:`MAX_PROOF_ELEMENTS` elements, the weights' own bound.
+MAX_TRACED_PROOF_TOKENS = 1024
 
 
 class NotProven(Exception):

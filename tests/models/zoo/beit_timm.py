@@ -139,20 +139,20 @@ class Block(nn.Layer):
 
 
 class PatchEmbed(nn.Layer):
-    def __init__(self):
+    def __init__(self, img_size, patch_size):
         super().__init__()
-        self.grid_size = (IMG // PATCH, IMG // PATCH)
+        self.grid_size = (img_size // patch_size, img_size // patch_size)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
-        self.proj = nn.Conv2D(CHANS, EMBED, PATCH, stride=PATCH)
+        self.proj = nn.Conv2D(CHANS, EMBED, patch_size, stride=patch_size)
 
     def forward(self, x):
         return self.proj(x).flatten(2).transpose([0, 2, 1])
 
 
 class Beit(nn.Layer):
-    def __init__(self, qkv_bias=True, init_values=0.1):
+    def __init__(self, img_size=IMG, patch_size=PATCH, qkv_bias=True, init_values=0.1):
         super().__init__()
-        self.patch_embed = PatchEmbed()
+        self.patch_embed = PatchEmbed(img_size, patch_size)
         self.cls_token = self.create_parameter(
             [1, 1, EMBED], default_initializer=nn.initializer.TruncatedNormal(std=0.02)
         )
@@ -186,6 +186,11 @@ class Beit(nn.Layer):
 
 def build_model():
     return Beit()
+
+
+def build_224():
+    """timm's own image and patch sizes (224 px, 16 px patches): 197 tokens, as BEiT-B runs."""
+    return Beit(img_size=224, patch_size=16)
 
 
 def build_without_qkv_bias():
