@@ -202,9 +202,9 @@ class SwinTransformerStage(nn.Layer):
 
 
 class PatchEmbed(nn.Layer):
-    def __init__(self):
+    def __init__(self, patch_size):
         super().__init__()
-        self.proj = nn.Conv2D(CHANS, EMBED, PATCH, stride=PATCH)
+        self.proj = nn.Conv2D(CHANS, EMBED, patch_size, stride=patch_size)
         self.norm = nn.LayerNorm(EMBED)
 
     def forward(self, x):
@@ -212,14 +212,14 @@ class PatchEmbed(nn.Layer):
 
 
 class SwinTransformer(nn.Layer):
-    def __init__(self):
+    def __init__(self, img_size=IMG, patch_size=PATCH, window_size=WINDOW):
         super().__init__()
-        self.patch_embed = PatchEmbed()
-        resolution = (IMG // PATCH, IMG // PATCH)
+        self.patch_embed = PatchEmbed(patch_size)
+        resolution = (img_size // patch_size, img_size // patch_size)
         dims = [EMBED * 2**i for i in range(len(DEPTHS))]
         stages, in_dim = [], dims[0]
         for i, (depth, heads) in enumerate(zip(DEPTHS, HEADS)):
-            stages.append(SwinTransformerStage(in_dim, dims[i], resolution, depth, i > 0, heads, WINDOW))
+            stages.append(SwinTransformerStage(in_dim, dims[i], resolution, depth, i > 0, heads, window_size))
             resolution, in_dim = stages[-1].output_resolution, dims[i]
         self.layers = nn.Sequential(*stages)
         self.norm = nn.LayerNorm(dims[-1])
@@ -232,6 +232,12 @@ class SwinTransformer(nn.Layer):
 
 def build_model():
     return SwinTransformer()
+
+
+def build_224():
+    """timm's own image, patch and window sizes (224 px, 4 px patches, windows of 7 x 7): 49
+    tokens a window, 64 windows a sample in the first stage, as Swin-T runs."""
+    return SwinTransformer(img_size=224, patch_size=4, window_size=7)
 
 
 def input_spec():
