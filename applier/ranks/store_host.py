@@ -123,12 +123,14 @@ def wait_for_store_host(timeout_s: float = STORE_HOST_WAIT_S, poll_s: float = 0.
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
             return True
-        except OSError:
+        except ConnectionRefusedError:  # nothing listens there yet
             if time.monotonic() > deadline:
                 return False
             time.sleep(poll_s)
+        except OSError:  # a host it cannot reach or name: Paddle's own client then says so
+            return False
 
 
 #: This process's file descriptors connected to the store's port, once found (:func:`_store_sockets`).
