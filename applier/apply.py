@@ -77,7 +77,7 @@ from autodist.applier.ranks.readable import settings as read_settings
 from autodist.applier.modes.recompute import wrap_recompute
 from autodist.applier.placement.replicas import equalise_dense, equalise_random
 from autodist.applier.placement.shard import shard_parameters
-from autodist.applier.ranks.store_host import warm_up_store_host
+from autodist.applier.ranks.store_host import global_store, warm_up_store_host
 from autodist.applier.placement.validate import plan_problems
 from autodist.applier.modes.vocab_lookup import wrap_vocab_lookups
 from autodist.applier.checkpoint import plain_save
@@ -175,6 +175,8 @@ def _apply(model, optimizer, dataloader, plan: Plan, loss_fn, reshard_fn, agreem
     # rank 0's model and random stream, the one device's, however each was seeded (replicas.py). Before
     # the sharding: an mp piece is then rank 0's columns, and a lazy build draws rank 0's numbers.
     world = dist.get_world_size()
+    if world > 1:  # made here, not by Paddle at that first collective: a rank > 0 there slept 3 s (store_host.py)
+        global_store(dist.get_rank())
     equalise_random(list(range(world)), dist.get_rank())
     equalise_dense(model, dist.get_rank(), world)
     # Expert parallelism drops the experts other ranks hold before anything is sharded.

@@ -8,10 +8,14 @@ cannot be forced in a test; what can fail here is whether the call sites ran bef
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
 import pytest
 from harness.launcher import free_ports, launch_ranks
 
-from autodist.applier.ranks.store_host import warm_up_store_host
+from autodist.applier.ranks.store_host import wait_for_store_host, warm_up_store_host
 
 #: Rank 0 marks the moment it is done; its peer hangs up on the store only later (it sleeps
 #: longer). With GLOG_v=5 the store's thread logs every hang-up it reads, so rank 0's stderr
@@ -72,6 +76,8 @@ def test_apply_plan_runs_the_stores_hang_up_log_lines_on_rank_0_before_the_end(t
     # A post's requests go out at once, not 40 ms apart, and Paddle's own are as before (store_host.py)
     for process in job.processes:
         assert "NODELAY [1, 0]" in process.stderr.splitlines(), process.stderr[-1000:]
+    if store == "apply_plan":  # rank 1 waited for rank 0's store to listen: Paddle's client never backed off 3 s
+        assert "not yet listening" not in job.processes[1].stderr, job.processes[1].stderr[-2000:]
 
 
 def test_only_rank_0_connects_and_a_store_nobody_serves_is_left_alone(monkeypatch):
@@ -79,3 +85,21 @@ def test_only_rank_0_connects_and_a_store_nobody_serves_is_left_alone(monkeypatc
     monkeypatch.setenv("PADDLE_MASTER", f"127.0.0.1:{port}")
     assert warm_up_store_host(rank=1) is False
     assert warm_up_store_host(rank=0, timeout_s=1.0) is False  # refused: no error, no wait
+
+
+def test_a_rank_waits_for_the_store_host_to_listen_not_longer(monkeypatch):
+    """Ranks > 0 poll rank 0's store port until it listens (store_host.wait_for_store_host):
+    Paddle's own client, refused once, sleeps 3 s before it tries again."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", f"127.0.0.1:{port},127.0.0.1:1")
+    assert wait_for_store_host(timeout_s=0.3) is False  # bound, not listening: refused until the deadline
+    threading.Timer(0.5, listener.listen).start()
+    start = time.monotonic()
+    try:
+        assert wait_for_store_host(timeout_s=5.0) is True
+        waited = time.monotonic() - start
+    finally:
+        listener.close()
+    assert 0.4 < waited < 1.5, f"waited {waited:.2f} s for a store that listened after 0.5 s"

@@ -122,12 +122,15 @@ def ep_plan(
 
 
 def train_ep(
-    tmp_path_factory, reference_runs, backend: str, device: str, cases=CASES, local_view: bool = False
+    tmp_path_factory, reference_runs, backend: str, device: str, cases=CASES, local_view_cases=()
 ) -> dict[str, Trained]:
+    """Every case planned (``local_view_cases`` with local views), then trained: one job per
+    world size for all of them, and one single-device job for their references."""
     workdir = tmp_path_factory.mktemp(f"experts_{backend}")
     by_world: dict[int, list[TrainRun]] = {}
     plans = {}
-    for workload, suffix, world, ep, optimizer, micro_batches, build, mp, *recompute in cases:
+    planned = [(case, False) for case in cases] + [(case, True) for case in local_view_cases]
+    for (workload, suffix, world, ep, optimizer, micro_batches, build, mp, *recompute), local_view in planned:
         name = run_name(workload, suffix)
         plan = ep_plan(workload, world, micro_batches, device, ep, mp, local_view, *recompute)
         assert (plan.strategy.ep, plan.strategy.mp, plan.strategy.micro_batches) == (ep, mp, micro_batches)
@@ -150,12 +153,8 @@ def train_ep(
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, reference_runs):
-    return train_ep(tmp_path_factory, reference_runs, backend="gloo", device="cpu")
-
-
-@pytest.fixture(scope="module")
-def trained_local_views(tmp_path_factory, reference_runs):
-    return train_ep(tmp_path_factory, reference_runs, "gloo", "cpu", LOCAL_VIEW_CASES, local_view=True)
+    """CASES and LOCAL_VIEW_CASES trained together: their 4-rank runs in one launch."""
+    return train_ep(tmp_path_factory, reference_runs, "gloo", "cpu", CASES, LOCAL_VIEW_CASES)
 
 
 @pytest.mark.parametrize("name", [run_name(w, suffix) for w, suffix, *_ in CASES])
@@ -164,20 +163,20 @@ def test_expert_parallel_training_equals_one_device(trained, reference_runs, nam
 
 
 @pytest.mark.parametrize("name", [run_name(w, suffix) for w, suffix, *_ in LOCAL_VIEW_CASES])
-def test_local_views_under_expert_parallelism_train_as_one_device(trained_local_views, reference_runs, name):
-    run = trained_local_views[name]
+def test_local_views_under_expert_parallelism_train_as_one_device(trained, reference_runs, name):
+    run = trained[name]
     check_against_reference(run, reference_runs)
     for output in run.outputs:  # the views ran: each rank scored 2 of the 4 heads (gathered: all 4)
         assert output["score_shapes"] and {s[1] for s in output["score_shapes"]} == {2}, output["score_shapes"]
 
 
-def test_local_views_and_expert_hooks_in_one_plan(trained_local_views):
+def test_local_views_and_expert_hooks_in_one_plan(trained):
     """Written from the model (hidden 48, 4 query heads and 2 key/value heads of 12, so
     ``query_key_value`` is 48 x 96 = q 48 | k 24 | v 24; 6 experts, one shared): at dp2 x mp2 ep2
     each attention is a local view with 2 query heads and 1 key/value head per mp rank (its weight
     48 x 48 there, 24 | 12 | 12), its ``dense`` 24 rows; each MoE layer is dispatched over ep, whole
     on both mp ranks, ranks 0, 1 (dp 0) holding experts 0-2 and ranks 2, 3 (dp 1) experts 3-5."""
-    run = trained_local_views[run_name(*LOCAL_VIEW_CASES[0][:2])]
+    run = trained[run_name(*LOCAL_VIEW_CASES[0][:2])]
     plan, attention, moe = run.plan, "model.layers.1.attention", "model.layers.1.mlp"
     view = next(v for v in plan.local_view if v.layer == attention)
     assert {(a.name, a.whole, a.local) for a in view.attributes} >= {("num_heads", 4, 2), ("num_key_value_heads", 2, 1)}

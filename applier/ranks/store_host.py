@@ -89,12 +89,48 @@ def warm_up_store_host(rank: int, timeout_s: float = 5.0) -> bool:
 
 def global_store(rank: int) -> Any:
     """Paddle's global TCP store (made here if the script has not: every rank must call this,
-    as rank 0's waits for the others to connect), warmed up on rank 0."""
+    as rank 0's waits for the others to connect), warmed up on rank 0. A rank > 0 first waits
+    until rank 0 listens (:func:`wait_for_store_host`), so Paddle's client does not back off."""
     import paddle  # here: the agreement imports this module, and needs Paddle only across machines
 
+    if rank != 0:
+        wait_for_store_host()
     store = paddle.base.core.create_or_get_global_tcp_store()
     warm_up_store_host(rank)
     return store
+
+
+#: How long a rank > 0 waits for rank 0's store to listen before it leaves the connecting to
+#: Paddle, which then retries on its own (every 3 s, until the store's timeout).
+STORE_HOST_WAIT_S = 10.0
+
+
+def wait_for_store_host(timeout_s: float = STORE_HOST_WAIT_S, poll_s: float = 0.02) -> bool:
+    """Wait until something listens at the job's master endpoint (:func:`master_address`), for
+    at most ``timeout_s``; whether it did. Paddle's client tries to connect once and, refused,
+    sleeps 3 s before it tries again (3.3.1, ``tcp_utils.cc``: "Retry to connect ... while the
+    server is not yet listening"). Where the store is made by apply_plan, the agreement has
+    just released every rank at once, so a rank > 0 nearly always came first: 3 s lost per job.
+    A connection opened here is closed at once, as :func:`warm_up_store_host`'s are: the
+    store's thread on rank 0 logs a hang-up while its process is whole.
+
+    >>> wait_for_store_host(timeout_s=0.1)   # no job here: nothing to wait for
+    False
+    """
+    host, _, port = master_address().rpartition(":")
+    if not host or not port.isdigit():
+        return False
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+            return True
+        except ConnectionRefusedError:  # nothing listens there yet
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(poll_s)
+        except OSError:  # a host it cannot reach or name: Paddle's own client then says so
+            return False
 
 
 #: This process's file descriptors connected to the store's port, once found (:func:`_store_sockets`).
