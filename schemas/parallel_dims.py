@@ -85,8 +85,9 @@ def runs_moe_locally(strategy: Strategy, local_only: bool = False) -> bool:
     ZeRO or sequence parallelism (then a model with experts gets dp > 1 only without them:
     :func:`expert_limit`). ``local_only``: the MoE layers' own code holds an op Paddle 3.3 cannot
     run on distributed tensors at all (an ``einsum`` dispatch, an expert reading its tokens through
-    a boolean mask, ``x[mask]``: the planner's ``ModelAnalysis.moe_local_only``); then they run so
-    under tensor parallelism alone too (dp 1), whole on every mp rank, their experts not split.
+    a boolean mask, ``x[mask]``, or GPT-OSS's batched experts indexed at a computed position,
+    ``self.gate_up_proj[expert_idx]``: the planner's ``ModelAnalysis.moe_local_only``); then they
+    run so under tensor parallelism alone too (dp 1), whole on every mp rank, their experts not split.
 
     Under dp this is for correctness: Paddle 3.3 answers an
     integer-tensor index into a DistTensor split on another dim with the wrong rows, silently, and MoE

@@ -20,16 +20,20 @@ at the first step.
 
 from __future__ import annotations
 
+import msgspec
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 import pytest
 
+from autodist.applier.modes.expert_dispatch import expert_structure_problems
 from autodist.planner.cost.hardware import PROFILES
 from autodist.planner.cost.search import SearchRequest
 from autodist.planner.driver import plan
 from harness.planning import plan_target
+from models.zoo import gpt_oss_hf
 from autodist.planner.errors import PlannerError
+from autodist.schemas.checks import check_plan
 
 H100 = PROFILES["h100-sxm"]
 GSHARD = "tests/models/zoo/gshard_fairscale.py"
@@ -238,4 +242,46 @@ def test_a_boolean_mask_read_outside_an_moe_layer_is_one_error_naming_its_layer(
         "does not run it on the distributed tensors apply_plan trains with (docs/paddle-notes.md), so no plan of "
         "this model can train; write it without a boolean index (paddle.where, or a multiply by the mask); "
         "model code: MaskedTokens.forward at tests/test_local_only_ops.py:"
+    )
+
+
+GPT_OSS = "tests/models/zoo/gpt_oss_hf.py"
+
+
+def test_batched_experts_indexed_by_a_computed_position_run_whole_on_local_tensors():
+    """HF GPT-OSS's experts are one layer's batched weights (``gate_up_proj [4, 40, 48]``, ...) read
+    by a loop over the experts that got tokens, ``self.gate_up_proj[expert_idx]``: an ``x[t]`` Paddle
+    runs on plain tensors only. The dataflow finds them (that op in the layer, its parameters split
+    by nothing the plan splits, one leading dim of 4 that its parent's ``topk`` selects over), so
+    the parent, router and experts, runs whole on every rank as plain tensors under mp (the rest
+    head-parallel); before, the model was refused in one line. What cannot run so is left out in
+    the owner's words: expert parallelism (no rank can drop some of a batched weight: apply_plan
+    refuses such a plan), ZeRO (check_plan refuses a plan edited to it)."""
+    request = SearchRequest(devices_per_node=2, mp=2, device=PROFILES["cpu"])
+    made = plan_target(GPT_OSS, None, request, {}, local_view=True)  # its attention: a local view
+    experts = [b.experts for b in made.analysis.blocks]
+    assert [(e.layer, e.count, e.top_k, e.batched) for e in experts if e] == [
+        (f"model.layers.{i}.mlp.experts", 4, 2, True) for i in (0, 1)
+    ]
+    assert made.analysis.moe_local_only == (
+        "x[i] (a slice at a position computed from the model's data) in model.layers.0.mlp.experts"
+    )
+    mlps = ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert [h.layer for h in made.plan.hooks if h.action == "expert_dispatch"] == mlps
+    assert {tuple(p.placements) for f, p in made.plan.params.items() if ".mlp." in f} == {("R",)}
+    assert made.plan.params["model.layers.0.self_attn.q_proj.weight"].placements == ["S(1)"]
+    with pytest.raises(PlannerError, match=r"^--ep 2: the experts of model.layers.0 are one layer's batched weights"):
+        plan_target(GPT_OSS, None, SearchRequest(devices_per_node=4, dp=2, mp=2, ep=2), {})
+    with pytest.raises(PlannerError, match=r"^--dp 2 with --sharding-stage 1: data parallelism of an MoE model"):
+        plan_target(GPT_OSS, None, SearchRequest(devices_per_node=4, dp=2, mp=2, sharding_stage=1), {})
+    spread = msgspec.structs.replace(made.plan, strategy=msgspec.structs.replace(made.plan.strategy, dp=2, ep=2))
+    assert expert_structure_problems(gpt_oss_hf.build_model(), spread) == [  # apply_plan's refusal
+        f'experts: "model.layers.{i}.mlp.experts" has 0 numbered sub-layers, the plan spreads 4 experts over ep ranks'
+        for i in (0, 1)
+    ]
+    assert expert_structure_problems(gpt_oss_hf.build_model(), made.plan) == []
+    zero = msgspec.structs.replace(made.plan.strategy, dp=2, sharding_stage=1)
+    edited = msgspec.structs.replace(made.plan, strategy=zero)  # its mesh left as it was: refused for that too
+    assert "$.strategy: dp=2 with sharding_stage=1: data parallelism of an MoE model is not built with ZeRO" in (
+        " ".join(check_plan(edited))
     )

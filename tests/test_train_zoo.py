@@ -1,5 +1,5 @@
 """Every zoo model (tests/test_zoo.py) trained with the planner's 2-device tensor-parallel plan
-on 2 CPU ranks gives the single-device losses; five of them also at dp2 x mp2 on 4 ranks.
+on 2 CPU ranks gives the single-device losses; seven of them also at dp2 x mp2 on 4 ranks.
 
 All models of one world size train in one job (one launch), so the whole file costs two
 multi-process launches plus one single-device reference launch.
@@ -23,10 +23,6 @@ SKIP = {
     # Phi-3's rotary concatenates back the empty slice q[..., rotary_dim:] (partial_rotary_factor 1);
     # its attention takes a DynamicCache, so no local view of it is proven (zoo_phi3_hf's is):
     "zoo_pf_phi3": "refused at plan time: a zero-width slice would segfault in backward (test_zoo's REFUSED)",
-    # HF GPT-OSS's experts index their batched weights by rows of expert_hit (an x[t] Paddle runs on
-    # plain tensors only); PaddleFormers' do so in training only (`if self.training`):
-    "zoo_gpt_oss_hf": "refused at plan time: x[t] with t computed from the data (test_zoo's REFUSED)",
-    "zoo_pf_gpt_oss": "refused at plan time: x[t] in its training branch, traced in train mode (test_zoo's REFUSED)",
 }
 #: Zoo workloads planned with local views (the planner's default; the others keep the gathered
 #: layout the tables of test_zoo describe): HF Phi-3's gathered plan segfaults as above, while
@@ -49,7 +45,11 @@ SKIP = {
 #: DBRX's clamped Wqkv trains as its local view too (its batched experts, looped over in Python
 #: between traced blocks, whole on every rank), and so does timm BEiT's attention, which reads its
 #: qkv's weight by ``F.linear`` (no hook can gather that output), its ``q_bias`` and ``v_bias``
-#: split by heads and its zero ``k_bias`` buffer cut alike for the call (:data:`BEIT`).
+#: split by heads and its zero ``k_bias`` buffer cut alike for the call (:data:`BEIT`). HF GPT-OSS's
+#: attention (its sinks split with its heads) trains as its local view; its MLP, and PaddleFormers'
+#: (both: a router and experts as batched weights read by a loop over the experts that got tokens,
+#: ``self.gate_up_proj[expert_idx]``, an ``x[t]`` Paddle runs on plain tensors only; PaddleFormers'
+#: in training only), run whole on every rank as plain tensors, each rank's own tokens under dp.
 LOCAL_VIEWS = {
     "zoo_bailing_moe_hf",
     "zoo_phi3_hf",
@@ -73,11 +73,21 @@ LOCAL_VIEWS = {
     "zoo_dbrx_hf",
     "zoo_beit_timm",
     "zoo_beit_timm_without_qkv_bias",
+    "zoo_gpt_oss_hf",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 #: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too,
-#: and BEiT's, whose local views hand each dp rank's rows their heads' slice of the cut buffer.
-AT_FOUR = ["zoo_bert_postnorm", "zoo_gpt2_hf", "zoo_llama_meta", "zoo_t5", "zoo_starcoder2_hf", "zoo_beit_timm"]
+#: BEiT's, whose local views hand each dp rank's rows their heads' slice of the cut buffer, and
+#: PaddleFormers' GPT-OSS, whose MLPs run on each dp rank's own tokens, their gradients summed over dp.
+AT_FOUR = [
+    "zoo_bert_postnorm",
+    "zoo_gpt2_hf",
+    "zoo_llama_meta",
+    "zoo_t5",
+    "zoo_starcoder2_hf",
+    "zoo_beit_timm",
+    "zoo_pf_gpt_oss",
+]
 #: timm BEiT's runs (both builds, :data:`LOCAL_VIEWS`) -> each rank's batch rows: inside the run,
 #: each rank's scores (``q @ k.transpose(...)`` over its 65 tokens) hold 2 of the 4 heads and its
 #: ``proj`` reads their 20 of the 40 features.

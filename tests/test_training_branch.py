@@ -4,11 +4,14 @@ trace holds (issue #30).
 The planner traces in eval mode (dropout is the identity there). Where the model's own code reads
 a layer's ``training`` flag, it traces the forward again in train mode and checks that program
 too for ops Paddle 3.3 cannot run on the distributed tensors apply_plan trains with
-(planner/recognise/crashes.py). PaddleFormers' GPT-OSS is such a model (tests/test_zoo.py,
-REFUSED): its experts run ``bmm`` over every expert in evaluation and, ``if self.training:``, a
-loop over the experts that got tokens reading ``self.gate_up_proj[expert_idx]``, an ``x[t]`` with
-``t`` a tensor that raised ``Tensor in indexing only support DenseTensor`` at the first training
-step of the plan written from the eval-mode trace alone.
+(planner/recognise/crashes.py). PaddleFormers' GPT-OSS is such a model: its experts run ``bmm``
+over every expert in evaluation and, ``if self.training:``, a loop over the experts that got tokens
+reading ``self.gate_up_proj[expert_idx]``, an ``x[t]`` with ``t`` a tensor that raised ``Tensor in
+indexing only support DenseTensor`` at the first training step of the plan written from the
+eval-mode trace alone. Seen in the train-mode trace, that op makes its experts layer an MoE layer's
+batched experts, run on plain tensors (tests/test_local_only_ops.py, tests/test_train_zoo.py); the
+small model below routes in its block's own forward (no MoE layer inside the block), so it stays
+refused.
 """
 
 from __future__ import annotations

@@ -669,9 +669,22 @@ EXPECTED = {
         "backbone.pos_embed": REP,
         "head.fc.weight": REP,
     },
-    # GPT-OSS, HF's and PaddleFormers': refused before any placement (REFUSED)
-    f"{ZOO}/gpt_oss_hf.py": {},
-    f"{PF}:build_gpt_oss": {},
+    # GPT-OSS, HF's and PaddleFormers': attention head-parallel (HF's as a local view, its sinks
+    # logit per head split with its heads; PaddleFormers' in the global view, its sinks whole); the
+    # MLP (router and batched experts, read by a loop over the experts that got tokens, an x[t]
+    # Paddle runs on plain tensors only) whole on every rank, run on local tensors (EXPERTS)
+    f"{ZOO}/gpt_oss_hf.py": {
+        **attention("model.layers.*.self_attn", bias=True, o_bias=True),
+        "model.layers.*.self_attn.sinks": COL_B,
+        "model.layers.*.mlp.*": REP,
+        "model.embed_tokens.weight": ROW,
+        "lm_head.weight": COL,
+    },
+    f"{PF}:build_gpt_oss": {
+        **attention("model.layers.*.self_attn", bias=True, o_bias=True),
+        "model.layers.*.self_attn.sinks": REP,
+        "model.layers.*.mlp.*": REP,
+    },
 }
 for _target in (f"{ZOO}/bert_postnorm.py", f"{ZOO}/roformer_hf.py", f"{ZOO}/deberta_v2_hf.py", f"{ZOO}/esm_hf.py"):
     EXPECTED[_target] = {k: v for k, v in EXPECTED[_target].items() if v is not None}
@@ -724,6 +737,9 @@ EXPERTS = {
     # topk(gate_logits, num_experts_per_tok=2) over 4 experts, in a MoeLayer its block runs as
     # self.feed_forward.forward(h): the trace attributes its ops to the block
     f"{ZOO}/mixtral_mistral_ref.py": [(f"layers.{i}.feed_forward.experts", 4, 2) for i in range(2)],
+    # GPT-OSS: one layer's batched weights [4, ...] read by a loop over expert_hit; topk(router_logits, 2)
+    f"{ZOO}/gpt_oss_hf.py": [(f"model.layers.{i}.mlp.experts", 4, 2) for i in range(2)],
+    f"{PF}:build_gpt_oss": [(f"model.layers.{i}.mlp.experts", 4, 2) for i in range(2)],
     f"{ZOO}/switch_transformers_hf.py": [
         ("", 0, 0),
         ("encoder.block.1.layer.1.mlp.experts", 4, 1),
@@ -757,7 +773,8 @@ PLANNED_AT = {
 #: SVTR's Local (windowed mask) and Global mixers run as local views of their fused qkv, and HF
 #: CLIP's attention (heads folded into the batch) as one reading its input's width as 1/mp.
 #: DBRX's Wqkv, clamped then split into grouped q, k and v, is planned as its local view too, and
-#: so is timm BEiT's attention, reading its qkv's weight by F.linear (no hook can gather its output).
+#: so is timm BEiT's attention, reading its qkv's weight by F.linear (no hook can gather its output),
+#: and HF GPT-OSS's, its sinks logit per head concatenated to the scores.
 LOCAL_VIEWS = {
     f"{ZOO}/xglm_hf.py",
     f"{ZOO}/deberta_v2_hf.py",
@@ -778,35 +795,19 @@ LOCAL_VIEWS = {
     f"{ZOO}/dbrx_hf.py",
     f"{ZOO}/beit_timm.py",
     f"{ZOO}/beit_timm.py:build_without_qkv_bias",
+    f"{ZOO}/gpt_oss_hf.py",
 }
 
 #: Models the planner refuses, with what the one line says (each piece): PaddleFormers' Phi-3 takes
 #: the empty slice q[..., rotary_dim:] (partial_rotary_factor 1), whose backward segfaults on
 #: distributed tensors, and its attention takes a cache object, so no local view of it is proven
-#: (HF Phi-3's is, and runs on plain tensors: planned with local views above). HF GPT-OSS's
-#: experts, batched 3-D weights, index them and their mask by rows of ``expert_hit`` (an eager
-#: ``x[t]``, ``t`` a tensor) outside an MoE layer the planner runs locally (trained, Paddle raised
-#: ``Tensor in indexing only support DenseTensor``). PaddleFormers' GPT-OSS runs that same loop in
-#: training only (``if self.training:``; evaluation runs ``bmm`` over every expert): the planner
-#: traces it in train mode too and refuses it alike, naming the branch.
+#: (HF Phi-3's is, and runs on plain tensors: planned with local views above).
 REFUSED = {
     f"{PF}:build_phi3": (
         "zero-width slice",
         "model.layers.0.self_attn (Phi3Attention.forward at ",
         "rotate q and k whole",
         "only as a local view, which --no-local-view turns off",  # planned without
-    ),
-    f"{ZOO}/gpt_oss_hf.py": (
-        "x[i] (a slice at a position computed from the model's data) in model.layers.0.mlp.experts: ",
-        "model code: GptOssExperts.forward at tests/models/zoo/gpt_oss_hf.py:",
-        "numbered layers",
-    ),
-    f"{PF}:build_gpt_oss": (
-        "x[i] (a slice at a position computed from the model's data) in model.layers.0.mlp.experts, "
-        "in code only training runs (self.training)",
-        "model code: GptOssExperts.forward at ",
-        "paddleformers/transformers/gpt_oss/modeling.py:",
-        "numbered layers",
     ),
 }
 

@@ -123,8 +123,10 @@ def _expert_of(fqn: str, container: str) -> int | None:
 
 
 def expert_structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
-    """What the model must have for the plan's expert hooks: numbered experts under each
-    container, as many as the plan's blocks say, and the shared experts named."""
+    """What the model must have for the plan's expert hooks: the shared experts named, and, where
+    ranks drop the experts they do not hold (ep > 1), numbered experts under each container, as
+    many as the plan's blocks say. At ep 1 every rank runs the layer whole, whatever holds its
+    experts (numbered layers, or one layer's batched weights: GPT-OSS's)."""
     layers = dict(model.named_sublayers())
     problems = [
         f'experts: no sub-layer "{shared}" in the model (a shared expert of {hook.layer})'
@@ -133,7 +135,7 @@ def expert_structure_problems(model: paddle.nn.Layer, plan: Plan) -> list[str]:
         for shared in hook.shared
         if shared not in layers
     ]
-    for container, count in sorted(_containers(plan).items()):
+    for container, count in sorted(_containers(plan).items()) if plan.strategy.ep > 1 else ():
         held = layers.get(container)
         if held is None:
             continue  # hook_problems names a missing layer

@@ -141,6 +141,9 @@ class BlockCost:
     #: backward outside its experts (router, token gathers, combine), per token: it runs on the ep
     #: group's tokens then (part of ``saved_outside``/``saved_inside`` already, for this rank's).
     experts: int = 0
+    #: The experts are one layer's batched weights (``Experts.batched``): expert parallelism does
+    #: not spread them (no rank can drop some), so ep stays 1.
+    experts_batched: bool = False
     expert_params: int = 0
     expert_tensors: int = 0
     router_params: int = 0

@@ -740,6 +740,7 @@ def _moe_cost(facts: GraphFacts, info, params: dict[str, int], tokens: int) -> d
     walk = walk_nodes(facts, owned)
     return dict(
         experts=info.experts.count,
+        experts_batched=info.experts.batched,
         expert_params=sum(expert_params.values()),
         expert_tensors=len(expert_params),
         router_params=sum(router_params.values()),

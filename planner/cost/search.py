@@ -472,6 +472,12 @@ def expert_problem(cost: ModelCost, ep: int, label: str) -> str:
     counts = sorted({b.experts for b in cost.blocks if b.experts})
     if ep > 1 and not counts:
         return f"{label}: no block has experts (an MoE layer), so there is nothing to spread over ranks"
+    batched = next((b.layer for b in cost.blocks if b.experts_batched), None)
+    if ep > 1 and batched is not None:
+        return (
+            f"{label}: the experts of {batched} are one layer's batched weights, which expert parallelism does "
+            "not spread (it drops the numbered expert layers a rank does not hold); they run whole on every rank"
+        )
     return next((f"{label} does not divide the {n} experts of a block" for n in counts if n % ep), "")
 
 

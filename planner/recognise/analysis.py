@@ -28,7 +28,7 @@ import paddle
 from autodist import schemas
 
 from autodist.planner.graph import build_graph, graph_fingerprint, operand_sources
-from autodist.planner.recognise.crashes import local_only_ops
+from autodist.planner.recognise.crashes import local_only_layers, local_only_ops
 from autodist.planner.recognise.expert_blocks import Experts, find_experts
 from autodist.planner.ops import LAYOUT_OPS, RESHAPE_OPS, short_op
 from autodist.planner.recognise.match import Match, Matcher, block_nodes, compute_view, constant_nodes
@@ -178,7 +178,11 @@ def analyze(
     recognised = [r for r in recognised if not r.layer.startswith(inside_lone)] + lone
     recognised.sort(key=lambda r: min(r.nodes))
     first_use = _first_uses(graph)
-    blocks = [_block_info(graph, r, params, first_use) for r in recognised if r.roles.sublayers or r.roles.stopped]
+    training_graph = build_graph(traced.training) if traced.training else None
+    local_only = set().union(*(local_only_layers(g) for g in (graph, training_graph) if g is not None))
+    blocks = [
+        _block_info(graph, r, params, first_use, local_only) for r in recognised if r.roles.sublayers or r.roles.stopped
+    ]
     routing = frozenset(fqn for b in blocks if b.experts for fqn in params if b.experts.routes(fqn))
     refusals = not_recognised(recognised, routing)
     notes += list(refusals)
@@ -224,7 +228,7 @@ def analyze(
         embedding_layer=lookup.layer if lookup else None,
         local_lookup=served,
         local_lookup_refusal=refusal,
-        training_graph=build_graph(traced.training) if traced.training else None,
+        training_graph=training_graph,
     )
     if traced.training_untraced:
         notes.append(
@@ -455,7 +459,9 @@ def read_by(graph: nx.DiGraph, model: paddle.nn.Layer) -> dict[str, list[str]]:
 # -- blocks ------------------------------------------------------------------------------------------
 
 
-def _block_info(graph: nx.DiGraph, found: RecognisedBlock, params, first_use: dict[str, int]) -> BlockInfo:
+def _block_info(
+    graph: nx.DiGraph, found: RecognisedBlock, params, first_use: dict[str, int], local_only: set[str]
+) -> BlockInfo:
     subs = found.roles.sublayers
     biases = {p.bias for s in subs + found.roles.stopped for p in s.projections}
     prefix = found.layer + "."
@@ -476,7 +482,7 @@ def _block_info(graph: nx.DiGraph, found: RecognisedBlock, params, first_use: di
     block = BlockInfo(found.layer, "", found.nodes, [], norms, 0, 0, 0, hidden, 0, stopped=list(found.roles.stopped))
     block = _with_sublayers(block, list(subs), first_use)
     block.token_mixing = token_mixing_projection(graph, found.nodes, [p.weight for p in block.linears])
-    block.experts = find_experts(graph, found.nodes, found.layer, list(subs), params)
+    block.experts = find_experts(graph, found.nodes, found.layer, list(subs), params, local_only)
     return block
 
 

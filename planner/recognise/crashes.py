@@ -28,7 +28,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import networkx as nx
 
@@ -92,34 +92,49 @@ def local_only_ops(graph: nx.DiGraph, moe_layers: Iterable[str], local: Iterable
     "x[mask] (gather_nd of a boolean mask's positions) in moe"
     """
     moe_prefixes = tuple(layer + "." for layer in moe_layers)
-    views = tuple(layer + "." for layer in local)
     found: dict[str, str] = {}
+    for layer, what, rewrite in _local_only_uses(graph, local):
+        field_name = "local_only_in_moe" if (layer + ".").startswith(moe_prefixes) else "local_only"
+        if field_name in found:
+            continue
+        where = layer or "the model's top level (its own forward)"  # the root layer's name is ''
+        found[field_name] = f"{what} in {where}"
+        if field_name == "local_only":  # no plan runs it: the refusal's advice, and where
+            found["local_only_rewrite"] = rewrite
+            found["local_only_layer"] = layer
+    return found
+
+
+def local_only_layers(graph: nx.DiGraph) -> set[str]:
+    """The layers running an op of their own that Paddle cannot run on distributed tensors (those
+    :func:`local_only_ops` counts): where a layer holding batched experts is found
+    (:func:`~autodist.planner.recognise.expert_blocks.batched_experts`)."""
+    return {layer for layer, _, _ in _local_only_uses(graph, ())}
+
+
+def _local_only_uses(graph: nx.DiGraph, local: Iterable[str]) -> Iterator[tuple[str, str, str]]:
+    """``(layer, what, rewrite)`` of each op of ``graph`` Paddle cannot run on distributed tensors,
+    in program order, outside the sub-layers of ``local`` (:func:`local_only_ops` says which count)."""
+    views = tuple(layer + "." for layer in local)
     plain = plain_nodes(graph)
     for node, data in sorted(graph.nodes(data=True)):
-        layer = data["layer"] + "."
-        if node in plain or layer.startswith(views) or _reorders(data):
+        if node in plain or (data["layer"] + ".").startswith(views) or _reorders(data):
             continue
         sources = operand_sources(graph, node)
         operands = {slot: graph.nodes[source]["op"] for slot, (source, _) in sources.items()}
         what, rewrite = local_only_use(data["op"], operands), op(data["op"]).rewrite
         if not what and _indexed_by_a_distributed_value(data, sources, plain):
             what, rewrite = "x[i] (a slice at a position computed from the model's data)", INDEX_REWRITE
-        field_name = "local_only_in_moe" if layer.startswith(moe_prefixes) else "local_only"
-        if not what or field_name in found:
-            continue
-        where = data["layer"] or "the model's top level (its own forward)"  # the root layer's name is ''
-        found[field_name] = f"{what} in {where}"
-        if field_name == "local_only":  # no plan runs it: the refusal's advice, and where
-            found["local_only_rewrite"] = rewrite
-            found["local_only_layer"] = data["layer"]
-    return found
+        if what:
+            yield data["layer"], what, rewrite
 
 
 #: How to write a slice at a computed position (:func:`_indexed_by_a_distributed_value`) so that
-#: the model trains: experts held as numbered layers form an MoE layer, which runs on local tensors.
+#: the model trains: experts held as numbered layers, or as one layer's batched weights under the
+#: layer routing to them (GPT-OSS's), form an MoE layer, which runs on local tensors.
 INDEX_REWRITE = (
-    "hold the experts as numbered layers (a LayerList of MLPs, as Mixtral's), whose loop the planner "
-    "runs on local tensors as an MoE layer"
+    "hold the experts as numbered layers (a LayerList of MLPs, as Mixtral's) or as batched weights in a "
+    "layer of their own under a router layer, whose loop the planner runs on local tensors as an MoE layer"
 )
 
 

@@ -28,12 +28,13 @@ Example::
     >>> params = {f"layers.0.moe.experts.{i}.w2.weight": ([8, 4], "float32") for i in range(4)}
     >>> shared = Projection("layers.0.moe.shared_expert.down", "layers.0.moe.shared_expert.down.weight", None, "row", 0)
     >>> experts_of("layers.0", [*mlps, SubLayer("mlp", (), shared)], params, top_k=2)
-    Experts(layer='layers.0.moe.experts', count=4, top_k=2, shared=('layers.0.moe.shared_expert',))
+    Experts(layer='layers.0.moe.experts', count=4, top_k=2, shared=('layers.0.moe.shared_expert',), batched=False)
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 import networkx as nx
@@ -54,6 +55,10 @@ class Experts:
     count: int
     top_k: int
     shared: tuple[str, ...] = ()
+    #: The experts are one layer's batched weights (:func:`batched_experts`), not numbered layers:
+    #: their MoE layer runs on local tensors, whole on every rank; no rank can drop some of them,
+    #: so expert parallelism does not spread them.
+    batched: bool = False
 
     @property
     def moe_layer(self) -> str:
@@ -82,13 +87,65 @@ def find_experts(
     layer: str,
     sublayers: list[SubLayer],
     params: dict[str, tuple[list[int], str]],
+    local_only: Collection[str] = (),
 ) -> Experts | None:
-    """The experts of block ``layer`` (module docstring), or None."""
+    """The experts of block ``layer`` (module docstring), or None: numbered layers, else a layer's
+    batched weights (:func:`batched_experts`; ``local_only``: the layers running an op Paddle
+    cannot run on distributed tensors, in either traced mode)."""
     found = experts_of(layer, sublayers, params, top_k=0)
     if found is None:
-        return None
+        return batched_experts(graph, nodes, layer, sublayers, params, local_only)
     top_k = experts_per_token(graph, nodes, found.layer.rpartition(".")[0], found.count)
     return replace(found, top_k=top_k) if top_k > 0 else None
+
+
+def batched_experts(
+    graph: nx.DiGraph,
+    nodes: frozenset[int],
+    layer: str,
+    sublayers: list[SubLayer],
+    params: dict[str, tuple[list[int], str]],
+    local_only: Collection[str],
+) -> Experts | None:
+    """The experts of block ``layer`` held as one layer's batched weights (HF's and PaddleFormers'
+    GPT-OSS: ``gate_up_proj [E, H, 2I]``, ``down_proj [E, I, H]`` and their biases ``[E, ...]``,
+    read by a loop over the experts that got tokens, ``self.gate_up_proj[expert_idx]``), found by
+    dataflow: a layer under the block that runs an op Paddle cannot run on distributed tensors
+    (``local_only``), none of whose parameters the plan splits (no projection of the block's
+    sub-layers), every one of them of two or more dims with one leading dim, ``E``, the experts;
+    and its parent routes each token to some of ``E`` (a selection over an axis of ``E`` entries,
+    :func:`experts_per_token`). That parent is the MoE layer: apply_plan runs it on local tensors,
+    whole on every rank, as it runs any MoE layer holding such an op (``runs_moe_locally``).
+
+    >>> g = nx.DiGraph()
+    >>> def op(n, name, shapes, inputs=(), **data):  # ops of the router, b.0.moe.gate
+    ...     base = {"op": f"pd_op.{name}", "layer": "b.0.moe.gate", "param": None, "attrs": {}, "consts": {}}
+    ...     g.add_node(n, **{**base, "shapes": shapes, **data})
+    ...     g.add_edges_from([(i, n) for i in inputs], operand=0, result=0)
+    >>> op(0, "parameter", [[8, 3]], param="b.0.moe.gate.weight")
+    >>> op(1, "matmul", [[16, 3]], [0])  # the router's scores over 3 experts
+    >>> op(2, "topk", [[16, 2], [16, 2]], [1], attrs={"axis": -1}, consts={1: 2.0})
+    >>> op(3, "put_along_axis", [[16, 3]])
+    >>> g.add_edge(2, 3, operand=1, result=1)  # its indices used
+    >>> params = {"b.0.moe.gate.weight": ([8, 3], "float32"), "b.0.moe.experts.up": ([3, 8, 4], "float32"),
+    ...           "b.0.moe.experts.up_bias": ([3, 4], "float32")}
+    >>> batched_experts(g, frozenset(g), "b.0", [], params, {"b.0.moe.experts"})
+    Experts(layer='b.0.moe.experts', count=3, top_k=2, shared=(), batched=True)
+    """
+    split = {p for sub in sublayers for lin in sub.projections for p in (lin.weight, lin.bias) if p}
+    for candidate in sorted(local_only):
+        if not candidate.startswith(layer + "."):
+            continue
+        own = [(fqn, shape) for fqn, (shape, _) in params.items() if fqn.startswith(candidate + ".")]
+        experts = {shape[0] if len(shape) > 1 else 0 for _, shape in own}
+        if not own or split & {fqn for fqn, _ in own} or len(experts) != 1 or experts == {0}:
+            continue
+        count = experts.pop()
+        moe_layer = candidate.rpartition(".")[0]
+        top_k = experts_per_token(graph, nodes, moe_layer, count) if moe_layer.startswith(layer + ".") else 0
+        if top_k:
+            return Experts(candidate, count, top_k, batched=True)
+    return None
 
 
 def experts_per_token(graph: nx.DiGraph, nodes: frozenset[int], moe_layer: str, count: int) -> int:
