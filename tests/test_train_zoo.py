@@ -73,6 +73,8 @@ LOCAL_VIEWS = {
     "zoo_dbrx_hf",
     "zoo_beit_timm",
     "zoo_beit_timm_without_qkv_bias",
+    "zoo_detr_ppdet",
+    "zoo_segformer_hf",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 #: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too,

@@ -59,6 +59,8 @@ def fused(prefix, name, bias=False):
 
 
 ZOO = "tests/models/zoo"
+#: DETR's attentions (tests/models/zoo/detr_ppdet.py), under its transformer.
+DETR_ATTENTIONS = ("encoder.layers.*.self_attn", "decoder.layers.*.self_attn", "decoder.layers.*.cross_attn")
 PF = "tests/models/paddleformers_models.py"
 
 #: target -> {parameter FQN glob: placement on the mp axis}
@@ -705,9 +707,36 @@ EXPECTED[f"{ZOO}/beit_timm.py"] = EXPECTED[f"{ZOO}/beit_timm.py:build_without_qk
     "blocks.*.attn.v_bias": COL_B,
 }
 
+# PaddleDetection's DETR: ppdet's MultiHeadAttention projects q, k and v (the position embedding
+# added to q and k only) by F.linear of column slices of one in_proj_weight [hidden, 3 * hidden]
+# parameter, out_proj a Linear; self- and cross-attention in the decoder, post-norm layers
+EXPECTED[f"{ZOO}/detr_ppdet.py"] = {
+    **{f"transformer.{p}.in_proj_weight": COL for p in DETR_ATTENTIONS},
+    **{f"transformer.{p}.in_proj_bias": COL_B for p in DETR_ATTENTIONS},
+    **{f"transformer.{p}.out_proj.weight": ROW for p in DETR_ATTENTIONS},
+    **{f"transformer.{p}.out_proj.bias": REP for p in DETR_ATTENTIONS},
+    **mlp("transformer.*coder.layers.*", ("linear1",), "linear2", bias=True),
+    "transformer.query_pos_embed.weight": REP,
+    "transformer.input_proj.weight": REP,
+    "detr_head.*.weight": REP,
+}
+# HF SegFormer: stages of widths 32 and 48; query from the tokens, key and value from the
+# sequence-reduction conv (then LayerNorm) in stage 0, from the tokens in stage 1; the Mix-FFN's
+# depthwise conv has no SPMD rule, so its dense1/dense2 stay whole
+EXPECTED[f"{ZOO}/segformer_hf.py"] = {
+    **attention("segformer.encoder.block.*.0.attention", "self.query", "self.key", "self.value", "output.dense"),
+    **{f"segformer.encoder.block.*.0.attention.self.{n}.bias": COL_B for n in ("query", "key", "value")},
+    "segformer.encoder.block.*.0.attention.output.dense.bias": REP,
+    "segformer.encoder.block.0.0.attention.self.sr.weight": REP,
+    "segformer.encoder.block.*.0.mlp.dense*.weight": REP,
+    "segformer.encoder.patch_embeddings.*.proj.weight": REP,
+    "classifier.weight": REP,
+}
+
 #: Models the planner does not yet place as expected (the baseline; see docs/recognition.md).
 NOT_YET: dict[str, str] = {
     f"{PF}:build_gpt_oss": "experts as batched 3-D weights are not split yet (attention is)",
+    f"{ZOO}/detr_ppdet.py": "projections by F.linear of a parameter's column slices are no projections to the roles yet",
 }
 
 
@@ -788,6 +817,8 @@ LOCAL_VIEWS = {
     f"{ZOO}/dbrx_hf.py",
     f"{ZOO}/beit_timm.py",
     f"{ZOO}/beit_timm.py:build_without_qkv_bias",
+    f"{ZOO}/detr_ppdet.py",
+    f"{ZOO}/segformer_hf.py",
 }
 
 #: Models the planner refuses, with what the one line says (each piece): PaddleFormers' Phi-3 takes
