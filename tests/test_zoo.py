@@ -722,13 +722,15 @@ EXPECTED[f"{ZOO}/detr_ppdet.py"] = {
 }
 # HF SegFormer: stages of widths 32 and 48; query from the tokens, key and value from the
 # sequence-reduction conv (then LayerNorm) in stage 0, from the tokens in stage 1; the Mix-FFN's
-# depthwise conv has no SPMD rule, so its dense1/dense2 stay whole
+# depthwise conv (no SPMD rule) runs in a local view, cut by intermediate features with dense1
 EXPECTED[f"{ZOO}/segformer_hf.py"] = {
     **attention("segformer.encoder.block.*.0.attention", "self.query", "self.key", "self.value", "output.dense"),
     **{f"segformer.encoder.block.*.0.attention.self.{n}.bias": COL_B for n in ("query", "key", "value")},
     "segformer.encoder.block.*.0.attention.output.dense.bias": REP,
     "segformer.encoder.block.0.0.attention.self.sr.weight": REP,
-    "segformer.encoder.block.*.0.mlp.dense*.weight": REP,
+    **mlp("segformer.encoder.block.*.0.mlp", ("dense1",), "dense2", bias=True),
+    "segformer.encoder.block.*.0.mlp.dwconv.dwconv.weight": "S(0)",
+    "segformer.encoder.block.*.0.mlp.dwconv.dwconv.bias": "S(0)",
     "segformer.encoder.patch_embeddings.*.proj.weight": REP,
     "classifier.weight": REP,
 }
@@ -796,7 +798,8 @@ PLANNED_AT = {
 #: SVTR's Local (windowed mask) and Global mixers run as local views of their fused qkv, and HF
 #: CLIP's attention (heads folded into the batch) as one reading its input's width as 1/mp.
 #: DBRX's Wqkv, clamped then split into grouped q, k and v, is planned as its local view too, and
-#: so is timm BEiT's attention, reading its qkv's weight by F.linear (no hook can gather its output).
+#: so is timm BEiT's attention, reading its qkv's weight by F.linear (no hook can gather its output),
+#: and HF SegFormer's Mix-FFN, its depthwise conv (no SPMD rule) cut by intermediate features.
 LOCAL_VIEWS = {
     f"{ZOO}/xglm_hf.py",
     f"{ZOO}/deberta_v2_hf.py",
@@ -854,6 +857,9 @@ SPECS = {
     # its 65 tokens fixed by its relative-position bias: proven at the proof's batch and those tokens
     f"{ZOO}/beit_timm.py": ["pixels:float32:2x3x16x16", "pixels:float32:7x3x16x16"],
     f"{ZOO}/beit_timm.py:build_without_qkv_bias": ["pixels:float32:5x3x16x16", "pixels:float32:7x3x16x16"],
+    # its Mix-FFN's call takes height and width as ints, so its proof runs at the traced tokens (60
+    # and 56 in stage 0), at most MAX_TRACED_PROOF_TOKENS with the batch: beyond, the MLP stays whole
+    f"{ZOO}/segformer_hf.py": ["pixel_values:float32:2x3x24x40", "pixel_values:float32:3x3x16x56"],
 }
 
 
@@ -914,8 +920,10 @@ def test_zoo_model_planned_at_other_input_specs_is_placed_alike(target, tmp_path
         assert not problems and plan.hooks == [], "\n".join(problems) or f"hooks: {plan.hooks}"
     traced_at = [list(plan.model.input_specs[0].shape) for plan in plans]
     assert traced_at == [[int(n) for n in spec.rpartition(":")[2].split("x")] for spec in SPECS[target]]
-    # the decisions alike; each view's recorded call has the shapes of the spec it was traced at
-    decided = [[msgspec.structs.replace(v, call=[]) for v in plan.local_view] for plan in plans]
+    # the decisions alike; each view's recorded call, and the sizes its proof ran at (``verified``:
+    # SegFormer's Mix-FFN, called with its height and width, is proven at the traced tokens), are
+    # those of the spec it was traced at
+    decided = [[msgspec.structs.replace(v, call=[], verified="") for v in plan.local_view] for plan in plans]
     assert all(views == decided[0] for views in decided)
 
 
