@@ -284,8 +284,9 @@ def _kept_whole(
     from autodist.planner.emit import outside_trace_note, read_outside_trace
     from autodist.schemas.describe import layers_text
     from autodist.planner.local_view_proof import candidates
-    from autodist.planner.recognise.spmd import REWRITES, RUN_TIME_SIZES, dynamic
-    from autodist.planner.trace import forward_source
+    from autodist.planner.recognise.roles import sliced_weights
+    from autodist.planner.recognise.spmd import REWRITES, RUN_TIME_SIZES, SLICED_WEIGHT, dynamic
+    from autodist.planner.trace import forward_source, subscript_source
 
     def located(note: str, layer: str | None, rewrite: str) -> str:
         where = forward_source(model, layer) if model is not None and layer is not None else ""
@@ -303,9 +304,18 @@ def _kept_whole(
         note = outside_trace_note(layers_text(layers), list(kind))
         lines.append(located(note, layers[0].rpartition(".")[0], READ_IN_A_TRACED_LAYER))
     views_ran = bool(view_notes or local)  # then each candidate's note says how it runs, and why
+    sliced = sliced_weights(analysis.graph)
     for note, (layer, op, local_view) in analysis.refusals.items():
-        if not (local_view and views_ran):
-            lines.append(located(note, layer, RUN_TIME_SIZES if run_time_sizes(layer) else REWRITES.get(op, "")))
+        # its products multiply by a parameter's slices: no candidate of a local view, so no note of one
+        read_in_slices = [w for w in sliced if w.rpartition(".")[0] == layer]
+        if local_view and views_ran and not read_in_slices:
+            continue
+        rewrites = [RUN_TIME_SIZES] if run_time_sizes(layer) else [REWRITES.get(op, "")]
+        if read_in_slices and model is not None:
+            name = read_in_slices[0].rpartition(".")[2]
+            rewrites.insert(0, SLICED_WEIGHT.format(name=name))
+            note += f"; model code: {subscript_source(model, read_in_slices[0])}"
+        lines.append(located(note, None if read_in_slices else layer, "; and ".join(r for r in rewrites if r)))
     unproven = [c for c in candidates(analysis, mp) if c.layer not in local] if mp > 1 else []
     for note in view_notes:  # a candidate stopped by an op with no rule keeps that op's rewrite
         found = next((c for c in unproven if note.startswith(f"local view: {c.layer} ")), None)

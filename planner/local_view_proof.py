@@ -179,7 +179,7 @@ def local_views(
                 layouts = [
                     fused + extra
                     for fused in _layouts(candidate)
-                    for extra in per_head_cuts(layer, view, params, sub.num_heads, sub.head_dim, mp)
+                    for extra in per_head_cuts(layer, view, params, per_unit_sizes(sub), mp)
                 ]
                 found_view = run_forked(
                     "the local-view proof", discover, layer, view, params, mp, plausible, layouts, variants
@@ -349,33 +349,49 @@ class Layout:
         return Layout(self.weights + other.weights, self.buffers + other.buffers)
 
 
-def per_head_cuts(
-    layer: paddle.nn.Layer, view: LocalView, params: dict, heads: int, head_dim: int, mp: int
-) -> list[Layout]:
+def per_unit_sizes(sub: SubLayer) -> set[int]:
+    """The sizes of a sub-layer's dims that hold its units, which each rank takes 1/mp of: an
+    attention's heads and the heads' width (``heads * head_dim``), an MLP's intermediate features.
+
+    >>> from autodist.planner.recognise.roles import Projection
+    >>> q = Projection("a.q", "a.q.weight", None, "column", 1, name="q")
+    >>> sorted(per_unit_sizes(SubLayer("attention", (q,), q, num_heads=4, head_dim=6)))
+    [4, 24]
+    >>> per_unit_sizes(SubLayer("mlp", (q,), q, intermediate_size=128))
+    {128}
+    """
+    if sub.kind == "attention":
+        return {sub.num_heads, sub.num_heads * sub.head_dim} if sub.num_heads > 0 else set()
+    return {sub.intermediate_size} if sub.intermediate_size > 0 else set()
+
+
+def per_head_cuts(layer: paddle.nn.Layer, view: LocalView, params: dict, per_unit: set[int], mp: int) -> list[Layout]:
     """The ways each rank may take the sub-layer's tensors that are no projection's weights, in
     the order :func:`discover` proves them (at most :data:`MAX_PER_HEAD`): each such parameter cut
-    to the rank's heads along a dim of ``heads`` entries or of the heads' width (``heads *
-    head_dim``: a slice of ``head_dim`` per head), each such dim in turn, like a per-head input
-    (:func:`call_variants`): Swin's relative-position-bias table ``[(2W-1)^2, heads]`` read at a
-    buffer of indices and permuted onto the scores' heads, GPT-OSS's sinks ``[heads]``
-    concatenated to them, BEiT's ``q_bias`` and ``v_bias`` concatenated into its fused
-    projection's bias. Each float buffer with such a dim is cut the same way, then taken whole
-    (BEiT's zero ``k_bias`` between those two); the others are read whole, as they are. The sizes
-    only name candidates: the proof runs the sub-layer with random values of them and holds only
-    where each head's entries meet that head's alone. One empty layout when there is none, or a
-    parameter has no such dim (the proof refuses it then, naming it).
+    to the rank's units along a dim of one of the ``per_unit`` sizes (:func:`per_unit_sizes`:
+    ``heads`` entries or the heads' width, a slice of ``head_dim`` per head; an MLP's intermediate
+    features), each such dim in turn, like a per-head input (:func:`call_variants`): Swin's
+    relative-position-bias table ``[(2W-1)^2, heads]`` read at a buffer of indices and permuted
+    onto the scores' heads, GPT-OSS's sinks ``[heads]`` concatenated to them, BEiT's ``q_bias``
+    and ``v_bias`` concatenated into its fused projection's bias, SegFormer's Mix-FFN depthwise
+    conv ``[intermediate, 1, 3, 3]`` over the intermediate features. Each float buffer with such a
+    dim is cut the same way, then taken whole (BEiT's zero ``k_bias`` between those two); the
+    others are read whole, as they are. The sizes only name candidates: the proof runs the
+    sub-layer with random values of them and holds only where each unit's entries meet that
+    unit's alone. One empty layout when there is none, or a parameter has no such dim (the proof
+    refuses it then, naming it).
 
     >>> layer = paddle.nn.Layer(); layer.table = layer.create_parameter([9, 4])
     >>> layer.register_buffer("k_bias", paddle.zeros([8]))
     >>> view = LocalView(layer="attn", weights=[])
-    >>> for cut in per_head_cuts(layer, view, {"attn.table": ([9, 4], "float32")}, heads=4, head_dim=2, mp=2):
+    >>> for cut in per_head_cuts(layer, view, {"attn.table": ([9, 4], "float32")}, {4, 8}, mp=2):
     ...     [(w.param, w.dim) for w in cut.weights], [(b.name, b.dim) for b in cut.buffers]
     ([('attn.table', 1)], [('attn.k_bias', 0)])
     ([('attn.table', 1)], [])
     """
-    if heads <= 0 or heads % mp:
+    if not per_unit or any(size % mp for size in per_unit):
         return [Layout([], [])]
-    per_head = {heads, heads * head_dim}
+    per_head = per_unit
     listed = {w.param for w in view.weights}
     others = [fqn for fqn, _, _ in LocalCall(layer, view).slots if fqn not in listed]
     weights = [

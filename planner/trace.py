@@ -26,11 +26,13 @@ Example::
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import dis
 import inspect
 import math
 import sys
+import textwrap
 import threading
 import traceback
 import warnings
@@ -1101,6 +1103,47 @@ def _place_buffers_with_their_consumer(ops, op_layers, index, param_fqns) -> Non
         consumers = sorted(index[user] for user in op.result(0).all_used_ops() if user in index)
         if consumers:
             op_layers[i] = op_layers[consumers[0]]
+
+
+def subscript_source(model: paddle.nn.Layer, fqn: str) -> str:
+    """Where the code of ``model``'s layer holding parameter ``fqn`` slices it
+    (``self.<name>[...]``): ``Class.method at file:line`` of the first such subscript in the
+    layer's class; "" when Python cannot say.
+
+    >>> class Net(paddle.nn.Layer):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.w = self.create_parameter([2, 4])
+    ...     def half(self, x):
+    ...         return x @ self.w[:, :2]
+    >>> subscript_source(Net(), "w")  # doctest: +ELLIPSIS
+    'Net.half at ...'
+    """
+    owner, _, name = fqn.rpartition(".")
+    layer = dict(model.named_sublayers(include_self=True)).get(owner)
+    if layer is None:
+        return ""
+    for cls in type(layer).__mro__:
+        for method_name, method in vars(cls).items():
+            if not inspect.isfunction(method):
+                continue
+            try:
+                file, first = source_place(method)
+                tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+            except (OSError, TypeError, SyntaxError):
+                continue
+            lines = [
+                n.lineno
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Subscript)
+                and isinstance(n.value, ast.Attribute)
+                and n.value.attr == name
+                and isinstance(n.value.value, ast.Name)
+                and n.value.value.id == "self"
+            ]
+            if lines:
+                return f"{cls.__name__}.{method_name} at {file}:{first + min(lines) - 1}"
+    return ""
 
 
 def forward_source(model: paddle.nn.Layer, fqn: str) -> str:

@@ -77,7 +77,7 @@ def test_a_parameter_mixing_the_heads_is_offered_cut_and_refused_by_the_proof():
         ],
         attributes=[LocalAttribute(layer=name, name="num_heads", whole=4, local=2)],
     )
-    offered = per_head_cuts(layer, base, params, heads=4, head_dim=6, mp=2)
+    offered = per_head_cuts(layer, base, params, {4, 4 * 6}, mp=2)
     assert offered and all(
         {w.param.rpartition(".")[0] for w in o.weights} == {f"{name}.proj_l", f"{name}.proj_w"} for o in offered
     )
@@ -184,7 +184,7 @@ def test_a_buffer_of_the_heads_width_read_whole_is_offered_cut_and_kept_whole():
     assert view.buffers == []
     layer = dict(load(CENTRED).model.named_sublayers())[view.layer]
     params = {fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}
-    (offered,) = [cut.buffers for cut in per_head_cuts(layer, view, params, heads=4, head_dim=6, mp=2) if cut.buffers]
+    (offered,) = [cut.buffers for cut in per_head_cuts(layer, view, params, {4, 4 * 6}, mp=2) if cut.buffers]
     assert offered == [LocalBuffer(name="blocks.0.attn.mean", dim=0, shape=[24])]
     with pytest.raises(NotProven, match="running it failed"):
         verify(layer, msgspec.structs.replace(view, buffers=offered), params, 2, [3, 5])

@@ -50,6 +50,8 @@ SKIP = {
 #: (both: a router and experts as batched weights read by a loop over the experts that got tokens,
 #: ``self.gate_up_proj[expert_idx]``, an ``x[t]`` Paddle runs on plain tensors only; PaddleFormers'
 #: in training only), run whole on every rank as plain tensors, each rank's own tokens under dp.
+#: HF SegFormer's Mix-FFN trains as its local view, its depthwise conv cut by intermediate features with
+#: ``dense1``; PaddleDetection's DETR, whose attention stays replicated (test_zoo's NOT_YET), as planned by default.
 LOCAL_VIEWS = {
     "zoo_bailing_moe_hf",
     "zoo_phi3_hf",
@@ -74,6 +76,8 @@ LOCAL_VIEWS = {
     "zoo_beit_timm",
     "zoo_beit_timm_without_qkv_bias",
     "zoo_gpt_oss_hf",
+    "zoo_detr_ppdet",
+    "zoo_segformer_hf",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 #: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too,

@@ -141,6 +141,27 @@ def test_a_fused_projection_read_by_f_linear_is_warned_with_the_line_and_the_rew
     assert len(warnings) == 1 and where in warnings[0] and rewrite in warnings[0], done.stderr
 
 
+def test_projections_by_a_parameters_slices_are_warned_with_the_line_and_the_rewrite(tmp_path):
+    """PaddleDetection's DETR projects q, k and v by ``F.linear`` of column slices of one
+    ``in_proj_weight`` (ppdet's ``MultiHeadAttention.compute_qkv``), which the planner splits as no
+    projection: each attention's warning names the line slicing it and the rewrite, a Linear per
+    slice (with those, tests/models/zoo/detr_ppdet.py's attention splits), and, where the
+    decoder's sizes come from ``paddle.shape``, that rewrite too."""
+    detr = ROOT / "tests" / "models" / "zoo" / "detr_ppdet.py"
+    done, out = plan_command(tmp_path, detr)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(n for n, text in enumerate(detr.read_text().splitlines(), 1) if "self.in_proj_weight[" in text)
+    where = f"model code: MultiHeadAttention.compute_qkv at {detr.relative_to(ROOT)}:{line}"
+    rewrite = "to split it: give each slice of in_proj_weight a Linear layer of its own and call it (self.q_proj(x)"
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ") and "out_proj: op" in line]
+    assert [w.split(":")[1].strip() for w in warnings] == [
+        f"transformer.{kind}.out_proj"
+        for kind in ("encoder.layers.*.self_attn", "decoder.layers.*.cross_attn", "decoder.layers.*.self_attn")
+    ], done.stderr
+    assert all(where in w and rewrite in w for w in warnings), warnings
+    assert ["instead of paddle.shape" in w for w in warnings] == [False, True, True], warnings
+
+
 def test_batched_experts_read_between_traced_layers_are_warned_with_the_line_and_the_rewrite(tmp_path):
     """HF DBRX's ``DbrxExperts.forward`` views its batched weights ``w1``, ``v1``, ``w2`` per expert
     in a loop that does not trace (the model is traced block by block) and hands the slices to

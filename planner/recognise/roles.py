@@ -438,6 +438,31 @@ def _projection_uses(graph: nx.DiGraph) -> dict[str, tuple[int, int]]:
     return uses
 
 
+def sliced_weights(graph: nx.DiGraph) -> list[str]:
+    """The 2-D parameters (FQNs) a product multiplies by in slices (a cut op between the
+    parameter and the product): ppdet's ``MultiHeadAttention`` projects q, k and v by
+    ``F.linear(x, self.in_proj_weight[:, i * d:(i + 1) * d])``. Such a product is no projection
+    (:func:`_linears` takes a parameter read whole), so the planner splits none of its slices.
+
+    >>> g = nx.DiGraph()
+    >>> g.add_node(0, op="builtin.parameter", param="attn.in_proj_weight", shapes=[[8, 24]])
+    >>> g.add_node(1, op="pd_op.slice", param=None, shapes=[[8, 8]])
+    >>> g.add_node(2, op="pd_op.matmul", param=None, shapes=[[2, 5, 8]])
+    >>> g.add_edge(0, 1); g.add_edge(1, 2)
+    >>> sliced_weights(g)
+    ['attn.in_proj_weight']
+    """
+    found = []
+    for node, data in graph.nodes(data=True):
+        shapes = data["shapes"] or [None]
+        if data["param"] is None or not shapes[0] or len(shapes[0]) != 2:
+            continue
+        cuts = [c for c in graph.successors(node) if short_op(graph.nodes[c]["op"]) in CUT_OPS]
+        if any(short_op(graph.nodes[p]["op"]) in LINEAR_OPS for c in cuts for p in graph.successors(c)):
+            found.append(data["param"])
+    return found
+
+
 def token_mixing_projection(graph: nx.DiGraph, nodes: frozenset[int], weights: list[str]) -> str | None:
     """The first of ``weights`` whose projection runs over another axis than the block's tokens
     (an MLP-Mixer's token-mixing MLP: its input rows are not the block input's rows), or None.

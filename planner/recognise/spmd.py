@@ -181,6 +181,11 @@ REWRITES = {
         "a hook can gather: its columns are then split"
     ),
 }
+#: The rewrite for projections that multiply by slices of one parameter (roles.sliced_weights).
+SLICED_WEIGHT = (
+    "give each slice of {name} a Linear layer of its own and call it (self.q_proj(x), self.k_proj(x), ...), "
+    "whose columns are then split"
+)
 RUN_TIME_SIZES = (
     "read the sizes with x.shape (Python ints under a fixed input spec) instead of paddle.shape, "
     "and give the input spec fixed sizes"
