@@ -50,6 +50,8 @@ SKIP = {
 #: between traced blocks, whole on every rank), and so does timm BEiT's attention, which reads its
 #: qkv's weight by ``F.linear`` (no hook can gather that output), its ``q_bias`` and ``v_bias``
 #: split by heads and its zero ``k_bias`` buffer cut alike for the call (:data:`BEIT`).
+#: HF Wav2Vec2's BART attention (heads folded into the batch for ``bmm``) trains as its local view
+#: behind a conv feature encoder over float audio, its loss HF's CTC loss on the whole logits.
 LOCAL_VIEWS = {
     "zoo_bailing_moe_hf",
     "zoo_phi3_hf",
@@ -73,6 +75,7 @@ LOCAL_VIEWS = {
     "zoo_dbrx_hf",
     "zoo_beit_timm",
     "zoo_beit_timm_without_qkv_bias",
+    "zoo_wav2vec2_hf",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 #: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too,

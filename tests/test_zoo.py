@@ -704,6 +704,29 @@ EXPECTED[f"{ZOO}/beit_timm.py"] = EXPECTED[f"{ZOO}/beit_timm.py:build_without_qk
     "blocks.*.attn.q_bias": COL_B,
     "blocks.*.attn.v_bias": COL_B,
 }
+# HF Gemma2 (planned blind): eager_attention_forward(self, ...) with repeat_kv, tanh soft-capped
+# scores, even layers' sliding-window band made from the causal mask by tril/where, sandwich norms,
+# the embeddings scaled by sqrt(hidden), the head tied to them and soft-capped: Megatron's
+# placements in the global view (grouped q/k/v columns, o_proj the row), the table split by rows
+EXPECTED[f"{ZOO}/gemma2_hf.py"] = {
+    **attention("model.layers.*.self_attn"),
+    **mlp("model.layers.*.mlp"),
+    "model.layers.*.*_layernorm.weight": REP,
+    "model.norm.weight": REP,
+    "model.embed_tokens.weight": ROW,
+}
+# HF Wav2Vec2ForCTC (planned blind): a conv feature encoder over float audio, the feature
+# projection and the grouped positional conv whole on every rank, BART's bmm attention (heads
+# folded into the batch, reshaped with self.embed_dim) a local view, the feed-forward split, the
+# CTC head whole
+EXPECTED[f"{ZOO}/wav2vec2_hf.py"] = {
+    **attention("wav2vec2.encoder.layers.*.attention", o="out_proj", bias=True, o_bias=True),
+    **mlp("wav2vec2.encoder.layers.*.feed_forward", ("intermediate_dense",), "output_dense", bias=True),
+    "wav2vec2.feature_extractor.*": REP,
+    "wav2vec2.feature_projection.*": REP,
+    "wav2vec2.encoder.pos_conv_embed.*": REP,
+    "lm_head.*": REP,
+}
 
 #: Models the planner does not yet place as expected (the baseline; see docs/recognition.md).
 NOT_YET: dict[str, str] = {
@@ -788,6 +811,7 @@ LOCAL_VIEWS = {
     f"{ZOO}/dbrx_hf.py",
     f"{ZOO}/beit_timm.py",
     f"{ZOO}/beit_timm.py:build_without_qkv_bias",
+    f"{ZOO}/wav2vec2_hf.py",
 }
 
 #: Models the planner refuses, with what the one line says (each piece): PaddleFormers' Phi-3 takes
@@ -823,6 +847,9 @@ SPECS = {
     # its 65 tokens fixed by its relative-position bias: proven at the proof's batch and those tokens
     f"{ZOO}/beit_timm.py": ["pixels:float32:2x3x16x16", "pixels:float32:7x3x16x16"],
     f"{ZOO}/beit_timm.py:build_without_qkv_bias": ["pixels:float32:5x3x16x16", "pixels:float32:7x3x16x16"],
+    # no two of batch, sequence (frames for audio), heads, head dim and hidden alike at either spec
+    f"{ZOO}/gemma2_hf.py": ["input_ids:int64:3x10", "input_ids:int64:5x7"],
+    f"{ZOO}/wav2vec2_hf.py": ["input_values:float32:3x400", "input_values:float32:5x600"],
 }
 
 
