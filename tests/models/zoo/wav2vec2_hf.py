@@ -1,16 +1,17 @@
 """HF Wav2Vec2 (facebook/wav2vec2-base), ``Wav2Vec2ForCTC`` ported to Paddle as its modeling_wav2vec2.py
-writes it: a config object; a feature encoder of 1-D convolutions over the raw audio
-(``input_values[:, None]``; the first with a GroupNorm of one group per channel, the rest convolution
-and GELU); the feature projection (LayerNorm, Linear); the positional convolution embedding, a grouped
-``Conv1D`` with an even kernel trimmed by ``Wav2Vec2SamePadLayer`` (HF wraps it in
-``weight_norm(..., dim=2)``; Paddle has no weight-norm parametrization, so it is written as the plain
-grouped ``Conv1D`` a Paddle port keeps); the post-norm encoder (``do_stable_layer_norm=False``) with
-LayerDrop, whose ``Wav2Vec2Attention`` is BART's (separate q/k/v, the query scaled by
-``head_dim ** -0.5``, ``_shape`` then heads folded into the batch for ``bmm``, the output reshaped
-with ``self.embed_dim``); the CTC head and HF's CTC loss (``log_softmax`` in float32, time first,
-blank = ``pad_token_id``). Float audio in: 400 samples give 19 frames. Sizes: no two of batch 3,
-frames 19, heads 4, head dim 10, hidden 40 coincide (conv channels 24, intermediate 56, 8
-positional-conv groups, vocabulary 30).
+writes it: a config object; a feature encoder of 1-D convolutions over the raw audio (``input_values[:,
+None]``; the first with a GroupNorm of one group per channel, the rest convolution and GELU); the
+feature projection (LayerNorm, Linear); the positional convolution embedding, a grouped ``Conv1D`` with
+an even kernel trimmed by ``Wav2Vec2SamePadLayer``, wrapped in ``nn.utils.weight_norm(self.conv,
+name="weight", dim=2)`` as HF did before parametrizations (Paddle has the hook, not the parametrization;
+it computes the weight's norm while building, so the model does not build under ``paddle.LazyGuard()``);
+the post-norm encoder (``do_stable_layer_norm=False``) with LayerDrop (``paddle.rand([]) < layerdrop``
+skips a layer in training), whose ``Wav2Vec2Attention`` is BART's (separate q/k/v, the query scaled by
+``head_dim ** -0.5``, ``_shape`` then heads folded into the batch for ``bmm``, the output reshaped with
+``self.embed_dim``); the CTC head and HF's CTC loss (``log_softmax`` in float32, time first, blank =
+``pad_token_id``). Float audio in: 400 samples give 19 frames. Sizes: no two of batch 3, frames 19,
+heads 4, head dim 10, hidden 40 coincide (conv channels 24, intermediate 56, 8 positional-conv groups,
+vocabulary 30).
 
     >>> model = build_model()
     >>> list(model(paddle.randn([3, SAMPLES])).shape)
@@ -35,12 +36,13 @@ class Wav2Vec2Config:
     hidden_act = "gelu"
     hidden_dropout = 0.1
     activation_dropout = 0.1
-    # HF's default is 0.1 for both; the tests compare training with one device without dropout, and these
-    # two are floats read by F.dropout and LayerDrop's ``paddle.rand([]) < layerdrop``, no nn.Dropout to zero
+    # HF's default is 0.1; the tests compare training with one device without dropout, and this one is a
+    # float read by F.dropout, no nn.Dropout the harness can zero (inside the attention's local view each
+    # rank draws for its own heads' shape: not the slice one device draws, docs/internals.md "Randomness")
     attention_dropout = 0.0
     feat_proj_dropout = 0.0
     final_dropout = 0.1
-    layerdrop = 0.0
+    layerdrop = 0.1  # every rank draws LayerDrop's paddle.rand([]) as one device does: it trains alike
     layer_norm_eps = 1e-5
     feat_extract_norm = "group"
     feat_extract_activation = "gelu"
@@ -110,6 +112,7 @@ class Wav2Vec2PositionalConvEmbedding(nn.Layer):
             padding=config.num_conv_pos_embeddings // 2,
             groups=config.num_conv_pos_embedding_groups,
         )
+        self.conv = nn.utils.weight_norm(self.conv, name="weight", dim=2)
         self.padding = Wav2Vec2SamePadLayer(config.num_conv_pos_embeddings)
         self.activation = nn.GELU()
 
