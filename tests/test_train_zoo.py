@@ -80,7 +80,17 @@ LOCAL_VIEWS = {
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 #: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too,
 #: and BEiT's, whose local views hand each dp rank's rows their heads' slice of the cut buffer.
-AT_FOUR = ["zoo_bert_postnorm", "zoo_gpt2_hf", "zoo_llama_meta", "zoo_t5", "zoo_starcoder2_hf", "zoo_beit_timm"]
+#: HF Wav2Vec2's encoder attention, a local view, gets its input whole over dp (an op before it runs
+#: replicated): its gradients are each rank's whole ones (summed over dp they were twice, silently).
+AT_FOUR = [
+    "zoo_bert_postnorm",
+    "zoo_gpt2_hf",
+    "zoo_llama_meta",
+    "zoo_t5",
+    "zoo_starcoder2_hf",
+    "zoo_beit_timm",
+    "zoo_wav2vec2_hf",
+]
 #: timm BEiT's runs (both builds, :data:`LOCAL_VIEWS`) -> each rank's batch rows: inside the run,
 #: each rank's scores (``q @ k.transpose(...)`` over its 65 tokens) hold 2 of the 4 heads and its
 #: ``proj`` reads their 20 of the 40 features.
