@@ -77,6 +77,9 @@ class PlannedModel:
     #: Each Paddle SPMD rule that crashed while planning, and where (a warning each; the layout
     #: is planned as if the op needed whole inputs: :func:`.recognise.spmd.crashes_noted`).
     crashes: list[str] = field(default_factory=list)
+    #: How the model was loaded where that was not as usual (:attr:`.load.LoadedModel.notes`: built
+    #: eagerly); in the plan's notes and a warning each.
+    loading: list[str] = field(default_factory=list)
 
 
 def load(target: str, input_specs: Sequence[str] | None = None, progress: Progress | None = None) -> LoadedModel:
@@ -404,7 +407,13 @@ def plan_target(
 ) -> PlannedModel:
     """The whole offline phase for a model file: load, then :func:`plan_model`."""
     loaded = load(target, input_specs, progress)
-    return plan_model(loaded.model, loaded.input_specs, request, arguments, progress, rules, local_view=local_view)
+    made = plan_model(loaded.model, loaded.input_specs, request, arguments, progress, rules, local_view=local_view)
+    if not loaded.notes:
+        return made
+    import msgspec
+
+    plan = msgspec.structs.replace(made.plan, notes=[*loaded.notes, *made.plan.notes])
+    return replace(made, plan=plan, loading=loaded.notes)
 
 
 def plan(

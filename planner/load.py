@@ -24,7 +24,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -50,6 +50,8 @@ class LoadedModel:
     #: The model file's ``loss_fn(output, labels)``, if it defines one (the training script's loss:
     #: ``autodist.applier.training.model_loss``, which ``calibrate --model`` times).
     loss_fn: Callable | None = None
+    #: How the model was built when not lazily (:func:`_build`), for the plan's notes and a warning.
+    notes: list[str] = field(default_factory=list)
 
 
 def load_target(target: str, input_specs: list[str] | None = None) -> LoadedModel:
@@ -59,9 +61,10 @@ def load_target(target: str, input_specs: list[str] | None = None) -> LoadedMode
     module's own. Every problem raises :class:`PlannerError` with one line naming it.
     """
     module_ref, factory_name = split_target(target)
-    with user_code(target), paddle.LazyGuard():
-        module = _import(module_ref, target)
-        model = _build(module, factory_name, target)
+    with user_code(target):
+        with paddle.LazyGuard():
+            module = _import(module_ref, target)
+        model, notes = _build(module, factory_name, target)
     if input_specs:
         specs = [parse_input_spec(text) for text in input_specs]
     else:
@@ -70,7 +73,9 @@ def load_target(target: str, input_specs: list[str] | None = None) -> LoadedMode
     for spec in specs:
         check_shape(spec, target)
     loss_fn = getattr(module, "loss_fn", None)
-    return LoadedModel(model=model, input_specs=specs, source=target, loss_fn=loss_fn if callable(loss_fn) else None)
+    return LoadedModel(
+        model=model, input_specs=specs, source=target, loss_fn=loss_fn if callable(loss_fn) else None, notes=notes
+    )
 
 
 @contextlib.contextmanager
@@ -204,13 +209,17 @@ def _callables_of(module: ModuleType) -> str:
     return f"; it defines: {', '.join(names)}" if names else "; it defines no functions or classes"
 
 
-def _build(module: ModuleType, factory_name: str | None, target: str) -> paddle.nn.Layer:
+def _build(module: ModuleType, factory_name: str | None, target: str) -> tuple[paddle.nn.Layer, list[str]]:
+    """The model the factory builds, under ``paddle.LazyGuard()`` (no parameter memory); a factory
+    that computes with a parameter's values while building (``nn.utils.weight_norm`` reads the
+    weight's norm: Paddle raises on a lazy parameter) is built again eagerly, and the note says so
+    and where the lazy build stopped. An eager build that raises too is the error."""
     name = factory_name or DEFAULT_FACTORY
     factory = getattr(module, name, None)
     if factory is None and factory_name is None:
         model = getattr(module, MODULE_LEVEL_MODEL, None)
         if isinstance(model, paddle.nn.Layer):
-            return model
+            return model, []
         raise PlannerError(
             f"{target}: no factory {DEFAULT_FACTORY}() and no module-level nn.Layer named `{MODULE_LEVEL_MODEL}` "
             f"(name another factory with {target}:FACTORY){_callables_of(module)}"
@@ -219,13 +228,23 @@ def _build(module: ModuleType, factory_name: str | None, target: str) -> paddle.
         raise PlannerError(f"{target}: no factory named {name!r} in the module{_callables_of(module)}")
     if not callable(factory):
         raise PlannerError(f"{target}: {name!r} is a {type(factory).__name__}, not a function returning a model")
+    notes = []
     try:
-        model = factory()
-    except Exception as exc:
-        raise _user_code_error(f"{name}()", exc) from None
+        with paddle.LazyGuard():
+            model = factory()
+    except Exception as lazily:
+        try:
+            model = factory()
+        except Exception as exc:
+            raise _user_code_error(f"{name}()", exc) from None
+        notes.append(
+            f"{name}() does not build under paddle.LazyGuard() ({type(lazily).__name__} at {_location(lazily)}; a "
+            "lazy parameter holds no values to compute with): built eagerly instead, its parameters in this "
+            "process's memory"
+        )
     if not isinstance(model, paddle.nn.Layer):
         raise PlannerError(f"{target}: {name}() returned a {type(model).__name__}, not a paddle.nn.Layer")
-    return model
+    return model, notes
 
 
 def _module_input_specs(module: ModuleType, target: str) -> list[paddle.static.InputSpec]:
@@ -256,17 +275,21 @@ def _module_input_specs(module: ModuleType, target: str) -> list[paddle.static.I
 def _user_code_error(what: str, exc: BaseException) -> PlannerError:
     """A one-line error naming the exception and where in the user's code it came from, with
     the last frames of the traceback as detail."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    # The user's own frames: not the planner's, not an installed library's (paddle's internals).
-    planner_dir = str(Path(__file__).parent)
-    user_frames = [
-        f for f in frames if not f.filename.startswith(planner_dir) and "site-packages" not in f.filename
-    ] or frames
-    where = (
-        f" (at {Path(user_frames[-1].filename).name}:{user_frames[-1].lineno} in {user_frames[-1].name})"
-        if user_frames
-        else ""
-    )
+    where = f" (at {_location(exc)})" if exc.__traceback__ else ""
     message = f"{what} raised {type(exc).__name__}: {exc}".splitlines()[0] + where
-    detail = "".join(traceback.format_list(user_frames[-3:])).rstrip()
+    detail = "".join(traceback.format_list(_user_frames(exc)[-3:])).rstrip()
     return PlannerError(message, detail=detail)
+
+
+def _user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """The user's own frames of ``exc``'s traceback: not the planner's, not an installed library's
+    (paddle's internals); all of them when none is the user's."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    planner_dir = str(Path(__file__).parent)
+    return [f for f in frames if not f.filename.startswith(planner_dir) and "site-packages" not in f.filename] or frames
+
+
+def _location(exc: BaseException) -> str:
+    """``model.py:114 in __init__``: the last of the user's frames that raised ``exc``."""
+    frame = _user_frames(exc)[-1]
+    return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"

@@ -128,6 +128,25 @@ def test_unmatched_layers_are_warned_about_and_noted(tmp_path):
         assert any(note.startswith(f"layer {layer}:") for note in plan.notes)
 
 
+def test_a_model_built_eagerly_is_warned_about_and_noted(tmp_path):
+    """A factory that reads a parameter's values while building (``nn.utils.weight_norm``) does
+    not build under ``paddle.LazyGuard()``: planned from an eager build, said in a warning and in
+    the plan's notes, naming the line the lazy build stopped at."""
+    out, target = tmp_path / "plan.json", tmp_path / "normed.py"
+    target.write_text(
+        "import paddle\n"
+        "def build_model():\n"
+        "    fc = paddle.nn.Linear(8, 4)\n"
+        "    return paddle.nn.utils.weight_norm(fc, name='weight', dim=1)\n"
+        "INPUT_SPEC = [paddle.static.InputSpec([2, 8], 'float32', 'x')]\n"
+    )
+    result = run(target, "--devices", 2, "-o", out)
+    assert result.exit_code == 0, result.output
+    said = "build_model() does not build under paddle.LazyGuard() (NotImplementedError at normed.py:4 in build_model"
+    assert f"warning: {said}" in result.stderr
+    assert load_plan(out).notes[0].startswith(said)
+
+
 # -- the first hour -----------------------------------------------------------------------------------
 
 

@@ -166,6 +166,37 @@ def test_factory_raising_shows_the_users_traceback_tail(tmp_path):
     assert "return 1 / 0" in err.detail and "return helper()" in err.detail
 
 
+def test_a_factory_computing_with_parameter_values_is_built_eagerly_and_says_where(tmp_path):
+    """``nn.utils.weight_norm`` reads the weight's norm while building (HF Wav2Vec2's positional
+    conv, PaddleSpeech's port): Paddle raises on a lazy parameter, so the planner refused a model
+    that builds. Built again eagerly, it loads with the note naming the line the lazy build stopped at."""
+    path = write(
+        tmp_path,
+        "normed.py",
+        """
+        def build_model():
+            net = Net()
+            net.fc = nn.utils.weight_norm(net.fc, name="weight", dim=1)
+            return net
+        INPUT_SPEC = [paddle.static.InputSpec([2, 8], "float32", "x")]
+    """,
+    )
+    loaded = load_target(path)
+    assert sorted(name for name, _ in loaded.model.named_parameters()) == ["fc.bias", "fc.weight_g", "fc.weight_v"]
+    assert all(p._is_initialized() for p in loaded.model.parameters())
+    [note] = loaded.notes
+    line = next(n for n, text in enumerate(open(path).read().splitlines(), 1) if "weight_norm" in text)
+    assert note.startswith("build_model() does not build under paddle.LazyGuard() (")
+    assert f"normed.py:{line} in build_model; " in note and "built eagerly instead" in note
+
+
+def test_a_lazy_build_needs_no_note(tmp_path):
+    loaded = load_target(
+        write(tmp_path, "m.py", "def build_model():\n    return Net()\nINPUT_SPEC = []\n"), ["x:float32:2x8"]
+    )
+    assert loaded.notes == [] and not any(p._is_initialized() for p in loaded.model.parameters())
+
+
 def test_import_error_in_model_file(tmp_path):
     path = tmp_path / "bad.py"
     path.write_text("import paddle\nraise RuntimeError('config missing')\n")

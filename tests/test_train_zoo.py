@@ -52,6 +52,8 @@ SKIP = {
 #: in training only), run whole on every rank as plain tensors, each rank's own tokens under dp.
 #: HF SegFormer's Mix-FFN trains as its local view, its depthwise conv cut by intermediate features with
 #: ``dense1``; PaddleDetection's DETR, whose attention stays replicated (test_zoo's NOT_YET), as planned by default.
+#: HF Wav2Vec2's BART attention (heads folded into the batch for ``bmm``) trains as its local view
+#: behind a conv feature encoder over float audio, its loss HF's CTC loss on the whole logits.
 LOCAL_VIEWS = {
     "zoo_bailing_moe_hf",
     "zoo_phi3_hf",
@@ -78,11 +80,14 @@ LOCAL_VIEWS = {
     "zoo_gpt_oss_hf",
     "zoo_detr_ppdet",
     "zoo_segformer_hf",
+    "zoo_wav2vec2_hf",
 }
 ZOO = sorted(name for name in WORKLOADS if name.startswith("zoo_") and name not in SKIP)
 #: StarCoder2 is planned block by block (its glue does not trace whole): that plan at dp2 x mp2 too,
 #: BEiT's, whose local views hand each dp rank's rows their heads' slice of the cut buffer, and
 #: PaddleFormers' GPT-OSS, whose MLPs run on each dp rank's own tokens, their gradients summed over dp.
+#: HF Wav2Vec2's encoder attention, a local view, gets its input whole over dp (an op before it runs
+#: replicated): its gradients are each rank's whole ones (summed over dp they were twice, silently).
 AT_FOUR = [
     "zoo_bert_postnorm",
     "zoo_gpt2_hf",
@@ -91,6 +96,7 @@ AT_FOUR = [
     "zoo_starcoder2_hf",
     "zoo_beit_timm",
     "zoo_pf_gpt_oss",
+    "zoo_wav2vec2_hf",
 ]
 #: timm BEiT's runs (both builds, :data:`LOCAL_VIEWS`) -> each rank's batch rows: inside the run,
 #: each rank's scores (``q @ k.transpose(...)`` over its 65 tokens) hold 2 of the 4 heads and its

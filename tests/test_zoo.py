@@ -711,6 +711,29 @@ EXPECTED[f"{ZOO}/beit_timm.py"] = EXPECTED[f"{ZOO}/beit_timm.py:build_without_qk
     "blocks.*.attn.q_bias": COL_B,
     "blocks.*.attn.v_bias": COL_B,
 }
+# HF Gemma2 (planned blind): eager_attention_forward(self, ...) with repeat_kv, tanh soft-capped
+# scores, even layers' sliding-window band made from the causal mask by tril/where, sandwich norms,
+# the embeddings scaled by sqrt(hidden), the head tied to them and soft-capped: Megatron's
+# placements in the global view (grouped q/k/v columns, o_proj the row), the table split by rows
+EXPECTED[f"{ZOO}/gemma2_hf.py"] = {
+    **attention("model.layers.*.self_attn"),
+    **mlp("model.layers.*.mlp"),
+    "model.layers.*.*_layernorm.weight": REP,
+    "model.norm.weight": REP,
+    "model.embed_tokens.weight": ROW,
+}
+# HF Wav2Vec2ForCTC (planned blind): a conv feature encoder over float audio, the feature
+# projection and the grouped positional conv whole on every rank, BART's bmm attention (heads
+# folded into the batch, reshaped with self.embed_dim) a local view, the feed-forward split, the
+# CTC head whole
+EXPECTED[f"{ZOO}/wav2vec2_hf.py"] = {
+    **attention("wav2vec2.encoder.layers.*.attention", o="out_proj", bias=True, o_bias=True),
+    **mlp("wav2vec2.encoder.layers.*.feed_forward", ("intermediate_dense",), "output_dense", bias=True),
+    "wav2vec2.feature_extractor.*": REP,
+    "wav2vec2.feature_projection.*": REP,
+    "wav2vec2.encoder.pos_conv_embed.*": REP,
+    "lm_head.*": REP,
+}
 
 # PaddleDetection's DETR: ppdet's MultiHeadAttention projects q, k and v (the position embedding
 # added to q and k only) by F.linear of column slices of one in_proj_weight [hidden, 3 * hidden]
@@ -833,6 +856,7 @@ LOCAL_VIEWS = {
     f"{ZOO}/gpt_oss_hf.py",
     f"{ZOO}/detr_ppdet.py",
     f"{ZOO}/segformer_hf.py",
+    f"{ZOO}/wav2vec2_hf.py",
 }
 
 #: Models the planner refuses, with what the one line says (each piece): PaddleFormers' Phi-3 takes
@@ -863,6 +887,9 @@ SPECS = {
     # its Mix-FFN's call takes height and width as ints, so its proof runs at the traced tokens (60
     # and 56 in stage 0), at the proof's batch, else a divisor of the traced one (MAX_TRACED_PROOF_SCORES)
     f"{ZOO}/segformer_hf.py": ["pixel_values:float32:2x3x24x40", "pixel_values:float32:3x3x16x56"],
+    # no two of batch, sequence (frames for audio), heads, head dim and hidden alike at either spec
+    f"{ZOO}/gemma2_hf.py": ["input_ids:int64:3x10", "input_ids:int64:5x7"],
+    f"{ZOO}/wav2vec2_hf.py": ["input_values:float32:3x400", "input_values:float32:5x600"],
 }
 
 

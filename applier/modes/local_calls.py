@@ -160,12 +160,14 @@ def mp_line(plan: Plan, rank: int) -> dist.ProcessMesh:
     return dist.ProcessMesh(line, dim_names=["mp"])
 
 
-def param_local(param: paddle.Tensor) -> paddle.Tensor:
-    """A parameter's local value for this call. Its gradient comes back Partial on every axis
-    the parameter is replicated on but mp (dp: each rank's gradient covers its own rows of the
-    batch; the optimizer sums it, as for any data-parallel gradient, and ZeRO's gradient hook
-    reshards that one Partial axis to the rank's dp shard). A parameter ZeRO stage 3 split over
-    dp is gathered over dp for the call first (:class:`_GatheredOverDp`).
+def param_local(param: paddle.Tensor, rows: list) -> paddle.Tensor:
+    """A parameter's local value for a call whose input is placed ``rows`` (the hidden input's
+    placements). Its gradient comes back Partial on every axis but mp the parameter is replicated
+    on and the input split (dp: each rank's gradient covers its own rows of the batch; the
+    optimizer sums it, as for any data-parallel gradient, and ZeRO's gradient hook reshards that
+    one Partial axis to the rank's dp shard), whole where the input is (:func:`summed_over_ranks`).
+    A parameter ZeRO stage 3 split over dp is gathered over dp for the call first
+    (:class:`_GatheredOverDp`).
 
     Under Paddle's auto-dp mode (``dist.enable_auto_dp()``, which PaddleFormers' ``Trainer.train``
     turns on) it comes back Replicate there instead, as every other gradient does in that mode:
@@ -178,24 +180,36 @@ def param_local(param: paddle.Tensor) -> paddle.Tensor:
     whole_but_mp = [p if name == "mp" else dist.Replicate() for name, p in zip(mesh.dim_names, param.placements)]
     if whole_but_mp != list(param.placements):
         param = _GatheredOverDp.apply(param, whole_but_mp)
-    return dtensor_to_local(param, mesh, summed_over_ranks(mesh, param.placements))
+    return dtensor_to_local(param, mesh, summed_over_ranks(mesh, param.placements, rows))
 
 
-def summed_over_ranks(mesh: dist.ProcessMesh, placements: list) -> list:
-    """The placements of the gradient of a local value taken from a DistTensor placed so, when
-    each rank's gradient covers only its own rows of the batch: Partial on every axis the value is
-    replicated on but mp (dp: the ranks' gradients add up; the mp ranks' are summed in the view's
-    backward already, :class:`_CopyToRanks`), Replicate there under Paddle's auto-dp mode
-    (:func:`param_local`)."""
-    over_ranks = dist.Replicate() if in_auto_dp_mode() else dist.Partial()
+def summed_over_ranks(mesh: dist.ProcessMesh, placements: list, rows: list) -> list:
+    """The placements of the gradient of a local value taken from a DistTensor placed
+    ``placements``, read by a call whose input is placed ``rows``: on an axis but mp the value is
+    replicated on, Partial where the input is split (each rank's gradient covers only its own rows:
+    the ranks' gradients add up; the mp ranks' are summed in the view's backward already,
+    :class:`_CopyToRanks`), Replicate where the input is whole (every rank computed from the whole
+    batch, so its gradient is the whole one: HF Wav2Vec2's encoder attention, whose input comes
+    whole over dp out of an op Paddle runs replicated, trained off one device at dp2 x mp2 with it
+    summed) and under Paddle's auto-dp mode (:func:`param_local`).
+
+    >>> mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["dp", "mp"])
+    >>> whole = [dist.Replicate(), dist.Replicate()]
+    >>> summed_over_ranks(mesh, whole, [dist.Shard(0), dist.Replicate()])[0], summed_over_ranks(mesh, whole, whole)[0]
+    (Partial(reduce_type=SUM), Replicate())
+    """
+    split = [isinstance(r, dist.Shard) and not in_auto_dp_mode() for r in rows]
     return [
-        p if name == "mp" or not isinstance(p, dist.Replicate) else over_ranks
-        for name, p in zip(mesh.dim_names, placements)
+        p if name == "mp" or not isinstance(p, dist.Replicate) else dist.Partial() if cut else dist.Replicate()
+        for name, p, cut in zip(mesh.dim_names, placements, split)
     ]
 
 
-def _call_value(param: paddle.Tensor, weight: LocalWeight | None, line: dist.ProcessMesh, rank: int) -> paddle.Tensor:
-    """Mp rank ``rank``'s value of a parameter for the call (``line``: the ranks along mp): its
+def _call_value(
+    param: paddle.Tensor, weight: LocalWeight | None, line: dist.ProcessMesh, rank: int, rows: list
+) -> paddle.Tensor:
+    """Mp rank ``rank``'s value of a parameter for the call (``line``: the ranks along mp; ``rows``:
+    the placements of the call's input, :func:`param_local`): its
     local shard (a reordered fused weight's is already ``q_r|k_r|v_r``); 1/mp of a summed bias; of
     a weight held whole with segments computed whole (``replicated``: a multi-query ``q|k|v``),
     its columns ``q_r|k|v`` (:func:`~autodist.schemas.local_view.rank_positions`). The last one's
@@ -206,10 +220,10 @@ def _call_value(param: paddle.Tensor, weight: LocalWeight | None, line: dist.Pro
     two it shards the gradient over mp and the update splits the weight)."""
     mp = len(line.process_ids)
     if weight is not None and weight.replicated and weight.dim is not None:
-        local = _CopyToRanks.apply(param_local(param), line)
+        local = _CopyToRanks.apply(param_local(param, rows), line)
         positions = rank_positions(weight, local.shape[weight.dim], mp, rank)
         return paddle.index_select(local, paddle.to_tensor(positions, dtype="int64"), axis=weight.dim)
-    local = param_local(param)
+    local = param_local(param, rows)
     return share_of(local, mp) if weight is not None and weight.summed else local
 
 
@@ -359,7 +373,8 @@ def _wrap(
             call_args, call_kwargs = map_first_input(args, kwargs, lambda _: x)
             return call(dict(zip(fqns, values)), *call_args, **call_kwargs)
 
-        values = [_call_value(sub._parameters[key], weights.get(fqn), mesh, rank) for fqn, sub, key in call.slots]
+        rows = list(placed[0].placements)
+        values = [_call_value(sub._parameters[key], weights.get(fqn), mesh, rank, rows) for fqn, sub, key in call.slots]
         values += [_buffer_value(sub._buffers[key], buffers[fqn], mp, rank) for fqn, sub, key in call.buffers]
         output = recomputing(on_rank, local[0], *values) if recomputed else on_rank(local[0], *values)
         found = hidden_output(output, view.dropped_outputs)
@@ -486,7 +501,8 @@ def _replicated_local(x: paddle.Tensor, hidden: paddle.Tensor, batch: bool, carr
     value holds (its dp shard). A DistTensor placed otherwise is resharded so (a plain tensor is
     the same whole value on every rank: sliced, or taken as it is). One that ``carries`` a
     gradient and is whole over dp (DeBERTa's relative-position table) gets its gradient back
-    Partial over dp (:func:`summed_over_ranks`): each dp rank's covers only its own rows."""
+    Partial over dp where the hidden input is split there (:func:`summed_over_ranks`): each dp
+    rank's covers only its own rows."""
     mesh = hidden.process_mesh
     placements = [
         p if batch and isinstance(p, dist.Shard) and p.get_dim() == 0 else dist.Replicate() for p in hidden.placements
@@ -497,7 +513,9 @@ def _replicated_local(x: paddle.Tensor, hidden: paddle.Tensor, batch: bool, carr
         x = dist.shard_tensor(x, mesh, placements)
     elif x.process_mesh != mesh or list(x.placements) != placements:
         x = dist.reshard(x, mesh, placements)
-    return dtensor_to_local(x, mesh, summed_over_ranks(mesh, placements)) if carries else local_value(x)
+    return (
+        dtensor_to_local(x, mesh, summed_over_ranks(mesh, placements, hidden.placements)) if carries else local_value(x)
+    )
 
 
 def local_value(x: paddle.Tensor) -> paddle.Tensor:

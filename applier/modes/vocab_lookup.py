@@ -136,7 +136,7 @@ def _local_lookup(
             # rank, and answered replicated on the table's mesh, as Paddle's global lookup does
             ids, mesh = x, table.process_mesh
             placements = [dist.Replicate() for _ in mesh.dim_names]
-        rows_of_rank = param_local(table)
+        rows_of_rank = param_local(table, list(placements))
         rows = rows_of_rank.shape[0]
         start = position * rows
         inside = (ids >= start) & (ids < start + rows)

@@ -309,7 +309,7 @@ def plan(
         from autodist.planner.review.format import collapse
 
         # one line per kind of layer (indices collapsed), not one per layer
-        for line in [*made.kept_whole, *made.crashes]:
+        for line in [*made.loading, *made.kept_whole, *made.crashes]:
             click.echo(printable(f"warning: {line}"), err=True)
         for row in collapse(dict.fromkeys(unmatched(made.analysis, made.plan.local_view), 0)):
             click.echo(
