@@ -941,9 +941,12 @@ class _Proof:
 
     def _run(self, call: LocalCall, values: dict, rank: int | None = None):
         """One forward and backward (:func:`_run`) through ``call`` in eval mode (no dropout: the
-        runs must see the same values), as ``rank`` (None: the global run); the layer's train/eval
-        modes restored after."""
-        modes = [(sub, sub.training) for sub in self.layer.sublayers(include_self=True)]
+        runs must see the same values), as ``rank`` (None: the global run); every sub-layer's
+        attributes restored after, so each run starts as the layer was: a table a forward caches
+        on its first call (HF Falcon's rotary cos/sin) is made again by each rank's run, from the
+        rank's own values, as each rank's first step makes it (reused from the global run, it hid
+        a rotary ``inv_freq`` cut by heads, which then trained wrong)."""
+        saved = [(sub, dict(vars(sub))) for sub in self.layer.sublayers(include_self=True)]
         self.layer.eval()
         cotangent = self.cotangent
         if cotangent is not None and rank is not None and self.view.output == "joined":
@@ -957,8 +960,9 @@ class _Proof:
         except Exception as exc:
             raise NotProven(f"running it failed: {type(exc).__name__}: {_first_line(exc)}") from None
         finally:
-            for sub, training in modes:
-                sub.training = training
+            for sub, attributes in saved:
+                vars(sub).clear()
+                vars(sub).update(attributes)
 
 
 def _random_weight(rng, shape) -> np.ndarray:

@@ -188,3 +188,25 @@ def test_a_buffer_of_the_heads_width_read_whole_is_offered_cut_and_kept_whole():
     assert offered == [LocalBuffer(name="blocks.0.attn.mean", dim=0, shape=[24])]
     with pytest.raises(NotProven, match="running it failed"):
         verify(layer, msgspec.structs.replace(view, buffers=offered), params, 2, [3, 5])
+
+
+def test_a_table_cached_by_the_first_call_is_made_again_by_each_rank_in_the_proof():
+    """HF Falcon's rotary layer caches its cos/sin table in its first forward, from its
+    ``inv_freq`` ``[4]`` (as many entries as the attention's 4 heads, so offered cut). Each rank's
+    first step makes the table again from its own ``inv_freq``: cut, the table is half as wide and
+    the rotary does not broadcast. The proof once reused the global run's cached table in the
+    ranks' runs, proved the cut, and the plan failed at step 1; each run now starts from the
+    layer as it was, and the cut is refused."""
+    target = "tests/models/zoo/falcon_hf.py"
+    plan = plan_target(target, None, gloo_mp2_request(1), {"target": target}, local_view=True).plan
+    assert [view.layer for view in plan.local_view] == [
+        "transformer.h.0.self_attention",
+        "transformer.h.1.self_attention",
+    ]
+    assert [view.buffers for view in plan.local_view] == [[], []]
+    view = plan.local_view[0]
+    layer = dict(load(target).model.named_sublayers())[view.layer]
+    params = {fqn: (p.shape, p.dtype) for fqn, p in plan.params.items()}
+    cut = [LocalBuffer(name=f"{view.layer}.maybe_rotary.inv_freq", dim=0, shape=[4])]
+    with pytest.raises(NotProven):
+        verify(layer, msgspec.structs.replace(view, buffers=cut), params, 2, [3, 5])
