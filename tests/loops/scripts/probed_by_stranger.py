@@ -58,6 +58,8 @@ def main() -> None:
     deadline = time.monotonic() + 120
     while not os.path.exists(go) and time.monotonic() < deadline:
         time.sleep(0.05)
+    if rank == 0 and args.rank_1_dies:  # read once rank 1 is gone, not while it may still answer
+        _wait_until_gone(os.path.join(args.out, "ready1.json"), time.monotonic() + 60)
     if rank == 0:
         start = time.monotonic()
         try:
@@ -68,6 +70,22 @@ def main() -> None:
         seen["done"] = time.time()
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)
+
+
+def _wait_until_gone(ready: str, deadline: float) -> None:
+    """Until the rank that wrote ``ready`` has ended (gone, or a zombie its launcher has not reaped)."""
+    while not os.path.exists(ready) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with open(ready) as f:
+        pid = json.load(f)["pid"]
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":
