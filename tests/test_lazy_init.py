@@ -262,7 +262,18 @@ def test_plain_lazy_guard_names_the_sub_layers_a_subclass_replaced():
     assert "head.weight" in differ  # the warning was due
 
 
-@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+#: Models Paddle itself cannot build under a LazyGuard, and why (the planner builds them eagerly,
+#: planner/load.py; a user builds them so too).
+NOT_LAZY = {
+    "zoo_wav2vec2_hf": "nn.utils.weight_norm computes the weight's norm while it is built: Paddle raises "
+    "under a LazyGuard (Place(undefined:0) is not supported)",
+}
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [pytest.param(w, marks=pytest.mark.skip(reason=NOT_LAZY[w])) if w in NOT_LAZY else w for w in sorted(WORKLOADS)],
+)
 def test_models_built_in_one_go_have_no_discarded_layers(workload):
     """Every model of the zoo and PaddleFormers, built under plain paddle.LazyGuard after another
     model was built (numbers not from 0), holds a run without gaps: no warning."""
@@ -270,6 +281,13 @@ def test_models_built_in_one_go_have_no_discarded_layers(workload):
     with paddle.LazyGuard():
         model = WORKLOADS[workload].build(seed=SEED)
     assert lazy.discarded_layers(model) == []
+
+
+def test_what_cannot_be_built_lazily_still_cannot():
+    """Each of :data:`NOT_LAZY` still raises under a LazyGuard (else it belongs in the test above)."""
+    for workload in NOT_LAZY:
+        with pytest.raises(NotImplementedError, match="Place"), paddle.LazyGuard():
+            WORKLOADS[workload].build(seed=SEED)
 
 
 @pytest.mark.parametrize("guard", [autodist.LazyGuard, None], ids=["autodist_lazy_guard", "eager"])
