@@ -24,8 +24,9 @@ $(VENV)/.installed: pyproject.toml
 # Which files go to one worker together, and that the multi-process files are sent first, is
 # tests/harness/scheduling.py's (through tests/conftest.py).
 # A worker that dies is not replaced: its file's tests would never be sent again and the run hung
-# (pytest-xdist with --dist loadfile, seen twice); the run ends with the failure instead.
-PYTEST_ARGS ?= -n 3 --dist loadfile --max-worker-restart 0
+# (pytest-xdist with --dist loadfile, seen twice); the run ends with the failure instead. The 25
+# slowest tests are listed at the end, for the suite's 10-minute budget.
+PYTEST_ARGS ?= -n 3 --dist loadfile --max-worker-restart 0 --durations=25
 
 # Lint and layout (ruff), types (mypy), the test suite, then the docstring examples of the three packages.
 test: install
