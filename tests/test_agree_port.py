@@ -10,6 +10,7 @@ The jobs are real: two processes each, the job's ``PADDLE_*`` environment, the a
 from __future__ import annotations
 
 import json
+import tempfile
 
 import pytest
 
@@ -35,9 +36,12 @@ def test_back_to_back_jobs_agree_while_the_master_port_plus_one_is_taken(tmp_pat
 
 
 @pytest.mark.parametrize("port", ["70000", "0", "http"])
-def test_an_agreement_port_that_is_no_port_is_one_line_and_leaves_no_key_file(monkeypatch, port):
+def test_an_agreement_port_that_is_no_port_is_one_line_and_leaves_no_key_file(monkeypatch, tmp_path, port):
     """AUTODIST_AGREE_PORT=70000 once raised a raw OverflowError from bind() and left rank 0's key
-    file behind; now it is one PlanError naming the variable, and nothing is written."""
+    file behind; now it is one PlanError naming the variable, and nothing is written. The key
+    folder is this test's own: in the shared one, another worker's job whose master had the same
+    port left its key file there (seen with 4 xdist workers)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     (master,) = free_ports(1)
     monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", f"127.0.0.1:{master},127.0.0.1:{master + 2}")
     monkeypatch.delenv("PADDLE_MASTER", raising=False)
