@@ -68,7 +68,7 @@ from autodist.planner.recognise.analysis import ModelAnalysis, stopped_reason
 from autodist.planner.recognise.reshards import local_view_candidates, local_weights
 from autodist.planner.recognise.roles import SubLayer
 from autodist.planner.recognise.spmd import dynamic
-from autodist.planner.trace import LayerCall, Opaque, TracedTensor
+from autodist.planner.trace import LayerCall, Opaque, TracedTensor, in_mode
 
 #: Equal within: the local runs reassembled against the global run, float32, each difference
 #: against the largest entry of the global run's array (a gradient summed over thousands of tokens
@@ -946,23 +946,18 @@ class _Proof:
         on its first call (HF Falcon's rotary cos/sin) is made again by each rank's run, from the
         rank's own values, as each rank's first step makes it (reused from the global run, it hid
         a rotary ``inv_freq`` cut by heads, which then trained wrong)."""
-        saved = [(sub, dict(vars(sub))) for sub in self.layer.sublayers(include_self=True)]
-        self.layer.eval()
         cotangent = self.cotangent
         if cotangent is not None and rank is not None and self.view.output == "joined":
             cotangent = np.split(cotangent, self.mp, axis=-1)[rank]  # the rank's heads of the output gradient
         try:
-            return _run(
-                call, values, self.x, self.arguments, self.view.dropped_outputs, cotangent, self.rng, rank, self.mp
-            )
+            with in_mode(self.layer, training=False):  # the attributes as they were, after (trace.py)
+                return _run(
+                    call, values, self.x, self.arguments, self.view.dropped_outputs, cotangent, self.rng, rank, self.mp
+                )
         except NotProven:
             raise
         except Exception as exc:
             raise NotProven(f"running it failed: {type(exc).__name__}: {_first_line(exc)}") from None
-        finally:
-            for sub, attributes in saved:
-                vars(sub).clear()
-                vars(sub).update(attributes)
 
 
 def _random_weight(rng, shape) -> np.ndarray:

@@ -173,7 +173,7 @@ def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
 
     Raises :class:`PlannerError` when neither the model nor any child traces.
     """
-    with _in_mode(model, training=False), eager_path(model) as selected, _training_reads(model) as readers:
+    with in_mode(model, training=False), eager_path(model) as selected, _training_reads(model) as readers:
         traced = _trace_model(model, input_specs)
     called: dict[str, str] = {}  # a call the trace saw says more than a flag: it is what runs
     for i, kernel in sorted(traced.kernel_ops.items()):
@@ -182,7 +182,7 @@ def trace_model(model: paddle.nn.Layer, input_specs: list) -> TracedProgram:
     traced.training_readers = sorted(readers)
     if readers:
         try:
-            with _in_mode(model, training=True), _buffer_values_kept(model), eager_path(model):
+            with in_mode(model, training=True), _buffer_values_kept(model), eager_path(model):
                 traced.training = _trace_model(model, input_specs)
         except PlannerError as error:
             traced.training_untraced = error.message
@@ -199,7 +199,7 @@ _KERNEL_CALLS = {
 
 
 @contextmanager
-def _in_mode(model: paddle.nn.Layer, training: bool):
+def in_mode(model: paddle.nn.Layer, training: bool):
     """``model.train()`` or ``model.eval()`` for the ``with`` body; each layer's attributes as they
     were on exit: its own ``training`` flag, and whatever its forward set while traced (HF Falcon's
     rotary layer caches its cos/sin table in its first forward: left so, it would hold the trace's
@@ -207,13 +207,13 @@ def _in_mode(model: paddle.nn.Layer, training: bool):
 
     >>> net = paddle.nn.Sequential(paddle.nn.Dropout(0.5), paddle.nn.Linear(2, 2))
     >>> _ = net[0].eval()
-    >>> with _in_mode(net, training=False):
+    >>> with in_mode(net, training=False):
     ...     net.training, net[1].training
     ...     net[1].cached = "static"
     (False, False)
     >>> net.training, net[0].training, net[1].training, hasattr(net[1], "cached")
     (True, False, True, False)
-    >>> with _in_mode(net, training=True):
+    >>> with in_mode(net, training=True):
     ...     net[0].training
     True
     >>> net[0].training
@@ -850,7 +850,7 @@ def _buffers_registered_while_traced():
     ``register_buffer`` takes tensors only and refuses the trace's values, and an assignment
     writes the value into the buffer in place, which fails at another shape; so the value is
     kept as the layer's attribute instead (its own ``__dict__`` entry, read before the buffers).
-    An assignment of the buffer's own shape is left to Paddle. :func:`_in_mode` drops what the
+    An assignment of the buffer's own shape is left to Paddle. :func:`in_mode` drops what the
     trace set afterwards.
 
     >>> layer = paddle.nn.Linear(2, 2)
