@@ -159,6 +159,16 @@ EXPECTED = {
         "model.layers.*.self_attn_layer_norm.*": REP,
         "model.embed_tokens.weight": ROW,
     },
+    # HF GPT-Neo (planned blind): q/k/v without bias through _split_heads, unscaled fp32 scores
+    # masked by a registered bool band (a window in its local layers) with paddle.where: Megatron's
+    # placements in the global view at both input specs (SPECS), the tied table split by rows
+    f"{ZOO}/gpt_neo_hf.py": {
+        **attention("transformer.h.*.attn.attention", o="out_proj", o_bias=True),
+        **mlp("transformer.h.*.mlp", ("c_fc",), "c_proj", bias=True),
+        "transformer.h.*.ln_*": REP,
+        "transformer.wte.weight": ROW,
+        "transformer.wpe.weight": REP,
+    },
     # HF MiniCPM (planned blind): a Llama with muP scaling (a scaled word embedding, residual
     # branches scaled by scale_depth / sqrt(layers), the last hidden state divided before the head),
     # grouped-query attention through eager_attention_forward(self, ...); its embedding, an
@@ -881,6 +891,7 @@ SPECS = {
     f"{ZOO}/esm_hf.py": ["input_ids:int64:3x16", "input_ids:int64:5x7"],
     f"{ZOO}/mpnet_hf.py": ["input_ids:int64:3x16", "input_ids:int64:5x7"],
     f"{ZOO}/xglm_hf.py": ["input_ids:int64:2x12", "input_ids:int64:5x7"],
+    f"{ZOO}/gpt_neo_hf.py": ["input_ids:int64:2x12", "input_ids:int64:5x7"],
     # its 65 tokens fixed by its relative-position bias: proven at the proof's batch and those tokens
     f"{ZOO}/beit_timm.py": ["pixels:float32:2x3x16x16", "pixels:float32:7x3x16x16"],
     f"{ZOO}/beit_timm.py:build_without_qkv_bias": ["pixels:float32:5x3x16x16", "pixels:float32:7x3x16x16"],
